@@ -1,0 +1,1 @@
+"""Airflow shell: hooks, deferrable operators, triggers and the DAG factory."""
