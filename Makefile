@@ -1,0 +1,53 @@
+# promshift — `make demo` runs the main job, `make test` runs every test. Both set up what they need.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+NODES ?= 200
+SCENARIO ?= happy
+GROUP ?= gpu-utilization
+export PROMSHIFT_HOME ?= $(CURDIR)/.state
+
+.PHONY: demo test unit lint stack-up stack-down stack-status requirements prometheus clean
+
+# Debian's prometheus + promtool (the package does not start a service).
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  { echo "installing Debian's prometheus package"; apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	@command -v uv >/dev/null || $(PYTHON) -m pip install -q uv
+	@test -x $(PY) || uv venv -q --python $(PYTHON) $(VENV)
+	VIRTUAL_ENV=$(VENV) uv pip install -q -r requirements.txt -r requirements-dev.txt
+	VIRTUAL_ENV=$(VENV) uv pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: prometheus $(STAMP)
+	$(PY) -m promshift.demo --group $(GROUP) --scenario $(SCENARIO) --nodes $(NODES)
+
+test: prometheus $(STAMP)
+	$(VENV)/bin/ruff check include dags plugins tests
+	$(VENV)/bin/pytest -q
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest -q tests/unit tests/dags
+
+stack-up: prometheus $(STAMP)
+	$(VENV)/bin/promshift stack up --nodes $(NODES)
+
+stack-down: $(STAMP)
+	$(VENV)/bin/promshift stack down
+
+stack-status: $(STAMP)
+	$(VENV)/bin/promshift stack status
+
+# Re-pin after editing requirements*.in.
+requirements:
+	uv pip compile -q requirements.in -o requirements.txt --python-version 3.11
+	uv pip compile -q requirements-dev.in -o requirements-dev.txt --python-version 3.11
+
+clean: stack-down
+	rm -rf .state reports

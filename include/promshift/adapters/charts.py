@@ -1,0 +1,52 @@
+"""Latency chart: per window, both backends, p50 and p95, on a log scale (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no screen here or in CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def latency_chart(windows: Sequence[Mapping[str, Any]], path: str | Path, *, title: str) -> Path:
+    """Grouped bars (source/target × p50/p95) per window; failed runs are marked, not hidden."""
+    path = Path(path)
+    names = [w["window"] for w in windows]
+    series = [
+        ("source p50", "source_p50_s", "#9e9e9e", None),
+        ("source p95", "source_p95_s", "#616161", "//"),
+        ("target p50", "target_p50_s", "#42a5f5", None),
+        ("target p95", "target_p95_s", "#1565c0", "//"),
+    ]
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(names) + 2), 4.5), dpi=110)
+    width = 0.2
+    for i, (label, key, color, hatch) in enumerate(series):
+        xs = [j + (i - 1.5) * width for j in range(len(names))]
+        values = [w.get(key) or 0 for w in windows]
+        bars = ax.bar(xs, values, width, label=label, color=color, hatch=hatch, edgecolor="white")
+        for bar, w in zip(bars, windows, strict=True):
+            if w.get(key) is None:
+                ax.annotate("failed", (bar.get_x() + width / 2, 1e-3), ha="center", fontsize=7, color="red",
+                            rotation=90)
+    for j, w in enumerate(windows):
+        ax.hlines(w.get("slo_p95_s"), j - 0.45, j + 0.45, colors="#d32f2f", linestyles="dashed",
+                  label="target p95 SLO" if j == 0 else None)
+        if w.get("speedup"):
+            ax.annotate(f"{w['speedup']:.1f}x", (j, max(w.get("source_p95_s") or 0, w.get("slo_p95_s") or 0)),
+                        textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlabel("query window")
+    ax.set_ylabel("query time (s, log scale)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncols=3, loc="upper left")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

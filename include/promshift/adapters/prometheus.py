@@ -1,0 +1,203 @@
+"""A small Prometheus HTTP API client (requests) for the source and the AMP-like target."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+log = logging.getLogger(__name__)
+
+
+class PrometheusError(RuntimeError):
+    """A query or admin call failed: unreachable, HTTP error, or an API error body."""
+
+    def __init__(self, base_url: str, message: str, *, http_status: int | None = None,
+                 error_type: str | None = None) -> None:
+        super().__init__(f"{base_url}: {message}")
+        self.base_url = base_url
+        self.http_status = http_status
+        self.error_type = error_type
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series: its labels (``__name__`` included) and its (timestamp, value) points."""
+
+    labels: dict[str, str]
+    points: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """A parsed query answer with what a latency probe and an audit need to keep."""
+
+    query: str
+    result_type: str
+    series: tuple[Series, ...]
+    warnings: tuple[str, ...]
+    elapsed_s: float
+    http_status: int
+    bytes: int
+    stats: dict[str, Any] = field(default_factory=dict)
+    scalar: float | None = None
+
+    @property
+    def points(self) -> int:
+        return sum(len(s.points) for s in self.series)
+
+    @property
+    def server_time_s(self) -> float | None:
+        """The server's own evaluation time when asked with ``stats=all``."""
+        timings = self.stats.get("timings") or {}
+        value = timings.get("evalTotalTime")
+        return float(value) if value is not None else None
+
+
+def _float(text: str) -> float:
+    # Prometheus encodes NaN and infinities as strings; float() understands all of them.
+    return float(text)
+
+
+def parse_query_response(query: str, body: dict[str, Any], *, elapsed_s: float, http_status: int,
+                         size: int) -> QueryResult:
+    """Turn a ``/api/v1/query`` or ``/query_range`` JSON body into a QueryResult."""
+    data = body.get("data") or {}
+    rtype = data.get("resultType", "")
+    raw = data.get("result")
+    series: list[Series] = []
+    scalar: float | None = None
+    if rtype == "matrix":
+        for item in raw or []:
+            pts = tuple((float(t), _float(v)) for t, v in item.get("values", []))
+            series.append(Series(labels=dict(item.get("metric", {})), points=pts))
+    elif rtype == "vector":
+        for item in raw or []:
+            t, v = item["value"]
+            series.append(Series(labels=dict(item.get("metric", {})), points=((float(t), _float(v)),)))
+    elif rtype in ("scalar", "string") and raw:
+        scalar = _float(raw[1]) if rtype == "scalar" else None
+    return QueryResult(
+        query=query,
+        result_type=rtype,
+        series=tuple(series),
+        warnings=tuple(body.get("warnings") or ()),
+        elapsed_s=elapsed_s,
+        http_status=http_status,
+        bytes=size,
+        stats=data.get("stats") or {},
+        scalar=scalar,
+    )
+
+
+class PrometheusClient:
+    """Queries and admin calls against one Prometheus-compatible base URL.
+
+    ``base_url`` may carry a path (an AMP workspace URL, or a Prometheus started with
+    ``--web.route-prefix``); API paths are appended to it. ``auth`` is any requests auth
+    object (SigV4 for AMP); it is never logged.
+    """
+
+    def __init__(self, base_url: str, *, timeout_s: float = 60.0, auth: Any = None,
+                 session: requests.Session | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.auth = auth
+        self.session = session or requests.Session()
+
+    def _request(self, method: str, path: str, *, params: Any = None, data: Any = None,
+                 timeout_s: float | None = None) -> requests.Response:
+        url = f"{self.base_url}{path}"
+        try:
+            return self.session.request(method, url, params=params, data=data, auth=self.auth,
+                                        timeout=timeout_s or self.timeout_s)
+        except requests.Timeout as exc:
+            raise PrometheusError(self.base_url, f"{method} {path} timed out after "
+                                  f"{timeout_s or self.timeout_s:.0f}s", error_type="timeout") from exc
+        except requests.ConnectionError as exc:
+            raise PrometheusError(self.base_url, f"unreachable ({method} {path}): {exc.__class__.__name__}",
+                                  error_type="unreachable") from exc
+
+    def _api(self, path: str, params: dict[str, Any], query: str, timeout_s: float | None) -> QueryResult:
+        started = time.perf_counter()
+        # POST with a form body keeps long selectors out of the URL, as Grafana does.
+        resp = self._request("POST", path, data=params, timeout_s=timeout_s)
+        elapsed = time.perf_counter() - started
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if resp.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
+            detail = body.get("error") if isinstance(body, dict) else resp.text[:200]
+            etype = body.get("errorType") if isinstance(body, dict) else None
+            raise PrometheusError(self.base_url, f"HTTP {resp.status_code} for {query!r}: {detail}",
+                                  http_status=resp.status_code, error_type=etype)
+        return parse_query_response(query, body, elapsed_s=elapsed, http_status=resp.status_code,
+                                    size=len(resp.content))
+
+    def query(self, expr: str, *, at: float | None = None, stats: bool = False,
+              timeout_s: float | None = None) -> QueryResult:
+        params: dict[str, Any] = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        if stats:
+            params["stats"] = "all"
+        return self._api("/api/v1/query", params, expr, timeout_s)
+
+    def query_range(self, expr: str, *, start: float, end: float, step: float, stats: bool = False,
+                    timeout_s: float | None = None) -> QueryResult:
+        params: dict[str, Any] = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                  "step": f"{step:g}"}
+        if stats:
+            params["stats"] = "all"
+        return self._api("/api/v1/query_range", params, expr, timeout_s)
+
+    def scalar(self, expr: str, *, at: float | None = None) -> float | None:
+        """The single value of an instant query, or None when it returns nothing."""
+        res = self.query(expr, at=at)
+        if res.scalar is not None:
+            return res.scalar
+        if not res.series:
+            return None
+        value = res.series[0].points[0][1]
+        return None if math.isnan(value) else value
+
+    def config_text(self) -> str:
+        """The config the server has loaded, from ``/api/v1/status/config``."""
+        resp = self._request("GET", "/api/v1/status/config")
+        if resp.status_code != 200:
+            raise PrometheusError(self.base_url, f"status/config: HTTP {resp.status_code}",
+                                  http_status=resp.status_code)
+        return resp.json()["data"]["yaml"]
+
+    def reload(self, *, timeout_s: float = 120.0) -> None:
+        """``POST /-/reload``; a rejected config comes back as HTTP 500 with the reason."""
+        # A reload can block ~60 s while another remote endpoint is down (flush deadline).
+        resp = self._request("POST", "/-/reload", timeout_s=timeout_s)
+        if resp.status_code != 200:
+            raise PrometheusError(self.base_url, f"reload rejected (HTTP {resp.status_code}): "
+                                  f"{resp.text.strip()[:500]}", http_status=resp.status_code)
+
+    def ready(self) -> bool:
+        try:
+            return self._request("GET", "/-/ready", timeout_s=5).status_code == 200
+        except PrometheusError:
+            return False
+
+    def metrics_text(self) -> str:
+        """The server's own ``/metrics`` page (remote-write queue health lives there)."""
+        resp = self._request("GET", "/metrics", timeout_s=15)
+        if resp.status_code != 200:
+            raise PrometheusError(self.base_url, f"/metrics: HTTP {resp.status_code}", http_status=resp.status_code)
+        return resp.text
+
+    def delete_series(self, match: str) -> None:
+        """Admin API: delete series (used only to plant faults on the local target)."""
+        resp = self._request("POST", "/api/v1/admin/tsdb/delete_series", params={"match[]": match})
+        if resp.status_code not in (200, 204):
+            raise PrometheusError(self.base_url, f"delete_series: HTTP {resp.status_code} {resp.text[:200]}",
+                                  http_status=resp.status_code)

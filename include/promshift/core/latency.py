@@ -1,0 +1,125 @@
+"""Latency maths: step choice, percentiles and the per-window verdict, on already-measured runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from promshift.core.verdicts import Measurement, Verdict, worst
+
+# Prometheus refuses range queries over 11,000 points per series.
+MAX_POINTS = 11_000
+
+
+def choose_step(window_s: float, *, min_step_s: float = 15.0, resolution: int = 1_000) -> float:
+    """A dashboard-like step (about ``resolution`` points), whole seconds, under Prometheus' limit."""
+    step = max(min_step_s, math.ceil(window_s / resolution))
+    if window_s / step >= MAX_POINTS:
+        step = math.ceil(window_s / (MAX_POINTS - 1))
+    return float(step)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (``q`` in 0..100) of a non-empty sequence."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One timed query on one backend."""
+
+    backend: str  # "source" or "target"
+    window: str
+    query: str
+    wall_s: float
+    ok: bool
+    server_s: float | None = None
+    http_status: int | None = None
+    error: str | None = None
+    warnings: tuple[str, ...] = ()
+    series: int = 0
+    points: int = 0
+    bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class WindowLatency:
+    """p50/p95 per backend for one window, with the window's verdict."""
+
+    window: str
+    source_p50_s: float | None
+    source_p95_s: float | None
+    target_p50_s: float | None
+    target_p95_s: float | None
+    source_failures: int
+    target_failures: int
+    slo_p95_s: float
+    verdict: Verdict
+    outcome: str
+
+    @property
+    def speedup(self) -> float | None:
+        if self.source_p50_s and self.target_p50_s:
+            return self.source_p50_s / self.target_p50_s
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["verdict"] = self.verdict.value
+        d["speedup"] = round(self.speedup, 2) if self.speedup else None
+        return d
+
+
+def _p(runs: Sequence[ProbeRun], q: float) -> float | None:
+    ok = [r.wall_s for r in runs if r.ok]
+    return percentile(ok, q) if ok else None
+
+
+def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max_slowdown_ratio: float,
+                 min_successes: int) -> WindowLatency:
+    """Verdict for one window: target p95 within SLO and not slower than source beyond the ratio.
+
+    A failed run (timeout, HTTP error, partial data) is a failure, never a slow success;
+    fewer than ``min_successes`` good target runs is INCONCLUSIVE.
+    """
+    src = [r for r in runs if r.backend == "source"]
+    tgt = [r for r in runs if r.backend == "target"]
+    src_fail = sum(not r.ok for r in src)
+    tgt_fail = sum(not r.ok for r in tgt)
+    t50, t95, s50, s95 = _p(tgt, 50), _p(tgt, 95), _p(src, 50), _p(src, 95)
+    good_target = len(tgt) - tgt_fail
+    if tgt_fail:
+        verdict, outcome = Verdict.FAILED, f"target failed {tgt_fail} of {len(tgt)} runs"
+    elif good_target < min_successes or t95 is None:
+        verdict, outcome = Verdict.INCONCLUSIVE, f"only {good_target} successful target runs"
+    elif t95 > slo_p95_s:
+        verdict, outcome = Verdict.FAILED, f"target p95 {t95:.3f}s over SLO {slo_p95_s:.3f}s"
+    elif s95 is not None and t95 > s95 * max_slowdown_ratio:
+        verdict, outcome = Verdict.FAILED, (f"target p95 {t95:.3f}s slower than source {s95:.3f}s "
+                                            f"beyond ratio {max_slowdown_ratio}")
+    elif src_fail:
+        verdict, outcome = Verdict.SUCCESSFUL, f"source failed {src_fail} of {len(src)} runs; target answered"
+    else:
+        verdict, outcome = Verdict.SUCCESSFUL, "within SLO"
+    return WindowLatency(window, s50, s95, t50, t95, src_fail, tgt_fail, slo_p95_s, verdict, outcome)
+
+
+def latency_measurement(windows: Sequence[WindowLatency], queries: Sequence[str]) -> Measurement:
+    """The latency check: the worst window verdict, with the whole table as evidence."""
+    verdict = worst(w.verdict for w in windows)
+    bad = [f"{w.window}: {w.outcome}" for w in windows if w.verdict != Verdict.SUCCESSFUL]
+    reason = "; ".join(bad) if bad else f"all {len(windows)} windows within SLO"
+    if not windows:
+        reason = "no latency windows measured"
+    return Measurement("latency", verdict, reason, tuple(queries),
+                       {"windows": [w.to_dict() for w in windows]})

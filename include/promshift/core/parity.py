@@ -1,0 +1,175 @@
+"""Parity maths on already-fetched data: coverage counts and raw-sample comparison."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from promshift.core.verdicts import Measurement, Verdict
+
+LabelSet = tuple[tuple[str, str], ...]
+Points = Sequence[tuple[float, float]]
+
+
+def align_window(start: float, end: float, step: float) -> tuple[float, float]:
+    """Round ``start`` up and ``end`` down to multiples of ``step``.
+
+    AMP aligns query timestamps to the step for caching; aligning on both sides makes
+    the two answers sample the same instants.
+    """
+    if step <= 0:
+        raise ValueError(f"step must be > 0, got {step}")
+    return math.ceil(start / step) * step, math.floor(end / step) * step
+
+
+def comparison_window(*, dual_write_since: float, now: float, skip_recent_s: float,
+                      step: float) -> tuple[float, float] | None:
+    """The aligned window fully inside dual-write and older than ``skip_recent_s``, or None."""
+    start, end = align_window(dual_write_since, now - skip_recent_s, step)
+    return (start, end) if end > start else None
+
+
+def sample_hosts(hosts: Iterable[str], k: int, seed: str) -> list[str]:
+    """A deterministic sample of ``k`` hosts: the same hosts, seed and k give the same answer."""
+    ranked = sorted(set(hosts), key=lambda h: hashlib.sha256(f"{seed}\x00{h}".encode()).hexdigest())
+    return sorted(ranked[:k])
+
+
+def normalize_labels(labels: Mapping[str, str], *, ignore: Iterable[str] = (),
+                     rename: Mapping[str, str] | None = None) -> LabelSet:
+    """Drop ignored labels (external labels, replica labels), apply renames, sort."""
+    skip = set(ignore)
+    rename = rename or {}
+    out: dict[str, str] = {}
+    for name, value in labels.items():
+        if name in skip:
+            continue
+        out[rename.get(name, name)] = value
+    return tuple(sorted(out.items()))
+
+
+def values_equal(a: float, b: float, *, abs_tol: float, rel_tol: float) -> bool:
+    """Equal within tolerance; NaN equals NaN, infinities equal only themselves."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= abs_tol + rel_tol * max(abs(a), abs(b))
+
+
+def format_labels(labels: LabelSet) -> str:
+    name = dict(labels).get("__name__", "")
+    rest = ",".join(f'{k}="{v}"' for k, v in labels if k != "__name__")
+    return f"{name}{{{rest}}}"
+
+
+@dataclass
+class SampleComparison:
+    """Running totals of a raw-sample comparison; feed it series, it keeps only counts and offenders."""
+
+    abs_tol: float
+    rel_tol: float
+    max_offenders: int = 10
+    series_compared: int = 0
+    points_compared: int = 0
+    mismatches: int = 0
+    missing_points: int = 0
+    missing_series: int = 0
+    extra_series: int = 0
+    offenders: list[dict[str, Any]] = field(default_factory=list)
+
+    def _offend(self, labels: LabelSet, problem: str, **numbers: Any) -> None:
+        if len(self.offenders) < self.max_offenders:
+            self.offenders.append({"series": format_labels(labels), "problem": problem, **numbers})
+
+    def add(self, source: Mapping[LabelSet, Points], target: Mapping[LabelSet, Points]) -> None:
+        """Compare one batch (e.g. one host) of normalized series from both sides."""
+        for labels, src_points in source.items():
+            tgt_points = target.get(labels)
+            if tgt_points is None:
+                self.missing_series += 1
+                self.missing_points += len(src_points)
+                self._offend(labels, "missing on target", source_points=len(src_points))
+                continue
+            self.series_compared += 1
+            tgt_by_t = {round(t, 3): v for t, v in tgt_points}
+            bad = missing = 0
+            worst_delta = 0.0
+            for t, v in src_points:
+                tv = tgt_by_t.get(round(t, 3))
+                if tv is None:
+                    missing += 1
+                    continue
+                self.points_compared += 1
+                if not values_equal(v, tv, abs_tol=self.abs_tol, rel_tol=self.rel_tol):
+                    bad += 1
+                    if not (math.isnan(v) or math.isnan(tv)):
+                        worst_delta = max(worst_delta, abs(v - tv))
+            self.mismatches += bad
+            self.missing_points += missing
+            if bad or missing:
+                self._offend(labels, "values differ" if bad else "points missing on target",
+                             mismatched_points=bad, missing_points=missing, max_abs_delta=worst_delta)
+        for labels in target.keys() - source.keys():
+            self.extra_series += 1
+            self._offend(labels, "only on target")
+
+    def measurement(self, queries: Sequence[str]) -> Measurement:
+        numbers = {
+            "series_compared": self.series_compared,
+            "points_compared": self.points_compared,
+            "mismatches": self.mismatches,
+            "missing_points": self.missing_points,
+            "missing_series": self.missing_series,
+            "extra_series": self.extra_series,
+            "worst": list(self.offenders),
+        }
+        if self.missing_series or self.extra_series or self.mismatches or self.missing_points:
+            parts = []
+            if self.missing_series:
+                parts.append(f"{self.missing_series} series missing on target")
+            if self.extra_series:
+                parts.append(f"{self.extra_series} series only on target (label drift?)")
+            if self.mismatches:
+                parts.append(f"{self.mismatches} of {self.points_compared} points differ beyond tolerance")
+            if self.missing_points:
+                parts.append(f"{self.missing_points} points missing on target")
+            return Measurement("samples", Verdict.FAILED, "; ".join(parts), tuple(queries), numbers)
+        if self.points_compared == 0:
+            return Measurement("samples", Verdict.INCONCLUSIVE, "no points to compare in the window",
+                               tuple(queries), numbers)
+        return Measurement("samples", Verdict.SUCCESSFUL,
+                           f"{self.points_compared} points in {self.series_compared} series identical "
+                           f"within tolerance", tuple(queries), numbers)
+
+
+def coverage_measurement(counts: Sequence[tuple[float, Mapping[str, float], Mapping[str, float]]], *,
+                         max_missing_ratio: float, queries: Sequence[str]) -> Measurement:
+    """Judge series counts per metric at several instants: ``(t, source_counts, target_counts)``."""
+    rows = []
+    worst_ratio = 0.0
+    total_source = 0.0
+    for t, src, tgt in counts:
+        for metric in sorted(set(src) | set(tgt)):
+            s, g = src.get(metric, 0.0), tgt.get(metric, 0.0)
+            total_source += s
+            ratio = (s - g) / s if s else (1.0 if g else 0.0)
+            worst_ratio = max(worst_ratio, ratio)
+            rows.append({"at": t, "metric": metric, "source": s, "target": g,
+                         "missing_ratio": round(ratio, 6)})
+    numbers = {"instants": len(counts), "rows": rows, "worst_missing_ratio": worst_ratio}
+    if total_source == 0:
+        return Measurement("coverage", Verdict.INCONCLUSIVE, "the source has no series of this group",
+                           tuple(queries), numbers)
+    if worst_ratio > max_missing_ratio:
+        bad = max(rows, key=lambda r: r["missing_ratio"])
+        return Measurement(
+            "coverage", Verdict.FAILED,
+            f"target misses {worst_ratio:.2%} of {bad['metric']} series "
+            f"({bad['target']:.0f} of {bad['source']:.0f}); limit {max_missing_ratio:.2%}",
+            tuple(queries), numbers)
+    return Measurement("coverage", Verdict.SUCCESSFUL,
+                       f"series counts match at {len(counts)} instants", tuple(queries), numbers)

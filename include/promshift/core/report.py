@@ -1,0 +1,147 @@
+"""Readable reports built from a run's audit events: the audit log is the single source of truth."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from promshift.core.audit import AuditEvent, ChainCheck
+
+
+def _fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _speedup(row: Mapping[str, Any]) -> str:
+    if row.get("speedup") is not None:
+        return f"{row['speedup']:.2f}x"
+    if row.get("source_failures") and row.get("target_p50_s") is not None:
+        return "source failed"
+    return "-"
+
+
+def latency_table(windows: Sequence[Mapping[str, Any]]) -> str:
+    """The seed-style table: window, source p50/p95, target p50/p95, speedup, outcome."""
+    head = f"{'window':<8} {'src p50':>9} {'src p95':>9} {'tgt p50':>9} {'tgt p95':>9} {'speedup':>14}  outcome"
+    lines = [head, "-" * len(head)]
+    for w in windows:
+        lines.append(f"{w['window']:<8} {_fmt_s(w.get('source_p50_s')):>9} {_fmt_s(w.get('source_p95_s')):>9} "
+                     f"{_fmt_s(w.get('target_p50_s')):>9} {_fmt_s(w.get('target_p95_s')):>9} "
+                     f"{_speedup(w):>14}  {w.get('verdict', '')}: {w.get('outcome', '')}")
+    return "\n".join(lines)
+
+
+def parity_log_table(parity: Mapping[str, Any]) -> str:
+    """Per measurement: verdict and reason, then the worst offending series."""
+    lines = [f"{'measurement':<12} {'verdict':<13} reason"]
+    for m in parity.get("measurements", []):
+        lines.append(f"{m['name']:<12} {m['verdict']:<13} {m['reason']}")
+    lines.append(f"series compared {parity.get('series_compared', 0)}, points compared "
+                 f"{parity.get('points_compared', 0)}, mismatches {parity.get('mismatches', 0)}, "
+                 f"missing series {parity.get('missing_series', 0)}, hosts {parity.get('hosts_sampled', [])}")
+    for m in parity.get("measurements", []):
+        for off in (m.get("numbers") or {}).get("worst", [])[:5]:
+            lines.append(f"  worst: {off['series']}: {off['problem']}")
+    return "\n".join(lines)
+
+
+def approval_body(group: str, gate: Mapping[str, Any], parity: Mapping[str, Any],
+                  latency: Mapping[str, Any]) -> str:
+    """Markdown shown to the on-call approver in the Airflow UI."""
+    verdict = gate.get("verdict", "?")
+    warn = ""
+    if verdict == "INCONCLUSIVE":
+        warn = ("\n**The evidence is INCONCLUSIVE.** Nothing failed, but something could not be proven. "
+                "Approve only if you understand why.\n")
+    return (
+        f"## Cut over `{group}` to AMP?\n\nGate: **{verdict}** — {gate.get('reason', '')}\n{warn}\n"
+        f"### Parity\n```\n{parity_log_table(parity)}\n```\n"
+        f"### Latency\n```\n{latency_table(latency.get('windows', []))}\n```\n"
+        "Approve routes this group's reads to AMP. Reject rolls the dual-write back. "
+        "The person who triggered this run cannot approve it."
+    )
+
+
+def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final_stage: str,
+                 chain: ChainCheck) -> dict[str, Any]:
+    """The run's report (``report.json``) from its audit events."""
+    stages = [{"stage": e.stage_to, "at": e.at.isoformat()} for e in events if e.stage_to]
+    parity: dict[str, Any] = {"verdict": None, "series_compared": 0, "points_compared": 0, "mismatches": 0}
+    latency: dict[str, Any] = {"verdict": None, "windows": []}
+    approval: dict[str, Any] = {"decision": None, "by": None, "comment": None}
+    rollback: dict[str, Any] = {"performed": False, "restored_identical": None, "reason": None}
+    gate: dict[str, Any] = {}
+    deploy: dict[str, Any] = {}
+    warmup: dict[str, Any] = {}
+    for e in events:
+        data = e.evidence_data
+        if e.kind.startswith("gate_"):
+            gate = data["gate"]
+            parity = {k: v for k, v in data["parity"].items()}
+            latency = {"verdict": data["latency"]["verdict"], "windows": data["latency"]["windows"],
+                       "reason": data["latency"]["measurement"]["reason"]}
+        elif e.kind == "approved" or e.kind.startswith("approval_"):
+            approval = {"decision": data["decision"], "by": data["by"], "comment": data.get("comment")}
+        elif e.kind in ("rolled_back", "rollback_not_needed"):
+            rollback = {"performed": data["performed"], "restored_identical": data["restored_identical"],
+                        "reason": data["reason"]}
+        elif e.kind == "dual_write_deployed":
+            deploy = data
+        elif e.kind.startswith("warmup_") and e.kind != "warmup_started":
+            warmup = data
+    if rollback["performed"]:
+        summary = f"Rolled back: {rollback['reason']}."
+    elif final_stage == "cut_over":
+        summary = f"Cut over: reads of {group} now go to the target, approved by {approval['by']}."
+    else:
+        summary = f"Run ended at stage {final_stage}."
+    return {
+        "group": group,
+        "run_id": run_id,
+        "final_stage": final_stage,
+        "summary": summary,
+        "stages": stages,
+        "deploy": deploy,
+        "warmup": warmup,
+        "gate": gate,
+        "parity": parity,
+        "latency": latency,
+        "approval": approval,
+        "rollback": rollback,
+        "audit": {"events": len(events), "chain_events": chain.events, "chain_ok": chain.ok,
+                  "problems": list(chain.problems)},
+    }
+
+
+def render_markdown(report: Mapping[str, Any], *, chart_file: str | None = None) -> str:
+    """``report.md``: what happened, the evidence, and the audit check, for people."""
+    lines = [f"# promshift run: {report['group']}", "", f"**{report['summary']}**", "",
+             f"- run: `{report['run_id']}`", f"- final stage: **{report['final_stage']}**", "",
+             "## Stages", "", "| stage | at (UTC) |", "|---|---|"]
+    lines += [f"| {s['stage']} | {s['at']} |" for s in report["stages"]]
+    p = report["parity"]
+    lines += ["", f"## Parity: {p.get('verdict')}", "",
+              f"series compared {p.get('series_compared')}, points compared {p.get('points_compared')}, "
+              f"mismatches {p.get('mismatches')}, missing series {p.get('missing_series', 0)}, "
+              f"hosts sampled {', '.join(p.get('hosts_sampled') or []) or '-'}", "",
+              "| measurement | verdict | reason |", "|---|---|---|"]
+    for m in p.get("measurements", []):
+        lines.append(f"| {m['name']} | {m['verdict']} | {m['reason']} |")
+    worst = [o for m in p.get("measurements", []) for o in (m.get("numbers") or {}).get("worst", [])]
+    if worst:
+        lines += ["", "Worst offending series:", ""]
+        lines += [f"- `{o['series']}`: {o['problem']}" for o in worst[:10]]
+    lat = report["latency"]
+    lines += ["", f"## Latency: {lat.get('verdict')}", "", "```", latency_table(lat.get("windows", [])), "```"]
+    if chart_file:
+        lines += ["", f"![latency per window]({chart_file})"]
+    a = report["approval"]
+    lines += ["", "## Approval", "", f"decision: **{a.get('decision') or 'none'}** by {a.get('by') or '-'}"
+              + (f" — {a['comment']}" if a.get("comment") else "")]
+    r = report["rollback"]
+    lines += ["", "## Rollback", "", f"performed: {r['performed']}, source config restored byte for byte: "
+              f"{r['restored_identical']}" + (f"; reason: {r['reason']}" if r.get("reason") else "")]
+    au = report["audit"]
+    lines += ["", "## Audit", "", f"{au['events']} events in this run; whole chain of {au['chain_events']} "
+              f"events {'verified OK' if au['chain_ok'] else 'BROKEN: ' + '; '.join(au['problems'])}", ""]
+    return "\n".join(lines)

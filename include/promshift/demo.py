@@ -1,0 +1,179 @@
+"""``make demo``: migrate one metric group on the local stack through Airflow, then report.
+
+Scenario ``happy``: dual-write, warm-up, parity, latency, approval by an on-call engineer
+over Airflow's REST API, cutover. Scenario ``drift``: after warm-up the target loses some
+hosts' series (deleted on the target server), parity fails and the run rolls back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.charts import latency_chart
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.core.report import build_report, latency_table, parity_log_table, render_markdown
+from promshift.local_airflow import APPROVER_USERS, LocalAirflow
+from promshift.settings import REPO_ROOT, load_catalog
+from promshift.stack.local import LocalStack, StackConfig
+
+log = logging.getLogger("promshift.demo")
+
+
+class TargetHostLoss:
+    """Plant a fault: keep deleting some hosts' series on the target while parity runs."""
+
+    def __init__(self, target: PrometheusClient, selector: str, host_label: str, hosts: list[str]) -> None:
+        self.target = target
+        self.matchers = [f'{selector[:-1]}, {host_label}="{h}"}}' for h in hosts]
+        self.hosts = hosts
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="target-host-loss", daemon=True)
+
+    def start(self) -> None:
+        log.warning("drift: the target now loses every series of hosts %s", ", ".join(self.hosts))
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for m in self.matchers:
+                try:
+                    self.target.delete_series(m)
+                except Exception as exc:  # keep planting; the report will show what parity saw
+                    log.debug("delete_series failed: %s", exc)
+            self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def write_report(*, audit: AuditStore, group: str, run_id: str, out_dir: Path) -> dict[str, Any]:
+    """report.json, report.md and latency.png from the run's audit events."""
+    report = build_report(group=group, run_id=run_id, events=audit.events(group=group, run_id=run_id),
+                          final_stage=audit.stage_of(group).value, chain=audit.verify())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    chart = None
+    if report["latency"]["windows"]:
+        latency_chart(report["latency"]["windows"], out_dir / "latency.png",
+                      title=f"{group}: query time per window, source vs target")
+        chart = "latency.png"
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    (out_dir / "report.md").write_text(render_markdown(report, chart_file=chart))
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print()
+    print(f"=== promshift: {report['group']} — final stage {report['final_stage']} ===")
+    print(report["summary"])
+    print("\nStages:")
+    for s in report["stages"]:
+        print(f"  {s['at'][:19]}  {s['stage']}")
+    p = report["parity"]
+    print(f"\nParity: {p.get('verdict')}")
+    if p.get("measurements"):
+        print("  " + parity_log_table(p).replace("\n", "\n  "))
+    lat = report["latency"]
+    print(f"\nLatency: {lat.get('verdict')}")
+    if lat.get("windows"):
+        print("  " + latency_table(lat["windows"]).replace("\n", "\n  "))
+    a = report["approval"]
+    print(f"\nApproval: {a['decision'] or 'not asked'}" + (f" by {a['by']}" if a["by"] else ""))
+    r = report["rollback"]
+    print(f"Rollback: performed={r['performed']} restored_identical={r['restored_identical']}"
+          + (f"\n  why: {r['reason']}" if r["performed"] else ""))
+    au = report["audit"]
+    print(f"Audit: {au['events']} events in this run; chain of {au['chain_events']} "
+          f"{'OK' if au['chain_ok'] else 'BROKEN'}")
+
+
+def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, report_root: Path,
+             timeout_s: float = 540) -> Path:
+    """Run the whole job once on a fresh local stack; return the report directory."""
+    started = time.time()
+    config = StackConfig.from_env(nodes=nodes)
+    stack = LocalStack(config)
+    log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
+    stack.reset()
+    stack.up()
+    catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
+    group = load_catalog(catalog_path, profile="demo").get(group_name)
+    audit_url = f"sqlite:///{config.home / 'audit.db'}"
+    source_conn = {"conn_type": "prometheus", "host": stack.source_url,
+                   "extra": {"config_path": str(stack.source_config_path)}}
+    target_conn = {"conn_type": "prometheus", "host": stack.target_url,
+                   "extra": {"base_url": stack.target_url, "remote_write_url": stack.target_remote_write_url}}
+    airflow_home = config.home / "airflow"
+    shutil.rmtree(airflow_home, ignore_errors=True)
+    airflow = LocalAirflow(home=airflow_home, port=airflow_port, extra_env={
+        "PROMSHIFT_HOME": str(config.home),
+        "PROMSHIFT_AUDIT_URL": audit_url,
+        "PROMSHIFT_CATALOG": str(catalog_path),
+        "PROMSHIFT_PROFILE": "demo",
+        "AIRFLOW_CONN_PROMSHIFT_SOURCE": json.dumps(source_conn),
+        "AIRFLOW_CONN_PROMSHIFT_TARGET": json.dumps(target_conn),
+    })
+    fault: TargetHostLoss | None = None
+    try:
+        airflow.start()
+        airflow.wait_for_dag(group.dag_id)
+        run_id = airflow.trigger(group.dag_id)
+        approver = APPROVER_USERS[0]
+        answered = False
+
+        def on_state(states: dict[str, str]) -> None:
+            nonlocal answered, fault
+            if scenario == "drift" and fault is None and states.get("warm_up") == "success":
+                target = PrometheusClient(stack.target_url)
+                hosts = [f"{config.hostname_prefix}{i:04d}" for i in (1, 2)] \
+                    if hasattr(config, "hostname_prefix") else ["gpu-node-0001", "gpu-node-0002"]
+                fault = TargetHostLoss(target, group.selector(), group.host_label, hosts)
+                fault.start()
+            if not answered and states.get("approval") == "awaiting_input":
+                log.info("approval requested; %s answers through the REST API", approver)
+                airflow.answer_approval(group.dag_id, run_id, "approval", user=approver, choice="Approve",
+                                        comment="parity and latency evidence reviewed in the demo")
+                answered = True
+
+        final = airflow.follow(group.dag_id, run_id, timeout_s=max(60.0, timeout_s - (time.time() - started)),
+                               on_state=on_state)
+        log.info("DAG run %s finished: %s", run_id, final)
+    finally:
+        if fault:
+            fault.stop()
+        airflow.stop()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = (report_root / f"{stamp}-{group_name}-{scenario}").resolve()
+    report = write_report(audit=AuditStore(audit_url), group=group_name, run_id=run_id, out_dir=out_dir)
+    print_report(report)
+    print(f"\nwall time {time.time() - started:.0f}s; stack left running (make stack-down to stop)")
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="promshift-demo", description=__doc__)
+    parser.add_argument("--group", default="gpu-utilization")
+    parser.add_argument("--scenario", choices=["happy", "drift"], default="happy")
+    parser.add_argument("--nodes", type=int, default=int(os.environ.get("PROMSHIFT_NODES", "200")))
+    parser.add_argument("--airflow-port", type=int, default=int(os.environ.get("PROMSHIFT_AIRFLOW_PORT", "28080")))
+    parser.add_argument("--report-root", type=Path, default=REPO_ROOT / "reports")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    out = run_demo(group_name=args.group, scenario=args.scenario, nodes=args.nodes,
+                   airflow_port=args.airflow_port, report_root=args.report_root)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""Build one migration DAG per metric group from the reviewed catalog."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, TriggerRule
+
+from promshift.core.catalog import MetricGroup
+from promshift.orchestration.operators import (
+    CutoverOperator,
+    DeployDualWriteOperator,
+    GateOperator,
+    LatencyOperator,
+    MigrationApprovalOperator,
+    ParityOperator,
+    RollbackOperator,
+    SnapshotConfigOperator,
+    ValidateGroupOperator,
+    WarmupOperator,
+)
+
+
+def _doc(group: MetricGroup) -> str:
+    metrics = ", ".join(f"`{m}`" for m in group.metrics) or f"regex `{group.metric_regex}`"
+    windows = ", ".join(f"{w.name} (p95 ≤ {w.slo_p95_s:g}s)" for w in group.latency.windows)
+    return (
+        f"# Migrate `{group.name}` to AMP\n\n{group.description}\n\n"
+        f"- metrics: {metrics}\n- owners: {', '.join(group.owners)}\n"
+        f"- approvers: {', '.join(group.approvers)}\n- wave: {group.wave}\n"
+        f"- warm-up: {group.warmup.duration_s:g}s (timeout {group.warmup.timeout_s:g}s)\n"
+        f"- latency windows: {windows}\n\n"
+        "validate → snapshot → deploy dual-write → warm-up (deferred) → parity → latency → gate → "
+        "on-call approval → cutover → done. Any failure, failed gate or rejection → rollback "
+        "(restores the snapshot byte for byte)."
+    )
+
+
+def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None) -> DAG:
+    """The DAG of one group. Cheap: no network or database work happens here."""
+    common = dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile)
+    with DAG(
+        dag_id=group.dag_id,
+        description=f"Migrate metric group {group.name} to AMP",
+        doc_md=_doc(group),
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,  # one migration of a group at a time: runs share its remote_write entry
+        tags=["promshift", f"group:{group.name}", f"wave:{group.wave}"],
+        default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)},
+    ) as dag:
+        validate = ValidateGroupOperator(task_id="validate", **common)
+        snapshot = SnapshotConfigOperator(task_id="snapshot", **common)
+        deploy = DeployDualWriteOperator(task_id="deploy_dual_write", **common)
+        warm_up = WarmupOperator(task_id="warm_up", **common)
+        parity = ParityOperator(task_id="parity", **common)
+        latency = LatencyOperator(task_id="latency", **common)
+        gate = GateOperator(task_id="gate", retries=0, **common)
+        approval = MigrationApprovalOperator(
+            task_id="approval",
+            approvers=list(group.approvers),
+            response_timeout=timedelta(seconds=group.approval_timeout_s),
+            retries=0,  # a retry would ask again after a deliberate Reject
+            **common,
+        )
+        cutover = CutoverOperator(task_id="cutover", **common)
+        rollback = RollbackOperator(task_id="rollback", trigger_rule=TriggerRule.ONE_FAILED, **common)
+        validate >> snapshot >> deploy >> warm_up >> parity >> latency >> gate >> approval >> cutover
+        [deploy, warm_up, parity, latency, gate, approval, cutover] >> rollback
+    return dag

@@ -1,0 +1,254 @@
+"""Operators for each step of a group's migration; each is a few lines around GroupMigration."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import BaseOperator, Param
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from promshift.orchestration.hooks import PrometheusHook
+
+SOURCE_CONN = "promshift_source"
+TARGET_CONN = "promshift_target"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _GroupStep:
+    """What every step operator shares: which group, which catalog, which backends."""
+
+    group_name: str
+    catalog_path: str
+    profile: str | None
+    source_conn_id: str
+    target_conn_id: str
+
+    def _init_group(self, *, group_name: str, catalog_path: str, profile: str | None,
+                    source_conn_id: str, target_conn_id: str) -> None:
+        self.group_name = group_name
+        self.catalog_path = catalog_path
+        self.profile = profile
+        self.source_conn_id = source_conn_id
+        self.target_conn_id = target_conn_id
+
+    @cached_property
+    def group(self) -> Any:
+        from promshift.settings import load_catalog
+
+        return load_catalog(self.catalog_path, profile=self.profile).get(self.group_name)
+
+    @cached_property
+    def source_hook(self) -> PrometheusHook:
+        return PrometheusHook(self.source_conn_id)
+
+    @cached_property
+    def target_hook(self) -> PrometheusHook:
+        return PrometheusHook(self.target_conn_id)
+
+    def migration(self, context: Any) -> Any:
+        from promshift.adapters.audit_store import AuditStore
+        from promshift.adapters.routing import RoutingManifest
+        from promshift.migration import Backends, GroupMigration
+        from promshift.settings import snapshots_dir
+
+        src_extra = self.source_hook.extra
+        tgt_extra = self.target_hook.extra
+        if "config_path" not in src_extra:
+            raise AirflowFailException(f"connection {self.source_conn_id!r} needs extra.config_path")
+        if "remote_write_url" not in tgt_extra:
+            raise AirflowFailException(f"connection {self.target_conn_id!r} needs extra.remote_write_url")
+        backends = Backends(
+            source=self.source_hook.get_conn(),
+            target=self.target_hook.get_conn(),
+            source_config_path=src_extra["config_path"],
+            target_remote_write_url=tgt_extra["remote_write_url"],
+            promtool=src_extra.get("promtool", "promtool"),
+        )
+        return GroupMigration(self.group, backends, audit=AuditStore(), routing=RoutingManifest(),
+                              snapshots_dir=snapshots_dir(), run_id=context["run_id"])
+
+
+class GroupStepOperator(_GroupStep, BaseOperator):
+    """Base for the plain (non-deferring) steps."""
+
+    template_fields: Sequence[str] = ("group_name",)
+    ui_color = "#e8f0fe"
+
+    def __init__(self, *, group_name: str, catalog_path: str, profile: str | None = None,
+                 source_conn_id: str = SOURCE_CONN, target_conn_id: str = TARGET_CONN, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
+                         source_conn_id=source_conn_id, target_conn_id=target_conn_id)
+
+
+class ValidateGroupOperator(GroupStepOperator):
+    """Check the catalog entry, the group's stage and both backends; change nothing."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.migration import GroupNotStartable
+
+        try:
+            return self.migration(context).validate(_now())
+        except GroupNotStartable as exc:
+            raise AirflowSkipException(str(exc)) from exc
+
+
+class SnapshotConfigOperator(GroupStepOperator):
+    """Keep the source config's exact bytes for rollback."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        return self.migration(context).snapshot(_now())
+
+
+class DeployDualWriteOperator(GroupStepOperator):
+    """Add the group's remote_write entry (keep-filter), promtool-check, reload, verify."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        snap = context["ti"].xcom_pull(task_ids="snapshot")
+        return self.migration(context).deploy_dual_write(snap, _now())
+
+
+class WarmupOperator(GroupStepOperator):
+    """Defer to WarmupTrigger until the target has caught up; fail on timeout or error."""
+
+    def execute(self, context: Any) -> None:
+        from promshift.orchestration.triggers import WarmupTrigger
+
+        deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
+        self.migration(context).start_warmup(_now())
+        policy = self.group.warmup
+        self.defer(
+            trigger=WarmupTrigger(
+                group_name=self.group.name,
+                selector=self.group.selector(),
+                source_url=self.source_hook.base_url,
+                target_url=self.target_hook.base_url,
+                started_at=float(deployed["dual_write_since"]),
+                min_duration_s=policy.duration_s,
+                timeout_s=policy.timeout_s,
+                max_lag_s=policy.max_lag_s,
+                poll_interval_s=policy.poll_interval_s,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=policy.timeout_s + 300),
+        )
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        self.migration(context).finish_warmup(event, _now())
+        if event.get("status") != "ready":
+            raise AirflowFailException(f"warm-up {event.get('status')}: {event.get('reason')}")
+        self.log.info("warm-up done: %s", event.get("reason"))
+        return event
+
+
+class ParityOperator(GroupStepOperator):
+    """Compare coverage and raw samples of the dual-write window on both backends."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.core.report import parity_log_table
+
+        deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
+        result = self.migration(context).parity(dual_write_since=float(deployed["dual_write_since"]), now=_now())
+        self.log.info("parity %s\n%s", result["verdict"], parity_log_table(result))
+        return result
+
+
+class LatencyOperator(GroupStepOperator):
+    """Time each window's golden queries on both backends."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.core.report import latency_table
+
+        result = self.migration(context).latency(_now())
+        self.log.info("latency %s\n%s", result["verdict"], latency_table(result["windows"]))
+        return result
+
+
+class GateOperator(GroupStepOperator):
+    """Worst verdict wins: FAILED/ERROR fail this task (and so roll back); otherwise ask a human."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.core.gate import GateAction
+
+        ti = context["ti"]
+        verdict = self.migration(context).gate(ti.xcom_pull(task_ids="parity"), ti.xcom_pull(task_ids="latency"),
+                                               _now())
+        self.log.info("gate: %s", verdict.reason)
+        if verdict.action == GateAction.ROLL_BACK:
+            raise AirflowFailException(f"gate {verdict.verdict.value}: {verdict.reason}")
+        return verdict.to_dict()
+
+
+class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
+    """On-call approval showing the evidence; enforces four eyes; Reject fails (and so rolls back)."""
+
+    def __init__(self, *, group_name: str, catalog_path: str, approvers: Sequence[str],
+                 profile: str | None = None, source_conn_id: str = SOURCE_CONN,
+                 target_conn_id: str = TARGET_CONN, **kwargs: Any) -> None:
+        kwargs.setdefault("subject", f"Cut over metric group {group_name} to AMP?")
+        kwargs.setdefault("body", "Evidence is filled in when the task runs.")
+        kwargs.setdefault("params", {"comment": Param("", type="string", description="Why (kept in the audit)")})
+        super().__init__(assigned_users=[{"id": a, "name": a} for a in approvers], **kwargs)
+        self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
+                         source_conn_id=source_conn_id, target_conn_id=target_conn_id)
+
+    def execute(self, context: Any) -> Any:
+        from promshift.core.report import approval_body
+
+        ti = context["ti"]
+        gate = ti.xcom_pull(task_ids="gate") or {}
+        self.subject = f"[{gate.get('verdict', '?')}] Cut over metric group {self.group_name} to AMP?"
+        self.body = approval_body(self.group_name, gate, ti.xcom_pull(task_ids="parity") or {},
+                                  ti.xcom_pull(task_ids="latency") or {})
+        return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        migration = self.migration(context)
+        if "error" in event:
+            migration.record_approval(decision="timeout", by="nobody", comment=str(event.get("error")),
+                                      now=_now())
+            raise AirflowFailException(f"approval not given: {event.get('error_type')}")
+        responder = event.get("responded_by_user") or {}
+        by = responder.get("id") if isinstance(responder, dict) else getattr(responder, "id", None)
+        by = str(by or "unknown")
+        choice = (event.get("chosen_options") or ["?"])[0]
+        comment = str((event.get("params_input") or {}).get("comment", ""))
+        triggered_by = getattr(context.get("dag_run"), "triggering_user_name", None)
+        if choice == self.APPROVE and triggered_by and by == triggered_by:
+            migration.record_approval(decision="refused_four_eyes", by=by, comment=comment, now=_now())
+            raise AirflowFailException(f"{by} triggered this run and cannot also approve it (four-eyes rule)")
+        migration.record_approval(decision=choice, by=by, comment=comment, now=_now())
+        if choice != self.APPROVE:
+            raise AirflowFailException(f"rejected by {by}: {comment or 'no comment'}")
+        self.log.info("approved by %s", by)
+        return {"decision": choice, "by": by, "comment": comment}
+
+
+class CutoverOperator(GroupStepOperator):
+    """Route the group's reads to the target."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        return self.migration(context).cutover(_now())
+
+
+class RollbackOperator(GroupStepOperator):
+    """Restore the snapshot byte for byte and record why; runs when any step failed or was rejected."""
+
+    ui_color = "#fde8e8"
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        migration = self.migration(context)
+        reason = migration.failure_reason()
+        result = migration.rollback(context["ti"].xcom_pull(task_ids="snapshot"), reason=reason, now=_now())
+        self.log.info("rollback because %s: performed=%s restored_identical=%s", reason, result["performed"],
+                      result["restored_identical"])
+        if result["performed"] and not result["restored_identical"]:
+            raise AirflowFailException("rollback did not restore the source config identically")
+        return result

@@ -1,0 +1,83 @@
+"""WarmupTrigger: polls both backends until the target has caught up, on the triggerer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.core.warmup import assess_warmup
+from promshift.migration import observe_warmup
+
+
+class WarmupTrigger(BaseTrigger):
+    """Waits for a dual-written group to warm up; holds no worker slot.
+
+    It observes and never writes (a trigger may run more than once). The event's
+    ``status`` is ``ready``, ``timeout`` or ``error``, with the last observation.
+    """
+
+    def __init__(self, *, group_name: str, selector: str, source_url: str, target_url: str,
+                 started_at: float, min_duration_s: float, timeout_s: float, max_lag_s: float,
+                 poll_interval_s: float) -> None:
+        super().__init__()
+        self.group_name = group_name
+        self.selector = selector
+        self.source_url = source_url
+        self.target_url = target_url
+        self.started_at = started_at
+        self.min_duration_s = min_duration_s
+        self.timeout_s = timeout_s
+        self.max_lag_s = max_lag_s
+        self.poll_interval_s = poll_interval_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            "promshift.orchestration.triggers.WarmupTrigger",
+            {
+                "group_name": self.group_name,
+                "selector": self.selector,
+                "source_url": self.source_url,
+                "target_url": self.target_url,
+                "started_at": self.started_at,
+                "min_duration_s": self.min_duration_s,
+                "timeout_s": self.timeout_s,
+                "max_lag_s": self.max_lag_s,
+                "poll_interval_s": self.poll_interval_s,
+            },
+        )
+
+    def _observe(self) -> dict[str, Any]:
+        obs = observe_warmup(group_name=self.group_name, selector=self.selector,
+                             source=PrometheusClient(self.source_url, timeout_s=30),
+                             target=PrometheusClient(self.target_url, timeout_s=30),
+                             elapsed_s=time.time() - self.started_at)
+        status = assess_warmup(obs, min_duration_s=self.min_duration_s, timeout_s=self.timeout_s,
+                               max_lag_s=self.max_lag_s)
+        return {"state": status.state, "reason": status.reason, "observation": obs.to_dict()}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        errors = 0
+        while True:
+            try:
+                # The HTTP client is synchronous; keep it off the triggerer's event loop.
+                result = await asyncio.to_thread(self._observe)
+                errors = 0
+            except Exception as exc:  # a backend blip is retried; three in a row end the wait
+                errors += 1
+                self.log.warning("warm-up poll failed (%s in a row): %s", errors, exc)
+                if errors >= 3 or time.time() - self.started_at > self.timeout_s:
+                    yield TriggerEvent({"status": "error", "reason": str(exc)})
+                    return
+                await asyncio.sleep(self.poll_interval_s)
+                continue
+            self.log.info("warm-up %s: %s", self.group_name, result["reason"])
+            if result["state"] != "waiting":
+                yield TriggerEvent({"status": result["state"], "reason": result["reason"],
+                                    "observation": result["observation"]})
+                return
+            await asyncio.sleep(self.poll_interval_s)

@@ -1,0 +1,44 @@
+"""Where things live at run time: catalog, state directory, DCGM counter list (env-driven)."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from promshift.core.catalog import Catalog, parse_catalog
+from promshift.core.dcgm import DcgmCounter, parse_counters
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def state_home() -> Path:
+    """``PROMSHIFT_HOME`` (default ``./.state``): stack, audit DB, snapshots, routing manifest."""
+    return Path(os.environ.get("PROMSHIFT_HOME", ".state")).resolve()
+
+
+def snapshots_dir() -> Path:
+    return state_home() / "snapshots"
+
+
+def default_catalog_path() -> Path:
+    return Path(os.environ.get("PROMSHIFT_CATALOG", REPO_ROOT / "catalog" / "metric_groups.yaml"))
+
+
+def default_profile() -> str | None:
+    return os.environ.get("PROMSHIFT_PROFILE") or None
+
+
+@lru_cache(maxsize=1)
+def dcgm_counters() -> tuple[DcgmCounter, ...]:
+    """dcgm-exporter's default counters, shipped inside the package."""
+    text = resources.files("promshift.stack").joinpath("dcgm_default_counters.csv").read_text()
+    return parse_counters(text)
+
+
+def load_catalog(path: str | os.PathLike[str] | None = None, *, profile: str | None = None) -> Catalog:
+    """Read and validate the catalog file; metric overlap is checked against DCGM's counter names."""
+    catalog_path = Path(path) if path else default_catalog_path()
+    return parse_catalog(catalog_path.read_text(), profile=profile,
+                         known_metrics=[c.name for c in dcgm_counters()])
