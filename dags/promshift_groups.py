@@ -1,5 +1,5 @@
 """
-### promshift: one migration DAG per metric group
+### promshift: one Airflow migration DAG per metric group
 
 Generated from the reviewed catalog (`catalog/metric_groups.yaml`, or `PROMSHIFT_CATALOG`).
 Trigger a group's DAG from the UI to move it forward; the on-call approval appears in

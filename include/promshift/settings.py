@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from promshift.core.catalog import Catalog, parse_catalog
-from promshift.core.dcgm import DcgmCounter, parse_counters
+from promshift.core.dcgm import DcgmCounter, metrics, parse_counters
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,4 +41,4 @@ def load_catalog(path: str | os.PathLike[str] | None = None, *, profile: str | N
     """Read and validate the catalog file; metric overlap is checked against DCGM's counter names."""
     catalog_path = Path(path) if path else default_catalog_path()
     return parse_catalog(catalog_path.read_text(), profile=profile,
-                         known_metrics=[c.name for c in dcgm_counters()])
+                         known_metrics=[c.name for c in metrics(dcgm_counters())])

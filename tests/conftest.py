@@ -1,0 +1,10 @@
+"""Test-wide settings: a throwaway AIRFLOW_HOME so tests never touch ~/airflow."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="promshift-airflow-home-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
