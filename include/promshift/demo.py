@@ -105,6 +105,9 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     stack = LocalStack(config)
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
     stack.reset()
+    for leftover in ("audit.db", "routing.json", "snapshots"):
+        path = config.home / leftover
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     stack.up()
     catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
     group = load_catalog(catalog_path, profile="demo").get(group_name)
@@ -135,8 +138,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
             nonlocal answered, fault
             if scenario == "drift" and fault is None and states.get("warm_up") == "success":
                 target = PrometheusClient(stack.target_url)
-                hosts = [f"{config.hostname_prefix}{i:04d}" for i in (1, 2)] \
-                    if hasattr(config, "hostname_prefix") else ["gpu-node-0001", "gpu-node-0002"]
+                hosts = [stack.fleet.hostname(i) for i in (1, 2)]
                 fault = TargetHostLoss(target, group.selector(), group.host_label, hosts)
                 fault.start()
             if not answered and states.get("approval") == "awaiting_input":

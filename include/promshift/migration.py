@@ -165,8 +165,9 @@ class GroupMigration:
         """Coverage counts at several instants plus raw samples of a deterministic host sample."""
         policy = self.group.parity
         step = policy.step_s
+        # The step is at least the scrape interval, so two steps cover the first full scrape.
         window = comparison_window(dual_write_since=dual_write_since, now=now.timestamp(),
-                                   skip_recent_s=policy.skip_recent_s, step=step)
+                                   skip_recent_s=policy.skip_recent_s, step=step, settle_s=2 * step)
         if window is None:
             m = Measurement("window", Verdict.INCONCLUSIVE,
                             f"dual-write too short: nothing older than {policy.skip_recent_s:.0f}s since "
@@ -278,6 +279,13 @@ class GroupMigration:
                                    at=now, run_id=self.run_id)
         evidence = {"routing": route, "manifest": str(self.routing.path)}
         self.record("cut_over", now, evidence, to=Stage.CUT_OVER)
+        return evidence
+
+    def complete(self, now: datetime) -> dict[str, Any]:
+        """Close a successful run: the group reads from the target and keeps dual-writing."""
+        evidence = {"routing": self.routing.load()["groups"].get(self.group.name),
+                    "next": "bake, then decommission the group on the source (a later run)"}
+        self.record("run_complete", now, evidence)
         return evidence
 
     def failure_reason(self) -> str:

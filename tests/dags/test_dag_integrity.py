@@ -47,7 +47,7 @@ def test_every_dag_has_tags_retries_and_docs(dagbag) -> None:  # type: ignore[no
 def test_task_chain_and_rollback_wiring(dagbag) -> None:  # type: ignore[no-untyped-def]
     dag = dagbag.dags["promshift__gpu_utilization"]
     chain = ["validate", "snapshot", "deploy_dual_write", "warm_up", "parity", "latency", "gate", "approval",
-             "cutover"]
+             "cutover", "done"]
     for upstream, downstream in zip(chain, chain[1:], strict=False):
         assert downstream in dag.get_task(upstream).downstream_task_ids
     rollback = dag.get_task("rollback")

@@ -85,7 +85,7 @@ def test_reload_failure_restores_the_snapshot(prometheus: tuple[PrometheusClient
     # promtool resolves rule files when checking; skip it to reach the server's own rejection.
     deployer.check = lambda text: None  # type: ignore[method-assign]
     snap = deployer.snapshot()
-    bad = BASE + "rule_files: ['/nonexistent/dir/*.yml']\nremote_write: [{url: 'http://x', name: dup}, {url: 'http://y', name: dup}]\n"
+    bad = BASE + "remote_write: [{url: 'http://x', name: dup}, {url: 'http://y', name: dup}]\n"
     with pytest.raises(DeployError, match="reload rejected"):
         deployer.deploy(bad, snapshot=snap, expect_remote_writes={"dup"})
     assert sha256_text(cfg.read_text()) == snap.sha256

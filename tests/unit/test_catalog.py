@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import re2
 import yaml
+
 from promshift.core.catalog import (
     Catalog,
     CatalogError,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from promshift.core.durations import format_duration, parse_duration
 
 

@@ -26,6 +26,8 @@ def test_align_window_rounds_inwards_to_the_step() -> None:
 def test_comparison_window_skips_recent_and_needs_room() -> None:
     assert comparison_window(dual_write_since=1000, now=1400, skip_recent_s=120, step=30) == (1020, 1260)
     assert comparison_window(dual_write_since=1000, now=1100, skip_recent_s=120, step=30) is None
+    assert comparison_window(dual_write_since=1000, now=1400, skip_recent_s=120, step=30, settle_s=60) == (
+        1080, 1260)
 
 
 def test_sample_is_deterministic_and_seed_dependent() -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    Column,
     DDL,
+    Column,
     Integer,
     MetaData,
     String,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from promshift.core.verdicts import Verdict, worst
 
 
-class GateAction(str, Enum):
+class GateAction(StrEnum):
     """What the DAG does next."""
 
     ASK_APPROVAL = "ask_approval"

@@ -25,10 +25,15 @@ def align_window(start: float, end: float, step: float) -> tuple[float, float]:
     return math.ceil(start / step) * step, math.floor(end / step) * step
 
 
-def comparison_window(*, dual_write_since: float, now: float, skip_recent_s: float,
-                      step: float) -> tuple[float, float] | None:
-    """The aligned window fully inside dual-write and older than ``skip_recent_s``, or None."""
-    start, end = align_window(dual_write_since, now - skip_recent_s, step)
+def comparison_window(*, dual_write_since: float, now: float, skip_recent_s: float, step: float,
+                      settle_s: float = 0.0) -> tuple[float, float] | None:
+    """The aligned window fully inside dual-write and older than ``skip_recent_s``, or None.
+
+    ``settle_s`` (at least one scrape interval) keeps out the first instants after the
+    reload: there the source still answers from samples scraped before dual-write began,
+    which the target never received.
+    """
+    start, end = align_window(dual_write_since + settle_s, now - skip_recent_s, step)
     return (start, end) if end > start else None
 
 

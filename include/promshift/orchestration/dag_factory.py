@@ -9,6 +9,7 @@ from airflow.sdk import DAG, TriggerRule
 
 from promshift.core.catalog import MetricGroup
 from promshift.orchestration.operators import (
+    CompleteRunOperator,
     CutoverOperator,
     DeployDualWriteOperator,
     GateOperator,
@@ -66,7 +67,8 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
             **common,
         )
         cutover = CutoverOperator(task_id="cutover", **common)
+        done = CompleteRunOperator(task_id="done", **common)
         rollback = RollbackOperator(task_id="rollback", trigger_rule=TriggerRule.ONE_FAILED, **common)
-        validate >> snapshot >> deploy >> warm_up >> parity >> latency >> gate >> approval >> cutover
+        validate >> snapshot >> deploy >> warm_up >> parity >> latency >> gate >> approval >> cutover >> done
         [deploy, warm_up, parity, latency, gate, approval, cutover] >> rollback
     return dag

@@ -238,6 +238,13 @@ class CutoverOperator(GroupStepOperator):
         return self.migration(context).cutover(_now())
 
 
+class CompleteRunOperator(GroupStepOperator):
+    """Close a cut-over run; as a leaf it also makes a rolled-back run end as failed."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        return self.migration(context).complete(_now())
+
+
 class RollbackOperator(GroupStepOperator):
     """Restore the snapshot byte for byte and record why; runs when any step failed or was rejected."""
 

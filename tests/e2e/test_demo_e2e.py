@@ -1,0 +1,82 @@
+"""End to end: the demo job on a small real stack, through Airflow standalone and its REST API.
+
+Happy path: approval by an on-call engineer over REST, cutover. Drift: the target loses
+hosts after warm-up, parity fails, rollback restores the source config byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from promshift.demo import run_demo
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def small_stack_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PROMSHIFT_HOME", str(tmp_path / "state"))
+    for name in ("FLEET", "SOURCE", "TARGET"):
+        monkeypatch.setenv(f"PROMSHIFT_{name}_PORT", str(free_port()))
+    return tmp_path
+
+
+def stop_stack() -> None:
+    from promshift.stack.local import LocalStack, StackConfig
+
+    LocalStack(StackConfig.from_env()).down()
+
+
+def test_happy_path_cuts_over_after_rest_approval(small_stack_env: Path) -> None:
+    try:
+        out = run_demo(group_name="gpu-memory", scenario="happy", nodes=12, airflow_port=free_port(),
+                       report_root=small_stack_env / "reports")
+    finally:
+        stop_stack()
+    report = json.loads((out / "report.json").read_text())
+    assert report["final_stage"] == "cut_over", report["summary"]
+    assert [s["stage"] for s in report["stages"]] == ["dual_writing", "warming", "verified", "approved", "cut_over"]
+    assert report["parity"]["verdict"] == "SUCCESSFUL"
+    assert report["parity"]["series_compared"] > 0 and report["parity"]["points_compared"] > 0
+    assert report["parity"]["mismatches"] == 0
+    assert report["latency"]["verdict"] == "SUCCESSFUL"
+    assert [w["window"] for w in report["latency"]["windows"]] == ["1m", "5m", "15m"]
+    assert all(w["target_p95_s"] > 0 for w in report["latency"]["windows"])
+    assert report["approval"] == {"decision": "Approve", "by": "oncall-alice",
+                                  "comment": "parity and latency evidence reviewed in the demo"}
+    assert report["rollback"]["performed"] is False
+    assert report["audit"]["chain_ok"] is True and report["audit"]["events"] >= 9
+    assert (out / "latency.png").stat().st_size > 10_000
+    assert "## Latency" in (out / "report.md").read_text()
+    routing = json.loads((small_stack_env / "state" / "routing.json").read_text())
+    assert routing["groups"]["gpu-memory"]["read_from"] == "target"
+
+
+def test_drift_fails_parity_and_rolls_back_byte_for_byte(small_stack_env: Path) -> None:
+    try:
+        out = run_demo(group_name="gpu-memory", scenario="drift", nodes=12, airflow_port=free_port(),
+                       report_root=small_stack_env / "reports")
+        from promshift.stack.local import LocalStack, StackConfig
+
+        config_text = LocalStack(StackConfig.from_env()).source_config_path.read_text()
+    finally:
+        stop_stack()
+    report = json.loads((out / "report.json").read_text())
+    assert report["final_stage"] == "rolled_back"
+    assert report["parity"]["verdict"] == "FAILED"
+    assert report["parity"]["missing_series"] > 0
+    assert report["rollback"]["performed"] is True and report["rollback"]["restored_identical"] is True
+    assert "missing on target" in report["rollback"]["reason"] or "misses" in report["rollback"]["reason"]
+    assert report["approval"]["decision"] is None
+    assert "promshift-gpu-memory" not in config_text
+    assert report["audit"]["chain_ok"] is True
