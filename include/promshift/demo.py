@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--airflow-port", type=int, default=int(os.environ.get("PROMSHIFT_AIRFLOW_PORT", "28080")))
     parser.add_argument("--report-root", type=Path, default=REPO_ROOT / "reports")
     args = parser.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep prints ordered with logs
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = run_demo(group_name=args.group, scenario=args.scenario, nodes=args.nodes,
                    airflow_port=args.airflow_port, report_root=args.report_root)

@@ -245,6 +245,7 @@ class GroupMigration:
                             runs.append(run)
             judged = judge_window(window.name, runs, slo_p95_s=window.slo_p95_s,
                                   max_slowdown_ratio=policy.max_slowdown_ratio,
+                                  slowdown_floor_s=policy.slowdown_floor_s,
                                   min_successes=max(1, (policy.repeats * len(queries) + 1) // 2))
             log.info("latency %s window %s: source p50 %s target p50 %s -> %s (%s)", self.group.name,
                      window.name, judged.source_p50_s, judged.target_p50_s, judged.verdict.value, judged.outcome)

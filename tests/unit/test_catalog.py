@@ -863,7 +863,7 @@ def test_shipped_production_policies(shipped_text: str) -> None:
 def test_shipped_demo_profile_is_fast(shipped_text: str) -> None:
     for metric_group in parse_catalog(shipped_text, profile="demo", known_metrics=KNOWN).groups:
         assert metric_group.warmup == WarmupPolicy(
-            duration_s=45, timeout_s=300, max_lag_s=30, poll_interval_s=5
+            duration_s=90, timeout_s=300, max_lag_s=30, poll_interval_s=5
         )
         assert (metric_group.parity.skip_recent_s, metric_group.parity.step_s) == (20, 5)
         assert metric_group.parity.sample_hosts == 4

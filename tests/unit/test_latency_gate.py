@@ -40,6 +40,12 @@ def test_target_over_slo_or_slower_or_failing_fails() -> None:
     slower = judge_window("1h", runs("source", [0.1] * 5) + runs("target", [0.5] * 5), slo_p95_s=1.0,
                           max_slowdown_ratio=1.2, min_successes=3)
     assert slower.verdict == Verdict.FAILED and "slower than source" in slower.outcome
+    jitter = judge_window("1h", runs("source", [0.028] * 5) + runs("target", [0.039] * 5), slo_p95_s=1.0,
+                          max_slowdown_ratio=1.2, min_successes=3, slowdown_floor_s=0.25)
+    assert jitter.verdict == Verdict.SUCCESSFUL
+    real = judge_window("1h", runs("source", [1.0] * 5) + runs("target", [1.5] * 5), slo_p95_s=2.0,
+                        max_slowdown_ratio=1.2, min_successes=3, slowdown_floor_s=0.25)
+    assert real.verdict == Verdict.FAILED
     timeouts = judge_window("1h", runs("source", [0.1] * 5) + runs("target", [0.1] * 4)
                             + runs("target", [60.0], ok=False), slo_p95_s=1.0, max_slowdown_ratio=1.2,
                             min_successes=3)

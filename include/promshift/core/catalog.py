@@ -129,6 +129,9 @@ class LatencyPolicy:
     repeats: int = 5
     timeout_s: float = 60.0
     max_slowdown_ratio: float = 1.2
+    # Below this absolute difference a slower target is noise, not a regression
+    # (millisecond queries jitter by more than 20 %).
+    slowdown_floor_s: float = 0.25
     windows: tuple[LatencyWindow, ...] = ()
     queries: tuple[str, ...] = ()
 
@@ -623,6 +626,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
             "repeats": _Field("repeats", _integer(minimum=1)),
             "timeout": _Field("timeout_s", _duration(positive=True)),
             "max_slowdown_ratio": _Field("max_slowdown_ratio", _number(minimum=1)),
+            "slowdown_floor": _Field("slowdown_floor_s", _duration(positive=False)),
             "windows": _Field("windows", _windows),
             "queries": _Field("queries", _unique_list(_promql_query, what="query", non_empty=True)),
         },

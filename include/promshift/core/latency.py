@@ -86,9 +86,10 @@ def _p(runs: Sequence[ProbeRun], q: float) -> float | None:
 
 
 def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max_slowdown_ratio: float,
-                 min_successes: int) -> WindowLatency:
+                 min_successes: int, slowdown_floor_s: float = 0.0) -> WindowLatency:
     """Verdict for one window: target p95 within SLO and not slower than source beyond the ratio.
 
+    A slowdown smaller than ``slowdown_floor_s`` in absolute terms is jitter, not a failure.
     A failed run (timeout, HTTP error, partial data) is a failure, never a slow success;
     fewer than ``min_successes`` good target runs is INCONCLUSIVE.
     """
@@ -104,7 +105,7 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
         verdict, outcome = Verdict.INCONCLUSIVE, f"only {good_target} successful target runs"
     elif t95 > slo_p95_s:
         verdict, outcome = Verdict.FAILED, f"target p95 {t95:.3f}s over SLO {slo_p95_s:.3f}s"
-    elif s95 is not None and t95 > s95 * max_slowdown_ratio:
+    elif s95 is not None and t95 > s95 * max_slowdown_ratio and t95 - s95 > slowdown_floor_s:
         verdict, outcome = Verdict.FAILED, (f"target p95 {t95:.3f}s slower than source {s95:.3f}s "
                                             f"beyond ratio {max_slowdown_ratio}")
     elif src_fail:
