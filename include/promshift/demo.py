@@ -31,26 +31,34 @@ log = logging.getLogger("promshift.demo")
 
 
 class TargetHostLoss:
-    """Plant a fault: keep deleting some hosts' series on the target while parity runs."""
+    """Plant a fault: some hosts' series vanish from the target, except the newest seconds.
 
-    def __init__(self, target: PrometheusClient, selector: str, host_label: str, hosts: list[str]) -> None:
+    Everything older than ``keep_recent_s`` is deleted for those hosts, once a second, so
+    the target looks complete "now" (warm-up passes, as it would for a real write gap)
+    but the dual-write window that parity compares has lost those hosts.
+    """
+
+    def __init__(self, target: PrometheusClient, selector: str, host_label: str, hosts: list[str],
+                 keep_recent_s: float) -> None:
         self.target = target
         self.matchers = [f'{selector[:-1]}, {host_label}="{h}"}}' for h in hosts]
         self.hosts = hosts
+        self.keep_recent_s = keep_recent_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="target-host-loss", daemon=True)
 
     def start(self) -> None:
-        log.warning("drift: the target now loses every series of hosts %s", ", ".join(self.hosts))
+        log.warning("drift: the target loses all but the last %.0fs of hosts %s", self.keep_recent_s,
+                    ", ".join(self.hosts))
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             for m in self.matchers:
                 try:
-                    self.target.delete_series(m)
-                except Exception as exc:  # keep planting; the report will show what parity saw
-                    log.debug("delete_series failed: %s", exc)
+                    self.target.delete_series(m, start=0, end=time.time() - self.keep_recent_s)
+                except Exception as exc:  # keep planting; the report shows what parity saw
+                    log.warning("planting the fault failed: %s", exc)
             self._stop.wait(1.0)
 
     def stop(self) -> None:
@@ -135,13 +143,14 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         approver = APPROVER_USERS[0]
         answered = False
 
+        if scenario == "drift":
+            fault = TargetHostLoss(PrometheusClient(stack.target_url), group.selector(), group.host_label,
+                                   [stack.fleet.hostname(i) for i in (1, 2)],
+                                   keep_recent_s=group.parity.skip_recent_s + group.parity.step_s)
+            fault.start()
+
         def on_state(states: dict[str, str]) -> None:
-            nonlocal answered, fault
-            if scenario == "drift" and fault is None and states.get("warm_up") == "success":
-                target = PrometheusClient(stack.target_url)
-                hosts = [stack.fleet.hostname(i) for i in (1, 2)]
-                fault = TargetHostLoss(target, group.selector(), group.host_label, hosts)
-                fault.start()
+            nonlocal answered
             if not answered and states.get("approval") == "awaiting_input":
                 log.info("approval requested; %s answers through the REST API", approver)
                 airflow.answer_approval(group.dag_id, run_id, "approval", user=approver, choice="Approve",

@@ -294,12 +294,10 @@ class GroupMigration:
         for ev in reversed(self.audit.events(group=self.group.name, run_id=self.run_id)):
             data = ev.evidence_data
             if ev.kind == "gate_failed":
-                parts = [data["gate"]["reason"]]
-                for check in ("parity", "latency"):
-                    for m in _measurements(data.get(check)):
-                        if m["verdict"] != Verdict.SUCCESSFUL.value:
-                            parts.append(f"{check}/{m['name']} {m['verdict']}: {m['reason']}")
-                return "; ".join(parts)
+                parts = [f"{check} {m['verdict']} ({m['name']}: {m['reason']})"
+                         for check in ("parity", "latency") for m in _measurements(data.get(check))
+                         if m["verdict"] != Verdict.SUCCESSFUL.value]
+                return "; ".join(parts) or data["gate"]["reason"]
             if ev.kind.startswith("approval_"):
                 return (f"approval {data['decision']} by {data['by']}"
                         + (f": {data['comment']}" if data.get("comment") else ""))

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 from promshift.core.catalog import Catalog, parse_catalog
-from promshift.core.dcgm import DcgmCounter, metrics, parse_counters
+from promshift.core.dcgm import DcgmCounter, metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,8 +32,9 @@ def default_profile() -> str | None:
 @lru_cache(maxsize=1)
 def dcgm_counters() -> tuple[DcgmCounter, ...]:
     """dcgm-exporter's default counters, shipped inside the package."""
-    text = resources.files("promshift.stack").joinpath("dcgm_default_counters.csv").read_text()
-    return parse_counters(text)
+    from promshift.stack.fleet import load_counters
+
+    return load_counters()
 
 
 def load_catalog(path: str | os.PathLike[str] | None = None, *, profile: str | None = None) -> Catalog:

@@ -36,8 +36,10 @@ def latency_chart(windows: Sequence[Mapping[str, Any]], path: str | Path, *, tit
         ax.hlines(w.get("slo_p95_s"), j - 0.45, j + 0.45, colors="#d32f2f", linestyles="dashed",
                   label="target p95 SLO" if j == 0 else None)
         if w.get("speedup"):  # speedup = source p50 / target p50
-            ax.annotate(f"{w['speedup']:.1f}x faster" if w["speedup"] >= 1 else f"{1 / w['speedup']:.1f}x slower", (j, max(w.get("source_p95_s") or 0, w.get("slo_p95_s") or 0)),
-                        textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+            speed = w["speedup"]
+            label = f"{speed:.1f}x faster" if speed >= 1 else f"{1 / speed:.1f}x slower"
+            top = max(w.get("source_p95_s") or 0, w.get("slo_p95_s") or 0)
+            ax.annotate(label, (j, top), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
     ax.set_yscale("log")
     tallest = max([w.get(k) or 0 for w in windows for k in ("source_p95_s", "target_p95_s", "slo_p95_s")] + [1e-3])
     ax.set_ylim(top=tallest * 4)  # room for the speedup labels above the bars

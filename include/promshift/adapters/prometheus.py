@@ -195,9 +195,14 @@ class PrometheusClient:
             raise PrometheusError(self.base_url, f"/metrics: HTTP {resp.status_code}", http_status=resp.status_code)
         return resp.text
 
-    def delete_series(self, match: str) -> None:
-        """Admin API: delete series (used only to plant faults on the local target)."""
-        resp = self._request("POST", "/api/v1/admin/tsdb/delete_series", params={"match[]": match})
+    def delete_series(self, match: str, *, start: float | None = None, end: float | None = None) -> None:
+        """Admin API: delete series data, optionally only in [start, end] (plants faults on the local target)."""
+        params: dict[str, Any] = {"match[]": match}
+        if start is not None:
+            params["start"] = f"{start:.3f}"
+        if end is not None:
+            params["end"] = f"{end:.3f}"
+        resp = self._request("POST", "/api/v1/admin/tsdb/delete_series", params=params)
         if resp.status_code not in (200, 204):
             raise PrometheusError(self.base_url, f"delete_series: HTTP {resp.status_code} {resp.text[:200]}",
                                   http_status=resp.status_code)

@@ -31,6 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 
+from promshift.core.dcgm import DcgmCounter as CounterSpec
+from promshift.core.dcgm import parse_counters
+
 logger = logging.getLogger(__name__)
 
 COUNTERS_CSV = "dcgm_default_counters.csv"
@@ -50,15 +53,6 @@ NODES_PER_JOB = 16
 # 48: DBE, 63/64: row remapping, 74: NVLink, 79: fallen off the bus, 94/95: contained/uncontained ECC).
 XID_CODES = (13, 31, 43, 48, 63, 64, 74, 79, 92, 94, 95)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-@dataclass(frozen=True)
-class CounterSpec:
-    """One line of dcgm-exporter's counters CSV."""
-
-    name: str
-    kind: str  # "gauge", "counter" or "label"
-    help: str
 
 
 @dataclass(frozen=True)
@@ -97,26 +91,6 @@ def load_counters() -> tuple[CounterSpec, ...]:
     """Parse the packaged dcgm-exporter counters CSV (comments and blank lines skipped)."""
     text = resources.files("promshift.stack").joinpath(COUNTERS_CSV).read_text(encoding="utf-8")
     return parse_counters(text)
-
-
-def parse_counters(text: str) -> tuple[CounterSpec, ...]:
-    """Parse dcgm-exporter's ``NAME, type, help`` format; names may carry stray spaces."""
-    specs: list[CounterSpec] = []
-    seen: set[str] = set()
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        parts = [part.strip() for part in line.split(",", 2)]
-        if len(parts) < 3:
-            raise ValueError(f"malformed counters line: {line!r}")
-        name, kind, help_text = parts
-        if kind not in ("gauge", "counter", "label"):
-            raise ValueError(f"unsupported metric type {kind!r} for {name}")
-        if name in seen:
-            raise ValueError(f"duplicate counter {name}")
-        seen.add(name)
-        specs.append(CounterSpec(name, kind, help_text))
-    return tuple(specs)
 
 
 def gpu_uuid(hostname: str, gpu: int) -> str:
