@@ -1,7 +1,7 @@
 """``make demo``: migrate one metric group on the local stack through Airflow, then report.
 
 Scenario ``happy``: dual-write, warm-up, parity, latency, approval by an on-call engineer
-over Airflow's REST API, cutover. Scenario ``drift``: after warm-up the target loses some
+over Airflow's REST API, cutover. Scenario ``drift``: during dual-write the target loses some
 hosts' series (deleted on the target server), parity fails and the run rolls back.
 """
 
@@ -30,36 +30,40 @@ from promshift.stack.local import LocalStack, StackConfig
 log = logging.getLogger("promshift.demo")
 
 
-class TargetHostLoss:
-    """Plant a fault: some hosts' series vanish from the target, except the newest seconds.
+class TargetWriteGap:
+    """Plant a fault: some hosts' series vanish from the target for the first part of dual-write.
 
-    Everything older than ``keep_recent_s`` is deleted for those hosts, once a second, so
-    the target looks complete "now" (warm-up passes, as it would for a real write gap)
-    but the dual-write window that parity compares has lost those hosts.
+    For ``gap_s`` seconds after dual-write starts, every sample of those hosts is deleted
+    from the target once a second; then the hosts come back. Warm-up sees a complete
+    target again (as after a real write outage), but the window parity compares has a
+    hole. (Deleting only an older time range is not reliable on Prometheus 2.42's head
+    block, so the gap is made by deleting everything while it lasts.)
     """
 
     def __init__(self, target: PrometheusClient, selector: str, host_label: str, hosts: list[str],
-                 keep_recent_s: float) -> None:
+                 gap_s: float) -> None:
         self.target = target
         self.matchers = [f'{selector[:-1]}, {host_label}="{h}"}}' for h in hosts]
         self.hosts = hosts
-        self.keep_recent_s = keep_recent_s
+        self.gap_s = gap_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="target-host-loss", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="target-write-gap", daemon=True)
 
     def start(self) -> None:
-        log.warning("drift: the target loses all but the last %.0fs of hosts %s", self.keep_recent_s,
-                    ", ".join(self.hosts))
+        log.warning("drift: the target loses every sample of hosts %s for the next %.0fs", ", ".join(self.hosts),
+                    self.gap_s)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        until = time.time() + self.gap_s
+        while not self._stop.is_set() and time.time() < until:
             for m in self.matchers:
                 try:
-                    self.target.delete_series(m, start=0, end=time.time() - self.keep_recent_s)
+                    self.target.delete_series(m)
                 except Exception as exc:  # keep planting; the report shows what parity saw
                     log.warning("planting the fault failed: %s", exc)
             self._stop.wait(1.0)
+        log.warning("drift: hosts %s are written to the target again", ", ".join(self.hosts))
 
     def stop(self) -> None:
         self._stop.set()
@@ -135,7 +139,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         "AIRFLOW_CONN_PROMSHIFT_SOURCE": json.dumps(source_conn),
         "AIRFLOW_CONN_PROMSHIFT_TARGET": json.dumps(target_conn),
     })
-    fault: TargetHostLoss | None = None
+    fault: TargetWriteGap | None = None
     try:
         airflow.start()
         airflow.wait_for_dag(group.dag_id)
@@ -143,14 +147,14 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         approver = APPROVER_USERS[0]
         answered = False
 
-        if scenario == "drift":
-            fault = TargetHostLoss(PrometheusClient(stack.target_url), group.selector(), group.host_label,
-                                   [stack.fleet.hostname(i) for i in (1, 2)],
-                                   keep_recent_s=group.parity.skip_recent_s + group.parity.step_s)
-            fault.start()
-
         def on_state(states: dict[str, str]) -> None:
-            nonlocal answered
+            nonlocal answered, fault
+            if scenario == "drift" and fault is None and states.get("deploy_dual_write") == "success":
+                # The gap ends 30 s before warm-up may finish, so warm-up still passes.
+                fault = TargetWriteGap(PrometheusClient(stack.target_url), group.selector(), group.host_label,
+                                       [stack.fleet.hostname(i) for i in (1, 2)],
+                                       gap_s=max(10.0, group.warmup.duration_s - 30))
+                fault.start()
             if not answered and states.get("approval") == "awaiting_input":
                 log.info("approval requested; %s answers through the REST API", approver)
                 airflow.answer_approval(group.dag_id, run_id, "approval", user=approver, choice="Approve",

@@ -176,7 +176,7 @@ class GroupMigration:
         start, end = window
         measurements: list[Measurement] = []
         try:
-            measurements.append(self._coverage(start, end))
+            measurements.extend(self._coverage(start, end))
         except PrometheusError as exc:
             measurements.append(Measurement("coverage", Verdict.ERROR, str(exc)))
         hosts: list[str] = []
@@ -187,16 +187,21 @@ class GroupMigration:
             measurements.append(Measurement("samples", Verdict.ERROR, str(exc)))
         return _parity_result(measurements, (start, end, step), hosts)
 
-    def _coverage(self, start: float, end: float) -> Measurement:
-        expr = f"count by (__name__) ({self.group.selector()})"
+    def _coverage(self, start: float, end: float) -> list[Measurement]:
+        """Series counts per metric and per host at the window's start, middle and end (PromQL counts)."""
         instants = sorted({start, (start + end) / 2, end})
-        counts = []
-        for t in instants:
-            src = {s.labels.get("__name__", ""): s.points[0][1] for s in self.backends.source.query(expr, at=t).series}
-            tgt = {s.labels.get("__name__", ""): s.points[0][1] for s in self.backends.target.query(expr, at=t).series}
-            counts.append((t, src, tgt))
-        return coverage_measurement(counts, max_missing_ratio=self.group.parity.max_missing_series_ratio,
-                                    queries=[expr])
+        out = []
+        for by, key, name in (("__name__", "metric", "coverage"),
+                              (self.group.host_label, "host", "host_coverage")):
+            expr = f"count by ({by}) ({self.group.selector()})"
+            counts = []
+            for t in instants:
+                sides = [{s.labels.get(by, ""): s.points[0][1] for s in client.query(expr, at=t).series}
+                         for client in (self.backends.source, self.backends.target)]
+                counts.append((t, sides[0], sides[1]))
+            out.append(coverage_measurement(counts, max_missing_ratio=self.group.parity.max_missing_series_ratio,
+                                            queries=[expr], name=name, key=key))
+        return out
 
     def _samples(self, start: float, end: float, step: float) -> tuple[Measurement, list[str]]:
         policy = self.group.parity

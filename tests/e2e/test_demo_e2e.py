@@ -74,9 +74,11 @@ def test_drift_fails_parity_and_rolls_back_byte_for_byte(small_stack_env: Path) 
     report = json.loads((out / "report.json").read_text())
     assert report["final_stage"] == "rolled_back"
     assert report["parity"]["verdict"] == "FAILED"
-    assert report["parity"]["missing_series"] > 0
+    host_cov = next(m for m in report["parity"]["measurements"] if m["name"] == "host_coverage")
+    assert host_cov["verdict"] == "FAILED"
+    assert host_cov["numbers"]["short_keys"] == ["gpu-node-0001", "gpu-node-0002"]
     assert report["rollback"]["performed"] is True and report["rollback"]["restored_identical"] is True
-    assert "missing on target" in report["rollback"]["reason"] or "misses" in report["rollback"]["reason"]
+    assert "gpu-node-0001, gpu-node-0002" in report["rollback"]["reason"]
     assert report["approval"]["decision"] is None
     assert "promshift-gpu-memory" not in config_text
     assert report["audit"]["chain_ok"] is True

@@ -90,8 +90,19 @@ def test_coverage_flags_missing_series_and_empty_source() -> None:
     ok = coverage_measurement([(1.0, {"m": 1600.0}, {"m": 1600.0})], max_missing_ratio=0.0, queries=["q"])
     assert ok.verdict == Verdict.SUCCESSFUL
     bad = coverage_measurement([(1.0, {"m": 1600.0}, {"m": 1584.0})], max_missing_ratio=0.0, queries=["q"])
-    assert bad.verdict == Verdict.FAILED and "1.00%" in bad.reason and "1584 of 1600" in bad.reason
+    assert bad.verdict == Verdict.FAILED and "1.00%" in bad.reason and "(m)" in bad.reason
     tolerated = coverage_measurement([(1.0, {"m": 1600.0}, {"m": 1584.0})], max_missing_ratio=0.02, queries=[])
     assert tolerated.verdict == Verdict.SUCCESSFUL
     empty = coverage_measurement([(1.0, {}, {})], max_missing_ratio=0.0, queries=[])
     assert empty.verdict == Verdict.INCONCLUSIVE
+
+
+def test_host_coverage_names_the_missing_hosts() -> None:
+    src = {f"h{i}": 32.0 for i in range(10)}
+    tgt = dict(src, h3=0.0)
+    del tgt["h7"]
+    m = coverage_measurement([(1.0, src, src), (2.0, src, tgt)], max_missing_ratio=0.0, queries=["q"],
+                             name="host_coverage", key="host")
+    assert m.verdict == Verdict.FAILED
+    assert "2 hosts (h3, h7)" in m.reason
+    assert m.numbers["short_keys"] == ["h3", "h7"]

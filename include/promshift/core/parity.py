@@ -152,29 +152,40 @@ class SampleComparison:
 
 
 def coverage_measurement(counts: Sequence[tuple[float, Mapping[str, float], Mapping[str, float]]], *,
-                         max_missing_ratio: float, queries: Sequence[str]) -> Measurement:
-    """Judge series counts per metric at several instants: ``(t, source_counts, target_counts)``."""
+                         max_missing_ratio: float, queries: Sequence[str], name: str = "coverage",
+                         key: str = "metric") -> Measurement:
+    """Judge series counts per key (metric name, or host) at several instants.
+
+    ``counts`` holds ``(t, source_counts, target_counts)``; each mapping is key -> count.
+    The reason names the worst keys, so a drift report says *which* hosts or metrics.
+    """
     rows = []
     worst_ratio = 0.0
     total_source = 0.0
+    short: dict[str, float] = {}
     for t, src, tgt in counts:
-        for metric in sorted(set(src) | set(tgt)):
-            s, g = src.get(metric, 0.0), tgt.get(metric, 0.0)
+        for k in sorted(set(src) | set(tgt)):
+            s, g = src.get(k, 0.0), tgt.get(k, 0.0)
             total_source += s
             ratio = (s - g) / s if s else (1.0 if g else 0.0)
             worst_ratio = max(worst_ratio, ratio)
-            rows.append({"at": t, "metric": metric, "source": s, "target": g,
-                         "missing_ratio": round(ratio, 6)})
-    numbers = {"instants": len(counts), "rows": rows, "worst_missing_ratio": worst_ratio}
+            if ratio > max_missing_ratio:
+                short[k] = max(short.get(k, 0.0), ratio)
+                rows.append({"at": t, key: k, "source": s, "target": g, "missing_ratio": round(ratio, 6)})
+    numbers: dict[str, Any] = {"instants": len(counts), "keys": len({k for _, src, _ in counts for k in src}),
+                               "short": rows[:50], "worst_missing_ratio": worst_ratio}
     if total_source == 0:
-        return Measurement("coverage", Verdict.INCONCLUSIVE, "the source has no series of this group",
+        return Measurement(name, Verdict.INCONCLUSIVE, "the source has no series of this group",
                            tuple(queries), numbers)
-    if worst_ratio > max_missing_ratio:
-        bad = max(rows, key=lambda r: r["missing_ratio"])
+    if short:
+        named = sorted(short, key=lambda k: (-short[k], k))
+        shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+        numbers["short_keys"] = named
         return Measurement(
-            "coverage", Verdict.FAILED,
-            f"target misses {worst_ratio:.2%} of {bad['metric']} series "
-            f"({bad['target']:.0f} of {bad['source']:.0f}); limit {max_missing_ratio:.2%}",
+            name, Verdict.FAILED,
+            f"target misses series of {len(named)} {key}{'s' if len(named) != 1 else ''} ({shown}); "
+            f"worst {worst_ratio:.2%} missing, limit {max_missing_ratio:.2%}",
             tuple(queries), numbers)
-    return Measurement("coverage", Verdict.SUCCESSFUL,
-                       f"series counts match at {len(counts)} instants", tuple(queries), numbers)
+    return Measurement(name, Verdict.SUCCESSFUL,
+                       f"series counts of {numbers['keys']} {key}s match at {len(counts)} instants",
+                       tuple(queries), numbers)
