@@ -7,9 +7,7 @@ something records an audit event with its evidence.
 from __future__ import annotations
 
 import logging
-import math
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,7 +20,6 @@ from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingManifest
 from promshift.core.catalog import MetricGroup
 from promshift.core.gate import GateAction, GateVerdict, decide
-from promshift.core.latency import ProbeRun, choose_step, judge_window, latency_measurement
 from promshift.core.parity import (
     SampleComparison,
     comparison_window,
@@ -230,35 +227,14 @@ class GroupMigration:
         m.numbers["hosts_total"] = len(all_hosts)
         return m, chosen
 
-    def latency(self, now: datetime) -> dict[str, Any]:
-        """Each window's golden queries on both backends, interleaved, one warm-up run discarded."""
-        policy = self.group.latency
-        end_now = now.timestamp()
-        queries = list(policy.queries) or [f"count({self.group.selector()})"]
-        tables = []
-        all_runs: list[dict[str, Any]] = []
-        for window in policy.windows:
-            step = choose_step(window.seconds, min_step_s=self.group.parity.step_s)
-            end = math.floor(end_now / step) * step
-            start = end - window.seconds
-            runs: list[ProbeRun] = []
-            for query in queries:
-                for i in range(policy.repeats + 1):
-                    for backend, client in (("source", self.backends.source), ("target", self.backends.target)):
-                        run = _timed(client, backend, window.name, query, start, end, step, policy.timeout_s)
-                        if i > 0:  # the first round warms caches and is discarded
-                            runs.append(run)
-            judged = judge_window(window.name, runs, slo_p95_s=window.slo_p95_s,
-                                  max_slowdown_ratio=policy.max_slowdown_ratio,
-                                  slowdown_floor_s=policy.slowdown_floor_s,
-                                  min_successes=max(1, (policy.repeats * len(queries) + 1) // 2))
-            log.info("latency %s window %s: source p50 %s target p50 %s -> %s (%s)", self.group.name,
-                     window.name, judged.source_p50_s, judged.target_p50_s, judged.verdict.value, judged.outcome)
-            tables.append(judged)
-            all_runs.extend(r.to_dict() for r in runs)
-        m = latency_measurement(tables, queries)
-        return {"verdict": m.verdict.value, "measurement": m.to_dict(),
-                "windows": [w.to_dict() for w in tables], "runs": all_runs}
+    def latency(self, now: datetime, *, dual_write_since: float | None = None) -> dict[str, Any]:
+        """Each window's golden queries on both backends (see LatencyProbe)."""
+        from promshift.adapters.latency_probe import LatencyProbe
+
+        probe = LatencyProbe(self.backends.source, self.backends.target, self.group.latency,
+                             min_step_s=self.group.parity.step_s)
+        queries = list(self.group.latency.queries) or [f"count({self.group.selector()})"]
+        return probe.run(now=now.timestamp(), queries=queries, dual_write_since=dual_write_since)
 
     def gate(self, parity: Mapping[str, Any], latency: Mapping[str, Any], now: datetime) -> GateVerdict:
         verdict = decide({"parity": Verdict(parity["verdict"]), "latency": Verdict(latency["verdict"])})
@@ -361,17 +337,3 @@ def _parity_result(measurements: list[Measurement], window: tuple[float, float, 
         "extra_series": nums.get("extra_series", 0),
         "measurements": [m.to_dict() for m in measurements],
     }
-
-
-def _timed(client: PrometheusClient, backend: str, window: str, query: str, start: float, end: float,
-           step: float, timeout_s: float) -> ProbeRun:
-    started = time.perf_counter()
-    try:
-        res = client.query_range(query, start=start, end=end, step=step, stats=True, timeout_s=timeout_s)
-    except PrometheusError as exc:
-        return ProbeRun(backend=backend, window=window, query=query, wall_s=time.perf_counter() - started,
-                        ok=False, http_status=exc.http_status, error=str(exc))
-    return ProbeRun(backend=backend, window=window, query=query, wall_s=res.elapsed_s,
-                    ok=not res.warnings, server_s=res.server_time_s, http_status=res.http_status,
-                    error="partial data: " + "; ".join(res.warnings) if res.warnings else None,
-                    warnings=res.warnings, series=len(res.series), points=res.points, bytes=res.bytes)

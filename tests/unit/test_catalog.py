@@ -863,16 +863,19 @@ def test_shipped_production_policies(shipped_text: str) -> None:
 def test_shipped_demo_profile_is_fast(shipped_text: str) -> None:
     for metric_group in parse_catalog(shipped_text, profile="demo", known_metrics=KNOWN).groups:
         assert metric_group.warmup == WarmupPolicy(
-            duration_s=90, timeout_s=300, max_lag_s=30, poll_interval_s=5
+            duration_s=120, timeout_s=300, max_lag_s=30, poll_interval_s=5
         )
         assert (metric_group.parity.skip_recent_s, metric_group.parity.step_s) == (20, 5)
         assert metric_group.parity.sample_hosts == 4
         assert [(w.name, w.seconds, w.slo_p95_s) for w in metric_group.latency.windows] == [
+            ("30s", 30, 2),
             ("1m", 60, 2),
-            ("5m", 300, 2),
-            ("15m", 900, 2),
+            ("2m", 120, 2),
         ]
+        # Every demo window fits inside the dual-write time warm-up guarantees.
+        assert max(w.seconds for w in metric_group.latency.windows) <= metric_group.warmup.duration_s
         assert (metric_group.latency.repeats, metric_group.latency.timeout_s) == (5, 20)
+        assert metric_group.latency.deadline_s == 180
 
 
 def test_host_label_defaults_and_group_override() -> None:

@@ -132,6 +132,8 @@ class LatencyPolicy:
     # Below this absolute difference a slower target is noise, not a regression
     # (millisecond queries jitter by more than 20 %).
     slowdown_floor_s: float = 0.25
+    # The whole probe (every window, query and repeat) stops here; what is left is INCONCLUSIVE.
+    deadline_s: float = 900.0
     windows: tuple[LatencyWindow, ...] = ()
     queries: tuple[str, ...] = ()
 
@@ -627,6 +629,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
             "timeout": _Field("timeout_s", _duration(positive=True)),
             "max_slowdown_ratio": _Field("max_slowdown_ratio", _number(minimum=1)),
             "slowdown_floor": _Field("slowdown_floor_s", _duration(positive=False)),
+            "deadline": _Field("deadline_s", _duration(positive=True)),
             "windows": _Field("windows", _windows),
             "queries": _Field("queries", _unique_list(_promql_query, what="query", non_empty=True)),
         },

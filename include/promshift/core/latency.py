@@ -47,6 +47,8 @@ class ProbeRun:
     series: int = 0
     points: int = 0
     bytes: int = 0
+    retries: int = 0  # 429/503 answers retried with backoff before this outcome
+    samples: float | None = None  # samples processed, from stats=all when the backend reports it
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -85,8 +87,24 @@ def _p(runs: Sequence[ProbeRun], q: float) -> float | None:
     return percentile(ok, q) if ok else None
 
 
+def target_span_problem(*, window_s: float, start: float, dual_write_since: float | None,
+                        step: float) -> str | None:
+    """Why a window's timings are not comparable, or None.
+
+    The target holds the group only since dual-write began (history is not copied), so
+    a longer window asks the target for less data than the source: a fake speedup.
+    One step of slack covers the alignment of start to the step.
+    """
+    if dual_write_since is None or start + step >= dual_write_since:
+        return None
+    held = max(0.0, window_s - (dual_write_since - start))
+    return (f"target holds only {held:.0f}s of this {window_s:.0f}s window (dual-write began "
+            f"{dual_write_since - start:.0f}s after the window start); timings are not comparable")
+
+
 def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max_slowdown_ratio: float,
-                 min_successes: int, slowdown_floor_s: float = 0.0) -> WindowLatency:
+                 min_successes: int, slowdown_floor_s: float = 0.0,
+                 not_comparable: str | None = None) -> WindowLatency:
     """Verdict for one window: target p95 within SLO and not slower than source beyond the ratio.
 
     A slowdown smaller than ``slowdown_floor_s`` in absolute terms is jitter, not a failure.
@@ -100,7 +118,10 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
     t50, t95, s50, s95 = _p(tgt, 50), _p(tgt, 95), _p(src, 50), _p(src, 95)
     good_target = len(tgt) - tgt_fail
     if tgt_fail:
-        verdict, outcome = Verdict.FAILED, f"target failed {tgt_fail} of {len(tgt)} runs"
+        reasons = sorted({(r.error or "failed").split(":")[0] for r in tgt if not r.ok})
+        verdict, outcome = Verdict.FAILED, f"target failed {tgt_fail} of {len(tgt)} runs ({'; '.join(reasons)})"
+    elif not_comparable:
+        verdict, outcome = Verdict.INCONCLUSIVE, not_comparable
     elif good_target < min_successes or t95 is None:
         verdict, outcome = Verdict.INCONCLUSIVE, f"only {good_target} successful target runs"
     elif t95 > slo_p95_s:

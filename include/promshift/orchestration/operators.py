@@ -166,7 +166,8 @@ class LatencyOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.report import latency_table
 
-        result = self.migration(context).latency(_now())
+        deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write") or {}
+        result = self.migration(context).latency(_now(), dual_write_since=deployed.get("dual_write_since"))
         self.log.info("latency %s\n%s", result["verdict"], latency_table(result["windows"]))
         return result
 

@@ -1,0 +1,171 @@
+"""LatencyProbe against a scripted local HTTP server that checks what it receives."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from promshift.adapters.latency_probe import LatencyProbe
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.core.catalog import LatencyPolicy, LatencyWindow
+
+Reply = tuple[int, dict[str, Any]]
+
+
+def ok_matrix(warnings: list[str] | None = None) -> Reply:
+    body: dict[str, Any] = {"status": "success", "data": {
+        "resultType": "matrix",
+        "result": [{"metric": {"Hostname": "h1"}, "values": [[60, "1"], [75, "2"]]}],
+        "stats": {"timings": {"evalTotalTime": 0.001}, "samples": {"totalQueryableSamples": 1234}}}}
+    if warnings:
+        body["warnings"] = warnings
+    return 200, body
+
+
+class ScriptedPrometheus:
+    """Answers /api/v1/query_range from a script and records every request's form."""
+
+    def __init__(self, script: Callable[[int], Reply], delay_s: float = 0.0) -> None:
+        self.script = script
+        self.delay_s = delay_s
+        self.requests: list[dict[str, str]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
+                assert self.path == "/ws/api/v1/query_range", self.path
+                outer.requests.append(form)
+                time.sleep(outer.delay_s)
+                status, body = outer.script(len(outer.requests))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/ws"
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., ScriptedPrometheus]]:
+    made: list[ScriptedPrometheus] = []
+
+    def make(script: Callable[[int], Reply], delay_s: float = 0.0) -> ScriptedPrometheus:
+        made.append(ScriptedPrometheus(script, delay_s))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def policy(**kw: Any) -> LatencyPolicy:
+    base = dict(repeats=3, timeout_s=2.0, max_slowdown_ratio=1.2, slowdown_floor_s=0.25, deadline_s=60.0,
+                windows=(LatencyWindow("1h", 3600.0, 1.0),), queries=("avg(DCGM_FI_DEV_GPU_UTIL)",))
+    base.update(kw)
+    return LatencyPolicy(**base)
+
+
+def probe(src: ScriptedPrometheus, tgt: ScriptedPrometheus, **kw: Any) -> LatencyProbe:
+    return LatencyProbe(PrometheusClient(src.url), PrometheusClient(tgt.url), policy(**kw), min_step_s=15,
+                        backoff_s=0.01)
+
+
+def test_requests_are_step_aligned_with_stats_and_warmup_is_discarded(servers: Any) -> None:
+    src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix())
+    result = probe(src, tgt).run(now=1_000_007.0, queries=["avg(DCGM_FI_DEV_GPU_UTIL)"], dual_write_since=None)
+    assert len(src.requests) == len(tgt.requests) == 4  # 1 warm-up + 3 repeats each
+    for form in src.requests + tgt.requests:
+        step = float(form["step"])
+        assert form["stats"] == "all"
+        assert float(form["start"]) % step == 0 and float(form["end"]) % step == 0
+        assert float(form["end"]) - float(form["start"]) == 3600
+        assert 3600 / step < 11_000
+    assert len(result["runs"]) == 6
+    assert all(r["samples"] == 1234 for r in result["runs"])
+    assert result["windows"][0]["verdict"] == "SUCCESSFUL"
+
+
+def test_throttling_is_retried_with_backoff_and_counted(servers: Any) -> None:
+    src = servers(lambda n: ok_matrix())
+    tgt = servers(lambda n: (429, {"status": "error", "errorType": "throttled", "error": "slow down"})
+                  if n in (2, 3) else ok_matrix())
+    result = probe(src, tgt).run(now=1e6, queries=["q"], dual_write_since=None)
+    assert result["retries"] == 2
+    assert result["windows"][0]["verdict"] == "SUCCESSFUL"
+    assert len(tgt.requests) == 6
+
+
+@pytest.mark.parametrize("reply,needle", [
+    (lambda n: (422, {"status": "error", "errorType": "execution", "error": "query timed out"}), "HTTP 422"),
+    (lambda n: (503, {"status": "error", "errorType": "unavailable", "error": "busy"}), "throttled"),
+    (lambda n: ok_matrix(warnings=["partial response: store unavailable"]), "partial data"),
+])
+def test_422_persistent_throttling_and_partial_data_fail_the_window(servers: Any, reply: Any, needle: str) -> None:
+    src, tgt = servers(lambda n: ok_matrix()), servers(reply)
+    result = probe(src, tgt).run(now=1e6, queries=["q"], dual_write_since=None)
+    window = result["windows"][0]
+    assert window["verdict"] == "FAILED" and needle in window["outcome"]
+    assert result["verdict"] == "FAILED"
+
+
+def test_client_timeout_is_a_failure_not_a_slow_success(servers: Any) -> None:
+    src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix(), delay_s=0.6)
+    result = probe(src, tgt, timeout_s=0.3, repeats=1).run(now=1e6, queries=["q"], dual_write_since=None)
+    assert result["windows"][0]["verdict"] == "FAILED" and "timeout" in result["windows"][0]["outcome"]
+
+
+def test_source_timeouts_with_target_answering_is_a_win(servers: Any) -> None:
+    src, tgt = servers(lambda n: ok_matrix(), delay_s=0.6), servers(lambda n: ok_matrix())
+    result = probe(src, tgt, timeout_s=0.3, repeats=2).run(now=1e6, queries=["q"], dual_write_since=None)
+    w = result["windows"][0]
+    assert w["verdict"] == "SUCCESSFUL" and w["source_p50_s"] is None and "source failed" in w["outcome"]
+
+
+def test_window_longer_than_the_dual_write_is_inconclusive(servers: Any) -> None:
+    src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix())
+    now = 1_000_000.0
+    result = probe(src, tgt).run(now=now, queries=["q"], dual_write_since=now - 600)
+    w = result["windows"][0]
+    assert w["verdict"] == "INCONCLUSIVE" and "not comparable" in w["outcome"]
+
+
+def test_deadline_stops_the_probe_and_leaves_it_inconclusive(servers: Any) -> None:
+    src, tgt = servers(lambda n: ok_matrix(), delay_s=0.2), servers(lambda n: ok_matrix(), delay_s=0.2)
+    started = time.monotonic()
+    result = probe(src, tgt, repeats=50, deadline_s=1.0).run(now=1e6, queries=["q"], dual_write_since=None)
+    assert time.monotonic() - started < 3
+    assert result["windows"][0]["verdict"] == "INCONCLUSIVE"
+    assert "deadline" in result["windows"][0]["outcome"]
+
+
+def test_down_backend_is_a_clear_failure() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = PrometheusClient(f"http://127.0.0.1:{port}")
+    result = LatencyProbe(client, client, policy(repeats=1), min_step_s=15).run(now=1e6, queries=["q"],
+                                                                                  dual_write_since=None)
+    assert result["verdict"] == "FAILED" and "unreachable" in result["windows"][0]["outcome"]
