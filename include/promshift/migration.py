@@ -6,6 +6,7 @@ something records an audit event with its evidence.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Mapping
@@ -16,20 +17,13 @@ from typing import Any
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
-from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingManifest
 from promshift.core.catalog import MetricGroup
 from promshift.core.gate import GateAction, GateVerdict, decide
-from promshift.core.parity import (
-    SampleComparison,
-    comparison_window,
-    coverage_measurement,
-    normalize_labels,
-    sample_hosts,
-)
 from promshift.core.render import add_remote_write, remote_write_entry, remote_write_name, sha256_text
 from promshift.core.stages import STARTABLE, TRANSITIONS, Stage, transition
-from promshift.core.verdicts import Measurement, Verdict, worst
+from promshift.core.verdicts import Verdict
 from promshift.core.warmup import WarmupObservation, parse_remote_write_lag
 
 log = logging.getLogger(__name__)
@@ -48,10 +42,6 @@ class Backends:
     source_config_path: str
     target_remote_write_url: str
     promtool: str = "promtool"
-
-
-def _promql_string(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def observe_warmup(*, group_name: str, selector: str, source: PrometheusClient, target: PrometheusClient,
@@ -159,73 +149,11 @@ class GroupMigration:
         self.record("warmup_" + str(event.get("status")), now, dict(event))
 
     def parity(self, *, dual_write_since: float, now: datetime) -> dict[str, Any]:
-        """Coverage counts at several instants plus raw samples of a deterministic host sample."""
-        policy = self.group.parity
-        step = policy.step_s
-        # The step is at least the scrape interval, so two steps cover the first full scrape.
-        window = comparison_window(dual_write_since=dual_write_since, now=now.timestamp(),
-                                   skip_recent_s=policy.skip_recent_s, step=step, settle_s=2 * step)
-        if window is None:
-            m = Measurement("window", Verdict.INCONCLUSIVE,
-                            f"dual-write too short: nothing older than {policy.skip_recent_s:.0f}s since "
-                            f"{datetime.fromtimestamp(dual_write_since).isoformat()}")
-            return _parity_result([m], None, [])
-        start, end = window
-        measurements: list[Measurement] = []
-        try:
-            measurements.extend(self._coverage(start, end))
-        except PrometheusError as exc:
-            measurements.append(Measurement("coverage", Verdict.ERROR, str(exc)))
-        hosts: list[str] = []
-        try:
-            sample, hosts = self._samples(start, end, step)
-            measurements.append(sample)
-        except PrometheusError as exc:
-            measurements.append(Measurement("samples", Verdict.ERROR, str(exc)))
-        return _parity_result(measurements, (start, end, step), hosts)
+        """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck)."""
+        from promshift.adapters.parity_check import ParityCheck
 
-    def _coverage(self, start: float, end: float) -> list[Measurement]:
-        """Series counts per metric and per host at the window's start, middle and end (PromQL counts)."""
-        instants = sorted({start, (start + end) / 2, end})
-        out = []
-        for by, key, name in (("__name__", "metric", "coverage"),
-                              (self.group.host_label, "host", "host_coverage")):
-            expr = f"count by ({by}) ({self.group.selector()})"
-            counts = []
-            for t in instants:
-                sides = [{s.labels.get(by, ""): s.points[0][1] for s in client.query(expr, at=t).series}
-                         for client in (self.backends.source, self.backends.target)]
-                counts.append((t, sides[0], sides[1]))
-            out.append(coverage_measurement(counts, max_missing_ratio=self.group.parity.max_missing_series_ratio,
-                                            queries=[expr], name=name, key=key))
-        return out
-
-    def _samples(self, start: float, end: float, step: float) -> tuple[Measurement, list[str]]:
-        policy = self.group.parity
-        host_label = self.group.host_label
-        hosts_expr = f"count by ({host_label}) ({self.group.selector()})"
-        all_hosts = [s.labels.get(host_label, "") for s in self.backends.source.query(hosts_expr, at=end).series]
-        seed = policy.seed or f"{self.group.name}:{start:.0f}:{end:.0f}"
-        chosen = sample_hosts((h for h in all_hosts if h), policy.sample_hosts, seed)
-        rename = dict(policy.rename_labels)
-        comparison = SampleComparison(abs_tol=policy.abs_tolerance, rel_tol=policy.rel_tolerance)
-        queries = [hosts_expr]
-        regex = self.group.name_regex()
-        for host in chosen:
-            expr = f"{{__name__=~{_promql_string(regex)}, {host_label}={_promql_string(host)}}}"
-            queries.append(expr)
-            sides = []
-            for client in (self.backends.source, self.backends.target):
-                res = client.query_range(expr, start=start, end=end, step=step)
-                sides.append({normalize_labels(s.labels, ignore=policy.ignore_labels, rename=rename): s.points
-                              for s in res.series})
-            comparison.add(sides[0], sides[1])
-            log.info("parity %s: host %s compared (%s series, %s points so far)", self.group.name, host,
-                     comparison.series_compared, comparison.points_compared)
-        m = comparison.measurement(queries)
-        m.numbers["hosts_sampled"] = chosen
-        m.numbers["hosts_total"] = len(all_hosts)
-        return m, chosen
+        return ParityCheck(self.group, self.backends.source, self.backends.target).run(
+            dual_write_since=dual_write_since, now=now.timestamp())
 
     def latency(self, now: datetime, *, dual_write_since: float | None = None) -> dict[str, Any]:
         """Each window's golden queries on both backends (see LatencyProbe)."""
@@ -318,22 +246,6 @@ def _measurements(check: Mapping[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def _policy_dict(policy: Any) -> dict[str, Any]:
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in policy.__dict__.items()}
+    return dataclasses.asdict(policy)
 
 
-def _parity_result(measurements: list[Measurement], window: tuple[float, float, float] | None,
-                   hosts: list[str]) -> dict[str, Any]:
-    samples = next((m for m in measurements if m.name == "samples"), None)
-    nums = samples.numbers if samples else {}
-    return {
-        "verdict": worst(m.verdict for m in measurements).value,
-        "window": {"start": window[0], "end": window[1], "step": window[2]} if window else None,
-        "hosts_sampled": hosts,
-        "series_compared": nums.get("series_compared", 0),
-        "points_compared": nums.get("points_compared", 0),
-        "mismatches": nums.get("mismatches", 0),
-        "missing_series": nums.get("missing_series", 0),
-        "missing_points": nums.get("missing_points", 0),
-        "extra_series": nums.get("extra_series", 0),
-        "measurements": [m.to_dict() for m in measurements],
-    }

@@ -94,6 +94,25 @@ def parse_query_response(query: str, body: dict[str, Any], *, elapsed_s: float, 
     )
 
 
+@dataclass
+class QueryLedger:
+    """Running totals of what a client asked: queries, wall time, the server's own time, bytes."""
+
+    queries: int = 0
+    wall_s: float = 0.0
+    server_s: float = 0.0
+    bytes: int = 0
+
+    def add(self, res: QueryResult) -> None:
+        self.queries += 1
+        self.wall_s += res.elapsed_s
+        self.server_s += res.server_time_s or 0.0
+        self.bytes += res.bytes
+
+    def snapshot(self) -> dict[str, float]:
+        return {"queries": self.queries, "wall_s": self.wall_s, "server_s": self.server_s, "bytes": self.bytes}
+
+
 class PrometheusClient:
     """Queries and admin calls against one Prometheus-compatible base URL.
 
@@ -103,8 +122,11 @@ class PrometheusClient:
     """
 
     def __init__(self, base_url: str, *, timeout_s: float = 60.0, auth: Any = None,
-                 session: requests.Session | None = None) -> None:
+                 session: requests.Session | None = None, always_stats: bool = False) -> None:
         self.base_url = base_url.rstrip("/")
+        # With always_stats every query asks for stats=all, so the ledger holds the server's time.
+        self.always_stats = always_stats
+        self.ledger = QueryLedger()
         self.timeout_s = timeout_s
         self.auth = auth
         self.session = session or requests.Session()
@@ -136,15 +158,17 @@ class PrometheusClient:
             etype = body.get("errorType") if isinstance(body, dict) else None
             raise PrometheusError(self.base_url, f"HTTP {resp.status_code} for {query!r}: {detail}",
                                   http_status=resp.status_code, error_type=etype)
-        return parse_query_response(query, body, elapsed_s=elapsed, http_status=resp.status_code,
-                                    size=len(resp.content))
+        res = parse_query_response(query, body, elapsed_s=elapsed, http_status=resp.status_code,
+                                   size=len(resp.content))
+        self.ledger.add(res)
+        return res
 
     def query(self, expr: str, *, at: float | None = None, stats: bool = False,
               timeout_s: float | None = None) -> QueryResult:
         params: dict[str, Any] = {"query": expr}
         if at is not None:
             params["time"] = f"{at:.3f}"
-        if stats:
+        if stats or self.always_stats:
             params["stats"] = "all"
         return self._api("/api/v1/query", params, expr, timeout_s)
 
@@ -152,9 +176,30 @@ class PrometheusClient:
                     timeout_s: float | None = None) -> QueryResult:
         params: dict[str, Any] = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                   "step": f"{step:g}"}
-        if stats:
+        if stats or self.always_stats:
             params["stats"] = "all"
         return self._api("/api/v1/query_range", params, expr, timeout_s)
+
+    def _get_list(self, path: str, params: dict[str, Any]) -> list[str]:
+        resp = self._request("GET", path, params=params)
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if resp.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
+            detail = body.get("error") if isinstance(body, dict) else resp.text[:200]
+            raise PrometheusError(self.base_url, f"HTTP {resp.status_code} for {path}: {detail}",
+                                  http_status=resp.status_code)
+        return [str(v) for v in body.get("data") or []]
+
+    def label_names(self, match: str, *, start: float, end: float) -> list[str]:
+        """Label names of the series matching ``match`` in [start, end] (``/api/v1/labels``)."""
+        return self._get_list("/api/v1/labels", {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"})
+
+    def label_values(self, label: str, match: str, *, start: float, end: float) -> list[str]:
+        """Values of ``label`` among the series matching ``match`` in [start, end]."""
+        return self._get_list(f"/api/v1/label/{label}/values",
+                              {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"})
 
     def scalar(self, expr: str, *, at: float | None = None) -> float | None:
         """The single value of an instant query, or None when it returns nothing."""

@@ -122,6 +122,20 @@ class SampleComparison:
             self.extra_series += 1
             self._offend(labels, "only on target")
 
+    COUNTS = ("series_compared", "points_compared", "mismatches", "missing_points", "missing_series",
+              "extra_series")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe totals, so shards (mapped tasks) can hand them to a reducer."""
+        return {**{k: getattr(self, k) for k in self.COUNTS}, "offenders": list(self.offenders)}
+
+    def merge(self, shard: Mapping[str, Any]) -> None:
+        """Add one shard's totals (from ``to_dict``) into this comparison."""
+        for k in self.COUNTS:
+            setattr(self, k, getattr(self, k) + int(shard.get(k, 0)))
+        room = self.max_offenders - len(self.offenders)
+        self.offenders.extend(list(shard.get("offenders", []))[:max(0, room)])
+
     def measurement(self, queries: Sequence[str]) -> Measurement:
         numbers = {
             "series_compared": self.series_compared,
@@ -163,11 +177,17 @@ def coverage_measurement(counts: Sequence[tuple[float, Mapping[str, float], Mapp
     worst_ratio = 0.0
     total_source = 0.0
     short: dict[str, float] = {}
+    extra: set[str] = set()
     for t, src, tgt in counts:
         for k in sorted(set(src) | set(tgt)):
             s, g = src.get(k, 0.0), tgt.get(k, 0.0)
             total_source += s
-            ratio = (s - g) / s if s else (1.0 if g else 0.0)
+            if not s:
+                # Series under a key the source does not have: drift (a renamed or dropped label), not loss.
+                extra.add(k)
+                rows.append({"at": t, key: k, "source": s, "target": g, "missing_ratio": None})
+                continue
+            ratio = (s - g) / s
             worst_ratio = max(worst_ratio, ratio)
             if ratio > max_missing_ratio:
                 short[k] = max(short.get(k, 0.0), ratio)
@@ -177,15 +197,84 @@ def coverage_measurement(counts: Sequence[tuple[float, Mapping[str, float], Mapp
     if total_source == 0:
         return Measurement(name, Verdict.INCONCLUSIVE, "the source has no series of this group",
                            tuple(queries), numbers)
-    if short:
-        named = sorted(short, key=lambda k: (-short[k], k))
-        shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
-        numbers["short_keys"] = named
-        return Measurement(
-            name, Verdict.FAILED,
-            f"target misses series of {len(named)} {key}{'s' if len(named) != 1 else ''} ({shown}); "
-            f"worst {worst_ratio:.2%} missing, limit {max_missing_ratio:.2%}",
-            tuple(queries), numbers)
+    if short or extra:
+        parts = []
+        if short:
+            named = sorted(short, key=lambda k: (-short[k], k))
+            numbers["short_keys"] = named
+            parts.append(f"target misses series of {_some(named, key)}; worst {worst_ratio:.2%} missing, "
+                         f"limit {max_missing_ratio:.2%}")
+        if extra:
+            numbers["extra_keys"] = sorted(extra)
+            shown = sorted(f"{key} {k!r}" if k else f"no {key} label" for k in extra)
+            parts.append(f"target has series under {', '.join(shown[:5])} that the source does not")
+        return Measurement(name, Verdict.FAILED, "; ".join(parts), tuple(queries), numbers)
     return Measurement(name, Verdict.SUCCESSFUL,
                        f"series counts of {numbers['keys']} {key}s match at {len(counts)} instants",
                        tuple(queries), numbers)
+
+
+def _some(keys: Sequence[str], key: str) -> str:
+    shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+    return f"{len(keys)} {key}{'s' if len(keys) != 1 else ''} ({shown})"
+
+
+def label_drift(source: Mapping[str, Iterable[str]], target: Mapping[str, Iterable[str]], *,
+                ignore: Iterable[str] = (), rename: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Compare label names per metric after normalization; name what differs on each side.
+
+    ``source``/``target`` map metric -> label names. Renames apply to both sides (the
+    group's rules say how the target's labels map to the source's).
+    """
+    skip = set(ignore) | {"__name__"}
+    rename = rename or {}
+    drift: dict[str, Any] = {}
+    for metric in sorted(set(source) | set(target)):
+        src = {rename.get(n, n) for n in source.get(metric, ()) if n not in skip}
+        tgt = {rename.get(n, n) for n in target.get(metric, ()) if n not in skip}
+        if src != tgt:
+            drift[metric] = {"only_source": sorted(src - tgt), "only_target": sorted(tgt - src)}
+    return drift
+
+
+def describe_label_drift(drift: Mapping[str, Mapping[str, Sequence[str]]]) -> str:
+    """Plain words, e.g. ``DCGM_FI_DEV_GPU_UTIL: `Hostname` only on source, `hostname` only on target``."""
+    parts = []
+    for metric, d in drift.items():
+        sides = []
+        if d.get("only_source"):
+            sides.append(", ".join(f"`{n}`" for n in d["only_source"]) + " only on source")
+        if d.get("only_target"):
+            sides.append(", ".join(f"`{n}`" for n in d["only_target"]) + " only on target")
+        parts.append(f"{metric}: {' and '.join(sides)}")
+        hint = _rename_hint(d)
+        if hint:
+            parts[-1] += f" ({hint})"
+    return "; ".join(parts)
+
+
+def _rename_hint(d: Mapping[str, Sequence[str]]) -> str | None:
+    """Suggest a rename when the two sides differ only in the case of one label name."""
+    src, tgt = list(d.get("only_source", ())), list(d.get("only_target", ()))
+    for s in src:
+        for t in tgt:
+            if s.lower() == t.lower():
+                return f"renamed? add parity.rename_labels {{{t}: {s}}} if intended"
+    return None
+
+
+def assess(measurements: Sequence[Measurement], *, failure_limit: int, inconclusive_limit: int) -> Verdict:
+    """Argo Rollouts' assessment: more FAILED than ``failure_limit`` fails, more INCONCLUSIVE than
+    ``inconclusive_limit`` is inconclusive, any ERROR (consecutive errors past their limit) is ERROR.
+    No measurements at all is INCONCLUSIVE."""
+    if not measurements:
+        return Verdict.INCONCLUSIVE
+    failed = sum(m.verdict == Verdict.FAILED for m in measurements)
+    inconclusive = sum(m.verdict == Verdict.INCONCLUSIVE for m in measurements)
+    if failed > failure_limit:
+        return Verdict.FAILED
+    if any(m.verdict == Verdict.ERROR for m in measurements):
+        return Verdict.ERROR
+    if inconclusive > inconclusive_limit:
+        return Verdict.INCONCLUSIVE
+    return Verdict.SUCCESSFUL

@@ -33,9 +33,9 @@ def latency_table(windows: Sequence[Mapping[str, Any]]) -> str:
 
 def parity_log_table(parity: Mapping[str, Any]) -> str:
     """Per measurement: verdict and reason, then the worst offending series."""
-    lines = [f"{'measurement':<12} {'verdict':<13} reason"]
+    lines = [f"{'measurement':<14} {'verdict':<13} reason"]
     for m in parity.get("measurements", []):
-        lines.append(f"{m['name']:<12} {m['verdict']:<13} {m['reason']}")
+        lines.append(f"{m['name']:<14} {m['verdict']:<13} {m['reason']}")
     lines.append(f"series compared {parity.get('series_compared', 0)}, points compared "
                  f"{parity.get('points_compared', 0)}, mismatches {parity.get('mismatches', 0)}, "
                  f"missing series {parity.get('missing_series', 0)}, hosts {parity.get('hosts_sampled', [])}")

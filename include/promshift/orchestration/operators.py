@@ -217,12 +217,18 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
                                       now=_now())
             raise AirflowFailException(f"approval not given: {event.get('error_type')}")
         responder = event.get("responded_by_user") or {}
-        by = responder.get("id") if isinstance(responder, dict) else getattr(responder, "id", None)
-        by = str(by or "unknown")
+
+        def field(name: str) -> str | None:
+            value = responder.get(name) if isinstance(responder, dict) else getattr(responder, name, None)
+            return str(value) if value else None
+
+        by = field("id") or field("name") or "unknown"
         choice = (event.get("chosen_options") or ["?"])[0]
         comment = str((event.get("params_input") or {}).get("comment", ""))
         triggered_by = getattr(context.get("dag_run"), "triggering_user_name", None)
-        if choice == self.APPROVE and triggered_by and by == triggered_by:
+        # triggering_user_name is the user's *name*; HITL records the *id* (equal only under the
+        # Simple auth manager), so the responder matches on either.
+        if choice == self.APPROVE and triggered_by and triggered_by in {field("id"), field("name")}:
             migration.record_approval(decision="refused_four_eyes", by=by, comment=comment, now=_now())
             raise AirflowFailException(f"{by} triggered this run and cannot also approve it (four-eyes rule)")
         migration.record_approval(decision=choice, by=by, comment=comment, now=_now())

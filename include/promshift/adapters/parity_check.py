@@ -1,0 +1,207 @@
+"""Parity evidence in layers, fetched from both backends; the maths lives in core.parity.
+
+Layers: coverage (series counts per metric and per host at several instants, computed
+in PromQL), label parity (label names per metric after normalization), and raw samples
+of a deterministic host sample (shardable: each shard compares some hosts and returns
+totals a reducer merges). Memory stays bounded: one host's series at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.core.catalog import MetricGroup
+from promshift.core.parity import (
+    SampleComparison,
+    assess,
+    comparison_window,
+    coverage_measurement,
+    describe_label_drift,
+    label_drift,
+    normalize_labels,
+    sample_hosts,
+)
+from promshift.core.verdicts import Measurement, Verdict
+
+log = logging.getLogger(__name__)
+
+
+def promql_string(value: str) -> str:
+    """A PromQL double-quoted string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass
+class ParityCheck:
+    """Every parity layer for one group over one window."""
+
+    group: MetricGroup
+    source: PrometheusClient
+    target: PrometheusClient
+
+    @property
+    def policy(self) -> Any:
+        return self.group.parity
+
+    def window(self, *, dual_write_since: float, now: float) -> tuple[float, float] | None:
+        # The step is at least the scrape interval, so two steps cover the first full scrape after the reload.
+        return comparison_window(dual_write_since=dual_write_since, now=now, skip_recent_s=self.policy.skip_recent_s,
+                                 step=self.policy.step_s, settle_s=2 * self.policy.step_s)
+
+    # -- layer 1: coverage ---------------------------------------------------------------
+    def coverage(self, start: float, end: float) -> list[Measurement]:
+        """Series counts per metric and per host at the window's start, middle and end."""
+        instants = sorted({start, (start + end) / 2, end})
+        out = []
+        for by, key, name in (("__name__", "metric", "coverage"),
+                              (self.group.host_label, "host", "host_coverage")):
+            expr = f"count by ({by}) ({self.group.selector()})"
+            try:
+                counts = []
+                for t in instants:
+                    sides = [{s.labels.get(by, ""): s.points[0][1] for s in client.query(expr, at=t).series}
+                             for client in (self.source, self.target)]
+                    counts.append((t, sides[0], sides[1]))
+            except PrometheusError as exc:
+                out.append(Measurement(name, Verdict.ERROR, str(exc), (expr,)))
+                continue
+            out.append(coverage_measurement(counts, max_missing_ratio=self.policy.max_missing_series_ratio,
+                                            queries=[expr], name=name, key=key))
+        return out
+
+    # -- layer 2: label parity -----------------------------------------------------------
+    def labels(self, start: float, end: float) -> Measurement:
+        """Label names per metric on both sides, after ignore/rename rules; drift is named."""
+        queries = []
+        try:
+            metrics = self.source.label_values("__name__", self.group.selector(), start=start, end=end)
+            names: list[dict[str, list[str]]] = [{}, {}]
+            for metric in metrics:
+                match = f"{{__name__={promql_string(metric)}}}"
+                queries.append(f"labels {match}")
+                for i, client in enumerate((self.source, self.target)):
+                    names[i][metric] = client.label_names(match, start=start, end=end)
+        except PrometheusError as exc:
+            return Measurement("labels", Verdict.ERROR, str(exc), tuple(queries))
+        if not metrics:
+            return Measurement("labels", Verdict.INCONCLUSIVE, "the source has no metric of this group in the window",
+                               tuple(queries))
+        drift = label_drift(names[0], names[1], ignore=self.policy.ignore_labels,
+                            rename=dict(self.policy.rename_labels))
+        numbers = {"metrics": len(metrics), "drift": drift,
+                   "labels": sorted({n for ns in names[0].values() for n in ns})}
+        if drift:
+            return Measurement("labels", Verdict.FAILED, "label drift: " + describe_label_drift(drift),
+                               tuple(queries), numbers)
+        return Measurement("labels", Verdict.SUCCESSFUL,
+                           f"label names of {len(metrics)} metrics match after normalization", tuple(queries),
+                           numbers)
+
+    # -- layer 3: raw samples ------------------------------------------------------------
+    def sample_plan(self, start: float, end: float) -> list[str]:
+        """The deterministic host sample for this group and window (seeded by both)."""
+        host_label = self.group.host_label
+        expr = f"count by ({host_label}) ({self.group.selector()})"
+        hosts = [s.labels.get(host_label, "") for s in self.source.query(expr, at=end).series]
+        seed = self.policy.seed or f"{self.group.name}:{start:.0f}:{end:.0f}"
+        return sample_hosts((h for h in hosts if h), self.policy.sample_hosts, seed)
+
+    def compare_hosts(self, hosts: Sequence[str], start: float, end: float) -> dict[str, Any]:
+        """Compare every series of ``hosts`` point by point; returns mergeable totals.
+
+        Consecutive query errors up to the policy's limit skip a host (named in the result);
+        beyond it the shard reports an error.
+        """
+        step = self.policy.step_s
+        comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance)
+        rename = dict(self.policy.rename_labels)
+        regex = self.group.name_regex()
+        errors: list[str] = []
+        consecutive = 0
+        for host in hosts:
+            expr = f"{{__name__=~{promql_string(regex)}, {self.group.host_label}={promql_string(host)}}}"
+            try:
+                sides = []
+                for client in (self.source, self.target):
+                    res = client.query_range(expr, start=start, end=end, step=step)
+                    sides.append({normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename): s.points
+                                  for s in res.series})
+            except PrometheusError as exc:
+                consecutive += 1
+                errors.append(f"{host}: {exc}")
+                if consecutive >= self.policy.consecutive_error_limit:
+                    break
+                continue
+            consecutive = 0
+            comparison.add(sides[0], sides[1])
+            log.info("parity %s: host %s compared (%s series, %s points so far)", self.group.name, host,
+                     comparison.series_compared, comparison.points_compared)
+        return {**comparison.to_dict(), "hosts": list(hosts), "errors": errors,
+                "error_limit_hit": consecutive >= self.policy.consecutive_error_limit > 0}
+
+    def samples_measurement(self, shards: Sequence[dict[str, Any]], hosts_total: int) -> Measurement:
+        """Merge shard totals into the samples measurement."""
+        comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance)
+        errors: list[str] = []
+        hosts: list[str] = []
+        for shard in shards:
+            comparison.merge(shard)
+            errors.extend(shard.get("errors", []))
+            hosts.extend(shard.get("hosts", []))
+        if any(s.get("error_limit_hit") for s in shards):
+            return Measurement("samples", Verdict.ERROR,
+                               f"{len(errors)} query errors, {self.policy.consecutive_error_limit} in a row: "
+                               + "; ".join(errors[:3]), (), {"errors": errors})
+        m = comparison.measurement([f"range query per sampled host ({len(hosts)} hosts)"])
+        m.numbers.update({"hosts_sampled": sorted(hosts), "hosts_total": hosts_total, "errors": errors})
+        return m
+
+    # -- all layers ----------------------------------------------------------------------
+    def run(self, *, dual_write_since: float, now: float) -> dict[str, Any]:
+        """Every layer in one process (the DAG shards the samples layer instead)."""
+        started = time.perf_counter()
+        before = [c.ledger.snapshot() for c in (self.source, self.target)]
+        window = self.window(dual_write_since=dual_write_since, now=now)
+        if window is None:
+            m = Measurement("window", Verdict.INCONCLUSIVE,
+                            f"dual-write too short: nothing older than {self.policy.skip_recent_s:.0f}s to compare")
+            return self.result([m], None, started, before)
+        start, end = window
+        measurements = self.coverage(start, end)
+        measurements.append(self.labels(start, end))
+        try:
+            hosts = self.sample_plan(start, end)
+            shard = self.compare_hosts(hosts, start, end)
+            measurements.append(self.samples_measurement([shard], hosts_total=len(hosts)))
+        except PrometheusError as exc:
+            measurements.append(Measurement("samples", Verdict.ERROR, str(exc)))
+        return self.result(measurements, (start, end), started, before)
+
+    def result(self, measurements: list[Measurement], window: tuple[float, float] | None, started: float,
+               before: list[dict[str, float]]) -> dict[str, Any]:
+        samples = next((m for m in measurements if m.name == "samples"), None)
+        nums = samples.numbers if samples else {}
+        after = [c.ledger.snapshot() for c in (self.source, self.target)]
+        backend_s = sum(a["server_s"] - b["server_s"] for a, b in zip(after, before, strict=True))
+        verdict = assess(measurements, failure_limit=self.policy.failure_limit,
+                         inconclusive_limit=self.policy.inconclusive_limit)
+        return {
+            "verdict": verdict.value,
+            "window": {"start": window[0], "end": window[1], "step": self.policy.step_s} if window else None,
+            "hosts_sampled": nums.get("hosts_sampled", []),
+            "series_compared": nums.get("series_compared", 0),
+            "points_compared": nums.get("points_compared", 0),
+            "mismatches": nums.get("mismatches", 0),
+            "missing_series": nums.get("missing_series", 0),
+            "missing_points": nums.get("missing_points", 0),
+            "extra_series": nums.get("extra_series", 0),
+            "measurements": [m.to_dict() for m in measurements],
+            "wall_s": time.perf_counter() - started,
+            "backend_query_s": backend_s,
+            "queries_sent": sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True)),
+        }

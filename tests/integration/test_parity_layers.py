@@ -1,0 +1,92 @@
+"""Label parity against real Prometheus servers: dcgm-exporter's 2026 `Hostname` -> `hostname` rename."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from promshift.adapters.parity_check import ParityCheck
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.core.verdicts import Verdict
+from promshift.settings import load_catalog
+from promshift.stack.fleet import FleetServer, FleetSpec, file_sd_groups
+from tests.integration.conftest import find_free_ports
+
+pytestmark = pytest.mark.integration
+
+
+def scraping_prometheus(tmp: Path, name: str, fleet: FleetSpec) -> Iterator[PrometheusClient]:
+    server = FleetServer(fleet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sd = tmp / f"{name}.json"
+    sd.write_text(json.dumps(file_sd_groups(fleet, server.port)))
+    cfg = tmp / f"{name}.yml"
+    cfg.write_text(f"global: {{scrape_interval: 1s}}\nscrape_configs:\n- job_name: dcgm\n"
+                   f"  file_sd_configs: [{{files: ['{sd}']}}]\n")
+    (port,) = find_free_ports(1)
+    proc = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp / name}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = PrometheusClient(f"http://127.0.0.1:{port}", timeout_s=10)
+    try:
+        deadline = time.time() + 40
+        while not client.ready():
+            assert time.time() < deadline, f"{name} prometheus did not start"
+            time.sleep(0.2)
+        while (client.scalar('count(up{job="dcgm"} == 1)') or 0) < fleet.nodes:
+            assert time.time() < deadline, f"{name} prometheus did not scrape the fleet"
+            time.sleep(0.5)
+        yield client
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def renamed_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusClient, PrometheusClient]]:
+    tmp = tmp_path_factory.mktemp("rename")
+    src_gen = scraping_prometheus(tmp, "source", FleetSpec(nodes=3))
+    tgt_gen = scraping_prometheus(tmp, "target", FleetSpec(nodes=3, hostname_label="hostname"))
+    src, tgt = next(src_gen), next(tgt_gen)
+    time.sleep(4)  # a few scrapes on both sides, so the test windows hold data
+    yield src, tgt
+    for gen in (src_gen, tgt_gen):
+        next(gen, None)
+
+
+def test_label_rename_is_named_as_drift_and_a_rename_rule_clears_it(
+        renamed_pair: tuple[PrometheusClient, PrometheusClient]) -> None:
+    src, tgt = renamed_pair
+    group = load_catalog(profile="demo").get("gpu-memory")
+    end = time.time() - 1
+    start = end - 30
+    drift = ParityCheck(group, src, tgt).labels(start, end)
+    assert drift.verdict == Verdict.FAILED
+    assert "`Hostname` only on source" in drift.reason and "`hostname` only on target" in drift.reason
+    assert "rename_labels {hostname: Hostname}" in drift.reason
+    assert set(drift.numbers["drift"]) == {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"}
+
+    renamed = dataclasses.replace(group, parity=dataclasses.replace(group.parity,
+                                                                    rename_labels=(("hostname", "Hostname"),)))
+    clean = ParityCheck(renamed, src, tgt).labels(start, end)
+    assert clean.verdict == Verdict.SUCCESSFUL, clean.reason
+
+
+def test_host_coverage_fails_when_the_host_label_is_missing_on_the_target(
+        renamed_pair: tuple[PrometheusClient, PrometheusClient]) -> None:
+    src, tgt = renamed_pair
+    group = load_catalog(profile="demo").get("gpu-memory")
+    end = time.time() - 1
+    end = time.time() - 0.5
+    by_host = {m.name: m for m in ParityCheck(group, src, tgt).coverage(end - 1, end)}
+    assert by_host["coverage"].verdict == Verdict.SUCCESSFUL  # same series counts per metric
+    assert by_host["host_coverage"].verdict == Verdict.FAILED
+    assert "3 hosts" in by_host["host_coverage"].reason
