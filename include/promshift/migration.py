@@ -21,7 +21,13 @@ from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingManifest
 from promshift.core.catalog import MetricGroup
 from promshift.core.gate import GateAction, GateVerdict, decide
-from promshift.core.render import add_remote_write, remote_write_entry, remote_write_name, sha256_text
+from promshift.core.render import (
+    add_remote_write,
+    remote_write_entry,
+    remote_write_name,
+    remote_write_names,
+    sha256_text,
+)
 from promshift.core.stages import STARTABLE, TRANSITIONS, Stage, transition
 from promshift.core.verdicts import Verdict
 from promshift.core.warmup import WarmupObservation, parse_remote_write_lag
@@ -224,7 +230,7 @@ class GroupMigration:
         snap = self._load_snapshot(snapshot_info)
         identical = self.deployer.restore(snap)
         live = self.backends.source.config_text()
-        still_live = remote_write_name(self.group.name) in live
+        still_live = remote_write_name(self.group.name) in remote_write_names(live)
         if self.routing.read_from(self.group.name) != "source":
             self.routing.route(self.group.name, read_from="source", url=self.backends.source.base_url,
                                at=now, run_id=self.run_id)

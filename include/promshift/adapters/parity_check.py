@@ -162,37 +162,68 @@ class ParityCheck:
         return m
 
     # -- all layers ----------------------------------------------------------------------
-    def run(self, *, dual_write_since: float, now: float) -> dict[str, Any]:
-        """Every layer in one process (the DAG shards the samples layer instead)."""
+    def plan(self, *, dual_write_since: float, now: float) -> dict[str, Any]:
+        """Window, the count and label layers, and the host shards for the samples layer."""
         started = time.perf_counter()
         before = [c.ledger.snapshot() for c in (self.source, self.target)]
         window = self.window(dual_write_since=dual_write_since, now=now)
         if window is None:
             m = Measurement("window", Verdict.INCONCLUSIVE,
                             f"dual-write too short: nothing older than {self.policy.skip_recent_s:.0f}s to compare")
-            return self.result([m], None, started, before)
+            return {"window": None, "measurements": [m.to_dict()], "shards": [], "hosts_total": 0,
+                    "cost": self._cost(started, before)}
         start, end = window
-        measurements = self.coverage(start, end)
-        measurements.append(self.labels(start, end))
+        measurements = [m.to_dict() for m in self.coverage(start, end)]
+        measurements.append(self.labels(start, end).to_dict())
+        shards: list[dict[str, Any]] = []
+        hosts: list[str] = []
         try:
             hosts = self.sample_plan(start, end)
-            shard = self.compare_hosts(hosts, start, end)
-            measurements.append(self.samples_measurement([shard], hosts_total=len(hosts)))
         except PrometheusError as exc:
-            measurements.append(Measurement("samples", Verdict.ERROR, str(exc)))
-        return self.result(measurements, (start, end), started, before)
+            measurements.append(Measurement("samples", Verdict.ERROR, str(exc)).to_dict())
+        size = self.policy.hosts_per_shard
+        for i in range(0, len(hosts), size):
+            shards.append({"hosts": hosts[i:i + size], "start": start, "end": end})
+        return {"window": {"start": start, "end": end, "step": self.policy.step_s}, "measurements": measurements,
+                "shards": shards, "hosts_total": len(hosts), "cost": self._cost(started, before)}
 
-    def result(self, measurements: list[Measurement], window: tuple[float, float] | None, started: float,
-               before: list[dict[str, float]]) -> dict[str, Any]:
+    def compare_shard(self, shard: dict[str, Any]) -> dict[str, Any]:
+        """One mapped task's work: compare the shard's hosts; returns totals and what it cost."""
+        started = time.perf_counter()
+        before = [c.ledger.snapshot() for c in (self.source, self.target)]
+        out = self.compare_hosts(shard["hosts"], shard["start"], shard["end"])
+        out["cost"] = self._cost(started, before)
+        return out
+
+    def reduce(self, plan: dict[str, Any], shards: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Merge the plan's layers and every shard into the parity result."""
+        measurements = [Measurement(m["name"], Verdict(m["verdict"]), m["reason"], tuple(m.get("queries", ())),
+                                    m.get("numbers", {})) for m in plan["measurements"]]
+        if plan["window"] is not None and not any(m.name == "samples" for m in measurements):
+            measurements.append(self.samples_measurement(shards, hosts_total=plan["hosts_total"]))
+        costs = [plan["cost"], *(s.get("cost", {}) for s in shards)]
+        return self.result(measurements, plan["window"], costs, shards=len(shards))
+
+    def run(self, *, dual_write_since: float, now: float) -> dict[str, Any]:
+        """Every layer in one process; the DAG runs the same plan / shards / reduce as mapped tasks."""
+        plan = self.plan(dual_write_since=dual_write_since, now=now)
+        return self.reduce(plan, [self.compare_shard(shard) for shard in plan["shards"]])
+
+    def _cost(self, started: float, before: list[dict[str, float]]) -> dict[str, float]:
+        after = [c.ledger.snapshot() for c in (self.source, self.target)]
+        return {"wall_s": time.perf_counter() - started,
+                "backend_query_s": sum(a["server_s"] - b["server_s"] for a, b in zip(after, before, strict=True)),
+                "queries": sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True))}
+
+    def result(self, measurements: list[Measurement], window: dict[str, Any] | None,
+               costs: Sequence[dict[str, float]], *, shards: int) -> dict[str, Any]:
         samples = next((m for m in measurements if m.name == "samples"), None)
         nums = samples.numbers if samples else {}
-        after = [c.ledger.snapshot() for c in (self.source, self.target)]
-        backend_s = sum(a["server_s"] - b["server_s"] for a, b in zip(after, before, strict=True))
         verdict = assess(measurements, failure_limit=self.policy.failure_limit,
                          inconclusive_limit=self.policy.inconclusive_limit)
         return {
             "verdict": verdict.value,
-            "window": {"start": window[0], "end": window[1], "step": self.policy.step_s} if window else None,
+            "window": window,
             "hosts_sampled": nums.get("hosts_sampled", []),
             "series_compared": nums.get("series_compared", 0),
             "points_compared": nums.get("points_compared", 0),
@@ -201,7 +232,8 @@ class ParityCheck:
             "missing_points": nums.get("missing_points", 0),
             "extra_series": nums.get("extra_series", 0),
             "measurements": [m.to_dict() for m in measurements],
-            "wall_s": time.perf_counter() - started,
-            "backend_query_s": backend_s,
-            "queries_sent": sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True)),
+            "shards": shards,
+            "wall_s": sum(c.get("wall_s", 0.0) for c in costs),
+            "backend_query_s": sum(c.get("backend_query_s", 0.0) for c in costs),
+            "queries_sent": sum(c.get("queries", 0) for c in costs),
         }

@@ -94,6 +94,8 @@ class ParityPolicy:
 
     mode: ParityMode = "dual_write"
     sample_hosts: int = 5
+    # Hosts compared per mapped task: more workers share a large check.
+    hosts_per_shard: int = 8
     seed: str | None = None
     skip_recent_s: float = 120.0
     step_s: float = 30.0
@@ -606,6 +608,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
         {
             "mode": _Field("mode", _choice(PARITY_MODES)),
             "sample_hosts": _Field("sample_hosts", _integer(minimum=1)),
+            "hosts_per_shard": _Field("hosts_per_shard", _integer(minimum=1)),
             "seed": _Field("seed", _optional_string),
             "skip_recent": _Field("skip_recent_s", _duration(positive=False)),
             "step": _Field("step_s", _duration(positive=True)),

@@ -1,0 +1,395 @@
+"""The migration operators' decision branches, run on real objects: catalog, DAG, audit store, connections.
+
+No network is needed: the Airflow connections point at a closed port, and every branch
+tested here decides from the event, the XComs and the audit store before touching a
+backend. The operators are taken from the DAG that ``build_group_dag`` builds, so
+their wiring (group, catalog, profile, connection ids) is the production wiring.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from promshift.adapters.audit_store import AuditStore
+from promshift.core.audit import AuditEvent
+from promshift.core.stages import Stage
+from promshift.orchestration.dag_factory import build_group_dag
+from promshift.orchestration.operators import (
+    GateOperator,
+    MigrationApprovalOperator,
+    RollbackOperator,
+    ValidateGroupOperator,
+    WarmupOperator,
+)
+from promshift.settings import REPO_ROOT, load_catalog
+
+CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
+PROFILE = "demo"
+GROUP = "gpu-memory"
+RUN_ID = "manual__2026-01-01T00:00:00+00:00"
+TRIGGERED_BY = "sre-carol"
+APPROVER = "oncall-alice"
+
+# Legal histories (stages entered, oldest first) a run has made before the step under test.
+UP_TO_DUAL_WRITING = [Stage.DUAL_WRITING]
+UP_TO_WARMING = [Stage.DUAL_WRITING, Stage.WARMING]
+UP_TO_VERIFIED = [Stage.DUAL_WRITING, Stage.WARMING, Stage.VERIFIED]
+UP_TO_CUT_OVER = [Stage.DUAL_WRITING, Stage.WARMING, Stage.VERIFIED, Stage.APPROVED, Stage.CUT_OVER]
+
+
+# -- Airflow's side of the interface: a task instance with XComs and a dag run ----------------
+
+
+@dataclass
+class FakeTI:
+    """Answers ``xcom_pull(task_ids=...)`` from prepared values, as a task instance does."""
+
+    xcoms: dict[str, Any] = field(default_factory=dict)
+
+    def xcom_pull(self, task_ids: str | None = None, **_: Any) -> Any:
+        return self.xcoms.get(task_ids) if task_ids is not None else None
+
+
+@dataclass
+class FakeDagRun:
+    triggering_user_name: str | None = TRIGGERED_BY
+
+
+def make_context(xcoms: dict[str, Any] | None = None, *, triggered_by: str | None = TRIGGERED_BY) -> dict[str, Any]:
+    return {"run_id": RUN_ID, "ti": FakeTI(dict(xcoms or {})), "dag_run": FakeDagRun(triggered_by)}
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A throwaway PROMSHIFT_HOME, SQLite audit DB and both Airflow connections (closed port)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global: {scrape_interval: 2s}\n")
+    monkeypatch.setenv("PROMSHIFT_HOME", str(home))
+    monkeypatch.setenv("PROMSHIFT_AUDIT_URL", f"sqlite:///{tmp_path / 'audit.db'}")
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+        "conn_type": "prometheus", "host": "http://127.0.0.1:1",
+        "extra": {"config_path": str(config)}}))
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+        "conn_type": "prometheus", "host": "http://127.0.0.1:1",
+        "extra": {"config_path": str(config), "remote_write_url": "http://127.0.0.1:1/api/v1/write"}}))
+    return tmp_path
+
+
+@pytest.fixture
+def audit(env: Path) -> Iterator[AuditStore]:
+    store = AuditStore()  # the same URL the operators resolve (PROMSHIFT_AUDIT_URL)
+    assert store.url == f"sqlite:///{env / 'audit.db'}"
+    yield store
+    store.engine.dispose()
+
+
+@pytest.fixture
+def dag() -> Any:
+    """A fresh DAG per test, so operators' cached groups and hooks never leak between tests."""
+    group = load_catalog(CATALOG, profile=PROFILE).get(GROUP)
+    return build_group_dag(group, catalog_path=CATALOG, profile=PROFILE)
+
+
+def task(dag: Any, task_id: str) -> Any:
+    return dag.get_task(task_id)
+
+
+def seed(audit: AuditStore, history: list[Stage]) -> None:
+    """Record a legal prior history of the group (each event a checked stage transition)."""
+    current = Stage.PLANNED
+    for stage in history:
+        audit.append(group=GROUP, run_id=RUN_ID, kind=f"seed_{stage.value}", actor="test",
+                     at=datetime.now(UTC), evidence={"seeded": True}, stage_from=current, stage_to=stage)
+        current = stage
+    assert audit.stage_of(GROUP) == current
+
+
+def new_events(audit: AuditStore, history: list[Stage]) -> list[AuditEvent]:
+    """Events recorded after the seeded history."""
+    return audit.events(group=GROUP)[len(history):]
+
+
+def hitl_event(choice: str, responder: Any, comment: str = "") -> dict[str, Any]:
+    """The success payload Airflow's HITL trigger hands to ``execute_complete``."""
+    return {"chosen_options": [choice], "params_input": {"comment": comment},
+            "responded_at": datetime.now(UTC), "responded_by_user": responder, "timedout": False}
+
+
+# -- wiring ----------------------------------------------------------------------------------------
+
+
+def test_operators_come_from_the_group_dag(dag: Any) -> None:
+    assert dag.dag_id == "promshift__gpu_memory"
+    expected = {"approval": MigrationApprovalOperator, "warm_up": WarmupOperator, "gate": GateOperator,
+                "rollback": RollbackOperator, "validate": ValidateGroupOperator}
+    for task_id, cls in expected.items():
+        op = dag.get_task(task_id)
+        assert isinstance(op, cls), task_id
+        assert (op.group_name, op.profile, op.catalog_path) == (GROUP, PROFILE, str(CATALOG))
+    approval = dag.get_task("approval")
+    assert approval.options == [approval.APPROVE, approval.REJECT]
+    assert {u["id"] for u in approval.assigned_users} == {"oncall-alice", "oncall-bob"}
+
+
+# -- MigrationApprovalOperator.execute_complete ---------------------------------------------------
+
+
+@pytest.mark.parametrize("error_type", ["timeout", "unknown"])
+def test_approval_error_event_fails_and_records_timeout(dag: Any, audit: AuditStore, error_type: str) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    event = {"error": "The timeout has passed, and the response has not yet been received.",
+             "error_type": error_type}
+    with pytest.raises(AirflowFailException, match=f"approval not given: {error_type}"):
+        task(dag, "approval").execute_complete(make_context(), event)
+    [ev] = new_events(audit, UP_TO_VERIFIED)
+    assert ev.kind == "approval_timeout"
+    assert ev.actor == "nobody"
+    assert ev.run_id == RUN_ID
+    assert (ev.stage_from, ev.stage_to) == (None, None)
+    assert ev.evidence_data == {"decision": "timeout", "by": "nobody", "comment": event["error"]}
+    assert audit.stage_of(GROUP) == Stage.VERIFIED
+    assert audit.verify().ok
+
+
+@pytest.mark.parametrize("responder", [
+    pytest.param({"id": TRIGGERED_BY, "name": TRIGGERED_BY}, id="dict"),
+    pytest.param(SimpleNamespace(id=TRIGGERED_BY, name=TRIGGERED_BY), id="object"),
+])
+def test_approval_by_the_runs_trigger_is_refused_four_eyes(dag: Any, audit: AuditStore, responder: Any) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    with pytest.raises(AirflowFailException, match=f"{TRIGGERED_BY} triggered this run .*four-eyes"):
+        task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder, "lgtm"))
+    [ev] = new_events(audit, UP_TO_VERIFIED)
+    assert ev.kind == "approval_refused_four_eyes"
+    assert ev.actor == TRIGGERED_BY
+    assert ev.stage_to is None
+    assert ev.evidence_data == {"decision": "refused_four_eyes", "by": TRIGGERED_BY, "comment": "lgtm"}
+    assert audit.stage_of(GROUP) == Stage.VERIFIED  # never approved
+
+
+@pytest.mark.parametrize("responder", [
+    pytest.param({"id": "9067a1b2-sso-user-id", "name": TRIGGERED_BY}, id="dict"),
+    pytest.param(SimpleNamespace(id="42", name=TRIGGERED_BY), id="object"),
+])
+def test_four_eyes_holds_when_user_id_differs_from_user_name(dag: Any, audit: AuditStore, responder: Any) -> None:
+    """HITL records the responder's user id; the dag run only its trigger's *name*.
+
+    They are equal under the Simple auth manager only: the AWS auth manager's id is the
+    Identity Center user id and FAB's is numeric, and the rule must hold there too.
+    """
+    seed(audit, UP_TO_VERIFIED)
+    with pytest.raises(AirflowFailException, match="four-eyes"):
+        task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder))
+    [ev] = new_events(audit, UP_TO_VERIFIED)
+    assert ev.kind == "approval_refused_four_eyes"
+    assert ev.actor == (responder["id"] if isinstance(responder, dict) else responder.id)
+    assert audit.stage_of(GROUP) == Stage.VERIFIED
+
+
+def test_reject_fails_and_records_the_comment(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    comment = "p95 on the 2m window looks off, not tonight"
+    with pytest.raises(AirflowFailException, match=f"rejected by {APPROVER}: {comment}"):
+        task(dag, "approval").execute_complete(make_context(), hitl_event("Reject", {"id": APPROVER,
+                                                                                    "name": "Alice"}, comment))
+    [ev] = new_events(audit, UP_TO_VERIFIED)
+    assert ev.kind == "approval_reject"
+    assert ev.actor == APPROVER
+    assert ev.stage_to is None
+    assert ev.evidence_data == {"decision": "Reject", "by": APPROVER, "comment": comment}
+    assert audit.stage_of(GROUP) == Stage.VERIFIED
+
+
+def test_reject_without_comment_says_so(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    event = hitl_event("Reject", {"id": APPROVER, "name": APPROVER})
+    event["params_input"] = None
+    with pytest.raises(AirflowFailException, match="no comment"):
+        task(dag, "approval").execute_complete(make_context(), event)
+    [ev] = new_events(audit, UP_TO_VERIFIED)
+    assert (ev.kind, ev.evidence_data["comment"]) == ("approval_reject", "")
+
+
+def test_the_runs_trigger_may_reject(dag: Any, audit: AuditStore) -> None:
+    """Four eyes guards approval only: the person who started a run can always stop it."""
+    seed(audit, UP_TO_VERIFIED)
+    with pytest.raises(AirflowFailException, match=f"rejected by {TRIGGERED_BY}"):
+        task(dag, "approval").execute_complete(make_context(), hitl_event("Reject", {"id": TRIGGERED_BY,
+                                                                                    "name": TRIGGERED_BY}))
+    assert [e.kind for e in new_events(audit, UP_TO_VERIFIED)] == ["approval_reject"]
+
+
+@pytest.mark.parametrize("responder", [
+    pytest.param({"id": APPROVER, "name": "Alice"}, id="dict"),
+    pytest.param(SimpleNamespace(id=APPROVER, name="Alice"), id="object"),
+])
+def test_approve_returns_the_decision_and_moves_to_approved(dag: Any, audit: AuditStore, responder: Any) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    result = task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder, "ship it"))
+    assert result == {"decision": "Approve", "by": APPROVER, "comment": "ship it"}
+    [ev] = new_events(audit, UP_TO_VERIFIED)
+    assert ev.kind == "approved"
+    assert ev.actor == APPROVER
+    assert (ev.stage_from, ev.stage_to) == (Stage.VERIFIED.value, Stage.APPROVED.value)
+    assert ev.evidence_data == {"decision": "Approve", "by": APPROVER, "comment": "ship it"}
+    assert audit.stage_of(GROUP) == Stage.APPROVED
+    assert audit.verify().ok
+
+
+def test_approve_of_inconclusive_evidence_moves_from_warming(dag: Any, audit: AuditStore) -> None:
+    """INCONCLUSIVE never verifies a group, so a human approval carries it from warming."""
+    seed(audit, UP_TO_WARMING)
+    task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", {"id": APPROVER,
+                                                                                 "name": APPROVER}))
+    [ev] = new_events(audit, UP_TO_WARMING)
+    assert (ev.kind, ev.stage_from, ev.stage_to) == ("approved", "warming", "approved")
+
+
+def test_approve_without_a_known_trigger_user_is_allowed(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    ctx = make_context(triggered_by=None)  # e.g. a scheduled run: nobody to compare with
+    result = task(dag, "approval").execute_complete(ctx, hitl_event("Approve", {"id": APPROVER,
+                                                                               "name": APPROVER}))
+    assert result["by"] == APPROVER
+    assert audit.stage_of(GROUP) == Stage.APPROVED
+
+
+# -- WarmupOperator.execute_complete --------------------------------------------------------------
+
+
+def test_warmup_ready_returns_the_event_and_records_it(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_WARMING)
+    event = {"status": "ready", "reason": "target holds 240/240 series, lag 1.2s after 125s",
+             "observation": {"elapsed_s": 125.0, "source_series": 240, "target_series": 240, "lag_s": 1.2,
+                             "failed_samples": 0.0}}
+    assert task(dag, "warm_up").execute_complete(make_context(), event) == event
+    [ev] = new_events(audit, UP_TO_WARMING)
+    assert ev.kind == "warmup_ready"
+    assert ev.stage_to is None
+    assert ev.evidence_data == event
+    assert audit.stage_of(GROUP) == Stage.WARMING
+
+
+@pytest.mark.parametrize(("status", "reason"), [
+    ("timeout", "not ready after 300s: target holds 200 of 240 series"),
+    ("error", "http://127.0.0.1:1: unreachable (GET /metrics): ConnectionError"),
+])
+def test_warmup_timeout_or_error_fails_with_the_reason(dag: Any, audit: AuditStore, status: str,
+                                                       reason: str) -> None:
+    seed(audit, UP_TO_WARMING)
+    event = {"status": status, "reason": reason}
+    with pytest.raises(AirflowFailException) as excinfo:
+        task(dag, "warm_up").execute_complete(make_context(), event)
+    assert str(excinfo.value) == f"warm-up {status}: {reason}"
+    [ev] = new_events(audit, UP_TO_WARMING)
+    assert ev.kind == f"warmup_{status}"
+    assert ev.evidence_data == event
+    assert audit.stage_of(GROUP) == Stage.WARMING
+
+
+# -- GateOperator ------------------------------------------------------------------------------------
+
+
+def measurement(name: str, verdict: str, reason: str) -> dict[str, Any]:
+    return {"name": name, "verdict": verdict, "reason": reason, "queries": [], "numbers": {}}
+
+
+def gate_xcoms(parity: str, latency: str = "SUCCESSFUL") -> dict[str, Any]:
+    return {
+        "parity": {"verdict": parity, "points_compared": 96,
+                   "measurements": [measurement("samples", parity, f"samples {parity.lower()}")]},
+        "latency": {"verdict": latency, "measurement": measurement("latency", latency, "p95 within SLO"),
+                    "windows": [], "runs": [{"backend": "source", "wall_s": 0.01}]},
+    }
+
+
+@pytest.mark.parametrize("bad", ["FAILED", "ERROR"])
+def test_gate_failed_or_error_parity_fails_the_task(dag: Any, audit: AuditStore, bad: str) -> None:
+    seed(audit, UP_TO_WARMING)
+    with pytest.raises(AirflowFailException, match=f"gate {bad}: .*parity"):
+        task(dag, "gate").execute(make_context(gate_xcoms(bad)))
+    [ev] = new_events(audit, UP_TO_WARMING)
+    assert ev.kind == "gate_failed"
+    assert ev.stage_to is None
+    data = ev.evidence_data
+    assert data["gate"]["verdict"] == bad and data["gate"]["action"] == "roll_back"
+    assert "runs" not in data["latency"]  # the raw probe runs stay in XCom, not in the audit
+    assert audit.stage_of(GROUP) == Stage.WARMING
+
+
+def test_gate_successful_verifies_the_group(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_WARMING)
+    result = task(dag, "gate").execute(make_context(gate_xcoms("SUCCESSFUL")))
+    assert result["verdict"] == "SUCCESSFUL" and result["action"] == "ask_approval"
+    assert result["checks"] == {"latency": "SUCCESSFUL", "parity": "SUCCESSFUL"}
+    [ev] = new_events(audit, UP_TO_WARMING)
+    assert (ev.kind, ev.stage_from, ev.stage_to) == ("gate_passed", "warming", "verified")
+    assert audit.stage_of(GROUP) == Stage.VERIFIED
+
+
+def test_gate_inconclusive_asks_a_human_without_a_stage_change(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_WARMING)
+    result = task(dag, "gate").execute(make_context(gate_xcoms("INCONCLUSIVE")))
+    assert result["verdict"] == "INCONCLUSIVE" and result["action"] == "ask_approval"
+    [ev] = new_events(audit, UP_TO_WARMING)
+    assert ev.kind == "gate_inconclusive"
+    assert (ev.stage_from, ev.stage_to) == (None, None)
+    assert audit.stage_of(GROUP) == Stage.WARMING
+
+
+# -- RollbackOperator --------------------------------------------------------------------------------
+
+
+def test_rollback_without_a_snapshot_records_not_needed(dag: Any, audit: AuditStore, env: Path) -> None:
+    config = env / "prometheus.yml"
+    before = config.read_bytes()
+    result = task(dag, "rollback").execute(make_context({"snapshot": None}))
+    assert result["performed"] is False
+    assert result["restored_identical"] is None
+    assert result["reason"] == "a step failed before the gate; see that task's log"
+    [ev] = audit.events(group=GROUP)
+    assert ev.kind == "rollback_not_needed"
+    assert ev.stage_to is None
+    assert ev.evidence_data == result
+    assert audit.stage_of(GROUP) == Stage.PLANNED
+    assert config.read_bytes() == before
+
+
+def test_rollback_reason_names_the_failed_gate(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_WARMING)
+    with pytest.raises(AirflowFailException):
+        task(dag, "gate").execute(make_context(gate_xcoms("FAILED")))
+    result = task(dag, "rollback").execute(make_context({"snapshot": None}))
+    assert result["performed"] is False
+    assert result["reason"] == "parity FAILED (samples: samples failed)"
+
+
+# -- ValidateGroupOperator ---------------------------------------------------------------------------
+
+
+def test_validate_skips_a_group_already_cut_over(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_CUT_OVER)
+    with pytest.raises(AirflowSkipException, match="'gpu-memory' is cut_over"):
+        task(dag, "validate").execute(make_context())
+    assert new_events(audit, UP_TO_CUT_OVER) == []
+
+
+def test_validate_fails_naming_unreachable_backends(dag: Any, audit: AuditStore) -> None:
+    with pytest.raises(RuntimeError, match=r"source http://127\.0\.0\.1:1 is unreachable.*"
+                                           r"target http://127\.0\.0\.1:1 is unreachable"):
+        task(dag, "validate").execute(make_context())
+    assert audit.events() == []
