@@ -46,13 +46,16 @@ def test_every_dag_has_tags_retries_and_docs(dagbag) -> None:  # type: ignore[no
 
 def test_task_chain_and_rollback_wiring(dagbag) -> None:  # type: ignore[no-untyped-def]
     dag = dagbag.dags["promshift__gpu_utilization"]
-    chain = ["validate", "snapshot", "deploy_dual_write", "warm_up", "parity", "latency", "gate", "approval",
+    chain = ["validate", "snapshot", "deploy_dual_write", "warm_up", "parity_plan", "parity_samples", "parity",
+             "latency", "gate", "approval",
              "cutover", "done"]
     for upstream, downstream in zip(chain, chain[1:], strict=False):
         assert downstream in dag.get_task(upstream).downstream_task_ids
     rollback = dag.get_task("rollback")
     assert rollback.trigger_rule == "one_failed"
-    assert {"deploy_dual_write", "warm_up", "parity", "gate", "approval", "cutover"} <= rollback.upstream_task_ids
+    assert {"deploy_dual_write", "warm_up", "parity_plan", "parity_samples", "parity", "gate", "approval",
+            "cutover"} <= rollback.upstream_task_ids
+    assert dag.get_task("parity").trigger_rule == "none_failed"
     approval = dag.get_task("approval")
     assert approval.retries == 0 and dag.get_task("gate").retries == 0
     assert {u["id"] for u in approval.assigned_users} == {"oncall-alice", "oncall-bob"}

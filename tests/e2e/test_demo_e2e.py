@@ -50,7 +50,10 @@ def test_happy_path_cuts_over_after_rest_approval(small_stack_env: Path) -> None
     assert report["parity"]["series_compared"] > 0 and report["parity"]["points_compared"] > 0
     assert report["parity"]["mismatches"] == 0
     assert report["latency"]["verdict"] == "SUCCESSFUL"
-    assert [w["window"] for w in report["latency"]["windows"]] == ["1m", "5m", "15m"]
+    assert [w["window"] for w in report["latency"]["windows"]] == ["30s", "1m", "2m"]
+    assert report["parity"]["shards"] == 2  # 4 sampled hosts, 2 per mapped task
+    assert {m["name"] for m in report["parity"]["measurements"]} == {"coverage", "host_coverage", "labels",
+                                                                      "samples"}
     assert all(w["target_p95_s"] > 0 for w in report["latency"]["windows"])
     assert report["approval"] == {"decision": "Approve", "by": "oncall-alice",
                                   "comment": "parity and latency evidence reviewed in the demo"}

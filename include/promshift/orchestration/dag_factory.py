@@ -16,6 +16,8 @@ from promshift.orchestration.operators import (
     LatencyOperator,
     MigrationApprovalOperator,
     ParityOperator,
+    ParityPlanOperator,
+    ParitySamplesOperator,
     RollbackOperator,
     SnapshotConfigOperator,
     ValidateGroupOperator,
@@ -32,9 +34,9 @@ def _doc(group: MetricGroup) -> str:
         f"- approvers: {', '.join(group.approvers)}\n- wave: {group.wave}\n"
         f"- warm-up: {group.warmup.duration_s:g}s (timeout {group.warmup.timeout_s:g}s)\n"
         f"- latency windows: {windows}\n\n"
-        "validate → snapshot → deploy dual-write → warm-up (deferred) → parity → latency → gate → "
-        "on-call approval → cutover → done. Any failure, failed gate or rejection → rollback "
-        "(restores the snapshot byte for byte)."
+        "validate → snapshot → deploy dual-write → warm-up (deferred) → parity (plan → mapped shards → "
+        "reduce) → latency → gate → on-call approval → cutover → done. Any failure, failed gate or rejection → "
+        "rollback (restores the snapshot byte for byte)."
     )
 
 
@@ -56,7 +58,12 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         snapshot = SnapshotConfigOperator(task_id="snapshot", **common)
         deploy = DeployDualWriteOperator(task_id="deploy_dual_write", **common)
         warm_up = WarmupOperator(task_id="warm_up", **common)
-        parity = ParityOperator(task_id="parity", **common)
+        parity_plan = ParityPlanOperator(task_id="parity_plan", **common)
+        # Dynamic task mapping: one task per host shard, so more workers share a large check.
+        parity_samples = ParitySamplesOperator.partial(task_id="parity_samples", **common).expand(
+            shard=parity_plan.output)
+        # none_failed: with zero shards the mapped task is skipped, and the reducer still runs.
+        parity = ParityOperator(task_id="parity", trigger_rule=TriggerRule.NONE_FAILED, **common)
         latency = LatencyOperator(task_id="latency", **common)
         gate = GateOperator(task_id="gate", retries=0, **common)
         approval = MigrationApprovalOperator(
@@ -69,6 +76,7 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         cutover = CutoverOperator(task_id="cutover", **common)
         done = CompleteRunOperator(task_id="done", **common)
         rollback = RollbackOperator(task_id="rollback", trigger_rule=TriggerRule.ONE_FAILED, **common)
-        validate >> snapshot >> deploy >> warm_up >> parity >> latency >> gate >> approval >> cutover >> done
-        [deploy, warm_up, parity, latency, gate, approval, cutover] >> rollback
+        validate >> snapshot >> deploy >> warm_up >> parity_plan >> parity_samples >> parity
+        parity >> latency >> gate >> approval >> cutover >> done
+        [deploy, warm_up, parity_plan, parity_samples, parity, latency, gate, approval, cutover] >> rollback
     return dag

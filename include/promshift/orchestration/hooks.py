@@ -49,8 +49,9 @@ class PrometheusHook(BaseHook):
         conn = self.get_connection(self.prometheus_conn_id)
         return base_url_from(conn.host, conn.port, conn.schema, conn.extra_dejson)
 
-    def get_conn(self) -> PrometheusClient:
-        return PrometheusClient(self.base_url, timeout_s=float(self.extra.get("timeout_s", 60)))
+    def get_conn(self, *, stats: bool = False) -> PrometheusClient:
+        """A client; with ``stats`` every query asks for ``stats=all`` (the server's own timings)."""
+        return PrometheusClient(self.base_url, timeout_s=float(self.extra.get("timeout_s", 60)), always_stats=stats)
 
     def test_connection(self) -> tuple[bool, str]:
         client = self.get_conn()

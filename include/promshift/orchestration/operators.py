@@ -148,14 +148,58 @@ class WarmupOperator(GroupStepOperator):
         return event
 
 
-class ParityOperator(GroupStepOperator):
-    """Compare coverage and raw samples of the dual-write window on both backends."""
+class _ParityStep(GroupStepOperator):
+    def parity_check(self) -> Any:
+        from promshift.adapters.parity_check import ParityCheck
+
+        # stats=all on every parity query: the result reports the backends' own query time.
+        return ParityCheck(self.group, self.source_hook.get_conn(stats=True), self.target_hook.get_conn(stats=True))
+
+
+class ParityPlanOperator(_ParityStep):
+    """Coverage and label layers, and the host shards the mapped sample tasks will compare."""
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
+        plan = self.parity_check().plan(dual_write_since=float(deployed["dual_write_since"]),
+                                        now=_now().timestamp())
+        for m in plan["measurements"]:
+            self.log.info("parity %s: %s %s", m["name"], m["verdict"], m["reason"])
+        self.log.info("%s shard(s) of %s hosts for the samples layer", len(plan["shards"]), plan["hosts_total"])
+        context["ti"].xcom_push(key="plan", value=plan)
+        return plan["shards"]
+
+
+class ParitySamplesOperator(_ParityStep):
+    """One shard of the samples layer (a mapped task): compare its hosts' raw samples."""
+
+    template_fields: Sequence[str] = ("group_name", "shard")
+
+    def __init__(self, *, shard: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shard = shard
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        if not self.shard:
+            raise AirflowFailException("no shard given; this task is meant to be mapped over parity_plan")
+        result = self.parity_check().compare_shard(self.shard)
+        self.log.info("hosts %s: %s series, %s points, %s mismatches, %s missing series", self.shard["hosts"],
+                      result["series_compared"], result["points_compared"], result["mismatches"],
+                      result["missing_series"])
+        return result
+
+
+class ParityOperator(_ParityStep):
+    """Reduce: merge the plan's layers and every shard into one parity verdict."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.report import parity_log_table
 
-        deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
-        result = self.migration(context).parity(dual_write_since=float(deployed["dual_write_since"]), now=_now())
+        ti = context["ti"]
+        plan = ti.xcom_pull(task_ids="parity_plan", key="plan")
+        # A list of task ids always returns a list, whatever the number of mapped shards.
+        shards = [s for s in ti.xcom_pull(task_ids=["parity_samples"]) or [] if s]
+        result = self.parity_check().reduce(plan, shards)
         self.log.info("parity %s\n%s", result["verdict"], parity_log_table(result))
         return result
 
