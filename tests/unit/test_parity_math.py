@@ -106,3 +106,18 @@ def test_host_coverage_names_the_missing_hosts() -> None:
     assert m.verdict == Verdict.FAILED
     assert "2 hosts (h3, h7)" in m.reason
     assert m.numbers["short_keys"] == ["h3", "h7"]
+
+
+def test_aggregates_find_a_drifted_host_and_tolerate_float_noise() -> None:
+    from promshift.core.parity import aggregate_measurement
+
+    src = {f"h{i}": 1000.0 + i for i in range(50)}
+    noisy = {k: v * (1 + 1e-13) for k, v in src.items()}
+    assert aggregate_measurement([("sum m", src, noisy)], abs_tol=1e-9, rel_tol=1e-9, queries=[]).verdict \
+        == Verdict.SUCCESSFUL
+    drifted = dict(src, h7=src["h7"] * 1.01)
+    m = aggregate_measurement([("sum m", src, drifted)], abs_tol=1e-9, rel_tol=1e-9, queries=["q"])
+    assert m.verdict == Verdict.FAILED and m.numbers["differing_keys"] == ["h7"]
+    assert m.numbers["worst"][0]["relative_delta"] > 0.009
+    assert aggregate_measurement([("sum m", src, {})], abs_tol=0, rel_tol=0, queries=[]).verdict \
+        == Verdict.INCONCLUSIVE

@@ -1,9 +1,10 @@
 """Parity evidence in layers, fetched from both backends; the maths lives in core.parity.
 
 Layers: coverage (series counts per metric and per host at several instants, computed
-in PromQL), label parity (label names per metric after normalization), and raw samples
-of a deterministic host sample (shardable: each shard compares some hosts and returns
-totals a reducer merges). Memory stays bounded: one host's series at a time.
+in PromQL), per-host window aggregates of every host (sum and count over the window, in
+PromQL: finds a drifted host the sample missed), label parity (label names per metric
+after normalization), and raw samples of a deterministic host sample (shardable: each
+shard compares some hosts and returns totals a reducer merges). Memory stays bounded: one host's series at a time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
 from promshift.core.parity import (
     SampleComparison,
+    aggregate_measurement,
     assess,
     comparison_window,
     coverage_measurement,
@@ -73,6 +75,28 @@ class ParityCheck:
             out.append(coverage_measurement(counts, max_missing_ratio=self.policy.max_missing_series_ratio,
                                             queries=[expr], name=name, key=key))
         return out
+
+    # -- layer 1b: per-host aggregates of every host --------------------------------------
+    def aggregates(self, start: float, end: float) -> Measurement:
+        """``sum``/``count_over_time`` per host over the window, per metric, computed in PromQL."""
+        by = self.group.host_label
+        span = f"{max(1, int(end - start))}s"
+        rows = []
+        queries = []
+        try:
+            metrics = self.source.label_values("__name__", self.group.selector(), start=start, end=end)
+            for metric in metrics:
+                for fn in ("sum_over_time", "count_over_time"):
+                    expr = f"sum by ({by}) ({fn}({{__name__={promql_string(metric)}}}[{span}]))"
+                    queries.append(expr)
+                    sides = [{s.labels.get(by, ""): s.points[0][1] for s in client.query(expr, at=end).series}
+                             for client in (self.source, self.target)]
+                    rows.append((f"{fn} {metric}", sides[0], sides[1]))
+        except PrometheusError as exc:
+            return Measurement("aggregates", Verdict.ERROR, str(exc), tuple(queries))
+        # Sums over thousands of series may add in a different order on each side: allow float noise.
+        return aggregate_measurement(rows, abs_tol=self.policy.abs_tolerance,
+                                     rel_tol=max(self.policy.rel_tolerance, 1e-9), queries=queries)
 
     # -- layer 2: label parity -----------------------------------------------------------
     def labels(self, start: float, end: float) -> Measurement:
@@ -174,6 +198,7 @@ class ParityCheck:
                     "cost": self._cost(started, before)}
         start, end = window
         measurements = [m.to_dict() for m in self.coverage(start, end)]
+        measurements.append(self.aggregates(start, end).to_dict())
         measurements.append(self.labels(start, end).to_dict())
         shards: list[dict[str, Any]] = []
         hosts: list[str] = []

@@ -278,3 +278,36 @@ def assess(measurements: Sequence[Measurement], *, failure_limit: int, inconclus
     if inconclusive > inconclusive_limit:
         return Verdict.INCONCLUSIVE
     return Verdict.SUCCESSFUL
+
+
+def aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, float], Mapping[str, float]]], *,
+                          abs_tol: float, rel_tol: float, queries: Sequence[str], key: str = "host") -> Measurement:
+    """Compare per-host aggregates over the whole window, for every host (not only the sampled ones).
+
+    ``rows`` holds ``(what, source_by_host, target_by_host)``, e.g. ``("sum DCGM_FI_DEV_GPU_UTIL", {...}, {...})``.
+    A host whose values drifted shows up here even when the raw-sample layer did not sample it.
+    """
+    differing: dict[str, list[str]] = {}
+    compared = 0
+    worst: list[dict[str, Any]] = []
+    for what, src, tgt in rows:
+        for k, s in src.items():
+            g = tgt.get(k)
+            if g is None:
+                continue  # missing hosts are the coverage layers' finding
+            compared += 1
+            if not values_equal(s, g, abs_tol=abs_tol, rel_tol=rel_tol):
+                differing.setdefault(k, []).append(what)
+                if len(worst) < 10:
+                    rel = abs(s - g) / max(abs(s), abs(g)) if max(abs(s), abs(g)) else 0.0
+                    worst.append({"series": f"{what} {{{key}={k!r}}}", "problem": "aggregate differs",
+                                  "source": s, "target": g, "relative_delta": rel})
+    numbers: dict[str, Any] = {"aggregates_compared": compared, "differing_keys": sorted(differing), "worst": worst}
+    if compared == 0:
+        return Measurement("aggregates", Verdict.INCONCLUSIVE, "no aggregate present on both sides", tuple(queries),
+                           numbers)
+    if differing:
+        return Measurement("aggregates", Verdict.FAILED,
+                           f"window aggregates differ for {_some(sorted(differing), key)}", tuple(queries), numbers)
+    return Measurement("aggregates", Verdict.SUCCESSFUL,
+                       f"{compared} per-{key} window aggregates match", tuple(queries), numbers)
