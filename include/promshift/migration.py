@@ -65,7 +65,8 @@ class GroupMigration:
     """One DAG run's work on one metric group."""
 
     def __init__(self, group: MetricGroup, backends: Backends, *, audit: AuditStore, routing: RoutingManifest,
-                 snapshots_dir: str | Path, run_id: str, actor: str = "promshift") -> None:
+                 snapshots_dir: str | Path, run_id: str, actor: str = "promshift",
+                 catalog_dir: Path | None = None) -> None:
         self.group = group
         self.backends = backends
         self.audit = audit
@@ -73,6 +74,7 @@ class GroupMigration:
         self.snapshots_dir = Path(snapshots_dir)
         self.run_id = run_id
         self.actor = actor
+        self.catalog_dir = catalog_dir
 
     # -- helpers -------------------------------------------------------------------------
     @property
@@ -158,7 +160,8 @@ class GroupMigration:
         """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck)."""
         from promshift.adapters.parity_check import ParityCheck
 
-        return ParityCheck(self.group, self.backends.source, self.backends.target).run(
+        return ParityCheck(self.group, self.backends.source, self.backends.target,
+                           catalog_dir=self.catalog_dir).run(
             dual_write_since=dual_write_since, now=now.timestamp())
 
     def latency(self, now: datetime, *, dual_write_since: float | None = None) -> dict[str, Any]:

@@ -53,7 +53,8 @@ def test_happy_path_cuts_over_after_rest_approval(small_stack_env: Path) -> None
     assert [w["window"] for w in report["latency"]["windows"]] == ["30s", "1m", "2m"]
     assert report["parity"]["shards"] == 2  # 4 sampled hosts, 2 per mapped task
     layers = {m["name"]: m["verdict"] for m in report["parity"]["measurements"]}
-    assert layers == dict.fromkeys(["coverage", "host_coverage", "aggregates", "labels", "samples"], "SUCCESSFUL")
+    assert layers == dict.fromkeys(["coverage", "host_coverage", "aggregates", "labels",
+                                    "golden[GPU Framebuffer Mem Used]", "samples"], "SUCCESSFUL")
     assert all(w["target_p95_s"] > 0 for w in report["latency"]["windows"])
     assert report["approval"] == {"decision": "Approve", "by": "oncall-alice",
                                   "comment": "parity and latency evidence reviewed in the demo"}

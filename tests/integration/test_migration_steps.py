@@ -27,7 +27,7 @@ from promshift.core.stages import Stage
 from promshift.core.warmup import WarmupObservation
 from promshift.migration import Backends, GroupMigration, observe_warmup
 from promshift.orchestration.triggers import WarmupTrigger
-from promshift.settings import REPO_ROOT, load_catalog
+from promshift.settings import REPO_ROOT, default_catalog_path, load_catalog
 from promshift.stack.local import LocalStack
 
 pytestmark = pytest.mark.integration
@@ -54,7 +54,7 @@ def make_migration(stack: LocalStack, tmp_path: Path, audit: AuditStore, *,
                    target_url: str | None = None) -> GroupMigration:
     return GroupMigration(small_group(), backends_for(stack, target_url=target_url), audit=audit,
                           routing=RoutingManifest(tmp_path / "routing.json"), snapshots_dir=tmp_path / "snapshots",
-                          run_id=RUN_ID)
+                          run_id=RUN_ID, catalog_dir=default_catalog_path().parent)
 
 
 def now() -> datetime:
@@ -176,6 +176,10 @@ def test_dual_write_warms_up_passes_parity_and_rolls_back_byte_for_byte(
     assert parity["series_compared"] > 0
     assert (parity["mismatches"], parity["missing_series"], parity["missing_points"]) == (0, 0, 0)
     assert len(parity["hosts_sampled"]) == group.parity.sample_hosts
+    golden = {m["name"]: m for m in parity["measurements"] if m["name"].startswith("golden")}
+    assert set(golden) == {"golden[GPU Framebuffer Mem Used]"}  # the dashboard's one FB panel
+    assert golden["golden[GPU Framebuffer Mem Used]"]["verdict"] == "SUCCESSFUL"
+    assert 'instance=~"gpu-node-000[0-3]"' in golden["golden[GPU Framebuffer Mem Used]"]["queries"][0]
 
     rolled = migration.rollback(snap, reason="test: end of the round trip", now=now())
     assert rolled["performed"] is True

@@ -2,21 +2,24 @@
 
 Layers: coverage (series counts per metric and per host at several instants, computed
 in PromQL), per-host window aggregates of every host (sum and count over the window, in
-PromQL: finds a drifted host the sample missed), label parity (label names per metric
+PromQL: finds a drifted host the sample missed), golden dashboard queries, label parity (label names per metric
 after normalization), and raw samples of a deterministic host sample (shardable: each
 shard compares some hosts and returns totals a reducer merges). Memory stays bounded: one host's series at a time.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
+from promshift.core.golden import GoldenQueryError, grafana_builtins, queries_for_group, substitute
 from promshift.core.parity import (
     SampleComparison,
     aggregate_measurement,
@@ -45,6 +48,8 @@ class ParityCheck:
     group: MetricGroup
     source: PrometheusClient
     target: PrometheusClient
+    # Relative dashboard paths in the catalog resolve against the catalog's folder.
+    catalog_dir: Path | None = None
 
     @property
     def policy(self) -> Any:
@@ -97,6 +102,50 @@ class ParityCheck:
         # Sums over thousands of series may add in a different order on each side: allow float noise.
         return aggregate_measurement(rows, abs_tol=self.policy.abs_tolerance,
                                      rel_tol=max(self.policy.rel_tolerance, 1e-9), queries=queries)
+
+    # -- layer 4: golden dashboard queries -------------------------------------------------
+    def golden(self, start: float, end: float) -> list[Measurement]:
+        """The group's dashboard queries, templated, compared result by result with tolerance."""
+        if not self.policy.golden_dashboard:
+            return []
+        path = Path(self.policy.golden_dashboard)
+        if not path.is_absolute() and self.catalog_dir is not None:
+            path = self.catalog_dir / path
+        try:
+            dashboard = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            return [Measurement("golden", Verdict.ERROR, f"dashboard {path} unreadable: {exc}")]
+        picked = queries_for_group(dashboard, self.group.claims)
+        if not picked:
+            return [Measurement("golden", Verdict.INCONCLUSIVE, f"no query in {path.name} reads this group's metrics")]
+        builtins = grafana_builtins(self.policy.step_s, end - start)
+        return [self._golden_one(q.panel, q.expr, builtins, start, end) for q in picked]
+
+    def _golden_one(self, panel: str, raw: str, builtins: dict[str, str], start: float, end: float) -> Measurement:
+        name = f"golden[{panel}]"
+        try:
+            expr = substitute(raw, dict(self.policy.golden_variables), builtins=builtins)
+        except GoldenQueryError as exc:
+            return Measurement(name, Verdict.INCONCLUSIVE, str(exc), (raw,))
+        try:
+            results = [c.query_range(expr, start=start, end=end, step=self.policy.step_s)
+                       for c in (self.source, self.target)]
+        except PrometheusError as exc:
+            verdict = Verdict.ERROR if exc.http_status != 400 else Verdict.INCONCLUSIVE
+            return Measurement(name, verdict, f"query failed: {exc}", (expr,))
+        warnings = [w for r in results for w in r.warnings]
+        if warnings:
+            return Measurement(name, Verdict.INCONCLUSIVE, f"backend warnings (partial data): {'; '.join(warnings)}",
+                               (expr,))
+        if not results[0].series and not results[1].series:
+            return Measurement(name, Verdict.INCONCLUSIVE, "matches nothing on either side", (expr,))
+        rename = dict(self.policy.rename_labels)
+        sides = [{normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename): s.points
+                  for s in r.series} for r in results]
+        comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=max(self.policy.rel_tolerance, 1e-9))
+        comparison.add(sides[0], sides[1])
+        m = comparison.measurement([expr])
+        return Measurement(name, m.verdict, m.reason, m.queries, m.numbers)
 
     # -- layer 2: label parity -----------------------------------------------------------
     def labels(self, start: float, end: float) -> Measurement:
@@ -200,6 +249,7 @@ class ParityCheck:
         measurements = [m.to_dict() for m in self.coverage(start, end)]
         measurements.append(self.aggregates(start, end).to_dict())
         measurements.append(self.labels(start, end).to_dict())
+        measurements.extend(m.to_dict() for m in self.golden(start, end))
         shards: list[dict[str, Any]] = []
         hosts: list[str] = []
         try:

@@ -103,6 +103,10 @@ class ParityPolicy:
     rel_tolerance: float = 1e-9
     ignore_labels: tuple[str, ...] = ("cluster", "__replica__", "prometheus_replica")
     rename_labels: tuple[tuple[str, str], ...] = ()
+    # Grafana dashboard (path relative to the catalog file) whose queries on this group are
+    # compared result by result, with its template variables set from golden_variables.
+    golden_dashboard: str | None = None
+    golden_variables: tuple[tuple[str, str], ...] = ()
     max_missing_series_ratio: float = 0.0
     failure_limit: int = 0
     inconclusive_limit: int = 0
@@ -453,6 +457,24 @@ def _label_renames(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def _template_values(value: Any) -> tuple[tuple[str, str], ...]:
+    """Convert ``{variable: value}`` (Grafana template variables) to pairs in file order."""
+    if not isinstance(value, dict):
+        _fail(f"must be a mapping of template variable -> value, got {_type_name(value)}")
+    pairs = []
+    issues: list[tuple[str, str]] = []
+    for name, text in value.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            issues.append((f".{name}", "must be a template variable name"))
+        elif not isinstance(text, str):
+            issues.append((f".{name}", f"must be a string, got {_type_name(text)}"))
+        else:
+            pairs.append((name, text))
+    if issues:
+        raise _Invalid(*issues)
+    return tuple(pairs)
+
+
 def _metric_regex(value: Any) -> str:
     text = _string()(value)
     error = _re2_error(text)
@@ -619,6 +641,8 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
                 _unique_list(_pattern_string(_LABEL_NAME_RE, "label name"), what="label", non_empty=False),
             ),
             "rename_labels": _Field("rename_labels", _label_renames),
+            "golden_dashboard": _Field("golden_dashboard", _optional_string),
+            "golden_variables": _Field("golden_variables", _template_values),
             "max_missing_series_ratio": _Field("max_missing_series_ratio", _number(minimum=0, maximum=1)),
             "failure_limit": _Field("failure_limit", _integer(minimum=0)),
             "inconclusive_limit": _Field("inconclusive_limit", _integer(minimum=0)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
@@ -72,7 +73,8 @@ class _GroupStep:
             promtool=src_extra.get("promtool", "promtool"),
         )
         return GroupMigration(self.group, backends, audit=AuditStore(), routing=RoutingManifest(),
-                              snapshots_dir=snapshots_dir(), run_id=context["run_id"])
+                              snapshots_dir=snapshots_dir(), run_id=context["run_id"],
+                              catalog_dir=Path(self.catalog_path).parent)
 
 
 class GroupStepOperator(_GroupStep, BaseOperator):
@@ -153,7 +155,8 @@ class _ParityStep(GroupStepOperator):
         from promshift.adapters.parity_check import ParityCheck
 
         # stats=all on every parity query: the result reports the backends' own query time.
-        return ParityCheck(self.group, self.source_hook.get_conn(stats=True), self.target_hook.get_conn(stats=True))
+        return ParityCheck(self.group, self.source_hook.get_conn(stats=True), self.target_hook.get_conn(stats=True),
+                           catalog_dir=Path(self.catalog_path).parent)
 
 
 class ParityPlanOperator(_ParityStep):
