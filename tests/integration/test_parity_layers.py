@@ -90,3 +90,35 @@ def test_host_coverage_fails_when_the_host_label_is_missing_on_the_target(
     assert by_host["coverage"].verdict == Verdict.SUCCESSFUL  # same series counts per metric
     assert by_host["host_coverage"].verdict == Verdict.FAILED
     assert "3 hosts" in by_host["host_coverage"].reason
+
+
+@pytest.fixture(scope="module")
+def independent_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusClient, PrometheusClient]]:
+    """Two Prometheus servers scraping the same fleet on their own schedules (a managed collector's case)."""
+    tmp = tmp_path_factory.mktemp("independent")
+    fleet = FleetSpec(nodes=2)
+    src_gen = scraping_prometheus(tmp, "source", fleet)
+    tgt_gen = scraping_prometheus(tmp, "target", fleet)
+    src, tgt = next(src_gen), next(tgt_gen)
+    time.sleep(22)  # a few 5 s buckets of data on both sides, and rate windows fully inside them
+    yield src, tgt
+    for gen in (src_gen, tgt_gen):
+        next(gen, None)
+
+
+def test_independent_scraper_mode_compares_buckets_and_rates(
+        independent_pair: tuple[PrometheusClient, PrometheusClient]) -> None:
+    src, tgt = independent_pair
+    base = load_catalog(profile="demo").get("gpu-power-thermal")  # gauges and an energy counter
+    end = time.time() - 2
+    start = end - 10
+    independent = dataclasses.replace(base, parity=dataclasses.replace(
+        base.parity, mode="independent_scraper", step_s=5.0, rel_tolerance=0.2, abs_tolerance=0.5))
+    check = ParityCheck(independent, src, tgt)
+    queries = check.host_queries("gpu-node-0000", start, end)
+    assert any(q.startswith('label_replace(rate({__name__="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"') for q in queries)
+    assert any(q.startswith('label_replace(avg_over_time({__name__="DCGM_FI_DEV_GPU_TEMP"') for q in queries)
+    result = check.compare_hosts(["gpu-node-0000", "gpu-node-0001"], start, end)
+    assert result["series_compared"] == 2 * 8 * 4 and result["points_compared"] > 0
+    assert result["mismatches"] == 0 and result["missing_series"] == 0, result["offenders"]
+

@@ -50,6 +50,7 @@ class ParityCheck:
     target: PrometheusClient
     # Relative dashboard paths in the catalog resolve against the catalog's folder.
     catalog_dir: Path | None = None
+    _names: list[str] | None = None
 
     @property
     def policy(self) -> Any:
@@ -193,17 +194,16 @@ class ParityCheck:
         step = self.policy.step_s
         comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance)
         rename = dict(self.policy.rename_labels)
-        regex = self.group.name_regex()
         errors: list[str] = []
         consecutive = 0
         for host in hosts:
-            expr = f"{{__name__=~{promql_string(regex)}, {self.group.host_label}={promql_string(host)}}}"
             try:
-                sides = []
-                for client in (self.source, self.target):
-                    res = client.query_range(expr, start=start, end=end, step=step)
-                    sides.append({normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename): s.points
-                                  for s in res.series})
+                sides: list[dict[Any, Any]] = [{}, {}]
+                for expr in self.host_queries(host, start, end):
+                    for side, client in zip(sides, (self.source, self.target), strict=True):
+                        res = client.query_range(expr, start=start, end=end, step=step)
+                        side.update({normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename):
+                                     s.points for s in res.series})
             except PrometheusError as exc:
                 consecutive += 1
                 errors.append(f"{host}: {exc}")
@@ -216,6 +216,41 @@ class ParityCheck:
                      comparison.series_compared, comparison.points_compared)
         return {**comparison.to_dict(), "hosts": list(hosts), "errors": errors,
                 "error_limit_hit": consecutive >= self.policy.consecutive_error_limit > 0}
+
+    def host_queries(self, host: str, start: float, end: float) -> list[str]:
+        """What to compare for one host, by parity mode.
+
+        ``dual_write``: the raw series — the same Prometheus wrote both sides, so every
+        sample must match. ``independent_scraper``: a managed collector scraped separately,
+        so timestamps differ; compare per step bucket instead — gauges as
+        ``avg_over_time`` over the step, counters as ``rate`` over two steps (reset-aware) —
+        within the catalog's tolerance.
+        """
+        on_host = f"{self.group.host_label}={promql_string(host)}"
+        if self.policy.mode == "dual_write":
+            return [f"{{__name__=~{promql_string(self.group.name_regex())}, {on_host}}}"]
+        step = int(self.policy.step_s)
+        out = []
+        for metric in self._metric_names(start, end):
+            sel = f"{{__name__={promql_string(metric)}, {on_host}}}"
+            if metric in self._counter_names:
+                inner, tag = f"rate({sel}[{2 * step}s])", f"{metric}:rate{2 * step}s"
+            else:
+                inner, tag = f"avg_over_time({sel}[{step}s])", f"{metric}:avg{step}s"
+            # The functions drop the metric name; put a tagged one back so series stay distinct.
+            out.append(f'label_replace({inner}, "__name__", {promql_string(tag)}, "", "")')
+        return out
+
+    def _metric_names(self, start: float, end: float) -> list[str]:
+        if self._names is None:
+            self._names = self.source.label_values("__name__", self.group.selector(), start=start, end=end)
+        return self._names
+
+    @property
+    def _counter_names(self) -> frozenset[str]:
+        from promshift.settings import dcgm_counters
+
+        return frozenset(c.name for c in dcgm_counters() if c.kind == "counter")
 
     def samples_measurement(self, shards: Sequence[dict[str, Any]], hosts_total: int) -> Measurement:
         """Merge shard totals into the samples measurement."""
