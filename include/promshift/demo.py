@@ -22,7 +22,7 @@ from typing import Any
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.charts import latency_chart
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.core.report import build_report, latency_table, parity_log_table, render_markdown
+from promshift.core.report import build_report, cost_table, latency_table, parity_log_table, render_markdown
 from promshift.local_airflow import APPROVER_USERS, LocalAirflow
 from promshift.settings import REPO_ROOT, load_catalog
 from promshift.stack.local import LocalStack, StackConfig
@@ -100,6 +100,9 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"\nLatency: {lat.get('verdict')}")
     if lat.get("windows"):
         print("  " + latency_table(lat["windows"]).replace("\n", "\n  "))
+    if lat.get("cost"):
+        print("\nProjected monthly AMP cost:")
+        print("  " + cost_table(lat["cost"]).replace("\n", "\n  "))
     a = report["approval"]
     print(f"\nApproval: {a['decision'] or 'not asked'}" + (f" by {a['by']}" if a["by"] else ""))
     r = report["rollback"]

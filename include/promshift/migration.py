@@ -17,9 +17,10 @@ from typing import Any
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
-from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingManifest
 from promshift.core.catalog import MetricGroup
+from promshift.core.cost import CostConfigError, QueryCost, estimate_samples, project_monthly_cost
 from promshift.core.gate import GateAction, GateVerdict, decide
 from promshift.core.render import (
     add_remote_write,
@@ -165,13 +166,48 @@ class GroupMigration:
             dual_write_since=dual_write_since, now=now.timestamp())
 
     def latency(self, now: datetime, *, dual_write_since: float | None = None) -> dict[str, Any]:
-        """Each window's golden queries on both backends (see LatencyProbe)."""
+        """Each window's golden queries on both backends (see LatencyProbe), plus the cost projection."""
         from promshift.adapters.latency_probe import LatencyProbe
 
         probe = LatencyProbe(self.backends.source, self.backends.target, self.group.latency,
                              min_step_s=self.group.parity.step_s)
         queries = list(self.group.latency.queries) or [f"count({self.group.selector()})"]
-        return probe.run(now=now.timestamp(), queries=queries, dual_write_since=dual_write_since)
+        result = probe.run(now=now.timestamp(), queries=queries, dual_write_since=dual_write_since)
+        try:
+            result["cost"] = self.cost_projection(result["runs"])
+        except (PrometheusError, CostConfigError, OSError, ValueError) as exc:
+            log.warning("cost projection unavailable: %s", exc)
+            result["cost"] = {"error": str(exc)}
+        return result
+
+    def cost_projection(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Monthly AMP cost of the group: ingestion, storage, and its golden queries at dashboard refresh.
+
+        Samples per query are the target's own count (``stats=all``) for the longest window
+        measured; without it they are estimated from series x window / scrape interval.
+        """
+        from promshift.settings import amp_prices
+
+        policy = self.group.latency
+        series = int(self.backends.source.scalar(f"count({self.group.selector()})") or 0)
+        scrape_s = scrape_interval_s(self.backends.source.config_text())
+        longest = max(policy.windows, key=lambda w: w.seconds)
+        costs = []
+        for query in policy.queries or [f"count({self.group.selector()})"]:
+            measured = [r["samples"] for r in runs if r["backend"] == "target" and r["window"] == longest.name
+                        and r["query"] == query and r["ok"] and r.get("samples") is not None]
+            if measured:
+                samples, exact = sorted(measured)[len(measured) // 2], True
+            else:
+                samples, exact = estimate_samples(series, longest.seconds, scrape_s), False
+            costs.append(QueryCost(query=query, window_s=longest.seconds, samples_processed=samples, measured=exact))
+        projection = project_monthly_cost(
+            active_series=series, scrape_interval_s=scrape_s, retention_days=policy.retention_s / 86_400,
+            queries=costs, dashboard_refresh_s=policy.dashboard_refresh_s,
+            dashboard_viewers=policy.dashboard_viewers, prices=amp_prices())
+        return {**projection.to_dict(), "active_series": series, "scrape_interval_s": scrape_s,
+                "window": longest.name, "dashboard_refresh_s": policy.dashboard_refresh_s,
+                "dashboard_viewers": policy.dashboard_viewers}
 
     def gate(self, parity: Mapping[str, Any], latency: Mapping[str, Any], now: datetime) -> GateVerdict:
         verdict = decide({"parity": Verdict(parity["verdict"]), "latency": Verdict(latency["verdict"])})
@@ -244,6 +280,16 @@ class GroupMigration:
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[stage] else None
         self.record("rolled_back", now, evidence, to=to)
         return evidence
+
+
+def scrape_interval_s(config_text: str) -> float:
+    """The global scrape interval of a loaded Prometheus config (Prometheus' default is 1m)."""
+    import yaml
+
+    from promshift.core.durations import parse_duration
+
+    data = yaml.safe_load(config_text) or {}
+    return parse_duration((data.get("global") or {}).get("scrape_interval", "1m"))
 
 
 def _measurements(check: Mapping[str, Any] | None) -> list[dict[str, Any]]:

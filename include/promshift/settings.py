@@ -7,6 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from promshift.core.catalog import Catalog, parse_catalog
+from promshift.core.cost import AmpPrices
 from promshift.core.dcgm import DcgmCounter, metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,3 +43,16 @@ def load_catalog(path: str | os.PathLike[str] | None = None, *, profile: str | N
     catalog_path = Path(path) if path else default_catalog_path()
     return parse_catalog(catalog_path.read_text(), profile=profile,
                          known_metrics=[c.name for c in metrics(dcgm_counters())])
+
+
+def amp_prices_path() -> Path:
+    """``PROMSHIFT_AMP_PRICES``, else ``amp_prices.yaml`` next to the catalog."""
+    env = os.environ.get("PROMSHIFT_AMP_PRICES")
+    return Path(env) if env else default_catalog_path().parent / "amp_prices.yaml"
+
+
+def amp_prices() -> AmpPrices:
+    """AMP prices for cost projections: configuration, never constants in code."""
+    import yaml
+
+    return AmpPrices.from_mapping(yaml.safe_load(amp_prices_path().read_text()) or {})

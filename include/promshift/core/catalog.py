@@ -140,6 +140,10 @@ class LatencyPolicy:
     slowdown_floor_s: float = 0.25
     # The whole probe (every window, query and repeat) stops here; what is left is INCONCLUSIVE.
     deadline_s: float = 900.0
+    # For the query-cost projection: every viewer's dashboard re-runs the golden queries this often.
+    dashboard_refresh_s: float = 60.0
+    dashboard_viewers: int = 5
+    retention_s: float = 150 * 86_400.0
     windows: tuple[LatencyWindow, ...] = ()
     queries: tuple[str, ...] = ()
 
@@ -657,6 +661,9 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
             "max_slowdown_ratio": _Field("max_slowdown_ratio", _number(minimum=1)),
             "slowdown_floor": _Field("slowdown_floor_s", _duration(positive=False)),
             "deadline": _Field("deadline_s", _duration(positive=True)),
+            "dashboard_refresh": _Field("dashboard_refresh_s", _duration(positive=True)),
+            "dashboard_viewers": _Field("dashboard_viewers", _integer(minimum=0)),
+            "retention": _Field("retention_s", _duration(positive=True)),
             "windows": _Field("windows", _windows),
             "queries": _Field("queries", _unique_list(_promql_query, what="query", non_empty=True)),
         },

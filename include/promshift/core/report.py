@@ -31,6 +31,25 @@ def latency_table(windows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def cost_table(cost: Mapping[str, Any]) -> str:
+    """Monthly AMP cost projection: ingestion, storage, queries (samples measured or estimated)."""
+    if cost.get("error"):
+        return f"cost projection unavailable: {cost['error']}"
+    lines = [
+        f"active series {cost['active_series']:,} at {cost['scrape_interval_s']:g}s scrape; dashboards refresh every "
+        f"{cost['dashboard_refresh_s']:g}s on {cost['dashboard_viewers']} screens ({cost['window']} window)",
+        f"{'ingestion':<10} {cost['ingestion']['samples_per_month']:>16,.0f} samples  "
+        f"${cost['ingestion']['usd']:>10,.2f}",
+        f"{'storage':<10} {cost['storage']['gb']:>16,.2f} GB       ${cost['storage']['usd']:>10,.2f}",
+        f"{'queries':<10} {cost['query']['samples_per_month']:>16,.0f} samples  ${cost['query']['usd']:>10,.2f}",
+        f"{'total':<10} {'':>24} ${cost['total_usd']:>10,.2f} / month",
+    ]
+    for q in cost["query"].get("queries", []):
+        how = "measured" if q["measured"] else "estimated"
+        lines.append(f"  {q['samples_per_execution']:>14,.0f} samples/run ({how})  ${q['usd']:>9,.2f}  {q['query']}")
+    return "\n".join(lines)
+
+
 def parity_log_table(parity: Mapping[str, Any]) -> str:
     """Per measurement: verdict and reason, then the worst offending series."""
     lines = [f"{'measurement':<14} {'verdict':<13} reason"]
@@ -79,7 +98,8 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
             gate = data["gate"]
             parity = {k: v for k, v in data["parity"].items()}
             latency = {"verdict": data["latency"]["verdict"], "windows": data["latency"]["windows"],
-                       "reason": data["latency"]["measurement"]["reason"]}
+                       "reason": data["latency"]["measurement"]["reason"], "retries": data["latency"].get("retries", 0),
+                       "cost": data["latency"].get("cost")}
         elif e.kind == "approved" or e.kind.startswith("approval_"):
             approval = {"decision": data["decision"], "by": data["by"], "comment": data.get("comment")}
         elif e.kind in ("rolled_back", "rollback_not_needed"):
@@ -135,6 +155,8 @@ def render_markdown(report: Mapping[str, Any], *, chart_file: str | None = None)
     lines += ["", f"## Latency: {lat.get('verdict')}", "", "```", latency_table(lat.get("windows", [])), "```"]
     if chart_file:
         lines += ["", f"![latency per window]({chart_file})"]
+    if lat.get("cost"):
+        lines += ["", "### Projected monthly AMP cost", "", "```", cost_table(lat["cost"]), "```"]
     a = report["approval"]
     lines += ["", "## Approval", "", f"decision: **{a.get('decision') or 'none'}** by {a.get('by') or '-'}"
               + (f" — {a['comment']}" if a.get("comment") else "")]

@@ -211,11 +211,12 @@ class LatencyOperator(GroupStepOperator):
     """Time each window's golden queries on both backends."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.core.report import latency_table
+        from promshift.core.report import cost_table, latency_table
 
         deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write") or {}
         result = self.migration(context).latency(_now(), dual_write_since=deployed.get("dual_write_since"))
         self.log.info("latency %s\n%s", result["verdict"], latency_table(result["windows"]))
+        self.log.info("projected monthly AMP cost\n%s", cost_table(result["cost"]))
         return result
 
 

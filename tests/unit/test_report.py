@@ -1,0 +1,91 @@
+"""The run report is built from audit events alone; markdown and tables show what happened."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from promshift.core.audit import new_event, verify_chain
+from promshift.core.cost import AmpPrices, QueryCost, project_monthly_cost
+from promshift.core.report import approval_body, build_report, cost_table, latency_table, render_markdown
+
+T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
+WINDOWS = [{"window": "1h", "source_p50_s": 2.0, "source_p95_s": 3.0, "target_p50_s": 0.5, "target_p95_s": 0.8,
+            "speedup": 4.0, "verdict": "SUCCESSFUL", "outcome": "within SLO", "slo_p95_s": 2.0,
+            "source_failures": 0},
+           {"window": "24h", "source_p50_s": None, "source_p95_s": None, "target_p50_s": 9.5, "target_p95_s": 10.2,
+            "speedup": None, "verdict": "SUCCESSFUL", "outcome": "source failed 5 of 5 runs; target answered",
+            "slo_p95_s": 12.0, "source_failures": 5}]
+
+
+def cost() -> dict:
+    prices = AmpPrices(ingest_per_10m_samples=0.9, storage_per_gb_month=0.03, query_per_billion_samples=0.1,
+                       bytes_per_sample=1.5)
+    p = project_monthly_cost(active_series=1000, scrape_interval_s=30, retention_days=150,
+                             queries=[QueryCost("avg(m)", 86400, 2.88e6, False)], dashboard_refresh_s=60,
+                             dashboard_viewers=2, prices=prices)
+    return {**p.to_dict(), "active_series": 1000, "scrape_interval_s": 30.0, "window": "24h",
+            "dashboard_refresh_s": 60.0, "dashboard_viewers": 2}
+
+
+def events(rejected: bool = False) -> list:
+    parity = {"verdict": "SUCCESSFUL", "series_compared": 32, "points_compared": 3840, "mismatches": 0,
+              "measurements": [{"name": "coverage", "verdict": "SUCCESSFUL", "reason": "ok", "numbers": {}}]}
+    latency = {"verdict": "SUCCESSFUL", "windows": WINDOWS, "cost": cost(),
+               "measurement": {"reason": "all 2 windows within SLO"}}
+    steps = [("dual_write_deployed", "planned", "dual_writing", {"dual_write_since": 1.0}),
+             ("warmup_started", "dual_writing", "warming", {}),
+             ("gate_passed", "warming", "verified", {"gate": {"verdict": "SUCCESSFUL"}, "parity": parity,
+                                                    "latency": latency})]
+    if rejected:
+        steps.append(("approval_reject", None, None, {"decision": "Reject", "by": "oncall-bob", "comment": "no"}))
+        steps.append(("rolled_back", "verified", "rolled_back",
+                      {"performed": True, "restored_identical": True, "reason": "approval Reject by oncall-bob"}))
+    else:
+        steps.append(("approved", "verified", "approved", {"decision": "Approve", "by": "oncall-alice"}))
+        steps.append(("cut_over", "approved", "cut_over", {"routing": {}}))
+    out = []
+    for i, (kind, frm, to, ev) in enumerate(steps):
+        out.append(new_event(prev=out[-1] if out else None, group="g", run_id="r", kind=kind, stage_from=frm,
+                             stage_to=to, actor="promshift", at=T0 + timedelta(minutes=i), evidence=ev))
+    return out
+
+
+def test_cut_over_report_has_every_required_field() -> None:
+    evs = events()
+    report = build_report(group="g", run_id="r", events=evs, final_stage="cut_over", chain=verify_chain(evs))
+    assert report["final_stage"] == "cut_over"
+    assert [s["stage"] for s in report["stages"]] == ["dual_writing", "warming", "verified", "approved", "cut_over"]
+    assert report["parity"]["points_compared"] == 3840
+    assert report["latency"]["windows"][0]["speedup"] == 4.0
+    assert report["approval"] == {"decision": "Approve", "by": "oncall-alice", "comment": None}
+    assert report["rollback"]["performed"] is False
+    assert report["audit"] == {"events": 5, "chain_events": 5, "chain_ok": True, "problems": []}
+    md = render_markdown(report, chart_file="latency.png")
+    assert "![latency per window](latency.png)" in md and "Projected monthly AMP cost" in md
+
+
+def test_rejected_run_says_why_in_plain_words() -> None:
+    evs = events(rejected=True)
+    report = build_report(group="g", run_id="r", events=evs, final_stage="rolled_back", chain=verify_chain(evs))
+    assert report["summary"] == "Rolled back: approval Reject by oncall-bob."
+    assert report["approval"]["decision"] == "Reject"
+    assert report["rollback"]["restored_identical"] is True
+
+
+def test_tables_show_source_timeouts_as_a_win_and_cost_lines() -> None:
+    table = latency_table(WINDOWS)
+    assert "4.00x" in table and "source failed" in table
+    c = cost()
+    from promshift.core.cost import MONTH_S
+
+    samples = 1000 * MONTH_S / 30
+    assert c["ingestion"]["samples_per_month"] == samples
+    assert abs(c["ingestion"]["usd"] - samples / 1e7 * 0.9) < 1e-9
+    text = cost_table(c)
+    assert f"{samples:,.0f} samples" in text and "total" in text and "(estimated)" in text
+    assert "avg(m)" in text
+
+
+def test_inconclusive_evidence_is_called_out_for_the_approver() -> None:
+    body = approval_body("g", {"verdict": "INCONCLUSIVE", "reason": "parity inconclusive"}, {}, {"windows": []})
+    assert "INCONCLUSIVE" in body and "Approve only if you understand why" in body
