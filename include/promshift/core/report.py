@@ -52,9 +52,10 @@ def cost_table(cost: Mapping[str, Any]) -> str:
 
 def parity_log_table(parity: Mapping[str, Any]) -> str:
     """Per measurement: verdict and reason, then the worst offending series."""
-    lines = [f"{'measurement':<14} {'verdict':<13} reason"]
+    width = max([14] + [len(m["name"]) + 1 for m in parity.get("measurements", [])])
+    lines = [f"{'measurement':<{width}} {'verdict':<13} reason"]
     for m in parity.get("measurements", []):
-        lines.append(f"{m['name']:<14} {m['verdict']:<13} {m['reason']}")
+        lines.append(f"{m['name']:<{width}} {m['verdict']:<13} {m['reason']}")
     lines.append(f"series compared {parity.get('series_compared', 0)}, points compared "
                  f"{parity.get('points_compared', 0)}, mismatches {parity.get('mismatches', 0)}, "
                  f"missing series {parity.get('missing_series', 0)}, hosts {parity.get('hosts_sampled', [])}")
