@@ -122,3 +122,20 @@ def test_independent_scraper_mode_compares_buckets_and_rates(
     assert result["series_compared"] == 2 * 8 * 4 and result["points_compared"] > 0
     assert result["mismatches"] == 0 and result["missing_series"] == 0, result["offenders"]
 
+
+
+@pytest.mark.parametrize("expr,verdict,needle", [
+    ("avg(DCGM_FI_DEV_GPU_TEMP{", "INCONCLUSIVE", "query failed"),  # does not parse: HTTP 400
+    ('DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname"}', "INCONCLUSIVE", "$Hostname has no value"),
+    ('DCGM_FI_DEV_GPU_TEMP{instance="no-such-host"}', "INCONCLUSIVE", "matches nothing on either side"),
+    ('avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance"})', "SUCCESSFUL", "identical"),
+])
+def test_golden_query_bad_input_is_named_never_a_crash_or_a_pass(
+        independent_pair: tuple[PrometheusClient, PrometheusClient], expr: str, verdict: str, needle: str) -> None:
+    src, _ = independent_pair
+    group = load_catalog(profile="demo").get("gpu-power-thermal")
+    end = time.time() - 2
+    # Same server on both sides: a clean golden query must match exactly.
+    m = ParityCheck(group, src, src)._golden_one("panel", expr, {}, end - 10, end)
+    assert m.name == "golden[panel]"
+    assert m.verdict.value == verdict and needle in m.reason, m.reason
