@@ -15,13 +15,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingManifest
 from promshift.core.catalog import MetricGroup
-from promshift.core.cost import CostConfigError, QueryCost, estimate_samples, project_monthly_cost
+from promshift.core.cost import CostConfigError, QueryCost, estimate_range_samples, project_monthly_cost
+from promshift.core.durations import parse_duration
 from promshift.core.gate import GateAction, GateVerdict, decide
+from promshift.core.latency import choose_step
 from promshift.core.render import (
     add_remote_write,
     remote_write_entry,
@@ -199,7 +203,12 @@ class GroupMigration:
             if measured:
                 samples, exact = sorted(measured)[len(measured) // 2], True
             else:
-                samples, exact = estimate_samples(series, longest.seconds, scrape_s), False
+                # A range query counts samples per step (as Prometheus' totalQueryableSamples does).
+                step = choose_step(longest.seconds, min_step_s=self.group.parity.step_s)
+                samples = estimate_range_samples(series=series, range_s=longest.seconds, step_s=step,
+                                                 scrape_interval_s=scrape_s,
+                                                 selector_window_s=range_selector_s(query))
+                exact = False
             costs.append(QueryCost(query=query, window_s=longest.seconds, samples_processed=samples, measured=exact))
         projection = project_monthly_cost(
             active_series=series, scrape_interval_s=scrape_s, retention_days=policy.retention_s / 86_400,
@@ -282,12 +291,15 @@ class GroupMigration:
         return evidence
 
 
+def range_selector_s(query: str) -> float | None:
+    """The widest range selector (``[5m]``) in a query, in seconds, or None for instant selectors."""
+
+    widths = [parse_duration(m) for m in re.findall(r"\[([0-9][0-9a-z]*)(?::[0-9a-z]*)?\]", query)]
+    return max(widths) if widths else None
+
+
 def scrape_interval_s(config_text: str) -> float:
     """The global scrape interval of a loaded Prometheus config (Prometheus' default is 1m)."""
-    import yaml
-
-    from promshift.core.durations import parse_duration
-
     data = yaml.safe_load(config_text) or {}
     return parse_duration((data.get("global") or {}).get("scrape_interval", "1m"))
 

@@ -52,9 +52,14 @@ class QueryResult:
 
     @property
     def server_time_s(self) -> float | None:
-        """The server's own evaluation time when asked with ``stats=all``."""
+        """The server's own time when asked with ``stats=all``: queue wait plus evaluation.
+
+        ``execTotalTime`` (= ``execQueueTime`` + ``evalTotalTime``) where given, else
+        ``evalTotalTime``. Neither counts JSON encoding and gzip of the answer, which the
+        client's wall time does (bench/latency measures that gap).
+        """
         timings = self.stats.get("timings") or {}
-        value = timings.get("evalTotalTime")
+        value = timings.get("execTotalTime", timings.get("evalTotalTime"))
         return float(value) if value is not None else None
 
 
