@@ -1,7 +1,7 @@
 """Parity evidence in layers, fetched from both backends; the maths lives in core.parity.
 
 Layers: coverage (series counts per metric and per host at several instants, computed
-in PromQL), per-host window aggregates of every host (sum and count over the window, in
+in PromQL), per-host window aggregates of every host (sum over the window, in
 PromQL: finds a drifted host the sample missed), golden dashboard queries, label parity (label names per metric
 after normalization), and raw samples of a deterministic host sample (shardable: each
 shard compares some hosts and returns totals a reducer merges). Memory stays bounded: one host's series at a time.
@@ -51,6 +51,7 @@ class ParityCheck:
     # Relative dashboard paths in the catalog resolve against the catalog's folder.
     catalog_dir: Path | None = None
     _names: list[str] | None = None
+    _hosts_at_end: list[str] | None = None
 
     @property
     def policy(self) -> Any:
@@ -63,41 +64,55 @@ class ParityCheck:
 
     # -- layer 1: coverage ---------------------------------------------------------------
     def coverage(self, start: float, end: float) -> list[Measurement]:
-        """Series counts per metric and per host at the window's start, middle and end."""
+        """Series counts per metric and per host at the window's start, middle and end.
+
+        One ``count by (__name__, host)`` per instant and side serves both measurements:
+        an instant query touches every series of the group, so asking twice costs twice.
+        """
+        by = self.group.host_label
+        expr = f"count by (__name__, {by}) ({self.group.selector()})"
         instants = sorted({start, (start + end) / 2, end})
-        out = []
-        for by, key, name in (("__name__", "metric", "coverage"),
-                              (self.group.host_label, "host", "host_coverage")):
-            expr = f"count by ({by}) ({self.group.selector()})"
-            try:
-                counts = []
-                for t in instants:
-                    sides = [{s.labels.get(by, ""): s.points[0][1] for s in client.query(expr, at=t).series}
-                             for client in (self.source, self.target)]
-                    counts.append((t, sides[0], sides[1]))
-            except PrometheusError as exc:
-                out.append(Measurement(name, Verdict.ERROR, str(exc), (expr,)))
-                continue
-            out.append(coverage_measurement(counts, max_missing_ratio=self.policy.max_missing_series_ratio,
-                                            queries=[expr], name=name, key=key))
-        return out
+        per_metric, per_host = [], []
+        try:
+            for t in instants:
+                metric_sides: list[dict[str, float]] = [{}, {}]
+                host_sides: list[dict[str, float]] = [{}, {}]
+                for i, client in enumerate((self.source, self.target)):
+                    for series in client.query(expr, at=t).series:
+                        n = series.points[0][1]
+                        name, host = series.labels.get("__name__", ""), series.labels.get(by, "")
+                        metric_sides[i][name] = metric_sides[i].get(name, 0.0) + n
+                        host_sides[i][host] = host_sides[i].get(host, 0.0) + n
+                per_metric.append((t, metric_sides[0], metric_sides[1]))
+                per_host.append((t, host_sides[0], host_sides[1]))
+        except PrometheusError as exc:
+            return [Measurement(name, Verdict.ERROR, str(exc), (expr,)) for name in ("coverage", "host_coverage")]
+        # The source's hosts at the window's end are also the population the sample is drawn from.
+        self._hosts_at_end = [h for h in per_host[-1][1] if h]
+        limit = self.policy.max_missing_series_ratio
+        return [coverage_measurement(per_metric, max_missing_ratio=limit, queries=[expr], name="coverage",
+                                     key="metric"),
+                coverage_measurement(per_host, max_missing_ratio=limit, queries=[expr], name="host_coverage",
+                                     key="host")]
 
     # -- layer 1b: per-host aggregates of every host --------------------------------------
     def aggregates(self, start: float, end: float) -> Measurement:
-        """``sum``/``count_over_time`` per host over the window, per metric, computed in PromQL."""
+        """``sum_over_time`` per host over the whole window, per metric, computed in PromQL.
+
+        A value drift and a gap in the samples both change the sum; one query per metric
+        and side (range functions drop the metric name, so metrics cannot share a query).
+        """
         by = self.group.host_label
         span = f"{max(1, int(end - start))}s"
         rows = []
         queries = []
         try:
-            metrics = self.source.label_values("__name__", self.group.selector(), start=start, end=end)
-            for metric in metrics:
-                for fn in ("sum_over_time", "count_over_time"):
-                    expr = f"sum by ({by}) ({fn}({{__name__={promql_string(metric)}}}[{span}]))"
-                    queries.append(expr)
-                    sides = [{s.labels.get(by, ""): s.points[0][1] for s in client.query(expr, at=end).series}
-                             for client in (self.source, self.target)]
-                    rows.append((f"{fn} {metric}", sides[0], sides[1]))
+            for metric in self._metric_names(start, end):
+                expr = f"sum by ({by}) (sum_over_time({{__name__={promql_string(metric)}}}[{span}]))"
+                queries.append(expr)
+                sides = [{s.labels.get(by, ""): s.points[0][1] for s in client.query(expr, at=end).series}
+                         for client in (self.source, self.target)]
+                rows.append((f"sum_over_time {metric}", sides[0], sides[1]))
         except PrometheusError as exc:
             return Measurement("aggregates", Verdict.ERROR, str(exc), tuple(queries))
         # Sums over thousands of series may add in a different order on each side: allow float noise.
@@ -153,7 +168,7 @@ class ParityCheck:
         """Label names per metric on both sides, after ignore/rename rules; drift is named."""
         queries = []
         try:
-            metrics = self.source.label_values("__name__", self.group.selector(), start=start, end=end)
+            metrics = self._metric_names(start, end)
             names: list[dict[str, list[str]]] = [{}, {}]
             for metric in metrics:
                 match = f"{{__name__={promql_string(metric)}}}"
@@ -179,9 +194,11 @@ class ParityCheck:
     # -- layer 3: raw samples ------------------------------------------------------------
     def sample_plan(self, start: float, end: float) -> list[str]:
         """The deterministic host sample for this group and window (seeded by both)."""
-        host_label = self.group.host_label
-        expr = f"count by ({host_label}) ({self.group.selector()})"
-        hosts = [s.labels.get(host_label, "") for s in self.source.query(expr, at=end).series]
+        hosts = self._hosts_at_end
+        if hosts is None:
+            host_label = self.group.host_label
+            expr = f"count by ({host_label}) ({self.group.selector()})"
+            hosts = [s.labels.get(host_label, "") for s in self.source.query(expr, at=end).series]
         seed = self.policy.seed or f"{self.group.name}:{start:.0f}:{end:.0f}"
         return sample_hosts((h for h in hosts if h), self.policy.sample_hosts, seed)
 
