@@ -121,3 +121,16 @@ def test_aggregates_find_a_drifted_host_and_tolerate_float_noise() -> None:
     assert m.numbers["worst"][0]["relative_delta"] > 0.009
     assert aggregate_measurement([("sum m", src, {})], abs_tol=0, rel_tol=0, queries=[]).verdict \
         == Verdict.INCONCLUSIVE
+
+
+def test_aggregates_name_the_drifted_host_before_hosts_with_missing_series() -> None:
+    from promshift.core.parity import aggregate_measurement
+
+    src = {f"h{i:02d}": 100.0 for i in range(80)}
+    tgt = {k: (v * 0.9 if k < "h65" else v) for k, v in src.items()}  # h00..h64 lost series
+    tgt["h70"] = 101.0  # drifted, fully covered
+    m = aggregate_measurement([("sum m", src, tgt)], abs_tol=0, rel_tol=1e-9, queries=[],
+                              explained=[f"h{i:02d}" for i in range(65)])
+    assert m.reason.startswith("window aggregates differ for 1 host (h70) with full coverage")
+    assert "65 more hosts differ where series are missing" in m.reason
+    assert m.numbers["unexplained_keys"] == ["h70"]

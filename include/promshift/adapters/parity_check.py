@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import re2
+
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
 from promshift.core.golden import GoldenQueryError, grafana_builtins, queries_for_group, substitute
@@ -111,7 +113,7 @@ class ParityCheck:
                                      key="host")]
 
     # -- layer 1b: per-host aggregates of every host --------------------------------------
-    def aggregates(self, start: float, end: float) -> Measurement:
+    def aggregates(self, start: float, end: float, *, explained: Sequence[str] = ()) -> Measurement:
         """``sum_over_time`` per host over the whole window, per metric, computed in PromQL.
 
         A value drift and a gap in the samples both change the sum; one query per metric
@@ -132,7 +134,8 @@ class ParityCheck:
             return Measurement("aggregates", Verdict.ERROR, str(exc), tuple(queries))
         # Sums over thousands of series may add in a different order on each side: allow float noise.
         return aggregate_measurement(rows, abs_tol=self.policy.abs_tolerance,
-                                     rel_tol=max(self.policy.rel_tolerance, 1e-9), queries=queries)
+                                     rel_tol=max(self.policy.rel_tolerance, 1e-9), queries=queries,
+                                     explained=explained)
 
     # -- layer 4: golden dashboard queries -------------------------------------------------
     def golden(self, start: float, end: float) -> list[Measurement]:
@@ -228,15 +231,18 @@ class ParityCheck:
         rename = dict(self.policy.rename_labels)
         errors: list[str] = []
         consecutive = 0
-        for host in hosts:
+        # One range query per side for the whole shard (memory stays bounded by the shard size);
+        # if it fails, each host is tried on its own so one bad host does not sink the shard.
+        hosts_left = list(hosts)
+        if len(hosts_left) > 1:
             try:
-                sides: list[dict[Any, Any]] = [{}, {}]
-                for expr in self.host_queries(host, start, end):
-                    answers = on_both(self.source, self.target,
-                                      lambda c, e=expr: c.query_range(e, start=start, end=end, step=step))
-                    for side, res in zip(sides, answers, strict=True):
-                        side.update({normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename):
-                                     s.points for s in res.series})
+                self._compare_batch(hosts_left, start, end, step, rename, comparison)
+                hosts_left = []
+            except PrometheusError as exc:
+                errors.append(f"shard {list(hosts)}: {exc}")
+        for host in hosts_left:
+            try:
+                self._compare_batch([host], start, end, step, rename, comparison)
             except PrometheusError as exc:
                 consecutive += 1
                 errors.append(f"{host}: {exc}")
@@ -244,13 +250,23 @@ class ParityCheck:
                     break
                 continue
             consecutive = 0
-            comparison.add(sides[0], sides[1])
-            log.info("parity %s: host %s compared (%s series, %s points so far)", self.group.name, host,
-                     comparison.series_compared, comparison.points_compared)
+        log.info("parity %s: hosts %s compared (%s series, %s points)", self.group.name, list(hosts),
+                 comparison.series_compared, comparison.points_compared)
         return {**comparison.to_dict(), "hosts": list(hosts), "errors": errors,
                 "error_limit_hit": consecutive >= self.policy.consecutive_error_limit > 0}
 
-    def host_queries(self, host: str, start: float, end: float) -> list[str]:
+    def _compare_batch(self, hosts: list[str], start: float, end: float, step: float, rename: dict[str, str],
+                       comparison: SampleComparison) -> None:
+        sides: list[dict[Any, Any]] = [{}, {}]
+        for expr in self.host_queries(hosts, start, end):
+            answers = on_both(self.source, self.target,
+                              lambda c, e=expr: c.query_range(e, start=start, end=end, step=step))
+            for side, res in zip(sides, answers, strict=True):
+                side.update({normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename): s.points
+                             for s in res.series})
+        comparison.add(sides[0], sides[1])
+
+    def host_queries(self, hosts: str | Sequence[str], start: float, end: float) -> list[str]:
         """What to compare for one host, by parity mode.
 
         ``dual_write``: the raw series — the same Prometheus wrote both sides, so every
@@ -259,7 +275,12 @@ class ParityCheck:
         ``avg_over_time`` over the step, counters as ``rate`` over two steps (reset-aware) —
         within the catalog's tolerance.
         """
-        on_host = f"{self.group.host_label}={promql_string(host)}"
+        if isinstance(hosts, str):
+            hosts = [hosts]
+        if len(hosts) == 1:
+            on_host = f"{self.group.host_label}={promql_string(hosts[0])}"
+        else:
+            on_host = f"{self.group.host_label}=~{promql_string('|'.join(re2.escape(h) for h in hosts))}"
         if self.policy.mode == "dual_write":
             return [f"{{__name__=~{promql_string(self.group.name_regex())}, {on_host}}}"]
         step = int(self.policy.step_s)
@@ -314,8 +335,10 @@ class ParityCheck:
             return {"window": None, "measurements": [m.to_dict()], "shards": [], "hosts_total": 0,
                     "cost": self._cost(started, before)}
         start, end = window
-        measurements = [m.to_dict() for m in self.coverage(start, end)]
-        measurements.append(self.aggregates(start, end).to_dict())
+        coverage = self.coverage(start, end)
+        short_hosts = next((m.numbers.get("short_keys", []) for m in coverage if m.name == "host_coverage"), [])
+        measurements = [m.to_dict() for m in coverage]
+        measurements.append(self.aggregates(start, end, explained=short_hosts).to_dict())
         measurements.append(self.labels(start, end).to_dict())
         measurements.extend(m.to_dict() for m in self.golden(start, end))
         shards: list[dict[str, Any]] = []

@@ -281,7 +281,8 @@ def assess(measurements: Sequence[Measurement], *, failure_limit: int, inconclus
 
 
 def aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, float], Mapping[str, float]]], *,
-                          abs_tol: float, rel_tol: float, queries: Sequence[str], key: str = "host") -> Measurement:
+                          abs_tol: float, rel_tol: float, queries: Sequence[str], key: str = "host",
+                          explained: Iterable[str] = ()) -> Measurement:
     """Compare per-host aggregates over the whole window, for every host (not only the sampled ones).
 
     ``rows`` holds ``(what, source_by_host, target_by_host)``, e.g. ``("sum DCGM_FI_DEV_GPU_UTIL", {...}, {...})``.
@@ -307,7 +308,16 @@ def aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, float], Mapping
         return Measurement("aggregates", Verdict.INCONCLUSIVE, "no aggregate present on both sides", tuple(queries),
                            numbers)
     if differing:
-        return Measurement("aggregates", Verdict.FAILED,
-                           f"window aggregates differ for {_some(sorted(differing), key)}", tuple(queries), numbers)
+        # Hosts already short in the coverage layer differ for that reason; name the others first.
+        known = set(explained)
+        new = sorted(k for k in differing if k not in known)
+        old = sorted(k for k in differing if k in known)
+        parts = []
+        if new:
+            parts.append(f"window aggregates differ for {_some(new, key)} with full coverage")
+        if old:
+            parts.append(f"{len(old)} more {key}{'s' if len(old) != 1 else ''} differ where series are missing")
+        numbers["unexplained_keys"] = new
+        return Measurement("aggregates", Verdict.FAILED, "; ".join(parts), tuple(queries), numbers)
     return Measurement("aggregates", Verdict.SUCCESSFUL,
                        f"{compared} per-{key} window aggregates match", tuple(queries), numbers)
