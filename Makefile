@@ -29,7 +29,7 @@ demo: prometheus $(STAMP)
 	$(PY) -m promshift.demo --group $(GROUP) --scenario $(SCENARIO) --nodes $(NODES)
 
 test: prometheus $(STAMP)
-	$(VENV)/bin/ruff check include dags plugins tests
+	$(VENV)/bin/ruff check include dags plugins tests bench
 	$(VENV)/bin/pytest -q
 
 unit: $(STAMP)
