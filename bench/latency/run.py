@@ -37,7 +37,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,7 +56,7 @@ from promshift.core.durations import format_duration, parse_duration
 from promshift.core.latency import choose_step, percentile
 from promshift.core.render import add_remote_write, remote_write_entry
 from promshift.stack.fleet import FleetSpec, node_values, render_node
-from promshift.stack.local import EXTERNAL_LABELS, SCRAPE_JOB, LocalStack, StackConfig
+from promshift.stack.local import EXTERNAL_LABELS, SCRAPE_JOB, LocalStack, StackConfig, find_free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "bench" / "results" / "latency.json"
@@ -119,18 +118,6 @@ def machine_info() -> dict[str, Any]:
             "python": sys.version.split()[0], "requests": requests.__version__}
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct ports free on 127.0.0.1 right now (all sockets held together so they differ)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 # ---------------------------------------------------------------------------- backfill
@@ -546,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{machine['prometheus']}; load {machine['loadavg_start']}")
 
     home = Path(tempfile.mkdtemp(prefix="promshift-bench-latency-"))
-    fleet_port, source_port, target_port = free_ports(3)
+    fleet_port, source_port, target_port = find_free_ports(3)
     config = StackConfig(home=home, nodes=args.nodes, fleet_port=fleet_port, source_port=source_port,
                          target_port=target_port, scrape_interval="5s")
     stack = LocalStack(config)

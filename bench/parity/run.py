@@ -46,7 +46,6 @@ import random
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from promshift.stack.local import find_free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT_PATH = REPO / "bench" / "results" / "parity.json"
@@ -308,17 +309,6 @@ def code_state() -> dict[str, Any]:
             "sha256": {f: hashlib.sha256((REPO / f).read_bytes()).hexdigest()[:12] for f in files}}
 
 
-def free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def other_load() -> list[str]:
@@ -714,7 +704,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             b = backfills[side]
             log(f"  {side}: {b['wall_s']}s, promtool peak RSS {b['peak_rss_mb']:.0f} MB, blocks "
                 f"{[(blk['min_time'], blk['max_time'], blk['series']) for blk in b['blocks']]}")
-        ports = free_ports(3)
+        ports = find_free_ports(3)
         for (side, _), port in zip(om["files"].items(), ports, strict=True):
             servers[side] = Server(side, workdir / f"{side}-data", port)
         for s in servers.values():

@@ -7,20 +7,18 @@ hosts after warm-up, parity fails, rollback restores the source config byte for 
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 
 from promshift.demo import run_demo
+from promshift.stack.local import find_free_ports
 
 pytestmark = pytest.mark.e2e
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return find_free_ports(1)[0]
 
 
 @pytest.fixture

@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from promshift.stack.local import PROMETHEUS_BIN, LocalStack, StackConfig
-
-
-def find_free_ports(count: int = 1) -> list[int]:
-    """Ports free on 127.0.0.1 right now; all sockets are held together so the ports differ."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+from promshift.stack.local import PROMETHEUS_BIN, LocalStack, StackConfig, find_free_ports
 
 
 @pytest.fixture(scope="session")

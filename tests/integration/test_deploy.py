@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ import pytest
 from promshift.adapters.deploy import DeployError, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names, sha256_text
+from promshift.stack.local import find_free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -27,9 +27,7 @@ scrape_configs:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return find_free_ports(1)[0]
 
 
 @pytest.fixture

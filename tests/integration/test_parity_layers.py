@@ -17,7 +17,7 @@ from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.verdicts import Verdict
 from promshift.settings import load_catalog
 from promshift.stack.fleet import FleetServer, FleetSpec, file_sd_groups
-from tests.integration.conftest import find_free_ports
+from promshift.stack.local import find_free_ports
 
 pytestmark = pytest.mark.integration
 

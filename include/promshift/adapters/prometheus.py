@@ -154,15 +154,7 @@ class PrometheusClient:
         # POST with a form body keeps long selectors out of the URL, as Grafana does.
         resp = self._request("POST", path, data=params, timeout_s=timeout_s)
         elapsed = time.perf_counter() - started
-        try:
-            body = resp.json()
-        except ValueError:
-            body = None
-        if resp.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
-            detail = body.get("error") if isinstance(body, dict) else resp.text[:200]
-            etype = body.get("errorType") if isinstance(body, dict) else None
-            raise PrometheusError(self.base_url, f"HTTP {resp.status_code} for {query!r}: {detail}",
-                                  http_status=resp.status_code, error_type=etype)
+        body = self._success_body(resp, repr(query))
         res = parse_query_response(query, body, elapsed_s=elapsed, http_status=resp.status_code,
                                    size=len(resp.content))
         self.ledger.add(res)
@@ -185,16 +177,21 @@ class PrometheusClient:
             params["stats"] = "all"
         return self._api("/api/v1/query_range", params, expr, timeout_s)
 
-    def _get_list(self, path: str, params: dict[str, Any]) -> list[str]:
-        resp = self._request("GET", path, params=params)
+    def _success_body(self, resp: requests.Response, what: str) -> dict[str, Any]:
+        """The JSON body of a successful API answer; anything else raises with the server's reason."""
         try:
             body = resp.json()
         except ValueError:
             body = None
         if resp.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
             detail = body.get("error") if isinstance(body, dict) else resp.text[:200]
-            raise PrometheusError(self.base_url, f"HTTP {resp.status_code} for {path}: {detail}",
-                                  http_status=resp.status_code)
+            etype = body.get("errorType") if isinstance(body, dict) else None
+            raise PrometheusError(self.base_url, f"HTTP {resp.status_code} for {what}: {detail}",
+                                  http_status=resp.status_code, error_type=etype)
+        return body
+
+    def _get_list(self, path: str, params: dict[str, Any]) -> list[str]:
+        body = self._success_body(self._request("GET", path, params=params), path)
         return [str(v) for v in body.get("data") or []]
 
     def label_names(self, match: str, *, start: float, end: float) -> list[str]:

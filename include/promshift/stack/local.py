@@ -164,6 +164,20 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
+def find_free_ports(count: int = 1) -> list[int]:
+    """Ports free on 127.0.0.1 right now; all sockets are held together so the ports differ."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         # Same option the servers use, so sockets lingering in TIME_WAIT do not count as taken.
