@@ -134,3 +134,12 @@ def test_aggregates_name_the_drifted_host_before_hosts_with_missing_series() -> 
     assert m.reason.startswith("window aggregates differ for 1 host (h70) with full coverage")
     assert "65 more hosts differ where series are missing" in m.reason
     assert m.numbers["unexplained_keys"] == ["h70"]
+
+
+def test_aggregates_when_every_difference_is_explained_by_missing_series() -> None:
+    from promshift.core.parity import aggregate_measurement
+
+    src = {"h1": 10.0, "h2": 10.0, "h3": 10.0}
+    m = aggregate_measurement([("sum m", src, {"h1": 5.0, "h2": 5.0, "h3": 10.0})], abs_tol=0, rel_tol=1e-9,
+                              queries=[], explained=["h1", "h2"])
+    assert m.reason == "2 hosts (h1, h2) differ, all where series are missing (see host_coverage)"

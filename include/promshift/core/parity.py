@@ -316,7 +316,9 @@ def aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, float], Mapping
         if new:
             parts.append(f"window aggregates differ for {_some(new, key)} with full coverage")
         if old:
-            parts.append(f"{len(old)} more {key}{'s' if len(old) != 1 else ''} differ where series are missing")
+            plural = "s" if len(old) != 1 else ""
+            parts.append(f"{len(old)} more {key}{plural} differ where series are missing" if new
+                         else f"{_some(old, key)} differ, all where series are missing (see host_coverage)")
         numbers["unexplained_keys"] = new
         return Measurement("aggregates", Verdict.FAILED, "; ".join(parts), tuple(queries), numbers)
     return Measurement("aggregates", Verdict.SUCCESSFUL,
