@@ -159,7 +159,7 @@ def test_deadline_stops_the_probe_and_leaves_it_inconclusive(servers: Any) -> No
     assert "deadline" in result["windows"][0]["outcome"]
 
 
-def test_down_backend_is_a_clear_failure() -> None:
+def test_down_backend_is_an_error_not_a_slow_target() -> None:
     import socket
 
     with socket.socket() as s:
@@ -168,4 +168,13 @@ def test_down_backend_is_a_clear_failure() -> None:
     client = PrometheusClient(f"http://127.0.0.1:{port}")
     result = LatencyProbe(client, client, policy(repeats=1), min_step_s=15).run(now=1e6, queries=["q"],
                                                                                   dual_write_since=None)
-    assert result["verdict"] == "FAILED" and "unreachable" in result["windows"][0]["outcome"]
+    assert result["verdict"] == "ERROR" and "unreachable" in result["windows"][0]["outcome"]
+
+
+def test_window_shorter_than_the_step_is_inconclusive_without_querying(servers: Any) -> None:
+    src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix())
+    result = probe(src, tgt, windows=(LatencyWindow("10s", 10.0, 1.0),)).run(now=1e6, queries=["q"],
+                                                                             dual_write_since=None)
+    assert result["windows"][0]["verdict"] == "INCONCLUSIVE"
+    assert "shorter than the step (15s)" in result["windows"][0]["outcome"]
+    assert src.requests == [] and tgt.requests == []

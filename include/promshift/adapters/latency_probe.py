@@ -97,6 +97,12 @@ class LatencyProbe:
             step = choose_step(window.seconds, min_step_s=self.min_step_s)
             end = math.floor(now / step) * step
             start = end - window.seconds
+            if window.seconds < step:
+                reason = f"window {window.name} is shorter than the step ({step:g}s): nothing to measure"
+                tables.append(judge_window(window.name, [], slo_p95_s=window.slo_p95_s,
+                                           max_slowdown_ratio=self.policy.max_slowdown_ratio, min_successes=1,
+                                           not_comparable=reason))
+                continue
             runs: list[ProbeRun] = []
             out_of_time = False
             for query in queries:

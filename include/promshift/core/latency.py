@@ -117,7 +117,10 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
     tgt_fail = sum(not r.ok for r in tgt)
     t50, t95, s50, s95 = _p(tgt, 50), _p(tgt, 95), _p(src, 50), _p(src, 95)
     good_target = len(tgt) - tgt_fail
-    if tgt_fail:
+    if tgt and all(not r.ok and (r.error or "").startswith("unreachable") for r in tgt):
+        # Nothing was measured: the backend is down. That is an error of the check, not a slow target.
+        verdict, outcome = Verdict.ERROR, f"target unreachable in all {len(tgt)} runs"
+    elif tgt_fail:
         reasons = sorted({(r.error or "failed").split(":")[0] for r in tgt if not r.ok})
         verdict, outcome = Verdict.FAILED, f"target failed {tgt_fail} of {len(tgt)} runs ({'; '.join(reasons)})"
     elif not_comparable:
