@@ -7,7 +7,6 @@ import os
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -27,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from promshift.core.audit import AuditEvent, ChainCheck, new_event, verify_chain
 from promshift.core.stages import Stage, current_stage
+from promshift.settings import state_home
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def default_audit_url() -> str:
     url = os.environ.get("PROMSHIFT_AUDIT_URL")
     if url:
         return url
-    home = Path(os.environ.get("PROMSHIFT_HOME", ".state")).resolve()
+    home = state_home()
     home.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{home / 'audit.db'}"
 

@@ -9,9 +9,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from promshift.settings import state_home
+
 
 def default_routing_path() -> Path:
-    return Path(os.environ.get("PROMSHIFT_HOME", ".state")).resolve() / "routing.json"
+    return state_home() / "routing.json"
 
 
 class RoutingManifest:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -41,36 +41,14 @@ class AuditEvent:
     def evidence_data(self) -> Any:
         return json.loads(self.evidence)
 
+    def content_hash(self) -> str:
+        """What ``hash`` must be for this event's content; a mismatch means it was edited."""
+        return _content_hash({f.name: getattr(self, f.name) for f in fields(self) if f.name != "hash"})
 
-def event_hash(
-    *,
-    seq: int,
-    group: str,
-    run_id: str,
-    kind: str,
-    stage_from: str | None,
-    stage_to: str | None,
-    actor: str,
-    at: datetime,
-    evidence: str,
-    prev_hash: str,
-) -> str:
-    """SHA-256 over every field of an event and the previous event's hash."""
-    body = canonical_json(
-        {
-            "seq": seq,
-            "group": group,
-            "run_id": run_id,
-            "kind": kind,
-            "stage_from": stage_from,
-            "stage_to": stage_to,
-            "actor": actor,
-            "at": at.isoformat(),
-            "evidence": evidence,
-            "prev_hash": prev_hash,
-        }
-    )
-    return hashlib.sha256(body.encode()).hexdigest()
+
+def _content_hash(fields: Mapping[str, Any]) -> str:
+    """SHA-256 over every field of an event (``hash`` excluded) and the previous event's hash."""
+    return hashlib.sha256(canonical_json({**fields, "at": fields["at"].isoformat()}).encode()).hexdigest()
 
 
 def new_event(
@@ -91,7 +69,7 @@ def new_event(
     seq = prev.seq + 1 if prev else 1
     prev_hash = prev.hash if prev else GENESIS_HASH
     text = canonical_json(dict(evidence))
-    fields = dict(
+    content = dict(
         seq=seq,
         group=group,
         run_id=run_id,
@@ -103,7 +81,7 @@ def new_event(
         evidence=text,
         prev_hash=prev_hash,
     )
-    return AuditEvent(**fields, hash=event_hash(**fields))
+    return AuditEvent(**content, hash=_content_hash(content))
 
 
 @dataclass(frozen=True)
@@ -131,19 +109,7 @@ def verify_chain(events: Iterable[AuditEvent]) -> ChainCheck:
             problems.append(f"event seq {ev.seq}: expected seq {expected_seq} (a row is missing)")
         if ev.prev_hash != prev_hash:
             problems.append(f"event seq {ev.seq}: prev_hash does not match the hash of the event before it")
-        recomputed = event_hash(
-            seq=ev.seq,
-            group=ev.group,
-            run_id=ev.run_id,
-            kind=ev.kind,
-            stage_from=ev.stage_from,
-            stage_to=ev.stage_to,
-            actor=ev.actor,
-            at=ev.at,
-            evidence=ev.evidence,
-            prev_hash=ev.prev_hash,
-        )
-        if recomputed != ev.hash:
+        if ev.content_hash() != ev.hash:
             problems.append(f"event seq {ev.seq}: content does not match its hash (edited)")
         prev_hash = ev.hash
         expected_seq = ev.seq + 1
