@@ -5,13 +5,14 @@ The latency check (``promshift.migration``) times golden queries with
 compares that number with what Prometheus itself reports under ``stats=all``
 (``data.stats.timings.execTotalTime`` = queue wait + ``evalTotalTime``; see README.md)
 for queries whose server time is at least 100 ms, on the source and on the AMP
-stand-in. Two baselines are timed side by side, without any promshift code:
+stand-in. ``client`` is the probe as the catalog configures it by default
+(``latency.accept_encoding: identity``). Two more modes are timed side by side:
 
-- ``raw``: a bare ``requests.post`` with the same headers as the client (requests asks
-  for ``Accept-Encoding: gzip, deflate``, as Grafana's Go client does) — shows what the
-  client itself adds;
-- ``curl``: a bare ``requests.post`` with ``Accept-Encoding: identity``, which is what
-  ``curl`` sends without ``--compressed`` — shows what gzip of the response costs.
+- ``gzip``: the same client asking for ``Accept-Encoding: gzip`` (``latency.accept_encoding:
+  gzip``, what Grafana asks for) — shows what the server's gzip of the response costs;
+- ``curl``: a bare ``requests.post`` (new connection, no promshift code) with
+  ``Accept-Encoding: identity``, which is what ``curl`` sends without ``--compressed`` —
+  the baseline that shows what the client itself adds.
 
 What it does, on 127.0.0.1 only, in a throwaway state directory:
 
@@ -22,7 +23,7 @@ What it does, on 127.0.0.1 only, in a throwaway state directory:
    ``remote_write`` entry that dual-writes those two metrics to the target, and lets
    live data accumulate;
 3. per window (query range ending now), runs each query ``--repeats`` + 1 rounds; a
-   round runs source/target x client/raw plus curl on the source, in an order rotated
+   round runs source/target x client/gzip plus curl on the source, in an order rotated
    by one each round;
    the first round of each query is a warm-up and is discarded;
 4. prints tables and writes ``bench/results/latency.json``.
@@ -73,7 +74,7 @@ QUERIES = (
 )
 MAX_LOOKBACK_S = 300.0  # the longest range selector above
 BACKENDS = ("source", "target")
-MODES = ("client", "raw", "curl")
+MODES = ("client", "gzip", "curl")
 # The server's HTTP handler histogram: its _sum grows by exactly one request's handler time
 # (engine + JSON encoding + gzip + writing the body) when requests are sent one at a time.
 HANDLER_METRIC = "prometheus_http_request_duration_seconds"
@@ -204,7 +205,7 @@ class Run:
     query: int  # index into QUERIES
     rep: int  # 0 = warm-up (discarded)
     backend: str  # source | target
-    mode: str  # client | raw | curl
+    mode: str  # client | gzip | curl
     wall_s: float
     exec_s: float  # execTotalTime: queue + eval
     eval_s: float  # evalTotalTime (includes queryPreparationTime)
@@ -243,27 +244,28 @@ def _timings(stats: dict[str, Any]) -> tuple[float, float, float, float]:
 
 
 def time_client(client: PrometheusClient, query: str, start: float, end: float, step: float,
-                timeout_s: float) -> tuple[float, dict[str, Any], int]:
+                timeout_s: float, accept_encoding: str) -> tuple[float, dict[str, Any], int]:
     """Exactly what the latency probe does: ``query_range(..., stats=True)``, keeping ``elapsed_s``."""
-    res = client.query_range(query, start=start, end=end, step=step, stats=True, timeout_s=timeout_s)
+    res = client.query_range(query, start=start, end=end, step=step, stats=True, timeout_s=timeout_s,
+                             accept_encoding=accept_encoding)
     return res.elapsed_s, res.stats, res.bytes
 
 
-def time_raw(base_url: str, query: str, start: float, end: float, step: float, timeout_s: float, *,
-             identity: bool) -> tuple[float, dict[str, Any], int]:
+def time_curl(base_url: str, query: str, start: float, end: float, step: float,
+              timeout_s: float) -> tuple[float, dict[str, Any], int]:
     """A bare ``requests.post`` (a new connection each time, like curl), timed around the call only.
 
-    ``identity`` asks for an uncompressed answer, as curl does without ``--compressed``.
+    It asks for an uncompressed answer, as curl does without ``--compressed``.
     """
     data = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}", "stats": "all"}
-    headers = {"Accept-Encoding": "identity"} if identity else None
+    headers = {"Accept-Encoding": "identity"}
     t0 = time.perf_counter()
     resp = requests.post(f"{base_url}/api/v1/query_range", data=data, headers=headers, timeout=timeout_s)
     wall = time.perf_counter() - t0
     resp.raise_for_status()
     body = resp.json()
     if body.get("status") != "success":
-        raise RuntimeError(f"raw query failed: {str(body)[:300]}")
+        raise RuntimeError(f"curl-like query failed: {str(body)[:300]}")
     return wall, body["data"].get("stats") or {}, len(resp.content)
 
 
@@ -305,11 +307,11 @@ def measure(stack: LocalStack, windows: Sequence[str], repeats: int, timeout_s: 
             kept: list[Run] = []
             for rep in range(repeats + 1):
                 for backend, mode in rotations(combos, rep):
-                    if mode == "client":
-                        wall, stats, size = time_client(clients[backend], query, start, end, step, timeout_s)
+                    if mode == "curl":
+                        wall, stats, size = time_curl(bases[backend], query, start, end, step, timeout_s)
                     else:
-                        wall, stats, size = time_raw(bases[backend], query, start, end, step, timeout_s,
-                                                     identity=mode == "curl")
+                        wall, stats, size = time_client(clients[backend], query, start, end, step, timeout_s,
+                                                        "identity" if mode == "client" else "gzip")
                     exec_s, eval_s, queue_s, prep_s = _timings(stats)
                     # Read after the timed call, outside it; only this request can have moved the counters.
                     now = handler_totals(clients[backend])
@@ -337,15 +339,15 @@ def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _paired_client_minus_raw(runs: Sequence[Run]) -> list[float]:
-    """Client overhead minus raw overhead (wall - server) of the same query, backend and round, in ms.
+def _paired_client_minus_curl(runs: Sequence[Run]) -> list[float]:
+    """Client overhead minus curl-like overhead (wall - server) of the same query and round (source), in ms.
 
     Overheads, not walls: the server's own time varies from run to run by more than the
     client could ever add, and subtracting it leaves what happens outside the engine.
     """
-    raw = {(r.window, r.query, r.rep, r.backend): r.overhead_s for r in runs if r.mode == "raw"}
-    return [(r.overhead_s - raw[key]) * 1000 for r in runs if r.mode == "client"
-            and (key := (r.window, r.query, r.rep, r.backend)) in raw]
+    bare = {(r.window, r.query, r.rep, r.backend): r.overhead_s for r in runs if r.mode == "curl"}
+    return [(r.overhead_s - bare[key]) * 1000 for r in runs if r.mode == "client"
+            and (key := (r.window, r.query, r.rep, r.backend)) in bare]
 
 
 def summarize(runs: Sequence[Run]) -> dict[str, Any]:
@@ -371,7 +373,7 @@ def summarize(runs: Sequence[Run]) -> dict[str, Any]:
     out["client_median_overhead_vs_handler_ms"] = _r(_med([(r.wall_s - r.handler_s) * 1000 for r in with_handler
                                                            if r.handler_s is not None]), 2)
     heavy_runs = [r for r in runs if r.exec_s >= THRESHOLD_S]
-    out["client_minus_raw_overhead_median_ms"] = _r(_med(_paired_client_minus_raw(heavy_runs)), 2)
+    out["client_minus_curl_overhead_median_ms"] = _r(_med(_paired_client_minus_curl(heavy_runs)), 2)
     return out
 
 
@@ -408,9 +410,9 @@ def report(runs: Sequence[Run], windows: Sequence[str]) -> dict[str, Any]:
         "p95_overhead_pct": _r(percentile(pcts, 95), 2) if pcts else None,
         "share_within_5pct": _r(sum(p <= FIDELITY_PCT for p in pcts) / len(pcts), 3) if pcts else None,
         "within_5pct": None if median is None else median <= FIDELITY_PCT,
-        "baseline_raw_median_overhead_pct": overall["raw_median_overhead_pct"],
+        "gzip_median_overhead_pct": overall["gzip_median_overhead_pct"],
         "baseline_curl_median_overhead_pct": overall["curl_median_overhead_pct"],
-        "client_minus_raw_overhead_median_ms": overall["client_minus_raw_overhead_median_ms"],
+        "client_minus_curl_overhead_median_ms": overall["client_minus_curl_overhead_median_ms"],
         "runs_ge_100ms": overall["runs_ge_100ms"],
         "runs_total": overall["runs"],
         "overall": overall,
@@ -427,24 +429,25 @@ def print_tables(result: dict[str, Any]) -> None:
     """Per window and backend, then per window and query; overheads in % of the server's time."""
     print("\nper window: p50 seconds; median overhead % = (wall - server) / server over runs with server >= 100 ms;"
           "\nserver = stats execTotalTime (engine), handler = the server's whole query_range handler (engine + JSON"
-          "\n+ gzip + write); client-raw = paired difference of overheads, ms")
-    head = (f"{'window':>6} {'backend':>7} {'client':>7} {'server':>7} {'handler':>7} {'raw':>7} {'curl':>7} "
-            f"{'>=100ms':>7} | {'ovh % client':>12} {'raw':>6} {'curl':>6} | {'client vs handler %':>19} | "
-            f"{'client-raw':>10}")
+          "\n+ compression if asked + write); client = the probe (identity), gzip = the probe asking for gzip;"
+          "\nclient-curl = paired difference of overheads against a bare identity request (source), ms")
+    head = (f"{'window':>6} {'backend':>7} {'client':>7} {'server':>7} {'handler':>7} {'gzip':>7} {'curl':>7} "
+            f"{'>=100ms':>7} | {'ovh % client':>12} {'gzip':>6} {'curl':>6} | {'client vs handler %':>19} | "
+            f"{'client-curl':>11}")
     print(head + "\n" + "-" * len(head))
     for w in result["windows"]:
         for label in (*BACKENDS, "both"):
             s = w if label == "both" else w[label]
             print(f"{w['window'] if label == BACKENDS[0] else '':>6} {label:>7} {_f(s['client_p50_s'], '.3f'):>7} "
                   f"{_f(s['server_p50_s'], '.3f'):>7} {_f(s['handler_p50_s'], '.3f'):>7} "
-                  f"{_f(s['raw_p50_s'], '.3f'):>7} {_f(s['curl_p50_s'], '.3f'):>7} "
+                  f"{_f(s['gzip_p50_s'], '.3f'):>7} {_f(s['curl_p50_s'], '.3f'):>7} "
                   f"{s['runs_ge_100ms']:>3}/{s['runs']:<3} | {_f(s['client_median_overhead_pct'], '.2f'):>12} "
-                  f"{_f(s['raw_median_overhead_pct'], '.2f'):>6} {_f(s['curl_median_overhead_pct'], '.2f'):>6} | "
+                  f"{_f(s['gzip_median_overhead_pct'], '.2f'):>6} {_f(s['curl_median_overhead_pct'], '.2f'):>6} | "
                   f"{_f(s['client_median_overhead_vs_handler_pct'], '.2f'):>19} | "
-                  f"{_f(s['client_minus_raw_overhead_median_ms'], '+.2f'):>10}")
+                  f"{_f(s['client_minus_curl_overhead_median_ms'], '+.2f'):>11}")
     print("\nper window and query (both backends); response = decoded JSON bytes")
     head2 = (f"{'window':>6} {'q':>2} {'response':>10} {'client':>7} {'server':>7} {'>=100ms':>7} | "
-             f"{'ovh % client':>12} {'raw':>6} {'curl':>6} | {'encode %':>8} {'client vs handler %':>19} | "
+             f"{'ovh % client':>12} {'gzip':>6} {'curl':>6} | {'encode %':>8} {'client vs handler %':>19} | "
              f"{'client ms':>9} {'curl ms':>8}")
     print(head2 + "\n" + "-" * len(head2))
     for w in result["windows"]:
@@ -452,7 +455,7 @@ def print_tables(result: dict[str, Any]) -> None:
             print(f"{w['window']:>6} {q['query']:>2} {_f(q['response_bytes_p50'], ',.0f'):>10} "
                   f"{_f(q['client_p50_s'], '.3f'):>7} {_f(q['server_p50_s'], '.3f'):>7} "
                   f"{q['runs_ge_100ms']:>3}/{q['runs']:<3} | {_f(q['client_median_overhead_pct'], '.2f'):>12} "
-                  f"{_f(q['raw_median_overhead_pct'], '.2f'):>6} {_f(q['curl_median_overhead_pct'], '.2f'):>6} | "
+                  f"{_f(q['gzip_median_overhead_pct'], '.2f'):>6} {_f(q['curl_median_overhead_pct'], '.2f'):>6} | "
                   f"{_f(q['encode_median_pct'], '.2f'):>8} "
                   f"{_f(q['client_median_overhead_vs_handler_pct'], '.2f'):>19} | "
                   f"{_f(q['client_median_overhead_ms'], '.1f'):>9} {_f(q['curl_median_overhead_ms'], '.1f'):>8}")
@@ -460,12 +463,12 @@ def print_tables(result: dict[str, Any]) -> None:
         print(f"  q{qi}: {q['query']}")
     print(f"\n{result['runs_ge_100ms']}/{result['runs_total']} client runs with server >= 100 ms. Median overhead "
           f"vs stats=all execTotalTime: client {result['median_overhead_pct']} % ({result['median_overhead_ms']} ms), "
-          f"raw requests.post {result['baseline_raw_median_overhead_pct']} %, "
+          f"probe asking for gzip {result['gzip_median_overhead_pct']} %, "
           f"curl-like identity {result['baseline_curl_median_overhead_pct']} %; p95 {result['p95_overhead_pct']} %; "
           f"share within {FIDELITY_PCT:g} %: {result['share_within_5pct']}; median within {FIDELITY_PCT:g} %: "
           f"{result['within_5pct']}.\nClient vs the server's whole handler: {result['median_overhead_vs_handler_pct']} "
-          f"% ({result['median_overhead_vs_handler_ms']} ms). Client minus raw overhead (paired): "
-          f"{result['client_minus_raw_overhead_median_ms']} ms.")
+          f"% ({result['median_overhead_vs_handler_ms']} ms). Client minus bare curl-like overhead (paired, source): "
+          f"{result['client_minus_curl_overhead_median_ms']} ms.")
 
 
 def dump(document: dict[str, Any], runs: Sequence[Run]) -> str:
@@ -564,7 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(min(15.0, left))
 
         log(f"measuring: windows {', '.join(windows)}; {len(QUERIES)} queries; {args.repeats} kept rounds + 1 warm-up; "
-            "a round = source/target x client/raw + source curl")
+            "a round = source/target x client/gzip + source curl")
         runs = list(measure(stack, windows, args.repeats, timeout))
     finally:
         log("stopping the stack")
@@ -589,17 +592,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "by_query": [{"query": q["query"], "response_bytes_p50": q["response_bytes_p50"],
                       "median_overhead_pct": q["client_median_overhead_pct"],
                       "median_overhead_vs_handler_pct": q["client_median_overhead_vs_handler_pct"],
-                      "raw_median_overhead_pct": q["raw_median_overhead_pct"],
+                      "gzip_median_overhead_pct": q["gzip_median_overhead_pct"],
                       "curl_median_overhead_pct": q["curl_median_overhead_pct"]} for q in result["queries"]],
         "parameters": {
             "nodes": args.nodes, "gpus": fleet.nodes * fleet.gpus_per_node, "scrape_interval": config.scrape_interval,
             "windows": windows, "step_s": {w: choose_step(parse_duration(w)) for w in windows},
             "repeats": args.repeats, "warmup_rounds_discarded": 1, "queries": list(QUERIES),
-            "modes": {"client": "PrometheusClient.query_range(stats=True).elapsed_s (keep-alive session)",
-                      "raw": "requests.post, new connection, requests' default Accept-Encoding: gzip, deflate",
+            "modes": {"client": "PrometheusClient.query_range(stats=True, accept_encoding='identity').elapsed_s "
+                                "(keep-alive session): the latency probe with the catalog default",
+                      "gzip": "the same with Accept-Encoding: gzip (latency.accept_encoding: gzip, as Grafana)",
                       "curl": "requests.post, new connection, Accept-Encoding: identity (curl without --compressed); "
                               "source only"},
-            "order": "per round: source/target x client/raw, then source curl; rotated by one each round",
+            "order": "per round: source/target x client/gzip, then source curl; rotated by one each round",
             "history": format_duration(history_s), "history_interval": args.history_interval,
             "backfilled_metrics": list(METRICS), "backfilled_series_per_side": backfill["series_per_side"],
             "backfilled_samples_per_side": backfill["samples_per_side"], "accumulate": args.accumulate,

@@ -559,6 +559,8 @@ def test_regex_matching_an_unclaimed_known_metric_is_fine() -> None:
         ("latency", "repeats", 0, "must be >= 1, got 0"),
         ("latency", "max_slowdown_ratio", 0.5, "must be >= 1, got 0.5"),
         ("latency", "timeout", "-5s", None),
+        ("latency", "max_concurrency", 0, "must be >= 1, got 0"),
+        ("latency", "accept_encoding", "br", "must be one of 'identity', 'gzip', got 'br'"),
     ],
 )
 def test_value_rules_name_group_field_and_reason(

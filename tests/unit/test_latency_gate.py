@@ -3,7 +3,15 @@ from __future__ import annotations
 import pytest
 
 from promshift.core.gate import GateAction, decide
-from promshift.core.latency import MAX_POINTS, ProbeRun, choose_step, judge_window, percentile
+from promshift.core.latency import (
+    MAX_POINTS,
+    ProbeRun,
+    choose_step,
+    judge_window,
+    parse_retention,
+    percentile,
+    retention_problem,
+)
 from promshift.core.verdicts import Verdict, worst
 from promshift.core.warmup import WarmupObservation, assess_warmup, parse_remote_write_lag
 
@@ -103,3 +111,18 @@ def test_parse_remote_write_lag_from_metrics_page() -> None:
     lag, failed = parse_remote_write_lag(page, "promshift-g")
     assert lag == pytest.approx(3.0) and failed == 4
     assert parse_remote_write_lag(page, "missing") == (None, None)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("15d", 15 * 86400.0), ("2d", 2 * 86400.0), ("15d or 512MiB", 15 * 86400.0), ("512MiB or 1w", 7 * 86400.0),
+    ("512MiB", None), ("", None), (None, None), ("0s", None), ("forever", None),
+])
+def test_retention_is_read_from_prometheus_runtimeinfo_text(text: str | None, seconds: float | None) -> None:
+    assert parse_retention(text) == seconds
+
+
+def test_retention_problem_names_every_backend_that_keeps_too_little() -> None:
+    assert retention_problem(3600, {"source": 7200.0, "target": None}) is None
+    assert retention_problem(7200, {"source": 7200.0, "target": 7200.0}) is None  # exactly the retention is fine
+    assert retention_problem(86400, {"source": 43200.0, "target": 150 * 86400.0}) == (
+        "window of 1d is longer than the retention (source keeps 12h): not measured")

@@ -32,25 +32,44 @@ def ok_matrix(warnings: list[str] | None = None) -> Reply:
 class ScriptedPrometheus:
     """Answers /api/v1/query_range from a script and records every request's form."""
 
-    def __init__(self, script: Callable[[int], Reply], delay_s: float = 0.0) -> None:
+    def __init__(self, script: Callable[[int], Reply], delay_s: float = 0.0, retention: str | None = None) -> None:
         self.script = script
         self.delay_s = delay_s
         self.requests: list[dict[str, str]] = []
+        self.encodings: list[str | None] = []
+        self.in_flight = self.max_in_flight = 0
+        lock = threading.Lock()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server API)
-                form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
-                assert self.path == "/ws/api/v1/query_range", self.path
-                outer.requests.append(form)
-                time.sleep(outer.delay_s)
-                status, body = outer.script(len(outer.requests))
+            def reply(self, status: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                # Like Prometheus when a retention is given; like AMP (no such endpoint) otherwise.
+                if self.path == "/ws/api/v1/status/runtimeinfo" and retention is not None:
+                    self.reply(200, {"status": "success", "data": {"storageRetention": retention}})
+                else:
+                    self.reply(404, {"status": "error", "errorType": "not_found", "error": self.path})
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
+                assert self.path == "/ws/api/v1/query_range", self.path
+                with lock:
+                    outer.requests.append(form)
+                    outer.encodings.append(self.headers.get("Accept-Encoding"))
+                    outer.in_flight += 1
+                    outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
+                    n = len(outer.requests)
+                time.sleep(outer.delay_s)
+                with lock:
+                    outer.in_flight -= 1
+                self.reply(*outer.script(n))
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -70,8 +89,8 @@ class ScriptedPrometheus:
 def servers() -> Iterator[Callable[..., ScriptedPrometheus]]:
     made: list[ScriptedPrometheus] = []
 
-    def make(script: Callable[[int], Reply], delay_s: float = 0.0) -> ScriptedPrometheus:
-        made.append(ScriptedPrometheus(script, delay_s))
+    def make(script: Callable[[int], Reply], delay_s: float = 0.0, retention: str | None = None) -> ScriptedPrometheus:
+        made.append(ScriptedPrometheus(script, delay_s, retention))
         return made[-1]
 
     yield make
@@ -178,3 +197,50 @@ def test_window_shorter_than_the_step_is_inconclusive_without_querying(servers: 
     assert result["windows"][0]["verdict"] == "INCONCLUSIVE"
     assert "shorter than the step (15s)" in result["windows"][0]["outcome"]
     assert src.requests == [] and tgt.requests == []
+
+
+def test_probe_asks_for_the_configured_encoding(servers: Any) -> None:
+    src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix())
+    probe(src, tgt, repeats=1).run(now=1e6, queries=["q"], dual_write_since=None)
+    assert src.encodings == tgt.encodings == ["identity", "identity"]
+    src2, tgt2 = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix())
+    probe(src2, tgt2, repeats=1, accept_encoding="gzip").run(now=1e6, queries=["q"], dual_write_since=None)
+    assert src2.encodings == tgt2.encodings == ["gzip", "gzip"]
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_no_backend_ever_has_more_probe_queries_in_flight_than_the_limit(servers: Any, limit: int) -> None:
+    src = servers(lambda n: ok_matrix(), delay_s=0.05)
+    tgt = servers(lambda n: ok_matrix(), delay_s=0.05)
+    windows = tuple(LatencyWindow(f"{h}h", h * 3600.0, 1.0) for h in (1, 2, 3))
+    result = probe(src, tgt, repeats=2, max_concurrency=limit, windows=windows).run(
+        now=1e6, queries=["q1", "q2"], dual_write_since=None)
+    # 3 windows x 2 queries x (2 + 1 warm-up) rounds on each side, all judged.
+    assert len(src.requests) == len(tgt.requests) == 18
+    assert [w["verdict"] for w in result["windows"]] == ["SUCCESSFUL"] * 3
+    assert src.max_in_flight <= limit and tgt.max_in_flight <= limit
+    # The limit is used, not just respected: with 6 units of work, 3 workers overlap.
+    assert max(src.max_in_flight, tgt.max_in_flight) == limit
+    assert result["max_concurrency"] == limit
+
+
+def test_window_longer_than_a_backends_retention_is_inconclusive_without_querying(servers: Any) -> None:
+    # The source reports 2h (Prometheus' runtimeinfo); the target, like AMP, reports nothing,
+    # so the catalog's retention (here 5h) stands for it.
+    src = servers(lambda n: ok_matrix(), retention="2h or 512MiB")
+    tgt = servers(lambda n: ok_matrix())
+    windows = (LatencyWindow("1h", 3600.0, 1.0), LatencyWindow("3h", 3 * 3600.0, 1.0),
+               LatencyWindow("6h", 6 * 3600.0, 1.0))
+    result = probe(src, tgt, repeats=1, windows=windows, retention_s=5 * 3600.0).run(
+        now=1e6, queries=["q"], dual_write_since=None)
+    assert result["retention_s"] == {"source": 7200.0, "target": 18000.0}
+    by_window = {w["window"]: w for w in result["windows"]}
+    assert by_window["1h"]["verdict"] == "SUCCESSFUL"
+    assert by_window["3h"]["verdict"] == "INCONCLUSIVE"
+    assert by_window["3h"]["outcome"] == ("window of 3h is longer than the retention (source keeps 2h): "
+                                          "not measured")
+    assert "source keeps 2h; target keeps 5h" in by_window["6h"]["outcome"]
+    # Only the 1h window was queried: 1 warm-up + 1 repeat per side.
+    assert {float(f["end"]) - float(f["start"]) for f in src.requests + tgt.requests} == {3600.0}
+    assert len(src.requests) == len(tgt.requests) == 2
+    assert result["verdict"] == "INCONCLUSIVE"

@@ -31,7 +31,8 @@ def events(rejected: bool = False) -> list:
     parity = {"verdict": "SUCCESSFUL", "series_compared": 32, "points_compared": 3840, "mismatches": 0,
               "measurements": [{"name": "coverage", "verdict": "SUCCESSFUL", "reason": "ok", "numbers": {}}]}
     latency = {"verdict": "SUCCESSFUL", "windows": WINDOWS, "cost": cost(),
-               "measurement": {"reason": "all 2 windows within SLO"}}
+               "measurement": {"reason": "all 2 windows within SLO"}, "retries": 2, "max_concurrency": 1,
+               "accept_encoding": "identity", "retention_s": {"source": 2 * 86400.0, "target": None}}
     steps = [("dual_write_deployed", "planned", "dual_writing", {"dual_write_since": 1.0}),
              ("warmup_started", "dual_writing", "warming", {}),
              ("gate_passed", "warming", "verified", {"gate": {"verdict": "SUCCESSFUL"}, "parity": parity,
@@ -62,6 +63,8 @@ def test_cut_over_report_has_every_required_field() -> None:
     assert report["audit"] == {"events": 5, "chain_events": 5, "chain_ok": True, "problems": []}
     md = render_markdown(report, chart_file="latency.png")
     assert "![latency per window](latency.png)" in md and "Projected monthly AMP cost" in md
+    assert ("Probe: at most 1 in flight per backend, Accept-Encoding identity, 2 throttled retries; "
+            "retention source 2d, target unknown.") in md
 
 
 def test_rejected_run_says_why_in_plain_words() -> None:

@@ -12,17 +12,21 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
-from promshift.core.catalog import LatencyPolicy
+from promshift.core.catalog import LatencyPolicy, LatencyWindow
+from promshift.core.durations import format_duration
 from promshift.core.latency import (
     ProbeRun,
     WindowLatency,
     choose_step,
     judge_window,
     latency_measurement,
+    parse_retention,
+    retention_problem,
     target_span_problem,
 )
 
@@ -72,7 +76,8 @@ class LatencyProbe:
             started = time.perf_counter()
             try:
                 res = client.query_range(query, start=start, end=end, step=step, stats=True,
-                                         timeout_s=self.policy.timeout_s)
+                                         timeout_s=self.policy.timeout_s,
+                                         accept_encoding=self.policy.accept_encoding)
             except PrometheusError as exc:
                 if exc.http_status in THROTTLED and retries < self.max_retries:
                     retries += 1
@@ -87,42 +92,76 @@ class LatencyProbe:
                             warnings=res.warnings, series=len(res.series), points=res.points, bytes=res.bytes,
                             retries=retries, samples=samples_processed(res.stats))
 
+    def retentions(self) -> dict[str, float | None]:
+        """Each backend's time retention: what it reports (``status/runtimeinfo``), else for the
+        target the catalog's ``retention`` (AMP does not serve runtimeinfo), else unknown (None)."""
+        kept: dict[str, float | None] = {}
+        for backend, client in (("source", self.source), ("target", self.target)):
+            try:
+                value = parse_retention(str(client.runtime_info().get("storageRetention") or ""))
+                origin = "reported by the backend"
+            except PrometheusError as exc:
+                value, origin = None, f"not reported ({exc})"
+            if value is None and backend == "target":
+                value, origin = self.policy.retention_s, "from the catalog (latency.retention)"
+            kept[backend] = value
+            log.info("latency: %s retention %s, %s", backend,
+                     format_duration(value) if value is not None else "unknown", origin)
+        return kept
+
     def run(self, *, now: float, queries: Sequence[str], dual_write_since: float | None) -> dict[str, Any]:
-        """Every window × query × repeat, within the policy's deadline; returns table, runs and verdict."""
-        deadline = self.clock() + self.policy.deadline_s
-        tables: list[WindowLatency] = []
-        all_runs: list[ProbeRun] = []
+        """Every window x query x repeat, within the policy's deadline; returns table, runs and verdict.
+
+        (window, query) units run on a pool of ``max_concurrency`` threads, each unit doing its
+        rounds one request at a time, so no backend ever has more than that many probe queries
+        in flight. A window the step or a backend's retention rules out is judged without querying.
+        """
+        policy = self.policy
+        deadline = self.clock() + policy.deadline_s
+        retention = self.retentions()
         sides = (("source", self.source), ("target", self.target))
-        for window in self.policy.windows:
+        plans: list[tuple[LatencyWindow, float, float, float, str | None]] = []
+        for window in policy.windows:
             step = choose_step(window.seconds, min_step_s=self.min_step_s)
             end = math.floor(now / step) * step
-            start = end - window.seconds
+            skip = None
             if window.seconds < step:
-                reason = f"window {window.name} is shorter than the step ({step:g}s): nothing to measure"
-                tables.append(judge_window(window.name, [], slo_p95_s=window.slo_p95_s,
-                                           max_slowdown_ratio=self.policy.max_slowdown_ratio, min_successes=1,
-                                           not_comparable=reason))
-                continue
+                skip = f"window {window.name} is shorter than the step ({step:g}s): nothing to measure"
+            else:
+                skip = retention_problem(window.seconds, retention)
+            plans.append((window, step, end - window.seconds, end, skip))
+        units = [(index, query) for index, plan in enumerate(plans) if plan[4] is None for query in queries]
+
+        def measure(unit: tuple[int, str]) -> tuple[list[ProbeRun], bool]:
+            window, step, start, end, _ = plans[unit[0]]
             runs: list[ProbeRun] = []
-            out_of_time = False
-            for query in queries:
-                for i in range(self.policy.repeats + 1):
-                    if self.clock() > deadline:
-                        out_of_time = True
-                        break
-                    order = sides if i % 2 == 0 else sides[::-1]
-                    for backend, client in order:
-                        run = self.timed(client, backend, window.name, query, start, end, step)
-                        if i > 0:  # round 0 warms caches and is discarded
-                            runs.append(run)
-            problem = target_span_problem(window_s=window.seconds, start=start, dual_write_since=dual_write_since,
-                                          step=step)
-            if out_of_time and not problem:
-                problem = f"probe deadline of {self.policy.deadline_s:.0f}s reached before this window finished"
+            for i in range(policy.repeats + 1):
+                if self.clock() > deadline:
+                    return runs, True
+                for backend, client in (sides if i % 2 == 0 else sides[::-1]):
+                    run = self.timed(client, backend, window.name, unit[1], start, end, step)
+                    if i > 0:  # round 0 warms caches and is discarded
+                        runs.append(run)
+            return runs, False
+
+        log.info("latency: %d windows x %d queries x %d repeats (+1 warm-up) per backend, %d in flight at most, "
+                 "Accept-Encoding %s, deadline %s", len(plans), len(queries), policy.repeats, policy.max_concurrency,
+                 policy.accept_encoding, format_duration(policy.deadline_s))
+        with ThreadPoolExecutor(max_workers=policy.max_concurrency, thread_name_prefix="latency-probe") as pool:
+            done = dict(zip(units, pool.map(measure, units), strict=True))
+        tables: list[WindowLatency] = []
+        all_runs: list[ProbeRun] = []
+        for index, (window, step, start, _end, skip) in enumerate(plans):
+            results = [done[(index, query)] for query in queries] if skip is None else []
+            runs = [run for unit_runs, _ in results for run in unit_runs]
+            problem = skip or target_span_problem(window_s=window.seconds, start=start,
+                                                  dual_write_since=dual_write_since, step=step)
+            if not problem and any(out_of_time for _, out_of_time in results):
+                problem = f"probe deadline of {policy.deadline_s:.0f}s reached before this window finished"
             judged = judge_window(window.name, runs, slo_p95_s=window.slo_p95_s,
-                                  max_slowdown_ratio=self.policy.max_slowdown_ratio,
-                                  slowdown_floor_s=self.policy.slowdown_floor_s,
-                                  min_successes=max(1, (self.policy.repeats * len(queries) + 1) // 2),
+                                  max_slowdown_ratio=policy.max_slowdown_ratio,
+                                  slowdown_floor_s=policy.slowdown_floor_s,
+                                  min_successes=max(1, (policy.repeats * len(queries) + 1) // 2),
                                   not_comparable=problem)
             log.info("latency window %s (step %ss): source p50 %s, target p50 %s -> %s (%s)", window.name, step,
                      judged.source_p50_s, judged.target_p50_s, judged.verdict.value, judged.outcome)
@@ -131,4 +170,6 @@ class LatencyProbe:
         m = latency_measurement(tables, queries)
         return {"verdict": m.verdict.value, "measurement": m.to_dict(), "windows": [w.to_dict() for w in tables],
                 "runs": [r.to_dict() for r in all_runs],
-                "retries": sum(r.retries for r in all_runs)}
+                "retries": sum(r.retries for r in all_runs),
+                "retention_s": retention, "max_concurrency": policy.max_concurrency,
+                "accept_encoding": policy.accept_encoding}

@@ -137,10 +137,12 @@ class PrometheusClient:
         self.session = session or requests.Session()
 
     def _request(self, method: str, path: str, *, params: Any = None, data: Any = None,
-                 timeout_s: float | None = None) -> requests.Response:
+                 timeout_s: float | None = None, accept_encoding: str | None = None) -> requests.Response:
         url = f"{self.base_url}{path}"
+        # None keeps requests' default (gzip, deflate), as Grafana asks; "identity" asks for no compression.
+        headers = {"Accept-Encoding": accept_encoding} if accept_encoding else None
         try:
-            return self.session.request(method, url, params=params, data=data, auth=self.auth,
+            return self.session.request(method, url, params=params, data=data, auth=self.auth, headers=headers,
                                         timeout=timeout_s or self.timeout_s)
         except requests.Timeout as exc:
             raise PrometheusError(self.base_url, f"{method} {path} timed out after "
@@ -149,10 +151,11 @@ class PrometheusClient:
             raise PrometheusError(self.base_url, f"unreachable ({method} {path}): {exc.__class__.__name__}",
                                   error_type="unreachable") from exc
 
-    def _api(self, path: str, params: dict[str, Any], query: str, timeout_s: float | None) -> QueryResult:
+    def _api(self, path: str, params: dict[str, Any], query: str, timeout_s: float | None,
+             accept_encoding: str | None = None) -> QueryResult:
         started = time.perf_counter()
         # POST with a form body keeps long selectors out of the URL, as Grafana does.
-        resp = self._request("POST", path, data=params, timeout_s=timeout_s)
+        resp = self._request("POST", path, data=params, timeout_s=timeout_s, accept_encoding=accept_encoding)
         elapsed = time.perf_counter() - started
         body = self._success_body(resp, repr(query))
         res = parse_query_response(query, body, elapsed_s=elapsed, http_status=resp.status_code,
@@ -170,12 +173,12 @@ class PrometheusClient:
         return self._api("/api/v1/query", params, expr, timeout_s)
 
     def query_range(self, expr: str, *, start: float, end: float, step: float, stats: bool = False,
-                    timeout_s: float | None = None) -> QueryResult:
+                    timeout_s: float | None = None, accept_encoding: str | None = None) -> QueryResult:
         params: dict[str, Any] = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                   "step": f"{step:g}"}
         if stats or self.always_stats:
             params["stats"] = "all"
-        return self._api("/api/v1/query_range", params, expr, timeout_s)
+        return self._api("/api/v1/query_range", params, expr, timeout_s, accept_encoding)
 
     def _success_body(self, resp: requests.Response, what: str) -> dict[str, Any]:
         """The JSON body of a successful API answer; anything else raises with the server's reason."""
@@ -220,6 +223,11 @@ class PrometheusClient:
             raise PrometheusError(self.base_url, f"status/config: HTTP {resp.status_code}",
                                   http_status=resp.status_code)
         return resp.json()["data"]["yaml"]
+
+    def runtime_info(self) -> dict[str, Any]:
+        """``/api/v1/status/runtimeinfo`` (``storageRetention`` among others); AMP does not serve it."""
+        data = self._success_body(self._request("GET", "/api/v1/status/runtimeinfo"), "status/runtimeinfo")
+        return data.get("data") or {}
 
     def reload(self, *, timeout_s: float = 120.0) -> None:
         """``POST /-/reload``; a rejected config comes back as HTTP 500 with the reason."""

@@ -46,6 +46,9 @@ __all__ = [
 
 ParityMode = Literal["dual_write", "independent_scraper"]
 PARITY_MODES: tuple[str, ...] = ("dual_write", "independent_scraper")
+# What the latency probe asks for in Accept-Encoding: "identity" times the query (engine,
+# JSON, transfer) and not the server's gzip; "gzip" times what Grafana sees, compression included.
+PROBE_ENCODINGS: tuple[str, ...] = ("identity", "gzip")
 
 CATALOG_VERSION = 1
 GROUP_NAME_PATTERN = r"[a-z][a-z0-9-]*"
@@ -140,9 +143,15 @@ class LatencyPolicy:
     slowdown_floor_s: float = 0.25
     # The whole probe (every window, query and repeat) stops here; what is left is INCONCLUSIVE.
     deadline_s: float = 900.0
+    # At most this many probe queries in flight on each backend at once (1 = strictly sequential,
+    # the most faithful timing; more finishes sooner but the queries then compete for the backend).
+    max_concurrency: int = 1
+    accept_encoding: str = "identity"
     # For the query-cost projection: every viewer's dashboard re-runs the golden queries this often.
     dashboard_refresh_s: float = 60.0
     dashboard_viewers: int = 5
+    # The target's retention (AMP's default): storage cost, and the longest window the probe asks
+    # of a target that does not report its own retention (AMP has no status/runtimeinfo).
     retention_s: float = 150 * 86_400.0
     windows: tuple[LatencyWindow, ...] = ()
     queries: tuple[str, ...] = ()
@@ -661,6 +670,8 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
             "max_slowdown_ratio": _Field("max_slowdown_ratio", _number(minimum=1)),
             "slowdown_floor": _Field("slowdown_floor_s", _duration(positive=False)),
             "deadline": _Field("deadline_s", _duration(positive=True)),
+            "max_concurrency": _Field("max_concurrency", _integer(minimum=1)),
+            "accept_encoding": _Field("accept_encoding", _choice(PROBE_ENCODINGS)),
             "dashboard_refresh": _Field("dashboard_refresh_s", _duration(positive=True)),
             "dashboard_viewers": _Field("dashboard_viewers", _integer(minimum=0)),
             "retention": _Field("retention_s", _duration(positive=True)),

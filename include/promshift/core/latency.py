@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from promshift.core.durations import format_duration, parse_duration
 from promshift.core.verdicts import Measurement, Verdict, worst
 
 # Prometheus refuses range queries over 11,000 points per series.
@@ -100,6 +101,35 @@ def target_span_problem(*, window_s: float, start: float, dual_write_since: floa
     held = max(0.0, window_s - (dual_write_since - start))
     return (f"target holds only {held:.0f}s of this {window_s:.0f}s window (dual-write began "
             f"{dual_write_since - start:.0f}s after the window start); timings are not comparable")
+
+
+def parse_retention(text: str | None) -> float | None:
+    """Seconds of time-based retention from Prometheus' ``storageRetention`` ("15d", "15d or 512MiB").
+
+    None when there is no time limit to read (size-only retention, empty, or not a duration).
+    """
+    for part in (text or "").split(" or "):
+        try:
+            seconds = parse_duration(part.strip())
+        except ValueError:
+            continue
+        if seconds > 0:
+            return seconds
+    return None
+
+
+def retention_problem(window_s: float, retention_s: dict[str, float | None]) -> str | None:
+    """Why a window cannot be measured because a backend does not keep that much history, or None.
+
+    Such a window would ask a backend for data it has deleted: it answers from less data and
+    looks fast. ``retention_s`` maps a backend name to its retention (None: unknown, not checked).
+    """
+    short = [f"{backend} keeps {format_duration(kept)}" for backend, kept in retention_s.items()
+             if kept is not None and window_s > kept]
+    if not short:
+        return None
+    return (f"window of {format_duration(window_s)} is longer than the retention "
+            f"({'; '.join(short)}): not measured")
 
 
 def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max_slowdown_ratio: float,

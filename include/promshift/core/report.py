@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from promshift.core.audit import AuditEvent, ChainCheck
+from promshift.core.durations import format_duration
 
 
 def _fmt_s(value: float | None) -> str:
@@ -100,7 +101,9 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
             parity = {k: v for k, v in data["parity"].items()}
             latency = {"verdict": data["latency"]["verdict"], "windows": data["latency"]["windows"],
                        "reason": data["latency"]["measurement"]["reason"], "retries": data["latency"].get("retries", 0),
-                       "cost": data["latency"].get("cost")}
+                       "cost": data["latency"].get("cost"),
+                       "probe": {k: data["latency"].get(k) for k in ("max_concurrency", "accept_encoding",
+                                                                     "retention_s")}}
         elif e.kind == "approved" or e.kind.startswith("approval_"):
             approval = {"decision": data["decision"], "by": data["by"], "comment": data.get("comment")}
         elif e.kind in ("rolled_back", "rollback_not_needed"):
@@ -154,6 +157,13 @@ def render_markdown(report: Mapping[str, Any], *, chart_file: str | None = None)
         lines += [f"- `{o['series']}`: {o['problem']}" for o in worst[:10]]
     lat = report["latency"]
     lines += ["", f"## Latency: {lat.get('verdict')}", "", "```", latency_table(lat.get("windows", [])), "```"]
+    probe = lat.get("probe") or {}
+    if probe.get("max_concurrency"):
+        kept = ", ".join(f"{side} {format_duration(v) if v is not None else 'unknown'}"
+                         for side, v in (probe.get("retention_s") or {}).items())
+        lines += ["", f"Probe: at most {probe['max_concurrency']} in flight per backend, "
+                      f"Accept-Encoding {probe.get('accept_encoding')}, {lat.get('retries', 0)} throttled retries; "
+                      f"retention {kept or 'unknown'}."]
     if chart_file:
         lines += ["", f"![latency per window]({chart_file})"]
     if lat.get("cost"):
