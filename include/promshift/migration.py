@@ -176,7 +176,8 @@ class GroupMigration:
         probe = LatencyProbe(self.backends.source, self.backends.target, self.group.latency,
                              min_step_s=self.group.parity.step_s)
         queries = list(self.group.latency.queries) or [f"count({self.group.selector()})"]
-        result = probe.run(now=now.timestamp(), queries=queries, dual_write_since=dual_write_since)
+        result = probe.run(now=now.timestamp(), queries=queries, dual_write_since=dual_write_since,
+                           history_selector=self.group.selector())
         try:
             result["cost"] = self.cost_projection(result["runs"])
         except (PrometheusError, CostConfigError, OSError, ValueError) as exc:

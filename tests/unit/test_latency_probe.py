@@ -32,8 +32,10 @@ def ok_matrix(warnings: list[str] | None = None) -> Reply:
 class ScriptedPrometheus:
     """Answers /api/v1/query_range from a script and records every request's form."""
 
-    def __init__(self, script: Callable[[int], Reply], delay_s: float = 0.0, retention: str | None = None) -> None:
+    def __init__(self, script: Callable[[int], Reply], delay_s: float = 0.0, retention: str | None = None,
+                 series_at: Callable[[float], int | None] | None = None) -> None:
         self.script = script
+        self.instant: list[dict[str, str]] = []
         self.delay_s = delay_s
         self.requests: list[dict[str, str]] = []
         self.encodings: list[str | None] = []
@@ -59,6 +61,13 @@ class ScriptedPrometheus:
 
             def do_POST(self) -> None:  # noqa: N802 (http.server API)
                 form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
+                if self.path == "/ws/api/v1/query" and series_at is not None:
+                    # The group's series count at an instant: a vector with one sample, or empty.
+                    outer.instant.append(form)
+                    n = series_at(float(form["time"]))
+                    result = [] if n is None else [{"metric": {}, "value": [float(form["time"]), str(n)]}]
+                    self.reply(200, {"status": "success", "data": {"resultType": "vector", "result": result}})
+                    return
                 assert self.path == "/ws/api/v1/query_range", self.path
                 with lock:
                     outer.requests.append(form)
@@ -89,8 +98,9 @@ class ScriptedPrometheus:
 def servers() -> Iterator[Callable[..., ScriptedPrometheus]]:
     made: list[ScriptedPrometheus] = []
 
-    def make(script: Callable[[int], Reply], delay_s: float = 0.0, retention: str | None = None) -> ScriptedPrometheus:
-        made.append(ScriptedPrometheus(script, delay_s, retention))
+    def make(script: Callable[[int], Reply], delay_s: float = 0.0, retention: str | None = None,
+             series_at: Callable[[float], int | None] | None = None) -> ScriptedPrometheus:
+        made.append(ScriptedPrometheus(script, delay_s, retention, series_at))
         return made[-1]
 
     yield make
@@ -244,3 +254,22 @@ def test_window_longer_than_a_backends_retention_is_inconclusive_without_queryin
     assert {float(f["end"]) - float(f["start"]) for f in src.requests + tgt.requests} == {3600.0}
     assert len(src.requests) == len(tgt.requests) == 2
     assert result["verdict"] == "INCONCLUSIVE"
+
+
+def test_window_before_dual_write_is_comparable_only_where_the_target_holds_the_history(servers: Any) -> None:
+    now, since = 1_000_000.0, 1_000_000.0 - 600
+    src = servers(lambda n: ok_matrix(), series_at=lambda t: 64)
+    backfilled = servers(lambda n: ok_matrix(), series_at=lambda t: 64)
+    # An earlier attempt left data an hour back, then nothing until this dual-write: the midpoint shows the gap.
+    gap = servers(lambda n: ok_matrix(), series_at=lambda t: 64 if t < now - 3000 or t >= since else None)
+    ok = probe(src, backfilled).run(now=now, queries=["q"], dual_write_since=since,
+                                    history_selector='{__name__=~"DCGM_FI_DEV_GPU_UTIL"}')
+    assert ok["windows"][0]["verdict"] == "SUCCESSFUL"
+    (at_start, half_way) = (float(f["time"]) for f in backfilled.instant)
+    assert backfilled.instant[0]["query"] == 'count({__name__=~"DCGM_FI_DEV_GPU_UTIL"})'
+    assert at_start < now - 3600 + 60 and now - 3600 < half_way < since
+    holed = probe(src, gap).run(now=now, queries=["q"], dual_write_since=since,
+                                history_selector='{__name__=~"DCGM_FI_DEV_GPU_UTIL"}')
+    w = holed["windows"][0]
+    assert w["verdict"] == "INCONCLUSIVE" and "not comparable" in w["outcome"]
+    assert "target has 64 of 64 series" in w["outcome"] and "0 of 64 series" in w["outcome"]

@@ -23,6 +23,7 @@ from promshift.core.latency import (
     ProbeRun,
     WindowLatency,
     choose_step,
+    history_instants,
     judge_window,
     latency_measurement,
     parse_retention,
@@ -109,12 +110,29 @@ class LatencyProbe:
                      format_duration(value) if value is not None else "unknown", origin)
         return kept
 
-    def run(self, *, now: float, queries: Sequence[str], dual_write_since: float | None) -> dict[str, Any]:
+    def history(self, selector: str, instants: Sequence[float]) -> list[tuple[float, float | None, float | None]]:
+        """``(at, source series, target series)`` of the group at each instant; None where a side failed."""
+        out = []
+        for at in instants:
+            counts: list[float | None] = []
+            for client in (self.source, self.target):
+                try:
+                    counts.append(client.scalar(f"count({selector})", at=at) or 0.0)  # empty: no series
+                except PrometheusError as exc:
+                    log.warning("latency: history check at %.0f failed: %s", at, exc)
+                    counts.append(None)
+            out.append((at, counts[0], counts[1]))
+        return out
+
+    def run(self, *, now: float, queries: Sequence[str], dual_write_since: float | None,
+            history_selector: str | None = None) -> dict[str, Any]:
         """Every window x query x repeat, within the policy's deadline; returns table, runs and verdict.
 
         (window, query) units run on a pool of ``max_concurrency`` threads, each unit doing its
         rounds one request at a time, so no backend ever has more than that many probe queries
         in flight. A window the step or a backend's retention rules out is judged without querying.
+        A window reaching back before dual-write began is comparable only if the target holds the
+        group's history there too (``history_selector`` counts series on both sides).
         """
         policy = self.policy
         deadline = self.clock() + policy.deadline_s
@@ -154,8 +172,14 @@ class LatencyProbe:
         for index, (window, step, start, _end, skip) in enumerate(plans):
             results = [done[(index, query)] for query in queries] if skip is None else []
             runs = [run for unit_runs, _ in results for run in unit_runs]
+            history = []
+            if not skip and history_selector and dual_write_since is not None and start + step < dual_write_since:
+                history = self.history(history_selector,
+                                       history_instants(start=start, dual_write_since=dual_write_since, step=step))
+                log.info("latency window %s starts before dual-write; group series (at, source, target): %s",
+                         window.name, history)
             problem = skip or target_span_problem(window_s=window.seconds, start=start,
-                                                  dual_write_since=dual_write_since, step=step)
+                                                  dual_write_since=dual_write_since, step=step, history=history)
             if not problem and any(out_of_time for _, out_of_time in results):
                 problem = f"probe deadline of {policy.deadline_s:.0f}s reached before this window finished"
             judged = judge_window(window.name, runs, slo_p95_s=window.slo_p95_s,

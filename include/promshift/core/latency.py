@@ -88,19 +88,37 @@ def _p(runs: Sequence[ProbeRun], q: float) -> float | None:
     return percentile(ok, q) if ok else None
 
 
-def target_span_problem(*, window_s: float, start: float, dual_write_since: float | None,
-                        step: float) -> str | None:
+def history_instants(*, start: float, dual_write_since: float, step: float) -> tuple[float, ...]:
+    """Where to check that the target already holds a window's pre-dual-write part: its start, and
+    half-way to the dual-write start (a gap left by an earlier attempt shows there)."""
+    return (start + step, (start + dual_write_since) / 2)
+
+
+def target_span_problem(*, window_s: float, start: float, dual_write_since: float | None, step: float,
+                        history: Sequence[tuple[float, float | None, float | None]] = ()) -> str | None:
     """Why a window's timings are not comparable, or None.
 
-    The target holds the group only since dual-write began (history is not copied), so
-    a longer window asks the target for less data than the source: a fake speedup.
-    One step of slack covers the alignment of start to the step.
+    The target holds the group only since dual-write began unless history was copied
+    (backfilled), so a longer window may ask the target for less data than the source: a
+    fake speedup. ``history`` is ``(at, source series, target series)`` counts of the group
+    at ``history_instants``; when the target holds at least the source's series at each of
+    them, the window is comparable. One step of slack covers the alignment of start to the step.
     """
     if dual_write_since is None or start + step >= dual_write_since:
         return None
+    if history and all(src and tgt is not None and tgt >= src for _, src, tgt in history):
+        return None
     held = max(0.0, window_s - (dual_write_since - start))
+    seen = "; ".join(f"{_count(tgt)} of {_count(src)} series {dual_write_since - at:.0f}s before dual-write"
+                     for at, src, tgt in history)
     return (f"target holds only {held:.0f}s of this {window_s:.0f}s window (dual-write began "
-            f"{dual_write_since - start:.0f}s after the window start); timings are not comparable")
+            f"{dual_write_since - start:.0f}s after the window start"
+            + (f"; no backfilled history: target has {seen}" if seen else "")
+            + "); timings are not comparable")
+
+
+def _count(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"
 
 
 def parse_retention(text: str | None) -> float | None:
