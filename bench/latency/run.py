@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import shutil
@@ -56,8 +57,9 @@ from promshift.core.cost import samples_from_stats
 from promshift.core.durations import format_duration, parse_duration
 from promshift.core.latency import choose_step, percentile
 from promshift.core.render import add_remote_write, remote_write_entry
-from promshift.stack.fleet import FleetSpec, node_values, render_node
-from promshift.stack.local import EXTERNAL_LABELS, SCRAPE_JOB, LocalStack, StackConfig, find_free_ports
+from promshift.stack import backfill as backfill_module
+from promshift.stack.backfill import create_blocks, write_backfill
+from promshift.stack.local import LocalStack, StackConfig, find_free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "bench" / "results" / "latency.json"
@@ -124,73 +126,19 @@ def machine_info() -> dict[str, Any]:
 # ---------------------------------------------------------------------------- backfill
 
 
-def _series_labels(fleet: FleetSpec, node: int, t: float) -> dict[str, list[str]]:
-    """Per metric, each GPU's label text exactly as the live scrape stores it (job/instance added)."""
-    host = fleet.hostname(node)
-    extra = f',instance="{host}",job="{SCRAPE_JOB}"'
-    out: dict[str, list[str]] = {m: [] for m in METRICS}
-    for line in render_node(fleet, node, t).splitlines():
-        name, brace, rest = line.partition("{")
-        if brace and name in out:
-            out[name].append("{" + rest[: rest.rindex("}")] + extra)
-    return out
+class _ProgressHandler(logging.Handler):
+    """The backfill module's progress lines (``logging``), as this script's own ``log()`` lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log(f"  {record.getMessage()}")
 
 
-def write_backfill(fleet: FleetSpec, directory: Path, start: float, end: float, interval: float) -> dict[str, Any]:
-    """OpenMetrics files of METRICS for every node and GPU between start and end: one for the
-    source, one for the target (the target's series carry the source's external labels, as
-    remote-written ones do). Each metric family is contiguous and each series time-ordered."""
-    directory.mkdir(parents=True, exist_ok=True)
-    ext = "".join(f',{k}="{v}"' for k, v in EXTERNAL_LABELS.items())
-    steps = [start + i * interval for i in range(int((end - start) // interval) + 1)]
-    parts = {(side, m): (directory / f"{side}-{m}.part").open("w") for side in ("source", "target") for m in METRICS}
-    lines = 0
-    try:
-        for node in range(fleet.nodes):
-            labels = _series_labels(fleet, node, start)
-            values = [node_values(fleet, node, t) for t in steps]
-            for metric in METRICS:
-                for gpu, label in enumerate(labels[metric]):
-                    src = [f"{metric}{label}}} {v[metric][gpu]} {t:.0f}\n" for t, v in zip(steps, values, strict=True)]
-                    tgt = [f"{metric}{label}{ext}}} {v[metric][gpu]} {t:.0f}\n"
-                           for t, v in zip(steps, values, strict=True)]
-                    parts["source", metric].writelines(src)
-                    parts["target", metric].writelines(tgt)
-                    lines += len(src)
-            if node and node % 250 == 0:
-                log(f"  backfill text: {node}/{fleet.nodes} nodes")
-    finally:
-        for handle in parts.values():
-            handle.close()
-    files: dict[str, Path] = {}
-    for side in ("source", "target"):
-        path = directory / f"{side}.om"
-        with path.open("wb") as out:
-            for metric in METRICS:
-                out.write(f"# TYPE {metric} gauge\n".encode())
-                part = directory / f"{side}-{metric}.part"
-                with part.open("rb") as src_handle:
-                    shutil.copyfileobj(src_handle, out, 16 << 20)
-                part.unlink()
-            out.write(b"# EOF\n")
-        files[side] = path
-    return {"files": files, "samples_per_side": lines, "series_per_side": fleet.nodes * fleet.gpus_per_node * 2,
-            "bytes_per_side": files["source"].stat().st_size}
-
-
-def create_blocks(files: dict[str, Path], data_dirs: dict[str, Path]) -> None:
-    """``promtool tsdb create-blocks-from openmetrics`` for both sides, in parallel (2 cores)."""
-    procs = {}
-    for side, path in files.items():
-        data_dirs[side].mkdir(parents=True, exist_ok=True)
-        procs[side] = subprocess.Popen(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--quiet",
-                                        str(path), str(data_dirs[side])],
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for side, proc in procs.items():
-        out, _ = proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"promtool backfill for the {side} failed:\n{out[-2000:]}")
-        files[side].unlink()
+def _show_backfill_progress() -> None:
+    logger = logging.getLogger(backfill_module.__name__)
+    logger.setLevel(logging.INFO)
+    if not any(isinstance(h, _ProgressHandler) for h in logger.handlers):
+        logger.addHandler(_ProgressHandler())
+    logger.propagate = False
 
 
 
@@ -546,10 +494,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         start = end - history_s
         log(f"backfill: {len(METRICS)} metrics x {fleet.nodes * fleet.gpus_per_node} GPUs, "
             f"{format_duration(history_s)} at {args.history_interval} -> {home}")
-        backfill = write_backfill(fleet, home / "backfill", start, end, history_interval)
-        log(f"backfill: {backfill['samples_per_side']:,} samples per side "
-            f"({backfill['bytes_per_side'] / 1e6:.0f} MB of OpenMetrics); running promtool")
-        create_blocks(backfill["files"], {"source": home / "source" / "data", "target": home / "target" / "data"})
+        _show_backfill_progress()
+        backfill = write_backfill(fleet, home / "backfill", start, end, history_interval, METRICS)
+        log(f"backfill: {backfill.samples_per_side:,} samples per side "
+            f"({backfill.bytes_per_side / 1e6:.0f} MB of OpenMetrics); running promtool")
+        create_blocks(backfill.files, {side: stack.data_dir(side) for side in backfill.files})
         shutil.rmtree(home / "backfill", ignore_errors=True)
         log("backfill: blocks written; starting the stack")
 
@@ -605,8 +554,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "source only"},
             "order": "per round: source/target x client/gzip, then source curl; rotated by one each round",
             "history": format_duration(history_s), "history_interval": args.history_interval,
-            "backfilled_metrics": list(METRICS), "backfilled_series_per_side": backfill["series_per_side"],
-            "backfilled_samples_per_side": backfill["samples_per_side"], "accumulate": args.accumulate,
+            "backfilled_metrics": list(METRICS), "backfilled_series_per_side": backfill.series_per_side,
+            "backfilled_samples_per_side": backfill.samples_per_side, "accumulate": args.accumulate,
             "timeout": args.timeout,
         },
         "windows": result["windows"],

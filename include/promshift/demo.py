@@ -3,6 +3,11 @@
 Scenario ``happy``: dual-write, warm-up, parity, latency, approval by an on-call engineer
 over Airflow's REST API, cutover. Scenario ``drift``: during dual-write the target loses some
 hosts' series (deleted on the target server), parity fails and the run rolls back.
+
+``--history 24h``: before the servers start, source and target are given 24 h of the group's
+history (backfilled with promtool, as if dual-write had been running), and the catalog profile
+``demo-history`` times the production latency windows (1h/6h/12h/24h) instead of ``demo``'s
+seconds-long ones.
 """
 
 from __future__ import annotations
@@ -22,12 +27,21 @@ from typing import Any
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.charts import latency_chart
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.core.catalog import MetricGroup
+from promshift.core.durations import format_duration, parse_duration
 from promshift.core.report import build_report, cost_table, latency_table, parity_log_table, render_markdown
 from promshift.local_airflow import APPROVER_USERS, LocalAirflow
 from promshift.settings import REPO_ROOT, load_catalog
-from promshift.stack.local import LocalStack, StackConfig
+from promshift.stack.backfill import backfill_stack, check_history, fleet_metrics
+from promshift.stack.local import SOURCE_RETENTION, LocalStack, StackConfig
 
 log = logging.getLogger("promshift.demo")
+
+DEMO_PROFILE = "demo"
+HISTORY_PROFILE = "demo-history"  # production latency windows, for a stack given hours of history
+DEFAULT_TIMEOUT_S = 540.0
+# demo-history's latency probe may run 5 minutes instead of 3, and times 4 long windows.
+HISTORY_TIMEOUT_S = 720.0
 
 
 class TargetWriteGap:
@@ -113,20 +127,55 @@ def print_report(report: dict[str, Any]) -> None:
           f"{'OK' if au['chain_ok'] else 'BROKEN'}")
 
 
+def backfilled_metrics(group: MetricGroup) -> list[str]:
+    """The metrics of ``group`` the fleet simulator renders (explicit names and ``metric_regex`` matches)."""
+    return [name for name in fleet_metrics() if group.claims(name)]
+
+
 def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, report_root: Path,
-             timeout_s: float = 540) -> Path:
-    """Run the whole job once on a fresh local stack; return the report directory."""
+             timeout_s: float | None = None, history_s: float | None = None,
+             history_interval_s: float = 300.0) -> Path:
+    """Run the whole job once on a fresh local stack; return the report directory.
+
+    With ``history_s``, source and target first get that much of the group's history (one
+    sample every ``history_interval_s``) and the ``demo-history`` profile is used.
+    """
     started = time.time()
     config = StackConfig.from_env(nodes=nodes)
     stack = LocalStack(config)
+    profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
+    catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
+    group = load_catalog(catalog_path, profile=profile).get(group_name)
+    metrics = backfilled_metrics(group) if history_s else []
+    if history_s:
+        # Refuse before resetting anything.
+        check_history(history_s, history_interval_s)
+        if not metrics:
+            raise ValueError(f"group {group_name!r} claims none of the metrics the fleet simulator renders")
+    if timeout_s is None:
+        timeout_s = HISTORY_TIMEOUT_S if history_s else DEFAULT_TIMEOUT_S
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
     stack.reset()
     for leftover in ("audit.db", "routing.json", "snapshots"):
         path = config.home / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    budget_from = started
+    if history_s:
+        longest = max((w.seconds for w in group.latency.windows), default=0.0)
+        if longest > history_s:
+            log.warning("history %s is shorter than the longest latency window (%s): windows reaching "
+                        "before it have no data on either side", format_duration(history_s),
+                        format_duration(longest))
+        t0 = time.time()
+        log.info("giving source and target %s of %s's history (one sample every %s), as if dual-write "
+                 "had been running", format_duration(history_s), group_name, format_duration(history_interval_s))
+        result = backfill_stack(stack, metrics, history_s=history_s, interval_s=history_interval_s)
+        log.info("history backfilled in %.0fs: %s samples per side (OpenMetrics: %.0f MB source, %.0f MB target)",
+                 time.time() - t0, f"{result.samples_per_side:,}", result.text_bytes["source"] / 1e6,
+                 result.text_bytes["target"] / 1e6)
+        # The backfill (about a minute at 200 nodes x 24h) does not count against the run's time budget.
+        budget_from = time.time()
     stack.up()
-    catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
-    group = load_catalog(catalog_path, profile="demo").get(group_name)
     audit_url = f"sqlite:///{config.home / 'audit.db'}"
     source_conn = {"conn_type": "prometheus", "host": stack.source_url,
                    "extra": {"config_path": str(stack.source_config_path)}}
@@ -138,7 +187,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         "PROMSHIFT_HOME": str(config.home),
         "PROMSHIFT_AUDIT_URL": audit_url,
         "PROMSHIFT_CATALOG": str(catalog_path),
-        "PROMSHIFT_PROFILE": "demo",
+        "PROMSHIFT_PROFILE": profile,
         "AIRFLOW_CONN_PROMSHIFT_SOURCE": json.dumps(source_conn),
         "AIRFLOW_CONN_PROMSHIFT_TARGET": json.dumps(target_conn),
     })
@@ -149,22 +198,27 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         run_id = airflow.trigger(group.dag_id)
         approver = APPROVER_USERS[0]
         answered = False
+        awaiting_polls = 0
 
         def on_state(states: dict[str, str]) -> None:
-            nonlocal answered, fault
+            nonlocal answered, awaiting_polls, fault
             if scenario == "drift" and fault is None and states.get("deploy_dual_write") == "success":
                 # The gap ends 30 s before warm-up may finish, so warm-up still passes.
                 fault = TargetWriteGap(PrometheusClient(stack.target_url), group.selector(), group.host_label,
                                        [stack.fleet.hostname(i) for i in (1, 2)],
                                        gap_s=max(10.0, group.warmup.duration_s - 30))
                 fault.start()
-            if not answered and states.get("approval") == "awaiting_input":
+            awaiting_polls = awaiting_polls + 1 if states.get("approval") == "awaiting_input" else 0
+            # Answer at the second poll (~3 s) that sees the request, not the first: an answer within a
+            # fraction of a second of the pause can reach Airflow before the scheduler has processed the
+            # pausing worker's exit, and the scheduler then fails the task as "changed externally".
+            if not answered and awaiting_polls >= 2:
                 log.info("approval requested; %s answers through the REST API", approver)
                 airflow.answer_approval(group.dag_id, run_id, "approval", user=approver, choice="Approve",
                                         comment="parity and latency evidence reviewed in the demo")
                 answered = True
 
-        final = airflow.follow(group.dag_id, run_id, timeout_s=max(60.0, timeout_s - (time.time() - started)),
+        final = airflow.follow(group.dag_id, run_id, timeout_s=max(60.0, timeout_s - (time.time() - budget_from)),
                                on_state=on_state)
         log.info("DAG run %s finished: %s", run_id, final)
     finally:
@@ -179,6 +233,17 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     return out_dir
 
 
+def _duration(text: str) -> float:
+    """argparse type: a positive Prometheus duration (``24h``, ``90m``) in seconds."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="promshift-demo", description=__doc__)
     parser.add_argument("--group", default="gpu-utilization")
@@ -186,11 +251,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=int(os.environ.get("PROMSHIFT_NODES", "200")))
     parser.add_argument("--airflow-port", type=int, default=int(os.environ.get("PROMSHIFT_AIRFLOW_PORT", "28080")))
     parser.add_argument("--report-root", type=Path, default=REPO_ROOT / "reports")
+    parser.add_argument("--history", type=_duration, default=None, metavar="DURATION",
+                        help="give source and target this much of the group's history before starting (e.g. 24h; "
+                             f"under the source's {SOURCE_RETENTION} retention) and use the catalog profile "
+                             f"{HISTORY_PROFILE!r}")
+    parser.add_argument("--history-interval", type=_duration, default=300.0, metavar="DURATION",
+                        help="sample interval of the backfilled history (default 5m, at most 5m)")
     args = parser.parse_args(argv)
+    if args.history is not None:
+        try:
+            check_history(args.history, args.history_interval)
+        except ValueError as exc:
+            parser.error(str(exc))
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep prints ordered with logs
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = run_demo(group_name=args.group, scenario=args.scenario, nodes=args.nodes,
-                   airflow_port=args.airflow_port, report_root=args.report_root)
+                   airflow_port=args.airflow_port, report_root=args.report_root, history_s=args.history,
+                   history_interval_s=args.history_interval)
     print(out)
     return 0
 

@@ -808,7 +808,7 @@ def test_dcgm_counter_list_is_read_correctly() -> None:
     assert all(re.fullmatch(r"[A-Z_]+", name) for name in KNOWN)
 
 
-@pytest.mark.parametrize("profile", [None, "demo"])
+@pytest.mark.parametrize("profile", [None, "demo", "demo-history"])
 def test_shipped_catalog_parses(shipped_text: str, profile: str | None) -> None:
     catalog = parse_catalog(shipped_text, profile=profile, known_metrics=KNOWN)
     assert {"gpu-utilization", "gpu-memory", "gpu-power-thermal"} <= set(catalog.names())
@@ -881,6 +881,19 @@ def test_shipped_demo_profile_is_fast(shipped_text: str) -> None:
         assert max(w.seconds for w in metric_group.latency.windows) <= metric_group.warmup.duration_s
         assert (metric_group.latency.repeats, metric_group.latency.timeout_s) == (5, 20)
         assert metric_group.latency.deadline_s == 180
+
+
+def test_shipped_demo_history_profile_times_the_production_windows(shipped_text: str) -> None:
+    demo = parse_catalog(shipped_text, profile="demo", known_metrics=KNOWN)
+    production = parse_catalog(shipped_text, known_metrics=KNOWN)
+    for metric_group in parse_catalog(shipped_text, profile="demo-history", known_metrics=KNOWN).groups:
+        # Warm-up and parity as in `demo`; latency over the production windows and SLOs.
+        assert metric_group.warmup == demo.get(metric_group.name).warmup
+        assert metric_group.parity == demo.get(metric_group.name).parity
+        assert metric_group.latency.windows == production.get(metric_group.name).latency.windows
+        assert [w.name for w in metric_group.latency.windows] == ["1h", "6h", "12h", "24h"]
+        assert (metric_group.latency.repeats, metric_group.latency.timeout_s) == (3, 20)
+        assert metric_group.latency.deadline_s == 300
 
 
 def test_host_label_defaults_and_group_override() -> None:

@@ -49,6 +49,7 @@ FLEET, TARGET, SOURCE = "fleet", "target", "source"
 COMPONENTS = (FLEET, TARGET, SOURCE)
 EXTERNAL_LABELS = {"cluster": "local-gpu-fleet", "prometheus_replica": "source-0"}
 SCRAPE_JOB = "dcgm"
+SOURCE_RETENTION = "2d"  # the source's --storage.tsdb.retention.time
 LOG_TAIL_LINES = 30
 
 
@@ -263,6 +264,12 @@ class LocalStack:
         """JSON record of what the stack last started."""
         return self.home / "stack.json"
 
+    def data_dir(self, name: str) -> Path:
+        """TSDB directory (``--storage.tsdb.path``) of the ``source`` or the ``target``."""
+        if name not in (SOURCE, TARGET):
+            raise ValueError(f"only the source and the target have a TSDB, not {name!r}")
+        return self.home / name / "data"
+
     def log_path(self, name: str) -> Path:
         """Log file of component ``name``."""
         return self.home / f"{name}.log"
@@ -284,20 +291,20 @@ class LocalStack:
             "--seed",
             str(cfg.seed),
         )
-        source_dir, target_dir = self.home / SOURCE, self.home / TARGET
+        source_data, target_data = self.data_dir(SOURCE), self.data_dir(TARGET)
         source_argv = (
             cfg.prometheus_bin,
             f"--config.file={self.source_config_path}",
-            f"--storage.tsdb.path={source_dir / 'data'}",
+            f"--storage.tsdb.path={source_data}",
             f"--web.listen-address=127.0.0.1:{cfg.source_port}",
             "--web.enable-lifecycle",
             "--web.enable-admin-api",
-            "--storage.tsdb.retention.time=2d",
+            f"--storage.tsdb.retention.time={SOURCE_RETENTION}",
         )
         target_argv = (
             cfg.prometheus_bin,
             f"--config.file={self.target_config_path}",
-            f"--storage.tsdb.path={target_dir / 'data'}",
+            f"--storage.tsdb.path={target_data}",
             f"--web.listen-address=127.0.0.1:{cfg.target_port}",
             "--web.enable-remote-write-receiver",
             "--web.enable-admin-api",
@@ -320,7 +327,7 @@ class LocalStack:
                 target_argv,
                 self.target_url,
                 f"{self.target_url}/-/ready",
-                f"--storage.tsdb.path={target_dir / 'data'}",
+                f"--storage.tsdb.path={target_data}",
                 "PROMSHIFT_TARGET_PORT",
             ),
             SOURCE: _Component(
@@ -329,7 +336,7 @@ class LocalStack:
                 source_argv,
                 self.source_url,
                 f"{self.source_url}/-/ready",
-                f"--storage.tsdb.path={source_dir / 'data'}",
+                f"--storage.tsdb.path={source_data}",
                 "PROMSHIFT_SOURCE_PORT",
             ),
         }
@@ -619,7 +626,7 @@ class LocalStack:
             target,
         )
         for name in (SOURCE, TARGET):
-            (self.home / name / "data").mkdir(parents=True, exist_ok=True)
+            self.data_dir(name).mkdir(parents=True, exist_ok=True)
 
     @staticmethod
     def _write_once(path: Path, header: str, document: dict[str, Any]) -> None:

@@ -1,0 +1,274 @@
+"""History for the local stack: the fleet's past samples, written into the source's and the target's TSDB.
+
+A freshly started stack holds minutes of data, so long query windows have nothing to
+read. This module renders what the simulated fleet *would* have exposed over a past
+range (``node_values`` is a pure function of time) and turns it into TSDB blocks with
+``promtool tsdb create-blocks-from openmetrics``, before the servers start:
+
+- the source's series carry exactly the labels the live scrape stores (the exporter's
+  labels plus ``instance`` and ``job``), so the backfilled and the scraped samples are
+  one series, not two;
+- the target's series additionally carry the source's external labels, as the
+  remote-written ones do, so the target looks as if dual-write had been running for the
+  whole range.
+
+``backfill_stack`` does it all for a stopped ``LocalStack``; ``write_backfill`` and
+``create_blocks`` are the two steps (the latency benchmark uses them directly).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from promshift.core.dcgm import metrics as exported_metrics
+from promshift.core.durations import parse_duration
+from promshift.stack.fleet import FleetSpec, load_counters, node_values, render_node
+from promshift.stack.local import (
+    EXTERNAL_LABELS,
+    SCRAPE_JOB,
+    SOURCE,
+    SOURCE_RETENTION,
+    TARGET,
+    LocalStack,
+    StackError,
+)
+
+logger = logging.getLogger(__name__)
+
+SIDES = (SOURCE, TARGET)
+# Prometheus' default lookback delta: an instant query sees a series only if it has a sample
+# this recent, so history sampled more sparsely would have holes for instant queries.
+MAX_INTERVAL_S = 300.0
+# The backfill ends this long before "now", so its last block ends before the first live sample
+# (a Prometheus head refuses samples older than its newest block).
+DEFAULT_MARGIN_S = 30.0
+PROGRESS_EVERY_NODES = 250
+
+
+def fleet_metrics() -> dict[str, str]:
+    """Name -> type (``gauge`` | ``counter``) of every metric the fleet simulator renders, in exposition order.
+
+    The types are dcgm-exporter's (its ``default-counters.csv``), which the simulator also
+    puts on its ``# TYPE`` lines.
+    """
+    return {c.name: c.kind for c in exported_metrics(load_counters())}
+
+
+@dataclass(frozen=True)
+class BackfillText:
+    """The OpenMetrics files ``write_backfill`` wrote (one per side) and what they hold."""
+
+    files: dict[str, Path]
+    metrics: tuple[str, ...]
+    series_per_side: int
+    samples_per_side: int
+    bytes: dict[str, int]  # file size per side
+    seconds: float  # time taken to render and write them
+
+    @property
+    def bytes_per_side(self) -> int:
+        """Size of the source's file (the target's is larger by the external labels)."""
+        return self.bytes[SOURCE]
+
+
+@dataclass(frozen=True)
+class BackfillResult:
+    """What ``backfill_stack`` put into the stack's TSDBs."""
+
+    metrics: tuple[str, ...]
+    start: float
+    end: float
+    interval_s: float
+    series_per_side: int
+    samples_per_side: int
+    text_bytes: dict[str, int]
+    write_s: float
+    promtool_s: float
+
+
+def _check_metrics(names: Iterable[str]) -> tuple[str, ...]:
+    known = fleet_metrics()
+    chosen = tuple(dict.fromkeys(names))  # de-duplicated, order kept
+    if not chosen:
+        raise ValueError("no metrics to backfill")
+    unknown = [m for m in chosen if m not in known]
+    if unknown:
+        raise ValueError(f"the fleet simulator does not render {', '.join(unknown)}; "
+                         f"it renders {', '.join(known)}")
+    return chosen
+
+
+def _series_labels(fleet: FleetSpec, node: int, metrics: Sequence[str], t: float = 0.0) -> dict[str, list[str]]:
+    """Per metric, each GPU's label text exactly as the live scrape stores it (job/instance added).
+
+    Each entry is ``{label="value",...`` without the closing brace, so more labels can follow.
+    """
+    host = fleet.hostname(node)
+    extra = f',instance="{host}",job="{SCRAPE_JOB}"'
+    out: dict[str, list[str]] = {m: [] for m in metrics}
+    for line in render_node(fleet, node, t).splitlines():
+        name, brace, rest = line.partition("{")
+        if brace and name in out:
+            out[name].append("{" + rest[: rest.rindex("}")] + extra)
+    return out
+
+
+def write_backfill(fleet: FleetSpec, directory: Path, start: float, end: float, interval: float,
+                   metrics: Sequence[str], *, external_labels: Mapping[str, str] = EXTERNAL_LABELS) -> BackfillText:
+    """OpenMetrics files of ``metrics`` for every node and GPU, one sample every ``interval`` s from ``start``
+    to ``end`` (inclusive when on the grid): one file for the source, one for the target (whose series
+    carry ``external_labels``, as remote-written ones do). Each metric family is contiguous and each
+    series time-ordered, as ``promtool`` requires. Values are what the fleet renders at each instant.
+    """
+    chosen = _check_metrics(metrics)
+    kinds = fleet_metrics()
+    if interval <= 0 or interval != int(interval) or start != int(start):
+        # The fleet's values change per whole second; timestamps are written in whole seconds.
+        raise ValueError(f"start and interval must be whole seconds and interval > 0, got {start!r}, {interval!r}")
+    if end < start:
+        raise ValueError(f"end ({end!r}) is before start ({start!r})")
+    t0 = time.monotonic()
+    directory.mkdir(parents=True, exist_ok=True)
+    ext = "".join(f',{k}="{v}"' for k, v in external_labels.items())
+    steps = [start + i * interval for i in range(int((end - start) // interval) + 1)]
+    stamps = [f" {t:.0f}\n" for t in steps]
+    parts = {(side, m): (directory / f"{side}-{m}.part").open("w") for side in SIDES for m in chosen}
+    lines = 0
+    try:
+        for node in range(fleet.nodes):
+            labels = _series_labels(fleet, node, chosen, start)
+            values = [node_values(fleet, node, t) for t in steps]
+            for metric in chosen:
+                # A metric the simulator's model does not know renders as 0 (see render_node).
+                zeros = ["0"] * len(labels[metric])
+                series = [v.get(metric, zeros) for v in values]
+                for gpu, label in enumerate(labels[metric]):
+                    src_prefix = f"{metric}{label}}} "
+                    tgt_prefix = f"{metric}{label}{ext}}} "
+                    column = [s[gpu] for s in series]
+                    parts[SOURCE, metric].writelines(
+                        src_prefix + v + ts for v, ts in zip(column, stamps, strict=True))
+                    parts[TARGET, metric].writelines(
+                        tgt_prefix + v + ts for v, ts in zip(column, stamps, strict=True))
+                    lines += len(steps)
+            if node and node % PROGRESS_EVERY_NODES == 0:
+                logger.info("backfill text: %d/%d nodes", node, fleet.nodes)
+    finally:
+        for handle in parts.values():
+            handle.close()
+    files: dict[str, Path] = {}
+    for side in SIDES:
+        path = directory / f"{side}.om"
+        with path.open("wb") as out:
+            for metric in chosen:
+                out.write(f"# TYPE {metric} {kinds[metric]}\n".encode())
+                part = directory / f"{side}-{metric}.part"
+                with part.open("rb") as part_handle:
+                    shutil.copyfileobj(part_handle, out, 16 << 20)
+                part.unlink()
+            out.write(b"# EOF\n")
+        files[side] = path
+    return BackfillText(files=files, metrics=chosen, series_per_side=fleet.nodes * fleet.gpus_per_node * len(chosen),
+                        samples_per_side=lines, bytes={side: path.stat().st_size for side, path in files.items()},
+                        seconds=time.monotonic() - t0)
+
+
+def create_blocks(files: Mapping[str, Path], data_dirs: Mapping[str, Path], *, promtool: str = "promtool",
+                  delete: bool = True) -> None:
+    """``promtool tsdb create-blocks-from openmetrics`` for every side, in parallel; the text files are
+    deleted afterwards unless ``delete`` is false. The blocks land directly in ``data_dirs[side]``, where
+    Prometheus (``--storage.tsdb.path``) loads them when it starts."""
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for side, path in files.items():
+            data_dirs[side].mkdir(parents=True, exist_ok=True)
+            procs[side] = subprocess.Popen([promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet",
+                                            str(path), str(data_dirs[side])],
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except FileNotFoundError:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+        raise RuntimeError(f"{promtool} is not installed; install it with `apt-get install -y prometheus`") from None
+    failed = []
+    for side, proc in procs.items():
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            failed.append(f"promtool backfill for the {side} failed:\n{out[-2000:]}")
+        elif delete:
+            files[side].unlink()
+    if failed:
+        raise RuntimeError("\n".join(failed))
+
+
+def history_range(now: float, history_s: float, interval_s: float,
+                  margin_s: float = DEFAULT_MARGIN_S) -> tuple[float, float]:
+    """(start, end) on the ``interval_s`` grid: start at or before ``now - history_s``, end at least
+    ``margin_s`` before ``now`` (so the live samples that follow are newer than every backfilled block)."""
+    end = math.floor((now - margin_s) / interval_s) * interval_s
+    start = math.floor((now - history_s) / interval_s) * interval_s
+    if start >= end:
+        raise ValueError(f"history of {history_s:g}s leaves nothing to backfill before now - {margin_s:g}s")
+    return float(start), float(end)
+
+
+def check_history(history_s: float, interval_s: float) -> None:
+    """ValueError unless ``history_s`` fits the source's retention and ``interval_s`` the lookback delta."""
+    if not 0 < interval_s <= MAX_INTERVAL_S or interval_s != int(interval_s):
+        raise ValueError(f"the history interval must be whole seconds in (0, {MAX_INTERVAL_S:g}s] (the lookback "
+                         f"delta), got {interval_s:g}s")
+    retention_s = parse_duration(SOURCE_RETENTION)
+    if not 0 < history_s < retention_s:
+        # Older blocks would be deleted by the source's retention as soon as it starts.
+        raise ValueError(f"the history must be longer than 0s and shorter than the source's retention "
+                         f"({SOURCE_RETENTION}), got {history_s:g}s")
+
+
+def backfill_stack(stack: LocalStack, metrics: Sequence[str], *, history_s: float, interval_s: float = 300.0,
+                   now: float | None = None, promtool: str = "promtool") -> BackfillResult:
+    """Give a stopped stack's source and target ``history_s`` of the fleet's ``metrics``, sampled every
+    ``interval_s``, as if the source had scraped and dual-written them all along.
+
+    Run it on a fresh (reset) stack, before ``stack.up()``: blocks written under a running
+    Prometheus, or older than data it already holds, would not be read as intended.
+    """
+    if any(row["alive"] for row in stack.status().values()):
+        raise StackError("backfill the stack before starting it (stop or reset it first)")
+    check_history(history_s, interval_s)
+    chosen = _check_metrics(metrics)
+    start, end = history_range(time.time() if now is None else now, history_s, interval_s)
+    fleet = stack.fleet
+    gpus = fleet.nodes * fleet.gpus_per_node
+    logger.info("backfill: %d metrics (%s) x %d GPUs, %s samples per series every %gs from %s to %s",
+                len(chosen), ", ".join(chosen), gpus, f"{int((end - start) // interval_s) + 1:,}", interval_s,
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end)))
+    workdir = stack.home / "backfill"
+    shutil.rmtree(workdir, ignore_errors=True)
+    try:
+        text = write_backfill(fleet, workdir, start, end, interval_s, chosen)
+        logger.info("backfill: %s samples in %s series per side written in %.1fs "
+                    "(OpenMetrics: source %.1f MB, target %.1f MB); running promtool",
+                    f"{text.samples_per_side:,}", f"{text.series_per_side:,}", text.seconds,
+                    text.bytes[SOURCE] / 1e6, text.bytes[TARGET] / 1e6)
+        t0 = time.monotonic()
+        create_blocks(text.files, {side: stack.data_dir(side) for side in SIDES}, promtool=promtool)
+        promtool_s = time.monotonic() - t0
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    logger.info("backfill: blocks written in %.1fs (on disk: source %.1f MB, target %.1f MB)", promtool_s,
+                _size(stack.data_dir(SOURCE)) / 1e6, _size(stack.data_dir(TARGET)) / 1e6)
+    return BackfillResult(metrics=chosen, start=start, end=end, interval_s=interval_s,
+                          series_per_side=text.series_per_side, samples_per_side=text.samples_per_side,
+                          text_bytes=dict(text.bytes), write_s=text.seconds, promtool_s=promtool_s)
+
+
+def _size(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
