@@ -1,7 +1,9 @@
 """End to end: the demo job on a small real stack, through Airflow standalone and its REST API.
 
-Happy path: approval by an on-call engineer over REST, cutover. Drift: the target loses
-hosts after warm-up, parity fails, rollback restores the source config byte for byte.
+Happy path (with 24 h of backfilled history, so the production windows 1h/6h/12h/24h are
+timed): approval by an on-call engineer over REST, cutover. Drift (the plain ``demo``
+profile): the target loses hosts after warm-up, parity fails, rollback restores the source
+config byte for byte.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ def stop_stack() -> None:
     LocalStack(StackConfig.from_env()).down()
 
 
-def test_happy_path_cuts_over_after_rest_approval(small_stack_env: Path) -> None:
+def test_happy_path_with_history_times_production_windows_and_cuts_over(small_stack_env: Path) -> None:
     try:
         out = run_demo(group_name="gpu-memory", scenario="happy", nodes=12, airflow_port=free_port(),
-                       report_root=small_stack_env / "reports")
+                       report_root=small_stack_env / "reports", history_s=24 * 3600.0)
     finally:
         stop_stack()
     report = json.loads((out / "report.json").read_text())
@@ -48,7 +50,13 @@ def test_happy_path_cuts_over_after_rest_approval(small_stack_env: Path) -> None
     assert report["parity"]["series_compared"] > 0 and report["parity"]["points_compared"] > 0
     assert report["parity"]["mismatches"] == 0
     assert report["latency"]["verdict"] == "SUCCESSFUL"
-    assert [w["window"] for w in report["latency"]["windows"]] == ["30s", "1m", "2m"]
+    # Every window reaches back before dual-write began; each was measured, because the target
+    # holds the backfilled history (a window judged "not comparable" would be INCONCLUSIVE).
+    windows = report["latency"]["windows"]
+    assert [w["window"] for w in windows] == ["1h", "6h", "12h", "24h"]
+    assert all(w["verdict"] == "SUCCESSFUL" and w["outcome"] == "within SLO" for w in windows), windows
+    assert report["latency"]["probe"] == {"max_concurrency": 1, "accept_encoding": "identity",
+                                          "retention_s": {"source": 2 * 86400.0, "target": 15 * 86400.0}}
     assert report["parity"]["shards"] == 2  # 4 sampled hosts, 2 per mapped task
     layers = {m["name"]: m["verdict"] for m in report["parity"]["measurements"]}
     assert layers == dict.fromkeys(["coverage", "host_coverage", "aggregates", "labels",
