@@ -55,6 +55,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from promshift.stack.backfill import join_parts
 from promshift.stack.local import find_free_ports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,8 +128,9 @@ def _child_clients(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, float]]:
         """Per kind of query: count, client wall, server evalTotalTime and its parts. The label APIs
         have no ``stats``, so the ledger misses them: their wall time is counted here."""
 
-        def _api(self, path: str, params: dict[str, Any], query: str, timeout_s: float | None) -> Any:
-            res = super()._api(path, params, query, timeout_s)
+        def _api(self, path: str, params: dict[str, Any], query: str, timeout_s: float | None,
+                 accept_encoding: str | None = None) -> Any:
+            res = super()._api(path, params, query, timeout_s, accept_encoding)
             timings = res.stats.get("timings") or {}
             with lock:
                 self._count(path, query, res, timings)
@@ -428,18 +430,7 @@ def write_openmetrics(fleet: Any, metrics: Sequence[str], steps: Sequence[int], 
     finally:
         for handle in parts.values():
             handle.close()
-    files: dict[str, Path] = {}
-    for side in sides:
-        path = directory / f"{side}.om"
-        with path.open("wb") as out:
-            for m in metrics:
-                out.write(f"# TYPE {m} gauge\n".encode())
-                part = directory / f"{side}-{m}.part"
-                with part.open("rb") as handle:
-                    shutil.copyfileobj(handle, out, 16 << 20)
-                part.unlink()
-            out.write(b"# EOF\n")
-        files[side] = path
+    files = join_parts(directory, sides, dict.fromkeys(metrics, "gauge"))
     return {"files": files, "samples": lines, "bytes": {s: p.stat().st_size for s, p in files.items()}}
 
 

@@ -163,21 +163,31 @@ def write_backfill(fleet: FleetSpec, directory: Path, start: float, end: float, 
     finally:
         for handle in parts.values():
             handle.close()
+    files = join_parts(directory, SIDES, {metric: kinds[metric] for metric in chosen})
+    return BackfillText(files=files, metrics=chosen, series_per_side=fleet.nodes * fleet.gpus_per_node * len(chosen),
+                        samples_per_side=lines, bytes={side: path.stat().st_size for side, path in files.items()},
+                        seconds=time.monotonic() - t0)
+
+
+def join_parts(directory: Path, sides: Sequence[str], kinds: Mapping[str, str]) -> dict[str, Path]:
+    """One OpenMetrics file per side from its ``<side>-<metric>.part`` files (deleted as they are copied).
+
+    OpenMetrics wants each metric family in one piece, after its ``# TYPE`` line, and ``# EOF``
+    at the end; ``kinds`` maps each metric, in file order, to ``gauge`` or ``counter``.
+    """
     files: dict[str, Path] = {}
-    for side in SIDES:
+    for side in sides:
         path = directory / f"{side}.om"
         with path.open("wb") as out:
-            for metric in chosen:
-                out.write(f"# TYPE {metric} {kinds[metric]}\n".encode())
+            for metric, kind in kinds.items():
+                out.write(f"# TYPE {metric} {kind}\n".encode())
                 part = directory / f"{side}-{metric}.part"
                 with part.open("rb") as part_handle:
                     shutil.copyfileobj(part_handle, out, 16 << 20)
                 part.unlink()
             out.write(b"# EOF\n")
         files[side] = path
-    return BackfillText(files=files, metrics=chosen, series_per_side=fleet.nodes * fleet.gpus_per_node * len(chosen),
-                        samples_per_side=lines, bytes={side: path.stat().st_size for side, path in files.items()},
-                        seconds=time.monotonic() - t0)
+    return files
 
 
 def create_blocks(files: Mapping[str, Path], data_dirs: Mapping[str, Path], *, promtool: str = "promtool",
