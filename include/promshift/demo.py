@@ -40,6 +40,7 @@ log = logging.getLogger("promshift.demo")
 DEMO_PROFILE = "demo"
 HISTORY_PROFILE = "demo-history"  # production latency windows, for a stack given hours of history
 DEFAULT_TIMEOUT_S = 540.0
+APPROVAL_AFTER_POLLS = 3  # Airflow is polled every 3 s
 # demo-history's latency probe may run 5 minutes instead of 3, and times 4 long windows.
 HISTORY_TIMEOUT_S = 720.0
 
@@ -197,26 +198,29 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         airflow.wait_for_dag(group.dag_id)
         run_id = airflow.trigger(group.dag_id)
         approver = APPROVER_USERS[0]
-        answered = False
+        answers = 0
         awaiting_polls = 0
 
         def on_state(states: dict[str, str]) -> None:
-            nonlocal answered, awaiting_polls, fault
+            nonlocal answers, awaiting_polls, fault
             if scenario == "drift" and fault is None and states.get("deploy_dual_write") == "success":
                 # The gap ends 30 s before warm-up may finish, so warm-up still passes.
                 fault = TargetWriteGap(PrometheusClient(stack.target_url), group.selector(), group.host_label,
                                        [stack.fleet.hostname(i) for i in (1, 2)],
                                        gap_s=max(10.0, group.warmup.duration_s - 30))
                 fault.start()
+            # Each time the approval is awaiting input (again, after a retry), answer once, a few polls
+            # (~9 s) after first seeing it, as a person would: an answer that arrives before the
+            # scheduler has processed the pausing worker's exit can make Airflow 3.3.2 fail the
+            # resumed task ("changed externally"); the approval task then retries and asks again.
             awaiting_polls = awaiting_polls + 1 if states.get("approval") == "awaiting_input" else 0
-            # Answer at the second poll (~3 s) that sees the request, not the first: an answer within a
-            # fraction of a second of the pause can reach Airflow before the scheduler has processed the
-            # pausing worker's exit, and the scheduler then fails the task as "changed externally".
-            if not answered and awaiting_polls >= 2:
+            if awaiting_polls == APPROVAL_AFTER_POLLS:
+                answers += 1
+                if answers > 1:
+                    log.warning("the approval is asked again (Airflow failed the resumed task); answering again")
                 log.info("approval requested; %s answers through the REST API", approver)
                 airflow.answer_approval(group.dag_id, run_id, "approval", user=approver, choice="Approve",
                                         comment="parity and latency evidence reviewed in the demo")
-                answered = True
 
         final = airflow.follow(group.dag_id, run_id, timeout_s=max(60.0, timeout_s - (time.time() - budget_from)),
                                on_state=on_state)

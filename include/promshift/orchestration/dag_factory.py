@@ -70,7 +70,13 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
             task_id="approval",
             approvers=list(group.approvers),
             response_timeout=timedelta(seconds=group.approval_timeout_s),
-            retries=0,  # a retry would ask again after a deliberate Reject
+            # Reject, timeout and the four-eyes refusal raise AirflowFailException: never retried.
+            # The retry is for Airflow failing the task by itself: in 3.3.2 an answer that resumes the
+            # task before the scheduler has processed the pausing worker's exit can find the resumed
+            # task QUEUED, and the scheduler then fails it as "changed externally". Asking again beats
+            # rolling back an approved migration.
+            retries=1,
+            retry_delay=timedelta(seconds=5),
             **common,
         )
         cutover = CutoverOperator(task_id="cutover", **common)
