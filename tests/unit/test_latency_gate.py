@@ -63,7 +63,14 @@ def test_target_over_slo_or_slower_or_failing_fails() -> None:
 def test_source_timeouts_are_a_win_and_too_few_runs_inconclusive() -> None:
     win = judge_window("24h", runs("source", [60.0] * 5, ok=False) + runs("target", [10.0] * 5), slo_p95_s=12,
                        max_slowdown_ratio=1.2, min_successes=3)
-    assert win.verdict == Verdict.SUCCESSFUL and win.source_p50_s is None and "source failed" in win.outcome
+    assert win.verdict == Verdict.SUCCESSFUL and win.source_p50_s is None
+    assert win.outcome == "source failed in 5 of 5 runs; target answered within SLO"  # no error text: "failed"
+    timed_out = [ProbeRun(backend="source", window="24h", query="q", wall_s=60.0, ok=False,
+                          error="timeout: no answer within 60s")] * 5
+    seed = judge_window("24h", timed_out + runs("target", [10.0] * 5), slo_p95_s=12, max_slowdown_ratio=1.2,
+                        min_successes=3)
+    assert seed.verdict == Verdict.SUCCESSFUL and seed.source_failure == "timed out"
+    assert seed.outcome == "source timed out in 5 of 5 runs; target answered within SLO"
     few = judge_window("1h", runs("target", [0.1]), slo_p95_s=1, max_slowdown_ratio=1.2, min_successes=3)
     assert few.verdict == Verdict.INCONCLUSIVE
 

@@ -13,8 +13,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def latency_chart(windows: Sequence[Mapping[str, Any]], path: str | Path, *, title: str) -> Path:
-    """Grouped bars (source/target × p50/p95) per window; failed runs are marked, not hidden."""
+    """Write ``latency_figure`` to ``path`` (PNG)."""
     path = Path(path)
+    fig = latency_figure(windows, title=title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def latency_figure(windows: Sequence[Mapping[str, Any]], *, title: str) -> Any:
+    """Grouped bars (source/target × p50/p95) per window; failed or unmeasured bars say so, not hidden."""
     names = [w["window"] for w in windows]
     series = [
         ("source p50", "source_p50_s", "#9e9e9e", None),
@@ -30,15 +39,23 @@ def latency_chart(windows: Sequence[Mapping[str, Any]], path: str | Path, *, tit
         bars = ax.bar(xs, values, width, label=label, color=color, hatch=hatch, edgecolor="white")
         for bar, w in zip(bars, windows, strict=True):
             if w.get(key) is None:
-                ax.annotate("failed", (bar.get_x() + width / 2, 1e-3), ha="center", fontsize=7, color="red",
-                            rotation=90)
+                side = key.split("_")[0]
+                why = ((w.get("source_failure") if side == "source" else None) or "failed"
+                       if w.get(f"{side}_failures") else "not measured")
+                # No bar to read: say why, standing at the foot of the axis (x in data, y in axes units).
+                ax.annotate(why, (bar.get_x() + width / 2, 0.03), xycoords=ax.get_xaxis_transform(),
+                            ha="center", va="bottom", fontsize=7, color="#d32f2f", rotation=90)
     for j, w in enumerate(windows):
         ax.hlines(w.get("slo_p95_s"), j - 0.45, j + 0.45, colors="#d32f2f", linestyles="dashed",
                   label="target p95 SLO" if j == 0 else None)
+        label = None
         if w.get("speedup"):  # speedup = source p50 / target p50
             speed = w["speedup"]
             label = f"{speed:.1f}x faster" if speed >= 1 else f"{1 / speed:.1f}x slower"
-            top = max(w.get("source_p95_s") or 0, w.get("slo_p95_s") or 0)
+        elif w.get("source_failures") and w.get("target_p50_s") is not None:
+            label = f"source {w.get('source_failure') or 'failed'}; target answered"  # the seed's "60 s timeout"
+        if label:
+            top = max(w.get("source_p95_s") or 0, w.get("target_p95_s") or 0, w.get("slo_p95_s") or 0)
             ax.annotate(label, (j, top), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
     ax.set_yscale("log")
     tallest = max([w.get(k) or 0 for w in windows for k in ("source_p95_s", "target_p95_s", "slo_p95_s")] + [1e-3])
@@ -50,7 +67,4 @@ def latency_chart(windows: Sequence[Mapping[str, Any]], path: str | Path, *, tit
     ax.legend(fontsize=8, ncols=5, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return fig

@@ -69,6 +69,9 @@ class WindowLatency:
     slo_p95_s: float
     verdict: Verdict
     outcome: str
+    # How the source failed when the target answered ("timed out", "throttled", ...): the table
+    # shows "source timed out" instead of a speedup, as the seed's table did.
+    source_failure: str | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -81,6 +84,19 @@ class WindowLatency:
         d["verdict"] = self.verdict.value
         d["speedup"] = round(self.speedup, 2) if self.speedup else None
         return d
+
+
+# The first word(s) of ProbeRun.error (see the probe's classify_error) -> how a backend failed.
+_FAILURE_KINDS = {"timeout": "timed out", "HTTP 422": "timed out (HTTP 422)", "throttled": "throttled",
+                  "unreachable": "unreachable", "partial data": "returned partial data"}
+
+
+def failure_kind(runs: Sequence[ProbeRun]) -> str | None:
+    """One phrase for how the failed runs failed: e.g. "timed out"; "failed" when the kinds differ."""
+    kinds = {_FAILURE_KINDS.get((r.error or "").split(":")[0], "failed") for r in runs if not r.ok}
+    if not kinds:
+        return None
+    return kinds.pop() if len(kinds) == 1 else "failed"
 
 
 def _p(runs: Sequence[ProbeRun], q: float) -> float | None:
@@ -181,10 +197,12 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
         verdict, outcome = Verdict.FAILED, (f"target p95 {t95:.3f}s slower than source {s95:.3f}s "
                                             f"beyond ratio {max_slowdown_ratio}")
     elif src_fail:
-        verdict, outcome = Verdict.SUCCESSFUL, f"source failed {src_fail} of {len(src)} runs; target answered"
+        verdict, outcome = Verdict.SUCCESSFUL, (f"source {failure_kind(src)} in {src_fail} of {len(src)} runs; "
+                                                "target answered within SLO")
     else:
         verdict, outcome = Verdict.SUCCESSFUL, "within SLO"
-    return WindowLatency(window, s50, s95, t50, t95, src_fail, tgt_fail, slo_p95_s, verdict, outcome)
+    return WindowLatency(window, s50, s95, t50, t95, src_fail, tgt_fail, slo_p95_s, verdict, outcome,
+                         failure_kind(src) if src_fail else None)
 
 
 def latency_measurement(windows: Sequence[WindowLatency], queries: Sequence[str]) -> Measurement:

@@ -17,18 +17,18 @@ def _speedup(row: Mapping[str, Any]) -> str:
     if row.get("speedup") is not None:
         return f"{row['speedup']:.2f}x"
     if row.get("source_failures") and row.get("target_p50_s") is not None:
-        return "source failed"
+        return f"source {row.get('source_failure') or 'failed'}"
     return "-"
 
 
 def latency_table(windows: Sequence[Mapping[str, Any]]) -> str:
     """The seed-style table: window, source p50/p95, target p50/p95, speedup, outcome."""
-    head = f"{'window':<8} {'src p50':>9} {'src p95':>9} {'tgt p50':>9} {'tgt p95':>9} {'speedup':>14}  outcome"
+    head = f"{'window':<8} {'src p50':>9} {'src p95':>9} {'tgt p50':>9} {'tgt p95':>9} {'speedup':>16}  outcome"
     lines = [head, "-" * len(head)]
     for w in windows:
         lines.append(f"{w['window']:<8} {_fmt_s(w.get('source_p50_s')):>9} {_fmt_s(w.get('source_p95_s')):>9} "
                      f"{_fmt_s(w.get('target_p50_s')):>9} {_fmt_s(w.get('target_p95_s')):>9} "
-                     f"{_speedup(w):>14}  {w.get('verdict', '')}: {w.get('outcome', '')}")
+                     f"{_speedup(w):>16}  {w.get('verdict', '')}: {w.get('outcome', '')}")
     return "\n".join(lines)
 
 
