@@ -101,20 +101,29 @@ class LocalAirflow:
             time.sleep(3)
         raise RuntimeError(f"airflow not healthy after {timeout_s:.0f}s; see {self.home / 'standalone.log'}")
 
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+    def stop(self, *, term_wait_s: float = 30.0, kill_wait_s: float = 10.0) -> None:
+        """Stop standalone and everything it started: its whole process group, not just the leader.
+
+        The leader can exit while its scheduler and workers are still shutting down (or ignore
+        SIGTERM, as a waiting HITL task may): wait for the group to be gone, then SIGKILL it.
+        """
+        if self.proc is None:
             return
-        # HITL waits ignore SIGTERM under some runners; the process group gets SIGINT then SIGKILL.
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        pgid = self.proc.pid
+        for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, kill_wait_s)):
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(pgid, sig)
             except ProcessLookupError:
                 return
-            try:
-                self.proc.wait(wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+            deadline = time.time() + wait_s
+            while time.time() < deadline:
+                self.proc.poll()  # reap the leader, so a zombie does not keep the group alive
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.5)
+        log.warning("airflow process group %d still has members after SIGKILL", pgid)
 
     # -- REST ----------------------------------------------------------------------------
     def token(self, user: str) -> str:
