@@ -121,8 +121,6 @@ def machine_info() -> dict[str, Any]:
             "python": sys.version.split()[0], "requests": requests.__version__}
 
 
-
-
 # ---------------------------------------------------------------------------- backfill
 
 
@@ -139,7 +137,6 @@ def _show_backfill_progress() -> None:
     if not any(isinstance(h, _ProgressHandler) for h in logger.handlers):
         logger.addHandler(_ProgressHandler())
     logger.propagate = False
-
 
 
 # ------------------------------------------------------------------------------ timing

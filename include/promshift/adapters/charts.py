@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")  # no screen here or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from promshift.core.report import source_failed_label  # noqa: E402
+
 
 def latency_chart(windows: Sequence[Mapping[str, Any]], path: str | Path, *, title: str) -> Path:
     """Write ``latency_figure`` to ``path`` (PNG)."""
@@ -40,8 +42,12 @@ def latency_figure(windows: Sequence[Mapping[str, Any]], *, title: str) -> Any:
         for bar, w in zip(bars, windows, strict=True):
             if w.get(key) is None:
                 side = key.split("_")[0]
-                why = ((w.get("source_failure") if side == "source" else None) or "failed"
-                       if w.get(f"{side}_failures") else "not measured")
+                if not w.get(f"{side}_failures"):
+                    why = "not measured"
+                elif side == "source":
+                    why = w.get("source_failure") or "failed"
+                else:
+                    why = "failed"
                 # No bar to read: say why, standing at the foot of the axis (x in data, y in axes units).
                 ax.annotate(why, (bar.get_x() + width / 2, 0.03), xycoords=ax.get_xaxis_transform(),
                             ha="center", va="bottom", fontsize=7, color="#d32f2f", rotation=90)
@@ -52,8 +58,8 @@ def latency_figure(windows: Sequence[Mapping[str, Any]], *, title: str) -> Any:
         if w.get("speedup"):  # speedup = source p50 / target p50
             speed = w["speedup"]
             label = f"{speed:.1f}x faster" if speed >= 1 else f"{1 / speed:.1f}x slower"
-        elif w.get("source_failures") and w.get("target_p50_s") is not None:
-            label = f"source {w.get('source_failure') or 'failed'}; target answered"  # the seed's "60 s timeout"
+        elif failed := source_failed_label(w):
+            label = f"{failed}; target answered"
         if label:
             top = max(w.get("source_p95_s") or 0, w.get("target_p95_s") or 0, w.get("slo_p95_s") or 0)
             ax.annotate(label, (j, top), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import LatencyPolicy, LatencyWindow
@@ -32,6 +32,16 @@ from promshift.core.latency import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class _WindowPlan(NamedTuple):
+    """One window's step-aligned range, and why it is not queried at all (None: it is)."""
+
+    window: LatencyWindow
+    step: float
+    start: float
+    end: float
+    skip: str | None
 
 THROTTLED = (429, 503)
 
@@ -138,26 +148,25 @@ class LatencyProbe:
         deadline = self.clock() + policy.deadline_s
         retention = self.retentions()
         sides = (("source", self.source), ("target", self.target))
-        plans: list[tuple[LatencyWindow, float, float, float, str | None]] = []
+        plans: list[_WindowPlan] = []
         for window in policy.windows:
             step = choose_step(window.seconds, min_step_s=self.min_step_s)
             end = math.floor(now / step) * step
-            skip = None
             if window.seconds < step:
                 skip = f"window {window.name} is shorter than the step ({step:g}s): nothing to measure"
             else:
                 skip = retention_problem(window.seconds, retention)
-            plans.append((window, step, end - window.seconds, end, skip))
-        units = [(index, query) for index, plan in enumerate(plans) if plan[4] is None for query in queries]
+            plans.append(_WindowPlan(window, step, end - window.seconds, end, skip))
+        units = [(index, query) for index, plan in enumerate(plans) if plan.skip is None for query in queries]
 
         def measure(unit: tuple[int, str]) -> tuple[list[ProbeRun], bool]:
-            window, step, start, end, _ = plans[unit[0]]
+            plan, query = plans[unit[0]], unit[1]
             runs: list[ProbeRun] = []
             for i in range(policy.repeats + 1):
                 if self.clock() > deadline:
                     return runs, True
                 for backend, client in (sides if i % 2 == 0 else sides[::-1]):
-                    run = self.timed(client, backend, window.name, unit[1], start, end, step)
+                    run = self.timed(client, backend, plan.window.name, query, plan.start, plan.end, plan.step)
                     if i > 0:  # round 0 warms caches and is discarded
                         runs.append(run)
             return runs, False

@@ -91,9 +91,14 @@ _FAILURE_KINDS = {"timeout": "timed out", "HTTP 422": "timed out (HTTP 422)", "t
                   "unreachable": "unreachable", "partial data": "returned partial data"}
 
 
+def _error_kind(run: ProbeRun) -> str:
+    """The first word(s) of a failed run's error: "timeout", "HTTP 422", "unreachable", ..."""
+    return (run.error or "failed").split(":")[0]
+
+
 def failure_kind(runs: Sequence[ProbeRun]) -> str | None:
     """One phrase for how the failed runs failed: e.g. "timed out"; "failed" when the kinds differ."""
-    kinds = {_FAILURE_KINDS.get((r.error or "").split(":")[0], "failed") for r in runs if not r.ok}
+    kinds = {_FAILURE_KINDS.get(_error_kind(r), "failed") for r in runs if not r.ok}
     if not kinds:
         return None
     return kinds.pop() if len(kinds) == 1 else "failed"
@@ -181,11 +186,11 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
     tgt_fail = sum(not r.ok for r in tgt)
     t50, t95, s50, s95 = _p(tgt, 50), _p(tgt, 95), _p(src, 50), _p(src, 95)
     good_target = len(tgt) - tgt_fail
-    if tgt and all(not r.ok and (r.error or "").startswith("unreachable") for r in tgt):
+    if tgt and all(not r.ok and _error_kind(r) == "unreachable" for r in tgt):
         # Nothing was measured: the backend is down. That is an error of the check, not a slow target.
         verdict, outcome = Verdict.ERROR, f"target unreachable in all {len(tgt)} runs"
     elif tgt_fail:
-        reasons = sorted({(r.error or "failed").split(":")[0] for r in tgt if not r.ok})
+        reasons = sorted({_error_kind(r) for r in tgt if not r.ok})
         verdict, outcome = Verdict.FAILED, f"target failed {tgt_fail} of {len(tgt)} runs ({'; '.join(reasons)})"
     elif not_comparable:
         verdict, outcome = Verdict.INCONCLUSIVE, not_comparable

@@ -13,12 +13,18 @@ def _fmt_s(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def source_failed_label(row: Mapping[str, Any]) -> str | None:
+    """ "source timed out" (throttled, ...) for a window whose source failed while the target
+    answered, the seed's "60 s timeout" cell; None otherwise. Used by the table and the chart."""
+    if row.get("source_failures") and row.get("target_p50_s") is not None:
+        return f"source {row.get('source_failure') or 'failed'}"
+    return None
+
+
 def _speedup(row: Mapping[str, Any]) -> str:
     if row.get("speedup") is not None:
         return f"{row['speedup']:.2f}x"
-    if row.get("source_failures") and row.get("target_p50_s") is not None:
-        return f"source {row.get('source_failure') or 'failed'}"
-    return "-"
+    return source_failed_label(row) or "-"
 
 
 def latency_table(windows: Sequence[Mapping[str, Any]]) -> str:
