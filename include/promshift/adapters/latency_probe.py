@@ -120,7 +120,8 @@ class LatencyProbe:
                 except PrometheusError as exc:
                     value, origin = None, f"not reported ({exc})"
             if value is None and backend == "target":
-                value, origin = self.policy.retention_s, "from the catalog (latency.retention)"
+                value = self.policy.retention_s
+                origin = f"from the catalog (latency.retention); the backend's: {origin}"
             kept[backend] = value
             log.info("latency: %s retention %s, %s", backend,
                      format_duration(value) if value is not None else "unknown", origin)

@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
+from botocore.exceptions import BotoCoreError
 
 from promshift.adapters.amp import (
     AmpError,
@@ -115,11 +116,12 @@ class AmpHook(AwsBaseHook):
 
     def readiness_problem(self) -> str | None:
         """AMP has no ``/-/ready``: the workspace is ACTIVE now, and one cheap signed query answers."""
+        target = self.target  # a bad extra is the caller's one-line AmpError, before any AWS call
         try:
-            ws = describe_workspace(self.conn, self.target)
+            ws = describe_workspace(self.conn, target)
         except AmpError as exc:
             return str(exc)
-        problem = workspace_problem(ws, self.target.region)
+        problem = workspace_problem(ws, target.region)
         if problem:
             return problem
         try:
@@ -136,8 +138,8 @@ class AmpHook(AwsBaseHook):
         """The UI's Test button: the workspace is ACTIVE and a signed ``vector(1)`` answers."""
         try:
             problem = self.readiness_problem()
-        except AmpError as exc:
-            return False, str(exc)
+        except (AmpError, BotoCoreError) as exc:  # e.g. no region: the provider's client cannot be built
+            return False, str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
         if problem:
             return False, problem
         return True, (f"AMP workspace {self.target.workspace_ref} in {self.target.region} is ACTIVE "
