@@ -205,3 +205,42 @@ def test_prometheus_hook_test_connection(local_stack: LocalStack, monkeypatch: p
                                                                     "host": local_stack.source_url}))
     ok, message = PrometheusHook().test_connection()
     assert (ok, message) == (True, f"{local_stack.source_url} is ready and answers queries")
+
+
+def test_the_warmup_trigger_builds_signed_clients_from_connection_ids(
+        amp_env: Path, verifier: VerifyingServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trigger is serialised with connection ids only; on the triggerer it signs every target poll."""
+    import asyncio
+
+    import promshift.orchestration.amp_hook as amp_hook
+    from promshift.adapters.amp import AmpTarget, Workspace
+    from promshift.orchestration.triggers import WarmupTrigger
+
+    def control_plane(client: Any, target: AmpTarget) -> Workspace:  # DescribeWorkspace is tested elsewhere
+        assert target == AmpTarget(region=REGION, workspace_alias="gpu-fleet",
+                                   remote_write_url="http://127.0.0.1:1/api/v1/write")
+        return Workspace(workspace_id=WS_ID, status="ACTIVE", prometheus_endpoint=verifier.endpoint)
+
+    monkeypatch.setattr(amp_hook, "active_workspace", control_plane)
+    group = load_catalog(CATALOG, profile="demo").get(GROUP)
+    trigger = WarmupTrigger(group_name=GROUP, selector=group.selector(), source_conn_id="promshift_source",
+                            target_conn_id="promshift_target", started_at=datetime.now(UTC).timestamp() - 5,
+                            min_duration_s=1.0, timeout_s=8.0, max_lag_s=30.0, poll_interval_s=1.0)
+    path, kwargs = trigger.serialize()
+    assert path == "promshift.orchestration.triggers.WarmupTrigger"
+    assert {kwargs["source_conn_id"], kwargs["target_conn_id"]} == {"promshift_source", "promshift_target"}
+    assert "http" not in json.dumps(kwargs) and SECRET not in json.dumps(kwargs)
+
+    async def first() -> dict[str, Any]:
+        async for event in WarmupTrigger(**kwargs).run():
+            return dict(event.payload)
+        raise AssertionError("no event")
+
+    event = asyncio.run(asyncio.wait_for(first(), timeout=30))
+    # The verifier forwards to the source, so the "target" holds every series; the group's own queue
+    # does not exist on the source, so the trigger keeps waiting for lag and ends on its timeout.
+    assert event["status"] == "timeout", event
+    assert event["observation"]["target_series"] == event["observation"]["source_series"] > 0, event
+    assert verifier.verifier.rejected == {}
+    assert len(verifier.verifier.verified_keys) >= 1 and set(verifier.verifier.verified_keys) == {ACCESS_KEY}
+    assert SECRET not in json.dumps(event)
