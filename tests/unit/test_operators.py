@@ -454,3 +454,24 @@ def test_amp_problems_fail_validate_in_one_line_retrying_only_what_may_pass(
     assert str(excinfo.value) == message
     assert excinfo.value.__cause__ is None and "op-test-secret" not in str(excinfo.value)
     assert audit.events() == []  # nothing recorded, nothing deployed
+
+
+def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
+        dag: Any, audit: AuditStore, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bad credentials fail every control-plane call; the rollback needs only the source and still runs."""
+    from botocore.stub import Stubber
+
+    amp_target(monkeypatch)
+    op = task(dag, "rollback")
+    with Stubber(op.target_hook.conn) as stub:
+        stub.add_client_error("describe_workspace", "UnrecognizedClientException", http_status_code=403)
+        result = op.execute(make_context({"snapshot": None}))
+    assert result["performed"] is False
+    [ev] = audit.events(group=GROUP)
+    assert ev.kind == "rollback_not_needed"
+    # Every other step does need the target, and says why it cannot have it.
+    with Stubber(task(dag, "validate").target_hook.conn) as stub:
+        stub.add_client_error("describe_workspace", "UnrecognizedClientException", http_status_code=403)
+        with pytest.raises(AirflowFailException, match=r"AWS refused the credentials' signature "
+                                                       r"\(UnrecognizedClientException\)$"):
+            task(dag, "validate").execute(make_context())

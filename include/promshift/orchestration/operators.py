@@ -57,9 +57,14 @@ class _GroupStep:
     def target_hook(self) -> PrometheusHook | AmpHook:
         return backend_hook(self.target_conn_id)
 
+    # Whether the step needs the target at all: a rollback restores the source alone, so a target
+    # whose control plane refuses us (bad credentials, a deleted workspace) must not block it.
+    needs_target = True
+
     def backends(self) -> Any:
         """Both backends from their connections; an AMP problem fails the task with its one-line reason."""
         from promshift.adapters.amp import AmpError
+        from promshift.adapters.prometheus import PrometheusClient
         from promshift.migration import Backends
         from promshift.orchestration.hooks import PrometheusHook
 
@@ -67,6 +72,17 @@ class _GroupStep:
         if not isinstance(source, PrometheusHook) or "config_path" not in source.extra:
             raise AirflowFailException(f"connection {self.source_conn_id!r} must be a prometheus connection "
                                        "with extra.config_path")
+        if not self.needs_target:
+            try:
+                target.base_url  # noqa: B018 - resolves the workspace, which may fail
+            except AmpError as exc:
+                why = f"unavailable: {exc}"
+                self.log.warning("target %s; this step uses the source only", why)
+                # Port 0 never answers: any use fails at once as 'unreachable', never silently.
+                return Backends(source=source.prometheus_client(), target=PrometheusClient("http://127.0.0.1:0"),
+                                source_config_path=source.extra["config_path"], target_remote_write_url="",
+                                promtool=source.extra.get("promtool", "promtool"),
+                                target_ready=lambda: why)
         try:
             remote_write_url = target.remote_write_url
             if not remote_write_url:
@@ -327,6 +343,7 @@ class RollbackOperator(GroupStepOperator):
     """Restore the snapshot byte for byte and record why; runs when any step failed or was rejected."""
 
     ui_color = "#fde8e8"
+    needs_target = False
 
     def execute(self, context: Any) -> dict[str, Any]:
         migration = self.migration(context)
