@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,19 @@ class Backends:
     source_config_path: str
     target_remote_write_url: str
     promtool: str = "promtool"
+    # An AMP target: the remote_write entry's sigv4 block ({region, role_arn?}); None writes unsigned.
+    target_sigv4: Mapping[str, str] | None = None
+    # Why the target cannot be used now, or None; None here means its /-/ready (self-hosted Prometheus).
+    target_ready: Callable[[], str | None] | None = None
+    # (seconds, origin) of the target's retention from its control plane; None: ask the server, then the catalog.
+    target_retention: Callable[[], tuple[float | None, str]] | None = None
+    # What the audit records about the target ({kind: amp, workspace_id, region}); never credentials.
+    target_identity: Mapping[str, Any] = field(default_factory=dict)
+
+    def target_problem(self) -> str | None:
+        if self.target_ready is not None:
+            return self.target_ready()
+        return None if self.target.ready() else f"{self.target.base_url} is unreachable or not ready"
 
 
 def observe_warmup(*, group_name: str, selector: str, source: PrometheusClient, target: PrometheusClient,
@@ -107,9 +120,11 @@ class GroupMigration:
             raise GroupNotStartable(f"group {self.group.name!r} is {stage.value}; a new migration run "
                                     f"starts only from {sorted(s.value for s in STARTABLE)}")
         problems = []
-        for role, client in (("source", self.backends.source), ("target", self.backends.target)):
-            if not client.ready():
-                problems.append(f"{role} {client.base_url} is unreachable or not ready")
+        if not self.backends.source.ready():
+            problems.append(f"source {self.backends.source.base_url} is unreachable or not ready")
+        target_problem = self.backends.target_problem()
+        if target_problem:
+            problems.append(f"target {target_problem}")
         if not Path(self.backends.source_config_path).is_file():
             problems.append(f"source config {self.backends.source_config_path} does not exist")
         if problems:
@@ -117,6 +132,8 @@ class GroupMigration:
         series = self.backends.source.scalar(f"count({self.group.selector()})") or 0
         evidence = {"stage": stage.value, "selector": self.group.selector(), "source_series": int(series),
                     "source": self.backends.source.base_url, "target": self.backends.target.base_url}
+        if self.backends.target_identity:
+            evidence["target_backend"] = dict(self.backends.target_identity)
         if series == 0:
             raise RuntimeError(f"the source has no series for {self.group.selector()}; nothing to migrate")
         self.record("validated", now, evidence)
@@ -144,7 +161,7 @@ class GroupMigration:
         """Add the group's own remote_write entry with a keep-filter; verify it is live."""
         snap = self._load_snapshot(snapshot_info)
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
-                                   url=self.backends.target_remote_write_url)
+                                   url=self.backends.target_remote_write_url, sigv4=self.backends.target_sigv4)
         new_text = add_remote_write(snap.text, entry)
         result = self.deployer.deploy(new_text, snapshot=snap, expect_remote_writes={entry["name"]})
         evidence = {"remote_write": entry["name"], "keep_regex": self.group.name_regex(),
@@ -152,6 +169,8 @@ class GroupMigration:
                     "config_after_sha256": result.after_sha256,
                     "live_remote_writes": list(result.live_remote_writes),
                     "dual_write_since": now.timestamp()}
+        if "sigv4" in entry:
+            evidence["sigv4"] = entry["sigv4"]
         self.record("dual_write_deployed", now, evidence, to=Stage.DUAL_WRITING)
         return evidence
 
@@ -174,7 +193,7 @@ class GroupMigration:
         from promshift.adapters.latency_probe import LatencyProbe
 
         probe = LatencyProbe(self.backends.source, self.backends.target, self.group.latency,
-                             min_step_s=self.group.parity.step_s)
+                             min_step_s=self.group.parity.step_s, target_retention=self.backends.target_retention)
         queries = list(self.group.latency.queries) or [f"count({self.group.selector()})"]
         result = probe.run(now=now.timestamp(), queries=queries, dual_write_since=dual_write_since,
                            history_selector=self.group.selector())

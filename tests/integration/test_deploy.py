@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -35,9 +36,10 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusClient, Path]]:
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(BASE)
     port = free_port()
+    # Environment as the test runs: a test that sets AWS_* variables first gives them to the server.
     proc = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
     client = PrometheusClient(f"http://127.0.0.1:{port}", timeout_s=30)
     deadline = time.time() + 30
     while not client.ready():
@@ -104,3 +106,54 @@ def test_unreachable_backend_is_a_clear_error() -> None:
     with pytest.raises(PrometheusError, match="unreachable"):
         client.query("up")
     assert client.ready() is False
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Credentials in the server's environment (set before ``prometheus`` starts it)."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDPROMSHIFTTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+
+
+AMP_ENTRY = remote_write_entry(group_name="gpu-memory", name_regex="DCGM_FI_DEV_FB_(FREE|USED)",
+                               url="http://127.0.0.1:9/api/v1/write",
+                               sigv4={"region": "us-east-1", "role_arn": "arn:aws:iam::123456789012:role/promshift"})
+
+
+def test_an_amp_entry_without_aws_credentials_on_the_server_is_reverted(
+        prometheus: tuple[PrometheusClient, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured on Debian's 2.42: a sigv4 entry loads only if the server finds AWS credentials
+    (it then still sends unsigned, hence the local signing relay); without them the reload fails."""
+    client, cfg = prometheus
+    deployer = FileConfigDeployer(cfg, client)
+    with pytest.raises(DeployError, match="failed and was reverted: .*reload rejected"):
+        deployer.deploy(add_remote_write(BASE, AMP_ENTRY), snapshot=deployer.snapshot(),
+                        expect_remote_writes={"promshift-gpu-memory"})
+    assert cfg.read_text() == BASE
+    assert remote_write_names(client.config_text()) == []
+
+
+def test_an_amp_entry_with_sigv4_passes_promtool_and_goes_live(aws_env: None,
+                                                               prometheus: tuple[PrometheusClient, Path]) -> None:
+    """The AMP form of the entry (sigv4 + AMP's queue settings) passes the real promtool and loads."""
+    import yaml
+
+    from promshift.core.render import AMP_QUEUE_CONFIG
+
+    client, cfg = prometheus
+    deployer = FileConfigDeployer(cfg, client)
+    snap = deployer.snapshot()
+    amp = AMP_ENTRY
+    result = deployer.deploy(add_remote_write(BASE, amp), snapshot=snap, expect_remote_writes={"promshift-gpu-memory"})
+    assert "promshift-gpu-memory" in result.live_remote_writes
+    [live] = yaml.safe_load(client.config_text())["remote_write"]
+    assert live["sigv4"] == {"region": "us-east-1", "role_arn": "arn:aws:iam::123456789012:role/promshift"}
+    assert {k: live["queue_config"][k] for k in AMP_QUEUE_CONFIG} == dict(AMP_QUEUE_CONFIG)
+    assert deployer.restore(snap) is True
+    # promtool really checks the block: a field sigv4 does not have is refused.
+    bad = add_remote_write(BASE, amp).replace("region: us-east-1", "region: us-east-1\n    regoin: typo")
+    with pytest.raises(DeployError, match=r"promtool rejected(.|\n)*field regoin not found in type sigv4"):
+        deployer.deploy(bad, snapshot=deployer.snapshot(), expect_remote_writes={"promshift-gpu-memory"})
+    assert cfg.read_text() == BASE

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -80,6 +81,16 @@ def source_config_guard(local_stack: LocalStack) -> Iterator[bytes]:
             ConfigSnapshot(path=str(path), text=text, sha256=sha256_text(text)))
 
 
+@pytest.fixture
+def connections(local_stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Airflow connections the warm-up trigger reads (as the triggerer would)."""
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({"conn_type": "prometheus",
+                                                                    "host": local_stack.source_url}))
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+        "conn_type": "prometheus", "host": local_stack.target_url,
+        "extra": {"remote_write_url": local_stack.target_remote_write_url}}))
+
+
 async def first_event(trigger: WarmupTrigger, timeout_s: float) -> dict[str, Any]:
     async def first() -> dict[str, Any]:
         async for event in trigger.run():
@@ -135,7 +146,8 @@ def test_validate_names_an_unreachable_target_and_writes_nothing(
 
 
 def test_dual_write_warms_up_passes_parity_and_rolls_back_byte_for_byte(
-        local_stack: LocalStack, tmp_path: Path, audit: AuditStore, source_config_guard: bytes) -> None:
+        local_stack: LocalStack, tmp_path: Path, audit: AuditStore, source_config_guard: bytes,
+        connections: None) -> None:
     migration = make_migration(local_stack, tmp_path, audit)
     group, backends = migration.group, migration.backends
     entry = remote_write_name(GROUP)
@@ -158,9 +170,9 @@ def test_dual_write_warms_up_passes_parity_and_rolls_back_byte_for_byte(
     obs = wait_for_target(group, backends, since)
     assert obs.target_series == obs.source_series == local_stack.config.nodes * 8 * 3
 
-    # The deferrable trigger, run as the triggerer would, sees the same thing.
-    trigger = WarmupTrigger(group_name=GROUP, selector=group.selector(), source_url=local_stack.source_url,
-                            target_url=local_stack.target_url, started_at=since, min_duration_s=1.0,
+    # The deferrable trigger, run as the triggerer would (from connection ids), sees the same thing.
+    trigger = WarmupTrigger(group_name=GROUP, selector=group.selector(), source_conn_id="promshift_source",
+                            target_conn_id="promshift_target", started_at=since, min_duration_s=1.0,
                             timeout_s=30.0, max_lag_s=30.0, poll_interval_s=1.0)
     event = asyncio.run(first_event(trigger, timeout_s=35.0))
     assert event["status"] == "ready", event
@@ -220,9 +232,9 @@ def test_rollback_is_identical_while_a_prefix_named_group_keeps_dual_writing(
     assert rolled["restored_identical"] is True
 
 
-def test_warmup_trigger_times_out_on_a_selector_matching_nothing(local_stack: LocalStack) -> None:
+def test_warmup_trigger_times_out_on_a_selector_matching_nothing(local_stack: LocalStack, connections: None) -> None:
     trigger = WarmupTrigger(group_name="no-such-group", selector='{__name__="promshift_no_such_metric"}',
-                            source_url=local_stack.source_url, target_url=local_stack.target_url,
+                            source_conn_id="promshift_source", target_conn_id="promshift_target",
                             started_at=time.time(), min_duration_s=1.0, timeout_s=3.0, max_lag_s=30.0,
                             poll_interval_s=1.0)
     started = time.monotonic()

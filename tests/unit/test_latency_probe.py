@@ -257,6 +257,34 @@ def test_window_longer_than_a_backends_retention_is_inconclusive_without_queryin
     assert result["verdict"] == "INCONCLUSIVE"
 
 
+@pytest.mark.parametrize(("lookup", "target_s"), [
+    pytest.param((4 * 3600.0, "from the workspace configuration"), 4 * 3600.0, id="workspace-configuration"),
+    pytest.param((None, "unavailable (DescribeWorkspaceConfiguration: 404)"), 5 * 3600.0, id="catalog-fallback"),
+])
+def test_an_amp_targets_retention_comes_from_its_workspace_else_the_catalog(
+        servers: Any, caplog: pytest.LogCaptureFixture, lookup: tuple[float | None, str], target_s: float) -> None:
+    src = servers(lambda n: ok_matrix(), retention="10h")
+    tgt = servers(lambda n: ok_matrix(), retention="1h")  # never asked: the control plane speaks for an AMP target
+    calls: list[int] = []
+
+    def workspace_retention() -> tuple[float | None, str]:
+        calls.append(1)
+        return lookup
+
+    windows = (LatencyWindow("1h", 3600.0, 1.0), LatencyWindow("4h30m", 4.5 * 3600.0, 1.0))
+    p = LatencyProbe(PrometheusClient(src.url), PrometheusClient(tgt.url), policy(repeats=1, windows=windows,
+                     retention_s=5 * 3600.0), min_step_s=15, backoff_s=0.01, target_retention=workspace_retention)
+    with caplog.at_level("INFO", logger="promshift.adapters.latency_probe"):
+        result = p.run(now=1e6, queries=["q"], dual_write_since=None)
+    assert calls == [1]
+    assert result["retention_s"] == {"source": 36000.0, "target": target_s}
+    by_window = {w["window"]: w["verdict"] for w in result["windows"]}
+    assert by_window == {"1h": "SUCCESSFUL", "4h30m": "INCONCLUSIVE" if target_s < 4.5 * 3600 else "SUCCESSFUL"}
+    if lookup[0] is None:
+        assert ("target retention 5h, from the catalog (latency.retention); the backend's: unavailable "
+                "(DescribeWorkspaceConfiguration: 404)") in caplog.text
+
+
 def test_window_before_dual_write_is_comparable_only_where_the_target_holds_the_history(servers: Any) -> None:
     now, since = 1_000_000.0, 1_000_000.0 - 600
     src = servers(lambda n: ok_matrix(), series_at=lambda t: 64)

@@ -393,3 +393,85 @@ def test_validate_fails_naming_unreachable_backends(dag: Any, audit: AuditStore)
                                            r"target http://127\.0\.0\.1:1 is unreachable"):
         task(dag, "validate").execute(make_context())
     assert audit.events() == []
+
+
+# -- an AMP target: the hook is chosen by conn_type, its problems fail the task in one line ------------
+
+
+def amp_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+        "conn_type": "amp", "login": "AKIDTEST", "password": "op-test-secret",
+        "extra": {"region_name": "us-east-1", "workspace_id": "ws-op"}}))
+
+
+def workspace_answer(status: str) -> dict[str, Any]:
+    return {"workspace": {"workspaceId": "ws-op", "status": {"statusCode": status},
+                          "arn": "arn:aws:aps:us-east-1:123456789012:workspace/ws-op",
+                          "prometheusEndpoint": "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-op/",
+                          "createdAt": datetime(2026, 1, 1, tzinfo=UTC)}}
+
+
+def test_an_amp_target_builds_signed_backends_with_a_sigv4_write(dag: Any, env: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from botocore.stub import Stubber
+
+    amp_target(monkeypatch)
+    op = task(dag, "validate")
+    assert type(op.target_hook).__name__ == "AmpHook" and type(op.source_hook).__name__ == "PrometheusHook"
+    with Stubber(op.target_hook.conn) as stub:
+        stub.add_response("describe_workspace", workspace_answer("ACTIVE"), {"workspaceId": "ws-op"})
+        backends = op.backends()
+    endpoint = "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-op"
+    assert backends.target.base_url == endpoint
+    assert backends.target_remote_write_url == endpoint + "/api/v1/remote_write"
+    assert backends.target_sigv4 == {"region": "us-east-1"}
+    assert backends.target_identity == {"kind": "amp", "workspace_id": "ws-op", "region": "us-east-1"}
+    assert backends.target.auth is not None and backends.source.auth is None
+    assert "op-test-secret" not in repr(backends)
+
+
+@pytest.mark.parametrize(("setup", "raises", "message"), [
+    (lambda s: s.add_response("describe_workspace", workspace_answer("CREATING"), {"workspaceId": "ws-op"}),
+     "AmpError", "AMP workspace ws-op is CREATING, not ACTIVE: wait until it is ACTIVE"),
+    (lambda s: s.add_client_error("describe_workspace", "AccessDeniedException", http_status_code=403),
+     "AirflowFailException", "DescribeWorkspace on AMP workspace ws-op in us-east-1: access denied "
+                             "(AccessDeniedException); the credentials need aps:DescribeWorkspace"),
+    (lambda s: s.add_client_error("describe_workspace", "ThrottlingException", http_status_code=429),
+     "AmpError", "DescribeWorkspace on AMP workspace ws-op in us-east-1: ThrottlingException from the AMP "
+                 "control plane; retry later"),
+])
+def test_amp_problems_fail_validate_in_one_line_retrying_only_what_may_pass(
+        dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch, setup: Any, raises: str, message: str) -> None:
+    from botocore.stub import Stubber
+
+    amp_target(monkeypatch)
+    op = task(dag, "validate")
+    with Stubber(op.target_hook.conn) as stub:
+        setup(stub)
+        with pytest.raises(Exception) as excinfo:  # noqa: B017 - the type is asserted by name below
+            op.execute(make_context())
+    assert type(excinfo.value).__name__ == raises  # AirflowFailException is never retried
+    assert str(excinfo.value) == message
+    assert excinfo.value.__cause__ is None and "op-test-secret" not in str(excinfo.value)
+    assert audit.events() == []  # nothing recorded, nothing deployed
+
+
+def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
+        dag: Any, audit: AuditStore, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bad credentials fail every control-plane call; the rollback needs only the source and still runs."""
+    from botocore.stub import Stubber
+
+    amp_target(monkeypatch)
+    op = task(dag, "rollback")
+    with Stubber(op.target_hook.conn) as stub:
+        stub.add_client_error("describe_workspace", "UnrecognizedClientException", http_status_code=403)
+        result = op.execute(make_context({"snapshot": None}))
+    assert result["performed"] is False
+    [ev] = audit.events(group=GROUP)
+    assert ev.kind == "rollback_not_needed"
+    # Every other step does need the target, and says why it cannot have it.
+    with Stubber(task(dag, "validate").target_hook.conn) as stub:
+        stub.add_client_error("describe_workspace", "UnrecognizedClientException", http_status_code=403)
+        with pytest.raises(AirflowFailException, match=r"AWS refused the credentials' signature "
+                                                       r"\(UnrecognizedClientException\)$"):
+            task(dag, "validate").execute(make_context())

@@ -63,3 +63,21 @@ def test_yaml_special_characters_survive_rendering() -> None:
 def test_bad_yaml_is_a_clear_error() -> None:
     with pytest.raises(RenderError, match="not valid YAML"):
         add_remote_write("global: [unclosed", entry())
+
+
+def test_an_amp_entry_signs_with_sigv4_and_uses_amps_queue_settings() -> None:
+    from promshift.core.render import AMP_QUEUE_CONFIG
+
+    amp = remote_write_entry(group_name="g", name_regex="a|b", url="https://aps/ws/api/v1/remote_write",
+                             sigv4={"region": "us-east-1"})
+    assert amp["sigv4"] == {"region": "us-east-1"}
+    assert amp["queue_config"] == {"max_samples_per_send": 1000, "max_shards": 200, "capacity": 2500}
+    assert amp["queue_config"] == dict(AMP_QUEUE_CONFIG)
+    with_role = remote_write_entry(group_name="g", name_regex="a", url="u", queue_config={"capacity": 5000},
+                                   sigv4={"region": "eu-west-1", "role_arn": "arn:aws:iam::1:role/r"})
+    assert with_role["sigv4"] == {"region": "eu-west-1", "role_arn": "arn:aws:iam::1:role/r"}
+    assert with_role["queue_config"] == {"capacity": 5000}  # an explicit queue_config wins
+    plain = remote_write_entry(group_name="g", name_regex="a", url="u")
+    assert "sigv4" not in plain and "queue_config" not in plain  # a self-hosted target is unchanged
+    with pytest.raises(RenderError, match="sigv4 remote_write needs a region"):
+        remote_write_entry(group_name="g", name_regex="a", url="u", sigv4={"region": ""})

@@ -78,6 +78,8 @@ class LatencyProbe:
     backoff_s: float = 0.5
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    # The target's control plane, when it has one (AMP: DescribeWorkspaceConfiguration): (seconds, origin).
+    target_retention: Callable[[], tuple[float | None, str]] | None = None
 
     def timed(self, client: PrometheusClient, backend: str, window: str, query: str, start: float, end: float,
               step: float) -> ProbeRun:
@@ -104,17 +106,22 @@ class LatencyProbe:
                             retries=retries, samples=samples_processed(res.stats))
 
     def retentions(self) -> dict[str, float | None]:
-        """Each backend's time retention: what it reports (``status/runtimeinfo``), else for the
-        target the catalog's ``retention`` (AMP does not serve runtimeinfo), else unknown (None)."""
+        """Each backend's time retention: what it reports (``status/runtimeinfo``; for an AMP target
+        its workspace configuration), else for the target the catalog's ``retention`` (AMP serves no
+        runtimeinfo, and a control plane may not answer), else unknown (None)."""
         kept: dict[str, float | None] = {}
         for backend, client in (("source", self.source), ("target", self.target)):
-            try:
-                value = parse_retention(str(client.runtime_info().get("storageRetention") or ""))
-                origin = "reported by the backend"
-            except PrometheusError as exc:
-                value, origin = None, f"not reported ({exc})"
+            if backend == "target" and self.target_retention is not None:
+                value, origin = self.target_retention()
+            else:
+                try:
+                    value = parse_retention(str(client.runtime_info().get("storageRetention") or ""))
+                    origin = "reported by the backend"
+                except PrometheusError as exc:
+                    value, origin = None, f"not reported ({exc})"
             if value is None and backend == "target":
-                value, origin = self.policy.retention_s, "from the catalog (latency.retention)"
+                value = self.policy.retention_s
+                origin = f"from the catalog (latency.retention); the backend's: {origin}"
             kept[backend] = value
             log.info("latency: %s retention %s, %s", backend,
                      format_duration(value) if value is not None else "unknown", origin)

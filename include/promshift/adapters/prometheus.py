@@ -187,7 +187,10 @@ class PrometheusClient:
         except ValueError:
             body = None
         if resp.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
-            detail = body.get("error") if isinstance(body, dict) else resp.text[:200]
+            # Prometheus says "error"; AMP says "message" (403s). Only the first line: AWS's signature
+            # mismatch message goes on to print the canonical request, session token included.
+            detail = (body.get("error") or body.get("message")) if isinstance(body, dict) else resp.text
+            detail = str(detail).strip().splitlines()[0][:200] if detail else detail
             etype = body.get("errorType") if isinstance(body, dict) else None
             raise PrometheusError(self.base_url, f"HTTP {resp.status_code} for {what}: {detail}",
                                   http_status=resp.status_code, error_type=etype)

@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 
 ENTRY_PREFIX = "promshift-"
+# AWS's recommended remote_write queue settings for AMP (AMP user guide, remote write to AMP).
+AMP_QUEUE_CONFIG: Mapping[str, int] = {"max_samples_per_send": 1000, "max_shards": 200, "capacity": 2500}
 
 
 class RenderError(ValueError):
@@ -36,10 +38,13 @@ def remote_write_entry(
     name_regex: str,
     url: str,
     queue_config: Mapping[str, Any] | None = None,
+    sigv4: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The remote_write entry that dual-writes exactly the group's metrics to ``url``.
 
-    Prometheus anchors relabel regexes, so ``name_regex`` must match whole names.
+    Prometheus anchors relabel regexes, so ``name_regex`` must match whole names. With
+    ``sigv4`` (``{region, role_arn?}``, an AMP target) the entry signs its writes and, unless
+    ``queue_config`` says otherwise, uses AMP's recommended queue settings.
     """
     entry: dict[str, Any] = {
         "name": remote_write_name(group_name),
@@ -48,6 +53,11 @@ def remote_write_entry(
             {"source_labels": ["__name__"], "regex": name_regex, "action": "keep"},
         ],
     }
+    if sigv4 is not None:
+        if not sigv4.get("region"):
+            raise RenderError("a sigv4 remote_write needs a region")
+        entry["sigv4"] = {k: str(sigv4[k]) for k in ("region", "role_arn") if sigv4.get(k)}
+        queue_config = queue_config or AMP_QUEUE_CONFIG
     if queue_config:
         entry["queue_config"] = dict(queue_config)
     return entry

@@ -1,12 +1,30 @@
-"""PrometheusHook: an Airflow connection to a Prometheus-compatible API (source or AMP target)."""
+"""PrometheusHook: an Airflow connection to a self-hosted Prometheus; ``backend_hook`` picks the hook."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.orchestration.provider_info import PROMETHEUS_UI, field_behaviour
+
+if TYPE_CHECKING:
+    from promshift.orchestration.amp_hook import AmpHook
+
+
+def backend_hook(conn_id: str) -> PrometheusHook | AmpHook:
+    """The hook for a backend connection, by its conn_type: ``amp`` -> AmpHook, else PrometheusHook.
+
+    The one place that choice is made (operators and the warm-up trigger call it).
+    """
+    conn_type = (BaseHook.get_connection(conn_id).conn_type or "").lower()
+    if conn_type == "amp":
+        from promshift.orchestration.amp_hook import AmpHook
+
+        return AmpHook(aws_conn_id=conn_id)
+    return PrometheusHook(conn_id)
 
 
 def base_url_from(host: str | None, port: int | None, schema: str | None, extra: dict[str, Any]) -> str:
@@ -53,8 +71,43 @@ class PrometheusHook(BaseHook):
         """A client; with ``stats`` every query asks for ``stats=all`` (the server's own timings)."""
         return PrometheusClient(self.base_url, timeout_s=float(self.extra.get("timeout_s", 60)), always_stats=stats)
 
-    def test_connection(self) -> tuple[bool, str]:
+    # -- what a migration asks of a backend (AmpHook answers the same) --------------------
+    def prometheus_client(self, *, stats: bool = False) -> PrometheusClient:
+        return self.get_conn(stats=stats)
+
+    @property
+    def remote_write_url(self) -> str | None:
+        url = self.extra.get("remote_write_url")
+        return str(url) if url else None
+
+    @property
+    def sigv4(self) -> dict[str, str] | None:
+        return None  # a self-hosted receiver takes unsigned writes
+
+    @property
+    def retention_lookup(self) -> Callable[[], tuple[float | None, str]] | None:
+        return None  # the server reports it (status/runtimeinfo); the catalog is the fallback
+
+    def identity(self) -> dict[str, Any]:
+        """What the audit records about this backend (never credentials)."""
+        return {"kind": "prometheus", "url": self.base_url}
+
+    def readiness_problem(self) -> str | None:
+        """Why the backend cannot be used now (its ``/-/ready``), or None."""
         client = self.get_conn()
-        if client.ready():
-            return True, f"{client.base_url} is ready"
-        return False, f"{client.base_url} is unreachable or not ready"
+        return None if client.ready() else f"{client.base_url} is unreachable or not ready"
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return field_behaviour(PROMETHEUS_UI)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's Test button: ``/-/ready`` answers, and one query does."""
+        try:
+            problem = self.readiness_problem()
+            if problem:
+                return False, problem
+            self.get_conn().query("vector(1)")
+        except (PrometheusError, ValueError) as exc:
+            return False, str(exc)
+        return True, f"{self.base_url} is ready and answers queries"

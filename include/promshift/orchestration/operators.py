@@ -6,13 +6,17 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import BaseOperator, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from promshift.orchestration.hooks import PrometheusHook
+from promshift.orchestration.hooks import backend_hook
+
+if TYPE_CHECKING:
+    from promshift.orchestration.amp_hook import AmpHook
+    from promshift.orchestration.hooks import PrometheusHook
 
 SOURCE_CONN = "promshift_source"
 TARGET_CONN = "promshift_target"
@@ -46,32 +50,66 @@ class _GroupStep:
         return load_catalog(self.catalog_path, profile=self.profile).get(self.group_name)
 
     @cached_property
-    def source_hook(self) -> PrometheusHook:
-        return PrometheusHook(self.source_conn_id)
+    def source_hook(self) -> PrometheusHook | AmpHook:
+        return backend_hook(self.source_conn_id)
 
     @cached_property
-    def target_hook(self) -> PrometheusHook:
-        return PrometheusHook(self.target_conn_id)
+    def target_hook(self) -> PrometheusHook | AmpHook:
+        return backend_hook(self.target_conn_id)
+
+    # Whether the step needs the target at all: a rollback restores the source alone, so a target
+    # whose control plane refuses us (bad credentials, a deleted workspace) must not block it.
+    needs_target = True
+
+    def backends(self) -> Any:
+        """Both backends from their connections; an AMP problem fails the task with its one-line reason."""
+        from promshift.adapters.amp import AmpError
+        from promshift.adapters.prometheus import PrometheusClient
+        from promshift.migration import Backends
+        from promshift.orchestration.hooks import PrometheusHook
+
+        source, target = self.source_hook, self.target_hook
+        if not isinstance(source, PrometheusHook) or "config_path" not in source.extra:
+            raise AirflowFailException(f"connection {self.source_conn_id!r} must be a prometheus connection "
+                                       "with extra.config_path")
+        if not self.needs_target:
+            try:
+                target.base_url  # noqa: B018 - resolves the workspace, which may fail
+            except AmpError as exc:
+                why = f"unavailable: {exc}"
+                self.log.warning("target %s; this step uses the source only", why)
+                # Port 0 never answers: any use fails at once as 'unreachable', never silently.
+                return Backends(source=source.prometheus_client(), target=PrometheusClient("http://127.0.0.1:0"),
+                                source_config_path=source.extra["config_path"], target_remote_write_url="",
+                                promtool=source.extra.get("promtool", "promtool"),
+                                target_ready=lambda: why)
+        try:
+            remote_write_url = target.remote_write_url
+            if not remote_write_url:
+                raise AirflowFailException(f"connection {self.target_conn_id!r} needs extra.remote_write_url")
+            return Backends(
+                source=source.prometheus_client(),
+                target=target.prometheus_client(),
+                source_config_path=source.extra["config_path"],
+                target_remote_write_url=remote_write_url,
+                promtool=source.extra.get("promtool", "promtool"),
+                target_sigv4=target.sigv4,
+                target_ready=target.readiness_problem,
+                target_retention=target.retention_lookup,
+                target_identity=target.identity(),
+            )
+        except AmpError as exc:
+            if exc.retryable:
+                raise
+            raise AirflowFailException(str(exc)) from None
 
     def migration(self, context: Any) -> Any:
         from promshift.adapters.audit_store import AuditStore
         from promshift.adapters.routing import RoutingManifest
-        from promshift.migration import Backends, GroupMigration
+        from promshift.migration import GroupMigration
         from promshift.settings import snapshots_dir
 
-        src_extra = self.source_hook.extra
-        tgt_extra = self.target_hook.extra
-        if "config_path" not in src_extra:
-            raise AirflowFailException(f"connection {self.source_conn_id!r} needs extra.config_path")
-        if "remote_write_url" not in tgt_extra:
-            raise AirflowFailException(f"connection {self.target_conn_id!r} needs extra.remote_write_url")
-        backends = Backends(
-            source=self.source_hook.get_conn(),
-            target=self.target_hook.get_conn(),
-            source_config_path=src_extra["config_path"],
-            target_remote_write_url=tgt_extra["remote_write_url"],
-            promtool=src_extra.get("promtool", "promtool"),
-        )
+        backends = self.backends()
         return GroupMigration(self.group, backends, audit=AuditStore(), routing=RoutingManifest(),
                               snapshots_dir=snapshots_dir(), run_id=context["run_id"],
                               catalog_dir=Path(self.catalog_path).parent)
@@ -130,8 +168,8 @@ class WarmupOperator(GroupStepOperator):
             trigger=WarmupTrigger(
                 group_name=self.group.name,
                 selector=self.group.selector(),
-                source_url=self.source_hook.base_url,
-                target_url=self.target_hook.base_url,
+                source_conn_id=self.source_conn_id,
+                target_conn_id=self.target_conn_id,
                 started_at=float(deployed["dual_write_since"]),
                 min_duration_s=policy.duration_s,
                 timeout_s=policy.timeout_s,
@@ -155,7 +193,8 @@ class _ParityStep(GroupStepOperator):
         from promshift.adapters.parity_check import ParityCheck
 
         # stats=all on every parity query: the result reports the backends' own query time.
-        return ParityCheck(self.group, self.source_hook.get_conn(stats=True), self.target_hook.get_conn(stats=True),
+        return ParityCheck(self.group, self.source_hook.prometheus_client(stats=True),
+                           self.target_hook.prometheus_client(stats=True),
                            catalog_dir=Path(self.catalog_path).parent)
 
 
@@ -304,6 +343,7 @@ class RollbackOperator(GroupStepOperator):
     """Restore the snapshot byte for byte and record why; runs when any step failed or was rejected."""
 
     ui_color = "#fde8e8"
+    needs_target = False
 
     def execute(self, context: Any) -> dict[str, Any]:
         migration = self.migration(context)

@@ -21,14 +21,15 @@ class WarmupTrigger(BaseTrigger):
     ``status`` is ``ready``, ``timeout`` or ``error``, with the last observation.
     """
 
-    def __init__(self, *, group_name: str, selector: str, source_url: str, target_url: str,
+    def __init__(self, *, group_name: str, selector: str, source_conn_id: str, target_conn_id: str,
                  started_at: float, min_duration_s: float, timeout_s: float, max_lag_s: float,
                  poll_interval_s: float) -> None:
         super().__init__()
         self.group_name = group_name
         self.selector = selector
-        self.source_url = source_url
-        self.target_url = target_url
+        self.source_conn_id = source_conn_id
+        self.target_conn_id = target_conn_id
+        self._clients: tuple[PrometheusClient, PrometheusClient] | None = None
         self.started_at = started_at
         self.min_duration_s = min_duration_s
         self.timeout_s = timeout_s
@@ -41,8 +42,8 @@ class WarmupTrigger(BaseTrigger):
             {
                 "group_name": self.group_name,
                 "selector": self.selector,
-                "source_url": self.source_url,
-                "target_url": self.target_url,
+                "source_conn_id": self.source_conn_id,
+                "target_conn_id": self.target_conn_id,
                 "started_at": self.started_at,
                 "min_duration_s": self.min_duration_s,
                 "timeout_s": self.timeout_s,
@@ -51,10 +52,22 @@ class WarmupTrigger(BaseTrigger):
             },
         )
 
+    def clients(self) -> tuple[PrometheusClient, PrometheusClient]:
+        """Source and target clients from their Airflow connections (an AMP target signs every request).
+
+        Built once per run of the trigger; signed clients read their credentials per request, so
+        credentials that expire during a long warm-up are refreshed.
+        """
+        if self._clients is None:
+            from promshift.orchestration.hooks import backend_hook
+
+            self._clients = (backend_hook(self.source_conn_id).prometheus_client(),
+                             backend_hook(self.target_conn_id).prometheus_client())
+        return self._clients
+
     def _observe(self) -> dict[str, Any]:
-        obs = observe_warmup(group_name=self.group_name, selector=self.selector,
-                             source=PrometheusClient(self.source_url, timeout_s=30),
-                             target=PrometheusClient(self.target_url, timeout_s=30),
+        source, target = self.clients()
+        obs = observe_warmup(group_name=self.group_name, selector=self.selector, source=source, target=target,
                              elapsed_s=time.time() - self.started_at)
         status = assess_warmup(obs, min_duration_s=self.min_duration_s, timeout_s=self.timeout_s,
                                max_lag_s=self.max_lag_s)

@@ -1,0 +1,155 @@
+"""AmpHook: an AMP workspace through the amazon provider's AwsBaseHook (credentials, region, role)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any
+
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
+from botocore.exceptions import BotoCoreError
+
+from promshift.adapters.amp import (
+    AmpError,
+    AmpTarget,
+    Workspace,
+    active_workspace,
+    amp_target_from_extra,
+    describe_workspace,
+    workspace_problem,
+    workspace_retention,
+)
+from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.adapters.sigv4 import AwsSigV4Auth
+from promshift.orchestration.provider_info import AMP_UI, field_behaviour
+
+
+class AmpHook(AwsBaseHook):
+    """One AMP workspace: its control plane (boto3 ``amp``) and its signed Prometheus API.
+
+    The connection (conn_type ``amp``) is an AWS connection as the amazon provider reads it
+    (login/password or the default credential chain, ``region_name``, ``role_arn``,
+    ``endpoint_url``) whose extra also names the workspace: ``workspace_id`` or
+    ``workspace_alias``, and (local stand-in only) ``remote_write_url``. The query and
+    remote-write URLs come from ``DescribeWorkspace``; nobody pastes them.
+    """
+
+    conn_name_attr = "aws_conn_id"
+    default_conn_name = "promshift_target"
+    conn_type = "amp"
+    hook_name = "Amazon Managed Service for Prometheus (promshift)"
+
+    def __init__(self, aws_conn_id: str | None = default_conn_name, *, timeout_s: float | None = None,
+                 **kwargs: Any) -> None:
+        kwargs["client_type"] = "amp"
+        super().__init__(aws_conn_id=aws_conn_id, **kwargs)
+        self._timeout_s = timeout_s
+
+    @cached_property
+    def conn_config(self) -> AwsConnectionWrapper:
+        """The provider's wrapper, read from our ``amp`` connection as an ``aws`` one (same fields)."""
+        conn = self.get_connection(self.aws_conn_id) if self.aws_conn_id else None
+        if conn is None:
+            return super().conn_config
+        aws = AwsConnectionWrapper.from_connection_metadata(conn_id=conn.conn_id, login=conn.login,
+                                                            password=conn.password, extra=conn.extra_dejson)
+        return AwsConnectionWrapper(conn=aws, region_name=self._region_name, botocore_config=self._config,
+                                    verify=self._verify)
+
+    @cached_property
+    def target(self) -> AmpTarget:
+        return amp_target_from_extra(self.conn_config.extra_config, conn_id=str(self.aws_conn_id))
+
+    @cached_property
+    def workspace(self) -> Workspace:
+        """The workspace, checked ACTIVE once per hook (``readiness_problem`` asks again)."""
+        return active_workspace(self.conn, self.target)
+
+    @cached_property
+    def credentials(self) -> Any:
+        """The session's botocore credentials (refreshable when a role is assumed); read per request."""
+        creds = self.get_session(region_name=self.target.region).get_credentials()
+        if creds is None:
+            raise AmpError(f"no AWS credentials for connection {self.aws_conn_id!r} (set its login/password "
+                           "or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
+        frozen = creds.get_frozen_credentials()
+        _mask(frozen.secret_key, frozen.token)
+        return creds
+
+    def sigv4_auth(self) -> AwsSigV4Auth:
+        return AwsSigV4Auth(self.credentials, self.target.region, "aps")
+
+    # -- what a migration asks of a backend (PrometheusHook answers the same) ----------------
+    @property
+    def base_url(self) -> str:
+        return self.workspace.query_url
+
+    def prometheus_client(self, *, stats: bool = False) -> PrometheusClient:
+        timeout = self._timeout_s or float(self.conn_config.extra_config.get("timeout_s", 60))
+        return PrometheusClient(self.base_url, timeout_s=timeout, auth=self.sigv4_auth(), always_stats=stats)
+
+    @property
+    def remote_write_url(self) -> str:
+        """The connection's ``remote_write_url`` (a local signing relay), else the workspace's own."""
+        return self.target.remote_write_url or self.workspace.remote_write_url
+
+    @property
+    def sigv4(self) -> dict[str, str]:
+        """The remote_write ``sigv4:`` block: the workspace's region, and the role when one is assumed."""
+        block = {"region": self.target.region}
+        if self.target.role_arn:
+            block["role_arn"] = self.target.role_arn
+        return block
+
+    @property
+    def retention_lookup(self) -> Callable[[], tuple[float | None, str]]:
+        return self.retention
+
+    def retention(self) -> tuple[float | None, str]:
+        """``(seconds, origin)`` from DescribeWorkspaceConfiguration, ``(None, why)`` when unavailable."""
+        return workspace_retention(self.conn, self.target, self.workspace.workspace_id)
+
+    def identity(self) -> dict[str, Any]:
+        """What the audit records about the target: kind, workspace and region, never credentials."""
+        return {"kind": "amp", "workspace_id": self.workspace.workspace_id, "region": self.target.region}
+
+    def readiness_problem(self) -> str | None:
+        """AMP has no ``/-/ready``: the workspace is ACTIVE now, and one cheap signed query answers."""
+        target = self.target  # a bad extra is the caller's one-line AmpError, before any AWS call
+        try:
+            ws = describe_workspace(self.conn, target)
+        except AmpError as exc:
+            return str(exc)
+        problem = workspace_problem(ws, target.region)
+        if problem:
+            return problem
+        try:
+            PrometheusClient(ws.query_url, timeout_s=15, auth=self.sigv4_auth()).query("vector(1)")
+        except (PrometheusError, AmpError) as exc:
+            return f"AMP workspace {ws.workspace_id}: signed query failed: {exc}"
+        return None
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return field_behaviour(AMP_UI)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's Test button: the workspace is ACTIVE and a signed ``vector(1)`` answers."""
+        try:
+            problem = self.readiness_problem()
+        except (AmpError, BotoCoreError) as exc:  # e.g. no region: the provider's client cannot be built
+            return False, str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        if problem:
+            return False, problem
+        return True, (f"AMP workspace {self.target.workspace_ref} in {self.target.region} is ACTIVE "
+                      "and answers signed queries")
+
+
+def _mask(*secrets: str | None) -> None:
+    """Ask Airflow's log masker to redact these values wherever they would be printed."""
+    from airflow.sdk.log import mask_secret
+
+    for secret in secrets:
+        if secret:
+            mask_secret(secret)
