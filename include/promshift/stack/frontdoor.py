@@ -25,11 +25,19 @@ from promshift.stack.aws_http import SigV4Handler, SigV4Server, credentials_from
 
 logger = logging.getLogger(__name__)
 
-# What Debian's Prometheus 2.42 does with `sigv4: {region: ...}` in a remote_write entry pointed
-# straight at this front door (measured by tests/integration/test_amp_local.py):
+# What Debian's Prometheus 2.42 (2.42.0+ds-5+deb12u1) does with `sigv4: {region: ...}` in a remote_write
+# entry pointed straight at this front door, measured here (the first and last in
+# tests/integration/test_amp_local.py):
+# - `promtool check config` accepts the block;
+# - with no AWS credentials in the server's environment, loading the config fails ("could not get SigV4
+#   credentials: NoCredentialProviders"): a reload answers HTTP 500 and the old config stays;
+# - with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY set, it loads and sends every write with no
+#   Authorization or X-Amz-* header at all (header names seen: Content-Encoding, Content-Length,
+#   Content-Type, Host, User-Agent, X-Prometheus-Remote-Write-Version). The front door refuses each as
+#   missing_authorization (403), Prometheus treats 403 as non-recoverable and drops the samples
+#   (prometheus_remote_storage_samples_failed_total rises); nothing lands.
 DEBIAN_PROMETHEUS_SIGV4 = (
-    "the config loads (promtool and the server accept the block) but the server sends every "
-    "write unsigned: the front door refuses them all as missing_authorization and nothing lands"
+    "loads only with AWS credentials in its environment, then sends unsigned: refused with 403, samples dropped"
 )
 
 _API = re.compile(r"^/workspaces/(?P<ws>[A-Za-z0-9_-]+)/api/v1/(?P<rest>.*)$")

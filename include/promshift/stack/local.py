@@ -788,7 +788,9 @@ class LocalStack:
         # The fleet runs as `python -m promshift.stack.fleet`: make sure it imports this very package.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
-        if component.name in (AWS, FRONTDOOR, RELAY):
+        if component.name in (AWS, FRONTDOOR, RELAY, SOURCE):
+            # The source gets the pair too, as a Prometheus on EKS gets one from its role: Debian's 2.42
+            # refuses to load a `sigv4:` remote_write entry without credentials (it never signs with them).
             env.update(self._aws_child_env)
         with log_path.open("ab") as log:
             log.write(f"--- {datetime.now(UTC).isoformat()} starting: {' '.join(component.argv)}\n".encode())
