@@ -168,6 +168,9 @@ def test_the_control_plane_answers_boto3_and_checks_its_signatures(amp_stack: Lo
     assert configuration["retentionPeriodInDays"] == 15 and configuration["status"]["statusCode"] == "ACTIVE"
 
     created = amp.create_workspace(alias="second")["workspaceId"]
+    arn = amp.describe_workspace(workspaceId=created)["workspace"]["arn"]
+    amp.tag_resource(resourceArn=arn, tags={"team": "gpu"})  # an ARN in the path, percent-encoded and signed
+    assert amp.list_tags_for_resource(resourceArn=arn)["tags"] == {"team": "gpu"}
     assert amp.describe_workspace_configuration(workspaceId=created)["workspaceConfiguration"][
         "retentionPeriodInDays"] == 150  # AMP's default
     update = amp.update_workspace_configuration(workspaceId=created, retentionPeriodInDays=30)
@@ -236,6 +239,21 @@ def test_the_relay_signs_the_sources_writes_end_to_end(amp_stack: LocalStack) ->
     assert stats["verified_by_kind"]["remote_write"] > verified_writes
     relay_metrics = http().get(f"http://127.0.0.1:{amp_stack.config.relay_port}/metrics", timeout=10).text
     assert 'status_code="2XX"' in relay_metrics
+
+
+@integration
+def test_a_skewed_clock_is_refused_until_it_is_fixed(amp_stack: LocalStack) -> None:
+    url = amp_stack.prometheus_endpoint() + "api/v1/query?query=vector%281%29"
+    amp_stack.set_aws_faults(clock_skew_s=400)
+    try:
+        refused = send(amp_stack, "GET", url)
+        assert refused.status_code == 403 and refused.json()["message"].startswith("Signature expired")
+        with pytest.raises(ClientError) as control_plane:
+            amp_stack.amp_client().list_workspaces()
+        assert control_plane.value.response["Error"]["Code"] == "InvalidSignatureException"
+    finally:
+        amp_stack.set_aws_faults()
+    assert send(amp_stack, "GET", url).status_code == 200
 
 
 @integration

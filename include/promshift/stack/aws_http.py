@@ -19,8 +19,9 @@ import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
 
 import urllib3
@@ -91,13 +92,33 @@ class SigV4Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, port: int, handler: type[BaseHTTPRequestHandler], *, credentials: AwsCredentials,
-                 region: str, service: str = SERVICE) -> None:
+                 region: str, service: str = SERVICE, state_dir: Path | None = None) -> None:
         super().__init__(("127.0.0.1", port), handler)
         self.credentials = credentials
         self.region = region
         self.service = service
+        self.state_dir = state_dir
         self.stats = SigV4Stats()
         self.http = urllib3.PoolManager(maxsize=16, retries=False, timeout=urllib3.Timeout(connect=5, read=120))
+
+    def faults(self) -> dict[str, Any]:
+        """Injected faults from ``<state-dir>/faults.json`` (re-read per request); empty when there is none.
+
+        ``{"errors": {"<Operation>": "<ErrorCode>"}, "workspace_status": {"<ws-id>": "<status>"},
+        "clock_skew_s": <seconds added to this server's clock>}``.
+        """
+        if self.state_dir is None:
+            return {}
+        try:
+            document = json.loads((self.state_dir / "faults.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return document if isinstance(document, dict) else {}
+
+    def now(self) -> datetime:
+        """This server's clock, shifted by an injected ``clock_skew_s``."""
+        skew = self.faults().get("clock_skew_s") or 0
+        return datetime.now(UTC) + timedelta(seconds=float(skew))
 
 
 class SigV4Handler(BaseHTTPRequestHandler):
@@ -185,7 +206,7 @@ class SigV4Handler(BaseHTTPRequestHandler):
         verdict = verify_request(
             self.command, path, query, dict(self.headers.items()), body,
             expected=self.server.credentials, region=self.server.region, service=self.server.service,
-            now=datetime.now(UTC),
+            now=self.server.now(),
         )
         kind = self.kind(path)
         self.server.stats.record(verdict, kind)

@@ -13,7 +13,8 @@ answers the boto3 ``amp`` client pointed at ``http://127.0.0.1:P`` (``endpoint_u
   served here, with the request and the response validated against botocore's ``amp`` model;
 - ``<state-dir>/faults.json`` (optional, re-read on every request) injects what a test or a
   demo scenario needs: ``{"errors": {"DescribeWorkspace": "ThrottlingException"},
-  "workspace_status": {"ws-...": "CREATING"}}``.
+  "workspace_status": {"ws-...": "CREATING"}, "clock_skew_s": 600}`` (the skew applies to the
+  front door too: both then refuse every signature as expired).
 
 Where it differs from AWS: one region and one credential pair (no IAM policies: a verified
 request may do anything); moto keeps workspaces in memory (a restart forgets them); an
@@ -31,6 +32,7 @@ import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import botocore.session
 from botocore.exceptions import ParamValidationError
@@ -67,10 +69,10 @@ def _routes() -> tuple[tuple[str, re.Pattern[str], str], ...]:
 
 
 def match_operation(method: str, path: str) -> tuple[str, dict[str, str]] | None:
-    """The ``amp`` operation a method and path name, and its path parameters; None if none matches."""
+    """The ``amp`` operation a raw (percent-encoded) method and path name, and its decoded path parameters."""
     for route_method, pattern, name in _routes():
         if route_method == method and (found := pattern.match(path)):
-            return name, found.groupdict()
+            return name, {key: unquote(value) for key, value in found.groupdict().items()}
     return None
 
 
@@ -180,24 +182,12 @@ class ControlPlaneHandler(SigV4Handler):
 class ControlPlaneServer(SigV4Server):
     """The control plane: where moto and the front door are, and the configurations it keeps."""
 
-    def __init__(self, port: int, *, moto_url: str, frontdoor_url: str, state_dir: Path | None = None,
-                 **kwargs: object) -> None:
+    def __init__(self, port: int, *, moto_url: str, frontdoor_url: str, **kwargs: object) -> None:
         super().__init__(port, ControlPlaneHandler, **kwargs)  # type: ignore[arg-type]
         self.moto_url = moto_url.rstrip("/")
         self.frontdoor_url = frontdoor_url.rstrip("/")
-        self.state_dir = state_dir
         self.lock = threading.Lock()
         self.configurations: dict[str, dict[str, Any]] = {}
-
-    def faults(self) -> dict[str, Any]:
-        """The injected faults in ``<state-dir>/faults.json``; empty when there is none."""
-        if self.state_dir is None:
-            return {}
-        try:
-            document = json.loads((self.state_dir / "faults.json").read_text())
-        except (OSError, ValueError):
-            return {}
-        return document if isinstance(document, dict) else {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from promshift.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
 
@@ -125,12 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-url", required=True, help="base URL of the target Prometheus's API")
     parser.add_argument("--region", required=True)
     parser.add_argument("--workspace-id", action="append", required=True, help="a workspace id served (repeatable)")
-    parser.add_argument("--state-dir", help="marks the process as one stack's (not read)")
+    parser.add_argument("--state-dir", type=Path, help="where faults.json (clock_skew_s) is looked for")
     parser.add_argument("--credentials-fingerprint", help="digest of the pair, so a changed pair restarts it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = FrontDoorServer(args.port, target_url=args.target_url, workspace_ids=set(args.workspace_id),
-                             credentials=credentials_from_env(), region=args.region)
+                             credentials=credentials_from_env(), region=args.region, state_dir=args.state_dir)
     logger.info("front door on 127.0.0.1:%s for %s -> %s", args.port, ", ".join(args.workspace_id), args.target_url)
     run_until_signalled(server)
     return 0

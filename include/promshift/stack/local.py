@@ -52,6 +52,7 @@ import boto3
 import requests
 import yaml
 from botocore.config import Config as BotocoreConfig
+from botocore.exceptions import BotoCoreError, ClientError
 
 import promshift
 from promshift.stack.fleet import FleetSpec, write_file_sd
@@ -70,6 +71,11 @@ COMPONENTS = (FLEET, TARGET, SOURCE)
 AMP_COMPONENTS = (MOTO, AWS, FRONTDOOR, RELAY)
 TARGET_KINDS = ("prometheus", "amp")
 AMP_WORKSPACE_ALIAS = "promshift-local"
+# What stack.json records about the local AWS (never a secret; the fingerprint is a digest).
+AMP_STATE_KEYS = (
+    "aws_port", "frontdoor_port", "relay_port", "region", "workspace_id", "workspace_alias", "retention_days",
+    "aws_url", "prometheus_endpoint", "relay_remote_write_url", "credentials", "credentials_fingerprint",
+)
 DEFAULT_REGION = "us-east-1"
 EXTERNAL_LABELS = {"cluster": "local-gpu-fleet", "prometheus_replica": "source-0"}
 SCRAPE_JOB = "dcgm"
@@ -430,14 +436,16 @@ class LocalStack:
         response.raise_for_status()
         return dict(response.json())
 
-    def set_aws_faults(self, *, errors: dict[str, str] | None = None,
-                       workspace_status: dict[str, str] | None = None) -> None:
-        """Make the control plane fail operations (``{"DescribeWorkspace": "ThrottlingException"}``) or report a
-        workspace status (``{"ws-...": "CREATING"}``) from now on; call with no arguments to clear."""
+    def set_aws_faults(self, *, errors: dict[str, str] | None = None, workspace_status: dict[str, str] | None = None,
+                       clock_skew_s: float = 0.0) -> None:
+        """From now on, make the control plane fail operations (``{"DescribeWorkspace": "ThrottlingException"}``)
+        or report a workspace status (``{"ws-...": "CREATING"}``), and shift the control plane's and the front
+        door's clocks by ``clock_skew_s`` (over 300 s: every signature is refused). No arguments: clear them all."""
         path = self.amp_dir / "faults.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(".faults.json.tmp")
-        tmp.write_text(json.dumps({"errors": errors or {}, "workspace_status": workspace_status or {}}))
+        tmp.write_text(json.dumps({"errors": errors or {}, "workspace_status": workspace_status or {},
+                                   "clock_skew_s": clock_skew_s}))
         os.replace(tmp, path)
 
     def _ensure_workspace(self) -> str:
@@ -609,7 +617,8 @@ class LocalStack:
                 self._aws_child_env = self.aws_env()
             components = self._components(fingerprint=fingerprint)
             self._write_configs()
-            names = self._names()
+            # A plain `up` neither starts nor checks the local AWS (a running one is left alone).
+            names = COMPONENTS + (AMP_COMPONENTS if amp else ())
             plans = {name: self._plan(components[name]) for name in names}
             # Check every port before starting anything, so a conflict leaves nothing half-started.
             for name, (action, _pid) in plans.items():
@@ -636,7 +645,10 @@ class LocalStack:
                 self._wait_healthy([components[TARGET], components[MOTO]], deadline)
                 self._apply(components[AWS], plans[AWS])
                 self._wait_healthy([components[AWS]], deadline)
-                workspace_id = self._ensure_workspace()
+                try:
+                    workspace_id = self._ensure_workspace()
+                except (BotoCoreError, ClientError) as exc:
+                    raise StackError(f"the local control plane did not provide the workspace: {exc}") from None
                 # The front door and the relay name the workspace: plan them again now that it is known.
                 components = self._components(workspace_id=workspace_id, fingerprint=fingerprint)
                 previous = self._read_state().get("credentials_fingerprint")
@@ -646,7 +658,10 @@ class LocalStack:
                         action = "restart"  # vmagent's argv cannot carry the fingerprint: the state does
                     self._apply(components[name], (action, pid))
                 self._wait_healthy([components[FRONTDOOR], components[RELAY]], deadline)
-                self._apply(components[SOURCE], plans[SOURCE])
+                action, pid = plans[SOURCE]
+                if action == "reuse" and previous != fingerprint:
+                    action = "restart"  # started without this pair in its environment (see _start)
+                self._apply(components[SOURCE], (action, pid))
                 self._wait_healthy([components[SOURCE]], deadline)
                 self._write_state(components, workspace_id=workspace_id, fingerprint=fingerprint)
             self._wait_scraped(deadline)
@@ -953,9 +968,18 @@ class LocalStack:
             },
             "target_kind": cfg.target_kind,
         }
+        previous = self._read_state()
+        if workspace_id is None and previous.get("workspace_id"):
+            # A plain `up` leaves a running local AWS alone: keep its record and its components'.
+            amp = self._components()
+            if any((pid := self._read_pid(name)) is not None and self._owns(pid, amp[name]) for name in AMP_COMPONENTS):
+                state["target_kind"] = previous.get("target_kind", "amp")
+                state["components"].update({k: v for k, v in previous.get("components", {}).items()
+                                            if k in AMP_COMPONENTS})
+                state.update({key: previous[key] for key in AMP_STATE_KEYS if key in previous})
         if workspace_id:
             # What the demo builds the Airflow `amp` connection from (AMP_CONTRACT); never a secret.
-            state.update({
+            state.update({  # keys: AMP_STATE_KEYS
                 "aws_port": cfg.aws_port,
                 "frontdoor_port": cfg.frontdoor_port,
                 "relay_port": cfg.relay_port,
