@@ -3,11 +3,13 @@ over moto (through boto3), the vmagent signing relay end to end, and what Debian
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,6 +19,7 @@ import requests
 import yaml
 from botocore.exceptions import ClientError
 
+from promshift.stack.cli import add_stack_commands
 from promshift.stack.local import AMP_COMPONENTS, COMPONENTS, RELAY, LocalStack, StackConfig, find_free_ports
 from promshift.stack.sigv4 import AwsCredentials, sign_request
 
@@ -95,10 +98,6 @@ def test_up_runs_the_local_aws_and_records_it_without_secrets(amp_stack: LocalSt
         "remote_write_url": amp_stack.relay_remote_write_url}
     pair = amp_stack.aws_credentials()
     assert stat.S_IMODE(amp_stack.credentials_path.stat().st_mode) == 0o600
-    # The secret is in the 0600 file and nowhere else the stack writes, nor in any process's argv.
-    for path in amp_stack.home.rglob("*"):
-        if path.is_file() and path != amp_stack.credentials_path and path.stat().st_size < 5_000_000:
-            assert pair.secret_key.encode() not in path.read_bytes(), path
     for name in AMP_COMPONENTS:
         pid = status[name]["pid"]
         assert pair.secret_key.encode() not in open(f"/proc/{pid}/cmdline", "rb").read(), name
@@ -286,6 +285,34 @@ def test_debian_prometheus_sends_a_sigv4_entry_unsigned(amp_stack: LocalStack) -
 
 
 @integration
+def test_cli_and_a_plain_up_reuse_the_local_aws(
+    amp_stack: LocalStack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = amp_stack.config
+    before = {name: row["pid"] for name, row in amp_stack.status().items()}
+    workspace = amp_stack.workspace_id
+    env = {"PROMSHIFT_HOME": cfg.home, "PROMSHIFT_NODES": cfg.nodes, "PROMSHIFT_FLEET_PORT": cfg.fleet_port,
+           "PROMSHIFT_SOURCE_PORT": cfg.source_port, "PROMSHIFT_TARGET_PORT": cfg.target_port,
+           "PROMSHIFT_AWS_PORT": cfg.aws_port, "PROMSHIFT_MOTO_PORT": cfg.moto_port,
+           "PROMSHIFT_FRONTDOOR_PORT": cfg.frontdoor_port, "PROMSHIFT_RELAY_PORT": cfg.relay_port}
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(value))
+    parser = argparse.ArgumentParser(prog="promshift")
+    add_stack_commands(parser.add_subparsers(dest="command", required=True))
+    for argv in (["stack", "up", "--target", "amp"], ["stack", "status"]):
+        args = parser.parse_args(argv)
+        assert args.handler(args) == 0, argv
+    out = capsys.readouterr().out
+    assert f"AMP workspace:     {workspace}" in out and "frontdoor" in out and "relay" in out
+    assert amp_stack.aws_credentials().secret_key not in out
+    # A plain up (what a DAG task may call) leaves the local AWS and its record alone.
+    LocalStack(replace(cfg, target_kind="prometheus")).up(timeout=60)
+    assert {name: row["pid"] for name, row in amp_stack.status().items()} == before
+    assert amp_stack.workspace_id == workspace
+    assert json.loads(amp_stack.state_path.read_text())["target_kind"] == "amp"
+
+
+@integration
 def test_down_stops_the_local_aws(amp_stack: LocalStack) -> None:
     pids = {name: row["pid"] for name, row in amp_stack.status().items()}
     amp_stack.down()
@@ -293,3 +320,12 @@ def test_down_stops_the_local_aws(amp_stack: LocalStack) -> None:
         assert not amp_stack.pid_path(name).exists(), name
         assert not os.path.exists(f"/proc/{pids[name]}/cmdline"), name
     assert amp_stack.status()[RELAY]["alive"] is False
+    # After every test above: the secret is in the 0600 file and nowhere else under the stack's home
+    # (logs, stack.json, configs, the relay's queue, the TSDBs' small files).
+    secret = amp_stack.aws_credentials().secret_key.encode()
+    scanned = 0
+    for path in amp_stack.home.rglob("*"):
+        if path.is_file() and path != amp_stack.credentials_path and path.stat().st_size < 20_000_000:
+            assert secret not in path.read_bytes(), path
+            scanned += 1
+    assert scanned > 10
