@@ -150,8 +150,16 @@ def test_a_good_signature_is_forwarded_and_answered_by_the_target(amp_stack: Loc
     posted = send(amp_stack, "POST", amp_stack.prometheus_endpoint() + "api/v1/query", body=b"query=vector(7)",
                   headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert posted.status_code == 200 and posted.json()["data"]["result"][0]["value"][1] == "7"
+    now = time.time()
+    ranged = signed_query(amp_stack, "api/v1/query_range",
+                          {"query": "vector(3)", "start": str(now - 60), "end": str(now), "step": "15"})
+    assert ranged["data"]["resultType"] == "matrix" and len(ranged["data"]["result"][0]["values"]) >= 4
+    assert signed_query(amp_stack, "api/v1/series", {"match[]": "up"})["status"] == "success"
+    assert signed_query(amp_stack, "api/v1/label/__name__/values", {})["status"] == "success"
     after = amp_stack.sigv4_stats()["verified_by_kind"]
     assert after["query"] - before.get("query", 0) == 2 and after["labels"] - before.get("labels", 0) == 1
+    assert after["query_range"] - before.get("query_range", 0) == 1 and after["series"] - before.get("series", 0) == 1
+    assert after["label_values"] - before.get("label_values", 0) == 1
     unknown = send(amp_stack, "GET", amp_stack.frontdoor_url + "/workspaces/ws-nope/api/v1/query?query=up")
     assert unknown.status_code == 404 and unknown.headers["x-amzn-ErrorType"] == "ResourceNotFoundException"
 
