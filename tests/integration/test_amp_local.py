@@ -7,10 +7,12 @@ import argparse
 import json
 import os
 import stat
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -290,6 +292,25 @@ def test_debian_prometheus_sends_a_sigv4_entry_unsigned(amp_stack: LocalStack) -
     eventually(lambda: failed() > 0, timeout=60, message="the refused samples were not counted as failed")
     landed = signed_query(amp_stack, "api/v1/query", {"query": "DCGM_FI_DEV_POWER_USAGE"})["data"]["result"]
     assert landed == []
+
+
+@integration
+def test_debian_prometheus_without_credentials_refuses_a_sigv4_entry(tmp_path: Path) -> None:
+    """Measured: promtool accepts `sigv4:`, but the server cannot load it without AWS credentials."""
+    (port,) = find_free_ports(1)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"remote_write": [
+        {"url": "http://127.0.0.1:9/workspaces/ws-x/api/v1/remote_write", "sigv4": {"region": "us-east-1"}}]}))
+    assert subprocess.run(["/usr/bin/promtool", "check", "config", str(config)], capture_output=True).returncode == 0
+    # No AWS_* variables, no ~/.aws, no instance metadata: an empty credential chain.
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"}
+    server = subprocess.run(
+        ["/usr/bin/prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert server.returncode != 0
+    assert "could not get SigV4 credentials" in server.stderr
 
 
 @integration
