@@ -222,6 +222,9 @@ class SigV4Handler(BaseHTTPRequestHandler):
             logger.error("%s: the server behind failed for %s %s: %s", self.component, self.command, path,
                          type(exc).__name__)
             self.send_aws_error(502, "InternalServerException", f"upstream unavailable ({type(exc).__name__})")
+        except Exception as exc:  # an answer, not a dropped connection; the log names the type only
+            logger.error("%s failed on %s %s: %s", self.component, self.command, path, type(exc).__name__)
+            self.send_aws_error(500, "InternalServerException", f"internal error ({type(exc).__name__})")
 
     def refuse(self, verdict: Verdict) -> None:
         """Answer a refused signature (403, AWS-style)."""
