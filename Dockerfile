@@ -4,7 +4,7 @@ FROM apache/airflow:3.3.2-python3.11
 
 USER root
 RUN apt-get update \
- && apt-get install -y --no-install-recommends prometheus \
+ && apt-get install -y --no-install-recommends prometheus victoria-metrics \
  && rm -rf /var/lib/apt/lists/*
 USER airflow
 

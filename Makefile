@@ -13,10 +13,13 @@ export PROMSHIFT_HOME ?= $(CURDIR)/.state
 
 .PHONY: demo test unit lint stack-up stack-down stack-status requirements prometheus clean
 
-# Debian's prometheus + promtool (the package does not start a service).
+# Debian's prometheus + promtool (the package does not start a service), and vmagent from Debian's
+# victoria-metrics package: the AMP stack's signing relay (Debian's Prometheus does not SigV4-sign).
 prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 	  { echo "installing Debian's prometheus package"; apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
+	@command -v vmagent >/dev/null || \
+	  { echo "installing Debian's victoria-metrics package (vmagent)"; apt-get update -qq && apt-get install -y -qq victoria-metrics >/dev/null; }
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	@command -v uv >/dev/null || $(PYTHON) -m pip install -q uv

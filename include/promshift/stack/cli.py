@@ -1,4 +1,4 @@
-"""``promshift stack up|down|status``: run the local fleet and the source/target Prometheus."""
+"""``promshift stack up|down|status``: the local fleet, source/target Prometheus and (``--target amp``) local AWS."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def add_stack_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     stack = subparsers.add_parser(
         "stack",
         help="run the local fleet simulator, source Prometheus and AMP stand-in",
-        description="Settings come from PROMSHIFT_HOME, PROMSHIFT_NODES and PROMSHIFT_*_PORT.",
+        description="Settings come from PROMSHIFT_HOME, PROMSHIFT_NODES and PROMSHIFT_*_PORT; with --target amp also "
+        "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN/AWS_DEFAULT_REGION.",
     )
     commands = stack.add_subparsers(dest="stack_command", required=True)
 
@@ -25,6 +26,12 @@ def add_stack_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         "--nodes", type=int, help="fleet size in nodes of 8 GPUs (default: $PROMSHIFT_NODES or 200)"
     )
     up.add_argument("--fresh", action="store_true", help="stop the stack and delete its state first")
+    up.add_argument(
+        "--target",
+        choices=("prometheus", "amp"),
+        default="prometheus",
+        help="amp: also a local AWS (moto control plane, SigV4-checking front door, vmagent signing relay)",
+    )
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     up.set_defaults(handler=stack_up)
 
@@ -37,7 +44,8 @@ def add_stack_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 
 def stack_up(args: argparse.Namespace) -> int:
     """Handle ``stack up``."""
-    stack = LocalStack(StackConfig.from_env(nodes=getattr(args, "nodes", None)))
+    target_kind = getattr(args, "target", None) or "prometheus"
+    stack = LocalStack(StackConfig.from_env(nodes=getattr(args, "nodes", None), target_kind=target_kind))
     try:
         if getattr(args, "fresh", False):
             stack.reset()
@@ -50,6 +58,13 @@ def stack_up(args: argparse.Namespace) -> int:
     print(f"target:            {stack.target_url}")
     print(f"remote write:      {stack.target_remote_write_url}")
     print(f"source config:     {stack.source_config_path}")
+    if target_kind == "amp":
+        # Names and URLs only: the credential pair is never printed.
+        print(f"AMP control plane: {stack.aws_url}  (boto3 amp client endpoint_url, region {stack.config.region})")
+        print(f"AMP workspace:     {stack.workspace_id}")
+        print(f"AMP endpoint:      {stack.prometheus_endpoint()}")
+        print(f"signed relay:      {stack.relay_remote_write_url}")
+        print(f"SigV4 counters:    {stack.frontdoor_url}/-/sigv4-stats")
     return 0
 
 

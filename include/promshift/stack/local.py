@@ -8,6 +8,20 @@ session so they outlive the command that started them:
 - ``target``: a second Prometheus with the remote-write receiver under a
   workspace-like route prefix, standing in for the AMP workspace.
 
+With ``target_kind="amp"`` (``promshift stack up --target amp``) four more make a local AWS
+that checks the SigV4 signature of everything it receives (see ``promshift.stack.sigv4``):
+
+- ``moto``: moto's server (in memory) holding the AMP workspaces;
+- ``aws``: the control plane boto3's ``amp`` client talks to (``promshift.stack.controlplane``);
+- ``frontdoor``: the workspace's query and remote-write API over the target (``promshift.stack.frontdoor``);
+- ``relay``: Debian's ``vmagent``, which SigV4-signs what the source remote-writes to it and
+  forwards it to the front door (Debian's Prometheus 2.42 accepts a ``sigv4:`` block but
+  sends unsigned: measured, see ``promshift.stack.frontdoor.DEBIAN_PROMETHEUS_SIGV4``).
+
+``up`` then creates (or finds) one workspace by alias and sets its retention. The credential
+pair comes from ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (+ ``AWS_SESSION_TOKEN``); when
+they are unset the stack makes one up and keeps it only in ``amp/credentials.json`` (0600).
+
 Everything lives under ``StackConfig.home``: ``<name>.pid``, ``<name>.log``,
 ``stack.json`` (what is running), ``source/`` and ``target/`` (configs and TSDBs).
 The source's ``prometheus.yml`` is written only when missing, because deployers
@@ -34,19 +48,35 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import boto3
 import requests
 import yaml
+from botocore.config import Config as BotocoreConfig
+from botocore.exceptions import BotoCoreError, ClientError
 
 import promshift
 from promshift.stack.fleet import FleetSpec, write_file_sd
+from promshift.stack.sigv4 import AwsCredentials, make_up_credentials
 
 logger = logging.getLogger(__name__)
 
 PROMETHEUS_BIN = "/usr/bin/prometheus"
+VMAGENT_BIN = "/usr/bin/vmagent"
 FLEET, TARGET, SOURCE = "fleet", "target", "source"
+MOTO, AWS, FRONTDOOR, RELAY = "moto", "aws", "frontdoor", "relay"
 # Start order: the fleet before the source that scrapes it, the target before the source that
 # may remote-write to it. Stop order is the reverse, so the source can flush its queues.
 COMPONENTS = (FLEET, TARGET, SOURCE)
+# The local AWS (``target_kind="amp"``), started after the target and before the source.
+AMP_COMPONENTS = (MOTO, AWS, FRONTDOOR, RELAY)
+TARGET_KINDS = ("prometheus", "amp")
+AMP_WORKSPACE_ALIAS = "promshift-local"
+# What stack.json records about the local AWS (never a secret; the fingerprint is a digest).
+AMP_STATE_KEYS = (
+    "aws_port", "frontdoor_port", "relay_port", "region", "workspace_id", "workspace_alias", "retention_days",
+    "aws_url", "prometheus_endpoint", "relay_remote_write_url", "credentials", "credentials_fingerprint",
+)
+DEFAULT_REGION = "us-east-1"
 EXTERNAL_LABELS = {"cluster": "local-gpu-fleet", "prometheus_replica": "source-0"}
 SCRAPE_JOB = "dcgm"
 SOURCE_RETENTION = "2d"  # the source's --storage.tsdb.retention.time
@@ -80,6 +110,17 @@ class StackConfig:
     target_prefix: str = "/workspaces/ws-local"
     seed: int = 0
     prometheus_bin: str = PROMETHEUS_BIN
+    # The local AWS (target_kind="amp"): control plane, moto behind it, front door, signing relay.
+    target_kind: str = "prometheus"
+    aws_port: int = 4566
+    moto_port: int = 4567
+    frontdoor_port: int = 9095
+    relay_port: int = 8429
+    region: str = DEFAULT_REGION
+    workspace_alias: str = AMP_WORKSPACE_ALIAS
+    # The target Prometheus keeps its default 15 days; the workspace says so.
+    retention_days: int = 15
+    vmagent_bin: str = VMAGENT_BIN
 
     def __post_init__(self) -> None:
         # Prometheus runs with cwd=home but reads absolute paths from its config: resolve once here.
@@ -88,9 +129,13 @@ class StackConfig:
         object.__setattr__(self, "target_prefix", prefix)
         if self.nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {self.nodes}")
+        if self.target_kind not in TARGET_KINDS:
+            raise ValueError(f"target kind must be one of {', '.join(TARGET_KINDS)}, got {self.target_kind!r}")
         ports = (self.fleet_port, self.source_port, self.target_port)
+        if self.target_kind == "amp":
+            ports += (self.aws_port, self.moto_port, self.frontdoor_port, self.relay_port)
         if len(set(ports)) != len(ports):
-            raise ValueError(f"fleet, source and target ports must differ, got {ports}")
+            raise ValueError(f"the stack's ports must differ, got {ports}")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> StackConfig:
@@ -101,6 +146,11 @@ class StackConfig:
             "fleet_port": _env_int("PROMSHIFT_FLEET_PORT", cls.fleet_port),
             "source_port": _env_int("PROMSHIFT_SOURCE_PORT", cls.source_port),
             "target_port": _env_int("PROMSHIFT_TARGET_PORT", cls.target_port),
+            "aws_port": _env_int("PROMSHIFT_AWS_PORT", cls.aws_port),
+            "moto_port": _env_int("PROMSHIFT_MOTO_PORT", cls.moto_port),
+            "frontdoor_port": _env_int("PROMSHIFT_FRONTDOOR_PORT", cls.frontdoor_port),
+            "relay_port": _env_int("PROMSHIFT_RELAY_PORT", cls.relay_port),
+            "region": os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)
@@ -211,6 +261,8 @@ class LocalStack:
         # Local endpoints only: an HTTP(S)_PROXY from the environment must not intercept them.
         self._http.trust_env = False
         self._log_offsets: dict[str, int] = {}
+        # AWS_* variables given to the local AWS's processes (set by up() for target_kind="amp").
+        self._aws_child_env: dict[str, str] = {}
 
     # -- addresses and paths -------------------------------------------------------------
 
@@ -264,6 +316,157 @@ class LocalStack:
         """JSON record of what the stack last started."""
         return self.home / "stack.json"
 
+    # -- the local AWS (target_kind="amp") ------------------------------------------------
+
+    @property
+    def amp_dir(self) -> Path:
+        """State of the local AWS: the made-up credentials (if any) and ``faults.json``."""
+        return self.home / "amp"
+
+    @property
+    def credentials_path(self) -> Path:
+        """Where a made-up credential pair is kept (0600) when no AWS_* variables are set."""
+        return self.amp_dir / "credentials.json"
+
+    @property
+    def aws_url(self) -> str:
+        """The local control plane: boto3's ``amp`` client takes it as ``endpoint_url``."""
+        return f"http://127.0.0.1:{self.config.aws_port}"
+
+    @property
+    def moto_url(self) -> str:
+        """moto's server, behind the control plane (never called directly by promshift)."""
+        return f"http://127.0.0.1:{self.config.moto_port}"
+
+    @property
+    def frontdoor_url(self) -> str:
+        """The front door: ``<frontdoor_url>/workspaces/<id>/api/v1/...``, every request SigV4-checked."""
+        return f"http://127.0.0.1:{self.config.frontdoor_port}"
+
+    @property
+    def relay_remote_write_url(self) -> str:
+        """The signing relay (vmagent): the source remote-writes here, it signs and forwards to the front door."""
+        return f"http://127.0.0.1:{self.config.relay_port}/api/v1/write"
+
+    @property
+    def workspace_id(self) -> str | None:
+        """The local workspace's id, as ``up`` last recorded it (None before an ``up --target amp``)."""
+        value = self._read_state().get("workspace_id")
+        return str(value) if value else None
+
+    def prometheus_endpoint(self, workspace_id: str | None = None) -> str:
+        """The workspace's ``prometheusEndpoint`` as DescribeWorkspace answers it (ends with ``/``)."""
+        workspace = workspace_id or self.workspace_id
+        if not workspace:
+            raise StackError("no local AMP workspace yet: run `promshift stack up --target amp`")
+        return f"{self.frontdoor_url}/workspaces/{workspace}/"
+
+    def aws_credentials(self) -> AwsCredentials:
+        """The pair the local AWS checks signatures against.
+
+        From ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (+ ``AWS_SESSION_TOKEN``) when set;
+        otherwise a pair made up once and kept only in ``credentials_path`` (mode 0600).
+        """
+        access_key, secret_key = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+        if access_key and secret_key:
+            return AwsCredentials(access_key, secret_key, os.environ.get("AWS_SESSION_TOKEN") or None)
+        path = self.credentials_path
+        for _ in range(2):
+            try:
+                document = json.loads(path.read_text())
+                return AwsCredentials(document["aws_access_key_id"], document["aws_secret_access_key"])
+            except FileNotFoundError:
+                pass
+            except (ValueError, KeyError, TypeError):
+                raise StackError(f"{path} is not a credentials file the stack wrote; delete it") from None
+            made = make_up_credentials()
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue  # another process made one first: use theirs
+            with os.fdopen(fd, "w") as handle:
+                json.dump({"aws_access_key_id": made.access_key, "aws_secret_access_key": made.secret_key}, handle)
+            logger.info("no AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY set: made up a local pair, kept in %s (0600)",
+                        path)
+            return made
+        raise StackError(f"could not read or create {path}")
+
+    def aws_env(self) -> dict[str, str]:
+        """``AWS_*`` variables naming the local AWS's pair and region, for a process that must sign (the demo)."""
+        credentials = self.aws_credentials()
+        env = {
+            "AWS_ACCESS_KEY_ID": credentials.access_key,
+            "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
+            "AWS_DEFAULT_REGION": self.config.region,
+        }
+        if credentials.session_token:
+            env["AWS_SESSION_TOKEN"] = credentials.session_token
+        return env
+
+    def amp_client(self, credentials: AwsCredentials | None = None) -> Any:
+        """A boto3 ``amp`` client on the local control plane, signing with ``credentials`` (default: the stack's)."""
+        pair = credentials or self.aws_credentials()
+        return boto3.client(
+            "amp",
+            region_name=self.config.region,
+            endpoint_url=self.aws_url,
+            aws_access_key_id=pair.access_key,
+            aws_secret_access_key=pair.secret_key,
+            aws_session_token=pair.session_token,
+            config=BotocoreConfig(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=30),
+        )
+
+    def amp_connection_extra(self) -> dict[str, str]:
+        """The ``extra`` of the Airflow ``amp`` connection for this stack (see AMP_CONTRACT): no credentials."""
+        workspace = self.workspace_id
+        if not workspace:
+            raise StackError("no local AMP workspace yet: run `promshift stack up --target amp`")
+        return {
+            "region_name": self.config.region,
+            "workspace_id": workspace,
+            "endpoint_url": self.aws_url,
+            "remote_write_url": self.relay_remote_write_url,
+        }
+
+    def sigv4_stats(self, component: str = FRONTDOOR) -> dict[str, Any]:
+        """The counters of the ``frontdoor`` (default) or the ``aws`` control plane (``/-/sigv4-stats``)."""
+        url = {FRONTDOOR: self.frontdoor_url, AWS: self.aws_url}[component]
+        response = self._http.get(f"{url}/-/sigv4-stats", timeout=5)
+        response.raise_for_status()
+        return dict(response.json())
+
+    def set_aws_faults(self, *, errors: dict[str, str] | None = None, workspace_status: dict[str, str] | None = None,
+                       clock_skew_s: float = 0.0) -> None:
+        """From now on, make the control plane fail operations (``{"DescribeWorkspace": "ThrottlingException"}``)
+        or report a workspace status (``{"ws-...": "CREATING"}``), and shift the control plane's and the front
+        door's clocks by ``clock_skew_s`` (over 300 s: every signature is refused). No arguments: clear them all."""
+        path = self.amp_dir / "faults.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(".faults.json.tmp")
+        tmp.write_text(json.dumps({"errors": errors or {}, "workspace_status": workspace_status or {},
+                                   "clock_skew_s": clock_skew_s}))
+        os.replace(tmp, path)
+
+    def _ensure_workspace(self) -> str:
+        """Find the ACTIVE workspace with the stack's alias, or create it; set its retention either way."""
+        amp = self.amp_client()
+        alias = self.config.workspace_alias
+        found = [
+            item["workspaceId"] for item in amp.list_workspaces(alias=alias)["workspaces"]
+            if item.get("alias") == alias and item["status"]["statusCode"] == "ACTIVE"
+        ]
+        if found:
+            workspace = str(found[0])
+            logger.info("reusing local AMP workspace %s (%s)", workspace, alias)
+        else:
+            workspace = str(amp.create_workspace(alias=alias, tags={"managed-by": "promshift-local-stack"})
+                            ["workspaceId"])
+            logger.info("created local AMP workspace %s (%s)", workspace, alias)
+        amp.get_waiter("workspace_active").wait(workspaceId=workspace, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+        amp.update_workspace_configuration(workspaceId=workspace, retentionPeriodInDays=self.config.retention_days)
+        return workspace
+
     def data_dir(self, name: str) -> Path:
         """TSDB directory (``--storage.tsdb.path``) of the ``source`` or the ``target``."""
         if name not in (SOURCE, TARGET):
@@ -278,7 +481,8 @@ class LocalStack:
         """PID file of component ``name``."""
         return self.home / f"{name}.pid"
 
-    def _components(self) -> dict[str, _Component]:
+    def _components(self, *, workspace_id: str | None = None, fingerprint: str = "") -> dict[str, _Component]:
+        """Every component; the local AWS's argv carry the workspace id and the pair's fingerprint (not the pair)."""
         cfg = self.config
         fleet_argv = (
             sys.executable,
@@ -311,7 +515,7 @@ class LocalStack:
             f"--web.route-prefix={cfg.target_prefix}",
             f"--web.external-url={self.target_url}",
         )
-        return {
+        components = {
             FLEET: _Component(
                 FLEET,
                 cfg.fleet_port,
@@ -340,6 +544,57 @@ class LocalStack:
                 "PROMSHIFT_SOURCE_PORT",
             ),
         }
+        components.update(self._amp_components(workspace_id or self.workspace_id or "ws-none", fingerprint))
+        return components
+
+    def _amp_components(self, workspace_id: str, fingerprint: str) -> dict[str, _Component]:
+        cfg = self.config
+        state_dir = f"--state-dir={self.amp_dir}"
+        moto_argv = (sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(cfg.moto_port))
+        aws_argv = (
+            sys.executable, "-m", "promshift.stack.controlplane", state_dir,
+            "--port", str(cfg.aws_port), "--moto-url", self.moto_url, "--frontdoor-url", self.frontdoor_url,
+            "--region", cfg.region, f"--credentials-fingerprint={fingerprint}",
+        )
+        frontdoor_argv = (
+            sys.executable, "-m", "promshift.stack.frontdoor", state_dir,
+            "--port", str(cfg.frontdoor_port), "--target-url", self.target_url, "--region", cfg.region,
+            "--workspace-id", workspace_id, f"--credentials-fingerprint={fingerprint}",
+        )
+        relay_data = self.home / RELAY
+        # Credentials reach vmagent through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN) in its
+        # environment, never its argv (`ps` shows argv; vmagent 1.79 reads those variables when the
+        # -remoteWrite.aws.accessKey/secretKey flags are unset).
+        relay_argv = (
+            cfg.vmagent_bin,
+            f"-remoteWrite.tmpDataPath={relay_data}",
+            f"-httpListenAddr=127.0.0.1:{cfg.relay_port}",
+            f"-remoteWrite.url={self.prometheus_endpoint(workspace_id)}api/v1/remote_write",
+            "-remoteWrite.aws.useSigv4=true",
+            f"-remoteWrite.aws.region={cfg.region}",
+            "-remoteWrite.aws.service=aps",
+            "-remoteWrite.flushInterval=1s",
+        )
+        return {
+            MOTO: _Component(MOTO, cfg.moto_port, moto_argv, self.moto_url, f"{self.moto_url}/moto-api/data.json",
+                             f"moto.server -H 127.0.0.1 -p {cfg.moto_port}", "PROMSHIFT_MOTO_PORT"),
+            AWS: _Component(AWS, cfg.aws_port, aws_argv, self.aws_url, f"{self.aws_url}/-/healthy",
+                            f"promshift.stack.controlplane {state_dir}", "PROMSHIFT_AWS_PORT"),
+            FRONTDOOR: _Component(FRONTDOOR, cfg.frontdoor_port, frontdoor_argv, self.frontdoor_url,
+                                  f"{self.frontdoor_url}/-/healthy", f"promshift.stack.frontdoor {state_dir}",
+                                  "PROMSHIFT_FRONTDOOR_PORT"),
+            RELAY: _Component(RELAY, cfg.relay_port, relay_argv, self.relay_remote_write_url,
+                              f"http://127.0.0.1:{cfg.relay_port}/health", f"-remoteWrite.tmpDataPath={relay_data}",
+                              "PROMSHIFT_RELAY_PORT"),
+        }
+
+    def _names(self) -> tuple[str, ...]:
+        """The components this stack runs: the local AWS's too when it is an AMP stack or they were started."""
+        amp = tuple(
+            name for name in AMP_COMPONENTS
+            if self.config.target_kind == "amp" or self.pid_path(name).exists()
+        )
+        return COMPONENTS + amp
 
     # -- public operations ---------------------------------------------------------------
 
@@ -350,11 +605,21 @@ class LocalStack:
         process, a process dies during start-up, or the deadline passes.
         """
         self._require_prometheus()
+        amp = self.config.target_kind == "amp"
+        if amp:
+            self._require_vmagent()
         deadline = time.monotonic() + timeout
-        components = self._components()
         with self._locked():
+            fingerprint = ""
+            if amp:
+                credentials = self.aws_credentials()
+                fingerprint = credentials.fingerprint()
+                self._aws_child_env = self.aws_env()
+            components = self._components(fingerprint=fingerprint)
             self._write_configs()
-            plans = {name: self._plan(component) for name, component in components.items()}
+            # A plain `up` neither starts nor checks the local AWS (a running one is left alone).
+            names = COMPONENTS + (AMP_COMPONENTS if amp else ())
+            plans = {name: self._plan(components[name]) for name in names}
             # Check every port before starting anything, so a conflict leaves nothing half-started.
             for name, (action, _pid) in plans.items():
                 if action == "start":
@@ -369,10 +634,36 @@ class LocalStack:
             self._wait_healthy([components[FLEET]], deadline)
             # Written only once the fleet answers, so the source never scrapes nodes it does not serve.
             write_file_sd(self.fleet, self.config.fleet_port, self.file_sd_path)
-            for name in (TARGET, SOURCE):
-                self._apply(components[name], plans[name])
-            self._wait_healthy([components[TARGET], components[SOURCE]], deadline)
-            self._write_state(components)
+            if not amp:
+                for name in (TARGET, SOURCE):
+                    self._apply(components[name], plans[name])
+                self._wait_healthy([components[TARGET], components[SOURCE]], deadline)
+                self._write_state(components)
+            else:
+                for name in (TARGET, MOTO):
+                    self._apply(components[name], plans[name])
+                self._wait_healthy([components[TARGET], components[MOTO]], deadline)
+                self._apply(components[AWS], plans[AWS])
+                self._wait_healthy([components[AWS]], deadline)
+                try:
+                    workspace_id = self._ensure_workspace()
+                except (BotoCoreError, ClientError) as exc:
+                    raise StackError(f"the local control plane did not provide the workspace: {exc}") from None
+                # The front door and the relay name the workspace: plan them again now that it is known.
+                components = self._components(workspace_id=workspace_id, fingerprint=fingerprint)
+                previous = self._read_state().get("credentials_fingerprint")
+                for name in (FRONTDOOR, RELAY):
+                    action, pid = self._plan(components[name])
+                    if name == RELAY and action == "reuse" and previous != fingerprint:
+                        action = "restart"  # vmagent's argv cannot carry the fingerprint: the state does
+                    self._apply(components[name], (action, pid))
+                self._wait_healthy([components[FRONTDOOR], components[RELAY]], deadline)
+                action, pid = plans[SOURCE]
+                if action == "reuse" and previous != fingerprint:
+                    action = "restart"  # started without this pair in its environment (see _start)
+                self._apply(components[SOURCE], (action, pid))
+                self._wait_healthy([components[SOURCE]], deadline)
+                self._write_state(components, workspace_id=workspace_id, fingerprint=fingerprint)
             self._wait_scraped(deadline)
         return self.status()
 
@@ -386,7 +677,9 @@ class LocalStack:
     def status(self) -> dict[str, dict[str, Any]]:
         """Per component: ``pid``, ``alive``, ``healthy`` and ``url``."""
         result: dict[str, dict[str, Any]] = {}
-        for name, component in self._components().items():
+        components = self._components()
+        for name in self._names():
+            component = components[name]
             pid = self._read_pid(name)
             alive = pid is not None and self._owns(pid, component)
             result[name] = {
@@ -407,9 +700,9 @@ class LocalStack:
             return
         with self._locked():
             self._down(30.0)
-            for name in (SOURCE, TARGET):
-                shutil.rmtree(self.home / name, ignore_errors=True)
-            for name in COMPONENTS:
+            for directory in (SOURCE, TARGET, RELAY, "amp"):
+                shutil.rmtree(self.home / directory, ignore_errors=True)
+            for name in COMPONENTS + AMP_COMPONENTS:
                 self.log_path(name).unlink(missing_ok=True)
                 self.pid_path(name).unlink(missing_ok=True)
             self.state_path.unlink(missing_ok=True)
@@ -439,6 +732,14 @@ class LocalStack:
             raise StackError(
                 f"Prometheus is not installed ({binary} not found); install it with "
                 "`apt-get install -y prometheus`"
+            )
+
+    def _require_vmagent(self) -> None:
+        binary = self.config.vmagent_bin
+        if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+            raise StackError(
+                f"vmagent is not installed ({binary} not found); the AMP stack's signing relay needs it: "
+                "`apt-get install -y victoria-metrics`"
             )
 
     def _read_pid(self, name: str) -> int | None:
@@ -502,6 +803,10 @@ class LocalStack:
         # The fleet runs as `python -m promshift.stack.fleet`: make sure it imports this very package.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        if component.name in (AWS, FRONTDOOR, RELAY, SOURCE):
+            # The source gets the pair too, as a Prometheus on EKS gets one from its role: Debian's 2.42
+            # refuses to load a `sigv4:` remote_write entry without credentials (it never signs with them).
+            env.update(self._aws_child_env)
         with log_path.open("ab") as log:
             log.write(f"--- {datetime.now(UTC).isoformat()} starting: {' '.join(component.argv)}\n".encode())
             log.flush()
@@ -575,14 +880,16 @@ class LocalStack:
         components = self._components()
         running = {
             name: pid
-            for name in COMPONENTS
+            for name in COMPONENTS + AMP_COMPONENTS
             if (pid := self._read_pid(name)) is not None and self._owns(pid, components[name])
         }
-        # The source first: it may be flushing remote-write queues into the target.
-        if SOURCE in running:
-            self._stop({SOURCE: running.pop(SOURCE)}, timeout)
+        # The source first: it may be flushing remote-write queues into the relay or the target;
+        # then the relay, which may be flushing into the front door.
+        for first in (SOURCE, RELAY):
+            if first in running:
+                self._stop({first: running.pop(first)}, timeout)
         self._stop(running, timeout)
-        for name in COMPONENTS:
+        for name in COMPONENTS + AMP_COMPONENTS:
             self.pid_path(name).unlink(missing_ok=True)
 
     def _stop(self, pids: dict[str, int], timeout: float) -> None:
@@ -645,9 +952,10 @@ class LocalStack:
             return {}
         return state if isinstance(state, dict) else {}
 
-    def _write_state(self, components: dict[str, _Component]) -> None:
+    def _write_state(self, components: dict[str, _Component], *, workspace_id: str | None = None,
+                     fingerprint: str = "") -> None:
         cfg = self.config
-        state = {
+        state: dict[str, Any] = {
             "updated_at": datetime.now(UTC).isoformat(),
             "fleet": {"nodes": cfg.nodes, "seed": cfg.seed, "port": cfg.fleet_port, "url": self.fleet_url},
             "source": {"url": self.source_url, "config": str(self.source_config_path)},
@@ -656,8 +964,38 @@ class LocalStack:
             "components": {
                 name: {"pid": self._read_pid(name), "argv": list(component.argv)}
                 for name, component in components.items()
+                if name in self._names()
             },
+            "target_kind": cfg.target_kind,
         }
+        previous = self._read_state()
+        if workspace_id is None and previous.get("workspace_id"):
+            # A plain `up` leaves a running local AWS alone: keep its record and its components'.
+            amp = self._components()
+            if any((pid := self._read_pid(name)) is not None and self._owns(pid, amp[name]) for name in AMP_COMPONENTS):
+                state["target_kind"] = previous.get("target_kind", "amp")
+                state["components"].update({k: v for k, v in previous.get("components", {}).items()
+                                            if k in AMP_COMPONENTS})
+                state.update({key: previous[key] for key in AMP_STATE_KEYS if key in previous})
+        if workspace_id:
+            # What the demo builds the Airflow `amp` connection from (AMP_CONTRACT); never a secret.
+            state.update({  # keys: AMP_STATE_KEYS
+                "aws_port": cfg.aws_port,
+                "frontdoor_port": cfg.frontdoor_port,
+                "relay_port": cfg.relay_port,
+                "region": cfg.region,
+                "workspace_id": workspace_id,
+                "workspace_alias": cfg.workspace_alias,
+                "retention_days": cfg.retention_days,
+                "aws_url": self.aws_url,
+                "prometheus_endpoint": self.prometheus_endpoint(workspace_id),
+                "relay_remote_write_url": self.relay_remote_write_url,
+                "credentials": (
+                    "environment" if os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")
+                    else f"file {self.credentials_path}"
+                ),
+                "credentials_fingerprint": fingerprint,
+            })
         tmp = self.state_path.with_name(".stack.json.tmp")
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         os.replace(tmp, self.state_path)

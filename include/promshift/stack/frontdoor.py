@@ -1,0 +1,141 @@
+"""The local AMP front door: a workspace's query and remote-write API, SigV4-checked, over the target Prometheus.
+
+``python -m promshift.stack.frontdoor --port P --target-url URL --region R --workspace-id ws-...``
+serves ``/workspaces/<ws-id>/api/v1/{query,query_range,series,labels,label/<name>/values,remote_write}``
+(GET and POST, as AMP does) on 127.0.0.1:P. Every request's signature is recomputed with
+botocore (service ``aps``, region R) from the pair in the process's ``AWS_*`` environment; a
+refused one gets HTTP 403 and an AMP-style ``{"message": ...}`` body. Verified requests are
+forwarded to the target Prometheus (``remote_write`` becomes its ``/api/v1/write``).
+``GET /-/sigv4-stats`` (unsigned, local only) returns the counters.
+
+Measured with Debian's Prometheus 2.42 (`prometheus` 2.42.0+ds-5+deb12u1): see
+``DEBIAN_PROMETHEUS_SIGV4`` below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from promshift.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
+
+logger = logging.getLogger(__name__)
+
+# What Debian's Prometheus 2.42 (2.42.0+ds-5+deb12u1) does with `sigv4: {region: ...}` in a remote_write
+# entry pointed straight at this front door, measured here (the first and last in
+# tests/integration/test_amp_local.py):
+# - `promtool check config` accepts the block;
+# - with no AWS credentials in the server's environment, loading the config fails ("could not get SigV4
+#   credentials: NoCredentialProviders"): a reload answers HTTP 500 and the old config stays;
+# - with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY set, it loads and sends every write with no
+#   Authorization or X-Amz-* header at all (header names seen: Content-Encoding, Content-Length,
+#   Content-Type, Host, User-Agent, X-Prometheus-Remote-Write-Version). The front door refuses each as
+#   missing_authorization (403), Prometheus treats 403 as non-recoverable and drops the samples
+#   (prometheus_remote_storage_samples_failed_total rises); nothing lands.
+DEBIAN_PROMETHEUS_SIGV4 = (
+    "loads only with AWS credentials in its environment, then sends unsigned: refused with 403, samples dropped"
+)
+
+_API = re.compile(r"^/workspaces/(?P<ws>[A-Za-z0-9_-]+)/api/v1/(?P<rest>.*)$")
+_ENDPOINTS = {"query", "query_range", "series", "labels", "remote_write"}
+_LABEL_VALUES = re.compile(r"^label/[^/]+/values$")
+
+
+def api_kind(path: str) -> str:
+    """The counter key of a front-door path: ``query``, ``query_range``, ..., ``label_values``, or ``other``."""
+    match = _API.match(path)
+    if match is None:
+        return "other"
+    rest = match["rest"]
+    if rest in _ENDPOINTS:
+        return rest
+    return "label_values" if _LABEL_VALUES.match(rest) else "other"
+
+
+class FrontDoorHandler(SigV4Handler):
+    """Forwards verified workspace API calls to the target Prometheus."""
+
+    server: FrontDoorServer
+    component = "front door"
+
+    def kind(self, path: str) -> str:
+        return api_kind(path)
+
+    def serve_verified(self, path: str, query: str, body: bytes) -> None:
+        match = _API.match(path)
+        kind = api_kind(path)
+        if match is None or kind == "other":
+            self.send_aws_error(404, "ResourceNotFoundException", "Not Found")
+            return
+        if match["ws"] not in self.server.workspace_ids:
+            self.send_aws_error(404, "ResourceNotFoundException", f"Workspace not found: {match['ws']}",
+                                resourceId=match["ws"], resourceType="Workspace")
+            return
+        if self.command not in ("GET", "POST") or (kind == "remote_write" and self.command != "POST"):
+            self.send_aws_error(405, "ValidationException", f"{self.command} is not allowed here")
+            return
+        rest = "write" if kind == "remote_write" else match["rest"]
+        url = f"{self.server.target_url}/api/v1/{rest}" + (f"?{query}" if query else "")
+        response = self.forward(url, self.command, body)
+        headers = {
+            key: value for key, value in response.headers.items()
+            if key.lower() in ("content-type", "content-encoding")
+        }
+        self.send_body(response.status, response.data, headers)
+
+
+class FrontDoorServer(SigV4Server):
+    """The front door: the target's URL and the workspace ids it serves."""
+
+    def __init__(self, port: int, *, target_url: str, workspace_ids: set[str], **kwargs: object) -> None:
+        super().__init__(port, FrontDoorHandler, **kwargs)  # type: ignore[arg-type]
+        self.target_url = target_url.rstrip("/")
+        self.workspace_ids = set(workspace_ids)
+
+
+def serve_in_thread(server: SigV4Server) -> threading.Thread:
+    """Run ``server`` in a daemon thread (tests); stop it with ``server.shutdown()`` then ``server.server_close()``."""
+    thread = threading.Thread(target=server.serve_forever, name=type(server).__name__, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_until_signalled(server: SigV4Server) -> None:
+    """Serve until SIGTERM/SIGINT, then close the socket."""
+
+    def stop(signum: int, frame: object) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m promshift.stack.frontdoor``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--target-url", required=True, help="base URL of the target Prometheus's API")
+    parser.add_argument("--region", required=True)
+    parser.add_argument("--workspace-id", action="append", required=True, help="a workspace id served (repeatable)")
+    parser.add_argument("--state-dir", type=Path, help="where faults.json (clock_skew_s) is looked for")
+    parser.add_argument("--credentials-fingerprint", help="digest of the pair, so a changed pair restarts it")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = FrontDoorServer(args.port, target_url=args.target_url, workspace_ids=set(args.workspace_id),
+                             credentials=credentials_from_env(), region=args.region, state_dir=args.state_dir)
+    logger.info("front door on 127.0.0.1:%s for %s -> %s", args.port, ", ".join(args.workspace_id), args.target_url)
+    run_until_signalled(server)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
