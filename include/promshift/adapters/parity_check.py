@@ -24,13 +24,16 @@ from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
 from promshift.core.golden import GoldenQueryError, grafana_builtins, queries_for_group, substitute
 from promshift.core.parity import (
+    HostLabels,
     SampleComparison,
     aggregate_measurement,
     assess,
     comparison_window,
+    count_hosts,
     coverage_measurement,
     describe_label_drift,
     label_drift,
+    label_renames,
     normalize_labels,
     sample_hosts,
 )
@@ -73,6 +76,16 @@ class ParityCheck:
     def policy(self) -> Any:
         return self.group.parity
 
+    @property
+    def host_labels(self) -> HostLabels:
+        """The host label, the names the group's renames declare for it, and its likely undeclared names.
+
+        Every host-keyed query groups by all of them, on both sides, so a host is the same host
+        under ``Hostname`` or a declared ``hostname``, and one under an undeclared ``hostname`` is
+        named as renamed, not as missing. Grouping by a label a side lacks costs nothing.
+        """
+        return HostLabels.for_group(self.group.host_label, dict(self.policy.rename_labels))
+
     def window(self, *, dual_write_since: float, now: float) -> tuple[float, float] | None:
         # The step is at least the scrape interval, so two steps cover the first full scrape after the reload.
         return comparison_window(dual_write_since=dual_write_since, now=now, skip_recent_s=self.policy.skip_recent_s,
@@ -85,21 +98,25 @@ class ParityCheck:
         One ``count by (__name__, host)`` per instant and side serves both measurements:
         an instant query touches every series of the group, so asking twice costs twice.
         """
-        by = self.group.host_label
-        expr = f"count by (__name__, {by}) ({self.group.selector()})"
+        hosts = self.host_labels
+        expr = f"count by (__name__, {', '.join(hosts.names)}) ({self.group.selector()})"
         instants = sorted({start, (start + end) / 2, end})
         per_metric, per_host = [], []
+        # Per side: undeclared name of the host label -> hosts found only under it, at any instant.
+        under: tuple[dict[str, set[str]], dict[str, set[str]]] = ({}, {})
         try:
             for t in instants:
                 metric_sides: list[dict[str, float]] = [{}, {}]
                 host_sides: list[dict[str, float]] = [{}, {}]
                 answers = on_both(self.source, self.target, lambda c, t=t: c.query(expr, at=t))
                 for i, answer in enumerate(answers):
-                    for series in answer.series:
-                        n = series.points[0][1]
-                        name, host = series.labels.get("__name__", ""), series.labels.get(by, "")
+                    rows = [(series.labels, series.points[0][1]) for series in answer.series]
+                    for labels, n in rows:
+                        name = labels.get("__name__", "")
                         metric_sides[i][name] = metric_sides[i].get(name, 0.0) + n
-                        host_sides[i][host] = host_sides[i].get(host, 0.0) + n
+                    host_sides[i], variants = count_hosts(rows, hosts)
+                    for variant, found in variants.items():
+                        under[i].setdefault(variant, set()).update(found)
                 per_metric.append((t, metric_sides[0], metric_sides[1]))
                 per_host.append((t, host_sides[0], host_sides[1]))
         except PrometheusError as exc:
@@ -110,7 +127,7 @@ class ParityCheck:
         return [coverage_measurement(per_metric, max_missing_ratio=limit, queries=[expr], name="coverage",
                                      key="metric"),
                 coverage_measurement(per_host, max_missing_ratio=limit, queries=[expr], name="host_coverage",
-                                     key="host")]
+                                     key="host", key_label=hosts.name, under_variants=under)]
 
     # -- layer 1b: per-host aggregates of every host --------------------------------------
     def aggregates(self, start: float, end: float, *, explained: Sequence[str] = ()) -> Measurement:
@@ -119,16 +136,18 @@ class ParityCheck:
         A value drift and a gap in the samples both change the sum; one query per metric
         and side (range functions drop the metric name, so metrics cannot share a query).
         """
-        by = self.group.host_label
+        hosts = self.host_labels
         span = f"{max(1, int(end - start))}s"
         rows = []
         queries = []
         try:
             for metric in self._metric_names(start, end):
-                expr = f"sum by ({by}) (sum_over_time({{__name__={promql_string(metric)}}}[{span}]))"
+                expr = (f"sum by ({', '.join(hosts.names)}) "
+                        f"(sum_over_time({{__name__={promql_string(metric)}}}[{span}]))")
                 queries.append(expr)
                 answers = on_both(self.source, self.target, lambda c, e=expr: c.query(e, at=end))
-                sides = [{s.labels.get(by, ""): s.points[0][1] for s in a.series} for a in answers]
+                # A host under an undeclared name is left out: host_coverage names it as renamed.
+                sides = [count_hosts(((s.labels, s.points[0][1]) for s in a.series), hosts)[0] for a in answers]
                 rows.append((f"sum_over_time {metric}", sides[0], sides[1]))
         except PrometheusError as exc:
             return Measurement("aggregates", Verdict.ERROR, str(exc), tuple(queries))
@@ -200,23 +219,49 @@ class ParityCheck:
                                tuple(queries))
         drift = label_drift(names[0], names[1], ignore=self.policy.ignore_labels,
                             rename=dict(self.policy.rename_labels))
-        numbers = {"metrics": len(metrics), "drift": drift,
-                   "labels": sorted({n for ns in names[0].values() for n in ns})}
+        numbers: dict[str, Any] = {"metrics": len(metrics), "drift": drift,
+                                   "labels": sorted({n for ns in names[0].values() for n in ns})}
         if drift:
-            return Measurement("labels", Verdict.FAILED, "label drift: " + describe_label_drift(drift),
+            try:
+                hosts = self._hosts_under_renames(drift, start, end, queries)
+            except PrometheusError as exc:
+                return Measurement("labels", Verdict.ERROR, str(exc), tuple(queries), numbers)
+            if hosts:
+                numbers["renamed_hosts"] = hosts
+            return Measurement("labels", Verdict.FAILED, "label drift: " + describe_label_drift(drift, hosts),
                                tuple(queries), numbers)
         return Measurement("labels", Verdict.SUCCESSFUL,
                            f"label names of {len(metrics)} metrics match after normalization", tuple(queries),
                            numbers)
+
+    def _hosts_under_renames(self, drift: dict[str, Any], start: float, end: float,
+                             queries: list[str]) -> dict[str, list[str]]:
+        """For each suspected rename, the hosts whose series carry the renamed name (on that side).
+
+        The values of the name itself when it is a name of the host label (``hostname``), else the
+        hosts of the series that carry it. One label-values call per name, only when drift is found.
+        """
+        hosts = self.host_labels
+        out: dict[str, list[str]] = {}
+        for (frm, _to), side in sorted(label_renames(drift).items()):
+            client = self.target if side == "target" else self.source
+            match = f"{{__name__=~{promql_string(self.group.name_regex())}, {frm}!=\"\"}}"
+            found: set[str] = set()
+            for label in ([frm] if frm in hosts.names else list(hosts.declared)):
+                queries.append(f"label values {label} on the {side} {match}")
+                found.update(client.label_values(label, match, start=start, end=end))
+            out[frm] = sorted(found)
+        return out
 
     # -- layer 3: raw samples ------------------------------------------------------------
     def sample_plan(self, start: float, end: float) -> list[str]:
         """The deterministic host sample for this group and window (seeded by both)."""
         hosts = self._hosts_at_end
         if hosts is None:
-            host_label = self.group.host_label
-            expr = f"count by ({host_label}) ({self.group.selector()})"
-            hosts = [s.labels.get(host_label, "") for s in self.source.query(expr, at=end).series]
+            names = self.host_labels
+            expr = f"count by ({', '.join(names.declared)}) ({self.group.selector()})"
+            rows = ((s.labels, s.points[0][1]) for s in self.source.query(expr, at=end).series)
+            hosts = list(count_hosts(rows, names)[0])
         seed = self.policy.seed or f"{self.group.name}:{start:.0f}:{end:.0f}"
         return sample_hosts((h for h in hosts if h), self.policy.sample_hosts, seed)
 
@@ -278,19 +323,23 @@ class ParityCheck:
         if isinstance(hosts, str):
             hosts = [hosts]
         if len(hosts) == 1:
-            on_host = f"{self.group.host_label}={promql_string(hosts[0])}"
+            value = f"={promql_string(hosts[0])}"
         else:
-            on_host = f"{self.group.host_label}=~{promql_string('|'.join(re2.escape(h) for h in hosts))}"
+            value = f"=~{promql_string('|'.join(re2.escape(h) for h in hosts))}"
+        # A declared rename: the host's series may carry any declared name of the host label, on either
+        # side (part of the fleet renamed, say); `or` joins the selectors in one query per side.
+        on_host = [f"{label}{value}" for label in self.host_labels.declared]
         if self.policy.mode == "dual_write":
-            return [f"{{__name__=~{promql_string(self.group.name_regex())}, {on_host}}}"]
+            name = f"__name__=~{promql_string(self.group.name_regex())}"
+            return [" or ".join(f"{{{name}, {h}}}" for h in on_host)]
         step = int(self.policy.step_s)
         out = []
         for metric in self._metric_names(start, end):
-            sel = f"{{__name__={promql_string(metric)}, {on_host}}}"
+            sels = [f"{{__name__={promql_string(metric)}, {h}}}" for h in on_host]
             if metric in self._counter_names:
-                inner, tag = f"rate({sel}[{2 * step}s])", f"{metric}:rate{2 * step}s"
+                inner, tag = " or ".join(f"rate({sel}[{2 * step}s])" for sel in sels), f"{metric}:rate{2 * step}s"
             else:
-                inner, tag = f"avg_over_time({sel}[{step}s])", f"{metric}:avg{step}s"
+                inner, tag = " or ".join(f"avg_over_time({sel}[{step}s])" for sel in sels), f"{metric}:avg{step}s"
             # The functions drop the metric name; put a tagged one back so series stay distinct.
             out.append(f'label_replace({inner}, "__name__", {promql_string(tag)}, "", "")')
         return out
