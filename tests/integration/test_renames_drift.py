@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -91,11 +92,18 @@ def policy_for_test(group: MetricGroup, **changes: Any) -> MetricGroup:
 
 
 def run_parity(drift: DriftStack, group_name: str, **changes: Any) -> dict[str, Any]:
+    """Plan, shards and reduce, as the DAG runs them; the result plus its layers by name and the shards' host names."""
     # Window: from two steps after the plant to skip_recent ago; wait until it holds ~5 steps.
     time.sleep(max(0.0, drift.planted_at + 4 + 3 + 10 - time.time()))
     group = policy_for_test(load_catalog(profile="demo").get(group_name), **changes)
-    result = ParityCheck(group, drift.source, drift.target).run(dual_write_since=drift.planted_at, now=time.time())
+    check = ParityCheck(group, drift.source, drift.target)
+    plan = check.plan(dual_write_since=drift.planted_at, now=time.time())
+    result = check.reduce(plan, [ParityCheck(group, drift.source, drift.target).compare_shard(shard)
+                                 for shard in plan["shards"]])
     result["by_name"] = {m["name"]: m for m in result["measurements"]}
+    names = {json.dumps(shard.get("host_names")) for shard in plan["shards"]}
+    assert len(names) == 1, names
+    result["shard_host_names"] = json.loads(names.pop())
     return result
 
 
@@ -193,10 +201,8 @@ def test_declared_rename_on_every_host_passes_every_layer(drift_stack: DriftStac
     assert result["series_compared"] == 64 and result["points_compared"] >= 64 * 4
     assert by_name["aggregates"]["numbers"]["aggregates_compared"] == 4 * 2
     assert by_name["host_coverage"]["numbers"]["keys"] == 4
-    group = policy_for_test(load_catalog(profile="demo").get("gpu-clocks"), **DECLARED)
-    assert ParityCheck(group, drift_stack.source, drift_stack.target).host_queries(["a", "b"], 0, 1) == [
-        '{__name__=~"DCGM_FI_DEV_(SM|MEM)_CLOCK", Hostname=~"a|b"} or '
-        '{__name__=~"DCGM_FI_DEV_(SM|MEM)_CLOCK", hostname=~"a|b"}']
+    # Each side is asked with its own name of the host label: one plain selector each, no `or`.
+    assert result["shard_host_names"] == [["Hostname"], ["hostname"]]
 
 
 def test_undeclared_rename_on_every_host_reads_as_a_rename_not_loss(drift_stack: DriftStack) -> None:
@@ -242,3 +248,4 @@ def test_declared_rename_on_half_the_hosts_passes_every_layer(drift_stack: Drift
     assert result["series_compared"] == 4 * 8 * 3 and result["points_compared"] >= 96 * 4
     assert by_name["aggregates"]["numbers"]["aggregates_compared"] == 4 * 3
     assert sorted(result["hosts_sampled"]) == [f"gpu-node-000{i}" for i in range(4)]
+    assert result["shard_host_names"] == [["Hostname"], ["Hostname", "hostname"]]
