@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from promshift.adapters.deploy import DeployError, FileConfigDeployer
+from promshift.adapters.deploy import ConfigSnapshot, DeployError, FileConfigDeployer
 from promshift.adapters.parity_check import promql_string
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import LABEL_NAME_PATTERN, MetricGroup, _compile_re2, _re2_error
@@ -105,7 +105,10 @@ def require_up(stack: LocalStack) -> None:
 
 
 def _entries(config_text: str) -> dict[str, dict[str, Any]]:
-    data = yaml.safe_load(config_text) or {}
+    try:
+        data = yaml.safe_load(config_text) or {}
+    except yaml.YAMLError as exc:
+        raise RemoteWriteError(f"the source config is not valid YAML: {str(exc).splitlines()[0]}") from None
     return {str(e.get("name", "")): e for e in (data.get("remote_write") or [])}
 
 
@@ -133,7 +136,7 @@ class LocalRemoteWrite:
         selector = self.group.selector()[:-1] + (f", {matchers}}}" if matchers else "}")
         return self.target.scalar(f"count({selector})") or 0.0
 
-    def _deploy(self, new_text: str, snapshot: Any) -> None:
+    def _deploy(self, new_text: str, snapshot: ConfigSnapshot) -> None:
         try:
             self.deployer.deploy(new_text, snapshot=snapshot, expect_remote_writes={self.name})
         except (DeployError, PrometheusError) as exc:
