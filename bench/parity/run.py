@@ -558,7 +558,8 @@ def judge_promshift(result: dict[str, Any], plan: FaultPlan) -> dict[str, Any]:
             "host_identified": plan.rename_host in short_hosts,
             "evidence": f"labels {labels['verdict']}: `hostname` only on target in {len(renamed_in)} metrics; "
                         f"host_coverage names {plan.rename_host}: {plan.rename_host in short_hosts}, "
-                        f"target series without a Hostname label: {'' in hcov['numbers'].get('extra_keys', [])}",
+                        f"as present under `hostname` (not missing): "
+                        f"{plan.rename_host in hcov['numbers'].get('renamed_keys', {}).get('hostname@target', [])}",
         },
         "value_drift": {
             "found": drift_found,

@@ -71,7 +71,8 @@ def test_label_rename_is_named_as_drift_and_a_rename_rule_clears_it(
     drift = ParityCheck(group, src, tgt).labels(start, end)
     assert drift.verdict == Verdict.FAILED
     assert "`Hostname` only on source" in drift.reason and "`hostname` only on target" in drift.reason
-    assert "rename_labels {hostname: Hostname}" in drift.reason
+    assert "`parity.rename_labels: {hostname: Hostname}`" in drift.reason
+    assert "`hostname` on 3 hosts (gpu-node-0000, gpu-node-0001, gpu-node-0002) of the target" in drift.reason
     assert set(drift.numbers["drift"]) == {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"}
 
     renamed = dataclasses.replace(group, parity=dataclasses.replace(group.parity,
@@ -80,16 +81,17 @@ def test_label_rename_is_named_as_drift_and_a_rename_rule_clears_it(
     assert clean.verdict == Verdict.SUCCESSFUL, clean.reason
 
 
-def test_host_coverage_fails_when_the_host_label_is_missing_on_the_target(
+def test_host_coverage_names_hosts_present_under_another_label_on_the_target(
         renamed_pair: tuple[PrometheusClient, PrometheusClient]) -> None:
     src, tgt = renamed_pair
     group = load_catalog(profile="demo").get("gpu-memory")
-    end = time.time() - 1
     end = time.time() - 0.5
     by_host = {m.name: m for m in ParityCheck(group, src, tgt).coverage(end - 1, end)}
     assert by_host["coverage"].verdict == Verdict.SUCCESSFUL  # same series counts per metric
     assert by_host["host_coverage"].verdict == Verdict.FAILED
-    assert "3 hosts" in by_host["host_coverage"].reason
+    assert by_host["host_coverage"].reason.startswith(
+        "3 hosts (gpu-node-0000, gpu-node-0001, gpu-node-0002) present under `hostname` on the target, not `Hostname`")
+    assert "misses" not in by_host["host_coverage"].reason
 
 
 @pytest.fixture(scope="module")

@@ -56,6 +56,73 @@ def normalize_labels(labels: Mapping[str, str], *, ignore: Iterable[str] = (),
     return tuple(sorted(out.items()))
 
 
+@dataclass(frozen=True)
+class HostLabels:
+    """The names a side may give the host label: the group's own, its declared aliases, undeclared variants.
+
+    ``aliases`` are labels the group's ``rename_labels`` map onto the host label (``{hostname: Hostname}``
+    makes ``hostname`` an alias of ``Hostname``): a host found under one is the same host. ``variants``
+    are the names an undeclared rename most likely took (the case variants dcgm-exporter's 2026
+    ``Hostname`` -> ``hostname`` rename produced): a host found only under one is drift, named as such.
+    """
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    variants: tuple[str, ...] = ()
+
+    @classmethod
+    def for_group(cls, host_label: str, rename: Mapping[str, str]) -> HostLabels:
+        canonical = rename.get(host_label, host_label)
+        aliases = sorted(n for n in set(rename) | set(rename.values())
+                         if n != host_label and rename.get(n, n) == canonical)
+        cases = {host_label.lower(), host_label[:1].upper() + host_label[1:], host_label[:1].lower() + host_label[1:]}
+        return cls(host_label, tuple(aliases), tuple(sorted(cases - {host_label, *aliases})))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name to group by, the host label first."""
+        return (self.name, *self.aliases, *self.variants)
+
+    @property
+    def declared(self) -> tuple[str, ...]:
+        """The host label and its declared aliases: the names a host may carry without drift."""
+        return (self.name, *self.aliases)
+
+    def locate(self, labels: Mapping[str, str]) -> tuple[str, str | None]:
+        """``(host, None)`` under a declared name, ``(host, variant)`` only under an undeclared one.
+
+        ``("", None)`` when the series has no name of the host label at all.
+        """
+        for n in self.declared:
+            if labels.get(n):
+                return labels[n], None
+        for n in self.variants:
+            if labels.get(n):
+                return labels[n], n
+        return "", None
+
+
+def count_hosts(rows: Iterable[tuple[Mapping[str, str], float]], hosts: HostLabels
+                ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Sum ``(labels, count)`` rows per host: ``(by_host, by_variant)``.
+
+    ``by_host`` keys hosts found under the host label or a declared alias (``""``: no host label at
+    all); ``by_variant`` maps an undeclared variant (e.g. ``hostname``) to the hosts found only under it.
+    """
+    by_host: dict[str, float] = {}
+    by_variant: dict[str, dict[str, float]] = {}
+    for labels, n in rows:
+        host, variant = hosts.locate(labels)
+        into = by_host if variant is None else by_variant.setdefault(variant, {})
+        into[host] = into.get(host, 0.0) + n
+    return by_host, by_variant
+
+
+def rename_hint(from_label: str, to_label: str) -> str:
+    """The catalog line that would declare a rename, in the words every layer uses."""
+    return f"renamed? add `parity.rename_labels: {{{from_label}: {to_label}}}` if intended"
+
+
 def values_equal(a: float, b: float, *, abs_tol: float, rel_tol: float) -> bool:
     """Equal within tolerance; NaN equals NaN, infinities equal only themselves."""
     if math.isnan(a) or math.isnan(b):
@@ -167,11 +234,16 @@ class SampleComparison:
 
 def coverage_measurement(counts: Sequence[tuple[float, Mapping[str, float], Mapping[str, float]]], *,
                          max_missing_ratio: float, queries: Sequence[str], name: str = "coverage",
-                         key: str = "metric") -> Measurement:
+                         key: str = "metric", key_label: str | None = None,
+                         under_variants: tuple[Mapping[str, Iterable[str]], Mapping[str, Iterable[str]]] = ({}, {}),
+                         ) -> Measurement:
     """Judge series counts per key (metric name, or host) at several instants.
 
     ``counts`` holds ``(t, source_counts, target_counts)``; each mapping is key -> count.
     The reason names the worst keys, so a drift report says *which* hosts or metrics.
+    ``under_variants`` (source, target) maps an undeclared name of the key's label (``key_label``,
+    e.g. ``Hostname``) to the keys found only under it on that side (e.g. ``hostname``): a host
+    short on the target but present there under ``hostname`` is named as renamed, not as missing.
     """
     rows = []
     worst_ratio = 0.0
@@ -197,16 +269,39 @@ def coverage_measurement(counts: Sequence[tuple[float, Mapping[str, float], Mapp
     if total_source == 0:
         return Measurement(name, Verdict.INCONCLUSIVE, "the source has no series of this group",
                            tuple(queries), numbers)
+    # Short on the target but there under another name: renamed. Extra on the target, and under
+    # another name on the source: renamed the other way.
+    label = key_label or key
+    on_target = {k: v for v, keys in sorted(under_variants[1].items()) for k in keys}
+    on_source = {k: v for v, keys in sorted(under_variants[0].items()) for k in keys}
+    renamed: dict[tuple[str, str], list[str]] = {}
+    for k in sorted(short):
+        if k in on_target:
+            renamed.setdefault((on_target[k], "target"), []).append(k)
+    for k in sorted(extra):
+        if k in on_source:
+            renamed.setdefault((on_source[k], "source"), []).append(k)
+    moved = {k for ks in renamed.values() for k in ks}
     if short or extra:
         parts = []
+        for (variant, side), keys in sorted(renamed.items()):
+            where = (f"on the target, not `{label}`" if side == "target"
+                     else f"on the source, `{label}` on the target")
+            parts.append(f"{_some(keys, key)} present under `{variant}` {where}: {rename_hint(variant, label)}")
+        if renamed:
+            numbers["renamed_keys"] = {f"{variant}@{side}": keys for (variant, side), keys in sorted(renamed.items())}
         if short:
-            named = sorted(short, key=lambda k: (-short[k], k))
-            numbers["short_keys"] = named
-            parts.append(f"target misses series of {_some(named, key)}; worst {worst_ratio:.2%} missing, "
+            numbers["short_keys"] = sorted(short, key=lambda k: (-short[k], k))
+        missing = [k for k in numbers.get("short_keys", []) if k not in moved]
+        if missing:
+            worst = max(short[k] for k in missing)
+            parts.append(f"target misses series of {_some(missing, key)}; worst {worst:.2%} missing, "
                          f"limit {max_missing_ratio:.2%}")
+        unexplained = sorted(extra - moved)
         if extra:
             numbers["extra_keys"] = sorted(extra)
-            shown = sorted(f"{key} {k!r}" if k else f"no {key} label" for k in extra)
+        if unexplained:
+            shown = sorted(f"{key} {k!r}" if k else f"no {label} label" for k in unexplained)
             parts.append(f"target has series under {', '.join(shown[:5])} that the source does not")
         return Measurement(name, Verdict.FAILED, "; ".join(parts), tuple(queries), numbers)
     return Measurement(name, Verdict.SUCCESSFUL,
@@ -224,7 +319,9 @@ def label_drift(source: Mapping[str, Iterable[str]], target: Mapping[str, Iterab
     """Compare label names per metric after normalization; name what differs on each side.
 
     ``source``/``target`` map metric -> label names. Renames apply to both sides (the
-    group's rules say how the target's labels map to the source's).
+    group's rules say how the target's labels map to the source's). A metric's entry has
+    ``only_source``, ``only_target`` and, when a name on one side only is a case variant of
+    one the other side has (``hostname`` vs ``Hostname``), ``renamed``: ``{that name: the other}``.
     """
     skip = set(ignore) | {"__name__"}
     rename = rename or {}
@@ -234,33 +331,66 @@ def label_drift(source: Mapping[str, Iterable[str]], target: Mapping[str, Iterab
         tgt = {rename.get(n, n) for n in target.get(metric, ()) if n not in skip}
         if src != tgt:
             drift[metric] = {"only_source": sorted(src - tgt), "only_target": sorted(tgt - src)}
+            renamed = _case_renames(src, tgt)
+            if renamed:
+                drift[metric]["renamed"] = renamed
     return drift
 
 
-def describe_label_drift(drift: Mapping[str, Mapping[str, Sequence[str]]]) -> str:
-    """Plain words, e.g. ``DCGM_FI_DEV_GPU_UTIL: `Hostname` only on source, `hostname` only on target``."""
-    parts = []
+def _case_renames(src: set[str], tgt: set[str]) -> dict[str, str]:
+    """Names on one side only whose case variant the other side has: ``{name: variant}``.
+
+    The target's extra names are read as renames of the source's first (the source is the
+    reference); a source-only name is a rename only if it is not already the other end of one.
+    """
+    out: dict[str, str] = {}
+    for t in sorted(tgt - src):
+        match = sorted(n for n in src if n != t and n.lower() == t.lower())
+        if match:
+            out[t] = match[0]
+    for s in sorted(src - tgt):
+        if s in out.values():
+            continue
+        match = sorted(n for n in tgt if n != s and n.lower() == s.lower() and n not in out)
+        if match:
+            out[s] = match[0]
+    return out
+
+
+def label_renames(drift: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """Every suspected rename in a ``label_drift`` result: ``(from, to) -> side`` the ``from`` name is on."""
+    out: dict[tuple[str, str], str] = {}
+    for d in drift.values():
+        for frm, to in (d.get("renamed") or {}).items():
+            out[(frm, to)] = "target" if frm in d.get("only_target", ()) else "source"
+    return out
+
+
+def describe_label_drift(drift: Mapping[str, Mapping[str, Any]],
+                         hosts: Mapping[str, Sequence[str]] | None = None) -> str:
+    """Plain words, e.g. ``DCGM_FI_DEV_GPU_UTIL: `Hostname` only on source, `hostname` only on target``.
+
+    Metrics with the same drift share one part. Each suspected rename ends with the hosts that
+    carry the renamed name (``hosts``: name -> hosts, when the caller looked them up) and the
+    ``rename_labels`` line that would declare it.
+    """
+    same: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
     for metric, d in drift.items():
+        same.setdefault((tuple(d.get("only_source", ())), tuple(d.get("only_target", ()))), []).append(metric)
+    parts = []
+    for (only_source, only_target), metrics in same.items():
         sides = []
-        if d.get("only_source"):
-            sides.append(", ".join(f"`{n}`" for n in d["only_source"]) + " only on source")
-        if d.get("only_target"):
-            sides.append(", ".join(f"`{n}`" for n in d["only_target"]) + " only on target")
-        parts.append(f"{metric}: {' and '.join(sides)}")
-        hint = _rename_hint(d)
-        if hint:
-            parts[-1] += f" ({hint})"
+        if only_source:
+            sides.append(", ".join(f"`{n}`" for n in only_source) + " only on source")
+        if only_target:
+            sides.append(", ".join(f"`{n}`" for n in only_target) + " only on target")
+        named = ", ".join(metrics[:5]) + (f" and {len(metrics) - 5} more metrics" if len(metrics) > 5 else "")
+        parts.append(f"{named}: {' and '.join(sides)}")
+    for (frm, to), side in sorted(label_renames(drift).items()):
+        on = hosts.get(frm) if hosts else None
+        where = f"`{frm}` on {_some(list(on), 'host')} of the {side}" if on else f"`{frm}` on the {side}"
+        parts.append(f"{where}: {rename_hint(frm, to)}")
     return "; ".join(parts)
-
-
-def _rename_hint(d: Mapping[str, Sequence[str]]) -> str | None:
-    """Suggest a rename when the two sides differ only in the case of one label name."""
-    src, tgt = list(d.get("only_source", ())), list(d.get("only_target", ()))
-    for s in src:
-        for t in tgt:
-            if s.lower() == t.lower():
-                return f"renamed? add parity.rename_labels {{{t}: {s}}} if intended"
-    return None
 
 
 def assess(measurements: Sequence[Measurement], *, failure_limit: int, inconclusive_limit: int) -> Verdict:

@@ -106,6 +106,22 @@ def add_remote_write(config_text: str, entry: Mapping[str, Any]) -> str:
     return _dump(data)
 
 
+def replace_remote_write(config_text: str, entry: Mapping[str, Any]) -> str:
+    """Return the config with the existing ``remote_write`` entry of ``entry``'s name replaced by it.
+
+    Editing a live entry restarts its queue and loses samples (see the module docstring), so
+    migrations never call this; the local stack's fault injection (``promshift stack drift``) does.
+    """
+    data = _load(config_text)
+    entries = list(data.get("remote_write") or [])
+    names = [e.get("name") for e in entries]
+    if entry["name"] not in names:
+        raise RenderError(f"no remote_write entry {entry['name']!r} to replace")
+    entries[names.index(entry["name"])] = dict(entry)
+    data["remote_write"] = entries
+    return _dump(data)
+
+
 def remove_remote_write(config_text: str, name: str) -> str:
     """Return the config without the remote_write entry called ``name`` (no-op if absent)."""
     data = _load(config_text)

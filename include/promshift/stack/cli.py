@@ -1,11 +1,15 @@
-"""``promshift stack up|down|status``: the local fleet, source/target Prometheus and (``--target amp``) local AWS."""
+"""``promshift stack up|down|status|dual-write|drift``: the local fleet, source/target and (``--target amp``) AWS."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
+from collections.abc import Callable
 from typing import Any
 
+from promshift.adapters.prometheus import PrometheusError
+from promshift.core.render import RenderError
 from promshift.stack.local import LocalStack, StackConfig, StackError
 
 logger = logging.getLogger(__name__)
@@ -40,6 +44,86 @@ def add_stack_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 
     status = commands.add_parser("status", help="show the stack's processes; exit 1 if any is down")
     status.set_defaults(handler=stack_status)
+    add_remote_write_commands(commands)
+
+
+def add_remote_write_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``stack dual-write`` and ``stack drift`` (local experiments on the target-bound path)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("group", metavar="GROUP", help="catalog group name, e.g. gpu-memory")
+    common.add_argument("--catalog", help="catalog file (default: $PROMSHIFT_CATALOG or catalog/metric_groups.yaml)")
+    common.add_argument("--profile", help="catalog profile (default: $PROMSHIFT_PROFILE)")
+    common.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for the target to receive the change (default 60)")
+    epilog = ("Changes nothing but the local stack named by PROMSHIFT_HOME and PROMSHIFT_*_PORT, and only while "
+              "its source and target are up. Exit 0 done, 1 failed (nothing left half-done: a rejected deploy "
+              "restores the config), 2 bad input.")
+    dual = commands.add_parser(
+        "dual-write", parents=[common], epilog=epilog,
+        help="add a group's remote_write entry to the local source (no Airflow); verify the target receives it",
+        description="Adds the group's own remote_write entry (keep-filter on its metrics) to the local source's "
+                    "config with the deployer a migration uses (promtool check, reload, verified live), then waits "
+                    "until the target holds the group's series. A present entry is left as it is.")
+    dual.set_defaults(handler=stack_dual_write)
+    drift = commands.add_parser(
+        "drift", parents=[common], epilog=epilog,
+        help="FAULT INJECTION: plant a label rename on a group's target-bound path for some hosts",
+        description="Fault injection for local experiments: adds write_relabel_configs rules to promshift's own "
+                    "remote_write entry for GROUP on the local stack, so that for hosts matching --hosts the "
+                    "target receives label FROM as TO (the source keeps FROM), e.g. dcgm-exporter's "
+                    "Hostname -> hostname rename on half the fleet. This edits a live entry in place (its queue "
+                    "restarts), which a migration never does. If the group is not dual-written yet, its entry is "
+                    "added with the rename from the start; otherwise the target keeps showing the hosts' series "
+                    "under FROM for up to 5 minutes (remote write sends no staleness markers for them).")
+    drift.add_argument("--rename-label", required=True, metavar="FROM=TO", help="e.g. Hostname=hostname")
+    drift.add_argument("--hosts", required=True, metavar="REGEX",
+                       help="RE2 regex, fully anchored, on the group's host label, e.g. 'gpu-node-000[0-4]' or '.*'")
+    drift.set_defaults(handler=stack_drift)
+
+
+def _remote_write_command(args: argparse.Namespace, run: Callable[[Any], Any]) -> int:
+    """Load the group, check the stack is up, run; one-line errors on stderr (2: bad input, 1: failed)."""
+    from promshift.settings import default_profile, load_catalog
+    from promshift.stack.remote_write import BadInput, LocalRemoteWrite, RemoteWriteError, require_up
+
+    command = f"promshift stack {args.stack_command}"
+    try:
+        group = load_catalog(args.catalog, profile=args.profile or default_profile()).get(args.group)
+    except KeyError as exc:
+        print(f"{command}: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"{command}: catalog: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    stack = LocalStack(StackConfig.from_env())
+    try:
+        require_up(stack)
+        change = run(LocalRemoteWrite(stack, group, timeout_s=args.timeout))
+    except BadInput as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return 2
+    except (RemoteWriteError, PrometheusError, RenderError) as exc:
+        print(f"{command}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    print(change.summary)
+    return 0
+
+
+def stack_dual_write(args: argparse.Namespace) -> int:
+    """Handle ``stack dual-write GROUP``."""
+    return _remote_write_command(args, lambda path: path.dual_write())
+
+
+def stack_drift(args: argparse.Namespace) -> int:
+    """Handle ``stack drift GROUP --rename-label FROM=TO --hosts REGEX``."""
+    from promshift.stack.remote_write import BadInput, LabelRename
+
+    try:
+        rename = LabelRename.parse(args.rename_label, args.hosts)
+    except BadInput as exc:
+        print(f"promshift stack drift: {exc}", file=sys.stderr)
+        return 2
+    return _remote_write_command(args, lambda path: path.plant(rename))
 
 
 def stack_up(args: argparse.Namespace) -> int:
