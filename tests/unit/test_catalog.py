@@ -861,7 +861,7 @@ def test_shipped_production_policies(shipped_text: str) -> None:
     assert "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)" in utilization.latency.queries
     # Production samples 40 of ~2,000 hosts (2 %), 10 per mapped task; the rest are the built-in defaults.
     assert utilization.parity == ParityPolicy(
-        sample_hosts=40, hosts_per_shard=10, golden_dashboard="dashboards/dcgm-exporter-dashboard.json",
+        sample_hosts=40, hosts_per_shard=10, golden_dashboards=("dashboards/dcgm-exporter-dashboard.json",),
         golden_variables=(("instance", "gpu-node-000[0-3]"), ("gpu", ".+")))
 
 
