@@ -125,17 +125,22 @@ def test_independent_scraper_mode_compares_buckets_and_rates(
 
 
 @pytest.mark.parametrize("expr,verdict,needle", [
-    ("avg(DCGM_FI_DEV_GPU_TEMP{", "INCONCLUSIVE", "query failed"),  # does not parse: HTTP 400
-    ('DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname"}', "INCONCLUSIVE", "$Hostname has no value"),
-    ('DCGM_FI_DEV_GPU_TEMP{instance="no-such-host"}', "INCONCLUSIVE", "matches nothing on either side"),
+    ("avg(DCGM_FI_DEV_GPU_TEMP{", "INCONCLUSIVE", "unsupported: does not parse"),  # Prometheus: HTTP 400
+    ('DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname"}', "INCONCLUSIVE", "needs variable $Hostname"),
+    ('DCGM_FI_DEV_GPU_TEMP{instance="no-such-host"}', "INCONCLUSIVE", "no data behind this query"),
     ('avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance"})', "SUCCESSFUL", "identical"),
 ])
 def test_golden_query_bad_input_is_named_never_a_crash_or_a_pass(
-        independent_pair: tuple[PrometheusClient, PrometheusClient], expr: str, verdict: str, needle: str) -> None:
+        independent_pair: tuple[PrometheusClient, PrometheusClient], tmp_path: Path, expr: str, verdict: str,
+        needle: str) -> None:
     src, _ = independent_pair
     group = load_catalog(profile="demo").get("gpu-power-thermal")
+    (tmp_path / "d.json").write_text(json.dumps({"panels": [{"title": "panel", "targets": [{"expr": expr}]}]}))
+    group = dataclasses.replace(group, parity=dataclasses.replace(
+        group.parity, golden_dashboards=("d.json",), golden_variables=(("instance", ".+"),)))
     end = time.time() - 2
     # Same server on both sides: a clean golden query must match exactly.
-    m = ParityCheck(group, src, src)._golden_one("panel", expr, {}, end - 10, end)
-    assert m.name == "golden[panel]"
+    measurements, inventory = ParityCheck(group, src, src, catalog_dir=tmp_path).golden(end - 15, end)
+    (m,) = measurements
+    assert m.name == "golden[panel]" and inventory["queries"][0]["measurement"] == "golden[panel]"
     assert m.verdict.value == verdict and needle in m.reason, m.reason

@@ -376,6 +376,9 @@ def golden_failure(name: str, expr: str, source: GoldenSide, target: GoldenSide)
     queries = (expr,)
     if source.error is None and target.error is None:
         return None
+    # Errors quote the query and, for matching errors, whole label sets: keep the reason readable.
+    source = GoldenSide(source.series, _clip(source.error), source.http_status, source.warnings)
+    target = GoldenSide(target.series, _clip(target.error), target.http_status, target.warnings)
     if source.rejected and target.rejected:
         if (source.http_status, source.error) == (target.http_status, target.error):
             return Measurement(name, Verdict.INCONCLUSIVE, f"invalid on both sides: {source.error}", queries)
@@ -392,6 +395,10 @@ def golden_failure(name: str, expr: str, source: GoldenSide, target: GoldenSide)
                            f"{len(answer)} series", queries, {"target_series": len(answer), "target": _shown(answer)})
     errors = "; ".join(f"{side}: {s.error}" for side, s in (("source", source), ("target", target)) if s.error)
     return Measurement(name, Verdict.ERROR, f"query failed: {errors}", queries)
+
+
+def _clip(text: str | None, limit: int = 400) -> str | None:
+    return text if text is None or len(text) <= limit else text[:limit] + "..."
 
 
 def golden_comparison(name: str, expr: str, source: Mapping[LabelSet, Points], target: Mapping[LabelSet, Points],
