@@ -92,6 +92,25 @@ def test_host_coverage_fails_when_the_host_label_is_missing_on_the_target(
     assert "3 hosts" in by_host["host_coverage"].reason
 
 
+def test_golden_asks_the_target_with_its_own_label_name_once_a_rename_is_declared(
+        renamed_pair: tuple[PrometheusClient, PrometheusClient], tmp_path: Path) -> None:
+    src, tgt = renamed_pair
+    history = "count({__name__=\"DCGM_FI_DEV_FB_USED\"} offset 15s)"
+    while not (src.query(history).series and tgt.query(history).series):  # 12 s of history on both sides
+        time.sleep(0.5)
+    expr = 'count by (Hostname) (DCGM_FI_DEV_FB_USED{Hostname=~"gpu-node-.*"})'
+    (tmp_path / "d.json").write_text(json.dumps({"panels": [{"title": "per host", "targets": [{"expr": expr}]}]}))
+    group = load_catalog(profile="demo").get("gpu-memory")
+    policy = dataclasses.replace(group.parity, golden_dashboards=(str(tmp_path / "d.json"),), step_s=2.0)
+    end = time.time() - 1
+    undeclared, _ = ParityCheck(dataclasses.replace(group, parity=policy), src, tgt).golden(end - 12, end)
+    assert undeclared[0].verdict != Verdict.SUCCESSFUL, undeclared[0].reason  # the target has no `Hostname`
+    renamed = dataclasses.replace(group, parity=dataclasses.replace(policy, rename_labels=(("hostname", "Hostname"),)))
+    (m,), _ = ParityCheck(renamed, src, tgt).golden(end - 12, end)
+    assert m.verdict == Verdict.SUCCESSFUL, m.reason
+    assert '(target: count by (hostname) (DCGM_FI_DEV_FB_USED{hostname=~"gpu-node-.*"}))' in m.queries[0]
+
+
 @pytest.fixture(scope="module")
 def independent_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusClient, PrometheusClient]]:
     """Two Prometheus servers scraping the same fleet on their own schedules (a managed collector's case)."""

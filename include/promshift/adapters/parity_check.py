@@ -52,10 +52,12 @@ from promshift.core.parity import (
 from promshift.core.promql import (
     Analysis,
     PromQLError,
+    Selector,
     analyse,
     grafana_builtins,
     metric_names,
     promql_string,
+    rename_labels_in,
     substitute,
 )
 from promshift.core.verdicts import Measurement, Verdict
@@ -73,6 +75,12 @@ def on_both(source: PrometheusClient, target: PrometheusClient,
             call: Callable[[PrometheusClient], T]) -> tuple[T, T]:
     """``call`` on the source and the target concurrently; the first error is raised."""
     futures = [_BOTH.submit(call, client) for client in (source, target)]
+    return futures[0].result(), futures[1].result()
+
+
+def each_side(source_call: Callable[[], T], target_call: Callable[[], T]) -> tuple[T, T]:
+    """Two different calls, one per backend, concurrently (e.g. each side asked with its own label names)."""
+    futures = [_BOTH.submit(source_call), _BOTH.submit(target_call)]
     return futures[0].result(), futures[1].result()
 
 
@@ -242,7 +250,7 @@ class ParityCheck:
         return COMPARED, m.verdict.value, m
 
     def _group_selectors(self, analysis: Analysis, start: float, end: float,
-                         names: dict[str, list[str]]) -> list[str]:
+                         names: dict[str, list[str]]) -> list[Selector]:
         """The query's selectors that read this group's metrics, as PromQL (offsets and @ dropped).
 
         A selector without a metric name reads the group's metrics when the source has any of
@@ -252,16 +260,16 @@ class ParityCheck:
         for sel in analysis.selectors:
             if sel.name is not None:
                 if self.group.claims(sel.name):
-                    out.append(sel.promql())
+                    out.append(sel)
                 continue
             text = sel.promql()
             if text not in names:
                 names[text] = self.source.label_values("__name__", text, start=start, end=end)
             if any(self.group.claims(n) for n in names[text]):
-                out.append(sel.promql(("__name__", "=~", self.group.name_regex())))
+                out.append(Selector(None, (*sel.matchers, ("__name__", "=~", self.group.name_regex()))))
         return list(dict.fromkeys(out))
 
-    def _golden_one(self, name: str, raw: str, group_selectors: Sequence[str], start: float,
+    def _golden_one(self, name: str, raw: str, group_selectors: Sequence[Selector], start: float,
                     end: float) -> Measurement:
         """One golden query over its own window: what both backends did, the data behind it, the answers."""
         step = self.policy.step_s
@@ -273,10 +281,16 @@ class ParityCheck:
         if isinstance(fit, WindowShortfall):
             return Measurement(name, Verdict.INCONCLUSIVE, fit.reason, (raw,), {"wait_s": fit.wait_s})
         expr = fit.expr
+        # A declared rename (target label -> source label): the target is asked with its own label names.
+        to_target = {new: old for old, new in self.policy.rename_labels}
+        try:
+            target_expr = rename_labels_in(expr, to_target)
+        except PromQLError as exc:
+            return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (expr,))
 
-        def answer(client: PrometheusClient) -> GoldenSide:
+        def answer(client: PrometheusClient, asked: str) -> GoldenSide:
             try:
-                res = client.query_range(expr, start=fit.start, end=fit.end, step=step)
+                res = client.query_range(asked, start=fit.start, end=fit.end, step=step)
             except PrometheusError as exc:
                 text = str(exc).removeprefix(f"{exc.base_url}: ")
                 return GoldenSide(error=text, http_status=exc.http_status)
@@ -284,7 +298,7 @@ class ParityCheck:
             return GoldenSide(series={normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename):
                                       s.points for s in res.series}, warnings=res.warnings)
 
-        source, target = on_both(self.source, self.target, answer)
+        source, target = each_side(lambda: answer(self.source, expr), lambda: answer(self.target, target_expr))
         failed = golden_failure(name, expr, source, target)
         if failed is not None:
             return failed
@@ -293,15 +307,17 @@ class ParityCheck:
             return Measurement(name, Verdict.INCONCLUSIVE, f"backend warnings (partial data): {'; '.join(warnings)}",
                                (expr,))
         try:
-            behind = self._behind(group_selectors, fit)
+            behind = self._behind(group_selectors, fit, to_target)
         except PrometheusError as exc:
             return Measurement(name, Verdict.ERROR, f"counting the series behind the query failed: {exc}", (expr,))
-        return golden_comparison(name, expr, source.series or {}, target.series or {}, behind=behind,
+        queries = expr if target_expr == expr else f"{expr} (target: {target_expr})"
+        return golden_comparison(name, queries, source.series or {}, target.series or {}, behind=behind,
                                  abs_tol=self.policy.abs_tolerance, rel_tol=max(self.policy.rel_tolerance, 1e-9),
                                  answers_without_series=fit.analysis.answers_without_series,
-                                 numbers={"window": fit.to_dict(), "selectors": list(group_selectors)})
+                                 numbers={"window": fit.to_dict(), "selectors": [s.promql() for s in group_selectors]})
 
-    def _behind(self, selectors: Sequence[str], fit: GoldenWindow) -> tuple[float, float]:
+    def _behind(self, selectors: Sequence[Selector], fit: GoldenWindow,
+                to_target: dict[str, str]) -> tuple[float, float]:
         """Series of the group the query's selectors read over its window and look-back, on each side."""
         spans = [(fit.start - fit.analysis.lookback_s, fit.end + fit.analysis.readahead_s)]
         for r in fit.analysis.anchored:
@@ -312,8 +328,10 @@ class ParityCheck:
         span = f"{max(1, math.ceil(high - low))}s"
         totals = [0.0, 0.0]
         for sel in selectors:
-            expr = f"count(last_over_time({sel}[{span}]))"
-            answers = on_both(self.source, self.target, lambda c, e=expr: c.query(e, at=high))
+            on_target = Selector(sel.name, tuple((to_target.get(k, k), op, v) for k, op, v in sel.matchers))
+            answers = each_side(
+                lambda s=sel: self.source.query(f"count(last_over_time({s.promql()}[{span}]))", at=high),
+                lambda s=on_target: self.target.query(f"count(last_over_time({s.promql()}[{span}]))", at=high))
             for i, res in enumerate(answers):
                 totals[i] += sum(s.points[0][1] for s in res.series)
         return totals[0], totals[1]

@@ -29,7 +29,8 @@ import re2
 import yaml
 
 from promshift.core.durations import format_duration, parse_duration
-from promshift.core.promql import promql_string
+from promshift.core.promql import PromQLError, metric_names, promql_string
+from promshift.core.promql import parse as parse_promql
 
 __all__ = [
     "PARITY_MODES",
@@ -562,44 +563,22 @@ def _windows(value: Any) -> tuple[LatencyWindow, ...]:
 
 # Grafana-style variables: $var, ${var}, [[var]]. Golden queries run verbatim.
 _TEMPLATE_VARIABLE_RE = re.compile(r"\$\{?\w+|\[\[\w+\]\]")
-_CLOSING = {")": "(", "]": "[", "}": "{"}
 
 
 def _promql_query(value: Any) -> str:
-    """Check a golden query is plain PromQL with balanced brackets.
+    """Check a golden query is plain PromQL that parses.
 
-    Not a PromQL parser: it catches copy-paste damage from dashboards
-    (template variables, cut-off brackets) before a run wastes a warm-up.
+    Catches copy-paste damage from dashboards (template variables, cut-off brackets,
+    a range function given an instant vector) before a run wastes a warm-up.
     """
     query = _string()(value)
     variable = _TEMPLATE_VARIABLE_RE.search(query)
     if variable is not None:
         _fail(f"contains template variable {variable.group(0)!r}; golden queries must be plain PromQL")
-    stack: list[str] = []
-    quote: str | None = None
-    index = 0
-    while index < len(query):
-        char = query[index]
-        if quote is not None:
-            if char == "\\" and quote != "`":
-                index += 1  # skip the escaped character
-            elif char == quote:
-                quote = None
-        elif char in "\"'`":
-            quote = char
-        elif char == "#":  # PromQL comment to end of line
-            newline = query.find("\n", index)
-            index = len(query) if newline < 0 else newline
-        elif char in "([{":
-            stack.append(char)
-        elif char in _CLOSING:
-            if not stack or stack.pop() != _CLOSING[char]:
-                _fail(f"unbalanced {char!r} at offset {index} in {query!r}")
-        index += 1
-    if quote is not None:
-        _fail(f"unterminated string in {query!r}")
-    if stack:
-        _fail(f"unclosed {stack[-1]!r} in {query!r}")
+    try:
+        parse_promql(query)
+    except PromQLError as exc:
+        _fail(f"{exc} in {query!r}")
     return query
 
 
@@ -876,7 +855,7 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
             issues.append(("latency.queries", "is required: list the group's golden PromQL queries"))
     elif group.metrics or group.metric_regex is not None:
         for index, query in enumerate(latency.queries):
-            if not any(group.claims(token) for token in _METRIC_NAME_RE.findall(query)):
+            if not any(group.claims(name) for name in metric_names(query)):
                 issues.append(
                     (
                         f"latency.queries[{index}]",

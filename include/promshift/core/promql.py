@@ -321,3 +321,76 @@ def widest_range_s(expr: str) -> float | None:
 
     visit(parse(expr))
     return max(widths) if widths else None
+
+
+# --------------------------------------------------------------------------- label renames
+
+# Strings (three quotings), comments, identifiers, numbers/durations, two-character matchers, the rest.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`|#[^\n]*'
+                    r"|[A-Za-z_:][A-Za-z0-9_:]*|[0-9.][0-9A-Za-z_.]*|!=|=~|!~|\s+|.", re.S)
+_GROUPING = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+# Functions whose string arguments at these positions (0-based) are label names.
+_LABEL_ARGS = {"label_replace": lambda i: i in (1, 3), "label_join": lambda i: i == 1 or i >= 3}
+
+
+def rename_labels_in(expr: str, renames: Mapping[str, str]) -> str:
+    """``expr`` with label names renamed (``{old: new}``) wherever PromQL names a label.
+
+    Matchers, ``by``/``without``/``on``/``ignoring``/``group_left``/``group_right`` lists and the
+    label-name arguments of ``label_replace``/``label_join`` are renamed; metric names, strings
+    that are values and everything else stay as written (the text is not re-printed, so
+    escapes and formatting survive). The result is checked against the parse of ``expr``:
+    PromQLError when it would read other selectors than the renamed original.
+    """
+    if not renames:
+        return expr
+    original = analyse(expr)
+    out: list[str] = []
+    braces = 0
+    grouping = False  # inside the label list after by/without/on/...
+    expect_list = False
+    calls: list[list[Any]] = []  # [function name or None, depth, argument index]
+    depth = 0
+    pending_call: str | None = None
+    for tok in _TOKEN.findall(expr):
+        text = tok
+        if tok[0].isspace() or tok.startswith("#"):
+            out.append(tok)
+            continue
+        if tok[0] in "\"'`":
+            frame = calls[-1] if calls else None
+            if (frame and frame[0] in _LABEL_ARGS and frame[1] == depth and _LABEL_ARGS[frame[0]](frame[2])
+                    and tok[0] != "`" and tok[1:-1] in renames):
+                text = tok[0] + renames[tok[1:-1]] + tok[0]
+        elif tok[0].isalpha() or tok[0] in "_:":
+            if (braces or grouping) and tok in renames:
+                text = renames[tok]
+            expect_list = tok in _GROUPING and not braces
+            pending_call = tok
+            out.append(text)
+            continue
+        elif tok == "(":
+            depth += 1
+            if expect_list:
+                grouping = True
+            calls.append([pending_call, depth, 0])
+        elif tok == ")":
+            grouping = False
+            depth -= 1
+            if calls:
+                calls.pop()
+        elif tok == "{":
+            braces += 1
+        elif tok == "}":
+            braces -= 1
+        elif tok == "," and calls and calls[-1][1] == depth and not grouping:
+            calls[-1][2] += 1
+        expect_list = False
+        pending_call = None
+        out.append(text)
+    rewritten = "".join(out)
+    wanted = tuple(Selector(s.name, tuple((renames.get(label, label), op, value) for label, op, value in s.matchers))
+                   for s in original.selectors)
+    if analyse(rewritten).selectors != wanted:
+        raise PromQLError(f"cannot apply the label renames {dict(renames)} to {expr!r}")
+    return rewritten
