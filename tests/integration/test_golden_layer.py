@@ -38,7 +38,10 @@ PANELS = {
     "negative_offset": "DCGM_FI_DEV_POWER_USAGE offset -4s",
     "capture_groups": 'label_replace(DCGM_FI_DEV_GPU_TEMP, "node", "$1", "Hostname", "gpu-node-(.*)")',
     "invalid_both": "DCGM_FI_DEV_GPU_TEMP + on() DCGM_FI_DEV_POWER_USAGE",  # many-to-many: HTTP 422 on both
-    "nameless": '{__name__=~"DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_FB_USED", gpu="0"}',
+    # Only the group's metrics are dual-written: these read other groups' too.
+    "nameless": '{gpu="0", Hostname="gpu-node-0000"}',
+    "name_regex": '{__name__=~"DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_FB_USED", gpu="0"}',
+    "mixed": "DCGM_FI_DEV_POWER_USAGE / on(Hostname, gpu) DCGM_FI_DEV_FB_USED",
     "other_group": "up",
     "needs_variable": 'DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname"}',
     "unparseable": "avg(DCGM_FI_DEV_GPU_TEMP{",
@@ -61,7 +64,7 @@ def _prometheus(tmp: Path, name: str, config: str, *flags: str) -> tuple[subproc
 
 @pytest.fixture(scope="module")
 def late_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusClient, PrometheusClient, float]]:
-    """Source scrapes a 2-node fleet every 1 s; 6 s later a reload starts remote write to the target."""
+    """Source scrapes a 2-node fleet every 1 s; 6 s later a reload starts remote write of one group to the target."""
     tmp = tmp_path_factory.mktemp("golden")
     fleet = FleetSpec(nodes=2)
     server = FleetServer(fleet)
@@ -77,8 +80,11 @@ def late_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promet
         proc, source = _prometheus(tmp, "source", scrape, "--web.enable-lifecycle")
         procs.append(proc)
         time.sleep(6)  # the source holds history the target will never receive
+        keep = load_catalog(profile="demo").get("gpu-power-thermal").name_regex()
         (tmp / "source.yml").write_text(scrape + f"remote_write:\n- url: {target.base_url}/api/v1/write\n"
-                                                 "  queue_config: {batch_send_deadline: 500ms}\n")
+                                                 "  queue_config: {batch_send_deadline: 500ms}\n"
+                                                 f"  write_relabel_configs: [{{source_labels: [__name__], "
+                                                 f"regex: '{keep}', action: keep}}]\n")
         source.reload()
         dual_write_since = time.time()
         deadline = time.time() + 30
@@ -117,7 +123,7 @@ def test_golden_on_a_late_target_at_a_fast_step(late_pair: tuple[PrometheusClien
     measurements, inventory = check.golden(*window)
     by = {m.name.removeprefix("golden[").removesuffix("]"): m for m in measurements}
     json.dumps([m.to_dict() for m in measurements] + [inventory], allow_nan=False)
-    for panel in ("rate", "rate_interval", "range", "negative_offset", "capture_groups", "nameless"):
+    for panel in ("rate", "rate_interval", "range", "negative_offset", "capture_groups", "nameless", "name_regex"):
         assert by[panel].verdict == Verdict.SUCCESSFUL, (panel, by[panel].reason)
     # The range query's window starts after its look-back; the $__range one a whole window in.
     assert by["rate"].numbers["window"]["start"] >= window[0] + 10
@@ -127,6 +133,9 @@ def test_golden_on_a_late_target_at_a_fast_step(late_pair: tuple[PrometheusClien
     for panel in ("or_vector", "absent_nothing", "empty"):
         assert by[panel].verdict == Verdict.INCONCLUSIVE and "no data behind this query" in by[panel].reason
     assert by["absent_present"].verdict == Verdict.INCONCLUSIVE
+    assert '{gpu="0", Hostname="gpu-node-0000", __name__=~"' in by["nameless"].queries[0]
+    assert by["mixed"].verdict == Verdict.INCONCLUSIVE, by["mixed"].reason
+    assert "DCGM_FI_DEV_FB_USED (not this group's metrics), which the target does not have" in by["mixed"].reason
     assert by["invalid_both"].verdict == Verdict.INCONCLUSIVE
     assert by["invalid_both"].reason.startswith("invalid on both sides: HTTP 422")
     assert "needs variable $Hostname" in by["needs_variable"].reason

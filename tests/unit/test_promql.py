@@ -13,6 +13,7 @@ from promshift.core.promql import (
     metric_names,
     promql_string,
     rename_labels_in,
+    restrict_nameless,
     substitute,
     widest_range_s,
 )
@@ -131,3 +132,16 @@ def test_widest_range_ignores_offsets() -> None:
 def test_label_renames_reach_every_place_a_label_is_named(expr: str, expected: str) -> None:
     assert rename_labels_in(expr, {"Hostname": "hostname"}) == expected
     assert rename_labels_in(expr, {}) == expr
+
+
+def test_nameless_selectors_are_restricted_to_the_group_where_asked() -> None:
+    group = ("__name__", "=~", "A|B")
+    assert (restrict_nameless('sum({gpu="0", a!="}"}) or {b="1",}', group, lambda s: True)
+            == 'sum({gpu="0", a!="}", __name__=~"A|B"}) or {b="1", __name__=~"A|B"}')
+    assert (restrict_nameless('x{gpu="0"} or {gpu="1"}', group, lambda s: True)
+            == 'x{gpu="0"} or {gpu="1", __name__=~"A|B"}')
+    assert restrict_nameless('rate({a="b"}[5m] offset 1m)', group, lambda s: True) == \
+        'rate({a="b", __name__=~"A|B"}[5m] offset 1m)'
+    only_a = restrict_nameless('{a="1"} + {b="2"}', group, lambda s: s.matchers[0][0] == "a")
+    assert only_a == '{a="1", __name__=~"A|B"} + {b="2"}'
+    assert restrict_nameless('{__name__="x"}', group, lambda s: True) == '{__name__="x"}'  # has a name

@@ -58,6 +58,7 @@ from promshift.core.promql import (
     metric_names,
     promql_string,
     rename_labels_in,
+    restrict_nameless,
     substitute,
 )
 from promshift.core.verdicts import Measurement, Verdict
@@ -237,7 +238,7 @@ class ParityCheck:
             return (UNSUPPORTED, str(exc),
                     Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (sub.expr,)))
         try:
-            group_selectors = self._group_selectors(analysis, start, end, names)
+            group_selectors, restrict, others = self._group_selectors(analysis, start, end, names)
         except PrometheusError as exc:
             return COMPARED, "selector names unknown", Measurement(name, Verdict.ERROR, str(exc), (sub.expr,))
         if not group_selectors:
@@ -246,31 +247,38 @@ class ParityCheck:
         if sub.unknown:
             return (f"{NEEDS_VARIABLE} {needs}", f"set {hint}",
                     Measurement(name, Verdict.INCONCLUSIVE, f"needs variable {needs} (set {hint})", (sub.expr,)))
-        m = self._golden_one(name, q.expr, group_selectors, start, end)
+        m = self._golden_one(name, q.expr, group_selectors, start, end, restrict=restrict, others=others)
         return COMPARED, m.verdict.value, m
 
-    def _group_selectors(self, analysis: Analysis, start: float, end: float,
-                         names: dict[str, list[str]]) -> list[Selector]:
-        """The query's selectors that read this group's metrics, as PromQL (offsets and @ dropped).
+    def _group_selectors(self, analysis: Analysis, start: float, end: float, names: dict[str, list[str]]
+                         ) -> tuple[list[Selector], frozenset[Selector], list[Selector]]:
+        """The query's selectors that read this group's metrics (offsets and @ dropped), and the others.
 
         A selector without a metric name reads the group's metrics when the source has any of
-        them under it in the window; it is then restricted to the group's metrics.
+        them under it in the window; the query is then compared restricted to the group's
+        metrics (``restrict``), which is all a per-group dual-write sends.
         """
-        out = []
+        group, restrict, others = [], set(), []
         for sel in analysis.selectors:
             if sel.name is not None:
-                if self.group.claims(sel.name):
-                    out.append(sel)
+                (group if self.group.claims(sel.name) else others).append(sel)
                 continue
             text = sel.promql()
             if text not in names:
                 names[text] = self.source.label_values("__name__", text, start=start, end=end)
             if any(self.group.claims(n) for n in names[text]):
-                out.append(Selector(None, (*sel.matchers, ("__name__", "=~", self.group.name_regex()))))
-        return list(dict.fromkeys(out))
+                restrict.add(sel)
+                group.append(Selector(None, (*sel.matchers, self._group_matcher)))
+            else:
+                others.append(sel)
+        return group, frozenset(restrict), others
 
-    def _golden_one(self, name: str, raw: str, group_selectors: Sequence[Selector], start: float,
-                    end: float) -> Measurement:
+    @property
+    def _group_matcher(self) -> tuple[str, str, str]:
+        return ("__name__", "=~", self.group.name_regex())
+
+    def _golden_one(self, name: str, raw: str, group_selectors: Sequence[Selector], start: float, end: float, *,
+                    restrict: frozenset[Selector] = frozenset(), others: Sequence[Selector] = ()) -> Measurement:
         """One golden query over its own window: what both backends did, the data behind it, the answers."""
         step = self.policy.step_s
         values = dict(self.policy.golden_variables)
@@ -280,10 +288,10 @@ class ParityCheck:
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (raw,))
         if isinstance(fit, WindowShortfall):
             return Measurement(name, Verdict.INCONCLUSIVE, fit.reason, (raw,), {"wait_s": fit.wait_s})
-        expr = fit.expr
         # A declared rename (target label -> source label): the target is asked with its own label names.
         to_target = {new: old for old, new in self.policy.rename_labels}
         try:
+            expr = restrict_nameless(fit.expr, self._group_matcher, restrict.__contains__) if restrict else fit.expr
             target_expr = rename_labels_in(expr, to_target)
         except PromQLError as exc:
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (expr,))
@@ -307,18 +315,27 @@ class ParityCheck:
             return Measurement(name, Verdict.INCONCLUSIVE, f"backend warnings (partial data): {'; '.join(warnings)}",
                                (expr,))
         try:
-            behind = self._behind(group_selectors, fit, to_target)
+            counts = self._behind([*group_selectors, *others], fit, to_target)
         except PrometheusError as exc:
             return Measurement(name, Verdict.ERROR, f"counting the series behind the query failed: {exc}", (expr,))
+        behind = (sum(c[0] for c in counts[:len(group_selectors)]), sum(c[1] for c in counts[:len(group_selectors)]))
         queries = expr if target_expr == expr else f"{expr} (target: {target_expr})"
-        return golden_comparison(name, queries, source.series or {}, target.series or {}, behind=behind,
-                                 abs_tol=self.policy.abs_tolerance, rel_tol=max(self.policy.rel_tolerance, 1e-9),
-                                 answers_without_series=fit.analysis.answers_without_series,
-                                 numbers={"window": fit.to_dict(), "selectors": [s.promql() for s in group_selectors]})
+        m = golden_comparison(name, queries, source.series or {}, target.series or {}, behind=behind,
+                              abs_tol=self.policy.abs_tolerance, rel_tol=max(self.policy.rel_tolerance, 1e-9),
+                              answers_without_series=fit.analysis.answers_without_series,
+                              numbers={"window": fit.to_dict(), "selectors": [s.promql() for s in group_selectors]})
+        lacking = [sel.promql() for sel, (src, tgt) in zip(others, counts[len(group_selectors):], strict=True)
+                   if src and not tgt]
+        if m.verdict == Verdict.FAILED and lacking:
+            # Another group's metrics the target was never sent: the difference says nothing about this group.
+            return Measurement(name, Verdict.INCONCLUSIVE, f"answers differ, but the query also reads "
+                               f"{', '.join(lacking)} (not this group's metrics), which the target does not have",
+                               m.queries, {**m.numbers, "not_on_target": lacking})
+        return m
 
     def _behind(self, selectors: Sequence[Selector], fit: GoldenWindow,
-                to_target: dict[str, str]) -> tuple[float, float]:
-        """Series of the group the query's selectors read over its window and look-back, on each side."""
+                to_target: dict[str, str]) -> list[tuple[float, float]]:
+        """Per selector: the series it reads over the query's window and look-back, on each side."""
         spans = [(fit.start - fit.analysis.lookback_s, fit.end + fit.analysis.readahead_s)]
         for r in fit.analysis.anchored:
             at = {"start": fit.start, "end": fit.end}.get(r.anchor, r.at)
@@ -326,15 +343,15 @@ class ParityCheck:
                 spans.append((at - r.back_s, at + r.ahead_s))
         low, high = min(s for s, _ in spans), max(e for _, e in spans)
         span = f"{max(1, math.ceil(high - low))}s"
-        totals = [0.0, 0.0]
+        counts = []
         for sel in selectors:
             on_target = Selector(sel.name, tuple((to_target.get(k, k), op, v) for k, op, v in sel.matchers))
             answers = each_side(
                 lambda s=sel: self.source.query(f"count(last_over_time({s.promql()}[{span}]))", at=high),
                 lambda s=on_target: self.target.query(f"count(last_over_time({s.promql()}[{span}]))", at=high))
-            for i, res in enumerate(answers):
-                totals[i] += sum(s.points[0][1] for s in res.series)
-        return totals[0], totals[1]
+            src, tgt = (sum(s.points[0][1] for s in res.series) for res in answers)
+            counts.append((src, tgt))
+        return counts
 
     # -- layer 2: label parity -----------------------------------------------------------
     def labels(self, start: float, end: float) -> Measurement:

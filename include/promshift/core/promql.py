@@ -394,3 +394,46 @@ def rename_labels_in(expr: str, renames: Mapping[str, str]) -> str:
     if analyse(rewritten).selectors != wanted:
         raise PromQLError(f"cannot apply the label renames {dict(renames)} to {expr!r}")
     return rewritten
+
+
+_KEYWORDS = frozenset({"and", "or", "unless", "bool", "atan2", "offset"})
+
+
+def restrict_nameless(expr: str, matcher: tuple[str, str, str], which: Any) -> str:
+    """``expr`` with ``matcher`` added to each selector without a metric name for which ``which(selector)``.
+
+    E.g. ``{gpu="0"}`` becomes ``{gpu="0", __name__=~"A|B"}``: a golden query then compares only
+    the group's metrics, which is all a per-group dual-write sends. Checked against the parse.
+    """
+    original = analyse(expr)
+    tokens = _TOKEN.findall(expr)
+    out: list[str] = []
+    previous = ""
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        named = bool(previous) and (previous[0].isalpha() or previous[0] in "_:") and previous not in _KEYWORDS
+        if tok == "{" and not named:
+            j = i
+            while j < len(tokens) and tokens[j] != "}":
+                j += 1
+            body = "".join(tokens[i:j + 1])
+            sel = analyse(body).selectors[0] if j < len(tokens) else None
+            if sel is not None and sel.name is None and which(sel):
+                inner = "".join(tokens[i + 1:j]).rstrip().rstrip(",")
+                label, op, value = matcher
+                body = "{" + inner + (", " if inner.strip() else "") + f"{label}{op}{promql_string(value)}" + "}"
+            out.append(body)
+            previous = "}"
+            i = j + 1
+            continue
+        out.append(tok)
+        if not tok[0].isspace() and not tok.startswith("#"):
+            previous = tok
+        i += 1
+    rewritten = "".join(out)
+    wanted = tuple(dict.fromkeys(
+        Selector(None, (*s.matchers, matcher)) if s.name is None and which(s) else s for s in original.selectors))
+    if analyse(rewritten).selectors != wanted:
+        raise PromQLError(f"cannot restrict the selectors without a metric name in {expr!r}")
+    return rewritten
