@@ -201,6 +201,8 @@ class ParityCheck:
             if policy.golden_required:
                 measurements.append(Measurement("golden", Verdict.INCONCLUSIVE,
                                                 "no golden query reads this group's metrics (parity.golden_required)"))
+            elif not policy.golden_dashboards:
+                inventory["summary"] = "no golden layer: no dashboard configured (parity.golden_dashboards)"
             else:
                 inventory["summary"] = "no golden layer: no dashboard query reads this group's metrics" + (
                     f" ({inventory['summary']})" if queries else "")
