@@ -65,3 +65,41 @@ def test_read_ahead_ends_the_window_early_and_waits_when_it_cannot() -> None:
 def test_fixed_at_before_dual_write_is_never_comparable() -> None:
     never = fit("x @ 100", 60)
     assert isinstance(never, WindowShortfall) and never.wait_s is None and "never comparable" in never.reason
+
+
+class NoServer:
+    """Any query is a test failure: these cases must be decided without asking a backend."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"unexpected backend call {name}")
+
+
+def _golden(tmp_path: Path, exprs: list[str], **parity: object) -> tuple[list, dict]:  # type: ignore[type-arg]
+    import dataclasses
+
+    from promshift.adapters.parity_check import ParityCheck
+    from promshift.settings import load_catalog
+
+    (tmp_path / "d.json").write_text(json.dumps({"panels": [{"title": f"p{i}", "targets": [{"expr": e}]}
+                                                            for i, e in enumerate(exprs)]}))
+    group = load_catalog().get("gpu-memory")
+    policy = dataclasses.replace(group.parity, golden_dashboards=("d.json",), **parity)  # type: ignore[arg-type]
+    check = ParityCheck(dataclasses.replace(group, parity=policy), NoServer(), NoServer(),  # type: ignore[arg-type]
+                        catalog_dir=tmp_path)
+    return check.golden(T0, T0 + 3600)
+
+
+def test_inventory_names_every_expression_and_a_group_without_queries_has_no_golden_layer(tmp_path: Path) -> None:
+    exprs = ["DCGM_FI_DEV_GPU_TEMP", 'DCGM_FI_DEV_FB_USED{Hostname=~"$Hostname"}', "rate(DCGM_FI_DEV_FB_USED)",
+             "vector(1)"]
+    measurements, inventory = _golden(tmp_path, exprs[:1])
+    assert measurements == [] and inventory["summary"].startswith("no golden layer")
+    measurements, _ = _golden(tmp_path, exprs[:1], golden_required=True)
+    assert [(m.name, m.verdict.value) for m in measurements] == [("golden", "INCONCLUSIVE")]
+    measurements, inventory = _golden(tmp_path, exprs)
+    assert [row["disposition"] for row in inventory["queries"]] == [
+        "not this group's metrics", "needs variable $Hostname", "unsupported", "not this group's metrics"]
+    assert "expected type matrix" in inventory["queries"][2]["detail"]
+    assert [(m.name, m.verdict.value) for m in measurements] == [("golden[p1]", "INCONCLUSIVE"),
+                                                                ("golden[p2]", "INCONCLUSIVE")]
+    json.dumps(inventory, allow_nan=False)
