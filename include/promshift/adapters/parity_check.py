@@ -296,7 +296,8 @@ class ParityCheck:
             expr = restrict_nameless(fit.expr, self._group_matcher, restrict.__contains__) if restrict else fit.expr
             target_expr = rename_labels_in(expr, to_target)
         except PromQLError as exc:
-            return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (expr,))
+            return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (fit.expr,))
+        queries = expr if target_expr == expr else f"{expr} (target: {target_expr})"
 
         def answer(client: PrometheusClient, asked: str) -> GoldenSide:
             try:
@@ -309,19 +310,18 @@ class ParityCheck:
                                       s.points for s in res.series}, warnings=res.warnings)
 
         source, target = each_side(lambda: answer(self.source, expr), lambda: answer(self.target, target_expr))
-        failed = golden_failure(name, expr, source, target)
+        failed = golden_failure(name, queries, source, target)
         if failed is not None:
             return failed
         warnings = [*source.warnings, *target.warnings]
         if warnings:
             return Measurement(name, Verdict.INCONCLUSIVE, f"backend warnings (partial data): {'; '.join(warnings)}",
-                               (expr,))
+                               (queries,))
         try:
             counts = self._behind([*group_selectors, *others], fit, to_target)
         except PrometheusError as exc:
-            return Measurement(name, Verdict.ERROR, f"counting the series behind the query failed: {exc}", (expr,))
+            return Measurement(name, Verdict.ERROR, f"counting the series behind the query failed: {exc}", (queries,))
         behind = (sum(c[0] for c in counts[:len(group_selectors)]), sum(c[1] for c in counts[:len(group_selectors)]))
-        queries = expr if target_expr == expr else f"{expr} (target: {target_expr})"
         m = golden_comparison(name, queries, source.series or {}, target.series or {}, behind=behind,
                               abs_tol=self.policy.abs_tolerance, rel_tol=max(self.policy.rel_tolerance, 1e-9),
                               answers_without_series=fit.analysis.answers_without_series,
