@@ -1,12 +1,13 @@
 """PromQL analysis on a real parser: quoting, selectors, look-back, read-ahead, Grafana variables.
 
-Built on ``promql_parser`` (bindings to a Rust PromQL parser; pure, no I/O). Checked against
-Debian's Prometheus 2.42 on 653 expressions (the PromQL compliance suite's 539 variants,
-the dcgm-exporter dashboards, and hand-picked edge cases): both accept and reject the same
-ones except ``holt_winters`` (2.42 has it, the parser only knows its Prometheus 3 name:
-registered here) and a few Prometheus 3 additions the parser accepts and 2.42 rejects
-(``limitk``, ``info``, ``x{a="b" or c="d"}``, quoted label names, unit-less durations);
-those reach the backends, which reject them on both sides.
+Built on ``promql_parser`` 0.12.0 (bindings to a Rust PromQL parser; pure, no I/O). Checked
+against Debian's Prometheus 2.42 on 656 expressions (the PromQL compliance suite's 539
+variants, the dcgm-exporter dashboards, and hand-picked edge cases): both accept and reject
+the same ones except ``holt_winters`` (2.42 has it, the parser only its Prometheus 3 name:
+registered here), backtick strings with a backslash (raw in PromQL, escapes to the parser:
+handed over double-quoted here), and Prometheus 3 additions the parser accepts and 2.42
+rejects (``limitk``, ``info``, ``x{a="b" or c="d"}``, quoted label names, unit-less
+durations); those reach the backends, which reject them on both sides.
 
 Times are relative to a query's evaluation instant ``t``: a read ``(back_s, ahead_s)``
 takes samples from ``t - back_s`` to ``t + ahead_s``. ``@ start()``/``@ end()``/``@ <time>``
@@ -114,7 +115,13 @@ class Analysis:
 
 
 def parse(expr: str) -> Any:
-    """The parser's AST; a clear PromQLError when the expression does not parse."""
+    """The parser's AST; a clear PromQLError when the expression does not parse.
+
+    Backtick strings are raw in PromQL (`n\\d` is a regex), but promql_parser 0.12.0 reads
+    escapes in them: they are handed to it as the equivalent double-quoted strings.
+    """
+    if "`" in expr:
+        expr = "".join(promql_string(tok[1:-1]) if tok.startswith("`") else tok for tok in _TOKEN.findall(expr))
     try:
         return promql_parser.parse(expr)
     except (ValueError, TypeError) as exc:
