@@ -25,10 +25,14 @@ from typing import Any
 
 import promql_parser
 
-# Prometheus 2.x's name for what Prometheus 3 calls double_exponential_smoothing.
-promql_parser.register_extra_functions([promql_parser.Function(
-    "holt_winters", [promql_parser.ValueType.Matrix, promql_parser.ValueType.Scalar,
-                     promql_parser.ValueType.Scalar], promql_parser.ValueType.Vector)])
+# Prometheus 2.x's name for what Prometheus 3 calls double_exponential_smoothing (registration is
+# process-wide and idempotent; a parser that knows it as a built-in refuses it, which is fine).
+try:
+    promql_parser.register_extra_functions([promql_parser.Function(
+        "holt_winters", [promql_parser.ValueType.Matrix, promql_parser.ValueType.Scalar,
+                         promql_parser.ValueType.Scalar], promql_parser.ValueType.Vector)])
+except ValueError:
+    pass
 
 # Functions that answer something even when no series exists.
 _ANSWER_WITHOUT_SERIES = frozenset({"vector", "absent", "absent_over_time", "time", "pi", "scalar"})
