@@ -168,8 +168,8 @@ def child_promshift(spec: dict[str, Any]) -> dict[str, Any]:
 
     group = load_catalog().get(spec["group"])
     policy = dataclasses.replace(group.parity, step_s=STEP_S, seed=spec.get("seed"))
-    if spec.get("no_golden") and getattr(policy, "golden_dashboard", None):
-        policy = dataclasses.replace(policy, golden_dashboard=None)
+    if spec.get("no_golden") and getattr(policy, "golden_dashboards", None):
+        policy = dataclasses.replace(policy, golden_dashboards=())
     extra: dict[str, Any] = {}
     if "catalog_dir" in {f.name for f in dataclasses.fields(ParityCheck)}:
         # The catalog's relative dashboard path resolves against the catalog's folder (as the operators do).
@@ -640,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="result file (default: bench/results/parity.json at 2,000 nodes)")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory and servers' data")
     parser.add_argument("--no-golden", action="store_true",
-                        help="drop the golden-dashboard layer (catalog parity.golden_dashboard) from promshift's run")
+                        help="drop the golden-dashboard layer (catalog parity.golden_dashboards) from promshift's run")
     parser.add_argument("--child", choices=["promshift", "naive"], help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)

@@ -26,6 +26,7 @@ from promshift.core.cost import CostConfigError, QueryCost, estimate_range_sampl
 from promshift.core.durations import parse_duration
 from promshift.core.gate import GateAction, GateVerdict, decide
 from promshift.core.latency import choose_step
+from promshift.core.promql import widest_range_s
 from promshift.core.render import (
     add_remote_write,
     remote_write_entry,
@@ -227,7 +228,7 @@ class GroupMigration:
                 step = choose_step(longest.seconds, min_step_s=self.group.parity.step_s)
                 samples = estimate_range_samples(series=series, range_s=longest.seconds, step_s=step,
                                                  scrape_interval_s=scrape_s,
-                                                 selector_window_s=range_selector_s(query))
+                                                 selector_window_s=widest_range_s(query))
                 exact = False
             costs.append(QueryCost(query=query, window_s=longest.seconds, samples_processed=samples, measured=exact))
         projection = project_monthly_cost(
@@ -309,13 +310,6 @@ class GroupMigration:
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[stage] else None
         self.record("rolled_back", now, evidence, to=to)
         return evidence
-
-
-def range_selector_s(query: str) -> float | None:
-    """The widest range selector (``[5m]``) in a query, in seconds, or None for instant selectors."""
-
-    widths = [parse_duration(m) for m in re.findall(r"\[([0-9][0-9a-z]*)(?::[0-9a-z]*)?\]", query)]
-    return max(widths) if widths else None
 
 
 def scrape_interval_s(config_text: str) -> float:

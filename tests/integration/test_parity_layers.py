@@ -94,6 +94,25 @@ def test_host_coverage_names_hosts_present_under_another_label_on_the_target(
     assert "misses" not in by_host["host_coverage"].reason
 
 
+def test_golden_asks_the_target_with_its_own_label_name_once_a_rename_is_declared(
+        renamed_pair: tuple[PrometheusClient, PrometheusClient], tmp_path: Path) -> None:
+    src, tgt = renamed_pair
+    history = "count({__name__=\"DCGM_FI_DEV_FB_USED\"} offset 15s)"
+    while not (src.query(history).series and tgt.query(history).series):  # 12 s of history on both sides
+        time.sleep(0.5)
+    expr = 'count by (Hostname) (DCGM_FI_DEV_FB_USED{Hostname=~"gpu-node-.*"})'
+    (tmp_path / "d.json").write_text(json.dumps({"panels": [{"title": "per host", "targets": [{"expr": expr}]}]}))
+    group = load_catalog(profile="demo").get("gpu-memory")
+    policy = dataclasses.replace(group.parity, golden_dashboards=(str(tmp_path / "d.json"),), step_s=2.0)
+    end = time.time() - 1
+    undeclared, _ = ParityCheck(dataclasses.replace(group, parity=policy), src, tgt).golden(end - 12, end)
+    assert undeclared[0].verdict != Verdict.SUCCESSFUL, undeclared[0].reason  # the target has no `Hostname`
+    renamed = dataclasses.replace(group, parity=dataclasses.replace(policy, rename_labels=(("hostname", "Hostname"),)))
+    (m,), _ = ParityCheck(renamed, src, tgt).golden(end - 12, end)
+    assert m.verdict == Verdict.SUCCESSFUL, m.reason
+    assert '(target: count by (hostname) (DCGM_FI_DEV_FB_USED{hostname=~"gpu-node-.*"}))' in m.queries[0]
+
+
 @pytest.fixture(scope="module")
 def independent_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusClient, PrometheusClient]]:
     """Two Prometheus servers scraping the same fleet on their own schedules (a managed collector's case)."""
@@ -127,17 +146,22 @@ def test_independent_scraper_mode_compares_buckets_and_rates(
 
 
 @pytest.mark.parametrize("expr,verdict,needle", [
-    ("avg(DCGM_FI_DEV_GPU_TEMP{", "INCONCLUSIVE", "query failed"),  # does not parse: HTTP 400
-    ('DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname"}', "INCONCLUSIVE", "$Hostname has no value"),
-    ('DCGM_FI_DEV_GPU_TEMP{instance="no-such-host"}', "INCONCLUSIVE", "matches nothing on either side"),
+    ("avg(DCGM_FI_DEV_GPU_TEMP{", "INCONCLUSIVE", "unsupported: does not parse"),  # Prometheus: HTTP 400
+    ('DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname"}', "INCONCLUSIVE", "needs variable $Hostname"),
+    ('DCGM_FI_DEV_GPU_TEMP{instance="no-such-host"}', "INCONCLUSIVE", "no data behind this query"),
     ('avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance"})', "SUCCESSFUL", "identical"),
 ])
 def test_golden_query_bad_input_is_named_never_a_crash_or_a_pass(
-        independent_pair: tuple[PrometheusClient, PrometheusClient], expr: str, verdict: str, needle: str) -> None:
+        independent_pair: tuple[PrometheusClient, PrometheusClient], tmp_path: Path, expr: str, verdict: str,
+        needle: str) -> None:
     src, _ = independent_pair
     group = load_catalog(profile="demo").get("gpu-power-thermal")
+    (tmp_path / "d.json").write_text(json.dumps({"panels": [{"title": "panel", "targets": [{"expr": expr}]}]}))
+    group = dataclasses.replace(group, parity=dataclasses.replace(
+        group.parity, golden_dashboards=("d.json",), golden_variables=(("instance", ".+"),)))
     end = time.time() - 2
     # Same server on both sides: a clean golden query must match exactly.
-    m = ParityCheck(group, src, src)._golden_one("panel", expr, {}, end - 10, end)
-    assert m.name == "golden[panel]"
+    measurements, inventory = ParityCheck(group, src, src, catalog_dir=tmp_path).golden(end - 15, end)
+    (m,) = measurements
+    assert m.name == "golden[panel]" and inventory["queries"][0]["measurement"] == "golden[panel]"
     assert m.verdict.value == verdict and needle in m.reason, m.reason

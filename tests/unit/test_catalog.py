@@ -662,9 +662,13 @@ def test_window_slo_must_fit_in_the_query_timeout() -> None:
             "sum(rate(DCGM_FI_DEV_FB_USED[$__rate_interval]))",
             "contains template variable '$__rate_interval'; golden queries must be plain PromQL",
         ),
-        ("sum(DCGM_FI_DEV_FB_USED", "unclosed '(' in 'sum(DCGM_FI_DEV_FB_USED'"),
-        ("sum(DCGM_FI_DEV_FB_USED))", "unbalanced ')' at offset 24 in 'sum(DCGM_FI_DEV_FB_USED))'"),
-        ('DCGM_FI_DEV_FB_USED{Hostname="a}', "unterminated string in 'DCGM_FI_DEV_FB_USED{Hostname=\"a}'"),
+        ("sum(DCGM_FI_DEV_FB_USED", "does not parse: unclosed left parenthesis in 'sum(DCGM_FI_DEV_FB_USED'"),
+        ("sum(DCGM_FI_DEV_FB_USED))",
+         "does not parse: unexpected right parenthesis ')' in 'sum(DCGM_FI_DEV_FB_USED))'"),
+        ('DCGM_FI_DEV_FB_USED{Hostname="a}',
+         "does not parse: unterminated quoted string \" in 'DCGM_FI_DEV_FB_USED{Hostname=\"a}'"),
+        ("rate(DCGM_FI_DEV_FB_USED)",
+         "does not parse: expected type matrix in call to function 'rate', got vector in 'rate(DCGM_FI_DEV_FB_USED)'"),
         ("avg(DCGM_FI_DEV_GPU_UTIL)", "references none of this group's metrics: 'avg(DCGM_FI_DEV_GPU_UTIL)'"),
     ],
 )
@@ -676,7 +680,7 @@ def test_golden_query_rules(query: Any, reason: str) -> None:
 
 def test_brackets_inside_strings_do_not_count() -> None:
     doc = base_doc()
-    group(doc, "gpu-memory")["latency"]["queries"] = ['count(DCGM_FI_DEV_FB_USED{Hostname=~"node-(1|2"})']
+    group(doc, "gpu-memory")["latency"]["queries"] = ['count(DCGM_FI_DEV_FB_USED{Hostname="node-(1|2"})']
     assert parse(doc).get("gpu-memory").latency.queries[0].startswith("count(")
 
 
@@ -861,7 +865,7 @@ def test_shipped_production_policies(shipped_text: str) -> None:
     assert "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)" in utilization.latency.queries
     # Production samples 40 of ~2,000 hosts (2 %), 10 per mapped task; the rest are the built-in defaults.
     assert utilization.parity == ParityPolicy(
-        sample_hosts=40, hosts_per_shard=10, golden_dashboard="dashboards/dcgm-exporter-dashboard.json",
+        sample_hosts=40, hosts_per_shard=10, golden_dashboards=("dashboards/dcgm-exporter-dashboard.json",),
         golden_variables=(("instance", "gpu-node-000[0-3]"), ("gpu", ".+")))
 
 
@@ -914,3 +918,16 @@ def test_profile_names_follow_the_group_name_pattern() -> None:
     doc = base_doc()
     doc["profiles"]["Demo_2"] = {}
     assert problems_of(doc) == ("catalog: field 'profiles.Demo_2': profile names must match [a-z][a-z0-9-]*",)
+
+
+def test_golden_dashboards_take_a_list_and_the_old_single_file_form() -> None:
+    doc = base_doc()
+    group(doc, "gpu-memory")["parity"] = {"golden_dashboards": ["dashboards/", "more/a.json"], "golden_required": True}
+    parity = parse(doc).get("gpu-memory").parity
+    assert (parity.golden_dashboards, parity.golden_required) == (("dashboards/", "more/a.json"), True)
+    group(doc, "gpu-memory")["parity"] = {"golden_dashboard": "dashboards/a.json"}
+    parity = parse(doc).get("gpu-memory").parity
+    assert (parity.golden_dashboards, parity.golden_required) == (("dashboards/a.json",), False)
+    group(doc, "gpu-memory")["parity"] = {"golden_required": "yes"}
+    assert problems_of(doc) == ("group 'gpu-memory': field 'parity.golden_required': must be true or false, "
+                                "got 'yes'",)

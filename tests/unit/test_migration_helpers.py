@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from promshift.adapters.prometheus import parse_query_response
-from promshift.migration import range_selector_s, scrape_interval_s
+from promshift.core.promql import widest_range_s
+from promshift.migration import scrape_interval_s
 
 
 @pytest.mark.parametrize("query,seconds", [
@@ -12,7 +13,7 @@ from promshift.migration import range_selector_s, scrape_interval_s
     ("max_over_time(x[1h:1m]) + rate(y[30s])", 3600.0),
 ])
 def test_range_selector_width(query: str, seconds: float | None) -> None:
-    assert range_selector_s(query) == seconds
+    assert widest_range_s(query) == seconds
 
 
 def test_scrape_interval_from_config_defaults_to_prometheus_default() -> None:

@@ -95,3 +95,19 @@ def test_tables_show_source_timeouts_as_a_win_and_cost_lines() -> None:
 def test_inconclusive_evidence_is_called_out_for_the_approver() -> None:
     body = approval_body("g", {"verdict": "INCONCLUSIVE", "reason": "parity inconclusive"}, {}, {"windows": []})
     assert "INCONCLUSIVE" in body and "Approve only if you understand why" in body
+
+
+def test_golden_inventory_lists_every_expression_with_its_disposition() -> None:
+    from promshift.core.report import golden_inventory_markdown
+
+    golden = {"dashboards": ["dashboards/a.json"], "required": False,
+              "summary": "1 compared, 1 not this group's metrics",
+              "queries": [{"dashboard": "a.json", "panel": "Power", "ref_id": "A", "expr": "sum(m{a=~\"x|y\"})",
+                           "disposition": "compared", "detail": "SUCCESSFUL", "measurement": "golden[Power]"},
+                          {"dashboard": "a.json", "panel": "Temp", "ref_id": "A", "expr": "t",
+                           "disposition": "not this group's metrics", "detail": "reads t", "measurement": None}]}
+    text = "\n".join(golden_inventory_markdown(golden))
+    assert "### Golden queries: 1 compared, 1 not this group's metrics" in text
+    assert '| a.json | Power | `sum(m{a=~"x\\|y"})` | compared | SUCCESSFUL |' in text
+    assert "| a.json | Temp | `t` | not this group's metrics | reads t |" in text
+    assert golden_inventory_markdown(None) == []

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,8 +24,19 @@ import re2
 
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
-from promshift.core.golden import GoldenQueryError, grafana_builtins, queries_for_group, substitute
+from promshift.core.golden import (
+    COMPARED,
+    NEEDS_VARIABLE,
+    NOT_THIS_GROUP,
+    UNSUPPORTED,
+    DashboardQuery,
+    GoldenWindow,
+    WindowShortfall,
+    dashboard_queries,
+    fit_window,
+)
 from promshift.core.parity import (
+    GoldenSide,
     HostLabels,
     SampleComparison,
     aggregate_measurement,
@@ -32,10 +45,24 @@ from promshift.core.parity import (
     count_hosts,
     coverage_measurement,
     describe_label_drift,
+    golden_comparison,
+    golden_failure,
     label_drift,
     label_renames,
     normalize_labels,
     sample_hosts,
+)
+from promshift.core.promql import (
+    Analysis,
+    PromQLError,
+    Selector,
+    analyse,
+    grafana_builtins,
+    metric_names,
+    promql_string,
+    rename_labels_in,
+    restrict_nameless,
+    substitute,
 )
 from promshift.core.verdicts import Measurement, Verdict
 
@@ -60,9 +87,10 @@ def on_each(source_call: Callable[[], T], target_call: Callable[[], T]) -> tuple
     return futures[0].result(), futures[1].result()
 
 
-def promql_string(value: str) -> str:
-    """A PromQL double-quoted string literal."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def each_side(source_call: Callable[[], T], target_call: Callable[[], T]) -> tuple[T, T]:
+    """Two different calls, one per backend, concurrently (e.g. each side asked with its own label names)."""
+    futures = [_BOTH.submit(source_call), _BOTH.submit(target_call)]
+    return futures[0].result(), futures[1].result()
 
 
 @dataclass
@@ -169,48 +197,194 @@ class ParityCheck:
                                      explained=explained)
 
     # -- layer 4: golden dashboard queries -------------------------------------------------
-    def golden(self, start: float, end: float) -> list[Measurement]:
-        """The group's dashboard queries, templated, compared result by result with tolerance."""
-        if not self.policy.golden_dashboard:
-            return []
-        path = Path(self.policy.golden_dashboard)
-        if not path.is_absolute() and self.catalog_dir is not None:
-            path = self.catalog_dir / path
-        try:
-            dashboard = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            return [Measurement("golden", Verdict.ERROR, f"dashboard {path} unreadable: {exc}")]
-        picked = queries_for_group(dashboard, self.group.claims)
-        if not picked:
-            return [Measurement("golden", Verdict.INCONCLUSIVE, f"no query in {path.name} reads this group's metrics")]
-        builtins = grafana_builtins(self.policy.step_s, end - start)
-        return [self._golden_one(q.panel, q.expr, builtins, start, end) for q in picked]
+    def golden(self, start: float, end: float) -> tuple[list[Measurement], dict[str, Any]]:
+        """The group's dashboard queries, each over its own look-back-aware window, and the inventory.
 
-    def _golden_one(self, panel: str, raw: str, builtins: dict[str, str], start: float, end: float) -> Measurement:
-        name = f"golden[{panel}]"
+        ``start`` is the first settled instant of dual-write, ``end`` the last instant old enough
+        to read. Every dashboard expression is listed in the inventory with its disposition:
+        compared, not this group's metrics, needs variable X, or unsupported (why).
+        """
+        policy = self.policy
+        inventory: dict[str, Any] = {"dashboards": list(policy.golden_dashboards), "required": policy.golden_required,
+                                     "queries": []}
+        measurements: list[Measurement] = []
+        queries: list[DashboardQuery] = []
+        for path in self._dashboard_files(measurements):
+            try:
+                dashboard = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                measurements.append(Measurement("golden", Verdict.ERROR, f"dashboard {path.name} unreadable: {exc}"))
+                continue
+            queries.extend(dashboard_queries(dashboard, name=path.name))
+        panels = Counter(q.panel for q in queries)
+        names: dict[str, list[str]] = {}
+        for q in queries:
+            name = f"golden[{q.panel}]" if panels[q.panel] == 1 else f"golden[{q.panel}/{q.ref_id or '?'}]"
+            disposition, detail, m = self._golden_query(name, q, start, end, names)
+            inventory["queries"].append({"dashboard": q.dashboard, "panel": q.panel, "ref_id": q.ref_id,
+                                         "expr": q.expr, "disposition": disposition, "detail": detail,
+                                         "measurement": m.name if m else None})
+            if m is not None:
+                measurements.append(m)
+        counts = Counter(row["disposition"] for row in inventory["queries"])
+        inventory["summary"] = ", ".join(f"{n} {d}" for d, n in counts.items()) or "no dashboard queries"
+        if not any(m.name.startswith("golden[") for m in measurements):
+            if policy.golden_required:
+                measurements.append(Measurement("golden", Verdict.INCONCLUSIVE,
+                                                "no golden query reads this group's metrics (parity.golden_required)"))
+            elif not policy.golden_dashboards:
+                inventory["summary"] = "no golden layer: no dashboard configured (parity.golden_dashboards)"
+            else:
+                inventory["summary"] = "no golden layer: no dashboard query reads this group's metrics" + (
+                    f" ({inventory['summary']})" if queries else "")
+        return measurements, inventory
+
+    def _dashboard_files(self, problems: list[Measurement]) -> list[Path]:
+        files: list[Path] = []
+        for entry in self.policy.golden_dashboards:
+            path = Path(entry)
+            if not path.is_absolute() and self.catalog_dir is not None:
+                path = self.catalog_dir / path
+            if path.is_dir():
+                files.extend(sorted(path.glob("*.json")))
+            elif path.is_file():
+                files.append(path)
+            else:
+                problems.append(Measurement("golden", Verdict.ERROR, f"dashboard {entry} not found ({path})"))
+        return files
+
+    def _golden_query(self, name: str, q: DashboardQuery, start: float, end: float,
+                      names: dict[str, list[str]]) -> tuple[str, str, Measurement | None]:
+        """Disposition, detail and (for this group's queries) the measurement of one dashboard expression."""
+        values = dict(self.policy.golden_variables)
+        sub = substitute(q.expr, values, builtins=grafana_builtins(self.policy.step_s, end - start))
+        needs = ", ".join(f"${v}" for v in sub.unknown)
+        hint = ", ".join(f"parity.golden_variables.{v}" for v in sub.unknown)
         try:
-            expr = substitute(raw, dict(self.policy.golden_variables), builtins=builtins)
-        except GoldenQueryError as exc:
-            return Measurement(name, Verdict.INCONCLUSIVE, str(exc), (raw,))
+            analysis = analyse(sub.expr)
+        except PromQLError as exc:
+            if not any(self.group.claims(n) for n in metric_names(sub.expr)):
+                return NOT_THIS_GROUP, "names none of this group's metrics", None
+            if sub.unknown:
+                return (f"{NEEDS_VARIABLE} {needs}", f"set {hint}",
+                        Measurement(name, Verdict.INCONCLUSIVE, f"needs variable {needs} (set {hint})", (sub.expr,)))
+            return (UNSUPPORTED, str(exc),
+                    Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (sub.expr,)))
         try:
-            results = on_both(self.source, self.target,
-                              lambda c: c.query_range(expr, start=start, end=end, step=self.policy.step_s))
+            group_selectors, restrict, others = self._group_selectors(analysis, start, end, names)
         except PrometheusError as exc:
-            verdict = Verdict.ERROR if exc.http_status != 400 else Verdict.INCONCLUSIVE
-            return Measurement(name, verdict, f"query failed: {exc}", (expr,))
-        warnings = [w for r in results for w in r.warnings]
+            return COMPARED, "selector names unknown", Measurement(name, Verdict.ERROR, str(exc), (sub.expr,))
+        if not group_selectors:
+            shown = sorted({s.name or s.promql() for s in analysis.selectors})
+            return NOT_THIS_GROUP, "reads " + (", ".join(shown) or "no series"), None
+        if sub.unknown:
+            return (f"{NEEDS_VARIABLE} {needs}", f"set {hint}",
+                    Measurement(name, Verdict.INCONCLUSIVE, f"needs variable {needs} (set {hint})", (sub.expr,)))
+        m = self._golden_one(name, q.expr, group_selectors, start, end, restrict=restrict, others=others)
+        return COMPARED, m.verdict.value, m
+
+    def _group_selectors(self, analysis: Analysis, start: float, end: float, names: dict[str, list[str]]
+                         ) -> tuple[list[Selector], frozenset[Selector], list[Selector]]:
+        """The query's selectors that read this group's metrics (offsets and @ dropped), and the others.
+
+        A selector without a metric name reads the group's metrics when the source has any of
+        them under it in the window; the query is then compared restricted to the group's
+        metrics (``restrict``), which is all a per-group dual-write sends.
+        """
+        group, restrict, others = [], set(), []
+        for sel in analysis.selectors:
+            if sel.name is not None:
+                (group if self.group.claims(sel.name) else others).append(sel)
+                continue
+            text = sel.promql()
+            if text not in names:
+                names[text] = self.source.label_values("__name__", text, start=start, end=end)
+            if any(self.group.claims(n) for n in names[text]):
+                restrict.add(sel)
+                group.append(Selector(None, (*sel.matchers, self._group_matcher)))
+            else:
+                others.append(sel)
+        return group, frozenset(restrict), others
+
+    @property
+    def _group_matcher(self) -> tuple[str, str, str]:
+        return ("__name__", "=~", self.group.name_regex())
+
+    def _golden_one(self, name: str, raw: str, group_selectors: Sequence[Selector], start: float, end: float, *,
+                    restrict: frozenset[Selector] = frozenset(), others: Sequence[Selector] = ()) -> Measurement:
+        """One golden query over its own window: what both backends did, the data behind it, the answers."""
+        step = self.policy.step_s
+        values = dict(self.policy.golden_variables)
+        try:
+            fit = fit_window(raw, values, earliest=start, latest=end, step=step)
+        except PromQLError as exc:
+            return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (raw,))
+        if isinstance(fit, WindowShortfall):
+            return Measurement(name, Verdict.INCONCLUSIVE, fit.reason, (raw,), {"wait_s": fit.wait_s})
+        # A declared rename (target label -> source label): the target is asked with its own label names.
+        to_target = {new: old for old, new in self.policy.rename_labels}
+        try:
+            expr = restrict_nameless(fit.expr, self._group_matcher, restrict.__contains__) if restrict else fit.expr
+            target_expr = rename_labels_in(expr, to_target)
+        except PromQLError as exc:
+            return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (fit.expr,))
+        queries = expr if target_expr == expr else f"{expr} (target: {target_expr})"
+
+        def answer(client: PrometheusClient, asked: str) -> GoldenSide:
+            try:
+                res = client.query_range(asked, start=fit.start, end=fit.end, step=step)
+            except PrometheusError as exc:
+                text = str(exc).removeprefix(f"{exc.base_url}: ")
+                return GoldenSide(error=text, http_status=exc.http_status)
+            rename = dict(self.policy.rename_labels)
+            return GoldenSide(series={normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename):
+                                      s.points for s in res.series}, warnings=res.warnings)
+
+        source, target = each_side(lambda: answer(self.source, expr), lambda: answer(self.target, target_expr))
+        failed = golden_failure(name, queries, source, target)
+        if failed is not None:
+            return failed
+        warnings = [*source.warnings, *target.warnings]
         if warnings:
             return Measurement(name, Verdict.INCONCLUSIVE, f"backend warnings (partial data): {'; '.join(warnings)}",
-                               (expr,))
-        if not results[0].series and not results[1].series:
-            return Measurement(name, Verdict.INCONCLUSIVE, "matches nothing on either side", (expr,))
-        rename = dict(self.policy.rename_labels)
-        sides = [{normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename): s.points
-                  for s in r.series} for r in results]
-        comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=max(self.policy.rel_tolerance, 1e-9))
-        comparison.add(sides[0], sides[1])
-        m = comparison.measurement([expr])
-        return Measurement(name, m.verdict, m.reason, m.queries, m.numbers)
+                               (queries,))
+        try:
+            counts = self._behind([*group_selectors, *others], fit, to_target)
+        except PrometheusError as exc:
+            return Measurement(name, Verdict.ERROR, f"counting the series behind the query failed: {exc}", (queries,))
+        behind = (sum(c[0] for c in counts[:len(group_selectors)]), sum(c[1] for c in counts[:len(group_selectors)]))
+        m = golden_comparison(name, queries, source.series or {}, target.series or {}, behind=behind,
+                              abs_tol=self.policy.abs_tolerance, rel_tol=max(self.policy.rel_tolerance, 1e-9),
+                              answers_without_series=fit.analysis.answers_without_series,
+                              numbers={"window": fit.to_dict(), "selectors": [s.promql() for s in group_selectors]})
+        lacking = [sel.promql() for sel, (src, tgt) in zip(others, counts[len(group_selectors):], strict=True)
+                   if src and not tgt]
+        if m.verdict == Verdict.FAILED and lacking:
+            # Another group's metrics the target was never sent: the difference says nothing about this group.
+            return Measurement(name, Verdict.INCONCLUSIVE, f"answers differ, but the query also reads "
+                               f"{', '.join(lacking)} (not this group's metrics), which the target does not have",
+                               m.queries, {**m.numbers, "not_on_target": lacking})
+        return m
+
+    def _behind(self, selectors: Sequence[Selector], fit: GoldenWindow,
+                to_target: dict[str, str]) -> list[tuple[float, float]]:
+        """Per selector: the series it reads over the query's window and look-back, on each side."""
+        spans = [(fit.start - fit.analysis.lookback_s, fit.end + fit.analysis.readahead_s)]
+        for r in fit.analysis.anchored:
+            at = {"start": fit.start, "end": fit.end}.get(r.anchor, r.at)
+            if at is not None:
+                spans.append((at - r.back_s, at + r.ahead_s))
+        low, high = min(s for s, _ in spans), max(e for _, e in spans)
+        span = f"{max(1, math.ceil(high - low))}s"
+        counts = []
+        for sel in selectors:
+            on_target = Selector(sel.name, tuple((to_target.get(k, k), op, v) for k, op, v in sel.matchers))
+            answers = each_side(
+                lambda s=sel: self.source.query(f"count(last_over_time({s.promql()}[{span}]))", at=high),
+                lambda s=on_target: self.target.query(f"count(last_over_time({s.promql()}[{span}]))", at=high))
+            src, tgt = (sum(s.points[0][1] for s in res.series) for res in answers)
+            counts.append((src, tgt))
+        return counts
 
     # -- layer 2: label parity -----------------------------------------------------------
     def labels(self, start: float, end: float) -> Measurement:
@@ -416,7 +590,8 @@ class ParityCheck:
         measurements = [m.to_dict() for m in coverage]
         measurements.append(self.aggregates(start, end, explained=short_hosts).to_dict())
         measurements.append(self.labels(start, end).to_dict())
-        measurements.extend(m.to_dict() for m in self.golden(start, end))
+        golden, golden_inventory = self.golden(start, end)
+        measurements.extend(m.to_dict() for m in golden)
         shards: list[dict[str, Any]] = []
         hosts: list[str] = []
         try:
@@ -431,7 +606,8 @@ class ParityCheck:
                 shard["host_names"] = [list(names[0]), list(names[1])]
             shards.append(shard)
         return {"window": {"start": start, "end": end, "step": self.policy.step_s}, "measurements": measurements,
-                "shards": shards, "hosts_total": len(hosts), "cost": self._cost(started, before)}
+                "shards": shards, "hosts_total": len(hosts), "cost": self._cost(started, before),
+                "golden": golden_inventory}
 
     def compare_shard(self, shard: dict[str, Any]) -> dict[str, Any]:
         """One mapped task's work: compare the shard's hosts; returns totals and what it cost."""
@@ -448,7 +624,7 @@ class ParityCheck:
         if plan["window"] is not None and not any(m.name == "samples" for m in measurements):
             measurements.append(self.samples_measurement(shards, hosts_total=plan["hosts_total"]))
         costs = [plan["cost"], *(s.get("cost", {}) for s in shards)]
-        return self.result(measurements, plan["window"], costs, shards=len(shards))
+        return self.result(measurements, plan["window"], costs, shards=len(shards), golden=plan.get("golden"))
 
     def run(self, *, dual_write_since: float, now: float) -> dict[str, Any]:
         """Every layer in one process; the DAG runs the same plan / shards / reduce as mapped tasks."""
@@ -462,7 +638,8 @@ class ParityCheck:
                 "queries": sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True))}
 
     def result(self, measurements: list[Measurement], window: dict[str, Any] | None,
-               costs: Sequence[dict[str, float]], *, shards: int) -> dict[str, Any]:
+               costs: Sequence[dict[str, float]], *, shards: int,
+               golden: dict[str, Any] | None = None) -> dict[str, Any]:
         samples = next((m for m in measurements if m.name == "samples"), None)
         nums = samples.numbers if samples else {}
         verdict = assess(measurements, failure_limit=self.policy.failure_limit,
@@ -482,4 +659,6 @@ class ParityCheck:
             "wall_s": sum(c.get("wall_s", 0.0) for c in costs),
             "backend_query_s": sum(c.get("backend_query_s", 0.0) for c in costs),
             "queries_sent": sum(c.get("queries", 0) for c in costs),
+            # Every dashboard expression and what became of it (compared, not this group's, ...).
+            "golden": golden,
         }

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import json
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -30,6 +29,8 @@ import re2
 import yaml
 
 from promshift.core.durations import format_duration, parse_duration
+from promshift.core.promql import PromQLError, metric_names, promql_string
+from promshift.core.promql import parse as parse_promql
 
 __all__ = [
     "PARITY_MODES",
@@ -106,10 +107,12 @@ class ParityPolicy:
     rel_tolerance: float = 1e-9
     ignore_labels: tuple[str, ...] = ("cluster", "__replica__", "prometheus_replica")
     rename_labels: tuple[tuple[str, str], ...] = ()
-    # Grafana dashboard (path relative to the catalog file) whose queries on this group are
-    # compared result by result, with its template variables set from golden_variables.
-    golden_dashboard: str | None = None
+    # Grafana dashboards (files or folders of *.json, relative to the catalog file) whose queries
+    # on this group are compared result by result, with template variables from golden_variables.
+    golden_dashboards: tuple[str, ...] = ()
     golden_variables: tuple[tuple[str, str], ...] = ()
+    # Without any golden query a group has no golden layer (reported as such); required: INCONCLUSIVE.
+    golden_required: bool = False
     max_missing_series_ratio: float = 0.0
     failure_limit: int = 0
     inconclusive_limit: int = 0
@@ -199,7 +202,7 @@ class MetricGroup:
 
         e.g. ``{__name__=~"DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_FB_USED"}``.
         """
-        return "{__name__=~" + _promql_string(self.name_regex()) + "}"
+        return "{__name__=~" + promql_string(self.name_regex()) + "}"
 
     def claims(self, metric_name: str) -> bool:
         """Tell whether the keep rule for this group would keep ``metric_name``."""
@@ -265,15 +268,6 @@ def _re2_error(pattern: str) -> str | None:
         detail = exc.args[0] if exc.args else exc
         return detail.decode() if isinstance(detail, bytes) else str(detail)
     return None
-
-
-def _promql_string(value: str) -> str:
-    """Quote ``value`` as a PromQL double-quoted string literal.
-
-    PromQL strings use Go's escapes; JSON's (``\\\\``, ``\\"``, ``\\n``,
-    ``\\uXXXX``) are a subset of them, so a JSON string is a valid PromQL one.
-    """
-    return json.dumps(value, ensure_ascii=False)
 
 
 # --------------------------------------------------------------------------- YAML loading
@@ -352,6 +346,18 @@ def _optional_string(value: Any) -> str | None:
     if value is None:
         return None
     return _string()(value)
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        _fail(f"must be true or false, got {_type_name(value)}")
+    return value
+
+
+def _one_dashboard(value: Any) -> tuple[str, ...]:
+    """The old ``golden_dashboard: FILE`` form: a list of one."""
+    text = _optional_string(value)
+    return () if text is None else (text,)
 
 
 def _pattern_string(regex: re.Pattern[str], what: str) -> Converter:
@@ -557,44 +563,22 @@ def _windows(value: Any) -> tuple[LatencyWindow, ...]:
 
 # Grafana-style variables: $var, ${var}, [[var]]. Golden queries run verbatim.
 _TEMPLATE_VARIABLE_RE = re.compile(r"\$\{?\w+|\[\[\w+\]\]")
-_CLOSING = {")": "(", "]": "[", "}": "{"}
 
 
 def _promql_query(value: Any) -> str:
-    """Check a golden query is plain PromQL with balanced brackets.
+    """Check a golden query is plain PromQL that parses.
 
-    Not a PromQL parser: it catches copy-paste damage from dashboards
-    (template variables, cut-off brackets) before a run wastes a warm-up.
+    Catches copy-paste damage from dashboards (template variables, cut-off brackets,
+    a range function given an instant vector) before a run wastes a warm-up.
     """
     query = _string()(value)
     variable = _TEMPLATE_VARIABLE_RE.search(query)
     if variable is not None:
         _fail(f"contains template variable {variable.group(0)!r}; golden queries must be plain PromQL")
-    stack: list[str] = []
-    quote: str | None = None
-    index = 0
-    while index < len(query):
-        char = query[index]
-        if quote is not None:
-            if char == "\\" and quote != "`":
-                index += 1  # skip the escaped character
-            elif char == quote:
-                quote = None
-        elif char in "\"'`":
-            quote = char
-        elif char == "#":  # PromQL comment to end of line
-            newline = query.find("\n", index)
-            index = len(query) if newline < 0 else newline
-        elif char in "([{":
-            stack.append(char)
-        elif char in _CLOSING:
-            if not stack or stack.pop() != _CLOSING[char]:
-                _fail(f"unbalanced {char!r} at offset {index} in {query!r}")
-        index += 1
-    if quote is not None:
-        _fail(f"unterminated string in {query!r}")
-    if stack:
-        _fail(f"unclosed {stack[-1]!r} in {query!r}")
+    try:
+        parse_promql(query)
+    except PromQLError as exc:
+        _fail(f"{exc} in {query!r}")
     return query
 
 
@@ -654,8 +638,12 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
                 _unique_list(_pattern_string(_LABEL_NAME_RE, "label name"), what="label", non_empty=False),
             ),
             "rename_labels": _Field("rename_labels", _label_renames),
-            "golden_dashboard": _Field("golden_dashboard", _optional_string),
+            "golden_dashboards": _Field(
+                "golden_dashboards", _unique_list(_string(), what="dashboard", non_empty=False)
+            ),
+            "golden_dashboard": _Field("golden_dashboards", _one_dashboard),
             "golden_variables": _Field("golden_variables", _template_values),
+            "golden_required": _Field("golden_required", _boolean),
             "max_missing_series_ratio": _Field("max_missing_series_ratio", _number(minimum=0, maximum=1)),
             "failure_limit": _Field("failure_limit", _integer(minimum=0)),
             "inconclusive_limit": _Field("inconclusive_limit", _integer(minimum=0)),
@@ -867,7 +855,7 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
             issues.append(("latency.queries", "is required: list the group's golden PromQL queries"))
     elif group.metrics or group.metric_regex is not None:
         for index, query in enumerate(latency.queries):
-            if not any(group.claims(token) for token in _METRIC_NAME_RE.findall(query)):
+            if not any(group.claims(name) for name in metric_names(query)):
                 issues.append(
                     (
                         f"latency.queries[{index}]",

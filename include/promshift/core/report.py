@@ -66,10 +66,29 @@ def parity_log_table(parity: Mapping[str, Any]) -> str:
     lines.append(f"series compared {parity.get('series_compared', 0)}, points compared "
                  f"{parity.get('points_compared', 0)}, mismatches {parity.get('mismatches', 0)}, "
                  f"missing series {parity.get('missing_series', 0)}, hosts {parity.get('hosts_sampled', [])}")
+    if parity.get("golden"):
+        lines.append(f"golden queries: {parity['golden'].get('summary', '')}")
     for m in parity.get("measurements", []):
         for off in (m.get("numbers") or {}).get("worst", [])[:5]:
             lines.append(f"  worst: {off['series']}: {off['problem']}")
     return "\n".join(lines)
+
+
+def golden_inventory_markdown(golden: Mapping[str, Any] | None) -> list[str]:
+    """Every dashboard expression and its disposition: compared, not this group's, needs variable X, unsupported."""
+    if not golden:
+        return []
+    dashboards = ", ".join(f"`{d}`" for d in golden.get("dashboards", [])) or "none configured"
+    lines = ["", f"### Golden queries: {golden.get('summary', '')}", "",
+             f"Dashboards: {dashboards}" + ("; a golden query is required" if golden.get("required") else "")]
+    rows = golden.get("queries", [])
+    if rows:
+        lines += ["", "| dashboard | panel | expression | disposition | detail |", "|---|---|---|---|---|"]
+        for row in rows:
+            expr = str(row["expr"]).replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {row['dashboard']} | {row['panel']} | `{expr}` | {row['disposition']} | "
+                         f"{str(row.get('detail') or '').replace('|', '/')} |")
+    return lines
 
 
 def approval_body(group: str, gate: Mapping[str, Any], parity: Mapping[str, Any],
@@ -157,6 +176,7 @@ def render_markdown(report: Mapping[str, Any], *, chart_file: str | None = None)
               "| measurement | verdict | reason |", "|---|---|---|"]
     for m in p.get("measurements", []):
         lines.append(f"| {m['name']} | {m['verdict']} | {m['reason']} |")
+    lines += golden_inventory_markdown(p.get("golden"))
     worst = [o for m in p.get("measurements", []) for o in (m.get("numbers") or {}).get("worst", [])]
     if worst:
         lines += ["", "Worst offending series:", ""]
