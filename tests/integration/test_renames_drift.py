@@ -86,7 +86,7 @@ def hosts_by_label(client: PrometheusClient, metric: str) -> dict[str, set[str]]
 
 def policy_for_test(group: MetricGroup, **changes: Any) -> MetricGroup:
     # 2 s steps over 1 s scrapes; no golden dashboard (another layer, tested on its own).
-    parity = dataclasses.replace(group.parity, step_s=2.0, skip_recent_s=3.0, golden_dashboard=None,
+    parity = dataclasses.replace(group.parity, step_s=2.0, skip_recent_s=3.0, golden_dashboards=(),
                                  sample_hosts=4, hosts_per_shard=2, **changes)
     return dataclasses.replace(group, parity=parity)
 
