@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from promshift.core.errors import ErrorKind
 from promshift.core.gate import GateAction, decide
 from promshift.core.latency import (
     MAX_POINTS,
@@ -32,7 +33,7 @@ def test_step_keeps_results_under_the_point_limit(window: float) -> None:
 
 
 def runs(backend: str, times: list[float], ok: bool = True) -> list[ProbeRun]:
-    return [ProbeRun(backend=backend, window="1h", query="q", wall_s=t, ok=ok) for t in times]
+    return [ProbeRun(backend=backend, window="1h", query="q", wall_s=t, ok=ok, series=1) for t in times]
 
 
 def test_faster_target_within_slo_passes_with_speedup() -> None:
@@ -66,7 +67,7 @@ def test_source_timeouts_are_a_win_and_too_few_runs_inconclusive() -> None:
     assert win.verdict == Verdict.SUCCESSFUL and win.source_p50_s is None
     assert win.outcome == "source failed in 5 of 5 runs; target answered within SLO"  # no error text: "failed"
     timed_out = [ProbeRun(backend="source", window="24h", query="q", wall_s=60.0, ok=False,
-                          error="timeout: no answer within 60s")] * 5
+                          error="timeout: no answer within 60s", kind=ErrorKind.TIMEOUT)] * 5
     seed = judge_window("24h", timed_out + runs("target", [10.0] * 5), slo_p95_s=12, max_slowdown_ratio=1.2,
                         min_successes=3)
     assert seed.verdict == Verdict.SUCCESSFUL and seed.source_failure == "timed out"
