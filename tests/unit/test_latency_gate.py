@@ -134,3 +134,21 @@ def test_retention_problem_names_every_backend_that_keeps_too_little() -> None:
     assert retention_problem(7200, {"source": 7200.0, "target": 7200.0}) is None  # exactly the retention is fine
     assert retention_problem(86400, {"source": 43200.0, "target": 150 * 86400.0}) == (
         "window of 1d is longer than the retention (source keeps 12h): not measured")
+
+
+def test_answers_without_series_are_no_evidence_and_real_failures_still_fail() -> None:
+    data = runs("source", [0.2] * 3) + runs("target", [0.1] * 3)
+    empty = [ProbeRun(backend="target", window="1h", query="q", wall_s=0.001, ok=True, series=0,
+                      result_type="matrix")] * 3
+    scalar = [ProbeRun(backend="source", window="1h", query="scalar(q)", wall_s=0.001, ok=True,
+                       result_type="scalar")]
+    w = judge_window("1h", data + empty + scalar, slo_p95_s=1.0, max_slowdown_ratio=1.2, min_successes=3)
+    assert w.verdict == Verdict.INCONCLUSIVE
+    assert w.outcome == ("no data behind this query: 'q' (target: no series); "
+                         "'scalar(q)' (source: only a scalar)")
+    assert w.target_p50_s == pytest.approx(0.1)  # the 1 ms empty answers are not timed as evidence
+    timeout = [ProbeRun(backend="target", window="1h", query="q", wall_s=2.0, ok=False, kind=ErrorKind.TIMEOUT)]
+    failed = judge_window("1h", data + empty + timeout, slo_p95_s=1.0, max_slowdown_ratio=1.2, min_successes=3)
+    assert failed.verdict == Verdict.FAILED and failed.outcome == "target failed 1 of 7 runs (timeout)"
+    assert ProbeRun(backend="target", window="1h", query="q", wall_s=1, ok=False,
+                    kind=ErrorKind.MALFORMED).to_dict()["kind"] == "malformed"

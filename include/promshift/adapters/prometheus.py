@@ -57,7 +57,7 @@ class Answer:
     """One HTTP answer, read whole within the client's deadline and size limit."""
 
     status_code: int
-    content: bytes
+    content: bytes | bytearray
 
     @property
     def text(self) -> str:
@@ -145,6 +145,8 @@ def _series(rtype: str, raw: Any) -> list[Series]:
         raise MalformedAnswer(f"'result' of a {rtype} must be a list, got {_describe(raw)}")
     series: list[Series] = []
     for index, item in enumerate(raw):
+        # Each item's JSON is dropped once converted, so a large answer is not held twice.
+        raw[index] = None
         where = f"result[{index}]"
         if not isinstance(item, dict):
             raise MalformedAnswer(f"{where}: expected an object, got {_describe(item)}")
@@ -173,7 +175,8 @@ def parse_query_response(query: str, body: Any, *, elapsed_s: float, http_status
 
     Anything that is not the documented shape raises MalformedAnswer naming the first problem:
     a wrong ``resultType``, a ``result`` of the wrong type, a sample without a value, a
-    timestamp or value that is not a number.
+    timestamp or value that is not a number. The body's ``result`` list is consumed (its items
+    are released as they are converted: a large answer is not held twice).
     """
     if not isinstance(body, dict):
         raise MalformedAnswer(f"body is not a JSON object: {_describe(body)}")
@@ -281,27 +284,34 @@ class PrometheusClient:
         with resp:
             declared = resp.headers.get("Content-Length", "")
             if not resp.headers.get("Content-Encoding") and declared.isdigit() and int(declared) > limit:
-                raise self._too_large(what, int(declared), limit, resp.status_code)
+                raise self._too_large(what, f"{int(declared):,} bytes (Content-Length)", limit, resp.status_code)
             return Answer(resp.status_code, self._read_body(resp, what, deadline, budget, limit))
 
-    def _too_large(self, what: str, size: int, limit: int, status: int) -> PrometheusError:
-        return self._error(f"{what}: answer of {'more than ' if size > limit else ''}{size:,} bytes refused: "
-                           f"over the limit of {limit:,} bytes (max_answer_bytes); narrow the query or raise "
-                           "the limit", ErrorKind.TOO_LARGE, http_status=status)
+    def _too_large(self, what: str, size: str, limit: int, status: int) -> PrometheusError:
+        return self._error(f"{what}: answer of {size} refused: over the limit of {limit:,} bytes "
+                           "(max_answer_bytes); narrow the query or raise the limit", ErrorKind.TOO_LARGE,
+                           http_status=status)
 
-    def _read_body(self, resp: requests.Response, what: str, deadline: float, budget: float, limit: int) -> bytes:
+    def _read_body(self, resp: requests.Response, what: str, deadline: float, budget: float,
+                   limit: int) -> bytearray:
         """The decoded body, chunk by chunk; a stalled or trickled body is cut at the deadline."""
         raw = resp.raw
-        # A blocked socket read ends when the watchdog shuts the socket down at the deadline.
-        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shutdown, args=(raw,))
+        # A blocked socket read ends when the watchdog shuts the socket down at the deadline; the read
+        # then fails or returns an early end, and ``cut`` tells that apart from a real end.
+        cut = threading.Event()
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _cut_off, args=(raw, cut))
         watchdog.daemon = True
         watchdog.start()
         body = bytearray()
+
+        def timed_out() -> PrometheusError:
+            return self._error(f"{what} timed out after {budget:g}s ({len(body):,} bytes of the answer read)",
+                               ErrorKind.TIMEOUT, http_status=resp.status_code)
+
         try:
             while True:
                 if time.monotonic() > deadline:
-                    raise self._error(f"{what} timed out after {budget:g}s ({len(body):,} bytes of the answer "
-                                      "read)", ErrorKind.TIMEOUT, http_status=resp.status_code)
+                    raise timed_out()
                 try:
                     chunk = raw.read1(_CHUNK, decode_content=True)
                 except urllib3.exceptions.DecodeError as exc:
@@ -310,19 +320,18 @@ class PrometheusClient:
                                       f"({exc.__class__.__name__})", ErrorKind.MALFORMED,
                                       http_status=resp.status_code) from exc
                 except (urllib3.exceptions.HTTPError, OSError) as exc:
-                    if time.monotonic() >= deadline:
-                        raise self._error(f"{what} timed out after {budget:g}s ({len(body):,} bytes of the answer "
-                                          "read)", ErrorKind.TIMEOUT, http_status=resp.status_code) from exc
+                    if cut.is_set():
+                        raise timed_out() from exc
                     raise self._error(f"{what}: answer cut off after {len(body):,} bytes ({exc.__class__.__name__})",
                                       ErrorKind.UNREACHABLE, http_status=resp.status_code) from exc
                 if not chunk:
-                    if time.monotonic() >= deadline and raw.length_remaining:
-                        raise self._error(f"{what} timed out after {budget:g}s ({len(body):,} bytes of the answer "
-                                          "read)", ErrorKind.TIMEOUT, http_status=resp.status_code)
-                    return bytes(body)
+                    if cut.is_set():
+                        raise timed_out()
+                    return body  # json.loads reads a bytearray as is: no copy of a large answer
                 body += chunk
                 if len(body) > limit:
-                    raise self._too_large(what, len(body), limit, resp.status_code)
+                    raise self._too_large(what, f"more than {limit:,} bytes (stopped reading)", limit,
+                                          resp.status_code)
         finally:
             watchdog.cancel()
 
@@ -334,12 +343,13 @@ class PrometheusClient:
                                max_bytes=max_bytes)
         elapsed = time.perf_counter() - started
         body = self._success_body(answer, repr(query))
+        status, size = answer.status_code, len(answer.content)
+        del answer  # the raw bytes are not needed once parsed as JSON
         try:
-            res = parse_query_response(query, body, elapsed_s=elapsed, http_status=answer.status_code,
-                                       size=len(answer.content))
+            res = parse_query_response(query, body, elapsed_s=elapsed, http_status=status, size=size)
         except MalformedAnswer as exc:
             raise self._error(f"malformed answer to {query!r}: {exc}", ErrorKind.MALFORMED,
-                              http_status=answer.status_code) from exc
+                              http_status=status) from exc
         self.ledger.add(res)
         return res
 
@@ -459,8 +469,9 @@ class PrometheusClient:
                               http_status=resp.status_code)
 
 
-def _shutdown(raw: Any) -> None:
+def _cut_off(raw: Any, cut: threading.Event) -> None:
     """Shut a response's socket for reading: a read blocked on it returns at once."""
+    cut.set()
     try:
         raw.shutdown()
     except (ValueError, RuntimeError, OSError):
