@@ -129,7 +129,7 @@ def _sample(pair: Any, where: str) -> tuple[float, float]:
         raise MalformedAnswer(f"{where}: value is not a number: {_describe(v)}")
     try:
         return float(t), float(v)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise MalformedAnswer(f"{where}: value is not a number: {_describe(v)}") from None
 
 
@@ -157,7 +157,12 @@ def _series(rtype: str, raw: Any) -> list[Series]:
                 values = []  # native histograms carry no float samples to compare or count
             if not isinstance(values, list):
                 raise MalformedAnswer(f"{where}: 'values' must be a list, got {_describe(values)}")
-            pts = tuple(_sample(pair, f"{where}.values[{i}]") for i, pair in enumerate(values))
+            try:
+                # The fast path (a third of the time of checking each pair); a failure is then
+                # located and named by the slow one.
+                pts = tuple([(float(t), float(v)) for t, v in values])
+            except (TypeError, ValueError, OverflowError):
+                pts = tuple(_sample(pair, f"{where}.values[{i}]") for i, pair in enumerate(values))
         else:
             if "value" not in item and "histogram" in item:
                 pts = ()
