@@ -389,14 +389,14 @@ def test_a_trickled_answer_is_a_timeout_of_the_whole_request(servers: Any, conte
 
 
 def test_a_stalled_body_is_cut_at_the_deadline_not_after_another_read_timeout(servers: Any) -> None:
-    # Headers and half the body at once, then 5 s of silence: the socket read blocks, and the
-    # deadline (not requests' per-read timeout, which would restart at each read) ends it.
-    server = servers(lambda n: Raw(matrix_bytes(), pieces=2, pause_s=5.0))
+    # Headers and half the body 0.6 s in, then 5 s of silence. requests' per-read timeout (1 s)
+    # would end the wait at 1.6 s; the deadline on the whole request ends it at 1 s.
+    server = servers(lambda n: Raw(matrix_bytes(), pieces=2, pause_s=5.0), delay_s=0.6)
     started = time.monotonic()
     with pytest.raises(PrometheusError) as excinfo:
         PrometheusClient(server.url, timeout_s=1.0).query_range("q", start=0, end=60, step=15)
     assert excinfo.value.kind == ErrorKind.TIMEOUT
-    assert time.monotonic() - started < 1.6
+    assert 0.95 < time.monotonic() - started < 1.45
 
 
 def test_a_trickled_target_answer_is_a_timed_out_run_in_the_probe(servers: Any) -> None:

@@ -325,7 +325,7 @@ class PrometheusClient:
                                       f"({exc.__class__.__name__})", ErrorKind.MALFORMED,
                                       http_status=resp.status_code) from exc
                 except (urllib3.exceptions.HTTPError, OSError) as exc:
-                    if cut.is_set():
+                    if cut.is_set() or isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
                         raise timed_out() from exc
                     raise self._error(f"{what}: answer cut off after {len(body):,} bytes ({exc.__class__.__name__})",
                                       ErrorKind.UNREACHABLE, http_status=resp.status_code) from exc
