@@ -89,8 +89,10 @@ def _load_catalog(path: str | None, profile: str | None) -> tuple[Any, Path]:
     except OSError as exc:
         raise InputError(f"cannot read catalog {catalog_path}: {exc.strerror or exc}") from None
     except CatalogError as exc:
-        raise InputError(f"catalog {catalog_path} is invalid ({len(exc.problems)} problems; first: "
-                         f"{exc.problems[0]}); see promshift catalog check") from None
+        count = len(exc.problems)
+        first = " ".join(exc.problems[0].split())  # one line, even for a YAML parser's message
+        raise InputError(f"catalog {catalog_path} is invalid ({count} problem{'s' if count != 1 else ''}; "
+                         f"first: {first}); see promshift catalog check") from None
 
 
 def _group(catalog: Any, name: str) -> Any:
@@ -190,7 +192,7 @@ def _catalog_check(args: argparse.Namespace) -> int:
         count = len(exc.problems)
         print(f"{path}: {count} problem{'s' if count != 1 else ''}")
         for problem in exc.problems:
-            print(f"  - {problem}")
+            print("  - " + problem.strip().replace("\n", "\n    "))
         return 1
     names = ", ".join(catalog.names())
     print(f"{path}: OK ({len(catalog.groups)} groups: {names}; every profile validated"

@@ -154,3 +154,14 @@ def test_render_of_an_unknown_group_is_bad_input(tmp_path: Path, capsys: pytest.
     config.write_text(SOURCE_CONFIG)
     code, out, err = run(["render", "gpu-nope", "--config", str(config), "--catalog", str(CATALOG)], capsys)
     assert (code, out) == (64, "") and "unknown metric group 'gpu-nope'" in err
+
+
+def test_check_with_an_invalid_catalog_is_one_line_and_exit_64(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text("version: 1\ngroups: [\n")
+    code, out, err = run(["check", "parity", "--group", "gpu-memory", "--source", "http://127.0.0.1:1",
+                          "--target", "http://127.0.0.1:1", "--catalog", str(bad)], capsys)
+    assert (code, out) == (64, "") and err.count("\n") == 1
+    assert f"catalog {bad} is invalid (1 problem; first: catalog: invalid YAML" in err
+    assert err.rstrip().endswith("see promshift catalog check")
