@@ -386,10 +386,14 @@ class PrometheusClient:
         except ValueError:
             body = None
         if resp.status_code == 200 and not isinstance(body, dict):
-            raise self._error(f"malformed answer for {what}: body is not a JSON object: {resp.text[:80]!r}",
+            first = (resp.text.strip().splitlines() or [""])[0][:80]
+            raise self._error(f"malformed answer for {what}: body is not a JSON object: {first!r}",
                               ErrorKind.MALFORMED, http_status=200)
         if resp.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
-            detail = body.get("error") if isinstance(body, dict) else resp.text[:200]
+            # Prometheus says "error"; AMP says "message" (403s). Only the first line: AWS's signature
+            # mismatch message goes on to print the canonical request, session token included.
+            detail = (body.get("error") or body.get("message")) if isinstance(body, dict) else resp.text
+            detail = str(detail).strip().splitlines()[0][:200] if detail else detail
             etype = body.get("errorType") if isinstance(body, dict) else None
             raise self._error(f"HTTP {resp.status_code} for {what}: {detail}", ErrorKind.HTTP,
                               http_status=resp.status_code, error_type=etype if isinstance(etype, str) else None)
