@@ -102,6 +102,10 @@ def _group(catalog: Any, name: str) -> Any:
         raise InputError(str(exc.args[0])) from None
 
 
+class BackendUnavailable(RuntimeError):
+    """A backend did not answer the first query (exit 69)."""
+
+
 def _client(role: str, url: str) -> Any:
     """A client for ``url``, checked with one cheap query: unreachable is exit 69, not a verdict."""
     from promshift.adapters.prometheus import PrometheusClient, PrometheusError
@@ -114,10 +118,6 @@ def _client(role: str, url: str) -> Any:
     except PrometheusError as exc:
         raise BackendUnavailable(f"{role} {exc}") from None
     return client
-
-
-class BackendUnavailable(RuntimeError):
-    """A backend did not answer the first query (exit 69)."""
 
 
 def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[int, dict[str, Any], str]:
@@ -149,7 +149,8 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
                 head.append(f"compared window {_iso(window['start'])} .. {_iso(window['end'])}, "
                             f"step {window['step']:g}s")
             body = parity_log_table(result)
-            reason = "; ".join(f"{m['name']}: {m['reason']}" for m in result.get("measurements", [])
+            # The table gives each reason; the verdict line names the layers behind it.
+            reason = ", ".join(f"{m['name']} {m['verdict']}" for m in result.get("measurements", [])
                                if m["verdict"] != Verdict.SUCCESSFUL.value)
         else:
             from promshift.adapters.latency_probe import LatencyProbe
