@@ -914,3 +914,13 @@ def test_profile_names_follow_the_group_name_pattern() -> None:
     doc = base_doc()
     doc["profiles"]["Demo_2"] = {}
     assert problems_of(doc) == ("catalog: field 'profiles.Demo_2': profile names must match [a-z][a-z0-9-]*",)
+
+
+def test_latency_max_answer_bytes_defaults_to_64_mib_and_must_be_positive() -> None:
+    assert parse(base_doc()).get("gpu-memory").latency.max_answer_bytes == 64 * 2**20
+    doc = base_doc()
+    doc["profiles"]["demo"]["latency"]["max_answer_bytes"] = 1_000_000
+    assert parse(doc, profile="demo").get("gpu-clocks").latency.max_answer_bytes == 1_000_000
+    group(doc, "gpu-memory")["latency"]["max_answer_bytes"] = 0
+    problems = problems_of(doc)
+    assert len(problems) == 1 and "group 'gpu-memory': field 'latency.max_answer_bytes'" in problems[0]
