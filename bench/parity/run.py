@@ -102,7 +102,7 @@ def loadavg() -> list[float]:
 def _child_clients(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, float]]:
     import threading
 
-    from promshift.adapters.prometheus import PrometheusClient
+    from promshift.adapters.prometheus import DEFAULT_MAX_ANSWER_BYTES, PrometheusClient
 
     untimed: dict[str, Any] = {"calls": 0, "wall_s": 0.0, "by_kind": {}}
     lock = threading.Lock()  # parity may ask source and target from two threads
@@ -129,8 +129,8 @@ def _child_clients(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, float]]:
         have no ``stats``, so the ledger misses them: their wall time is counted here."""
 
         def _api(self, path: str, params: dict[str, Any], query: str, timeout_s: float | None,
-                 accept_encoding: str | None = None) -> Any:
-            res = super()._api(path, params, query, timeout_s, accept_encoding)
+                 accept_encoding: str | None = None, max_bytes: int | None = None) -> Any:
+            res = super()._api(path, params, query, timeout_s, accept_encoding, max_bytes)
             timings = res.stats.get("timings") or {}
             with lock:
                 self._count(path, query, res, timings)
@@ -158,8 +158,10 @@ def _child_clients(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, float]]:
                     untimed["wall_s"] += time.perf_counter() - started
 
     timeout = float(spec.get("timeout_s", 120))
-    return (TimedClient(spec["source"], always_stats=True, timeout_s=timeout),
-            TimedClient(spec["target"], always_stats=True, timeout_s=timeout), untimed)
+    # The naive baseline fetches whole metrics at once (~100 MB answers at 2,000 nodes): no cap for it.
+    limit = int(spec.get("max_answer_bytes") or DEFAULT_MAX_ANSWER_BYTES)
+    return (TimedClient(spec["source"], always_stats=True, timeout_s=timeout, max_answer_bytes=limit),
+            TimedClient(spec["target"], always_stats=True, timeout_s=timeout, max_answer_bytes=limit), untimed)
 
 
 def child_promshift(spec: dict[str, Any]) -> dict[str, Any]:
@@ -196,7 +198,7 @@ def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
     the ignored external labels. Keeps the full lists of what differs."""
     from promshift.core.parity import normalize_labels, values_equal
 
-    src, tgt, timed = _child_clients({**spec, "timeout_s": 900})
+    src, tgt, timed = _child_clients({**spec, "timeout_s": 900, "max_answer_bytes": 2**40})
     ignore = tuple(spec["ignore_labels"])
     host_label = spec["host_label"]
     start, end = spec["start"], spec["end"]

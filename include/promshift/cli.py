@@ -1,14 +1,25 @@
-"""The ``promshift`` command line: ``promshift stack …`` and ``promshift audit …``."""
+"""The ``promshift`` command line: ``stack``, ``audit``, and the read-only ``check``, ``catalog check``
+and ``render``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from typing import NoReturn
+
+from promshift.checks_cli import EX_USAGE
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr and exit 64: argparse's own 2 is ``check``'s INCONCLUSIVE."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EX_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="promshift", description=__doc__)
+    parser = _Parser(prog="promshift", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -19,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     from promshift.adapters.audit_cli import add_audit_commands
 
     add_audit_commands(commands)
+
+    from promshift.checks_cli import add_check_commands
+
+    add_check_commands(commands)
     return parser
 
 

@@ -931,3 +931,13 @@ def test_golden_dashboards_take_a_list_and_the_old_single_file_form() -> None:
     group(doc, "gpu-memory")["parity"] = {"golden_required": "yes"}
     assert problems_of(doc) == ("group 'gpu-memory': field 'parity.golden_required': must be true or false, "
                                 "got 'yes'",)
+
+
+def test_latency_max_answer_bytes_defaults_to_64_mib_and_must_be_positive() -> None:
+    assert parse(base_doc()).get("gpu-memory").latency.max_answer_bytes == 64 * 2**20
+    doc = base_doc()
+    doc["profiles"]["demo"]["latency"]["max_answer_bytes"] = 1_000_000
+    assert parse(doc, profile="demo").get("gpu-clocks").latency.max_answer_bytes == 1_000_000
+    group(doc, "gpu-memory")["latency"]["max_answer_bytes"] = 0
+    problems = problems_of(doc)
+    assert len(problems) == 1 and "group 'gpu-memory': field 'latency.max_answer_bytes'" in problems[0]

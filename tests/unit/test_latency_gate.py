@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from promshift.core.errors import ErrorKind
 from promshift.core.gate import GateAction, decide
 from promshift.core.latency import (
     MAX_POINTS,
@@ -32,7 +33,7 @@ def test_step_keeps_results_under_the_point_limit(window: float) -> None:
 
 
 def runs(backend: str, times: list[float], ok: bool = True) -> list[ProbeRun]:
-    return [ProbeRun(backend=backend, window="1h", query="q", wall_s=t, ok=ok) for t in times]
+    return [ProbeRun(backend=backend, window="1h", query="q", wall_s=t, ok=ok, series=1) for t in times]
 
 
 def test_faster_target_within_slo_passes_with_speedup() -> None:
@@ -66,7 +67,7 @@ def test_source_timeouts_are_a_win_and_too_few_runs_inconclusive() -> None:
     assert win.verdict == Verdict.SUCCESSFUL and win.source_p50_s is None
     assert win.outcome == "source failed in 5 of 5 runs; target answered within SLO"  # no error text: "failed"
     timed_out = [ProbeRun(backend="source", window="24h", query="q", wall_s=60.0, ok=False,
-                          error="timeout: no answer within 60s")] * 5
+                          error="timeout: no answer within 60s", kind=ErrorKind.TIMEOUT)] * 5
     seed = judge_window("24h", timed_out + runs("target", [10.0] * 5), slo_p95_s=12, max_slowdown_ratio=1.2,
                         min_successes=3)
     assert seed.verdict == Verdict.SUCCESSFUL and seed.source_failure == "timed out"
@@ -133,3 +134,21 @@ def test_retention_problem_names_every_backend_that_keeps_too_little() -> None:
     assert retention_problem(7200, {"source": 7200.0, "target": 7200.0}) is None  # exactly the retention is fine
     assert retention_problem(86400, {"source": 43200.0, "target": 150 * 86400.0}) == (
         "window of 1d is longer than the retention (source keeps 12h): not measured")
+
+
+def test_answers_without_series_are_no_evidence_and_real_failures_still_fail() -> None:
+    data = runs("source", [0.2] * 3) + runs("target", [0.1] * 3)
+    empty = [ProbeRun(backend="target", window="1h", query="q", wall_s=0.001, ok=True, series=0,
+                      result_type="matrix")] * 3
+    scalar = [ProbeRun(backend="source", window="1h", query="scalar(q)", wall_s=0.001, ok=True,
+                       result_type="scalar")]
+    w = judge_window("1h", data + empty + scalar, slo_p95_s=1.0, max_slowdown_ratio=1.2, min_successes=3)
+    assert w.verdict == Verdict.INCONCLUSIVE
+    assert w.outcome == ("no data behind this query: 'q' (target: no series); "
+                         "'scalar(q)' (source: only a scalar)")
+    assert w.target_p50_s == pytest.approx(0.1)  # the 1 ms empty answers are not timed as evidence
+    timeout = [ProbeRun(backend="target", window="1h", query="q", wall_s=2.0, ok=False, kind=ErrorKind.TIMEOUT)]
+    failed = judge_window("1h", data + empty + timeout, slo_p95_s=1.0, max_slowdown_ratio=1.2, min_successes=3)
+    assert failed.verdict == Verdict.FAILED and failed.outcome == "target failed 1 of 7 runs (timeout)"
+    assert ProbeRun(backend="target", window="1h", query="q", wall_s=1, ok=False,
+                    kind=ErrorKind.MALFORMED).to_dict()["kind"] == "malformed"

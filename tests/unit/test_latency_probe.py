@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from promshift.adapters.latency_probe import LatencyProbe
-from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import LatencyPolicy, LatencyWindow
+from promshift.core.errors import ErrorKind
 
-Reply = tuple[int, dict[str, Any]]
+
+@dataclass(frozen=True)
+class Raw:
+    """A reply sent byte for byte: ``body`` in ``pieces`` writes, ``pause_s`` apart (a trickle)."""
+
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),)
+    pieces: int = 1
+    pause_s: float = 0.0
+    content_length: bool = True
+
+
+Reply = tuple[int, dict[str, Any]] | Raw
 
 
 def ok_matrix(warnings: list[str] | None = None) -> Reply:
@@ -44,13 +59,35 @@ class ScriptedPrometheus:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def reply(self, status: int, body: dict[str, Any]) -> None:
+            def reply(self, status: int | Raw, body: dict[str, Any] | None = None) -> None:
+                if isinstance(status, Raw):
+                    self.raw_reply(status)
+                    return
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def raw_reply(self, raw: Raw) -> None:
+                self.send_response(200)
+                for name, value in raw.headers:
+                    self.send_header(name, value)
+                if raw.content_length:
+                    self.send_header("Content-Length", str(len(raw.body)))
+                else:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                size = -(-len(raw.body) // raw.pieces)
+                try:
+                    for i in range(0, len(raw.body), size):
+                        self.wfile.write(raw.body[i:i + size])
+                        self.wfile.flush()
+                        time.sleep(raw.pause_s)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up: that is what a trickle test expects
+                self.close_connection = True
 
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
                 # Like Prometheus when a retention is given; like AMP (no such endpoint) otherwise.
@@ -78,7 +115,11 @@ class ScriptedPrometheus:
                 time.sleep(outer.delay_s)
                 with lock:
                     outer.in_flight -= 1
-                self.reply(*outer.script(n))
+                answer = outer.script(n)
+                if isinstance(answer, Raw):
+                    self.reply(answer)
+                else:
+                    self.reply(*answer)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -302,3 +343,167 @@ def test_window_before_dual_write_is_comparable_only_where_the_target_holds_the_
     w = holed["windows"][0]
     assert w["verdict"] == "INCONCLUSIVE" and "not comparable" in w["outcome"]
     assert "target has 64 of 64 series" in w["outcome"] and "0 of 64 series" in w["outcome"]
+
+
+# -- the probe's own robustness: malformed answers, trickles, oversized answers ---------------------
+
+def matrix_bytes(result: Any = None, result_type: str = "matrix") -> bytes:
+    if result is None:
+        result = [{"metric": {"Hostname": "h1"}, "values": [[60, "1"], [75, "2"]]}]
+    return json.dumps({"status": "success", "data": {"resultType": result_type, "result": result}}).encode()
+
+
+MALFORMED = [
+    pytest.param(Raw(matrix_bytes([{"metric": {}, "values": [["noon", "1"]]}])),
+                 "timestamp is not a number", id="non-numeric-timestamp"),
+    pytest.param(Raw(matrix_bytes([{"metric": {}, "values": [[60, "one"]]}])),
+                 "value is not a number", id="non-numeric-value"),
+    pytest.param(Raw(matrix_bytes([{"metric": {"Hostname": "h1"}}], "vector")),
+                 "vector sample without a 'value'", id="vector-without-value"),
+    pytest.param(Raw(matrix_bytes({"metric": {}, "values": []})),
+                 "'result' of a matrix must be a list", id="result-of-the-wrong-type"),
+    pytest.param(Raw(json.dumps({"status": "success", "data": []}).encode()),
+                 "'data' must be an object", id="list-where-an-object-belongs"),
+    pytest.param(Raw(matrix_bytes([[60, "1"]])), "result[0]: expected an object", id="list-as-a-series"),
+    pytest.param(Raw(matrix_bytes([], "histogram")), "unknown resultType", id="unknown-result-type"),
+    pytest.param(Raw(b"<html>gateway says hi</html>"), "not a JSON object", id="not-json"),
+    pytest.param(Raw(matrix_bytes(), headers=(("Content-Type", "application/json"), ("Content-Encoding", "gzip"))),
+                 "body says Content-Encoding gzip but does not decode", id="says-gzip-but-is-not"),
+]
+
+
+@pytest.mark.parametrize("raw,reason", MALFORMED)
+def test_a_malformed_answer_is_one_failed_run_with_its_reason_and_the_probe_goes_on(
+        servers: Any, raw: Raw, reason: str) -> None:
+    src = servers(lambda n: ok_matrix())
+    tgt = servers(lambda n: raw if n == 3 else ok_matrix())  # n=1 is the warm-up round
+    result = probe(src, tgt).run(now=1e6, queries=["q"], dual_write_since=None)
+    assert len(tgt.requests) == len(src.requests) == 4  # every round still ran
+    failed = [r for r in result["runs"] if not r["ok"]]
+    assert len(failed) == 1 and failed[0]["backend"] == "target" and failed[0]["kind"] == "malformed"
+    assert reason in failed[0]["error"]
+    window = result["windows"][0]
+    assert window["verdict"] == "FAILED" and window["outcome"] == "target failed 1 of 3 runs (malformed)"
+    assert sum(r["ok"] for r in result["runs"]) == 5
+
+
+@pytest.mark.parametrize("raw,reason", MALFORMED)
+def test_the_client_raises_a_malformed_error_kind(servers: Any, raw: Raw, reason: str) -> None:
+    server = servers(lambda n: raw)
+    with pytest.raises(PrometheusError) as excinfo:
+        PrometheusClient(server.url).query_range("q", start=0, end=60, step=15)
+    assert excinfo.value.kind == ErrorKind.MALFORMED and excinfo.value.http_status == 200
+    assert reason in str(excinfo.value)
+
+
+def test_a_real_gzip_answer_is_decoded(servers: Any) -> None:
+    body = gzip.compress(matrix_bytes())
+    server = servers(lambda n: Raw(body, headers=(("Content-Encoding", "gzip"),)))
+    res = PrometheusClient(server.url).query_range("q", start=0, end=60, step=15, accept_encoding="gzip")
+    assert res.points == 2 and res.bytes == len(matrix_bytes())
+
+
+@pytest.mark.parametrize("content_length", [True, False], ids=["content-length", "until-close"])
+def test_a_trickled_answer_is_a_timeout_of_the_whole_request(servers: Any, content_length: bool) -> None:
+    # A valid answer sent in 18 pieces 0.5 s apart takes 9 s; every socket read returns within
+    # requests' per-read timeout, so only a deadline on the whole request catches it.
+    server = servers(lambda n: Raw(matrix_bytes(), pieces=18, pause_s=0.5, content_length=content_length))
+    started = time.monotonic()
+    with pytest.raises(PrometheusError) as excinfo:
+        PrometheusClient(server.url, timeout_s=2.0).query_range("q", start=0, end=60, step=15)
+    took = time.monotonic() - started
+    assert excinfo.value.kind == ErrorKind.TIMEOUT and "timed out after 2s" in str(excinfo.value)
+    assert 1.9 < took < 2.8
+
+
+def test_a_stalled_body_is_cut_at_the_deadline_not_after_another_read_timeout(servers: Any) -> None:
+    # Headers and half the body 0.6 s in, then 5 s of silence. requests' per-read timeout (1 s)
+    # would end the wait at 1.6 s; the deadline on the whole request ends it at 1 s.
+    server = servers(lambda n: Raw(matrix_bytes(), pieces=2, pause_s=5.0), delay_s=0.6)
+    started = time.monotonic()
+    with pytest.raises(PrometheusError) as excinfo:
+        PrometheusClient(server.url, timeout_s=1.0).query_range("q", start=0, end=60, step=15)
+    assert excinfo.value.kind == ErrorKind.TIMEOUT
+    assert 0.95 < time.monotonic() - started < 1.45
+
+
+def test_a_trickled_target_answer_is_a_timed_out_run_in_the_probe(servers: Any) -> None:
+    src = servers(lambda n: ok_matrix())
+    tgt = servers(lambda n: Raw(matrix_bytes(), pieces=10, pause_s=0.1) if n == 2 else ok_matrix())
+    result = probe(src, tgt, timeout_s=0.5).run(now=1e6, queries=["q"], dual_write_since=None)
+    [failed] = [r for r in result["runs"] if not r["ok"]]
+    assert failed["kind"] == "timeout" and failed["wall_s"] < 0.9
+    assert result["windows"][0]["outcome"] == "target failed 1 of 3 runs (timeout)"
+
+
+@pytest.mark.parametrize("raw", [
+    pytest.param(Raw(matrix_bytes([{"metric": {"i": str(i)}, "values": [[60, "1"]]} for i in range(200)])),
+                 id="content-length"),
+    pytest.param(Raw(matrix_bytes([{"metric": {"i": str(i)}, "values": [[60, "1"]]} for i in range(200)]),
+                     content_length=False, pieces=20), id="streamed-until-close"),
+    pytest.param(Raw(gzip.compress(matrix_bytes([{"metric": {"i": str(i)}, "values": [[60, "1"]]}
+                                                 for i in range(200)])),
+                     headers=(("Content-Encoding", "gzip"),)), id="gzip-small-on-the-wire"),
+])
+def test_an_answer_over_the_size_limit_is_refused_with_a_clear_error(servers: Any, raw: Raw) -> None:
+    server = servers(lambda n: raw)
+    with pytest.raises(PrometheusError) as excinfo:
+        PrometheusClient(server.url, max_answer_bytes=4096).query_range("q", start=0, end=60, step=15)
+    assert excinfo.value.kind == ErrorKind.TOO_LARGE
+    assert "over the limit of 4,096 bytes (max_answer_bytes)" in str(excinfo.value)
+    # The same answer is fine under a larger limit, per call or per client.
+    res = PrometheusClient(server.url).query_range("q", start=0, end=60, step=15, max_bytes=1 << 20)
+    assert len(res.series) == 200
+
+
+def test_the_probe_refuses_answers_over_latency_max_answer_bytes(servers: Any) -> None:
+    src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix())
+    result = probe(src, tgt, max_answer_bytes=64, repeats=1).run(now=1e6, queries=["q"], dual_write_since=None)
+    assert {r["kind"] for r in result["runs"]} == {"too large"}
+    assert result["windows"][0]["verdict"] == "FAILED"
+    assert "answered too much data" not in result["windows"][0]["outcome"]  # target failed: named by kind
+    assert result["windows"][0]["outcome"] == "target failed 1 of 1 runs (too large)"
+
+
+def test_error_messages_never_carry_a_password_from_the_url(servers: Any) -> None:
+    server = servers(lambda n: Raw(b"not json"))
+    url = server.url.replace("http://", "http://alice:s3cret@")
+    with pytest.raises(PrometheusError) as excinfo:
+        PrometheusClient(url).query_range("q", start=0, end=60, step=15)
+    assert "s3cret" not in str(excinfo.value) and "alice:***@127.0.0.1" in str(excinfo.value)
+
+
+# -- latency evidence: an answer without series is no evidence ---------------------------------------
+
+def empty(result_type: str = "matrix") -> Reply:
+    result: Any = [] if result_type == "matrix" else [1e6, "1"]
+    return 200, {"status": "success", "data": {"resultType": result_type, "result": result}}
+
+
+@pytest.mark.parametrize("src_reply,tgt_reply,said", [
+    (empty, empty, "source: no series; target: no series"),
+    (ok_matrix, empty, "target: no series"),
+    (empty, ok_matrix, "source: no series"),
+    (lambda: empty("scalar"), lambda: empty("scalar"), "source: only a scalar; target: only a scalar"),
+])
+def test_a_latency_query_without_series_is_inconclusive_not_timed_as_a_success(
+        servers: Any, src_reply: Any, tgt_reply: Any, said: str) -> None:
+    src, tgt = servers(lambda n: src_reply()), servers(lambda n: tgt_reply())
+    result = probe(src, tgt).run(now=1e6, queries=["sum(nothing)"], dual_write_since=None)
+    w = result["windows"][0]
+    assert w["verdict"] == "INCONCLUSIVE" and result["verdict"] == "INCONCLUSIVE"
+    assert w["outcome"] == f"no data behind this query: 'sum(nothing)' ({said})"
+    # Empty answers are not timed as evidence.
+    assert (w["target_p50_s"] is None) == (tgt_reply is not ok_matrix)
+    assert (w["source_p50_s"] is None) == (src_reply is not ok_matrix)
+
+
+def test_one_query_without_data_leaves_the_window_inconclusive(servers: Any) -> None:
+    def script_for(server: ScriptedPrometheus, n: int) -> Reply:
+        return empty() if server.requests[n - 1]["query"] == "q2" else ok_matrix()
+
+    # The script reads which query asked; both servers answer q2 with nothing.
+    src, tgt = servers(lambda n: script_for(src, n)), servers(lambda n: script_for(tgt, n))
+    result = probe(src, tgt, repeats=1).run(now=1e6, queries=["q1", "q2"], dual_write_since=None)
+    w = result["windows"][0]
+    assert w["verdict"] == "INCONCLUSIVE" and "'q2'" in w["outcome"] and "'q1'" not in w["outcome"]

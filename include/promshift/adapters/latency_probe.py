@@ -16,9 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.adapters.prometheus import PrometheusClient, PrometheusError, stat_number
 from promshift.core.catalog import LatencyPolicy, LatencyWindow
 from promshift.core.durations import format_duration
+from promshift.core.errors import ErrorKind
 from promshift.core.latency import (
     ProbeRun,
     WindowLatency,
@@ -46,24 +47,22 @@ class _WindowPlan(NamedTuple):
 THROTTLED = (429, 503)
 
 
-def classify_error(exc: PrometheusError, timeout_s: float) -> str:
-    """A short, stable reason for a failed run (the first word groups runs in the verdict)."""
-    if exc.error_type == "timeout":
-        return f"timeout: no answer within {timeout_s:.0f}s"
-    if exc.http_status == 422:
-        return f"HTTP 422: query timed out or too many samples: {exc}"
-    if exc.http_status in THROTTLED:
-        return f"throttled: HTTP {exc.http_status} after retries"
-    if exc.error_type == "unreachable":
-        return f"unreachable: {exc}"
-    return f"error: {exc}"
+def classify_error(exc: PrometheusError, timeout_s: float) -> tuple[ErrorKind, str]:
+    """How a run failed, and a short reason that starts with the kind's name."""
+    if exc.kind == ErrorKind.TIMEOUT:
+        return ErrorKind.TIMEOUT, f"timeout: no whole answer within {timeout_s:g}s"
+    if exc.kind == ErrorKind.HTTP and exc.http_status == 422:
+        return ErrorKind.QUERY_TOO_EXPENSIVE, f"HTTP 422: query timed out or too many samples: {exc}"
+    if exc.kind == ErrorKind.HTTP and exc.http_status in THROTTLED:
+        return ErrorKind.THROTTLED, f"throttled: HTTP {exc.http_status} after retries"
+    return exc.kind, f"{exc.kind.value}: {exc}"
 
 
 def samples_processed(stats: dict[str, Any]) -> float | None:
     """Samples the backend says it touched (``stats=all``), or None when it does not say."""
     samples = stats.get("samples") or {}
     value = samples.get("totalQueryableSamples")
-    return float(value) if value is not None else None
+    return stat_number(value)
 
 
 @dataclass
@@ -90,20 +89,24 @@ class LatencyProbe:
             try:
                 res = client.query_range(query, start=start, end=end, step=step, stats=True,
                                          timeout_s=self.policy.timeout_s,
-                                         accept_encoding=self.policy.accept_encoding)
+                                         accept_encoding=self.policy.accept_encoding,
+                                         max_bytes=self.policy.max_answer_bytes)
             except PrometheusError as exc:
-                if exc.http_status in THROTTLED and retries < self.max_retries:
+                if exc.kind == ErrorKind.HTTP and exc.http_status in THROTTLED and retries < self.max_retries:
                     retries += 1
                     self.sleep(self.backoff_s * 2 ** (retries - 1))
                     continue
+                # A malformed or oversized answer is one failed run like a timeout; the probe goes on.
+                kind, reason = classify_error(exc, self.policy.timeout_s)
                 return ProbeRun(backend=backend, window=window, query=query,
                                 wall_s=time.perf_counter() - started, ok=False, http_status=exc.http_status,
-                                error=classify_error(exc, self.policy.timeout_s), retries=retries)
+                                error=reason, retries=retries, kind=kind)
             partial = "partial data: " + "; ".join(res.warnings) if res.warnings else None
             return ProbeRun(backend=backend, window=window, query=query, wall_s=res.elapsed_s, ok=not res.warnings,
                             server_s=res.server_time_s, http_status=res.http_status, error=partial,
                             warnings=res.warnings, series=len(res.series), points=res.points, bytes=res.bytes,
-                            retries=retries, samples=samples_processed(res.stats))
+                            retries=retries, samples=samples_processed(res.stats),
+                            kind=ErrorKind.PARTIAL if res.warnings else None, result_type=res.result_type)
 
     def retentions(self) -> dict[str, float | None]:
         """Each backend's time retention: what it reports (``status/runtimeinfo``; for an AMP target

@@ -156,6 +156,8 @@ class LatencyPolicy:
     # The target's retention (AMP's default): storage cost, and the longest window the probe asks
     # of a target that does not report its own retention (AMP has no status/runtimeinfo).
     retention_s: float = 150 * 86_400.0
+    # A probe answer bigger than this (bytes, decompressed) is a failed run, refused while it streams in.
+    max_answer_bytes: int = 64 * 2**20
     windows: tuple[LatencyWindow, ...] = ()
     queries: tuple[str, ...] = ()
 
@@ -663,6 +665,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
             "dashboard_refresh": _Field("dashboard_refresh_s", _duration(positive=True)),
             "dashboard_viewers": _Field("dashboard_viewers", _integer(minimum=0)),
             "retention": _Field("retention_s", _duration(positive=True)),
+            "max_answer_bytes": _Field("max_answer_bytes", _integer(minimum=1)),
             "windows": _Field("windows", _windows),
             "queries": _Field("queries", _unique_list(_promql_query, what="query", non_empty=True)),
         },

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from promshift.core.durations import format_duration, parse_duration
+from promshift.core.errors import ErrorKind
 from promshift.core.verdicts import Measurement, Verdict, worst
 
 # Prometheus refuses range queries over 11,000 points per series.
@@ -50,9 +51,18 @@ class ProbeRun:
     bytes: int = 0
     retries: int = 0  # 429/503 answers retried with backoff before this outcome
     samples: float | None = None  # samples processed, from stats=all when the backend reports it
+    kind: ErrorKind | None = None  # how a failed run failed
+    result_type: str = ""  # "matrix", "vector", "scalar" or "string" for an answered run
+
+    @property
+    def has_data(self) -> bool:
+        """An answer with at least one series: evidence. Empty results and scalars are not."""
+        return self.ok and self.series > 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        d["kind"] = self.kind.value if self.kind else None
+        return d
 
 
 @dataclass(frozen=True)
@@ -86,27 +96,43 @@ class WindowLatency:
         return d
 
 
-# The first word(s) of ProbeRun.error (see the probe's classify_error) -> how a backend failed.
-_FAILURE_KINDS = {"timeout": "timed out", "HTTP 422": "timed out (HTTP 422)", "throttled": "throttled",
-                  "unreachable": "unreachable", "partial data": "returned partial data"}
-
-
-def _error_kind(run: ProbeRun) -> str:
-    """The first word(s) of a failed run's error: "timeout", "HTTP 422", "unreachable", ..."""
-    return (run.error or "failed").split(":")[0]
+# How a backend failed, as the table says it ("source timed out").
+_FAILURE_PHRASES = {ErrorKind.TIMEOUT: "timed out", ErrorKind.QUERY_TOO_EXPENSIVE: "timed out (HTTP 422)",
+                    ErrorKind.THROTTLED: "throttled", ErrorKind.UNREACHABLE: "unreachable",
+                    ErrorKind.PARTIAL: "returned partial data", ErrorKind.MALFORMED: "answered malformed data",
+                    ErrorKind.TOO_LARGE: "answered too much data"}
 
 
 def failure_kind(runs: Sequence[ProbeRun]) -> str | None:
     """One phrase for how the failed runs failed: e.g. "timed out"; "failed" when the kinds differ."""
-    kinds = {_FAILURE_KINDS.get(_error_kind(r), "failed") for r in runs if not r.ok}
+    kinds = {_FAILURE_PHRASES.get(r.kind, "failed") if r.kind else "failed" for r in runs if not r.ok}
     if not kinds:
         return None
     return kinds.pop() if len(kinds) == 1 else "failed"
 
 
 def _p(runs: Sequence[ProbeRun], q: float) -> float | None:
-    ok = [r.wall_s for r in runs if r.ok]
-    return percentile(ok, q) if ok else None
+    # Only answers with series are evidence: an empty answer's time says nothing about the backend.
+    timed = [r.wall_s for r in runs if r.has_data]
+    return percentile(timed, q) if timed else None
+
+
+def no_data_problem(runs: Sequence[ProbeRun]) -> str | None:
+    """Why some query's timings are no evidence, or None: an answered run with no series (an
+    empty vector or matrix, or only a scalar) on either side. Such a query is fast because
+    there is nothing behind it; "within SLO" would be a pass without data."""
+    empty: dict[str, dict[str, set[str]]] = {}
+    for r in runs:
+        if r.ok and not r.has_data:
+            what = "only a scalar" if r.result_type == "scalar" else "no series"
+            empty.setdefault(r.query, {}).setdefault(r.backend, set()).add(what)
+    if not empty:
+        return None
+    parts = []
+    for query, sides in empty.items():
+        said = "; ".join(f"{side}: {', '.join(sorted(whats))}" for side, whats in sorted(sides.items()))
+        parts.append(f"{query!r} ({said})")
+    return "no data behind this query: " + "; ".join(parts)
 
 
 def history_instants(*, start: float, dual_write_since: float, step: float) -> tuple[float, ...]:
@@ -177,23 +203,27 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
     """Verdict for one window: target p95 within SLO and not slower than source beyond the ratio.
 
     A slowdown smaller than ``slowdown_floor_s`` in absolute terms is jitter, not a failure.
-    A failed run (timeout, HTTP error, partial data) is a failure, never a slow success;
-    fewer than ``min_successes`` good target runs is INCONCLUSIVE.
+    A failed run (timeout, HTTP error, partial data, malformed or too large answer) is a
+    failure, never a slow success; a query that answers no series on either side is
+    INCONCLUSIVE (no evidence), and so is fewer than ``min_successes`` good target runs.
     """
     src = [r for r in runs if r.backend == "source"]
     tgt = [r for r in runs if r.backend == "target"]
     src_fail = sum(not r.ok for r in src)
     tgt_fail = sum(not r.ok for r in tgt)
     t50, t95, s50, s95 = _p(tgt, 50), _p(tgt, 95), _p(src, 50), _p(src, 95)
-    good_target = len(tgt) - tgt_fail
-    if tgt and all(not r.ok and _error_kind(r) == "unreachable" for r in tgt):
+    good_target = sum(r.has_data for r in tgt)
+    no_data = no_data_problem(runs)
+    if tgt and all(not r.ok and r.kind == ErrorKind.UNREACHABLE for r in tgt):
         # Nothing was measured: the backend is down. That is an error of the check, not a slow target.
         verdict, outcome = Verdict.ERROR, f"target unreachable in all {len(tgt)} runs"
     elif tgt_fail:
-        reasons = sorted({_error_kind(r) for r in tgt if not r.ok})
+        reasons = sorted({r.kind.value if r.kind else "failed" for r in tgt if not r.ok})
         verdict, outcome = Verdict.FAILED, f"target failed {tgt_fail} of {len(tgt)} runs ({'; '.join(reasons)})"
     elif not_comparable:
         verdict, outcome = Verdict.INCONCLUSIVE, not_comparable
+    elif no_data:
+        verdict, outcome = Verdict.INCONCLUSIVE, no_data
     elif good_target < min_successes or t95 is None:
         verdict, outcome = Verdict.INCONCLUSIVE, f"only {good_target} successful target runs"
     elif t95 > slo_p95_s:

@@ -1,0 +1,287 @@
+"""Read-only dry runs an SRE can point at their own servers before promshift deploys anything.
+
+``promshift check parity|latency`` runs the gate's parity or latency check on any two
+Prometheus-compatible URLs; ``promshift catalog check`` lists every problem of a catalog;
+``promshift render`` prints the diff a deploy would make to a source config. None of them
+writes a file, an audit event or a config.
+
+Exit codes: 0 SUCCESSFUL, 1 FAILED, 2 INCONCLUSIVE, 3 ERROR (for ``check``); 0/1 for
+``catalog check`` and ``render`` (1: problems found, or the deploy would refuse the config);
+64 bad input (unknown group, bad ``--since``, unreadable or invalid catalog, bad arguments);
+69 a backend is unreachable or refuses the first query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import math
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from promshift.core.durations import format_duration, parse_duration
+from promshift.core.verdicts import Verdict
+
+log = logging.getLogger(__name__)
+
+EXIT_BY_VERDICT = {Verdict.SUCCESSFUL: 0, Verdict.FAILED: 1, Verdict.INCONCLUSIVE: 2, Verdict.ERROR: 3}
+EX_USAGE = 64  # sysexits.h: bad input
+EX_UNAVAILABLE = 69  # sysexits.h: a backend is unreachable
+
+# What `render` writes as the target when no --target-url is given: plainly a placeholder.
+PLACEHOLDER_REMOTE_WRITE_URL = "https://aps-workspaces.REGION.amazonaws.com/workspaces/WORKSPACE_ID/api/v1/remote_write"
+
+_UNIX_TIME = re.compile(r"[0-9]+(\.[0-9]+)?")
+
+
+class InputError(ValueError):
+    """Bad input to a command; its message is the one line the user sees (exit 64)."""
+
+
+def parse_since(text: str, *, now: float) -> float:
+    """The dual-write start as unix seconds: an RFC 3339 time, a unix timestamp, or a duration ago.
+
+    ``2026-12-03T06:00:00Z`` and ``2026-12-03T07:00:00+01:00`` (a time zone is required),
+    ``1796281200`` (seconds), ``30m`` or ``1h30m`` (that long before ``now``).
+    """
+    text = text.strip()
+    if _UNIX_TIME.fullmatch(text):
+        value = float(text)
+    else:
+        try:
+            value = now - parse_duration(text)
+        except ValueError:
+            value = _rfc3339(text)
+    if not math.isfinite(value) or value >= now:
+        raise InputError(f"--since {text!r} is not in the past")
+    return value
+
+
+def _rfc3339(text: str) -> float:
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise InputError(f"--since {text!r}: not an RFC 3339 time, a unix timestamp or a duration "
+                         "such as 30m") from None
+    if parsed.tzinfo is None:
+        raise InputError(f"--since {text!r}: give a time zone (Z or +01:00); RFC 3339 requires one")
+    return parsed.timestamp()
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _load_catalog(path: str | None, profile: str | None) -> tuple[Any, Path]:
+    """The catalog and its path; an unreadable or invalid one is an InputError."""
+    from promshift.core.catalog import CatalogError
+    from promshift.settings import default_catalog_path, default_profile, load_catalog
+
+    catalog_path = Path(path) if path else default_catalog_path()
+    try:
+        return load_catalog(catalog_path, profile=profile or default_profile()), catalog_path
+    except OSError as exc:
+        raise InputError(f"cannot read catalog {catalog_path}: {exc.strerror or exc}") from None
+    except CatalogError as exc:
+        count = len(exc.problems)
+        first = " ".join(exc.problems[0].split())  # one line, even for a YAML parser's message
+        raise InputError(f"catalog {catalog_path} is invalid ({count} problem{'s' if count != 1 else ''}; "
+                         f"first: {first}); see promshift catalog check") from None
+
+
+def _group(catalog: Any, name: str) -> Any:
+    try:
+        return catalog.get(name)
+    except KeyError as exc:
+        raise InputError(str(exc.args[0])) from None
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend did not answer the first query (exit 69)."""
+
+
+def _client(role: str, url: str) -> Any:
+    """A client for ``url``, checked with one cheap query: unreachable is exit 69, not a verdict."""
+    from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+
+    if not re.match(r"https?://", url):
+        raise InputError(f"--{role} {url!r}: expected an http:// or https:// URL")
+    client = PrometheusClient(url)
+    try:
+        client.query("1", timeout_s=15)
+    except PrometheusError as exc:
+        raise BackendUnavailable(f"{role} {exc}") from None
+    return client
+
+
+def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[int, dict[str, Any], str]:
+    """Run ``check parity|latency``: (exit code, JSON result, the human-readable report)."""
+    from promshift.adapters.prometheus import PrometheusError, display_url
+    from promshift.core.report import latency_table, parity_log_table
+
+    now = time.time() if now is None else now
+    catalog, catalog_path = _load_catalog(args.catalog, args.profile)
+    group = _group(catalog, args.group)
+    if args.since:
+        since, since_how = parse_since(args.since, now=now), f"--since {args.since}"
+    else:
+        since = now - group.warmup.duration_s
+        since_how = f"assumed: warmup.duration ({format_duration(group.warmup.duration_s)}) ago; pass --since"
+    source, target = _client("source", args.source), _client("target", args.target)
+    head = [f"{args.kind} check of group {group.name} (catalog {catalog_path}"
+            + (f", profile {catalog.profile}" if catalog.profile else "") + ")",
+            f"source {display_url(source.base_url)}", f"target {display_url(target.base_url)}",
+            f"dual-write since {_iso(since)} ({since_how}); now {_iso(now)}"]
+    try:
+        if args.kind == "parity":
+            from promshift.adapters.parity_check import ParityCheck
+
+            result = ParityCheck(group, source, target, catalog_dir=catalog_path.parent).run(
+                dual_write_since=since, now=now)
+            window = result.get("window")
+            if window:
+                head.append(f"compared window {_iso(window['start'])} .. {_iso(window['end'])}, "
+                            f"step {window['step']:g}s")
+            body = parity_log_table(result)
+            # The table gives each reason; the verdict line names the layers behind it.
+            reason = ", ".join(f"{m['name']} {m['verdict']}" for m in result.get("measurements", [])
+                               if m["verdict"] != Verdict.SUCCESSFUL.value)
+        else:
+            from promshift.adapters.latency_probe import LatencyProbe
+
+            probe = LatencyProbe(source, target, group.latency, min_step_s=group.parity.step_s)
+            queries = list(group.latency.queries) or [f"count({group.selector()})"]
+            result = probe.run(now=now, queries=queries, dual_write_since=since, history_selector=group.selector())
+            body = latency_table(result["windows"])
+            reason = result["measurement"]["reason"]
+    except PrometheusError as exc:
+        result = {"verdict": Verdict.ERROR.value, "error": str(exc)}
+        body, reason = f"the check stopped: {exc}", str(exc)
+    verdict = Verdict(result["verdict"])
+    result = {"check": args.kind, "group": group.name, "source": display_url(source.base_url),
+              "target": display_url(target.base_url), "dual_write_since": since, "now": now, **result}
+    text = "\n".join([*head, "", body, "", f"verdict: {verdict.value}" + (f" ({reason})" if reason else "")])
+    return EXIT_BY_VERDICT[verdict], result, text
+
+
+def _check(args: argparse.Namespace) -> int:
+    code, result, text = run_check(args)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(text)
+    return code
+
+
+def _catalog_check(args: argparse.Namespace) -> int:
+    from promshift.core.catalog import CatalogError
+    from promshift.settings import default_catalog_path, default_profile, load_catalog
+
+    path = Path(args.file) if args.file else default_catalog_path()
+    profile = args.profile or default_profile()
+    try:
+        catalog = load_catalog(path, profile=profile)
+    except OSError as exc:
+        raise InputError(f"cannot read catalog {path}: {exc.strerror or exc}") from None
+    except CatalogError as exc:
+        count = len(exc.problems)
+        print(f"{path}: {count} problem{'s' if count != 1 else ''}")
+        for problem in exc.problems:
+            print("  - " + problem.strip().replace("\n", "\n    "))
+        return 1
+    names = ", ".join(catalog.names())
+    print(f"{path}: OK ({len(catalog.groups)} groups: {names}; every profile validated"
+          + (f"; profile {profile} applied" if profile else "") + ")")
+    return 0
+
+
+def render_diff(config_text: str, *, group: Any, target_url: str, config_name: str) -> str:
+    """The unified diff a dual-write deploy of ``group`` makes to ``config_text`` ('' when none).
+
+    The same two calls as the deploy (``remote_write_entry`` then ``add_remote_write``), so
+    the diff is what it would write.
+    """
+    from promshift.core.render import add_remote_write, remote_write_entry
+
+    entry = remote_write_entry(group_name=group.name, name_regex=group.name_regex(), url=target_url)
+    new_text = add_remote_write(config_text, entry)
+    return "".join(difflib.unified_diff(config_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
+                                        fromfile=f"{config_name} (now)",
+                                        tofile=f"{config_name} (after dual-writing {group.name})"))
+
+
+def _render(args: argparse.Namespace) -> int:
+    from promshift.core.render import RenderError
+
+    catalog, _ = _load_catalog(args.catalog, args.profile)
+    group = _group(catalog, args.group)
+    path = Path(args.config)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read source config {path}: {exc.strerror or exc}") from None
+    target_url = args.target_url or PLACEHOLDER_REMOTE_WRITE_URL
+    if not args.target_url:
+        print(f"promshift render: no --target-url; the diff shows the placeholder {target_url}", file=sys.stderr)
+    try:
+        diff = render_diff(text, group=group, target_url=target_url, config_name=str(path))
+    except RenderError as exc:
+        print(f"promshift render: the deploy would refuse {path}: {exc}", file=sys.stderr)
+        return 1
+    print(diff.rstrip("\n") if diff else f"no change: {path} already dual-writes {group.name} this way")
+    return 0
+
+
+def _guarded(handler: Any) -> Any:
+    """Turn InputError / BackendUnavailable into one line on stderr and exit 64 / 69."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(handler(args))
+        except InputError as exc:
+            print(f"promshift: {exc}", file=sys.stderr)
+            return EX_USAGE
+        except BackendUnavailable as exc:
+            print(f"promshift: {exc}", file=sys.stderr)
+            return EX_UNAVAILABLE
+
+    return run
+
+
+def add_check_commands(subparsers: Any) -> None:
+    """Add ``check parity|latency``, ``catalog check`` and ``render`` to the top-level subparsers."""
+    check = subparsers.add_parser(
+        "check", help="read-only parity or latency check of one group on any two Prometheus URLs",
+        description="Runs the gate's check against SOURCE and TARGET and changes nothing. Exit codes: "
+                    "0 SUCCESSFUL, 1 FAILED, 2 INCONCLUSIVE, 3 ERROR, 64 bad input, 69 a backend is unreachable.")
+    check.add_argument("kind", choices=("parity", "latency"))
+    check.add_argument("--group", required=True, help="metric group name in the catalog")
+    check.add_argument("--source", required=True, help="self-hosted Prometheus base URL")
+    check.add_argument("--target", required=True, help="target base URL (AMP workspace or Prometheus)")
+    check.add_argument("--since", help="dual-write start: RFC 3339 time, unix timestamp, or duration ago (30m); "
+                                       "default: the group's warmup.duration ago")
+    check.add_argument("--catalog", help="catalog file (default: $PROMSHIFT_CATALOG or catalog/metric_groups.yaml)")
+    check.add_argument("--profile", default=None, help="catalog profile to apply (default: $PROMSHIFT_PROFILE)")
+    check.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+    check.set_defaults(handler=_guarded(_check))
+
+    catalog = subparsers.add_parser("catalog", help="validate the metric-group catalog")
+    catalog_commands = catalog.add_subparsers(dest="catalog_command", required=True)
+    cat_check = catalog_commands.add_parser("check", help="print every problem of a catalog; exit 1 if any")
+    cat_check.add_argument("file", nargs="?", help="catalog file (default: $PROMSHIFT_CATALOG or the repo's)")
+    cat_check.add_argument("--profile", default=None, help="also apply this profile (all are validated anyway)")
+    cat_check.set_defaults(handler=_guarded(_catalog_check))
+
+    render = subparsers.add_parser("render", help="print the diff a dual-write deploy would make to a source config")
+    render.add_argument("group")
+    render.add_argument("--config", required=True, help="the source Prometheus config file (left unchanged)")
+    render.add_argument("--catalog", help="catalog file (default: $PROMSHIFT_CATALOG or catalog/metric_groups.yaml)")
+    render.add_argument("--profile", default=None)
+    render.add_argument("--target-url", help="the target's remote-write URL (default: a visible placeholder)")
+    render.set_defaults(handler=_guarded(_render))
