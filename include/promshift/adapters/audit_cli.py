@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from promshift.adapters.audit_store import AuditDatabaseMissing, AuditStore, short_error
@@ -24,13 +25,16 @@ def _open(args: argparse.Namespace) -> AuditStore:
 def _show(args: argparse.Namespace) -> int:
     try:
         store = _open(args)
+        corrupt = store.integrity_problem()
         events = store.events(group=args.group, run_id=args.run_id)
     except AuditDatabaseMissing as exc:
         print(f"error: {exc}; nothing created")
         return EXIT_NO_DATABASE
     except Exception as exc:  # noqa: BLE001 - an unreadable database is a one-line error, not a traceback
-        print(f"error: cannot read the audit database: {short_error(exc)}")
+        print(f"error: the audit database is corrupt or unreadable: {short_error(exc)}")
         return EXIT_BROKEN
+    if corrupt:
+        print(f"warning: the audit database is corrupt ({corrupt}); run promshift audit verify", file=sys.stderr)
     if args.json:
         print(json.dumps([{
             "seq": e.seq, "group": e.group, "run_id": e.run_id, "kind": e.kind,

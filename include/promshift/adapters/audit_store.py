@@ -312,7 +312,7 @@ class AuditStore:
         """The group's current stage, replayed (and so checked) from its stage events."""
         return current_stage(Stage(e.stage_to) for e in self.events(group=group) if e.stage_to)
 
-    def _integrity_problem(self) -> str | None:
+    def integrity_problem(self) -> str | None:
         """SQLite's own page-level check: corruption the rows we read may not show."""
         if self.engine.dialect.name != "sqlite":
             return None
@@ -329,7 +329,7 @@ class AuditStore:
             return ChainCheck(ok=False, events=0, problems=(reason,))
 
         try:
-            corrupt = self._integrity_problem()
+            corrupt = self.integrity_problem()
             if corrupt:
                 return broken(f"the audit database {self.where} is corrupt: {corrupt}")
             table = self.has_table()
