@@ -267,6 +267,9 @@ def test_an_old_unkeyed_database_still_verifies_then_continues_keyed(
     store = AuditStore(backend.url)
     store.append(group="gpu-memory", run_id="new", kind="note", actor="a", at=T0, evidence={})
     assert [e.scheme for e in store.events()] == [SHA256_V1] * 3 + [HMAC_SHA256_V2]
+    if backend.name == "postgresql":  # the upgrade also closes TRUNCATE, which old row triggers let through
+        with store.engine.connect() as conn, pytest.raises(DBAPIError, match="append-only"):
+            conn.execute(text("TRUNCATE promshift_audit_events"))
     assert run_cli("verify", "--url", backend.url) == 0
     out = capsys.readouterr().out
     assert f"seq 1..3: {SHA256_V1}" in out and f"seq 4..4: {HMAC_SHA256_V2}" in out and "anchored head: seq 4" in out

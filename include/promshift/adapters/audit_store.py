@@ -81,6 +81,11 @@ audit_events = Table(
 )
 
 
+_PG_APPEND_ONLY_FUNCTION = (
+    "CREATE OR REPLACE FUNCTION promshift_audit_append_only() RETURNS trigger AS $$ "
+    "BEGIN RAISE EXCEPTION 'promshift audit events are append-only'; END; $$ LANGUAGE plpgsql")
+
+
 def append_only(table: Table, prefix: str) -> None:
     """Make ``table`` refuse UPDATE, DELETE (and on PostgreSQL TRUNCATE) in the database itself."""
     name = table.name
@@ -91,8 +96,7 @@ def append_only(table: Table, prefix: str) -> None:
             "BEGIN SELECT RAISE(ABORT, 'promshift audit events are append-only'); END"),
     ]
     postgres = [
-        DDL("CREATE OR REPLACE FUNCTION promshift_audit_append_only() RETURNS trigger AS $$ "
-            "BEGIN RAISE EXCEPTION 'promshift audit events are append-only'; END; $$ LANGUAGE plpgsql"),
+        DDL(_PG_APPEND_ONLY_FUNCTION),
         DDL(f"DROP TRIGGER IF EXISTS {prefix}_append_only ON {name}"),
         DDL(f"CREATE TRIGGER {prefix}_append_only BEFORE UPDATE OR DELETE ON {name} "
             "FOR EACH ROW EXECUTE FUNCTION promshift_audit_append_only()"),
@@ -237,6 +241,12 @@ class AuditStore:
         try:
             with self.engine.begin() as conn:
                 conn.execute(text(f"ALTER TABLE {audit_events.name} ADD COLUMN scheme VARCHAR(32)"))
+                if conn.dialect.name == "postgresql":
+                    # Old tables were guarded against UPDATE/DELETE by row triggers, which TRUNCATE bypasses.
+                    conn.execute(text(_PG_APPEND_ONLY_FUNCTION))
+                    conn.execute(text(f"CREATE TRIGGER promshift_audit_no_truncate BEFORE TRUNCATE ON "
+                                      f"{audit_events.name} FOR EACH STATEMENT "
+                                      "EXECUTE FUNCTION promshift_audit_append_only()"))
             log.info("audit table %s gained a scheme column; existing events are %s", self.where, SHA256_V1)
         except SQLAlchemyError:
             # Another writer added it first.
