@@ -399,3 +399,35 @@ def test_sqlite_legacy_triggers_keep_their_names(tmp_path: Path) -> None:
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='trigger'")}
     con.close()
     assert names == {"promshift_audit_no_update", "promshift_audit_no_delete"}
+
+
+def test_verify_json_on_an_intact_chain(backend: Backend, capsys: pytest.CaptureFixture[str]) -> None:
+    store = AuditStore(backend.url)
+    fill(store)
+    assert run_cli("verify", "--url", backend.url, "--json") == 0
+    details = json.loads(capsys.readouterr().out)
+    last = store.events()[-1]
+    assert details["ok"] is True and details["events"] == 4 and details["problems"] == []
+    assert details["schemes"] == [{"scheme": HMAC_SHA256_V2, "first_seq": 1, "last_seq": 4, "events": 4}]
+    assert details["anchor"] == details["head"] == {"seq": 4, "head": last.hash}
+    assert details["anchor_store"]
+
+
+def test_a_database_password_never_reaches_the_output(pg_schemas: Callable[[], str],
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Trust auth ignores the password, so the URL works; verify, show and their errors must not print it."""
+    secret = "s3cret-db-password"
+    with_password = pg_schemas().replace("postgres@", f"postgres:{secret}@")
+    monkeypatch.setenv("PROMSHIFT_AUDIT_ANCHOR_URL", pg_schemas().replace("postgres@", f"postgres:{secret}@"))
+    store = AuditStore(with_password)
+    fill(store)
+    with store.engine.begin() as conn:
+        dropped_table(store, Backend("postgresql", with_password, _drop_pg_guards), conn)
+    for argv in (["verify"], ["verify", "--json"], ["show", "gpu-memory"]):
+        run_cli(*argv, "--url", with_password)
+    unreachable = with_password.replace("127.0.0.1:5432", "127.0.0.1:1")
+    assert run_cli("verify", "--url", unreachable) == 2
+    out, err = capsys.readouterr()
+    assert "postgres:***@" in out and "is missing but 4 events were anchored" in out
+    assert secret not in out + err
