@@ -431,3 +431,29 @@ def test_a_database_password_never_reaches_the_output(pg_schemas: Callable[[], s
     out, err = capsys.readouterr()
     assert "postgres:***@" in out and "is missing but 4 events were anchored" in out
     assert secret not in out + err
+
+
+class AnchorThatGoesDown(SqlAuditAnchor):
+    """A real anchor store that becomes unreachable after ``up`` heads."""
+
+    def __init__(self, url: str, up: int) -> None:
+        super().__init__(url)
+        self.up = up
+
+    def record(self, seq: int, head: str) -> None:
+        if seq > self.up:
+            raise ConnectionError("anchor store unreachable")
+        super().record(seq, head)
+
+
+def test_an_anchor_outage_is_logged_and_verify_names_the_unprotected_events(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The event is committed first (an anchor ahead of the chain would read as truncation); the gap is visible."""
+    anchor = AnchorThatGoesDown(f"sqlite:///{tmp_path / 'anchor.db'}", up=2)
+    store = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}", anchor=anchor)
+    fill(store)
+    assert [e.seq for e in store.events()] == [1, 2, 3, 4]
+    assert "seq 4 is committed but its head was not anchored" in caplog.text
+    check = store.verify()
+    assert check.ok and check.anchor is not None and check.anchor.seq == 2
+    assert any("2 events after the last anchored head (seq 2)" in n for n in check.notes)
