@@ -31,7 +31,7 @@ from promshift.core.catalog import MetricGroup
 from promshift.core.durations import format_duration, parse_duration
 from promshift.core.report import build_report, cost_table, latency_table, parity_log_table, render_markdown
 from promshift.local_airflow import APPROVER_USERS, LocalAirflow
-from promshift.settings import REPO_ROOT, load_catalog
+from promshift.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
 from promshift.stack.backfill import backfill_stack, check_history, fleet_metrics
 from promshift.stack.local import SOURCE_RETENTION, LocalStack, StackConfig
 
@@ -157,7 +157,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         timeout_s = HISTORY_TIMEOUT_S if history_s else DEFAULT_TIMEOUT_S
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
     stack.reset()
-    for leftover in ("audit.db", "routing.json", "snapshots"):
+    for leftover in ("audit.db", "audit-anchor.db", "routing.json", "snapshots"):
         path = config.home / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     budget_from = started
@@ -178,6 +178,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         budget_from = time.time()
     stack.up()
     audit_url = f"sqlite:///{config.home / 'audit.db'}"
+    # The audit HMAC key: the environment's, else a 0600 file under PROMSHIFT_HOME (never printed).
+    key_env = local_audit_key_env(config.home)
     source_conn = {"conn_type": "prometheus", "host": stack.source_url,
                    "extra": {"config_path": str(stack.source_config_path)}}
     target_conn = {"conn_type": "prometheus", "host": stack.target_url,
@@ -191,6 +193,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         "PROMSHIFT_PROFILE": profile,
         "AIRFLOW_CONN_PROMSHIFT_SOURCE": json.dumps(source_conn),
         "AIRFLOW_CONN_PROMSHIFT_TARGET": json.dumps(target_conn),
+        **key_env,
     })
     fault: TargetWriteGap | None = None
     try:
@@ -231,7 +234,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         airflow.stop()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = (report_root / f"{stamp}-{group_name}-{scenario}").resolve()
-    report = write_report(audit=AuditStore(audit_url), group=group_name, run_id=run_id, out_dir=out_dir)
+    report = write_report(audit=AuditStore(audit_url, key=audit_key(key_env)), group=group_name, run_id=run_id,
+                          out_dir=out_dir)
     print_report(report)
     print(f"\nwall time {time.time() - started:.0f}s; stack left running (make stack-down to stop)")
     return out_dir

@@ -21,6 +21,7 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingManifest
+from promshift.core.audit import AuditEvent
 from promshift.core.catalog import MetricGroup
 from promshift.core.cost import CostConfigError, QueryCost, estimate_range_samples, project_monthly_cost
 from promshift.core.durations import parse_duration
@@ -105,13 +106,16 @@ class GroupMigration:
         return self.audit.stage_of(self.group.name)
 
     def record(self, kind: str, now: datetime, evidence: Mapping[str, Any], *, to: Stage | None = None,
-               actor: str | None = None) -> None:
-        """Append an audit event; with ``to``, also move the stage (checked by the table)."""
+               actor: str | None = None) -> AuditEvent:
+        """Append an audit event; with ``to``, also move the stage (checked by the table).
+
+        Returns the appended event: its ``seq`` and ``hash`` are the chain's new (anchored) head.
+        """
         current = self.stage() if to else None
         if to is not None and current is not None:
             transition(self.group.name, current, to)
-        self.audit.append(group=self.group.name, run_id=self.run_id, kind=kind, actor=actor or self.actor,
-                          at=now, evidence=evidence, stage_from=current, stage_to=to)
+        return self.audit.append(group=self.group.name, run_id=self.run_id, kind=kind, actor=actor or self.actor,
+                                 at=now, evidence=evidence, stage_from=current, stage_to=to)
 
     # -- steps ---------------------------------------------------------------------------
     def validate(self, now: datetime) -> dict[str, Any]:
@@ -251,8 +255,12 @@ class GroupMigration:
             self.record("gate_failed", now, evidence)
         return verdict
 
-    def record_approval(self, *, decision: str, by: str, comment: str, now: datetime) -> None:
-        evidence = {"decision": decision, "by": by, "comment": comment}
+    def record_approval(self, *, decision: str, by: str, comment: str, now: datetime,
+                        hitl: Mapping[str, Any] | None = None) -> None:
+        """``hitl`` names Airflow's HITL record the answer came from, so the two can be compared."""
+        evidence: dict[str, Any] = {"decision": decision, "by": by, "comment": comment}
+        if hitl is not None:
+            evidence["hitl"] = dict(hitl)
         if decision == "Approve":
             self.record("approved", now, evidence, to=Stage.APPROVED, actor=by)
         else:

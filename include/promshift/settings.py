@@ -2,20 +2,93 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
+from promshift.core.audit import AuditKeyError, check_key
 from promshift.core.catalog import Catalog, parse_catalog
 from promshift.core.cost import AmpPrices
 from promshift.core.dcgm import DcgmCounter, metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+AUDIT_KEY_FILE_NAME = "audit.key"
+
+log = logging.getLogger(__name__)
 
 
 def state_home() -> Path:
     """``PROMSHIFT_HOME`` (default ``./.state``): stack, audit DB, snapshots, routing manifest."""
     return Path(os.environ.get("PROMSHIFT_HOME", ".state")).resolve()
+
+
+def audit_key(environ: Mapping[str, str] | None = None) -> bytes | None:
+    """The audit HMAC key for the CLI and the local stack (the Airflow shell reads a connection first).
+
+    ``PROMSHIFT_AUDIT_KEY`` (the key's text) or ``PROMSHIFT_AUDIT_KEY_FILE`` (a file holding it),
+    else ``audit.key`` under ``PROMSHIFT_HOME`` if the local stack made one; None if there is none.
+    """
+    env = os.environ if environ is None else {**os.environ, **environ}
+    text, path = env.get("PROMSHIFT_AUDIT_KEY"), env.get("PROMSHIFT_AUDIT_KEY_FILE")
+    if text and path:
+        raise AuditKeyError("set PROMSHIFT_AUDIT_KEY or PROMSHIFT_AUDIT_KEY_FILE, not both")
+    if text:
+        return check_key(text.strip().encode())
+    if path:
+        return read_audit_key_file(Path(path))
+    local = Path(env.get("PROMSHIFT_HOME", ".state")).resolve() / AUDIT_KEY_FILE_NAME
+    return read_audit_key_file(local) if local.is_file() else None
+
+
+def read_audit_key_file(path: Path) -> bytes:
+    """The key in ``path`` (surrounding whitespace ignored); warns if others may read it."""
+    try:
+        data = path.read_bytes()
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise AuditKeyError(f"cannot read the audit key file {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        log.warning("audit key file %s is readable by group or others (mode %o); chmod 600 it", path, mode & 0o777)
+    return check_key(data.strip())
+
+
+def local_audit_key_env(home: Path) -> dict[str, str]:
+    """For the local stack: ``{PROMSHIFT_AUDIT_KEY_FILE: ...}``, creating a random 0600 key file under ``home``.
+
+    Nothing if a key is already given by the environment. The key itself is never printed or logged.
+    """
+    if os.environ.get("PROMSHIFT_AUDIT_KEY") or os.environ.get("PROMSHIFT_AUDIT_KEY_FILE"):
+        return {}
+    path = home / AUDIT_KEY_FILE_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return {"PROMSHIFT_AUDIT_KEY_FILE": str(path)}
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    log.info("created an audit key file %s (mode 600)", path)
+    return {"PROMSHIFT_AUDIT_KEY_FILE": str(path)}
+
+
+def audit_anchor_url() -> str | None:
+    """``PROMSHIFT_AUDIT_ANCHOR_URL``: where chain heads are anchored (SQLAlchemy URL or ``s3://bucket/prefix``)."""
+    return os.environ.get("PROMSHIFT_AUDIT_ANCHOR_URL") or None
+
+
+def audit_anchor_retention_days() -> int:
+    """``PROMSHIFT_AUDIT_ANCHOR_RETENTION_DAYS`` (default 365): Object Lock retention of S3 anchors."""
+    text = os.environ.get("PROMSHIFT_AUDIT_ANCHOR_RETENTION_DAYS", "365")
+    try:
+        days = int(text)
+    except ValueError:
+        days = 0
+    if days < 1:
+        raise ValueError(f"PROMSHIFT_AUDIT_ANCHOR_RETENTION_DAYS must be a whole number of days >= 1, got {text!r}")
+    return days
 
 
 def snapshots_dir() -> Path:

@@ -54,9 +54,15 @@ class FakeTI:
     """Answers ``xcom_pull(task_ids=...)`` from prepared values, as a task instance does."""
 
     xcoms: dict[str, Any] = field(default_factory=dict)
+    map_index: int = -1
+    pushed: dict[str, Any] = field(default_factory=dict)
 
     def xcom_pull(self, task_ids: str | None = None, **_: Any) -> Any:
         return self.xcoms.get(task_ids) if task_ids is not None else None
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        json.dumps(value)  # XCom values must serialise
+        self.pushed[key] = value
 
 
 @dataclass
@@ -123,6 +129,11 @@ def new_events(audit: AuditStore, history: list[Stage]) -> list[AuditEvent]:
     return audit.events(group=GROUP)[len(history):]
 
 
+def decision_of(ev: AuditEvent) -> dict[str, Any]:
+    """An approval event's evidence without the HITL record it names (tested on its own)."""
+    return {k: v for k, v in ev.evidence_data.items() if k != "hitl"}
+
+
 def hitl_event(choice: str, responder: Any, comment: str = "") -> dict[str, Any]:
     """The success payload Airflow's HITL trigger hands to ``execute_complete``."""
     return {"chosen_options": [choice], "params_input": {"comment": comment},
@@ -160,7 +171,9 @@ def test_approval_error_event_fails_and_records_timeout(dag: Any, audit: AuditSt
     assert ev.actor == "nobody"
     assert ev.run_id == RUN_ID
     assert (ev.stage_from, ev.stage_to) == (None, None)
-    assert ev.evidence_data == {"decision": "timeout", "by": "nobody", "comment": event["error"]}
+    assert decision_of(ev) == {"decision": "timeout", "by": "nobody", "comment": event["error"]}
+    assert ev.evidence_data["hitl"] == {"dag_id": "promshift__gpu_memory", "run_id": RUN_ID, "task_id": "approval",
+                                        "map_index": -1, "responder_id": None, "responded_at": None}
     assert audit.stage_of(GROUP) == Stage.VERIFIED
     assert audit.verify().ok
 
@@ -177,7 +190,8 @@ def test_approval_by_the_runs_trigger_is_refused_four_eyes(dag: Any, audit: Audi
     assert ev.kind == "approval_refused_four_eyes"
     assert ev.actor == TRIGGERED_BY
     assert ev.stage_to is None
-    assert ev.evidence_data == {"decision": "refused_four_eyes", "by": TRIGGERED_BY, "comment": "lgtm"}
+    assert decision_of(ev) == {"decision": "refused_four_eyes", "by": TRIGGERED_BY, "comment": "lgtm"}
+    assert ev.evidence_data["hitl"]["responder_id"] == TRIGGERED_BY
     assert audit.stage_of(GROUP) == Stage.VERIFIED  # never approved
 
 
@@ -210,7 +224,7 @@ def test_reject_fails_and_records_the_comment(dag: Any, audit: AuditStore) -> No
     assert ev.kind == "approval_reject"
     assert ev.actor == APPROVER
     assert ev.stage_to is None
-    assert ev.evidence_data == {"decision": "Reject", "by": APPROVER, "comment": comment}
+    assert decision_of(ev) == {"decision": "Reject", "by": APPROVER, "comment": comment}
     assert audit.stage_of(GROUP) == Stage.VERIFIED
 
 
@@ -245,7 +259,7 @@ def test_approve_returns_the_decision_and_moves_to_approved(dag: Any, audit: Aud
     assert ev.kind == "approved"
     assert ev.actor == APPROVER
     assert (ev.stage_from, ev.stage_to) == (Stage.VERIFIED.value, Stage.APPROVED.value)
-    assert ev.evidence_data == {"decision": "Approve", "by": APPROVER, "comment": "ship it"}
+    assert decision_of(ev) == {"decision": "Approve", "by": APPROVER, "comment": "ship it"}
     assert audit.stage_of(GROUP) == Stage.APPROVED
     assert audit.verify().ok
 
@@ -266,6 +280,51 @@ def test_approve_without_a_known_trigger_user_is_allowed(dag: Any, audit: AuditS
                                                                                "name": APPROVER}))
     assert result["by"] == APPROVER
     assert audit.stage_of(GROUP) == Stage.APPROVED
+
+
+def test_an_approval_names_the_hitl_record_it_came_from(dag: Any, audit: AuditStore) -> None:
+    """dag, run, task, map index, responder id and HITL's responded_at: enough to find Airflow's own record."""
+    seed(audit, UP_TO_VERIFIED)
+    event = hitl_event("Approve", {"id": APPROVER, "name": "Alice"}, "ship it")
+    ctx = make_context()
+    ctx["ti"].map_index = 3
+    task(dag, "approval").execute_complete(ctx, event)
+    [ev] = new_events(audit, UP_TO_VERIFIED)
+    assert ev.evidence_data["hitl"] == {"dag_id": "promshift__gpu_memory", "run_id": RUN_ID, "task_id": "approval",
+                                        "map_index": 3, "responder_id": APPROVER,
+                                        "responded_at": event["responded_at"].isoformat()}
+
+
+def test_each_step_publishes_the_anchored_audit_head_in_xcom(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    ctx = make_context()
+    task(dag, "approval").execute_complete(ctx, hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
+    last = audit.events()[-1]
+    assert ctx["ti"].pushed["audit_head"] == {"seq": last.seq, "head": last.hash}
+    latest = audit.anchor.latest()
+    assert latest is not None and latest.to_dict() == ctx["ti"].pushed["audit_head"]
+
+
+def test_the_audit_key_comes_from_the_airflow_connection_first(
+        dag: Any, audit: AuditStore, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from promshift.core.audit import HMAC_SHA256_V2
+
+    conn_key = "key-from-the-promshift_audit-connection"
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_AUDIT", json.dumps({"conn_type": "generic", "password": conn_key}))
+    task(dag, "rollback").execute(make_context({"snapshot": None}))
+    [ev] = audit.events()
+    assert ev.scheme == HMAC_SHA256_V2
+    assert ev.hash_matches(conn_key.encode()) and not ev.hash_matches(audit.key)
+    assert AuditStore(audit.url, key=conn_key.encode()).verify().ok
+    assert not audit.verify().ok  # the environment's key is not the one the chain was written with
+
+
+def test_an_audit_connection_without_a_key_fails_the_task(
+        dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_AUDIT", json.dumps({"conn_type": "generic", "login": "x"}))
+    with pytest.raises(AirflowFailException, match="'promshift_audit' has no password"):
+        task(dag, "rollback").execute(make_context({"snapshot": None}))
+    assert audit.events() == []
 
 
 # -- WarmupOperator.execute_complete --------------------------------------------------------------

@@ -48,7 +48,8 @@ def events(rejected: bool = False) -> list:
     out = []
     for i, (kind, frm, to, ev) in enumerate(steps):
         out.append(new_event(prev=out[-1] if out else None, group="g", run_id="r", kind=kind, stage_from=frm,
-                             stage_to=to, actor="promshift", at=T0 + timedelta(minutes=i), evidence=ev))
+                             stage_to=to, actor="promshift", at=T0 + timedelta(minutes=i), evidence=ev,
+                             key=None))
     return out
 
 

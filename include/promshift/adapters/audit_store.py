@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     DDL,
@@ -19,16 +21,42 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    inspect,
+    make_url,
     select,
+    text,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from promshift.core.audit import AuditEvent, ChainCheck, new_event, verify_chain
+from promshift.core.audit import (
+    SHA256_V1,
+    AnchorPoint,
+    AuditEvent,
+    AuditKeyError,
+    ChainCheck,
+    new_event,
+    verify_chain,
+)
 from promshift.core.stages import Stage, current_stage
-from promshift.settings import state_home
+from promshift.settings import audit_key, state_home
+
+if TYPE_CHECKING:
+    from promshift.core.audit import AuditAnchor
 
 log = logging.getLogger(__name__)
+
+NO_KEY = ("no audit key: set the Airflow connection promshift_audit (the key in its password), "
+          "PROMSHIFT_AUDIT_KEY or PROMSHIFT_AUDIT_KEY_FILE")
+
+
+class AuditDatabaseMissing(FileNotFoundError):
+    """The audit database file does not exist (and a reader must not create it)."""
+
+
+class AuditDatabaseUnreadable(RuntimeError):
+    """The audit database cannot be read: corrupt, truncated, or not a database; the message says which."""
+
 
 metadata = MetaData()
 
@@ -48,26 +76,82 @@ audit_events = Table(
     # UNIQUE prev_hash: two writers racing to extend the chain cannot both win.
     Column("prev_hash", String(64), nullable=False, unique=True),
     Column("hash", String(64), nullable=False, unique=True),
+    # NULL: written before schemes were recorded, i.e. sha256-v1.
+    Column("scheme", String(32)),
 )
 
+
+_PG_APPEND_ONLY_FUNCTION = (
+    "CREATE OR REPLACE FUNCTION promshift_audit_append_only() RETURNS trigger AS $$ "
+    "BEGIN RAISE EXCEPTION 'promshift audit events are append-only'; END; $$ LANGUAGE plpgsql")
+
+
+def append_only(table: Table, prefix: str) -> None:
+    """Make ``table`` refuse UPDATE, DELETE (and on PostgreSQL TRUNCATE) in the database itself."""
+    name = table.name
+    sqlite = [
+        DDL(f"CREATE TRIGGER IF NOT EXISTS {prefix}_no_update BEFORE UPDATE ON {name} "
+            "BEGIN SELECT RAISE(ABORT, 'promshift audit events are append-only'); END"),
+        DDL(f"CREATE TRIGGER IF NOT EXISTS {prefix}_no_delete BEFORE DELETE ON {name} "
+            "BEGIN SELECT RAISE(ABORT, 'promshift audit events are append-only'); END"),
+    ]
+    postgres = [
+        DDL(_PG_APPEND_ONLY_FUNCTION),
+        DDL(f"DROP TRIGGER IF EXISTS {prefix}_append_only ON {name}"),
+        DDL(f"CREATE TRIGGER {prefix}_append_only BEFORE UPDATE OR DELETE ON {name} "
+            "FOR EACH ROW EXECUTE FUNCTION promshift_audit_append_only()"),
+        # Row triggers do not see TRUNCATE.
+        DDL(f"CREATE TRIGGER {prefix}_no_truncate BEFORE TRUNCATE ON {name} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION promshift_audit_append_only()"),
+    ]
+    for ddl in sqlite:
+        event.listen(table, "after_create", ddl.execute_if(dialect="sqlite"))
+    for ddl in postgres:
+        event.listen(table, "after_create", ddl.execute_if(dialect="postgresql"))
+
+
 # Append-only in the database itself, not only by convention in this module.
-_SQLITE_GUARDS = [
-    DDL("CREATE TRIGGER IF NOT EXISTS promshift_audit_no_update BEFORE UPDATE ON promshift_audit_events "
-        "BEGIN SELECT RAISE(ABORT, 'promshift audit events are append-only'); END"),
-    DDL("CREATE TRIGGER IF NOT EXISTS promshift_audit_no_delete BEFORE DELETE ON promshift_audit_events "
-        "BEGIN SELECT RAISE(ABORT, 'promshift audit events are append-only'); END"),
-]
-_POSTGRES_GUARDS = [
-    DDL("CREATE OR REPLACE FUNCTION promshift_audit_append_only() RETURNS trigger AS $$ "
-        "BEGIN RAISE EXCEPTION 'promshift audit events are append-only'; END; $$ LANGUAGE plpgsql"),
-    DDL("DROP TRIGGER IF EXISTS promshift_audit_append_only ON promshift_audit_events"),
-    DDL("CREATE TRIGGER promshift_audit_append_only BEFORE UPDATE OR DELETE ON promshift_audit_events "
-        "FOR EACH ROW EXECUTE FUNCTION promshift_audit_append_only()"),
-]
-for _ddl in _SQLITE_GUARDS:
-    event.listen(audit_events, "after_create", _ddl.execute_if(dialect="sqlite"))
-for _ddl in _POSTGRES_GUARDS:
-    event.listen(audit_events, "after_create", _ddl.execute_if(dialect="postgresql"))
+append_only(audit_events, "promshift_audit")
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file behind a SQLite URL, or None (another database, or in memory)."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:" \
+            or u.database.startswith("file:"):
+        return None
+    return Path(u.database)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL is shown as nothing rather than leaked
+        return "<unparsable database URL>"
+
+
+def open_engine(url: str, *, create: bool) -> Engine:
+    """An engine for ``url``; without ``create`` a SQLite file must exist and is opened read-only."""
+    path = sqlite_file(url)
+    if path is None:
+        return create_engine(url, future=True)
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return create_engine(url, future=True)
+    if not path.is_file():
+        raise AuditDatabaseMissing(f"no audit database at {path}" if not path.exists()
+                                   else f"{path} is not a file")
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    return create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False),
+                         future=True)
+
+
+def short_error(exc: BaseException) -> str:
+    """The driver's first line, without SQL or parameters."""
+    orig = getattr(exc, "orig", None) or exc
+    text_ = str(orig).strip().splitlines()
+    return text_[0] if text_ else type(orig).__name__
 
 
 def default_audit_url() -> str:
@@ -75,9 +159,7 @@ def default_audit_url() -> str:
     url = os.environ.get("PROMSHIFT_AUDIT_URL")
     if url:
         return url
-    home = state_home()
-    home.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{home / 'audit.db'}"
+    return f"sqlite:///{state_home() / 'audit.db'}"
 
 
 def _row_to_event(row: Any) -> AuditEvent:
@@ -93,37 +175,116 @@ def _row_to_event(row: Any) -> AuditEvent:
         evidence=row.evidence,
         prev_hash=row.prev_hash,
         hash=row.hash,
+        scheme=getattr(row, "scheme", None) or SHA256_V1,
     )
 
 
-class AuditStore:
-    """Append and read hash-chained audit events. There is no update or delete."""
+def event_row(ev: AuditEvent) -> dict[str, Any]:
+    """The table row of an event."""
+    return dict(seq=ev.seq, group_name=ev.group, run_id=ev.run_id, kind=ev.kind, stage_from=ev.stage_from,
+                stage_to=ev.stage_to, actor=ev.actor, at=ev.at.isoformat(), evidence=ev.evidence,
+                prev_hash=ev.prev_hash, hash=ev.hash, scheme=ev.scheme)
 
-    def __init__(self, url: str | None = None, *, engine: Engine | None = None) -> None:
+
+_UNSET: Any = object()
+
+
+class AuditStore:
+    """Append and read hash-chained audit events. There is no update or delete.
+
+    Writers (``create=True``, the default) create the table and need the audit key (HMAC); each
+    append is anchored in ``anchor`` (default: ``PROMSHIFT_AUDIT_ANCHOR_URL``, else a SQLite file
+    next to a SQLite audit database). Readers (``create=False``) create nothing: a missing SQLite
+    file raises ``AuditDatabaseMissing`` and an existing one is opened read-only.
+    """
+
+    def __init__(self, url: str | None = None, *, key: bytes | None = _UNSET, anchor: AuditAnchor | None = _UNSET,
+                 engine: Engine | None = None, create: bool = True,
+                 on_head: Callable[[AnchorPoint], None] | None = None) -> None:
         self.url = url or default_audit_url()
-        self.engine = engine or create_engine(self.url, future=True)
-        metadata.create_all(self.engine)
+        self.where = redacted(self.url)
+        self.create = create
+        self.engine = engine or open_engine(self.url, create=create)
+        self._key = key
+        self._anchor = anchor
+        self.on_head = on_head
+        if create:
+            try:
+                metadata.create_all(self.engine)
+                self._add_scheme_column()
+            except SQLAlchemyError as exc:
+                raise AuditDatabaseUnreadable(f"cannot open the audit database {self.where}: "
+                                              f"{short_error(exc)}") from None
+
+    # -- key and anchor (resolved on first use: reading events needs neither) ---------------------
+    @property
+    def key(self) -> bytes | None:
+        """The HMAC key: as given, else from the environment (``promshift.settings.audit_key``)."""
+        if self._key is _UNSET:
+            self._key = audit_key()
+        return self._key
+
+    @property
+    def anchor(self) -> AuditAnchor:
+        if self._anchor is _UNSET:
+            from promshift.adapters.audit_anchor import default_anchor
+
+            self._anchor = default_anchor(self.url, create=self.create)
+        if self._anchor is None:
+            raise ValueError("this audit store has no anchor")
+        return self._anchor
+
+    def _add_scheme_column(self) -> None:
+        """Databases from before schemes existed get the column (NULL: their rows are sha256-v1)."""
+        if "scheme" in {c["name"] for c in inspect(self.engine).get_columns(audit_events.name)}:
+            return
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(text(f"ALTER TABLE {audit_events.name} ADD COLUMN scheme VARCHAR(32)"))
+                if conn.dialect.name == "postgresql":
+                    # Old tables were guarded against UPDATE/DELETE by row triggers, which TRUNCATE bypasses.
+                    conn.execute(text(_PG_APPEND_ONLY_FUNCTION))
+                    conn.execute(text(f"CREATE TRIGGER promshift_audit_no_truncate BEFORE TRUNCATE ON "
+                                      f"{audit_events.name} FOR EACH STATEMENT "
+                                      "EXECUTE FUNCTION promshift_audit_append_only()"))
+            log.info("audit table %s gained a scheme column; existing events are %s", self.where, SHA256_V1)
+        except SQLAlchemyError:
+            # Another writer added it first.
+            if "scheme" not in {c["name"] for c in inspect(self.engine).get_columns(audit_events.name)}:
+                raise
+
+    def _select(self) -> Any:
+        """SELECT of the table's columns as they exist (an old table has no ``scheme``)."""
+        if self.create:
+            return select(audit_events)
+        present = {c["name"] for c in inspect(self.engine).get_columns(audit_events.name)}
+        return select(*[c for c in audit_events.c if c.name in present])
 
     def _last(self, conn: Any) -> AuditEvent | None:
-        row = conn.execute(select(audit_events).order_by(audit_events.c.seq.desc()).limit(1)).first()
+        row = conn.execute(self._select().order_by(audit_events.c.seq.desc()).limit(1)).first()
         return _row_to_event(row) if row else None
 
     def append(self, *, group: str, run_id: str, kind: str, actor: str, at: datetime,
                evidence: Mapping[str, Any], stage_from: Stage | None = None,
                stage_to: Stage | None = None) -> AuditEvent:
-        """Add one event at the head of the chain; retries if another writer got there first."""
+        """Add one keyed event at the head of the chain, then anchor the new head.
+
+        Retries if another writer got there first. The event is committed before it is
+        anchored: an anchor ahead of the chain would read as a truncation.
+        """
+        key = self.key
+        if key is None:
+            raise AuditKeyError(NO_KEY)
+        anchor = self.anchor
         for attempt in range(20):
             with self.engine.connect() as conn:
                 prev = self._last(conn)
                 ev = new_event(prev=prev, group=group, run_id=run_id, kind=kind,
                                stage_from=stage_from.value if stage_from else None,
                                stage_to=stage_to.value if stage_to else None,
-                               actor=actor, at=at, evidence=evidence)
+                               actor=actor, at=at, evidence=evidence, key=key)
                 try:
-                    conn.execute(audit_events.insert().values(
-                        seq=ev.seq, group_name=ev.group, run_id=ev.run_id, kind=ev.kind,
-                        stage_from=ev.stage_from, stage_to=ev.stage_to, actor=ev.actor,
-                        at=ev.at.isoformat(), evidence=ev.evidence, prev_hash=ev.prev_hash, hash=ev.hash))
+                    conn.execute(audit_events.insert().values(**event_row(ev)))
                     conn.commit()
                 except IntegrityError:
                     conn.rollback()
@@ -131,11 +292,25 @@ class AuditStore:
                     time.sleep(0.01 * (attempt + 1))
                     continue
             log.info("audit: %s %s %s -> %s by %s", group, kind, ev.stage_from, ev.stage_to, actor)
+            head = AnchorPoint(ev.seq, ev.hash)
+            try:
+                anchor.record(head.seq, head.head)
+            except Exception as exc:  # noqa: BLE001 - the event is committed; say loudly that it is unanchored
+                log.error("audit event seq %s is committed but its head was not anchored in %s: %s",
+                          ev.seq, anchor.where, exc)
+            if self.on_head is not None:
+                self.on_head(head)
             return ev
         raise RuntimeError("could not append to the audit chain after 20 attempts")
 
+    def has_table(self) -> bool:
+        return inspect(self.engine).has_table(audit_events.name)
+
     def events(self, *, group: str | None = None, run_id: str | None = None) -> list[AuditEvent]:
-        stmt = select(audit_events).order_by(audit_events.c.seq)
+        """Events oldest first; a reader on a database without the audit table gets none."""
+        if not self.create and not self.has_table():
+            return []
+        stmt = self._select().order_by(audit_events.c.seq)
         if group is not None:
             stmt = stmt.where(audit_events.c.group_name == group)
         if run_id is not None:
@@ -147,5 +322,44 @@ class AuditStore:
         """The group's current stage, replayed (and so checked) from its stage events."""
         return current_stage(Stage(e.stage_to) for e in self.events(group=group) if e.stage_to)
 
+    def integrity_problem(self) -> str | None:
+        """SQLite's own page-level check: corruption the rows we read may not show."""
+        if self.engine.dialect.name != "sqlite":
+            return None
+        with self.engine.connect() as conn:
+            rows = [r[0] for r in conn.execute(text("PRAGMA quick_check"))]
+        return None if rows == ["ok"] else f"SQLite integrity check failed: {'; '.join(rows[:3])}"
+
     def verify(self) -> ChainCheck:
-        return verify_chain(self.events())
+        """The whole chain checked: hashes (HMAC with the key), links, schemes, and the anchored head.
+
+        Never raises for a database it cannot read: that is a broken chain with the reason.
+        """
+        def broken(reason: str) -> ChainCheck:
+            return ChainCheck(ok=False, events=0, problems=(reason,))
+
+        try:
+            corrupt = self.integrity_problem()
+            if corrupt:
+                return broken(f"the audit database {self.where} is corrupt: {corrupt}")
+            table = self.has_table()
+            events = self.events() if table else []
+        except SQLAlchemyError as exc:
+            return broken(f"the audit database {self.where} is corrupt or unreadable: {short_error(exc)}")
+        try:
+            anchor = self.anchor
+            point = anchor.latest()
+        except Exception as exc:  # noqa: BLE001 - any anchor failure means the head cannot be checked
+            return broken(f"cannot read the anchored head: {exc}")
+        try:
+            key = self.key
+        except AuditKeyError as exc:
+            return broken(str(exc))
+        if not table:
+            if point is not None:
+                return ChainCheck(ok=False, events=0, anchor=point, problems=(
+                    f"the audit table {audit_events.name} is missing but {point.seq} events were anchored "
+                    f"(head seq {point.seq}): it was dropped",))
+            return broken(f"no audit table {audit_events.name} in {self.where} and no anchored head "
+                          f"in {anchor.where}: nothing was ever recorded here")
+        return verify_chain(events, key=key, anchored=True, anchor=point)

@@ -1,20 +1,70 @@
-"""Audit records: an append-only chain where each event carries the hash of the previous one."""
+"""Audit records: an append-only chain where each event carries the hash of the previous one.
+
+Two schemes, recorded on every event:
+
+- ``sha256-v1``: a plain SHA-256 over the event. Anyone who can write the database can
+  recompute it, so it only catches careless edits. Databases written before the key existed
+  use it and keep verifying.
+- ``hmac-sha256-v2``: an HMAC-SHA256 over the event (scheme included) with a key kept outside
+  the audit database. Whoever can write rows but lacks the key cannot forge a valid event.
+
+Truncation and wholesale replacement leave a valid-looking chain; the anchored head
+(``AuditAnchor``: the last sequence number and head hash, kept where the writer cannot
+rewrite them) is what ``verify_chain`` checks them against.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 GENESIS_HASH = "0" * 64
+SHA256_V1 = "sha256-v1"
+HMAC_SHA256_V2 = "hmac-sha256-v2"
+SCHEMES = (SHA256_V1, HMAC_SHA256_V2)
+# 128 bits: shorter keys are guessable, and a guessed key forges the whole chain.
+MIN_KEY_BYTES = 16
+
+
+class AuditKeyError(ValueError):
+    """The audit key is missing or unusable; the message says which and how to fix it."""
 
 
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: the bytes that get hashed."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str, allow_nan=False)
+
+
+def check_key(key: bytes) -> bytes:
+    """The key itself, if long enough to be worth anything."""
+    if len(key) < MIN_KEY_BYTES:
+        raise AuditKeyError(f"the audit key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes "
+                            "(e.g. 64 hex characters)")
+    return key
+
+
+def content_hash(content: Mapping[str, Any], *, scheme: str, key: bytes | None) -> str:
+    """The hash an event with this content (every field but ``hash``) must carry under ``scheme``.
+
+    The one function that both builds and verifies. ``sha256-v1`` hashes the content without the
+    scheme (as it was hashed before schemes existed); ``hmac-sha256-v2`` keys the scheme in too,
+    so a keyed event cannot be relabelled.
+    """
+    body = {k: v for k, v in content.items() if k != "scheme"}
+    body["at"] = body["at"].isoformat()
+    if scheme == SHA256_V1:
+        return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    if scheme == HMAC_SHA256_V2:
+        if key is None:
+            raise AuditKeyError(f"{HMAC_SHA256_V2} events need the audit key")
+        message = canonical_json({**body, "scheme": scheme}).encode()
+        return hmac.new(check_key(key), message, hashlib.sha256).hexdigest()
+    raise ValueError(f"unknown audit hash scheme {scheme!r} (known: {', '.join(SCHEMES)})")
 
 
 @dataclass(frozen=True)
@@ -36,19 +86,44 @@ class AuditEvent:
     evidence: str
     prev_hash: str
     hash: str
+    scheme: str = SHA256_V1
 
     @property
     def evidence_data(self) -> Any:
         return json.loads(self.evidence)
 
-    def content_hash(self) -> str:
-        """What ``hash`` must be for this event's content; a mismatch means it was edited."""
-        return _content_hash({f.name: getattr(self, f.name) for f in fields(self) if f.name != "hash"})
+    def content(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hash"}
+
+    def hash_matches(self, key: bytes | None) -> bool:
+        """Whether ``hash`` is what this content hashes to; a mismatch means it was edited (or forged)."""
+        return hmac.compare_digest(content_hash(self.content(), scheme=self.scheme, key=key), self.hash)
 
 
-def _content_hash(fields: Mapping[str, Any]) -> str:
-    """SHA-256 over every field of an event (``hash`` excluded) and the previous event's hash."""
-    return hashlib.sha256(canonical_json({**fields, "at": fields["at"].isoformat()}).encode()).hexdigest()
+@dataclass(frozen=True)
+class AnchorPoint:
+    """A chain head as recorded outside the audit database: event ``seq`` had hash ``head``."""
+
+    seq: int
+    head: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "head": self.head}
+
+
+class AuditAnchor(Protocol):
+    """Where chain heads are recorded so that the audit writer cannot rewrite them.
+
+    ``record`` is called after every append (heads may arrive out of order from concurrent
+    writers); ``latest`` is the anchored head with the highest ``seq``, or None if nothing
+    was ever anchored. ``where`` names the store for people, without credentials.
+    """
+
+    where: str
+
+    def record(self, seq: int, head: str) -> None: ...
+
+    def latest(self) -> AnchorPoint | None: ...
 
 
 def new_event(
@@ -62,15 +137,17 @@ def new_event(
     actor: str,
     at: datetime,
     evidence: Mapping[str, Any],
+    key: bytes | None,
 ) -> AuditEvent:
-    """Build the event that follows ``prev`` (None for the first event of the chain)."""
+    """Build the event that follows ``prev`` (None for the first event of the chain).
+
+    With a key the event is ``hmac-sha256-v2``; ``key=None`` builds the legacy unkeyed scheme.
+    """
     if at.tzinfo is None:
         raise ValueError("audit timestamps must be timezone-aware")
-    seq = prev.seq + 1 if prev else 1
-    prev_hash = prev.hash if prev else GENESIS_HASH
-    text = canonical_json(dict(evidence))
+    scheme = SHA256_V1 if key is None else HMAC_SHA256_V2
     content = dict(
-        seq=seq,
+        seq=prev.seq + 1 if prev else 1,
         group=group,
         run_id=run_id,
         kind=kind,
@@ -78,39 +155,135 @@ def new_event(
         stage_to=stage_to,
         actor=actor,
         at=at,
-        evidence=text,
-        prev_hash=prev_hash,
+        evidence=canonical_json(dict(evidence)),
+        prev_hash=prev.hash if prev else GENESIS_HASH,
+        scheme=scheme,
     )
-    return AuditEvent(**content, hash=_content_hash(content))
+    return AuditEvent(**content, hash=content_hash(content, scheme=scheme, key=key))
+
+
+@dataclass(frozen=True)
+class SchemeRun:
+    """Consecutive events under one hash scheme."""
+
+    scheme: str
+    first_seq: int
+    last_seq: int
+    events: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scheme": self.scheme, "first_seq": self.first_seq, "last_seq": self.last_seq,
+                "events": self.events}
 
 
 @dataclass(frozen=True)
 class ChainCheck:
-    """Result of verifying the chain: ok, how many events, and what is wrong."""
+    """Result of verifying the chain: ok, how many events, what is wrong, and what is merely worth knowing."""
 
     ok: bool
     events: int
     problems: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    schemes: tuple[SchemeRun, ...] = ()
+    head: AnchorPoint | None = None
+    anchor: AnchorPoint | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "events": self.events, "problems": list(self.problems), "notes": list(self.notes),
+                "schemes": [s.to_dict() for s in self.schemes],
+                "head": self.head.to_dict() if self.head else None,
+                "anchor": self.anchor.to_dict() if self.anchor else None}
 
 
-def verify_chain(events: Iterable[AuditEvent]) -> ChainCheck:
-    """Check sequence numbers, back-links and hashes of the whole chain, oldest first.
+def verify_chain(events: Iterable[AuditEvent], *, key: bytes | None = None, anchored: bool = False,
+                 anchor: AnchorPoint | None = None) -> ChainCheck:
+    """Check sequence numbers, back-links, schemes and hashes of the whole chain, oldest first.
 
-    An edited row no longer matches its hash; a deleted row leaves a gap in ``seq`` and
-    a back-link that points at nothing.
+    An edited row no longer matches its hash; a deleted row leaves a gap in ``seq`` and a
+    back-link that points at nothing; an unkeyed event after a keyed one is a downgrade (only
+    someone without the key writes one). With ``anchored``, ``anchor`` is the latest head the
+    anchor store holds (None: it holds none), and a chain that ends before it (truncated,
+    emptied) or differs from it there (replaced) is broken.
     """
     problems: list[str] = []
+    notes: list[str] = []
+    runs: list[SchemeRun] = []
     prev_hash = GENESIS_HASH
     expected_seq = 1
     count = 0
+    keyed_seen: int | None = None
+    unverifiable: list[int] = []
+    keyed_mismatch: list[int] = []
+    keyed_total = 0
+    hash_at_anchor: str | None = None
+    last: AuditEvent | None = None
     for ev in events:
         count += 1
+        last = ev
         if ev.seq != expected_seq:
             problems.append(f"event seq {ev.seq}: expected seq {expected_seq} (a row is missing)")
         if ev.prev_hash != prev_hash:
             problems.append(f"event seq {ev.seq}: prev_hash does not match the hash of the event before it")
-        if ev.content_hash() != ev.hash:
-            problems.append(f"event seq {ev.seq}: content does not match its hash (edited)")
+        if runs and runs[-1].scheme == ev.scheme:
+            r = runs[-1]
+            runs[-1] = SchemeRun(r.scheme, r.first_seq, ev.seq, r.events + 1)
+        else:
+            runs.append(SchemeRun(ev.scheme, ev.seq, ev.seq, 1))
+        if ev.scheme not in SCHEMES:
+            problems.append(f"event seq {ev.seq}: unknown hash scheme {ev.scheme!r}")
+        elif ev.scheme == HMAC_SHA256_V2:
+            keyed_total += 1
+            keyed_seen = keyed_seen or ev.seq
+            if key is None:
+                unverifiable.append(ev.seq)
+            elif not ev.hash_matches(key):
+                keyed_mismatch.append(ev.seq)
+                problems.append(f"event seq {ev.seq}: content does not match its HMAC (edited, or forged "
+                                "without the audit key)")
+        else:
+            if keyed_seen is not None:
+                problems.append(f"event seq {ev.seq}: unkeyed ({SHA256_V1}) after keyed events (from seq "
+                                f"{keyed_seen}): written without the audit key")
+            if not ev.hash_matches(None):
+                problems.append(f"event seq {ev.seq}: content does not match its hash (edited)")
+        if anchor is not None and ev.seq == anchor.seq:
+            hash_at_anchor = ev.hash
         prev_hash = ev.hash
         expected_seq = ev.seq + 1
-    return ChainCheck(ok=not problems, events=count, problems=tuple(problems))
+    if unverifiable:
+        problems.append(f"{len(unverifiable)} keyed ({HMAC_SHA256_V2}) events (seq {unverifiable[0]}.."
+                        f"{unverifiable[-1]}) cannot be checked: no audit key was given")
+    if keyed_total > 1 and len(keyed_mismatch) == keyed_total:
+        notes.append("every keyed event fails its HMAC: is this the key the chain was written with?")
+    if any(r.scheme == SHA256_V1 for r in runs):
+        notes.append(f"{sum(r.events for r in runs if r.scheme == SHA256_V1)} events use the unkeyed "
+                     f"{SHA256_V1} scheme: anyone who could write the database could have recomputed them")
+    head = AnchorPoint(last.seq, last.hash) if last else None
+    if anchored:
+        problems.extend(_anchor_problems(head, anchor, hash_at_anchor, keyed=keyed_total > 0, notes=notes))
+    return ChainCheck(ok=not problems, events=count, problems=tuple(problems), notes=tuple(notes),
+                      schemes=tuple(runs), head=head, anchor=anchor)
+
+
+def _anchor_problems(head: AnchorPoint | None, anchor: AnchorPoint | None, hash_at_anchor: str | None, *,
+                     keyed: bool, notes: list[str]) -> list[str]:
+    """What the anchored head says about the chain's end: truncated, emptied, replaced, or fine."""
+    if anchor is None:
+        if keyed:
+            return ["keyed events but the anchor store holds no head: it was reset, or points elsewhere"]
+        if head is not None:
+            notes.append("no anchored head: truncation and replacement of this chain cannot be detected")
+        return []
+    if head is None:
+        return [f"the audit table is empty but {anchor.seq} events were anchored (head seq {anchor.seq}): "
+                "every event was deleted"]
+    if head.seq < anchor.seq:
+        return [f"the chain ends at seq {head.seq} but seq {anchor.seq} was anchored: "
+                f"{anchor.seq - head.seq} trailing event(s) were deleted"]
+    if hash_at_anchor != anchor.head:
+        return [f"event seq {anchor.seq} does not match the anchored head: the chain was replaced"]
+    if head.seq > anchor.seq:
+        notes.append(f"{head.seq - anchor.seq} events after the last anchored head (seq {anchor.seq}) are not "
+                     "protected against truncation")
+    return []
+

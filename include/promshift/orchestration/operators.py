@@ -20,10 +20,36 @@ if TYPE_CHECKING:
 
 SOURCE_CONN = "promshift_source"
 TARGET_CONN = "promshift_target"
+# The audit HMAC key lives in this connection's password (or the secrets backend behind it),
+# never in the audit database.
+AUDIT_CONN = "promshift_audit"
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def audit_key() -> bytes | None:
+    """The audit key: connection ``promshift_audit``'s password, else the environment (CLI, local stack)."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from promshift.core.audit import check_key
+    from promshift.settings import audit_key as key_from_env
+
+    try:
+        conn = BaseHook.get_connection(AUDIT_CONN)
+    except AirflowNotFoundException:
+        return key_from_env()
+    if not conn.password:
+        raise AirflowFailException(f"connection {AUDIT_CONN!r} has no password; it must hold the audit key")
+    return check_key(conn.password.encode())
+
+
+def _iso(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
 class _GroupStep:
@@ -110,9 +136,15 @@ class _GroupStep:
         from promshift.settings import snapshots_dir
 
         backends = self.backends()
-        return GroupMigration(self.group, backends, audit=AuditStore(), routing=RoutingManifest(),
+        audit = AuditStore(key=audit_key(), on_head=lambda head: self._publish_audit_head(context, head))
+        return GroupMigration(self.group, backends, audit=audit, routing=RoutingManifest(),
                               snapshots_dir=snapshots_dir(), run_id=context["run_id"],
                               catalog_dir=Path(self.catalog_path).parent)
+
+    def _publish_audit_head(self, context: Any, head: Any) -> None:
+        """A second witness of the chain's head, in Airflow's own metadata: the task log and XCom ``audit_head``."""
+        self.log.info("audit head: seq %s hash %s", head.seq, head.head)
+        context["ti"].xcom_push(key="audit_head", value=head.to_dict())
 
 
 class GroupStepOperator(_GroupStep, BaseOperator):
@@ -299,15 +331,20 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         migration = self.migration(context)
-        if "error" in event:
-            migration.record_approval(decision="timeout", by="nobody", comment=str(event.get("error")),
-                                      now=_now())
-            raise AirflowFailException(f"approval not given: {event.get('error_type')}")
         responder = event.get("responded_by_user") or {}
 
         def field(name: str) -> str | None:
             value = responder.get(name) if isinstance(responder, dict) else getattr(responder, name, None)
             return str(value) if value else None
+
+        # Airflow's own record of this answer: the HITL detail of this task instance.
+        hitl = {"dag_id": self.dag_id, "run_id": context["run_id"], "task_id": self.task_id,
+                "map_index": getattr(context["ti"], "map_index", -1), "responder_id": field("id"),
+                "responded_at": _iso(event.get("responded_at"))}
+        if "error" in event:
+            migration.record_approval(decision="timeout", by="nobody", comment=str(event.get("error")),
+                                      now=_now(), hitl=hitl)
+            raise AirflowFailException(f"approval not given: {event.get('error_type')}")
 
         by = field("id") or field("name") or "unknown"
         choice = (event.get("chosen_options") or ["?"])[0]
@@ -316,9 +353,9 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         # triggering_user_name is the user's *name*; HITL records the *id* (equal only under the
         # Simple auth manager), so the responder matches on either.
         if choice == self.APPROVE and triggered_by and triggered_by in {field("id"), field("name")}:
-            migration.record_approval(decision="refused_four_eyes", by=by, comment=comment, now=_now())
+            migration.record_approval(decision="refused_four_eyes", by=by, comment=comment, now=_now(), hitl=hitl)
             raise AirflowFailException(f"{by} triggered this run and cannot also approve it (four-eyes rule)")
-        migration.record_approval(decision=choice, by=by, comment=comment, now=_now())
+        migration.record_approval(decision=choice, by=by, comment=comment, now=_now(), hitl=hitl)
         if choice != self.APPROVE:
             raise AirflowFailException(f"rejected by {by}: {comment or 'no comment'}")
         self.log.info("approved by %s", by)
