@@ -12,12 +12,12 @@ import pytest
 
 from promshift.adapters.deploy import DeployError, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
-from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names, sha256_text
+from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names, sha256_bytes
 from promshift.stack.local import find_free_ports
 
 pytestmark = pytest.mark.integration
 
-BASE = """# hand-written by the fleet team; comments and order must survive a rollback
+BASE = b"""# hand-written by the fleet team; comments and order must survive a rollback
 global:
   scrape_interval: 5s
   external_labels: {cluster: test}
@@ -34,7 +34,7 @@ def free_port() -> int:
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusClient, Path]]:
     cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(BASE)
+    cfg.write_bytes(BASE)
     port = free_port()
     # Environment as the test runs: a test that sets AWS_* variables first gives them to the server.
     proc = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
@@ -63,7 +63,7 @@ def test_deploy_reloads_verifies_and_restore_is_byte_identical(prometheus: tuple
     assert "promshift-gpu-memory" in result.live_remote_writes
     assert remote_write_names(client.config_text()) == ["promshift-gpu-memory"]
     assert deployer.restore(snap) is True
-    assert cfg.read_text() == BASE
+    assert cfg.read_bytes() == BASE
     assert remote_write_names(client.config_text()) == []
 
 
@@ -74,7 +74,7 @@ def test_promtool_rejection_leaves_the_file_and_server_untouched(prometheus: tup
     bad = add_remote_write(BASE, entry(regex="DCGM_FI_DEV_(("))
     with pytest.raises(DeployError, match="promtool rejected"):
         deployer.deploy(bad, snapshot=snap, expect_remote_writes={"promshift-gpu-memory"})
-    assert cfg.read_text() == BASE
+    assert cfg.read_bytes() == BASE
     assert remote_write_names(client.config_text()) == []
 
 
@@ -85,10 +85,10 @@ def test_reload_failure_restores_the_snapshot(prometheus: tuple[PrometheusClient
     # promtool resolves rule files when checking; skip it to reach the server's own rejection.
     deployer.check = lambda text: None  # type: ignore[method-assign]
     snap = deployer.snapshot()
-    bad = BASE + "remote_write: [{url: 'http://x', name: dup}, {url: 'http://y', name: dup}]\n"
+    bad = BASE + b"remote_write: [{url: 'http://x', name: dup}, {url: 'http://y', name: dup}]\n"
     with pytest.raises(DeployError, match="reload rejected"):
         deployer.deploy(bad, snapshot=snap, expect_remote_writes={"dup"})
-    assert sha256_text(cfg.read_text()) == snap.sha256
+    assert sha256_bytes(cfg.read_bytes()) == snap.sha256
     assert "\nprometheus_config_last_reload_successful 1\n" in client.metrics_text()
 
 
@@ -96,7 +96,7 @@ def test_changed_file_since_snapshot_is_refused(prometheus: tuple[PrometheusClie
     client, cfg = prometheus
     deployer = FileConfigDeployer(cfg, client)
     snap = deployer.snapshot()
-    cfg.write_text(BASE + "# someone else edited this\n")
+    cfg.write_bytes(BASE + b"# someone else edited this\n")
     with pytest.raises(DeployError, match="changed since the snapshot"):
         deployer.deploy(add_remote_write(BASE, entry()), snapshot=snap, expect_remote_writes=set())
 
@@ -131,7 +131,7 @@ def test_an_amp_entry_without_aws_credentials_on_the_server_is_reverted(
     with pytest.raises(DeployError, match="failed and was reverted: .*reload rejected"):
         deployer.deploy(add_remote_write(BASE, AMP_ENTRY), snapshot=deployer.snapshot(),
                         expect_remote_writes={"promshift-gpu-memory"})
-    assert cfg.read_text() == BASE
+    assert cfg.read_bytes() == BASE
     assert remote_write_names(client.config_text()) == []
 
 
@@ -153,7 +153,7 @@ def test_an_amp_entry_with_sigv4_passes_promtool_and_goes_live(aws_env: None,
     assert {k: live["queue_config"][k] for k in AMP_QUEUE_CONFIG} == dict(AMP_QUEUE_CONFIG)
     assert deployer.restore(snap) is True
     # promtool really checks the block: a field sigv4 does not have is refused.
-    bad = add_remote_write(BASE, amp).replace("region: us-east-1", "region: us-east-1\n    regoin: typo")
+    bad = add_remote_write(BASE, amp).replace(b'region: "us-east-1"', b'region: "us-east-1"\n      regoin: typo')
     with pytest.raises(DeployError, match=r"promtool rejected(.|\n)*field regoin not found in type sigv4"):
         deployer.deploy(bad, snapshot=deployer.snapshot(), expect_remote_writes={"promshift-gpu-memory"})
-    assert cfg.read_text() == BASE
+    assert cfg.read_bytes() == BASE

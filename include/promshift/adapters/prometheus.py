@@ -10,16 +10,21 @@ from typing import Any
 
 import requests
 
+from promshift.core.redact import redact_text
+
 log = logging.getLogger(__name__)
 
 
 class PrometheusError(RuntimeError):
-    """A query or admin call failed: unreachable, HTTP error, or an API error body."""
+    """A query or admin call failed: unreachable, HTTP error, or an API error body.
+
+    Its text and ``base_url`` have URL credentials redacted: errors end up in logs and records.
+    """
 
     def __init__(self, base_url: str, message: str, *, http_status: int | None = None,
                  error_type: str | None = None) -> None:
-        super().__init__(f"{base_url}: {message}")
-        self.base_url = base_url
+        super().__init__(redact_text(f"{base_url}: {message}"))
+        self.base_url = redact_text(base_url)
         self.http_status = http_status
         self.error_type = error_type
 
