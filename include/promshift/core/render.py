@@ -62,6 +62,7 @@ _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _YAML11_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
 
 Config = TypeVar("Config", str, bytes)
+_YAML11_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class RenderError(ValueError):
@@ -169,6 +170,7 @@ class _Node:
     flow: bool = False
     value: str | None = None
     empty: bool = False  # an implicit null: nothing written after the indicator
+    block: bool = False  # a literal (|) or folded (>) scalar
     anchor: str | None = None
     tag: str | None = None
     close: int | None = None  # a flow collection: index of its closing bracket
@@ -220,7 +222,8 @@ def _node_of(ev: Event) -> _Node | None:
     start, end = ev.start_mark.index, ev.end_mark.index
     if isinstance(ev, ScalarEvent):
         empty = ev.value == "" and ev.style is None and ev.anchor is None and ev.tag is None
-        return _Node("scalar", start, end, value=ev.value, empty=empty, anchor=ev.anchor, tag=ev.tag)
+        return _Node("scalar", start, end, value=ev.value, empty=empty, anchor=ev.anchor, tag=ev.tag,
+                     block=ev.style in ("|", ">"))
     if isinstance(ev, AliasEvent):
         return _Node("alias", start, end)
     if isinstance(ev, MappingStartEvent | SequenceStartEvent):
@@ -506,6 +509,11 @@ def _add(text: str, entry: Mapping[str, Any]) -> str:
         lines = [f"{' ' * col}{KEY}:  {ADDED_KEY_COMMENT}"] + _block_sequence([entry], col + style.seq_offset, style)
         at = _next_line(doc, root.end) if root else doc.end
     if at == len(text) and text and _break_before(text, at) == 0:
+        last = max(_walk(doc.root), key=lambda n: (n.end, n.kind == "scalar"))
+        if last.block:
+            # A line break after it would become part of its value.
+            raise RenderError("source config ends in a block scalar (| or >) without a final line break; "
+                              "add one, then retry")
         insert = nl + nl.join(lines)  # no final line break: keep it that way
     else:
         insert = "".join(line + nl for line in lines)
@@ -573,7 +581,7 @@ def _both_loads(text: str) -> list[tuple[str, Any]]:
     """The document as YAML 1.2 (ruamel.yaml) and as YAML 1.1 (PyYAML, close to Prometheus' go-yaml v2)."""
     loads = [("YAML 1.2", _load12(text))]
     try:
-        loads.append(("YAML 1.1", yaml.safe_load(text)))
+        loads.append(("YAML 1.1", yaml.load(text, Loader=_YAML11_LOADER)))  # noqa: S506 - a safe loader
     except yaml.YAMLError:
         loads.append(("YAML 1.1", None))
     return loads
