@@ -12,7 +12,13 @@ import pytest
 
 from promshift.adapters.deploy import DeployError, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
-from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names, sha256_bytes
+from promshift.core.render import (
+    add_remote_write,
+    remote_write_entry,
+    remote_write_names,
+    remove_remote_write,
+    sha256_bytes,
+)
 from promshift.stack.local import find_free_ports
 
 pytestmark = pytest.mark.integration
@@ -157,3 +163,117 @@ def test_an_amp_entry_with_sigv4_passes_promtool_and_goes_live(aws_env: None,
     with pytest.raises(DeployError, match=r"promtool rejected(.|\n)*field regoin not found in type sigv4"):
         deployer.deploy(bad, snapshot=deployer.snapshot(), expect_remote_writes={"promshift-gpu-memory"})
     assert cfg.read_bytes() == BASE
+
+
+# -- the deployer respects the file ----------------------------------------------------------------
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "configs"
+
+
+def test_a_symlinked_config_keeps_its_link_and_the_target_gets_the_bytes(
+        prometheus: tuple[PrometheusClient, Path], tmp_path: Path) -> None:
+    client, cfg = prometheus
+    real = tmp_path / "managed" / "prometheus.yml"
+    real.parent.mkdir()
+    real.write_bytes(BASE)
+    cfg.unlink()
+    cfg.symlink_to(real)
+    deployer = FileConfigDeployer(cfg, client)
+    snap = deployer.snapshot()
+    deployer.deploy(add_remote_write(BASE, entry()), snapshot=snap, expect_remote_writes={"promshift-gpu-memory"})
+    assert cfg.is_symlink() and os.readlink(cfg) == str(real)
+    assert b"promshift-gpu-memory" in real.read_bytes()
+    assert [p.name for p in real.parent.iterdir()] == ["prometheus.yml"]  # no temp file left behind
+    assert deployer.restore(snap) is True
+    assert cfg.is_symlink() and os.readlink(cfg) == str(real)
+    assert real.read_bytes() == BASE
+
+
+def test_owner_group_and_mode_are_kept_through_deploy_and_restore(prometheus: tuple[PrometheusClient, Path]) -> None:
+    """The sandbox runs as root: the file belongs to another uid/gid, mode 0640."""
+    client, cfg = prometheus
+    assert os.getuid() == 0, "this test chowns to another user"
+    os.chown(cfg, 4321, 8765)
+    os.chmod(cfg, 0o640)
+    deployer = FileConfigDeployer(cfg, client)
+    snap = deployer.snapshot()
+    assert (snap.mode, snap.uid, snap.gid) == (0o640, 4321, 8765)
+    deployer.deploy(add_remote_write(BASE, entry()), snapshot=snap, expect_remote_writes={"promshift-gpu-memory"})
+    st = cfg.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (4321, 8765, 0o640)
+    # Someone loosens the mode while dual-write runs: restoring the snapshot brings its mode back.
+    os.chmod(cfg, 0o666)
+    assert deployer.matches(snap) is False
+    assert deployer.restore(snap) is True
+    st = cfg.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777, cfg.read_bytes()) == (4321, 8765, 0o640, BASE)
+
+
+@pytest.mark.parametrize("failure", [KeyError("data"), ValueError("Expecting value: line 1 column 1 (char 0)"),
+                                     KeyboardInterrupt()], ids=lambda e: type(e).__name__)
+def test_any_failure_after_the_write_restores_the_snapshot(prometheus: tuple[PrometheusClient, Path],
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           failure: BaseException) -> None:
+    """status/config answering HTML or a body without ``data`` (not a PrometheusError) still reverts."""
+    client, cfg = prometheus
+    deployer = FileConfigDeployer(cfg, client)
+    snap = deployer.snapshot()
+    real_config_text = client.config_text
+
+    def broken() -> str:
+        raise failure
+
+    monkeypatch.setattr(client, "config_text", broken)
+    expected: type[BaseException] = KeyboardInterrupt if isinstance(failure, KeyboardInterrupt) else DeployError
+    with pytest.raises(expected) as excinfo:
+        deployer.deploy(add_remote_write(BASE, entry()), snapshot=snap, expect_remote_writes={"promshift-gpu-memory"})
+    if expected is DeployError:
+        assert f"failed and was reverted: {type(failure).__name__}" in str(excinfo.value)
+    monkeypatch.setattr(client, "config_text", real_config_text)
+    assert cfg.read_bytes() == BASE
+    assert remote_write_names(client.config_text()) == []  # the old config was reloaded
+
+
+def test_url_credentials_stay_in_the_file_and_out_of_errors(prometheus: tuple[PrometheusClient, Path]) -> None:
+    client, cfg = prometheus
+    secret = "rw-T0KEN-42"
+    deployer = FileConfigDeployer(cfg, client)
+    bad = remote_write_entry(group_name="gpu-memory", name_regex="DCGM_((", url=f"http://u:{secret}@127.0.0.1:9/w")
+    with pytest.raises(DeployError, match="promtool rejected") as excinfo:
+        deployer.deploy(add_remote_write(BASE, bad), snapshot=deployer.snapshot(), expect_remote_writes=set())
+    assert secret not in str(excinfo.value)
+    good = remote_write_entry(group_name="gpu-memory", name_regex="x", url=f"http://u:{secret}@127.0.0.1:9/w")
+    deployer.deploy(add_remote_write(BASE, good), snapshot=deployer.snapshot(),
+                    expect_remote_writes={"promshift-gpu-memory"})
+    assert secret.encode() in cfg.read_bytes()  # the entry has to work
+
+
+def promtool_accepts(path: Path) -> tuple[bool, str]:
+    proc = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+    return proc.returncode == 0, (proc.stderr or proc.stdout).strip()
+
+
+@pytest.mark.parametrize("path", sorted(CORPUS.glob("*.yml")), ids=lambda p: p.name)
+def test_corpus_edits_pass_promtool_and_round_trip_through_a_live_server(
+        prometheus: tuple[PrometheusClient, Path], path: Path) -> None:
+    """Each corpus config goes live, gets our entry (checked by the real promtool, loaded, verified),
+    loses it again by name, and ends byte-identical to the original."""
+    client, cfg = prometheus
+    original = path.read_bytes()
+    ok, why = promtool_accepts(path)
+    assert ok, f"corpus file {path.name} must be a config promtool accepts: {why}"
+    cfg.write_bytes(original)
+    client.reload()
+    deployer = FileConfigDeployer(cfg, client)
+    for amp in (False, True):
+        edited = add_remote_write(original, AMP_ENTRY if amp else entry())
+        edited_path = cfg.parent / f"edited-{path.name}"
+        edited_path.write_bytes(edited)
+        ok, why = promtool_accepts(edited_path)
+        assert ok, f"promtool rejects {path.name} with our {'AMP ' if amp else ''}entry: {why}"
+    deployer.deploy(add_remote_write(original, entry()), snapshot=deployer.snapshot(),
+                    expect_remote_writes={"promshift-gpu-memory"})
+    removed = remove_remote_write(cfg.read_bytes(), "promshift-gpu-memory")
+    deployer.deploy(removed, snapshot=deployer.snapshot(), expect_remote_writes=set(),
+                    expect_absent={"promshift-gpu-memory"})
+    assert cfg.read_bytes() == original
