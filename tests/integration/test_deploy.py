@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -277,3 +280,152 @@ def test_corpus_edits_pass_promtool_and_round_trip_through_a_live_server(
     deployer.deploy(removed, snapshot=deployer.snapshot(), expect_remote_writes=set(),
                     expect_absent={"promshift-gpu-memory"})
     assert cfg.read_bytes() == original
+
+
+# -- the migration's snapshot, rollback and records ------------------------------------------------
+
+SECRET = "T0KEN-that-must-never-be-recorded"
+
+
+def self_group() -> Any:
+    """The catalog's gpu-memory group, keeping only ``up`` (the fixture's server scrapes one target)."""
+    from promshift.settings import REPO_ROOT, load_catalog
+
+    group = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get("gpu-memory")
+    return dataclasses.replace(group, metrics=("up",), metric_regex=None)
+
+
+def migration_for(client: PrometheusClient, cfg: Path, tmp_path: Path, *, secret_urls: bool = False) -> Any:
+    from promshift.adapters.audit_store import AuditStore
+    from promshift.adapters.routing import RoutingManifest
+    from promshift.migration import Backends, GroupMigration
+
+    source_url = identity_url = client.base_url
+    remote_write = f"{source_url}/api/v1/write"
+    if secret_urls:  # Prometheus ignores basic auth it was not configured for: the URLs still work
+        source_url = source_url.replace("http://", f"http://promshift:{SECRET}@")
+        identity_url = f"{source_url}?token={SECRET}&X-Amz-Signature={SECRET}"
+        remote_write = f"{source_url}/api/v1/write?X-Amz-Signature={SECRET}&token={SECRET}"
+    source = PrometheusClient(source_url, timeout_s=30)
+    backends = Backends(source=source, target=PrometheusClient(source_url, timeout_s=30),
+                        source_config_path=str(cfg), target_remote_write_url=remote_write,
+                        target_identity={"kind": "prometheus", "url": identity_url})
+    return GroupMigration(self_group(), backends, audit=AuditStore(f"sqlite:///{tmp_path / 'audit.db'}"),
+                          routing=RoutingManifest(tmp_path / "routing.json"), snapshots_dir=tmp_path / "snapshots",
+                          run_id="manual__deploy-test")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def test_snapshot_keeps_the_source_mode_or_stricter_and_restores_bytes_with_crlf(
+        prometheus: tuple[PrometheusClient, Path], tmp_path: Path) -> None:
+    client, cfg = prometheus
+    crlf = (CORPUS / "crlf.yml").read_bytes()
+    cfg.write_bytes(crlf)
+    client.reload()
+    for source_mode, snapshot_mode in ((0o600, 0o600), (0o664, 0o644), (0o755, 0o644)):
+        os.chmod(cfg, source_mode)
+        migration = migration_for(client, cfg, tmp_path)
+        info = migration.snapshot(now())
+        snap_path = Path(info["snapshot_path"])
+        assert snap_path.stat().st_mode & 0o7777 == snapshot_mode, oct(source_mode)
+        assert snap_path.read_bytes() == crlf and info["bytes"] == len(crlf)
+        assert info["sha256"] == sha256_bytes(crlf) and info["mode"] == f"{source_mode:04o}"
+    assert snap_path.parent.stat().st_mode & 0o777 == 0o700
+    migration.deploy_dual_write(info, now())
+    assert b"\r\n  - name: \"promshift-gpu-memory\"\r\n" in cfg.read_bytes()
+    rolled = migration.rollback(info, reason="test", now=now())
+    assert (rolled["method"], rolled["restored_identical"]) == ("snapshot", True)
+    assert cfg.read_bytes() == crlf and cfg.stat().st_mode & 0o7777 == 0o755
+
+
+@pytest.mark.parametrize("loss", ["deleted", "changed"])
+def test_a_lost_snapshot_rolls_back_by_removing_our_entry_verified_and_audited(
+        prometheus: tuple[PrometheusClient, Path], tmp_path: Path, loss: str) -> None:
+    client, cfg = prometheus
+    migration = migration_for(client, cfg, tmp_path)
+    info = migration.snapshot(now())
+    migration.deploy_dual_write(info, now())
+    assert "promshift-gpu-memory" in remote_write_names(client.config_text())
+    if loss == "deleted":
+        Path(info["snapshot_path"]).unlink()
+    else:
+        Path(info["snapshot_path"]).write_bytes(b"global: {}\n")
+    rolled = migration.rollback(info, reason="test: snapshot lost", now=now())
+    assert rolled["performed"] is True and rolled["method"] == "removed_entry"
+    assert rolled["restored_identical"] is True  # the file's hash equals the one recorded at the snapshot
+    assert rolled["remote_write_still_live"] is False
+    assert ("cannot be read" if loss == "deleted" else "does not match its recorded hash") in rolled["snapshot_error"]
+    assert cfg.read_bytes() == BASE
+    assert remote_write_names(client.config_text()) == []
+    last = migration.audit.events(group="gpu-memory")[-1]
+    assert (last.kind, last.stage_to, last.evidence_data["method"]) == ("rolled_back", "rolled_back", "removed_entry")
+
+
+def test_a_corrupt_routing_manifest_does_not_keep_the_rollback_out_of_the_audit(
+        prometheus: tuple[PrometheusClient, Path], tmp_path: Path) -> None:
+    from promshift.adapters.routing import RoutingError
+
+    client, cfg = prometheus
+    migration = migration_for(client, cfg, tmp_path)
+    info = migration.snapshot(now())
+    migration.deploy_dual_write(info, now())
+    (tmp_path / "routing.json").write_text('{"groups": {"gpu-memory": ')
+    with pytest.raises(RoutingError, match="routing manifest .* is unreadable or corrupt"):
+        migration.rollback(info, reason="test: corrupt routing", now=now())
+    assert cfg.read_bytes() == BASE and remote_write_names(client.config_text()) == []
+    last = migration.audit.events(group="gpu-memory")[-1]
+    assert (last.kind, last.stage_to) == ("rolled_back", "rolled_back")
+    assert last.evidence_data["restored_identical"] is True
+    assert "corrupt" in last.evidence_data["routing_error"]
+    assert (tmp_path / "routing.json").read_text() == '{"groups": {"gpu-memory": '  # never overwritten
+
+
+def test_url_credentials_never_reach_a_record(prometheus: tuple[PrometheusClient, Path], tmp_path: Path,
+                                             caplog: pytest.LogCaptureFixture,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Credentials in the source, target and remote_write URLs: the steps work, and the secret is in
+    no audit event, ``audit show --json``, step result (XCom), report.json, log line or error text."""
+    import argparse
+    import json
+    import logging
+
+    from promshift.adapters.audit_cli import _show
+    from promshift.core.audit import AuditEvent
+    from promshift.demo import write_report
+
+    client, cfg = prometheus
+    caplog.set_level(logging.DEBUG)
+    migration = migration_for(client, cfg, tmp_path, secret_urls=True)
+    assert SECRET in migration.backends.source.base_url
+    deadline = time.time() + 20
+    while not migration.backends.source.scalar("count(up)"):
+        assert time.time() < deadline, "the fixture's server has not scraped yet"
+        time.sleep(0.5)
+    results = [migration.validate(now())]
+    info = migration.snapshot(now())
+    results += [info, migration.deploy_dual_write(info, now())]
+    assert SECRET.encode() in cfg.read_bytes()  # the live entry keeps its real URL
+    migration.routing.route("gpu-memory", read_from="target", url="http://127.0.0.1:1", at=now(), run_id="r")
+    results.append(migration.rollback(info, reason=f"failed at http://u:{SECRET}@host/?token={SECRET}", now=now()))
+    assert results[-1]["restored_identical"] is True
+    # A Prometheus error with the same URL.
+    dead = PrometheusClient(f"http://promshift:{SECRET}@127.0.0.1:{free_port()}", timeout_s=2)
+    with pytest.raises(PrometheusError) as excinfo:
+        dead.query("up")
+    assert SECRET not in str(excinfo.value)
+    # Every record.
+    events: list[AuditEvent] = migration.audit.events()
+    assert [e.kind for e in events] == ["validated", "snapshot_taken", "dual_write_deployed", "rolled_back"]
+    assert all(SECRET not in e.evidence for e in events)
+    assert "REDACTED" in events[0].evidence and "REDACTED" in events[2].evidence
+    assert SECRET not in json.dumps(results)
+    _show(argparse.Namespace(url=migration.audit.url, group="gpu-memory", run_id=None, json=True))
+    shown = capsys.readouterr().out
+    assert "dual_write_deployed" in shown and SECRET not in shown
+    write_report(audit=migration.audit, group="gpu-memory", run_id=migration.run_id, out_dir=tmp_path / "report")
+    report = (tmp_path / "report" / "report.json").read_text()
+    assert "rolled_back" in report and SECRET not in report
+    assert caplog.records and all(SECRET not in r.getMessage() for r in caplog.records)
