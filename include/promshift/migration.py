@@ -28,7 +28,7 @@ from promshift.core.cost import CostConfigError, QueryCost, estimate_range_sampl
 from promshift.core.durations import parse_duration
 from promshift.core.gate import GateAction, GateVerdict, decide
 from promshift.core.latency import choose_step
-from promshift.core.redact import redact
+from promshift.core.redact import redact, redact_text
 from promshift.core.render import (
     RenderError,
     add_remote_write,
@@ -138,7 +138,7 @@ class GroupMigration:
         if not Path(self.backends.source_config_path).is_file():
             problems.append(f"source config {self.backends.source_config_path} does not exist")
         if problems:
-            raise RuntimeError("; ".join(problems))
+            raise RuntimeError(redact_text("; ".join(problems)))
         series = self.backends.source.scalar(f"count({self.group.selector()})") or 0
         evidence = {"stage": stage.value, "selector": self.group.selector(), "source_series": int(series),
                     "source": self.backends.source.base_url, "target": self.backends.target.base_url}

@@ -429,3 +429,15 @@ def test_url_credentials_never_reach_a_record(prometheus: tuple[PrometheusClient
     report = (tmp_path / "report" / "report.json").read_text()
     assert "rolled_back" in report and SECRET not in report
     assert caplog.records and all(SECRET not in r.getMessage() for r in caplog.records)
+
+
+def test_validate_names_an_unreachable_credentialed_target_without_its_secret(
+        prometheus: tuple[PrometheusClient, Path], tmp_path: Path) -> None:
+    client, cfg = prometheus
+    migration = migration_for(client, cfg, tmp_path)
+    dead = f"http://promshift:{SECRET}@127.0.0.1:{free_port()}"
+    migration.backends = dataclasses.replace(migration.backends, target=PrometheusClient(dead, timeout_s=2))
+    with pytest.raises(RuntimeError, match="is unreachable or not ready") as excinfo:
+        migration.validate(now())
+    assert SECRET not in str(excinfo.value) and "REDACTED@127.0.0.1" in str(excinfo.value)
+    assert migration.audit.events() == []
