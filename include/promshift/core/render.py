@@ -530,7 +530,8 @@ def _remove(text: str, name: str) -> str:
         raise RenderError(f"source config has {len(matches)} remote_write entries named {name!r}")
     doc = _parse(text)
     found = _remote_write(doc)
-    assert found is not None and found[1].kind == "seq"
+    if found is None or found[1].kind != "seq":
+        raise RenderError(f"{KEY} entry {name!r} does not come from a top-level {KEY} list; remove it by hand")
     key, seq = found
     if len(seq.children) != len(entries):
         raise RenderError(f"{KEY} has {len(seq.children)} items but loads as {len(entries)}")
@@ -579,7 +580,11 @@ def _only(gap: str, sep: str, name: str) -> None:
 
 def _both_loads(text: str) -> list[tuple[str, Any]]:
     """The document as YAML 1.2 (ruamel.yaml) and as YAML 1.1 (PyYAML, close to Prometheus' go-yaml v2)."""
-    loads = [("YAML 1.2", _load12(text))]
+    try:
+        loads = [("YAML 1.2", _load12(text))]
+    except YAMLError as exc:
+        raise RenderError(f"internal error: the edited config does not parse ({_first_line(exc)}); "
+                          "the config was left untouched") from exc
     try:
         loads.append(("YAML 1.1", yaml.load(text, Loader=_YAML11_LOADER)))  # noqa: S506 - a safe loader
     except yaml.YAMLError:
