@@ -86,7 +86,8 @@ class FileConfigDeployer:
         exe = shutil.which(self.promtool)
         if exe is None:
             raise DeployError(f"{self.promtool!r} not found; install Debian's prometheus package")
-        fd, tmp = tempfile.mkstemp(prefix=".promshift-check-", suffix=".yml", dir=self.real_path.parent)
+        # Next to the path Prometheus was given (a symlink's own folder): relative paths resolve from there.
+        fd, tmp = tempfile.mkstemp(prefix=".promshift-check-", suffix=".yml", dir=self.config_path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)

@@ -593,8 +593,19 @@ def _both_loads(text: str) -> list[tuple[str, Any]]:
 
 
 def _without_entries(data: Any) -> tuple[dict[str, Any], list[Any]]:
-    data = dict(data or {})
+    data = dict(_canon(data) or {})
     return data, list(data.pop(KEY, None) or [])
+
+
+def _canon(value: Any) -> Any:
+    """``value`` with NaN made comparable (``.nan`` != ``.nan`` would fail every check)."""
+    if isinstance(value, float) and math.isnan(value):
+        return "<nan>"
+    if isinstance(value, dict):
+        return {_canon(k): _canon(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canon(v) for v in value]
+    return value
 
 
 def _checked_add(text: str, new: str, entry: Mapping[str, Any]) -> str:
@@ -603,7 +614,7 @@ def _checked_add(text: str, new: str, entry: Mapping[str, Any]) -> str:
             continue  # PyYAML cannot read this file; YAML 1.2 still checked it
         old_rest, old_entries = _without_entries(old)
         new_rest, new_entries = _without_entries(now)
-        if new_rest != old_rest or new_entries != old_entries + [dict(entry)]:
+        if new_rest != old_rest or new_entries != old_entries + [_canon(dict(entry))]:
             raise RenderError(f"internal error: adding {entry['name']!r} would change more than its entry "
                               f"({version}); the config was left untouched")
     return new
