@@ -181,9 +181,14 @@ def generated(rng: random.Random) -> bytes:
     if labels:
         glob += [f"{pad}external_labels:", *labels]
     scrape = ["scrape_configs:"]
+    anchored = rng.random() < 0.4
     for j in range(rng.randint(0, 3)):
-        scrape += [f"{spad}- job_name: job{j}", *comment(seq + 2),
-                   f"{spad}  static_configs: [{{targets: ['h{j}:9100']}}]"]
+        if j and anchored and rng.random() < 0.6:  # a merge key and an alias of the first job
+            scrape += [f"{spad}- <<: *job0", f"{spad}  job_name: job{j}", f"{spad}  static_configs: *targets0"]
+            continue
+        head = [f"{spad}- &job0", f"{spad}  job_name: job{j}"] if j == 0 and anchored else [f"{spad}- job_name: job{j}"]
+        targets = "&targets0 " if j == 0 else ""
+        scrape += [*head, *comment(seq + 2), f"{spad}  static_configs: {targets}[{{targets: ['h{j}:9100']}}]"]
     blocks = [glob, scrape]
     form = rng.choice(["missing", "empty", "flow-empty", "flow", "block", "block", "block"])
     if form == "empty":
@@ -237,3 +242,4 @@ def test_the_generator_covers_every_shape() -> None:
     assert sum(b"remote_write" not in c for c in configs) > 10
     assert sum(b"remote_write: [" in c for c in configs) > 20
     assert sum(b"|+" in c for c in configs) > 3
+    assert sum(b"<<: *job0" in c for c in configs) > 10
