@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,7 +18,7 @@ from typing import Any
 import yaml
 
 from promshift.adapters.audit_store import AuditStore
-from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
+from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer, write_atomically
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingError, RoutingManifest
 from promshift.core.catalog import MetricGroup
@@ -159,19 +157,7 @@ class GroupMigration:
         safe_run = re.sub(r"[^A-Za-z0-9_.-]", "_", self.run_id)
         path = self.snapshots_dir / self.group.name / f"{safe_run}.yml"
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        mode = (snap.mode if snap.mode is not None else 0o600) & 0o644
-        fd, tmp = tempfile.mkstemp(prefix=".snapshot-", dir=path.parent)  # created 0600
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(snap.data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_atomically(path, snap.data, mode=(snap.mode if snap.mode is not None else 0o600) & 0o644)
         info = {"snapshot_path": str(path), "config_path": snap.path, "sha256": snap.sha256,
                 "bytes": len(snap.data), "mode": f"{snap.mode:04o}" if snap.mode is not None else None,
                 "uid": snap.uid, "gid": snap.gid}

@@ -33,6 +33,32 @@ class DeployError(RuntimeError):
     """The new config was not deployed; the source runs its previous config."""
 
 
+def write_atomically(path: Path, data: bytes, *, mode: int, uid: int = -1, gid: int = -1) -> None:
+    """Replace ``path`` with ``data`` by write-then-rename: readers see the old bytes or the new, never half.
+
+    The new file gets ``mode`` and, unless -1, ``uid``/``gid`` before it takes the name; a
+    chown we may not do raises DeployError and leaves ``path`` untouched.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=".promshift-", suffix=".tmp", dir=path.parent)  # created 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if (uid, gid) != (-1, -1):
+            try:
+                os.chown(tmp, uid, gid)
+            except PermissionError as exc:
+                raise DeployError(f"cannot keep the owner of {path} (uid {uid}, gid {gid}) as uid {os.getuid()}: "
+                                  f"{exc.strerror}; refusing to write") from None
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 @dataclass(frozen=True)
 class ConfigSnapshot:
     """The exact bytes of a config file at one moment, their hash, and the file's mode and owner.
@@ -105,24 +131,7 @@ class FileConfigDeployer:
         mode = mode if mode is not None else (stat.S_IMODE(st.st_mode) if st else 0o644)
         uid = uid if uid is not None else (st.st_uid if st else -1)
         gid = gid if gid is not None else (st.st_gid if st else -1)
-        # Write then rename, so Prometheus never reads a half-written file.
-        fd, tmp = tempfile.mkstemp(prefix=".promshift-", suffix=".yml", dir=real.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            try:
-                os.chown(tmp, uid, gid)
-            except PermissionError as exc:
-                raise DeployError(f"cannot keep the owner of {real} (uid {uid}, gid {gid}) as uid {os.getuid()}: "
-                                  f"{exc.strerror}; refusing to write") from None
-            os.chmod(tmp, mode)
-            os.replace(tmp, real)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_atomically(real, data, mode=mode, uid=uid, gid=gid)
 
     def deploy(self, new_data: bytes, *, snapshot: ConfigSnapshot, expect_remote_writes: set[str],
                expect_absent: set[str] = frozenset()) -> DeployResult:
