@@ -495,7 +495,7 @@ def _add(text: str, entry: Mapping[str, Any]) -> str:
         else:
             assert seq.close is not None
             at, insert = seq.close, _flow(entry)
-        return _checked_add(text, text[:at] + insert + text[at:], entry)
+        return _checked_add(text, before, text[:at] + insert + text[at:], entry)
     if found is not None:
         key, value = found
         if value.kind == "seq":  # a block list
@@ -517,7 +517,7 @@ def _add(text: str, entry: Mapping[str, Any]) -> str:
         insert = nl + nl.join(lines)  # no final line break: keep it that way
     else:
         insert = "".join(line + nl for line in lines)
-    return _checked_add(text, text[:at] + insert + text[at:], entry)
+    return _checked_add(text, before, text[:at] + insert + text[at:], entry)
 
 
 def _remove(text: str, name: str) -> str:
@@ -546,7 +546,7 @@ def _remove(text: str, name: str) -> str:
             _only(text[item.end:end], ",", name)
         else:
             start, end = item.start, item.end
-        return _checked_remove(text, text[:start] + text[end:], name)
+        return _checked_remove(text, before, text[:start] + text[end:], name)
     dash = _dash_before(doc, item.start, name)
     start, end = _line_start(doc, dash), _next_line(doc, item.end)
     if text[start:dash].strip(" "):
@@ -558,7 +558,7 @@ def _remove(text: str, name: str) -> str:
             start = key_start
     if end == len(text) and _break_before(text, end) == 0:
         start -= _break_before(text, start)  # the entry was the last line: take the break before it
-    return _checked_remove(text, text[:start] + text[end:], name)
+    return _checked_remove(text, before, text[:start] + text[end:], name)
 
 
 def _dash_before(doc: _Doc, start: int, name: str) -> int:
@@ -578,10 +578,11 @@ def _only(gap: str, sep: str, name: str) -> None:
 # -- proof of each edit ---------------------------------------------------------------------------
 
 
-def _both_loads(text: str) -> list[tuple[str, Any]]:
-    """The document as YAML 1.2 (ruamel.yaml) and as YAML 1.1 (PyYAML, close to Prometheus' go-yaml v2)."""
+def _both_loads(text: str, loaded12: Any = None) -> list[tuple[str, Any]]:
+    """The document as YAML 1.2 (ruamel.yaml; ``loaded12`` if already loaded) and as YAML 1.1
+    (PyYAML, close to Prometheus' go-yaml v2)."""
     try:
-        loads = [("YAML 1.2", _load12(text))]
+        loads = [("YAML 1.2", loaded12 if loaded12 is not None else _load12(text))]
     except YAMLError as exc:
         raise RenderError(f"internal error: the edited config does not parse ({_first_line(exc)}); "
                           "the config was left untouched") from exc
@@ -608,8 +609,8 @@ def _canon(value: Any) -> Any:
     return value
 
 
-def _checked_add(text: str, new: str, entry: Mapping[str, Any]) -> str:
-    for (version, old), (_, now) in zip(_both_loads(text), _both_loads(new), strict=True):
+def _checked_add(text: str, before: Any, new: str, entry: Mapping[str, Any]) -> str:
+    for (version, old), (_, now) in zip(_both_loads(text, before), _both_loads(new), strict=True):
         if version == "YAML 1.1" and old is None and text.strip():
             continue  # PyYAML cannot read this file; YAML 1.2 still checked it
         old_rest, old_entries = _without_entries(old)
@@ -620,8 +621,8 @@ def _checked_add(text: str, new: str, entry: Mapping[str, Any]) -> str:
     return new
 
 
-def _checked_remove(text: str, new: str, name: str) -> str:
-    for (version, old), (_, now) in zip(_both_loads(text), _both_loads(new), strict=True):
+def _checked_remove(text: str, before: Any, new: str, name: str) -> str:
+    for (version, old), (_, now) in zip(_both_loads(text, before), _both_loads(new), strict=True):
         if version == "YAML 1.1" and old is None and text.strip():
             continue
         old_rest, old_entries = _without_entries(old)
