@@ -40,6 +40,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.events import (
     AliasEvent,
+    DocumentEndEvent,
     DocumentStartEvent,
     Event,
     MappingEndEvent,
@@ -209,7 +210,7 @@ def _parse(text: str) -> _Doc:
             done = stack.pop()
             if done.flow:
                 done.close, done.end = ev.start_mark.index, ev.end_mark.index
-        elif type(ev).__name__ == "DocumentEndEvent" and getattr(ev, "explicit", False):
+        elif isinstance(ev, DocumentEndEvent) and ev.explicit:
             end = ev.start_mark.index
     if root is not None:
         _fix_ends(root, text)
