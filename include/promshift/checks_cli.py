@@ -122,7 +122,8 @@ def _client(role: str, url: str) -> Any:
 
 def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[int, dict[str, Any], str]:
     """Run ``check parity|latency``: (exit code, JSON result, the human-readable report)."""
-    from promshift.adapters.prometheus import PrometheusError, display_url
+    from promshift.adapters.prometheus import PrometheusError
+    from promshift.core.redact import redact_text
     from promshift.core.report import latency_table, parity_log_table
 
     now = time.time() if now is None else now
@@ -136,7 +137,7 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
     source, target = _client("source", args.source), _client("target", args.target)
     head = [f"{args.kind} check of group {group.name} (catalog {catalog_path}"
             + (f", profile {catalog.profile}" if catalog.profile else "") + ")",
-            f"source {display_url(source.base_url)}", f"target {display_url(target.base_url)}",
+            f"source {redact_text(source.base_url)}", f"target {redact_text(target.base_url)}",
             f"dual-write since {_iso(since)} ({since_how}); now {_iso(now)}"]
     try:
         if args.kind == "parity":
@@ -164,8 +165,8 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
         result = {"verdict": Verdict.ERROR.value, "error": str(exc)}
         body, reason = f"the check stopped: {exc}", str(exc)
     verdict = Verdict(result["verdict"])
-    result = {"check": args.kind, "group": group.name, "source": display_url(source.base_url),
-              "target": display_url(target.base_url), "dual_write_since": since, "now": now, **result}
+    result = {"check": args.kind, "group": group.name, "source": redact_text(source.base_url),
+              "target": redact_text(target.base_url), "dual_write_since": since, "now": now, **result}
     text = "\n".join([*head, "", body, "", f"verdict: {verdict.value}" + (f" ({reason})" if reason else "")])
     return EXIT_BY_VERDICT[verdict], result, text
 

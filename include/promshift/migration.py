@@ -18,9 +18,9 @@ from typing import Any
 import yaml
 
 from promshift.adapters.audit_store import AuditStore
-from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
+from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer, write_atomically
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
-from promshift.adapters.routing import RoutingManifest
+from promshift.adapters.routing import RoutingError, RoutingManifest
 from promshift.core.audit import AuditEvent
 from promshift.core.catalog import MetricGroup
 from promshift.core.cost import CostConfigError, QueryCost, estimate_range_samples, project_monthly_cost
@@ -28,12 +28,15 @@ from promshift.core.durations import parse_duration
 from promshift.core.gate import GateAction, GateVerdict, decide
 from promshift.core.latency import choose_step
 from promshift.core.promql import widest_range_s
+from promshift.core.redact import redact, redact_text
 from promshift.core.render import (
+    RenderError,
     add_remote_write,
     remote_write_entry,
     remote_write_name,
     remote_write_names,
-    sha256_text,
+    remove_remote_write,
+    sha256_bytes,
 )
 from promshift.core.stages import STARTABLE, TRANSITIONS, Stage, transition
 from promshift.core.verdicts import Verdict
@@ -44,6 +47,10 @@ log = logging.getLogger(__name__)
 
 class GroupNotStartable(RuntimeError):
     """The group is already past the point where a new run can start (cut over, say)."""
+
+
+class SnapshotError(RuntimeError):
+    """A recorded snapshot file is missing, unreadable or no longer matches its hash."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,7 @@ class GroupMigration:
 
         Returns the appended event: its ``seq`` and ``hash`` are the chain's new (anchored) head.
         """
+        evidence = redact(evidence)  # no URL credentials in the audit log, ever
         current = self.stage() if to else None
         if to is not None and current is not None:
             transition(self.group.name, current, to)
@@ -133,7 +141,7 @@ class GroupMigration:
         if not Path(self.backends.source_config_path).is_file():
             problems.append(f"source config {self.backends.source_config_path} does not exist")
         if problems:
-            raise RuntimeError("; ".join(problems))
+            raise RuntimeError(redact_text("; ".join(problems)))
         series = self.backends.source.scalar(f"count({self.group.selector()})") or 0
         evidence = {"stage": stage.value, "selector": self.group.selector(), "source_series": int(series),
                     "source": self.backends.source.base_url, "target": self.backends.target.base_url}
@@ -142,33 +150,46 @@ class GroupMigration:
         if series == 0:
             raise RuntimeError(f"the source has no series for {self.group.selector()}; nothing to migrate")
         self.record("validated", now, evidence)
-        return evidence
+        return redact(evidence)
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
-        """Keep the source config's exact bytes so any later failure can restore them."""
+        """Keep the source config's exact bytes so any later failure can restore them.
+
+        The snapshot file gets the source's mode or stricter (never wider than 0644, and never
+        executable): it holds the same credentials as the config.
+        """
         snap = self.deployer.snapshot()
         safe_run = re.sub(r"[^A-Za-z0-9_.-]", "_", self.run_id)
         path = self.snapshots_dir / self.group.name / f"{safe_run}.yml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(snap.text)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomically(path, snap.data, mode=(snap.mode if snap.mode is not None else 0o600) & 0o644)
         info = {"snapshot_path": str(path), "config_path": snap.path, "sha256": snap.sha256,
-                "bytes": len(snap.text.encode())}
+                "bytes": len(snap.data), "mode": f"{snap.mode:04o}" if snap.mode is not None else None,
+                "uid": snap.uid, "gid": snap.gid}
         self.record("snapshot_taken", now, info)
         return info
 
     def _load_snapshot(self, info: Mapping[str, Any]) -> ConfigSnapshot:
-        text = Path(info["snapshot_path"]).read_text()
-        if sha256_text(text) != info["sha256"]:
-            raise RuntimeError(f"snapshot {info['snapshot_path']} does not match its recorded hash")
-        return ConfigSnapshot(path=info["config_path"], text=text, sha256=info["sha256"])
+        """The snapshot's bytes, checked against the hash recorded when it was taken."""
+        path = Path(info["snapshot_path"])
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise SnapshotError(f"snapshot {path} cannot be read: {exc.strerror or exc}") from None
+        if sha256_bytes(data) != info["sha256"]:
+            raise SnapshotError(f"snapshot {path} does not match its recorded hash "
+                                f"({sha256_bytes(data)[:12]} != {str(info['sha256'])[:12]})")
+        mode = info.get("mode")
+        return ConfigSnapshot.of(info["config_path"], data, mode=int(mode, 8) if mode else None,
+                                 uid=info.get("uid"), gid=info.get("gid"))
 
     def deploy_dual_write(self, snapshot_info: Mapping[str, Any], now: datetime) -> dict[str, Any]:
         """Add the group's own remote_write entry with a keep-filter; verify it is live."""
         snap = self._load_snapshot(snapshot_info)
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
                                    url=self.backends.target_remote_write_url, sigv4=self.backends.target_sigv4)
-        new_text = add_remote_write(snap.text, entry)
-        result = self.deployer.deploy(new_text, snapshot=snap, expect_remote_writes={entry["name"]})
+        new_data = add_remote_write(snap.data, entry)
+        result = self.deployer.deploy(new_data, snapshot=snap, expect_remote_writes={entry["name"]})
         evidence = {"remote_write": entry["name"], "keep_regex": self.group.name_regex(),
                     "url": self.backends.target_remote_write_url, "config_before_sha256": result.before_sha256,
                     "config_after_sha256": result.after_sha256,
@@ -177,7 +198,7 @@ class GroupMigration:
         if "sigv4" in entry:
             evidence["sigv4"] = entry["sigv4"]
         self.record("dual_write_deployed", now, evidence, to=Stage.DUAL_WRITING)
-        return evidence
+        return redact(evidence)
 
     def start_warmup(self, now: datetime) -> None:
         self.record("warmup_started", now, {"policy": _policy_dict(self.group.warmup)}, to=Stage.WARMING)
@@ -272,14 +293,14 @@ class GroupMigration:
                                    at=now, run_id=self.run_id)
         evidence = {"routing": route, "manifest": str(self.routing.path)}
         self.record("cut_over", now, evidence, to=Stage.CUT_OVER)
-        return evidence
+        return redact(evidence)
 
     def complete(self, now: datetime) -> dict[str, Any]:
         """Close a successful run: the group reads from the target and keeps dual-writing."""
         evidence = {"routing": self.routing.load()["groups"].get(self.group.name),
                     "next": "bake, then decommission the group on the source (a later run)"}
         self.record("run_complete", now, evidence)
-        return evidence
+        return redact(evidence)
 
     def failure_reason(self) -> str:
         """Why this run is rolling back, in plain words, from the run's own audit events."""
@@ -298,27 +319,68 @@ class GroupMigration:
         return "a step failed before the gate; see that task's log"
 
     def rollback(self, snapshot_info: Mapping[str, Any] | None, *, reason: str, now: datetime) -> dict[str, Any]:
-        """Restore the snapshot byte for byte, reload, route reads back to the source."""
+        """Restore the snapshot byte for byte, reload, verify, route reads back to the source.
+
+        When the snapshot file is lost or no longer matches its hash, the group's own entry is
+        removed by name instead (``method: removed_entry``): that edit is the exact inverse of
+        the deploy, so the file is identical when its hash equals the one recorded at the
+        snapshot. Either way the live config is checked and the audit says what was done; a
+        failure is recorded as ``rollback_failed`` before it is raised, and a corrupt routing
+        manifest is recorded with the rollback, then raised.
+        """
         if not snapshot_info:
             evidence = {"performed": False, "restored_identical": None, "reason": reason,
                         "detail": "no snapshot was taken, so nothing was deployed"}
             self.record("rollback_not_needed", now, evidence)
             return evidence
-        snap = self._load_snapshot(snapshot_info)
-        identical = self.deployer.restore(snap)
-        live = self.backends.source.config_text()
-        still_live = remote_write_name(self.group.name) in remote_write_names(live)
-        if self.routing.read_from(self.group.name) != "source":
-            self.routing.route(self.group.name, read_from="source", url=self.backends.source.base_url,
-                               at=now, run_id=self.run_id)
-        evidence = {"performed": True, "restored_identical": identical and not still_live,
-                    "config_sha256": snap.sha256, "reason": reason,
-                    "remote_write_still_live": still_live}
+        name = remote_write_name(self.group.name)
+        evidence: dict[str, Any] = {"performed": True, "method": "snapshot", "reason": reason,
+                                    "config_sha256": snapshot_info["sha256"]}
+        try:
+            try:
+                snap: ConfigSnapshot | None = self._load_snapshot(snapshot_info)
+            except SnapshotError as exc:
+                log.warning("%s; removing remote_write %s by name instead", exc, name)
+                snap = None
+                evidence.update(method="removed_entry", snapshot_error=str(exc))
+            identical = self.deployer.restore(snap) if snap else self._remove_own_entry(snapshot_info)
+        except Exception as exc:
+            self.record("rollback_failed", now, {**evidence, "performed": False, "restored_identical": False,
+                                                 "error": f"{type(exc).__name__}: {exc}"})
+            raise
+        try:
+            still_live: bool | None = name in remote_write_names(self.backends.source.config_text())
+        except (PrometheusError, RenderError, KeyError, TypeError, ValueError) as exc:
+            still_live = None
+            evidence["live_config_error"] = f"{type(exc).__name__}: {exc}"
+        routing_error = None
+        try:
+            if self.routing.read_from(self.group.name) != "source":
+                self.routing.route(self.group.name, read_from="source", url=self.backends.source.base_url,
+                                   at=now, run_id=self.run_id)
+        except RoutingError as exc:
+            routing_error = exc
+            evidence["routing_error"] = str(exc)
+        evidence.update(restored_identical=identical and still_live is False, remote_write_still_live=still_live)
         stage = self.stage()
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[stage] else None
         self.record("rolled_back", now, evidence, to=to)
-        return evidence
+        if routing_error is not None:
+            raise routing_error
+        return redact(evidence)
 
+    def _remove_own_entry(self, snapshot_info: Mapping[str, Any]) -> bool:
+        """Remove the group's remote_write entry by name (deployed and verified); True when the
+        file's bytes then hash to the snapshot's recorded sha256."""
+        name = remote_write_name(self.group.name)
+        deployer = self.deployer
+        current = deployer.snapshot()
+        new_data = remove_remote_write(current.data, name)
+        if new_data != current.data:
+            deployer.deploy(new_data, snapshot=current, expect_remote_writes=set(), expect_absent={name})
+        else:
+            deployer.client.reload()  # the file may be right and the server not: load it
+        return sha256_bytes(deployer.real_path.read_bytes()) == snapshot_info["sha256"]
 
 def scrape_interval_s(config_text: str) -> float:
     """The global scrape interval of a loaded Prometheus config (Prometheus' default is 1m)."""

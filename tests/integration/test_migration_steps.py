@@ -23,7 +23,7 @@ from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingManifest
 from promshift.core.catalog import MetricGroup
-from promshift.core.render import remote_write_name, remote_write_names, sha256_text
+from promshift.core.render import remote_write_name, remote_write_names, sha256_bytes
 from promshift.core.stages import Stage
 from promshift.core.warmup import WarmupObservation
 from promshift.migration import Backends, GroupMigration, observe_warmup
@@ -76,9 +76,7 @@ def source_config_guard(local_stack: LocalStack) -> Iterator[bytes]:
     original = path.read_bytes()
     yield original
     if path.read_bytes() != original:
-        text = original.decode()
-        FileConfigDeployer(path, PrometheusClient(local_stack.source_url)).restore(
-            ConfigSnapshot(path=str(path), text=text, sha256=sha256_text(text)))
+        FileConfigDeployer(path, PrometheusClient(local_stack.source_url)).restore(ConfigSnapshot.of(path, original))
 
 
 @pytest.fixture
@@ -157,7 +155,7 @@ def test_dual_write_warms_up_passes_parity_and_rolls_back_byte_for_byte(
     snap = migration.snapshot(now())
     snapshot_bytes = Path(snap["snapshot_path"]).read_bytes()
     assert snapshot_bytes == source_config_guard
-    assert snap["sha256"] == sha256_text(source_config_guard.decode())
+    assert snap["sha256"] == sha256_bytes(source_config_guard)
 
     deployed = migration.deploy_dual_write(snap, now())
     live = remote_write_names(backends.source.config_text())
@@ -195,6 +193,7 @@ def test_dual_write_warms_up_passes_parity_and_rolls_back_byte_for_byte(
 
     rolled = migration.rollback(snap, reason="test: end of the round trip", now=now())
     assert rolled["performed"] is True
+    assert rolled["method"] == "snapshot"
     assert rolled["restored_identical"] is True
     assert rolled["remote_write_still_live"] is False
     assert local_stack.source_config_path.read_bytes() == snapshot_bytes == source_config_guard

@@ -81,3 +81,44 @@ def test_an_amp_entry_signs_with_sigv4_and_uses_amps_queue_settings() -> None:
     assert "sigv4" not in plain and "queue_config" not in plain  # a self-hosted target is unchanged
     with pytest.raises(RenderError, match="sigv4 remote_write needs a region"):
         remote_write_entry(group_name="g", name_regex="a", url="u", sigv4={"region": ""})
+
+
+def test_bytes_in_bytes_out_and_str_in_str_out() -> None:
+    crlf = BASE.replace("\n", "\r\n").encode()
+    edited = add_remote_write(crlf, entry())
+    assert isinstance(edited, bytes) and edited.startswith(crlf)
+    assert b"\n" not in edited.replace(b"\r\n", b"")
+    assert remove_remote_write(edited, "promshift-gpu-utilization") == crlf
+    assert isinstance(add_remote_write(BASE, entry()), str)
+
+
+def test_config_without_remote_write_round_trips_byte_for_byte() -> None:
+    for base in ("global:\n  scrape_interval: 5s\n", "global:\n  scrape_interval: 5s", "", "# only a comment\n"):
+        out = add_remote_write(base, entry())
+        assert "remote_write:  # added by promshift" in out
+        assert remote_write_names(out) == ["promshift-gpu-utilization"]
+        assert remove_remote_write(out, "promshift-gpu-utilization") == base
+
+
+def test_the_added_key_stays_while_another_entry_lives_under_it() -> None:
+    base = "global:\n  scrape_interval: 5s\n"
+    ours = add_remote_write(base, entry())
+    theirs = ours + "  - url: http://other/w\n    name: other\n"
+    kept = remove_remote_write(theirs, "promshift-gpu-utilization")
+    assert kept == base + "remote_write:  # added by promshift\n  - url: http://other/w\n    name: other\n"
+    assert remote_write_names(kept) == ["other"]
+
+
+def test_an_identical_entry_written_differently_is_still_a_no_op() -> None:
+    e = entry()
+    hand_written = BASE + (f"- name: {e['name']}\n  url: {e['url']}\n  write_relabel_configs:\n"
+                           f"  - source_labels: [__name__]\n    regex: '{e['write_relabel_configs'][0]['regex']}'\n"
+                           "    action: keep\n")
+    assert add_remote_write(hand_written, e) == hand_written
+
+
+def test_remove_is_a_no_op_without_the_entry_and_refuses_duplicates() -> None:
+    assert remove_remote_write(BASE, "promshift-gpu-utilization") == BASE
+    dup = BASE + "- name: dup\n  url: http://a\n- name: dup\n  url: http://b\n"
+    with pytest.raises(RenderError, match="2 remote_write entries named 'dup'"):
+        remove_remote_write(dup, "dup")

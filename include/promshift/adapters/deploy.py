@@ -1,7 +1,14 @@
 """Deploy a Prometheus config as a local file: check with promtool, write, reload, verify.
 
-Any failure after the file is touched restores the snapshot byte for byte and reloads
-it, so a failed deploy leaves the source exactly as it was.
+The deployer respects the file it owns:
+
+- it works on bytes (CRLF, a BOM or a missing final line break survive) and compares sha256
+  over bytes;
+- a symlinked config keeps its link: the write goes through to the link's target;
+- the owner, group and mode of the file are kept (the write is refused before it happens
+  when they cannot be);
+- any failure after the write, of any exception type, restores the snapshot byte for byte
+  and reloads it, so a failed deploy leaves the source exactly as it was.
 """
 
 from __future__ import annotations
@@ -9,13 +16,15 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
-from promshift.core.render import remote_write_names, sha256_text
+from promshift.core.redact import redact_text
+from promshift.core.render import remote_write_names, sha256_bytes
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +33,51 @@ class DeployError(RuntimeError):
     """The new config was not deployed; the source runs its previous config."""
 
 
+def write_atomically(path: Path, data: bytes, *, mode: int, uid: int = -1, gid: int = -1) -> None:
+    """Replace ``path`` with ``data`` by write-then-rename: readers see the old bytes or the new, never half.
+
+    The new file gets ``mode`` and, unless -1, ``uid``/``gid`` before it takes the name; a
+    chown we may not do raises DeployError and leaves ``path`` untouched.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=".promshift-", suffix=".tmp", dir=path.parent)  # created 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if (uid, gid) != (-1, -1):
+            try:
+                os.chown(tmp, uid, gid)
+            except PermissionError as exc:
+                raise DeployError(f"cannot keep the owner of {path} (uid {uid}, gid {gid}) as uid {os.getuid()}: "
+                                  f"{exc.strerror}; refusing to write") from None
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 @dataclass(frozen=True)
 class ConfigSnapshot:
-    """The exact bytes of a config file at one moment, and their hash."""
+    """The exact bytes of a config file at one moment, their hash, and the file's mode and owner.
+
+    ``mode``/``uid``/``gid`` are None when unknown (a snapshot recorded by an older version):
+    a restore then keeps whatever the file has.
+    """
 
     path: str
-    text: str
+    data: bytes
     sha256: str
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str], data: bytes, *, mode: int | None = None, uid: int | None = None,
+           gid: int | None = None) -> ConfigSnapshot:
+        return cls(path=str(path), data=data, sha256=sha256_bytes(data), mode=mode, uid=uid, gid=gid)
 
 
 @dataclass(frozen=True)
@@ -49,50 +96,58 @@ class FileConfigDeployer:
         self.client = client
         self.promtool = promtool
 
-    def snapshot(self) -> ConfigSnapshot:
-        text = self.config_path.read_text()
-        return ConfigSnapshot(path=str(self.config_path), text=text, sha256=sha256_text(text))
+    @property
+    def real_path(self) -> Path:
+        """The file the bytes live in: the link's target when ``config_path`` is a symlink."""
+        return Path(os.path.realpath(self.config_path))
 
-    def check(self, text: str) -> None:
-        """Run ``promtool check config`` on ``text`` next to the real file (relative paths resolve)."""
+    def snapshot(self) -> ConfigSnapshot:
+        real = self.real_path
+        data = real.read_bytes()
+        st = real.stat()
+        return ConfigSnapshot.of(self.config_path, data, mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid)
+
+    def check(self, data: bytes) -> None:
+        """Run ``promtool check config`` on ``data`` next to the real file (relative paths resolve)."""
         exe = shutil.which(self.promtool)
         if exe is None:
             raise DeployError(f"{self.promtool!r} not found; install Debian's prometheus package")
+        # Next to the path Prometheus was given (a symlink's own folder): relative paths resolve from there.
         fd, tmp = tempfile.mkstemp(prefix=".promshift-check-", suffix=".yml", dir=self.config_path.parent)
         try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
             proc = subprocess.run([exe, "check", "config", tmp], capture_output=True, text=True, timeout=60)
         finally:
             os.unlink(tmp)
         if proc.returncode != 0:
             detail = (proc.stderr or proc.stdout).strip().replace(tmp, str(self.config_path))
-            raise DeployError(f"promtool rejected the new config for {self.config_path}: {detail}")
+            raise DeployError(redact_text(f"promtool rejected the new config for {self.config_path}: {detail}"))
 
-    def _write(self, text: str) -> None:
-        # Write then rename, so Prometheus never reads a half-written file.
-        fd, tmp = tempfile.mkstemp(prefix=".promshift-", suffix=".yml", dir=self.config_path.parent)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        mode = self.config_path.stat().st_mode & 0o777 if self.config_path.exists() else 0o644
-        os.chmod(tmp, mode)
-        os.replace(tmp, self.config_path)
+    def _write(self, data: bytes, *, mode: int | None = None, uid: int | None = None, gid: int | None = None) -> None:
+        """Replace the real file's bytes atomically, keeping its mode, owner and group (or the given ones)."""
+        real = self.real_path
+        st = real.stat() if real.exists() else None
+        mode = mode if mode is not None else (stat.S_IMODE(st.st_mode) if st else 0o644)
+        uid = uid if uid is not None else (st.st_uid if st else -1)
+        gid = gid if gid is not None else (st.st_gid if st else -1)
+        write_atomically(real, data, mode=mode, uid=uid, gid=gid)
 
-    def deploy(self, new_text: str, *, snapshot: ConfigSnapshot, expect_remote_writes: set[str],
+    def deploy(self, new_data: bytes, *, snapshot: ConfigSnapshot, expect_remote_writes: set[str],
                expect_absent: set[str] = frozenset()) -> DeployResult:
-        """Check, write, reload and verify ``new_text``; on any failure restore ``snapshot``.
+        """Check, write, reload and verify ``new_data``; on any failure restore ``snapshot``.
 
         Verified means ``/api/v1/status/config`` lists every name in ``expect_remote_writes``
         and none in ``expect_absent``: a reload that returned 200 is not proof on its own.
         """
-        current = self.config_path.read_text()
-        if sha256_text(current) != snapshot.sha256:
+        current = self.real_path.read_bytes()
+        if sha256_bytes(current) != snapshot.sha256:
             raise DeployError(f"{self.config_path} changed since the snapshot was taken "
-                              f"(sha256 {sha256_text(current)[:12]} != {snapshot.sha256[:12]}); refusing to deploy")
-        self.check(new_text)
-        self._write(new_text)
+                              f"(sha256 {sha256_bytes(current)[:12]} != {snapshot.sha256[:12]}); refusing to deploy")
+        self.check(new_data)
+        self._write(new_data)
         try:
-            log.info("reloading %s", self.client.base_url)
+            log.info("reloading %s", redact_text(self.client.base_url))
             self.client.reload()
             live = remote_write_names(self.client.config_text())
             missing = sorted(expect_remote_writes - set(live))
@@ -100,21 +155,41 @@ class FileConfigDeployer:
             if missing or extra:
                 raise DeployError(f"loaded config does not match: missing remote_write {missing}, "
                                   f"still present {extra}")
-        except (PrometheusError, DeployError) as exc:
-            log.error("deploy failed (%s); restoring snapshot %s", exc, snapshot.sha256[:12])
-            self.restore(snapshot)
-            if isinstance(exc, DeployError):
+        except BaseException as exc:
+            # Whatever went wrong (an HTML page for status/config, a KeyError, a kill), the old bytes go back.
+            reason = redact_text(f"{type(exc).__name__}: {exc}")
+            log.error("deploy failed (%s); restoring snapshot %s", reason, snapshot.sha256[:12])
+            try:
+                self.restore(snapshot)
+            except Exception as restore_exc:
+                raise DeployError(f"deploy to {redact_text(self.client.base_url)} failed ({reason}) and restoring "
+                                  f"the snapshot failed too: {redact_text(str(restore_exc))}") from None
+            if isinstance(exc, DeployError) or not isinstance(exc, Exception):
                 raise
-            raise DeployError(f"deploy to {self.client.base_url} failed and was reverted: {exc}") from exc
-        return DeployResult(before_sha256=snapshot.sha256, after_sha256=sha256_text(new_text),
+            where = redact_text(self.client.base_url)
+            raise DeployError(f"deploy to {where} failed and was reverted: {reason}") from exc
+        return DeployResult(before_sha256=snapshot.sha256, after_sha256=sha256_bytes(new_data),
                             live_remote_writes=tuple(live))
 
     def restore(self, snapshot: ConfigSnapshot) -> bool:
-        """Write the snapshot's exact bytes back and reload; True when the file is identical."""
-        self._write(snapshot.text)
+        """Write the snapshot's exact bytes (mode and owner too) back and reload.
+
+        True when the file is identical (see ``matches``). A symlinked config stays a symlink:
+        the bytes go to its target.
+        """
+        self._write(snapshot.data, mode=snapshot.mode, uid=snapshot.uid, gid=snapshot.gid)
         try:
             self.client.reload()
         except PrometheusError as exc:
             log.error("reload after restore failed: %s", exc)
             raise DeployError(f"restored {self.config_path} but reload failed: {exc}") from exc
-        return sha256_text(self.config_path.read_text()) == snapshot.sha256
+        return self.matches(snapshot)
+
+    def matches(self, snapshot: ConfigSnapshot) -> bool:
+        """Whether the file now holds the snapshot's bytes, with its mode and owner where known."""
+        real = self.real_path
+        if not real.exists() or sha256_bytes(real.read_bytes()) != snapshot.sha256:
+            return False
+        st = real.stat()
+        return all(want is None or want == have for want, have in
+                   ((snapshot.mode, stat.S_IMODE(st.st_mode)), (snapshot.uid, st.st_uid), (snapshot.gid, st.st_gid)))

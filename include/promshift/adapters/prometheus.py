@@ -7,7 +7,6 @@ import logging
 import math
 import threading
 import time
-import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +14,7 @@ import requests
 import urllib3.exceptions
 
 from promshift.core.errors import ErrorKind
+from promshift.core.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -24,25 +24,16 @@ DEFAULT_MAX_ANSWER_BYTES = 64 * 2**20
 _CHUNK = 256 * 2**10
 
 
-def display_url(url: str) -> str:
-    """``url`` without a password (``https://user:***@host``), for messages and logs."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
 class PrometheusError(RuntimeError):
     """A query or admin call failed: unreachable, timed out, HTTP error, API error body, or an
     answer that is malformed or too large. ``kind`` says which; ``error_type`` is the server's
-    ``errorType`` when it sent one, else the kind's value."""
+    ``errorType`` when it sent one, else the kind's value. Its text and ``base_url`` have URL
+    credentials redacted: errors end up in logs and records."""
 
     def __init__(self, base_url: str, message: str, *, http_status: int | None = None,
                  error_type: str | None = None, kind: ErrorKind = ErrorKind.HTTP) -> None:
-        super().__init__(f"{display_url(base_url)}: {message}")
-        self.base_url = base_url
+        super().__init__(redact_text(f"{base_url}: {message}"))
+        self.base_url = redact_text(base_url)
         self.http_status = http_status
         self.kind = kind
         self.error_type = error_type or (kind.value if kind != ErrorKind.HTTP else None)

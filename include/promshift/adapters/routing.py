@@ -16,6 +16,10 @@ def default_routing_path() -> Path:
     return state_home() / "routing.json"
 
 
+class RoutingError(RuntimeError):
+    """The routing manifest cannot be read (not JSON, or not ``{"groups": {...}}``); it is never overwritten."""
+
+
 class RoutingManifest:
     """A JSON file mapping group -> {read_from, url, since, run_id}; written atomically."""
 
@@ -25,7 +29,14 @@ class RoutingManifest:
     def load(self) -> dict[str, Any]:
         if not self.path.exists():
             return {"groups": {}}
-        return json.loads(self.path.read_text())
+        try:
+            data = json.loads(self.path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise RoutingError(f"routing manifest {self.path} is unreadable or corrupt: {exc}") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("groups"), dict) or not all(
+                isinstance(v, dict) for v in data["groups"].values()):
+            raise RoutingError(f'routing manifest {self.path} is not {{"groups": {{group: route}}}}')
+        return data
 
     def route(self, group: str, *, read_from: str, url: str, at: datetime, run_id: str) -> dict[str, Any]:
         data = self.load()
