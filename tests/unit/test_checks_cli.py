@@ -123,9 +123,11 @@ def test_render_prints_the_deploys_diff_and_leaves_the_config_byte_for_byte(
     assert code == 0 and err == ""
     assert out.startswith(f"--- {config} (now)\n+++ {config} (after dual-writing gpu-memory)\n")
     added = [line[1:] for line in out.splitlines() if line.startswith("+") and not line.startswith("+++")]
-    assert f"- name: {remote_write_name('gpu-memory')}" in added
-    assert f"  url: {url}" in added
-    assert any("regex: DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_RESERVED" in line for line in added)
+    # The editor double-quotes every string it writes (YAML 1.1 and 1.2 then read the same value).
+    name = remote_write_name("gpu-memory")
+    assert f'- name: "{name}"' in added
+    assert f'  url: "{url}"' in added
+    assert any('regex: "DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_RESERVED"' in line for line in added)
     assert (config.read_bytes(), config.stat().st_mtime_ns) == before
     assert list(tmp_path.iterdir()) == [config]  # no temp or backup file either
 

@@ -39,14 +39,16 @@ def test_rules_copy_then_drop_only_for_matching_hosts() -> None:
     assert other[0]["source_labels"] == ["Hostname", "UUID"] and other[1]["target_label"] == "UUID"
 
 
-def test_replace_remote_write_swaps_one_entry_in_place() -> None:
+def test_replace_remote_write_swaps_one_entry_and_keeps_the_others() -> None:
     base = remote_write_entry(group_name="gpu-memory", name_regex="A|B", url="http://127.0.0.1:1/w")
     text = yaml.safe_dump({"remote_write": [{"name": "other", "url": "http://x/w"}, base,
                                             {"name": "last", "url": "http://y/w"}]})
     edited = dict(base, write_relabel_configs=[*base["write_relabel_configs"], *LabelRename.parse(
         "Hostname=hostname", ".*").rules("Hostname")])
     out = yaml.safe_load(replace_remote_write(text, edited))
-    assert remote_write_names(replace_remote_write(text, edited)) == ["other", "promshift-gpu-memory", "last"]
-    assert out["remote_write"][1] == edited
+    # Remove + add on the byte-preserving editor: the replaced entry moves to the end of the list.
+    assert remote_write_names(replace_remote_write(text, edited)) == ["other", "last", "promshift-gpu-memory"]
+    assert out["remote_write"][2] == edited
+    assert out["remote_write"][:2] == [{"name": "other", "url": "http://x/w"}, {"name": "last", "url": "http://y/w"}]
     with pytest.raises(RenderError, match="no remote_write entry 'promshift-gpu-clocks' to replace"):
         replace_remote_write(text, dict(base, name="promshift-gpu-clocks"))
