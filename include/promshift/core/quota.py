@@ -14,6 +14,7 @@ so the workspace keeps headroom for growth and for the churn of a rollout.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +24,10 @@ DEFAULT_MAX_SHARE = 0.8
 class QuotaExceeded(RuntimeError):
     """Moving the group would push the workspace past the allowed share of a quota; nothing was deployed."""
 
-    def __init__(self, assessment: QuotaAssessment) -> None:
+    def __init__(self, assessment: QuotaAssessment, evidence: Mapping[str, Any] | None = None) -> None:
         super().__init__(assessment.reason)
         self.assessment = assessment
+        self.evidence = {**assessment.to_dict(), **(evidence or {})}
 
 
 @dataclass(frozen=True)
