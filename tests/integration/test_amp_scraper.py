@@ -14,12 +14,14 @@ from typing import Any
 import boto3
 import pytest
 
+from promshift.adapters.amp_quota import QuotaPreflight
 from promshift.adapters.amp_scraper import ScraperDeployer, scraper_source_from_extra, wait_for
 from promshift.adapters.parity_check import ParityCheck
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.sigv4 import AwsSigV4Auth
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import DeployError, DeployState
+from promshift.core.quota import QuotaExceeded
 from promshift.core.scraper_config import render_scraper_config
 from promshift.core.verdicts import Verdict
 from promshift.settings import default_catalog_path, load_catalog
@@ -220,3 +222,40 @@ def test_the_control_plane_refuses_what_the_model_or_aws_would(stack: LocalStack
         amp.describe_scraper(scraperId="s-missing")
     default = amp.get_default_scraper_configuration()["configuration"].decode()
     assert "kubernetes_sd_configs" in default and "scrape_interval: 30s" in default
+
+
+def aws_client(stack: LocalStack, service: str) -> Any:
+    pair = stack.aws_credentials()
+    return boto3.client(service, region_name=stack.config.region, endpoint_url=stack.aws_url,
+                        aws_access_key_id=pair.access_key, aws_secret_access_key=pair.secret_key)
+
+
+def test_a_quota_crossing_is_refused_and_nothing_is_deployed(stack: LocalStack) -> None:
+    g = group("gpu-utilization")
+    source = PrometheusClient(stack.source_url, timeout_s=30)
+    group_series = int(source.scalar(f"count({g.selector()})") or 0)
+    assert group_series == 2 * 8 * 4
+    workspace_arn = stack.amp_client().describe_workspace(workspaceId=stack.workspace_id)["workspace"]["arn"]
+    quotas, cloudwatch = aws_client(stack, "service-quotas"), aws_client(stack, "cloudwatch")
+    # AMP's usage metric for this workspace, published the way AMP does (through the local AWS into moto).
+    cloudwatch.put_metric_data(Namespace="AWS/Usage", MetricData=[{
+        "MetricName": "ResourceCount", "Value": 100.0, "Timestamp": now(),
+        "Dimensions": [{"Name": "Service", "Value": "Prometheus"}, {"Name": "Type", "Value": "Resource"},
+                       {"Name": "Resource", "Value": "ActiveSeries"}, {"Name": "Class", "Value": "None"},
+                       {"Name": "ResourceId", "Value": stack.workspace_id}]}])
+    stack.set_aws_faults(aps_quotas={"active_series": 200})
+    preflight = QuotaPreflight(quotas, cloudwatch, str(stack.workspace_id), workspace_arn)
+    d = deployer(stack, g)
+    snapshot = d.snapshot()
+    with pytest.raises(QuotaExceeded) as caught:
+        preflight.require(group_series=group_series, scrape_interval_s=30, now=now())
+        d.deploy(snapshot, now())  # never reached: the pre-flight comes first
+    assert str(caught.value) == ("quota pre-flight refused: active series would reach 82.0% of the workspace quota "
+                                 "(100 now + 64 for the group > 80% of 200); raise the quota or move a smaller group")
+    assert caught.value.evidence["workspace_series_from"] == "cloudwatch"
+    assert d.snapshot().existed is False
+
+    stack.set_aws_faults(aps_quotas={"active_series": 10_000})
+    evidence = preflight.require(group_series=group_series, scrape_interval_s=30, now=now())
+    assert evidence["limit"] == 10_000 and evidence["share"] == pytest.approx(164 / 10_000)
+    assert stack.sigv4_stats(AWS)["verified_by_kind"]["GetServiceQuota"] >= 2
