@@ -259,3 +259,38 @@ def test_a_quota_crossing_is_refused_and_nothing_is_deployed(stack: LocalStack) 
     evidence = preflight.require(group_series=group_series, scrape_interval_s=30, now=now())
     assert evidence["limit"] == 10_000 and evidence["share"] == pytest.approx(164 / 10_000)
     assert stack.sigv4_stats(AWS)["verified_by_kind"]["GetServiceQuota"] >= 2
+
+
+def test_the_hook_builds_both_and_the_trigger_follows_the_scraper_by_connection_id(
+        stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import json
+
+    from promshift.orchestration.amp_hook import AmpHook
+    from promshift.orchestration.triggers import ScraperStatusTrigger
+
+    pair = stack.aws_credentials()
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+        "conn_type": "amp", "login": pair.access_key, "password": pair.secret_key,
+        "extra": {**stack.amp_connection_extra(), "scraper": stack.scraper_extra(), "quota": {"max_share": 0.5}}}))
+    g = group("gpu-memory")
+    hook = AmpHook()
+    preflight = hook.quota_preflight()
+    assert preflight.max_share == 0.5
+    evidence = preflight.require(group_series=48, scrape_interval_s=30, now=now())
+    assert evidence["limit"] == 10_000_000 and evidence["group_series"] == 48
+
+    async def follow(result: dict[str, Any]) -> dict[str, Any]:
+        trigger = ScraperStatusTrigger(target_conn_id="promshift_target", result=result, poll_interval_s=0.3)
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("no event")
+
+    d = hook.scraper_deployer(g.name, g.name_regex())
+    snapshot = d.snapshot()
+    event = asyncio.run(follow(d.deploy(snapshot, now()).to_dict()))
+    assert event["status"] == "done", event
+    assert [c["status"] for c in event["result"]["status_history"]] == ["CREATING", "ACTIVE"]
+    assert pair.secret_key not in json.dumps(event)
+    event = asyncio.run(follow(d.restore(snapshot, now()).to_dict()))
+    assert event["status"] == "done" and event["result"]["status_history"][-1]["status"] == "DELETED"
