@@ -136,7 +136,8 @@ def workspace_usage(cloudwatch: Any, metric: UsageMetric, workspace_id: str, now
             MetricDataQueries=[{"Id": "usage", "ReturnData": True, "MetricStat": {
                 "Metric": {"Namespace": metric.namespace, "MetricName": metric.name, "Dimensions": chosen},
                 "Period": 60, "Stat": metric.statistic}}],
-            StartTime=now - USAGE_LOOKBACK, EndTime=now, ScanBy="TimestampDescending")
+            # A minute past now: a point published "now" by a clock a little ahead is still in range.
+            StartTime=now - USAGE_LOOKBACK, EndTime=now + timedelta(minutes=1), ScanBy="TimestampDescending")
     except Exception as exc:
         raise _unavailable(exc, f"GetMetricData({metric.namespace}/{metric.name})") from None
     for result in answer.get("MetricDataResults") or []:
