@@ -237,28 +237,27 @@ def test_a_quota_crossing_is_refused_and_nothing_is_deployed(stack: LocalStack) 
     assert group_series == 2 * 8 * 4
     workspace_arn = stack.amp_client().describe_workspace(workspaceId=stack.workspace_id)["workspace"]["arn"]
     quotas, cloudwatch = aws_client(stack, "service-quotas"), aws_client(stack, "cloudwatch")
-    # AMP's usage metric for this workspace, published the way AMP does (through the local AWS into moto).
-    cloudwatch.put_metric_data(Namespace="AWS/Usage", MetricData=[{
-        "MetricName": "ResourceCount", "Value": 100.0, "Timestamp": now(),
-        "Dimensions": [{"Name": "Service", "Value": "Prometheus"}, {"Name": "Type", "Value": "Resource"},
-                       {"Name": "Resource", "Value": "ActiveSeries"}, {"Name": "Class", "Value": "None"},
-                       {"Name": "ResourceId", "Value": stack.workspace_id}]}])
-    stack.set_aws_faults(aps_quotas={"active_series": 200})
+    # AMP's usage metric for this workspace, seeded as AMP vends it (through the local AWS into moto's CloudWatch).
+    published = stack.publish_usage()["active_series"]
     preflight = QuotaPreflight(quotas, cloudwatch, str(stack.workspace_id), workspace_arn)
+    evidence = preflight.require(group_series=group_series, scrape_interval_s=30, now=now())
+    assert evidence["workspace_series_from"] == "cloudwatch" and evidence["limit"] == 10_000_000
+    workspace_series = evidence["workspace_series"]
+    assert workspace_series >= published
+
+    limit = workspace_series + group_series  # the group would fill the quota: 100 % > 80 %
+    stack.set_aws_faults(aps_quotas={"active_series": limit})
     d = deployer(stack, g)
     snapshot = d.snapshot()
     with pytest.raises(QuotaExceeded) as caught:
         preflight.require(group_series=group_series, scrape_interval_s=30, now=now())
         d.deploy(snapshot, now())  # never reached: the pre-flight comes first
-    assert str(caught.value) == ("quota pre-flight refused: active series would reach 82.0% of the workspace quota "
-                                 "(100 now + 64 for the group > 80% of 200); raise the quota or move a smaller group")
-    assert caught.value.evidence["workspace_series_from"] == "cloudwatch"
+    assert str(caught.value) == (
+        f"quota pre-flight refused: active series would reach 100.0% of the workspace quota ({workspace_series:,} "
+        f"now + 64 for the group > 80% of {limit:,}); raise the quota or move a smaller group")
+    assert caught.value.evidence["share"] == 1.0
     assert d.snapshot().existed is False
-
-    stack.set_aws_faults(aps_quotas={"active_series": 10_000})
-    evidence = preflight.require(group_series=group_series, scrape_interval_s=30, now=now())
-    assert evidence["limit"] == 10_000 and evidence["share"] == pytest.approx(164 / 10_000)
-    assert stack.sigv4_stats(AWS)["verified_by_kind"]["GetServiceQuota"] >= 2
+    assert stack.sigv4_stats(AWS)["verified_by_kind"]["GetServiceQuota"] >= 4
 
 
 def test_the_hook_builds_both_and_the_trigger_follows_the_scraper_by_connection_id(

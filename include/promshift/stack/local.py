@@ -56,7 +56,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 import promshift
 from promshift.stack.fleet import FleetSpec, write_file_sd
-from promshift.stack.sigv4 import AwsCredentials, make_up_credentials
+from promshift.stack.sigv4 import AwsCredentials, make_up_credentials, sign_request
 
 logger = logging.getLogger(__name__)
 
@@ -436,6 +436,33 @@ class LocalStack:
         scrape (per-environment infrastructure, not catalog data). Locally the names are placeholders the
         control plane only checks the shape of; its collector scrapes the local fleet instead."""
         return dict(LOCAL_SCRAPER_SOURCE)
+
+    def publish_usage(self) -> dict[str, float]:
+        """Seed CloudWatch as AMP vends usage: the workspace's active series now, as ``AWS/Usage`` ``ResourceCount``
+        (``Service=Prometheus, Type=Resource, Resource=ActiveSeries, Class=None, ResourceId=<ws>``), through the
+        local AWS into moto's CloudWatch. AWS publishes this on its own; locally it is a step (the demo's, a test's)
+        so what the quota pre-flight reads is known. Returns ``{"active_series": N}``."""
+        workspace = self.workspace_id
+        if not workspace:
+            raise StackError("no local AMP workspace yet: run `promshift stack up --target amp`")
+        pair = self.aws_credentials()
+        url = requests.Request("GET", self.prometheus_endpoint(workspace) + "api/v1/query",
+                               params={"query": 'count({__name__=~".+"})'}).prepare().url
+        assert url is not None
+        headers = sign_request("GET", url, credentials=pair, region=self.config.region)
+        response = self._http.get(url, headers=headers, timeout=30)
+        response.raise_for_status()
+        result = response.json()["data"]["result"]
+        series = float(result[0]["value"][1]) if result else 0.0
+        cloudwatch = boto3.client("cloudwatch", region_name=self.config.region, endpoint_url=self.aws_url,
+                                  aws_access_key_id=pair.access_key, aws_secret_access_key=pair.secret_key,
+                                  aws_session_token=pair.session_token)
+        dimensions = {"Service": "Prometheus", "Type": "Resource", "Resource": "ActiveSeries", "Class": "None",
+                      "ResourceId": workspace}
+        cloudwatch.put_metric_data(Namespace="AWS/Usage", MetricData=[{
+            "MetricName": "ResourceCount", "Value": series, "Timestamp": datetime.now(UTC),
+            "Dimensions": [{"Name": k, "Value": v} for k, v in dimensions.items()]}])
+        return {"active_series": series}
 
     def sigv4_stats(self, component: str = FRONTDOOR) -> dict[str, Any]:
         """The counters of the ``frontdoor`` (default) or the ``aws`` control plane (``/-/sigv4-stats``)."""
