@@ -24,7 +24,7 @@ CREDENTIAL_ERRORS = frozenset({"UnrecognizedClientException", "InvalidSignatureE
                                "MissingAuthenticationToken"})
 RETRYABLE_ERRORS = frozenset({"ThrottlingException", "InternalServerException", "ServiceUnavailableException"})
 # Extra keys an ``amp`` connection may carry besides the amazon provider's own (region_name, role_arn, ...).
-AMP_EXTRA_KEYS = ("workspace_id", "workspace_alias", "remote_write_url")
+AMP_EXTRA_KEYS = ("workspace_id", "workspace_alias", "remote_write_url", "scraper", "quota")
 
 
 class AmpError(RuntimeError):

@@ -130,6 +130,49 @@ class AmpHook(AwsBaseHook):
             return f"AMP workspace {ws.workspace_id}: signed query failed: {exc}"
         return None
 
+    # -- the managed-collector path (DEPLOY=scraper) --------------------------------------------
+    def scraper_deployer(self, group_name: str, name_regex: str, *, scrape_interval_s: float = 30.0,
+                         timeout_s: float | None = None) -> Any:
+        """A ``ScraperDeployer`` for the group: its blob, this workspace as destination, ``extra.scraper`` as source.
+
+        The blob is checked against the managed collector's limits when ``deploy`` is called, before any API call.
+        """
+        from promshift.adapters.amp_scraper import DEFAULT_TIMEOUT_S, ScraperDeployer, scraper_source_from_extra
+        from promshift.core.scraper_config import render_scraper_config
+
+        source = scraper_source_from_extra(self.conn_config.extra_config, conn_id=str(self.aws_conn_id))
+        blob = render_scraper_config(name_regex=name_regex, scrape_interval_s=scrape_interval_s)
+        return ScraperDeployer(self.conn, group_name=group_name, blob=blob, workspace_arn=self.workspace.arn,
+                               source=source, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+
+    def service_client(self, service_name: str) -> Any:
+        """Another AWS service's client with this connection's credentials, region, role and endpoint.
+
+        ``get_client_type`` builds only the hook's own ``amp`` client; this is its body for another service
+        (``endpoint_url`` or ``service_config.<service>.endpoint_url`` from the extra, as the provider reads them).
+        """
+        session = self.get_session(region_name=self.target.region)
+        return session.client(service_name, endpoint_url=self.conn_config.get_service_endpoint_url(service_name),
+                              config=self._get_config(None), verify=self.verify)
+
+    def quota_preflight(self, *, max_share: float | None = None) -> Any:
+        """A ``QuotaPreflight`` on this workspace: Service Quotas and CloudWatch through this connection.
+
+        ``extra.quota: {max_share, codes: {active_series, ingestion_rate}}`` may set the share (default 0.8)
+        and pin AWS's quota codes (otherwise the quotas are found by their documented names).
+        """
+        from promshift.adapters.amp_quota import QuotaPreflight
+        from promshift.core.quota import DEFAULT_MAX_SHARE
+
+        settings = self.conn_config.extra_config.get("quota") or {}
+        workspace = self.workspace
+        return QuotaPreflight(
+            quotas=self.service_client("service-quotas"), cloudwatch=self.service_client("cloudwatch"),
+            workspace_id=workspace.workspace_id, workspace_arn=workspace.arn,
+            workspace_series_query=lambda: self.prometheus_client().scalar('count({__name__=~".+"})'),
+            max_share=float(max_share or settings.get("max_share") or DEFAULT_MAX_SHARE),
+            quota_codes=dict(settings.get("codes") or {}))
+
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         return field_behaviour(AMP_UI)

@@ -94,3 +94,57 @@ class WarmupTrigger(BaseTrigger):
                                     "observation": result["observation"]})
                 return
             await asyncio.sleep(self.poll_interval_s)
+
+
+class ScraperStatusTrigger(BaseTrigger):
+    """Polls a managed-collector scraper until its deploy or restore is final; holds no worker slot.
+
+    Gets the target connection's id (an ``amp`` connection) and the ``DeployResult`` that
+    ``ScraperDeployer.deploy``/``restore`` returned (as a dict); each poll is one DescribeScraper judged
+    by ``core.scraper_config.assess_scraper`` (``UPDATE_FAILED`` fails, which botocore's waiter misses).
+    It observes and never writes. The event: ``{"status": "done"|"failed"|"timeout"|"error", "reason",
+    "result": <DeployResult dict with the whole status_history>}``.
+    """
+
+    def __init__(self, *, target_conn_id: str, result: dict[str, Any], poll_interval_s: float = 5.0) -> None:
+        super().__init__()
+        self.target_conn_id = target_conn_id
+        self.result = result
+        self.poll_interval_s = poll_interval_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            "promshift.orchestration.triggers.ScraperStatusTrigger",
+            {"target_conn_id": self.target_conn_id, "result": self.result, "poll_interval_s": self.poll_interval_s},
+        )
+
+    def amp_client(self) -> Any:
+        """The boto3 ``amp`` client of the target connection (credentials, region, role as AmpHook reads them)."""
+        from promshift.orchestration.amp_hook import AmpHook
+
+        return AmpHook(aws_conn_id=self.target_conn_id).conn
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from datetime import UTC, datetime
+
+        from promshift.adapters.amp_scraper import observe_scraper
+        from promshift.core.deploy import DeployResult
+
+        result = DeployResult.from_dict(self.result)
+        client = None
+        errors = 0
+        while not result.state.final:
+            await asyncio.sleep(self.poll_interval_s)
+            try:
+                client = client or await asyncio.to_thread(self.amp_client)
+                result = await asyncio.to_thread(observe_scraper, client, result, datetime.now(UTC))
+                errors = 0
+            except Exception as exc:  # an AWS blip is retried; three in a row end the wait
+                errors += 1
+                self.log.warning("scraper poll failed (%s in a row): %s", errors, exc)
+                if errors >= 3:
+                    yield TriggerEvent({"status": "error", "reason": str(exc), "result": result.to_dict()})
+                    return
+                continue
+            self.log.info("scraper %s: %s", result.details.get("scraper_id"), result.reason)
+        yield TriggerEvent({"status": result.state.value, "reason": result.reason, "result": result.to_dict()})

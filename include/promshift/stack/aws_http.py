@@ -207,7 +207,7 @@ class SigV4Handler(BaseHTTPRequestHandler):
             return
         verdict = verify_request(
             self.command, path, query, dict(self.headers.items()), body,
-            expected=self.server.credentials, region=self.server.region, service=self.server.service,
+            expected=self.server.credentials, region=self.server.region, service=self.expected_service(),
             now=self.server.now(),
         )
         kind = self.kind(path)
@@ -233,6 +233,10 @@ class SigV4Handler(BaseHTTPRequestHandler):
     def kind(self, path: str) -> str:
         """What a request asks for, as a counter key."""
         return "request"
+
+    def expected_service(self) -> str:
+        """The service the request's signature must be scoped to (the server's, unless a handler serves more)."""
+        return self.server.service
 
     def serve_verified(self, path: str, query: str, body: bytes) -> None:
         """Answer a request whose signature passed."""

@@ -11,10 +11,19 @@ answers the boto3 ``amp`` client pointed at ``http://127.0.0.1:P`` (``endpoint_u
   ``prometheusEndpoint`` is rewritten to the front door (``<frontdoor-url>/workspaces/<id>/``);
 - DescribeWorkspaceConfiguration and UpdateWorkspaceConfiguration (moto answers 404) are
   served here, with the request and the response validated against botocore's ``amp`` model;
+- so are the scraper operations (CreateScraper, DescribeScraper, UpdateScraper, DeleteScraper,
+  ListScrapers, GetDefaultScraperConfiguration; moto answers 404), with a real collector behind
+  every ACTIVE scraper (``promshift.stack.scrapers``);
+- Service Quotas' ListServiceQuotas and GetServiceQuota for ``aps`` (JSON protocol, routed by
+  ``X-Amz-Target: ServiceQuotasV20190624.<Operation>``, signed for service ``servicequotas``;
+  moto answers 500) are served here from ``faults.json``'s ``aps_quotas`` or AMP's defaults,
+  validated against botocore's ``service-quotas`` model;
+- CloudWatch requests (signed for service ``monitoring``) go to moto's CloudWatch as they are;
 - ``<state-dir>/faults.json`` (optional, re-read on every request) injects what a test or a
   demo scenario needs: ``{"errors": {"DescribeWorkspace": "ThrottlingException"},
   "workspace_status": {"ws-...": "CREATING"}, "clock_skew_s": 600}`` (the skew applies to the
-  front door too: both then refuse every signature as expired).
+  front door too: both then refuse every signature as expired), ``"scraper": {...}`` (see
+  ``promshift.stack.scrapers``) and ``"aps_quotas": {"active_series": N, "ingestion_rate": N}``.
 
 Where it differs from AWS: one region and one credential pair (no IAM policies: a verified
 request may do anything); moto keeps workspaces in memory (a restart forgets them); an
@@ -24,6 +33,8 @@ UpdateWorkspaceConfiguration answers UPDATING and the next describe already says
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import json
 import logging
 import re
@@ -32,26 +43,54 @@ import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 import botocore.session
+import yaml
 from botocore.exceptions import ParamValidationError
 from botocore.model import OperationModel, ServiceModel
 from botocore.validate import ParamValidator
 
 from promshift.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
 from promshift.stack.frontdoor import run_until_signalled
+from promshift.stack.local import find_free_ports
+from promshift.stack.scrapers import (
+    DEFAULT_SCRAPER_CONFIGURATION,
+    ScraperConflict,
+    ScraperNotFound,
+    ScraperRegistry,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_DAYS = 150  # AMP's default retention
 SERVED_HERE = ("DescribeWorkspaceConfiguration", "UpdateWorkspaceConfiguration")
+SCRAPER_OPERATIONS = ("CreateScraper", "DescribeScraper", "UpdateScraper", "DeleteScraper", "ListScrapers",
+                      "GetDefaultScraperConfiguration")
+_SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/[^/]+/([^/]+)/aws4_request")
+QUOTAS_TARGET_PREFIX = "ServiceQuotasV20190624."
+# Services a request may be signed for here besides ``aps``: Service Quotas and CloudWatch.
+OTHER_SERVICES = ("servicequotas", "monitoring")
+# The two AMP quotas the quota pre-flight reads ("Amazon Managed Service for Prometheus service quotas",
+# AMP user guide), with the CloudWatch usage metric AMP publishes for each. The codes are the stand-in's
+# own: callers find a quota by its name, as they must when AWS's codes are not pinned.
+APS_QUOTAS = {
+    "active_series": ("L-PROMSHIFT-LOCAL-ACTIVE-SERIES", "Active series per workspace", 10_000_000.0, "ActiveSeries"),
+    "ingestion_rate": ("L-PROMSHIFT-LOCAL-INGESTION-RATE", "Ingestion rate per workspace", 170_000.0,
+                       "IngestionRate"),
+}
 
 
 @cache
 def amp_model() -> ServiceModel:
     """botocore's own ``amp`` service model."""
     return botocore.session.get_session().get_service_model("amp")
+
+
+@cache
+def quotas_model() -> ServiceModel:
+    """botocore's own ``service-quotas`` service model."""
+    return botocore.session.get_session().get_service_model("service-quotas")
 
 
 @cache
@@ -107,10 +146,36 @@ class ControlPlaneHandler(SigV4Handler):
     component = "control plane"
 
     def kind(self, path: str) -> str:
+        target = self.headers.get("X-Amz-Target", "")
+        if target.startswith(QUOTAS_TARGET_PREFIX):
+            return target.removeprefix(QUOTAS_TARGET_PREFIX)
+        if self.signed_service() == "monitoring":
+            return "cloudwatch"
         found = match_operation(self.command, path)
         return found[0] if found else "unknown"
 
+    def signed_service(self) -> str | None:
+        """The service the Authorization header's scope names (None when there is none)."""
+        found = _SCOPE.search(self.headers.get("Authorization", ""))
+        return found[1] if found else None
+
+    def expected_service(self) -> str:
+        """``aps``, or Service Quotas / CloudWatch when the request is signed for one of them."""
+        service = self.signed_service()
+        return service if service in OTHER_SERVICES else self.server.service
+
     def serve_verified(self, path: str, query: str, body: bytes) -> None:
+        service = self.signed_service()
+        if service == "servicequotas":
+            self._service_quotas(body)
+            return
+        if service == "monitoring":
+            response = self.forward(f"{self.server.moto_url}{path}" + (f"?{query}" if query else ""), self.command,
+                                    body, keep_signing_headers=True)
+            headers = {k: v for k, v in response.headers.items()
+                       if k.lower() in ("content-type", "x-amzn-errortype", "smithy-protocol", "x-amzn-query-mode")}
+            self.send_body(response.status, response.data, headers)
+            return
         found = match_operation(self.command, path)
         if found is None:
             self.send_aws_error(404, "UnknownOperationException", f"No operation {self.command} {path}")
@@ -123,6 +188,9 @@ class ControlPlaneHandler(SigV4Handler):
             return
         if operation in SERVED_HERE:
             self._workspace_configuration(operation, params["workspaceId"], body)
+            return
+        if operation in SCRAPER_OPERATIONS:
+            self._scraper(operation, params, query, body, faults)
             return
         url = f"{self.server.moto_url}{path}" + (f"?{query}" if query else "")
         # moto reads the region from the Authorization header's scope; it does not check the signature.
@@ -179,15 +247,165 @@ class ControlPlaneHandler(SigV4Handler):
         self.send_json(status, answer)
 
 
+    def _validated_input(self, operation: OperationModel, params: dict[str, Any]) -> bool:
+        """Check a request against the model; answer ValidationException and return False when it does not fit."""
+        try:
+            validate_shape(params, operation, "input")
+        except ParamValidationError as exc:
+            message = str(exc).splitlines()[-1] if str(exc) else "invalid request"
+            self._modelled_error("ValidationException", message, reason="FIELD_VALIDATION_FAILED")
+            return False
+        return True
+
+    def _scraper(self, name: str, path_params: dict[str, str], query: str, body: bytes,
+                 faults: dict[str, Any]) -> None:
+        operation = amp_model().operation_model(name)
+        try:
+            params: dict[str, Any] = {**(json.loads(body) if body else {}), **path_params}
+        except ValueError:
+            self._modelled_error("ValidationException", "request body is not JSON", reason="CANNOT_PARSE")
+            return
+        if name == "ListScrapers":
+            filters: dict[str, list[str]] = {}
+            for key, value in parse_qsl(query, keep_blank_values=True):
+                filters.setdefault(key, []).append(value)
+            params = {"filters": filters} if filters else {}
+        if name == "DeleteScraper" and query:
+            params.update(dict(parse_qsl(query)))
+        if not self._validated_input(operation, params):
+            return
+        registry = self.server.scrapers
+        try:
+            if name in ("CreateScraper", "UpdateScraper"):
+                problem = self._scraper_request_problem(params)
+                if problem:
+                    self._modelled_error("ValidationException", problem, reason="FIELD_VALIDATION_FAILED")
+                    return
+            if name == "CreateScraper":
+                answer, status = registry.create(params, faults), 202
+            elif name == "DescribeScraper":
+                answer, status = registry.describe(params["scraperId"]), 200
+            elif name == "UpdateScraper":
+                answer, status = registry.update(params["scraperId"], params, faults), 202
+            elif name == "DeleteScraper":
+                answer, status = registry.delete(params["scraperId"], faults), 202
+            elif name == "ListScrapers":
+                answer, status = registry.list(params.get("filters") or {}), 200
+            else:
+                blob = base64.b64encode(DEFAULT_SCRAPER_CONFIGURATION.encode()).decode()
+                answer, status = {"configuration": blob}, 200
+        except ScraperNotFound:
+            self._modelled_error("ResourceNotFoundException", f"Scraper {params.get('scraperId')} not found",
+                                 resourceId=str(params.get("scraperId")), resourceType="Scraper")
+            return
+        except ScraperConflict as exc:
+            self._modelled_error("ConflictException", str(exc), resourceId=str(params.get("scraperId")),
+                                 resourceType="Scraper")
+            return
+        validate_shape(answer, operation, "output")
+        self.send_json(status, answer)
+
+    def _scraper_request_problem(self, params: dict[str, Any]) -> str | None:
+        """What AWS would refuse in a scraper request beyond the model's shapes (None when it is fine)."""
+        destination = (params.get("destination") or {}).get("ampConfiguration")
+        if destination:
+            workspace = str(destination["workspaceArn"]).rsplit("/", 1)[-1]
+            if not self._workspace_exists(workspace):
+                return f"destination workspace {workspace} does not exist"
+        blob = (params.get("scrapeConfiguration") or {}).get("configurationBlob")
+        if blob is None:
+            return None
+        try:
+            document = yaml.safe_load(base64.b64decode(str(blob), validate=True))
+        except (binascii.Error, ValueError, yaml.YAMLError):
+            return "scrapeConfiguration.configurationBlob is not base64-encoded YAML"
+        if not isinstance(document, dict) or not document.get("scrape_configs"):
+            return "scrape configuration has no scrape_configs"
+        extra = sorted(set(document) - {"global", "scrape_configs"})
+        if extra:
+            return f"scrape configuration has unsupported sections: {', '.join(extra)}"
+        if any("file_sd_configs" in job for job in document["scrape_configs"] if isinstance(job, dict)):
+            return "scrape configuration uses file_sd_configs, which a managed collector does not support"
+        return None
+
+    def _service_quotas(self, body: bytes) -> None:
+        name = self.headers.get("X-Amz-Target", "").removeprefix(QUOTAS_TARGET_PREFIX)
+        if name not in ("ListServiceQuotas", "GetServiceQuota"):
+            self.send_aws_error(400, "UnknownOperationException", f"{name or 'no X-Amz-Target'} is not served here")
+            return
+        operation = quotas_model().operation_model(name)
+        try:
+            params = json.loads(body) if body else {}
+            report = ParamValidator().validate(params, operation.input_shape)
+        except ValueError:
+            self.send_aws_error(400, "IllegalArgumentException", "request body is not JSON")
+            return
+        if report.has_errors():
+            self.send_aws_error(400, "IllegalArgumentException", report.generate_report().splitlines()[-1])
+            return
+        if params.get("ServiceCode") != "aps":
+            self.send_aws_error(400, "NoSuchResourceException",
+                                f"the local AWS serves quotas for aps only, not {params.get('ServiceCode')!r}")
+            return
+        quotas = [self._quota(key) for key in APS_QUOTAS]
+        if name == "ListServiceQuotas":
+            answer: dict[str, Any] = {"Quotas": quotas}
+        else:
+            found = [q for q in quotas if q["QuotaCode"] == params["QuotaCode"]]
+            if not found:
+                self.send_aws_error(400, "NoSuchResourceException", f"no aps quota {params['QuotaCode']}")
+                return
+            answer = {"Quota": found[0]}
+        report = ParamValidator().validate(answer, operation.output_shape)
+        if report.has_errors():
+            raise ParamValidationError(report=report.generate_report())
+        self.send_body(200, json.dumps(answer).encode(), content_type="application/x-amz-json-1.1")
+
+    def _quota(self, key: str) -> dict[str, Any]:
+        code, name, default, resource = APS_QUOTAS[key]
+        value = float((self.server.faults().get("aps_quotas") or {}).get(key, default))
+        region = self.server.region
+        return {
+            "ServiceCode": "aps", "ServiceName": "Amazon Managed Service for Prometheus", "QuotaCode": code,
+            "QuotaArn": f"arn:aws:servicequotas:{region}:123456789012:aps/{code}", "QuotaName": name,
+            "Value": value, "Unit": "None", "Adjustable": True, "GlobalQuota": False,
+            "QuotaAppliedAtLevel": "RESOURCE",
+            "UsageMetric": {"MetricNamespace": "AWS/Usage", "MetricName": "ResourceCount",
+                            "MetricDimensions": {"Service": "Prometheus", "Type": "Resource", "Resource": resource,
+                                                 "Class": "None"},
+                            "MetricStatisticRecommendation": "Maximum"},
+        }
+
+
 class ControlPlaneServer(SigV4Server):
     """The control plane: where moto and the front door are, and the configurations it keeps."""
 
-    def __init__(self, port: int, *, moto_url: str, frontdoor_url: str, **kwargs: object) -> None:
-        super().__init__(port, ControlPlaneHandler, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, port: int, *, moto_url: str, frontdoor_url: str, targets_file: str | None = None,
+                 vmagent_bin: str = "/usr/bin/vmagent", **kwargs: Any) -> None:
+        super().__init__(port, ControlPlaneHandler, **kwargs)
         self.moto_url = moto_url.rstrip("/")
         self.frontdoor_url = frontdoor_url.rstrip("/")
         self.lock = threading.Lock()
         self.configurations: dict[str, dict[str, Any]] = {}
+        self.scrapers = ScraperRegistry(
+            region=self.region, frontdoor_url=self.frontdoor_url,
+            state_dir=self.state_dir or Path(f"/tmp/promshift-controlplane-{port}"), targets_file=targets_file,
+            vmagent_bin=vmagent_bin, find_port=lambda: find_free_ports(1)[0])
+        self._ticking = threading.Event()
+        threading.Thread(target=self._tick, daemon=True, name="scraper-transitions").start()
+
+    def _tick(self) -> None:
+        """Move scrapers through their statuses (and start their collectors) even when nobody describes them."""
+        while not self._ticking.wait(0.25):
+            try:
+                self.scrapers.tick()
+            except Exception as exc:  # the next tick tries again; the log names the type only
+                logger.error("scraper transitions failed: %s", type(exc).__name__)
+
+    def server_close(self) -> None:
+        self._ticking.set()
+        self.scrapers.stop_all()
+        super().server_close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,9 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--region", required=True)
     parser.add_argument("--state-dir", type=Path, help="where faults.json is looked for")
     parser.add_argument("--credentials-fingerprint", help="digest of the pair, so a changed pair restarts it")
+    parser.add_argument("--targets-file", help="file_sd JSON of the local fleet, scraped by scrapers' collectors")
+    parser.add_argument("--vmagent-bin", default="/usr/bin/vmagent")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = ControlPlaneServer(args.port, moto_url=args.moto_url, frontdoor_url=args.frontdoor_url,
+                                targets_file=args.targets_file, vmagent_bin=args.vmagent_bin,
                                 state_dir=args.state_dir, credentials=credentials_from_env(), region=args.region)
     logger.info("control plane on 127.0.0.1:%s over moto at %s", args.port, args.moto_url)
     run_until_signalled(server)

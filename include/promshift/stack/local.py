@@ -56,7 +56,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 import promshift
 from promshift.stack.fleet import FleetSpec, write_file_sd
-from promshift.stack.sigv4 import AwsCredentials, make_up_credentials
+from promshift.stack.sigv4 import AwsCredentials, make_up_credentials, sign_request
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,8 @@ AMP_STATE_KEYS = (
     "aws_url", "prometheus_endpoint", "relay_remote_write_url", "credentials", "credentials_fingerprint",
 )
 DEFAULT_REGION = "us-east-1"
+LOCAL_SCRAPER_SOURCE = {"cluster_arn": "arn:aws:eks:us-east-1:123456789012:cluster/promshift-local",
+                        "subnet_ids": ["subnet-0local0000000000a"], "security_group_ids": ["sg-0local0000000000a"]}
 EXTERNAL_LABELS = {"cluster": "local-gpu-fleet", "prometheus_replica": "source-0"}
 SCRAPE_JOB = "dcgm"
 SOURCE_RETENTION = "2d"  # the source's --storage.tsdb.retention.time
@@ -429,6 +431,39 @@ class LocalStack:
             "remote_write_url": self.relay_remote_write_url,
         }
 
+    def scraper_extra(self) -> dict[str, Any]:
+        """The target connection's ``extra.scraper`` for this stack: the EKS cluster a managed collector would
+        scrape (per-environment infrastructure, not catalog data). Locally the names are placeholders the
+        control plane only checks the shape of; its collector scrapes the local fleet instead."""
+        return dict(LOCAL_SCRAPER_SOURCE)
+
+    def publish_usage(self) -> dict[str, float]:
+        """Seed CloudWatch as AMP vends usage: the workspace's active series now, as ``AWS/Usage`` ``ResourceCount``
+        (``Service=Prometheus, Type=Resource, Resource=ActiveSeries, Class=None, ResourceId=<ws>``), through the
+        local AWS into moto's CloudWatch. AWS publishes this on its own; locally it is a step (the demo's, a test's)
+        so what the quota pre-flight reads is known. Returns ``{"active_series": N}``."""
+        workspace = self.workspace_id
+        if not workspace:
+            raise StackError("no local AMP workspace yet: run `promshift stack up --target amp`")
+        pair = self.aws_credentials()
+        url = requests.Request("GET", self.prometheus_endpoint(workspace) + "api/v1/query",
+                               params={"query": 'count({__name__=~".+"})'}).prepare().url
+        assert url is not None
+        headers = sign_request("GET", url, credentials=pair, region=self.config.region)
+        response = self._http.get(url, headers=headers, timeout=30)
+        response.raise_for_status()
+        result = response.json()["data"]["result"]
+        series = float(result[0]["value"][1]) if result else 0.0
+        cloudwatch = boto3.client("cloudwatch", region_name=self.config.region, endpoint_url=self.aws_url,
+                                  aws_access_key_id=pair.access_key, aws_secret_access_key=pair.secret_key,
+                                  aws_session_token=pair.session_token)
+        dimensions = {"Service": "Prometheus", "Type": "Resource", "Resource": "ActiveSeries", "Class": "None",
+                      "ResourceId": workspace}
+        cloudwatch.put_metric_data(Namespace="AWS/Usage", MetricData=[{
+            "MetricName": "ResourceCount", "Value": series, "Timestamp": datetime.now(UTC),
+            "Dimensions": [{"Name": k, "Value": v} for k, v in dimensions.items()]}])
+        return {"active_series": series}
+
     def sigv4_stats(self, component: str = FRONTDOOR) -> dict[str, Any]:
         """The counters of the ``frontdoor`` (default) or the ``aws`` control plane (``/-/sigv4-stats``)."""
         url = {FRONTDOOR: self.frontdoor_url, AWS: self.aws_url}[component]
@@ -437,15 +472,20 @@ class LocalStack:
         return dict(response.json())
 
     def set_aws_faults(self, *, errors: dict[str, str] | None = None, workspace_status: dict[str, str] | None = None,
-                       clock_skew_s: float = 0.0) -> None:
+                       clock_skew_s: float = 0.0, scraper: dict[str, Any] | None = None,
+                       aps_quotas: dict[str, float] | None = None) -> None:
         """From now on, make the control plane fail operations (``{"DescribeWorkspace": "ThrottlingException"}``)
         or report a workspace status (``{"ws-...": "CREATING"}``), and shift the control plane's and the front
-        door's clocks by ``clock_skew_s`` (over 300 s: every signature is refused). No arguments: clear them all."""
+        door's clocks by ``clock_skew_s`` (over 300 s: every signature is refused). ``scraper`` sets how local
+        scrapers move (``{"fail_update": "reason", "stuck": True, "delay_s": 1, ...}``, see
+        ``promshift.stack.scrapers``), ``aps_quotas`` the Service Quotas values
+        (``{"active_series": N, "ingestion_rate": N}``). No arguments: clear them all."""
         path = self.amp_dir / "faults.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(".faults.json.tmp")
         tmp.write_text(json.dumps({"errors": errors or {}, "workspace_status": workspace_status or {},
-                                   "clock_skew_s": clock_skew_s}))
+                                   "clock_skew_s": clock_skew_s, "scraper": scraper or {},
+                                   "aps_quotas": aps_quotas or {}}))
         os.replace(tmp, path)
 
     def _ensure_workspace(self) -> str:
@@ -555,6 +595,7 @@ class LocalStack:
             sys.executable, "-m", "promshift.stack.controlplane", state_dir,
             "--port", str(cfg.aws_port), "--moto-url", self.moto_url, "--frontdoor-url", self.frontdoor_url,
             "--region", cfg.region, f"--credentials-fingerprint={fingerprint}",
+            f"--targets-file={self.file_sd_path}", f"--vmagent-bin={cfg.vmagent_bin}",
         )
         frontdoor_argv = (
             sys.executable, "-m", "promshift.stack.frontdoor", state_dir,

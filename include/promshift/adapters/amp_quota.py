@@ -1,0 +1,195 @@
+"""Quota pre-flight before any deploy: the group's series + the workspace's, against its AMP quotas.
+
+Where each number comes from:
+
+- the group's active series: ``count(<group selector>)`` on the source Prometheus;
+- the quotas: Service Quotas, service code ``aps``, quotas named **Active series per workspace** and
+  **Ingestion rate per workspace** ("Amazon Managed Service for Prometheus service quotas", AMP user
+  guide). They are found by name with ``ListServiceQuotas`` (the name is what AWS documents; pin a
+  code with ``quota_codes`` to skip the listing), then read for the workspace with
+  ``GetServiceQuota(ContextId=<workspace ARN>)`` (both are resource-level quotas), falling back to
+  the listed value when the resource-level read is refused;
+- the workspace's current use: the CloudWatch usage metric each quota names in its ``UsageMetric``
+  (``AWS/Usage`` / ``ResourceCount``, dimensions ``Service=Prometheus, Type=Resource,
+  Resource=ActiveSeries|IngestionRate, Class=None``: "Use CloudWatch metrics to monitor Amazon
+  Managed Service for Prometheus resources", AMP user guide). The per-workspace series is found
+  with ``ListMetrics`` (the one among those dimensions whose values name the workspace id, else
+  the one with exactly those dimensions), read with ``GetMetricData`` (Maximum over 1-minute
+  periods, the latest point of the last 15 minutes). With no datapoint, active series fall back
+  to ``count({__name__=~".+"})`` on the workspace itself; ingestion rate is then unknown and not checked.
+
+The verdict is ``core.quota.assess_quota``. Nothing is deployed when it refuses; an unreadable
+quota refuses too (a check without data never passes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from promshift.adapters.amp import CREDENTIAL_ERRORS
+from promshift.core.quota import DEFAULT_MAX_SHARE, QuotaAssessment, QuotaExceeded, assess_quota
+
+log = logging.getLogger(__name__)
+
+SERVICE_CODE = "aps"
+ACTIVE_SERIES = "Active series per workspace"
+INGESTION_RATE = "Ingestion rate per workspace"
+USAGE_LOOKBACK = timedelta(minutes=15)
+
+
+class QuotaUnavailable(RuntimeError):
+    """A quota or its usage could not be read; the pre-flight refuses (one line, no secret)."""
+
+
+@dataclass(frozen=True)
+class UsageMetric:
+    """The CloudWatch metric that counts a quota's use (a quota's ``UsageMetric``)."""
+
+    namespace: str
+    name: str
+    dimensions: Mapping[str, str]
+    statistic: str = "Maximum"
+
+
+@dataclass(frozen=True)
+class QuotaValue:
+    """One quota as Service Quotas answered it."""
+
+    code: str
+    name: str
+    value: float
+    usage: UsageMetric | None
+    level: str = field(default="")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "name": self.name, "value": self.value, "level": self.level}
+
+
+def _code_of(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str((response.get("Error") or {}).get("Code") or exc.__class__.__name__)
+
+
+def _unavailable(exc: Exception, what: str) -> QuotaUnavailable:
+    code = _code_of(exc)
+    if code in CREDENTIAL_ERRORS:
+        return QuotaUnavailable(f"quota pre-flight: {what}: AWS refused the credentials' signature ({code})")
+    return QuotaUnavailable(f"quota pre-flight: {what}: {code}")
+
+
+def _quota_value(raw: Mapping[str, Any]) -> QuotaValue:
+    usage = raw.get("UsageMetric")
+    metric = UsageMetric(str(usage["MetricNamespace"]), str(usage["MetricName"]),
+                         dict(usage.get("MetricDimensions") or {}),
+                         str(usage.get("MetricStatisticRecommendation") or "Maximum")) if usage else None
+    return QuotaValue(code=str(raw["QuotaCode"]), name=str(raw.get("QuotaName") or raw["QuotaCode"]),
+                      value=float(raw["Value"]), usage=metric, level=str(raw.get("QuotaAppliedAtLevel") or ""))
+
+
+def read_quota(client: Any, name: str, *, workspace_arn: str | None = None, code: str | None = None) -> QuotaValue:
+    """The ``aps`` quota called ``name`` (or with ``code``), for the workspace when it has its own value."""
+    listed: QuotaValue | None = None
+    if code is None:
+        try:
+            for page in client.get_paginator("list_service_quotas").paginate(ServiceCode=SERVICE_CODE):
+                for raw in page.get("Quotas") or []:
+                    if raw.get("QuotaName") == name:
+                        listed = _quota_value(raw)
+        except Exception as exc:
+            raise _unavailable(exc, f"ListServiceQuotas({SERVICE_CODE})") from None
+        if listed is None:
+            raise QuotaUnavailable(f"quota pre-flight: Service Quotas has no {SERVICE_CODE} quota named {name!r}")
+        code = listed.code
+    params: dict[str, str] = {"ServiceCode": SERVICE_CODE, "QuotaCode": code}
+    if workspace_arn:
+        params["ContextId"] = workspace_arn
+    try:
+        return _quota_value(client.get_service_quota(**params)["Quota"])
+    except Exception as exc:
+        if listed is not None:
+            log.info("resource-level %s unavailable (%s); using the account's value", name, _code_of(exc))
+            return listed
+        raise _unavailable(exc, f"GetServiceQuota({SERVICE_CODE}, {code})") from None
+
+
+def workspace_usage(cloudwatch: Any, metric: UsageMetric, workspace_id: str, now: datetime) -> float | None:
+    """The latest value of the usage metric for this workspace over the last 15 minutes, or None."""
+    try:
+        found: list[list[dict[str, str]]] = []
+        filters = [{"Name": k, "Value": v} for k, v in metric.dimensions.items()]
+        for page in cloudwatch.get_paginator("list_metrics").paginate(
+                Namespace=metric.namespace, MetricName=metric.name, Dimensions=filters):
+            found.extend(list(m.get("Dimensions") or []) for m in page.get("Metrics") or [])
+    except Exception as exc:
+        raise _unavailable(exc, f"ListMetrics({metric.namespace}/{metric.name})") from None
+    ours = [dims for dims in found if any(d["Value"] == workspace_id for d in dims)]
+    exact = [dims for dims in found if {d["Name"]: d["Value"] for d in dims} == dict(metric.dimensions)]
+    chosen = (ours or exact or [None])[0]
+    if chosen is None:
+        return None
+    try:
+        answer = cloudwatch.get_metric_data(
+            MetricDataQueries=[{"Id": "usage", "ReturnData": True, "MetricStat": {
+                "Metric": {"Namespace": metric.namespace, "MetricName": metric.name, "Dimensions": chosen},
+                "Period": 60, "Stat": metric.statistic}}],
+            # A minute past now: a point published "now" by a clock a little ahead is still in range.
+            StartTime=now - USAGE_LOOKBACK, EndTime=now + timedelta(minutes=1), ScanBy="TimestampDescending")
+    except Exception as exc:
+        raise _unavailable(exc, f"GetMetricData({metric.namespace}/{metric.name})") from None
+    for result in answer.get("MetricDataResults") or []:
+        points = sorted(zip(result.get("Timestamps") or [], result.get("Values") or [], strict=False))
+        if points:
+            return float(points[-1][1])
+    return None
+
+
+@dataclass
+class QuotaPreflight:
+    """Reads the numbers (see the module docstring) and asks ``core.quota.assess_quota``."""
+
+    quotas: Any  # boto3 ``service-quotas`` client
+    cloudwatch: Any  # boto3 ``cloudwatch`` client
+    workspace_id: str
+    workspace_arn: str
+    # ``count({__name__=~".+"})`` on the workspace, used when CloudWatch has no datapoint yet.
+    workspace_series_query: Callable[[], float | None] | None = None
+    max_share: float = DEFAULT_MAX_SHARE
+    quota_codes: Mapping[str, str] = field(default_factory=dict)
+
+    def assess(self, *, group_series: int, scrape_interval_s: float, now: datetime) -> tuple[QuotaAssessment,
+                                                                                           dict[str, Any]]:
+        """The assessment and its evidence (quota codes, where each usage number came from)."""
+        series_quota = read_quota(self.quotas, ACTIVE_SERIES, workspace_arn=self.workspace_arn,
+                                  code=self.quota_codes.get("active_series"))
+        ingestion_quota = read_quota(self.quotas, INGESTION_RATE, workspace_arn=self.workspace_arn,
+                                     code=self.quota_codes.get("ingestion_rate"))
+        evidence: dict[str, Any] = {"quotas": [series_quota.to_dict(), ingestion_quota.to_dict()]}
+        series = workspace_usage(self.cloudwatch, series_quota.usage, self.workspace_id, now) \
+            if series_quota.usage else None
+        evidence["workspace_series_from"] = "cloudwatch"
+        if series is None and self.workspace_series_query is not None:
+            series = self.workspace_series_query()
+            evidence["workspace_series_from"] = "workspace query count({__name__=~\".+\"})"
+            series = 0.0 if series is None else series  # an empty workspace answers no series at all
+        if series is None:
+            raise QuotaUnavailable(f"quota pre-flight: no usage of {ACTIVE_SERIES!r} for workspace "
+                                   f"{self.workspace_id} in CloudWatch and no workspace query to fall back on")
+        rate = workspace_usage(self.cloudwatch, ingestion_quota.usage, self.workspace_id, now) \
+            if ingestion_quota.usage else None
+        evidence["workspace_ingestion_rate_from"] = "cloudwatch" if rate is not None else "unknown (not checked)"
+        assessment = assess_quota(group_series=group_series, workspace_series=series,
+                                  series_limit=series_quota.value, scrape_interval_s=scrape_interval_s,
+                                  workspace_ingestion_rate=rate, ingestion_limit=ingestion_quota.value,
+                                  max_share=self.max_share)
+        return assessment, evidence
+
+    def require(self, *, group_series: int, scrape_interval_s: float, now: datetime) -> dict[str, Any]:
+        """The audit's ``deploy.quota`` when the group fits; QuotaExceeded (nothing deployed) when it does not."""
+        assessment, evidence = self.assess(group_series=group_series, scrape_interval_s=scrape_interval_s, now=now)
+        if not assessment.ok:
+            raise QuotaExceeded(assessment, evidence)
+        return {**assessment.to_dict(), **evidence}

@@ -1,0 +1,108 @@
+"""Quota pre-flight maths: would moving a group push the AMP workspace past a share of its quotas?
+
+Two quotas matter when a group starts writing to a workspace ("Amazon Managed Service for
+Prometheus service quotas", AMP user guide): **Active series per workspace** and **Ingestion
+rate per workspace** (samples per second). The workspace's current use of each is what AMP
+publishes to CloudWatch (``AWS/Usage``, metric ``ResourceCount``, resources ``ActiveSeries`` and
+``IngestionRate``: "Use CloudWatch metrics to monitor Amazon Managed Service for Prometheus
+resources", AMP user guide). The group adds its own active series (``count(<selector>)`` on the
+source) and, scraped every ``scrape_interval_s``, that many samples per interval.
+
+A group is refused when either sum would exceed ``max_share`` of its quota (default 80 %),
+so the workspace keeps headroom for growth and for the churn of a rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_SHARE = 0.8
+
+
+class QuotaExceeded(RuntimeError):
+    """Moving the group would push the workspace past the allowed share of a quota; nothing was deployed."""
+
+    def __init__(self, assessment: QuotaAssessment, evidence: Mapping[str, Any] | None = None) -> None:
+        super().__init__(assessment.reason)
+        self.assessment = assessment
+        self.evidence = {**assessment.to_dict(), **(evidence or {})}
+
+
+@dataclass(frozen=True)
+class QuotaUse:
+    """One quota: what the workspace uses now, what the group adds, and the quota itself."""
+
+    name: str
+    current: float
+    added: float
+    limit: float
+
+    @property
+    def share(self) -> float:
+        """Share of the quota used once the group is added (0.85 = 85 %)."""
+        return (self.current + self.added) / self.limit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "current": self.current, "added": self.added, "limit": self.limit,
+                "share": round(self.share, 6)}
+
+
+@dataclass(frozen=True)
+class QuotaAssessment:
+    """The pre-flight's answer: ok or not, the one-line reason, and the numbers behind it."""
+
+    ok: bool
+    reason: str
+    series: QuotaUse
+    ingestion: QuotaUse | None
+    max_share: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The audit's ``deploy.quota``: ``{group_series, workspace_series, limit, share, ...}``."""
+        data: dict[str, Any] = {
+            "ok": self.ok, "reason": self.reason, "group_series": int(self.series.added),
+            "workspace_series": int(self.series.current), "limit": self.series.limit,
+            "share": round(self.series.share, 6), "max_share": self.max_share,
+        }
+        if self.ingestion is not None:
+            data["ingestion"] = self.ingestion.to_dict()
+        return data
+
+
+def assess_quota(*, group_series: int, workspace_series: float, series_limit: float, scrape_interval_s: float,
+                 workspace_ingestion_rate: float | None = None, ingestion_limit: float | None = None,
+                 max_share: float = DEFAULT_MAX_SHARE) -> QuotaAssessment:
+    """Refuse the group when the workspace would use more than ``max_share`` of either quota.
+
+    Ingestion is checked only when both its current rate and its quota are known. A group
+    with no series is refused too: there is nothing to move, and a check without data never passes.
+    """
+    if not 0 < max_share <= 1:
+        raise ValueError(f"max_share must be in (0, 1], got {max_share}")
+    if series_limit <= 0:
+        raise ValueError(f"the active-series quota must be > 0, got {series_limit}")
+    if scrape_interval_s <= 0:
+        raise ValueError(f"scrape_interval_s must be > 0, got {scrape_interval_s}")
+    if workspace_series < 0 or group_series < 0:
+        raise ValueError("series counts cannot be negative")
+    series = QuotaUse("active series", float(workspace_series), float(group_series), float(series_limit))
+    ingestion = None
+    if workspace_ingestion_rate is not None and ingestion_limit is not None:
+        if ingestion_limit <= 0:
+            raise ValueError(f"the ingestion-rate quota must be > 0, got {ingestion_limit}")
+        ingestion = QuotaUse("ingestion rate (samples/s)", float(workspace_ingestion_rate),
+                             group_series / scrape_interval_s, float(ingestion_limit))
+    if group_series == 0:
+        return QuotaAssessment(False, "the group has no active series on the source; nothing to check or move",
+                               series, ingestion, max_share)
+    for use in (series, ingestion):
+        if use is not None and use.share > max_share:
+            reason = (f"quota pre-flight refused: {use.name} would reach {use.share:.1%} of the workspace quota "
+                      f"({use.current:,.0f} now + {use.added:,.0f} for the group > {max_share:.0%} of "
+                      f"{use.limit:,.0f}); raise the quota or move a smaller group")
+            return QuotaAssessment(False, reason, series, ingestion, max_share)
+    parts = [f"{use.name} {use.share:.1%}" for use in (series, ingestion) if use is not None]
+    return QuotaAssessment(True, f"quota pre-flight passed: {', '.join(parts)} of quota (limit {max_share:.0%})",
+                           series, ingestion, max_share)
