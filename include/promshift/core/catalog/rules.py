@@ -1,0 +1,102 @@
+"""Rules that span groups: dependencies and metric overlaps."""
+
+from __future__ import annotations
+
+from promshift.core.catalog.layers import _Draft, _Problems
+from promshift.core.catalog.regex import _compile_re2
+
+
+def _check_dependencies(drafts: list[_Draft], problems: _Problems) -> None:
+    """Dependencies must name other existing groups, no later wave, and no cycles."""
+    # A group whose name is missing or invalid (already reported) may be the
+    # one depended on: do not add an "unknown group" problem on top.
+    all_named = all("name" in draft.layer.top for draft in drafts)
+    by_name: dict[str, _Draft] = {}
+    for draft in drafts:
+        by_name.setdefault(draft.layer.top.get("name", ""), draft)
+    known = ", ".join(sorted(name for name in by_name if name)) or "(none)"
+    edges: dict[str, list[str]] = {}
+    for draft in drafts:
+        name = draft.layer.top.get("name")
+        wave = draft.layer.top.get("wave", 1)
+        for index, dependency in enumerate(draft.layer.top.get("depends_on", ())):
+            path = f"depends_on[{index}]"
+            if dependency == name:
+                problems.add(draft.where, path, "a group cannot depend on itself")
+            elif dependency not in by_name:
+                if all_named:
+                    problems.add(draft.where, path, f"unknown group {dependency!r} (known: {known})")
+            else:
+                dependency_wave = by_name[dependency].layer.top.get("wave", 1)
+                if dependency_wave > wave:
+                    problems.add(
+                        draft.where,
+                        path,
+                        f"{dependency!r} is in wave {dependency_wave}, after this group's wave {wave}",
+                    )
+                if name is not None:
+                    edges.setdefault(name, []).append(dependency)
+
+    order = [name for name in by_name if name]
+    position = {name: index for index, name in enumerate(order)}
+    state: dict[str, str] = {}  # "visiting" | "done"
+    reported: set[tuple[str, ...]] = set()
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = "visiting"
+        stack.append(name)
+        for dependency in edges.get(name, ()):
+            if state.get(dependency) == "visiting":
+                cycle = stack[stack.index(dependency) :]
+                # Rotate so the earliest group in the file starts the cycle: report it once.
+                start = min(range(len(cycle)), key=lambda i: position[cycle[i]])
+                canonical = tuple(cycle[start:] + cycle[:start])
+                if canonical not in reported:
+                    reported.add(canonical)
+                    problems.add(
+                        by_name[canonical[0]].where,
+                        "depends_on",
+                        "dependency cycle: " + " -> ".join([*canonical, canonical[0]]),
+                    )
+            elif dependency not in state:
+                visit(dependency, stack)
+        stack.pop()
+        state[name] = "done"
+
+    for name in order:
+        if name not in state:
+            visit(name, [])
+
+
+def _check_overlaps(drafts: list[_Draft], known_metrics: frozenset[str], problems: _Problems) -> None:
+    """No metric may be claimed by two groups: it would be cut over twice.
+
+    Regexes cannot be intersected in general, so they are tested against every
+    metric name we know of: the catalog's explicit names plus ``known_metrics``.
+    """
+    explicit = {metric for draft in drafts for metric in draft.layer.top.get("metrics", ())}
+    universe = sorted(explicit | known_metrics)
+    claimants: dict[str, list[tuple[int, str]]] = {}
+    for position, draft in enumerate(drafts):
+        own = draft.layer.top.get("metrics", ())
+        for metric in own:
+            claimants.setdefault(metric, []).append((position, "metrics"))
+        regex = draft.layer.top.get("metric_regex")
+        if regex is None:
+            continue
+        compiled = _compile_re2(regex)
+        for metric in universe:
+            if metric not in own and compiled.fullmatch(metric) is not None:
+                claimants.setdefault(metric, []).append((position, "metric_regex"))
+    overlaps: list[tuple[int, str, str, int]] = []
+    for metric, claims in claimants.items():
+        first_position = claims[0][0]
+        for position, field_name in claims[1:]:
+            overlaps.append((position, metric, field_name, first_position))
+    for position, metric, field_name, first_position in sorted(overlaps):
+        first = drafts[first_position]
+        problems.add(
+            drafts[position].where,
+            field_name,
+            f"claims metric {metric!r}, which {first.where} also claims",
+        )
