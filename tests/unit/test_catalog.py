@@ -77,7 +77,7 @@ def base_doc() -> dict[str, Any]:
             {
                 "name": "gpu-clocks",
                 "owners": ["gpu-platform"],
-                "approvers": ["oncall-alice"],
+                "approvers": ["oncall-alice", "oncall-carol"],
                 "wave": 2,
                 "depends_on": ["gpu-memory"],
                 "metric_regex": "DCGM_FI_DEV_(SM|MEM)_CLOCK",
@@ -319,7 +319,8 @@ def test_group_entry_must_be_a_mapping() -> None:
         ),
         (
             lambda d: d["defaults"].update(rollout={}),
-            "defaults: field 'rollout': unknown field (known: approval_timeout, host_label, latency, parity, warmup)",
+            "defaults: field 'rollout': unknown field (known: approval_timeout, host_label, latency, parity, "
+            "scrape_interval, warmup)",
         ),
         (
             lambda d: d["defaults"]["warmup"].update(length="10m"),
@@ -507,7 +508,7 @@ def test_overlap_between_two_regex_groups_is_found_through_known_metrics() -> No
         {
             "name": "gpu-sm",
             "owners": ["gpu-platform"],
-            "approvers": ["oncall-bob"],
+            "approvers": ["oncall-bob", "oncall-carol"],
             "metric_regex": "DCGM_FI_DEV_SM_.*",
             "latency": {"queries": ["avg(DCGM_FI_DEV_SM_CLOCK)"]},
         }
@@ -586,7 +587,7 @@ def test_warmup_timeout_must_cover_the_duration() -> None:
 
 def test_warmup_poll_interval_must_fit_in_the_timeout() -> None:
     doc = base_doc()
-    group(doc, "gpu-memory")["warmup"] = {"duration": "0s", "timeout": "1m", "poll_interval": "5m"}
+    group(doc, "gpu-memory")["warmup"] = {"duration": "30s", "timeout": "1m", "poll_interval": "5m"}
     assert problems_of(doc) == (
         "group 'gpu-memory': field 'warmup.poll_interval': must be <= warmup.timeout (1m), got 5m",
     )

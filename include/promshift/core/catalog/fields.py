@@ -20,7 +20,7 @@ from promshift.core.catalog.model import (
     ParityPolicy,
     WarmupPolicy,
 )
-from promshift.core.catalog.regex import _re2_error
+from promshift.core.catalog.regex import _go_regexp_problem, _re2_error
 from promshift.core.durations import format_duration, parse_duration
 from promshift.core.promql import PromQLError
 from promshift.core.promql import parse as parse_promql
@@ -40,8 +40,28 @@ def _fail(reason: str) -> NoReturn:
     raise _Invalid(("", reason))
 
 
+def _clip(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out: no message quotes a huge value."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def _show(value: Any) -> str:
+    """``repr(value)`` for a message, clipped (an int too long for repr says so)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an integer of about {int(value.bit_length() * 0.30103):,} digits"
+    return _clip(repr(value))
+
+
 def _type_name(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", type(None): "null"}.get(type(value), repr(value))
+    return {dict: "a mapping", list: "a list", type(None): "null"}.get(type(value)) or _show(value)
+
+
+# C0 controls (but tab and newline), DEL and lone surrogates ("\ud800" in a double-quoted YAML
+# string): they cannot be encoded as UTF-8 for RE2, the PromQL parser or a config file.
+_BAD_CHARACTER_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
+# Upper bounds: values past these are typos, and some (timedelta, int -> float) would raise later.
+MAX_INTEGER = 1_000_000_000
+MAX_DURATION_S = 10 * 365 * 86400.0
 
 
 Converter = Callable[[Any], Any]
@@ -53,6 +73,9 @@ def _string(*, allow_empty: bool = False) -> Converter:
             _fail(f"must be a string, got {_type_name(value)}")
         if not allow_empty and not value.strip():
             _fail("must be a non-empty string")
+        bad = _BAD_CHARACTER_RE.search(value)
+        if bad is not None:
+            _fail(f"contains the control character or lone surrogate {bad.group(0)!r}")
         return value
 
     return convert
@@ -70,28 +93,42 @@ def _boolean(value: Any) -> bool:
     return value
 
 
-def _one_dashboard(value: Any) -> tuple[str, ...]:
-    """The old ``golden_dashboard: FILE`` form: a list of one."""
-    text = _optional_string(value)
-    return () if text is None else (text,)
-
-
-def _pattern_string(regex: re.Pattern[str], what: str) -> Converter:
+def _pattern_string(regex: re.Pattern[str], what: str, *, max_length: int | None = None) -> Converter:
     def convert(value: Any) -> str:
         if not isinstance(value, str) or regex.fullmatch(value) is None:
             _fail(f"must be a {what} matching {regex.pattern}, got {_type_name(value)}")
+        if max_length is not None and len(value) > max_length:
+            _fail(f"must be at most {max_length} characters, got {len(value)}: {_show(value)}")
         return value
 
     return convert
 
 
-def _integer(*, minimum: int) -> Converter:
+# Airflow's limits on what a group name becomes: the DAG id ``promshift__<name>`` must fit Airflow's
+# 250-character key limit (airflow.utils.helpers.validate_key), and the tag ``group:<name>`` the
+# 100-character TAG_MAX_LEN (airflow.sdk.definitions.dag); the tag is the tighter one.
+GROUP_NAME_MAX_LENGTH = min(250 - len("promshift__"), 100 - len("group:"))
+
+
+def _user_id(value: Any) -> str:
+    """An Airflow user id (owners, approvers): compared exactly, so no stray whitespace."""
+    text = _string()(value)
+    if text != text.strip():
+        _fail(f"has stray whitespace: {_show(text)} (Airflow user ids are compared exactly)")
+    if any(char.isspace() for char in text):
+        _fail(f"contains whitespace: {_show(text)} (Airflow user ids are compared exactly)")
+    return text
+
+
+def _integer(*, minimum: int, maximum: int = MAX_INTEGER) -> Converter:
     def convert(value: Any) -> int:
         # bool is an int subclass; YAML turns "yes"/"on" into True.
         if isinstance(value, bool) or not isinstance(value, int):
             _fail(f"must be an integer, got {_type_name(value)}")
         if value < minimum:
-            _fail(f"must be >= {minimum}, got {value!r}")
+            _fail(f"must be >= {minimum}, got {_show(value)}")
+        if value > maximum:
+            _fail(f"must be <= {maximum:,}, got {_show(value)}")
         return value
 
     return convert
@@ -99,13 +136,19 @@ def _integer(*, minimum: int) -> Converter:
 
 def _number(*, minimum: float, maximum: float | None = None) -> Converter:
     def convert(value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, int | float):
             _fail(f"must be a finite number, got {_type_name(value)}")
-        if maximum is not None and not minimum <= value <= maximum:
-            _fail(f"must be between {minimum} and {maximum}, got {value!r}")
-        if value < minimum:
-            _fail(f"must be >= {minimum}, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float range
+            _fail(f"must be a finite number, got {_show(value)}")
+        if not math.isfinite(number):
+            _fail(f"must be a finite number, got {_type_name(value)}")
+        if maximum is not None and not minimum <= number <= maximum:
+            _fail(f"must be between {minimum} and {maximum}, got {_show(value)}")
+        if number < minimum:
+            _fail(f"must be >= {minimum}, got {_show(value)}")
+        return number
 
     return convert
 
@@ -116,12 +159,16 @@ def _duration(*, positive: bool) -> Converter:
         # 1.1 reads 1:30 as the integer 90.
         if not isinstance(value, str):
             _fail(f"must be a duration string like '10m', got {_type_name(value)}")
+        if len(value) > 64:
+            _fail(f"invalid duration {_show(value)}: too long")
         try:
             seconds = parse_duration(value)
-        except ValueError as exc:
-            _fail(str(exc))
+        except (ValueError, OverflowError) as exc:
+            _fail(_clip(str(exc), 200))
         if positive and seconds <= 0:
             _fail(f"must be > 0, got {value!r}")
+        if seconds > MAX_DURATION_S:
+            _fail(f"must be at most {format_duration(MAX_DURATION_S)} (10 years), got {value!r}")
         return seconds
 
     return convert
@@ -155,7 +202,7 @@ def _unique_list(item: Converter, *, what: str, non_empty: bool) -> Converter:
                 continue
             if converted in first_index:
                 issues.append(
-                    (f"[{index}]", f"duplicate {what} {converted!r} (also [{first_index[converted]}])")
+                    (f"[{index}]", f"duplicate {what} {_show(converted)} (also [{first_index[converted]}])")
                 )
                 continue
             first_index[converted] = index
@@ -213,9 +260,37 @@ def _template_values(value: Any) -> tuple[tuple[str, str], ...]:
 def _metric_regex(value: Any) -> str:
     text = _string()(value)
     error = _re2_error(text)
+    if error is None:
+        error = _re2_error(f"^(?:{text})$")
+        if error is not None:
+            error += " once anchored as Prometheus anchors it, ^(?:...)$"
     if error is not None:
-        _fail(f"invalid RE2 regex {text!r}: {error} (Prometheus uses RE2: no lookaround or backreferences)")
+        _fail(f"invalid RE2 regex {_show(text)}: {error} (Prometheus uses RE2: no lookaround or backreferences)")
+    go_problem = _go_regexp_problem(text)
+    if go_problem is not None:
+        _fail(f"regex {_show(text)} would fail in Prometheus: {go_problem}")
     return text
+
+
+def _dashboard_path(value: Any) -> str:
+    """A Grafana dashboard file or folder, relative to the catalog's folder and inside it.
+
+    Only the path's text is checked here (the core reads no files); where it resolves to,
+    symlinks included, is checked by whoever reads the catalog from disk (``settings``).
+    """
+    text = _string()(value)
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
+        _fail(f"must be a path relative to the catalog's folder, not a URL: {_show(text)}")
+    if text.startswith(("/", "\\", "~")) or re.match(r"[A-Za-z]:", text):
+        _fail(f"must be a path relative to the catalog's folder, got the absolute path {_show(text)}")
+    if ".." in re.split(r"[/\\]", text):
+        _fail(f"must stay inside the catalog's folder: '..' in {_show(text)}")
+    return text
+
+
+def _one_dashboard(value: Any) -> tuple[str, ...]:
+    """The old ``golden_dashboard: FILE`` form: a list of one."""
+    return () if value is None else (_dashboard_path(value),)
 
 
 _WINDOW_KEYS = ("name", "range", "slo_p95")
@@ -258,7 +333,7 @@ def _windows(value: Any) -> tuple[LatencyWindow, ...]:
             issues.extend((f"{at}.name", reason) for _, reason in exc.issues)
             continue
         if name in index_by_name:
-            issues.append((f"{at}.name", f"duplicate window name {name!r} (also [{index_by_name[name]}])"))
+            issues.append((f"{at}.name", f"duplicate window name {_show(name)} (also [{index_by_name[name]}])"))
             continue
         if entry["range"] in index_by_range:
             issues.append(
@@ -294,7 +369,7 @@ def _promql_query(value: Any) -> str:
     try:
         parse_promql(query)
     except PromQLError as exc:
-        _fail(f"{exc} in {query!r}")
+        _fail(f"{_clip(str(exc), 200)} in {_show(query)}")
     return query
 
 
@@ -310,10 +385,10 @@ class _Field:
 
 
 _GROUP_FIELDS: dict[str, _Field] = {
-    "name": _Field("name", _pattern_string(_GROUP_NAME_RE, "group name")),
+    "name": _Field("name", _pattern_string(_GROUP_NAME_RE, "group name", max_length=GROUP_NAME_MAX_LENGTH)),
     "description": _Field("description", _string(allow_empty=True)),
-    "owners": _Field("owners", _unique_list(_string(), what="owner", non_empty=True)),
-    "approvers": _Field("approvers", _unique_list(_string(), what="approver", non_empty=True)),
+    "owners": _Field("owners", _unique_list(_user_id, what="owner", non_empty=True)),
+    "approvers": _Field("approvers", _unique_list(_user_id, what="approver", non_empty=True)),
     "wave": _Field("wave", _integer(minimum=1)),
     "depends_on": _Field(
         "depends_on",
@@ -324,6 +399,10 @@ _GROUP_FIELDS: dict[str, _Field] = {
         _unique_list(_pattern_string(_METRIC_NAME_RE, "metric name"), what="metric", non_empty=False),
     ),
     "metric_regex": _Field("metric_regex", _metric_regex),
+    # A metric_regex that also matches Prometheus' own series (up, prometheus_*) is refused unless this is true.
+    "allow_match_all": _Field("allow_match_all", _boolean),
+    # How often the source scrapes: a warm-up shorter than one scrape has nothing to compare.
+    "scrape_interval": _Field("scrape_interval_s", _duration(positive=True)),
     "host_label": _Field("host_label", _pattern_string(_LABEL_NAME_RE, "label name")),
     "approval_timeout": _Field("approval_timeout_s", _duration(positive=True)),
 }
@@ -355,7 +434,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
             ),
             "rename_labels": _Field("rename_labels", _label_renames),
             "golden_dashboards": _Field(
-                "golden_dashboards", _unique_list(_string(), what="dashboard", non_empty=False)
+                "golden_dashboards", _unique_list(_dashboard_path, what="dashboard", non_empty=False)
             ),
             "golden_dashboard": _Field("golden_dashboards", _one_dashboard),
             "golden_variables": _Field("golden_variables", _template_values),
@@ -389,13 +468,13 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
 # Golden queries name one group's metrics; a shared list in defaults or a
 # profile would be wrong for every other group.
 _GROUP_ONLY_SECTION_KEYS = frozenset({("latency", "queries")})
-_DEFAULTS_TOP_FIELDS = ("host_label", "approval_timeout")
+_DEFAULTS_TOP_FIELDS = ("host_label", "approval_timeout", "scrape_interval")
 _TOP_LEVEL_KEYS = ("version", "defaults", "profiles", "groups")
 
 
 def _unknown_field_reason(key: Any, known: Iterable[str]) -> str:
     known = sorted(known)
-    close = difflib.get_close_matches(str(key), known, n=1) if isinstance(key, str) else []
+    close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) and len(key) <= 100 else []
     if close:
         return f"unknown field (did you mean {close[0]!r}?)"
     return f"unknown field (known: {', '.join(known)})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -9,12 +10,15 @@ from typing import Any
 from promshift.core.catalog.fields import (
     _GROUP_ONLY_SECTION_KEYS,
     _SECTIONS,
+    _clip,
     _Field,
     _Invalid,
+    _show,
     _type_name,
     _unknown_field_reason,
 )
 from promshift.core.catalog.model import _GROUP_NAME_RE, GROUP_NAME_PATTERN, MetricGroup
+from promshift.core.catalog.rules import _group_rules
 from promshift.core.durations import format_duration
 from promshift.core.promql import metric_names
 
@@ -22,15 +26,34 @@ from promshift.core.promql import metric_names
 
 
 class _Problems:
-    """Collects ``<where>: field '<path>': <reason>`` lines in discovery order."""
+    """Collects ``<where>: field '<path>': <reason>`` lines in discovery order.
+
+    Each line belongs to one group (its index in the file) or to the whole catalog (None), so a
+    caller can keep the good groups and show the bad ones. ``for_group`` returns a view that
+    files what it is given under one group, sharing the same store.
+    """
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.entries: list[tuple[int | None, str]] = []
+        self._seen: set[tuple[int | None, str]] = set()
+        self._group: int | None = None
 
-    def add(self, where: str, path: str | None, reason: str) -> None:
-        line = f"{where}: {reason}" if path is None else f"{where}: field {path!r}: {reason}"
-        if line not in self.lines:
-            self.lines.append(line)
+    def for_group(self, group: int) -> _Problems:
+        view = copy.copy(self)  # shares entries and _seen
+        view._group = group
+        return view
+
+    def add(self, where: str, path: str | None, reason: str, *, group: int | None = None) -> None:
+        line = f"{where}: {reason}" if path is None else f"{where}: field {_clip(repr(path))}: {reason}"
+        key = (self._group if group is None else group, line)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.entries.append(key)
+
+    @property
+    def lines(self) -> list[str]:
+        """Every problem once, in discovery order."""
+        return list(dict.fromkeys(line for _, line in self.entries))
 
 
 @dataclass
@@ -193,15 +216,18 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
                 issues.append(
                     (
                         f"latency.queries[{index}]",
-                        f"references none of this group's metrics: {query!r}",
+                        f"references none of this group's metrics: {_show(query)}",
                     )
                 )
+    issues.extend(_group_rules(group))
     return group, issues
 
 
 def _group_label(raw: Any, index: int) -> str:
     name = raw.get("name") if isinstance(raw, dict) else None
-    return f"group {name!r}" if isinstance(name, str) and name else f"group #{index + 1}"
+    if isinstance(name, str) and name and len(name) <= 100:  # a longer one is reported clipped, under its number
+        return f"group {name!r}"
+    return f"group #{index + 1}"
 
 
 def _iter_profiles(raw: Any, problems: _Problems) -> Iterator[tuple[str, Any]]:
@@ -214,6 +240,6 @@ def _iter_profiles(raw: Any, problems: _Problems) -> Iterator[tuple[str, Any]]:
         return
     for name, overrides in raw.items():
         if not isinstance(name, str) or _GROUP_NAME_RE.fullmatch(name) is None:
-            problems.add("catalog", f"profiles.{name}", f"profile names must match {GROUP_NAME_PATTERN}")
+            problems.add("catalog", f"profiles.{_clip(str(name))}", f"profile names must match {GROUP_NAME_PATTERN}")
             continue
         yield name, overrides

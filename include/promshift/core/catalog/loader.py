@@ -1,4 +1,19 @@
-"""The catalog's YAML loader: a SafeLoader that refuses what would hide an edit or hurt the parser."""
+"""The catalog's YAML loader: a SafeLoader that refuses what would hide an edit or hurt the parser.
+
+Everything here happens while PyYAML composes nodes, before a single Python value is built:
+
+- nesting deeper than ``MAX_DEPTH`` is refused (PyYAML's composer and constructor recurse, so
+  5,000 levels would otherwise end in a RecursionError);
+- aliases may expand to at most ``MAX_ALIAS_NODES`` nodes in total, counting every node each
+  alias stands for: a 600-byte "billion laughs" bomb asks for billions and is refused at once,
+  while the honest use (one ``&oncall`` approver list reused by a few groups) stays legal. An
+  alias to an anchor that is still open (a self-containing value) is refused outright;
+- a scalar longer than ``MAX_SCALAR_CHARS`` is refused (no field needs it; a huge value in an
+  error message is what we must never print).
+
+Aliases are budgeted rather than banned: anchors and merge keys (``<<: *common``) are how YAML
+reviewers share a block, and the budget makes them exactly as safe as writing the block out.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +21,66 @@ import re
 from typing import Any
 
 import yaml
+from yaml.composer import ComposerError
+from yaml.events import AliasEvent, ScalarEvent
 
-# --------------------------------------------------------------------------- YAML loading
+MAX_DEPTH = 32
+MAX_ALIAS_NODES = 10_000
+MAX_SCALAR_CHARS = 65_536
 
 
 class _CatalogLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys and reads ``1e-9`` as a float.
+    """SafeLoader with the budgets above, no duplicate keys, and ``1e-9`` read as a float.
 
     PyYAML silently keeps the last of two equal keys, which would hide a
     reviewer's edit; and its YAML 1.1 resolver reads ``1e-9`` (no dot) as a
     string, the natural way to write a tolerance.
     """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._composed = 0  # nodes composed plus nodes reached through aliases
+        self._alias_nodes = 0
+        self._anchor_sizes: dict[str, int] = {}
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(AliasEvent):
+            event = self.peek_event()
+            anchor = event.anchor
+            if anchor in self.anchors and anchor not in self._anchor_sizes:
+                raise ComposerError(None, None, f"alias *{_clip(anchor)} refers to a value that contains it",
+                                    event.start_mark)
+            size = self._anchor_sizes.get(anchor, 1)
+            self._alias_nodes += size
+            if self._alias_nodes > MAX_ALIAS_NODES:
+                raise ComposerError(None, None, f"aliases expand to more than {MAX_ALIAS_NODES:,} values "
+                                    "(an alias bomb?); write the values out or share less", event.start_mark)
+            self._composed += size
+            return super().compose_node(parent, index)
+        event = self.peek_event()
+        if self._depth >= MAX_DEPTH:
+            raise ComposerError(None, None, f"nesting deeper than {MAX_DEPTH} levels", event.start_mark)
+        if isinstance(event, ScalarEvent) and len(event.value) > MAX_SCALAR_CHARS:
+            raise ComposerError(None, None, f"a value of {len(event.value):,} characters (the limit is "
+                                f"{MAX_SCALAR_CHARS:,})", event.start_mark)
+        before = self._composed
+        self._composed += 1
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if event.anchor is not None:
+            self._anchor_sizes[event.anchor] = self._composed - before
+        return node
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError as exc:  # more digits than int() converts (Python's 4,300-digit limit)
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read the integer: {_clip(str(exc))}",
+                                                    node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -32,7 +96,7 @@ class _CatalogLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping",
                     node.start_mark,
-                    f"found duplicate key {key!r}",
+                    f"found duplicate key {_clip(repr(key))}",
                     key_node.start_mark,
                 )
             seen.add(key)
@@ -44,3 +108,22 @@ _CatalogLoader.add_implicit_resolver(
     re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
+_CatalogLoader.add_constructor("tag:yaml.org,2002:int", _CatalogLoader.construct_yaml_int)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def load_yaml(text: str) -> Any:
+    """Load catalog YAML; a problem is a ValueError whose message is one line with its position."""
+    try:
+        return yaml.load(text, Loader=_CatalogLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        what = " ".join(part for part in (exc.context, exc.problem) if part)
+        raise ValueError(f"invalid YAML: {_clip(' '.join(what.split()), 200)}{where}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"invalid YAML: {_clip(' '.join(str(exc).split()), 200)}") from None

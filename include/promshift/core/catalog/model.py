@@ -149,6 +149,10 @@ class MetricGroup:
     host_label: str = "Hostname"
     # An unanswered approval fails (and so rolls back) after this long.
     approval_timeout_s: float = 86400.0
+    # The source's scrape interval: a warm-up must last at least one scrape.
+    scrape_interval_s: float = 30.0
+    # True lets metric_regex match Prometheus' own series (up, prometheus_*): refused by default.
+    allow_match_all: bool = False
     warmup: WarmupPolicy = WarmupPolicy()
     parity: ParityPolicy = ParityPolicy()
     latency: LatencyPolicy = LatencyPolicy()

@@ -1,9 +1,55 @@
-"""Rules that span groups: dependencies and metric overlaps."""
+"""Rules on a whole group (approvers, warm-up, match-all regexes) and across groups (dependencies, overlaps)."""
 
 from __future__ import annotations
 
-from promshift.core.catalog.layers import _Draft, _Problems
+from typing import TYPE_CHECKING
+
+from promshift.core.catalog.fields import _clip, _show
+from promshift.core.catalog.model import MetricGroup
 from promshift.core.catalog.regex import _compile_re2
+from promshift.core.durations import format_duration
+
+if TYPE_CHECKING:
+    from promshift.core.catalog.layers import _Draft, _Problems
+
+# Series every Prometheus has about itself and its targets. A group's keep-rule that matches one of
+# them would dual-write (and cut over, and later drop from the source) the fleet's own health series.
+SELF_MONITORING_NAMES = (
+    "up",
+    "scrape_duration_seconds",
+    "scrape_samples_scraped",
+    "prometheus_build_info",
+    "prometheus_tsdb_head_series",
+    "prometheus_remote_storage_samples_failed_total",
+    "go_goroutines",
+    "process_cpu_seconds_total",
+    "ALERTS",
+)
+
+
+def _group_rules(group: MetricGroup) -> list[tuple[str, str]]:
+    """Rules on one assembled group: (field path, reason) for each problem."""
+    issues: list[tuple[str, str]] = []
+    if group.approvers:  # empty: missing or invalid, reported already
+        if len(group.approvers) < 2:
+            issues.append(("approvers", f"lists one approver ({_show(group.approvers[0])}); list at least two: "
+                                        "the user who triggers a run cannot approve it"))
+        elif not set(group.approvers) - set(group.owners):
+            issues.append(("approvers", "lists only owners; add an approver who is not an owner (four eyes)"))
+    if group.warmup.duration_s < group.scrape_interval_s:
+        issues.append(("warmup.duration", f"must be at least one scrape interval "
+                                          f"({format_duration(group.scrape_interval_s)}), got "
+                                          f"{format_duration(group.warmup.duration_s)}: parity would have no "
+                                          "sample to compare (set scrape_interval if the source scrapes faster)"))
+    if group.metric_regex is not None and not group.allow_match_all:
+        compiled = _compile_re2(group.metric_regex)
+        matched = [name for name in SELF_MONITORING_NAMES if compiled.fullmatch(name) is not None]
+        if matched:
+            issues.append(("metric_regex", f"{_show(group.metric_regex)} also matches Prometheus' own series "
+                                           f"({', '.join(matched[:3])}{', ...' if len(matched) > 3 else ''}): "
+                                           "the group would dual-write and cut over every such series; narrow it, "
+                                           "or set allow_match_all: true"))
+    return issues
 
 
 def _check_dependencies(drafts: list[_Draft], problems: _Problems) -> None:
@@ -22,10 +68,11 @@ def _check_dependencies(drafts: list[_Draft], problems: _Problems) -> None:
         for index, dependency in enumerate(draft.layer.top.get("depends_on", ())):
             path = f"depends_on[{index}]"
             if dependency == name:
-                problems.add(draft.where, path, "a group cannot depend on itself")
+                problems.add(draft.where, path, "a group cannot depend on itself", group=draft.index)
             elif dependency not in by_name:
                 if all_named:
-                    problems.add(draft.where, path, f"unknown group {dependency!r} (known: {known})")
+                    problems.add(draft.where, path, f"unknown group {_show(dependency)} (known: {_clip(known, 200)})",
+                                 group=draft.index)
             else:
                 dependency_wave = by_name[dependency].layer.top.get("wave", 1)
                 if dependency_wave > wave:
@@ -33,6 +80,7 @@ def _check_dependencies(drafts: list[_Draft], problems: _Problems) -> None:
                         draft.where,
                         path,
                         f"{dependency!r} is in wave {dependency_wave}, after this group's wave {wave}",
+                        group=draft.index,
                     )
                 if name is not None:
                     edges.setdefault(name, []).append(dependency)
@@ -57,6 +105,7 @@ def _check_dependencies(drafts: list[_Draft], problems: _Problems) -> None:
                         by_name[canonical[0]].where,
                         "depends_on",
                         "dependency cycle: " + " -> ".join([*canonical, canonical[0]]),
+                        group=by_name[canonical[0]].index,
                     )
             elif dependency not in state:
                 visit(dependency, stack)
@@ -99,4 +148,5 @@ def _check_overlaps(drafts: list[_Draft], known_metrics: frozenset[str], problem
             drafts[position].where,
             field_name,
             f"claims metric {metric!r}, which {first.where} also claims",
+            group=drafts[position].index,
         )
