@@ -89,6 +89,7 @@ __all__ = [
     "_compile_re2",
     "_re2_error",
     "check_catalog",
+    "unreadable_catalog",
     "parse_catalog",
 ]
 
@@ -114,14 +115,18 @@ class CatalogCheck:
     problems: tuple[str, ...]
     catalog_problems: tuple[str, ...]
     group_problems: tuple[tuple[str, tuple[str, ...]], ...]
+    # False when nothing could be read as a catalog (no file, not UTF-8, not YAML, not a mapping):
+    # then ``problems`` is one line saying why.
+    readable: bool = True
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
-def _unreadable(problem: str, profile: str | None) -> CatalogCheck:
-    return CatalogCheck(Catalog(groups=(), profile=profile), (problem,), (problem,), ())
+def unreadable_catalog(problem: str, profile: str | None = None) -> CatalogCheck:
+    """The check of a catalog that could not be read at all: one problem, no groups."""
+    return CatalogCheck(Catalog(groups=(), profile=profile), (problem,), (problem,), (), readable=False)
 
 
 def check_catalog(
@@ -141,15 +146,15 @@ def check_catalog(
     acceptable where it resolves (outside the catalog's folder), or None.
     """
     if len(text) > MAX_CATALOG_CHARS:
-        return _unreadable(f"catalog: {len(text):,} characters, more than the {MAX_CATALOG_CHARS:,} allowed "
+        return unreadable_catalog(f"catalog: {len(text):,} characters, more than the {MAX_CATALOG_CHARS:,} allowed "
                            "(the parse must stay well inside Airflow's DAG import timeout)", profile)
     problems = _Problems()
     try:
         document = load_yaml(text)
     except ValueError as exc:
-        return _unreadable(f"catalog: {exc}", profile)
+        return unreadable_catalog(f"catalog: {exc}", profile)
     if not isinstance(document, dict):
-        return _unreadable(f"catalog: must be a mapping with 'version' and 'groups', got {_type_name(document)}",
+        return unreadable_catalog(f"catalog: must be a mapping with 'version' and 'groups', got {_type_name(document)}",
                            profile)
 
     for key in document:
