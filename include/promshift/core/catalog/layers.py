@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,11 +19,18 @@ from promshift.core.catalog.fields import (
     _unknown_field_reason,
 )
 from promshift.core.catalog.model import _GROUP_NAME_RE, GROUP_NAME_PATTERN, MetricGroup
+from promshift.core.catalog.regex import _compile_re2
 from promshift.core.catalog.rules import _group_rules
 from promshift.core.durations import format_duration
 from promshift.core.promql import metric_names
 
 # --------------------------------------------------------------------------- layer parsing
+
+
+@functools.lru_cache(maxsize=65_536)
+def _query_metric_names(query: str) -> tuple[str, ...]:
+    """metric_names, parsed once per query: each group is assembled once per profile too."""
+    return tuple(metric_names(query))
 
 
 class _Problems:
@@ -211,8 +219,15 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
         if not given("latency.queries"):
             issues.append(("latency.queries", "is required: list the group's golden PromQL queries"))
     elif group.metrics or group.metric_regex is not None:
+        # group.claims(name), without building and compiling the group's keep regex each time.
+        explicit = frozenset(group.metrics)
+        regex = None if group.metric_regex is None else _compile_re2(group.metric_regex)
+
+        def claims(name: str) -> bool:
+            return name in explicit or (regex is not None and regex.fullmatch(name) is not None)
+
         for index, query in enumerate(latency.queries):
-            if not any(group.claims(name) for name in metric_names(query)):
+            if not any(claims(name) for name in _query_metric_names(query)):
                 issues.append(
                     (
                         f"latency.queries[{index}]",

@@ -11,12 +11,15 @@ import re2
 # --------------------------------------------------------------------------- regex helpers
 
 
-@functools.lru_cache(maxsize=256)
-def _compile_re2(pattern: str) -> Any:
+def _compile_re2_uncached(pattern: str) -> Any:
     """Compile with RE2 without RE2 logging failures to stderr (we report them)."""
     options = re2.Options()
     options.log_errors = False
     return re2.compile(pattern, options)
+
+
+# Enough for every group's regex in a large catalog: a cache miss recompiles.
+_compile_re2 = functools.lru_cache(maxsize=16_384)(_compile_re2_uncached)
 
 
 def _re2_error(pattern: str) -> str | None:
