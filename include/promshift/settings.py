@@ -50,16 +50,16 @@ def read_catalog_text(path: str | os.PathLike[str]) -> str:
     """The catalog file's text; a missing, unreadable, oversized or non-UTF-8 file is a one-line CatalogError."""
     catalog_path = Path(path)
     try:
-        size = catalog_path.stat().st_size
-        if catalog_path.is_dir():
-            raise CatalogError([f"cannot read catalog {catalog_path}: it is a directory"])
+        is_dir, size = catalog_path.is_dir(), catalog_path.stat().st_size
         # Refused before reading: the text limit is in characters, UTF-8 needs at most 4 bytes each.
-        if size > 4 * MAX_CATALOG_CHARS:
-            raise CatalogError([f"cannot read catalog {catalog_path}: {size:,} bytes, too big to be a catalog"])
-        data = catalog_path.read_bytes()
+        data = b"" if is_dir or size > 4 * MAX_CATALOG_CHARS else catalog_path.read_bytes()
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
         reason = getattr(exc, "strerror", None) or str(exc)
         raise CatalogError([f"cannot read catalog {catalog_path}: {reason}"]) from None
+    if is_dir:
+        raise CatalogError([f"cannot read catalog {catalog_path}: it is a directory"])
+    if size > 4 * MAX_CATALOG_CHARS:
+        raise CatalogError([f"cannot read catalog {catalog_path}: {size:,} bytes, too big to be a catalog"])
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
