@@ -920,7 +920,8 @@ def test_host_label_defaults_and_group_override() -> None:
 def test_profile_names_follow_the_group_name_pattern() -> None:
     doc = base_doc()
     doc["profiles"]["Demo_2"] = {}
-    assert problems_of(doc) == ("catalog: field 'profiles.Demo_2': profile names must match [a-z][a-z0-9-]*",)
+    assert problems_of(doc) == (
+        "catalog: field 'profiles.Demo_2': profile names must match [a-z][a-z0-9-]*, at most 94 characters",)
 
 
 def test_golden_dashboards_take_a_list_and_the_old_single_file_form() -> None:

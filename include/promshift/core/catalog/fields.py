@@ -110,6 +110,10 @@ def _pattern_string(regex: re.Pattern[str], what: str, *, max_length: int | None
 GROUP_NAME_MAX_LENGTH = min(250 - len("promshift__"), 100 - len("group:"))
 
 
+# Far longer than any real user or team id; Airflow keeps each DAG owner in a 500-character column.
+MAX_USER_ID_LENGTH = 100
+
+
 def _user_id(value: Any) -> str:
     """An Airflow user id (owners, approvers): compared exactly, so no stray whitespace."""
     text = _string()(value)
@@ -117,6 +121,8 @@ def _user_id(value: Any) -> str:
         _fail(f"has stray whitespace: {_show(text)} (Airflow user ids are compared exactly)")
     if any(char.isspace() for char in text):
         _fail(f"contains whitespace: {_show(text)} (Airflow user ids are compared exactly)")
+    if len(text) > MAX_USER_ID_LENGTH:
+        _fail(f"must be at most {MAX_USER_ID_LENGTH} characters, got {len(text)}: {_show(text)}")
     return text
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from promshift.core.catalog.fields import (
     _GROUP_ONLY_SECTION_KEYS,
     _SECTIONS,
+    GROUP_NAME_MAX_LENGTH,
     _clip,
     _Field,
     _Invalid,
@@ -254,7 +255,8 @@ def _iter_profiles(raw: Any, problems: _Problems) -> Iterator[tuple[str, Any]]:
         )
         return
     for name, overrides in raw.items():
-        if not isinstance(name, str) or _GROUP_NAME_RE.fullmatch(name) is None:
-            problems.add("catalog", f"profiles.{_clip(str(name))}", f"profile names must match {GROUP_NAME_PATTERN}")
+        if not isinstance(name, str) or _GROUP_NAME_RE.fullmatch(name) is None or len(name) > GROUP_NAME_MAX_LENGTH:
+            problems.add("catalog", f"profiles.{_clip(str(name))}",
+                         f"profile names must match {GROUP_NAME_PATTERN}, at most {GROUP_NAME_MAX_LENGTH} characters")
             continue
         yield name, overrides
