@@ -192,3 +192,38 @@ def test_go_regexp_differences_match_promtool(pattern: str, go_accepts: bool, tm
     re2.compile(pattern, options)  # C++ RE2 accepts every one of them
     assert promtool_accepts(pattern, tmp_path) is go_accepts
     assert ours_accepts(pattern) is go_accepts
+
+
+# --------------------------------------------------------------------------- the same, through the CLI
+
+
+@pytest.mark.parametrize("case_id", ["file-missing", "file-is-a-directory", "file-not-utf8", "file-nul-in-path",
+                                     "file-50-mb", "unclosed-flow-sequence", "alias-bomb-9-levels",
+                                     "flow-nesting-5000-deep", "top-level-list"])
+def test_catalog_check_cli_says_one_line_for_an_unreadable_catalog(
+        case_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from promshift.cli import main
+
+    case = next(case for case in CASES if case["id"] == case_id)
+    path = catalog_path(case, tmp_path)
+    code = main(["catalog", "check", str(path)])
+    out, err = capsys.readouterr()
+    assert (code, out) == (64, "")
+    assert err.count("\n") == 1 and err.startswith(f"promshift: cannot read catalog {path}: ")
+    assert case["contains"] in err and len(err) < 400
+
+
+@pytest.mark.parametrize("case_id", ["approval-timeout-10-million-years", "regex-backslash-C", "match-all-dot-star",
+                                     "approver-is-the-only-owner", "dashboard-symlink-escape"])
+def test_catalog_check_cli_lists_problems_one_per_line(
+        case_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from promshift.cli import main
+
+    case = next(case for case in CASES if case["id"] == case_id)
+    path = catalog_path(case, tmp_path)
+    code = main(["catalog", "check", str(path)])
+    out, _ = capsys.readouterr()
+    lines = out.splitlines()
+    assert code == 1 and lines[0] == f"{path}: {len(lines) - 1} problem{'s' if len(lines) > 2 else ''}"
+    assert all(line.startswith("  - ") for line in lines[1:])
+    assert any(case["contains"] in line for line in lines[1:])
