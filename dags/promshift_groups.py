@@ -5,15 +5,49 @@ Generated from the reviewed catalog (`catalog/metric_groups.yaml`, or `PROMSHIFT
 Trigger a group's DAG from the UI to move it forward; the on-call approval appears in
 the UI as a required action. `PROMSHIFT_PROFILE=demo` selects the catalog's short
 demo timings. Parsing reads only the catalog file: no network, no database.
+
+A group with problems gets no DAG: the `promshift__catalog_errors` DAG lists every problem
+(in its docs, and one task that fails with them) and the other groups keep their DAGs. A
+catalog that cannot be read at all gives that DAG alone, with a one-line reason.
 """
 
 from __future__ import annotations
 
-from promshift.orchestration.dag_factory import build_group_dag
-from promshift.settings import default_catalog_path, default_profile, load_catalog
+import logging
+
+from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, unreadable_catalog
+from promshift.orchestration.dag_factory import build_catalog_errors_dag, build_group_dag
+from promshift.settings import check_catalog_file, default_catalog_path, default_profile
+
+log = logging.getLogger(__name__)
 
 CATALOG_PATH = default_catalog_path()
 PROFILE = default_profile()
 
-for _group in load_catalog(CATALOG_PATH, profile=PROFILE).groups:
-    globals()[_group.dag_id] = build_group_dag(_group, catalog_path=CATALOG_PATH, profile=PROFILE)
+
+def _one_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+try:
+    _check = check_catalog_file(CATALOG_PATH, profile=PROFILE)
+except Exception as _exc:  # a bug in the checker must not take every DAG down with a traceback
+    _check = unreadable_catalog(f"catalog check failed: {_one_line(_exc)}")
+
+_problems = list(_check.problems)
+# Problems in the YAML, defaults or profiles reach every group.
+_missing = ["every group"] if _check.catalog_problems else [label for label, _ in _check.group_problems]
+for _group in _check.catalog.groups:
+    try:
+        globals()[_group.dag_id] = build_group_dag(_group, catalog_path=CATALOG_PATH, profile=PROFILE)
+    except Exception as _exc:  # Airflow refused what the catalog check let through: that group only
+        _problems.append(f"group {_group.name!r}: Airflow refused its DAG: {_one_line(_exc)}")
+        _missing.append(f"group {_group.name!r}")
+
+if _problems:
+    for _problem in _problems:
+        log.error("promshift catalog %s: %s", CATALOG_PATH, _problem)
+    log.error("promshift catalog %s: %d problem(s), listed in DAG %s; groups without a DAG: %s",
+              CATALOG_PATH, len(_problems), CATALOG_ERRORS_DAG_ID, ", ".join(_missing) or "none")
+    globals()[CATALOG_ERRORS_DAG_ID] = build_catalog_errors_dag(
+        problems=_problems, catalog_path=CATALOG_PATH, missing_groups=_missing)

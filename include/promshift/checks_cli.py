@@ -80,19 +80,25 @@ def _iso(t: float) -> str:
 
 def _load_catalog(path: str | None, profile: str | None) -> tuple[Any, Path]:
     """The catalog and its path; an unreadable or invalid one is an InputError."""
-    from promshift.core.catalog import CatalogError
-    from promshift.settings import default_catalog_path, default_profile, load_catalog
+    from promshift.settings import check_catalog_file, default_catalog_path, default_profile
 
     catalog_path = Path(path) if path else default_catalog_path()
-    try:
-        return load_catalog(catalog_path, profile=profile or default_profile()), catalog_path
-    except OSError as exc:
-        raise InputError(f"cannot read catalog {catalog_path}: {exc.strerror or exc}") from None
-    except CatalogError as exc:
-        count = len(exc.problems)
-        first = " ".join(exc.problems[0].split())  # one line, even for a YAML parser's message
+    result = check_catalog_file(catalog_path, profile=profile or default_profile())
+    if not result.readable and result.problems[0].startswith("cannot read catalog"):
+        raise InputError(result.problems[0])
+    if result.problems:
+        count = len(result.problems)
+        first = " ".join(result.problems[0].split())
         raise InputError(f"catalog {catalog_path} is invalid ({count} problem{'s' if count != 1 else ''}; "
-                         f"first: {first}); see promshift catalog check") from None
+                         f"first: {first}); see promshift catalog check")
+    return result.catalog, catalog_path
+
+
+def _unreadable_message(path: Path, problem: str) -> str:
+    """One line for a catalog that could not be read at all (file, encoding or YAML)."""
+    if problem.startswith("cannot read catalog"):
+        return problem
+    return f"cannot read catalog {path}: {problem.removeprefix('catalog: ')}"
 
 
 def _group(catalog: Any, name: str) -> Any:
@@ -181,21 +187,20 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _catalog_check(args: argparse.Namespace) -> int:
-    from promshift.core.catalog import CatalogError
-    from promshift.settings import default_catalog_path, default_profile, load_catalog
+    from promshift.settings import check_catalog_file, default_catalog_path, default_profile
 
     path = Path(args.file) if args.file else default_catalog_path()
     profile = args.profile or default_profile()
-    try:
-        catalog = load_catalog(path, profile=profile)
-    except OSError as exc:
-        raise InputError(f"cannot read catalog {path}: {exc.strerror or exc}") from None
-    except CatalogError as exc:
-        count = len(exc.problems)
+    result = check_catalog_file(path, profile=profile)
+    if not result.readable:
+        raise InputError(_unreadable_message(path, result.problems[0]))
+    if result.problems:
+        count = len(result.problems)
         print(f"{path}: {count} problem{'s' if count != 1 else ''}")
-        for problem in exc.problems:
-            print("  - " + problem.strip().replace("\n", "\n    "))
+        for problem in result.problems:
+            print("  - " + " ".join(problem.split()))
         return 1
+    catalog = result.catalog
     names = ", ".join(catalog.names())
     print(f"{path}: OK ({len(catalog.groups)} groups: {names}; every profile validated"
           + (f"; profile {profile} applied" if profile else "") + ")")

@@ -78,3 +78,75 @@ def test_parse_is_cheap() -> None:
     parse_s = float(out.stdout.strip().splitlines()[-1])
     print(f"DAG file parse {parse_s:.2f}s after Airflow's own import (process {time.perf_counter() - started:.2f}s)")
     assert parse_s < 10
+
+
+# --------------------------------------------------------------------------- a bad catalog
+
+
+def _dagbag_for(catalog: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("PROMSHIFT_CATALOG", str(catalog))
+    monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+def test_one_bad_group_keeps_the_other_dags_and_shows_its_problems(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    text = (REPO / "catalog" / "metric_groups.yaml").read_text()
+    # gpu-memory: a 10-million-year approval timeout and a lone approver; gpu-clocks: a C++-only regex.
+    text = text.replace("    wave: 1\n    metrics:\n      - DCGM_FI_DEV_FB_FREE",
+                        "    wave: 1\n    approval_timeout: 10000000y\n    metrics:\n      - DCGM_FI_DEV_FB_FREE", 1)
+    text = text.replace("metric_regex: DCGM_FI_DEV_(SM|MEM)_CLOCK", r"metric_regex: DCGM_FI_DEV_(SM|MEM)_CLOCK\C*")
+    assert text.count("10000000y") == 1 and text.count(r"\C*") == 1
+    catalog = tmp_path / "metric_groups.yaml"
+    catalog.write_text(text)
+    # Whatever Airflow's logging setup does with the records, the DAG file must log at error level.
+    errors_logged: list[str] = []
+    original_error = logging.Logger.error
+
+    def record_error(self: logging.Logger, msg: object, *args: object, **kwargs: object) -> None:
+        errors_logged.append(str(msg) % args if args else str(msg))
+        original_error(self, msg, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(logging.Logger, "error", record_error)
+    dagbag = _dagbag_for(catalog, monkeypatch)
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == {"promshift__gpu_utilization", "promshift__gpu_power_thermal",
+                                   "promshift__catalog_errors"}
+    errors = dagbag.dags["promshift__catalog_errors"]
+    assert "promshift" in errors.tags and errors.max_active_runs == 1
+    assert "group 'gpu-memory': field 'approval_timeout': must be at most 10y" in errors.doc_md
+    assert r"group 'gpu-clocks': field 'metric_regex': regex 'DCGM_FI_DEV_(SM|MEM)_CLOCK\\C*'" in errors.doc_md
+    assert "Without a DAG until this is fixed: group 'gpu-memory', group 'gpu-clocks'" in errors.doc_md
+    assert any("field 'approval_timeout'" in line for line in errors_logged)  # logged loudly
+    assert any("groups without a DAG: group 'gpu-memory', group 'gpu-clocks'" in line for line in errors_logged)
+    (task,) = errors.tasks
+    with pytest.raises(AirflowFailException, match="2 problem") as excinfo:
+        task.execute({})
+    assert "approval_timeout" in str(excinfo.value) and r"\C" in str(excinfo.value)
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "not-utf8", "yaml-syntax"])
+def test_an_unreadable_catalog_gives_one_errors_dag_with_one_line(
+        kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    if kind == "directory":
+        catalog.mkdir()
+    elif kind == "not-utf8":
+        catalog.write_bytes(b"version: 1\ngroups: [\xff\xfe]\n")
+    elif kind == "yaml-syntax":
+        catalog.write_text("version: 1\ngroups: [\n")
+    dagbag = _dagbag_for(catalog, monkeypatch)
+    assert dagbag.import_errors == {}
+    assert list(dagbag.dag_ids) == ["promshift__catalog_errors"]
+    doc = dagbag.dags["promshift__catalog_errors"].doc_md
+    listing = doc.split("```\n")[1].rstrip("\n")
+    assert "\n" not in listing and "Traceback" not in doc
+    expected = {"missing": "No such file or directory", "directory": "it is a directory",
+                "not-utf8": "not UTF-8 text", "yaml-syntax": "invalid YAML"}[kind]
+    assert expected in listing and "Without a DAG until this is fixed: every group" in doc

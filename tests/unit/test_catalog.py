@@ -26,8 +26,10 @@ from promshift.core.catalog import (
     MetricGroup,
     ParityPolicy,
     WarmupPolicy,
+    check_catalog,
     parse_catalog,
 )
+from promshift.core.catalog import loader as loader_module
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_CATALOG = REPO / "catalog" / "metric_groups.yaml"
@@ -77,7 +79,7 @@ def base_doc() -> dict[str, Any]:
             {
                 "name": "gpu-clocks",
                 "owners": ["gpu-platform"],
-                "approvers": ["oncall-alice"],
+                "approvers": ["oncall-alice", "oncall-carol"],
                 "wave": 2,
                 "depends_on": ["gpu-memory"],
                 "metric_regex": "DCGM_FI_DEV_(SM|MEM)_CLOCK",
@@ -319,7 +321,8 @@ def test_group_entry_must_be_a_mapping() -> None:
         ),
         (
             lambda d: d["defaults"].update(rollout={}),
-            "defaults: field 'rollout': unknown field (known: approval_timeout, host_label, latency, parity, warmup)",
+            "defaults: field 'rollout': unknown field (known: approval_timeout, host_label, latency, parity, "
+            "scrape_interval, warmup)",
         ),
         (
             lambda d: d["defaults"]["warmup"].update(length="10m"),
@@ -507,7 +510,7 @@ def test_overlap_between_two_regex_groups_is_found_through_known_metrics() -> No
         {
             "name": "gpu-sm",
             "owners": ["gpu-platform"],
-            "approvers": ["oncall-bob"],
+            "approvers": ["oncall-bob", "oncall-carol"],
             "metric_regex": "DCGM_FI_DEV_SM_.*",
             "latency": {"queries": ["avg(DCGM_FI_DEV_SM_CLOCK)"]},
         }
@@ -586,7 +589,7 @@ def test_warmup_timeout_must_cover_the_duration() -> None:
 
 def test_warmup_poll_interval_must_fit_in_the_timeout() -> None:
     doc = base_doc()
-    group(doc, "gpu-memory")["warmup"] = {"duration": "0s", "timeout": "1m", "poll_interval": "5m"}
+    group(doc, "gpu-memory")["warmup"] = {"duration": "30s", "timeout": "1m", "poll_interval": "5m"}
     assert problems_of(doc) == (
         "group 'gpu-memory': field 'warmup.poll_interval': must be <= warmup.timeout (1m), got 5m",
     )
@@ -917,7 +920,8 @@ def test_host_label_defaults_and_group_override() -> None:
 def test_profile_names_follow_the_group_name_pattern() -> None:
     doc = base_doc()
     doc["profiles"]["Demo_2"] = {}
-    assert problems_of(doc) == ("catalog: field 'profiles.Demo_2': profile names must match [a-z][a-z0-9-]*",)
+    assert problems_of(doc) == (
+        "catalog: field 'profiles.Demo_2': profile names must match [a-z][a-z0-9-]*, at most 94 characters",)
 
 
 def test_golden_dashboards_take_a_list_and_the_old_single_file_form() -> None:
@@ -941,3 +945,115 @@ def test_latency_max_answer_bytes_defaults_to_64_mib_and_must_be_positive() -> N
     group(doc, "gpu-memory")["latency"]["max_answer_bytes"] = 0
     problems = problems_of(doc)
     assert len(problems) == 1 and "group 'gpu-memory': field 'latency.max_answer_bytes'" in problems[0]
+
+
+# --------------------------------------------------------------------------- hardening (issue 11)
+
+BOMB = ('version: 1\na: &a ["x","x","x","x","x","x","x","x","x"]\n'
+        + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+        + "groups: []\n")
+
+
+@pytest.mark.parametrize("loader_class", loader_module._LOADERS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(("text", "expected"), [
+    (BOMB, "aliases expand to more than 10,000 values"),
+    ("version: 1\ngroups: &g [*g]\n", "alias *g refers to a value that contains it"),
+    ("version: 1\ngroups: " + "{a: " * 40 + "1" + "}" * 40 + "\n", "nesting deeper than 32 levels"),
+    ("version: 1\ngroups:\n" + "- " * 5000 + "x\n", "nesting deeper than 32 levels"),
+    ("version: 1\ngroups: [" + "a" * 70_000 + "]\n", "a value of 70,000 characters (the limit is 65,536)"),
+    ("version: 1\nwave: " + "9" * 5000 + "\n", "cannot read the integer"),
+])
+def test_both_yaml_loaders_enforce_the_budgets_while_composing(
+        loader_class: type, text: str, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LibYAML-backed loader is used when PyYAML has LibYAML; the pure-Python one otherwise."""
+    monkeypatch.setattr(loader_module, "_LOADERS", [loader_class])
+    with pytest.raises(ValueError, match="invalid YAML") as excinfo:
+        loader_module.load_yaml(text)
+    message = str(excinfo.value)
+    assert expected in message and "\n" not in message and len(message) < 300
+
+
+@pytest.mark.parametrize("loader_class", loader_module._LOADERS, ids=lambda c: c.__name__)
+def test_both_yaml_loaders_read_the_shipped_catalog_like_safe_load(
+        loader_class: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = SHIPPED_CATALOG.read_text()
+    monkeypatch.setattr(loader_module, "_LOADERS", [loader_class])
+    expected = yaml.safe_load(text)
+    for key in ("abs_tolerance", "rel_tolerance"):  # safe_load reads 1e-9 (no dot) as a string
+        expected["defaults"]["parity"][key] = float(expected["defaults"]["parity"][key])
+    assert loader_module.load_yaml(text) == expected
+    shared = "version: 1\nx: &o [alice, bob]\ny: *o\nz: {<<: {a: 1}, b: 2}\nt: 1e-9\n"
+    assert loader_module.load_yaml(shared) == {"version": 1, "x": ["alice", "bob"], "y": ["alice", "bob"],
+                                               "z": {"a": 1, "b": 2}, "t": 1e-9}
+
+
+def test_check_catalog_keeps_good_groups_and_files_problems_under_the_bad_ones() -> None:
+    doc = base_doc()
+    group(doc, "gpu-memory")["approvers"] = ["oncall-alice"]
+    doc["groups"].append(copy.deepcopy(group(doc, "gpu-clocks")))  # a duplicate name: the second is bad
+    doc["groups"][2]["wave"] = 3
+    result = check_catalog(yaml.safe_dump(doc, sort_keys=False), known_metrics=KNOWN)
+    assert result.readable and not result.ok
+    assert result.catalog.names() == ("gpu-clocks",)
+    assert result.catalog_problems == ()
+    assert result.group_problems == (
+        ("group 'gpu-memory'", ("group 'gpu-memory': field 'approvers': lists one approver ('oncall-alice'); "
+                                "list at least two: the user who triggers a run cannot approve it",)),
+        ("group 'gpu-clocks'", ("group 'gpu-clocks': field 'name': duplicate group name; group #2 is also named "
+                                "'gpu-clocks'",
+                                "group 'gpu-clocks': field 'metric_regex': claims metric 'DCGM_FI_DEV_MEM_CLOCK', "
+                                "which group 'gpu-clocks' also claims",
+                                "group 'gpu-clocks': field 'metric_regex': claims metric 'DCGM_FI_DEV_SM_CLOCK', "
+                                "which group 'gpu-clocks' also claims")),
+    )
+    assert result.catalog.groups[0] is not None
+    with pytest.raises(CatalogError) as excinfo:
+        parse_catalog(yaml.safe_dump(doc, sort_keys=False), known_metrics=KNOWN)
+    assert excinfo.value.problems == result.problems
+
+
+def test_a_problem_in_defaults_or_a_profile_leaves_no_group() -> None:
+    doc = base_doc()
+    doc["defaults"]["parity"] = {"sample_hosts": 0}
+    result = check_catalog(yaml.safe_dump(doc, sort_keys=False))
+    assert result.catalog.groups == () and result.group_problems == ()
+    assert result.catalog_problems == ("defaults: field 'parity.sample_hosts': must be >= 1, got 0",)
+
+
+def test_an_unreadable_catalog_is_one_problem_and_not_readable() -> None:
+    result = check_catalog("version: 1\ngroups: [\n")
+    assert not result.readable and len(result.problems) == 1 and result.catalog.groups == ()
+    assert result.problems[0].startswith("catalog: invalid YAML: ")
+
+
+def test_overlap_tree_finds_every_regex_that_claims_a_name() -> None:
+    from promshift.core.catalog.rules import _RegexTree
+
+    regexes = [f"M{i}_.*" for i in range(50)] + ["M1_X|M7_X", "(?i)m3_x", "[A-Z0-9_]+"]
+    tree = _RegexTree(regexes)
+    for name in ("M1_X", "M3_X", "M7_X", "nothing", "M49_Y"):
+        expected = [i for i, r in enumerate(regexes) if re2.fullmatch(r, name)]
+        assert tree.matching(name) == expected, name
+    assert tree.matching("M1_X") == [1, 50, 52]
+    assert _RegexTree([]).matching("x") == []
+
+
+def test_golden_dashboards_must_resolve_inside_the_catalog_folder(tmp_path: Path) -> None:
+    from promshift.settings import catalog_dashboard_problem
+
+    (tmp_path / "dashboards").mkdir()
+    (tmp_path / "dashboards" / "ok.json").write_text("{}")
+    (tmp_path / "dashboards" / "out.json").symlink_to("/etc/hostname")
+    (tmp_path / "linked").symlink_to(tmp_path / "dashboards")
+    problem = catalog_dashboard_problem(tmp_path)
+    assert problem("dashboards/ok.json") is None
+    assert problem("linked/ok.json") is None  # a link that stays inside is fine
+    assert problem("dashboards") is None
+    assert problem("dashboards/out.json") == (f"'dashboards/out.json' resolves to /etc/hostname, outside the "
+                                              f"catalog's folder {tmp_path.resolve()} (a symlink?)")
+
+
+def test_the_shipped_catalog_documents_scrape_interval() -> None:
+    text = SHIPPED_CATALOG.read_text()
+    assert "scrape_interval: 30s" in text and "allow_match_all: true" in text
+    assert all(g.scrape_interval_s == 30 and not g.allow_match_all for g in parse(yaml.safe_load(text)).groups)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
-from airflow.sdk import DAG, TriggerRule
+from airflow.sdk import DAG, BaseOperator, TriggerRule
+from airflow.sdk.exceptions import AirflowFailException
 
-from promshift.core.catalog import MetricGroup
+from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup
 from promshift.orchestration.operators import (
     CompleteRunOperator,
     CutoverOperator,
@@ -85,4 +88,67 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         validate >> snapshot >> deploy >> warm_up >> parity_plan >> parity_samples >> parity
         parity >> latency >> gate >> approval >> cutover >> done
         [deploy, warm_up, parity_plan, parity_samples, parity, latency, gate, approval, cutover] >> rollback
+    return dag
+
+
+# --------------------------------------------------------------------------- catalog errors
+
+# Shown in full up to here; the rest is counted (``promshift catalog check`` lists everything).
+_MAX_SHOWN_PROBLEMS = 200
+
+
+def _shown(problems: Sequence[str]) -> list[str]:
+    shown = [" ".join(problem.split()) for problem in problems[:_MAX_SHOWN_PROBLEMS]]
+    if len(problems) > _MAX_SHOWN_PROBLEMS:
+        shown.append(f"... and {len(problems) - _MAX_SHOWN_PROBLEMS:,} more: run `promshift catalog check`")
+    return shown
+
+
+class CatalogErrorsOperator(BaseOperator):
+    """Fails with the catalog's problems, so they show in the task log and the run's state."""
+
+    def __init__(self, *, problems: Sequence[str], catalog_path: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.problems = list(problems)
+        self.catalog_path = catalog_path
+
+    def execute(self, context: Any) -> None:
+        shown = _shown(self.problems)
+        for problem in shown:
+            self.log.error("catalog problem: %s", problem)
+        raise AirflowFailException(f"the catalog {self.catalog_path} has {len(self.problems)} problem(s); "
+                                   "fix them and the missing DAGs come back:\n" + "\n".join(shown))
+
+
+def build_catalog_errors_dag(
+    *, problems: Sequence[str], catalog_path: str | Path, missing_groups: Sequence[str] = ()
+) -> DAG:
+    """The ``promshift__catalog_errors`` DAG: every catalog problem in its docs, one task that fails with them.
+
+    Built instead of the DAGs of groups with problems (``missing_groups``), so a bad group shows in
+    the UI rather than silently removing DAGs; good groups keep their own DAGs.
+    """
+    count = len(problems)
+    # Inside a fenced block: a problem quotes catalog text, which must not become markdown or HTML.
+    listing = "\n".join(_shown(problems)).replace("```", "'''")
+    missing = ", ".join(missing_groups[:_MAX_SHOWN_PROBLEMS]).replace("`", "'") or "none"
+    doc = (
+        f"# The promshift catalog has {count} problem{'s' if count != 1 else ''}\n\n"
+        f"Catalog: `{catalog_path}`. Without a DAG until this is fixed: {missing}.\n"
+        "`promshift catalog check` prints the same list; every other group keeps its DAG.\n\n"
+        f"```\n{listing}\n```\n"
+    )
+    with DAG(
+        dag_id=CATALOG_ERRORS_DAG_ID,
+        description=f"{count} problem{'s' if count != 1 else ''} in the metric-group catalog",
+        doc_md=doc,
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=["promshift", "catalog-errors"],
+        # Retrying cannot fix the catalog.
+        default_args={"retries": 0, "owner": "promshift"},
+    ) as dag:
+        CatalogErrorsOperator(task_id="catalog_problems", problems=problems, catalog_path=str(catalog_path))
     return dag

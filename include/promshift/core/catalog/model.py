@@ -1,0 +1,222 @@
+"""The catalog's typed, immutable models and the error that lists every problem."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import re2
+
+from promshift.core.catalog.regex import _compile_re2
+from promshift.core.promql import promql_string
+
+ParityMode = Literal["dual_write", "independent_scraper"]
+PARITY_MODES: tuple[str, ...] = ("dual_write", "independent_scraper")
+# What the latency probe asks for in Accept-Encoding: "identity" times the query (engine,
+# JSON, transfer) and not the server's gzip; "gzip" times what Grafana sees, compression included.
+PROBE_ENCODINGS: tuple[str, ...] = ("identity", "gzip")
+
+CATALOG_VERSION = 1
+GROUP_NAME_PATTERN = r"[a-z][a-z0-9-]*"
+METRIC_NAME_PATTERN = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL_NAME_PATTERN = r"[a-zA-Z_][a-zA-Z0-9_]*"
+
+_GROUP_NAME_RE = re.compile(GROUP_NAME_PATTERN)
+_METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
+_LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class WarmupPolicy:
+    """How long a group dual-writes before parity runs, and when to give up.
+
+    The warm-up lasts ``duration_s``; it fails if remote-write lag has not
+    stayed under ``max_lag_s`` by ``timeout_s``. Lag is polled every
+    ``poll_interval_s`` from a deferred trigger (no worker slot held).
+    """
+
+    duration_s: float = 1800.0
+    timeout_s: float = 7200.0
+    max_lag_s: float = 60.0
+    poll_interval_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class ParityPolicy:
+    """How the source and target copies of a group are compared.
+
+    ``dual_write`` (same Prometheus writes both sides) must match to ~1e-9;
+    ``independent_scraper`` (a managed collector scrapes on its own clock)
+    needs step-grid alignment and looser tolerances. Raw samples are compared
+    on ``sample_hosts`` hosts picked deterministically from ``seed`` (None
+    lets the caller derive one, e.g. from the group and the window). Samples
+    newer than ``skip_recent_s`` are skipped for ingestion lag.
+    ``ignore_labels``/``rename_labels`` normalise external labels;
+    ``rename_labels`` is a tuple of (from, to) pairs. The limits follow Argo
+    Rollouts: a check fails once more than ``failure_limit`` measurements
+    failed, is inconclusive beyond ``inconclusive_limit``, and errors after
+    more than ``consecutive_error_limit`` errors in a row.
+    """
+
+    mode: ParityMode = "dual_write"
+    sample_hosts: int = 5
+    # Hosts compared per mapped task: more workers share a large check.
+    hosts_per_shard: int = 8
+    seed: str | None = None
+    skip_recent_s: float = 120.0
+    step_s: float = 30.0
+    abs_tolerance: float = 1e-9
+    rel_tolerance: float = 1e-9
+    ignore_labels: tuple[str, ...] = ("cluster", "__replica__", "prometheus_replica")
+    rename_labels: tuple[tuple[str, str], ...] = ()
+    # Grafana dashboards (files or folders of *.json, relative to the catalog file) whose queries
+    # on this group are compared result by result, with template variables from golden_variables.
+    golden_dashboards: tuple[str, ...] = ()
+    golden_variables: tuple[tuple[str, str], ...] = ()
+    # Without any golden query a group has no golden layer (reported as such); required: INCONCLUSIVE.
+    golden_required: bool = False
+    max_missing_series_ratio: float = 0.0
+    failure_limit: int = 0
+    inconclusive_limit: int = 0
+    consecutive_error_limit: int = 3
+
+
+@dataclass(frozen=True)
+class LatencyWindow:
+    """One query range (``seconds`` long) and the p95 latency it must meet."""
+
+    name: str
+    seconds: float
+    slo_p95_s: float
+
+
+@dataclass(frozen=True)
+class LatencyPolicy:
+    """Golden queries timed on both sides over each window.
+
+    Each query runs ``repeats`` times per window with a ``timeout_s`` budget
+    (timeouts, 422/429 and partial results count as failures, not slow
+    successes). The target's p95 must meet each window's SLO and be at most
+    ``max_slowdown_ratio`` times the source's p95.
+    """
+
+    repeats: int = 5
+    timeout_s: float = 60.0
+    max_slowdown_ratio: float = 1.2
+    # Below this absolute difference a slower target is noise, not a regression
+    # (millisecond queries jitter by more than 20 %).
+    slowdown_floor_s: float = 0.25
+    # The whole probe (every window, query and repeat) stops here; what is left is INCONCLUSIVE.
+    deadline_s: float = 900.0
+    # At most this many probe queries in flight on each backend at once (1 = strictly sequential,
+    # the most faithful timing; more finishes sooner but the queries then compete for the backend).
+    max_concurrency: int = 1
+    accept_encoding: str = "identity"
+    # For the query-cost projection: every viewer's dashboard re-runs the golden queries this often.
+    dashboard_refresh_s: float = 60.0
+    dashboard_viewers: int = 5
+    # The target's retention (AMP's default): storage cost, and the longest window the probe asks
+    # of a target that does not report its own retention (AMP has no status/runtimeinfo).
+    retention_s: float = 150 * 86_400.0
+    # A probe answer bigger than this (bytes, decompressed) is a failed run, refused while it streams in.
+    max_answer_bytes: int = 64 * 2**20
+    windows: tuple[LatencyWindow, ...] = ()
+    queries: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MetricGroup:
+    """A set of metric names that migrates, is verified and is cut over as one unit.
+
+    A group claims the explicit ``metrics`` plus every name ``metric_regex``
+    matches (RE2, fully anchored as in Prometheus relabelling). ``host_label``
+    is the label that identifies a node, used to sample hosts for parity.
+    """
+
+    name: str
+    description: str = ""
+    owners: tuple[str, ...] = ()
+    approvers: tuple[str, ...] = ()
+    wave: int = 1
+    depends_on: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()
+    metric_regex: str | None = None
+    host_label: str = "Hostname"
+    # An unanswered approval fails (and so rolls back) after this long.
+    approval_timeout_s: float = 86400.0
+    # The source's scrape interval: a warm-up must last at least one scrape.
+    scrape_interval_s: float = 30.0
+    # True lets metric_regex match Prometheus' own series (up, prometheus_*): refused by default.
+    allow_match_all: bool = False
+    warmup: WarmupPolicy = WarmupPolicy()
+    parity: ParityPolicy = ParityPolicy()
+    latency: LatencyPolicy = LatencyPolicy()
+
+    def name_regex(self) -> str:
+        """Return the RE2 regex for ``__name__`` in a ``write_relabel_configs`` keep rule.
+
+        Explicit names (escaped) and ``metric_regex`` form one alternation.
+        No ``^...$``: Prometheus anchors relabel regexes itself. The regex
+        comes last so an inline flag such as ``(?i)`` in it cannot reach the
+        explicit names.
+        """
+        alternatives = [re2.escape(metric) for metric in self.metrics]
+        if self.metric_regex is not None:
+            alternatives.append(self.metric_regex)
+        return "|".join(alternatives)
+
+    def selector(self) -> str:
+        """Return the PromQL selector for every series of this group.
+
+        e.g. ``{__name__=~"DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_FB_USED"}``.
+        """
+        return "{__name__=~" + promql_string(self.name_regex()) + "}"
+
+    def claims(self, metric_name: str) -> bool:
+        """Tell whether the keep rule for this group would keep ``metric_name``."""
+        return _compile_re2(self.name_regex()).fullmatch(metric_name) is not None
+
+    @property
+    def dag_id(self) -> str:
+        """The Airflow DAG id that migrates this group, e.g. ``promshift__gpu_memory``."""
+        return "promshift__" + self.name.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The validated metric groups in file order, with the profile that was applied."""
+
+    groups: tuple[MetricGroup, ...]
+    profile: str | None = None
+
+    def get(self, name: str) -> MetricGroup:
+        """Return the group called ``name``; KeyError lists the known names."""
+        for group in self.groups:
+            if group.name == name:
+                return group
+        raise KeyError(f"unknown metric group {name!r}; known groups: {', '.join(self.names()) or '(none)'}")
+
+    def names(self) -> tuple[str, ...]:
+        """Return the group names in file order."""
+        return tuple(group.name for group in self.groups)
+
+
+class CatalogError(ValueError):
+    """The catalog is invalid; ``problems`` lists every problem found, one per entry."""
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems: tuple[str, ...] = tuple(problems)
+        count = len(self.problems)
+        lines = "\n".join(f"  - {problem}" for problem in self.problems)
+        super().__init__(
+            f"invalid metric-group catalog ({count} problem{'s' if count != 1 else ''}):\n{lines}"
+        )
+
+    def __reduce__(self) -> tuple[type[CatalogError], tuple[tuple[str, ...]]]:
+        # The default would re-create the error from the rendered message.
+        return (CatalogError, (self.problems,))

@@ -1,0 +1,202 @@
+"""Rules on a whole group (approvers, warm-up, match-all regexes) and across groups (dependencies, overlaps)."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import re2
+
+from promshift.core.catalog.fields import _clip, _show
+from promshift.core.catalog.model import MetricGroup
+from promshift.core.catalog.regex import _compile_re2, _compile_re2_uncached
+from promshift.core.durations import format_duration
+
+if TYPE_CHECKING:
+    from promshift.core.catalog.layers import _Draft, _Problems
+
+# Series every Prometheus has about itself and its targets. A group's keep-rule that matches one of
+# them would dual-write (and cut over, and later drop from the source) the fleet's own health series.
+SELF_MONITORING_NAMES = (
+    "up",
+    "scrape_duration_seconds",
+    "scrape_samples_scraped",
+    "prometheus_build_info",
+    "prometheus_tsdb_head_series",
+    "prometheus_remote_storage_samples_failed_total",
+    "go_goroutines",
+    "process_cpu_seconds_total",
+    "ALERTS",
+)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _self_monitoring_matches(regex: str) -> tuple[str, ...]:
+    compiled = _compile_re2(regex)
+    return tuple(name for name in SELF_MONITORING_NAMES if compiled.fullmatch(name) is not None)
+
+
+def _group_rules(group: MetricGroup) -> list[tuple[str, str]]:
+    """Rules on one assembled group: (field path, reason) for each problem."""
+    issues: list[tuple[str, str]] = []
+    if group.approvers:  # empty: missing or invalid, reported already
+        if len(group.approvers) < 2:
+            issues.append(("approvers", f"lists one approver ({_show(group.approvers[0])}); list at least two: "
+                                        "the user who triggers a run cannot approve it"))
+        elif not set(group.approvers) - set(group.owners):
+            issues.append(("approvers", "lists only owners; add an approver who is not an owner (four eyes)"))
+    if group.warmup.duration_s < group.scrape_interval_s:
+        issues.append(("warmup.duration", f"must be at least one scrape interval "
+                                          f"({format_duration(group.scrape_interval_s)}), got "
+                                          f"{format_duration(group.warmup.duration_s)}: parity would have no "
+                                          "sample to compare (set scrape_interval if the source scrapes faster)"))
+    if group.metric_regex is not None and not group.allow_match_all:
+        matched = _self_monitoring_matches(group.metric_regex)
+        if matched:
+            issues.append(("metric_regex", f"{_show(group.metric_regex)} also matches Prometheus' own series "
+                                           f"({', '.join(matched[:3])}{', ...' if len(matched) > 3 else ''}): "
+                                           "the group would dual-write and cut over every such series; narrow it, "
+                                           "or set allow_match_all: true"))
+    return issues
+
+
+def _check_dependencies(drafts: list[_Draft], problems: _Problems) -> None:
+    """Dependencies must name other existing groups, no later wave, and no cycles."""
+    # A group whose name is missing or invalid (already reported) may be the
+    # one depended on: do not add an "unknown group" problem on top.
+    all_named = all("name" in draft.layer.top for draft in drafts)
+    by_name: dict[str, _Draft] = {}
+    for draft in drafts:
+        by_name.setdefault(draft.layer.top.get("name", ""), draft)
+    known = ", ".join(sorted(name for name in by_name if name)) or "(none)"
+    edges: dict[str, list[str]] = {}
+    for draft in drafts:
+        name = draft.layer.top.get("name")
+        wave = draft.layer.top.get("wave", 1)
+        for index, dependency in enumerate(draft.layer.top.get("depends_on", ())):
+            path = f"depends_on[{index}]"
+            if dependency == name:
+                problems.add(draft.where, path, "a group cannot depend on itself", group=draft.index)
+            elif dependency not in by_name:
+                if all_named:
+                    problems.add(draft.where, path, f"unknown group {_show(dependency)} (known: {_clip(known, 200)})",
+                                 group=draft.index)
+            else:
+                dependency_wave = by_name[dependency].layer.top.get("wave", 1)
+                if dependency_wave > wave:
+                    problems.add(
+                        draft.where,
+                        path,
+                        f"{dependency!r} is in wave {dependency_wave}, after this group's wave {wave}",
+                        group=draft.index,
+                    )
+                if name is not None:
+                    edges.setdefault(name, []).append(dependency)
+
+    order = [name for name in by_name if name]
+    position = {name: index for index, name in enumerate(order)}
+    state: dict[str, str] = {}  # "visiting" | "done"
+    reported: set[tuple[str, ...]] = set()
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = "visiting"
+        stack.append(name)
+        for dependency in edges.get(name, ()):
+            if state.get(dependency) == "visiting":
+                cycle = stack[stack.index(dependency) :]
+                # Rotate so the earliest group in the file starts the cycle: report it once.
+                start = min(range(len(cycle)), key=lambda i: position[cycle[i]])
+                canonical = tuple(cycle[start:] + cycle[:start])
+                if canonical not in reported:
+                    reported.add(canonical)
+                    problems.add(
+                        by_name[canonical[0]].where,
+                        "depends_on",
+                        "dependency cycle: " + " -> ".join([*canonical, canonical[0]]),
+                        group=by_name[canonical[0]].index,
+                    )
+            elif dependency not in state:
+                visit(dependency, stack)
+        stack.pop()
+        state[name] = "done"
+
+    for name in order:
+        if name not in state:
+            visit(name, [])
+
+
+class _RegexTree:
+    """Which of many RE2 regexes fully match a name, without trying each one on every name.
+
+    A node is the alternation of its regexes: one match tells whether any of them matches, so a
+    name no regex claims costs one match at the root, and a name k regexes claim about
+    k * log2(n). 10,000 groups against 30,000 metric names took minutes one regex at a time.
+    An alternation RE2 will not compile (too large) is skipped: its children are asked instead.
+    """
+
+    def __init__(self, regexes: list[str]) -> None:
+        self._regexes = regexes
+        self._compiled: dict[tuple[int, int], Any] = {}
+
+    def _node(self, lo: int, hi: int) -> Any:
+        key = (lo, hi)
+        if key not in self._compiled:
+            pattern = self._regexes[lo] if hi - lo == 1 else "|".join(f"(?:{r})" for r in self._regexes[lo:hi])
+            try:
+                self._compiled[key] = _compile_re2(pattern) if hi - lo == 1 else _compile_re2_uncached(pattern)
+            except re2.error:  # too large as one alternation
+                self._compiled[key] = None
+        return self._compiled[key]
+
+    def matching(self, name: str) -> list[int]:
+        """Indexes of the regexes that fully match ``name``, in order."""
+        found: list[int] = []
+        stack = [(0, len(self._regexes))] if self._regexes else []
+        while stack:
+            lo, hi = stack.pop()
+            compiled = self._node(lo, hi)
+            if compiled is not None and compiled.fullmatch(name) is None:
+                continue
+            if hi - lo == 1:
+                found.append(lo)
+                continue
+            middle = (lo + hi) // 2
+            stack += [(middle, hi), (lo, middle)]
+        return sorted(found)
+
+
+def _check_overlaps(drafts: list[_Draft], known_metrics: frozenset[str], problems: _Problems) -> None:
+    """No metric may be claimed by two groups: it would be cut over twice.
+
+    Regexes cannot be intersected in general, so they are tested against every
+    metric name we know of: the catalog's explicit names plus ``known_metrics``.
+    """
+    explicit = {metric for draft in drafts for metric in draft.layer.top.get("metrics", ())}
+    universe = sorted(explicit | known_metrics)
+    claimants: dict[str, list[tuple[int, str]]] = {}
+    regex_positions: list[int] = []
+    for position, draft in enumerate(drafts):
+        for metric in draft.layer.top.get("metrics", ()):
+            claimants.setdefault(metric, []).append((position, "metrics"))
+        if draft.layer.top.get("metric_regex") is not None:
+            regex_positions.append(position)
+    tree = _RegexTree([drafts[position].layer.top["metric_regex"] for position in regex_positions])
+    for metric in universe:
+        for index in tree.matching(metric):
+            position = regex_positions[index]
+            if metric not in drafts[position].layer.top.get("metrics", ()):
+                claimants.setdefault(metric, []).append((position, "metric_regex"))
+    overlaps: list[tuple[int, str, str, int]] = []
+    for metric, claims in claimants.items():
+        claims.sort()
+        first_position = claims[0][0]
+        for position, field_name in claims[1:]:
+            overlaps.append((position, metric, field_name, first_position))
+    for position, metric, field_name, first_position in sorted(overlaps):
+        first = drafts[first_position]
+        problems.add(
+            drafts[position].where,
+            field_name,
+            f"claims metric {metric!r}, which {first.where} also claims",
+            group=drafts[position].index,
+        )
