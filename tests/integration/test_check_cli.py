@@ -20,6 +20,7 @@ from promshift.cli import main
 from promshift.core.render import add_remote_write, remote_write_entry
 from promshift.settings import load_catalog
 from promshift.stack.local import LocalStack, StackConfig
+from tests.integration.sigv4_verifier import SigV4Verifier, VerifyingServer
 
 pytestmark = pytest.mark.integration
 
@@ -155,3 +156,66 @@ def test_an_unreachable_target_is_one_line_and_exit_69(
     code, out, err = run(argv, capsys)
     assert (code, out) == (69, "")
     assert err.strip().count("\n") == 0 and err.startswith(f"promshift: target {dead}: unreachable")
+
+
+# -- an AMP target: requests signed with SigV4 from botocore's default credential chain ---------------
+
+ACCESS_KEY, SECRET = "AKIACHECKCLI00000001", "check-cli-secret-never-printed"
+
+
+@pytest.fixture
+def signed_target(dual_write: DualWrite, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[VerifyingServer]:
+    """The pair's target behind a server that recomputes every signature with botocore (403 otherwise)."""
+    for name in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    verifier = SigV4Verifier(upstream=dual_write.stack.target_url, region="us-east-1",
+                             keys={ACCESS_KEY: (SECRET, None)})
+    with VerifyingServer(verifier) as server:
+        yield server
+
+
+def amp_check(dual_write: DualWrite, server: VerifyingServer, kind: str, *extra: str) -> list[str]:
+    return ["check", kind, "--group", "gpu-memory", "--since", f"{dual_write.since:.3f}", "--source",
+            dual_write.stack.source_url, "--target", server.endpoint, "--catalog", str(dual_write.catalog), *extra]
+
+
+def test_check_signs_an_amp_target_with_the_default_credential_chain(
+        dual_write: DualWrite, signed_target: VerifyingServer, capsys: pytest.CaptureFixture[str]) -> None:
+    verifier = signed_target.verifier
+    code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "us-east-1", "--json"),
+                         capsys)
+    result = json.loads(out)
+    assert code == 0, [(m["name"], m["reason"]) for m in result["measurements"]]
+    assert result["verdict"] == "SUCCESSFUL" and result["points_compared"] > 0
+    assert not verifier.rejected and len(verifier.verified_keys) >= 10 and set(verifier.verified_keys) == {ACCESS_KEY}
+    assert SECRET not in out + err
+    verified = len(verifier.verified_keys)
+    code, out, err = run(amp_check(dual_write, signed_target, "latency", "--target-region", "us-east-1"), capsys)
+    assert code == 0, out
+    assert "(SigV4 signed: aps in us-east-1)" in out and "verdict: SUCCESSFUL" in out
+    assert not verifier.rejected and len(verifier.verified_keys) > verified and SECRET not in out + err
+
+
+def test_an_unsigned_or_wrongly_scoped_amp_check_is_refused_in_one_line(
+        dual_write: DualWrite, signed_target: VerifyingServer, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    verifier = signed_target.verifier
+    code, out, err = run(amp_check(dual_write, signed_target, "parity"), capsys)
+    assert (code, out) == (69, "") and "HTTP 403" in err and err.strip().count("\n") == 0
+    code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "eu-west-1"), capsys)
+    assert (code, out) == (69, "") and "wrong scope eu-west-1/aps" in err and SECRET not in err
+    code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "us-east-1",
+                                   "--target-service", "es"), capsys)
+    assert code == 69 and "wrong scope us-east-1/es" in err
+    assert verifier.rejected["missing or malformed Authorization"] == 1 and not verifier.verified_keys
+    code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "Frankfurt"), capsys)
+    assert code == 64 and "expected an AWS region such as us-east-1" in err
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "us-east-1"), capsys)
+    assert (code, out) == (64, "") and "no AWS credentials found" in err
