@@ -379,7 +379,7 @@ class ParityCheck:
                 res = client.query_range(asked, start=fit.start, end=fit.end, step=step)
             except PrometheusError as exc:
                 text = str(exc).removeprefix(f"{exc.base_url}: ")
-                return GoldenSide(error=text, http_status=exc.http_status)
+                return GoldenSide(error=text, http_status=exc.http_status, kind=exc.kind)
             rename = dict(self.policy.rename_labels)
             return GoldenSide(series={normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename):
                                       s.points for s in res.series}, warnings=res.warnings)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from promshift.core.errors import ErrorKind
 from promshift.core.evidence import json_number, json_safe, number_from_json
 from promshift.core.verdicts import Layer, Measurement, Verdict
 
@@ -471,11 +472,13 @@ class GoldenSide:
     error: str | None = None
     http_status: int | None = None
     warnings: tuple[str, ...] = ()
+    kind: ErrorKind | None = None  # how the request failed; None with an error: an HTTP error answer
 
     @property
     def rejected(self) -> bool:
         """The backend refused the query itself (as opposed to timing out or being unreachable)."""
-        return self.error is not None and self.http_status in REJECTED_STATUSES
+        return (self.error is not None and self.kind in (None, ErrorKind.HTTP)
+                and self.http_status in REJECTED_STATUSES)
 
 
 def _shown(series: Mapping[LabelSet, Points], limit: int = 3) -> list[dict[str, Any]]:
@@ -498,8 +501,8 @@ def golden_failure(name: str, expr: str, source: GoldenSide, target: GoldenSide)
     if source.error is None and target.error is None:
         return None
     # Errors quote the query and, for matching errors, whole label sets: keep the reason readable.
-    source = GoldenSide(source.series, _clip(source.error), source.http_status, source.warnings)
-    target = GoldenSide(target.series, _clip(target.error), target.http_status, target.warnings)
+    source = GoldenSide(source.series, _clip(source.error), source.http_status, source.warnings, source.kind)
+    target = GoldenSide(target.series, _clip(target.error), target.http_status, target.warnings, target.kind)
     if source.rejected and target.rejected:
         if (source.http_status, source.error) == (target.http_status, target.error):
             return Measurement(name, Verdict.INCONCLUSIVE, f"invalid on both sides: {source.error}", queries)
