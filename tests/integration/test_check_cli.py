@@ -143,6 +143,9 @@ def test_latency_on_the_pair_passes_and_a_query_without_data_is_inconclusive(
     result = json.loads(out)
     assert code == 0, [w["outcome"] for w in result["windows"]]
     assert result["verdict"] == "SUCCESSFUL" and all(r["ok"] and r["series"] == 3 for r in result["runs"])
+    # The pass has the group's series behind it on both sides: 3 nodes x 8 GPUs of FB_USED.
+    assert [w["behind"] for w in result["windows"]] == [
+        [{"query": "sum by (Hostname) (DCGM_FI_DEV_FB_USED)", "source": 24.0, "target": 24.0}]]
     code, out, _ = run(dual_write.check("latency", "--group", "gpu-memory-ghost", "--since", since), capsys)
     assert code == 2, out
     assert "no data behind this query" in out and "verdict: INCONCLUSIVE" in out
@@ -219,3 +222,23 @@ def test_an_unsigned_or_wrongly_scoped_amp_check_is_refused_in_one_line(
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "us-east-1"), capsys)
     assert (code, out) == (64, "") and "no AWS credentials found" in err
+
+
+def test_latency_answers_that_need_no_data_are_inconclusive_on_real_servers(
+        dual_write: DualWrite, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """gpu-power is not dual-written: the target has none of its series. `or vector(0)` and `absent()`
+    still answer a series, fast, on one side or both; they are no evidence."""
+    constant = ['sum(DCGM_FI_DEV_POWER_USAGE) or vector(0)', 'absent(DCGM_FI_DEV_POWER_USAGE)']
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(CATALOG.replace('queries: ["sum(DCGM_FI_DEV_POWER_USAGE)"]', f"queries: {json.dumps(constant)}"))
+    argv = ["check", "latency", "--group", "gpu-power", "--since", f"{dual_write.since:.3f}", "--source",
+            dual_write.stack.source_url, "--target", dual_write.stack.target_url, "--catalog", str(catalog), "--json"]
+    code, out, _ = run(argv, capsys)
+    result = json.loads(out)
+    [window] = result["windows"]
+    assert code == 2 and result["verdict"] == window["verdict"] == "INCONCLUSIVE", window["outcome"]
+    runs = {(r["query"], r["backend"]): r["series"] for r in result["runs"]}
+    assert runs[(constant[0], "target")] == 1 and runs[(constant[1], "target")] == 1  # answered, with nothing behind
+    assert window["outcome"] == ("no data behind this query: 'absent(DCGM_FI_DEV_POWER_USAGE)' (source: no series); "
+                                 "'sum(DCGM_FI_DEV_POWER_USAGE) or vector(0)' (this group's series behind it: "
+                                 "source 24, target 0)")
