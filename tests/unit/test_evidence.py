@@ -108,7 +108,7 @@ def latency_result(cost: CostEvidence | None = None) -> LatencyResult:
             ProbeRun("target", "1h", "q", wall_s=0.2, ok=True, server_s=0.1, series=3, points=9, samples=NAN,
                      warnings=("w",), result_type="matrix"))
     window = WindowLatency("1h", None, None, 0.2, 0.2, 1, 0, 1.0, Verdict.SUCCESSFUL, "within SLO", "timed out",
-                           {"q": (16.0, 16.0), "r": "counting failed"})
+                           {"q": (16.0, 16.0), "s": (None, 3.0), "r": "counting failed"})
     return LatencyResult(Verdict.SUCCESSFUL, latency_measurement([window], ["q"]), (window,), runs, 2,
                          {"source": 7200.0, "target": None}, 4, "gzip", cost)
 
@@ -128,6 +128,7 @@ def test_latency_result_round_trip_with_runs_cost_and_non_finite_numbers() -> No
     assert strict(d) == d
     assert d["runs"][0]["wall_s"] == "+Inf" and d["runs"][1]["samples"] == "NaN" and d["runs"][0]["kind"] == "timeout"
     assert d["windows"][0]["behind"] == [{"query": "q", "source": 16.0, "target": 16.0},
+                                         {"query": "s", "source": None, "target": 3.0},
                                          {"query": "r", "error": "counting failed"}]
     back = LatencyResult.from_dict(d)
     assert back.to_dict() == d

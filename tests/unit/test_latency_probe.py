@@ -224,6 +224,13 @@ def test_source_timeouts_with_target_answering_is_a_win(servers: Any) -> None:
     w = result["windows"][0]
     assert w["verdict"] == "SUCCESSFUL" and w["source_p50_s"] is None
     assert w["source_failure"] == "timed out" and w["outcome"].startswith("source timed out in 2 of 2 runs")
+    # The win stands on the target's series; the source (too slow to answer) is not asked to count.
+    assert w["behind"] == [{"query": "q", "source": None, "target": 16.0}] and src.behind == []
+    empty_target = servers(lambda n: ok_matrix(), behind=lambda q: None)
+    result = probe(src, empty_target, timeout_s=0.3, repeats=2).run(now=1e6, queries=["q"], dual_write_since=None)
+    assert result.verdict == Verdict.INCONCLUSIVE
+    assert result.windows[0].outcome == ("no data behind this query: 'q' (this group's series behind it: "
+                                         "source not counted, target 0)")
 
 
 def test_window_longer_than_the_dual_write_is_inconclusive(servers: Any) -> None:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from promshift.adapters.parity_check import group_selectors_of, lookback_span, series_behind
+from promshift.adapters.parity_check import count_behind, group_selectors_of, lookback_span, series_behind
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError, stat_number
 from promshift.core.catalog import LatencyPolicy, LatencyWindow, MetricGroup
 from promshift.core.durations import format_duration
@@ -147,12 +147,15 @@ class LatencyProbe:
             out.append((at, counts[0], counts[1]))
         return out
 
-    def behind(self, query: str, start: float, end: float, group: MetricGroup | None) -> tuple[float, float] | str:
+    def behind(self, query: str, start: float, end: float, group: MetricGroup | None, *,
+               source_answered: bool = True) -> tuple[float | None, float] | str:
         """``(source, target)``: the series of ``group`` the query's selectors read over ``start..end``
         (with its look-back), counted as the golden layer counts them; or why that is unknown.
 
         Without a group every selector of the query counts. A query that reads none of the group's
-        metrics has nothing behind it: ``(0, 0)``.
+        metrics has nothing behind it: ``(0, 0)``. When the source answered none of the query's runs
+        (it timed out: the target's win), only the target's series are counted (source None): no
+        source timing is judged, and a source too slow for the query may be too slow to count.
         """
         try:
             analysis = analyse(query)
@@ -165,7 +168,10 @@ class LatencyProbe:
                 selectors = group_selectors_of(group, self.source, analysis, start, end)[0]
             if not selectors:
                 return 0.0, 0.0
-            counts = series_behind(self.source, self.target, selectors, lookback_span(analysis, start, end))
+            span = lookback_span(analysis, start, end)
+            if not source_answered:
+                return None, sum(count_behind(self.target, sel, span) for sel in selectors)
+            counts = series_behind(self.source, self.target, selectors, span)
         except PrometheusError as exc:
             return f"counting the series behind it failed: {exc}"
         return sum(c[0] for c in counts), sum(c[1] for c in counts)
@@ -230,9 +236,11 @@ class LatencyProbe:
             if not problem and any(out_of_time for _, out_of_time in results):
                 problem = f"probe deadline of {policy.deadline_s:.0f}s reached before this window finished"
             # Counted only where it decides something: a window already failed or inconclusive needs no count.
-            behind: dict[str, tuple[float, float] | str] = {}
+            behind: dict[str, tuple[float | None, float] | str] = {}
             if not problem and all(r.ok for r in runs if r.backend == "target"):
-                behind = {query: self.behind(query, start, end, group) for query in queries}
+                answered = {r.query for r in runs if r.backend == "source" and r.ok}
+                behind = {query: self.behind(query, start, end, group, source_answered=query in answered)
+                          for query in queries}
             judged = judge_window(window.name, runs, slo_p95_s=window.slo_p95_s,
                                   max_slowdown_ratio=policy.max_slowdown_ratio,
                                   slowdown_floor_s=policy.slowdown_floor_s,

@@ -147,18 +147,20 @@ def series_behind(source: PrometheusClient, target: PrometheusClient, selectors:
     series behind it (``sum(x) or vector(0)``, ``absent(x)``) proves nothing. ``to_target`` renames
     matcher labels for the target (a declared rename: the target is asked with its own names).
     """
-    low, high = span
-    window = f"{max(1, math.ceil(high - low))}s"
     rename = dict(to_target or {})
     counts = []
     for sel in selectors:
         on_target = Selector(sel.name, tuple((rename.get(k, k), op, v) for k, op, v in sel.matchers))
-        answers = each_side(
-            lambda s=sel: source.query(f"count(last_over_time({s.promql()}[{window}]))", at=high),
-            lambda s=on_target: target.query(f"count(last_over_time({s.promql()}[{window}]))", at=high))
-        src, tgt = (sum(s.points[0][1] for s in res.series) for res in answers)
-        counts.append((src, tgt))
+        counts.append(each_side(lambda s=sel: count_behind(source, s, span),
+                                lambda s=on_target: count_behind(target, s, span)))
     return counts
+
+
+def count_behind(client: PrometheusClient, selector: Selector, span: tuple[float, float]) -> float:
+    """How many series ``selector`` reads on one backend with a sample in ``span``."""
+    low, high = span
+    res = client.query(f"count(last_over_time({selector.promql()}[{max(1, math.ceil(high - low))}s]))", at=high)
+    return sum(s.points[0][1] for s in res.series)
 
 
 @dataclass

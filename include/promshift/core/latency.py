@@ -94,7 +94,7 @@ class WindowLatency:
     # shows "source timed out" instead of a speedup, as the seed's table did.
     source_failure: str | None = None
     # Per query: the group's series its selectors read in the window, (source, target), or why unknown.
-    behind: Mapping[str, tuple[float, float] | str] = field(default_factory=dict)
+    behind: Mapping[str, tuple[float | None, float] | str] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float | None:
@@ -132,7 +132,7 @@ class WindowLatency:
                    verdict=Verdict(d.get("verdict") or Verdict.INCONCLUSIVE), outcome=str(d.get("outcome") or ""),
                    source_failure=d.get("source_failure"),
                    behind={str(b["query"]): str(b["error"]) if "error" in b else
-                           (number_from_json(b["source"]), number_from_json(b["target"]))
+                           (optional_number(b["source"]), number_from_json(b["target"]))
                            for b in d.get("behind") or ()})
 
 
@@ -157,7 +157,7 @@ def _p(runs: Sequence[ProbeRun], q: float) -> float | None:
     return percentile(timed, q) if timed else None
 
 
-def no_data_problem(runs: Sequence[ProbeRun], behind: Mapping[str, tuple[float, float] | str] | None = None
+def no_data_problem(runs: Sequence[ProbeRun], behind: Mapping[str, tuple[float | None, float] | str] | None = None
                     ) -> str | None:
     """Why some query's timings are no evidence, or None: an answered run with no series (an
     empty vector or matrix, or only a scalar) on either side, or a query with none of the
@@ -176,11 +176,12 @@ def no_data_problem(runs: Sequence[ProbeRun], behind: Mapping[str, tuple[float, 
     return "no data behind this query: " + "; ".join(parts) if parts else None
 
 
-def evidence_parts(behind: Mapping[str, tuple[float, float] | str]) -> list[tuple[str, str]]:
+def evidence_parts(behind: Mapping[str, tuple[float | None, float] | str]) -> list[tuple[str, str]]:
     """``(query, why)`` for each query with nothing behind it.
 
     ``behind`` maps a query to ``(source, target)``: the group's series its selectors read in the
-    window on each side (``series_behind``), or why that is unknown. A query with none of the
+    window on each side (``series_behind``; source None: not counted, the source answered none of
+    the query's runs, so no source timing is judged), or why that is unknown. A query with none of the
     group's series behind it on a side answers fast because there is nothing to read:
     ``sum(x) or vector(0)`` and ``absent(x)`` answer something whether or not ``x`` exists.
     """
@@ -190,8 +191,9 @@ def evidence_parts(behind: Mapping[str, tuple[float, float] | str]) -> list[tupl
             parts.append((query, f"{query!r} ({counts})"))
             continue
         src, tgt = counts
-        if not src or not tgt:
-            parts.append((query, f"{query!r} (this group's series behind it: source {src:.0f}, target {tgt:.0f})"))
+        if (src is not None and not src) or not tgt:
+            said = "not counted" if src is None else f"{src:.0f}"
+            parts.append((query, f"{query!r} (this group's series behind it: source {said}, target {tgt:.0f})"))
     return parts
 
 
@@ -260,7 +262,7 @@ def retention_problem(window_s: float, retention_s: dict[str, float | None]) -> 
 def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max_slowdown_ratio: float,
                  min_successes: int, slowdown_floor_s: float = 0.0,
                  not_comparable: str | None = None,
-                 behind: Mapping[str, tuple[float, float] | str] | None = None) -> WindowLatency:
+                 behind: Mapping[str, tuple[float | None, float] | str] | None = None) -> WindowLatency:
     """Verdict for one window: target p95 within SLO and not slower than source beyond the ratio.
 
     A slowdown smaller than ``slowdown_floor_s`` in absolute terms is jitter, not a failure.
