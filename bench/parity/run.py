@@ -183,6 +183,7 @@ def child_promshift(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     result = ParityCheck(group, src, tgt, **extra).run(dual_write_since=spec["dual_write_since"], now=spec["now"])
     wall = time.perf_counter() - started
+    result = result.to_dict() if hasattr(result, "to_dict") else result  # the JSON the child hands back
     ledgers = [c.ledger.snapshot() for c in (src, tgt)]
     return {"result": result, "wall_s": wall, "cpu_s": time.process_time() - cpu0,
             "peak_rss_mb": vm_hwm_mb(), "ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

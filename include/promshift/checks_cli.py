@@ -112,13 +112,32 @@ class BackendUnavailable(RuntimeError):
     """A backend did not answer the first query (exit 69)."""
 
 
-def _client(role: str, url: str) -> Any:
+def sigv4_auth(region: str, service: str = "aps") -> Any:
+    """SigV4 signing for an AMP target with credentials from botocore's default chain (environment
+    variables, ``AWS_PROFILE`` / the shared config and credentials files, container or instance roles).
+
+    The credentials are read per request (refreshable ones renew) and never printed.
+    """
+    import botocore.session
+
+    from promshift.adapters.sigv4 import AwsSigV4Auth
+
+    if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]+", region):
+        raise InputError(f"--target-region {region!r}: expected an AWS region such as us-east-1")
+    credentials = botocore.session.Session().get_credentials()
+    if credentials is None:
+        raise InputError("--target-region: no AWS credentials found (set AWS_ACCESS_KEY_ID and "
+                         "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)")
+    return AwsSigV4Auth(credentials, region, service)
+
+
+def _client(role: str, url: str, auth: Any = None) -> Any:
     """A client for ``url``, checked with one cheap query: unreachable is exit 69, not a verdict."""
     from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 
     if not re.match(r"https?://", url):
         raise InputError(f"--{role} {url!r}: expected an http:// or https:// URL")
-    client = PrometheusClient(url)
+    client = PrometheusClient(url, auth=auth)
     try:
         client.query("1", timeout_s=15)
     except PrometheusError as exc:
@@ -140,37 +159,40 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
     else:
         since = now - group.warmup.duration_s
         since_how = f"assumed: warmup.duration ({format_duration(group.warmup.duration_s)}) ago; pass --since"
-    source, target = _client("source", args.source), _client("target", args.target)
+    auth = sigv4_auth(args.target_region, args.target_service) if args.target_region else None
+    source, target = _client("source", args.source), _client("target", args.target, auth)
     head = [f"{args.kind} check of group {group.name} (catalog {catalog_path}"
             + (f", profile {catalog.profile}" if catalog.profile else "") + ")",
-            f"source {redact_text(source.base_url)}", f"target {redact_text(target.base_url)}",
+            f"source {redact_text(source.base_url)}", f"target {redact_text(target.base_url)}"
+            + (f" (SigV4 signed: {args.target_service} in {args.target_region})" if auth else ""),
             f"dual-write since {_iso(since)} ({since_how}); now {_iso(now)}"]
+    result: dict[str, Any]
     try:
         if args.kind == "parity":
             from promshift.adapters.parity_check import ParityCheck
 
-            result = ParityCheck(group, source, target, catalog_dir=catalog_path.parent).run(
+            parity = ParityCheck(group, source, target, catalog_dir=catalog_path.parent).run(
                 dual_write_since=since, now=now)
-            window = result.get("window")
-            if window:
-                head.append(f"compared window {_iso(window['start'])} .. {_iso(window['end'])}, "
-                            f"step {window['step']:g}s")
-            body = parity_log_table(result)
+            if parity.window:
+                head.append(f"compared window {_iso(parity.window.start)} .. {_iso(parity.window.end)}, "
+                            f"step {parity.window.step:g}s")
+            body = parity_log_table(parity)
             # The table gives each reason; the verdict line names the layers behind it.
-            reason = ", ".join(f"{m['name']} {m['verdict']}" for m in result.get("measurements", [])
-                               if m["verdict"] != Verdict.SUCCESSFUL.value)
+            reason = ", ".join(f"{m.name} {m.verdict.value}" for m in parity.not_passed())
+            verdict, result = parity.verdict, parity.to_dict()
         else:
             from promshift.adapters.latency_probe import LatencyProbe
 
             probe = LatencyProbe(source, target, group.latency, min_step_s=group.parity.step_s)
             queries = list(group.latency.queries) or [f"count({group.selector()})"]
-            result = probe.run(now=now, queries=queries, dual_write_since=since, history_selector=group.selector())
-            body = latency_table(result["windows"])
-            reason = result["measurement"]["reason"]
+            latency = probe.run(now=now, queries=queries, dual_write_since=since, history_selector=group.selector(),
+                                group=group)
+            body = latency_table(latency.windows)
+            reason = latency.measurement.reason
+            verdict, result = latency.verdict, latency.to_dict()
     except PrometheusError as exc:
-        result = {"verdict": Verdict.ERROR.value, "error": str(exc)}
+        verdict, result = Verdict.ERROR, {"verdict": Verdict.ERROR.value, "error": str(exc)}
         body, reason = f"the check stopped: {exc}", str(exc)
-    verdict = Verdict(result["verdict"])
     result = {"check": args.kind, "group": group.name, "source": redact_text(source.base_url),
               "target": redact_text(target.base_url), "dual_write_since": since, "now": now, **result}
     text = "\n".join([*head, "", body, "", f"verdict: {verdict.value}" + (f" ({reason})" if reason else "")])
@@ -180,7 +202,7 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
 def _check(args: argparse.Namespace) -> int:
     code, result, text = run_check(args)
     if args.json:
-        print(json.dumps(result, indent=2, default=str))
+        print(json.dumps(result, indent=2, default=str, allow_nan=False))
     else:
         print(text)
     return code
@@ -270,6 +292,12 @@ def add_check_commands(subparsers: Any) -> None:
     check.add_argument("--group", required=True, help="metric group name in the catalog")
     check.add_argument("--source", required=True, help="self-hosted Prometheus base URL")
     check.add_argument("--target", required=True, help="target base URL (AMP workspace or Prometheus)")
+    check.add_argument("--target-region", metavar="REGION",
+                       help="sign target requests with SigV4 for this AWS region (an AMP workspace); credentials "
+                            "come from botocore's default chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                            "AWS_PROFILE, or an instance/container role")
+    check.add_argument("--target-service", default="aps", metavar="SERVICE",
+                       help="SigV4 service name for the target (default: aps)")
     check.add_argument("--since", help="dual-write start: RFC 3339 time, unix timestamp, or duration ago (30m); "
                                        "default: the group's warmup.duration ago")
     check.add_argument("--catalog", help="catalog file (default: $PROMSHIFT_CATALOG or catalog/metric_groups.yaml)")

@@ -28,7 +28,10 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.charts import latency_chart
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.catalog import MetricGroup
+from promshift.core.cost import CostEvidence
 from promshift.core.durations import format_duration, parse_duration
+from promshift.core.latency import WindowLatency
+from promshift.core.parity import ParityResult
 from promshift.core.report import build_report, cost_table, latency_table, parity_log_table, render_markdown
 from promshift.local_airflow import APPROVER_USERS, LocalAirflow
 from promshift.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
@@ -110,14 +113,15 @@ def print_report(report: dict[str, Any]) -> None:
     p = report["parity"]
     print(f"\nParity: {p.get('verdict')}")
     if p.get("measurements"):
-        print("  " + parity_log_table(p).replace("\n", "\n  "))
+        print("  " + parity_log_table(ParityResult.from_dict(p)).replace("\n", "\n  "))
     lat = report["latency"]
     print(f"\nLatency: {lat.get('verdict')}")
     if lat.get("windows"):
-        print("  " + latency_table(lat["windows"]).replace("\n", "\n  "))
+        windows = [WindowLatency.from_dict(w) for w in lat["windows"]]
+        print("  " + latency_table(windows).replace("\n", "\n  "))
     if lat.get("cost"):
         print("\nProjected monthly AMP cost:")
-        print("  " + cost_table(lat["cost"]).replace("\n", "\n  "))
+        print("  " + cost_table(CostEvidence.from_dict(lat["cost"])).replace("\n", "\n  "))
     a = report["approval"]
     print(f"\nApproval: {a['decision'] or 'not asked'}" + (f" by {a['by']}" if a["by"] else ""))
     r = report["rollback"]

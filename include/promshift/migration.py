@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -23,10 +23,18 @@ from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingError, RoutingManifest
 from promshift.core.audit import AuditEvent
 from promshift.core.catalog import MetricGroup
-from promshift.core.cost import CostConfigError, QueryCost, estimate_range_samples, project_monthly_cost
+from promshift.core.cost import (
+    CostConfigError,
+    CostEvidence,
+    QueryCost,
+    estimate_range_samples,
+    project_monthly_cost,
+)
 from promshift.core.durations import parse_duration
-from promshift.core.gate import GateAction, GateVerdict, decide
-from promshift.core.latency import choose_step
+from promshift.core.evidence import json_safe
+from promshift.core.gate import GateAction, GateEvidence, GateVerdict
+from promshift.core.latency import LatencyResult, ProbeRun, choose_step
+from promshift.core.parity import ParityResult
 from promshift.core.promql import widest_range_s
 from promshift.core.redact import redact, redact_text
 from promshift.core.render import (
@@ -118,7 +126,8 @@ class GroupMigration:
 
         Returns the appended event: its ``seq`` and ``hash`` are the chain's new (anchored) head.
         """
-        evidence = redact(evidence)  # no URL credentials in the audit log, ever
+        # No URL credentials in the audit log, ever; NaN/±Inf (a NaN lag, say) as text, not a failed append.
+        evidence = json_safe(redact(evidence))
         current = self.stage() if to else None
         if to is not None and current is not None:
             transition(self.group.name, current, to)
@@ -206,7 +215,7 @@ class GroupMigration:
     def finish_warmup(self, event: Mapping[str, Any], now: datetime) -> None:
         self.record("warmup_" + str(event.get("status")), now, dict(event))
 
-    def parity(self, *, dual_write_since: float, now: datetime) -> dict[str, Any]:
+    def parity(self, *, dual_write_since: float, now: datetime) -> ParityResult:
         """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck)."""
         from promshift.adapters.parity_check import ParityCheck
 
@@ -214,7 +223,7 @@ class GroupMigration:
                            catalog_dir=self.catalog_dir).run(
             dual_write_since=dual_write_since, now=now.timestamp())
 
-    def latency(self, now: datetime, *, dual_write_since: float | None = None) -> dict[str, Any]:
+    def latency(self, now: datetime, *, dual_write_since: float | None = None) -> LatencyResult:
         """Each window's golden queries on both backends (see LatencyProbe), plus the cost projection."""
         from promshift.adapters.latency_probe import LatencyProbe
 
@@ -222,15 +231,15 @@ class GroupMigration:
                              min_step_s=self.group.parity.step_s, target_retention=self.backends.target_retention)
         queries = list(self.group.latency.queries) or [f"count({self.group.selector()})"]
         result = probe.run(now=now.timestamp(), queries=queries, dual_write_since=dual_write_since,
-                           history_selector=self.group.selector())
+                           history_selector=self.group.selector(), group=self.group)
         try:
-            result["cost"] = self.cost_projection(result["runs"])
+            cost = self.cost_projection(result.runs)
         except (PrometheusError, CostConfigError, OSError, ValueError) as exc:
             log.warning("cost projection unavailable: %s", exc)
-            result["cost"] = {"error": str(exc)}
-        return result
+            cost = CostEvidence.unavailable(str(exc))
+        return result.with_cost(cost)
 
-    def cost_projection(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def cost_projection(self, runs: Sequence[ProbeRun]) -> CostEvidence:
         """Monthly AMP cost of the group: ingestion, storage, and its golden queries at dashboard refresh.
 
         Samples per query are the target's own count (``stats=all``) for the longest window
@@ -244,8 +253,8 @@ class GroupMigration:
         longest = max(policy.windows, key=lambda w: w.seconds)
         costs = []
         for query in policy.queries or [f"count({self.group.selector()})"]:
-            measured = [r["samples"] for r in runs if r["backend"] == "target" and r["window"] == longest.name
-                        and r["query"] == query and r["ok"] and r.get("samples") is not None]
+            measured = [r.samples for r in runs if r.backend == "target" and r.window == longest.name
+                        and r.query == query and r.ok and r.samples is not None]
             if measured:
                 samples, exact = sorted(measured)[len(measured) // 2], True
             else:
@@ -260,14 +269,18 @@ class GroupMigration:
             active_series=series, scrape_interval_s=scrape_s, retention_days=policy.retention_s / 86_400,
             queries=costs, dashboard_refresh_s=policy.dashboard_refresh_s,
             dashboard_viewers=policy.dashboard_viewers, prices=amp_prices())
-        return {**projection.to_dict(), "active_series": series, "scrape_interval_s": scrape_s,
-                "window": longest.name, "dashboard_refresh_s": policy.dashboard_refresh_s,
-                "dashboard_viewers": policy.dashboard_viewers}
+        return CostEvidence(projection, active_series=series, scrape_interval_s=scrape_s, window=longest.name,
+                            dashboard_refresh_s=policy.dashboard_refresh_s, dashboard_viewers=policy.dashboard_viewers)
 
-    def gate(self, parity: Mapping[str, Any], latency: Mapping[str, Any], now: datetime) -> GateVerdict:
-        verdict = decide({"parity": Verdict(parity["verdict"]), "latency": Verdict(latency["verdict"])})
-        evidence = {"gate": verdict.to_dict(), "parity": parity, "latency": {
-            k: v for k, v in latency.items() if k != "runs"}}
+    def gate(self, parity: ParityResult | Mapping[str, Any], latency: LatencyResult | Mapping[str, Any],
+             now: datetime) -> GateVerdict:
+        """Decide and record the gate; ``parity``/``latency`` are the results or their XCom (``to_dict``) form."""
+        if not isinstance(parity, ParityResult):
+            parity = ParityResult.from_dict(parity)
+        if not isinstance(latency, LatencyResult):
+            latency = LatencyResult.from_dict(latency)
+        decided = GateEvidence.decide(parity, latency)
+        verdict, evidence = decided.gate, decided.to_dict()
         if verdict.verdict == Verdict.SUCCESSFUL:
             self.record("gate_passed", now, evidence, to=Stage.VERIFIED)
         elif verdict.action == GateAction.ASK_APPROVAL:
@@ -307,10 +320,9 @@ class GroupMigration:
         for ev in reversed(self.audit.events(group=self.group.name, run_id=self.run_id)):
             data = ev.evidence_data
             if ev.kind == "gate_failed":
-                parts = [f"{check} {m['verdict']} ({m['name']}: {m['reason']})"
-                         for check in ("parity", "latency") for m in _measurements(data.get(check))
-                         if m["verdict"] != Verdict.SUCCESSFUL.value]
-                return "; ".join(parts) or data["gate"]["reason"]
+                gate = GateEvidence.from_dict(data)
+                parts = [f"{check} {m.verdict.value} ({m.name}: {m.reason})" for check, m in gate.not_passed()]
+                return "; ".join(parts) or gate.gate.reason
             if ev.kind.startswith("approval_"):
                 return (f"approval {data['decision']} by {data['by']}"
                         + (f": {data['comment']}" if data.get("comment") else ""))
@@ -386,14 +398,6 @@ def scrape_interval_s(config_text: str) -> float:
     """The global scrape interval of a loaded Prometheus config (Prometheus' default is 1m)."""
     data = yaml.safe_load(config_text) or {}
     return parse_duration((data.get("global") or {}).get("scrape_interval", "1m"))
-
-
-def _measurements(check: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    if not check:
-        return []
-    if "measurements" in check:
-        return list(check["measurements"])
-    return [check["measurement"]] if "measurement" in check else []
 
 
 def _policy_dict(policy: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from promshift.cli import main
 from promshift.core.render import add_remote_write, remote_write_entry
 from promshift.settings import load_catalog
 from promshift.stack.local import LocalStack, StackConfig
+from tests.integration.sigv4_verifier import SigV4Verifier, VerifyingServer
 
 pytestmark = pytest.mark.integration
 
@@ -142,6 +143,9 @@ def test_latency_on_the_pair_passes_and_a_query_without_data_is_inconclusive(
     result = json.loads(out)
     assert code == 0, [w["outcome"] for w in result["windows"]]
     assert result["verdict"] == "SUCCESSFUL" and all(r["ok"] and r["series"] == 3 for r in result["runs"])
+    # The pass has the group's series behind it on both sides: 3 nodes x 8 GPUs of FB_USED.
+    assert [w["behind"] for w in result["windows"]] == [
+        [{"query": "sum by (Hostname) (DCGM_FI_DEV_FB_USED)", "source": 24.0, "target": 24.0}]]
     code, out, _ = run(dual_write.check("latency", "--group", "gpu-memory-ghost", "--since", since), capsys)
     assert code == 2, out
     assert "no data behind this query" in out and "verdict: INCONCLUSIVE" in out
@@ -155,3 +159,86 @@ def test_an_unreachable_target_is_one_line_and_exit_69(
     code, out, err = run(argv, capsys)
     assert (code, out) == (69, "")
     assert err.strip().count("\n") == 0 and err.startswith(f"promshift: target {dead}: unreachable")
+
+
+# -- an AMP target: requests signed with SigV4 from botocore's default credential chain ---------------
+
+ACCESS_KEY, SECRET = "AKIACHECKCLI00000001", "check-cli-secret-never-printed"
+
+
+@pytest.fixture
+def signed_target(dual_write: DualWrite, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[VerifyingServer]:
+    """The pair's target behind a server that recomputes every signature with botocore (403 otherwise)."""
+    for name in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    verifier = SigV4Verifier(upstream=dual_write.stack.target_url, region="us-east-1",
+                             keys={ACCESS_KEY: (SECRET, None)})
+    with VerifyingServer(verifier) as server:
+        yield server
+
+
+def amp_check(dual_write: DualWrite, server: VerifyingServer, kind: str, *extra: str) -> list[str]:
+    return ["check", kind, "--group", "gpu-memory", "--since", f"{dual_write.since:.3f}", "--source",
+            dual_write.stack.source_url, "--target", server.endpoint, "--catalog", str(dual_write.catalog), *extra]
+
+
+def test_check_signs_an_amp_target_with_the_default_credential_chain(
+        dual_write: DualWrite, signed_target: VerifyingServer, capsys: pytest.CaptureFixture[str]) -> None:
+    verifier = signed_target.verifier
+    code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "us-east-1", "--json"),
+                         capsys)
+    result = json.loads(out)
+    assert code == 0, [(m["name"], m["reason"]) for m in result["measurements"]]
+    assert result["verdict"] == "SUCCESSFUL" and result["points_compared"] > 0
+    assert not verifier.rejected and len(verifier.verified_keys) >= 10 and set(verifier.verified_keys) == {ACCESS_KEY}
+    assert SECRET not in out + err
+    verified = len(verifier.verified_keys)
+    code, out, err = run(amp_check(dual_write, signed_target, "latency", "--target-region", "us-east-1"), capsys)
+    assert code == 0, out
+    assert "(SigV4 signed: aps in us-east-1)" in out and "verdict: SUCCESSFUL" in out
+    assert not verifier.rejected and len(verifier.verified_keys) > verified and SECRET not in out + err
+
+
+def test_an_unsigned_or_wrongly_scoped_amp_check_is_refused_in_one_line(
+        dual_write: DualWrite, signed_target: VerifyingServer, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    verifier = signed_target.verifier
+    code, out, err = run(amp_check(dual_write, signed_target, "parity"), capsys)
+    assert (code, out) == (69, "") and "HTTP 403" in err and err.strip().count("\n") == 0
+    code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "eu-west-1"), capsys)
+    assert (code, out) == (69, "") and "wrong scope eu-west-1/aps" in err and SECRET not in err
+    code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "us-east-1",
+                                   "--target-service", "es"), capsys)
+    assert code == 69 and "wrong scope us-east-1/es" in err
+    assert verifier.rejected["missing or malformed Authorization"] == 1 and not verifier.verified_keys
+    code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "Frankfurt"), capsys)
+    assert code == 64 and "expected an AWS region such as us-east-1" in err
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "us-east-1"), capsys)
+    assert (code, out) == (64, "") and "no AWS credentials found" in err
+
+
+def test_latency_answers_that_need_no_data_are_inconclusive_on_real_servers(
+        dual_write: DualWrite, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """gpu-power is not dual-written: the target has none of its series. `or vector(0)` and `absent()`
+    still answer a series, fast, on one side or both; they are no evidence."""
+    constant = ['sum(DCGM_FI_DEV_POWER_USAGE) or vector(0)', 'absent(DCGM_FI_DEV_POWER_USAGE)']
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(CATALOG.replace('queries: ["sum(DCGM_FI_DEV_POWER_USAGE)"]', f"queries: {json.dumps(constant)}"))
+    argv = ["check", "latency", "--group", "gpu-power", "--since", f"{dual_write.since:.3f}", "--source",
+            dual_write.stack.source_url, "--target", dual_write.stack.target_url, "--catalog", str(catalog), "--json"]
+    code, out, _ = run(argv, capsys)
+    result = json.loads(out)
+    [window] = result["windows"]
+    assert code == 2 and result["verdict"] == window["verdict"] == "INCONCLUSIVE", window["outcome"]
+    runs = {(r["query"], r["backend"]): r["series"] for r in result["runs"]}
+    assert runs[(constant[0], "target")] == 1 and runs[(constant[1], "target")] == 1  # answered, with nothing behind
+    assert window["outcome"] == ("no data behind this query: 'absent(DCGM_FI_DEV_POWER_USAGE)' (source: no series); "
+                                 "'sum(DCGM_FI_DEV_POWER_USAGE) or vector(0)' (this group's series behind it: "
+                                 "source 24, target 0)")

@@ -122,7 +122,7 @@ def test_golden_on_a_late_target_at_a_fast_step(late_pair: tuple[PrometheusClien
     assert window is not None
     measurements, inventory = check.golden(*window)
     by = {m.name.removeprefix("golden[").removesuffix("]"): m for m in measurements}
-    json.dumps([m.to_dict() for m in measurements] + [inventory], allow_nan=False)
+    json.dumps([m.to_dict() for m in measurements] + [inventory.to_dict()], allow_nan=False)
     for panel in ("rate", "rate_interval", "range", "negative_offset", "capture_groups", "nameless", "name_regex"):
         assert by[panel].verdict == Verdict.SUCCESSFUL, (panel, by[panel].reason)
     # The range query's window starts after its look-back; the $__range one a whole window in.
@@ -140,12 +140,12 @@ def test_golden_on_a_late_target_at_a_fast_step(late_pair: tuple[PrometheusClien
     assert by["invalid_both"].reason.startswith("invalid on both sides: HTTP 422")
     assert "needs variable $Hostname" in by["needs_variable"].reason
     assert by["unparseable"].reason.startswith("unsupported: does not parse")
-    rows = {row["panel"]: row for row in inventory["queries"]}
+    rows = {row.panel: row for row in inventory.queries}
     assert len(rows) == len(PANELS) and "other_group" not in by
-    assert rows["other_group"]["disposition"] == "not this group's metrics"
-    assert rows["needs_variable"]["disposition"] == "needs variable $Hostname"
-    assert rows["unparseable"]["disposition"] == "unsupported"
-    assert rows["rate"]["disposition"] == "compared"
+    assert rows["other_group"].disposition == "not this group's metrics"
+    assert rows["needs_variable"].disposition == "needs variable $Hostname"
+    assert rows["unparseable"].disposition == "unsupported"
+    assert rows["rate"].disposition == "compared"
 
 
 def test_golden_at_production_step_waits_instead_of_failing(

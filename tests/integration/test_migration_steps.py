@@ -25,6 +25,7 @@ from promshift.adapters.routing import RoutingManifest
 from promshift.core.catalog import MetricGroup
 from promshift.core.render import remote_write_name, remote_write_names, sha256_bytes
 from promshift.core.stages import Stage
+from promshift.core.verdicts import Layer, Verdict
 from promshift.core.warmup import WarmupObservation
 from promshift.migration import Backends, GroupMigration, observe_warmup
 from promshift.orchestration.triggers import WarmupTrigger
@@ -181,15 +182,15 @@ def test_dual_write_warms_up_passes_parity_and_rolls_back_byte_for_byte(
     ready_at = since + 2 * group.parity.step_s + group.parity.skip_recent_s + 3 * group.parity.step_s
     time.sleep(max(0.0, ready_at - time.time()))
     parity = migration.parity(dual_write_since=since, now=now())
-    assert parity["verdict"] == "SUCCESSFUL", parity
-    assert parity["points_compared"] > 0
-    assert parity["series_compared"] > 0
-    assert (parity["mismatches"], parity["missing_series"], parity["missing_points"]) == (0, 0, 0)
-    assert len(parity["hosts_sampled"]) == group.parity.sample_hosts
-    golden = {m["name"]: m for m in parity["measurements"] if m["name"].startswith("golden")}
+    assert parity.verdict == Verdict.SUCCESSFUL, parity
+    assert parity.points_compared > 0
+    assert parity.series_compared > 0
+    assert (parity.mismatches, parity.missing_series, parity.missing_points) == (0, 0, 0)
+    assert len(parity.hosts_sampled) == group.parity.sample_hosts
+    golden = {m.name: m for m in parity.measurements if m.layer == Layer.GOLDEN}
     assert set(golden) == {"golden[GPU Framebuffer Mem Used]"}  # the dashboard's one FB panel
-    assert golden["golden[GPU Framebuffer Mem Used]"]["verdict"] == "SUCCESSFUL"
-    assert 'instance=~"gpu-node-000[0-3]"' in golden["golden[GPU Framebuffer Mem Used]"]["queries"][0]
+    assert golden["golden[GPU Framebuffer Mem Used]"].verdict == Verdict.SUCCESSFUL
+    assert 'instance=~"gpu-node-000[0-3]"' in golden["golden[GPU Framebuffer Mem Used]"].queries[0]
 
     rolled = migration.rollback(snap, reason="test: end of the round trip", now=now())
     assert rolled["performed"] is True

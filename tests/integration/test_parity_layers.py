@@ -163,5 +163,5 @@ def test_golden_query_bad_input_is_named_never_a_crash_or_a_pass(
     # Same server on both sides: a clean golden query must match exactly.
     measurements, inventory = ParityCheck(group, src, src, catalog_dir=tmp_path).golden(end - 15, end)
     (m,) = measurements
-    assert m.name == "golden[panel]" and inventory["queries"][0]["measurement"] == "golden[panel]"
+    assert m.name == "golden[panel]" and inventory.queries[0].measurement == "golden[panel]"
     assert m.verdict.value == verdict and needle in m.reason, m.reason

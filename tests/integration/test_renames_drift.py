@@ -100,9 +100,10 @@ def run_parity(drift: DriftStack, group_name: str, **changes: Any) -> dict[str, 
     time.sleep(max(0.0, since + 4 + 3 + 10 - time.time()))
     group = policy_for_test(load_catalog(profile="demo").get(group_name), **changes)
     check = ParityCheck(group, drift.source, drift.target)
-    plan = check.plan(dual_write_since=since, now=time.time())
+    # Through XCom's form, as the DAG's tasks hand them on.
+    plan = check.plan(dual_write_since=since, now=time.time()).to_dict()
     result = check.reduce(plan, [ParityCheck(group, drift.source, drift.target).compare_shard(shard)
-                                 for shard in plan["shards"]])
+                                 for shard in plan["shards"]]).to_dict()
     result["by_name"] = {m["name"]: m for m in result["measurements"]}
     names = {json.dumps(shard.get("host_names")) for shard in plan["shards"]}
     assert len(names) == 1, names

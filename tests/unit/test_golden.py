@@ -93,13 +93,13 @@ def test_inventory_names_every_expression_and_a_group_without_queries_has_no_gol
     exprs = ["DCGM_FI_DEV_GPU_TEMP", 'DCGM_FI_DEV_FB_USED{Hostname=~"$Hostname"}', "rate(DCGM_FI_DEV_FB_USED)",
              "vector(1)"]
     measurements, inventory = _golden(tmp_path, exprs[:1])
-    assert measurements == [] and inventory["summary"].startswith("no golden layer")
+    assert measurements == [] and inventory.summary.startswith("no golden layer")
     measurements, _ = _golden(tmp_path, exprs[:1], golden_required=True)
     assert [(m.name, m.verdict.value) for m in measurements] == [("golden", "INCONCLUSIVE")]
     measurements, inventory = _golden(tmp_path, exprs)
-    assert [row["disposition"] for row in inventory["queries"]] == [
+    assert [row.disposition for row in inventory.queries] == [
         "not this group's metrics", "needs variable $Hostname", "unsupported", "not this group's metrics"]
-    assert "expected type matrix" in inventory["queries"][2]["detail"]
+    assert "expected type matrix" in str(inventory.queries[2].detail)
     assert [(m.name, m.verdict.value) for m in measurements] == [("golden[p1]", "INCONCLUSIVE"),
                                                                 ("golden[p2]", "INCONCLUSIVE")]
-    json.dumps(inventory, allow_nan=False)
+    json.dumps(inventory.to_dict(), allow_nan=False)

@@ -74,3 +74,13 @@ def test_infinite_deltas_stay_json() -> None:
     c = SampleComparison(abs_tol=0, rel_tol=0)
     c.add({A: ((30.0, float("-inf")),)}, {A: ((30.0, 2.0),)})
     json.dumps(c.to_dict(), allow_nan=False)
+
+
+def test_only_an_http_error_answer_is_a_rejection_whatever_its_status() -> None:
+    from promshift.core.errors import ErrorKind
+
+    refused = GoldenSide(error="HTTP 422: bad", http_status=422, kind=ErrorKind.HTTP)
+    garbled = GoldenSide(error="a 422 page that is not an API answer", http_status=422, kind=ErrorKind.MALFORMED)
+    assert refused.rejected and not garbled.rejected
+    m = golden_failure("golden[p]", "q", answered({A: PTS}), garbled)
+    assert m is not None and m.verdict == Verdict.ERROR

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import threading
 import time
 import urllib.parse
@@ -18,6 +19,7 @@ from promshift.adapters.latency_probe import LatencyProbe
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import LatencyPolicy, LatencyWindow
 from promshift.core.errors import ErrorKind
+from promshift.core.verdicts import Verdict
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,11 @@ class ScriptedPrometheus:
     """Answers /api/v1/query_range from a script and records every request's form."""
 
     def __init__(self, script: Callable[[int], Reply], delay_s: float = 0.0, retention: str | None = None,
-                 series_at: Callable[[float], int | None] | None = None) -> None:
+                 series_at: Callable[[float], int | None] | None = None,
+                 behind: Callable[[str], int | None] = lambda query: 16) -> None:
         self.script = script
         self.instant: list[dict[str, str]] = []
+        self.behind: list[dict[str, str]] = []
         self.delay_s = delay_s
         self.requests: list[dict[str, str]] = []
         self.encodings: list[str | None] = []
@@ -98,6 +102,13 @@ class ScriptedPrometheus:
 
             def do_POST(self) -> None:  # noqa: N802 (http.server API)
                 form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
+                if self.path == "/ws/api/v1/query" and form["query"].startswith("count(last_over_time("):
+                    # How many series a query's selector reads over its window (the evidence behind it).
+                    outer.behind.append(form)
+                    n = behind(form["query"])
+                    result = [] if n is None else [{"metric": {}, "value": [float(form["time"]), str(n)]}]
+                    self.reply(200, {"status": "success", "data": {"resultType": "vector", "result": result}})
+                    return
                 if self.path == "/ws/api/v1/query" and series_at is not None:
                     # The group's series count at an instant: a vector with one sample, or empty.
                     outer.instant.append(form)
@@ -140,8 +151,9 @@ def servers() -> Iterator[Callable[..., ScriptedPrometheus]]:
     made: list[ScriptedPrometheus] = []
 
     def make(script: Callable[[int], Reply], delay_s: float = 0.0, retention: str | None = None,
-             series_at: Callable[[float], int | None] | None = None) -> ScriptedPrometheus:
-        made.append(ScriptedPrometheus(script, delay_s, retention, series_at))
+             series_at: Callable[[float], int | None] | None = None,
+             behind: Callable[[str], int | None] = lambda query: 16) -> ScriptedPrometheus:
+        made.append(ScriptedPrometheus(script, delay_s, retention, series_at, behind))
         return made[-1]
 
     yield make
@@ -163,7 +175,8 @@ def probe(src: ScriptedPrometheus, tgt: ScriptedPrometheus, **kw: Any) -> Latenc
 
 def test_requests_are_step_aligned_with_stats_and_warmup_is_discarded(servers: Any) -> None:
     src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix())
-    result = probe(src, tgt).run(now=1_000_007.0, queries=["avg(DCGM_FI_DEV_GPU_UTIL)"], dual_write_since=None)
+    result = probe(src, tgt).run(now=1_000_007.0, queries=["avg(DCGM_FI_DEV_GPU_UTIL)"],
+                                 dual_write_since=None).to_dict()
     assert len(src.requests) == len(tgt.requests) == 4  # 1 warm-up + 3 repeats each
     for form in src.requests + tgt.requests:
         step = float(form["step"])
@@ -180,7 +193,7 @@ def test_throttling_is_retried_with_backoff_and_counted(servers: Any) -> None:
     src = servers(lambda n: ok_matrix())
     tgt = servers(lambda n: (429, {"status": "error", "errorType": "throttled", "error": "slow down"})
                   if n in (2, 3) else ok_matrix())
-    result = probe(src, tgt).run(now=1e6, queries=["q"], dual_write_since=None)
+    result = probe(src, tgt).run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
     assert result["retries"] == 2
     assert result["windows"][0]["verdict"] == "SUCCESSFUL"
     assert len(tgt.requests) == 6
@@ -193,7 +206,7 @@ def test_throttling_is_retried_with_backoff_and_counted(servers: Any) -> None:
 ])
 def test_422_persistent_throttling_and_partial_data_fail_the_window(servers: Any, reply: Any, needle: str) -> None:
     src, tgt = servers(lambda n: ok_matrix()), servers(reply)
-    result = probe(src, tgt).run(now=1e6, queries=["q"], dual_write_since=None)
+    result = probe(src, tgt).run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
     window = result["windows"][0]
     assert window["verdict"] == "FAILED" and needle in window["outcome"]
     assert result["verdict"] == "FAILED"
@@ -201,22 +214,29 @@ def test_422_persistent_throttling_and_partial_data_fail_the_window(servers: Any
 
 def test_client_timeout_is_a_failure_not_a_slow_success(servers: Any) -> None:
     src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix(), delay_s=0.6)
-    result = probe(src, tgt, timeout_s=0.3, repeats=1).run(now=1e6, queries=["q"], dual_write_since=None)
+    result = probe(src, tgt, timeout_s=0.3, repeats=1).run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
     assert result["windows"][0]["verdict"] == "FAILED" and "timeout" in result["windows"][0]["outcome"]
 
 
 def test_source_timeouts_with_target_answering_is_a_win(servers: Any) -> None:
     src, tgt = servers(lambda n: ok_matrix(), delay_s=0.6), servers(lambda n: ok_matrix())
-    result = probe(src, tgt, timeout_s=0.3, repeats=2).run(now=1e6, queries=["q"], dual_write_since=None)
+    result = probe(src, tgt, timeout_s=0.3, repeats=2).run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
     w = result["windows"][0]
     assert w["verdict"] == "SUCCESSFUL" and w["source_p50_s"] is None
     assert w["source_failure"] == "timed out" and w["outcome"].startswith("source timed out in 2 of 2 runs")
+    # The win stands on the target's series; the source (too slow to answer) is not asked to count.
+    assert w["behind"] == [{"query": "q", "source": None, "target": 16.0}] and src.behind == []
+    empty_target = servers(lambda n: ok_matrix(), behind=lambda q: None)
+    result = probe(src, empty_target, timeout_s=0.3, repeats=2).run(now=1e6, queries=["q"], dual_write_since=None)
+    assert result.verdict == Verdict.INCONCLUSIVE
+    assert result.windows[0].outcome == ("no data behind this query: 'q' (this group's series behind it: "
+                                         "source not counted, target 0)")
 
 
 def test_window_longer_than_the_dual_write_is_inconclusive(servers: Any) -> None:
     src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix())
     now = 1_000_000.0
-    result = probe(src, tgt).run(now=now, queries=["q"], dual_write_since=now - 600)
+    result = probe(src, tgt).run(now=now, queries=["q"], dual_write_since=now - 600).to_dict()
     w = result["windows"][0]
     assert w["verdict"] == "INCONCLUSIVE" and "not comparable" in w["outcome"]
 
@@ -224,7 +244,7 @@ def test_window_longer_than_the_dual_write_is_inconclusive(servers: Any) -> None
 def test_deadline_stops_the_probe_and_leaves_it_inconclusive(servers: Any) -> None:
     src, tgt = servers(lambda n: ok_matrix(), delay_s=0.2), servers(lambda n: ok_matrix(), delay_s=0.2)
     started = time.monotonic()
-    result = probe(src, tgt, repeats=50, deadline_s=1.0).run(now=1e6, queries=["q"], dual_write_since=None)
+    result = probe(src, tgt, repeats=50, deadline_s=1.0).run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
     assert time.monotonic() - started < 3
     assert result["windows"][0]["verdict"] == "INCONCLUSIVE"
     assert "deadline" in result["windows"][0]["outcome"]
@@ -238,14 +258,14 @@ def test_down_backend_is_an_error_not_a_slow_target() -> None:
         port = s.getsockname()[1]
     client = PrometheusClient(f"http://127.0.0.1:{port}")
     result = LatencyProbe(client, client, policy(repeats=1), min_step_s=15).run(now=1e6, queries=["q"],
-                                                                                  dual_write_since=None)
+                                                                                  dual_write_since=None).to_dict()
     assert result["verdict"] == "ERROR" and "unreachable" in result["windows"][0]["outcome"]
 
 
 def test_window_shorter_than_the_step_is_inconclusive_without_querying(servers: Any) -> None:
     src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix())
     result = probe(src, tgt, windows=(LatencyWindow("10s", 10.0, 1.0),)).run(now=1e6, queries=["q"],
-                                                                             dual_write_since=None)
+                                                                             dual_write_since=None).to_dict()
     assert result["windows"][0]["verdict"] == "INCONCLUSIVE"
     assert "shorter than the step (15s)" in result["windows"][0]["outcome"]
     assert src.requests == [] and tgt.requests == []
@@ -266,7 +286,7 @@ def test_no_backend_ever_has_more_probe_queries_in_flight_than_the_limit(servers
     tgt = servers(lambda n: ok_matrix(), delay_s=0.05)
     windows = tuple(LatencyWindow(f"{h}h", h * 3600.0, 1.0) for h in (1, 2, 3))
     result = probe(src, tgt, repeats=2, max_concurrency=limit, windows=windows).run(
-        now=1e6, queries=["q1", "q2"], dual_write_since=None)
+        now=1e6, queries=["q1", "q2"], dual_write_since=None).to_dict()
     # 3 windows x 2 queries x (2 + 1 warm-up) rounds on each side, all judged.
     assert len(src.requests) == len(tgt.requests) == 18
     assert [w["verdict"] for w in result["windows"]] == ["SUCCESSFUL"] * 3
@@ -284,7 +304,7 @@ def test_window_longer_than_a_backends_retention_is_inconclusive_without_queryin
     windows = (LatencyWindow("1h", 3600.0, 1.0), LatencyWindow("3h", 3 * 3600.0, 1.0),
                LatencyWindow("6h", 6 * 3600.0, 1.0))
     result = probe(src, tgt, repeats=1, windows=windows, retention_s=5 * 3600.0).run(
-        now=1e6, queries=["q"], dual_write_since=None)
+        now=1e6, queries=["q"], dual_write_since=None).to_dict()
     assert result["retention_s"] == {"source": 7200.0, "target": 18000.0}
     by_window = {w["window"]: w for w in result["windows"]}
     assert by_window["1h"]["verdict"] == "SUCCESSFUL"
@@ -316,7 +336,7 @@ def test_an_amp_targets_retention_comes_from_its_workspace_else_the_catalog(
     p = LatencyProbe(PrometheusClient(src.url), PrometheusClient(tgt.url), policy(repeats=1, windows=windows,
                      retention_s=5 * 3600.0), min_step_s=15, backoff_s=0.01, target_retention=workspace_retention)
     with caplog.at_level("INFO", logger="promshift.adapters.latency_probe"):
-        result = p.run(now=1e6, queries=["q"], dual_write_since=None)
+        result = p.run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
     assert calls == [1]
     assert result["retention_s"] == {"source": 36000.0, "target": target_s}
     by_window = {w["window"]: w["verdict"] for w in result["windows"]}
@@ -333,13 +353,13 @@ def test_window_before_dual_write_is_comparable_only_where_the_target_holds_the_
     # An earlier attempt left data an hour back, then nothing until this dual-write: the midpoint shows the gap.
     gap = servers(lambda n: ok_matrix(), series_at=lambda t: 64 if t < now - 3000 or t >= since else None)
     ok = probe(src, backfilled).run(now=now, queries=["q"], dual_write_since=since,
-                                    history_selector='{__name__=~"DCGM_FI_DEV_GPU_UTIL"}')
+                                    history_selector='{__name__=~"DCGM_FI_DEV_GPU_UTIL"}').to_dict()
     assert ok["windows"][0]["verdict"] == "SUCCESSFUL"
     (at_start, half_way) = (float(f["time"]) for f in backfilled.instant)
     assert backfilled.instant[0]["query"] == 'count({__name__=~"DCGM_FI_DEV_GPU_UTIL"})'
     assert at_start < now - 3600 + 60 and now - 3600 < half_way < since
     holed = probe(src, gap).run(now=now, queries=["q"], dual_write_since=since,
-                                history_selector='{__name__=~"DCGM_FI_DEV_GPU_UTIL"}')
+                                history_selector='{__name__=~"DCGM_FI_DEV_GPU_UTIL"}').to_dict()
     w = holed["windows"][0]
     assert w["verdict"] == "INCONCLUSIVE" and "not comparable" in w["outcome"]
     assert "target has 64 of 64 series" in w["outcome"] and "0 of 64 series" in w["outcome"]
@@ -377,7 +397,7 @@ def test_a_malformed_answer_is_one_failed_run_with_its_reason_and_the_probe_goes
         servers: Any, raw: Raw, reason: str) -> None:
     src = servers(lambda n: ok_matrix())
     tgt = servers(lambda n: raw if n == 3 else ok_matrix())  # n=1 is the warm-up round
-    result = probe(src, tgt).run(now=1e6, queries=["q"], dual_write_since=None)
+    result = probe(src, tgt).run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
     assert len(tgt.requests) == len(src.requests) == 4  # every round still ran
     failed = [r for r in result["runs"] if not r["ok"]]
     assert len(failed) == 1 and failed[0]["backend"] == "target" and failed[0]["kind"] == "malformed"
@@ -430,7 +450,7 @@ def test_a_stalled_body_is_cut_at_the_deadline_not_after_another_read_timeout(se
 def test_a_trickled_target_answer_is_a_timed_out_run_in_the_probe(servers: Any) -> None:
     src = servers(lambda n: ok_matrix())
     tgt = servers(lambda n: Raw(matrix_bytes(), pieces=10, pause_s=0.1) if n == 2 else ok_matrix())
-    result = probe(src, tgt, timeout_s=0.5).run(now=1e6, queries=["q"], dual_write_since=None)
+    result = probe(src, tgt, timeout_s=0.5).run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
     [failed] = [r for r in result["runs"] if not r["ok"]]
     assert failed["kind"] == "timeout" and failed["wall_s"] < 0.9
     assert result["windows"][0]["outcome"] == "target failed 1 of 3 runs (timeout)"
@@ -458,7 +478,8 @@ def test_an_answer_over_the_size_limit_is_refused_with_a_clear_error(servers: An
 
 def test_the_probe_refuses_answers_over_latency_max_answer_bytes(servers: Any) -> None:
     src, tgt = servers(lambda n: ok_matrix()), servers(lambda n: ok_matrix())
-    result = probe(src, tgt, max_answer_bytes=64, repeats=1).run(now=1e6, queries=["q"], dual_write_since=None)
+    result = probe(src, tgt, max_answer_bytes=64, repeats=1).run(now=1e6, queries=["q"],
+                                                                 dual_write_since=None).to_dict()
     assert {r["kind"] for r in result["runs"]} == {"too large"}
     assert result["windows"][0]["verdict"] == "FAILED"
     assert "answered too much data" not in result["windows"][0]["outcome"]  # target failed: named by kind
@@ -489,7 +510,7 @@ def empty(result_type: str = "matrix") -> Reply:
 def test_a_latency_query_without_series_is_inconclusive_not_timed_as_a_success(
         servers: Any, src_reply: Any, tgt_reply: Any, said: str) -> None:
     src, tgt = servers(lambda n: src_reply()), servers(lambda n: tgt_reply())
-    result = probe(src, tgt).run(now=1e6, queries=["sum(nothing)"], dual_write_since=None)
+    result = probe(src, tgt).run(now=1e6, queries=["sum(nothing)"], dual_write_since=None).to_dict()
     w = result["windows"][0]
     assert w["verdict"] == "INCONCLUSIVE" and result["verdict"] == "INCONCLUSIVE"
     assert w["outcome"] == f"no data behind this query: 'sum(nothing)' ({said})"
@@ -504,6 +525,58 @@ def test_one_query_without_data_leaves_the_window_inconclusive(servers: Any) -> 
 
     # The script reads which query asked; both servers answer q2 with nothing.
     src, tgt = servers(lambda n: script_for(src, n)), servers(lambda n: script_for(tgt, n))
-    result = probe(src, tgt, repeats=1).run(now=1e6, queries=["q1", "q2"], dual_write_since=None)
+    result = probe(src, tgt, repeats=1).run(now=1e6, queries=["q1", "q2"], dual_write_since=None).to_dict()
     w = result["windows"][0]
     assert w["verdict"] == "INCONCLUSIVE" and "'q2'" in w["outcome"] and "'q1'" not in w["outcome"]
+
+
+# -- latency evidence: the group's own series behind every query, counted on both sides ------------
+
+@pytest.mark.parametrize("query,src_n,tgt_n", [
+    ("sum(DCGM_FI_DEV_POWER_USAGE) or vector(0)", 16, None),
+    ("absent(DCGM_FI_DEV_POWER_USAGE)", None, None),
+    ("count(DCGM_FI_DEV_POWER_USAGE) or on() vector(0)", None, 16),
+])
+def test_an_answer_with_nothing_behind_it_is_inconclusive(servers: Any, query: str, src_n: int | None,
+                                                          tgt_n: int | None) -> None:
+    # Both sides answer a series (vector(0) / absent() always do); the group's series are missing on a side.
+    src = servers(lambda n: ok_matrix(), behind=lambda q: src_n)
+    tgt = servers(lambda n: ok_matrix(), behind=lambda q: tgt_n)
+    result = probe(src, tgt, repeats=1).run(now=1e6, queries=[query], dual_write_since=None)
+    [w] = result.windows
+    assert result.verdict == Verdict.INCONCLUSIVE and w.verdict == Verdict.INCONCLUSIVE
+    assert w.outcome == (f"no data behind this query: {query!r} (this group's series behind it: "
+                         f"source {src_n or 0}, target {tgt_n or 0})")
+    assert w.behind == {query: (float(src_n or 0), float(tgt_n or 0))}
+    # Each side was asked for the query's own selector over the window it read.
+    [asked] = {f["query"] for f in src.behind} | {f["query"] for f in tgt.behind}
+    assert asked == "count(last_over_time(DCGM_FI_DEV_POWER_USAGE[3600s]))"
+
+
+def test_the_group_selectors_of_a_query_and_its_look_back_are_what_is_counted(servers: Any) -> None:
+    from promshift.settings import load_catalog
+
+    group = load_catalog().get("gpu-power-thermal")
+    src = servers(lambda n: ok_matrix(), behind=lambda q: 16)
+    tgt = servers(lambda n: ok_matrix(), behind=lambda q: 16)
+    query = "sum(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])) / sum(DCGM_FI_DEV_GPU_UTIL)"
+    result = probe(src, tgt, repeats=1).run(now=1e6, queries=[query], dual_write_since=None, group=group)
+    [w] = result.windows
+    assert w.verdict == Verdict.SUCCESSFUL and w.behind == {query: (16.0, 16.0)}
+    # Only this group's metric is counted (GPU_UTIL belongs to another group), over window + 5m look-back.
+    asked = [(f["query"], float(f["time"])) for f in src.behind + tgt.behind]
+    end = math.floor(1e6 / 15) * 15
+    assert asked == [("count(last_over_time(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[3900s]))", end)] * 2
+    # A query that reads none of the group's metrics has nothing behind it, without asking.
+    other = probe(src, tgt, repeats=1).run(now=1e6, queries=["sum(DCGM_FI_DEV_GPU_UTIL)"],
+                                           dual_write_since=None, group=group)
+    assert other.verdict == Verdict.INCONCLUSIVE and "source 0, target 0" in other.windows[0].outcome
+    assert len(src.behind) == len(tgt.behind) == 1
+
+
+def test_a_failed_count_leaves_the_window_inconclusive(servers: Any) -> None:
+    src = servers(lambda n: ok_matrix())
+    tgt = servers(lambda n: ok_matrix(), behind=lambda q: 1 // 0)  # the handler fails: no answer
+    result = probe(src, tgt, repeats=1).run(now=1e6, queries=["sum(x)"], dual_write_since=None)
+    assert result.verdict == Verdict.INCONCLUSIVE
+    assert "'sum(x)' (counting the series behind it failed" in result.windows[0].outcome

@@ -21,6 +21,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.core.audit import AuditEvent
+from promshift.core.latency import ProbeRun
 from promshift.core.stages import Stage
 from promshift.orchestration.dag_factory import build_group_dag
 from promshift.orchestration.operators import (
@@ -372,7 +373,7 @@ def gate_xcoms(parity: str, latency: str = "SUCCESSFUL") -> dict[str, Any]:
         "parity": {"verdict": parity, "points_compared": 96,
                    "measurements": [measurement("samples", parity, f"samples {parity.lower()}")]},
         "latency": {"verdict": latency, "measurement": measurement("latency", latency, "p95 within SLO"),
-                    "windows": [], "runs": [{"backend": "source", "wall_s": 0.01}]},
+                    "windows": [], "runs": [ProbeRun("source", "1h", "q", wall_s=0.01, ok=True, series=1).to_dict()]},
     }
 
 

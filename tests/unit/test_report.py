@@ -5,7 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from promshift.core.audit import new_event, verify_chain
-from promshift.core.cost import AmpPrices, QueryCost, project_monthly_cost
+from promshift.core.cost import AmpPrices, CostEvidence, QueryCost, project_monthly_cost
+from promshift.core.gate import GateVerdict
+from promshift.core.latency import LatencyResult, WindowLatency
+from promshift.core.parity import GoldenInventory, ParityResult
 from promshift.core.report import approval_body, build_report, cost_table, latency_table, render_markdown
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -78,23 +81,24 @@ def test_rejected_run_says_why_in_plain_words() -> None:
 
 
 def test_tables_show_source_timeouts_as_a_win_and_cost_lines() -> None:
-    table = latency_table(WINDOWS)
+    table = latency_table([WindowLatency.from_dict(w) for w in WINDOWS])
     assert "4.00x" in table and "source timed out" in table
     # A row from before source_failure existed still reads sensibly.
-    assert "source failed" in latency_table([{**WINDOWS[1], "source_failure": None}])
+    assert "source failed" in latency_table([WindowLatency.from_dict({**WINDOWS[1], "source_failure": None})])
     c = cost()
     from promshift.core.cost import MONTH_S
 
     samples = 1000 * MONTH_S / 30
     assert c["ingestion"]["samples_per_month"] == samples
     assert abs(c["ingestion"]["usd"] - samples / 1e7 * 0.9) < 1e-9
-    text = cost_table(c)
+    text = cost_table(CostEvidence.from_dict(c))
     assert f"{samples:,.0f} samples" in text and "total" in text and "(estimated)" in text
     assert "avg(m)" in text
 
 
 def test_inconclusive_evidence_is_called_out_for_the_approver() -> None:
-    body = approval_body("g", {"verdict": "INCONCLUSIVE", "reason": "parity inconclusive"}, {}, {"windows": []})
+    body = approval_body("g", GateVerdict.from_dict({"verdict": "INCONCLUSIVE", "reason": "parity inconclusive"}),
+                         ParityResult.from_dict({}), LatencyResult.from_dict({"windows": []}))
     assert "INCONCLUSIVE" in body and "Approve only if you understand why" in body
 
 
@@ -107,7 +111,7 @@ def test_golden_inventory_lists_every_expression_with_its_disposition() -> None:
                            "disposition": "compared", "detail": "SUCCESSFUL", "measurement": "golden[Power]"},
                           {"dashboard": "a.json", "panel": "Temp", "ref_id": "A", "expr": "t",
                            "disposition": "not this group's metrics", "detail": "reads t", "measurement": None}]}
-    text = "\n".join(golden_inventory_markdown(golden))
+    text = "\n".join(golden_inventory_markdown(GoldenInventory.from_dict(golden)))
     assert "### Golden queries: 1 compared, 1 not this group's metrics" in text
     assert '| a.json | Power | `sum(m{a=~"x\\|y"})` | compared | SUCCESSFUL |' in text
     assert "| a.json | Temp | `t` | not this group's metrics | reads t |" in text

@@ -16,11 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from promshift.adapters.parity_check import count_behind, group_selectors_of, lookback_span, series_behind
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError, stat_number
-from promshift.core.catalog import LatencyPolicy, LatencyWindow
+from promshift.core.catalog import LatencyPolicy, LatencyWindow, MetricGroup
 from promshift.core.durations import format_duration
 from promshift.core.errors import ErrorKind
 from promshift.core.latency import (
+    LatencyResult,
     ProbeRun,
     WindowLatency,
     choose_step,
@@ -31,6 +33,7 @@ from promshift.core.latency import (
     retention_problem,
     target_span_problem,
 )
+from promshift.core.promql import PromQLError, analyse
 
 log = logging.getLogger(__name__)
 
@@ -144,15 +147,46 @@ class LatencyProbe:
             out.append((at, counts[0], counts[1]))
         return out
 
+    def behind(self, query: str, start: float, end: float, group: MetricGroup | None, *,
+               source_answered: bool = True) -> tuple[float | None, float] | str:
+        """``(source, target)``: the series of ``group`` the query's selectors read over ``start..end``
+        (with its look-back), counted as the golden layer counts them; or why that is unknown.
+
+        Without a group every selector of the query counts. A query that reads none of the group's
+        metrics has nothing behind it: ``(0, 0)``. When the source answered none of the query's runs
+        (it timed out: the target's win), only the target's series are counted (source None): no
+        source timing is judged, and a source too slow for the query may be too slow to count.
+        """
+        try:
+            analysis = analyse(query)
+        except PromQLError as exc:
+            return f"cannot count the series behind it: {exc}"
+        try:
+            if group is None:
+                selectors = list(analysis.selectors)
+            else:
+                selectors = group_selectors_of(group, self.source, analysis, start, end)[0]
+            if not selectors:
+                return 0.0, 0.0
+            span = lookback_span(analysis, start, end)
+            if not source_answered:
+                return None, sum(count_behind(self.target, sel, span) for sel in selectors)
+            counts = series_behind(self.source, self.target, selectors, span)
+        except PrometheusError as exc:
+            return f"counting the series behind it failed: {exc}"
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
+
     def run(self, *, now: float, queries: Sequence[str], dual_write_since: float | None,
-            history_selector: str | None = None) -> dict[str, Any]:
+            history_selector: str | None = None, group: MetricGroup | None = None) -> LatencyResult:
         """Every window x query x repeat, within the policy's deadline; returns table, runs and verdict.
 
         (window, query) units run on a pool of ``max_concurrency`` threads, each unit doing its
         rounds one request at a time, so no backend ever has more than that many probe queries
         in flight. A window the step or a backend's retention rules out is judged without querying.
         A window reaching back before dual-write began is comparable only if the target holds the
-        group's history there too (``history_selector`` counts series on both sides).
+        group's history there too (``history_selector`` counts series on both sides). Each query's
+        timings count only with the group's series behind it on both sides (``group``: its own
+        selectors are counted over the window after the timed rounds, so counting costs no timing).
         """
         policy = self.policy
         deadline = self.clock() + policy.deadline_s
@@ -188,7 +222,7 @@ class LatencyProbe:
             done = dict(zip(units, pool.map(measure, units), strict=True))
         tables: list[WindowLatency] = []
         all_runs: list[ProbeRun] = []
-        for index, (window, step, start, _end, skip) in enumerate(plans):
+        for index, (window, step, start, end, skip) in enumerate(plans):
             results = [done[(index, query)] for query in queries] if skip is None else []
             runs = [run for unit_runs, _ in results for run in unit_runs]
             history = []
@@ -201,18 +235,21 @@ class LatencyProbe:
                                                   dual_write_since=dual_write_since, step=step, history=history)
             if not problem and any(out_of_time for _, out_of_time in results):
                 problem = f"probe deadline of {policy.deadline_s:.0f}s reached before this window finished"
+            # Counted only where it decides something: a window already failed or inconclusive needs no count.
+            behind: dict[str, tuple[float | None, float] | str] = {}
+            if not problem and all(r.ok for r in runs if r.backend == "target"):
+                answered = {r.query for r in runs if r.backend == "source" and r.ok}
+                behind = {query: self.behind(query, start, end, group, source_answered=query in answered)
+                          for query in queries}
             judged = judge_window(window.name, runs, slo_p95_s=window.slo_p95_s,
                                   max_slowdown_ratio=policy.max_slowdown_ratio,
                                   slowdown_floor_s=policy.slowdown_floor_s,
                                   min_successes=max(1, (policy.repeats * len(queries) + 1) // 2),
-                                  not_comparable=problem)
+                                  not_comparable=problem, behind=behind)
             log.info("latency window %s (step %ss): source p50 %s, target p50 %s -> %s (%s)", window.name, step,
                      judged.source_p50_s, judged.target_p50_s, judged.verdict.value, judged.outcome)
             tables.append(judged)
             all_runs.extend(runs)
         m = latency_measurement(tables, queries)
-        return {"verdict": m.verdict.value, "measurement": m.to_dict(), "windows": [w.to_dict() for w in tables],
-                "runs": [r.to_dict() for r in all_runs],
-                "retries": sum(r.retries for r in all_runs),
-                "retention_s": retention, "max_concurrency": policy.max_concurrency,
-                "accept_encoding": policy.accept_encoding}
+        return LatencyResult(m.verdict, m, tuple(tables), tuple(all_runs), sum(r.retries for r in all_runs),
+                             retention, policy.max_concurrency, policy.accept_encoding)

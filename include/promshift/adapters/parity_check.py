@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +30,18 @@ from promshift.core.golden import (
     NOT_THIS_GROUP,
     UNSUPPORTED,
     DashboardQuery,
-    GoldenWindow,
     WindowShortfall,
     dashboard_queries,
     fit_window,
 )
 from promshift.core.parity import (
+    GoldenInventory,
+    GoldenRow,
     GoldenSide,
     HostLabels,
+    ParityPlan,
+    ParityResult,
+    ParityWindow,
     SampleComparison,
     aggregate_measurement,
     assess,
@@ -64,7 +68,7 @@ from promshift.core.promql import (
     restrict_nameless,
     substitute,
 )
-from promshift.core.verdicts import Measurement, Verdict
+from promshift.core.verdicts import Layer, Measurement, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,72 @@ def each_side(source_call: Callable[[], T], target_call: Callable[[], T]) -> tup
     """Two different calls, one per backend, concurrently (e.g. each side asked with its own label names)."""
     futures = [_BOTH.submit(source_call), _BOTH.submit(target_call)]
     return futures[0].result(), futures[1].result()
+
+
+def group_matcher(group: MetricGroup) -> tuple[str, str, str]:
+    """The matcher that keeps a selector to the group's metrics."""
+    return ("__name__", "=~", group.name_regex())
+
+
+def group_selectors_of(group: MetricGroup, source: PrometheusClient, analysis: Analysis, start: float, end: float,
+                       names: dict[str, list[str]] | None = None,
+                       ) -> tuple[list[Selector], frozenset[Selector], list[Selector]]:
+    """A query's selectors that read the group's metrics (offsets and @ dropped), the nameless ones among
+    them, and the others.
+
+    A selector without a metric name reads the group's metrics when the source has any of them
+    under it in ``start..end`` (one label-values call, cached in ``names``); it is then counted
+    restricted to the group's metrics (``restrict``), which is all a per-group dual-write sends.
+    """
+    names = {} if names is None else names
+    found, restrict, others = [], set(), []
+    for sel in analysis.selectors:
+        if sel.name is not None:
+            (found if group.claims(sel.name) else others).append(sel)
+            continue
+        text = sel.promql()
+        if text not in names:
+            names[text] = source.label_values("__name__", text, start=start, end=end)
+        if any(group.claims(n) for n in names[text]):
+            restrict.add(sel)
+            found.append(Selector(None, (*sel.matchers, group_matcher(group))))
+        else:
+            others.append(sel)
+    return found, frozenset(restrict), others
+
+
+def lookback_span(analysis: Analysis, start: float, end: float) -> tuple[float, float]:
+    """The time a query evaluated over ``start..end`` reads samples from: its look-back, read-ahead, and ``@``."""
+    spans = [(start - analysis.lookback_s, end + analysis.readahead_s)]
+    for r in analysis.anchored:
+        at = {"start": start, "end": end}.get(r.anchor, r.at)
+        if at is not None:
+            spans.append((at - r.back_s, at + r.ahead_s))
+    return min(s for s, _ in spans), max(e for _, e in spans)
+
+
+def series_behind(source: PrometheusClient, target: PrometheusClient, selectors: Sequence[Selector],
+                  span: tuple[float, float], to_target: Mapping[str, str] | None = None) -> list[tuple[float, float]]:
+    """Per selector, ``(source, target)``: how many series it reads with a sample in ``span``.
+
+    The evidence behind a golden or latency result: a query whose answer has none of the group's
+    series behind it (``sum(x) or vector(0)``, ``absent(x)``) proves nothing. ``to_target`` renames
+    matcher labels for the target (a declared rename: the target is asked with its own names).
+    """
+    rename = dict(to_target or {})
+    counts = []
+    for sel in selectors:
+        on_target = Selector(sel.name, tuple((rename.get(k, k), op, v) for k, op, v in sel.matchers))
+        counts.append(each_side(lambda s=sel: count_behind(source, s, span),
+                                lambda s=on_target: count_behind(target, s, span)))
+    return counts
+
+
+def count_behind(client: PrometheusClient, selector: Selector, span: tuple[float, float]) -> float:
+    """How many series ``selector`` reads on one backend with a sample in ``span``."""
+    low, high = span
+    res = client.query(f"count(last_over_time({selector.promql()}[{max(1, math.ceil(high - low))}s]))", at=high)
+    return sum(s.points[0][1] for s in res.series)
 
 
 @dataclass
@@ -197,7 +267,7 @@ class ParityCheck:
                                      explained=explained)
 
     # -- layer 4: golden dashboard queries -------------------------------------------------
-    def golden(self, start: float, end: float) -> tuple[list[Measurement], dict[str, Any]]:
+    def golden(self, start: float, end: float) -> tuple[list[Measurement], GoldenInventory]:
         """The group's dashboard queries, each over its own look-back-aware window, and the inventory.
 
         ``start`` is the first settled instant of dual-write, ``end`` the last instant old enough
@@ -205,8 +275,7 @@ class ParityCheck:
         compared, not this group's metrics, needs variable X, or unsupported (why).
         """
         policy = self.policy
-        inventory: dict[str, Any] = {"dashboards": list(policy.golden_dashboards), "required": policy.golden_required,
-                                     "queries": []}
+        rows: list[GoldenRow] = []
         measurements: list[Measurement] = []
         queries: list[DashboardQuery] = []
         for path in self._dashboard_files(measurements):
@@ -221,23 +290,22 @@ class ParityCheck:
         for q in queries:
             name = f"golden[{q.panel}]" if panels[q.panel] == 1 else f"golden[{q.panel}/{q.ref_id or '?'}]"
             disposition, detail, m = self._golden_query(name, q, start, end, names)
-            inventory["queries"].append({"dashboard": q.dashboard, "panel": q.panel, "ref_id": q.ref_id,
-                                         "expr": q.expr, "disposition": disposition, "detail": detail,
-                                         "measurement": m.name if m else None})
+            rows.append(GoldenRow(q.dashboard, q.panel, q.expr, disposition, detail, q.ref_id, m.name if m else None))
             if m is not None:
                 measurements.append(m)
-        counts = Counter(row["disposition"] for row in inventory["queries"])
-        inventory["summary"] = ", ".join(f"{n} {d}" for d, n in counts.items()) or "no dashboard queries"
-        if not any(m.name.startswith("golden[") for m in measurements):
+        counts = Counter(row.disposition for row in rows)
+        summary = ", ".join(f"{n} {d}" for d, n in counts.items()) or "no dashboard queries"
+        if not any(m.layer == Layer.GOLDEN and m.name != "golden" for m in measurements):
             if policy.golden_required:
                 measurements.append(Measurement("golden", Verdict.INCONCLUSIVE,
                                                 "no golden query reads this group's metrics (parity.golden_required)"))
             elif not policy.golden_dashboards:
-                inventory["summary"] = "no golden layer: no dashboard configured (parity.golden_dashboards)"
+                summary = "no golden layer: no dashboard configured (parity.golden_dashboards)"
             else:
-                inventory["summary"] = "no golden layer: no dashboard query reads this group's metrics" + (
-                    f" ({inventory['summary']})" if queries else "")
-        return measurements, inventory
+                summary = "no golden layer: no dashboard query reads this group's metrics" + (
+                    f" ({summary})" if queries else "")
+        return measurements, GoldenInventory(tuple(policy.golden_dashboards), policy.golden_required, tuple(rows),
+                                             summary)
 
     def _dashboard_files(self, problems: list[Measurement]) -> list[Path]:
         files: list[Path] = []
@@ -271,7 +339,8 @@ class ParityCheck:
             return (UNSUPPORTED, str(exc),
                     Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (sub.expr,)))
         try:
-            group_selectors, restrict, others = self._group_selectors(analysis, start, end, names)
+            group_selectors, restrict, others = group_selectors_of(self.group, self.source, analysis, start, end,
+                                                                   names)
         except PrometheusError as exc:
             return COMPARED, "selector names unknown", Measurement(name, Verdict.ERROR, str(exc), (sub.expr,))
         if not group_selectors:
@@ -283,32 +352,9 @@ class ParityCheck:
         m = self._golden_one(name, q.expr, group_selectors, start, end, restrict=restrict, others=others)
         return COMPARED, m.verdict.value, m
 
-    def _group_selectors(self, analysis: Analysis, start: float, end: float, names: dict[str, list[str]]
-                         ) -> tuple[list[Selector], frozenset[Selector], list[Selector]]:
-        """The query's selectors that read this group's metrics (offsets and @ dropped), and the others.
-
-        A selector without a metric name reads the group's metrics when the source has any of
-        them under it in the window; the query is then compared restricted to the group's
-        metrics (``restrict``), which is all a per-group dual-write sends.
-        """
-        group, restrict, others = [], set(), []
-        for sel in analysis.selectors:
-            if sel.name is not None:
-                (group if self.group.claims(sel.name) else others).append(sel)
-                continue
-            text = sel.promql()
-            if text not in names:
-                names[text] = self.source.label_values("__name__", text, start=start, end=end)
-            if any(self.group.claims(n) for n in names[text]):
-                restrict.add(sel)
-                group.append(Selector(None, (*sel.matchers, self._group_matcher)))
-            else:
-                others.append(sel)
-        return group, frozenset(restrict), others
-
     @property
     def _group_matcher(self) -> tuple[str, str, str]:
-        return ("__name__", "=~", self.group.name_regex())
+        return group_matcher(self.group)
 
     def _golden_one(self, name: str, raw: str, group_selectors: Sequence[Selector], start: float, end: float, *,
                     restrict: frozenset[Selector] = frozenset(), others: Sequence[Selector] = ()) -> Measurement:
@@ -335,7 +381,7 @@ class ParityCheck:
                 res = client.query_range(asked, start=fit.start, end=fit.end, step=step)
             except PrometheusError as exc:
                 text = str(exc).removeprefix(f"{exc.base_url}: ")
-                return GoldenSide(error=text, http_status=exc.http_status)
+                return GoldenSide(error=text, http_status=exc.http_status, kind=exc.kind)
             rename = dict(self.policy.rename_labels)
             return GoldenSide(series={normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename):
                                       s.points for s in res.series}, warnings=res.warnings)
@@ -349,7 +395,8 @@ class ParityCheck:
             return Measurement(name, Verdict.INCONCLUSIVE, f"backend warnings (partial data): {'; '.join(warnings)}",
                                (queries,))
         try:
-            counts = self._behind([*group_selectors, *others], fit, to_target)
+            counts = series_behind(self.source, self.target, [*group_selectors, *others],
+                                   lookback_span(fit.analysis, fit.start, fit.end), to_target)
         except PrometheusError as exc:
             return Measurement(name, Verdict.ERROR, f"counting the series behind the query failed: {exc}", (queries,))
         behind = (sum(c[0] for c in counts[:len(group_selectors)]), sum(c[1] for c in counts[:len(group_selectors)]))
@@ -365,26 +412,6 @@ class ParityCheck:
                                f"{', '.join(lacking)} (not this group's metrics), which the target does not have",
                                m.queries, {**m.numbers, "not_on_target": lacking})
         return m
-
-    def _behind(self, selectors: Sequence[Selector], fit: GoldenWindow,
-                to_target: dict[str, str]) -> list[tuple[float, float]]:
-        """Per selector: the series it reads over the query's window and look-back, on each side."""
-        spans = [(fit.start - fit.analysis.lookback_s, fit.end + fit.analysis.readahead_s)]
-        for r in fit.analysis.anchored:
-            at = {"start": fit.start, "end": fit.end}.get(r.anchor, r.at)
-            if at is not None:
-                spans.append((at - r.back_s, at + r.ahead_s))
-        low, high = min(s for s, _ in spans), max(e for _, e in spans)
-        span = f"{max(1, math.ceil(high - low))}s"
-        counts = []
-        for sel in selectors:
-            on_target = Selector(sel.name, tuple((to_target.get(k, k), op, v) for k, op, v in sel.matchers))
-            answers = each_side(
-                lambda s=sel: self.source.query(f"count(last_over_time({s.promql()}[{span}]))", at=high),
-                lambda s=on_target: self.target.query(f"count(last_over_time({s.promql()}[{span}]))", at=high))
-            src, tgt = (sum(s.points[0][1] for s in res.series) for res in answers)
-            counts.append((src, tgt))
-        return counts
 
     # -- layer 2: label parity -----------------------------------------------------------
     def labels(self, start: float, end: float) -> Measurement:
@@ -574,7 +601,7 @@ class ParityCheck:
         return m
 
     # -- all layers ----------------------------------------------------------------------
-    def plan(self, *, dual_write_since: float, now: float) -> dict[str, Any]:
+    def plan(self, *, dual_write_since: float, now: float) -> ParityPlan:
         """Window, the count and label layers, and the host shards for the samples layer."""
         started = time.perf_counter()
         before = [c.ledger.snapshot() for c in (self.source, self.target)]
@@ -582,22 +609,21 @@ class ParityCheck:
         if window is None:
             m = Measurement("window", Verdict.INCONCLUSIVE,
                             f"dual-write too short: nothing older than {self.policy.skip_recent_s:.0f}s to compare")
-            return {"window": None, "measurements": [m.to_dict()], "shards": [], "hosts_total": 0,
-                    "cost": self._cost(started, before)}
+            return ParityPlan(None, (m,), cost=self._cost(started, before))
         start, end = window
         coverage = self.coverage(start, end)
-        short_hosts = next((m.numbers.get("short_keys", []) for m in coverage if m.name == "host_coverage"), [])
-        measurements = [m.to_dict() for m in coverage]
-        measurements.append(self.aggregates(start, end, explained=short_hosts).to_dict())
-        measurements.append(self.labels(start, end).to_dict())
+        short_hosts = next((m.numbers.get("short_keys", []) for m in coverage if m.layer == Layer.HOST_COVERAGE), [])
+        measurements = list(coverage)
+        measurements.append(self.aggregates(start, end, explained=short_hosts))
+        measurements.append(self.labels(start, end))
         golden, golden_inventory = self.golden(start, end)
-        measurements.extend(m.to_dict() for m in golden)
+        measurements.extend(golden)
         shards: list[dict[str, Any]] = []
         hosts: list[str] = []
         try:
             hosts = self.sample_plan(start, end)
         except PrometheusError as exc:
-            measurements.append(Measurement("samples", Verdict.ERROR, str(exc)).to_dict())
+            measurements.append(Measurement("samples", Verdict.ERROR, str(exc)))
         size = self.policy.hosts_per_shard
         names = self._host_names_in_use
         for i in range(0, len(hosts), size):
@@ -605,9 +631,8 @@ class ParityCheck:
             if names is not None:
                 shard["host_names"] = [list(names[0]), list(names[1])]
             shards.append(shard)
-        return {"window": {"start": start, "end": end, "step": self.policy.step_s}, "measurements": measurements,
-                "shards": shards, "hosts_total": len(hosts), "cost": self._cost(started, before),
-                "golden": golden_inventory}
+        return ParityPlan(ParityWindow(start, end, self.policy.step_s), tuple(measurements), tuple(shards),
+                          len(hosts), self._cost(started, before), golden_inventory)
 
     def compare_shard(self, shard: dict[str, Any]) -> dict[str, Any]:
         """One mapped task's work: compare the shard's hosts; returns totals and what it cost."""
@@ -617,19 +642,20 @@ class ParityCheck:
         out["cost"] = self._cost(started, before)
         return out
 
-    def reduce(self, plan: dict[str, Any], shards: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """Merge the plan's layers and every shard into the parity result."""
-        measurements = [Measurement(m["name"], Verdict(m["verdict"]), m["reason"], tuple(m.get("queries", ())),
-                                    m.get("numbers", {})) for m in plan["measurements"]]
-        if plan["window"] is not None and not any(m.name == "samples" for m in measurements):
-            measurements.append(self.samples_measurement(shards, hosts_total=plan["hosts_total"]))
-        costs = [plan["cost"], *(s.get("cost", {}) for s in shards)]
-        return self.result(measurements, plan["window"], costs, shards=len(shards), golden=plan.get("golden"))
+    def reduce(self, plan: ParityPlan | Mapping[str, Any], shards: Sequence[dict[str, Any]]) -> ParityResult:
+        """Merge the plan's layers and every shard into the parity result (``plan``: typed, or its XCom form)."""
+        if not isinstance(plan, ParityPlan):
+            plan = ParityPlan.from_dict(plan)
+        measurements = list(plan.measurements)
+        if plan.window is not None and not any(m.layer == Layer.SAMPLES for m in measurements):
+            measurements.append(self.samples_measurement(shards, hosts_total=plan.hosts_total))
+        costs = [plan.cost, *(s.get("cost", {}) for s in shards)]
+        return self.result(measurements, plan.window, costs, shards=len(shards), golden=plan.golden)
 
-    def run(self, *, dual_write_since: float, now: float) -> dict[str, Any]:
+    def run(self, *, dual_write_since: float, now: float) -> ParityResult:
         """Every layer in one process; the DAG runs the same plan / shards / reduce as mapped tasks."""
         plan = self.plan(dual_write_since=dual_write_since, now=now)
-        return self.reduce(plan, [self.compare_shard(shard) for shard in plan["shards"]])
+        return self.reduce(plan, [self.compare_shard(dict(shard)) for shard in plan.shards])
 
     def _cost(self, started: float, before: list[dict[str, float]]) -> dict[str, float]:
         after = [c.ledger.snapshot() for c in (self.source, self.target)]
@@ -637,28 +663,20 @@ class ParityCheck:
                 "backend_query_s": sum(a["server_s"] - b["server_s"] for a, b in zip(after, before, strict=True)),
                 "queries": sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True))}
 
-    def result(self, measurements: list[Measurement], window: dict[str, Any] | None,
-               costs: Sequence[dict[str, float]], *, shards: int,
-               golden: dict[str, Any] | None = None) -> dict[str, Any]:
-        samples = next((m for m in measurements if m.name == "samples"), None)
+    def result(self, measurements: list[Measurement], window: ParityWindow | None,
+               costs: Sequence[Mapping[str, float]], *, shards: int,
+               golden: GoldenInventory | None = None) -> ParityResult:
+        samples = next((m for m in measurements if m.layer == Layer.SAMPLES), None)
         nums = samples.numbers if samples else {}
         verdict = assess(measurements, failure_limit=self.policy.failure_limit,
                          inconclusive_limit=self.policy.inconclusive_limit)
-        return {
-            "verdict": verdict.value,
-            "window": window,
-            "hosts_sampled": nums.get("hosts_sampled", []),
-            "series_compared": nums.get("series_compared", 0),
-            "points_compared": nums.get("points_compared", 0),
-            "mismatches": nums.get("mismatches", 0),
-            "missing_series": nums.get("missing_series", 0),
-            "missing_points": nums.get("missing_points", 0),
-            "extra_series": nums.get("extra_series", 0),
-            "measurements": [m.to_dict() for m in measurements],
-            "shards": shards,
-            "wall_s": sum(c.get("wall_s", 0.0) for c in costs),
-            "backend_query_s": sum(c.get("backend_query_s", 0.0) for c in costs),
-            "queries_sent": sum(c.get("queries", 0) for c in costs),
-            # Every dashboard expression and what became of it (compared, not this group's, ...).
-            "golden": golden,
-        }
+        return ParityResult(
+            verdict=verdict, measurements=tuple(measurements), window=window,
+            hosts_sampled=tuple(nums.get("hosts_sampled", ())),
+            **{k: int(nums.get(k, 0)) for k in ("series_compared", "points_compared", "mismatches", "missing_series",
+                                                 "missing_points", "extra_series")},
+            shards=shards,
+            wall_s=sum(c.get("wall_s", 0.0) for c in costs),
+            backend_query_s=sum(c.get("backend_query_s", 0.0) for c in costs),
+            queries_sent=int(sum(c.get("queries", 0) for c in costs)),
+            golden=golden)

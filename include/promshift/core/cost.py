@@ -36,6 +36,7 @@ __all__ = [
     "MONTH_S",
     "AmpPrices",
     "CostConfigError",
+    "CostEvidence",
     "CostProjection",
     "QueryCost",
     "QueryCostLine",
@@ -178,7 +179,15 @@ class QueryCostLine:
     measured: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> QueryCostLine:
+        return cls(query=str(d["query"]), window_s=float(d["window_s"]),
+                   samples_per_execution=float(d["samples_per_execution"]),
+                   executions_per_month=float(d["executions_per_month"]),
+                   samples_per_month=float(d["samples_per_month"]),
+                   usd=float(d["usd"]), measured=bool(d["measured"]))
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,49 @@ class CostProjection:
                       "queries": [line.to_dict() for line in self.queries]},
             "total_usd": self.total_usd,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CostProjection:
+        """Read ``to_dict``'s form (``total_usd`` and ``estimated_queries`` are derived, not read)."""
+        query = d["query"]
+        return cls(ingestion_samples_per_month=float(d["ingestion"]["samples_per_month"]),
+                   ingestion_usd=float(d["ingestion"]["usd"]), storage_gb=float(d["storage"]["gb"]),
+                   storage_usd=float(d["storage"]["usd"]), query_samples_per_month=float(query["samples_per_month"]),
+                   query_usd=float(query["usd"]),
+                   queries=tuple(QueryCostLine.from_dict(q) for q in query.get("queries") or ()))
+
+
+@dataclass(frozen=True)
+class CostEvidence:
+    """The cost projection as the latency check records it, with what it was computed from; or why
+    there is none (``error``)."""
+
+    projection: CostProjection | None = None
+    active_series: int = 0
+    scrape_interval_s: float = 0.0
+    window: str = ""
+    dashboard_refresh_s: float = 0.0
+    dashboard_viewers: int = 0
+    error: str | None = None
+
+    CONTEXT = ("active_series", "scrape_interval_s", "window", "dashboard_refresh_s", "dashboard_viewers")
+
+    @classmethod
+    def unavailable(cls, error: str) -> CostEvidence:
+        return cls(error=error)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.projection is None:
+            return {"error": self.error or "no cost projection"}
+        return {**self.projection.to_dict(), **{k: getattr(self, k) for k in self.CONTEXT}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CostEvidence:
+        if d.get("error") or "ingestion" not in d:
+            return cls(error=str(d.get("error") or "no cost projection"))
+        return cls(CostProjection.from_dict(d), active_series=int(d["active_series"]),
+                   scrape_interval_s=float(d["scrape_interval_s"]), window=str(d["window"]),
+                   dashboard_refresh_s=float(d["dashboard_refresh_s"]), dashboard_viewers=int(d["dashboard_viewers"]))
 
 
 def estimate_samples(series: int, window_s: float, scrape_interval_s: float) -> float:

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from promshift.core.verdicts import Verdict, worst
+from promshift.core.latency import LatencyResult
+from promshift.core.parity import ParityResult
+from promshift.core.verdicts import Measurement, Verdict, worst
 
 
 class GateAction(StrEnum):
@@ -33,6 +35,48 @@ class GateVerdict:
             "checks": {name: v.value for name, v in self.checks},
             "reason": self.reason,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GateVerdict:
+        """Read ``to_dict``'s form; an old record without ``action`` gets the one its verdict implies."""
+        verdict = Verdict(d.get("verdict") or Verdict.INCONCLUSIVE)
+        action = d.get("action") or (GateAction.ROLL_BACK if verdict in (Verdict.FAILED, Verdict.ERROR)
+                                     else GateAction.ASK_APPROVAL)
+        checks = tuple(sorted((name, Verdict(v)) for name, v in (d.get("checks") or {}).items()))
+        return cls(verdict, GateAction(action), checks, str(d.get("reason") or ""))
+
+
+@dataclass(frozen=True)
+class GateEvidence:
+    """What the gate decided and on what: recorded in the audit log, read back by the report.
+
+    The latency part is kept without its individual runs (the table is the evidence); read back,
+    it has none.
+    """
+
+    gate: GateVerdict
+    parity: ParityResult
+    latency: LatencyResult
+
+    @classmethod
+    def decide(cls, parity: ParityResult, latency: LatencyResult) -> GateEvidence:
+        """The gate over the parity and latency results, with the evidence it decided on."""
+        return cls(decide({"parity": parity.verdict, "latency": latency.verdict}), parity, latency)
+
+    def not_passed(self) -> list[tuple[str, Measurement]]:
+        """``(check, measurement)`` of every measurement that did not pass, parity first."""
+        return ([("parity", m) for m in self.parity.not_passed()]
+                + [("latency", m) for m in (self.latency.measurement,) if m.verdict != Verdict.SUCCESSFUL])
+
+    def to_dict(self) -> dict[str, Any]:
+        latency = self.latency.to_dict()
+        del latency["runs"]  # the raw probe runs stay in XCom; the audit keeps the table
+        return {"gate": self.gate.to_dict(), "parity": self.parity.to_dict(), "latency": latency}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GateEvidence:
+        return cls(GateVerdict.from_dict(d.get("gate") or {}), ParityResult.from_dict(d.get("parity") or {}),
+                   LatencyResult.from_dict(d.get("latency") or {}))
 
 
 def decide(checks: Mapping[str, Verdict]) -> GateVerdict:

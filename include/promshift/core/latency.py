@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from promshift.core.cost import CostEvidence
 from promshift.core.durations import format_duration, parse_duration
 from promshift.core.errors import ErrorKind
-from promshift.core.verdicts import Measurement, Verdict, worst
+from promshift.core.evidence import json_number, json_safe, number_from_json, optional_number
+from promshift.core.verdicts import Layer, Measurement, Verdict, worst
 
 # Prometheus refuses range queries over 11,000 points per series.
 MAX_POINTS = 11_000
@@ -60,9 +62,18 @@ class ProbeRun:
         return self.ok and self.series > 0
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        d = json_safe({f.name: getattr(self, f.name) for f in fields(self)})
         d["kind"] = self.kind.value if self.kind else None
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProbeRun:
+        return cls(backend=str(d["backend"]), window=str(d["window"]), query=str(d["query"]),
+                   wall_s=number_from_json(d["wall_s"]), ok=bool(d["ok"]), server_s=optional_number(d.get("server_s")),
+                   http_status=d.get("http_status"), error=d.get("error"), warnings=tuple(d.get("warnings") or ()),
+                   series=int(d.get("series") or 0), points=int(d.get("points") or 0), bytes=int(d.get("bytes") or 0),
+                   retries=int(d.get("retries") or 0), samples=optional_number(d.get("samples")),
+                   kind=ErrorKind(d["kind"]) if d.get("kind") else None, result_type=str(d.get("result_type") or ""))
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,8 @@ class WindowLatency:
     # How the source failed when the target answered ("timed out", "throttled", ...): the table
     # shows "source timed out" instead of a speedup, as the seed's table did.
     source_failure: str | None = None
+    # Per query: the group's series its selectors read in the window, (source, target), or why unknown.
+    behind: Mapping[str, tuple[float | None, float] | str] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float | None:
@@ -89,11 +102,38 @@ class WindowLatency:
             return self.source_p50_s / self.target_p50_s
         return None
 
+    @property
+    def source_failed_label(self) -> str | None:
+        """ "source timed out" (throttled, ...) when the source failed while the target answered, the
+        seed's "60 s timeout" cell; None otherwise. The table and the chart both show it."""
+        if self.source_failures and self.target_p50_s is not None:
+            return f"source {self.source_failure or 'failed'}"
+        return None
+
     def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
+        d = json_safe({f.name: getattr(self, f.name) for f in fields(self) if f.name != "behind"})
         d["verdict"] = self.verdict.value
-        d["speedup"] = round(self.speedup, 2) if self.speedup else None
+        d["behind"] = [{"query": q, "source": b[0], "target": b[1]} if isinstance(b, tuple)
+                       else {"query": q, "error": b} for q, b in self.behind.items()]
+        speedup = self.speedup
+        d["speedup"] = json_number(round(speedup, 2)) if speedup else None
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WindowLatency:
+        """Read ``to_dict``'s form (``speedup`` is derived, not read); old records lack some counts."""
+        return cls(window=str(d["window"]), source_p50_s=optional_number(d.get("source_p50_s")),
+                   source_p95_s=optional_number(d.get("source_p95_s")),
+                   target_p50_s=optional_number(d.get("target_p50_s")),
+                   target_p95_s=optional_number(d.get("target_p95_s")),
+                   source_failures=int(d.get("source_failures") or 0),
+                   target_failures=int(d.get("target_failures") or 0),
+                   slo_p95_s=number_from_json(d.get("slo_p95_s") or 0.0),
+                   verdict=Verdict(d.get("verdict") or Verdict.INCONCLUSIVE), outcome=str(d.get("outcome") or ""),
+                   source_failure=d.get("source_failure"),
+                   behind={str(b["query"]): str(b["error"]) if "error" in b else
+                           (optional_number(b["source"]), number_from_json(b["target"]))
+                           for b in d.get("behind") or ()})
 
 
 # How a backend failed, as the table says it ("source timed out").
@@ -117,22 +157,44 @@ def _p(runs: Sequence[ProbeRun], q: float) -> float | None:
     return percentile(timed, q) if timed else None
 
 
-def no_data_problem(runs: Sequence[ProbeRun]) -> str | None:
+def no_data_problem(runs: Sequence[ProbeRun], behind: Mapping[str, tuple[float | None, float] | str] | None = None
+                    ) -> str | None:
     """Why some query's timings are no evidence, or None: an answered run with no series (an
-    empty vector or matrix, or only a scalar) on either side. Such a query is fast because
-    there is nothing behind it; "within SLO" would be a pass without data."""
+    empty vector or matrix, or only a scalar) on either side, or a query with none of the
+    group's series behind it on a side (``behind``, see :func:`evidence_parts`). Such a query
+    is fast because there is nothing behind it; "within SLO" would be a pass without data."""
     empty: dict[str, dict[str, set[str]]] = {}
     for r in runs:
         if r.ok and not r.has_data:
             what = "only a scalar" if r.result_type == "scalar" else "no series"
             empty.setdefault(r.query, {}).setdefault(r.backend, set()).add(what)
-    if not empty:
-        return None
     parts = []
     for query, sides in empty.items():
         said = "; ".join(f"{side}: {', '.join(sorted(whats))}" for side, whats in sorted(sides.items()))
         parts.append(f"{query!r} ({said})")
-    return "no data behind this query: " + "; ".join(parts)
+    parts += [p for q, p in evidence_parts(behind or {}) if q not in empty]
+    return "no data behind this query: " + "; ".join(parts) if parts else None
+
+
+def evidence_parts(behind: Mapping[str, tuple[float | None, float] | str]) -> list[tuple[str, str]]:
+    """``(query, why)`` for each query with nothing behind it.
+
+    ``behind`` maps a query to ``(source, target)``: the group's series its selectors read in the
+    window on each side (``series_behind``; source None: not counted, the source answered none of
+    the query's runs, so no source timing is judged), or why that is unknown. A query with none of the
+    group's series behind it on a side answers fast because there is nothing to read:
+    ``sum(x) or vector(0)`` and ``absent(x)`` answer something whether or not ``x`` exists.
+    """
+    parts = []
+    for query, counts in behind.items():
+        if isinstance(counts, str):
+            parts.append((query, f"{query!r} ({counts})"))
+            continue
+        src, tgt = counts
+        if (src is not None and not src) or not tgt:
+            said = "not counted" if src is None else f"{src:.0f}"
+            parts.append((query, f"{query!r} (this group's series behind it: source {said}, target {tgt:.0f})"))
+    return parts
 
 
 def history_instants(*, start: float, dual_write_since: float, step: float) -> tuple[float, ...]:
@@ -199,13 +261,16 @@ def retention_problem(window_s: float, retention_s: dict[str, float | None]) -> 
 
 def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max_slowdown_ratio: float,
                  min_successes: int, slowdown_floor_s: float = 0.0,
-                 not_comparable: str | None = None) -> WindowLatency:
+                 not_comparable: str | None = None,
+                 behind: Mapping[str, tuple[float | None, float] | str] | None = None) -> WindowLatency:
     """Verdict for one window: target p95 within SLO and not slower than source beyond the ratio.
 
     A slowdown smaller than ``slowdown_floor_s`` in absolute terms is jitter, not a failure.
     A failed run (timeout, HTTP error, partial data, malformed or too large answer) is a
     failure, never a slow success; a query that answers no series on either side is
-    INCONCLUSIVE (no evidence), and so is fewer than ``min_successes`` good target runs.
+    INCONCLUSIVE (no evidence), and so is a query whose selectors read none of the group's
+    series on a side (``behind``, see :func:`evidence_problem`), and fewer than ``min_successes``
+    good target runs.
     """
     src = [r for r in runs if r.backend == "source"]
     tgt = [r for r in runs if r.backend == "target"]
@@ -213,7 +278,7 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
     tgt_fail = sum(not r.ok for r in tgt)
     t50, t95, s50, s95 = _p(tgt, 50), _p(tgt, 95), _p(src, 50), _p(src, 95)
     good_target = sum(r.has_data for r in tgt)
-    no_data = no_data_problem(runs)
+    no_data = no_data_problem(runs, behind or {})
     if tgt and all(not r.ok and r.kind == ErrorKind.UNREACHABLE for r in tgt):
         # Nothing was measured: the backend is down. That is an error of the check, not a slow target.
         verdict, outcome = Verdict.ERROR, f"target unreachable in all {len(tgt)} runs"
@@ -237,7 +302,7 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
     else:
         verdict, outcome = Verdict.SUCCESSFUL, "within SLO"
     return WindowLatency(window, s50, s95, t50, t95, src_fail, tgt_fail, slo_p95_s, verdict, outcome,
-                         failure_kind(src) if src_fail else None)
+                         failure_kind(src) if src_fail else None, dict(behind or {}))
 
 
 def latency_measurement(windows: Sequence[WindowLatency], queries: Sequence[str]) -> Measurement:
@@ -249,3 +314,57 @@ def latency_measurement(windows: Sequence[WindowLatency], queries: Sequence[str]
         reason = "no latency windows measured"
     return Measurement("latency", verdict, reason, tuple(queries),
                        {"windows": [w.to_dict() for w in windows]})
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    """The latency check's result: the verdict, each window's table row, every run, and the cost projection.
+
+    ``to_dict`` is what XCom carries; the gate's audit record leaves ``runs`` out.
+    ``from_dict`` reads records written before some fields existed.
+    """
+
+    verdict: Verdict
+    measurement: Measurement
+    windows: tuple[WindowLatency, ...] = ()
+    runs: tuple[ProbeRun, ...] = ()
+    retries: int = 0
+    retention_s: Mapping[str, float | None] = field(default_factory=dict)
+    max_concurrency: int | None = None
+    accept_encoding: str | None = None
+    cost: CostEvidence | None = None
+
+    def with_cost(self, cost: CostEvidence) -> LatencyResult:
+        return LatencyResult(self.verdict, self.measurement, self.windows, self.runs, self.retries, self.retention_s,
+                             self.max_concurrency, self.accept_encoding, cost)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "verdict": self.verdict.value,
+            "measurement": self.measurement.to_dict(),
+            "windows": [w.to_dict() for w in self.windows],
+            "runs": [r.to_dict() for r in self.runs],
+            "retries": self.retries,
+            "retention_s": json_safe(dict(self.retention_s)),
+            "max_concurrency": self.max_concurrency,
+            "accept_encoding": self.accept_encoding,
+        }
+        if self.cost is not None:
+            d["cost"] = self.cost.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LatencyResult:
+        """Read ``to_dict``'s form; a missing or empty record is INCONCLUSIVE (no evidence never passes)."""
+        verdict = Verdict(d.get("verdict") or Verdict.INCONCLUSIVE)
+        return cls(
+            verdict=verdict,
+            measurement=Measurement.from_dict(d.get("measurement") or {}, name=Layer.LATENCY.value, verdict=verdict),
+            windows=tuple(WindowLatency.from_dict(w) for w in d.get("windows") or ()),
+            runs=tuple(ProbeRun.from_dict(r) for r in d.get("runs") or ()),
+            retries=int(d.get("retries") or 0),
+            retention_s={k: optional_number(v) for k, v in (d.get("retention_s") or {}).items()},
+            max_concurrency=d.get("max_concurrency"),
+            accept_encoding=d.get("accept_encoding"),
+            cost=CostEvidence.from_dict(d["cost"]) if d.get("cost") is not None else None,
+        )

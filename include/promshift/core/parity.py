@@ -8,7 +8,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from promshift.core.verdicts import Measurement, Verdict
+from promshift.core.errors import ErrorKind
+from promshift.core.evidence import json_number, json_safe, number_from_json
+from promshift.core.verdicts import Layer, Measurement, Verdict
 
 LabelSet = tuple[tuple[str, str], ...]
 Points = Sequence[tuple[float, float]]
@@ -156,8 +158,7 @@ class SampleComparison:
     def _offend(self, labels: LabelSet, problem: str, **numbers: Any) -> None:
         if len(self.offenders) < self.max_offenders:
             # An infinite delta (+Inf against a finite value) must stay JSON: the audit store refuses Inf.
-            clean = {k: _json_number(v) if isinstance(v, float) else v for k, v in numbers.items()}
-            self.offenders.append({"series": format_labels(labels), "problem": problem, **clean})
+            self.offenders.append({"series": format_labels(labels), "problem": problem, **json_safe(numbers)})
 
     def add(self, source: Mapping[LabelSet, Points], target: Mapping[LabelSet, Points]) -> None:
         """Compare one batch (e.g. one host) of normalized series from both sides."""
@@ -471,28 +472,21 @@ class GoldenSide:
     error: str | None = None
     http_status: int | None = None
     warnings: tuple[str, ...] = ()
+    kind: ErrorKind | None = None  # how the request failed; None with an error: an HTTP error answer
 
     @property
     def rejected(self) -> bool:
         """The backend refused the query itself (as opposed to timing out or being unreachable)."""
-        return self.error is not None and self.http_status in REJECTED_STATUSES
+        return (self.error is not None and self.kind in (None, ErrorKind.HTTP)
+                and self.http_status in REJECTED_STATUSES)
 
 
 def _shown(series: Mapping[LabelSet, Points], limit: int = 3) -> list[dict[str, Any]]:
     out = []
     for labels, points in list(series.items())[:limit]:
         out.append({"series": format_labels(labels), "points": len(points),
-                    "last": _json_number(points[-1][1]) if points else None})
+                    "last": json_number(points[-1][1]) if points else None})
     return out
-
-
-def _json_number(value: float) -> float | str:
-    """A number for JSON evidence (the audit store refuses NaN/Inf): non-finite ones as text."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return value
 
 
 def golden_failure(name: str, expr: str, source: GoldenSide, target: GoldenSide) -> Measurement | None:
@@ -507,8 +501,8 @@ def golden_failure(name: str, expr: str, source: GoldenSide, target: GoldenSide)
     if source.error is None and target.error is None:
         return None
     # Errors quote the query and, for matching errors, whole label sets: keep the reason readable.
-    source = GoldenSide(source.series, _clip(source.error), source.http_status, source.warnings)
-    target = GoldenSide(target.series, _clip(target.error), target.http_status, target.warnings)
+    source = GoldenSide(source.series, _clip(source.error), source.http_status, source.warnings, source.kind)
+    target = GoldenSide(target.series, _clip(target.error), target.http_status, target.warnings, target.kind)
     if source.rejected and target.rejected:
         if (source.http_status, source.error) == (target.http_status, target.error):
             return Measurement(name, Verdict.INCONCLUSIVE, f"invalid on both sides: {source.error}", queries)
@@ -576,3 +570,164 @@ def golden_comparison(name: str, expr: str, source: Mapping[LabelSet, Points], t
 
 def _without_name(series: Mapping[LabelSet, Points]) -> dict[LabelSet, Points]:
     return {tuple(kv for kv in labels if kv[0] != "__name__"): points for labels, points in series.items()}
+
+
+# --------------------------------------------------------------------------- the parity result
+
+
+@dataclass(frozen=True)
+class ParityWindow:
+    """The aligned window every layer compared (unix seconds) and its step."""
+
+    start: float
+    end: float
+    step: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "step": self.step}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> ParityWindow | None:
+        if not d:
+            return None
+        return cls(float(d["start"]), float(d["end"]), float(d["step"]))
+
+
+@dataclass(frozen=True)
+class GoldenRow:
+    """One dashboard expression and what became of it (``core.golden``'s dispositions)."""
+
+    dashboard: str
+    panel: str
+    expr: str
+    disposition: str
+    detail: str | None = None
+    ref_id: str | None = None
+    measurement: str | None = None  # the measurement's name when the expression was compared
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dashboard": self.dashboard, "panel": self.panel, "ref_id": self.ref_id, "expr": self.expr,
+                "disposition": self.disposition, "detail": self.detail, "measurement": self.measurement}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GoldenRow:
+        return cls(str(d.get("dashboard", "")), str(d.get("panel", "")), str(d.get("expr", "")),
+                   str(d.get("disposition", "")), d.get("detail"), d.get("ref_id"), d.get("measurement"))
+
+
+@dataclass(frozen=True)
+class GoldenInventory:
+    """Every dashboard expression of the group's golden dashboards, with its disposition."""
+
+    dashboards: tuple[str, ...] = ()
+    required: bool = False
+    queries: tuple[GoldenRow, ...] = ()
+    summary: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dashboards": list(self.dashboards), "required": self.required,
+                "queries": [q.to_dict() for q in self.queries], "summary": self.summary}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> GoldenInventory | None:
+        if d is None:
+            return None
+        return cls(tuple(d.get("dashboards") or ()), bool(d.get("required", False)),
+                   tuple(GoldenRow.from_dict(q) for q in d.get("queries") or ()), str(d.get("summary") or ""))
+
+
+@dataclass(frozen=True)
+class ParityResult:
+    """The parity check's result: its verdict, every layer's measurement, and the samples layer's totals.
+
+    ``to_dict`` is what XCom and the audit log carry; ``from_dict`` reads it back, including
+    records written before some fields existed (they read as zero / empty).
+    """
+
+    verdict: Verdict
+    measurements: tuple[Measurement, ...] = ()
+    window: ParityWindow | None = None
+    hosts_sampled: tuple[str, ...] = ()
+    series_compared: int = 0
+    points_compared: int = 0
+    mismatches: int = 0
+    missing_series: int = 0
+    missing_points: int = 0
+    extra_series: int = 0
+    shards: int = 0
+    wall_s: float = 0.0
+    backend_query_s: float = 0.0
+    queries_sent: int = 0
+    golden: GoldenInventory | None = None
+
+    def measurement(self, layer: Layer) -> Measurement | None:
+        """The first measurement of ``layer``, or None."""
+        return next((m for m in self.measurements if m.layer == layer), None)
+
+    def not_passed(self) -> tuple[Measurement, ...]:
+        """The measurements that did not pass, in order."""
+        return tuple(m for m in self.measurements if m.verdict != Verdict.SUCCESSFUL)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict.value,
+            "window": self.window.to_dict() if self.window else None,
+            "hosts_sampled": list(self.hosts_sampled),
+            "series_compared": self.series_compared,
+            "points_compared": self.points_compared,
+            "mismatches": self.mismatches,
+            "missing_series": self.missing_series,
+            "missing_points": self.missing_points,
+            "extra_series": self.extra_series,
+            "measurements": [m.to_dict() for m in self.measurements],
+            "shards": self.shards,
+            "wall_s": json_number(self.wall_s),
+            "backend_query_s": json_number(self.backend_query_s),
+            "queries_sent": self.queries_sent,
+            # Every dashboard expression and what became of it (compared, not this group's, ...).
+            "golden": self.golden.to_dict() if self.golden else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ParityResult:
+        """Read ``to_dict``'s form; a missing or empty record is INCONCLUSIVE (no evidence never passes)."""
+        return cls(
+            verdict=Verdict(d.get("verdict") or Verdict.INCONCLUSIVE),
+            measurements=tuple(Measurement.from_dict(m) for m in d.get("measurements") or ()),
+            window=ParityWindow.from_dict(d.get("window")),
+            hosts_sampled=tuple(d.get("hosts_sampled") or ()),
+            **{k: int(d.get(k) or 0) for k in ("series_compared", "points_compared", "mismatches", "missing_series",
+                                               "missing_points", "extra_series", "shards", "queries_sent")},
+            wall_s=number_from_json(d.get("wall_s") or 0.0),
+            backend_query_s=number_from_json(d.get("backend_query_s") or 0.0),
+            golden=GoldenInventory.from_dict(d.get("golden")),
+        )
+
+
+@dataclass(frozen=True)
+class ParityPlan:
+    """The plan step's result: window, the count/label/golden layers, and the samples layer's host shards.
+
+    ``shards`` stay plain JSON mappings: each is one mapped task's argument.
+    """
+
+    window: ParityWindow | None
+    measurements: tuple[Measurement, ...]
+    shards: tuple[Mapping[str, Any], ...] = ()
+    hosts_total: int = 0
+    cost: Mapping[str, float] = field(default_factory=dict)
+    golden: GoldenInventory | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"window": self.window.to_dict() if self.window else None,
+                "measurements": [m.to_dict() for m in self.measurements], "shards": [dict(s) for s in self.shards],
+                "hosts_total": self.hosts_total, "cost": json_safe(dict(self.cost)),
+                "golden": self.golden.to_dict() if self.golden else None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ParityPlan:
+        return cls(ParityWindow.from_dict(d.get("window")),
+                   tuple(Measurement.from_dict(m) for m in d.get("measurements") or ()),
+                   tuple(d.get("shards") or ()), int(d.get("hosts_total") or 0),
+                   {k: number_from_json(v) for k, v in (d.get("cost") or {}).items()},
+                   GoldenInventory.from_dict(d.get("golden")))

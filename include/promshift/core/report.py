@@ -6,7 +6,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from promshift.core.audit import AuditEvent, ChainCheck
+from promshift.core.cost import CostEvidence
 from promshift.core.durations import format_duration
+from promshift.core.evidence import json_safe
+from promshift.core.gate import GateEvidence, GateVerdict
+from promshift.core.latency import LatencyResult, WindowLatency
+from promshift.core.parity import GoldenInventory, ParityResult
+from promshift.core.verdicts import Verdict
 
 
 def _fmt_s(value: float | None) -> str:
@@ -14,95 +20,89 @@ def _fmt_s(value: float | None) -> str:
 
 
 def source_failed_label(row: Mapping[str, Any]) -> str | None:
-    """ "source timed out" (throttled, ...) for a window whose source failed while the target
-    answered, the seed's "60 s timeout" cell; None otherwise. Used by the table and the chart."""
-    if row.get("source_failures") and row.get("target_p50_s") is not None:
-        return f"source {row.get('source_failure') or 'failed'}"
-    return None
+    """The chart's reading of a report row (``WindowLatency.source_failed_label``)."""
+    return WindowLatency.from_dict(row).source_failed_label
 
 
-def _speedup(row: Mapping[str, Any]) -> str:
-    if row.get("speedup") is not None:
-        return f"{row['speedup']:.2f}x"
-    return source_failed_label(row) or "-"
+def _speedup(w: WindowLatency) -> str:
+    if w.speedup is not None:
+        return f"{w.speedup:.2f}x"
+    return w.source_failed_label or "-"
 
 
-def latency_table(windows: Sequence[Mapping[str, Any]]) -> str:
+def latency_table(windows: Sequence[WindowLatency]) -> str:
     """The seed-style table: window, source p50/p95, target p50/p95, speedup, outcome."""
     head = f"{'window':<8} {'src p50':>9} {'src p95':>9} {'tgt p50':>9} {'tgt p95':>9} {'speedup':>16}  outcome"
     lines = [head, "-" * len(head)]
     for w in windows:
-        lines.append(f"{w['window']:<8} {_fmt_s(w.get('source_p50_s')):>9} {_fmt_s(w.get('source_p95_s')):>9} "
-                     f"{_fmt_s(w.get('target_p50_s')):>9} {_fmt_s(w.get('target_p95_s')):>9} "
-                     f"{_speedup(w):>16}  {w.get('verdict', '')}: {w.get('outcome', '')}")
+        lines.append(f"{w.window:<8} {_fmt_s(w.source_p50_s):>9} {_fmt_s(w.source_p95_s):>9} "
+                     f"{_fmt_s(w.target_p50_s):>9} {_fmt_s(w.target_p95_s):>9} "
+                     f"{_speedup(w):>16}  {w.verdict.value}: {w.outcome}")
     return "\n".join(lines)
 
 
-def cost_table(cost: Mapping[str, Any]) -> str:
+def cost_table(cost: CostEvidence) -> str:
     """Monthly AMP cost projection: ingestion, storage, queries (samples measured or estimated)."""
-    if cost.get("error"):
-        return f"cost projection unavailable: {cost['error']}"
+    p = cost.projection
+    if p is None:
+        return f"cost projection unavailable: {cost.error}"
     lines = [
-        f"active series {cost['active_series']:,} at {cost['scrape_interval_s']:g}s scrape; dashboards refresh every "
-        f"{cost['dashboard_refresh_s']:g}s on {cost['dashboard_viewers']} screens ({cost['window']} window)",
-        f"{'ingestion':<10} {cost['ingestion']['samples_per_month']:>16,.0f} samples  "
-        f"${cost['ingestion']['usd']:>10,.2f}",
-        f"{'storage':<10} {cost['storage']['gb']:>16,.2f} GB       ${cost['storage']['usd']:>10,.2f}",
-        f"{'queries':<10} {cost['query']['samples_per_month']:>16,.0f} samples  ${cost['query']['usd']:>10,.2f}",
-        f"{'total':<10} {'':>24} ${cost['total_usd']:>10,.2f} / month",
+        f"active series {cost.active_series:,} at {cost.scrape_interval_s:g}s scrape; dashboards refresh every "
+        f"{cost.dashboard_refresh_s:g}s on {cost.dashboard_viewers} screens ({cost.window} window)",
+        f"{'ingestion':<10} {p.ingestion_samples_per_month:>16,.0f} samples  ${p.ingestion_usd:>10,.2f}",
+        f"{'storage':<10} {p.storage_gb:>16,.2f} GB       ${p.storage_usd:>10,.2f}",
+        f"{'queries':<10} {p.query_samples_per_month:>16,.0f} samples  ${p.query_usd:>10,.2f}",
+        f"{'total':<10} {'':>24} ${p.total_usd:>10,.2f} / month",
     ]
-    for q in cost["query"].get("queries", []):
-        how = "measured" if q["measured"] else "estimated"
-        lines.append(f"  {q['samples_per_execution']:>14,.0f} samples/run ({how})  ${q['usd']:>9,.2f}  {q['query']}")
+    for q in p.queries:
+        how = "measured" if q.measured else "estimated"
+        lines.append(f"  {q.samples_per_execution:>14,.0f} samples/run ({how})  ${q.usd:>9,.2f}  {q.query}")
     return "\n".join(lines)
 
 
-def parity_log_table(parity: Mapping[str, Any]) -> str:
+def parity_log_table(parity: ParityResult) -> str:
     """Per measurement: verdict and reason, then the worst offending series."""
-    width = max([14] + [len(m["name"]) + 1 for m in parity.get("measurements", [])])
+    width = max([14] + [len(m.name) + 1 for m in parity.measurements])
     lines = [f"{'measurement':<{width}} {'verdict':<13} reason"]
-    for m in parity.get("measurements", []):
-        lines.append(f"{m['name']:<{width}} {m['verdict']:<13} {m['reason']}")
-    lines.append(f"series compared {parity.get('series_compared', 0)}, points compared "
-                 f"{parity.get('points_compared', 0)}, mismatches {parity.get('mismatches', 0)}, "
-                 f"missing series {parity.get('missing_series', 0)}, hosts {parity.get('hosts_sampled', [])}")
-    if parity.get("golden"):
-        lines.append(f"golden queries: {parity['golden'].get('summary', '')}")
-    for m in parity.get("measurements", []):
-        for off in (m.get("numbers") or {}).get("worst", [])[:5]:
+    for m in parity.measurements:
+        lines.append(f"{m.name:<{width}} {m.verdict.value:<13} {m.reason}")
+    lines.append(f"series compared {parity.series_compared}, points compared {parity.points_compared}, "
+                 f"mismatches {parity.mismatches}, missing series {parity.missing_series}, "
+                 f"hosts {list(parity.hosts_sampled)}")
+    if parity.golden:
+        lines.append(f"golden queries: {parity.golden.summary}")
+    for m in parity.measurements:
+        for off in m.numbers.get("worst", [])[:5]:
             lines.append(f"  worst: {off['series']}: {off['problem']}")
     return "\n".join(lines)
 
 
-def golden_inventory_markdown(golden: Mapping[str, Any] | None) -> list[str]:
+def golden_inventory_markdown(golden: GoldenInventory | None) -> list[str]:
     """Every dashboard expression and its disposition: compared, not this group's, needs variable X, unsupported."""
     if not golden:
         return []
-    dashboards = ", ".join(f"`{d}`" for d in golden.get("dashboards", [])) or "none configured"
-    lines = ["", f"### Golden queries: {golden.get('summary', '')}", "",
-             f"Dashboards: {dashboards}" + ("; a golden query is required" if golden.get("required") else "")]
-    rows = golden.get("queries", [])
-    if rows:
+    dashboards = ", ".join(f"`{d}`" for d in golden.dashboards) or "none configured"
+    lines = ["", f"### Golden queries: {golden.summary}", "",
+             f"Dashboards: {dashboards}" + ("; a golden query is required" if golden.required else "")]
+    if golden.queries:
         lines += ["", "| dashboard | panel | expression | disposition | detail |", "|---|---|---|---|---|"]
-        for row in rows:
-            expr = str(row["expr"]).replace("|", "\\|").replace("\n", " ")
-            lines.append(f"| {row['dashboard']} | {row['panel']} | `{expr}` | {row['disposition']} | "
-                         f"{str(row.get('detail') or '').replace('|', '/')} |")
+        for row in golden.queries:
+            expr = row.expr.replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {row.dashboard} | {row.panel} | `{expr}` | {row.disposition} | "
+                         f"{str(row.detail or '').replace('|', '/')} |")
     return lines
 
 
-def approval_body(group: str, gate: Mapping[str, Any], parity: Mapping[str, Any],
-                  latency: Mapping[str, Any]) -> str:
+def approval_body(group: str, gate: GateVerdict, parity: ParityResult, latency: LatencyResult) -> str:
     """Markdown shown to the on-call approver in the Airflow UI."""
-    verdict = gate.get("verdict", "?")
     warn = ""
-    if verdict == "INCONCLUSIVE":
+    if gate.verdict == Verdict.INCONCLUSIVE:
         warn = ("\n**The evidence is INCONCLUSIVE.** Nothing failed, but something could not be proven. "
                 "Approve only if you understand why.\n")
     return (
-        f"## Cut over `{group}` to AMP?\n\nGate: **{verdict}** — {gate.get('reason', '')}\n{warn}\n"
+        f"## Cut over `{group}` to AMP?\n\nGate: **{gate.verdict.value}** — {gate.reason}\n{warn}\n"
         f"### Parity\n```\n{parity_log_table(parity)}\n```\n"
-        f"### Latency\n```\n{latency_table(latency.get('windows', []))}\n```\n"
+        f"### Latency\n```\n{latency_table(latency.windows)}\n```\n"
         "Approve routes this group's reads to AMP. Reject rolls the dual-write back. "
         "The person who triggered this run cannot approve it."
     )
@@ -122,13 +122,15 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
     for e in events:
         data = e.evidence_data
         if e.kind.startswith("gate_"):
-            gate = data["gate"]
-            parity = {k: v for k, v in data["parity"].items()}
-            latency = {"verdict": data["latency"]["verdict"], "windows": data["latency"]["windows"],
-                       "reason": data["latency"]["measurement"]["reason"], "retries": data["latency"].get("retries", 0),
-                       "cost": data["latency"].get("cost"),
-                       "probe": {k: data["latency"].get(k) for k in ("max_concurrency", "accept_encoding",
-                                                                     "retention_s")}}
+            evidence = GateEvidence.from_dict(data)
+            gate = evidence.gate.to_dict()
+            parity = evidence.parity.to_dict()
+            lat = evidence.latency
+            latency = {"verdict": lat.verdict.value, "windows": [w.to_dict() for w in lat.windows],
+                       "reason": lat.measurement.reason, "retries": lat.retries,
+                       "cost": lat.cost.to_dict() if lat.cost else None,
+                       "probe": {"max_concurrency": lat.max_concurrency, "accept_encoding": lat.accept_encoding,
+                                 "retention_s": json_safe(dict(lat.retention_s))}}
         elif e.kind == "approved" or e.kind.startswith("approval_"):
             approval = {"decision": data["decision"], "by": data["by"], "comment": data.get("comment")}
         elif e.kind in ("rolled_back", "rollback_not_needed"):
@@ -168,21 +170,23 @@ def render_markdown(report: Mapping[str, Any], *, chart_file: str | None = None)
              f"- run: `{report['run_id']}`", f"- final stage: **{report['final_stage']}**", "",
              "## Stages", "", "| stage | at (UTC) |", "|---|---|"]
     lines += [f"| {s['stage']} | {s['at']} |" for s in report["stages"]]
-    p = report["parity"]
-    lines += ["", f"## Parity: {p.get('verdict')}", "",
-              f"series compared {p.get('series_compared')}, points compared {p.get('points_compared')}, "
-              f"mismatches {p.get('mismatches')}, missing series {p.get('missing_series', 0)}, "
-              f"hosts sampled {', '.join(p.get('hosts_sampled') or []) or '-'}", "",
+    # No gate yet: the report's parity/latency blocks hold a null verdict.
+    p = ParityResult.from_dict(report["parity"])
+    lines += ["", f"## Parity: {report['parity'].get('verdict')}", "",
+              f"series compared {p.series_compared}, points compared {p.points_compared}, "
+              f"mismatches {p.mismatches}, missing series {p.missing_series}, "
+              f"hosts sampled {', '.join(p.hosts_sampled) or '-'}", "",
               "| measurement | verdict | reason |", "|---|---|---|"]
-    for m in p.get("measurements", []):
-        lines.append(f"| {m['name']} | {m['verdict']} | {m['reason']} |")
-    lines += golden_inventory_markdown(p.get("golden"))
-    worst = [o for m in p.get("measurements", []) for o in (m.get("numbers") or {}).get("worst", [])]
+    for m in p.measurements:
+        lines.append(f"| {m.name} | {m.verdict.value} | {m.reason} |")
+    lines += golden_inventory_markdown(p.golden)
+    worst = [o for m in p.measurements for o in m.numbers.get("worst", [])]
     if worst:
         lines += ["", "Worst offending series:", ""]
         lines += [f"- `{o['series']}`: {o['problem']}" for o in worst[:10]]
     lat = report["latency"]
-    lines += ["", f"## Latency: {lat.get('verdict')}", "", "```", latency_table(lat.get("windows", [])), "```"]
+    windows = [WindowLatency.from_dict(w) for w in lat.get("windows", [])]
+    lines += ["", f"## Latency: {lat.get('verdict')}", "", "```", latency_table(windows), "```"]
     probe = lat.get("probe") or {}
     if probe.get("max_concurrency"):
         kept = ", ".join(f"{side} {format_duration(v) if v is not None else 'unknown'}"
@@ -193,7 +197,8 @@ def render_markdown(report: Mapping[str, Any], *, chart_file: str | None = None)
     if chart_file:
         lines += ["", f"![latency per window]({chart_file})"]
     if lat.get("cost"):
-        lines += ["", "### Projected monthly AMP cost", "", "```", cost_table(lat["cost"]), "```"]
+        lines += ["", "### Projected monthly AMP cost", "", "```", cost_table(CostEvidence.from_dict(lat["cost"])),
+                  "```"]
     a = report["approval"]
     lines += ["", "## Approval", "", f"decision: **{a.get('decision') or 'none'}** by {a.get('by') or '-'}"
               + (f" — {a['comment']}" if a.get("comment") else "")]

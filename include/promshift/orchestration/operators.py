@@ -237,11 +237,11 @@ class ParityPlanOperator(_ParityStep):
         deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
         plan = self.parity_check().plan(dual_write_since=float(deployed["dual_write_since"]),
                                         now=_now().timestamp())
-        for m in plan["measurements"]:
-            self.log.info("parity %s: %s %s", m["name"], m["verdict"], m["reason"])
-        self.log.info("%s shard(s) of %s hosts for the samples layer", len(plan["shards"]), plan["hosts_total"])
-        context["ti"].xcom_push(key="plan", value=plan)
-        return plan["shards"]
+        for m in plan.measurements:
+            self.log.info("parity %s: %s %s", m.name, m.verdict.value, m.reason)
+        self.log.info("%s shard(s) of %s hosts for the samples layer", len(plan.shards), plan.hosts_total)
+        context["ti"].xcom_push(key="plan", value=plan.to_dict())
+        return [dict(shard) for shard in plan.shards]
 
 
 class ParitySamplesOperator(_ParityStep):
@@ -274,8 +274,8 @@ class ParityOperator(_ParityStep):
         # A list of task ids always returns a list, whatever the number of mapped shards.
         shards = [s for s in ti.xcom_pull(task_ids=["parity_samples"]) or [] if s]
         result = self.parity_check().reduce(plan, shards)
-        self.log.info("parity %s\n%s", result["verdict"], parity_log_table(result))
-        return result
+        self.log.info("parity %s\n%s", result.verdict.value, parity_log_table(result))
+        return result.to_dict()
 
 
 class LatencyOperator(GroupStepOperator):
@@ -286,9 +286,10 @@ class LatencyOperator(GroupStepOperator):
 
         deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write") or {}
         result = self.migration(context).latency(_now(), dual_write_since=deployed.get("dual_write_since"))
-        self.log.info("latency %s\n%s", result["verdict"], latency_table(result["windows"]))
-        self.log.info("projected monthly AMP cost\n%s", cost_table(result["cost"]))
-        return result
+        self.log.info("latency %s\n%s", result.verdict.value, latency_table(result.windows))
+        if result.cost is not None:
+            self.log.info("projected monthly AMP cost\n%s", cost_table(result.cost))
+        return result.to_dict()
 
 
 class GateOperator(GroupStepOperator):
@@ -320,13 +321,16 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
                          source_conn_id=source_conn_id, target_conn_id=target_conn_id)
 
     def execute(self, context: Any) -> Any:
+        from promshift.core.gate import GateVerdict
+        from promshift.core.latency import LatencyResult
+        from promshift.core.parity import ParityResult
         from promshift.core.report import approval_body
 
         ti = context["ti"]
-        gate = ti.xcom_pull(task_ids="gate") or {}
-        self.subject = f"[{gate.get('verdict', '?')}] Cut over metric group {self.group_name} to AMP?"
-        self.body = approval_body(self.group_name, gate, ti.xcom_pull(task_ids="parity") or {},
-                                  ti.xcom_pull(task_ids="latency") or {})
+        gate = GateVerdict.from_dict(ti.xcom_pull(task_ids="gate") or {})
+        self.subject = f"[{gate.verdict.value}] Cut over metric group {self.group_name} to AMP?"
+        self.body = approval_body(self.group_name, gate, ParityResult.from_dict(ti.xcom_pull(task_ids="parity") or {}),
+                                  LatencyResult.from_dict(ti.xcom_pull(task_ids="latency") or {}))
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
