@@ -38,6 +38,7 @@ class LocalAirflow:
     extra_env: dict[str, str]
     passwords: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    _tokens: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -80,6 +81,7 @@ class LocalAirflow:
             pw_file.write_text(json.dumps({u: secrets.token_urlsafe(12) for u in (TRIGGER_USER, *APPROVER_USERS)}))
             pw_file.chmod(0o600)
         self.passwords = json.loads(pw_file.read_text())
+        self._tokens.clear()
         logf = open(self.home / "standalone.log", "ab")  # noqa: SIM115 (owned by the child)
         airflow_bin = str(Path(sys.executable).parent / "airflow")
         log.info("starting airflow standalone on %s (log %s)", self.base_url, self.home / "standalone.log")
@@ -127,10 +129,17 @@ class LocalAirflow:
 
     # -- REST ----------------------------------------------------------------------------
     def token(self, user: str) -> str:
-        resp = requests.post(f"{self.base_url}/auth/token",
-                             json={"username": user, "password": self.passwords[user]}, timeout=15)
-        resp.raise_for_status()
-        return resp.json()["access_token"]
+        """A bearer token for ``user``, asked for once per user and kept (Airflow's tokens last hours).
+
+        Asking on every call cost one login per REST request; on a loaded 2-core machine a login
+        took over 15 s and failed the e2e runs, so the wait is generous too.
+        """
+        if user not in self._tokens:
+            resp = requests.post(f"{self.base_url}/auth/token",
+                                 json={"username": user, "password": self.passwords[user]}, timeout=60)
+            resp.raise_for_status()
+            self._tokens[user] = resp.json()["access_token"]
+        return self._tokens[user]
 
     def api(self, user: str, method: str, path: str, **kwargs: Any) -> Any:
         resp = requests.request(method, f"{self.base_url}/api/v2{path}",

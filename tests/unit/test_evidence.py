@@ -210,7 +210,7 @@ def test_an_audit_record_from_before_typed_evidence_still_reports() -> None:
                                     "outcome": "within SLO", "slo_p95_s": 2.0, "source_failures": 0}],
                        "retries": 0, "cost": {"error": "no prices"}}}
     event = new_event(prev=None, group="g", run_id="r", kind="gate_inconclusive", stage_from=None, stage_to=None,
-                      actor="promshift", at=datetime(2026, 12, 1, tzinfo=UTC), evidence=old)
+                      actor="promshift", at=datetime(2026, 12, 1, tzinfo=UTC), evidence=old, key=None)
     report = build_report(group="g", run_id="r", events=[event], final_stage="warming", chain=verify_chain([event]))
     assert report["gate"]["verdict"] == "INCONCLUSIVE" and report["latency"]["reason"] == "all 1 windows within SLO"
     assert report["latency"]["windows"][0]["speedup"] == 2.0 and report["latency"]["cost"] == {"error": "no prices"}
