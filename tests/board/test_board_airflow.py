@@ -7,7 +7,8 @@ The board never queries Prometheus, so no metrics stack is started.
 
 Users (Simple auth manager): sre-carol (op), oncall-alice / oncall-bob (user), viewer-vic (viewer),
 and nobody-nina with no role: signed in, but the auth manager grants her nothing. The Simple auth
-manager's roles read every DAG or none, so "a user without read access to the group's DAG" is she.
+manager's roles read every DAG or none (and ``airflow standalone`` insists on it), so one group
+denied while others are readable is tested at the dependency level (test_board_access.py).
 """
 
 from __future__ import annotations

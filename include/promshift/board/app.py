@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,8 +34,10 @@ class BoardSource:
     """Catalog and audit store, loaded lazily; the catalog is re-read when its file changes."""
 
     def __init__(self, *, catalog_path: Path | None = None, audit_url: str | None = None,
-                 profile: str | None = None) -> None:
+                 profile: str | None = None,
+                 run_states: Callable[[str, Iterable[str]], dict[str, str]] | None = None) -> None:
         self.catalog_path = catalog_path or default_catalog_path()
+        self.run_states = run_states or airflow_run_states
         self.profile = profile if profile is not None else default_profile()
         self.audit_url = audit_url
         self._audit: AuditStore | None = None
@@ -117,7 +119,7 @@ def create_app(source: BoardSource | None = None) -> FastAPI:
                                         chain, root=root)
             if row["pending_approval"]:
                 run_id = row["pending_approval"]["run_id"]
-                row["pending_approval"]["airflow_state"] = airflow_run_states(group.dag_id, [run_id]).get(run_id)
+                row["pending_approval"]["airflow_state"] = board.run_states(group.dag_id, [run_id]).get(run_id)
             rows.append(row)
         waves = sorted({r["wave"] for r in rows})
         return {"user": user.get_name(), "chain": {"ok": chain.ok, "events": chain.events,
@@ -129,7 +131,7 @@ def create_app(source: BoardSource | None = None) -> FastAPI:
         chain = board.audit.verify()
         data = evidence.group_detail(group, board.audit.events(group=group.name), board.state(group.name), chain,
                                      root=airflow_root(request))
-        states = airflow_run_states(group.dag_id, [r["run_id"] for r in data["dag_runs"]])
+        states = board.run_states(group.dag_id, [r["run_id"] for r in data["dag_runs"]])
         for run in data["dag_runs"]:
             run["airflow_state"] = states.get(run["run_id"])
         if data["pending_approval"]:
