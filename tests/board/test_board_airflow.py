@@ -230,9 +230,18 @@ def test_chromium_signs_in_opens_the_board_follows_the_approval_and_loads_the_ch
                          what="Airflow's run page to render", timeout_s=40)
         browser.screenshot(shots / "06-required-action.png")
 
-        # Inside Airflow's iframe the same link moves the Airflow UI itself, not the frame.
+        # Inside Airflow's iframe (here in Airflow's dark mode, which the board follows) the same link
+        # moves the Airflow UI itself, not the frame.
+        browser.cdp("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
         browser.get(f"{board.url}/plugin/promshift/promshift/groups/gpu-memory")
+        browser.wait_for("return document.documentElement.classList.contains('dark')", what="Airflow's dark mode")
         browser.frame(browser.find("iframe[title='Migration board']", timeout_s=60))
+        browser.find("#pending-approval")
+        assert browser.script("return document.documentElement.dataset.theme") == "dark"
+        assert browser.script("return getComputedStyle(document.body).backgroundColor") == "rgb(17, 17, 19)"
+        browser.frame(None)
+        browser.screenshot(shots / "07-board-in-airflow-dark.png")
+        browser.frame(browser.find("iframe[title='Migration board']"))
         browser.click(browser.find("#pending-approval a.required-action"))
         browser.frame(None)
         browser.wait_for("return location.pathname === arguments[0]", expected, what="the UI to follow the link")
@@ -240,7 +249,7 @@ def test_chromium_signs_in_opens_the_board_follows_the_approval_and_loads_the_ch
                          what="Airflow to leave the board's iframe")
         browser.wait_for("return document.body.innerText.includes('promshift__gpu_memory')",
                          what="Airflow's run page to render", timeout_s=40)
-        browser.screenshot(shots / "07-required-action-from-iframe.png")
+        browser.screenshot(shots / "08-required-action-from-iframe.png")
     except Exception:
         browser.screenshot(shots / "failure.png")
         raise
