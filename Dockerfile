@@ -3,8 +3,12 @@
 FROM apache/airflow:3.3.2-python3.11
 
 USER root
+# WITH_BROWSER_TEST=1 adds what `make chromium` installs (Debian's chromium + chromium-driver) for the
+# migration board's browser test; a production image leaves it out.
+ARG WITH_BROWSER_TEST=0
 RUN apt-get update \
  && apt-get install -y --no-install-recommends prometheus victoria-metrics \
+ && if [ "$WITH_BROWSER_TEST" = "1" ]; then apt-get install -y --no-install-recommends chromium chromium-driver; fi \
  && rm -rf /var/lib/apt/lists/*
 USER airflow
 

@@ -11,7 +11,7 @@ GROUP ?= gpu-utilization
 HISTORY ?=
 export PROMSHIFT_HOME ?= $(CURDIR)/.state
 
-.PHONY: demo test unit lint stack-up stack-down stack-status requirements prometheus clean
+.PHONY: demo test unit lint stack-up stack-down stack-status requirements prometheus chromium clean
 
 # Debian's prometheus + promtool (the package does not start a service), and vmagent from Debian's
 # victoria-metrics package: the AMP stack's signing relay (Debian's Prometheus does not SigV4-sign).
@@ -20,6 +20,11 @@ prometheus:
 	  { echo "installing Debian's prometheus package"; apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
 	@command -v vmagent >/dev/null || \
 	  { echo "installing Debian's victoria-metrics package (vmagent)"; apt-get update -qq && apt-get install -y -qq victoria-metrics >/dev/null; }
+
+# Debian's headless browser and its WebDriver, for the migration board's browser test (tests/board).
+chromium:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { echo "installing Debian's chromium and chromium-driver packages"; apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	@command -v uv >/dev/null || $(PYTHON) -m pip install -q uv
@@ -33,7 +38,7 @@ venv: $(STAMP)
 demo: prometheus $(STAMP)
 	$(PY) -m promshift.demo --group $(GROUP) --scenario $(SCENARIO) --nodes $(NODES)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
 
-test: prometheus $(STAMP)
+test: prometheus chromium $(STAMP)
 	$(VENV)/bin/ruff check include dags plugins tests bench
 	$(VENV)/bin/pytest -q
 

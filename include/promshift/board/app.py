@@ -1,0 +1,185 @@
+"""The migration board: a FastAPI app that Airflow's API server mounts under ``/promshift`` (see plugins/).
+
+Airflow mounts plugin apps without authentication, so every route here depends on Airflow's own
+``GetUserDep`` (the UI's session cookie or a Bearer token; anonymous gets 401) and asks the auth
+manager whether the caller may read the group's DAG (``requires_access_dag``; denied gets 403). The
+overview lists only groups whose DAG the caller may read.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any
+
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from promshift.adapters.audit_store import AuditStore
+from promshift.board import URL_PREFIX, evidence, pages
+from promshift.core.catalog import Catalog, MetricGroup
+from promshift.settings import default_catalog_path, default_profile, load_catalog
+
+_chart_lock = threading.Lock()  # pyplot keeps global state; one chart at a time
+
+
+class BoardSource:
+    """Catalog and audit store, loaded lazily; the catalog is re-read when its file changes."""
+
+    def __init__(self, *, catalog_path: Path | None = None, audit_url: str | None = None,
+                 profile: str | None = None,
+                 run_states: Callable[[str, Iterable[str]], dict[str, str]] | None = None) -> None:
+        self.catalog_path = catalog_path or default_catalog_path()
+        self.run_states = run_states or airflow_run_states
+        self.profile = profile if profile is not None else default_profile()
+        self.audit_url = audit_url
+        self._audit: AuditStore | None = None
+        self._catalog: tuple[float, Catalog] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def audit(self) -> AuditStore:
+        with self._lock:
+            if self._audit is None:
+                self._audit = AuditStore(self.audit_url)
+            return self._audit
+
+    def catalog(self) -> Catalog:
+        mtime = self.catalog_path.stat().st_mtime
+        with self._lock:
+            if self._catalog is None or self._catalog[0] != mtime:
+                self._catalog = (mtime, load_catalog(self.catalog_path, profile=self.profile))
+            return self._catalog[1]
+
+    def state(self, group: str) -> evidence.GroupState:
+        try:
+            return evidence.GroupState(self.audit.stage_of(group).value)
+        except ValueError as exc:  # an illegal replay (IllegalTransition) or an unknown stage
+            return evidence.GroupState(None, f"the audit history does not replay: {exc}")
+
+
+def airflow_root(request: Request) -> str:
+    """The Airflow UI's path prefix: this app's mount point without ``/promshift``."""
+    root = str(request.scope.get("root_path", ""))
+    return root[: -len(URL_PREFIX)] if root.endswith(URL_PREFIX) else root
+
+
+def airflow_run_states(dag_id: str, run_ids: Iterable[str]) -> dict[str, str]:
+    """Airflow's own state of each DAG run that the audit log names (missing: Airflow does not know it)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    ids = list(run_ids)
+    if not ids:
+        return {}
+    with create_session() as session:
+        rows = session.execute(select(DagRun.run_id, DagRun.state).where(DagRun.dag_id == dag_id,
+                                                                          DagRun.run_id.in_(ids)))
+        return {run_id: str(state) for run_id, state in rows}
+
+
+def readable_group(name: str, request: Request, user: GetUserDep) -> MetricGroup:
+    """The catalog group ``name`` if the caller may read its DAG: 401 anonymous, 403 denied, 404 unknown."""
+    board: BoardSource = request.app.state.board
+    try:
+        group = board.catalog().get(name)
+    except KeyError:
+        requires_access_dag("GET")(request, user)  # only a DAG reader learns that a name is unknown
+        raise HTTPException(404, f"no metric group {name!r} in the catalog") from None
+    requires_access_dag("GET", param_dag_id=group.dag_id)(request, user)
+    return group
+
+
+ReadableGroup = Annotated[MetricGroup, Depends(readable_group)]
+
+
+def create_app(source: BoardSource | None = None) -> FastAPI:
+    """The board's FastAPI app; ``source`` defaults to the environment's catalog and audit store."""
+    board = source or BoardSource()
+    app = FastAPI(title="promshift migration board", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.board = board
+
+    def overview(request: Request, user: Any) -> dict[str, Any]:
+        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+        root = airflow_root(request)
+        chain = board.audit.verify()
+        rows = []
+        for group in board.catalog().groups:
+            if group.dag_id not in readable:
+                continue
+            row = evidence.overview_row(group, board.audit.events(group=group.name), board.state(group.name),
+                                        chain, root=root)
+            if row["pending_approval"]:
+                run_id = row["pending_approval"]["run_id"]
+                row["pending_approval"]["airflow_state"] = board.run_states(group.dag_id, [run_id]).get(run_id)
+            rows.append(row)
+        waves = sorted({r["wave"] for r in rows})
+        return {"user": user.get_name(), "chain": {"ok": chain.ok, "events": chain.events,
+                                                   "problems": list(chain.problems)},
+                "waves": [{"wave": w, "groups": [r for r in rows if r["wave"] == w]} for w in waves],
+                "groups": rows}
+
+    def detail(request: Request, group: MetricGroup) -> dict[str, Any]:
+        chain = board.audit.verify()
+        data = evidence.group_detail(group, board.audit.events(group=group.name), board.state(group.name), chain,
+                                     root=airflow_root(request))
+        states = board.run_states(group.dag_id, [r["run_id"] for r in data["dag_runs"]])
+        for run in data["dag_runs"]:
+            run["airflow_state"] = states.get(run["run_id"])
+        if data["pending_approval"]:
+            data["pending_approval"]["airflow_state"] = states.get(data["pending_approval"]["run_id"])
+        return data
+
+    @app.get("/api/groups")
+    def api_groups(request: Request, user: GetUserDep) -> dict[str, Any]:
+        """Every catalog group the caller may read, by wave: stage, last verdicts, approvals, dependencies."""
+        return overview(request, user)
+
+    @app.get("/api/groups/{name}")
+    def api_group(request: Request, group: ReadableGroup) -> dict[str, Any]:
+        """One group: audit timeline with chain status, last report pieces, config diff, DAG runs."""
+        return detail(request, group)
+
+    @app.get("/", response_class=HTMLResponse)
+    def overview_page(request: Request, user: GetUserDep) -> HTMLResponse:
+        return HTMLResponse(pages.overview_html(overview(request, user), base=str(request.scope.get("root_path"))))
+
+    @app.get("/groups/{name}", response_class=HTMLResponse)
+    def group_page(request: Request, group: ReadableGroup, user: GetUserDep) -> HTMLResponse:
+        return HTMLResponse(pages.group_html(detail(request, group), user=user.get_name(),
+                                             base=str(request.scope.get("root_path"))))
+
+    @app.get("/groups/{name}/latency.png")
+    def latency_png(group: ReadableGroup) -> Response:
+        """The latency chart of the group's last latency evidence, rendered on request."""
+        from promshift.adapters.charts import latency_chart
+
+        found = evidence.latency_windows(group, board.audit.events(group=group.name), board.state(group.name),
+                                         board.audit.verify())
+        if not found:
+            raise HTTPException(404, f"group {group.name!r} has no latency evidence yet")
+        run_id, windows = found
+        with _chart_lock, tempfile.TemporaryDirectory(prefix="promshift-chart-") as tmp:
+            path = latency_chart(windows, Path(tmp) / "latency.png",
+                                 title=f"{group.name}: query time per window, source vs target")
+            png = path.read_bytes()
+        return Response(png, media_type="image/png",
+                        headers={"Cache-Control": "private, no-store", "X-Promshift-Run": run_id})
+
+    @app.exception_handler(StarletteHTTPException)
+    def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """JSON for the API; for pages, a short HTML page that says why and shows no data."""
+        headers = getattr(exc, "headers", None)
+        if request.url.path.startswith(f"{request.scope.get('root_path', '')}/api/"):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+        return HTMLResponse(pages.error_html(exc.status_code, str(exc.detail), airflow_root=airflow_root(request),
+                                             base=str(request.scope.get("root_path"))),
+                            status_code=exc.status_code, headers=headers)
+
+    return app

@@ -1,0 +1,209 @@
+"""What the board shows, read from the audit log: one report per run, built by ``core.report.build_report``.
+
+No Airflow and no web framework here: the FastAPI app (``board.app``) adds authorization and
+Airflow's own run states; this module only interprets audit events, the same way the report does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import yaml
+
+from promshift.core.audit import AuditEvent, ChainCheck
+from promshift.core.catalog import MetricGroup
+from promshift.core.render import RenderError, remote_write_entry
+from promshift.core.report import build_report
+
+# The HITL task of every group DAG (dag_factory's ``MigrationApprovalOperator``).
+APPROVAL_TASK_ID = "approval"
+# A run that reached one of these kinds asked (or was about to ask) a human.
+_ASKS_APPROVAL = ("gate_passed", "gate_inconclusive")
+# ... and one of these answers or ends that request.
+_CLOSES_APPROVAL = ("approved", "rolled_back", "rollback_not_needed", "run_complete", "cut_over")
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """A group's stage replayed from the audit log, or why the replay was refused."""
+
+    stage: str | None
+    problem: str | None = None
+
+
+def runs_of(events: Sequence[AuditEvent]) -> list[tuple[str, list[AuditEvent]]]:
+    """The group's events split by DAG run, oldest run first (by its first event)."""
+    runs: dict[str, list[AuditEvent]] = {}
+    for ev in events:
+        runs.setdefault(ev.run_id, []).append(ev)
+    return list(runs.items())
+
+
+def run_reports(group: str, events: Sequence[AuditEvent], state: GroupState,
+                chain: ChainCheck) -> list[dict[str, Any]]:
+    """``build_report`` for every run of the group, oldest first.
+
+    A run's final stage is the last stage it entered; the latest run ends at the group's current
+    stage (what ``make demo``'s report says too).
+    """
+    out = []
+    runs = runs_of(events)
+    for index, (run_id, run_events) in enumerate(runs):
+        entered = [e.stage_to for e in run_events if e.stage_to]
+        final = state.stage if index == len(runs) - 1 and state.stage else (entered[-1] if entered else "planned")
+        report = build_report(group=group, run_id=run_id, events=run_events, final_stage=final, chain=chain)
+        report["started_at"] = run_events[0].at.isoformat()
+        report["ended_at"] = run_events[-1].at.isoformat()
+        report["kinds"] = [e.kind for e in run_events]
+        report["gate_at"] = next((e.at.isoformat() for e in reversed(run_events) if e.kind.startswith("gate_")),
+                                 None)
+        report["approval_at"] = next((e.at.isoformat() for e in reversed(run_events)
+                                      if e.kind == "approved" or e.kind.startswith("approval_")), None)
+        out.append(report)
+    return out
+
+
+def airflow_links(dag_id: str, run_id: str | None = None, *, root: str = "") -> dict[str, str]:
+    """Airflow UI paths of a group's DAG, one of its runs, and that run's approval (required action)."""
+    dag = f"{root}/dags/{quote(dag_id, safe='')}"
+    links = {"dag": dag, "runs": f"{dag}/runs"}
+    if run_id:
+        run = f"{dag}/runs/{quote(run_id, safe='')}"
+        links.update({"run": run, "required_action": f"{run}/tasks/{APPROVAL_TASK_ID}/required_actions"})
+    return links
+
+
+def pending_approval(group: MetricGroup, report: Mapping[str, Any] | None, *, root: str = "") -> dict[str, Any] | None:
+    """The latest run's open approval request, if its gate asked a human and nothing answered or ended it."""
+    if not report:
+        return None
+    kinds = report["kinds"]
+    asked = [i for i, k in enumerate(kinds) if k in _ASKS_APPROVAL]
+    if not asked:
+        return None
+    after = kinds[asked[-1] + 1:]
+    if any(k in _CLOSES_APPROVAL or k.startswith("approval_") for k in after):
+        return None
+    return {"run_id": report["run_id"], "since": report["gate_at"], "gate": report["gate"].get("verdict"),
+            "reason": report["gate"].get("reason"), "waiting_for": list(group.approvers),
+            "link": airflow_links(group.dag_id, report["run_id"], root=root)["required_action"]}
+
+
+def _last(reports: Sequence[Mapping[str, Any]], has: str) -> Mapping[str, Any] | None:
+    for report in reversed(reports):
+        if has == "gate" and report["gate"]:
+            return report
+        if has == "approval" and report["approval"]["decision"]:
+            return report
+        if has == "latency" and report["latency"]["windows"]:
+            return report
+        if has == "deploy" and report["deploy"]:
+            return report
+    return None
+
+
+def overview_row(group: MetricGroup, events: Sequence[AuditEvent], state: GroupState, chain: ChainCheck, *,
+                 root: str = "") -> dict[str, Any]:
+    """One line of the overview: stage, last verdicts with their time, who approved, what waits for whom."""
+    reports = run_reports(group.name, events, state, chain)
+    gated = _last(reports, "gate")
+    approved = _last(reports, "approval")
+    return {
+        "name": group.name,
+        "description": group.description,
+        "wave": group.wave,
+        "depends_on": list(group.depends_on),
+        "owners": list(group.owners),
+        "approvers": list(group.approvers),
+        "dag_id": group.dag_id,
+        "stage": state.stage,
+        "stage_problem": state.problem,
+        "runs": len(reports),
+        "last_event_at": events[-1].at.isoformat() if events else None,
+        "parity": {"verdict": gated["parity"].get("verdict"), "at": gated["gate_at"],
+                   "run_id": gated["run_id"]} if gated else None,
+        "latency": {"verdict": gated["latency"].get("verdict"), "at": gated["gate_at"],
+                    "run_id": gated["run_id"]} if gated else None,
+        "approval": {**approved["approval"], "at": approved["approval_at"],
+                     "run_id": approved["run_id"]} if approved else None,
+        "pending_approval": pending_approval(group, reports[-1] if reports else None, root=root),
+        "links": airflow_links(group.dag_id, root=root),
+    }
+
+
+def config_diff(group: str, deploy: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The deployed change to the source config, re-rendered from the ``dual_write_deployed`` evidence.
+
+    The evidence records the entry's inputs (name, keep regex, URL, SigV4 block) and the config's
+    hashes before and after; rendering the entry again with ``core.render`` gives the added lines.
+    """
+    if not deploy:
+        return None
+    try:
+        entry = remote_write_entry(group_name=group, name_regex=deploy["keep_regex"], url=deploy["url"],
+                                   sigv4=deploy.get("sigv4"))
+    except (KeyError, RenderError) as exc:
+        return {"error": f"deploy evidence cannot be rendered: {exc}", "lines": []}
+    problem = None
+    if entry["name"] != deploy.get("remote_write"):
+        problem = f"evidence names entry {deploy.get('remote_write')!r}, rendering gives {entry['name']!r}"
+    added = yaml.safe_dump([entry], sort_keys=False, default_flow_style=False).splitlines()
+    lines = [f"--- source config sha256:{deploy.get('config_before_sha256', '?')}",
+             f"+++ source config sha256:{deploy.get('config_after_sha256', '?')}",
+             "@@ remote_write @@", " remote_write:"]
+    lines += [" - name: " + name for name in deploy.get("live_remote_writes", []) if name != entry["name"]]
+    lines += ["+" + line for line in added]
+    return {"lines": lines, "error": problem, "live_remote_writes": list(deploy.get("live_remote_writes", []))}
+
+
+def timeline(events: Sequence[AuditEvent], *, problems: Sequence[str]) -> list[dict[str, Any]]:
+    """Every event of the group, newest first, each marked if the chain check named it."""
+    bad = {int(p.split()[2].rstrip(":")) for p in problems if p.startswith("event seq ")}
+    rows = []
+    for ev in reversed(events):
+        rows.append({"seq": ev.seq, "at": ev.at.isoformat(), "run_id": ev.run_id, "kind": ev.kind,
+                     "stage_from": ev.stage_from, "stage_to": ev.stage_to, "actor": ev.actor,
+                     "hash": ev.hash, "chain_ok": ev.seq not in bad})
+    return rows
+
+
+def group_detail(group: MetricGroup, events: Sequence[AuditEvent], state: GroupState, chain: ChainCheck, *,
+                 root: str = "") -> dict[str, Any]:
+    """A group's page: timeline with chain status, the last report's pieces, config diff, run links."""
+    reports = run_reports(group.name, events, state, chain)
+    gated = _last(reports, "gate")
+    timed = _last(reports, "latency")
+    deployed = _last(reports, "deploy")
+    return {
+        **overview_row(group, events, state, chain, root=root),
+        "metrics": list(group.metrics),
+        "metric_regex": group.metric_regex,
+        "chain": {"ok": chain.ok, "events": chain.events, "problems": list(chain.problems)},
+        "timeline": timeline(events, problems=chain.problems),
+        "report": {
+            "run_id": gated["run_id"] if gated else None,
+            "summary": reports[-1]["summary"] if reports else None,
+            "gate": gated["gate"] if gated else None,
+            "parity": gated["parity"] if gated else None,
+            "latency": timed["latency"] if timed else None,
+            "latency_run_id": timed["run_id"] if timed else None,
+            "cost": (timed["latency"].get("cost") if timed else None),
+            "approval": reports[-1]["approval"] if reports else None,
+            "rollback": reports[-1]["rollback"] if reports else None,
+        },
+        "config_diff": config_diff(group.name, deployed["deploy"]) if deployed else None,
+        "config_diff_run_id": deployed["run_id"] if deployed else None,
+        "dag_runs": [{"run_id": r["run_id"], "started_at": r["started_at"], "ended_at": r["ended_at"],
+                      "final_stage": r["final_stage"], "summary": r["summary"],
+                      "links": airflow_links(group.dag_id, r["run_id"], root=root)} for r in reversed(reports)],
+    }
+
+
+def latency_windows(group: MetricGroup, events: Sequence[AuditEvent], state: GroupState,
+                    chain: ChainCheck) -> tuple[str, list[dict[str, Any]]] | None:
+    """(run id, windows) of the last latency evidence, for the chart; None if no run measured latency."""
+    timed = _last(run_reports(group.name, events, state, chain), "latency")
+    return (timed["run_id"], list(timed["latency"]["windows"])) if timed else None
