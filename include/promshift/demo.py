@@ -132,12 +132,14 @@ def print_report(report: dict[str, Any]) -> None:
     print("\nStages:")
     for s in report["stages"]:
         print(f"  {s['at'][:19]}  {s['stage']}")
+    if not report["stages"]:
+        print("  (none: the group's stage never changed)")
     p = report["parity"]
-    print(f"\nParity: {p.get('verdict')}")
+    print(f"\nParity: {p.get('verdict') or 'not run'}")
     if p.get("measurements"):
         print("  " + parity_log_table(p).replace("\n", "\n  "))
     lat = report["latency"]
-    print(f"\nLatency: {lat.get('verdict')}")
+    print(f"\nLatency: {lat.get('verdict') or 'not run'}")
     if lat.get("windows"):
         print("  " + latency_table(lat["windows"]).replace("\n", "\n  "))
     if lat.get("cost"):
@@ -180,6 +182,19 @@ def target_connection(stack: LocalStack, scenario: str) -> tuple[dict[str, Any],
     return {"conn_type": "amp", "extra": stack.amp_connection_extra()}, env
 
 
+def local_amp_credentials_problem() -> str | None:
+    """Why the AWS_* environment cannot drive the local AMP stack, or None.
+
+    Measured: Debian's vmagent (the local signing relay) signs with the key id and secret from its
+    environment but never sends a session token, so the front door would refuse every write.
+    """
+    if os.environ.get("AWS_SESSION_TOKEN"):
+        return ("AWS_SESSION_TOKEN is set, but the local signing relay (Debian's vmagent) cannot send a session "
+                "token: for the local AMP stack use a long-term pair (any made-up AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY works) or unset AWS_* to let the stack make one up")
+    return None
+
+
 def config_sha256(path: Path) -> str:
     return sha256_text(path.read_text())
 
@@ -215,6 +230,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         check_history(history_s, history_interval_s)
         if not metrics:
             raise ValueError(f"group {group_name!r} claims none of the metrics the fleet simulator renders")
+    if target_kind == "amp" and (problem := local_amp_credentials_problem()):
+        raise ValueError(problem)
     if timeout_s is None:
         timeout_s = HISTORY_TIMEOUT_S if history_s else DEFAULT_TIMEOUT_S
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
@@ -337,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.scenario in AMP_ONLY_SCENARIOS and args.target != "amp":
         parser.error(f"--scenario {args.scenario} needs --target amp")
+    if args.target == "amp" and (problem := local_amp_credentials_problem()):
+        parser.error(problem)
     if args.history is not None:
         try:
             check_history(args.history, args.history_interval)
