@@ -26,6 +26,7 @@ from promshift.settings import REPO_ROOT
 log = logging.getLogger(__name__)
 
 TRIGGER_USER = "sre-carol"
+API_ATTEMPTS = 3
 APPROVER_USERS = ("oncall-alice", "oncall-bob")
 
 
@@ -38,6 +39,10 @@ class LocalAirflow:
     extra_env: dict[str, str]
     passwords: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    # On a loaded machine the API server can miss a deadline now and then: a token request or a
+    # GET (safe to repeat) is tried API_ATTEMPTS times; a POST or PATCH (a trigger, an answer) never twice.
+    request_timeout_s: float = 15.0
+    retry_wait_s: float = 5.0
 
     @property
     def base_url(self) -> str:
@@ -126,15 +131,32 @@ class LocalAirflow:
         log.warning("airflow process group %d still has members after SIGKILL", pgid)
 
     # -- REST ----------------------------------------------------------------------------
+    def _retrying(self, what: str, send: Callable[[], requests.Response]) -> requests.Response:
+        for attempt in range(1, API_ATTEMPTS + 1):
+            try:
+                return send()
+            except (requests.Timeout, requests.ConnectionError) as exc:
+                if attempt == API_ATTEMPTS:
+                    raise
+                log.warning("Airflow's API did not answer %s (%s); trying again in %.0fs", what,
+                            exc.__class__.__name__, self.retry_wait_s)
+                time.sleep(self.retry_wait_s)
+        raise AssertionError("unreachable")
+
     def token(self, user: str) -> str:
-        resp = requests.post(f"{self.base_url}/auth/token",
-                             json={"username": user, "password": self.passwords[user]}, timeout=15)
+        resp = self._retrying("POST /auth/token", lambda: requests.post(
+            f"{self.base_url}/auth/token", json={"username": user, "password": self.passwords[user]},
+            timeout=self.request_timeout_s))
         resp.raise_for_status()
         return resp.json()["access_token"]
 
     def api(self, user: str, method: str, path: str, **kwargs: Any) -> Any:
-        resp = requests.request(method, f"{self.base_url}/api/v2{path}",
-                                headers={"Authorization": f"Bearer {self.token(user)}"}, timeout=30, **kwargs)
+        def send() -> requests.Response:
+            return requests.request(method, f"{self.base_url}/api/v2{path}",
+                                    headers={"Authorization": f"Bearer {self.token(user)}"},
+                                    timeout=2 * self.request_timeout_s, **kwargs)
+
+        resp = self._retrying(f"{method} {path}", send) if method == "GET" else send()
         if resp.status_code >= 400:
             raise RuntimeError(f"{method} {path} as {user}: HTTP {resp.status_code} {resp.text[:300]}")
         return resp.json() if resp.content else None
