@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,21 @@ class LocalAirflow:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            # The worker's and the triggerer's log servers default to 8793/8794 on every interface: another
+            # Airflow on the machine (a second demo, a test) already holds them. Free ports on 127.0.0.1 each.
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self._log_ports[0]),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self._log_ports[1]),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         })
         env.update(self.extra_env)
         return env
+
+    @cached_property
+    def _log_ports(self) -> tuple[int, int]:
+        from promshift.stack.local import find_free_ports
+
+        worker, trigger = find_free_ports(2)
+        return worker, trigger
 
     def _secret(self, name: str) -> str:
         path = self.home / f".{name}"
