@@ -59,6 +59,8 @@ HISTORY_PROFILE = "demo-history"  # production latency windows, for a stack give
 SCENARIOS = ("happy", "drift", "bad-credentials")
 AMP_ONLY_SCENARIOS = ("bad-credentials",)
 DEFAULT_TIMEOUT_S = 540.0
+# `airflow standalone` starts in ~1-2 min on 2 free cores; measured over 4 min while other jobs loaded them.
+AIRFLOW_START_TIMEOUT_S = 420.0
 APPROVAL_AFTER_POLLS = 3  # Airflow is polled every 3 s
 # demo-history's latency probe may run 5 minutes instead of 3, and times 4 long windows.
 HISTORY_TIMEOUT_S = 720.0
@@ -276,7 +278,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     })
     fault: TargetWriteGap | None = None
     try:
-        airflow.start()
+        airflow.start(timeout_s=AIRFLOW_START_TIMEOUT_S)
         airflow.wait_for_dag(group.dag_id)
         run_id = airflow.trigger(group.dag_id)
         approver = APPROVER_USERS[0]
