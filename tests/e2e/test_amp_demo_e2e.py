@@ -34,6 +34,8 @@ SECRET = "e2eAmpDemoSecretKey/0123456789abcdefghij"
 # What the bad-credentials scenario gives Airflow instead (searched for too).
 WRONG_SECRET = "e2eAmpDemoWrongSecret/0123456789abcdefgh"
 SIGNATURE = re.compile(rb"Signature=[0-9a-fA-F]{16,}")
+# Stack, Airflow start and the run: the default 9 minutes ran out at the approval on a machine loaded 3-6x over.
+RUN_TIMEOUT_S = 900.0
 
 
 @pytest.fixture
@@ -83,7 +85,7 @@ def run(env: Path, scenario: str, capsys: pytest.CaptureFixture[str], caplog: py
     caplog.set_level(logging.INFO)
     try:
         out = run_demo(group_name="gpu-memory", scenario=scenario, nodes=12, airflow_port=free_port(),
-                       report_root=env / "reports", target_kind="amp")
+                       report_root=env / "reports", target_kind="amp", timeout_s=RUN_TIMEOUT_S)
         source_config = LocalStack(StackConfig.from_env(target_kind="amp")).source_config_path.read_text()
     finally:
         stop_stack()
