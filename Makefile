@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 NODES ?= 200
 SCENARIO ?= happy
 GROUP ?= gpu-utilization
+# TARGET=amp: migrate onto the local AWS's AMP workspace (SigV4 front door, moto control plane, signing relay).
+TARGET ?= prometheus
 # HISTORY=24h: backfill that much of the group's history on both sides first, time the production windows.
 HISTORY ?=
 export PROMSHIFT_HOME ?= $(CURDIR)/.state
@@ -36,7 +38,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 venv: $(STAMP)
 
 demo: prometheus $(STAMP)
-	$(PY) -m promshift.demo --group $(GROUP) --scenario $(SCENARIO) --nodes $(NODES)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
+	$(PY) -m promshift.demo --group $(GROUP) --target $(TARGET) --scenario $(SCENARIO) --nodes $(NODES)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
 
 test: prometheus chromium $(STAMP)
 	$(VENV)/bin/ruff check include dags plugins tests bench

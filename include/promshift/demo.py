@@ -4,6 +4,13 @@ Scenario ``happy``: dual-write, warm-up, parity, latency, approval by an on-call
 over Airflow's REST API, cutover. Scenario ``drift``: during dual-write the target loses some
 hosts' series (deleted on the target server), parity fails and the run rolls back.
 
+``--target amp``: the target is an AMP workspace of the local AWS (moto control plane, SigV4-checking
+front door, vmagent signing relay; ``promshift stack up --target amp``). Airflow's ``amp``
+connection names the workspace and carries no credentials: Airflow gets the pair through
+``AWS_*`` environment variables only. Scenario ``bad-credentials`` (AMP only): Airflow signs
+with a secret the local AWS does not accept, so the run must stop at ``validate`` with nothing
+deployed and the source config byte-identical (its sha256 is printed before and after).
+
 ``--history 24h``: before the servers start, source and target are given 24 h of the group's
 history (backfilled with promtool, as if dual-write had been running), and the catalog profile
 ``demo-history`` times the production latency windows (1h/6h/12h/24h) instead of ``demo``'s
@@ -32,17 +39,31 @@ from promshift.core.cost import CostEvidence
 from promshift.core.durations import format_duration, parse_duration
 from promshift.core.latency import WindowLatency
 from promshift.core.parity import ParityResult
-from promshift.core.report import build_report, cost_table, latency_table, parity_log_table, render_markdown
+from promshift.core.render import sha256_bytes
+from promshift.core.report import (
+    build_report,
+    cost_table,
+    latency_table,
+    parity_log_table,
+    render_markdown,
+    source_config_line,
+    target_line,
+)
 from promshift.local_airflow import APPROVER_USERS, LocalAirflow
 from promshift.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
 from promshift.stack.backfill import backfill_stack, check_history, fleet_metrics
-from promshift.stack.local import SOURCE_RETENTION, LocalStack, StackConfig
+from promshift.stack.local import AWS, FRONTDOOR, SOURCE_RETENTION, TARGET_KINDS, LocalStack, StackConfig
+from promshift.stack.sigv4 import make_up_credentials
 
 log = logging.getLogger("promshift.demo")
 
 DEMO_PROFILE = "demo"
 HISTORY_PROFILE = "demo-history"  # production latency windows, for a stack given hours of history
+SCENARIOS = ("happy", "drift", "bad-credentials")
+AMP_ONLY_SCENARIOS = ("bad-credentials",)
 DEFAULT_TIMEOUT_S = 540.0
+# `airflow standalone` starts in ~1-2 min on 2 free cores; measured over 4 min while other jobs loaded them.
+AIRFLOW_START_TIMEOUT_S = 420.0
 APPROVAL_AFTER_POLLS = 3  # Airflow is polled every 3 s
 # demo-history's latency probe may run 5 minutes instead of 3, and times 4 long windows.
 HISTORY_TIMEOUT_S = 720.0
@@ -88,10 +109,12 @@ class TargetWriteGap:
         self._thread.join(10)
 
 
-def write_report(*, audit: AuditStore, group: str, run_id: str, out_dir: Path) -> dict[str, Any]:
-    """report.json, report.md and latency.png from the run's audit events."""
+def write_report(*, audit: AuditStore, group: str, run_id: str, out_dir: Path,
+                 target: dict[str, Any] | None = None, source_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """report.json, report.md and latency.png from the run's audit events (and the target's counters)."""
     report = build_report(group=group, run_id=run_id, events=audit.events(group=group, run_id=run_id),
-                          final_stage=audit.stage_of(group).value, chain=audit.verify())
+                          final_stage=audit.stage_of(group).value, chain=audit.verify(), target=target,
+                          source_config=source_config)
     out_dir.mkdir(parents=True, exist_ok=True)
     chart = None
     if report["latency"]["windows"]:
@@ -107,15 +130,21 @@ def print_report(report: dict[str, Any]) -> None:
     print()
     print(f"=== promshift: {report['group']} — final stage {report['final_stage']} ===")
     print(report["summary"])
+    if report.get("target"):
+        print(f"Target: {target_line(report['target'])}")
+    if report.get("source_config"):
+        print(f"Source config: {source_config_line(report['source_config'])}")
     print("\nStages:")
     for s in report["stages"]:
         print(f"  {s['at'][:19]}  {s['stage']}")
+    if not report["stages"]:
+        print("  (none: the group's stage never changed)")
     p = report["parity"]
-    print(f"\nParity: {p.get('verdict')}")
+    print(f"\nParity: {p.get('verdict') or 'not run'}")
     if p.get("measurements"):
         print("  " + parity_log_table(ParityResult.from_dict(p)).replace("\n", "\n  "))
     lat = report["latency"]
-    print(f"\nLatency: {lat.get('verdict')}")
+    print(f"\nLatency: {lat.get('verdict') or 'not run'}")
     if lat.get("windows"):
         windows = [WindowLatency.from_dict(w) for w in lat["windows"]]
         print("  " + latency_table(windows).replace("\n", "\n  "))
@@ -132,6 +161,50 @@ def print_report(report: dict[str, Any]) -> None:
           f"{'OK' if au['chain_ok'] else 'BROKEN'}")
 
 
+def target_report(stack: LocalStack) -> dict[str, Any]:
+    """The report's ``target`` block: the AMP workspace and the front door's SigV4 counters taken now
+    (and the control plane's), or the self-hosted target's URL. Never a credential."""
+    if stack.config.target_kind != "amp":
+        return {"kind": "prometheus", "url": stack.target_url}
+    front, control = stack.sigv4_stats(FRONTDOOR), stack.sigv4_stats(AWS)
+    return {"kind": "amp", "workspace_id": stack.workspace_id, "region": stack.config.region,
+            "sigv4_verified": int(front["verified"]), "sigv4_rejected": int(front["rejected"]),
+            "sigv4_rejected_by_reason": dict(front.get("rejected_by_reason") or {}),
+            "control_plane": {"verified": int(control["verified"]), "rejected": int(control["rejected"]),
+                              "rejected_by_reason": dict(control.get("rejected_by_reason") or {})}}
+
+
+def target_connection(stack: LocalStack, scenario: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Airflow's target connection and the environment it needs: for AMP the ``amp`` connection (no
+    credentials in it) and the ``AWS_*`` pair (for ``bad-credentials``, a secret the local AWS refuses)."""
+    if stack.config.target_kind != "amp":
+        return ({"conn_type": "prometheus", "host": stack.target_url,
+                 "extra": {"base_url": stack.target_url, "remote_write_url": stack.target_remote_write_url}}, {})
+    env = stack.aws_env()
+    if scenario == "bad-credentials":
+        env["AWS_SECRET_ACCESS_KEY"] = make_up_credentials().secret_key
+        log.warning("bad-credentials: Airflow signs with the right access key id but another secret; the local "
+                    "AWS must refuse every signature, and nothing may be deployed")
+    return {"conn_type": "amp", "extra": stack.amp_connection_extra()}, env
+
+
+def local_amp_credentials_problem() -> str | None:
+    """Why the AWS_* environment cannot drive the local AMP stack, or None.
+
+    Measured: Debian's vmagent (the local signing relay) signs with the key id and secret from its
+    environment but never sends a session token, so the front door would refuse every write.
+    """
+    if os.environ.get("AWS_SESSION_TOKEN"):
+        return ("AWS_SESSION_TOKEN is set, but the local signing relay (Debian's vmagent) cannot send a session "
+                "token: for the local AMP stack use a long-term pair (any made-up AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY works) or unset AWS_* to let the stack make one up")
+    return None
+
+
+def config_sha256(path: Path) -> str:
+    return sha256_bytes(path.read_bytes())
+
+
 def backfilled_metrics(group: MetricGroup) -> list[str]:
     """The metrics of ``group`` the fleet simulator renders (explicit names and ``metric_regex`` matches)."""
     return [name for name in fleet_metrics() if group.claims(name)]
@@ -139,14 +212,20 @@ def backfilled_metrics(group: MetricGroup) -> list[str]:
 
 def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, report_root: Path,
              timeout_s: float | None = None, history_s: float | None = None,
-             history_interval_s: float = 300.0) -> Path:
+             history_interval_s: float = 300.0, target_kind: str = "prometheus") -> Path:
     """Run the whole job once on a fresh local stack; return the report directory.
+
+    ``target_kind="amp"``: the target is the local AWS's workspace, reached through its SigV4 front door.
 
     With ``history_s``, source and target first get that much of the group's history (one
     sample every ``history_interval_s``) and the ``demo-history`` profile is used.
     """
     started = time.time()
-    config = StackConfig.from_env(nodes=nodes)
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
+    if scenario in AMP_ONLY_SCENARIOS and target_kind != "amp":
+        raise ValueError(f"scenario {scenario!r} needs the AMP target (--target amp / TARGET=amp)")
+    config = StackConfig.from_env(nodes=nodes, target_kind=target_kind)
     stack = LocalStack(config)
     profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
     catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
@@ -157,6 +236,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         check_history(history_s, history_interval_s)
         if not metrics:
             raise ValueError(f"group {group_name!r} claims none of the metrics the fleet simulator renders")
+    if target_kind == "amp" and (problem := local_amp_credentials_problem()):
+        raise ValueError(problem)
     if timeout_s is None:
         timeout_s = HISTORY_TIMEOUT_S if history_s else DEFAULT_TIMEOUT_S
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
@@ -186,8 +267,10 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     key_env = local_audit_key_env(config.home)
     source_conn = {"conn_type": "prometheus", "host": stack.source_url,
                    "extra": {"config_path": str(stack.source_config_path)}}
-    target_conn = {"conn_type": "prometheus", "host": stack.target_url,
-                   "extra": {"base_url": stack.target_url, "remote_write_url": stack.target_remote_write_url}}
+    # Credentials reach Airflow only through its environment: never the connection JSON, never printed.
+    target_conn, aws_env = target_connection(stack, scenario)
+    sha_before = config_sha256(stack.source_config_path)
+    log.info("source config %s sha256 %s before the run", stack.source_config_path, sha_before)
     airflow_home = config.home / "airflow"
     shutil.rmtree(airflow_home, ignore_errors=True)
     airflow = LocalAirflow(home=airflow_home, port=airflow_port, extra_env={
@@ -198,10 +281,11 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         "AIRFLOW_CONN_PROMSHIFT_SOURCE": json.dumps(source_conn),
         "AIRFLOW_CONN_PROMSHIFT_TARGET": json.dumps(target_conn),
         **key_env,
+        **aws_env,
     })
     fault: TargetWriteGap | None = None
     try:
-        airflow.start()
+        airflow.start(timeout_s=AIRFLOW_START_TIMEOUT_S)
         airflow.wait_for_dag(group.dag_id)
         run_id = airflow.trigger(group.dag_id)
         approver = APPROVER_USERS[0]
@@ -236,10 +320,14 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         if fault:
             fault.stop()
         airflow.stop()
+    sha_after = config_sha256(stack.source_config_path)
+    source_config = {"path": str(stack.source_config_path), "sha256_before": sha_before, "sha256_after": sha_after,
+                     "identical": sha_before == sha_after}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = (report_root / f"{stamp}-{group_name}-{scenario}").resolve()
+    kind = "" if target_kind == "prometheus" else f"-{target_kind}"
+    out_dir = (report_root / f"{stamp}-{group_name}{kind}-{scenario}").resolve()
     report = write_report(audit=AuditStore(audit_url, key=audit_key(key_env)), group=group_name, run_id=run_id,
-                          out_dir=out_dir)
+                          out_dir=out_dir, target=target_report(stack), source_config=source_config)
     print_report(report)
     print(f"\nwall time {time.time() - started:.0f}s; stack left running (make stack-down to stop)")
     return out_dir
@@ -259,7 +347,10 @@ def _duration(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="promshift-demo", description=__doc__)
     parser.add_argument("--group", default="gpu-utilization")
-    parser.add_argument("--scenario", choices=["happy", "drift"], default="happy")
+    parser.add_argument("--scenario", choices=SCENARIOS, default="happy",
+                        help=f"{', '.join(AMP_ONLY_SCENARIOS)}: --target amp only")
+    parser.add_argument("--target", choices=TARGET_KINDS, default="prometheus",
+                        help="amp: migrate onto the local AWS's AMP workspace through its SigV4 front door")
     parser.add_argument("--nodes", type=int, default=int(os.environ.get("PROMSHIFT_NODES", "200")))
     parser.add_argument("--airflow-port", type=int, default=int(os.environ.get("PROMSHIFT_AIRFLOW_PORT", "28080")))
     parser.add_argument("--report-root", type=Path, default=REPO_ROOT / "reports")
@@ -270,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-interval", type=_duration, default=300.0, metavar="DURATION",
                         help="sample interval of the backfilled history (default 5m, at most 5m)")
     args = parser.parse_args(argv)
+    if args.scenario in AMP_ONLY_SCENARIOS and args.target != "amp":
+        parser.error(f"--scenario {args.scenario} needs --target amp")
+    if args.target == "amp" and (problem := local_amp_credentials_problem()):
+        parser.error(problem)
     if args.history is not None:
         try:
             check_history(args.history, args.history_interval)
@@ -279,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = run_demo(group_name=args.group, scenario=args.scenario, nodes=args.nodes,
                    airflow_port=args.airflow_port, report_root=args.report_root, history_s=args.history,
-                   history_interval_s=args.history_interval)
+                   history_interval_s=args.history_interval, target_kind=args.target)
     print(out)
     return 0
 

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from promshift.settings import REPO_ROOT
 log = logging.getLogger(__name__)
 
 TRIGGER_USER = "sre-carol"
+API_ATTEMPTS = 3
 APPROVER_USERS = ("oncall-alice", "oncall-bob")
 
 
@@ -39,6 +41,10 @@ class LocalAirflow:
     passwords: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     _tokens: dict[str, str] = field(default_factory=dict, repr=False)
+    # On a loaded machine the API server can miss a deadline now and then: a token request or a
+    # GET (safe to repeat) is tried API_ATTEMPTS times; a POST or PATCH (a trigger, an answer) never twice.
+    request_timeout_s: float = 15.0
+    retry_wait_s: float = 5.0
 
     @property
     def base_url(self) -> str:
@@ -63,10 +69,21 @@ class LocalAirflow:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            # The worker's and the triggerer's log servers default to 8793/8794 on every interface: another
+            # Airflow on the machine (a second demo, a test) already holds them. Free ports on 127.0.0.1 each.
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self._log_ports[0]),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self._log_ports[1]),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         })
         env.update(self.extra_env)
         return env
+
+    @cached_property
+    def _log_ports(self) -> tuple[int, int]:
+        from promshift.stack.local import find_free_ports
+
+        worker, trigger = find_free_ports(2)
+        return worker, trigger
 
     def _secret(self, name: str) -> str:
         path = self.home / f".{name}"
@@ -128,22 +145,36 @@ class LocalAirflow:
         log.warning("airflow process group %d still has members after SIGKILL", pgid)
 
     # -- REST ----------------------------------------------------------------------------
-    def token(self, user: str) -> str:
-        """A bearer token for ``user``, asked for once per user and kept (Airflow's tokens last hours).
+    def _retrying(self, what: str, send: Callable[[], requests.Response]) -> requests.Response:
+        for attempt in range(1, API_ATTEMPTS + 1):
+            try:
+                return send()
+            except (requests.Timeout, requests.ConnectionError) as exc:
+                if attempt == API_ATTEMPTS:
+                    raise
+                log.warning("Airflow's API did not answer %s (%s); trying again in %.0fs", what,
+                            exc.__class__.__name__, self.retry_wait_s)
+                time.sleep(self.retry_wait_s)
+        raise AssertionError("unreachable")
 
-        Asking on every call cost one login per REST request; on a loaded 2-core machine a login
-        took over 15 s and failed the e2e runs, so the wait is generous too.
-        """
+    def token(self, user: str) -> str:
+        """A bearer token for ``user``, asked for once per user and kept (Airflow's tokens last hours):
+        a login per REST call took over 15 s on a loaded 2-core machine."""
         if user not in self._tokens:
-            resp = requests.post(f"{self.base_url}/auth/token",
-                                 json={"username": user, "password": self.passwords[user]}, timeout=60)
+            resp = self._retrying("POST /auth/token", lambda: requests.post(
+                f"{self.base_url}/auth/token", json={"username": user, "password": self.passwords[user]},
+                timeout=self.request_timeout_s))
             resp.raise_for_status()
             self._tokens[user] = resp.json()["access_token"]
         return self._tokens[user]
 
     def api(self, user: str, method: str, path: str, **kwargs: Any) -> Any:
-        resp = requests.request(method, f"{self.base_url}/api/v2{path}",
-                                headers={"Authorization": f"Bearer {self.token(user)}"}, timeout=30, **kwargs)
+        def send() -> requests.Response:
+            return requests.request(method, f"{self.base_url}/api/v2{path}",
+                                    headers={"Authorization": f"Bearer {self.token(user)}"},
+                                    timeout=2 * self.request_timeout_s, **kwargs)
+
+        resp = self._retrying(f"{method} {path}", send) if method == "GET" else send()
         if resp.status_code >= 400:
             raise RuntimeError(f"{method} {path} as {user}: HTTP {resp.status_code} {resp.text[:300]}")
         return resp.json() if resp.content else None

@@ -141,6 +141,13 @@ class GroupMigration:
         if stage not in STARTABLE:
             raise GroupNotStartable(f"group {self.group.name!r} is {stage.value}; a new migration run "
                                     f"starts only from {sorted(s.value for s in STARTABLE)}")
+        try:
+            return self._validate(stage, now)
+        except Exception as exc:
+            self.record_validation_failed(exc, now)
+            raise
+
+    def _validate(self, stage: Stage, now: datetime) -> dict[str, Any]:
         problems = []
         if not self.backends.source.ready():
             problems.append(f"source {self.backends.source.base_url} is unreachable or not ready")
@@ -160,6 +167,11 @@ class GroupMigration:
             raise RuntimeError(f"the source has no series for {self.group.selector()}; nothing to migrate")
         self.record("validated", now, evidence)
         return redact(evidence)
+
+    def record_validation_failed(self, exc: BaseException, now: datetime) -> str:
+        """Record why validation failed (``validation_failed``); return that one-line reason."""
+        return record_validation_failed(self.audit, group_name=self.group.name, run_id=self.run_id, exc=exc, now=now,
+                                        source_config_path=self.backends.source_config_path, actor=self.actor)
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
         """Keep the source config's exact bytes so any later failure can restore them.
@@ -328,6 +340,8 @@ class GroupMigration:
                         + (f": {data['comment']}" if data.get("comment") else ""))
             if ev.kind in ("warmup_timeout", "warmup_error"):
                 return f"warm-up {data.get('status')}: {data.get('reason')}"
+            if ev.kind == "validation_failed":
+                return f"validation failed: {data.get('reason')}"
         return "a step failed before the gate; see that task's log"
 
     def rollback(self, snapshot_info: Mapping[str, Any] | None, *, reason: str, now: datetime) -> dict[str, Any]:
@@ -380,6 +394,34 @@ class GroupMigration:
         if routing_error is not None:
             raise routing_error
         return redact(evidence)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its first line, else its class name (messages here never carry secrets)."""
+    text = str(exc).strip()
+    return " ".join(text.splitlines()[0].split()) if text else exc.__class__.__name__
+
+
+def record_validation_failed(audit: AuditStore, *, group_name: str, run_id: str, exc: BaseException, now: datetime,
+                             source_config_path: str | None = None, actor: str = "promshift") -> str:
+    """Append a ``validation_failed`` event: the one-line reason, whether a retry may pass, and the source
+    config's sha256 (nothing was deployed: a later check can compare it). Returns the reason.
+
+    Also called by the validate operator when the backends cannot even be built (an AMP workspace
+    that is not ACTIVE, refused credentials, ...), before any GroupMigration exists.
+    """
+    reason = one_line(exc)
+    evidence: dict[str, Any] = {"reason": reason, "error": exc.__class__.__name__,
+                                "retryable": bool(getattr(exc, "retryable", False))}
+    # The AWS error code, also when the operator re-raised an AmpError as a non-retryable failure.
+    code = getattr(exc, "code", None) or getattr(exc.__context__, "code", None)
+    if code:
+        evidence["code"] = str(code)
+    if source_config_path and Path(source_config_path).is_file():
+        evidence["source_config_sha256"] = sha256_bytes(Path(source_config_path).read_bytes())
+    audit.append(group=group_name, run_id=run_id, kind="validation_failed", actor=actor, at=now,
+                 evidence=json_safe(redact(evidence)), stage_from=None, stage_to=None)
+    return reason
 
     def _remove_own_entry(self, snapshot_info: Mapping[str, Any]) -> bool:
         """Remove the group's remote_write entry by name (deployed and verified); True when the

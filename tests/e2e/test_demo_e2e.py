@@ -14,27 +14,9 @@ from pathlib import Path
 import pytest
 
 from promshift.demo import run_demo
-from promshift.stack.local import find_free_ports
+from tests.e2e.conftest import free_port, stop_stack
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    return find_free_ports(1)[0]
-
-
-@pytest.fixture
-def small_stack_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PROMSHIFT_HOME", str(tmp_path / "state"))
-    for name in ("FLEET", "SOURCE", "TARGET"):
-        monkeypatch.setenv(f"PROMSHIFT_{name}_PORT", str(free_port()))
-    return tmp_path
-
-
-def stop_stack() -> None:
-    from promshift.stack.local import LocalStack, StackConfig
-
-    LocalStack(StackConfig.from_env()).down()
 
 
 def test_happy_path_with_history_times_production_windows_and_cuts_over(small_stack_env: Path) -> None:

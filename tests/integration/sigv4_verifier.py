@@ -1,36 +1,36 @@
-"""A SigV4-checking HTTP server on 127.0.0.1 for tests: recomputes each signature with botocore.
+"""A SigV4-checking HTTP server on 127.0.0.1 for tests, on the local stack's own verifier.
 
-It knows a set of credential pairs (access key -> secret, session token), recomputes every
-request's signature from what arrived (method, Host, path, query, signed headers, body) and
-refuses a mismatch, an unknown key, a wrong region or service with HTTP 403 and an AMP-style
-``{"message": ...}`` body. Verified requests under ``/workspaces/<id>`` are forwarded to a real
-upstream Prometheus, so answers are real. The full local front door is the stack's (amp-local);
-this is the test-side check of what the client sends.
+It knows a set of credential pairs (access key -> secret, session token) and checks each request
+with ``promshift.stack.sigv4.verify_request`` (the front door's check: botocore recomputes the
+signature from what arrived) against the pair its access key names; it refuses a mismatch, an
+unknown key, a wrong region or service with HTTP 403 and an AMP-style ``{"message": ...}`` body.
+Verified requests under ``/workspaces/<id>`` are forwarded to a real upstream Prometheus, so
+answers are real. Unlike the stack's front door it can hold several pairs and rotate them, which
+the credential-refresh tests need.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import requests
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
 
-AUTH_RE = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, "
-                     r"SignedHeaders=([a-z0-9;-]+), Signature=([0-9a-f]{64})")
+from promshift.stack.sigv4 import AwsCredentials, parse_authorization, verify_request
+
+# A pair no request can name (its key id is not a valid one): an unknown key is refused as AWS refuses it.
+_NOBODY = AwsCredentials("(no such access key)", "(none)")
 
 
 @dataclass
 class SigV4Verifier:
-    """Counts and keeps what it verified (access keys used) and why it refused the rest."""
+    """Counts and keeps what it verified (access keys used) and why it refused the rest (stack reasons)."""
 
     upstream: str
     region: str = "us-east-1"
@@ -39,36 +39,20 @@ class SigV4Verifier:
     verified_keys: list[str] = field(default_factory=list)
     rejected: Counter[str] = field(default_factory=Counter)
     bodies: list[bytes] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
 
     def check(self, method: str, path: str, headers: Any, body: bytes) -> str | None:
-        """Why the request's signature is refused, or None when it verifies."""
-        match = AUTH_RE.fullmatch(headers.get("Authorization") or "")
-        if not match:
-            return "missing or malformed Authorization"
-        key, date, region, service, signed, signature = match.groups()
-        if (region, service) != (self.region, self.service):
-            return f"wrong scope {region}/{service}"
-        if key not in self.keys:
-            return "unknown access key"
-        secret, token = self.keys[key]
-        if (headers.get("X-Amz-Security-Token") or None) != token:
-            return "wrong session token"
-        amz_date = headers.get("X-Amz-Date") or ""
-        if amz_date[:8] != date:
-            return "date does not match the credential scope"
-        names = signed.split(";")
-        if "host" not in names or "x-amz-date" not in names:
-            return "host and x-amz-date must be signed"
-        request = AWSRequest(method=method, url=f"http://{headers['Host']}{path}", data=body,
-                             headers={n: headers[n] for n in names if n != "host" and headers.get(n) is not None})
-        request.context["timestamp"] = amz_date
-        signer = SigV4Auth(Credentials(key, secret, token), service, region)
-        if signer.signed_headers(signer.headers_to_sign(request)) != signed:
-            return "signed headers missing from the request"
-        expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
-        if not hmac.compare_digest(expected, signature):
-            return "signature mismatch"
-        self.verified_keys.append(key)
+        """Why the request is refused (a ``promshift.stack.sigv4`` reason; its message in ``messages``), or None."""
+        auth = parse_authorization(headers.get("Authorization") or "")
+        pair = self.keys.get(auth.access_key) if auth else None
+        expected = AwsCredentials(auth.access_key, pair[0], pair[1]) if auth and pair else _NOBODY
+        raw_path, _, query = path.partition("?")
+        verdict = verify_request(method, raw_path, query, dict(headers.items()), body, expected=expected,
+                                 region=self.region, now=datetime.now(UTC), service=self.service)
+        if not verdict.ok:
+            self.messages.append(verdict.message)
+            return verdict.reason
+        self.verified_keys.append(str(verdict.access_key))
         return None
 
 
@@ -89,7 +73,7 @@ def _handler(verifier: SigV4Verifier) -> type[BaseHTTPRequestHandler]:
             problem = verifier.check(self.command, self.path, self.headers, body)
             if problem:
                 verifier.rejected[problem] += 1
-                self._answer(403, json.dumps({"message": problem}).encode())
+                self._answer(403, json.dumps({"message": verifier.messages[-1]}).encode())
                 return
             verifier.bodies.append(body)
             rest = re.sub(r"^/workspaces/[^/]+", "", self.path)

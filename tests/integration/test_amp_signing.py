@@ -25,6 +25,7 @@ from promshift.migration import GroupMigration
 from promshift.orchestration.dag_factory import build_group_dag
 from promshift.settings import REPO_ROOT, load_catalog
 from promshift.stack.local import LocalStack
+from promshift.stack.sigv4 import SIGNATURE_MISMATCH
 from tests.integration.sigv4_verifier import SigV4Verifier, VerifyingServer
 
 pytestmark = pytest.mark.integration
@@ -73,16 +74,16 @@ def test_a_wrong_secret_is_refused_and_the_error_holds_no_secret(verifier: Verif
     with pytest.raises(PrometheusError) as excinfo:
         client.query("vector(1)")
     assert excinfo.value.http_status == 403
-    assert "signature mismatch" in str(excinfo.value)
+    assert "The request signature we calculated does not match" in str(excinfo.value)
     assert SECRET not in str(excinfo.value) and "Signature=" not in str(excinfo.value)
-    assert verifier.verifier.rejected == {"signature mismatch": 1}
+    assert verifier.verifier.rejected == {SIGNATURE_MISMATCH: 1}
     assert verifier.verifier.verified_keys == []
 
 
 def test_wrong_region_and_unsigned_requests_are_refused(verifier: VerifyingServer) -> None:
-    with pytest.raises(PrometheusError, match="wrong scope eu-west-1/aps"):
+    with pytest.raises(PrometheusError, match="Credential should be scoped to a valid region, not 'eu-west-1'"):
         signed_client(verifier, Credentials(ACCESS_KEY, SECRET), region="eu-west-1").query("vector(1)")
-    with pytest.raises(PrometheusError, match="missing or malformed Authorization"):
+    with pytest.raises(PrometheusError, match="Missing Authentication Token"):
         PrometheusClient(verifier.endpoint).query("vector(1)")
     assert verifier.verifier.verified_keys == []
 
@@ -194,7 +195,7 @@ def test_amp_readiness_names_a_creating_workspace_and_a_refused_signature(amp_en
         ok, message = hook.test_connection()
     assert not ok
     assert message.startswith(f"AMP workspace {WS_ID}: signed query failed: ")
-    assert "HTTP 403" in message and "signature mismatch" in message
+    assert "HTTP 403" in message and "The request signature we calculated does not match" in message
     assert SECRET not in message and "\n" not in message
 
 

@@ -150,6 +150,27 @@ def test_aws_errors_are_one_line_and_hold_no_secret(code: str, status: int, mess
     assert TOKEN not in str(err) and SECRET not in str(err) and "\n" not in str(err)
 
 
+@pytest.mark.parametrize(("server_message", "hint"), [
+    ("Signature expired: 20260101T000000Z is now earlier than 20260101T000100Z (20260101T000600Z - 5 min.)",
+     "the signature's time is more than 5 minutes off AWS's clock (check this host's clock)"),
+    ("Signature not yet current: 20260101T001000Z is still later than 20260101T000500Z",
+     "the signature's time is more than 5 minutes off AWS's clock (check this host's clock)"),
+    ("Credential should be scoped to a valid region, not 'us-east-1'.",
+     "signed for region us-east-1, which is not the endpoint's region (check extra.region_name)"),
+])
+def test_signature_refusals_with_a_known_cause_say_what_to_check(server_message: str, hint: str) -> None:
+    c = client()
+    with Stubber(c) as stub:
+        stub.add_client_error("describe_workspace", service_error_code="InvalidSignatureException",
+                              service_message=server_message + f"\nx-amz-security-token:{TOKEN}",
+                              http_status_code=403, expected_params={"workspaceId": WS})
+        with pytest.raises(AmpError) as excinfo:
+            active_workspace(c, BY_ID)
+    assert str(excinfo.value) == (f"DescribeWorkspace on AMP workspace {WS} in us-east-1: AWS refused the "
+                                  f"credentials' signature (InvalidSignatureException): {hint}")
+    assert TOKEN not in str(excinfo.value) and "20260101" not in str(excinfo.value)  # the message is not echoed
+
+
 def test_list_workspaces_errors_name_the_call() -> None:
     c = client()
     with Stubber(c) as stub:

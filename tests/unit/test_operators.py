@@ -452,7 +452,14 @@ def test_validate_fails_naming_unreachable_backends(dag: Any, audit: AuditStore)
     with pytest.raises(RuntimeError, match=r"source http://127\.0\.0\.1:1 is unreachable.*"
                                            r"target http://127\.0\.0\.1:1 is unreachable"):
         task(dag, "validate").execute(make_context())
-    assert audit.events() == []
+    [ev] = audit.events()
+    assert ev.kind == "validation_failed" and ev.stage_to is None
+    assert ev.evidence_data["reason"].startswith("source http://127.0.0.1:1 is unreachable or not ready; target ")
+    assert ev.evidence_data["source_config_sha256"]  # the config nothing was deployed to, for a later comparison
+    # The rollback that follows names it.
+    result = task(dag, "rollback").execute(make_context({"snapshot": None}))
+    assert result["performed"] is False
+    assert result["reason"] == "validation failed: " + ev.evidence_data["reason"]
 
 
 # -- an AMP target: the hook is chosen by conn_type, its problems fail the task in one line ------------
@@ -513,7 +520,12 @@ def test_amp_problems_fail_validate_in_one_line_retrying_only_what_may_pass(
     assert type(excinfo.value).__name__ == raises  # AirflowFailException is never retried
     assert str(excinfo.value) == message
     assert excinfo.value.__cause__ is None and "op-test-secret" not in str(excinfo.value)
-    assert audit.events() == []  # nothing recorded, nothing deployed
+    # Nothing deployed; the failure and its one-line reason are recorded (retryable ones on every attempt).
+    [ev] = audit.events()
+    assert ev.kind == "validation_failed" and ev.stage_to is None
+    assert ev.evidence_data["reason"] == message
+    assert ev.evidence_data["retryable"] is (raises == "AmpError")
+    assert "op-test-secret" not in ev.evidence
 
 
 def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(

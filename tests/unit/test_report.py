@@ -116,3 +116,46 @@ def test_golden_inventory_lists_every_expression_with_its_disposition() -> None:
     assert '| a.json | Power | `sum(m{a=~"x\\|y"})` | compared | SUCCESSFUL |' in text
     assert "| a.json | Temp | `t` | not this group's metrics | reads t |" in text
     assert golden_inventory_markdown(None) == []
+
+
+def test_amp_target_block_merges_the_recorded_target_with_the_front_doors_counts() -> None:
+    validated = new_event(prev=None, group="g", run_id="r", kind="validated", stage_from=None, stage_to=None,
+                          actor="promshift", at=T0, evidence={"target_backend": {
+                              "kind": "amp", "workspace_id": "ws-1", "region": "us-east-1"}})
+    evs = [validated]
+    for ev in events():
+        evs.append(new_event(prev=evs[-1], group="g", run_id="r", kind=ev.kind, stage_from=ev.stage_from,
+                             stage_to=ev.stage_to, actor=ev.actor, at=ev.at, evidence=ev.evidence_data))
+    counts = {"sigv4_verified": 166, "sigv4_rejected": 0, "sigv4_rejected_by_reason": {},
+              "control_plane": {"verified": 21, "rejected": 0, "rejected_by_reason": {}}}
+    source_config = {"sha256_before": "a" * 64, "sha256_after": "b" * 64, "identical": False}
+    report = build_report(group="g", run_id="r", events=evs, final_stage="cut_over", chain=verify_chain(evs),
+                          target=counts, source_config=source_config)
+    assert report["target"] == {"kind": "amp", "workspace_id": "ws-1", "region": "us-east-1", **counts}
+    assert report["validation"] == {"ok": True, "reason": None}
+    md = render_markdown(report)
+    assert ("AMP workspace ws-1 in us-east-1: front door verified 166 signed requests, rejected 0; "
+            "control plane verified 21, rejected 0") in md
+    assert f"sha256 before {'a' * 64}, after {'b' * 64} (changed)" in md
+
+
+def test_a_failed_validation_is_the_summary_and_the_target_is_what_the_caller_knows() -> None:
+    reason = "DescribeWorkspace on AMP workspace ws-1 in us-east-1: AWS refused the credentials' signature (X)"
+    failed = new_event(prev=None, group="g", run_id="r", kind="validation_failed", stage_from=None, stage_to=None,
+                       actor="promshift", at=T0, evidence={"reason": reason, "retryable": False})
+    done = new_event(prev=failed, group="g", run_id="r", kind="rollback_not_needed", stage_from=None, stage_to=None,
+                     actor="promshift", at=T0, evidence={"performed": False, "restored_identical": None,
+                                                          "reason": f"validation failed: {reason}"})
+    evs = [failed, done]
+    target = {"kind": "amp", "workspace_id": "ws-1", "region": "us-east-1", "sigv4_verified": 0,
+              "sigv4_rejected": 0, "control_plane": {"verified": 3, "rejected": 1,
+                                                     "rejected_by_reason": {"signature_mismatch": 1}}}
+    report = build_report(group="g", run_id="r", events=evs, final_stage="planned", chain=verify_chain(evs),
+                          target=target, source_config={"sha256_before": "c" * 64, "sha256_after": "c" * 64})
+    assert report["summary"] == f"Stopped at validate, nothing deployed: {reason}."
+    assert report["validation"] == {"ok": False, "reason": reason}
+    assert report["target"] == target and report["stages"] == []
+    md = render_markdown(report)
+    assert "## Validation: FAILED" in md and reason in md
+    assert "control plane verified 3, rejected 1 (signature_mismatch 1)" in md
+    assert "(identical)" in md

@@ -13,6 +13,7 @@ import requests
 from botocore.credentials import ReadOnlyCredentials
 
 from promshift.adapters.sigv4 import AwsSigV4Auth, canonical_url
+from promshift.stack.sigv4 import SIGNATURE_MISMATCH
 from tests.integration.sigv4_verifier import SigV4Verifier
 
 URL = "http://127.0.0.1:9/workspaces/ws-1/api/v1"
@@ -61,7 +62,7 @@ def test_post_form_and_get_query_are_signed_over_what_is_sent() -> None:
     assert verify(verifier, get) is None
     # Tampering with the body after signing is caught: the signature covers the exact bytes.
     post.body = post.body.replace(b"x+y", b"x+z")
-    assert verify(verifier, post) == "signature mismatch"
+    assert verify(verifier, post) == SIGNATURE_MISMATCH
 
 
 def test_credentials_are_read_for_every_request_and_tokens_are_signed() -> None:
@@ -75,7 +76,7 @@ def test_credentials_are_read_for_every_request_and_tokens_are_signed() -> None:
     assert "x-amz-security-token" in second.headers["Authorization"]
     assert verify(verifier, first) is None and verify(verifier, second) is None
     verifier.keys["ASIA2"] = ("rotated-away", "token-2")
-    assert verify(verifier, second) == "signature mismatch"
+    assert verify(verifier, second) == SIGNATURE_MISMATCH
 
 
 def test_the_auth_never_shows_its_keys() -> None:

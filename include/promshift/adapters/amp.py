@@ -142,7 +142,9 @@ def aws_error_message(exc: Exception, *, action: str, target: AmpTarget, workspa
         err = exc.response.get("Error") or {}
         code = str(err.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or "unknown")
         if code in CREDENTIAL_ERRORS:
-            return AmpError(f"{action} on {where}: AWS refused the credentials' signature ({code})", code=code)
+            hint = _credential_hint(str(err.get("Message") or ""), target)
+            return AmpError(f"{action} on {where}: AWS refused the credentials' signature ({code})"
+                            + (f": {hint}" if hint else ""), code=code)
         if code == "AccessDeniedException":
             return AmpError(f"{action} on {where}: access denied (AccessDeniedException); the credentials need "
                             f"aps:{action}", code=code)
@@ -157,6 +159,17 @@ def aws_error_message(exc: Exception, *, action: str, target: AmpTarget, workspa
     if isinstance(exc, BotoCoreError):
         return AmpError(f"{action} on {where}: {exc.__class__.__name__}", code=exc.__class__.__name__)
     return AmpError(f"{action} on {where}: {exc.__class__.__name__}", code=exc.__class__.__name__)
+
+
+def _credential_hint(message: str, target: AmpTarget) -> str:
+    """What to check, for the refusals whose cause AWS names in a known opening (the message itself is never
+    echoed: a signature mismatch can quote the canonical request, session token included)."""
+    if message.startswith(("Signature expired", "Signature not yet current")):
+        return "the signature's time is more than 5 minutes off AWS's clock (check this host's clock)"
+    if message.startswith("Credential should be scoped to a valid region"):
+        return (f"signed for region {target.region}, which is not the endpoint's region "
+                "(check extra.region_name)")
+    return ""
 
 
 def describe_workspace(client: Any, target: AmpTarget) -> Workspace:

@@ -108,9 +108,39 @@ def approval_body(group: str, gate: GateVerdict, parity: ParityResult, latency: 
     )
 
 
+def target_line(target: Mapping[str, Any]) -> str:
+    """The target in one line: an AMP workspace with its SigV4 counters, or a Prometheus URL."""
+    if target.get("kind") == "amp":
+        line = (f"AMP workspace {target.get('workspace_id')} in {target.get('region')}: front door verified "
+                f"{target.get('sigv4_verified', '-')} signed requests, rejected {target.get('sigv4_rejected', '-')}")
+        by_reason = target.get("sigv4_rejected_by_reason") or {}
+        if by_reason:
+            line += " (" + ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) + ")"
+        cp = target.get("control_plane") or {}
+        if cp:
+            line += f"; control plane verified {cp.get('verified', '-')}, rejected {cp.get('rejected', '-')}"
+            if cp.get("rejected_by_reason"):
+                line += " (" + ", ".join(f"{k} {v}" for k, v in sorted(cp["rejected_by_reason"].items())) + ")"
+        return line
+    return f"{target.get('kind', 'unknown')} at {target.get('url', '-')}"
+
+
+def source_config_line(source_config: Mapping[str, Any]) -> str:
+    """The source config's sha256 before and after the run, and whether they are identical."""
+    before, after = source_config.get("sha256_before"), source_config.get("sha256_after")
+    same = "identical" if before == after else "changed"
+    return f"sha256 before {before}, after {after} ({same})"
+
+
 def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final_stage: str,
-                 chain: ChainCheck) -> dict[str, Any]:
-    """The run's report (``report.json``) from its audit events."""
+                 chain: ChainCheck, target: Mapping[str, Any] | None = None,
+                 source_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The run's report (``report.json``) from its audit events.
+
+    ``target``: what the caller knows of the target beyond the audit (an AMP front door's SigV4
+    counters); it is merged over the ``target_backend`` the run's ``validated`` event recorded.
+    ``source_config``: the source config's sha256 before and after the run, when the caller took them.
+    """
     stages = [{"stage": e.stage_to, "at": e.at.isoformat()} for e in events if e.stage_to]
     parity: dict[str, Any] = {"verdict": None, "series_compared": 0, "points_compared": 0, "mismatches": 0}
     latency: dict[str, Any] = {"verdict": None, "windows": []}
@@ -119,8 +149,15 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
     gate: dict[str, Any] = {}
     deploy: dict[str, Any] = {}
     warmup: dict[str, Any] = {}
+    validation: dict[str, Any] = {"ok": None, "reason": None}
+    recorded_target: dict[str, Any] = {}
     for e in events:
         data = e.evidence_data
+        if e.kind == "validated":
+            validation = {"ok": True, "reason": None}
+            recorded_target = dict(data.get("target_backend") or {})
+        elif e.kind == "validation_failed":
+            validation = {"ok": False, "reason": data.get("reason")}
         if e.kind.startswith("gate_"):
             evidence = GateEvidence.from_dict(data)
             gate = evidence.gate.to_dict()
@@ -142,6 +179,8 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
             warmup = data
     if rollback["performed"]:
         summary = f"Rolled back: {rollback['reason']}."
+    elif validation["ok"] is False:
+        summary = f"Stopped at validate, nothing deployed: {validation['reason']}."
     elif final_stage == "cut_over":
         summary = f"Cut over: reads of {group} now go to the target, approved by {approval['by']}."
     else:
@@ -159,6 +198,9 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
         "latency": latency,
         "approval": approval,
         "rollback": rollback,
+        "validation": validation,
+        "target": {**recorded_target, **dict(target or {})},
+        "source_config": dict(source_config or {}),
         "audit": {"events": len(events), "chain_events": chain.events, "chain_ok": chain.ok,
                   "problems": list(chain.problems)},
     }
@@ -170,6 +212,13 @@ def render_markdown(report: Mapping[str, Any], *, chart_file: str | None = None)
              f"- run: `{report['run_id']}`", f"- final stage: **{report['final_stage']}**", "",
              "## Stages", "", "| stage | at (UTC) |", "|---|---|"]
     lines += [f"| {s['stage']} | {s['at']} |" for s in report["stages"]]
+    if report.get("target"):
+        lines += ["", "## Target", "", target_line(report["target"])]
+    validation = report.get("validation") or {}
+    if validation.get("ok") is False:
+        lines += ["", "## Validation: FAILED", "", f"{validation.get('reason')}"]
+    if report.get("source_config"):
+        lines += ["", "## Source config", "", source_config_line(report["source_config"])]
     # No gate yet: the report's parity/latency blocks hold a null verdict.
     p = ParityResult.from_dict(report["parity"])
     lines += ["", f"## Parity: {report['parity'].get('verdict')}", "",

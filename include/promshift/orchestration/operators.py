@@ -161,15 +161,40 @@ class GroupStepOperator(_GroupStep, BaseOperator):
 
 
 class ValidateGroupOperator(GroupStepOperator):
-    """Check the catalog entry, the group's stage and both backends; change nothing."""
+    """Check the catalog entry, the group's stage and both backends; change nothing.
+
+    Every failure is recorded as a ``validation_failed`` audit event with its one-line reason
+    (the rollback then names it), including backends that cannot even be built: an AMP
+    workspace that is not ACTIVE, credentials the control plane refuses, an unknown workspace.
+    """
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.migration import GroupNotStartable
 
         try:
-            return self.migration(context).validate(_now())
+            migration = self.migration(context)
+        except Exception as exc:
+            self._record_failure(context, exc)
+            raise
+        try:
+            return migration.validate(_now())  # records its own validation_failed
         except GroupNotStartable as exc:
             raise AirflowSkipException(str(exc)) from exc
+
+    def _record_failure(self, context: Any, exc: Exception) -> None:
+        from promshift.adapters.audit_store import AuditStore
+        from promshift.migration import record_validation_failed
+        from promshift.orchestration.hooks import PrometheusHook
+
+        try:
+            source = self.source_hook
+            config_path = source.extra.get("config_path") if isinstance(source, PrometheusHook) else None
+        except Exception:  # the source connection itself may be what failed
+            config_path = None
+        audit = AuditStore(key=audit_key(), on_head=lambda head: self._publish_audit_head(context, head))
+        reason = record_validation_failed(audit, group_name=self.group.name, run_id=context["run_id"], exc=exc,
+                                          now=_now(), source_config_path=config_path)
+        self.log.error("validation failed: %s", reason)
 
 
 class SnapshotConfigOperator(GroupStepOperator):
