@@ -83,7 +83,7 @@ def dual_write(stack_config_factory: Callable[..., StackConfig],
         entry = remote_write_entry(group_name=group.name, name_regex=group.name_regex(),
                                    url=stack.target_remote_write_url)
         since = time.time()
-        deployer.deploy(add_remote_write(snap.text, entry), snapshot=snap, expect_remote_writes={entry["name"]})
+        deployer.deploy(add_remote_write(snap.data, entry), snapshot=snap, expect_remote_writes={entry["name"]})
         target = PrometheusClient(stack.target_url, timeout_s=30)
         deadline = time.monotonic() + 40
         count = f"count({group.selector()})"
@@ -211,10 +211,10 @@ def test_an_unsigned_or_wrongly_scoped_amp_check_is_refused_in_one_line(
     code, out, err = run(amp_check(dual_write, signed_target, "parity"), capsys)
     assert (code, out) == (69, "") and "HTTP 403" in err and err.strip().count("\n") == 0
     code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "eu-west-1"), capsys)
-    assert (code, out) == (69, "") and "wrong scope eu-west-1/aps" in err and SECRET not in err
+    assert (code, out) == (69, "") and "scoped to a valid region, not 'eu-west-1'" in err and SECRET not in err
     code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "us-east-1",
                                    "--target-service", "es"), capsys)
-    assert code == 69 and "wrong scope us-east-1/es" in err
+    assert code == 69 and "scoped to correct service: 'aps'" in err
     assert verifier.rejected["missing or malformed Authorization"] == 1 and not verifier.verified_keys
     code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "Frankfurt"), capsys)
     assert code == 64 and "expected an AWS region such as us-east-1" in err

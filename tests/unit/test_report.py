@@ -120,12 +120,12 @@ def test_golden_inventory_lists_every_expression_with_its_disposition() -> None:
 
 def test_amp_target_block_merges_the_recorded_target_with_the_front_doors_counts() -> None:
     validated = new_event(prev=None, group="g", run_id="r", kind="validated", stage_from=None, stage_to=None,
-                          actor="promshift", at=T0, evidence={"target_backend": {
+                          actor="promshift", at=T0, key=None, evidence={"target_backend": {
                               "kind": "amp", "workspace_id": "ws-1", "region": "us-east-1"}})
     evs = [validated]
     for ev in events():
         evs.append(new_event(prev=evs[-1], group="g", run_id="r", kind=ev.kind, stage_from=ev.stage_from,
-                             stage_to=ev.stage_to, actor=ev.actor, at=ev.at, evidence=ev.evidence_data))
+                             stage_to=ev.stage_to, actor=ev.actor, at=ev.at, evidence=ev.evidence_data, key=None))
     counts = {"sigv4_verified": 166, "sigv4_rejected": 0, "sigv4_rejected_by_reason": {},
               "control_plane": {"verified": 21, "rejected": 0, "rejected_by_reason": {}}}
     source_config = {"sha256_before": "a" * 64, "sha256_after": "b" * 64, "identical": False}
@@ -142,10 +142,10 @@ def test_amp_target_block_merges_the_recorded_target_with_the_front_doors_counts
 def test_a_failed_validation_is_the_summary_and_the_target_is_what_the_caller_knows() -> None:
     reason = "DescribeWorkspace on AMP workspace ws-1 in us-east-1: AWS refused the credentials' signature (X)"
     failed = new_event(prev=None, group="g", run_id="r", kind="validation_failed", stage_from=None, stage_to=None,
-                       actor="promshift", at=T0, evidence={"reason": reason, "retryable": False})
+                       actor="promshift", at=T0, evidence={"reason": reason, "retryable": False}, key=None)
     done = new_event(prev=failed, group="g", run_id="r", kind="rollback_not_needed", stage_from=None, stage_to=None,
                      actor="promshift", at=T0, evidence={"performed": False, "restored_identical": None,
-                                                          "reason": f"validation failed: {reason}"})
+                                                          "reason": f"validation failed: {reason}"}, key=None)
     evs = [failed, done]
     target = {"kind": "amp", "workspace_id": "ws-1", "region": "us-east-1", "sigv4_verified": 0,
               "sigv4_rejected": 0, "control_plane": {"verified": 3, "rejected": 1,

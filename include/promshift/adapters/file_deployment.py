@@ -31,15 +31,20 @@ class FileDeployment:
 
     @staticmethod
     def _file_snapshot(snapshot: DeploySnapshot) -> ConfigSnapshot:
-        return ConfigSnapshot(path=str(snapshot.ref), text=snapshot.content, sha256=snapshot.sha256)
+        # The protocol's content is text; the file deployer works on the file's exact bytes (UTF-8, as
+        # the editor requires), and keeps the file's mode and owner from the snapshot's meta.
+        meta = snapshot.meta
+        return ConfigSnapshot.of(str(snapshot.ref), snapshot.content.encode("utf-8"), mode=meta.get("mode"),
+                                 uid=meta.get("uid"), gid=meta.get("gid"))
 
     def snapshot(self) -> DeploySnapshot:
         snap = self.deployer.snapshot()
-        return DeploySnapshot(self.kind, snap.path, snap.text, {"existed": True})
+        return DeploySnapshot(self.kind, snap.path, snap.data.decode("utf-8"),
+                              {"existed": True, "mode": snap.mode, "uid": snap.uid, "gid": snap.gid})
 
     def deploy(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
         try:
-            new_text = add_remote_write(snapshot.content, self.entry)
+            new_text = add_remote_write(snapshot.content.encode("utf-8"), self.entry)
             done = self.deployer.deploy(new_text, snapshot=self._file_snapshot(snapshot),
                                         expect_remote_writes={self.entry["name"]})
         except (FileDeployError, RenderError) as exc:

@@ -104,7 +104,7 @@ def require_up(stack: LocalStack) -> None:
                                f"run `promshift stack up` first")
 
 
-def _entries(config_text: str) -> dict[str, dict[str, Any]]:
+def _entries(config_text: str | bytes) -> dict[str, dict[str, Any]]:
     try:
         data = yaml.safe_load(config_text) or {}
     except yaml.YAMLError as exc:
@@ -136,7 +136,7 @@ class LocalRemoteWrite:
         selector = self.group.selector()[:-1] + (f", {matchers}}}" if matchers else "}")
         return self.target.scalar(f"count({selector})") or 0.0
 
-    def _deploy(self, new_text: str, snapshot: ConfigSnapshot) -> None:
+    def _deploy(self, new_text: bytes, snapshot: ConfigSnapshot) -> None:
         try:
             self.deployer.deploy(new_text, snapshot=snapshot, expect_remote_writes={self.name})
         except (DeployError, PrometheusError) as exc:
@@ -145,11 +145,11 @@ class LocalRemoteWrite:
     def dual_write(self) -> Change:
         """Add the group's entry (a no-op when present), verify it is loaded and the target receives the group."""
         snapshot = self.deployer.snapshot()
-        present = self.name in _entries(snapshot.text)
+        present = self.name in _entries(snapshot.data)
         if not present:
             entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
                                        url=self.stack.target_remote_write_url)
-            self._deploy(add_remote_write(snapshot.text, entry), snapshot)
+            self._deploy(add_remote_write(snapshot.data, entry), snapshot)
         elif self.name not in _entries(self.source.config_text()):
             raise RemoteWriteError(f"{self.name} is in {self.stack.source_config_path} but not in the config the "
                                    f"source runs; reload it (`curl -X POST {self.stack.source_url}/-/reload`)")
@@ -164,7 +164,7 @@ class LocalRemoteWrite:
         """Add the rename's rules to the group's entry (adding the entry, renamed from the start, if absent)."""
         hosts = self._hosts_matching(rename)
         snapshot = self.deployer.snapshot()
-        entries = _entries(snapshot.text)
+        entries = _entries(snapshot.data)
         rules = rename.rules(self.group.host_label)
         if self.name in entries:
             entry = dict(entries[self.name])
@@ -172,13 +172,13 @@ class LocalRemoteWrite:
             changed = any(rule not in existing for rule in rules)
             if changed:
                 entry["write_relabel_configs"] = existing + [r for r in rules if r not in existing]
-                self._deploy(replace_remote_write(snapshot.text, entry), snapshot)
+                self._deploy(replace_remote_write(snapshot.data, entry), snapshot)
         else:
             changed = True
             entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
                                        url=self.stack.target_remote_write_url)
             entry["write_relabel_configs"] = [*entry["write_relabel_configs"], *rules]
-            self._deploy(add_remote_write(snapshot.text, entry), snapshot)
+            self._deploy(add_remote_write(snapshot.data, entry), snapshot)
         live = _entries(self.source.config_text()).get(self.name, {})
         if len(live.get("write_relabel_configs") or []) != len(entry["write_relabel_configs"]):
             raise RemoteWriteError(f"the source runs {self.name} without the planted rules; "
