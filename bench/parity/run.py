@@ -374,17 +374,17 @@ def other_load() -> list[str]:
 # ----------------------------------------------------------------------------- window and faults
 
 
-def choose_window(now: float) -> tuple[int, int]:
-    """A 1 h window (start, end) on the 30 s grid, ending >= 30 min ago, inside one 2 h block."""
+def choose_window(now: float, window_s: int = WINDOW_S) -> tuple[int, int]:
+    """A window (start, end) of ``window_s`` (1 h) on the 30 s grid, ending >= 30 min ago, inside one 2 h block."""
     latest_end = int(now) - 1800
     latest_end -= latest_end % int(STEP_S)
     block = latest_end - latest_end % BLOCK_S
-    if latest_end - WINDOW_S >= block:
+    if latest_end - window_s >= block:
         end = latest_end
     else:
         # Too close to the block's start: end the window inside the previous block, 30 s before its end.
         end = block - int(STEP_S)
-    start = end - WINDOW_S
+    start = end - window_s
     assert start // BLOCK_S == end // BLOCK_S, (start, end)
     return start, end
 
@@ -728,6 +728,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--group", default="gpu-power-thermal", choices=GROUPS,
                         help=f"catalog group, or {WHOLE_FLEET}: every default counter the fleet renders in one group")
+    parser.add_argument("--window-min", type=int, default=WINDOW_S // 60, choices=range(5, 91, 5), metavar="MIN",
+                        help="length of the backfilled window in minutes (default 60; 5..90, a multiple of 5)")
     parser.add_argument("--repeats", type=int, default=3, help="promshift runs on the faulty pair")
     parser.add_argument("--clean-runs", type=int, default=5, help="promshift runs (different seeds) on the clean pair")
     parser.add_argument("--no-naive-clean", action="store_true", help="skip the baseline on the clean pair")
@@ -757,7 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics = list(group.metrics)
     fleet = FleetSpec(nodes=args.nodes)
     series = fleet.nodes * fleet.gpus_per_node * len(metrics)
-    start, end = choose_window(time.time())
+    start, end = choose_window(time.time(), args.window_min * 60)
     steps = list(range(start, end + 1, int(STEP_S)))
     policy = group.parity
     # The comparison window is [since + 2 steps, now - skip_recent] aligned to the step: make it exactly [start, end].
@@ -930,9 +932,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "backend_query_s": "sum of evalTotalTime (stats=all) over every query promshift sent, both servers; "
                                    "the label-names/-values API calls report no server time and are not in it "
                                    "(their wall time: label_api_wall_s)",
-                "naive": f"one `{{__name__=\"m\"}}[3600s]` instant query per metric per side ({2 * len(metrics)} "
-                         "requests: the cheapest "
-                         "way to fetch every raw sample), parsed with PrometheusClient, every sample compared "
+                "naive": f"one `{{__name__=\"m\"}}[{end - start}s]` instant query per metric per side "
+                         f"({2 * len(metrics)} requests: the cheapest way to fetch every raw sample), parsed with "
+                         "PrometheusClient, every sample compared "
                          "(tolerance 1e-9) after dropping the ignored external labels; child process, same clocks",
             },
             "setup": {
