@@ -703,7 +703,8 @@ def summarize_promshift(run: dict[str, Any]) -> dict[str, Any]:
             "label_api_calls": run["label_api"]["calls"], "label_api_wall_s": round(run["label_api"]["wall_s"], 3),
             "peak_rss_mb": round(run["peak_rss_mb"], 1), "cpu_s": round(run["cpu_s"], 2),
             "by_kind": _rounded(run["label_api"]["by_kind"]),
-            "process_wall_s": round(run["process_wall_s"], 2), "series_compared": r["series_compared"],
+            "process_wall_s": round(run["process_wall_s"], 2), "loadavg": run.get("loadavg"),
+            "series_compared": r["series_compared"],
             "points_compared": r["points_compared"],
             "layers": {m["name"]: m["verdict"] for m in r["measurements"]}}
 
