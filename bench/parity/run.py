@@ -7,6 +7,11 @@ promshift's parity (``ParityCheck.run``) and, in the same run, a naive baseline 
 every series' full raw range from both sides and compares every sample (what Mimir's
 query-tee would do), then print and write ``bench/results/parity.json``.
 
+``--group whole-fleet``: the same run with one group claiming every metric the fleet simulator
+renders -- all 25 of dcgm-exporter's default counters (``include/promshift/stack/
+dcgm_default_counters.csv``; the 26th line, ``DCGM_FI_DRIVER_VERSION``, is a label) -- 400,000
+series per side at 2,000 nodes; writes ``bench/results/parity-whole-fleet.json``.
+
 What it does, on 127.0.0.1 only, in a throwaway directory under $TMPDIR (never the repo):
 
 1. picks a 1 h window (121 samples at 30 s) ending >= 30 min ago and inside one 2 h-aligned
@@ -15,10 +20,14 @@ What it does, on 127.0.0.1 only, in a throwaway directory under $TMPDIR (never t
 2. writes three OpenMetrics files with ``promshift.stack.fleet.node_values`` (the labels
    the live scrape stores: dcgm-exporter's + ``instance``/``job``): ``source``; ``target``
    (the source's external labels added, as remote-written series carry them, and the
-   faults applied); ``clean`` (external labels, no faults: the false-positive check);
+   faults applied); ``clean`` (external labels, no faults: the false-positive check).
+   The text of all three is estimated first; if it exceeds half the free disk, the sides
+   are written in passes (as many per pass as fit, each pass renders the fleet again),
+   each pass backfilled and deleted before the next;
 3. backfills each with ``promtool tsdb create-blocks-from --max-block-duration=2h
-   openmetrics`` (wall time; promtool's peak RSS from VmHWM polled every 0.1 s), deletes
-   the text, starts three plain Prometheus servers on free ports, warms their page cache;
+   openmetrics`` (wall time; promtool's peak RSS from VmHWM polled every 0.1 s, the
+   machine's lowest MemAvailable meanwhile), deletes the text, starts three plain
+   Prometheus servers on free ports, warms their page cache;
 4. runs promshift's parity (source vs faulty target) ``--repeats`` times, the naive
    baseline once, promshift on the clean pair ``--clean-runs`` times with different
    seeds, and the naive baseline on the clean pair once. Every run is a child process
@@ -28,6 +37,8 @@ What it does, on 127.0.0.1 only, in a throwaway directory under $TMPDIR (never t
    servers' own ``evalTotalTime`` summed by the client ledger, split by kind of query;
 5. judges which planted faults each side found from its evidence, prints a summary and
    writes ``bench/results/parity.json``; stops the servers and removes the directory.
+   If a step fails (disk, memory, promtool), ``<out>.failed.json`` records where, the error,
+   and the free disk and MemAvailable at the start and at the failure.
 
 Run: ``.venv/bin/python bench/parity/run.py`` (about 8 minutes on 2 cores, ~9 GB of temporary
 OpenMetrics text at the peak;
@@ -60,6 +71,9 @@ from promshift.stack.local import find_free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT_PATH = REPO / "bench" / "results" / "parity.json"
+WHOLE_FLEET = "whole-fleet"
+WHOLE_FLEET_RESULT_PATH = REPO / "bench" / "results" / "parity-whole-fleet.json"
+GROUPS = ("gpu-power-thermal", "gpu-utilization", WHOLE_FLEET)
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 BLOCK_S = 7200  # promtool --max-block-duration=2h: blocks aligned to multiples of 2 h
@@ -67,6 +81,9 @@ STEP_S = 30.0
 WINDOW_S = 3600
 MISSING_RATIO = 0.001
 DRIFT_FACTOR = 1.01
+# At most this share of the free disk is filled with OpenMetrics text at once (other work shares the disk):
+# if the three sides' text does not fit, each side is written, backfilled and deleted in its own pass.
+DISK_SHARE = 0.5
 
 _T0 = time.monotonic()
 
@@ -88,11 +105,37 @@ def vm_hwm_mb(pid: int | str = "self", field: str = "VmHWM:") -> float | None:
     return None
 
 
+def mem_available_mb() -> float:
+    """The machine's MemAvailable (free + reclaimable page cache): what a new process could still get."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
 def loadavg() -> list[float]:
     try:
         return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
     except OSError:
         return []
+
+
+# ----------------------------------------------------------------------------- the group under test
+
+
+def bench_group(name: str) -> Any:
+    """The catalog group ``name``; ``whole-fleet`` is one group claiming every metric the fleet
+    simulator renders (all of dcgm-exporter's default counters but the label-only
+    ``DCGM_FI_DRIVER_VERSION``), with gpu-power-thermal's policies (the catalog defaults)."""
+    from promshift.settings import load_catalog
+    from promshift.stack.backfill import fleet_metrics
+
+    catalog = load_catalog()
+    if name != WHOLE_FLEET:
+        return catalog.get(name)
+    return dataclasses.replace(catalog.get("gpu-power-thermal"), name=WHOLE_FLEET, depends_on=(),
+                               description="every dcgm-exporter default counter the fleet renders, one group",
+                               metrics=tuple(fleet_metrics()), metric_regex=None)
 
 
 # ----------------------------------------------------------------------------- child processes
@@ -166,9 +209,9 @@ def _child_clients(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, float]]:
 
 def child_promshift(spec: dict[str, Any]) -> dict[str, Any]:
     from promshift.adapters.parity_check import ParityCheck
-    from promshift.settings import default_catalog_path, load_catalog
+    from promshift.settings import default_catalog_path
 
-    group = load_catalog().get(spec["group"])
+    group = bench_group(spec["group"])
     policy = dataclasses.replace(group.parity, step_s=STEP_S, seed=spec.get("seed"))
     if spec.get("no_golden") and getattr(policy, "golden_dashboards", None):
         policy = dataclasses.replace(policy, golden_dashboards=())
@@ -332,17 +375,17 @@ def other_load() -> list[str]:
 # ----------------------------------------------------------------------------- window and faults
 
 
-def choose_window(now: float) -> tuple[int, int]:
-    """A 1 h window (start, end) on the 30 s grid, ending >= 30 min ago, inside one 2 h block."""
+def choose_window(now: float, window_s: int = WINDOW_S) -> tuple[int, int]:
+    """A window (start, end) of ``window_s`` (1 h) on the 30 s grid, ending >= 30 min ago, inside one 2 h block."""
     latest_end = int(now) - 1800
     latest_end -= latest_end % int(STEP_S)
     block = latest_end - latest_end % BLOCK_S
-    if latest_end - WINDOW_S >= block:
+    if latest_end - window_s >= block:
         end = latest_end
     else:
         # Too close to the block's start: end the window inside the previous block, 30 s before its end.
         end = block - int(STEP_S)
-    start = end - WINDOW_S
+    start = end - window_s
     assert start // BLOCK_S == end // BLOCK_S, (start, end)
     return start, end
 
@@ -353,14 +396,14 @@ class FaultPlan:
     rename_host: str
     missing: frozenset[tuple[str, str, int]]  # (metric, host, gpu)
 
-    def to_dict(self, series: int) -> dict[str, Any]:
+    def to_dict(self, series: int, metrics: int, gpus: int) -> dict[str, Any]:
         hosts = sorted({h for _, h, _ in self.missing})
         return {
             "missing_series": {"count": len(self.missing), "ratio": len(self.missing) / series,
                                "hosts": len(hosts),
                                "series": sorted(f'{m}{{Hostname="{h}",gpu="{g}"}}' for m, h, g in self.missing)},
             "label_rename": {"host": self.rename_host, "from": "Hostname", "to": "hostname",
-                             "series": "every series of the host (4 metrics x 8 GPUs)"},
+                             "series": f"every series of the host ({metrics} metrics x {gpus} GPUs)"},
             "value_drift": {"host": self.drift_host, "factor": DRIFT_FACTOR,
                             "series": "every series of the host, every sample x 1.01"},
         }
@@ -382,40 +425,85 @@ def plan_faults(fleet: Any, metrics: Sequence[str], seed: str) -> FaultPlan:
 # ----------------------------------------------------------------------------- OpenMetrics + backfill
 
 
-def write_openmetrics(fleet: Any, metrics: Sequence[str], steps: Sequence[int], plan: FaultPlan,
-                      external: dict[str, str], job: str, directory: Path) -> dict[str, Any]:
-    """Three OpenMetrics files (source, faulty target, clean target), streamed; each metric
-    family contiguous, each series time-ordered, ``# EOF`` last."""
-    from promshift.stack.fleet import node_values, render_node
+SIDES = ("source", "target", "clean")
 
-    sides = ("source", "target", "clean")
+
+def _node_labels(fleet: Any, node: int, metrics: Sequence[str], job: str, t: int) -> dict[str, list[str]]:
+    """Per metric, each GPU's label text as the live scrape at ``t`` stores it, without the closing brace."""
+    from promshift.stack.fleet import render_node
+
+    tail = f',instance="{fleet.hostname(node)}",job="{job}"'
+    wanted = set(metrics)
+    labels: dict[str, list[str]] = {m: [] for m in metrics}
+    for line in render_node(fleet, node, t).splitlines():
+        name, brace, rest = line.partition("{")
+        if brace and name in wanted:
+            labels[name].append("{" + rest[: rest.rindex("}")] + tail)
+    return labels
+
+
+def estimate_text_bytes(fleet: Any, metrics: Sequence[str], steps: Sequence[int], external: dict[str, str],
+                        job: str) -> dict[str, int]:
+    """Bytes of OpenMetrics text per side, from node 0's lines at the first step (within a few %)."""
+    from promshift.stack.fleet import node_values
+
+    ext = "".join(f',{k}="{v}"' for k, v in external.items())
+    values = node_values(fleet, 0, steps[0])
+    line = len(f" {steps[0]}\n")
+    labels = _node_labels(fleet, 0, metrics, job, steps[0])
+    src = sum(len(f"{m}{label}}} ") + len(values[m][g]) + line
+              for m, per_gpu in labels.items() for g, label in enumerate(per_gpu))
+    per_node = {"source": src, "target": src + len(ext) * len(metrics) * fleet.gpus_per_node}
+    per_node["clean"] = per_node["target"]
+    return {side: int(n * fleet.nodes * len(steps) * 1.03) for side, n in per_node.items()}
+
+
+def plan_passes(estimate: dict[str, int], free_bytes: int) -> list[tuple[str, ...]]:
+    """Which sides' text is written together: as many sides per pass as fit in ``DISK_SHARE`` of the free
+    disk (all three: one rendering of the fleet; each pass renders it again), in SIDES order."""
+    budget = free_bytes * DISK_SHARE
+    biggest = max(estimate.values())
+    if biggest > budget:
+        raise RuntimeError(f"disk: one side's OpenMetrics text needs ~{biggest / 1e9:.1f} GB, "
+                           f"{DISK_SHARE:.0%} of the free {free_bytes / 1e9:.1f} GB is {budget / 1e9:.1f} GB")
+    passes: list[list[str]] = [[]]
+    for side in SIDES:
+        if sum(estimate[s] for s in passes[-1]) + estimate[side] > budget:
+            passes.append([])
+        passes[-1].append(side)
+    return [tuple(p) for p in passes]
+
+
+def write_openmetrics(fleet: Any, metrics: Sequence[str], steps: Sequence[int], plan: FaultPlan,
+                      external: dict[str, str], job: str, directory: Path,
+                      sides: Sequence[str] = SIDES) -> dict[str, Any]:
+    """OpenMetrics files of ``sides`` (source, faulty target, clean target), streamed; each metric
+    family contiguous, each series time-ordered, ``# EOF`` last."""
+    from promshift.stack.fleet import node_values
+
     ext = "".join(f',{k}="{v}"' for k, v in external.items())
     parts = {(s, m): (directory / f"{s}-{m}.part").open("w", buffering=1 << 20) for s in sides for m in metrics}
     ts = [f" {t}\n" for t in steps]
     lines = dict.fromkeys(sides, 0)
-    wanted = set(metrics)
+    want = set(sides)
     try:
         for node in range(fleet.nodes):
             host = fleet.hostname(node)
-            tail = f',instance="{host}",job="{job}"'
-            labels: dict[str, list[str]] = {m: [] for m in metrics}
-            for line in render_node(fleet, node, steps[0]).splitlines():
-                name, brace, rest = line.partition("{")
-                if brace and name in wanted:
-                    labels[name].append("{" + rest[: rest.rindex("}")] + tail)
+            labels = _node_labels(fleet, node, metrics, job, steps[0])
             values = [node_values(fleet, node, t) for t in steps]
             for m in metrics:
                 for gpu, label in enumerate(labels[m]):
                     col = [v[m][gpu] for v in values]
-                    pre = f"{m}{label}}} "
-                    src = "".join([pre + x + s for x, s in zip(col, ts, strict=True)])
                     pre_ext = f"{m}{label}{ext}}} "
                     clean = "".join([pre_ext + x + s for x, s in zip(col, ts, strict=True)])
-                    parts["source", m].write(src)
-                    parts["clean", m].write(clean)
-                    lines["source"] += len(col)
-                    lines["clean"] += len(col)
-                    if (m, host, gpu) in plan.missing:
+                    if "source" in want:
+                        pre = f"{m}{label}}} "
+                        parts["source", m].write("".join([pre + x + s for x, s in zip(col, ts, strict=True)]))
+                        lines["source"] += len(col)
+                    if "clean" in want:
+                        parts["clean", m].write(clean)
+                        lines["clean"] += len(col)
+                    if "target" not in want or (m, host, gpu) in plan.missing:
                         continue
                     if host == plan.rename_host:
                         renamed = pre_ext.replace('Hostname="', 'hostname="')
@@ -429,7 +517,7 @@ def write_openmetrics(fleet: Any, metrics: Sequence[str], steps: Sequence[int], 
                     parts["target", m].write(tgt)
                     lines["target"] += len(col)
             if node and node % 250 == 0:
-                log(f"  OpenMetrics: {node}/{fleet.nodes} nodes")
+                log(f"  OpenMetrics {'+'.join(sides)}: {node}/{fleet.nodes} nodes")
     finally:
         for handle in parts.values():
             handle.close()
@@ -446,12 +534,14 @@ def backfill(om: Path, data_dir: Path) -> dict[str, Any]:
         proc = subprocess.Popen([PROMTOOL, "tsdb", "create-blocks-from", "--max-block-duration=2h", "openmetrics",
                                  str(om), str(data_dir)], stdout=out, stderr=subprocess.STDOUT)
         peak = anon = 0.0
+        avail = mem_available_mb()
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             peak = max(peak, vm_hwm_mb(proc.pid) or 0.0)
             anon = max(anon, vm_hwm_mb(proc.pid, "RssAnon:") or 0.0)
+            avail = min(avail, mem_available_mb())
             time.sleep(0.1)
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
@@ -465,6 +555,7 @@ def backfill(om: Path, data_dir: Path) -> dict[str, Any]:
     # VmHWM polled every 0.1 s (ru_maxrss from wait4 would start at this parent's RSS).
     # RssAnon excludes the input file promtool mmaps (file-backed pages count in RSS but are reclaimable).
     return {"wall_s": round(wall, 2), "peak_rss_mb": round(peak, 1), "peak_rss_anon_mb": round(anon, 1),
+            "mem_available_min_mb": avail,
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "input_bytes": om.stat().st_size, "blocks": blocks,
             "tsdb_bytes": sum(f.stat().st_size for f in data_dir.rglob("*") if f.is_file())}
 
@@ -613,7 +704,8 @@ def summarize_promshift(run: dict[str, Any]) -> dict[str, Any]:
             "label_api_calls": run["label_api"]["calls"], "label_api_wall_s": round(run["label_api"]["wall_s"], 3),
             "peak_rss_mb": round(run["peak_rss_mb"], 1), "cpu_s": round(run["cpu_s"], 2),
             "by_kind": _rounded(run["label_api"]["by_kind"]),
-            "process_wall_s": round(run["process_wall_s"], 2), "series_compared": r["series_compared"],
+            "process_wall_s": round(run["process_wall_s"], 2), "loadavg": run.get("loadavg"),
+            "series_compared": r["series_compared"],
             "points_compared": r["points_compared"],
             "layers": {m["name"]: m["verdict"] for m in r["measurements"]}}
 
@@ -636,11 +728,15 @@ def trimmed_measurements(result: dict[str, Any]) -> list[dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=2000)
-    parser.add_argument("--group", default="gpu-power-thermal", choices=["gpu-power-thermal", "gpu-utilization"])
+    parser.add_argument("--group", default="gpu-power-thermal", choices=GROUPS,
+                        help=f"catalog group, or {WHOLE_FLEET}: every default counter the fleet renders in one group")
+    parser.add_argument("--window-min", type=int, default=WINDOW_S // 60, choices=range(5, 91, 5), metavar="MIN",
+                        help="length of the backfilled window in minutes (default 60; 5..90, a multiple of 5)")
     parser.add_argument("--repeats", type=int, default=3, help="promshift runs on the faulty pair")
     parser.add_argument("--clean-runs", type=int, default=5, help="promshift runs (different seeds) on the clean pair")
     parser.add_argument("--no-naive-clean", action="store_true", help="skip the baseline on the clean pair")
-    parser.add_argument("--out", type=Path, help="result file (default: bench/results/parity.json at 2,000 nodes)")
+    parser.add_argument("--out", type=Path, help="result file (default at 2,000 nodes: bench/results/parity.json, "
+                                                 "parity-whole-fleet.json for --group whole-fleet)")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory and servers' data")
     parser.add_argument("--no-golden", action="store_true",
                         help="drop the golden-dashboard layer (catalog parity.golden_dashboards) from promshift's run")
@@ -655,17 +751,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.child_out.write_text(json.dumps(out))
         return 0
 
-    from promshift.settings import load_catalog
     from promshift.stack.fleet import FleetSpec
     from promshift.stack.local import EXTERNAL_LABELS, SCRAPE_JOB
 
-    out_path = args.out or (RESULT_PATH if args.nodes == 2000 else None)
+    default_out = WHOLE_FLEET_RESULT_PATH if args.group == WHOLE_FLEET else RESULT_PATH
+    out_path = args.out or (default_out if args.nodes == 2000 else None)
     date = datetime.now(UTC)
-    group = load_catalog().get(args.group)
+    group = bench_group(args.group)
     metrics = list(group.metrics)
     fleet = FleetSpec(nodes=args.nodes)
     series = fleet.nodes * fleet.gpus_per_node * len(metrics)
-    start, end = choose_window(time.time())
+    start, end = choose_window(time.time(), args.window_min * 60)
     steps = list(range(start, end + 1, int(STEP_S)))
     policy = group.parity
     # The comparison window is [since + 2 steps, now - skip_recent] aligned to the step: make it exactly [start, end].
@@ -685,22 +781,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="promshift-parity-bench-"))
     servers: dict[str, Server] = {}
     report: dict[str, Any] = {}
+    stage = "OpenMetrics"
+    resources_seen: dict[str, Any] = {"free_disk_gb_at_start": round(shutil.disk_usage(workdir).free / 1e9, 1),
+                                      "mem_available_mb_at_start": mem_available_mb()}
     try:
-        t = time.perf_counter()
-        om = write_openmetrics(fleet, metrics, steps, plan, EXTERNAL_LABELS, SCRAPE_JOB, workdir)
-        gen_s = time.perf_counter() - t
-        log(f"OpenMetrics written in {gen_s:.1f}s: " + ", ".join(f"{s} {b / 1e9:.2f} GB, {om['samples'][s]} samples"
-                                                                 for s, b in om["bytes"].items()))
+        estimate = estimate_text_bytes(fleet, metrics, steps, EXTERNAL_LABELS, SCRAPE_JOB)
+        passes = plan_passes(estimate, shutil.disk_usage(workdir).free)
+        log(f"OpenMetrics text ~{sum(estimate.values()) / 1e9:.1f} GB in all, free disk "
+            f"{resources_seen['free_disk_gb_at_start']} GB: passes {passes}")
+        om: dict[str, Any] = {"samples": {}, "bytes": {}, "generation_s": [], "passes": [list(p) for p in passes],
+                              "estimated_bytes": estimate}
         backfills = {}
-        for side, path in om["files"].items():
-            log(f"promtool backfill {side} ...")
-            backfills[side] = backfill(path, workdir / f"{side}-data")
-            path.unlink()
-            b = backfills[side]
-            log(f"  {side}: {b['wall_s']}s, promtool peak RSS {b['peak_rss_mb']:.0f} MB, blocks "
-                f"{[(blk['min_time'], blk['max_time'], blk['series']) for blk in b['blocks']]}")
+        for sides in passes:
+            stage = f"OpenMetrics {'+'.join(sides)}"
+            t = time.perf_counter()
+            written = write_openmetrics(fleet, metrics, steps, plan, EXTERNAL_LABELS, SCRAPE_JOB, workdir, sides)
+            om["generation_s"].append(round(time.perf_counter() - t, 1))
+            om["samples"].update(written["samples"])
+            om["bytes"].update(written["bytes"])
+            log(f"OpenMetrics {'+'.join(sides)} written in {om['generation_s'][-1]:.1f}s: "
+                + ", ".join(f"{s} {b / 1e9:.2f} GB, {written['samples'][s]} samples"
+                            for s, b in written["bytes"].items())
+                + f"; free disk {shutil.disk_usage(workdir).free / 1e9:.1f} GB")
+            for side, path in written["files"].items():
+                stage = f"promtool backfill {side}"
+                log(f"promtool backfill {side} (MemAvailable {mem_available_mb():.0f} MB) ...")
+                backfills[side] = backfill(path, workdir / f"{side}-data")
+                path.unlink()
+                b = backfills[side]
+                log(f"  {side}: {b['wall_s']}s, promtool peak RSS {b['peak_rss_mb']:.0f} MB (anon "
+                    f"{b['peak_rss_anon_mb']:.0f} MB), MemAvailable low {b['mem_available_min_mb']:.0f} MB, blocks "
+                    f"{[(blk['min_time'], blk['max_time'], blk['series']) for blk in b['blocks']]}")
+        gen_s = sum(om["generation_s"])
+        stage = "servers"
         ports = find_free_ports(3)
-        for (side, _), port in zip(om["files"].items(), ports, strict=True):
+        for side, port in zip(SIDES, ports, strict=True):
             servers[side] = Server(side, workdir / f"{side}-data", port)
         for s in servers.values():
             s.wait_ready()
@@ -793,7 +908,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           "met": all(j["all_found"] for j in judged)},
         }
         report = {
-            "issue": "parity at 2,000 nodes x 8 GPUs: promshift vs naive fetch-everything baseline",
+            "issue": f"parity at {fleet.nodes:,} nodes x {fleet.gpus_per_node} GPUs, {len(metrics)} metrics in one "
+                     f"group ({args.group}): promshift vs naive fetch-everything baseline",
             "date": date.isoformat(timespec="seconds"),
             "machine": {**machine, "loadavg_at_start": loadavg(),
                         "note": "shared machine: other sessions' benchmarks and tests were running"},
@@ -803,7 +919,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "backend_query_s": backend_s,
             "naive_wall_s": round(naive["wall_s"], 3),
             "speedup_vs_naive": round(speedup, 2),
-            "faults_planted": plan.to_dict(series),
+            "faults_planted": plan.to_dict(series, len(metrics), fleet.gpus_per_node),
             "faults_found": {"promshift": judged[0], "naive": naive_found, "counts": found_counts,
                              "promshift_all_runs_all_found": all(j["all_found"] for j in judged)},
             "targets": targets,
@@ -818,8 +934,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "backend_query_s": "sum of evalTotalTime (stats=all) over every query promshift sent, both servers; "
                                    "the label-names/-values API calls report no server time and are not in it "
                                    "(their wall time: label_api_wall_s)",
-                "naive": "one `{__name__=\"m\"}[3600s]` instant query per metric per side (8 requests: the cheapest "
-                         "way to fetch every raw sample), parsed with PrometheusClient, every sample compared "
+                "naive": f"one `{{__name__=\"m\"}}[{end - start}s]` instant query per metric per side "
+                         f"({2 * len(metrics)} requests: the cheapest way to fetch every raw sample), parsed with "
+                         "PrometheusClient, every sample compared "
                          "(tolerance 1e-9) after dropping the ignored external labels; child process, same clocks",
             },
             "setup": {
@@ -829,9 +946,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "window": {"start": start, "end": end, "start_utc": datetime.fromtimestamp(start, UTC).isoformat(),
                            "end_utc": datetime.fromtimestamp(end, UTC).isoformat(),
                            "ended_s_before_start_of_run": round(date.timestamp() - end)},
+                "resources": resources_seen,
                 "run_args": {"dual_write_since": dual_write_since, "now": now_arg},
                 "policy": runs[0]["policy"],
-                "openmetrics": {"generation_s": round(gen_s, 1), "bytes": om["bytes"]},
+                "openmetrics": {"generation_s": round(gen_s, 1), "bytes": om["bytes"],
+                                "estimated_bytes": om["estimated_bytes"], "passes": om["passes"],
+                                "generation_s_per_pass": om["generation_s"]},
                 "backfill": backfills,
                 "warm_up": warm,
                 "server_rss_mb_at_end": server_rss,
@@ -859,6 +979,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
             "total_runtime_s": round(time.monotonic() - _T0, 1),
         }
+    except Exception as exc:
+        # What ran out, where: the record of a size this machine could not hold.
+        failure = {"issue": f"parity at {fleet.nodes:,} nodes, group {args.group}: did not complete",
+                   "date": date.isoformat(timespec="seconds"), "machine": machine, "code": code,
+                   "failed_at": stage, "error": str(exc)[:2000], "series_per_side": series,
+                   "samples_per_series": len(steps), "resources_at_start": resources_seen,
+                   "resources_at_failure": {"free_disk_gb": round(shutil.disk_usage(workdir).free / 1e9, 1),
+                                            "mem_available_mb": mem_available_mb(), "loadavg": loadavg()},
+                   "elapsed_s": round(time.monotonic() - _T0, 1)}
+        log(f"FAILED at {stage}: {json.dumps(failure)}")
+        if out_path:
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            out_path.with_suffix(".failed.json").write_text(json.dumps(failure, indent=2) + "\n")
+        raise
     finally:
         for s in servers.values():
             s.stop()
