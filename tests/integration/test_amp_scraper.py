@@ -127,9 +127,9 @@ def test_create_goes_active_data_flows_parity_passes_and_restore_deletes(stack: 
         g.parity, mode="independent_scraper", skip_recent_s=2, step_s=5, rel_tolerance=0.05, abs_tolerance=0.5))
     check = ParityCheck(independent, source, target, catalog_dir=default_catalog_path().parent)
     parity = check.run(dual_write_since=active_at, now=time.time())
-    failing = [m for m in parity["measurements"] if m["verdict"] != Verdict.SUCCESSFUL.value]
-    assert parity["verdict"] == Verdict.SUCCESSFUL.value, failing
-    assert parity["points_compared"] > 0 and parity["series_compared"] > 0
+    failing = [m for m in parity.measurements if m.verdict != Verdict.SUCCESSFUL]
+    assert parity.verdict == Verdict.SUCCESSFUL, failing
+    assert parity.points_compared > 0 and parity.series_compared > 0
 
     # Rollback of a scraper the deploy created: it is deleted and its collector stops.
     restored = settle(d, d.restore(snapshot, now()))
