@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,29 @@ def local_stack(stack_config_factory: Callable[..., StackConfig]) -> Iterator[Lo
         yield stack
     finally:
         stack.down()
+
+
+AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+
+
+@contextlib.contextmanager
+def running_amp_stack(stack_config_factory: Callable[..., StackConfig],
+                      aws_env: Mapping[str, str] | None = None) -> Iterator[LocalStack]:
+    """A 2-node AMP stack (1 s scrapes) on free ports, with exactly ``aws_env`` of the AWS_* variables set.
+
+    Without ``aws_env`` no pair is in the environment, so the stack makes its own up.
+    """
+    aws_port, moto_port, frontdoor_port, relay_port = find_free_ports(4)
+    config = stack_config_factory(nodes=2, scrape_interval="1s", target_kind="amp", aws_port=aws_port,
+                                  moto_port=moto_port, frontdoor_port=frontdoor_port, relay_port=relay_port)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in AWS_ENV:
+            patch.delenv(name, raising=False)
+        for name, value in (aws_env or {}).items():
+            patch.setenv(name, value)
+        stack = LocalStack(config)
+        try:
+            stack.up(timeout=120)
+            yield stack
+        finally:
+            stack.down()

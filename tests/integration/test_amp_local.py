@@ -24,6 +24,7 @@ from botocore.exceptions import ClientError
 from promshift.stack.cli import add_stack_commands
 from promshift.stack.local import AMP_COMPONENTS, COMPONENTS, RELAY, LocalStack, StackConfig, find_free_ports
 from promshift.stack.sigv4 import AwsCredentials, sign_request
+from tests.integration.conftest import running_amp_stack
 
 integration = pytest.mark.integration
 METRIC = "DCGM_FI_DEV_GPU_TEMP"
@@ -46,18 +47,8 @@ def eventually(check: Callable[[], Any], timeout: float = 60.0, message: str = "
 @pytest.fixture(scope="module")
 def amp_stack(stack_config_factory: Callable[..., StackConfig]) -> Iterator[LocalStack]:
     """A 2-node AMP stack (1 s scrapes) with no AWS_* variables set, so it makes its own pair up."""
-    aws_port, moto_port, frontdoor_port, relay_port = find_free_ports(4)
-    config = stack_config_factory(nodes=2, scrape_interval="1s", target_kind="amp", aws_port=aws_port,
-                                  moto_port=moto_port, frontdoor_port=frontdoor_port, relay_port=relay_port)
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-            patch.delenv(name, raising=False)
-        stack = LocalStack(config)
-        try:
-            stack.up(timeout=120)
-            yield stack
-        finally:
-            stack.down()
+    with running_amp_stack(stack_config_factory) as stack:
+        yield stack
 
 
 def send(stack: LocalStack, method: str, url: str, *, body: bytes = b"", credentials: AwsCredentials | None = None,

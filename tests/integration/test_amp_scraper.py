@@ -25,7 +25,8 @@ from promshift.core.quota import QuotaExceeded
 from promshift.core.scraper_config import render_scraper_config
 from promshift.core.verdicts import Verdict
 from promshift.settings import default_catalog_path, load_catalog
-from promshift.stack.local import AWS, LocalStack, StackConfig, find_free_ports
+from promshift.stack.local import AWS, LocalStack, StackConfig
+from tests.integration.conftest import running_amp_stack
 
 pytestmark = pytest.mark.integration
 
@@ -33,18 +34,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def stack(stack_config_factory: Callable[..., StackConfig]) -> Iterator[LocalStack]:
     """A 2-node AMP stack (1 s scrapes) with its own made-up pair."""
-    aws_port, moto_port, frontdoor_port, relay_port = find_free_ports(4)
-    config = stack_config_factory(nodes=2, scrape_interval="1s", target_kind="amp", aws_port=aws_port,
-                                  moto_port=moto_port, frontdoor_port=frontdoor_port, relay_port=relay_port)
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-            patch.delenv(name, raising=False)
-        local = LocalStack(config)
-        try:
-            local.up(timeout=120)
-            yield local
-        finally:
-            local.down()
+    with running_amp_stack(stack_config_factory) as local:
+        yield local
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,10 @@ from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.render import remote_write_name, remote_write_names, sha256_text
 from promshift.orchestration.dag_factory import build_group_dag
 from promshift.settings import REPO_ROOT, load_catalog
-from promshift.stack.local import AWS, FRONTDOOR, LocalStack, StackConfig, find_free_ports
+from promshift.stack.local import AWS, FRONTDOOR, LocalStack, StackConfig
 from promshift.stack.sigv4 import make_up_credentials
+from tests.fakes import FakeTI
+from tests.integration.conftest import running_amp_stack
 
 pytestmark = pytest.mark.integration
 
@@ -41,12 +42,6 @@ SECRET = "demoAmpValidateSecret/0123456789abcdefXYZ"
 TOKEN = "demo-amp-validate-session-token-0123456789"
 
 
-@dataclass
-class FakeTI:
-    def xcom_pull(self, task_ids: str | None = None, **_: Any) -> Any:
-        return None  # validate failed: no snapshot was taken
-
-
 def context() -> dict[str, Any]:
     return {"run_id": RUN_ID, "ti": FakeTI(), "dag_run": None}
 
@@ -54,20 +49,9 @@ def context() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def amp_stack(stack_config_factory: Callable[..., StackConfig]) -> Iterator[LocalStack]:
     """A 2-node AMP stack whose local AWS checks signatures against a known pair with a session token."""
-    aws_port, moto_port, frontdoor_port, relay_port = find_free_ports(4)
-    config = stack_config_factory(nodes=2, scrape_interval="1s", target_kind="amp", aws_port=aws_port,
-                                  moto_port=moto_port, frontdoor_port=frontdoor_port, relay_port=relay_port)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        patch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-        patch.setenv("AWS_SESSION_TOKEN", TOKEN)
-        patch.delenv("AWS_PROFILE", raising=False)
-        stack = LocalStack(config)
-        try:
-            stack.up(timeout=120)
-            yield stack
-        finally:
-            stack.down()
+    with running_amp_stack(stack_config_factory, {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+                                                  "AWS_SESSION_TOKEN": TOKEN}) as stack:
+        yield stack
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,6 +32,7 @@ from promshift.orchestration.operators import (
     WarmupOperator,
 )
 from promshift.settings import REPO_ROOT, load_catalog
+from tests.fakes import FakeTI
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
 PROFILE = "demo"
@@ -48,22 +49,6 @@ UP_TO_CUT_OVER = [Stage.DUAL_WRITING, Stage.WARMING, Stage.VERIFIED, Stage.APPRO
 
 
 # -- Airflow's side of the interface: a task instance with XComs and a dag run ----------------
-
-
-@dataclass
-class FakeTI:
-    """Answers ``xcom_pull(task_ids=...)`` from prepared values, as a task instance does."""
-
-    xcoms: dict[str, Any] = field(default_factory=dict)
-    map_index: int = -1
-    pushed: dict[str, Any] = field(default_factory=dict)
-
-    def xcom_pull(self, task_ids: str | None = None, **_: Any) -> Any:
-        return self.xcoms.get(task_ids) if task_ids is not None else None
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        json.dumps(value)  # XCom values must serialise
-        self.pushed[key] = value
 
 
 @dataclass
