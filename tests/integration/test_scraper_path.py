@@ -237,3 +237,65 @@ def test_a_quota_crossing_at_80_percent_deploys_nothing_and_is_audited(stack: Lo
     assert run.kinds() == ["snapshot_taken", "quota_refused"]
     assert run.migration.failure_reason().startswith("quota refused: quota pre-flight refused: active series")
     assert run.audit.stage_of(run.group.name) == Stage.PLANNED
+
+
+# -- the operators of the group's DAG, on this path ---------------------------------------------------
+
+
+class FakeTI:
+    """Answers ``xcom_pull(task_ids=...)`` from the XComs earlier tasks returned, as a task instance does."""
+
+    def __init__(self, xcoms: dict[str, Any]) -> None:
+        self.xcoms = xcoms
+        self.map_index = -1
+
+    def xcom_pull(self, task_ids: str | None = None, **_: Any) -> Any:
+        return self.xcoms.get(task_ids) if task_ids is not None else None
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        json.dumps(value)
+
+
+def test_the_dags_deploy_and_rollback_tasks_defer_on_the_scraper_and_record_it(
+        stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from promshift.orchestration.dag_factory import build_group_dag
+
+    monkeypatch.setenv("PROMSHIFT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PROMSHIFT_AUDIT_URL", f"sqlite:///{tmp_path / 'audit.db'}")
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+        "conn_type": "prometheus", "host": stack.source_url, "extra": {"config_path": str(stack.source_config_path)}}))
+    stack.publish_usage()
+    config_before = stack.source_config_path.read_bytes()
+    g = group("gpu-power-thermal")
+    dag = build_group_dag(g, catalog_path=default_catalog_path(), profile="demo")
+    xcoms: dict[str, Any] = {}
+    context = {"run_id": RUN_ID, "ti": FakeTI(xcoms)}
+
+    xcoms["snapshot"] = dag.get_task("snapshot").execute(context)
+    assert xcoms["snapshot"]["kind"] == "scraper" and Path(xcoms["snapshot"]["snapshot_ref"]).is_file()
+    deploy = dag.get_task("deploy_dual_write")
+    with pytest.raises(TaskDeferred) as deferred:
+        deploy.execute(context)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, ScraperStatusTrigger) and deferred.value.method_name == "execute_complete"
+    assert deferred.value.kwargs["quota"]["group_series"] > 0
+    trigger.poll_interval_s = 0.3
+    xcoms["deploy_dual_write"] = deploy.execute_complete(context, follow(trigger.result), **deferred.value.kwargs)
+    assert [c["status"] for c in xcoms["deploy_dual_write"]["deploy"]["status_history"]] == ["CREATING", "ACTIVE"]
+    assert stack.source_config_path.read_bytes() == config_before  # this path never edits the source's file
+
+    audit = AuditStore()
+    try:
+        assert audit.stage_of(g.name) == Stage.DUAL_WRITING
+        rollback = dag.get_task("rollback")
+        with pytest.raises(TaskDeferred) as deferred:
+            rollback.execute(context)
+        event = follow(deferred.value.trigger.result)
+        evidence = rollback.execute_complete(context, event, **deferred.value.kwargs)
+        assert evidence["deploy"]["status_history"][-1]["status"] == "DELETED"
+        assert audit.stage_of(g.name) == Stage.ROLLED_BACK
+        assert [e.kind for e in audit.events(group=g.name)] == ["snapshot_taken", "dual_write_deployed", "rolled_back"]
+    finally:
+        audit.engine.dispose()
