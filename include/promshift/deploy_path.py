@@ -129,8 +129,11 @@ class ScraperDeployStep:
                                                            "error": str(exc)})
             raise DeployStepFailed(f"rollback: {exc}") from None
 
-    def finish_rollback(self, event: Mapping[str, Any], *, reason: str, now: datetime) -> dict[str, Any]:
-        """Record ``rolled_back`` (or ``rollback_failed``) from the restore's final result; reads go back to source."""
+    def finish_rollback(self, event: Mapping[str, Any], snapshot_info: Mapping[str, Any], *, reason: str,
+                        now: datetime) -> dict[str, Any]:
+        """Record ``rolled_back`` (or ``rollback_failed``) from the restore's final result; reads go back to source.
+
+        ``restored_identical``: what is live now (read again) is the snapshot (the same blob, or no scraper)."""
         m = self.migration
         evidence: dict[str, Any] = {"performed": True, "method": "scraper_restore", "reason": reason,
                                     "deploy": deploy_evidence(event["result"], None)}
@@ -141,7 +144,9 @@ class ScraperDeployStep:
         if m.routing.read_from(m.group.name) != "source":
             m.routing.route(m.group.name, read_from="source", url=m.backends.source.base_url, at=now,
                             run_id=m.run_id)
-        evidence["restored"] = True
+        live = self.deployer.snapshot()
+        evidence["restored_identical"] = (live.existed == bool(snapshot_info["existed"])
+                                          and live.sha256 == snapshot_info["sha256"])
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[m.stage()] else None
         m.record("rolled_back", now, evidence, to=to)
         return redact(evidence)

@@ -162,7 +162,8 @@ def test_a_scraper_deploy_ends_dual_writing_warms_up_without_a_queue_and_rolls_b
     restoring = run.step.restore(info, reason="test: end of the round trip", now=now())
     assert restoring.details.get("deleted") is True
     done = follow(restoring.to_dict())
-    rolled = run.step.finish_rollback(done, reason="test: end of the round trip", now=now())
+    rolled = run.step.finish_rollback(done, info, reason="test: end of the round trip", now=now())
+    assert rolled["restored_identical"] is True
     assert rolled["deploy"]["status_history"][-1]["status"] == "DELETED"
     assert run.deployer.snapshot().existed is False
     assert run.audit.stage_of(g.name) == Stage.ROLLED_BACK
@@ -200,7 +201,8 @@ def test_update_failed_ends_rolled_back_with_the_aws_reason_in_the_audit(stack: 
         why = run.migration.failure_reason()
         assert why == f"deploy failed: scraper is UPDATE_FAILED: {reason}"
         done = follow(run.step.restore(info, reason=why, now=now()).to_dict())
-        rolled = run.step.finish_rollback(done, reason=why, now=now())
+        rolled = run.step.finish_rollback(done, info, reason=why, now=now())
+        assert rolled["restored_identical"] is True
         assert rolled["deploy"]["status_history"][-1]["status"] == "ACTIVE"
         assert run.deployer.snapshot().content == old_blob
         assert run.event("rolled_back")["reason"] == why
@@ -294,7 +296,7 @@ def test_the_dags_deploy_and_rollback_tasks_defer_on_the_scraper_and_record_it(
             rollback.execute(context)
         event = follow(deferred.value.trigger.result)
         evidence = rollback.execute_complete(context, event, **deferred.value.kwargs)
-        assert evidence["deploy"]["status_history"][-1]["status"] == "DELETED"
+        assert evidence["deploy"]["status_history"][-1]["status"] == "DELETED" and evidence["restored_identical"]
         assert audit.stage_of(g.name) == Stage.ROLLED_BACK
         assert [e.kind for e in audit.events(group=g.name)] == ["snapshot_taken", "dual_write_deployed", "rolled_back"]
     finally:

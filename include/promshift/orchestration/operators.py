@@ -482,8 +482,12 @@ class RollbackOperator(GroupStepOperator):
         from promshift.deploy_path import DeployStepFailed
 
         try:
-            evidence = self.scraper_step(context).finish_rollback(event, reason=reason, now=_now())
+            evidence = self.scraper_step(context).finish_rollback(
+                event, context["ti"].xcom_pull(task_ids="snapshot"), reason=reason, now=_now())
         except DeployStepFailed as exc:
             raise AirflowFailException(str(exc)) from None
-        self.log.info("rollback because %s: scraper %s", reason, event["result"]["status_history"][-1:])
+        self.log.info("rollback because %s: scraper %s restored_identical=%s", reason,
+                      event["result"]["status_history"][-1:], evidence["restored_identical"])
+        if not evidence["restored_identical"]:
+            raise AirflowFailException("rollback did not restore the group's scraper as snapshotted")
         return evidence
