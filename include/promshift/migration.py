@@ -338,6 +338,8 @@ class GroupMigration:
             if ev.kind.startswith("approval_"):
                 return (f"approval {data['decision']} by {data['by']}"
                         + (f": {data['comment']}" if data.get("comment") else ""))
+            if ev.kind in ("deploy_failed", "quota_refused"):  # the deploy path's own refusal (AWS's reason)
+                return f"{ev.kind.replace('_', ' ')}: {data.get('reason')}"
             if ev.kind in ("warmup_timeout", "warmup_error"):
                 return f"warm-up {data.get('status')}: {data.get('reason')}"
             if ev.kind == "validation_failed":

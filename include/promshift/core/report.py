@@ -175,6 +175,9 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
                         "reason": data["reason"]}
         elif e.kind == "dual_write_deployed":
             deploy = data
+        if e.kind in ("dual_write_deployed", "deploy_failed", "quota_refused") and "deploy" in data:
+            # A deploy path's evidence (scraper): {kind, state, status_history, reason, quota} at the top.
+            deploy = {**{k: v for k, v in data.items() if k != "deploy"}, **data["deploy"]}
         elif e.kind.startswith("warmup_") and e.kind != "warmup_started":
             warmup = data
     if rollback["performed"]:

@@ -29,9 +29,12 @@ class WarmupStatus:
 
 
 def assess_warmup(obs: WarmupObservation, *, min_duration_s: float, timeout_s: float,
-                  max_lag_s: float) -> WarmupStatus:
+                  max_lag_s: float | None) -> WarmupStatus:
     """Ready once the minimum warm-up has passed, the target holds at least as many of the
-    group's series as the source (and some), and remote-write lag is under the bound."""
+    group's series as the source (and some), and remote-write lag is under the bound.
+
+    ``max_lag_s=None``: the path has no source remote-write queue (a managed collector scrapes
+    the group itself), so lag is not part of the check; the series counts still are."""
     problems = []
     if obs.elapsed_s < min_duration_s:
         problems.append(f"warm-up {obs.elapsed_s:.0f}s of {min_duration_s:.0f}s")
@@ -39,13 +42,14 @@ def assess_warmup(obs: WarmupObservation, *, min_duration_s: float, timeout_s: f
         problems.append("the source has no series of this group")
     elif obs.target_series < obs.source_series:
         problems.append(f"target holds {obs.target_series} of {obs.source_series} series")
-    if obs.lag_s is None:
+    if max_lag_s is not None and obs.lag_s is None:
         problems.append("remote-write lag unknown (queue not reporting yet)")
-    elif obs.lag_s > max_lag_s:
+    elif max_lag_s is not None and obs.lag_s is not None and obs.lag_s > max_lag_s:
         problems.append(f"remote-write lag {obs.lag_s:.1f}s > {max_lag_s:.1f}s")
     if not problems:
+        lag = "no remote-write queue" if max_lag_s is None else f"lag {obs.lag_s:.1f}s"
         return WarmupStatus("ready", f"target holds {obs.target_series}/{obs.source_series} series, "
-                                     f"lag {obs.lag_s:.1f}s after {obs.elapsed_s:.0f}s")
+                                     f"{lag} after {obs.elapsed_s:.0f}s")
     if obs.elapsed_s >= timeout_s:
         return WarmupStatus("timeout", f"not ready after {timeout_s:.0f}s: " + "; ".join(problems))
     return WarmupStatus("waiting", "; ".join(problems))

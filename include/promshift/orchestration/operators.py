@@ -129,6 +129,39 @@ class _GroupStep:
                 raise
             raise AirflowFailException(str(exc)) from None
 
+    @cached_property
+    def deploy_kind(self) -> str:
+        """``remote_write`` or ``scraper``: the target connection's ``extra.deploy`` (see ``deploy_path``)."""
+        from promshift.deploy_path import deploy_kind_of
+        from promshift.orchestration.hooks import PrometheusHook
+
+        hook = self.target_hook
+        extra = hook.extra if isinstance(hook, PrometheusHook) else hook.conn_config.extra_config
+        try:
+            return deploy_kind_of(extra, conn_id=self.target_conn_id, is_amp=not isinstance(hook, PrometheusHook))
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
+
+    def scraper_step(self, context: Any) -> Any:
+        """The managed-collector path's steps: the group's scraper, snapshots on disk, the quota pre-flight."""
+        from promshift.adapters.snapshot_store import FileSnapshotStore
+        from promshift.core.deploy import DeployError
+        from promshift.deploy_path import SCRAPER_INTERVAL_S, ScraperDeployStep
+        from promshift.settings import snapshots_dir
+
+        hook = self.target_hook
+        try:
+            deployer = hook.scraper_deployer(self.group.name, self.group.name_regex(),
+                                             scrape_interval_s=SCRAPER_INTERVAL_S)
+        except DeployError as exc:
+            raise AirflowFailException(str(exc)) from None
+
+        def quota(group_series: int, now: datetime) -> dict[str, Any]:
+            return hook.quota_preflight().require(group_series=group_series, scrape_interval_s=SCRAPER_INTERVAL_S,
+                                                  now=now)
+
+        return ScraperDeployStep(self.migration(context), deployer, FileSnapshotStore(snapshots_dir()), quota=quota)
+
     def migration(self, context: Any) -> Any:
         from promshift.adapters.audit_store import AuditStore
         from promshift.adapters.routing import RoutingManifest
@@ -201,6 +234,8 @@ class SnapshotConfigOperator(GroupStepOperator):
     """Keep the source config's exact bytes for rollback."""
 
     def execute(self, context: Any) -> dict[str, Any]:
+        if self.deploy_kind == "scraper":
+            return self.scraper_step(context).snapshot(_now())
         return self.migration(context).snapshot(_now())
 
 
@@ -209,7 +244,38 @@ class DeployDualWriteOperator(GroupStepOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         snap = context["ti"].xcom_pull(task_ids="snapshot")
+        if self.deploy_kind == "scraper":
+            return self._deploy_scraper(context, snap)
         return self.migration(context).deploy_dual_write(snap, _now())
+
+    def _deploy_scraper(self, context: Any, snap: dict[str, Any]) -> dict[str, Any]:
+        """Quota pre-flight and CreateScraper/UpdateScraper, then defer until the scraper is ACTIVE (or failed)."""
+        from promshift.core.deploy import DeployResult
+        from promshift.deploy_path import DeployStepFailed, final_event
+        from promshift.orchestration.triggers import ScraperStatusTrigger
+
+        try:
+            out = self.scraper_step(context).start(snap, _now())
+        except DeployStepFailed as exc:
+            raise AirflowFailException(str(exc)) from None
+        result = DeployResult.from_dict(out["deploy"])
+        if result.state.final:
+            return self.execute_complete(context, final_event(result), quota=out["quota"])
+        self.defer(trigger=ScraperStatusTrigger(target_conn_id=self.target_conn_id, result=out["deploy"]),
+                   method_name="execute_complete", kwargs={"quota": out["quota"]},
+                   timeout=timedelta(seconds=float(result.details.get("timeout_s") or 900) + 300))
+
+    def execute_complete(self, context: Any, event: dict[str, Any], quota: dict[str, Any] | None = None
+                         ) -> dict[str, Any]:
+        from promshift.deploy_path import DeployStepFailed
+
+        try:
+            out = self.scraper_step(context).finish(event, quota, _now())
+        except DeployStepFailed as exc:
+            raise AirflowFailException(str(exc)) from None
+        self.log.info("scraper %s ACTIVE; status history %s", out.get("scraper_id"),
+                      [c["status"] for c in out["deploy"]["status_history"]])
+        return out
 
 
 class WarmupOperator(GroupStepOperator):
@@ -230,7 +296,7 @@ class WarmupOperator(GroupStepOperator):
                 started_at=float(deployed["dual_write_since"]),
                 min_duration_s=policy.duration_s,
                 timeout_s=policy.timeout_s,
-                max_lag_s=policy.max_lag_s,
+                max_lag_s=None if self.deploy_kind == "scraper" else policy.max_lag_s,
                 poll_interval_s=policy.poll_interval_s,
             ),
             method_name="execute_complete",
@@ -248,9 +314,11 @@ class WarmupOperator(GroupStepOperator):
 class _ParityStep(GroupStepOperator):
     def parity_check(self) -> Any:
         from promshift.adapters.parity_check import ParityCheck
+        from promshift.deploy_path import group_for_deploy
 
         # stats=all on every parity query: the result reports the backends' own query time.
-        return ParityCheck(self.group, self.source_hook.prometheus_client(stats=True),
+        group = group_for_deploy(self.group, self.deploy_kind)  # independent_scraper on the scraper path
+        return ParityCheck(group, self.source_hook.prometheus_client(stats=True),
                            self.target_hook.prometheus_client(stats=True),
                            catalog_dir=Path(self.catalog_path).parent)
 
@@ -414,9 +482,41 @@ class RollbackOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         migration = self.migration(context)
         reason = migration.failure_reason()
-        result = migration.rollback(context["ti"].xcom_pull(task_ids="snapshot"), reason=reason, now=_now())
+        snap = context["ti"].xcom_pull(task_ids="snapshot")
+        if snap and self.deploy_kind == "scraper":
+            return self._restore_scraper(context, snap, reason)
+        result = migration.rollback(snap, reason=reason, now=_now())
         self.log.info("rollback because %s: performed=%s restored_identical=%s", reason, result["performed"],
                       result["restored_identical"])
         if result["performed"] and not result["restored_identical"]:
             raise AirflowFailException("rollback did not restore the source config identically")
         return result
+
+    def _restore_scraper(self, context: Any, snap: dict[str, Any], reason: str) -> dict[str, Any]:
+        """The previous blob back (or the created scraper deleted); defer while the scraper moves."""
+        from promshift.deploy_path import DeployStepFailed, final_event
+        from promshift.orchestration.triggers import ScraperStatusTrigger
+
+        try:
+            result = self.scraper_step(context).restore(snap, reason=reason, now=_now())
+        except DeployStepFailed as exc:
+            raise AirflowFailException(str(exc)) from None
+        if result.state.final:
+            return self.execute_complete(context, final_event(result), reason=reason)
+        self.defer(trigger=ScraperStatusTrigger(target_conn_id=self.target_conn_id, result=result.to_dict()),
+                   method_name="execute_complete", kwargs={"reason": reason},
+                   timeout=timedelta(seconds=float(result.details.get("timeout_s") or 900) + 300))
+
+    def execute_complete(self, context: Any, event: dict[str, Any], reason: str = "") -> dict[str, Any]:
+        from promshift.deploy_path import DeployStepFailed
+
+        try:
+            evidence = self.scraper_step(context).finish_rollback(
+                event, context["ti"].xcom_pull(task_ids="snapshot"), reason=reason, now=_now())
+        except DeployStepFailed as exc:
+            raise AirflowFailException(str(exc)) from None
+        self.log.info("rollback because %s: scraper %s restored_identical=%s", reason,
+                      event["result"]["status_history"][-1:], evidence["restored_identical"])
+        if not evidence["restored_identical"]:
+            raise AirflowFailException("rollback did not restore the group's scraper as snapshotted")
+        return evidence

@@ -22,7 +22,7 @@ class WarmupTrigger(BaseTrigger):
     """
 
     def __init__(self, *, group_name: str, selector: str, source_conn_id: str, target_conn_id: str,
-                 started_at: float, min_duration_s: float, timeout_s: float, max_lag_s: float,
+                 started_at: float, min_duration_s: float, timeout_s: float, max_lag_s: float | None,
                  poll_interval_s: float) -> None:
         super().__init__()
         self.group_name = group_name

@@ -1,0 +1,146 @@
+"""The deploy choice (one place), the scraper path's step over the seam's in-memory fakes, and its report block."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.routing import RoutingManifest
+from promshift.core.deploy import DeployState, InMemoryConfigDeployer, InMemorySnapshotStore
+from promshift.core.quota import QuotaExceeded, assess_quota
+from promshift.core.report import build_report
+from promshift.core.stages import Stage
+from promshift.core.warmup import WarmupObservation, assess_warmup
+from promshift.deploy_path import (
+    DeployStepFailed,
+    ScraperDeployStep,
+    active_since,
+    deploy_kind_of,
+    final_event,
+    group_for_deploy,
+)
+from promshift.migration import Backends, GroupMigration
+from promshift.settings import load_catalog
+
+GROUP = "gpu-memory"
+RUN = "manual__unit"
+
+
+def test_the_deploy_kind_comes_from_the_target_connection_with_one_line_errors() -> None:
+    assert deploy_kind_of({}, conn_id="t", is_amp=False) == "remote_write"
+    assert deploy_kind_of({"deploy": "Scraper"}, conn_id="t", is_amp=True) == "scraper"
+    with pytest.raises(ValueError, match=r"^connection 't': extra.deploy must be one of remote_write, scraper, "
+                                         r"got 'k8s-cr'$"):
+        deploy_kind_of({"deploy": "k8s-cr"}, conn_id="t", is_amp=True)
+    with pytest.raises(ValueError, match="'scraper' needs an amp connection"):
+        deploy_kind_of({"deploy": "scraper"}, conn_id="t", is_amp=False)
+
+
+def test_the_scraper_path_compares_as_independent_scrapers() -> None:
+    group = load_catalog(profile="demo").get(GROUP)
+    assert group.parity.mode == "dual_write"
+    assert group_for_deploy(group, "scraper").parity.mode == "independent_scraper"
+    assert group_for_deploy(group, "remote_write") is group
+
+
+def test_warmup_without_a_queue_skips_lag_but_still_needs_the_series() -> None:
+    obs = WarmupObservation(elapsed_s=10, source_series=8, target_series=8, lag_s=None, failed_samples=None)
+    assert assess_warmup(obs, min_duration_s=5, timeout_s=60, max_lag_s=30).state == "waiting"
+    assert assess_warmup(obs, min_duration_s=5, timeout_s=60, max_lag_s=None).state == "ready"
+    short = WarmupObservation(elapsed_s=10, source_series=8, target_series=3, lag_s=None, failed_samples=None)
+    assert assess_warmup(short, min_duration_s=5, timeout_s=60, max_lag_s=None).state == "waiting"
+
+
+@pytest.fixture
+def migration(tmp_path: Path) -> Iterator[GroupMigration]:
+    audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
+    dead = PrometheusClient("http://127.0.0.1:1")  # never asked: these steps run without a quota check
+    backends = Backends(source=dead, target=dead, source_config_path=str(tmp_path / "none.yml"),
+                        target_remote_write_url="")
+    yield GroupMigration(load_catalog(profile="demo").get(GROUP), backends, audit=audit,
+                         routing=RoutingManifest(tmp_path / "routing.json"), snapshots_dir=tmp_path, run_id=RUN)
+    audit.engine.dispose()
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def settle(deployer: InMemoryConfigDeployer, result: object) -> dict[str, object]:
+    from promshift.core.deploy import DeployResult
+
+    assert isinstance(result, DeployResult)
+    while not result.state.final:
+        result = deployer.verify(result, now())
+    return final_event(result)
+
+
+def report(m: GroupMigration) -> dict[str, object]:
+    return build_report(group=GROUP, run_id=RUN, events=m.audit.events(group=GROUP, run_id=RUN),
+                        final_stage=m.stage().value, chain=m.audit.verify())
+
+
+def test_a_deploy_that_goes_active_is_dual_writing_and_the_report_has_its_history(migration: GroupMigration) -> None:
+    from promshift.core.deploy import DeployResult
+
+    fake = InMemoryConfigDeployer(None, "scrape_configs: []\n", kind="scraper",
+                                  statuses=(("CREATING", DeployState.WAITING), ("ACTIVE", DeployState.DONE)))
+    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
+    info = step.snapshot(now())
+    started = step.start(info, now())
+    event = settle(fake, DeployResult.from_dict(started["deploy"]))
+    out = step.finish(event, {"group_series": 48, "workspace_series": 100, "limit": 1000.0, "share": 0.148,
+                              "ok": True}, now())
+    assert [c["status"] for c in out["deploy"]["status_history"]] == ["CREATING", "ACTIVE"]
+    assert out["dual_write_since"] == active_since(event["result"])  # type: ignore[arg-type]
+    assert migration.stage() == Stage.DUAL_WRITING
+    block = report(migration)["deploy"]
+    assert isinstance(block, dict)
+    assert block["kind"] == "scraper" and block["quota"] == {"group_series": 48, "workspace_series": 100,
+                                                             "limit": 1000.0, "share": 0.148}
+    assert [c["status"] for c in block["status_history"]] == ["CREATING", "ACTIVE"]
+
+
+def test_a_failed_deploy_is_audited_with_its_reason_and_rolls_back(migration: GroupMigration) -> None:
+    from promshift.core.deploy import DeployResult
+
+    fake = InMemoryConfigDeployer("old blob\n", "new blob\n", kind="scraper",
+                                  statuses=(("UPDATING", DeployState.WAITING), ("UPDATE_FAILED", DeployState.FAILED)))
+    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
+    info = step.snapshot(now())
+    event = settle(fake, DeployResult.from_dict(step.start(info, now())["deploy"]))
+    with pytest.raises(DeployStepFailed, match="^scraper deploy failed: scraper is UPDATE_FAILED$"):
+        step.finish(event, None, now())
+    reason = migration.failure_reason()
+    assert reason == "deploy failed: scraper is UPDATE_FAILED"
+    done = settle(fake, step.restore(info, reason=reason, now=now()))
+    step.finish_rollback(done, info, reason=reason, now=now())
+    assert fake.live == "old blob\n"
+    assert [e.kind for e in migration.audit.events(group=GROUP)] == ["snapshot_taken", "deploy_failed", "rolled_back"]
+    assert report(migration)["rollback"] == {"performed": True, "restored_identical": True, "reason": reason}
+    block = report(migration)["deploy"]
+    assert isinstance(block, dict) and block["reason"] == "scraper is UPDATE_FAILED"
+    assert [c["status"] for c in block["status_history"]] == ["UPDATING", "UPDATE_FAILED"]
+
+
+def test_a_quota_refusal_deploys_nothing(migration: GroupMigration) -> None:
+    fake = InMemoryConfigDeployer(None, "scrape_configs: []\n", kind="scraper")
+    assessment = assess_quota(group_series=100, workspace_series=800, series_limit=1000, scrape_interval_s=30)
+
+    def refuse(series: int, at: datetime) -> dict[str, object]:
+        raise QuotaExceeded(assessment, {"workspace_series_from": "cloudwatch"})
+
+    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=refuse)
+    info = step.snapshot(now())
+    # The group's count on the source: the one number asked of a backend here (the real path: count(selector)).
+    migration.backends.source.scalar = lambda query: 100.0  # type: ignore[method-assign]
+    with pytest.raises(DeployStepFailed, match="would reach 90.0% of the workspace quota"):
+        step.start(info, now())
+    assert "deploy" not in fake.calls and fake.live is None
+    block = report(migration)["deploy"]
+    assert isinstance(block, dict) and block["quota"]["share"] == 0.9 and block["status_history"] == []
