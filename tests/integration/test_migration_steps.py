@@ -126,7 +126,7 @@ def test_validate_reports_both_backends_and_the_groups_series(local_stack: Local
     assert (ev.kind, ev.stage_to) == ("validated", None)
 
 
-def test_validate_names_an_unreachable_target_and_writes_nothing(
+def test_validate_names_an_unreachable_target_and_changes_nothing(
         local_stack: LocalStack, tmp_path: Path, audit: AuditStore, source_config_guard: bytes,
         free_ports: Callable[[int], list[int]]) -> None:
     dead = f"http://127.0.0.1:{free_ports(1)[0]}/workspaces/ws-local"  # free a moment ago: nothing listens
@@ -137,7 +137,10 @@ def test_validate_names_an_unreachable_target_and_writes_nothing(
     assert str(excinfo.value) == f"target {dead} is unreachable or not ready"
     assert local_stack.source_config_path.read_bytes() == source_config_guard
     assert local_stack.source_config_path.stat().st_mtime_ns == mtime
-    assert audit.events() == []
+    # The refusal itself is audited (validation_failed, with the reason); nothing else is written.
+    assert [(e.kind, e.evidence_data["reason"]) for e in audit.events()] == [
+        ("validation_failed", f"target {dead} is unreachable or not ready")]
+    assert audit.stage_of("gpu-memory").value == "planned"
     assert not (tmp_path / "snapshots").exists()
 
 
