@@ -83,9 +83,9 @@ def test_group_detail_has_report_pieces_config_diff_runs_and_a_verified_timeline
 def test_an_edited_event_is_marked_in_the_timeline() -> None:
     t = START
     first = new_event(prev=None, group="g", run_id="r", kind="validated", stage_from=None, stage_to=None,
-                      actor="promshift", at=t, evidence={"source_series": 1})
+                      actor="promshift", at=t, evidence={"source_series": 1}, key=None)
     second = new_event(prev=first, group="g", run_id="r", kind="snapshot_taken", stage_from=None, stage_to=None,
-                       actor="promshift", at=t, evidence={"sha256": "x"})
+                       actor="promshift", at=t, evidence={"sha256": "x"}, key=None)
     edited = dataclasses.replace(first, evidence='{"source_series":1000}')
     chain = verify_chain([edited, second])
     marks = {e["seq"]: e["chain_ok"] for e in evidence.timeline([edited, second], problems=chain.problems)}
