@@ -397,6 +397,19 @@ class GroupMigration:
             raise routing_error
         return redact(evidence)
 
+    def _remove_own_entry(self, snapshot_info: Mapping[str, Any]) -> bool:
+        """Remove the group's remote_write entry by name (deployed and verified); True when the
+        file's bytes then hash to the snapshot's recorded sha256."""
+        name = remote_write_name(self.group.name)
+        deployer = self.deployer
+        current = deployer.snapshot()
+        new_data = remove_remote_write(current.data, name)
+        if new_data != current.data:
+            deployer.deploy(new_data, snapshot=current, expect_remote_writes=set(), expect_absent={name})
+        else:
+            deployer.client.reload()  # the file may be right and the server not: load it
+        return sha256_bytes(deployer.real_path.read_bytes()) == snapshot_info["sha256"]
+
 
 def one_line(exc: BaseException) -> str:
     """An exception as one line: its first line, else its class name (messages here never carry secrets)."""
@@ -425,18 +438,6 @@ def record_validation_failed(audit: AuditStore, *, group_name: str, run_id: str,
                  evidence=json_safe(redact(evidence)), stage_from=None, stage_to=None)
     return reason
 
-    def _remove_own_entry(self, snapshot_info: Mapping[str, Any]) -> bool:
-        """Remove the group's remote_write entry by name (deployed and verified); True when the
-        file's bytes then hash to the snapshot's recorded sha256."""
-        name = remote_write_name(self.group.name)
-        deployer = self.deployer
-        current = deployer.snapshot()
-        new_data = remove_remote_write(current.data, name)
-        if new_data != current.data:
-            deployer.deploy(new_data, snapshot=current, expect_remote_writes=set(), expect_absent={name})
-        else:
-            deployer.client.reload()  # the file may be right and the server not: load it
-        return sha256_bytes(deployer.real_path.read_bytes()) == snapshot_info["sha256"]
 
 def scrape_interval_s(config_text: str) -> float:
     """The global scrape interval of a loaded Prometheus config (Prometheus' default is 1m)."""

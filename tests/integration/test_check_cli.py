@@ -195,7 +195,7 @@ def test_check_signs_an_amp_target_with_the_default_credential_chain(
     result = json.loads(out)
     assert code == 0, [(m["name"], m["reason"]) for m in result["measurements"]]
     assert result["verdict"] == "SUCCESSFUL" and result["points_compared"] > 0
-    assert not verifier.rejected and len(verifier.verified_keys) >= 10 and set(verifier.verified_keys) == {ACCESS_KEY}
+    assert not verifier.rejected and len(verifier.verified_keys) >= 5 and set(verifier.verified_keys) == {ACCESS_KEY}
     assert SECRET not in out + err
     verified = len(verifier.verified_keys)
     code, out, err = run(amp_check(dual_write, signed_target, "latency", "--target-region", "us-east-1"), capsys)
@@ -215,7 +215,7 @@ def test_an_unsigned_or_wrongly_scoped_amp_check_is_refused_in_one_line(
     code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "us-east-1",
                                    "--target-service", "es"), capsys)
     assert code == 69 and "scoped to correct service: 'aps'" in err
-    assert verifier.rejected["missing or malformed Authorization"] == 1 and not verifier.verified_keys
+    assert verifier.rejected["missing_authorization"] == 1 and not verifier.verified_keys
     code, out, err = run(amp_check(dual_write, signed_target, "parity", "--target-region", "Frankfurt"), capsys)
     assert code == 64 and "expected an AWS region such as us-east-1" in err
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")

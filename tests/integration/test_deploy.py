@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import time
@@ -440,4 +441,6 @@ def test_validate_names_an_unreachable_credentialed_target_without_its_secret(
     with pytest.raises(RuntimeError, match="is unreachable or not ready") as excinfo:
         migration.validate(now())
     assert SECRET not in str(excinfo.value) and "REDACTED@127.0.0.1" in str(excinfo.value)
-    assert migration.audit.events() == []
+    # The refusal is audited (validation_failed), redacted like everything else.
+    assert [e.kind for e in migration.audit.events()] == ["validation_failed"]
+    assert SECRET not in json.dumps([e.evidence_data for e in migration.audit.events()])
