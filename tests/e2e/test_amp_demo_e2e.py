@@ -115,7 +115,7 @@ def test_amp_demo_cuts_over_signed_and_leaves_no_secret(amp_env: Path, capsys: p
     # The dual-write entry is a sigv4 one (no credentials in it), written to the signing relay.
     assert report["deploy"]["sigv4"] == {"region": "us-east-1"}
     assert report["deploy"]["url"].endswith("/api/v1/write")
-    assert "sigv4:" in result.source_config and "region: us-east-1" in result.source_config
+    assert "sigv4:" in result.source_config and 'region: "us-east-1"' in result.source_config  # quoted by the editor
     assert f"Target: AMP workspace {target['workspace_id']} in us-east-1: front door verified" in printed
     assert f"AMP workspace {target['workspace_id']} in us-east-1" in (out / "report.md").read_text()
     # No secret anywhere; and the places searched did hold the run's logs and XComs.
