@@ -30,7 +30,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from promshift.adapters.amp import CREDENTIAL_ERRORS
-from promshift.core.deploy import DeployError, DeployKind, DeployResult, DeploySnapshot, DeployState, sha256_text
+from promshift.core.deploy import DeployError, DeployKind, DeployResult, DeploySnapshot, DeployState
+from promshift.core.render import sha256_text
 from promshift.core.scraper_config import (
     ACTIVE,
     DELETED,

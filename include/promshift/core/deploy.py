@@ -12,12 +12,13 @@ and dry runs: they hold state in memory and refuse what a real deployer refuses.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
+
+from promshift.core.render import sha256_text
 
 
 class DeployKind(StrEnum):
@@ -164,10 +165,6 @@ class SnapshotStore(Protocol):
     def put(self, group: str, run_id: str, snapshot: DeploySnapshot) -> str: ...
 
     def get(self, ref: str) -> DeploySnapshot: ...
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class InMemorySnapshotStore:
