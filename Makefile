@@ -11,6 +11,8 @@ GROUP ?= gpu-utilization
 TARGET ?= prometheus
 # HISTORY=24h: backfill that much of the group's history on both sides first, time the production windows.
 HISTORY ?=
+# DEPLOY=scraper (with TARGET=amp): AMP's managed collector writes the group instead of a remote_write entry.
+DEPLOY ?= remote_write
 export PROMSHIFT_HOME ?= $(CURDIR)/.state
 
 .PHONY: demo test unit lint stack-up stack-down stack-status requirements prometheus chromium clean
@@ -38,7 +40,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 venv: $(STAMP)
 
 demo: prometheus $(STAMP)
-	$(PY) -m promshift.demo --group $(GROUP) --target $(TARGET) --scenario $(SCENARIO) --nodes $(NODES)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
+	$(PY) -m promshift.demo --group $(GROUP) --target $(TARGET) --scenario $(SCENARIO) --nodes $(NODES) --deploy $(DEPLOY)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
 
 test: prometheus chromium $(STAMP)
 	$(VENV)/bin/ruff check include dags plugins tests bench

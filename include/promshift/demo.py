@@ -49,6 +49,7 @@ from promshift.core.report import (
     source_config_line,
     target_line,
 )
+from promshift.deploy_path import REMOTE_WRITE, SCRAPER
 from promshift.local_airflow import APPROVER_USERS, LocalAirflow
 from promshift.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
 from promshift.stack.backfill import backfill_stack, check_history, fleet_metrics
@@ -59,6 +60,7 @@ log = logging.getLogger("promshift.demo")
 
 DEMO_PROFILE = "demo"
 HISTORY_PROFILE = "demo-history"  # production latency windows, for a stack given hours of history
+DEPLOY_KINDS = (REMOTE_WRITE, SCRAPER)
 SCENARIOS = ("happy", "drift", "bad-credentials")
 AMP_ONLY_SCENARIOS = ("bad-credentials",)
 DEFAULT_TIMEOUT_S = 540.0
@@ -174,9 +176,13 @@ def target_report(stack: LocalStack) -> dict[str, Any]:
                               "rejected_by_reason": dict(control.get("rejected_by_reason") or {})}}
 
 
-def target_connection(stack: LocalStack, scenario: str) -> tuple[dict[str, Any], dict[str, str]]:
+def target_connection(stack: LocalStack, scenario: str, deploy: str = "remote_write"
+                      ) -> tuple[dict[str, Any], dict[str, str]]:
     """Airflow's target connection and the environment it needs: for AMP the ``amp`` connection (no
-    credentials in it) and the ``AWS_*`` pair (for ``bad-credentials``, a secret the local AWS refuses)."""
+    credentials in it) and the ``AWS_*`` pair (for ``bad-credentials``, a secret the local AWS refuses).
+
+    ``deploy="scraper"``: the connection asks for AMP's managed collector (``extra.deploy``) and names the
+    cluster it would scrape (``extra.scraper``); locally the stack's collector scrapes the fleet."""
     if stack.config.target_kind != "amp":
         return ({"conn_type": "prometheus", "host": stack.target_url,
                  "extra": {"base_url": stack.target_url, "remote_write_url": stack.target_remote_write_url}}, {})
@@ -185,7 +191,11 @@ def target_connection(stack: LocalStack, scenario: str) -> tuple[dict[str, Any],
         env["AWS_SECRET_ACCESS_KEY"] = make_up_credentials().secret_key
         log.warning("bad-credentials: Airflow signs with the right access key id but another secret; the local "
                     "AWS must refuse every signature, and nothing may be deployed")
-    return {"conn_type": "amp", "extra": stack.amp_connection_extra()}, env
+    extra: dict[str, Any] = dict(stack.amp_connection_extra())
+    if deploy != "remote_write":
+        extra["deploy"] = deploy
+        extra["scraper"] = stack.scraper_extra()
+    return {"conn_type": "amp", "extra": extra}, env
 
 
 def local_amp_credentials_problem() -> str | None:
@@ -212,10 +222,13 @@ def backfilled_metrics(group: MetricGroup) -> list[str]:
 
 def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, report_root: Path,
              timeout_s: float | None = None, history_s: float | None = None,
-             history_interval_s: float = 300.0, target_kind: str = "prometheus") -> Path:
+             history_interval_s: float = 300.0, target_kind: str = "prometheus",
+             deploy: str = "remote_write") -> Path:
     """Run the whole job once on a fresh local stack; return the report directory.
 
     ``target_kind="amp"``: the target is the local AWS's workspace, reached through its SigV4 front door.
+    ``deploy="scraper"`` (AMP only): the group is written by the workspace's managed collector (the local
+    scraper API's collector) instead of a ``remote_write`` entry in the source's config.
 
     With ``history_s``, source and target first get that much of the group's history (one
     sample every ``history_interval_s``) and the ``demo-history`` profile is used.
@@ -238,6 +251,10 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
             raise ValueError(f"group {group_name!r} claims none of the metrics the fleet simulator renders")
     if target_kind == "amp" and (problem := local_amp_credentials_problem()):
         raise ValueError(problem)
+    if deploy not in DEPLOY_KINDS:
+        raise ValueError(f"deploy must be one of {', '.join(DEPLOY_KINDS)}, got {deploy!r}")
+    if deploy != "remote_write" and target_kind != "amp":
+        raise ValueError(f"deploy {deploy!r} needs the AMP target (--target amp / TARGET=amp)")
     if timeout_s is None:
         timeout_s = HISTORY_TIMEOUT_S if history_s else DEFAULT_TIMEOUT_S
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
@@ -268,7 +285,10 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     source_conn = {"conn_type": "prometheus", "host": stack.source_url,
                    "extra": {"config_path": str(stack.source_config_path)}}
     # Credentials reach Airflow only through its environment: never the connection JSON, never printed.
-    target_conn, aws_env = target_connection(stack, scenario)
+    target_conn, aws_env = target_connection(stack, scenario, deploy)
+    if deploy == "scraper":
+        # The quota pre-flight reads the workspace's active series from CloudWatch (AWS vends it; locally seeded).
+        log.info("workspace usage seeded for the quota pre-flight: %s", stack.publish_usage())
     sha_before = config_sha256(stack.source_config_path)
     log.info("source config %s sha256 %s before the run", stack.source_config_path, sha_before)
     airflow_home = config.home / "airflow"
@@ -325,6 +345,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
                      "identical": sha_before == sha_after}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     kind = "" if target_kind == "prometheus" else f"-{target_kind}"
+    kind += "" if deploy == REMOTE_WRITE else f"-{deploy}"
     out_dir = (report_root / f"{stamp}-{group_name}{kind}-{scenario}").resolve()
     report = write_report(audit=AuditStore(audit_url, key=audit_key(key_env)), group=group_name, run_id=run_id,
                           out_dir=out_dir, target=target_report(stack), source_config=source_config)
@@ -360,7 +381,12 @@ def main(argv: list[str] | None = None) -> int:
                              f"{HISTORY_PROFILE!r}")
     parser.add_argument("--history-interval", type=_duration, default=300.0, metavar="DURATION",
                         help="sample interval of the backfilled history (default 5m, at most 5m)")
+    parser.add_argument("--deploy", choices=DEPLOY_KINDS, default="remote_write",
+                        help="scraper (--target amp only): AMP's managed collector writes the group instead of a "
+                             "remote_write entry in the source's config")
     args = parser.parse_args(argv)
+    if args.deploy != "remote_write" and args.target != "amp":
+        parser.error(f"--deploy {args.deploy} needs --target amp")
     if args.scenario in AMP_ONLY_SCENARIOS and args.target != "amp":
         parser.error(f"--scenario {args.scenario} needs --target amp")
     if args.target == "amp" and (problem := local_amp_credentials_problem()):
@@ -374,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = run_demo(group_name=args.group, scenario=args.scenario, nodes=args.nodes,
                    airflow_port=args.airflow_port, report_root=args.report_root, history_s=args.history,
-                   history_interval_s=args.history_interval, target_kind=args.target)
+                   history_interval_s=args.history_interval, target_kind=args.target,
+                   deploy=args.deploy)
     print(out)
     return 0
 
