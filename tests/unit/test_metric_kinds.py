@@ -129,6 +129,9 @@ def test_parity_queries_follow_the_sources_metadata(served: list[MetadataPrometh
     fresh._kinds = check.metric_kinds(0, 60)
     fresh.host_queries("gpu-node-0000", 0, 60)
     assert sorted(source.asked) == sorted(NAMES)
+    # The kinds and where each came from land in the samples evidence.
+    shard = {"hosts": ["gpu-node-0000"], "errors": [], "metric_kinds": check.metric_kinds(0, 60)}
+    assert check.samples_measurement([shard], hosts_total=1).numbers["metric_kinds"] == check.metric_kinds(0, 60)
 
 
 def test_the_dcgm_list_is_package_data_outside_the_stack() -> None:
