@@ -8,7 +8,7 @@ every series' full raw range from both sides and compares every sample (what Mim
 query-tee would do), then print and write ``bench/results/parity.json``.
 
 ``--group whole-fleet``: the same run with one group claiming every metric the fleet simulator
-renders -- all 25 of dcgm-exporter's default counters (``include/promshift/stack/
+renders -- all 25 of dcgm-exporter's default counters (``include/promshift/data/
 dcgm_default_counters.csv``; the 26th line, ``DCGM_FI_DRIVER_VERSION``, is a label) -- 400,000
 series per side at 2,000 nodes; writes ``bench/results/parity-whole-fleet.json``.
 

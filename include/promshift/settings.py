@@ -20,6 +20,7 @@ from promshift.core.catalog import (
 )
 from promshift.core.cost import AmpPrices
 from promshift.core.dcgm import DcgmCounter, metrics
+from promshift.data import load_dcgm_counters
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AUDIT_KEY_FILE_NAME = "audit.key"
@@ -113,9 +114,7 @@ def default_profile() -> str | None:
 @lru_cache(maxsize=1)
 def dcgm_counters() -> tuple[DcgmCounter, ...]:
     """dcgm-exporter's default counters, shipped inside the package."""
-    from promshift.stack.fleet import load_counters
-
-    return load_counters()
+    return load_dcgm_counters()
 
 
 def read_catalog_text(path: str | os.PathLike[str]) -> str:

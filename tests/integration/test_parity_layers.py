@@ -139,7 +139,12 @@ def test_independent_scraper_mode_compares_buckets_and_rates(
     queries = check.host_queries("gpu-node-0000", start, end)
     assert any(q.startswith('label_replace(rate({__name__="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"') for q in queries)
     assert any(q.startswith('label_replace(avg_over_time({__name__="DCGM_FI_DEV_GPU_TEMP"') for q in queries)
+    # The kinds come from the source's own metadata (the fleet's # TYPE lines), not the DCGM list.
+    kinds = check.metric_kinds(start, end)
+    assert kinds["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == {"kind": "counter", "from": "source_metadata"}
+    assert kinds["DCGM_FI_DEV_GPU_TEMP"] == {"kind": "gauge", "from": "source_metadata"}
     result = check.compare_hosts(["gpu-node-0000", "gpu-node-0001"], start, end)
+    assert result["metric_kinds"] == kinds
     assert result["series_compared"] == 2 * 8 * 4 and result["points_compared"] > 0
     assert result["mismatches"] == 0 and result["missing_series"] == 0, result["offenders"]
 

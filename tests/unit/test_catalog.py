@@ -33,7 +33,7 @@ from promshift.core.catalog import loader as loader_module
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_CATALOG = REPO / "catalog" / "metric_groups.yaml"
-DCGM_COUNTERS = REPO / "include" / "promshift" / "stack" / "dcgm_default_counters.csv"
+DCGM_COUNTERS = REPO / "include" / "promshift" / "data" / "dcgm_default_counters.csv"
 
 
 def dcgm_counter_names() -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from promshift.core.dcgm import parse_counters
 from promshift.stack.fleet import (
     FB_TOTAL_MIB,
     XID_CODES,
@@ -21,7 +22,6 @@ from promshift.stack.fleet import (
     FleetSpec,
     load_counters,
     node_values,
-    parse_counters,
     render_node,
     write_file_sd,
 )

@@ -53,6 +53,7 @@ from promshift.core.parity import (
     golden_failure,
     label_drift,
     label_renames,
+    metric_kinds,
     normalize_labels,
     sample_hosts,
 )
@@ -177,6 +178,9 @@ class ParityCheck:
     # Per side, the declared names of the host label its series use (seen by coverage): the samples
     # layer selects on those only, so a side that uses one name gets one plain selector.
     _host_names_in_use: tuple[list[str], list[str]] | None = None
+    # Per metric, its kind and where it came from (``core.parity.metric_kinds``): decided once per
+    # check from the source's metadata, carried to the shards by the plan.
+    _kinds: dict[str, dict[str, str]] | None = None
 
     @property
     def policy(self) -> Any:
@@ -521,8 +525,11 @@ class ParityCheck:
             consecutive = 0
         log.info("parity %s: hosts %s compared (%s series, %s points)", self.group.name, list(hosts),
                  comparison.series_compared, comparison.points_compared)
-        return {**comparison.to_dict(), "hosts": list(hosts), "errors": errors,
-                "error_limit_hit": consecutive >= self.policy.consecutive_error_limit > 0}
+        out = {**comparison.to_dict(), "hosts": list(hosts), "errors": errors,
+               "error_limit_hit": consecutive >= self.policy.consecutive_error_limit > 0}
+        if self.policy.mode != "dual_write" and self._kinds is not None:
+            out["metric_kinds"] = dict(self._kinds)
+        return out
 
     def _compare_batch(self, hosts: list[str], start: float, end: float, step: float, rename: dict[str, str],
                        host_names: Sequence[Sequence[str]], comparison: SampleComparison) -> None:
@@ -570,7 +577,7 @@ class ParityCheck:
         for metric in self._metric_names(start, end):
             for h in on_host:
                 sel = f"{{__name__={promql_string(metric)}, {h}}}"
-                if metric in self._counter_names:
+                if self.metric_kinds(start, end)[metric]["kind"] == "counter":
                     inner, tag = f"rate({sel}[{2 * step}s])", f"{metric}:rate{2 * step}s"
                 else:
                     inner, tag = f"avg_over_time({sel}[{step}s])", f"{metric}:avg{step}s"
@@ -583,11 +590,24 @@ class ParityCheck:
             self._names = self.source.label_values("__name__", self.group.selector(), start=start, end=end)
         return self._names
 
-    @property
-    def _counter_names(self) -> frozenset[str]:
-        from promshift.settings import dcgm_counters
+    def metric_kinds(self, start: float, end: float) -> dict[str, dict[str, str]]:
+        """Counter or gauge per metric of the group: the source's ``/api/v1/metadata`` first (one call per
+        metric), dcgm-exporter's list for a metric the source has no type for. A metadata call that fails
+        leaves that metric to the list (logged); the answer is recorded in the samples evidence."""
+        names = self._metric_names(start, end)
+        if self._kinds is None or not set(names) <= self._kinds.keys():
+            from promshift.settings import dcgm_counters
 
-        return frozenset(c.name for c in dcgm_counters() if c.kind == "counter")
+            metadata: dict[str, list[dict[str, str]]] = {}
+            for name in names:
+                try:
+                    metadata.update(self.source.metadata(name))
+                except PrometheusError as exc:
+                    log.warning("parity %s: no metadata for %s from the source (%s); using the DCGM list",
+                                self.group.name, name, exc)
+            fallback = {c.name: c.kind for c in dcgm_counters() if c.kind != "label"}
+            self._kinds = {**(self._kinds or {}), **metric_kinds(names, metadata, fallback)}
+        return self._kinds
 
     def samples_measurement(self, shards: Sequence[dict[str, Any]], hosts_total: int) -> Measurement:
         """Merge shard totals into the samples measurement."""
@@ -604,6 +624,9 @@ class ParityCheck:
                                + "; ".join(errors[:3]), (), {"errors": errors})
         m = comparison.measurement([f"range query per sampled host ({len(hosts)} hosts)"])
         m.numbers.update({"hosts_sampled": sorted(hosts), "hosts_total": hosts_total, "errors": errors})
+        kinds = next((s["metric_kinds"] for s in shards if s.get("metric_kinds")), None)
+        if kinds:
+            m.numbers["metric_kinds"] = kinds
         return m
 
     # -- all layers ----------------------------------------------------------------------
@@ -632,10 +655,19 @@ class ParityCheck:
             measurements.append(Measurement("samples", Verdict.ERROR, str(exc)))
         size = self.policy.hosts_per_shard
         names = self._host_names_in_use
+        kinds = None
+        if hosts and self.policy.mode != "dual_write":
+            try:
+                kinds = self.metric_kinds(start, end)
+            except PrometheusError as exc:
+                measurements.append(Measurement("samples", Verdict.ERROR, str(exc)))
+                hosts = []
         for i in range(0, len(hosts), size):
             shard: dict[str, Any] = {"hosts": hosts[i:i + size], "start": start, "end": end}
             if names is not None:
                 shard["host_names"] = [list(names[0]), list(names[1])]
+            if kinds is not None:
+                shard["metric_kinds"] = kinds
             shards.append(shard)
         return ParityPlan(ParityWindow(start, end, self.policy.step_s), tuple(measurements), tuple(shards),
                           len(hosts), self._cost(started, before), golden_inventory)
@@ -644,6 +676,8 @@ class ParityCheck:
         """One mapped task's work: compare the shard's hosts; returns totals and what it cost."""
         started = time.perf_counter()
         before = [c.ledger.snapshot() for c in (self.source, self.target)]
+        if shard.get("metric_kinds"):
+            self._kinds = {name: dict(kind) for name, kind in shard["metric_kinds"].items()}
         out = self.compare_hosts(shard["hosts"], shard["start"], shard["end"], shard.get("host_names"))
         out["cost"] = self._cost(started, before)
         return out

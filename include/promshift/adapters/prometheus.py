@@ -407,6 +407,26 @@ class PrometheusClient:
         return self._get_list(f"/api/v1/label/{label}/values",
                               {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"})
 
+    def metadata(self, metric: str | None = None) -> dict[str, list[dict[str, str]]]:
+        """``/api/v1/metadata``: per metric name, the types, HELP texts and units its targets declared.
+
+        ``metric`` asks for that metric only; the answer may be empty (no target exposes it, or
+        the server keeps no metadata). Every entry is checked: a metric maps to a list of objects.
+        """
+        params = {"metric": metric} if metric else None
+        body = self._success_body(self._request("GET", "/api/v1/metadata", params=params), "metadata")
+        data = body.get("data") or {}
+        if not isinstance(data, dict):
+            raise self._error(f"malformed answer for metadata: 'data' must be an object, got {_describe(data)}",
+                              ErrorKind.MALFORMED, http_status=200)
+        out: dict[str, list[dict[str, str]]] = {}
+        for name, entries in data.items():
+            if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+                raise self._error(f"malformed answer for metadata: {name!r} must map to a list of objects, "
+                                  f"got {_describe(entries)}", ErrorKind.MALFORMED, http_status=200)
+            out[str(name)] = [{k: str(v) for k, v in e.items()} for e in entries]
+        return out
+
     def scalar(self, expr: str, *, at: float | None = None) -> float | None:
         """The single value of an instant query, or None when it returns nothing."""
         res = self.query(expr, at=at)

@@ -58,6 +58,34 @@ def normalize_labels(labels: Mapping[str, str], *, ignore: Iterable[str] = (),
     return tuple(sorted(out.items()))
 
 
+KIND_FROM_METADATA = "source_metadata"
+KIND_FROM_DCGM = "dcgm_list"
+KIND_DEFAULT = "default"
+
+
+def metric_kinds(names: Iterable[str], metadata: Mapping[str, Sequence[Mapping[str, str]]],
+                 fallback: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Per metric, its kind (``counter``, ``gauge``...) and where that came from.
+
+    The source Prometheus's metadata (``/api/v1/metadata``: what its targets declared in ``# TYPE``)
+    decides; ``fallback`` (dcgm-exporter's list) only when the source declares no type for a metric,
+    only ``unknown``, or conflicting types; a metric in neither is a ``gauge`` (compared per bucket
+    average, as an untyped series is) with ``from`` ``default``.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for name in names:
+        declared = {e.get("type", "") for e in metadata.get(name, ())} - {"", "unknown"}
+        if len(declared) == 1:
+            out[name] = {"kind": declared.pop(), "from": KIND_FROM_METADATA}
+        elif name in fallback:
+            out[name] = {"kind": fallback[name], "from": KIND_FROM_DCGM}
+        else:
+            out[name] = {"kind": "gauge", "from": KIND_DEFAULT}
+        if len(declared) > 1:
+            out[name]["conflict"] = ", ".join(sorted(declared))
+    return out
+
+
 @dataclass(frozen=True)
 class HostLabels:
     """The names a side may give the host label: the group's own, its declared aliases, undeclared variants.

@@ -28,15 +28,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib import resources
 from pathlib import Path
 
 from promshift.core.dcgm import DcgmCounter as CounterSpec
-from promshift.core.dcgm import parse_counters
+from promshift.settings import dcgm_counters
 
 logger = logging.getLogger(__name__)
 
-COUNTERS_CSV = "dcgm_default_counters.csv"
 MODEL_NAME = "NVIDIA H100 80GB HBM3"
 DRIVER_VERSION = "570.133.20"
 FB_TOTAL_MIB = 81559  # what nvidia-smi reports as total for an H100 80GB HBM3
@@ -88,9 +86,8 @@ class FleetSpec:
 
 
 def load_counters() -> tuple[CounterSpec, ...]:
-    """Parse the packaged dcgm-exporter counters CSV (comments and blank lines skipped)."""
-    text = resources.files("promshift.stack").joinpath(COUNTERS_CSV).read_text(encoding="utf-8")
-    return parse_counters(text)
+    """dcgm-exporter's default counters: the package's one list (``promshift.data``), parsed once."""
+    return dcgm_counters()
 
 
 def gpu_uuid(hostname: str, gpu: int) -> str:
