@@ -108,7 +108,12 @@ class ScraperDeployStep:
             raise DeployStepFailed(str(exc)) from None
 
     def finish(self, event: Mapping[str, Any], quota: Mapping[str, Any] | None, now: datetime) -> dict[str, Any]:
-        """The trigger's event: DUAL_WRITING with the evidence when done; else ``deploy_failed`` and raise."""
+        """The trigger's event: DUAL_WRITING with the evidence when done; else ``deploy_failed`` and raise.
+
+        A retry after this run recorded ``dual_write_deployed`` returns that record (no second event)."""
+        done = self.migration.recorded("dual_write_deployed", Stage.DUAL_WRITING)
+        if done is not None:
+            return redact(done.evidence_data)
         evidence = deploy_evidence(event["result"], quota)
         if event.get("status") != "done":
             reason = str(event.get("reason") or evidence["reason"] or event.get("status"))
@@ -133,8 +138,15 @@ class ScraperDeployStep:
                         now: datetime) -> dict[str, Any]:
         """Record ``rolled_back`` (or ``rollback_failed``) from the restore's final result; reads go back to source.
 
-        ``restored_identical``: what is live now (read again) is the snapshot (the same blob, or no scraper)."""
+        ``restored_identical``: what is live now (read again) is the snapshot (the same blob, or no scraper).
+        A retry after this run recorded ``rolled_back`` reports what is live now and records nothing."""
         m = self.migration
+        mine = m.audit.events(group=m.group.name, run_id=m.run_id)
+        if mine and mine[-1].kind == "rolled_back" and event.get("status") == "done":
+            live = self.deployer.snapshot()
+            found = {"restored_identical": live.existed == bool(snapshot_info["existed"])
+                     and live.sha256 == snapshot_info["sha256"], "read_from": m.routing.read_from(m.group.name)}
+            return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})
         evidence: dict[str, Any] = {"performed": True, "method": "scraper_restore", "reason": reason,
                                     "deploy": deploy_evidence(event["result"], None)}
         if event.get("status") != "done":

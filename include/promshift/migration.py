@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from promshift.adapters.audit_store import AuditStore
-from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer, write_atomically
+from promshift.adapters.deploy import ConfigSnapshot, DeployError, DeployResult, FileConfigDeployer, write_atomically
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingError, RoutingManifest
 from promshift.core.audit import AuditEvent
@@ -120,14 +120,36 @@ class GroupMigration:
     def stage(self) -> Stage:
         return self.audit.stage_of(self.group.name)
 
+    def recorded(self, kind: str, to: Stage) -> AuditEvent | None:
+        """This run's ``kind`` event that moved the group to ``to``, if it is still the group's latest move.
+
+        That is what a retried step finds when its first attempt recorded the transition and
+        then failed: the step already happened, so the retry resumes instead of moving the
+        stage again (which the table would refuse). Another run's event, or one the group has
+        moved on from since, is not this step's and returns None.
+        """
+        moves = [e for e in self.audit.events(group=self.group.name) if e.stage_to]
+        if not moves:
+            return None
+        last = moves[-1]
+        if last.run_id == self.run_id and last.kind == kind and last.stage_to == to.value:
+            return last
+        return None
+
     def record(self, kind: str, now: datetime, evidence: Mapping[str, Any], *, to: Stage | None = None,
                actor: str | None = None) -> AuditEvent:
         """Append an audit event; with ``to``, also move the stage (checked by the table).
 
         Returns the appended event: its ``seq`` and ``hash`` are the chain's new (anchored) head.
+        A transition this run already recorded as the group's latest move (a retried step, see
+        ``recorded``) is not appended again: the recorded event is returned.
         """
         # No URL credentials in the audit log, ever; NaN/±Inf (a NaN lag, say) as text, not a failed append.
         evidence = json_safe(redact(evidence))
+        if to is not None and (done := self.recorded(kind, to)) is not None:
+            log.info("audit: %s %s -> %s was already recorded by this run (seq %s); not recording it again",
+                     self.group.name, kind, to.value, done.seq)
+            return done
         current = self.stage() if to else None
         if to is not None and current is not None:
             transition(self.group.name, current, to)
@@ -205,12 +227,30 @@ class GroupMigration:
                                  uid=info.get("uid"), gid=info.get("gid"))
 
     def deploy_dual_write(self, snapshot_info: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-        """Add the group's own remote_write entry with a keep-filter; verify it is live."""
+        """Add the group's own remote_write entry with a keep-filter; verify it is live.
+
+        Idempotent for a retry of this run: when the ``dual_write_deployed`` event is already
+        recorded, the entry is re-verified live and the recorded evidence returned; when the
+        config file already holds exactly this deploy's bytes (the edit happened, its event
+        did not), it is verified live (reloaded if need be) and recorded once, not redeployed.
+        """
         snap = self._load_snapshot(snapshot_info)
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
                                    url=self.backends.target_remote_write_url, sigv4=self.backends.target_sigv4)
         new_data = add_remote_write(snap.data, entry)
-        result = self.deployer.deploy(new_data, snapshot=snap, expect_remote_writes={entry["name"]})
+        done = self.recorded("dual_write_deployed", Stage.DUAL_WRITING)
+        if done is not None:
+            self._verify_live(entry["name"])
+            return redact(done.evidence_data)
+        deployer = self.deployer
+        resumed = deployer.real_path.read_bytes() == new_data != snap.data
+        if resumed:
+            log.warning("%s already holds remote_write %s from an earlier attempt of this run; verifying it",
+                        deployer.config_path, entry["name"])
+            result = DeployResult(before_sha256=snap.sha256, after_sha256=sha256_bytes(new_data),
+                                  live_remote_writes=self._verify_live(entry["name"]))
+        else:
+            result = deployer.deploy(new_data, snapshot=snap, expect_remote_writes={entry["name"]})
         evidence = {"remote_write": entry["name"], "keep_regex": self.group.name_regex(),
                     "url": self.backends.target_remote_write_url, "config_before_sha256": result.before_sha256,
                     "config_after_sha256": result.after_sha256,
@@ -218,8 +258,23 @@ class GroupMigration:
                     "dual_write_since": now.timestamp()}
         if "sigv4" in entry:
             evidence["sigv4"] = entry["sigv4"]
+        if resumed:
+            evidence["resumed"] = "the config already held this entry from an earlier attempt; verified live"
         self.record("dual_write_deployed", now, evidence, to=Stage.DUAL_WRITING)
         return redact(evidence)
+
+    def _verify_live(self, name: str) -> tuple[str, ...]:
+        """The source's loaded remote_write names, which must include ``name``; reloads once if it is missing
+        (an attempt that wrote the file may have died before the reload)."""
+        client = self.backends.source
+        live = remote_write_names(client.config_text())
+        if name not in live:
+            client.reload()
+            live = remote_write_names(client.config_text())
+        if name not in live:
+            raise DeployError(f"remote_write {name} is in {self.backends.source_config_path} but not in the "
+                              f"loaded config of {redact_text(client.base_url)}")
+        return tuple(live)
 
     def start_warmup(self, now: datetime) -> None:
         self.record("warmup_started", now, {"policy": _policy_dict(self.group.warmup)}, to=Stage.WARMING)
@@ -314,6 +369,9 @@ class GroupMigration:
 
     def cutover(self, now: datetime) -> dict[str, Any]:
         """Route the group's reads to the target in the routing manifest."""
+        done = self.recorded("cut_over", Stage.CUT_OVER)
+        if done is not None and self.routing.read_from(self.group.name) == "target":
+            return redact(done.evidence_data)
         route = self.routing.route(self.group.name, read_from="target", url=self.backends.target.base_url,
                                    at=now, run_id=self.run_id)
         evidence = {"routing": route, "manifest": str(self.routing.path)}
@@ -356,12 +414,19 @@ class GroupMigration:
         failure is recorded as ``rollback_failed`` before it is raised, and a corrupt routing
         manifest is recorded with the rollback, then raised.
         """
+        mine = self.audit.events(group=self.group.name, run_id=self.run_id)
+        last_kind = mine[-1].kind if mine else None
         if not snapshot_info:
+            if last_kind == "rollback_not_needed":  # a retry: already recorded
+                return redact(mine[-1].evidence_data)
             evidence = {"performed": False, "restored_identical": None, "reason": reason,
                         "detail": "no snapshot was taken, so nothing was deployed"}
             self.record("rollback_not_needed", now, evidence)
             return evidence
         name = remote_write_name(self.group.name)
+        if last_kind == "rolled_back" and (found := self._still_rolled_back(snapshot_info)) is not None:
+            # A retry after this run's rollback was recorded: report what is there now, record nothing.
+            return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})
         evidence: dict[str, Any] = {"performed": True, "method": "snapshot", "reason": reason,
                                     "config_sha256": snapshot_info["sha256"]}
         try:
@@ -396,6 +461,22 @@ class GroupMigration:
         if routing_error is not None:
             raise routing_error
         return redact(evidence)
+
+    def _still_rolled_back(self, snapshot_info: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What a repeated rollback finds when the group's entry is gone from both the file and the loaded
+        config and reads go to the source; None when any of that is no longer so (roll back again)."""
+        name = remote_write_name(self.group.name)
+        try:
+            data = self.deployer.real_path.read_bytes()
+            in_file = name in remote_write_names(data)
+            live = name in remote_write_names(self.backends.source.config_text())
+            read_from = self.routing.read_from(self.group.name)
+        except (OSError, PrometheusError, RenderError, RoutingError, KeyError, TypeError, ValueError):
+            return None
+        if in_file or live or read_from != "source":
+            return None
+        return {"config_sha256": sha256_bytes(data), "identical_to_snapshot": sha256_bytes(data) == snapshot_info[
+            "sha256"], "remote_write_live": False, "read_from": read_from}
 
     def _remove_own_entry(self, snapshot_info: Mapping[str, Any]) -> bool:
         """Remove the group's remote_write entry by name (deployed and verified); True when the

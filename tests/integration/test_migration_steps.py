@@ -19,11 +19,17 @@ from typing import Any
 import pytest
 
 from promshift.adapters.audit_store import AuditStore
-from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
+from promshift.adapters.deploy import ConfigSnapshot, DeployError, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingManifest
 from promshift.core.catalog import MetricGroup
-from promshift.core.render import remote_write_name, remote_write_names, sha256_bytes
+from promshift.core.render import (
+    add_remote_write,
+    remote_write_entry,
+    remote_write_name,
+    remote_write_names,
+    sha256_bytes,
+)
 from promshift.core.stages import Stage
 from promshift.core.verdicts import Layer, Verdict
 from promshift.core.warmup import WarmupObservation
@@ -247,3 +253,109 @@ def test_warmup_trigger_times_out_on_a_selector_matching_nothing(local_stack: Lo
     assert "the source has no series of this group" in event["reason"]
     assert event["observation"]["source_series"] == 0
     assert time.monotonic() - started < 10
+
+
+# -- retried steps (issue 12): a crash around the audit append, then Airflow's retry ----------------
+
+
+class Crash(RuntimeError):
+    """The task died at this point."""
+
+
+def crash_once(monkeypatch: pytest.MonkeyPatch, audit: AuditStore, kind: str, *, after_append: bool) -> None:
+    """The next append of ``kind`` fails once: before it is written, or right after it is committed."""
+    real, crashed = audit.append, []
+
+    def append(**kw: Any) -> Any:
+        if kw["kind"] == kind and not crashed:
+            crashed.append(kind)
+            if after_append:
+                real(**kw)
+            raise Crash(kind)
+        return real(**kw)
+
+    monkeypatch.setattr(audit, "append", append)
+
+
+def entries_in_file(stack: LocalStack) -> list[str]:
+    return [n for n in remote_write_names(stack.source_config_path.read_bytes()) if n == remote_write_name(GROUP)]
+
+
+@pytest.mark.parametrize("after_append", [False, True], ids=["crash-before-event", "crash-after-event"])
+def test_retried_dual_write_and_rollback_end_as_a_run_without_a_crash(
+        local_stack: LocalStack, tmp_path: Path, audit: AuditStore, source_config_guard: bytes,
+        monkeypatch: pytest.MonkeyPatch, after_append: bool) -> None:
+    migration = make_migration(local_stack, tmp_path, audit)
+    entry = remote_write_name(GROUP)
+    snap = migration.snapshot(now())
+
+    crash_once(monkeypatch, audit, "dual_write_deployed", after_append=after_append)
+    with pytest.raises(Crash):
+        migration.deploy_dual_write(snap, now())
+    deployed_bytes = local_stack.source_config_path.read_bytes()
+    assert entries_in_file(local_stack) == [entry]  # the side effect happened
+
+    deployed = migration.deploy_dual_write(snap, now())  # the retry
+    assert local_stack.source_config_path.read_bytes() == deployed_bytes  # not edited a second time
+    assert entries_in_file(local_stack) == [entry]
+    assert entry in remote_write_names(migration.backends.source.config_text())
+    assert deployed["config_before_sha256"] == snap["sha256"]
+    assert deployed["config_after_sha256"] == sha256_bytes(deployed_bytes)
+    assert ("resumed" in deployed) is not after_append  # only an unrecorded deploy is verified and recorded now
+    again = migration.deploy_dual_write(snap, now())  # a retry after the event was recorded adds nothing
+    assert again["dual_write_since"] == deployed["dual_write_since"]
+    assert [e.kind for e in audit.events(group=GROUP)] == ["snapshot_taken", "dual_write_deployed"]
+    assert audit.stage_of(GROUP) == Stage.DUAL_WRITING
+
+    crash_once(monkeypatch, audit, "rolled_back", after_append=after_append)
+    with pytest.raises(Crash):
+        migration.rollback(snap, reason="test: retried rollback", now=now())
+    rolled = migration.rollback(snap, reason="test: retried rollback", now=now())
+    assert rolled["restored_identical"] is True
+    assert rolled.get("already_rolled_back", False) is after_append
+    if after_append:
+        assert rolled["found"] == {"config_sha256": snap["sha256"], "identical_to_snapshot": True,
+                                   "remote_write_live": False, "read_from": "source"}
+    n = len(audit.events())
+    assert migration.rollback(snap, reason="test: retried rollback", now=now())["already_rolled_back"] is True
+    assert len(audit.events()) == n
+    assert local_stack.source_config_path.read_bytes() == source_config_guard
+    assert entry not in remote_write_names(migration.backends.source.config_text())
+    assert [(e.kind, e.stage_from, e.stage_to) for e in audit.events(group=GROUP)] == [
+        ("snapshot_taken", None, None), ("dual_write_deployed", "planned", "dual_writing"),
+        ("rolled_back", "dual_writing", "rolled_back")]
+    assert audit.verify().ok
+
+
+def test_a_deploy_killed_before_its_reload_is_reloaded_and_recorded_on_retry(
+        local_stack: LocalStack, tmp_path: Path, audit: AuditStore, source_config_guard: bytes) -> None:
+    migration = make_migration(local_stack, tmp_path, audit)
+    entry = remote_write_name(GROUP)
+    snap = migration.snapshot(now())
+    # What a killed attempt leaves: the new bytes written, Prometheus not reloaded, no event.
+    wanted = add_remote_write(source_config_guard, remote_write_entry(
+        group_name=GROUP, name_regex=migration.group.name_regex(),
+        url=migration.backends.target_remote_write_url))
+    local_stack.source_config_path.write_bytes(wanted)
+    assert entry not in remote_write_names(migration.backends.source.config_text())
+
+    deployed = migration.deploy_dual_write(snap, now())
+    assert entry in remote_write_names(migration.backends.source.config_text())
+    assert local_stack.source_config_path.read_bytes() == wanted
+    assert entries_in_file(local_stack) == [entry]
+    assert "resumed" in deployed
+    assert [e.kind for e in audit.events(group=GROUP) if e.stage_to] == ["dual_write_deployed"]
+    migration.rollback(snap, reason="test: end", now=now())
+    assert local_stack.source_config_path.read_bytes() == source_config_guard
+
+
+def test_another_runs_entry_in_the_config_is_not_taken_for_ours(
+        local_stack: LocalStack, tmp_path: Path, audit: AuditStore, source_config_guard: bytes) -> None:
+    migration = make_migration(local_stack, tmp_path, audit)
+    snap = migration.snapshot(now())
+    # Someone else's edit since the snapshot (not this deploy's bytes): still refused, nothing recorded.
+    local_stack.source_config_path.write_bytes(source_config_guard + b"# edited by hand\n")
+    with pytest.raises(DeployError, match="changed since the snapshot"):
+        migration.deploy_dual_write(snap, now())
+    assert [e.kind for e in audit.events(group=GROUP)] == ["snapshot_taken"]
+    assert audit.stage_of(GROUP) == Stage.PLANNED

@@ -144,3 +144,42 @@ def test_a_quota_refusal_deploys_nothing(migration: GroupMigration) -> None:
     assert "deploy" not in fake.calls and fake.live is None
     block = report(migration)["deploy"]
     assert isinstance(block, dict) and block["quota"]["share"] == 0.9 and block["status_history"] == []
+
+
+def test_retried_finish_and_finish_rollback_record_once(migration: GroupMigration,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 12: a finish that crashed before (or after) its event, retried, ends as a run without a crash."""
+    from promshift.core.deploy import DeployResult
+
+    fake = InMemoryConfigDeployer(None, "scrape_configs: []\n", kind="scraper",
+                                  statuses=(("CREATING", DeployState.WAITING), ("ACTIVE", DeployState.DONE)))
+    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
+    info = step.snapshot(now())
+    event = settle(fake, DeployResult.from_dict(step.start(info, now())["deploy"]))
+    real = migration.audit.append
+    crashed: list[str] = []
+
+    def append_crashing_once(**kw: object) -> object:
+        if kw["kind"] == "dual_write_deployed" and not crashed:
+            crashed.append("x")
+            raise RuntimeError("worker died before the event")
+        return real(**kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(migration.audit, "append", append_crashing_once)
+    with pytest.raises(RuntimeError, match="worker died"):
+        step.finish(event, None, now())
+    out = step.finish(event, None, now())
+    assert step.finish(event, None, now()) == out  # again: the recorded evidence, no new event
+    assert [(e.kind, e.stage_to) for e in migration.audit.events(group=GROUP)] == [
+        ("snapshot_taken", None), ("dual_write_deployed", "dual_writing")]
+
+    reason = "test: retried rollback"
+    done = settle(fake, step.restore(info, reason=reason, now=now()))
+    first = step.finish_rollback(done, info, reason=reason, now=now())
+    again = step.finish_rollback(done, info, reason=reason, now=now())
+    assert again == {**first, "already_rolled_back": True, "found": {"restored_identical": True,
+                                                                     "read_from": "source"}}
+    assert [e.kind for e in migration.audit.events(group=GROUP)] == [
+        "snapshot_taken", "dual_write_deployed", "rolled_back"]
+    assert migration.stage() == Stage.ROLLED_BACK
+    assert migration.audit.verify().ok
