@@ -287,6 +287,9 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     # Credentials reach Airflow only through its environment: never the connection JSON, never printed.
     target_conn, aws_env = target_connection(stack, scenario, deploy)
     if deploy == "scraper":
+        # The demo's short timings, as for its latency windows: the local collector scrapes at the source's
+        # interval instead of the blob's 30 s, or the demo's minute-long parity window holds one or two points.
+        stack.set_aws_faults(scraper={"collector_scrape_interval_s": parse_duration(config.scrape_interval)})
         # The quota pre-flight reads the workspace's active series from CloudWatch (AWS vends it; locally seeded).
         log.info("workspace usage seeded for the quota pre-flight: %s", stack.publish_usage())
     sha_before = config_sha256(stack.source_config_path)
