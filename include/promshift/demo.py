@@ -49,7 +49,7 @@ from promshift.core.report import (
     source_config_line,
     target_line,
 )
-from promshift.deploy_path import REMOTE_WRITE, SCRAPER
+from promshift.deploy_path import DEPLOY_KINDS, REMOTE_WRITE
 from promshift.local_airflow import APPROVER_USERS, LocalAirflow
 from promshift.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
 from promshift.stack.backfill import backfill_stack, check_history, fleet_metrics
@@ -60,7 +60,6 @@ log = logging.getLogger("promshift.demo")
 
 DEMO_PROFILE = "demo"
 HISTORY_PROFILE = "demo-history"  # production latency windows, for a stack given hours of history
-DEPLOY_KINDS = (REMOTE_WRITE, SCRAPER)
 SCENARIOS = ("happy", "drift", "bad-credentials")
 AMP_ONLY_SCENARIOS = ("bad-credentials",)
 DEFAULT_TIMEOUT_S = 540.0
@@ -176,7 +175,7 @@ def target_report(stack: LocalStack) -> dict[str, Any]:
                               "rejected_by_reason": dict(control.get("rejected_by_reason") or {})}}
 
 
-def target_connection(stack: LocalStack, scenario: str, deploy: str = "remote_write"
+def target_connection(stack: LocalStack, scenario: str, deploy: str = REMOTE_WRITE
                       ) -> tuple[dict[str, Any], dict[str, str]]:
     """Airflow's target connection and the environment it needs: for AMP the ``amp`` connection (no
     credentials in it) and the ``AWS_*`` pair (for ``bad-credentials``, a secret the local AWS refuses).
@@ -192,7 +191,7 @@ def target_connection(stack: LocalStack, scenario: str, deploy: str = "remote_wr
         log.warning("bad-credentials: Airflow signs with the right access key id but another secret; the local "
                     "AWS must refuse every signature, and nothing may be deployed")
     extra: dict[str, Any] = dict(stack.amp_connection_extra())
-    if deploy != "remote_write":
+    if deploy != REMOTE_WRITE:
         extra["deploy"] = deploy
         extra["scraper"] = stack.scraper_extra()
     return {"conn_type": "amp", "extra": extra}, env
@@ -223,7 +222,7 @@ def backfilled_metrics(group: MetricGroup) -> list[str]:
 def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, report_root: Path,
              timeout_s: float | None = None, history_s: float | None = None,
              history_interval_s: float = 300.0, target_kind: str = "prometheus",
-             deploy: str = "remote_write") -> Path:
+             deploy: str = REMOTE_WRITE) -> Path:
     """Run the whole job once on a fresh local stack; return the report directory.
 
     ``target_kind="amp"``: the target is the local AWS's workspace, reached through its SigV4 front door.
@@ -253,7 +252,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         raise ValueError(problem)
     if deploy not in DEPLOY_KINDS:
         raise ValueError(f"deploy must be one of {', '.join(DEPLOY_KINDS)}, got {deploy!r}")
-    if deploy != "remote_write" and target_kind != "amp":
+    if deploy != REMOTE_WRITE and target_kind != "amp":
         raise ValueError(f"deploy {deploy!r} needs the AMP target (--target amp / TARGET=amp)")
     if timeout_s is None:
         timeout_s = HISTORY_TIMEOUT_S if history_s else DEFAULT_TIMEOUT_S
@@ -384,11 +383,11 @@ def main(argv: list[str] | None = None) -> int:
                              f"{HISTORY_PROFILE!r}")
     parser.add_argument("--history-interval", type=_duration, default=300.0, metavar="DURATION",
                         help="sample interval of the backfilled history (default 5m, at most 5m)")
-    parser.add_argument("--deploy", choices=DEPLOY_KINDS, default="remote_write",
+    parser.add_argument("--deploy", choices=DEPLOY_KINDS, default=REMOTE_WRITE,
                         help="scraper (--target amp only): AMP's managed collector writes the group instead of a "
                              "remote_write entry in the source's config")
     args = parser.parse_args(argv)
-    if args.deploy != "remote_write" and args.target != "amp":
+    if args.deploy != REMOTE_WRITE and args.target != "amp":
         parser.error(f"--deploy {args.deploy} needs --target amp")
     if args.scenario in AMP_ONLY_SCENARIOS and args.target != "amp":
         parser.error(f"--scenario {args.scenario} needs --target amp")

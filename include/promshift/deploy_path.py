@@ -143,9 +143,7 @@ class ScraperDeployStep:
         m = self.migration
         mine = m.audit.events(group=m.group.name, run_id=m.run_id)
         if mine and mine[-1].kind == "rolled_back" and event.get("status") == "done":
-            live = self.deployer.snapshot()
-            found = {"restored_identical": live.existed == bool(snapshot_info["existed"])
-                     and live.sha256 == snapshot_info["sha256"], "read_from": m.routing.read_from(m.group.name)}
+            found = {"restored_identical": self._live_is(snapshot_info), "read_from": m.routing.read_from(m.group.name)}
             return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})
         evidence: dict[str, Any] = {"performed": True, "method": "scraper_restore", "reason": reason,
                                     "deploy": deploy_evidence(event["result"], None)}
@@ -156,12 +154,15 @@ class ScraperDeployStep:
         if m.routing.read_from(m.group.name) != "source":
             m.routing.route(m.group.name, read_from="source", url=m.backends.source.base_url, at=now,
                             run_id=m.run_id)
-        live = self.deployer.snapshot()
-        evidence["restored_identical"] = (live.existed == bool(snapshot_info["existed"])
-                                          and live.sha256 == snapshot_info["sha256"])
+        evidence["restored_identical"] = self._live_is(snapshot_info)
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[m.stage()] else None
         m.record("rolled_back", now, evidence, to=to)
         return redact(evidence)
+
+    def _live_is(self, snapshot_info: Mapping[str, Any]) -> bool:
+        """What is live now (read again) is the snapshot: the same blob, or no scraper when there was none."""
+        live = self.deployer.snapshot()
+        return live.existed == bool(snapshot_info["existed"]) and live.sha256 == snapshot_info["sha256"]
 
 
 def final_event(result: DeployResult) -> dict[str, Any]:
