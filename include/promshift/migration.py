@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,9 +17,11 @@ from typing import Any
 import yaml
 
 from promshift.adapters.audit_store import AuditStore
-from promshift.adapters.deploy import ConfigSnapshot, DeployError, DeployResult, FileConfigDeployer, write_atomically
+from promshift.adapters.blobs import Blobs, LocalBlobs
+from promshift.adapters.deploy import ConfigSnapshot, DeployError, DeployResult, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingError, RoutingManifest
+from promshift.adapters.snapshot_store import snapshot_key
 from promshift.core.audit import AuditEvent
 from promshift.core.catalog import MetricGroup
 from promshift.core.cost import (
@@ -101,12 +102,14 @@ class GroupMigration:
 
     def __init__(self, group: MetricGroup, backends: Backends, *, audit: AuditStore, routing: RoutingManifest,
                  snapshots_dir: str | Path, run_id: str, actor: str = "promshift",
-                 catalog_dir: Path | None = None) -> None:
+                 catalog_dir: Path | None = None, snapshot_blobs: Blobs | None = None) -> None:
         self.group = group
         self.backends = backends
         self.audit = audit
         self.routing = routing
         self.snapshots_dir = Path(snapshots_dir)
+        # Where snapshots go: an object store every worker reads (operators), else ``snapshots_dir``.
+        self.snapshot_blobs: Blobs = snapshot_blobs or LocalBlobs(self.snapshots_dir)
         self.run_id = run_id
         self.actor = actor
         self.catalog_dir = catalog_dir
@@ -202,11 +205,9 @@ class GroupMigration:
         executable): it holds the same credentials as the config.
         """
         snap = self.deployer.snapshot()
-        safe_run = re.sub(r"[^A-Za-z0-9_.-]", "_", self.run_id)
-        path = self.snapshots_dir / self.group.name / f"{safe_run}.yml"
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomically(path, snap.data, mode=(snap.mode if snap.mode is not None else 0o600) & 0o644)
-        info = {"snapshot_path": str(path), "config_path": snap.path, "sha256": snap.sha256,
+        ref = self.snapshot_blobs.put(snapshot_key(self.group.name, self.run_id, "yml"), snap.data,
+                                      mode=(snap.mode if snap.mode is not None else 0o600) & 0o644)
+        info = {"snapshot_path": ref, "config_path": snap.path, "sha256": snap.sha256,
                 "bytes": len(snap.data), "mode": f"{snap.mode:04o}" if snap.mode is not None else None,
                 "uid": snap.uid, "gid": snap.gid}
         self.record("snapshot_taken", now, info)
@@ -214,9 +215,9 @@ class GroupMigration:
 
     def _load_snapshot(self, info: Mapping[str, Any]) -> ConfigSnapshot:
         """The snapshot's bytes, checked against the hash recorded when it was taken."""
-        path = Path(info["snapshot_path"])
+        path = str(info["snapshot_path"])
         try:
-            data = path.read_bytes()
+            data = self.snapshot_blobs.get(path)
         except OSError as exc:
             raise SnapshotError(f"snapshot {path} cannot be read: {exc.strerror or exc}") from None
         if sha256_bytes(data) != info["sha256"]:

@@ -103,6 +103,12 @@ def snapshots_dir() -> Path:
     return state_home() / "snapshots"
 
 
+def snapshots_url() -> str:
+    """Where snapshots go, for ``ObjectStoragePath``: ``PROMSHIFT_SNAPSHOTS_URL`` (``s3://bucket/prefix`` in
+    production, so the worker that rolls back reads what another worker snapshotted), else ``snapshots_dir()``."""
+    return os.environ.get("PROMSHIFT_SNAPSHOTS_URL") or f"file://{snapshots_dir()}"
+
+
 def reports_url() -> str:
     """Where runs publish their reports, for ``ObjectStoragePath``: ``PROMSHIFT_REPORTS_URL`` (``s3://bucket/prefix``
     in production, where every worker and the board's API server read the same objects), else a local directory."""

@@ -276,7 +276,10 @@ def test_the_dags_deploy_and_rollback_tasks_defer_on_the_scraper_and_record_it(
     context = {"run_id": RUN_ID, "ti": FakeTI(xcoms)}
 
     xcoms["snapshot"] = dag.get_task("snapshot").execute(context)
-    assert xcoms["snapshot"]["kind"] == "scraper" and Path(xcoms["snapshot"]["snapshot_ref"]).is_file()
+    # A snapshot in the object store (file:// under PROMSHIFT_HOME by default), not a worker-local path.
+    ref = xcoms["snapshot"]["snapshot_ref"]
+    assert xcoms["snapshot"]["kind"] == "scraper" and ref.startswith("file://")
+    assert Path(ref.removeprefix("file://")).is_file()
     deploy = dag.get_task("deploy_dual_write")
     with pytest.raises(TaskDeferred) as deferred:
         deploy.execute(context)
@@ -298,6 +301,7 @@ def test_the_dags_deploy_and_rollback_tasks_defer_on_the_scraper_and_record_it(
         evidence = rollback.execute_complete(context, event, **deferred.value.kwargs)
         assert evidence["deploy"]["status_history"][-1]["status"] == "DELETED" and evidence["restored_identical"]
         assert audit.stage_of(g.name) == Stage.ROLLED_BACK
-        assert [e.kind for e in audit.events(group=g.name)] == ["snapshot_taken", "dual_write_deployed", "rolled_back"]
+        assert [e.kind for e in audit.events(group=g.name)] == ["snapshot_taken", "dual_write_deployed", "rolled_back",
+                                                                "report_published"]
     finally:
         audit.engine.dispose()

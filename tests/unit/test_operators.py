@@ -635,3 +635,31 @@ def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
         with pytest.raises(AirflowFailException, match=r"AWS refused the credentials' signature "
                                                        r"\(UnrecognizedClientException\)$"):
             task(dag, "validate").execute(make_context())
+
+
+# -- snapshots any worker can read ---------------------------------------------------------------
+
+
+def test_a_snapshot_taken_on_one_worker_is_read_back_on_another(
+        dag: Any, audit: AuditStore, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PROMSHIFT_SNAPSHOTS_URL (ObjectStoragePath) is shared; each worker's PROMSHIFT_HOME is its own disk."""
+    from promshift.migration import SnapshotError
+
+    shared = env / "object-store"
+    monkeypatch.setenv("PROMSHIFT_SNAPSHOTS_URL", f"file://{shared}")
+    monkeypatch.setenv("PROMSHIFT_HOME", str(env / "worker-a"))
+    info = task(dag, "snapshot").execute(make_context())
+    assert info["snapshot_path"].startswith(f"file://{shared}/{GROUP}/")
+    stored = Path(info["snapshot_path"].removeprefix("file://"))
+    assert stored.read_bytes() == (env / "prometheus.yml").read_bytes()
+    assert stored.stat().st_mode & 0o777 == (env / "prometheus.yml").stat().st_mode & 0o644  # never wider
+    assert not (env / "worker-a" / "snapshots").exists()  # nothing on worker A's own disk
+    monkeypatch.setenv("PROMSHIFT_HOME", str(env / "worker-b"))
+    other = task(build_group_dag(load_catalog(CATALOG, profile=PROFILE).get(GROUP), catalog_path=CATALOG,
+                                 profile=PROFILE), "rollback")
+    loaded = other.migration(make_context())._load_snapshot(info)
+    assert loaded.data == (env / "prometheus.yml").read_bytes() and loaded.sha256 == info["sha256"]
+    # Checked by hash: an edited object is refused, never restored.
+    stored.write_bytes(stored.read_bytes() + b"# edited in the bucket\n")
+    with pytest.raises(SnapshotError, match="does not match its recorded hash"):
+        other.migration(make_context())._load_snapshot(info)

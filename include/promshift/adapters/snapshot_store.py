@@ -1,36 +1,46 @@
-"""Snapshots between tasks, on disk: one JSON file per group and run, hash-checked when read back."""
+"""Snapshots between tasks: one JSON blob per group and run, hash-checked when read back.
+
+``BlobSnapshotStore`` keeps them in any ``adapters.blobs.Blobs`` (an object store every worker
+reads, in production); ``FileSnapshotStore`` is the same under a local directory.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import tempfile
-from pathlib import Path
 
+from promshift.adapters.blobs import Blobs, LocalBlobs
 from promshift.core.deploy import DeployError, DeploySnapshot
 
 
-class FileSnapshotStore:
-    """A ``core.deploy.SnapshotStore`` under a directory (``<dir>/<group>/<run>.json``, written atomically)."""
+def snapshot_key(group: str, run_id: str, suffix: str) -> str:
+    """``<group>/<run>.<suffix>`` with anything but ``[A-Za-z0-9_.-]`` replaced: one name per group and run."""
+    safe_run = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
+    safe_group = re.sub(r"[^A-Za-z0-9_.-]", "_", group)
+    return f"{safe_group}/{safe_run}.{suffix}"
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
+
+class BlobSnapshotStore:
+    """A ``core.deploy.SnapshotStore`` over ``Blobs`` (``<group>/<run>.<kind>.json``, written whole)."""
+
+    def __init__(self, blobs: Blobs) -> None:
+        self.blobs = blobs
 
     def put(self, group: str, run_id: str, snapshot: DeploySnapshot) -> str:
-        safe_run = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
-        safe_group = re.sub(r"[^A-Za-z0-9_.-]", "_", group)
-        path = self.directory / safe_group / f"{safe_run}.{snapshot.kind}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as handle:
-            json.dump(snapshot.to_dict(), handle, indent=1)
-        os.replace(tmp, path)
-        return str(path)
+        data = json.dumps(snapshot.to_dict(), indent=1).encode()
+        return self.blobs.put(snapshot_key(group, run_id, f"{snapshot.kind}.json"), data)
 
     def get(self, ref: str) -> DeploySnapshot:
         try:
-            data = json.loads(Path(ref).read_text())
+            data = json.loads(self.blobs.get(ref))
         except (OSError, ValueError) as exc:
             raise DeployError(f"snapshot {ref} cannot be read: {exc.__class__.__name__}") from None
         return DeploySnapshot.from_dict(data)
+
+
+class FileSnapshotStore(BlobSnapshotStore):
+    """``BlobSnapshotStore`` under a local directory."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        super().__init__(LocalBlobs(directory))

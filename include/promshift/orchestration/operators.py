@@ -145,10 +145,11 @@ class _GroupStep:
 
     def scraper_step(self, context: Any) -> Any:
         """The managed-collector path's steps: the group's scraper, snapshots on disk, the quota pre-flight."""
-        from promshift.adapters.snapshot_store import FileSnapshotStore
+        from promshift.adapters.snapshot_store import BlobSnapshotStore
         from promshift.core.deploy import DeployError
         from promshift.deploy_path import SCRAPER_INTERVAL_S, ScraperDeployStep
-        from promshift.settings import snapshots_dir
+        from promshift.orchestration.object_blobs import ObjectStorageBlobs
+        from promshift.settings import snapshots_url
 
         hook = self.target_hook
         try:
@@ -161,19 +162,22 @@ class _GroupStep:
             return hook.quota_preflight().require(group_series=group_series, scrape_interval_s=SCRAPER_INTERVAL_S,
                                                   now=now)
 
-        return ScraperDeployStep(self.migration(context), deployer, FileSnapshotStore(snapshots_dir()), quota=quota)
+        return ScraperDeployStep(self.migration(context), deployer,
+                                 BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())), quota=quota)
 
     def migration(self, context: Any) -> Any:
         from promshift.adapters.audit_store import AuditStore
         from promshift.adapters.routing import RoutingManifest
         from promshift.migration import GroupMigration
-        from promshift.settings import snapshots_dir
+        from promshift.orchestration.object_blobs import ObjectStorageBlobs
+        from promshift.settings import snapshots_dir, snapshots_url
 
         backends = self.backends()
         audit = AuditStore(key=audit_key(), on_head=lambda head: self._publish_audit_head(context, head))
         return GroupMigration(self.group, backends, audit=audit, routing=RoutingManifest(),
                               snapshots_dir=snapshots_dir(), run_id=context["run_id"],
-                              catalog_dir=Path(self.catalog_path).parent)
+                              catalog_dir=Path(self.catalog_path).parent,
+                              snapshot_blobs=ObjectStorageBlobs(snapshots_url()))
 
     def _publish_audit_head(self, context: Any, head: Any) -> None:
         """A second witness of the chain's head, in Airflow's own metadata: the task log and XCom ``audit_head``."""
