@@ -23,6 +23,7 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.core.audit import AuditEvent
 from promshift.core.latency import ProbeRun
 from promshift.core.stages import Stage
+from promshift.migration import NOTIFIED, steps_of
 from promshift.orchestration.dag_factory import build_group_dag
 from promshift.orchestration.operators import (
     GateOperator,
@@ -298,9 +299,12 @@ def test_the_audit_key_comes_from_the_airflow_connection_first(
     conn_key = "key-from-the-promshift_audit-connection"
     monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_AUDIT", json.dumps({"conn_type": "generic", "password": conn_key}))
     task(dag, "rollback").execute(make_context({"snapshot": None}))
-    [ev] = audit.events()
-    assert ev.scheme == HMAC_SHA256_V2
-    assert ev.hash_matches(conn_key.encode()) and not ev.hash_matches(audit.key)
+    # The rollback and its notification (sent or not: no SMTP connection here), both under that key.
+    events = audit.events()
+    assert [e.kind for e in events] == ["rollback_not_needed", NOTIFIED]
+    for ev in events:
+        assert ev.scheme == HMAC_SHA256_V2
+        assert ev.hash_matches(conn_key.encode()) and not ev.hash_matches(audit.key)
     assert AuditStore(audit.url, key=conn_key.encode()).verify().ok
     assert not audit.verify().ok  # the environment's key is not the one the chain was written with
 
@@ -406,7 +410,7 @@ def test_rollback_without_a_snapshot_records_not_needed(dag: Any, audit: AuditSt
     assert result["performed"] is False
     assert result["restored_identical"] is None
     assert result["reason"] == "a step failed before the gate; see that task's log"
-    [ev] = audit.events(group=GROUP)
+    [ev] = steps_of(audit.events(group=GROUP))
     assert ev.kind == "rollback_not_needed"
     assert ev.stage_to is None
     assert ev.evidence_data == result
@@ -524,7 +528,7 @@ def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
         stub.add_client_error("describe_workspace", "UnrecognizedClientException", http_status_code=403)
         result = op.execute(make_context({"snapshot": None}))
     assert result["performed"] is False
-    [ev] = audit.events(group=GROUP)
+    [ev] = steps_of(audit.events(group=GROUP))
     assert ev.kind == "rollback_not_needed"
     # Every other step does need the target, and says why it cannot have it.
     with Stubber(task(dag, "validate").target_hook.conn) as stub:
