@@ -54,6 +54,7 @@ class LinkedTI(FakeTI):
     run_id: str = RUN_ID
     task_id: str = "approval"
     try_number: int = 1
+    id: str = "0199a1b2-0000-7000-8000-000000000001"  # the task instance's UUID, which HITL keys its request by
 
     @property
     def log_url(self) -> str:
@@ -246,3 +247,39 @@ def test_a_group_without_a_channel_sends_and_records_nothing(
     op.execute(context_for(op, {"snapshot": None}))
     assert read_mail(sink) == []
     assert notified(audit) == []
+
+
+def test_the_approval_task_mails_once_its_request_exists_then_waits(
+        dag: Any, audit: AuditStore, sink: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real ``execute``: HITL writes the request (stubbed: it needs Airflow's API), runs the notifiers, waits."""
+    from airflow.providers.standard.operators import hitl
+    from airflow.sdk.exceptions import TaskAwaitingInput
+
+    monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", smtp_conn(sink_address(sink)[1]))  # type: ignore[index]
+    order: list[str] = []
+    monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: order.append("request:" + kwargs["subject"]))
+    op = dag.get_task("approval")
+    gate = {**GATE, "verdict": "SUCCESSFUL", "reason": "every check passed"}
+    with pytest.raises(TaskAwaitingInput):
+        op.execute(context_for(op, {"gate": gate}))
+    mail = only_mail(sink)
+    assert order == ["request:[SUCCESSFUL] Cut over metric group gpu-memory to AMP?"]
+    assert mail.subject == "[promshift] gpu-memory: approval needed to cut over to AMP (gate SUCCESSFUL)"
+    assert "every check passed" in mail.body() and "/tasks/approval/required_actions" in mail.body()
+    [event] = notified(audit)
+    assert event.evidence_data["sent"] is True and event.evidence_data["notice"] == "approval_needed"
+
+
+def test_an_approval_whose_mail_fails_still_waits_for_its_answer(
+        dag: Any, audit: AuditStore, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.standard.operators import hitl
+    from airflow.sdk.exceptions import TaskAwaitingInput
+
+    monkeypatch.delenv("AIRFLOW_CONN_SMTP_DEFAULT", raising=False)  # no SMTP connection at all
+    monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: None)
+    op = dag.get_task("approval")
+    with pytest.raises(TaskAwaitingInput):
+        op.execute(context_for(op, {"gate": GATE}))
+    [event] = notified(audit)
+    assert event.evidence_data["sent"] is False
+    assert event.evidence_data["error"] == "AirflowException: SMTP connection is not found."
