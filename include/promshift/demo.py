@@ -30,10 +30,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from promshift.adapters.audit_store import AuditStore
-from promshift.adapters.charts import latency_chart
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.board import URL_PREFIX as BOARD_PREFIX
 from promshift.core.catalog import MetricGroup
 from promshift.core.cost import CostEvidence
 from promshift.core.durations import format_duration, parse_duration
@@ -45,15 +46,15 @@ from promshift.core.report import (
     cost_table,
     latency_table,
     parity_log_table,
-    render_markdown,
     source_config_line,
     target_line,
 )
 from promshift.deploy_path import DEPLOY_KINDS, REMOTE_WRITE
-from promshift.local_airflow import APPROVER_USERS, LocalAirflow
+from promshift.local_airflow import APPROVER_USERS, TRIGGER_USER, LocalAirflow
+from promshift.orchestration.report_store import render_report_files
 from promshift.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
 from promshift.stack.backfill import backfill_stack, check_history, fleet_metrics
-from promshift.stack.local import AWS, FRONTDOOR, SOURCE_RETENTION, TARGET_KINDS, LocalStack, StackConfig
+from promshift.stack.local import AIRFLOW, AWS, FRONTDOOR, SOURCE_RETENTION, TARGET_KINDS, LocalStack, StackConfig
 from promshift.stack.sigv4 import make_up_credentials
 
 log = logging.getLogger("promshift.demo")
@@ -117,13 +118,8 @@ def write_report(*, audit: AuditStore, group: str, run_id: str, out_dir: Path,
                           final_stage=audit.stage_of(group).value, chain=audit.verify(), target=target,
                           source_config=source_config)
     out_dir.mkdir(parents=True, exist_ok=True)
-    chart = None
-    if report["latency"]["windows"]:
-        latency_chart(report["latency"]["windows"], out_dir / "latency.png",
-                      title=f"{group}: query time per window, source vs target")
-        chart = "latency.png"
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    (out_dir / "report.md").write_text(render_markdown(report, chart_file=chart))
+    for name, data in render_report_files(report).items():
+        (out_dir / name).write_bytes(data)
     return report
 
 
@@ -295,7 +291,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     log.info("source config %s sha256 %s before the run", stack.source_config_path, sha_before)
     airflow_home = config.home / "airflow"
     shutil.rmtree(airflow_home, ignore_errors=True)
-    airflow = LocalAirflow(home=airflow_home, port=airflow_port, extra_env={
+    # Left running after the demo, with the rest of the stack (``make stack-down`` stops both, by this pid file).
+    airflow = LocalAirflow(home=airflow_home, port=airflow_port, pid_file=stack.pid_path(AIRFLOW), extra_env={
         "PROMSHIFT_HOME": str(config.home),
         "PROMSHIFT_AUDIT_URL": audit_url,
         "PROMSHIFT_CATALOG": str(catalog_path),
@@ -341,7 +338,6 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     finally:
         if fault:
             fault.stop()
-        airflow.stop()
     sha_after = config_sha256(stack.source_config_path)
     source_config = {"path": str(stack.source_config_path), "sha256_before": sha_before, "sha256_after": sha_after,
                      "identical": sha_before == sha_after}
@@ -352,8 +348,22 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     report = write_report(audit=AuditStore(audit_url, key=audit_key(key_env)), group=group_name, run_id=run_id,
                           out_dir=out_dir, target=target_report(stack), source_config=source_config)
     print_report(report)
-    print(f"\nwall time {time.time() - started:.0f}s; stack left running (make stack-down to stop)")
+    print(f"\nwall time {time.time() - started:.0f}s")
+    print_logins(airflow, group.dag_id, run_id)
     return out_dir
+
+
+def print_logins(airflow: LocalAirflow, dag_id: str, run_id: str) -> None:
+    """Where to look now: the Airflow UI, the board, this run, and the local demo users' logins."""
+    base = airflow.base_url
+    print(f"\nAirflow is still running, with the rest of the stack (make stack-down stops them all):\n"
+          f"  UI     {base}/\n"
+          f"  board  {base}{BOARD_PREFIX}/\n"
+          f"  run    {base}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}\n"
+          f"logins (local demo users, passwords generated for this demo in {airflow.home / 'passwords.json'}):")
+    roles = {TRIGGER_USER: "op: triggers runs", **dict.fromkeys(APPROVER_USERS, "user: approves")}
+    for user, password in airflow.passwords.items():
+        print(f"  {user:<14} {password:<18} ({roles.get(user, 'user')})")
 
 
 def _duration(text: str) -> float:

@@ -40,6 +40,8 @@ class LocalAirflow:
     extra_env: dict[str, str]
     passwords: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    # Where the process group's leader pid is written, so ``promshift stack down`` can stop an Airflow left running.
+    pid_file: Path | None = None
     _tokens: dict[str, str] = field(default_factory=dict, repr=False)
     # On a loaded machine the API server can miss a deadline now and then: a token request or a
     # GET (safe to repeat) is tried API_ATTEMPTS times; a POST or PATCH (a trigger, an answer) never twice.
@@ -104,6 +106,8 @@ class LocalAirflow:
         log.info("starting airflow standalone on %s (log %s)", self.base_url, self.home / "standalone.log")
         self.proc = subprocess.Popen([airflow_bin, "standalone"], env=self.env(), stdout=logf,
                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=self.home)
+        if self.pid_file is not None:
+            self.pid_file.write_text(f"{self.proc.pid}\n")
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -128,6 +132,8 @@ class LocalAirflow:
         """
         if self.proc is None:
             return
+        if self.pid_file is not None:
+            self.pid_file.unlink(missing_ok=True)
         pgid = self.proc.pid
         for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, kill_wait_s)):
             try:
@@ -156,6 +162,11 @@ class LocalAirflow:
                             exc.__class__.__name__, self.retry_wait_s)
                 time.sleep(self.retry_wait_s)
         raise AssertionError("unreachable")
+
+    def load_passwords(self) -> dict[str, str]:
+        """The demo users' passwords (``passwords.json``, 0600, written by ``start``), for an Airflow left running."""
+        self.passwords = json.loads((self.home / "passwords.json").read_text())
+        return self.passwords
 
     def token(self, user: str) -> str:
         """A bearer token for ``user``, asked for once per user and kept (Airflow's tokens last hours):

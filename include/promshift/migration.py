@@ -53,13 +53,15 @@ from promshift.core.warmup import WarmupObservation, parse_remote_write_lag
 log = logging.getLogger(__name__)
 
 # A notification to the group's owners (``promshift.orchestration.notify``): a stage-less side
-# event. Steps that resume from "this run's last event" look past it (``steps_of``).
+# event. Steps that resume from "this run's last event" look past side events (``steps_of``):
+# notifications, and the report a step publishes after its own event (``report_published``).
 NOTIFIED = "notified"
+SIDE_EVENTS = (NOTIFIED, "report_published")
 
 
 def steps_of(events: Sequence[AuditEvent]) -> list[AuditEvent]:
-    """``events`` without notifications: what a retried step compares its own last event with."""
-    return [e for e in events if e.kind != NOTIFIED]
+    """``events`` without side events: what a retried step compares its own last event with."""
+    return [e for e in events if e.kind not in SIDE_EVENTS]
 
 
 class GroupNotStartable(RuntimeError):
@@ -365,12 +367,35 @@ class GroupMigration:
             self.record("gate_failed", now, evidence)
         return verdict
 
+    def record_evidence_shown(self, *, evidence_sha256: str, approvers: Sequence[str], now: datetime,
+                                  board_url: str | None = None) -> AuditEvent:
+        """The approval was asked for on evidence hashing to ``evidence_sha256`` (shown in the HITL body)."""
+        evidence: dict[str, Any] = {"evidence_sha256": evidence_sha256, "approvers": list(approvers)}
+        if board_url:
+            evidence["board_url"] = board_url
+        return self.record("evidence_shown", now, evidence)
+
+    def approval_request(self) -> AuditEvent | None:
+        """This run's latest ``evidence_shown`` event: the evidence the approver was shown."""
+        asked = [e for e in self.audit.events(group=self.group.name)
+                 if e.run_id == self.run_id and e.kind == "evidence_shown"]
+        return asked[-1] if asked else None
+
     def record_approval(self, *, decision: str, by: str, comment: str, now: datetime,
-                        hitl: Mapping[str, Any] | None = None) -> None:
-        """``hitl`` names Airflow's HITL record the answer came from, so the two can be compared."""
+                        hitl: Mapping[str, Any] | None = None, evidence_sha256: str | None = None,
+                        current_sha256: str | None = None) -> None:
+        """``hitl`` names Airflow's HITL record the answer came from, so the two can be compared.
+
+        ``evidence_sha256`` is the hash of the evidence the approver was shown; ``current_sha256``
+        the evidence's hash when the answer arrived, recorded when it differs (a refused approval).
+        """
         evidence: dict[str, Any] = {"decision": decision, "by": by, "comment": comment}
         if hitl is not None:
             evidence["hitl"] = dict(hitl)
+        if evidence_sha256 is not None:
+            evidence["evidence_sha256"] = evidence_sha256
+        if current_sha256 is not None and current_sha256 != evidence_sha256:
+            evidence["current_sha256"] = current_sha256
         if decision == "Approve":
             self.record("approved", now, evidence, to=Stage.APPROVED, actor=by)
         else:

@@ -103,6 +103,12 @@ def snapshots_dir() -> Path:
     return state_home() / "snapshots"
 
 
+def reports_url() -> str:
+    """Where runs publish their reports, for ``ObjectStoragePath``: ``PROMSHIFT_REPORTS_URL`` (``s3://bucket/prefix``
+    in production, where every worker and the board's API server read the same objects), else a local directory."""
+    return os.environ.get("PROMSHIFT_REPORTS_URL") or f"file://{state_home() / 'reports'}"
+
+
 def default_catalog_path() -> Path:
     return Path(os.environ.get("PROMSHIFT_CATALOG", REPO_ROOT / "catalog" / "metric_groups.yaml"))
 

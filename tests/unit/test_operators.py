@@ -21,9 +21,10 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.core.audit import AuditEvent
+from promshift.core.evidence import evidence_sha256
 from promshift.core.latency import ProbeRun
 from promshift.core.stages import Stage
-from promshift.migration import NOTIFIED, steps_of
+from promshift.migration import NOTIFIED
 from promshift.orchestration.dag_factory import build_group_dag
 from promshift.orchestration.operators import (
     GateOperator,
@@ -101,24 +102,38 @@ def task(dag: Any, task_id: str) -> Any:
     return dag.get_task(task_id)
 
 
-def seed(audit: AuditStore, history: list[Stage]) -> None:
-    """Record a legal prior history of the group (each event a checked stage transition)."""
+def seed(audit: AuditStore, history: list[Stage], *, asked: bool = False, xcoms: dict[str, Any] | None = None) -> None:
+    """Record a legal prior history of the group (each event a checked stage transition).
+
+    ``asked``: then the approval request, as ``MigrationApprovalOperator.execute`` records it before
+    the question is shown: the hash of the evidence in ``xcoms`` (what ``make_context(xcoms)`` holds).
+    """
     current = Stage.PLANNED
     for stage in history:
         audit.append(group=GROUP, run_id=RUN_ID, kind=f"seed_{stage.value}", actor="test",
                      at=datetime.now(UTC), evidence={"seeded": True}, stage_from=current, stage_to=stage)
         current = stage
+    if asked:
+        shown = evidence_sha256(MigrationApprovalOperator.evidence(make_context(xcoms)))
+        audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="test", at=datetime.now(UTC),
+                     evidence={"evidence_sha256": shown})
     assert audit.stage_of(GROUP) == current
 
 
+SEEDED = {"evidence_shown"}
+
+
 def new_events(audit: AuditStore, history: list[Stage]) -> list[AuditEvent]:
-    """Events recorded after the seeded history."""
-    return audit.events(group=GROUP)[len(history):]
+    """Events recorded after the seeded history (and the seeded approval request)."""
+    return [e for e in audit.events(group=GROUP)[len(history):] if e.kind not in SEEDED]
+
+
+BINDING = {"hitl", "evidence_sha256", "current_sha256"}
 
 
 def decision_of(ev: AuditEvent) -> dict[str, Any]:
-    """An approval event's evidence without the HITL record it names (tested on its own)."""
-    return {k: v for k, v in ev.evidence_data.items() if k != "hitl"}
+    """An approval event's evidence without the HITL record and evidence hashes it names (tested on their own)."""
+    return {k: v for k, v in ev.evidence_data.items() if k not in BINDING}
 
 
 def hitl_event(choice: str, responder: Any, comment: str = "") -> dict[str, Any]:
@@ -148,7 +163,7 @@ def test_operators_come_from_the_group_dag(dag: Any) -> None:
 
 @pytest.mark.parametrize("error_type", ["timeout", "unknown"])
 def test_approval_error_event_fails_and_records_timeout(dag: Any, audit: AuditStore, error_type: str) -> None:
-    seed(audit, UP_TO_VERIFIED)
+    seed(audit, UP_TO_VERIFIED, asked=True)
     event = {"error": "The timeout has passed, and the response has not yet been received.",
              "error_type": error_type}
     with pytest.raises(AirflowFailException, match=f"approval not given: {error_type}"):
@@ -170,7 +185,7 @@ def test_approval_error_event_fails_and_records_timeout(dag: Any, audit: AuditSt
     pytest.param(SimpleNamespace(id=TRIGGERED_BY, name=TRIGGERED_BY), id="object"),
 ])
 def test_approval_by_the_runs_trigger_is_refused_four_eyes(dag: Any, audit: AuditStore, responder: Any) -> None:
-    seed(audit, UP_TO_VERIFIED)
+    seed(audit, UP_TO_VERIFIED, asked=True)
     with pytest.raises(AirflowFailException, match=f"{TRIGGERED_BY} triggered this run .*four-eyes"):
         task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder, "lgtm"))
     [ev] = new_events(audit, UP_TO_VERIFIED)
@@ -192,7 +207,7 @@ def test_four_eyes_holds_when_user_id_differs_from_user_name(dag: Any, audit: Au
     They are equal under the Simple auth manager only: the AWS auth manager's id is the
     Identity Center user id and FAB's is numeric, and the rule must hold there too.
     """
-    seed(audit, UP_TO_VERIFIED)
+    seed(audit, UP_TO_VERIFIED, asked=True)
     with pytest.raises(AirflowFailException, match="four-eyes"):
         task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder))
     [ev] = new_events(audit, UP_TO_VERIFIED)
@@ -202,7 +217,7 @@ def test_four_eyes_holds_when_user_id_differs_from_user_name(dag: Any, audit: Au
 
 
 def test_reject_fails_and_records_the_comment(dag: Any, audit: AuditStore) -> None:
-    seed(audit, UP_TO_VERIFIED)
+    seed(audit, UP_TO_VERIFIED, asked=True)
     comment = "p95 on the 2m window looks off, not tonight"
     with pytest.raises(AirflowFailException, match=f"rejected by {APPROVER}: {comment}"):
         task(dag, "approval").execute_complete(make_context(), hitl_event("Reject", {"id": APPROVER,
@@ -216,7 +231,7 @@ def test_reject_fails_and_records_the_comment(dag: Any, audit: AuditStore) -> No
 
 
 def test_reject_without_comment_says_so(dag: Any, audit: AuditStore) -> None:
-    seed(audit, UP_TO_VERIFIED)
+    seed(audit, UP_TO_VERIFIED, asked=True)
     event = hitl_event("Reject", {"id": APPROVER, "name": APPROVER})
     event["params_input"] = None
     with pytest.raises(AirflowFailException, match="no comment"):
@@ -227,7 +242,7 @@ def test_reject_without_comment_says_so(dag: Any, audit: AuditStore) -> None:
 
 def test_the_runs_trigger_may_reject(dag: Any, audit: AuditStore) -> None:
     """Four eyes guards approval only: the person who started a run can always stop it."""
-    seed(audit, UP_TO_VERIFIED)
+    seed(audit, UP_TO_VERIFIED, asked=True)
     with pytest.raises(AirflowFailException, match=f"rejected by {TRIGGERED_BY}"):
         task(dag, "approval").execute_complete(make_context(), hitl_event("Reject", {"id": TRIGGERED_BY,
                                                                                     "name": TRIGGERED_BY}))
@@ -239,7 +254,7 @@ def test_the_runs_trigger_may_reject(dag: Any, audit: AuditStore) -> None:
     pytest.param(SimpleNamespace(id=APPROVER, name="Alice"), id="object"),
 ])
 def test_approve_returns_the_decision_and_moves_to_approved(dag: Any, audit: AuditStore, responder: Any) -> None:
-    seed(audit, UP_TO_VERIFIED)
+    seed(audit, UP_TO_VERIFIED, asked=True)
     result = task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder, "ship it"))
     assert result == {"decision": "Approve", "by": APPROVER, "comment": "ship it"}
     [ev] = new_events(audit, UP_TO_VERIFIED)
@@ -253,7 +268,7 @@ def test_approve_returns_the_decision_and_moves_to_approved(dag: Any, audit: Aud
 
 def test_approve_of_inconclusive_evidence_moves_from_warming(dag: Any, audit: AuditStore) -> None:
     """INCONCLUSIVE never verifies a group, so a human approval carries it from warming."""
-    seed(audit, UP_TO_WARMING)
+    seed(audit, UP_TO_WARMING, asked=True)
     task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", {"id": APPROVER,
                                                                                  "name": APPROVER}))
     [ev] = new_events(audit, UP_TO_WARMING)
@@ -261,7 +276,7 @@ def test_approve_of_inconclusive_evidence_moves_from_warming(dag: Any, audit: Au
 
 
 def test_approve_without_a_known_trigger_user_is_allowed(dag: Any, audit: AuditStore) -> None:
-    seed(audit, UP_TO_VERIFIED)
+    seed(audit, UP_TO_VERIFIED, asked=True)
     ctx = make_context(triggered_by=None)  # e.g. a scheduled run: nobody to compare with
     result = task(dag, "approval").execute_complete(ctx, hitl_event("Approve", {"id": APPROVER,
                                                                                "name": APPROVER}))
@@ -271,7 +286,7 @@ def test_approve_without_a_known_trigger_user_is_allowed(dag: Any, audit: AuditS
 
 def test_an_approval_names_the_hitl_record_it_came_from(dag: Any, audit: AuditStore) -> None:
     """dag, run, task, map index, responder id and HITL's responded_at: enough to find Airflow's own record."""
-    seed(audit, UP_TO_VERIFIED)
+    seed(audit, UP_TO_VERIFIED, asked=True)
     event = hitl_event("Approve", {"id": APPROVER, "name": "Alice"}, "ship it")
     ctx = make_context()
     ctx["ti"].map_index = 3
@@ -282,8 +297,62 @@ def test_an_approval_names_the_hitl_record_it_came_from(dag: Any, audit: AuditSt
                                         "responded_at": event["responded_at"].isoformat()}
 
 
-def test_each_step_publishes_the_anchored_audit_head_in_xcom(dag: Any, audit: AuditStore) -> None:
+SHOWN = {"gate": {"verdict": "SUCCESSFUL", "reason": "parity and latency passed"},
+         "parity": {"verdict": "SUCCESSFUL", "series_compared": 640},
+         "latency": {"verdict": "SUCCESSFUL", "windows": [{"window": "1h", "speedup": 3.2}]}}
+
+
+def test_an_approval_records_the_evidence_hash_it_was_shown(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED, asked=True, xcoms=SHOWN)
+    task(dag, "approval").execute_complete(make_context(SHOWN), hitl_event("Approve", {"id": APPROVER,
+                                                                                      "name": APPROVER}))
+    [asked] = [e for e in audit.events(group=GROUP) if e.kind == "evidence_shown"]
+    [ev] = new_events(audit, UP_TO_VERIFIED)
+    assert ev.kind == "approved"
+    assert ev.evidence_data["evidence_sha256"] == asked.evidence_data["evidence_sha256"] == evidence_sha256(SHOWN)
+    assert "current_sha256" not in ev.evidence_data
+    assert audit.stage_of(GROUP) == Stage.APPROVED
+
+
+@pytest.mark.parametrize("changed", ["parity", "latency", "gate"])
+def test_an_approval_of_evidence_that_changed_since_it_was_shown_is_refused(
+        dag: Any, audit: AuditStore, changed: str) -> None:
+    """Say parity was cleared and re-ran while the question waited: the approver never saw the new result."""
+    seed(audit, UP_TO_VERIFIED, asked=True, xcoms=SHOWN)
+    now = {**SHOWN, changed: {**SHOWN[changed], "verdict": "FAILED"}}
+    with pytest.raises(AirflowFailException, match="changed after it was shown, so the approval is refused"):
+        task(dag, "approval").execute_complete(make_context(now), hitl_event("Approve", {"id": APPROVER,
+                                                                                        "name": APPROVER}))
+    [ev] = new_events(audit, UP_TO_VERIFIED)
+    assert ev.kind == "approval_refused_evidence_changed"
+    assert ev.evidence_data["evidence_sha256"] == evidence_sha256(SHOWN)
+    assert ev.evidence_data["current_sha256"] == evidence_sha256(now)
+    assert audit.stage_of(GROUP) == Stage.VERIFIED  # never approved
+
+
+def test_an_approval_without_a_recorded_request_is_refused(dag: Any, audit: AuditStore) -> None:
+    """No record of what was shown (the request's audit append never happened): nothing to bind to."""
     seed(audit, UP_TO_VERIFIED)
+    with pytest.raises(AirflowFailException, match=r"\(none recorded\)"):
+        task(dag, "approval").execute_complete(make_context(SHOWN), hitl_event("Approve", {"id": APPROVER,
+                                                                                          "name": APPROVER}))
+    assert [e.kind for e in new_events(audit, UP_TO_VERIFIED)] == ["approval_refused_evidence_changed"]
+    assert audit.stage_of(GROUP) == Stage.VERIFIED
+
+
+def test_a_rejection_stands_even_when_the_evidence_changed(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED, asked=True, xcoms=SHOWN)
+    now = {**SHOWN, "parity": {"verdict": "FAILED"}}
+    with pytest.raises(AirflowFailException, match="rejected by"):
+        task(dag, "approval").execute_complete(make_context(now), hitl_event("Reject", {"id": APPROVER,
+                                                                                       "name": APPROVER}))
+    [ev] = new_events(audit, UP_TO_VERIFIED)
+    assert ev.kind == "approval_reject"
+    assert ev.evidence_data["current_sha256"] == evidence_sha256(now) != ev.evidence_data["evidence_sha256"]
+
+
+def test_each_step_publishes_the_anchored_audit_head_in_xcom(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED, asked=True)
     ctx = make_context()
     task(dag, "approval").execute_complete(ctx, hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     last = audit.events()[-1]
@@ -299,9 +368,9 @@ def test_the_audit_key_comes_from_the_airflow_connection_first(
     conn_key = "key-from-the-promshift_audit-connection"
     monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_AUDIT", json.dumps({"conn_type": "generic", "password": conn_key}))
     task(dag, "rollback").execute(make_context({"snapshot": None}))
-    # The rollback and its notification (sent or not: no SMTP connection here), both under that key.
+    # The rollback, its notification (not sent: no SMTP connection here) and its report, all under that key.
     events = audit.events()
-    assert [e.kind for e in events] == ["rollback_not_needed", NOTIFIED]
+    assert [e.kind for e in events] == ["rollback_not_needed", NOTIFIED, "report_published"]
     for ev in events:
         assert ev.scheme == HMAC_SHA256_V2
         assert ev.hash_matches(conn_key.encode()) and not ev.hash_matches(audit.key)
@@ -406,16 +475,49 @@ def test_gate_inconclusive_asks_a_human_without_a_stage_change(dag: Any, audit: 
 def test_rollback_without_a_snapshot_records_not_needed(dag: Any, audit: AuditStore, env: Path) -> None:
     config = env / "prometheus.yml"
     before = config.read_bytes()
-    result = task(dag, "rollback").execute(make_context({"snapshot": None}))
+    ctx = make_context({"snapshot": None})
+    result = task(dag, "rollback").execute(ctx)
     assert result["performed"] is False
     assert result["restored_identical"] is None
     assert result["reason"] == "a step failed before the gate; see that task's log"
-    [ev] = steps_of(audit.events(group=GROUP))
+    [ev, published] = [e for e in audit.events(group=GROUP) if e.kind != NOTIFIED]
     assert ev.kind == "rollback_not_needed"
     assert ev.stage_to is None
     assert ev.evidence_data == result
     assert audit.stage_of(GROUP) == Stage.PLANNED
     assert config.read_bytes() == before
+    # The run's report, published under PROMSHIFT_HOME/reports (no PROMSHIFT_REPORTS_URL here), and linked.
+    assert published.kind == "report_published" and ctx["ti"].pushed["report"] == published.evidence_data
+    run_dir = env / "home" / "reports" / GROUP / "manual__2026-01-01T00%3A00%3A00%2B00%3A00"
+    assert published.evidence_data["url"] == f"file://{run_dir}"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["report.json", "report.md"]  # no latency: no chart
+    assert json.loads((run_dir / "report.json").read_text())["rollback"]["reason"] == result["reason"]
+
+
+def test_done_publishes_the_report_where_PROMSHIFT_REPORTS_URL_says(
+        dag: Any, audit: AuditStore, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROMSHIFT_REPORTS_URL", f"file://{env / 'shared-reports'}")
+    seed(audit, UP_TO_CUT_OVER)
+    ctx = make_context()
+    task(dag, "done").execute(ctx)
+    kinds = [e.kind for e in new_events(audit, UP_TO_CUT_OVER)]
+    assert kinds == ["run_complete", "report_published"]
+    record = ctx["ti"].pushed["report"]
+    assert record["url"].startswith(f"file://{env / 'shared-reports' / GROUP}/")
+    assert record["final_stage"] == "cut_over" and record["group"] == GROUP
+
+
+def test_a_report_store_that_cannot_be_written_does_not_fail_the_step(
+        dag: Any, audit: AuditStore, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit log is the evidence; the report is a view of it. The step's outcome stands, and says why."""
+    blocker = env / "not-a-directory"
+    blocker.write_text("a file where the reports should go")
+    monkeypatch.setenv("PROMSHIFT_REPORTS_URL", f"file://{blocker}/reports")
+    seed(audit, UP_TO_CUT_OVER)
+    ctx = make_context()
+    assert task(dag, "done").execute(ctx)["next"].startswith("bake")
+    assert [e.kind for e in new_events(audit, UP_TO_CUT_OVER)] == ["run_complete"]
+    assert "report" not in ctx["ti"].pushed
 
 
 def test_rollback_reason_names_the_failed_gate(dag: Any, audit: AuditStore) -> None:
@@ -528,7 +630,7 @@ def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
         stub.add_client_error("describe_workspace", "UnrecognizedClientException", http_status_code=403)
         result = op.execute(make_context({"snapshot": None}))
     assert result["performed"] is False
-    [ev] = steps_of(audit.events(group=GROUP))
+    [ev, _published] = [e for e in audit.events(group=GROUP) if e.kind != NOTIFIED]
     assert ev.kind == "rollback_not_needed"
     # Every other step does need the target, and says why it cannot have it.
     with Stubber(task(dag, "validate").target_hook.conn) as stub:

@@ -102,6 +102,23 @@ def test_inconclusive_evidence_is_called_out_for_the_approver() -> None:
     assert "INCONCLUSIVE" in body and "Approve only if you understand why" in body
 
 
+def test_the_approval_body_carries_the_evidence_the_approver_decides_on() -> None:
+    """Gate verdict and reason, parity layers, latency per window, cost, the board link and the evidence hash."""
+    latency = LatencyResult.from_dict({"verdict": "SUCCESSFUL", "windows": WINDOWS, "cost": cost()})
+    digest = "ab" * 32
+    body = approval_body("gpu-memory", GateVerdict.from_dict({"verdict": "SUCCESSFUL", "reason": "all checks passed"}),
+                         ParityResult.from_dict({}), latency, evidence_sha256=digest,
+                         board_url="http://127.0.0.1:8080/promshift/groups/gpu-memory")
+    assert "Gate: **SUCCESSFUL** — all checks passed" in body
+    assert latency_table(latency.windows) in body
+    assert cost_table(latency.cost) in body and "### Cost" in body
+    assert "(http://127.0.0.1:8080/promshift/groups/gpu-memory)" in body
+    assert f"Evidence sha256 `{digest}`" in body
+    bare = approval_body("g", GateVerdict.from_dict({"verdict": "SUCCESSFUL", "reason": "ok"}),
+                         ParityResult.from_dict({}), LatencyResult.from_dict({"windows": []}))
+    assert "sha256" not in bare and "### Cost" not in bare and "migration board" not in bare
+
+
 def test_golden_inventory_lists_every_expression_with_its_disposition() -> None:
     from promshift.core.report import golden_inventory_markdown
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,15 @@ def latency_chart(windows: Sequence[Mapping[str, Any]], path: str | Path, *, tit
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def latency_chart_png(windows: Sequence[Mapping[str, Any]], *, title: str) -> bytes:
+    """``latency_figure`` as PNG bytes (for an object store)."""
+    fig = latency_figure(windows, title=title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
 
 
 def latency_figure(windows: Sequence[Mapping[str, Any]], *, title: str) -> Any:

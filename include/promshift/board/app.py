@@ -172,6 +172,22 @@ def create_app(source: BoardSource | None = None) -> FastAPI:
         return Response(png, media_type="image/png",
                         headers={"Cache-Control": "private, no-store", "X-Promshift-Run": run_id})
 
+    @app.get("/groups/{name}/runs/{run_id}/report/{file}")
+    def stored_report(group: ReadableGroup, run_id: str, file: str) -> Response:
+        """A file of the report a run published (``ObjectStoragePath``), served only while it hashes as audited."""
+        from promshift.orchestration.report_store import REPORT_FILES, ReportTampered, read_published
+
+        record = evidence.published_reports(board.audit.events(group=group.name, run_id=run_id)).get(run_id)
+        if record is None:
+            raise HTTPException(404, f"run {run_id!r} of group {group.name!r} published no report")
+        try:
+            data = read_published(record, file)
+        except FileNotFoundError as exc:
+            raise HTTPException(404, str(exc)) from None
+        except ReportTampered as exc:
+            raise HTTPException(409, str(exc)) from None
+        return Response(data, media_type=REPORT_FILES[file], headers={"Cache-Control": "private, no-store"})
+
     @app.exception_handler(StarletteHTTPException)
     def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         """JSON for the API; for pages, a short HTML page that says why and shows no data."""

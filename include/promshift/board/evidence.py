@@ -177,6 +177,7 @@ def group_detail(group: MetricGroup, events: Sequence[AuditEvent], state: GroupS
     gated = _last(reports, "gate")
     timed = _last(reports, "latency")
     deployed = _last(reports, "deploy")
+    stored = published_reports(events)
     return {
         **overview_row(group, events, state, chain, root=root),
         "metrics": list(group.metrics),
@@ -198,8 +199,14 @@ def group_detail(group: MetricGroup, events: Sequence[AuditEvent], state: GroupS
         "config_diff_run_id": deployed["run_id"] if deployed else None,
         "dag_runs": [{"run_id": r["run_id"], "started_at": r["started_at"], "ended_at": r["ended_at"],
                       "final_stage": r["final_stage"], "summary": r["summary"],
+                      "report_files": sorted((stored.get(r["run_id"]) or {}).get("files") or ()),
                       "links": airflow_links(group.dag_id, r["run_id"], root=root)} for r in reversed(reports)],
     }
+
+
+def published_reports(events: Sequence[AuditEvent]) -> dict[str, dict[str, Any]]:
+    """Each run's last ``report_published`` record (url and per-file sha256), by run id."""
+    return {e.run_id: dict(e.evidence_data) for e in events if e.kind == "report_published"}
 
 
 def latency_windows(group: MetricGroup, events: Sequence[AuditEvent], state: GroupState,

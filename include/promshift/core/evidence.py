@@ -8,6 +8,8 @@ is written as the strings Prometheus itself uses in its API answers: ``"NaN"``, 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -49,3 +51,14 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+def evidence_sha256(evidence: Mapping[str, Any]) -> str:
+    """The sha256 of ``evidence`` as canonical JSON (sorted keys, no spaces, non-finite numbers as text).
+
+    An approval is bound to what the approver was shown: the HITL body prints this hash of the
+    gate, parity and latency evidence, the audit records it with the request and the answer, and an
+    approval is refused when the evidence hashes differently by the time the answer arrives.
+    """
+    canonical = json.dumps(json_safe(evidence), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()

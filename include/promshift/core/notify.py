@@ -95,7 +95,7 @@ def _build(kind: str, group: str, run_id: str, headline: str, facts: Sequence[tu
 
 def approval_needed(*, group: str, run_id: str, verdict: str, reason: str, approvers: Sequence[str],
                     required_action_url: str | None, run_url: str | None = None,
-                    timeout: str | None = None) -> Notice:
+                    timeout: str | None = None, board_url: str | None = None) -> Notice:
     """An on-call approval is waiting: the gate's verdict and reason, who may answer, and the link to answer."""
     facts = [("Group", group), ("Run", run_id), ("Gate verdict", verdict),
              ("Gate reason", one_line(reason or "-", MAX_REASON_CHARS)),
@@ -103,7 +103,8 @@ def approval_needed(*, group: str, run_id: str, verdict: str, reason: str, appro
     if timeout:
         facts.append(("Unanswered after", f"{timeout} the group rolls back"))
     return _build(APPROVAL_NEEDED, group, run_id, f"approval needed to cut over to AMP (gate {verdict})", facts,
-                  [("Answer the approval (required action)", required_action_url), ("The DAG run", run_url)],
+                  [("Answer the approval (required action)", required_action_url),
+                   ("The evidence on the migration board", board_url), ("The DAG run", run_url)],
                   "Whoever triggered the run cannot approve it (four-eyes rule). Reject rolls the group back.")
 
 

@@ -93,16 +93,27 @@ def golden_inventory_markdown(golden: GoldenInventory | None) -> list[str]:
     return lines
 
 
-def approval_body(group: str, gate: GateVerdict, parity: ParityResult, latency: LatencyResult) -> str:
-    """Markdown shown to the on-call approver in the Airflow UI."""
+def approval_body(group: str, gate: GateVerdict, parity: ParityResult, latency: LatencyResult, *,
+                  evidence_sha256: str | None = None, board_url: str | None = None) -> str:
+    """Markdown shown to the on-call approver in the Airflow UI.
+
+    The gate's verdict and reasons, the parity layers, the latency table per window, the cost
+    projection, a link to the board's group page, and the hash of that evidence: the approval is
+    bound to it (an answer given after the evidence changed is refused).
+    """
     warn = ""
     if gate.verdict == Verdict.INCONCLUSIVE:
         warn = ("\n**The evidence is INCONCLUSIVE.** Nothing failed, but something could not be proven. "
                 "Approve only if you understand why.\n")
+    cost = f"### Cost\n```\n{cost_table(latency.cost)}\n```\n" if latency.cost is not None else ""
+    board = f"[The group on the migration board]({board_url})\n\n" if board_url else ""
+    bound = (f"Evidence sha256 `{evidence_sha256}`: an approval is bound to this evidence and is refused "
+             "if it changed before the answer.\n\n") if evidence_sha256 else ""
     return (
         f"## Cut over `{group}` to AMP?\n\nGate: **{gate.verdict.value}** — {gate.reason}\n{warn}\n"
         f"### Parity\n```\n{parity_log_table(parity)}\n```\n"
         f"### Latency\n```\n{latency_table(latency.windows)}\n```\n"
+        f"{cost}{board}{bound}"
         "Approve routes this group's reads to AMP. Reject rolls the dual-write back. "
         "The person who triggered this run cannot approve it."
     )
@@ -170,6 +181,8 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
                                  "retention_s": json_safe(dict(lat.retention_s))}}
         elif e.kind == "approved" or e.kind.startswith("approval_"):
             approval = {"decision": data["decision"], "by": data["by"], "comment": data.get("comment")}
+            if data.get("evidence_sha256"):
+                approval["evidence_sha256"] = data["evidence_sha256"]
         elif e.kind in ("rolled_back", "rollback_not_needed"):
             rollback = {"performed": data["performed"], "restored_identical": data["restored_identical"],
                         "reason": data["reason"]}

@@ -13,6 +13,7 @@ from airflow.sdk import BaseOperator, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from promshift.orchestration.hooks import backend_hook
+from promshift.orchestration.links import MigrationReportLink
 
 if TYPE_CHECKING:
     from promshift.orchestration.amp_hook import AmpHook
@@ -190,6 +191,28 @@ class _GroupStep:
         """A second witness of the chain's head, in Airflow's own metadata: the task log and XCom ``audit_head``."""
         self.log.info("audit head: seq %s hash %s", head.seq, head.head)
         context["ti"].xcom_push(key="audit_head", value=head.to_dict())
+
+
+def publish_report(step: _GroupStep, context: Any, migration: Any) -> dict[str, Any] | None:
+    """Write the run's report through ``ObjectStoragePath`` and audit where (``report_published``, with hashes).
+
+    The report is a view of the audit log, which stays the evidence: a store that cannot be written is
+    logged, and the step's outcome stands.
+    """
+    from promshift.orchestration.report_store import ReportStore
+    from promshift.orchestration.report_store import publish_report as publish
+    from promshift.settings import reports_url
+
+    try:
+        record = publish(migration.audit, ReportStore(reports_url()), group=step.group_name,
+                         run_id=context["run_id"])
+        migration.record("report_published", _now(), record)
+    except Exception as exc:  # noqa: BLE001 (any store failure: the report is secondary evidence)
+        step.log.warning("report not published: %s", exc)
+        return None
+    step.log.info("report published to %s (%s)", record["url"], ", ".join(record["files"]))
+    context["ti"].xcom_push(key="report", value=record)
+    return record
 
 
 class GroupStepOperator(_GroupStep, BaseOperator):
@@ -425,19 +448,43 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
                          source_conn_id=source_conn_id, target_conn_id=target_conn_id)
 
+    @staticmethod
+    def evidence(context: Any) -> dict[str, Any]:
+        """What the approver decides on: this run's gate, parity and latency (with cost) results, as XCom holds them."""
+        ti = context["ti"]
+        return {name: ti.xcom_pull(task_ids=name) or {} for name in ("gate", "parity", "latency")}
+
+    def board_url(self) -> str | None:
+        """The migration board's page for this group, under the Airflow UI's base URL (None when it is not set)."""
+        from airflow.configuration import conf
+
+        from promshift.board import URL_PREFIX
+
+        base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+        return f"{base}{URL_PREFIX}/groups/{self.group_name}" if base else None
+
     def execute(self, context: Any) -> Any:
+        from promshift.core.evidence import evidence_sha256
         from promshift.core.gate import GateVerdict
         from promshift.core.latency import LatencyResult
         from promshift.core.parity import ParityResult
         from promshift.core.report import approval_body
 
-        ti = context["ti"]
-        gate = GateVerdict.from_dict(ti.xcom_pull(task_ids="gate") or {})
+        evidence = self.evidence(context)
+        digest = evidence_sha256(evidence)
+        gate = GateVerdict.from_dict(evidence["gate"])
+        board = self.board_url()
+        # Recorded before the question is asked: the answer is checked against this hash.
+        self.migration(context).record_evidence_shown(
+            evidence_sha256=digest, approvers=[u["id"] for u in self.assigned_users or ()], now=_now(),
+            board_url=board)
         self.subject = f"[{gate.verdict.value}] Cut over metric group {self.group_name} to AMP?"
-        self.body = approval_body(self.group_name, gate, ParityResult.from_dict(ti.xcom_pull(task_ids="parity") or {}),
-                                  LatencyResult.from_dict(ti.xcom_pull(task_ids="latency") or {}))
+        self.body = approval_body(self.group_name, gate, ParityResult.from_dict(evidence["parity"]),
+                                  LatencyResult.from_dict(evidence["latency"]), evidence_sha256=digest,
+                                  board_url=board)
         # HITL runs its notifiers once the request exists, just before the task waits for an answer.
-        self.notifiers = [*self.notifiers, self.owners_notifier("approval_needed", gate=gate.to_dict())]
+        self.notifiers = [*self.notifiers, self.owners_notifier("approval_needed", gate=gate.to_dict(),
+                                                                board_url=board)]
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
@@ -461,12 +508,26 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         choice = (event.get("chosen_options") or ["?"])[0]
         comment = str((event.get("params_input") or {}).get("comment", ""))
         triggered_by = getattr(context.get("dag_run"), "triggering_user_name", None)
+        # The evidence the approver was shown (its hash, recorded when the question was asked) and now.
+        from promshift.core.evidence import evidence_sha256
+
+        asked = migration.approval_request()
+        shown = str(asked.evidence_data.get("evidence_sha256")) if asked is not None else None
+        current = evidence_sha256(self.evidence(context))
+        bound = {"evidence_sha256": shown, "current_sha256": current}
         # triggering_user_name is the user's *name*; HITL records the *id* (equal only under the
         # Simple auth manager), so the responder matches on either.
         if choice == self.APPROVE and triggered_by and triggered_by in {field("id"), field("name")}:
-            migration.record_approval(decision="refused_four_eyes", by=by, comment=comment, now=_now(), hitl=hitl)
+            migration.record_approval(decision="refused_four_eyes", by=by, comment=comment, now=_now(), hitl=hitl,
+                                      **bound)
             raise AirflowFailException(f"{by} triggered this run and cannot also approve it (four-eyes rule)")
-        migration.record_approval(decision=choice, by=by, comment=comment, now=_now(), hitl=hitl)
+        if choice == self.APPROVE and shown != current:
+            migration.record_approval(decision="refused_evidence_changed", by=by, comment=comment, now=_now(),
+                                      hitl=hitl, **bound)
+            raise AirflowFailException(
+                f"{by} approved evidence sha256 {shown or '(none recorded)'}, but the evidence is now {current}: "
+                "it changed after it was shown, so the approval is refused")
+        migration.record_approval(decision=choice, by=by, comment=comment, now=_now(), hitl=hitl, **bound)
         if choice != self.APPROVE:
             raise AirflowFailException(f"rejected by {by}: {comment or 'no comment'}")
         self.log.info("approved by %s", by)
@@ -483,8 +544,13 @@ class CutoverOperator(GroupStepOperator):
 class CompleteRunOperator(GroupStepOperator):
     """Close a cut-over run; as a leaf it also makes a rolled-back run end as failed."""
 
+    operator_extra_links = (MigrationReportLink(),)
+
     def execute(self, context: Any) -> dict[str, Any]:
-        return self.migration(context).complete(_now())
+        migration = self.migration(context)
+        result = migration.complete(_now())
+        publish_report(self, context, migration)
+        return result
 
 
 class RollbackOperator(GroupStepOperator):
@@ -492,6 +558,7 @@ class RollbackOperator(GroupStepOperator):
 
     ui_color = "#fde8e8"
     needs_target = False
+    operator_extra_links = (MigrationReportLink(),)
 
     def execute(self, context: Any) -> dict[str, Any]:
         migration = self.migration(context)
@@ -507,6 +574,7 @@ class RollbackOperator(GroupStepOperator):
         self.tell_owners(context, "rolled_back", reason=reason, result=result)
         self.log.info("rollback because %s: performed=%s restored_identical=%s", reason, result["performed"],
                       result["restored_identical"])
+        publish_report(self, context, migration)
         if result["performed"] and not result["restored_identical"]:
             raise AirflowFailException("rollback did not restore the source config identically")
         return result
@@ -539,6 +607,7 @@ class RollbackOperator(GroupStepOperator):
         self.tell_owners(context, "rolled_back", reason=reason, result=evidence)
         self.log.info("rollback because %s: scraper %s restored_identical=%s", reason,
                       event["result"]["status_history"][-1:], evidence["restored_identical"])
+        publish_report(self, context, self.migration(context))
         if not evidence["restored_identical"]:
             raise AirflowFailException("rollback did not restore the group's scraper as snapshotted")
         return evidence

@@ -68,4 +68,5 @@ def get_provider_info() -> dict[str, Any]:
              "hook-name": "Amazon Managed Service for Prometheus (promshift)", "conn-fields": AMP_FIELDS,
              "ui-field-behaviour": AMP_UI},
         ],
+        "extra-links": ["promshift.orchestration.links.MigrationReportLink"],
     }

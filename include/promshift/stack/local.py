@@ -73,6 +73,9 @@ MOTO, AWS, FRONTDOOR, RELAY = "moto", "aws", "frontdoor", "relay"
 # Start order: the fleet before the source that scrapes it, the target before the source that
 # may remote-write to it. Stop order is the reverse, so the source can flush its queues.
 COMPONENTS = (FLEET, MAIL, TARGET, SOURCE)
+# ``airflow standalone`` started by the demo (``promshift.local_airflow``) records its process group here, so
+# ``stack down`` stops it with the rest; a recycled pid is signalled only if its command line is standalone's.
+AIRFLOW, AIRFLOW_MARKER = "airflow", "airflow standalone"
 # The local AWS (``target_kind="amp"``), started after the target and before the source.
 AMP_COMPONENTS = (MOTO, AWS, FRONTDOOR, RELAY)
 TARGET_KINDS = ("prometheus", "amp")
@@ -978,6 +981,11 @@ class LocalStack:
             time.sleep(0.5)
 
     def _down(self, timeout: float) -> None:
+        # Airflow first (a demo leaves it running, see ``promshift.local_airflow``): its tasks talk to the rest.
+        airflow = self._read_pid(AIRFLOW)
+        if airflow is not None and _alive(airflow) and AIRFLOW_MARKER in " ".join(_cmdline(airflow)):
+            self._stop({AIRFLOW: airflow}, timeout)
+        self.pid_path(AIRFLOW).unlink(missing_ok=True)
         components = self._components()
         running = {
             name: pid
