@@ -28,6 +28,7 @@ import pytest
 
 import promshift
 from promshift.adapters.audit_store import AuditStore
+from promshift.board import URL_PREFIX
 from promshift.core.audit import AuditEvent
 from promshift.core.stages import Stage
 from promshift.migration import NOTIFIED
@@ -175,7 +176,8 @@ def test_rollback_mails_why_and_the_task_log_link_verbatim(
     assert "nothing to restore: nothing was deployed" in body
     assert f'href="{UI}/dags/promshift__gpu_memory/runs/{quote(RUN_ID)}/tasks/rollback?try_number=1"' in body
     assert "source {{ 7 * 7 }} &lt;down&gt;" in body and "49" not in mail.subject
-    assert [e.kind for e in audit.events(group=GROUP)] == ["validation_failed", "rollback_not_needed", NOTIFIED]
+    assert [e.kind for e in audit.events(group=GROUP)] == ["validation_failed", "rollback_not_needed", NOTIFIED,
+                                                           "report_published"]
     assert notified(audit)[0].evidence_data["sent"] is True
 
 
@@ -266,6 +268,7 @@ def test_the_approval_task_mails_once_its_request_exists_then_waits(
     assert order == ["request:[SUCCESSFUL] Cut over metric group gpu-memory to AMP?"]
     assert mail.subject == "[promshift] gpu-memory: approval needed to cut over to AMP (gate SUCCESSFUL)"
     assert "every check passed" in mail.body() and "/tasks/approval/required_actions" in mail.body()
+    assert f'href="{UI}{URL_PREFIX}/groups/gpu-memory">The evidence on the migration board</a>' in mail.body()
     [event] = notified(audit)
     assert event.evidence_data["sent"] is True and event.evidence_data["notice"] == "approval_needed"
 

@@ -638,3 +638,14 @@ def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
         with pytest.raises(AirflowFailException, match=r"AWS refused the credentials' signature "
                                                        r"\(UnrecognizedClientException\)$"):
             task(dag, "validate").execute(make_context())
+
+
+def test_a_retried_rollback_looks_past_its_notification_and_report(dag: Any, audit: AuditStore) -> None:
+    """The retry of a rollback whose first try notified the owners and published the report records no second
+    rollback: side events (``notified``, ``report_published``) are not the step's own last event."""
+    first = task(dag, "rollback").execute(make_context({"snapshot": None}))
+    again = task(dag, "rollback").execute(make_context({"snapshot": None}))
+    assert again == first
+    kinds = [e.kind for e in audit.events(group=GROUP)]
+    assert kinds.count("rollback_not_needed") == 1, kinds
+    assert kinds.count(NOTIFIED) == 2  # each try tells the owners (here: recorded as not sent)
