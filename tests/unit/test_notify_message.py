@@ -98,3 +98,13 @@ def test_unknown_kind_and_gate_summary() -> None:
     assert n.gate_summary({"verdict": "INCONCLUSIVE", "reason": "no data", "action": "ask_approval"}) == (
         "INCONCLUSIVE", "no data")
     assert n.gate_summary({}) == ("UNKNOWN", "")
+
+
+def test_url_credentials_in_a_reason_or_error_never_reach_a_message() -> None:
+    failed = n.rollback_failed(group="g", run_id="r", reason="deploy to http://admin:s3cret@prom:9090 failed",
+                               error="DeployError: POST https://ops:hunter2@prom:9090/-/reload: 500")
+    evidence = n.notice_evidence(failed, channel="smtp", recipients=1, sent=False,
+                                 error="SMTPAuthenticationError at smtp://relay:pa55@mail:587")
+    for text in (failed.subject, failed.text, failed.html, str(evidence)):
+        assert "s3cret" not in text and "hunter2" not in text and "pa55" not in text
+    assert "http://REDACTED@prom:9090" in failed.text

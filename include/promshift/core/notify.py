@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from promshift.core.redact import redact_text
+
 APPROVAL_NEEDED = "approval_needed"
 ROLLED_BACK = "rolled_back"
 ROLLBACK_FAILED = "rollback_failed"
@@ -34,8 +36,9 @@ _CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
 
 
 def one_line(text: Any, limit: int) -> str:
-    """``text`` on one line (runs of whitespace and control characters become one space), clipped with '…'."""
-    flat = _SPACE_RE.sub(" ", _CONTROL_RE.sub(" ", str(text))).strip()
+    """``text`` on one line (runs of whitespace and control characters become one space), URL credentials
+    redacted (a reason or a server's error may quote a URL), clipped with '…'."""
+    flat = _SPACE_RE.sub(" ", _CONTROL_RE.sub(" ", redact_text(str(text)))).strip()
     return flat if len(flat) <= limit else flat[: max(limit - 1, 0)].rstrip() + "…"
 
 
