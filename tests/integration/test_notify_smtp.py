@@ -286,3 +286,20 @@ def test_an_approval_whose_mail_fails_still_waits_for_its_answer(
     [event] = notified(audit)
     assert event.evidence_data["sent"] is False
     assert event.evidence_data["error"] == "AirflowException: SMTP connection is not found."
+
+
+def test_a_rollback_that_fails_mails_rollback_failed_and_still_fails(
+        dag: Any, audit: AuditStore, sink: Path, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot is gone and the source does not answer its reload: the rollback fails, the owners are told."""
+    monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", smtp_conn(sink_address(sink)[1]))  # type: ignore[index]
+    snapshot = {"snapshot_path": str(env / "gone.yml"), "sha256": "0" * 64, "config_path": str(env / "prometheus.yml")}
+    op = dag.get_task("rollback")
+    with pytest.raises(Exception) as failure:  # noqa: B017 - whatever the source's client raises
+        op.execute(context_for(op, {"snapshot": snapshot}))
+    mail = only_mail(sink)
+    assert mail.subject.startswith("[promshift] gpu-memory: ROLLBACK FAILED: ")
+    assert type(failure.value).__name__ in mail.body()
+    assert "The source config may still carry the group&#x27;s dual-write entry" in mail.body()
+    kinds = [e.kind for e in audit.events(group=GROUP)]
+    assert kinds == ["rollback_failed", NOTIFIED], kinds
+    assert notified(audit)[0].evidence_data["notice"] == "rollback_failed"
