@@ -301,6 +301,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         "AIRFLOW_CONN_PROMSHIFT_TARGET": json.dumps(target_conn),
         **key_env,
         **aws_env,
+        # Notifications (approval needed, rolled back) go to the stack's SMTP sink; `make demo` prints where.
+        **stack.smtp_connection_env(),
     })
     fault: TargetWriteGap | None = None
     try:
@@ -349,17 +351,18 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
                           out_dir=out_dir, target=target_report(stack), source_config=source_config)
     print_report(report)
     print(f"\nwall time {time.time() - started:.0f}s")
-    print_logins(airflow, group.dag_id, run_id)
+    print_logins(airflow, group.dag_id, run_id, mail=f"{len(stack.mail())} message(s) in {stack.mail_dir}")
     return out_dir
 
 
-def print_logins(airflow: LocalAirflow, dag_id: str, run_id: str) -> None:
-    """Where to look now: the Airflow UI, the board, this run, and the local demo users' logins."""
+def print_logins(airflow: LocalAirflow, dag_id: str, run_id: str, *, mail: str = "") -> None:
+    """Where to look now: the Airflow UI, the board, this run, the notifications sent, the demo users' logins."""
     base = airflow.base_url
     print(f"\nAirflow is still running, with the rest of the stack (make stack-down stops them all):\n"
           f"  UI     {base}/\n"
           f"  board  {base}{BOARD_PREFIX}/\n"
           f"  run    {base}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}\n"
+          + (f"  mail   {mail} (the stack's SMTP sink: notifications to the group's owners)\n" if mail else "") +
           f"logins (local demo users, passwords generated for this demo in {airflow.home / 'passwords.json'}):")
     roles = {TRIGGER_USER: "op: triggers runs", **dict.fromkeys(APPROVER_USERS, "user: approves")}
     for user, password in airflow.passwords.items():

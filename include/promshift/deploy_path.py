@@ -26,7 +26,7 @@ from promshift.core.redact import redact
 from promshift.core.scraper_config import ACTIVE
 from promshift.core.stages import TRANSITIONS, Stage
 from promshift.deploy_steps import deploy_evidence, restore, start_deploy, take_snapshot
-from promshift.migration import GroupMigration
+from promshift.migration import GroupMigration, steps_of
 
 REMOTE_WRITE = "remote_write"
 SCRAPER = "scraper"
@@ -141,7 +141,7 @@ class ScraperDeployStep:
         ``restored_identical``: what is live now (read again) is the snapshot (the same blob, or no scraper).
         A retry after this run recorded ``rolled_back`` reports what is live now and records nothing."""
         m = self.migration
-        mine = m.audit.events(group=m.group.name, run_id=m.run_id)
+        mine = steps_of(m.audit.events(group=m.group.name, run_id=m.run_id))
         if mine and mine[-1].kind == "rolled_back" and event.get("status") == "done":
             found = {"restored_identical": self._live_is(snapshot_info), "read_from": m.routing.read_from(m.group.name)}
             return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})

@@ -53,6 +53,17 @@ from promshift.core.warmup import WarmupObservation, parse_remote_write_lag
 
 log = logging.getLogger(__name__)
 
+# A notification to the group's owners (``promshift.orchestration.notify``): a stage-less side
+# event. Steps that resume from "this run's last event" look past side events (``steps_of``):
+# notifications, and the report a step publishes after its own event (``report_published``).
+NOTIFIED = "notified"
+SIDE_EVENTS = (NOTIFIED, "report_published")
+
+
+def steps_of(events: Sequence[AuditEvent]) -> list[AuditEvent]:
+    """``events`` without side events: what a retried step compares its own last event with."""
+    return [e for e in events if e.kind not in SIDE_EVENTS]
+
 
 class GroupNotStartable(RuntimeError):
     """The group is already past the point where a new run can start (cut over, say)."""
@@ -438,7 +449,7 @@ class GroupMigration:
         failure is recorded as ``rollback_failed`` before it is raised, and a corrupt routing
         manifest is recorded with the rollback, then raised.
         """
-        mine = self.audit.events(group=self.group.name, run_id=self.run_id)
+        mine = steps_of(self.audit.events(group=self.group.name, run_id=self.run_id))
         last_kind = mine[-1].kind if mine else None
         if not snapshot_info:
             if last_kind == "rollback_not_needed":  # a retry: already recorded
@@ -542,6 +553,13 @@ def record_validation_failed(audit: AuditStore, *, group_name: str, run_id: str,
     audit.append(group=group_name, run_id=run_id, kind="validation_failed", actor=actor, at=now,
                  evidence=json_safe(redact(evidence)), stage_from=None, stage_to=None)
     return reason
+
+
+def record_event(audit: AuditStore, *, group_name: str, run_id: str, kind: str, evidence: Mapping[str, Any],
+                 now: datetime, actor: str = "promshift") -> AuditEvent:
+    """Append a stage-less event (no transition), redacted and JSON-safe, as ``record_validation_failed`` does."""
+    return audit.append(group=group_name, run_id=run_id, kind=kind, actor=actor, at=now,
+                        evidence=json_safe(redact(dict(evidence))), stage_from=None, stage_to=None)
 
 
 def scrape_interval_s(config_text: str) -> float:

@@ -19,6 +19,7 @@ import requests
 from promshift.demo import HISTORY_PROFILE, run_demo
 from promshift.local_airflow import TRIGGER_USER, LocalAirflow
 from promshift.settings import REPO_ROOT, load_catalog
+from promshift.stack.local import LocalStack, StackConfig
 from tests.e2e.conftest import free_port, stop_stack
 
 pytestmark = pytest.mark.e2e
@@ -136,3 +137,9 @@ def left_running_airflow_serves_the_board_and_the_shown_evidence(tmp: Path, port
     shown = re.search(r"Evidence sha256 `([0-9a-f]{64})`", detail["body"])
     assert shown, detail["body"][:500]
     assert report["approval"]["evidence_sha256"] == shown.group(1)
+    # The owners were told an approval was needed: the mail is in the stack's SMTP sink, with a link into the UI.
+    mail = [m for m in LocalStack(StackConfig.from_env()).mail() if "approval needed" in m.subject]
+    assert mail, [m.subject for m in LocalStack(StackConfig.from_env()).mail()]
+    assert "gpu-memory" in mail[0].subject
+    assert f"{base}/dags/promshift__gpu_memory/runs/" in mail[0].body()
+    assert "/tasks/approval/required_actions" in mail[0].body()

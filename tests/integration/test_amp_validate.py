@@ -99,7 +99,9 @@ def fails_validate(stack: LocalStack, audit: AuditStore) -> tuple[BaseException,
     rollback = run.get_task("rollback").execute(context())
     message = str(excinfo.value)
     events = audit.events(group=GROUP, run_id=RUN_ID)
-    assert [e.kind for e in events] == ["validation_failed", "rollback_not_needed"]
+    # The rollback tells the group's owners (no SMTP connection here: recorded as not sent), then publishes the report.
+    assert [e.kind for e in events] == ["validation_failed", "rollback_not_needed", "notified", "report_published"]
+    assert events[2].evidence_data["sent"] is False
     failed = events[0].evidence_data
     # One line, the same in the task's error, the audit event and the rollback's reason.
     assert "\n" not in message and failed["reason"] == message

@@ -302,6 +302,6 @@ def test_the_dags_deploy_and_rollback_tasks_defer_on_the_scraper_and_record_it(
         assert evidence["deploy"]["status_history"][-1]["status"] == "DELETED" and evidence["restored_identical"]
         assert audit.stage_of(g.name) == Stage.ROLLED_BACK
         assert [e.kind for e in audit.events(group=g.name)] == ["snapshot_taken", "dual_write_deployed", "rolled_back",
-                                                                "report_published"]
+                                                               "notified", "report_published"]
     finally:
         audit.engine.dispose()

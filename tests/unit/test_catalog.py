@@ -203,7 +203,7 @@ def test_profile_may_only_override_policy_sections() -> None:
     doc = base_doc()
     doc["profiles"]["demo"]["owners"] = ["someone"]
     assert problems_of(doc) == (
-        "profile 'demo': field 'owners': unknown field (known: latency, parity, warmup)",
+        "profile 'demo': field 'owners': unknown field (known: latency, notify, parity, warmup)",
     )
 
 
@@ -321,7 +321,7 @@ def test_group_entry_must_be_a_mapping() -> None:
         ),
         (
             lambda d: d["defaults"].update(rollout={}),
-            "defaults: field 'rollout': unknown field (known: approval_timeout, host_label, latency, parity, "
+            "defaults: field 'rollout': unknown field (known: approval_timeout, host_label, latency, notify, parity, "
             "scrape_interval, warmup)",
         ),
         (
@@ -1057,3 +1057,87 @@ def test_the_shipped_catalog_documents_scrape_interval() -> None:
     text = SHIPPED_CATALOG.read_text()
     assert "scrape_interval: 30s" in text and "allow_match_all: true" in text
     assert all(g.scrape_interval_s == 30 and not g.allow_match_all for g in parse(yaml.safe_load(text)).groups)
+
+
+# --------------------------------------------------------------------------- notify (issue 14: who is told)
+
+
+def test_notify_is_off_by_default() -> None:
+    policy = parse(base_doc()).get("gpu-memory").notify
+    assert (policy.channel, policy.to, policy.topic_arn, policy.enabled, policy.recipients) == (
+        "none", (), None, False, ())
+
+
+def test_notify_smtp_and_sns_per_group_over_defaults() -> None:
+    doc = base_doc()
+    doc["defaults"]["notify"] = {"channel": "smtp", "to": ["gpu-platform@example.com"]}
+    group(doc, "gpu-clocks")["notify"] = {"channel": "sns",
+                                          "topic_arn": "arn:aws:sns:eu-west-1:123456789012:gpu-clocks"}
+    catalog = parse(doc)
+    memory, clocks = catalog.get("gpu-memory").notify, catalog.get("gpu-clocks").notify
+    assert (memory.channel, memory.recipients, memory.enabled) == ("smtp", ("gpu-platform@example.com",), True)
+    # The defaults' `to` is merged in but ignored on channel sns: switching needs no unsetting.
+    assert (clocks.channel, clocks.recipients) == ("sns", ("arn:aws:sns:eu-west-1:123456789012:gpu-clocks",))
+
+
+def test_a_profile_can_turn_notifications_off() -> None:
+    doc = base_doc()
+    group(doc, "gpu-memory")["notify"] = {"channel": "smtp", "to": ["a@example.com"]}
+    doc["profiles"]["quiet"] = {"notify": {"channel": "none"}}
+    assert parse(doc, profile="quiet").get("gpu-memory").notify.enabled is False
+    assert parse(doc).get("gpu-memory").notify.enabled is True
+
+
+@pytest.mark.parametrize(
+    ("notify", "expected"),
+    [
+        ({"channel": "slack"}, "field 'notify.channel': must be one of 'none', 'smtp', 'sns', got 'slack'"),
+        ({"channel": "smtp"}, "field 'notify.to': is required with channel 'smtp': list the owners' email addresses"),
+        ({"channel": "smtp", "to": []},
+         "field 'notify.to': is empty: channel 'smtp' would mail nobody (use channel 'none' for off)"),
+        ({"channel": "smtp", "to": "gpu-platform@example.com"}, "field 'notify.to': must be a list, got "
+                                                                "'gpu-platform@example.com'"),
+        ({"channel": "smtp", "to": ["gpu-platform"]},
+         "field 'notify.to[0]': must be one email address like team@example.com, got 'gpu-platform'"),
+        ({"channel": "smtp", "to": ["GPU Team <gpu@example.com>"]},
+         "field 'notify.to[0]': must be one email address like team@example.com, got 'GPU Team <gpu@example.com>'"),
+        ({"channel": "smtp", "to": ["a@example.com,b@example.com"]},
+         "field 'notify.to[0]': must be one email address like team@example.com, got 'a@example.com,b@example.com'"),
+        ({"channel": "smtp", "to": ["a@example.com", "a@example.com"]},
+         "field 'notify.to[1]': duplicate address 'a@example.com' (also [0])"),
+        ({"channel": "sns"}, "field 'notify.topic_arn': is required with channel 'sns'"),
+        ({"channel": "sns", "topic_arn": "gpu-alerts"},
+         "field 'notify.topic_arn': must be an SNS topic ARN like arn:aws:sns:us-east-1:123456789012:team-alerts, "
+         "got 'gpu-alerts'"),
+        ({"channel": "sns", "topic_arn": "arn:aws:sqs:us-east-1:123456789012:q"},
+         "field 'notify.topic_arn': must be an SNS topic ARN like arn:aws:sns:us-east-1:123456789012:team-alerts, "
+         "got 'arn:aws:sqs:us-east-1:123456789012:q'"),
+        ({"to": ["a@example.com"]}, "field 'notify.channel': is required when 'to' or 'topic_arn' is set: choose "
+                                    "'smtp' or 'sns' ('none' keeps notifications off)"),
+        ({"channel": "smtp", "to": ["a@example.com"], "cc": ["b@example.com"]},
+         "field 'notify.cc': unknown field (known: channel, to, topic_arn)"),
+        ("smtp", "field 'notify': must be a mapping, got 'smtp'"),
+    ],
+)
+def test_notify_rules_are_one_line_each(notify: Any, expected: str) -> None:
+    doc = base_doc()
+    group(doc, "gpu-memory")["notify"] = notify
+    assert problems_of(doc) == (f"group 'gpu-memory': {expected}",)
+
+
+def test_notify_accepts_plain_addresses_and_arns_of_other_partitions() -> None:
+    doc = base_doc()
+    group(doc, "gpu-memory")["notify"] = {"channel": "smtp", "to": ["gpu-platform+promshift@mail.example.co.uk",
+                                                                     "oncall@localhost"]}
+    group(doc, "gpu-clocks")["notify"] = {"channel": "sns",
+                                          "topic_arn": "arn:aws-us-gov:sns:us-gov-west-1:123456789012:alerts.fifo"}
+    catalog = parse(doc)
+    assert catalog.get("gpu-memory").notify.to == ("gpu-platform+promshift@mail.example.co.uk", "oncall@localhost")
+    assert catalog.get("gpu-clocks").notify.topic_arn.endswith(":alerts.fifo")  # type: ignore[union-attr]
+
+
+def test_shipped_catalog_notifies_every_groups_owners_by_mail() -> None:
+    catalog = parse_catalog(SHIPPED_CATALOG.read_text())
+    for metric_group in catalog.groups:
+        assert metric_group.notify.channel == "smtp", metric_group.name
+        assert metric_group.notify.to, metric_group.name

@@ -24,6 +24,7 @@ from promshift.core.audit import AuditEvent
 from promshift.core.evidence import evidence_sha256
 from promshift.core.latency import ProbeRun
 from promshift.core.stages import Stage
+from promshift.migration import NOTIFIED
 from promshift.orchestration.dag_factory import build_group_dag
 from promshift.orchestration.operators import (
     GateOperator,
@@ -367,10 +368,12 @@ def test_the_audit_key_comes_from_the_airflow_connection_first(
     conn_key = "key-from-the-promshift_audit-connection"
     monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_AUDIT", json.dumps({"conn_type": "generic", "password": conn_key}))
     task(dag, "rollback").execute(make_context({"snapshot": None}))
-    [ev, published] = audit.events()
-    assert published.kind == "report_published" and published.scheme == HMAC_SHA256_V2
-    assert ev.scheme == HMAC_SHA256_V2
-    assert ev.hash_matches(conn_key.encode()) and not ev.hash_matches(audit.key)
+    # The rollback, its notification (not sent: no SMTP connection here) and its report, all under that key.
+    events = audit.events()
+    assert [e.kind for e in events] == ["rollback_not_needed", NOTIFIED, "report_published"]
+    for ev in events:
+        assert ev.scheme == HMAC_SHA256_V2
+        assert ev.hash_matches(conn_key.encode()) and not ev.hash_matches(audit.key)
     assert AuditStore(audit.url, key=conn_key.encode()).verify().ok
     assert not audit.verify().ok  # the environment's key is not the one the chain was written with
 
@@ -477,7 +480,7 @@ def test_rollback_without_a_snapshot_records_not_needed(dag: Any, audit: AuditSt
     assert result["performed"] is False
     assert result["restored_identical"] is None
     assert result["reason"] == "a step failed before the gate; see that task's log"
-    [ev, published] = audit.events(group=GROUP)
+    [ev, published] = [e for e in audit.events(group=GROUP) if e.kind != NOTIFIED]
     assert ev.kind == "rollback_not_needed"
     assert ev.stage_to is None
     assert ev.evidence_data == result
@@ -627,7 +630,7 @@ def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
         stub.add_client_error("describe_workspace", "UnrecognizedClientException", http_status_code=403)
         result = op.execute(make_context({"snapshot": None}))
     assert result["performed"] is False
-    [ev, _published] = audit.events(group=GROUP)
+    [ev, _published] = [e for e in audit.events(group=GROUP) if e.kind != NOTIFIED]
     assert ev.kind == "rollback_not_needed"
     # Every other step does need the target, and says why it cannot have it.
     with Stubber(task(dag, "validate").target_hook.conn) as stub:
@@ -663,3 +666,14 @@ def test_a_snapshot_taken_on_one_worker_is_read_back_on_another(
     stored.write_bytes(stored.read_bytes() + b"# edited in the bucket\n")
     with pytest.raises(SnapshotError, match="does not match its recorded hash"):
         other.migration(make_context())._load_snapshot(info)
+
+
+def test_a_retried_rollback_looks_past_its_notification_and_report(dag: Any, audit: AuditStore) -> None:
+    """The retry of a rollback whose first try notified the owners and published the report records no second
+    rollback: side events (``notified``, ``report_published``) are not the step's own last event."""
+    first = task(dag, "rollback").execute(make_context({"snapshot": None}))
+    again = task(dag, "rollback").execute(make_context({"snapshot": None}))
+    assert again == first
+    kinds = [e.kind for e in audit.events(group=GROUP)]
+    assert kinds.count("rollback_not_needed") == 1, kinds
+    assert kinds.count(NOTIFIED) == 2  # each try tells the owners (here: recorded as not sent)

@@ -179,6 +179,18 @@ class _GroupStep:
                               catalog_dir=Path(self.catalog_path).parent,
                               snapshot_blobs=ObjectStorageBlobs(snapshots_url()))
 
+    def tell_owners(self, context: Any, kind: str, **details: Any) -> dict[str, Any] | None:
+        """Notify the group's owners on the catalog's channel and record it; never raises (``orchestration.notify``)."""
+        from promshift.orchestration.notify import tell_owners
+
+        return tell_owners(self, context, kind, **details)
+
+    def owners_notifier(self, kind: str, **details: Any) -> Any:
+        """The same as an Airflow notifier, for ``HITLOperator(notifiers=...)`` and callbacks."""
+        from promshift.orchestration.notify import OwnersNotifier
+
+        return OwnersNotifier(step=self, kind=kind, details=details)
+
     def _publish_audit_head(self, context: Any, head: Any) -> None:
         """A second witness of the chain's head, in Airflow's own metadata: the task log and XCom ``audit_head``."""
         self.log.info("audit head: seq %s hash %s", head.seq, head.head)
@@ -474,6 +486,9 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         self.body = approval_body(self.group_name, gate, ParityResult.from_dict(evidence["parity"]),
                                   LatencyResult.from_dict(evidence["latency"]), evidence_sha256=digest,
                                   board_url=board)
+        # HITL runs its notifiers once the request exists, just before the task waits for an answer.
+        self.notifiers = [*self.notifiers, self.owners_notifier("approval_needed", gate=gate.to_dict(),
+                                                                board_url=board)]
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
@@ -555,7 +570,12 @@ class RollbackOperator(GroupStepOperator):
         snap = context["ti"].xcom_pull(task_ids="snapshot")
         if snap and self.deploy_kind == "scraper":
             return self._restore_scraper(context, snap, reason)
-        result = migration.rollback(snap, reason=reason, now=_now())
+        try:
+            result = migration.rollback(snap, reason=reason, now=_now())
+        except Exception as exc:
+            self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
+            raise
+        self.tell_owners(context, "rolled_back", reason=reason, result=result)
         self.log.info("rollback because %s: performed=%s restored_identical=%s", reason, result["performed"],
                       result["restored_identical"])
         publish_report(self, context, migration)
@@ -571,6 +591,7 @@ class RollbackOperator(GroupStepOperator):
         try:
             result = self.scraper_step(context).restore(snap, reason=reason, now=_now())
         except DeployStepFailed as exc:
+            self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
             raise AirflowFailException(str(exc)) from None
         if result.state.final:
             return self.execute_complete(context, final_event(result), reason=reason)
@@ -585,7 +606,9 @@ class RollbackOperator(GroupStepOperator):
             evidence = self.scraper_step(context).finish_rollback(
                 event, context["ti"].xcom_pull(task_ids="snapshot"), reason=reason, now=_now())
         except DeployStepFailed as exc:
+            self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
             raise AirflowFailException(str(exc)) from None
+        self.tell_owners(context, "rolled_back", reason=reason, result=evidence)
         self.log.info("rollback because %s: scraper %s restored_identical=%s", reason,
                       event["result"]["status_history"][-1:], evidence["restored_identical"])
         publish_report(self, context, self.migration(context))

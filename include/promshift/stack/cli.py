@@ -142,6 +142,7 @@ def stack_up(args: argparse.Namespace) -> int:
     print(f"target:            {stack.target_url}")
     print(f"remote write:      {stack.target_remote_write_url}")
     print(f"source config:     {stack.source_config_path}")
+    print(f"mail sink:         smtp://127.0.0.1:{stack.smtp_port}  (messages kept under {stack.mail_dir})")
     if target_kind == "amp":
         # Names and URLs only: the credential pair is never printed.
         print(f"AMP control plane: {stack.aws_url}  (boto3 amp client endpoint_url, region {stack.config.region})")

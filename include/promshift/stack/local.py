@@ -6,7 +6,11 @@ session so they outlive the command that started them:
 - ``fleet``: ``python -m promshift.stack.fleet`` (one scrape target per node);
 - ``source``: the self-hosted Prometheus scraping the fleet through file_sd;
 - ``target``: a second Prometheus with the remote-write receiver under a
-  workspace-like route prefix, standing in for the AMP workspace.
+  workspace-like route prefix, standing in for the AMP workspace;
+- ``mail``: an SMTP sink (``promshift.stack.smtp_sink``) that keeps every message under
+  ``mail/`` and delivers nothing: the mail relay the notifications' ``smtp_default`` names
+  (``LocalStack.smtp_connection_env()``). Its port is ``PROMSHIFT_SMTP_PORT``, or by default
+  any free one, recorded in ``mail/sink.json``.
 
 With ``target_kind="amp"`` (``promshift stack up --target amp``) four more make a local AWS
 that checks the SigV4 signature of everything it receives (see ``promshift.stack.sigv4``):
@@ -57,16 +61,18 @@ from botocore.exceptions import BotoCoreError, ClientError
 import promshift
 from promshift.stack.fleet import FleetSpec, write_file_sd
 from promshift.stack.sigv4 import AwsCredentials, make_up_credentials, sign_request
+from promshift.stack.smtp_sink import answers as smtp_answers
+from promshift.stack.smtp_sink import read_mail, sink_address
 
 logger = logging.getLogger(__name__)
 
 PROMETHEUS_BIN = "/usr/bin/prometheus"
 VMAGENT_BIN = "/usr/bin/vmagent"
-FLEET, TARGET, SOURCE = "fleet", "target", "source"
+FLEET, TARGET, SOURCE, MAIL = "fleet", "target", "source", "mail"
 MOTO, AWS, FRONTDOOR, RELAY = "moto", "aws", "frontdoor", "relay"
 # Start order: the fleet before the source that scrapes it, the target before the source that
 # may remote-write to it. Stop order is the reverse, so the source can flush its queues.
-COMPONENTS = (FLEET, TARGET, SOURCE)
+COMPONENTS = (FLEET, MAIL, TARGET, SOURCE)
 # ``airflow standalone`` started by the demo (``promshift.local_airflow``) records its process group here, so
 # ``stack down`` stops it with the rest; a recycled pid is signalled only if its command line is standalone's.
 AIRFLOW, AIRFLOW_MARKER = "airflow", "airflow standalone"
@@ -121,6 +127,8 @@ class StackConfig:
     moto_port: int = 4567
     frontdoor_port: int = 9095
     relay_port: int = 8429
+    # The SMTP sink; 0: any free port, chosen when it starts (see LocalStack.smtp_port).
+    smtp_port: int = 0
     region: str = DEFAULT_REGION
     workspace_alias: str = AMP_WORKSPACE_ALIAS
     # The target Prometheus keeps its default 15 days; the workspace says so.
@@ -137,6 +145,8 @@ class StackConfig:
         if self.target_kind not in TARGET_KINDS:
             raise ValueError(f"target kind must be one of {', '.join(TARGET_KINDS)}, got {self.target_kind!r}")
         ports = (self.fleet_port, self.source_port, self.target_port)
+        if self.smtp_port:
+            ports += (self.smtp_port,)
         if self.target_kind == "amp":
             ports += (self.aws_port, self.moto_port, self.frontdoor_port, self.relay_port)
         if len(set(ports)) != len(ports):
@@ -155,6 +165,7 @@ class StackConfig:
             "moto_port": _env_int("PROMSHIFT_MOTO_PORT", cls.moto_port),
             "frontdoor_port": _env_int("PROMSHIFT_FRONTDOOR_PORT", cls.frontdoor_port),
             "relay_port": _env_int("PROMSHIFT_RELAY_PORT", cls.relay_port),
+            "smtp_port": _env_int("PROMSHIFT_SMTP_PORT", cls.smtp_port),
             "region": os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
@@ -320,6 +331,39 @@ class LocalStack:
     def state_path(self) -> Path:
         """JSON record of what the stack last started."""
         return self.home / "stack.json"
+
+    # -- the SMTP sink ----------------------------------------------------------------------
+
+    @property
+    def mail_dir(self) -> Path:
+        """Where the SMTP sink keeps every message it accepted (``read_mail`` reads them)."""
+        return self.home / MAIL
+
+    @property
+    def smtp_port(self) -> int:
+        """The sink's port: ``smtp_port`` when set, else the one the running sink bound (0 before it has)."""
+        if self.config.smtp_port:
+            return self.config.smtp_port
+        address = sink_address(self.mail_dir)
+        return address[1] if address else 0
+
+    def smtp_connection_env(self, conn_id: str = "smtp_default") -> dict[str, str]:
+        """``AIRFLOW_CONN_<CONN_ID>`` naming the running sink, for the processes that send notifications.
+
+        The SMTP provider's connection: host and port, no TLS (the sink is plain SMTP on the loopback),
+        no login, the sender in ``extra.from_email``, and short timeouts so a stopped sink is noticed fast.
+        """
+        port = self.smtp_port
+        if not port or not smtp_answers("127.0.0.1", port):
+            raise StackError("the SMTP sink is not running: run `promshift stack up`")
+        conn = {"conn_type": "smtp", "host": "127.0.0.1", "port": port,
+                "extra": {"from_email": "promshift@localhost", "disable_ssl": True, "disable_tls": True,
+                          "timeout": 10, "retry_limit": 1}}
+        return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(conn)}
+
+    def mail(self) -> list[Any]:
+        """Every message the sink has accepted, oldest first (``smtp_sink.ReceivedMail``)."""
+        return list(read_mail(self.mail_dir))
 
     # -- the local AWS (target_kind="amp") ------------------------------------------------
 
@@ -558,7 +602,12 @@ class LocalStack:
             f"--web.route-prefix={cfg.target_prefix}",
             f"--web.external-url={self.target_url}",
         )
+        mail_argv = (sys.executable, "-m", "promshift.stack.smtp_sink", "--dir", str(self.mail_dir),
+                     "--port", str(cfg.smtp_port))
+        smtp_url = f"smtp://127.0.0.1:{self.smtp_port}"
         components = {
+            MAIL: _Component(MAIL, cfg.smtp_port, mail_argv, smtp_url, smtp_url,
+                             f"promshift.stack.smtp_sink --dir {self.mail_dir}", "PROMSHIFT_SMTP_PORT"),
             FLEET: _Component(
                 FLEET,
                 cfg.fleet_port,
@@ -675,7 +724,8 @@ class LocalStack:
                     self.config.nodes,
                 )
             self._apply(components[FLEET], plans[FLEET])
-            self._wait_healthy([components[FLEET]], deadline)
+            self._apply(components[MAIL], plans[MAIL])
+            self._wait_healthy([components[FLEET], components[MAIL]], deadline)
             # Written only once the fleet answers, so the source never scrapes nodes it does not serve.
             write_file_sd(self.fleet, self.config.fleet_port, self.file_sd_path)
             if not amp:
@@ -744,7 +794,7 @@ class LocalStack:
             return
         with self._locked():
             self._down(30.0)
-            for directory in (SOURCE, TARGET, RELAY, "amp"):
+            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL):
                 shutil.rmtree(self.home / directory, ignore_errors=True)
             for name in COMPONENTS + AMP_COMPONENTS:
                 self.log_path(name).unlink(missing_ok=True)
@@ -796,6 +846,12 @@ class LocalStack:
         return _alive(pid) and component.marker in " ".join(_cmdline(pid))
 
     def _healthy(self, component: _Component) -> bool:
+        if component.name == MAIL:
+            # The port the sink bound (written once it listens), and the sink must be the one the pid file names.
+            address = sink_address(self.mail_dir)
+            if address is None or (self.config.smtp_port and address[1] != self.config.smtp_port):
+                return False
+            return address[2] == self._read_pid(MAIL) and smtp_answers(address[0], address[1])
         try:
             return self._http.get(component.health_url, timeout=2).status_code == 200
         except requests.RequestException:
@@ -834,6 +890,8 @@ class LocalStack:
 
     @staticmethod
     def _require_port(component: _Component) -> None:
+        if component.port == 0:  # the process binds any free port itself
+            return
         if not _port_free(component.port):
             raise StackError(
                 f"port {component.port} on 127.0.0.1 (for the {component.name}) is already in use by "
@@ -842,6 +900,8 @@ class LocalStack:
 
     def _start(self, component: _Component) -> None:
         log_path = self.log_path(component.name)
+        if component.name == MAIL:
+            (self.mail_dir / "sink.json").unlink(missing_ok=True)  # a dead sink's port must not pass for the new one's
         env = dict(os.environ)
         package_root = str(Path(promshift.__file__).resolve().parent.parent)
         # The fleet runs as `python -m promshift.stack.fleet`: make sure it imports this very package.

@@ -13,10 +13,12 @@ from promshift.core.catalog.model import (
     _GROUP_NAME_RE,
     _LABEL_NAME_RE,
     _METRIC_NAME_RE,
+    NOTIFY_CHANNELS,
     PARITY_MODES,
     PROBE_ENCODINGS,
     LatencyPolicy,
     LatencyWindow,
+    NotifyPolicy,
     ParityPolicy,
     WarmupPolicy,
 )
@@ -379,6 +381,33 @@ def _promql_query(value: Any) -> str:
     return query
 
 
+# One address as an SMTP envelope takes it: no display name, no comma or angle brackets (one entry
+# is one mailbox), a domain of dot-separated labels. Deliberately plain: a reviewer's typo, not RFC 5322.
+_EMAIL_RE = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+# RFC 5321's limit on a forward path.
+MAX_EMAIL_LENGTH = 254
+# arn:<partition>:sns:<region>:<account>:<topic>; a topic name is 1-256 of [A-Za-z0-9_-] (+ ".fifo").
+_SNS_TOPIC_ARN_RE = re.compile(r"arn:aws(?:-[a-z]+)*:sns:[a-z]{2}(?:-[a-z]+)+-\d:\d{12}:"
+                               r"[A-Za-z0-9_-]{1,256}(?:\.fifo)?")
+
+
+def _email(value: Any) -> str:
+    text = _string()(value)
+    if len(text) > MAX_EMAIL_LENGTH:
+        _fail(f"must be at most {MAX_EMAIL_LENGTH} characters, got {len(text)}: {_show(text)}")
+    if _EMAIL_RE.fullmatch(text) is None:
+        _fail(f"must be one email address like team@example.com, got {_show(text)}")
+    return text
+
+
+def _sns_topic_arn(value: Any) -> str:
+    text = _string()(value)
+    if _SNS_TOPIC_ARN_RE.fullmatch(text) is None:
+        _fail(f"must be an SNS topic ARN like arn:aws:sns:us-east-1:123456789012:team-alerts, got {_show(text)}")
+    return text
+
+
 # --------------------------------------------------------------------------- layout tables
 
 
@@ -467,6 +496,14 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
             "max_answer_bytes": _Field("max_answer_bytes", _integer(minimum=1)),
             "windows": _Field("windows", _windows),
             "queries": _Field("queries", _unique_list(_promql_query, what="query", non_empty=True)),
+        },
+    ),
+    "notify": (
+        NotifyPolicy,
+        {
+            "channel": _Field("channel", _choice(NOTIFY_CHANNELS)),
+            "to": _Field("to", _unique_list(_email, what="address", non_empty=False)),
+            "topic_arn": _Field("topic_arn", _sns_topic_arn),
         },
     ),
 }

@@ -17,6 +17,9 @@ PARITY_MODES: tuple[str, ...] = ("dual_write", "independent_scraper")
 # What the latency probe asks for in Accept-Encoding: "identity" times the query (engine,
 # JSON, transfer) and not the server's gzip; "gzip" times what Grafana sees, compression included.
 PROBE_ENCODINGS: tuple[str, ...] = ("identity", "gzip")
+# How a group's owners are told that a human is needed (approval) or that a run rolled back.
+# "none" (the default) sends nothing; "smtp" mails ``to``; "sns" publishes to ``topic_arn``.
+NOTIFY_CHANNELS: tuple[str, ...] = ("none", "smtp", "sns")
 
 CATALOG_VERSION = 1
 GROUP_NAME_PATTERN = r"[a-z][a-z0-9-]*"
@@ -130,6 +133,34 @@ class LatencyPolicy:
 
 
 @dataclass(frozen=True)
+class NotifyPolicy:
+    """Where a group's notifications go (approval needed, rolled back): the channel and its address.
+
+    ``channel`` "none" is off. ``to`` (email addresses) is what "smtp" sends to; ``topic_arn``
+    (an SNS topic) is what "sns" publishes to. The other channel's key, if a layer set it, is
+    ignored, so a group can switch channel over a default without unsetting anything. Which
+    SMTP server or AWS account sends is deployment configuration (Airflow connections), not catalog.
+    """
+
+    channel: str = "none"
+    to: tuple[str, ...] = ()
+    topic_arn: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.channel != "none"
+
+    @property
+    def recipients(self) -> tuple[str, ...]:
+        """Who receives a message on the chosen channel (the topic counts as one)."""
+        if self.channel == "smtp":
+            return self.to
+        if self.channel == "sns" and self.topic_arn:
+            return (self.topic_arn,)
+        return ()
+
+
+@dataclass(frozen=True)
 class MetricGroup:
     """A set of metric names that migrates, is verified and is cut over as one unit.
 
@@ -156,6 +187,7 @@ class MetricGroup:
     warmup: WarmupPolicy = WarmupPolicy()
     parity: ParityPolicy = ParityPolicy()
     latency: LatencyPolicy = LatencyPolicy()
+    notify: NotifyPolicy = NotifyPolicy()
 
     def name_regex(self) -> str:
         """Return the RE2 regex for ``__name__`` in a ``write_relabel_configs`` keep rule.

@@ -1,0 +1,168 @@
+"""What a group's owners are told, as text: an approval waits for them, a run rolled back, a bake check failed.
+
+Pure: no Airflow, no I/O. The orchestration shell (``promshift.orchestration.notify``) finds the
+links (Airflow's own helpers), sends the ``Notice`` through the channel's Airflow notifier and
+records ``notice_evidence`` in the audit log.
+
+Everything that goes into a header is one line and clipped (a reason may quote catalog text or
+a server's error); the HTML body escapes every value and links only http(s) URLs.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from promshift.core.redact import redact_text
+
+APPROVAL_NEEDED = "approval_needed"
+ROLLED_BACK = "rolled_back"
+ROLLBACK_FAILED = "rollback_failed"
+BAKE_FAILED = "bake_failed"
+NOTICE_KINDS = (APPROVAL_NEEDED, ROLLED_BACK, ROLLBACK_FAILED, BAKE_FAILED)
+
+SUBJECT_PREFIX = "[promshift]"
+# Long enough for a group name and a short reason; mail clients cut subjects anyway.
+MAX_SUBJECT_CHARS = 160
+# SNS refuses a subject over 100 characters (and any line break or non-ASCII-printable character).
+MAX_SNS_SUBJECT_CHARS = 100
+MAX_REASON_CHARS = 2000
+
+_SPACE_RE = re.compile(r"\s+")
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
+
+
+def one_line(text: Any, limit: int) -> str:
+    """``text`` on one line (runs of whitespace and control characters become one space), URL credentials
+    redacted (a reason or a server's error may quote a URL), clipped with '…'."""
+    flat = _SPACE_RE.sub(" ", _CONTROL_RE.sub(" ", redact_text(str(text)))).strip()
+    return flat if len(flat) <= limit else flat[: max(limit - 1, 0)].rstrip() + "…"
+
+
+def sns_subject(subject: str) -> str:
+    """The subject as SNS takes it: printable ASCII, at most 100 characters."""
+    ascii_only = "".join(ch if " " <= ch <= "~" else "?" for ch in one_line(subject, 10 * MAX_SNS_SUBJECT_CHARS))
+    ascii_only = ascii_only.replace("…", "...")
+    return ascii_only if len(ascii_only) <= MAX_SNS_SUBJECT_CHARS else ascii_only[: MAX_SNS_SUBJECT_CHARS - 3] + "..."
+
+
+def _safe_link(url: str | None) -> str | None:
+    """A link worth putting in a message: an absolute http(s) URL on one line, else None."""
+    if not url:
+        return None
+    url = str(url).strip()
+    if not re.match(r"https?://[^\s/]+", url) or _CONTROL_RE.search(url) or " " in url:
+        return None
+    return url
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One message: a one-line subject, a plain-text body, the same as HTML, and the main UI link."""
+
+    kind: str
+    group: str
+    run_id: str
+    subject: str
+    text: str
+    html: str
+    link: str | None = None
+
+
+def _build(kind: str, group: str, run_id: str, headline: str, facts: Sequence[tuple[str, str]],
+           links: Sequence[tuple[str, str | None]], closing: str) -> Notice:
+    if kind not in NOTICE_KINDS:
+        raise ValueError(f"unknown notice kind {kind!r}; known: {', '.join(NOTICE_KINDS)}")
+    subject = one_line(f"{SUBJECT_PREFIX} {group}: {headline}", MAX_SUBJECT_CHARS)
+    shown_links = [(label, url) for label, url in ((label, _safe_link(url)) for label, url in links) if url]
+    text_lines = [one_line(headline, MAX_REASON_CHARS), ""]
+    text_lines += [f"{label}: {value}" for label, value in facts]
+    if shown_links:
+        text_lines.append("")
+        text_lines += [f"{label}: {url}" for label, url in shown_links]
+    text_lines += ["", closing]
+    rows = "".join(f"<tr><th align=\"left\">{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
+                   for label, value in facts)
+    anchors = "".join(f"<li><a href=\"{html.escape(url, quote=True)}\">{html.escape(label)}</a></li>"
+                      for label, url in shown_links)
+    body = (f"<p><strong>{html.escape(one_line(headline, MAX_REASON_CHARS))}</strong></p>"
+            f"<table>{rows}</table>"
+            + (f"<ul>{anchors}</ul>" if anchors else "<p>(no link: Airflow's [api] base_url is not set)</p>")
+            + f"<p>{html.escape(closing)}</p>")
+    return Notice(kind=kind, group=group, run_id=run_id, subject=subject, text="\n".join(text_lines) + "\n",
+                  html=body, link=shown_links[0][1] if shown_links else None)
+
+
+def approval_needed(*, group: str, run_id: str, verdict: str, reason: str, approvers: Sequence[str],
+                    required_action_url: str | None, run_url: str | None = None,
+                    timeout: str | None = None, board_url: str | None = None) -> Notice:
+    """An on-call approval is waiting: the gate's verdict and reason, who may answer, and the link to answer."""
+    facts = [("Group", group), ("Run", run_id), ("Gate verdict", verdict),
+             ("Gate reason", one_line(reason or "-", MAX_REASON_CHARS)),
+             ("Who may approve", ", ".join(approvers) or "-")]
+    if timeout:
+        facts.append(("Unanswered after", f"{timeout} the group rolls back"))
+    return _build(APPROVAL_NEEDED, group, run_id, f"approval needed to cut over to AMP (gate {verdict})", facts,
+                  [("Answer the approval (required action)", required_action_url),
+                   ("The evidence on the migration board", board_url), ("The DAG run", run_url)],
+                  "Whoever triggered the run cannot approve it (four-eyes rule). Reject rolls the group back.")
+
+
+def rolled_back(*, group: str, run_id: str, reason: str, performed: bool | None,
+                restored_identical: bool | None, method: str | None = None, log_url: str | None = None,
+                run_url: str | None = None) -> Notice:
+    """A run rolled back (gate failed, approval rejected or timed out, a step failed): why, and what was restored."""
+    if not performed:
+        outcome = "nothing to restore: nothing was deployed"
+    elif restored_identical:
+        outcome = "the source config was restored identically" + (f" ({method})" if method else "")
+    else:
+        outcome = "NOT restored identically: check the source config now"
+    headline = f"rolled back: {one_line(reason or 'a step failed', 100)}"
+    if performed and not restored_identical:
+        headline = f"ROLLBACK INCOMPLETE: {one_line(reason or 'a step failed', 90)}"
+    facts = [("Group", group), ("Run", run_id), ("Why", one_line(reason or "-", MAX_REASON_CHARS)),
+             ("Outcome", outcome)]
+    return _build(ROLLED_BACK, group, run_id, headline, facts,
+                  [("The rollback task's log", log_url), ("The DAG run", run_url)],
+                  "Reads stay on (or went back to) the self-hosted source.")
+
+
+def rollback_failed(*, group: str, run_id: str, reason: str, error: str, log_url: str | None = None,
+                    run_url: str | None = None) -> Notice:
+    """The rollback itself failed: the most urgent message there is."""
+    facts = [("Group", group), ("Run", run_id), ("Rolling back because", one_line(reason or "-", MAX_REASON_CHARS)),
+             ("Rollback error", one_line(error, MAX_REASON_CHARS))]
+    return _build(ROLLBACK_FAILED, group, run_id, f"ROLLBACK FAILED: {one_line(error, 100)}", facts,
+                  [("The rollback task's log", log_url), ("The DAG run", run_url)],
+                  "The source config may still carry the group's dual-write entry: check it now.")
+
+
+def bake_failed(*, group: str, run_id: str, check: str, reason: str, log_url: str | None = None,
+                run_url: str | None = None) -> Notice:
+    """A bake check after cut-over failed (the bake watch is a later issue; the message is ready)."""
+    facts = [("Group", group), ("Run", run_id), ("Check", check), ("Why", one_line(reason or "-", MAX_REASON_CHARS))]
+    return _build(BAKE_FAILED, group, run_id, f"bake check {one_line(check, 60)} failed", facts,
+                  [("The check's log", log_url), ("The DAG run", run_url)],
+                  "Reads are served by AMP: decide whether to route them back to the source.")
+
+
+def notice_evidence(notice: Notice, *, channel: str, recipients: int, sent: bool,
+                    error: str | None = None) -> dict[str, Any]:
+    """What the audit records about one notification: never an address, a body or a credential."""
+    evidence: dict[str, Any] = {"notice": notice.kind, "channel": channel, "recipients": recipients,
+                                "subject": notice.subject, "link": notice.link, "sent": sent}
+    if error is not None:
+        evidence["error"] = one_line(error, 300)
+    return evidence
+
+
+def gate_summary(gate: Mapping[str, Any]) -> tuple[str, str]:
+    """(verdict, reason) of a gate verdict's dict form, for ``approval_needed``."""
+    verdict = gate.get("verdict")
+    if isinstance(verdict, Mapping):  # tolerate a nested form
+        verdict = verdict.get("value")
+    return str(verdict or "UNKNOWN"), str(gate.get("reason") or "")

@@ -1,0 +1,262 @@
+"""Tell a group's owners, through Airflow's notifiers, that an approval waits or that a run rolled back.
+
+The channel is the catalog's (``notify:`` in ``catalog/metric_groups.yaml``): ``smtp`` sends with the
+SMTP provider's ``SmtpNotifier``, ``sns`` with the amazon provider's ``SnsNotifier``; ``none`` (the
+default) sends nothing. The text is built in the pure core (``promshift.core.notify``); the links
+come from Airflow: ``HITLOperator.generate_link_to_ui_from_context`` for the approval's required
+action, the task instance's ``log_url`` otherwise (both need ``[api] base_url``).
+
+Deployment settings, never catalog data and never a secret in a record:
+
+- ``PROMSHIFT_SMTP_CONN_ID`` (default ``smtp_default``): the SMTP connection (host, port, login,
+  password, ``extra.from_email``; TLS as the provider reads it);
+- ``PROMSHIFT_SNS_CONN_ID`` (default ``aws_default``): the AWS connection that publishes;
+- ``PROMSHIFT_NOTIFY_FROM``: the sender, else the SMTP connection's ``from_email``;
+- ``PROMSHIFT_NOTIFY_TIMEOUT`` (default 30 s): the longest a step waits for the channel.
+
+A notification never fails or blocks the step that sends it: any error (no connection, a server
+that refuses or does not answer, a bad topic) and a send that outlives the timeout become one
+warning line in the task log and a ``notified`` audit event with ``sent: false`` and the reason.
+The audit event holds the notice kind, channel, number of recipients, subject, link and outcome;
+no address, body or credential.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from airflow.sdk.bases.notifier import BaseNotifier
+
+from promshift.core import notify as notices
+from promshift.core.catalog import NotifyPolicy
+from promshift.core.durations import format_duration
+
+if TYPE_CHECKING:
+    from promshift.core.catalog import MetricGroup
+
+log = logging.getLogger(__name__)
+
+SMTP_CONN_ENV = "PROMSHIFT_SMTP_CONN_ID"
+SNS_CONN_ENV = "PROMSHIFT_SNS_CONN_ID"
+FROM_ENV = "PROMSHIFT_NOTIFY_FROM"
+TIMEOUT_ENV = "PROMSHIFT_NOTIFY_TIMEOUT"
+DEFAULT_SMTP_CONN = "smtp_default"
+DEFAULT_SNS_CONN = "aws_default"
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class NotifySettings:
+    """Which connections send and how long a step waits for them."""
+
+    smtp_conn_id: str = DEFAULT_SMTP_CONN
+    sns_conn_id: str = DEFAULT_SNS_CONN
+    from_email: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def from_env(cls) -> NotifySettings:
+        raw_timeout = os.environ.get(TIMEOUT_ENV, "").strip()
+        try:
+            timeout = float(raw_timeout) if raw_timeout else DEFAULT_TIMEOUT_S
+        except ValueError:
+            log.warning("%s=%r is not a number of seconds; using %gs", TIMEOUT_ENV, raw_timeout, DEFAULT_TIMEOUT_S)
+            timeout = DEFAULT_TIMEOUT_S
+        return cls(smtp_conn_id=os.environ.get(SMTP_CONN_ENV) or DEFAULT_SMTP_CONN,
+                   sns_conn_id=os.environ.get(SNS_CONN_ENV) or DEFAULT_SNS_CONN,
+                   from_email=os.environ.get(FROM_ENV) or None,
+                   timeout_s=timeout if timeout > 0 else DEFAULT_TIMEOUT_S)
+
+
+# --------------------------------------------------------------------------- links into the Airflow UI
+
+
+def ui_base_url() -> str | None:
+    """Airflow's ``[api] base_url`` (what the UI is reached at), or None when it is not set."""
+    from airflow.sdk.configuration import conf
+
+    value = conf.get("api", "base_url", fallback=None)
+    return str(value).rstrip("/") if value else None
+
+
+def run_url(dag_id: str, run_id: str) -> str | None:
+    """The DAG run's page in the UI."""
+    base = ui_base_url()
+    return f"{base}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}" if base else None
+
+
+def task_log_url(context: Mapping[str, Any]) -> str | None:
+    """The task instance's own ``log_url`` (Airflow 3's link to this try's page), when the UI's URL is known."""
+    if ui_base_url() is None:
+        return None
+    ti = context.get("ti") or context.get("task_instance")
+    try:
+        return str(ti.log_url) if ti is not None else None
+    except Exception as exc:  # noqa: BLE001 - a link is optional
+        log.debug("no log_url: %s", exc)
+        return None
+
+
+def required_action_url(context: Mapping[str, Any]) -> str | None:
+    """The approval's required-action page (``HITLOperator.generate_link_to_ui_from_context``)."""
+    from airflow.providers.standard.operators.hitl import HITLOperator
+
+    base = ui_base_url()
+    if base is None:
+        return None
+    try:
+        return HITLOperator.generate_link_to_ui_from_context(context=context, base_url=base)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - a link is optional
+        log.debug("no required-action link: %s", exc)
+        return None
+
+
+# --------------------------------------------------------------------------- building and sending
+
+
+def build_notice(group: MetricGroup, context: Mapping[str, Any], kind: str, details: Mapping[str, Any]
+                 ) -> notices.Notice:
+    """The notice of ``kind`` for this task's run, with Airflow's links."""
+    run_id = str(context.get("run_id") or "")
+    run = run_url(group.dag_id, run_id) if run_id else None
+    if kind == notices.APPROVAL_NEEDED:
+        verdict, reason = notices.gate_summary(details.get("gate") or {})
+        return notices.approval_needed(group=group.name, run_id=run_id, verdict=verdict, reason=reason,
+                                       approvers=group.approvers, required_action_url=required_action_url(context),
+                                       run_url=run, timeout=format_duration(group.approval_timeout_s),
+                                       board_url=details.get("board_url"))
+    if kind == notices.ROLLED_BACK:
+        result = details.get("result") or {}
+        return notices.rolled_back(group=group.name, run_id=run_id, reason=str(details.get("reason") or ""),
+                                   performed=result.get("performed"),
+                                   restored_identical=result.get("restored_identical"),
+                                   method=result.get("method"), log_url=task_log_url(context), run_url=run)
+    if kind == notices.ROLLBACK_FAILED:
+        error = details.get("error")
+        text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+        return notices.rollback_failed(group=group.name, run_id=run_id, reason=str(details.get("reason") or ""),
+                                       error=text, log_url=task_log_url(context), run_url=run)
+    if kind == notices.BAKE_FAILED:
+        return notices.bake_failed(group=group.name, run_id=run_id, check=str(details.get("check") or "?"),
+                                   reason=str(details.get("reason") or ""), log_url=task_log_url(context),
+                                   run_url=run)
+    raise ValueError(f"unknown notice kind {kind!r}")
+
+
+def channel_notifier(policy: NotifyPolicy, notice: notices.Notice, settings: NotifySettings) -> BaseNotifier:
+    """The Airflow notifier of the group's channel, carrying this notice."""
+    if policy.channel == "smtp":
+        from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+        return SmtpNotifier(to=list(policy.to), from_email=settings.from_email, subject=notice.subject,
+                            html_content=notice.html, smtp_conn_id=settings.smtp_conn_id)
+    if policy.channel == "sns":
+        from airflow.providers.amazon.aws.notifications.sns import SnsNotifier
+
+        arn = policy.topic_arn or ""
+        region = arn.split(":")[3] if arn.count(":") >= 5 else None
+        return SnsNotifier(aws_conn_id=settings.sns_conn_id, target_arn=arn, message=notice.text,
+                           subject=notices.sns_subject(notice.subject), region_name=region)
+    raise ValueError(f"channel {policy.channel!r} sends nothing")
+
+
+def _within(timeout_s: float, work: Callable[[], None]) -> None:
+    """Run ``work``; raise what it raised, or TimeoutError if it is still running after ``timeout_s``."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failure.append(exc)
+
+    worker = threading.Thread(target=run, name="promshift-notify", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise TimeoutError(f"no answer within {timeout_s:g}s (left to finish in the background)")
+    if failure:
+        raise failure[0]
+
+
+def send(policy: NotifyPolicy, notice: notices.Notice, context: Mapping[str, Any], *,
+         settings: NotifySettings | None = None, logger: logging.Logger | logging.LoggerAdapter[Any] = log
+         ) -> dict[str, Any]:
+    """Send ``notice`` on the policy's channel; return the audit evidence. Never raises.
+
+    The channel notifier's ``notify`` is called directly rather than through ``__call__``: that
+    would render the subject and body as Jinja templates, and they quote reasons and catalog text.
+    """
+    settings = settings or NotifySettings.from_env()
+    recipients = len(policy.recipients)
+    try:
+        notifier = channel_notifier(policy, notice, settings)
+        _within(settings.timeout_s, lambda: notifier.notify(context))  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - a notification must never fail the step
+        error = f"{type(exc).__name__}: {notices.one_line(exc, 240) or 'no message'}"
+        logger.warning("notification not sent (%s via %s to %s recipient(s)): %s", notice.kind, policy.channel,
+                       recipients, error)
+        return notices.notice_evidence(notice, channel=policy.channel, recipients=recipients, sent=False, error=error)
+    logger.info("notified %s recipient(s) via %s: %s", recipients, policy.channel, notice.subject)
+    return notices.notice_evidence(notice, channel=policy.channel, recipients=recipients, sent=True)
+
+
+def _record(step: Any, context: Mapping[str, Any], evidence: Mapping[str, Any]) -> None:
+    from promshift.adapters.audit_store import AuditStore
+    from promshift.migration import NOTIFIED, record_event
+    from promshift.orchestration.operators import audit_key
+
+    publish = getattr(step, "_publish_audit_head", None)
+    audit = AuditStore(key=audit_key(), on_head=(lambda head: publish(context, head)) if publish else None)
+    record_event(audit, group_name=step.group.name, run_id=str(context["run_id"]), kind=NOTIFIED, evidence=evidence,
+                 now=datetime.now(UTC))
+
+
+def tell_owners(step: Any, context: Mapping[str, Any], kind: str, **details: Any) -> dict[str, Any] | None:
+    """Notify a step's group's owners of ``kind`` on the catalog's channel and record ``notified``.
+
+    Returns the recorded evidence, or None when the group's channel is ``none`` (nothing is sent
+    or recorded) or something failed before sending. Never raises.
+    """
+    logger = getattr(step, "log", log)
+    try:
+        group = step.group
+        if not group.notify.enabled:
+            logger.info("group %s has no notify channel; no %s notification", group.name, kind)
+            return None
+        evidence = send(group.notify, build_notice(group, context, kind, details), context, logger=logger)
+    except Exception as exc:  # noqa: BLE001 - a notification must never fail the step
+        logger.warning("%s notification not built: %s: %s", kind, type(exc).__name__, notices.one_line(exc, 240))
+        return None
+    try:
+        _record(step, context, evidence)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("%s notification (sent=%s) not recorded in the audit: %s: %s", kind, evidence["sent"],
+                       type(exc).__name__, notices.one_line(exc, 240))
+    return evidence
+
+
+class OwnersNotifier(BaseNotifier):
+    """An Airflow notifier that runs ``tell_owners`` (e.g. in ``HITLOperator(notifiers=...)``); never raises.
+
+    ``evidence`` holds what was recorded after it ran.
+    """
+
+    template_fields = ()
+
+    def __init__(self, *, step: Any, kind: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self.step = step
+        self.kind = kind
+        self.details = dict(details or {})
+        self.evidence: dict[str, Any] | None = None
+
+    def notify(self, context: Any) -> None:
+        self.evidence = tell_owners(self.step, context, self.kind, **self.details)
