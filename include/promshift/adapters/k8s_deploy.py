@@ -296,14 +296,17 @@ class PrometheusCRDeployment(_StatusConfigVerify):
             raise DeployError(f"cannot reach the Kubernetes API for {self.where}: {type(exc).__name__}") from None
         spec = obj.get("spec") or {}
         entries = spec.get("remoteWrite")
-        return (list(entries) if isinstance(entries, list) else None), str(obj["metadata"]["resourceVersion"])
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if not version:
+            raise DeployError(f"{self.where} came back without metadata.resourceVersion; cannot lock a write on it")
+        return (list(entries) if isinstance(entries, list) else None), str(version)
 
     def _write(self, entries: list[Any] | None, resource_version: str) -> str:
         """Merge-patch ``spec.remoteWrite`` (None removes the key) under the ``resourceVersion`` precondition."""
         body = {"metadata": {"resourceVersion": resource_version}, "spec": {"remoteWrite": entries}}
         obj = self.custom.patch_namespaced_custom_object(CR_GROUP, CR_VERSION, self.namespace, CR_PLURAL, self.name,
                                                          body, _content_type=MERGE_PATCH)
-        return str(obj["metadata"]["resourceVersion"])
+        return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
     @staticmethod
     def _text(entries: list[Any] | None) -> str:

@@ -34,7 +34,8 @@ deployer really has to wait for the reload):
   operator would generate from the rest of the spec) with each ``spec.remoteWrite`` entry added in order,
   in Prometheus-config spelling (``writeRelabelConfigs`` -> ``write_relabel_configs``, ...).
 
-Tests may change stored objects directly (``edit``) to play another writer.
+Tests may change stored objects directly (``edit``), or just before a write is served
+(``before_write``), to play another writer.
 """
 
 from __future__ import annotations
@@ -325,6 +326,8 @@ class K8sApiServer:
         self._revision = 100
         self.watchers: list[Watcher] = []
         self.requests: list[tuple[str, str, int]] = []  # (method, path, code): what the deployers sent
+        # Called with (method, kind, ns, name) before a PUT or PATCH is served: a test plays a racing writer.
+        self.before_write: Callable[[str, str, str, str], None] | None = None
         self._httpd = ThreadingHTTPServer((host, port), self._handler())
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -440,7 +443,7 @@ class K8sApiServer:
                 else None
             if sent is not None and sent != current["metadata"]["resourceVersion"]:
                 raise self._conflict(kind, name)
-            merged = merge_patch(current, body)
+            merged = merge_patch(copy.deepcopy(current), body)  # the stored object stays as it is until valid
             if not isinstance(merged.get("metadata"), dict):
                 raise ApiRefusal(422, "Invalid", f'{_KIND[kind]} "{name}" is invalid: metadata: Required value')
             merged["metadata"].pop("resourceVersion", None)
@@ -486,6 +489,8 @@ class K8sApiServer:
                         body = json.loads(raw or b"null")
                     except ValueError as exc:
                         raise ApiRefusal(400, "BadRequest", f"invalid JSON body: {exc}") from None
+                    if server.before_write is not None:
+                        server.before_write(self.command, kind, ns, name)
                     if self.command == "PUT":
                         self._answer(200, server.put(kind, ns, name, body))
                     else:
