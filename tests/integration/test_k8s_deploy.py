@@ -9,6 +9,7 @@ stand-ins write what the objects say into the real Prometheus's config file and 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import time
@@ -362,3 +363,29 @@ def test_the_contract_server_rejects_invalid_bodies_and_keeps_the_object(env: En
 
     assert env.server.get(CONFIGMAPS, NS, NAME) == cm_before
     assert cr(env) == cr_before
+
+
+def test_the_deployer_works_through_the_providers_kubernetes_hook(env: Env, tmp_path: Path) -> None:
+    """What production passes: the pinned cncf-kubernetes provider's KubernetesHook (here from a kubeconfig)."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    seed_configmap(env)
+    kubeconfig = tmp_path / "kubeconfig.json"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "local",
+        "clusters": [{"name": "local", "cluster": {"server": env.server.base_url}}],
+        "users": [{"name": "promshift", "user": {"token": "local-only"}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "promshift"}}]}))
+    hook = KubernetesHook(conn_id=None, config_file=str(kubeconfig), in_cluster=False)
+    reloader = ConfigReloader(env.server, namespace=NS, name=NAME, config_path=env.config,
+                              prometheus_url=env.prometheus.base_url, delay_s=0.2)
+    try:
+        deployer = ConfigMapDeployment(hook, namespace=NS, name=NAME, entry=gpu_entry(), prometheus=env.prometheus,
+                                       timeout_s=30)
+        snap = deployer.snapshot()
+        assert follow(deployer, deployer.deploy(snap, datetime.now(UTC))).state is DeployState.DONE
+        assert remote_write_names(env.prometheus.config_text()) == ["promshift-gpu-memory"]
+        assert follow(deployer, deployer.restore(snap, datetime.now(UTC))).state is DeployState.DONE
+        assert env.config.read_bytes() == BASE.encode()
+    finally:
+        reloader.stop()
