@@ -11,14 +11,23 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
-from promshift.adapters.k8s_deploy import api_client_of, config_remote_write_entry, cr_remote_write_entry
-from promshift.core.render import remote_write_entry
+from promshift.adapters.k8s_deploy import (
+    RESTORE_ATTEMPTS,
+    ConfigMapDeployment,
+    PrometheusCRDeployment,
+    api_client_of,
+    config_remote_write_entry,
+    cr_remote_write_entry,
+)
+from promshift.core.deploy import DeployError, DeployState, InMemorySnapshotStore
+from promshift.core.render import add_remote_write, remote_write_entry
 from promshift.stack.k8s_api import (
     CONFIGMAP_MAX_BYTES,
     CONFIGMAPS,
@@ -224,3 +233,135 @@ def test_watchers_see_each_stored_write_and_not_a_refused_one(server: K8sApiServ
         core.patch_namespaced_config_map("prom", "monitoring", {"data": {"bad key": "x"}})
     stored = core.patch_namespaced_config_map("prom", "monitoring", {"data": {"good": "x"}})
     assert seen == [(CONFIGMAPS, stored.metadata.resource_version)]
+
+
+# -- the deployers against the contract server (a fake Prometheus: verify's logic only) ---------------------------
+
+T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+
+class FakePrometheus:
+    base_url = "http://127.0.0.1:1"
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def config_text(self) -> str:
+        return "remote_write:\n" + "".join(f"  - name: {n}\n    url: http://x\n" for n in self.names) \
+            if self.names else "global: {}\n"
+
+
+def gpu() -> dict[str, Any]:
+    return remote_write_entry(group_name="gpu", name_regex="DCGM_.*", url="http://127.0.0.1:9/w")
+
+
+def cm_deployer(server: K8sApiServer, prom: FakePrometheus | None = None, **kw: Any) -> ConfigMapDeployment:
+    return ConfigMapDeployment(api(server), namespace="monitoring", name="prom", entry=gpu(),
+                               prometheus=prom or FakePrometheus(), **kw)  # type: ignore[arg-type]
+
+
+def cr_deployer(server: K8sApiServer, prom: FakePrometheus | None = None, **kw: Any) -> PrometheusCRDeployment:
+    return PrometheusCRDeployment(api(server), namespace="monitoring", name="k8s", entry=gpu(),
+                                  prometheus=prom or FakePrometheus(), **kw)  # type: ignore[arg-type]
+
+
+def test_a_retried_configmap_deploy_recognises_its_own_write(server: K8sApiServer) -> None:
+    deployer = cm_deployer(server)
+    store = InMemorySnapshotStore()
+    ref = store.put("gpu", "run-1", deployer.snapshot())
+    first = deployer.deploy(store.get(ref), T0)
+    after_first = server.get(CONFIGMAPS, "monitoring", "prom")
+    again = deployer.deploy(store.get(ref), T0)  # stale resourceVersion, but the live text is ours
+    assert again.state is DeployState.WAITING and again.details["resource_version"] == first.details["resource_version"]
+    assert server.get(CONFIGMAPS, "monitoring", "prom") == after_first
+    assert after_first["data"]["prometheus.yml"] == add_remote_write(CM["data"]["prometheus.yml"], gpu())
+
+
+def test_a_configmap_whose_entry_differs_is_refused_before_any_write(server: K8sApiServer) -> None:
+    server.edit(CONFIGMAPS, "monitoring", "prom", lambda obj: obj["data"].update(
+        {"prometheus.yml": add_remote_write(obj["data"]["prometheus.yml"], {**gpu(), "url": "http://other"})}))
+    before = server.get(CONFIGMAPS, "monitoring", "prom")
+    deployer = cm_deployer(server)
+    with pytest.raises(DeployError, match="configmap monitoring/prom: .*promshift-gpu"):
+        deployer.deploy(deployer.snapshot(), T0)
+    assert server.get(CONFIGMAPS, "monitoring", "prom") == before
+
+
+def test_verify_waits_until_the_entry_is_loaded_and_times_out_at_the_deadline(server: K8sApiServer) -> None:
+    prom = FakePrometheus()
+    deployer = cm_deployer(server, prom, timeout_s=60)
+    started = deployer.deploy(deployer.snapshot(), T0)
+    waiting = deployer.verify(started, T0 + timedelta(seconds=59))
+    assert waiting.state is DeployState.WAITING
+    assert deployer.verify(waiting, T0 + timedelta(seconds=60)).state is DeployState.TIMEOUT
+    prom.names = ["promshift-gpu"]
+    live = deployer.verify(waiting, T0 + timedelta(seconds=30))
+    assert live.state is DeployState.DONE and [c.status for c in live.status_history] == [
+        "CONFIGMAP_UPDATED", "WAITING_FOR_RELOAD", "LIVE"]
+    assert deployer.verify(live, T0 + timedelta(days=1)) is live  # final results are not observed again
+    restoring = deployer.restore(deployer.snapshot(), T0)  # our entry is still in the ConfigMap -> written back
+    assert deployer.verify(restoring, T0).state is DeployState.WAITING  # still loaded
+    prom.names = []
+    assert deployer.verify(restoring, T0).status == "RESTORED"
+
+
+def test_a_restore_that_always_races_gives_up_with_a_clear_error(server: K8sApiServer) -> None:
+    deployer = cm_deployer(server)
+    snap = deployer.snapshot()
+    deployer.deploy(snap, T0)
+    writes: list[str] = []
+
+    def always(method: str, kind: str, ns: str, name: str) -> None:
+        writes.append(method)
+        server.edit(CONFIGMAPS, ns, name, lambda obj: obj["metadata"].setdefault("annotations", {}).update(
+            {"n": str(len(writes))}))
+
+    server.before_write = always
+    with pytest.raises(DeployError, match=f"kept changing under {RESTORE_ATTEMPTS} restores"):
+        deployer.restore(snap, T0)
+    assert len(writes) == RESTORE_ATTEMPTS
+
+
+def test_cr_deploy_refuses_a_different_entry_of_our_name_and_keeps_the_same_one(server: K8sApiServer) -> None:
+    before = server.get(PROMETHEUSES, "monitoring", "k8s")
+    assert before["spec"]["remoteWrite"][0]["name"] == "promshift-gpu"  # seeded with other settings than ours
+    deployer = cr_deployer(server)
+    with pytest.raises(DeployError, match="already has a different remoteWrite promshift-gpu; editing a live queue"):
+        deployer.deploy(deployer.snapshot(), T0)
+    assert server.get(PROMETHEUSES, "monitoring", "k8s") == before
+
+    server.edit(PROMETHEUSES, "monitoring", "k8s", lambda obj: obj["spec"].update({"remoteWrite": []}))
+    snap = deployer.snapshot()
+    deployer.deploy(snap, T0)
+    deployed = server.get(PROMETHEUSES, "monitoring", "k8s")
+    again = deployer.deploy(deployer.snapshot(), T0)  # a retry after the deploy: no second write
+    assert server.get(PROMETHEUSES, "monitoring", "k8s") == deployed
+    assert again.state is DeployState.WAITING and deployed["spec"]["remoteWrite"] == [cr_remote_write_entry(gpu())]
+    stale = deployer.deploy(snap, T0)  # the first snapshot again: 409, but the live list is what we wrote
+    assert stale.details["resource_version"] == deployed["metadata"]["resourceVersion"]
+
+
+def test_cr_restore_removes_the_key_it_added_and_writes_nothing_when_nothing_of_ours_is_left(
+        server: K8sApiServer) -> None:
+    server.edit(PROMETHEUSES, "monitoring", "k8s", lambda obj: obj["spec"].pop("remoteWrite"))
+    deployer = cr_deployer(server)
+    snap = deployer.snapshot()
+    assert snap.content == "" and snap.meta["has_remote_write"] is False
+    deployer.deploy(snap, T0)
+    assert [e["name"] for e in server.get(PROMETHEUSES, "monitoring", "k8s")["spec"]["remoteWrite"]] == [
+        "promshift-gpu"]
+    restored = deployer.restore(snap, T0)
+    after = server.get(PROMETHEUSES, "monitoring", "k8s")
+    assert "remoteWrite" not in after["spec"] and restored.details["restored_identical"] is True
+    again = deployer.restore(snap, T0)
+    assert server.get(PROMETHEUSES, "monitoring", "k8s") == after  # no write: resourceVersion unchanged
+    assert again.details["restored_identical"] is True
+
+
+def test_an_unreachable_api_is_a_one_line_deploy_error() -> None:
+    with K8sApiServer() as srv:
+        client = api(srv)
+    deployer = ConfigMapDeployment(client, namespace="monitoring", name="prom", entry=gpu(),
+                                   prometheus=FakePrometheus())  # type: ignore[arg-type]
+    with pytest.raises(DeployError, match="cannot reach the Kubernetes API for configmap monitoring/prom"):
+        deployer.snapshot()

@@ -325,15 +325,16 @@ class PrometheusCRDeployment(_StatusConfigVerify):
     def deploy(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
         before = self._entries_of(snapshot) or []
         name = self.entry_name
-        if any(isinstance(e, Mapping) and e.get("name") == name for e in before):
-            raise DeployError(f"{self.where} already has a remoteWrite {name}; editing a live queue loses samples, "
-                              "refusing to deploy")
-        new = [*before, self.cr_entry]
+        present = [e for e in before if isinstance(e, Mapping) and e.get("name") == name]
+        if present and present != [self.cr_entry]:
+            raise DeployError(f"{self.where} already has a different remoteWrite {name}; editing a live queue loses "
+                              "samples, refusing to deploy")
+        new = before if present else [*before, self.cr_entry]  # the same entry already there: a retried deploy
         version = str(snapshot.meta.get("resourceVersion") or "")
         if not version:
             raise DeployError(f"{self.where}: the snapshot has no resourceVersion; take a new snapshot")
         try:
-            new_version = self._write(new, version)
+            new_version = version if present else self._write(new, version)
         except ApiException as exc:
             if exc.status != 409:
                 raise DeployError(f"writing {self.where} failed: {_api_reason(exc)}; nothing deployed") from None
