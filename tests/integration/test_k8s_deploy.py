@@ -389,3 +389,62 @@ def test_the_deployer_works_through_the_providers_kubernetes_hook(env: Env, tmp_
         assert env.config.read_bytes() == BASE.encode()
     finally:
         reloader.stop()
+
+
+def test_the_migration_steps_drive_the_cr_deployer_chosen_by_the_source_connection(
+        env: Env, operator: OperatorStandIn, tmp_path: Path) -> None:
+    """Source extra {deploy: k8s-cr, kubernetes: {...}} -> KubernetesHook -> CR deployer, driven by the same steps
+    and audit as the managed collector: dual-writing once loaded, rolled back with the spec as it was."""
+    from promshift.adapters.audit_store import AuditStore
+    from promshift.adapters.k8s_deploy import kubernetes_deployer
+    from promshift.adapters.routing import RoutingManifest
+    from promshift.core.stages import Stage
+    from promshift.deploy_path import ScraperDeployStep, deploy_kind_of, final_event, kubernetes_source_of
+    from promshift.migration import Backends, GroupMigration
+    from promshift.orchestration.hooks import kubernetes_hook
+    from promshift.settings import load_catalog
+
+    kubeconfig = tmp_path / "kubeconfig.json"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "local",
+        "clusters": [{"name": "local", "cluster": {"server": env.server.base_url}}],
+        "users": [{"name": "promshift", "user": {"token": "local-only"}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "promshift"}}]}))
+    source_extra = {"deploy": "k8s-cr", "kubernetes": {"namespace": NS, "name": NAME, "config_file": str(kubeconfig),
+                                                       "timeout_s": 30}}
+    assert deploy_kind_of({}, conn_id="promshift_target", is_amp=True, source_extra=source_extra) == "k8s-cr"
+    source = kubernetes_source_of(source_extra)
+    assert source is not None
+    group = load_catalog(profile="demo").get("gpu-memory")
+    entry = remote_write_entry(group_name=group.name, name_regex=group.name_regex(),
+                               url="http://127.0.0.1:9/workspaces/ws-1/api/v1/remote_write",
+                               sigv4={"region": "us-east-1"})
+    deployer = kubernetes_deployer(source.kind, kubernetes_hook(source), namespace=source.namespace, name=source.name,
+                                   entry=entry, prometheus=env.prometheus, timeout_s=source.timeout_s)
+    audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
+    try:
+        backends = Backends(source=env.prometheus, target=PrometheusClient("http://127.0.0.1:1"),
+                            source_config_path=str(env.config), target_remote_write_url="")
+        migration = GroupMigration(group, backends, audit=audit, routing=RoutingManifest(tmp_path / "routing.json"),
+                                   snapshots_dir=tmp_path, run_id="manual__k8s")
+        step = ScraperDeployStep(migration, deployer, InMemorySnapshotStore(), quota=None)
+        spec_before = cr(env)["spec"]
+        info = step.snapshot(datetime.now(UTC))
+        started = DeployResult.from_dict(step.start(info, datetime.now(UTC))["deploy"])
+        out = step.finish(final_event(follow(deployer, started)), None, datetime.now(UTC))
+        assert migration.stage() == Stage.DUAL_WRITING and out["remote_write"] == "promshift-gpu-memory"
+        assert out["deploy"]["kind"] == "k8s-cr" and out["deploy"]["status_history"][-1]["status"] == "LIVE"
+        assert remote_write_names(env.prometheus.config_text()) == ["team-thanos", "promshift-gpu-memory"]
+
+        reason = "test: the gate failed"
+        restoring = step.restore(info, reason=reason, now=datetime.now(UTC))
+        evidence = step.finish_rollback(final_event(follow(deployer, restoring)), info, reason=reason,
+                                        now=datetime.now(UTC))
+        assert evidence["restored_identical"] is True and migration.stage() == Stage.ROLLED_BACK
+        assert cr(env)["spec"] == spec_before
+        assert remote_write_names(env.prometheus.config_text()) == ["team-thanos"]
+        assert [e.kind for e in audit.events(group=group.name)] == ["snapshot_taken", "dual_write_deployed",
+                                                                    "rolled_back"]
+        assert audit.verify().ok
+    finally:
+        audit.engine.dispose()

@@ -532,3 +532,19 @@ def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
         with pytest.raises(AirflowFailException, match=r"AWS refused the credentials' signature "
                                                        r"\(UnrecognizedClientException\)$"):
             task(dag, "validate").execute(make_context())
+
+
+def test_a_kubernetes_source_deploy_is_refused_before_anything_is_deployed(
+        env: Path, audit: AuditStore, dag: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The source connection's extra.deploy k8s-cr is read, and refused with one line until rollback is wired."""
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+        "conn_type": "prometheus", "host": "http://127.0.0.1:1",
+        "extra": {"deploy": "k8s-cr", "kubernetes": {"namespace": "monitoring", "name": "k8s"}}}))
+    with pytest.raises(AirflowFailException, match=r"^connection 'promshift_source': extra.deploy 'k8s-cr' is not "
+                                                   r"wired into the DAG yet .*; nothing deployed$"):
+        task(dag, "snapshot").execute(make_context())
+    assert audit.events(group=GROUP) == []
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+        "conn_type": "prometheus", "host": "http://127.0.0.1:1", "extra": {"deploy": "k8s-cr"}}))
+    with pytest.raises(AirflowFailException, match=r"needs extra.kubernetes"):
+        task(dag, "deploy_dual_write").execute(make_context())

@@ -135,30 +135,39 @@ class _StatusConfigVerify:
             **details)
 
     def verify(self, result: DeployResult, now: datetime) -> DeployResult:
-        """One look at ``/api/v1/status/config``: DONE once it shows the change, WAITING before it, TIMEOUT after
-        the deadline."""
-        if result.state.final:
-            return result
-        try:
-            live = remote_write_names(self.prometheus.config_text())
-        except (PrometheusError, RenderError) as exc:
-            raise DeployError(f"cannot read the loaded config of {redact_text(self.prometheus.base_url)}: "
-                              f"{' '.join(str(exc).split())[:300]}") from exc
-        name = self.entry_name
-        deploying = result.action == "deploy"
-        if (name in live) == deploying:
-            shown = "live" if deploying else "gone"
-            return result.observed("LIVE" if deploying else "RESTORED", now, state=DeployState.DONE,
-                                   reason=f"remote_write {name} is {shown} in the loaded config",
-                                   live_remote_writes=live)
-        deadline = result.details.get("deadline")
-        if deadline and now >= datetime.fromisoformat(str(deadline)):
-            return result.observed("NOT_LOADED", now, state=DeployState.TIMEOUT, live_remote_writes=live,
-                                   reason=f"Prometheus did not load the {'new' if deploying else 'restored'} config "
-                                          f"(remote_write {name} {'missing' if deploying else 'still present'}) "
-                                          f"by {deadline}")
-        return result.observed("WAITING_FOR_RELOAD", now, state=DeployState.WAITING, live_remote_writes=live,
-                               reason=f"waiting for Prometheus to load the {'new' if deploying else 'restored'} config")
+        """One look at ``/api/v1/status/config`` (``observe_loaded_config``)."""
+        return observe_loaded_config(self.prometheus, result, now)
+
+
+def observe_loaded_config(prometheus: PrometheusClient, result: DeployResult, now: datetime) -> DeployResult:
+    """DONE once the loaded config shows the change (our entry after a deploy, none after a restore), WAITING
+    before it, TIMEOUT once ``details.deadline`` has passed. Reads only: a trigger may call it again and again.
+
+    The entry's name and the deadline come from the result (``details.remote_write``, ``details.deadline``),
+    so a trigger needs nothing but the source's Prometheus client to follow either deployer.
+    """
+    if result.state.final:
+        return result
+    try:
+        live = remote_write_names(prometheus.config_text())
+    except (PrometheusError, RenderError) as exc:
+        raise DeployError(f"cannot read the loaded config of {redact_text(prometheus.base_url)}: "
+                          f"{' '.join(str(exc).split())[:300]}") from exc
+    name = str(result.details["remote_write"])
+    deploying = result.action == "deploy"
+    if (name in live) == deploying:
+        shown = "live" if deploying else "gone"
+        return result.observed("LIVE" if deploying else "RESTORED", now, state=DeployState.DONE,
+                               reason=f"remote_write {name} is {shown} in the loaded config",
+                               live_remote_writes=live)
+    deadline = result.details.get("deadline")
+    if deadline and now >= datetime.fromisoformat(str(deadline)):
+        return result.observed("NOT_LOADED", now, state=DeployState.TIMEOUT, live_remote_writes=live,
+                               reason=f"Prometheus did not load the {'new' if deploying else 'restored'} config "
+                                      f"(remote_write {name} {'missing' if deploying else 'still present'}) "
+                                      f"by {deadline}")
+    return result.observed("WAITING_FOR_RELOAD", now, state=DeployState.WAITING, live_remote_writes=live,
+                           reason=f"waiting for Prometheus to load the {'new' if deploying else 'restored'} config")
 
 
 class ConfigMapDeployment(_StatusConfigVerify):
@@ -374,3 +383,16 @@ class PrometheusCRDeployment(_StatusConfigVerify):
                              "our remoteWrite removed; waiting for the operator's reload" if identical else
                              f"{self.where} was edited by someone else; only remoteWrite {name} removed",
                              restored_identical=identical, resource_version=version)
+
+
+def kubernetes_deployer(kind: str, api: Any, *, namespace: str, name: str, entry: Mapping[str, Any],
+                        prometheus: PrometheusClient, key: str = CONFIG_KEY,
+                        timeout_s: float = DEFAULT_TIMEOUT_S) -> ConfigMapDeployment | PrometheusCRDeployment:
+    """The deployer for ``kind`` (``k8s-configmap`` or ``k8s-cr``) over ``api`` (a KubernetesHook or an ApiClient)."""
+    if kind == DeployKind.K8S_CONFIGMAP.value:
+        return ConfigMapDeployment(api, namespace=namespace, name=name, entry=entry, prometheus=prometheus, key=key,
+                                   timeout_s=timeout_s)
+    if kind == DeployKind.K8S_CR.value:
+        return PrometheusCRDeployment(api, namespace=namespace, name=name, entry=entry, prometheus=prometheus,
+                                      timeout_s=timeout_s)
+    raise DeployError(f"no Kubernetes deployer for {kind!r}")

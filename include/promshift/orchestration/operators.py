@@ -131,16 +131,25 @@ class _GroupStep:
 
     @cached_property
     def deploy_kind(self) -> str:
-        """``remote_write`` or ``scraper``: the target connection's ``extra.deploy`` (see ``deploy_path``)."""
-        from promshift.deploy_path import deploy_kind_of
+        """``remote_write`` or ``scraper``: the target connection's ``extra.deploy``; a source connection's
+        ``extra.deploy`` of ``k8s-configmap``/``k8s-cr`` is read too (see ``deploy_path``), and refused here
+        until the rollback task restores through the same deployer (nothing is deployed before this check)."""
+        from promshift.deploy_path import K8S_KINDS, deploy_kind_of
         from promshift.orchestration.hooks import PrometheusHook
 
-        hook = self.target_hook
+        hook, source = self.target_hook, self.source_hook
         extra = hook.extra if isinstance(hook, PrometheusHook) else hook.conn_config.extra_config
+        source_extra = source.extra if isinstance(source, PrometheusHook) else {}
         try:
-            return deploy_kind_of(extra, conn_id=self.target_conn_id, is_amp=not isinstance(hook, PrometheusHook))
+            kind = deploy_kind_of(extra, conn_id=self.target_conn_id, is_amp=not isinstance(hook, PrometheusHook),
+                                  source_extra=source_extra, source_conn_id=self.source_conn_id)
         except ValueError as exc:
             raise AirflowFailException(str(exc)) from None
+        if kind in K8S_KINDS:
+            raise AirflowFailException(f"connection {self.source_conn_id!r}: extra.deploy {kind!r} is not wired into "
+                                       "the DAG yet (its rollback must restore through the same deployer); "
+                                       "nothing deployed")
+        return kind
 
     def scraper_step(self, context: Any) -> Any:
         """The managed-collector path's steps: the group's scraper, snapshots on disk, the quota pre-flight."""
