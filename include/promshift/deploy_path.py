@@ -122,7 +122,7 @@ def kubernetes_source_of(extra: Mapping[str, Any], *, conn_id: str = "promshift_
         raise ValueError(f"connection {conn_id!r}: extra.kubernetes.namespace must be a DNS label, got {namespace!r}")
     if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
         raise ValueError(f"connection {conn_id!r}: extra.kubernetes.name must be a DNS subdomain, got {name!r}")
-    unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(KubernetesSource)} - {"kind"})
+    unknown = sorted(set(raw) - ({f.name for f in dataclasses.fields(KubernetesSource)} - {"kind"}))
     if unknown:
         raise ValueError(f"connection {conn_id!r}: extra.kubernetes has unknown keys {unknown}")
     if "key" in raw and kind != K8S_CONFIGMAP:

@@ -8,6 +8,7 @@ stand-ins write what the objects say into the real Prometheus's config file and 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -391,15 +392,15 @@ def test_the_deployer_works_through_the_providers_kubernetes_hook(env: Env, tmp_
         reloader.stop()
 
 
-def test_the_migration_steps_drive_the_cr_deployer_chosen_by_the_source_connection(
-        env: Env, operator: OperatorStandIn, tmp_path: Path) -> None:
-    """Source extra {deploy: k8s-cr, kubernetes: {...}} -> KubernetesHook -> CR deployer, driven by the same steps
-    and audit as the managed collector: dual-writing once loaded, rolled back with the spec as it was."""
+@contextlib.contextmanager
+def cr_steps(env: Env, tmp_path: Path) -> Iterator[tuple[Any, Any, Any, Any]]:
+    """Source extra {deploy: k8s-cr, kubernetes: {...}} -> KubernetesHook -> CR deployer, in the migration's steps.
+
+    Yields (step, deployer, migration, audit)."""
     from promshift.adapters.audit_store import AuditStore
     from promshift.adapters.k8s_deploy import kubernetes_deployer
     from promshift.adapters.routing import RoutingManifest
-    from promshift.core.stages import Stage
-    from promshift.deploy_path import ScraperDeployStep, deploy_kind_of, final_event, kubernetes_source_of
+    from promshift.deploy_path import ScraperDeployStep, deploy_kind_of, kubernetes_source_of
     from promshift.migration import Backends, GroupMigration
     from promshift.orchestration.hooks import kubernetes_hook
     from promshift.settings import load_catalog
@@ -427,7 +428,19 @@ def test_the_migration_steps_drive_the_cr_deployer_chosen_by_the_source_connecti
                             source_config_path=str(env.config), target_remote_write_url="")
         migration = GroupMigration(group, backends, audit=audit, routing=RoutingManifest(tmp_path / "routing.json"),
                                    snapshots_dir=tmp_path, run_id="manual__k8s")
-        step = ScraperDeployStep(migration, deployer, InMemorySnapshotStore(), quota=None)
+        yield ScraperDeployStep(migration, deployer, InMemorySnapshotStore(), quota=None), deployer, migration, audit
+    finally:
+        audit.engine.dispose()
+
+
+def test_the_migration_steps_drive_the_cr_deployer_chosen_by_the_source_connection(
+        env: Env, operator: OperatorStandIn, tmp_path: Path) -> None:
+    """The same steps and audit as the managed collector: dual-writing once loaded, rolled back with the spec
+    as it was."""
+    from promshift.core.stages import Stage
+    from promshift.deploy_path import final_event
+
+    with cr_steps(env, tmp_path) as (step, deployer, migration, audit):
         spec_before = cr(env)["spec"]
         info = step.snapshot(datetime.now(UTC))
         started = DeployResult.from_dict(step.start(info, datetime.now(UTC))["deploy"])
@@ -443,8 +456,24 @@ def test_the_migration_steps_drive_the_cr_deployer_chosen_by_the_source_connecti
         assert evidence["restored_identical"] is True and migration.stage() == Stage.ROLLED_BACK
         assert cr(env)["spec"] == spec_before
         assert remote_write_names(env.prometheus.config_text()) == ["team-thanos"]
-        assert [e.kind for e in audit.events(group=group.name)] == ["snapshot_taken", "dual_write_deployed",
-                                                                    "rolled_back"]
+        assert [e.kind for e in audit.events(group="gpu-memory")] == ["snapshot_taken", "dual_write_deployed",
+                                                                      "rolled_back"]
         assert audit.verify().ok
-    finally:
-        audit.engine.dispose()
+
+
+def test_a_409_through_the_steps_is_audited_and_deploys_nothing(
+        env: Env, operator: OperatorStandIn, tmp_path: Path) -> None:
+    from promshift.deploy_path import DeployStepFailed
+
+    with cr_steps(env, tmp_path) as (step, _deployer, migration, audit):
+        info = step.snapshot(datetime.now(UTC))
+        env.server.edit(PROMETHEUSES, NS, NAME, lambda obj: obj["spec"].update({"replicas": 5}))
+        theirs = cr(env)
+        with pytest.raises(DeployStepFailed, match="^409 Conflict: prometheus monitoring/k8s was changed"):
+            step.start(info, datetime.now(UTC))
+        assert cr(env) == theirs
+        events = audit.events(group="gpu-memory")
+        assert [e.kind for e in events] == ["snapshot_taken", "deploy_failed"]
+        assert "409 Conflict" in events[-1].evidence_data["reason"]
+        assert migration.failure_reason().startswith("deploy failed: 409 Conflict")
+        assert remote_write_names(env.prometheus.config_text()) == ["team-thanos"]

@@ -216,6 +216,8 @@ def test_a_kubernetes_source_connection_chooses_the_kubernetes_deployer() -> Non
     ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "key": "p.yml"}}, "ConfigMap only"),
     ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "namespce": "x"}},
      r"unknown keys \['namespce'\]"),
+    ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "kind": "k8s-configmap"}},
+     r"unknown keys \['kind'\]"),
     ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "timeout_s": "soon"}}, "timeout_s"),
     ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "in_cluster": "yes"}}, "in_cluster"),
 ])

@@ -365,3 +365,13 @@ def test_an_unreachable_api_is_a_one_line_deploy_error() -> None:
                                    prometheus=FakePrometheus())  # type: ignore[arg-type]
     with pytest.raises(DeployError, match="cannot reach the Kubernetes API for configmap monitoring/prom"):
         deployer.snapshot()
+
+
+def test_an_immutable_configmap_refuses_our_deploy_and_keeps_its_data(server: K8sApiServer) -> None:
+    server.edit(CONFIGMAPS, "monitoring", "prom", lambda obj: obj.update({"immutable": True}))
+    before = server.get(CONFIGMAPS, "monitoring", "prom")
+    deployer = cm_deployer(server)
+    with pytest.raises(DeployError, match=r"^writing configmap monitoring/prom failed: HTTP 422 .*field is immutable "
+                                          r"when `immutable` is set; nothing deployed$"):
+        deployer.deploy(deployer.snapshot(), T0)
+    assert server.get(CONFIGMAPS, "monitoring", "prom") == before

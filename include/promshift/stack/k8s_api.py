@@ -359,6 +359,11 @@ class K8sApiServer:
     def _store(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Validate, bump resourceVersion and keep ``obj``; call the watchers. The lock is held by the caller."""
         obj = copy.deepcopy(obj)
+        current = self._objects.get((kind, ns, name))
+        if kind == CONFIGMAPS and current is not None and current.get("immutable") is True and any(
+                obj.get(field) != current.get(field) for field in ("data", "binaryData", "immutable")):
+            raise ApiRefusal(422, "Invalid", f'ConfigMap "{name}" is invalid: data: Forbidden: field is immutable '
+                                             "when `immutable` is set")
         obj.setdefault("apiVersion", _API_VERSION[kind])
         obj.setdefault("kind", _KIND[kind])
         meta = obj.setdefault("metadata", {})
