@@ -115,7 +115,7 @@ def seed_configmap(env: Env) -> dict[str, Any]:
 def test_configmap_deploy_goes_live_through_the_reloader_and_restore_is_byte_identical(env: Env) -> None:
     seed_configmap(env)
     reloader = ConfigReloader(env.server, namespace=NS, name=NAME, config_path=env.config,
-                              prometheus_url=env.prometheus.base_url, delay_s=1.0)
+                              prometheus_url=env.prometheus.base_url, delay_s=2.0)
     try:
         deployer = ConfigMapDeployment(env.api, namespace=NS, name=NAME, entry=gpu_entry(), prometheus=env.prometheus,
                                        timeout_s=30)
@@ -191,11 +191,15 @@ def test_configmap_409_leaves_the_other_writers_change_and_nothing_of_ours(env: 
         now = env.server.get(CONFIGMAPS, NS, NAME)
         assert now == after_them  # same resourceVersion: nothing was written after their edit
         assert now["data"]["prometheus.yml"] == theirs
-        time.sleep(0.6)  # the reloader applied their change, and only theirs
+        # The reloader applies their change, and only theirs.
+        deadline = time.time() + 20
+        while [j["job_name"] for j in yaml.safe_load(env.prometheus.config_text())["scrape_configs"]] != [
+                "self", "dcgm"]:
+            assert time.time() < deadline, "their change was never loaded"
+            time.sleep(0.2)
         assert env.config.read_bytes() == theirs.encode()
         assert remote_write_names(env.prometheus.config_text()) == []
-        assert [j["job_name"] for j in yaml.safe_load(env.prometheus.config_text())["scrape_configs"]] == [
-            "self", "dcgm"]
+        assert reloader.applied == [theirs]
     finally:
         reloader.stop()
 
