@@ -265,6 +265,9 @@ class ConfigMapDeployment(_StatusConfigVerify):
             except ApiException as exc:
                 if exc.status != 409:
                     raise DeployError(f"restoring {self.where} failed: {_api_reason(exc)}") from None
+            except HTTPError as exc:
+                raise DeployError(f"cannot reach the Kubernetes API to restore {self.where}: "
+                                  f"{type(exc).__name__}") from None
         else:
             raise DeployError(f"{self.where} kept changing under {RESTORE_ATTEMPTS} restores (409 each time); "
                               f"remote_write {name} may still be there")
@@ -374,6 +377,9 @@ class PrometheusCRDeployment(_StatusConfigVerify):
             except ApiException as exc:
                 if exc.status != 409:
                     raise DeployError(f"restoring {self.where} failed: {_api_reason(exc)}") from None
+            except HTTPError as exc:
+                raise DeployError(f"cannot reach the Kubernetes API to restore {self.where}: "
+                                  f"{type(exc).__name__}") from None
         else:
             raise DeployError(f"{self.where} kept changing under {RESTORE_ATTEMPTS} restores (409 each time); "
                               f"remoteWrite {name} may still be there")
