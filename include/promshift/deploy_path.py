@@ -6,6 +6,13 @@ group's own ``remote_write`` entry in the source's config file, ``GroupMigration
 itself, ``ScraperDeployStep`` below). The DAG's tasks are the same for both; on the scraper path
 ``deploy_dual_write`` and ``rollback`` defer to ``ScraperStatusTrigger`` while the scraper moves.
 
+Where the source Prometheus runs on Kubernetes, the *source* connection's ``extra.deploy`` says how
+its config is changed: ``file`` (the default, ``extra.config_path``), ``k8s-configmap`` (a ConfigMap
+holding ``prometheus.yml``) or ``k8s-cr`` (prometheus-operator's ``Prometheus`` resource), with
+``extra.kubernetes`` naming the object and how to reach the API (``kubernetes_source_of``). The
+group's ``remote_write`` entry is the same; only the deployer differs (``adapters.k8s_deploy``),
+and ``ScraperDeployStep`` drives it like any other ``ConfigDeployer``.
+
 ``ScraperDeployStep`` drives ``deploy_steps`` over any ``core.deploy.ConfigDeployer`` and records
 the audit events the file path records (``snapshot_taken``, ``dual_write_deployed`` -> DUAL_WRITING,
 ``rolled_back``), plus ``quota_refused`` and ``deploy_failed`` with AWS's own reason. It is plain
@@ -15,12 +22,14 @@ Python: the operators call it, and so do the tests, with the triggerer's event b
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from promshift.core.catalog import MetricGroup
-from promshift.core.deploy import ConfigDeployer, DeployError, DeployResult, SnapshotStore
+from promshift.core.deploy import ConfigDeployer, DeployError, DeployKind, DeployResult, SnapshotStore
 from promshift.core.quota import QuotaExceeded
 from promshift.core.redact import redact
 from promshift.core.scraper_config import ACTIVE
@@ -31,6 +40,14 @@ from promshift.migration import GroupMigration, steps_of
 REMOTE_WRITE = "remote_write"
 SCRAPER = "scraper"
 DEPLOY_KINDS = (REMOTE_WRITE, SCRAPER)
+# The source connection's extra.deploy: how the source's own config is changed.
+FILE = DeployKind.FILE.value
+K8S_CONFIGMAP = DeployKind.K8S_CONFIGMAP.value
+K8S_CR = DeployKind.K8S_CR.value
+SOURCE_DEPLOY_KINDS = (FILE, K8S_CONFIGMAP, K8S_CR)
+K8S_KINDS = (K8S_CONFIGMAP, K8S_CR)
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # The scraper blob's interval; the managed collector's documented minimum (core.scraper_config).
 SCRAPER_INTERVAL_S = 30.0
 
@@ -42,8 +59,15 @@ class DeployStepFailed(RuntimeError):
     """A deploy step ended without the group deployed (recorded in the audit first); one line."""
 
 
-def deploy_kind_of(extra: Mapping[str, Any], *, conn_id: str, is_amp: bool) -> str:
-    """The deploy the target connection asks for (``extra.deploy``, default ``remote_write``); one-line errors."""
+def deploy_kind_of(extra: Mapping[str, Any], *, conn_id: str, is_amp: bool,
+                   source_extra: Mapping[str, Any] | None = None, source_conn_id: str = "promshift_source") -> str:
+    """The deploy a run uses; one-line errors.
+
+    The target connection's ``extra.deploy`` (default ``remote_write``) first; with ``remote_write``,
+    a source connection whose ``extra.deploy`` is ``k8s-configmap`` or ``k8s-cr`` makes it that
+    (the same entry, written through the Kubernetes API). A managed collector scrapes by itself, so
+    ``scraper`` with a Kubernetes source deploy is refused rather than silently ignoring one of them.
+    """
     kind = str(extra.get("deploy") or REMOTE_WRITE).strip().lower()
     if kind not in DEPLOY_KINDS:
         raise ValueError(f"connection {conn_id!r}: extra.deploy must be one of {', '.join(DEPLOY_KINDS)}, "
@@ -51,7 +75,71 @@ def deploy_kind_of(extra: Mapping[str, Any], *, conn_id: str, is_amp: bool) -> s
     if kind == SCRAPER and not is_amp:
         raise ValueError(f"connection {conn_id!r}: extra.deploy 'scraper' needs an amp connection "
                          "(the managed collector writes to an AMP workspace)")
-    return kind
+    source = kubernetes_source_of(source_extra or {}, conn_id=source_conn_id)
+    if source is None:
+        return kind
+    if kind == SCRAPER:
+        raise ValueError(f"connection {conn_id!r} deploys through the managed collector, but connection "
+                         f"{source_conn_id!r} asks for {source.kind}: choose one")
+    return source.kind
+
+
+@dataclass(frozen=True)
+class KubernetesSource:
+    """Where a Kubernetes-run source's config lives and how to reach its API (the source connection's extra).
+
+    ``extra.kubernetes``: ``namespace`` and ``name`` of the ConfigMap or ``Prometheus`` resource;
+    ``key`` (ConfigMap only, default ``prometheus.yml``); how to reach the API, as the cncf-kubernetes
+    provider's ``KubernetesHook`` takes it: ``conn_id`` (a ``kubernetes`` connection) or ``config_file``
+    (+ ``cluster_context``) or ``in_cluster: true``; ``timeout_s``, how long verify waits for the reload.
+    """
+
+    kind: str
+    namespace: str
+    name: str
+    key: str = "prometheus.yml"
+    conn_id: str | None = None
+    config_file: str | None = None
+    cluster_context: str | None = None
+    in_cluster: bool | None = None
+    timeout_s: float = 300.0
+
+
+def kubernetes_source_of(extra: Mapping[str, Any], *, conn_id: str = "promshift_source") -> KubernetesSource | None:
+    """The source connection's ``extra.deploy`` / ``extra.kubernetes``; None for ``file``; one-line errors."""
+    kind = str(extra.get("deploy") or FILE).strip().lower()
+    if kind not in SOURCE_DEPLOY_KINDS:
+        raise ValueError(f"connection {conn_id!r}: extra.deploy must be one of {', '.join(SOURCE_DEPLOY_KINDS)}, "
+                         f"got {kind!r}")
+    if kind == FILE:
+        return None
+    raw = extra.get("kubernetes")
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"connection {conn_id!r}: extra.deploy {kind!r} needs extra.kubernetes: "
+                         "{namespace, name, conn_id | config_file | in_cluster}")
+    namespace, name = str(raw.get("namespace") or ""), str(raw.get("name") or "")
+    if not _DNS_LABEL.match(namespace):
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.namespace must be a DNS label, got {namespace!r}")
+    if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.name must be a DNS subdomain, got {name!r}")
+    unknown = sorted(set(raw) - ({f.name for f in dataclasses.fields(KubernetesSource)} - {"kind"}))
+    if unknown:
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes has unknown keys {unknown}")
+    if "key" in raw and kind != K8S_CONFIGMAP:
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.key applies to a ConfigMap only")
+    try:
+        timeout_s = float(raw.get("timeout_s", 300.0))
+    except (TypeError, ValueError):
+        timeout_s = -1.0
+    if not timeout_s > 0:
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.timeout_s must be a positive number of seconds")
+    in_cluster = raw.get("in_cluster")
+    if in_cluster is not None and not isinstance(in_cluster, bool):
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.in_cluster must be true or false")
+    return KubernetesSource(kind=kind, namespace=namespace, name=name, key=str(raw.get("key") or "prometheus.yml"),
+                            conn_id=raw.get("conn_id") or None, config_file=raw.get("config_file") or None,
+                            cluster_context=raw.get("cluster_context") or None, in_cluster=in_cluster,
+                            timeout_s=timeout_s)
 
 
 def group_for_deploy(group: MetricGroup, kind: str) -> MetricGroup:
@@ -62,16 +150,21 @@ def group_for_deploy(group: MetricGroup, kind: str) -> MetricGroup:
     return group
 
 
-def active_since(result: Mapping[str, Any]) -> float:
-    """When the scraper was first seen ACTIVE (the start of dual-write on this path), epoch seconds."""
+def active_since(result: Mapping[str, Any], live_status: str = ACTIVE) -> float:
+    """When the deploy was first seen live (ACTIVE for a scraper: the start of dual-write on this path), epoch s."""
     for change in reversed(result.get("status_history") or []):
-        if change["status"] == ACTIVE:
+        if change["status"] == live_status:
             return datetime.fromisoformat(change["at"]).timestamp()
-    raise DeployStepFailed("the scraper's status history has no ACTIVE entry; it never went live")
+    what = "scraper" if live_status == ACTIVE else str(result.get("kind") or "deploy")
+    raise DeployStepFailed(f"the {what}'s status history has no {live_status} entry; it never went live")
 
 
 class ScraperDeployStep:
-    """snapshot -> quota pre-flight -> deploy -> (trigger) -> finish; restore -> (trigger) -> finish_rollback."""
+    """snapshot -> quota pre-flight -> deploy -> (trigger) -> finish; restore -> (trigger) -> finish_rollback.
+
+    Over any ConfigDeployer: the managed collector's (live once ACTIVE) and the Kubernetes ones
+    (``k8s-configmap``, ``k8s-cr``: live once the source's loaded config shows the entry, LIVE).
+    """
 
     def __init__(self, migration: GroupMigration, deployer: ConfigDeployer, store: SnapshotStore, *,
                  quota: QuotaCheck | None) -> None:
@@ -79,6 +172,8 @@ class ScraperDeployStep:
         self.deployer = deployer
         self.store = store
         self.quota = quota
+        self.what = SCRAPER if deployer.kind == SCRAPER else str(deployer.kind)
+        self.live_status = ACTIVE if deployer.kind == SCRAPER else "LIVE"
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
         m = self.migration
@@ -118,10 +213,12 @@ class ScraperDeployStep:
         if event.get("status") != "done":
             reason = str(event.get("reason") or evidence["reason"] or event.get("status"))
             self.migration.record("deploy_failed", now, {"reason": reason, "deploy": evidence})
-            raise DeployStepFailed(f"scraper deploy {event.get('status')}: {reason}")
+            raise DeployStepFailed(f"{self.what} deploy {event.get('status')}: {reason}")
         result = event["result"]
-        out = {"deploy": evidence, "dual_write_since": active_since(result),
-               "scraper_id": (result.get("details") or {}).get("scraper_id")}
+        details = result.get("details") or {}
+        out = {"deploy": evidence, "dual_write_since": active_since(result, self.live_status)}
+        out.update({"scraper_id": details.get("scraper_id")} if self.what == SCRAPER else
+                   {"remote_write": details.get("remote_write")})
         self.migration.record("dual_write_deployed", now, out, to=Stage.DUAL_WRITING)
         return redact(out)
 
@@ -145,12 +242,12 @@ class ScraperDeployStep:
         if mine and mine[-1].kind == "rolled_back" and event.get("status") == "done":
             found = {"restored_identical": self._live_is(snapshot_info), "read_from": m.routing.read_from(m.group.name)}
             return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})
-        evidence: dict[str, Any] = {"performed": True, "method": "scraper_restore", "reason": reason,
+        evidence: dict[str, Any] = {"performed": True, "method": f"{self.what}_restore", "reason": reason,
                                     "deploy": deploy_evidence(event["result"], None)}
         if event.get("status") != "done":
             m.record("rollback_failed", now, {**evidence, "performed": False,
                                               "error": str(event.get("reason") or event.get("status"))})
-            raise DeployStepFailed(f"scraper restore {event.get('status')}: {event.get('reason')}")
+            raise DeployStepFailed(f"{self.what} restore {event.get('status')}: {event.get('reason')}")
         if m.routing.read_from(m.group.name) != "source":
             m.routing.route(m.group.name, read_from="source", url=m.backends.source.base_url, at=now,
                             run_id=m.run_id)

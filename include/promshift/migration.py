@@ -190,7 +190,7 @@ class GroupMigration:
         target_problem = self.backends.target_problem()
         if target_problem:
             problems.append(f"target {target_problem}")
-        if not Path(self.backends.source_config_path).is_file():
+        if self.backends.source_config_path and not Path(self.backends.source_config_path).is_file():
             problems.append(f"source config {self.backends.source_config_path} does not exist")
         if problems:
             raise RuntimeError(redact_text("; ".join(problems)))

@@ -183,3 +183,81 @@ def test_retried_finish_and_finish_rollback_record_once(migration: GroupMigratio
         "snapshot_taken", "dual_write_deployed", "rolled_back"]
     assert migration.stage() == Stage.ROLLED_BACK
     assert migration.audit.verify().ok
+
+
+# -- a Kubernetes-run source: the source connection's extra.deploy / extra.kubernetes --------------------------
+
+
+def test_a_kubernetes_source_connection_chooses_the_kubernetes_deployer() -> None:
+    from promshift.deploy_path import KubernetesSource, kubernetes_source_of
+
+    cr = {"deploy": "k8s-cr", "kubernetes": {"namespace": "monitoring", "name": "k8s", "conn_id": "kubernetes_eks",
+                                             "timeout_s": 120}}
+    assert deploy_kind_of({}, conn_id="t", is_amp=True, source_extra=cr) == "k8s-cr"
+    assert deploy_kind_of({"deploy": "remote_write"}, conn_id="t", is_amp=False,
+                          source_extra={"deploy": "k8s-configmap", "kubernetes": {
+                              "namespace": "monitoring", "name": "prometheus-config", "key": "prom.yml",
+                              "config_file": "/etc/kube/config", "cluster_context": "eks-east"}}) == "k8s-configmap"
+    assert deploy_kind_of({}, conn_id="t", is_amp=False, source_extra={"config_path": "/x.yml"}) == "remote_write"
+    assert kubernetes_source_of(cr, conn_id="s") == KubernetesSource(
+        kind="k8s-cr", namespace="monitoring", name="k8s", conn_id="kubernetes_eks", timeout_s=120.0)
+    assert kubernetes_source_of({"deploy": "file"}) is None
+    with pytest.raises(ValueError, match=r"^connection 't' deploys through the managed collector, but connection "
+                                         r"'s' asks for k8s-cr: choose one$"):
+        deploy_kind_of({"deploy": "scraper"}, conn_id="t", is_amp=True, source_extra=cr, source_conn_id="s")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"deploy": "helm"}, "extra.deploy must be one of file, k8s-configmap, k8s-cr, got 'helm'"),
+    ({"deploy": "k8s-cr"}, "needs extra.kubernetes"),
+    ({"deploy": "k8s-cr", "kubernetes": {"name": "k8s"}}, "namespace must be a DNS label, got ''"),
+    ({"deploy": "k8s-cr", "kubernetes": {"namespace": "Monitoring", "name": "k8s"}}, "namespace must be a DNS label"),
+    ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "K8S_"}}, "name must be a DNS subdomain"),
+    ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "key": "p.yml"}}, "ConfigMap only"),
+    ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "namespce": "x"}},
+     r"unknown keys \['namespce'\]"),
+    ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "kind": "k8s-configmap"}},
+     r"unknown keys \['kind'\]"),
+    ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "timeout_s": "soon"}}, "timeout_s"),
+    ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "in_cluster": "yes"}}, "in_cluster"),
+])
+def test_bad_kubernetes_source_extras_are_one_line_errors(extra: dict[str, object], message: str) -> None:
+    from promshift.deploy_path import kubernetes_source_of
+
+    with pytest.raises(ValueError, match=f"^connection 's': .*{message}") as err:
+        kubernetes_source_of(extra, conn_id="s")
+    assert "\n" not in str(err.value)
+
+
+def test_the_same_steps_drive_a_kubernetes_deployer_live_once_loaded(migration: GroupMigration) -> None:
+    from promshift.core.deploy import DeployResult
+
+    fake = InMemoryConfigDeployer('[{"name":"team"}]', '[{"name":"team"},{"name":"promshift-gpu-memory"}]',
+                                  kind="k8s-cr", statuses=(("CR_UPDATED", DeployState.WAITING),
+                                                           ("WAITING_FOR_RELOAD", DeployState.WAITING),
+                                                           ("LIVE", DeployState.DONE)))
+    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
+    info = step.snapshot(now())
+    event = settle(fake, DeployResult.from_dict(step.start(info, now())["deploy"]))
+    out = step.finish(event, None, now())
+    assert [c["status"] for c in out["deploy"]["status_history"]] == ["CR_UPDATED", "WAITING_FOR_RELOAD", "LIVE"]
+    assert out["dual_write_since"] == active_since(event["result"], "LIVE") and "scraper_id" not in out
+    assert migration.stage() == Stage.DUAL_WRITING and report(migration)["deploy"]["kind"] == "k8s-cr"  # type: ignore[index]
+    reason = "test: gate failed"
+    done = settle(fake, step.restore(info, reason=reason, now=now()))
+    evidence = step.finish_rollback(done, info, reason=reason, now=now())
+    assert evidence["method"] == "k8s-cr_restore" and evidence["restored_identical"] is True
+    assert fake.live == '[{"name":"team"}]' and migration.stage() == Stage.ROLLED_BACK
+
+
+def test_a_kubernetes_deploy_that_never_loads_fails_with_its_reason(migration: GroupMigration) -> None:
+    from promshift.core.deploy import DeployResult
+
+    fake = InMemoryConfigDeployer("a: 1\n", "a: 2\n", kind="k8s-configmap",
+                                  statuses=(("CONFIGMAP_UPDATED", DeployState.WAITING),
+                                            ("NOT_LOADED", DeployState.TIMEOUT)))
+    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
+    event = settle(fake, DeployResult.from_dict(step.start(step.snapshot(now()), now())["deploy"]))
+    with pytest.raises(DeployStepFailed, match="^k8s-configmap deploy timeout: k8s-configmap is NOT_LOADED$"):
+        step.finish(event, None, now())
+    assert [e.kind for e in migration.audit.events(group=GROUP)] == ["snapshot_taken", "deploy_failed"]

@@ -677,3 +677,16 @@ def test_a_retried_rollback_looks_past_its_notification_and_report(dag: Any, aud
     kinds = [e.kind for e in audit.events(group=GROUP)]
     assert kinds.count("rollback_not_needed") == 1, kinds
     assert kinds.count(NOTIFIED) == 2  # each try tells the owners (here: recorded as not sent)
+
+
+def test_a_kubernetes_source_without_its_object_is_refused_before_anything_is_deployed(
+        env: Path, audit: AuditStore, dag: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """extra.deploy k8s-cr chooses the CR deployer; without extra.kubernetes (which object, which API) it is one
+    line and nothing is recorded or deployed."""
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+        "conn_type": "prometheus", "host": "http://127.0.0.1:1", "extra": {"deploy": "k8s-cr"}}))
+    for step in ("snapshot", "deploy_dual_write"):
+        with pytest.raises(AirflowFailException, match=r"^connection 'promshift_source': extra.deploy 'k8s-cr' "
+                                                       r"needs extra.kubernetes"):
+            task(dag, step).execute(make_context())
+    assert audit.events(group=GROUP) == []

@@ -111,3 +111,17 @@ class PrometheusHook(BaseHook):
         except (PrometheusError, ValueError) as exc:
             return False, str(exc)
         return True, f"{self.base_url} is ready and answers queries"
+
+
+def kubernetes_hook(source: Any) -> Any:
+    """The cncf-kubernetes provider's ``KubernetesHook`` for a ``deploy_path.KubernetesSource``.
+
+    ``conn_id`` names a ``kubernetes`` connection (its kubeconfig, context and in-cluster flag);
+    without one, ``config_file``/``cluster_context``/``in_cluster`` are given to the hook directly
+    (``conn_id=None`` and ``kubernetes_conn_id=None``, so no connection is looked up).
+    """
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    return KubernetesHook(conn_id=source.conn_id, kubernetes_conn_id=source.conn_id,
+                          config_file=source.config_file, cluster_context=source.cluster_context,
+                          in_cluster=source.in_cluster)

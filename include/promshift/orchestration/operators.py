@@ -92,13 +92,17 @@ class _GroupStep:
         """Both backends from their connections; an AMP problem fails the task with its one-line reason."""
         from promshift.adapters.amp import AmpError
         from promshift.adapters.prometheus import PrometheusClient
+        from promshift.deploy_path import K8S_KINDS
         from promshift.migration import Backends
         from promshift.orchestration.hooks import PrometheusHook
 
         source, target = self.source_hook, self.target_hook
-        if not isinstance(source, PrometheusHook) or "config_path" not in source.extra:
+        on_kubernetes = isinstance(source, PrometheusHook) and str(source.extra.get("deploy") or "") in K8S_KINDS
+        if not isinstance(source, PrometheusHook) or ("config_path" not in source.extra and not on_kubernetes):
             raise AirflowFailException(f"connection {self.source_conn_id!r} must be a prometheus connection "
-                                       "with extra.config_path")
+                                       "with extra.config_path (or extra.deploy k8s-configmap/k8s-cr)")
+        # A Kubernetes-run source has no config file this worker can see: its deployer reads the object.
+        config_path = str(source.extra.get("config_path") or "")
         if not self.needs_target:
             try:
                 target.base_url  # noqa: B018 - resolves the workspace, which may fail
@@ -107,7 +111,7 @@ class _GroupStep:
                 self.log.warning("target %s; this step uses the source only", why)
                 # Port 0 never answers: any use fails at once as 'unreachable', never silently.
                 return Backends(source=source.prometheus_client(), target=PrometheusClient("http://127.0.0.1:0"),
-                                source_config_path=source.extra["config_path"], target_remote_write_url="",
+                                source_config_path=config_path, target_remote_write_url="",
                                 promtool=source.extra.get("promtool", "promtool"),
                                 target_ready=lambda: why)
         try:
@@ -117,7 +121,7 @@ class _GroupStep:
             return Backends(
                 source=source.prometheus_client(),
                 target=target.prometheus_client(),
-                source_config_path=source.extra["config_path"],
+                source_config_path=config_path,
                 target_remote_write_url=remote_write_url,
                 promtool=source.extra.get("promtool", "promtool"),
                 target_sigv4=target.sigv4,
@@ -132,38 +136,75 @@ class _GroupStep:
 
     @cached_property
     def deploy_kind(self) -> str:
-        """``remote_write`` or ``scraper``: the target connection's ``extra.deploy`` (see ``deploy_path``)."""
+        """``remote_write`` or ``scraper`` (the target connection's ``extra.deploy``), or ``k8s-configmap`` /
+        ``k8s-cr`` (the source connection's ``extra.deploy``: the same entry through the Kubernetes API)."""
         from promshift.deploy_path import deploy_kind_of
         from promshift.orchestration.hooks import PrometheusHook
 
-        hook = self.target_hook
+        hook, source = self.target_hook, self.source_hook
         extra = hook.extra if isinstance(hook, PrometheusHook) else hook.conn_config.extra_config
+        source_extra = source.extra if isinstance(source, PrometheusHook) else {}
         try:
-            return deploy_kind_of(extra, conn_id=self.target_conn_id, is_amp=not isinstance(hook, PrometheusHook))
+            kind = deploy_kind_of(extra, conn_id=self.target_conn_id, is_amp=not isinstance(hook, PrometheusHook),
+                                  source_extra=source_extra, source_conn_id=self.source_conn_id)
         except ValueError as exc:
             raise AirflowFailException(str(exc)) from None
+        return kind
 
     def scraper_step(self, context: Any) -> Any:
-        """The managed-collector path's steps: the group's scraper, snapshots on disk, the quota pre-flight."""
+        """The steps of a deploy through a ``ConfigDeployer``: the managed collector (the group's scraper) or
+        the source's Kubernetes object (ConfigMap or ``Prometheus`` CR); snapshots in the object store; the
+        quota pre-flight when the target is an AMP workspace."""
         from promshift.adapters.snapshot_store import BlobSnapshotStore
         from promshift.core.deploy import DeployError
-        from promshift.deploy_path import SCRAPER_INTERVAL_S, ScraperDeployStep
+        from promshift.deploy_path import SCRAPER, SCRAPER_INTERVAL_S, ScraperDeployStep
+        from promshift.orchestration.amp_hook import AmpHook
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
         from promshift.settings import snapshots_url
 
         hook = self.target_hook
+        interval_s = SCRAPER_INTERVAL_S if self.deploy_kind == SCRAPER else self.group.scrape_interval_s
         try:
-            deployer = hook.scraper_deployer(self.group.name, self.group.name_regex(),
-                                             scrape_interval_s=SCRAPER_INTERVAL_S)
-        except DeployError as exc:
+            if self.deploy_kind == SCRAPER:
+                deployer = hook.scraper_deployer(self.group.name, self.group.name_regex(),
+                                                 scrape_interval_s=SCRAPER_INTERVAL_S)
+            else:
+                deployer = self._kubernetes_deployer()
+        except (DeployError, ValueError) as exc:
             raise AirflowFailException(str(exc)) from None
 
         def quota(group_series: int, now: datetime) -> dict[str, Any]:
-            return hook.quota_preflight().require(group_series=group_series, scrape_interval_s=SCRAPER_INTERVAL_S,
-                                                  now=now)
+            return hook.quota_preflight().require(group_series=group_series, scrape_interval_s=interval_s, now=now)
 
         return ScraperDeployStep(self.migration(context), deployer,
-                                 BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())), quota=quota)
+                                 BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
+                                 quota=quota if isinstance(hook, AmpHook) else None)
+
+    def _kubernetes_deployer(self) -> Any:
+        """The source's ConfigMap or ``Prometheus`` CR deployer, through the cncf-kubernetes ``KubernetesHook``."""
+        from promshift.adapters.k8s_deploy import kubernetes_deployer
+        from promshift.core.render import remote_write_entry
+        from promshift.deploy_path import kubernetes_source_of
+        from promshift.orchestration.hooks import kubernetes_hook
+
+        source = kubernetes_source_of(self.source_hook.extra, conn_id=self.source_conn_id)
+        if source is None:
+            raise ValueError(f"connection {self.source_conn_id!r} names no Kubernetes source")
+        backends = self.backends()
+        entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
+                                   url=backends.target_remote_write_url, sigv4=backends.target_sigv4)
+        return kubernetes_deployer(source.kind, kubernetes_hook(source), namespace=source.namespace,
+                                   name=source.name, entry=entry, prometheus=self.source_hook.prometheus_client(),
+                                   key=source.key, timeout_s=source.timeout_s)
+
+    def deploy_trigger(self, result: dict[str, Any]) -> Any:
+        """What waits for a deploy or restore to be live: the scraper's status, or the source's loaded config."""
+        from promshift.deploy_path import SCRAPER
+        from promshift.orchestration.triggers import LoadedConfigTrigger, ScraperStatusTrigger
+
+        if self.deploy_kind == SCRAPER:
+            return ScraperStatusTrigger(target_conn_id=self.target_conn_id, result=result)
+        return LoadedConfigTrigger(source_conn_id=self.source_conn_id, result=result)
 
     def migration(self, context: Any) -> Any:
         from promshift.adapters.audit_store import AuditStore
@@ -273,7 +314,9 @@ class SnapshotConfigOperator(GroupStepOperator):
     """Keep the source config's exact bytes for rollback."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        if self.deploy_kind == "scraper":
+        from promshift.deploy_path import REMOTE_WRITE
+
+        if self.deploy_kind != REMOTE_WRITE:
             return self.scraper_step(context).snapshot(_now())
         return self.migration(context).snapshot(_now())
 
@@ -282,16 +325,17 @@ class DeployDualWriteOperator(GroupStepOperator):
     """Add the group's remote_write entry (keep-filter), promtool-check, reload, verify."""
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.deploy_path import REMOTE_WRITE
+
         snap = context["ti"].xcom_pull(task_ids="snapshot")
-        if self.deploy_kind == "scraper":
+        if self.deploy_kind != REMOTE_WRITE:
             return self._deploy_scraper(context, snap)
         return self.migration(context).deploy_dual_write(snap, _now())
 
     def _deploy_scraper(self, context: Any, snap: dict[str, Any]) -> dict[str, Any]:
-        """Quota pre-flight and CreateScraper/UpdateScraper, then defer until the scraper is ACTIVE (or failed)."""
+        """Quota pre-flight and the deploy (scraper or Kubernetes object), then defer until it is live (or failed)."""
         from promshift.core.deploy import DeployResult
         from promshift.deploy_path import DeployStepFailed, final_event
-        from promshift.orchestration.triggers import ScraperStatusTrigger
 
         try:
             out = self.scraper_step(context).start(snap, _now())
@@ -300,7 +344,7 @@ class DeployDualWriteOperator(GroupStepOperator):
         result = DeployResult.from_dict(out["deploy"])
         if result.state.final:
             return self.execute_complete(context, final_event(result), quota=out["quota"])
-        self.defer(trigger=ScraperStatusTrigger(target_conn_id=self.target_conn_id, result=out["deploy"]),
+        self.defer(trigger=self.deploy_trigger(out["deploy"]),
                    method_name="execute_complete", kwargs={"quota": out["quota"]},
                    timeout=timedelta(seconds=float(result.details.get("timeout_s") or 900) + 300))
 
@@ -312,7 +356,7 @@ class DeployDualWriteOperator(GroupStepOperator):
             out = self.scraper_step(context).finish(event, quota, _now())
         except DeployStepFailed as exc:
             raise AirflowFailException(str(exc)) from None
-        self.log.info("scraper %s ACTIVE; status history %s", out.get("scraper_id"),
+        self.log.info("%s live (%s); status history %s", self.deploy_kind, out.get("scraper_id") or "-",
                       [c["status"] for c in out["deploy"]["status_history"]])
         return out
 
@@ -565,10 +609,12 @@ class RollbackOperator(GroupStepOperator):
     operator_extra_links = (MigrationReportLink(),)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.deploy_path import REMOTE_WRITE
+
         migration = self.migration(context)
         reason = migration.failure_reason()
         snap = context["ti"].xcom_pull(task_ids="snapshot")
-        if snap and self.deploy_kind == "scraper":
+        if snap and self.deploy_kind != REMOTE_WRITE:
             return self._restore_scraper(context, snap, reason)
         try:
             result = migration.rollback(snap, reason=reason, now=_now())
@@ -584,9 +630,8 @@ class RollbackOperator(GroupStepOperator):
         return result
 
     def _restore_scraper(self, context: Any, snap: dict[str, Any], reason: str) -> dict[str, Any]:
-        """The previous blob back (or the created scraper deleted); defer while the scraper moves."""
+        """The snapshot back (the previous blob or object; a created scraper deleted); defer until it is live."""
         from promshift.deploy_path import DeployStepFailed, final_event
-        from promshift.orchestration.triggers import ScraperStatusTrigger
 
         try:
             result = self.scraper_step(context).restore(snap, reason=reason, now=_now())
@@ -595,7 +640,7 @@ class RollbackOperator(GroupStepOperator):
             raise AirflowFailException(str(exc)) from None
         if result.state.final:
             return self.execute_complete(context, final_event(result), reason=reason)
-        self.defer(trigger=ScraperStatusTrigger(target_conn_id=self.target_conn_id, result=result.to_dict()),
+        self.defer(trigger=self.deploy_trigger(result.to_dict()),
                    method_name="execute_complete", kwargs={"reason": reason},
                    timeout=timedelta(seconds=float(result.details.get("timeout_s") or 900) + 300))
 

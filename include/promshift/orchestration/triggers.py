@@ -148,3 +148,56 @@ class ScraperStatusTrigger(BaseTrigger):
                 continue
             self.log.info("scraper %s: %s", result.details.get("scraper_id"), result.reason)
         yield TriggerEvent({"status": result.state.value, "reason": result.reason, "result": result.to_dict()})
+
+
+class LoadedConfigTrigger(BaseTrigger):
+    """Polls the source Prometheus's ``/api/v1/status/config`` until a Kubernetes deploy or restore is loaded.
+
+    For the ConfigMap and ``Prometheus`` CR deployers (``adapters.k8s_deploy``): the write is done, and the
+    config-reloader sidecar or the operator must still carry it into the server. Gets the source
+    connection's id and the ``DeployResult`` (as a dict) that ``deploy``/``restore`` returned; each poll is
+    ``observe_loaded_config`` (TIMEOUT at the result's deadline). It observes and never writes. The event:
+    ``{"status": "done"|"timeout"|"error", "reason", "result": <DeployResult dict with the status_history>}``.
+    """
+
+    def __init__(self, *, source_conn_id: str, result: dict[str, Any], poll_interval_s: float = 2.0) -> None:
+        super().__init__()
+        self.source_conn_id = source_conn_id
+        self.result = result
+        self.poll_interval_s = poll_interval_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            "promshift.orchestration.triggers.LoadedConfigTrigger",
+            {"source_conn_id": self.source_conn_id, "result": self.result, "poll_interval_s": self.poll_interval_s},
+        )
+
+    def prometheus_client(self) -> PrometheusClient:
+        from promshift.orchestration.hooks import backend_hook
+
+        return backend_hook(self.source_conn_id).prometheus_client()
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from datetime import UTC, datetime
+
+        from promshift.adapters.k8s_deploy import observe_loaded_config
+        from promshift.core.deploy import DeployResult
+
+        result = DeployResult.from_dict(self.result)
+        client = None
+        errors = 0
+        while not result.state.final:
+            await asyncio.sleep(self.poll_interval_s)
+            try:
+                client = client or await asyncio.to_thread(self.prometheus_client)
+                result = await asyncio.to_thread(observe_loaded_config, client, result, datetime.now(UTC))
+                errors = 0
+            except Exception as exc:  # a blip is retried; three in a row end the wait
+                errors += 1
+                self.log.warning("loaded-config poll failed (%s in a row): %s", errors, exc)
+                if errors >= 3:
+                    yield TriggerEvent({"status": "error", "reason": str(exc), "result": result.to_dict()})
+                    return
+                continue
+            self.log.info("%s %s: %s", result.kind, result.details.get("remote_write"), result.reason)
+        yield TriggerEvent({"status": result.state.value, "reason": result.reason, "result": result.to_dict()})

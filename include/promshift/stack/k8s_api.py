@@ -1,0 +1,609 @@
+"""A local Kubernetes API *contract* server for the ConfigMap and Prometheus-CR deployers (not a cluster).
+
+No API server can run on these machines, so the Kubernetes deployers (``adapters.k8s_deploy``) are
+tested against this small ``ThreadingHTTPServer`` on 127.0.0.1. It serves only what they use:
+
+- ``GET|PUT|PATCH /api/v1/namespaces/{ns}/configmaps/{name}``
+- ``GET|PUT|PATCH /apis/monitoring.coreos.com/v1/namespaces/{ns}/prometheuses/{name}``
+
+and answers the way the real API server does for them:
+
+- every body is checked before anything is stored: a ConfigMap (the PUT body, or the object a merge
+  patch produces) is walked against the models shipped in the ``kubernetes`` client package
+  (``V1ConfigMap.openapi_types`` / ``attribute_map``, recursively, then deserialized with
+  ``ApiClient().deserialize`` so the models' own required-field checks run). For the ``Prometheus`` CR
+  the package has no model: its ``metadata`` is checked against ``V1ObjectMeta`` and every
+  ``spec.remoteWrite`` entry against ``REMOTE_WRITE_SPEC`` below, the field names of
+  prometheus-operator's ``RemoteWriteSpec``, ``RelabelConfig``, ``Sigv4`` and ``QueueConfig``
+  (prometheus-operator, ``Documentation/api-reference/api.md`` / ``pkg/apis/monitoring/v1/types.go``);
+- an unknown field is refused with 400 ``BadRequest`` ("strict decoding error: unknown field"), as
+  the real server does with ``fieldValidation=Strict`` (stricter than its default ``Warn``, so a typo in
+  our own bodies fails a test instead of being dropped silently); a bad value gets 422 ``Invalid``;
+  a missing object 404 ``NotFound``; a stale ``metadata.resourceVersion`` (PUT body or merge patch)
+  409 ``Conflict``; a patch type other than a merge patch 415 (only merge patches are served, and a
+  strategic merge patch is refused on the custom resource, as the real server refuses it on CRs);
+  every answer that is not 200 is a ``Status`` object;
+- every write bumps the object's ``resourceVersion`` (one counter for the server, as etcd's revision).
+
+Behind it, stand-ins for what would act on the objects in a cluster, each writing the local source
+Prometheus's config file and then ``POST /-/reload`` (in a background thread, after ``delay_s``, so a
+deployer really has to wait for the reload):
+
+- ``ConfigReloader``: the config-reloader sidecar; writes a ConfigMap's ``data[key]`` to the file;
+- ``OperatorStandIn``: prometheus-operator, kept simple: the file is a fixed base config (what the
+  operator would generate from the rest of the spec) with each ``spec.remoteWrite`` entry added in order,
+  in Prometheus-config spelling (``writeRelabelConfigs`` -> ``write_relabel_configs``, ...).
+
+Tests may change stored objects directly (``edit``), or just before a write is served
+(``before_write``), to play another writer.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import kubernetes.client.models as k8s_models
+from kubernetes.client import ApiClient
+
+from promshift.adapters.k8s_deploy import config_remote_write_entry
+from promshift.core.render import add_remote_write
+
+log = logging.getLogger(__name__)
+
+CONFIGMAPS = "configmaps"
+PROMETHEUSES = "prometheuses"
+CR_GROUP = "monitoring.coreos.com"
+_PATHS = {
+    CONFIGMAPS: re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps/([^/]+)$"),
+    PROMETHEUSES: re.compile(r"^/apis/monitoring\.coreos\.com/v1/namespaces/([^/]+)/prometheuses/([^/]+)$"),
+}
+_API_VERSION = {CONFIGMAPS: "v1", PROMETHEUSES: f"{CR_GROUP}/v1"}
+_KIND = {CONFIGMAPS: "ConfigMap", PROMETHEUSES: "Prometheus"}
+_QUALIFIED = {CONFIGMAPS: "configmaps", PROMETHEUSES: f"prometheuses.{CR_GROUP}"}
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+# A ConfigMap's data, binaryData and metadata together must fit in 1 MiB (k8s validation: MaxSecretSize).
+CONFIGMAP_MAX_BYTES = 1024 * 1024
+_CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+# prometheus-operator monitoring.coreos.com/v1 field names (api-reference: RemoteWriteSpec, RelabelConfig,
+# Sigv4, QueueConfig, MetadataConfig). A value "url" in required marks the only required field.
+RELABEL_CONFIG = frozenset({"sourceLabels", "separator", "targetLabel", "regex", "modulus", "replacement", "action"})
+RELABEL_ACTIONS = frozenset({"replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap",
+                             "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase",
+                             "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"})
+SIGV4 = frozenset({"region", "accessKey", "secretKey", "profile", "roleArn"})
+QUEUE_CONFIG = frozenset({"capacity", "minShards", "maxShards", "maxSamplesPerSend", "batchSendDeadline", "maxRetries",
+                          "minBackoff", "maxBackoff", "retryOnRateLimit", "sampleAgeLimit"})
+METADATA_CONFIG = frozenset({"send", "sendInterval", "maxSamplesPerSend"})
+REMOTE_WRITE_SPEC: Mapping[str, frozenset[str] | None] = {
+    # field -> the field names of its object (None: not looked into)
+    "url": None, "name": None, "messageVersion": None, "sendExemplars": None, "sendNativeHistograms": None,
+    "remoteTimeout": None, "headers": None, "writeRelabelConfigs": RELABEL_CONFIG, "oauth2": None,
+    "basicAuth": None, "bearerToken": None, "bearerTokenFile": None, "authorization": None, "sigv4": SIGV4,
+    "azureAd": None, "tlsConfig": None, "proxyUrl": None, "noProxy": None, "proxyFromEnvironment": None,
+    "proxyConnectHeader": None, "followRedirects": None, "enableHTTP2": None, "queueConfig": QUEUE_CONFIG,
+    "metadataConfig": METADATA_CONFIG, "roundRobinDNS": None,
+}
+
+
+class ApiRefusal(Exception):
+    """An answer that is not 200: the HTTP code, the Status reason and its message."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+
+def status_object(code: int, reason: str, message: str, *, name: str = "", kind: str = "") -> dict[str, Any]:
+    """A Kubernetes ``Status`` (what the API answers for every failure)."""
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                            "message": message, "reason": reason, "code": code}
+    if name or kind:
+        body["details"] = {"name": name, "kind": kind}
+    return body
+
+
+# -- validation against the kubernetes package's models --------------------------------------------------------
+
+
+def _unknown(path: str, key: str) -> ApiRefusal:
+    return ApiRefusal(400, "BadRequest", f'strict decoding error: unknown field "{path}{key}"')
+
+
+def check_model(value: Any, type_name: str, path: str = "") -> None:
+    """Walk ``value`` (JSON) against a ``kubernetes.client`` model type name; ApiRefusal on the first fault.
+
+    Unknown fields are 400 (strict decoding); a value of the wrong JSON type is 400 too (the real
+    server cannot decode it either).
+    """
+    list_of = re.fullmatch(r"list\[(.+)\]", type_name)
+    dict_of = re.fullmatch(r"dict\(str, (.+)\)|dict\[str, (.+)\]", type_name)
+    where = path.rstrip(".") or "body"
+
+    def wrong(expected: str) -> ApiRefusal:
+        return ApiRefusal(400, "BadRequest", f"json: cannot unmarshal {type(value).__name__} into "
+                                             f"{where} of type {expected}")
+
+    if value is None:
+        return
+    if list_of:
+        if not isinstance(value, list):
+            raise wrong("array")
+        for i, item in enumerate(value):
+            check_model(item, list_of.group(1), f"{path.rstrip('.')}[{i}].")
+        return
+    if dict_of:
+        if not isinstance(value, dict):
+            raise wrong("object")
+        inner = dict_of.group(1) or dict_of.group(2)
+        for key, item in value.items():
+            check_model(item, inner, f"{path.rstrip('.')}[{key}].")
+        return
+    primitive = {"str": str, "int": int, "bool": bool, "float": (int, float), "datetime": str, "date": str}
+    if type_name in primitive:
+        if not isinstance(value, primitive[type_name]) or (type_name in ("int", "float") and isinstance(value, bool)):
+            raise wrong("string" if type_name in ("str", "datetime", "date") else type_name)
+        return
+    if type_name == "object":
+        return
+    model = getattr(k8s_models, type_name, None)
+    if model is None:
+        raise RuntimeError(f"no kubernetes model {type_name}")
+    if not isinstance(value, dict):
+        raise wrong("object")
+    fields = {json_key: model.openapi_types[attr] for attr, json_key in model.attribute_map.items()}
+    for key, item in value.items():
+        if key not in fields:
+            raise _unknown(path, key)
+        check_model(item, fields[key], f"{path}{key}.")
+
+
+class _Raw:
+    """What ``ApiClient.deserialize`` reads: an object with ``.data`` (the JSON text)."""
+
+    def __init__(self, data: str) -> None:
+        self.data = data
+
+
+_DESERIALIZER = ApiClient()
+_DESERIALIZE_LOCK = threading.Lock()
+
+
+def deserialize(obj: Mapping[str, Any], type_name: str) -> Any:
+    """The object as the package's model (its required-field checks run); 422 when a model refuses it."""
+    try:
+        with _DESERIALIZE_LOCK:
+            return _DESERIALIZER.deserialize(_Raw(json.dumps(obj)), type_name)
+    except (ValueError, TypeError) as exc:
+        raise ApiRefusal(422, "Invalid", f"{type_name[2:] if type_name.startswith('V1') else type_name} is invalid: "
+                                         f"{exc}") from None
+
+
+def _check_metadata(kind: str, obj: Mapping[str, Any], ns: str, name: str) -> None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise ApiRefusal(422, "Invalid", f'{_KIND[kind]} "{name}" is invalid: metadata: Required value')
+    if meta.get("name") not in (None, name):
+        raise ApiRefusal(400, "BadRequest", f"the name of the object ({meta.get('name')}) does not match the name "
+                                            f"on the URL ({name})")
+    if meta.get("namespace") not in (None, ns):
+        raise ApiRefusal(400, "BadRequest", "the namespace of the provided object does not match the namespace sent "
+                                            "on the request")
+    if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
+        raise ApiRefusal(422, "Invalid", f'{_KIND[kind]} "{name}" is invalid: metadata.name: Invalid value: '
+                                         f'"{name}": a lowercase RFC 1123 subdomain must consist of lower case '
+                                         "alphanumeric characters, '-' or '.'")
+    for field in ("apiVersion", "kind"):
+        want = _API_VERSION[kind] if field == "apiVersion" else _KIND[kind]
+        if obj.get(field) not in (None, want):
+            raise ApiRefusal(400, "BadRequest", f"{field} {obj.get(field)!r} does not match the request's {want!r}")
+
+
+def validate_configmap(obj: Mapping[str, Any], ns: str, name: str) -> None:
+    """A whole ConfigMap as the API would store it: model walk, deserialize, and the API's own value checks."""
+    if not isinstance(obj, dict):
+        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal body into a ConfigMap (not an object)")
+    check_model(obj, "V1ConfigMap")
+    _check_metadata(CONFIGMAPS, obj, ns, name)
+    deserialize(obj, "V1ConfigMap")
+    problems = []
+    size = 0
+    for field in ("data", "binaryData"):
+        for key, value in (obj.get(field) or {}).items():
+            if not _CONFIGMAP_KEY.match(key) or len(key) > 253:
+                problems.append(f"{field}[{key}]: Invalid value: {key!r}: a valid config key must consist of "
+                                "alphanumeric characters, '-', '_' or '.'")
+            if key in (obj.get("data") or {}) and key in (obj.get("binaryData") or {}) and field == "binaryData":
+                problems.append(f"{field}[{key}]: Invalid value: {key!r}: duplicate of key present in data")
+            size += len(key) + len(str(value).encode("utf-8"))
+    if size > CONFIGMAP_MAX_BYTES:
+        problems.append(f"[]: Too long: must have at most {CONFIGMAP_MAX_BYTES} bytes")
+    if problems:
+        raise ApiRefusal(422, "Invalid", f'ConfigMap "{name}" is invalid: ' + "; ".join(problems))
+
+
+def _check_fields(value: Any, allowed: frozenset[str], path: str) -> None:
+    if not isinstance(value, dict):
+        raise ApiRefusal(400, "BadRequest", f"json: cannot unmarshal {type(value).__name__} into {path} of type object")
+    for key in value:
+        if key not in allowed:
+            raise _unknown(f"{path}.", key)
+
+
+def validate_prometheus(obj: Mapping[str, Any], ns: str, name: str) -> None:
+    """A ``Prometheus`` CR: metadata by ``V1ObjectMeta``, ``spec.remoteWrite`` by prometheus-operator's field names."""
+    if not isinstance(obj, dict):
+        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal body into a Prometheus (not an object)")
+    for key in obj:
+        if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
+            raise _unknown("", key)
+    check_model(obj.get("metadata"), "V1ObjectMeta", "metadata.")
+    _check_metadata(PROMETHEUSES, obj, ns, name)
+    deserialize(obj.get("metadata") or {}, "V1ObjectMeta")
+    spec = obj.get("spec")
+    if spec is None:
+        return
+    if not isinstance(spec, dict):
+        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal spec of type object")
+    entries = spec.get("remoteWrite")
+    if entries is None:
+        return
+    if not isinstance(entries, list):
+        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal spec.remoteWrite of type array")
+    problems = []
+    names: set[str] = set()
+    for i, entry in enumerate(entries):
+        where = f"spec.remoteWrite[{i}]"
+        _check_fields(entry, frozenset(REMOTE_WRITE_SPEC), where)
+        if not isinstance(entry.get("url"), str) or not entry["url"]:
+            problems.append(f"{where}.url: Required value")
+        if entry.get("name") is not None:
+            if entry["name"] in names:
+                problems.append(f"{where}.name: Duplicate value: {entry['name']!r}")
+            names.add(str(entry["name"]))
+        for field, allowed in REMOTE_WRITE_SPEC.items():
+            if allowed is None or entry.get(field) is None:
+                continue
+            items = entry[field] if field == "writeRelabelConfigs" else [entry[field]]
+            if not isinstance(items, list):
+                raise ApiRefusal(400, "BadRequest", f"json: cannot unmarshal {where}.{field} of type array")
+            for j, item in enumerate(items):
+                sub = f"{where}.{field}" + (f"[{j}]" if field == "writeRelabelConfigs" else "")
+                _check_fields(item, allowed, sub)
+                if field == "writeRelabelConfigs" and item.get("action") not in (None, *RELABEL_ACTIONS):
+                    problems.append(f"{sub}.action: Unsupported value: {item.get('action')!r}")
+        if isinstance(entry.get("sigv4"), dict) and entry["sigv4"].get("region") is not None \
+                and not isinstance(entry["sigv4"]["region"], str):
+            problems.append(f"{where}.sigv4.region: Invalid value: must be a string")
+    if problems:
+        raise ApiRefusal(422, "Invalid", f'Prometheus.{CR_GROUP} "{name}" is invalid: ' + "; ".join(problems))
+
+
+VALIDATORS: Mapping[str, Callable[[Mapping[str, Any], str, str], None]] = {
+    CONFIGMAPS: validate_configmap, PROMETHEUSES: validate_prometheus}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (``null`` removes a key; a list replaces the list)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+# -- the store and the server -----------------------------------------------------------------------------------
+
+Watcher = Callable[[str, str, str, dict[str, Any]], None]
+
+
+class K8sApiServer:
+    """The contract server: an object store with the API's checks, and watchers called after each write."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._lock = threading.Lock()
+        self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._revision = 100
+        self.watchers: list[Watcher] = []
+        self.requests: list[tuple[str, str, int]] = []  # (method, path, code): what the deployers sent
+        # Called with (method, kind, ns, name) before a PUT or PATCH is served: a test plays a racing writer.
+        self.before_write: Callable[[str, str, str, str], None] | None = None
+        self._httpd = ThreadingHTTPServer((host, port), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> K8sApiServer:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="k8s-api", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def __enter__(self) -> K8sApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # store operations (also used by tests to seed objects and to play another writer)
+
+    def _store(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Validate, bump resourceVersion and keep ``obj``; call the watchers. The lock is held by the caller."""
+        obj = copy.deepcopy(obj)
+        current = self._objects.get((kind, ns, name))
+        if kind == CONFIGMAPS and current is not None and current.get("immutable") is True and any(
+                obj.get(field) != current.get(field) for field in ("data", "binaryData", "immutable")):
+            raise ApiRefusal(422, "Invalid", f'ConfigMap "{name}" is invalid: data: Forbidden: field is immutable '
+                                             "when `immutable` is set")
+        obj.setdefault("apiVersion", _API_VERSION[kind])
+        obj.setdefault("kind", _KIND[kind])
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise ApiRefusal(422, "Invalid", f'{_KIND[kind]} "{name}" is invalid: metadata: Required value')
+        meta.setdefault("name", name)
+        meta.setdefault("namespace", ns)
+        VALIDATORS[kind](obj, ns, name)
+        self._revision += 1
+        meta["resourceVersion"] = str(self._revision)
+        self._objects[(kind, ns, name)] = obj
+        return copy.deepcopy(obj)
+
+    def _notify(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> None:
+        for watcher in self.watchers:
+            try:
+                watcher(kind, ns, name, copy.deepcopy(obj))
+            except Exception:  # a stand-in's failure is logged; the API answer stays as it was
+                log.exception("watcher failed for %s %s/%s", kind, ns, name)
+
+    def create(self, kind: str, ns: str, name: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Seed an object (validated like a write)."""
+        with self._lock:
+            stored = self._store(kind, ns, name, dict(obj))
+        self._notify(kind, ns, name, stored)
+        return stored
+
+    def get(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        with self._lock:
+            obj = self._objects.get((kind, ns, name))
+            if obj is None:
+                raise ApiRefusal(404, "NotFound", f'{_QUALIFIED[kind]} "{name}" not found')
+            return copy.deepcopy(obj)
+
+    def edit(self, kind: str, ns: str, name: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """Another writer: ``change`` edits the stored object in place; validated, resourceVersion bumped."""
+        with self._lock:
+            obj = self._objects.get((kind, ns, name))
+            if obj is None:
+                raise ApiRefusal(404, "NotFound", f'{_QUALIFIED[kind]} "{name}" not found')
+            obj = copy.deepcopy(obj)
+            change(obj)
+            stored = self._store(kind, ns, name, obj)
+        self._notify(kind, ns, name, stored)
+        return stored
+
+    def _conflict(self, kind: str, name: str) -> ApiRefusal:
+        return ApiRefusal(409, "Conflict", f'Operation cannot be fulfilled on {_QUALIFIED[kind]} "{name}": the object '
+                                           "has been modified; please apply your changes to the latest version and "
+                                           "try again")
+
+    def put(self, kind: str, ns: str, name: str, body: Any) -> dict[str, Any]:
+        """PUT: replace the whole object; a resourceVersion in the body must be the stored one."""
+        with self._lock:
+            current = self._objects.get((kind, ns, name))
+            if current is None:
+                raise ApiRefusal(404, "NotFound", f'{_QUALIFIED[kind]} "{name}" not found')
+            if not isinstance(body, dict):
+                raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal body into an object")
+            VALIDATORS[kind](body, ns, name)
+            sent = (body.get("metadata") or {}).get("resourceVersion")
+            if sent is not None and sent != current["metadata"]["resourceVersion"]:
+                raise self._conflict(kind, name)
+            stored = self._store(kind, ns, name, body)
+        self._notify(kind, ns, name, stored)
+        return stored
+
+    def patch(self, kind: str, ns: str, name: str, body: Any, content_type: str) -> dict[str, Any]:
+        """PATCH: a merge patch; a resourceVersion in it is a precondition (409 when stale)."""
+        media = content_type.split(";")[0].strip().lower()
+        allowed = (MERGE_PATCH, STRATEGIC_MERGE_PATCH) if kind == CONFIGMAPS else (MERGE_PATCH,)
+        if media not in allowed:
+            raise ApiRefusal(415, "UnsupportedMediaType", f'the body of the request was in an unknown format - '
+                                                          f'accepted media types include: {", ".join(allowed)}')
+        if not isinstance(body, dict):
+            raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal patch into an object")
+        with self._lock:
+            current = self._objects.get((kind, ns, name))
+            if current is None:
+                raise ApiRefusal(404, "NotFound", f'{_QUALIFIED[kind]} "{name}" not found')
+            sent = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body.get("metadata"), dict) \
+                else None
+            if sent is not None and sent != current["metadata"]["resourceVersion"]:
+                raise self._conflict(kind, name)
+            merged = merge_patch(copy.deepcopy(current), body)  # the stored object stays as it is until valid
+            if not isinstance(merged.get("metadata"), dict):
+                raise ApiRefusal(422, "Invalid", f'{_KIND[kind]} "{name}" is invalid: metadata: Required value')
+            merged["metadata"].pop("resourceVersion", None)
+            stored = self._store(kind, ns, name, merged)
+        self._notify(kind, ns, name, stored)
+        return stored
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            methods: ClassVar[tuple[str, ...]] = ("GET", "PUT", "PATCH")
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+                log.debug("k8s-api %s", format % args)
+
+            def _answer(self, code: int, body: Mapping[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                server.requests.append((self.command, self.path.split("?")[0], code))
+
+            def _serve(self) -> None:
+                path = self.path.split("?")[0]
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                match = next(((kind, m) for kind, pattern in _PATHS.items() if (m := pattern.match(path))), None)
+                if match is None:
+                    self._answer(404, status_object(404, "NotFound", "the server could not find the requested "
+                                                                     "resource"))
+                    return
+                kind, m = match
+                ns, name = m.group(1), m.group(2)
+                try:
+                    if self.command == "GET":
+                        self._answer(200, server.get(kind, ns, name))
+                        return
+                    try:
+                        body = json.loads(raw or b"null")
+                    except ValueError as exc:
+                        raise ApiRefusal(400, "BadRequest", f"invalid JSON body: {exc}") from None
+                    if server.before_write is not None:
+                        server.before_write(self.command, kind, ns, name)
+                    if self.command == "PUT":
+                        self._answer(200, server.put(kind, ns, name, body))
+                    else:
+                        self._answer(200, server.patch(kind, ns, name, body, self.headers.get("Content-Type") or ""))
+                except ApiRefusal as refusal:
+                    self._answer(refusal.code, status_object(refusal.code, refusal.reason, refusal.message,
+                                                             name=name, kind=kind))
+
+            do_GET = do_PUT = do_PATCH = _serve  # noqa: N815 - http.server's names
+
+        return Handler
+
+
+# -- what acts on the objects in a cluster -----------------------------------------------------------------------
+
+
+def _write_file(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".k8s-standin-", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _reload(prometheus_url: str) -> None:
+    request = urllib.request.Request(f"{prometheus_url.rstrip('/')}/-/reload", method="POST", data=b"")
+    with urllib.request.urlopen(request, timeout=60) as resp:  # noqa: S310 - a local http URL we were given
+        resp.read()
+
+
+class _FileApplier:
+    """Applies the latest wanted config text to a file and reloads Prometheus, in one background thread."""
+
+    def __init__(self, config_path: str | os.PathLike[str], prometheus_url: str, delay_s: float) -> None:
+        self.config_path = Path(config_path)
+        self.prometheus_url = prometheus_url
+        self.delay_s = delay_s
+        self.applied: list[str] = []  # texts written, in order
+        self.errors: list[str] = []
+        self._cond = threading.Condition()
+        self._pending: str | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
+        self._thread.start()
+
+    def want(self, text: str) -> None:
+        with self._cond:
+            self._pending = text
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+            time.sleep(self.delay_s)  # a sidecar notices a change a moment later, never at once
+            with self._cond:
+                text, self._pending = self._pending, None
+            if text is None:
+                continue
+            try:
+                _write_file(self.config_path, text)
+                _reload(self.prometheus_url)
+                self.applied.append(text)
+            except Exception as exc:  # a rejected config: Prometheus keeps running its previous one
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                log.warning("reload after a Kubernetes write failed: %s", exc)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(10)
+
+
+class ConfigReloader(_FileApplier):
+    """The config-reloader sidecar: ConfigMap ``ns/name``'s ``data[key]`` -> the file, then ``/-/reload``."""
+
+    def __init__(self, server: K8sApiServer, *, namespace: str, name: str, config_path: str | os.PathLike[str],
+                 prometheus_url: str, key: str = "prometheus.yml", delay_s: float = 0.5) -> None:
+        super().__init__(config_path, prometheus_url, delay_s)
+        self.target = (CONFIGMAPS, namespace, name)
+        self.key = key
+        server.watchers.append(self)
+
+    def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> None:
+        if (kind, ns, name) == self.target and isinstance((obj.get("data") or {}).get(self.key), str):
+            self.want(obj["data"][self.key])
+
+
+class OperatorStandIn(_FileApplier):
+    """prometheus-operator, kept simple: a fixed base config plus ``spec.remoteWrite`` as ``remote_write`` entries."""
+
+    def __init__(self, server: K8sApiServer, *, namespace: str, name: str, base_config: str,
+                 config_path: str | os.PathLike[str], prometheus_url: str, delay_s: float = 0.5) -> None:
+        super().__init__(config_path, prometheus_url, delay_s)
+        self.target = (PROMETHEUSES, namespace, name)
+        self.base_config = base_config
+        server.watchers.append(self)
+
+    def render(self, obj: Mapping[str, Any]) -> str:
+        text = self.base_config
+        for entry in (obj.get("spec") or {}).get("remoteWrite") or []:
+            text = add_remote_write(text, config_remote_write_entry(entry))
+        return text
+
+    def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> None:
+        if (kind, ns, name) == self.target:
+            self.want(self.render(obj))
