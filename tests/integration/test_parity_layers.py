@@ -170,3 +170,21 @@ def test_golden_query_bad_input_is_named_never_a_crash_or_a_pass(
     (m,) = measurements
     assert m.name == "golden[panel]" and inventory.queries[0].measurement == "golden[panel]"
     assert m.verdict.value == verdict and needle in m.reason, m.reason
+
+
+def test_independent_scraper_aggregates_average_gauges_and_rate_counters(
+        independent_pair: tuple[PrometheusClient, PrometheusClient]) -> None:
+    """Two scrapers keep different sample counts: sum_over_time would differ by whole samples; the per-host
+    aggregates compare gauges as avg_over_time and counters as rate instead, and still pass."""
+    src, tgt = independent_pair
+    base = load_catalog(profile="demo").get("gpu-power-thermal")
+    end = time.time() - 2
+    start = end - 15
+    independent = dataclasses.replace(base, parity=dataclasses.replace(
+        base.parity, mode="independent_scraper", step_s=5.0, rel_tolerance=0.2, abs_tolerance=0.5))
+    m = ParityCheck(independent, src, tgt).aggregates(start, end)
+    assert m.verdict == Verdict.SUCCESSFUL, m.reason
+    assert any("rate({__name__=\"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION\"}" in q for q in m.queries)
+    assert any("avg_over_time({__name__=\"DCGM_FI_DEV_GPU_TEMP\"}" in q for q in m.queries)
+    assert not any("sum_over_time" in q for q in m.queries)
+    assert m.numbers["aggregates_compared"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +18,8 @@ from promshift.core.report import build_report
 from promshift.core.stages import Stage
 from promshift.core.warmup import WarmupObservation, assess_warmup
 from promshift.deploy_path import (
+    INDEPENDENT_ABS_TOLERANCE,
+    INDEPENDENT_REL_TOLERANCE,
     DeployStepFailed,
     ScraperDeployStep,
     active_since,
@@ -45,6 +48,11 @@ def test_the_scraper_path_compares_as_independent_scrapers() -> None:
     group = load_catalog(profile="demo").get(GROUP)
     assert group.parity.mode == "dual_write"
     assert group_for_deploy(group, "scraper").parity.mode == "independent_scraper"
+    # Tolerances for two scrapers' samples, not the catalog's ~1e-9 for identical ones; looser catalog values win.
+    loose = group_for_deploy(group, "scraper").parity
+    assert (loose.abs_tolerance, loose.rel_tolerance) == (INDEPENDENT_ABS_TOLERANCE, INDEPENDENT_REL_TOLERANCE)
+    looser = dataclasses.replace(group, parity=dataclasses.replace(group.parity, rel_tolerance=0.25))
+    assert group_for_deploy(looser, "scraper").parity.rel_tolerance == 0.25
     assert group_for_deploy(group, "remote_write") is group
 
 

@@ -251,10 +251,13 @@ class ParityCheck:
 
     # -- layer 1b: per-host aggregates of every host --------------------------------------
     def aggregates(self, start: float, end: float, *, explained: Sequence[str] = ()) -> Measurement:
-        """``sum_over_time`` per host over the whole window, per metric, computed in PromQL.
+        """Per host over the whole window, per metric, computed in PromQL.
 
-        A value drift and a gap in the samples both change the sum; one query per metric
-        and side (range functions drop the metric name, so metrics cannot share a query).
+        ``dual_write``: ``sum_over_time`` — the same samples on both sides, so a value drift and a
+        gap both change the sum. ``independent_scraper``: each side scraped on its own clock, so
+        the sample counts differ; gauges compare as ``avg_over_time`` and counters as ``rate``
+        over the window (reset-aware), within the tolerance. One query per metric and side
+        (range functions drop the metric name, so metrics cannot share a query).
         """
         hosts = self.host_labels
         span = f"{max(1, int(end - start))}s"
@@ -262,13 +265,16 @@ class ParityCheck:
         queries = []
         try:
             for metric in self._metric_names(start, end):
+                fn = "sum_over_time"
+                if self.policy.mode != "dual_write":
+                    fn = "rate" if self.metric_kinds(start, end)[metric]["kind"] == "counter" else "avg_over_time"
                 expr = (f"sum by ({', '.join(hosts.names)}) "
-                        f"(sum_over_time({{__name__={promql_string(metric)}}}[{span}]))")
+                        f"({fn}({{__name__={promql_string(metric)}}}[{span}]))")
                 queries.append(expr)
                 answers = on_both(self.source, self.target, lambda c, e=expr: c.query(e, at=end))
                 # A host under an undeclared name is left out: host_coverage names it as renamed.
                 sides = [count_hosts(((s.labels, s.points[0][1]) for s in a.series), hosts)[0] for a in answers]
-                rows.append((f"sum_over_time {metric}", sides[0], sides[1]))
+                rows.append((f"{fn} {metric}", sides[0], sides[1]))
         except PrometheusError as exc:
             return Measurement("aggregates", Verdict.ERROR, str(exc), tuple(queries))
         # Sums over thousands of series may add in a different order on each side: allow float noise.
