@@ -18,7 +18,7 @@ import yaml
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.blobs import Blobs, LocalBlobs
-from promshift.adapters.deploy import ConfigSnapshot, DeployError, DeployResult, FileConfigDeployer
+from promshift.adapters.deploy import ConfigSnapshot, DeployError, FileConfigDeployer, FileDeployOutcome
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingError, RoutingManifest
 from promshift.adapters.snapshot_store import snapshot_key
@@ -259,7 +259,7 @@ class GroupMigration:
         if resumed:
             log.warning("%s already holds remote_write %s from an earlier attempt of this run; verifying it",
                         deployer.config_path, entry["name"])
-            result = DeployResult(before_sha256=snap.sha256, after_sha256=sha256_bytes(new_data),
+            result = FileDeployOutcome(before_sha256=snap.sha256, after_sha256=sha256_bytes(new_data),
                                   live_remote_writes=self._verify_live(entry["name"]))
         else:
             result = deployer.deploy(new_data, snapshot=snap, expect_remote_writes={entry["name"]})

@@ -23,14 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.core.deploy import DeployError
 from promshift.core.redact import redact_text
 from promshift.core.render import remote_write_names, sha256_bytes
 
 log = logging.getLogger(__name__)
 
+# One exception for every deployer (core.deploy): a deploy, verify or restore not done, in one line;
+# for this file: the new config was not deployed and the source runs its previous config.
+__all__ = ["ConfigSnapshot", "DeployError", "FileConfigDeployer", "FileDeployOutcome", "write_atomically"]
 
-class DeployError(RuntimeError):
-    """The new config was not deployed; the source runs its previous config."""
+
 
 
 def write_atomically(path: Path, data: bytes, *, mode: int, uid: int = -1, gid: int = -1) -> None:
@@ -81,7 +84,9 @@ class ConfigSnapshot:
 
 
 @dataclass(frozen=True)
-class DeployResult:
+class FileDeployOutcome:
+    """A file deploy that went live: the config's sha256 before and after, and the remote_writes now loaded."""
+
     before_sha256: str
     after_sha256: str
     live_remote_writes: tuple[str, ...]
@@ -134,7 +139,7 @@ class FileConfigDeployer:
         write_atomically(real, data, mode=mode, uid=uid, gid=gid)
 
     def deploy(self, new_data: bytes, *, snapshot: ConfigSnapshot, expect_remote_writes: set[str],
-               expect_absent: set[str] = frozenset()) -> DeployResult:
+               expect_absent: set[str] = frozenset()) -> FileDeployOutcome:
         """Check, write, reload and verify ``new_data``; on any failure restore ``snapshot``.
 
         Verified means ``/api/v1/status/config`` lists every name in ``expect_remote_writes``
@@ -168,7 +173,7 @@ class FileConfigDeployer:
                 raise
             where = redact_text(self.client.base_url)
             raise DeployError(f"deploy to {where} failed and was reverted: {reason}") from exc
-        return DeployResult(before_sha256=snapshot.sha256, after_sha256=sha256_bytes(new_data),
+        return FileDeployOutcome(before_sha256=snapshot.sha256, after_sha256=sha256_bytes(new_data),
                             live_remote_writes=tuple(live))
 
     def restore(self, snapshot: ConfigSnapshot) -> bool:

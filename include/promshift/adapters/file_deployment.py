@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import Any
 
 from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
-from promshift.adapters.deploy import DeployError as FileDeployError
 from promshift.adapters.prometheus import PrometheusError
 from promshift.core.deploy import DeployError, DeployKind, DeployResult, DeploySnapshot, DeployState
 from promshift.core.render import RenderError, add_remote_write, remote_write_names
@@ -47,7 +46,7 @@ class FileDeployment:
             new_text = add_remote_write(snapshot.content.encode("utf-8"), self.entry)
             done = self.deployer.deploy(new_text, snapshot=self._file_snapshot(snapshot),
                                         expect_remote_writes={self.entry["name"]})
-        except (FileDeployError, RenderError) as exc:
+        except RenderError as exc:
             raise DeployError(str(exc)) from exc
         return DeployResult(self.kind, "deploy", DeployState.WAITING).observed(
             "LIVE", now, state=DeployState.DONE, reason=f"remote_write {self.entry['name']} is live",
@@ -67,10 +66,7 @@ class FileDeployment:
                                live_remote_writes=live)
 
     def restore(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
-        try:
-            identical = self.deployer.restore(self._file_snapshot(snapshot))
-        except FileDeployError as exc:
-            raise DeployError(str(exc)) from exc
+        identical = self.deployer.restore(self._file_snapshot(snapshot))
         state = DeployState.DONE if identical else DeployState.FAILED
         return DeployResult(self.kind, "restore", DeployState.WAITING).observed(
             "RESTORED" if identical else "DIFFERS", now, state=state, restored_identical=identical,
