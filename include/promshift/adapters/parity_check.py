@@ -35,6 +35,7 @@ from promshift.core.golden import (
     fit_window,
 )
 from promshift.core.parity import (
+    INDEPENDENT_NOISE_K,
     GoldenInventory,
     GoldenRow,
     GoldenSide,
@@ -418,7 +419,7 @@ class ParityCheck:
         behind = (sum(c[0] for c in counts[:len(group_selectors)]), sum(c[1] for c in counts[:len(group_selectors)]))
         m = golden_comparison(name, queries, source.series or {}, target.series or {}, behind=behind,
                               abs_tol=self.policy.abs_tolerance, rel_tol=max(self.policy.rel_tolerance, 1e-9),
-                              answers_without_series=fit.analysis.answers_without_series,
+                              answers_without_series=fit.analysis.answers_without_series, noise_k=self.noise_k,
                               numbers={"window": fit.to_dict(), "selectors": [s.promql() for s in group_selectors]})
         lacking = [sel.promql() for sel, (src, tgt) in zip(others, counts[len(group_selectors):], strict=True)
                    if src and not tgt]
@@ -506,7 +507,8 @@ class ParityCheck:
         step = self.policy.step_s
         if host_names is None:
             host_names = (self.host_labels.declared, self.host_labels.declared)
-        comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance)
+        comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance,
+                                      noise_k=self.noise_k)
         rename = dict(self.policy.rename_labels)
         errors: list[str] = []
         consecutive = 0
@@ -591,6 +593,11 @@ class ParityCheck:
                 out.append(f'label_replace({inner}, "__name__", {promql_string(tag)}, "", "")')
         return out
 
+    @property
+    def noise_k(self) -> float:
+        """``independent_scraper``: points may also differ by the series' own jitter (``core.parity``); else 0."""
+        return 0.0 if self.policy.mode == "dual_write" else INDEPENDENT_NOISE_K
+
     def _metric_names(self, start: float, end: float) -> list[str]:
         if self._names is None:
             self._names = self.source.label_values("__name__", self.group.selector(), start=start, end=end)
@@ -617,7 +624,8 @@ class ParityCheck:
 
     def samples_measurement(self, shards: Sequence[dict[str, Any]], hosts_total: int) -> Measurement:
         """Merge shard totals into the samples measurement."""
-        comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance)
+        comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance,
+                                      noise_k=self.noise_k)
         errors: list[str] = []
         hosts: list[str] = []
         for shard in shards:

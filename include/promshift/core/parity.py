@@ -162,6 +162,24 @@ def values_equal(a: float, b: float, *, abs_tol: float, rel_tol: float) -> bool:
     return abs(a - b) <= abs_tol + rel_tol * max(abs(a), abs(b))
 
 
+# independent_scraper: two scrapers read a noisy gauge at different instants, so a point may differ by the
+# series' own scrape-to-scrape variation. Allowed on top of the tolerance: NOISE_K times the standard deviation
+# of the source series' successive differences in the window (for two independent reads of a process with
+# noise sigma, the difference has sigma*sqrt(2), as successive differences do). 4 leaves ~6e-5 of normal noise
+# flagged; a change of scale, a unit, an offset beyond the series' own jitter still fails.
+INDEPENDENT_NOISE_K = 4.0
+
+
+def successive_spread(points: Points) -> float:
+    """Standard deviation of the finite successive differences of ``points`` (0 with fewer than two)."""
+    values = [v for _, v in points if math.isfinite(v)]
+    diffs = [b - a for a, b in zip(values, values[1:], strict=False)]
+    if len(diffs) < 2:
+        return 0.0
+    mean = sum(diffs) / len(diffs)
+    return math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+
+
 def format_labels(labels: LabelSet) -> str:
     name = dict(labels).get("__name__", "")
     rest = ",".join(f'{k}="{v}"' for k, v in labels if k != "__name__")
@@ -175,6 +193,8 @@ class SampleComparison:
     abs_tol: float
     rel_tol: float
     max_offenders: int = 10
+    # independent_scraper: each series may also differ by noise_k x its successive-difference spread (0: exact).
+    noise_k: float = 0.0
     series_compared: int = 0
     points_compared: int = 0
     mismatches: int = 0
@@ -201,13 +221,14 @@ class SampleComparison:
             tgt_by_t = {round(t, 3): v for t, v in tgt_points}
             bad = missing = 0
             worst_delta = 0.0
+            noise = self.noise_k * successive_spread(src_points) if self.noise_k else 0.0
             for t, v in src_points:
                 tv = tgt_by_t.get(round(t, 3))
                 if tv is None:
                     missing += 1
                     continue
                 self.points_compared += 1
-                if not values_equal(v, tv, abs_tol=self.abs_tol, rel_tol=self.rel_tol):
+                if not values_equal(v, tv, abs_tol=self.abs_tol + noise, rel_tol=self.rel_tol):
                     bad += 1
                     if not (math.isnan(v) or math.isnan(tv)):
                         worst_delta = max(worst_delta, abs(v - tv))
@@ -555,7 +576,8 @@ def _clip(text: str | None, limit: int = 400) -> str | None:
 
 def golden_comparison(name: str, expr: str, source: Mapping[LabelSet, Points], target: Mapping[LabelSet, Points],
                       *, behind: tuple[float, float], abs_tol: float, rel_tol: float,
-                      answers_without_series: bool = False, numbers: Mapping[str, Any] | None = None) -> Measurement:
+                      answers_without_series: bool = False, numbers: Mapping[str, Any] | None = None,
+                      noise_k: float = 0.0) -> Measurement:
     """Compare a golden query's answers, counting them only with the group's series behind them.
 
     ``behind`` is (source, target) series of the group that the query's selectors read in its
@@ -571,12 +593,12 @@ def golden_comparison(name: str, expr: str, source: Mapping[LabelSet, Points], t
                            "this group's series on the source in its window", queries, extra)
     if not source and not target:
         return Measurement(name, Verdict.INCONCLUSIVE, "matches nothing on either side", queries, extra)
-    comparison = SampleComparison(abs_tol=abs_tol, rel_tol=rel_tol)
+    comparison = SampleComparison(abs_tol=abs_tol, rel_tol=rel_tol, noise_k=noise_k)
     comparison.add(source, target)
     m = comparison.measurement([expr])
     numbers_out = {**m.numbers, **extra}
     if m.verdict == Verdict.FAILED and (comparison.missing_series or comparison.extra_series):
-        unnamed = SampleComparison(abs_tol=abs_tol, rel_tol=rel_tol)
+        unnamed = SampleComparison(abs_tol=abs_tol, rel_tol=rel_tol, noise_k=noise_k)
         unnamed.add(_without_name(source), _without_name(target))
         if unnamed.measurement([expr]).verdict == Verdict.SUCCESSFUL and len(source) == len(target):
             keeps = "source" if any(dict(k).get("__name__") for k in source) else "target"
