@@ -560,6 +560,14 @@ def test_cutover_routes_in_the_database_the_audit_connection_names(
     assert RoutingStore(url).version(GROUP) == 1 and len(audit.events(group=GROUP)) == len(UP_TO_CUT_OVER)
 
 
+def test_a_corrupt_old_routing_manifest_does_not_stop_a_step(
+        dag: Any, audit: AuditStore, env: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (env / "home" / "routing.json").write_text('{"groups": {"gpu-memory": ')
+    seed(audit, UP_TO_CUT_OVER[:-1])
+    assert task(dag, "cutover").execute(make_context())["routing"]["read_from"] == "target"
+    assert "old routing manifest not imported" in caplog.text
+
+
 # -- ValidateGroupOperator ---------------------------------------------------------------------------
 
 

@@ -105,11 +105,15 @@ def audit_store(on_head: Any = None) -> Any:
 
 def routing_store(audit: Any) -> Any:
     """The routing state in the audit store's own database (and engine); an old ``routing.json``
-    under ``PROMSHIFT_HOME`` is taken in once, for groups the store does not hold yet."""
-    from promshift.adapters.routing import RoutingStore
+    under ``PROMSHIFT_HOME`` is taken in once, for groups the store does not hold yet (an unreadable
+    old file is logged and ignored: it must not stop a step, least of all a rollback)."""
+    from promshift.adapters.routing import RoutingError, RoutingStore
 
     routing = RoutingStore(audit.url, engine=audit.engine)
-    routing.import_manifest()
+    try:
+        routing.import_manifest()
+    except RoutingError as exc:
+        log.warning("old routing manifest not imported: %s", exc)
     return routing
 
 
