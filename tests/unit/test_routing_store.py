@@ -113,6 +113,11 @@ def test_an_unreachable_database_is_a_routing_error_without_the_password() -> No
     assert "s3cret-pw" not in str(excinfo.value) and "***" in str(excinfo.value)
 
 
+def test_a_database_without_an_upsert_is_refused_before_anything_is_written() -> None:
+    with pytest.raises(RoutingError, match="mysql is not supported"):
+        RoutingStore("mysql+pymysql://root@127.0.0.1:3306/test")
+
+
 def test_an_old_manifest_is_imported_once_and_never_overrides_the_store(url: str, tmp_path: Path) -> None:
     manifest = tmp_path / "routing.json"
     old = {"read_from": "target", "url": "http://amp/old", "since": T0.isoformat(), "run_id": "old"}

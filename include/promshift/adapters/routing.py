@@ -1,8 +1,8 @@
 """The routing state: which backend serves each metric group's reads, one row per group in the audit database.
 
-Each change is one transaction on the group's own row (an upsert on SQLite and PostgreSQL; elsewhere
-``SELECT ... FOR UPDATE`` then UPDATE or INSERT), so two groups cutting over at once on different
-workers both keep their entry: there is no read-modify-write of a shared document. The table lives in
+Each change is one transaction holding one statement on the group's own row (``INSERT ... ON CONFLICT
+DO UPDATE``, SQLite and PostgreSQL only), so two groups cutting over at once on different workers both
+keep their entry, and two writers of one group both count: there is no read-modify-write. The table lives in
 the audit database (``PROMSHIFT_AUDIT_URL``, else the Airflow connection ``promshift_audit``'s
 ``extra.url`` in the Airflow shell, else SQLite under ``PROMSHIFT_HOME``): every worker reaches it.
 
@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, inspect, select
+from sqlalchemy import Column, Integer, MetaData, String, Table, inspect, make_url, select
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
 from promshift.adapters.audit_store import default_audit_url, open_engine, redacted, short_error
 from promshift.settings import state_home
@@ -29,6 +29,8 @@ from promshift.settings import state_home
 log = logging.getLogger(__name__)
 
 READ_FROM = ("source", "target")
+# Both have INSERT ... ON CONFLICT DO UPDATE, the one statement each change is.
+DIALECTS = ("postgresql", "sqlite")
 
 metadata = MetaData()
 
@@ -70,6 +72,9 @@ class RoutingStore:
     def __init__(self, url: str | None = None, *, engine: Engine | None = None) -> None:
         self.url = url or default_audit_url()
         self.where = f"{redacted(self.url)} table {routing_table.name}"
+        if (backend := make_url(self.url).get_backend_name()) not in DIALECTS:
+            raise RoutingError(f"routing store {self.where}: {backend} is not supported "
+                               f"(use {' or '.join(DIALECTS)})")
         try:
             self.engine = engine or open_engine(self.url, create=True)
             self._create_table()
@@ -135,33 +140,20 @@ class RoutingStore:
         return {"read_from": read_from, "url": url, "since": values["since"], "run_id": run_id}
 
     def _upsert(self, conn: Connection, values: dict[str, Any]) -> None:
+        """INSERT ... ON CONFLICT (group_name) DO UPDATE: one atomic statement on the group's row."""
         t = routing_table
-        dialect = conn.dialect.name
-        if dialect in ("sqlite", "postgresql"):
-            if dialect == "sqlite":
-                from sqlalchemy.dialects.sqlite import insert
-            else:
-                from sqlalchemy.dialects.postgresql import insert
-            stmt = insert(t).values(**values, version=1)
-            changed = {k: stmt.excluded[k] for k in values if k != "group_name"}
-            conn.execute(stmt.on_conflict_do_update(index_elements=[t.c.group_name],
-                                                    set_={**changed, "version": t.c.version + 1}))
-            return
-        # Any other database: lock the row, then update it or insert it (a racing insert loses on the key).
-        for attempt in range(5):
-            row = conn.execute(select(t.c.version).where(t.c.group_name == values["group_name"])
-                               .with_for_update()).first()
-            if row is not None:
-                conn.execute(t.update().where(t.c.group_name == values["group_name"])
-                             .values(**values, version=row.version + 1))
-                return
-            try:
-                with conn.begin_nested():
-                    conn.execute(t.insert().values(**values, version=1))
-                return
-            except IntegrityError:
-                log.debug("routing row %s appeared concurrently (attempt %s)", values["group_name"], attempt + 1)
-        raise RoutingError(f"could not write the route of {values['group_name']} in {self.where}")
+        stmt = self._insert(conn.dialect.name, {**values, "version": 1})
+        changed = {k: stmt.excluded[k] for k in values if k != "group_name"}
+        conn.execute(stmt.on_conflict_do_update(index_elements=[t.c.group_name],
+                                                set_={**changed, "version": t.c.version + 1}))
+
+    @staticmethod
+    def _insert(dialect: str, values: dict[str, Any]) -> Any:
+        if dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert
+        return insert(routing_table).values(**values)
 
     # -- the old JSON manifest ------------------------------------------------------------------
     def import_manifest(self, path: str | os.PathLike[str] | None = None) -> list[str]:
@@ -181,21 +173,18 @@ class RoutingStore:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise RoutingError(f"routing manifest {path} is unreadable or corrupt: {exc}") from None
         taken: list[str] = []
-        t = routing_table
         try:
             for group, route in sorted(groups.items()):
+                values = {"group_name": group, "read_from": route["read_from"], "url": route.get("url", ""),
+                          "run_id": route.get("run_id", ""), "since": route.get("since", ""),
+                          "updated_at": datetime.now(UTC).isoformat(), "version": 1}
                 with self.engine.begin() as conn:
-                    if conn.execute(select(t.c.group_name).where(t.c.group_name == group)).first():
-                        continue
-                    try:
-                        with conn.begin_nested():
-                            conn.execute(t.insert().values(
-                                group_name=group, read_from=route["read_from"], url=route.get("url", ""),
-                                run_id=route.get("run_id", ""), since=route.get("since", ""),
-                                updated_at=datetime.now(UTC).isoformat(), version=1))
-                    except IntegrityError:
-                        continue  # another worker routed or imported it first: the store wins
-                taken.append(group)
+                    # A row already there (routed, or imported by another worker first) wins.
+                    # (RETURNING: the driver's rowcount is not reliable here; a skipped row returns nothing.)
+                    if conn.execute(self._insert(conn.dialect.name, values).on_conflict_do_nothing(
+                            index_elements=[routing_table.c.group_name])
+                            .returning(routing_table.c.group_name)).first() is not None:
+                        taken.append(group)
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         except KeyError as exc:
