@@ -20,7 +20,7 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.blobs import Blobs, LocalBlobs
 from promshift.adapters.deploy import ConfigSnapshot, DeployError, FileConfigDeployer, FileDeployOutcome
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
-from promshift.adapters.routing import RoutingError, RoutingManifest
+from promshift.adapters.routing import RoutingError, RoutingStore
 from promshift.adapters.snapshot_store import snapshot_key
 from promshift.core.audit import AuditEvent
 from promshift.core.catalog import MetricGroup
@@ -111,7 +111,7 @@ def observe_warmup(*, group_name: str, selector: str, source: PrometheusClient, 
 class GroupMigration:
     """One DAG run's work on one metric group."""
 
-    def __init__(self, group: MetricGroup, backends: Backends, *, audit: AuditStore, routing: RoutingManifest,
+    def __init__(self, group: MetricGroup, backends: Backends, *, audit: AuditStore, routing: RoutingStore,
                  snapshots_dir: str | Path, run_id: str, actor: str = "promshift",
                  catalog_dir: Path | None = None, snapshot_blobs: Blobs | None = None) -> None:
         self.group = group
@@ -403,19 +403,19 @@ class GroupMigration:
             self.record("approval_" + decision.lower(), now, evidence, actor=by)
 
     def cutover(self, now: datetime) -> dict[str, Any]:
-        """Route the group's reads to the target in the routing manifest."""
+        """Route the group's reads to the target in the routing store (one transaction on the group's row)."""
         done = self.recorded("cut_over", Stage.CUT_OVER)
         if done is not None and self.routing.read_from(self.group.name) == "target":
             return redact(done.evidence_data)
         route = self.routing.route(self.group.name, read_from="target", url=self.backends.target.base_url,
                                    at=now, run_id=self.run_id)
-        evidence = {"routing": route, "manifest": str(self.routing.path)}
+        evidence = {"routing": route, "manifest": self.routing.where}
         self.record("cut_over", now, evidence, to=Stage.CUT_OVER)
         return redact(evidence)
 
     def complete(self, now: datetime) -> dict[str, Any]:
         """Close a successful run: the group reads from the target and keeps dual-writing."""
-        evidence = {"routing": self.routing.load()["groups"].get(self.group.name),
+        evidence = {"routing": self.routing.get(self.group.name),
                     "next": "bake, then decommission the group on the source (a later run)"}
         self.record("run_complete", now, evidence)
         return redact(evidence)
@@ -446,8 +446,8 @@ class GroupMigration:
         removed by name instead (``method: removed_entry``): that edit is the exact inverse of
         the deploy, so the file is identical when its hash equals the one recorded at the
         snapshot. Either way the live config is checked and the audit says what was done; a
-        failure is recorded as ``rollback_failed`` before it is raised, and a corrupt routing
-        manifest is recorded with the rollback, then raised.
+        failure is recorded as ``rollback_failed`` before it is raised, and an unreadable routing
+        store is recorded with the rollback, then raised.
         """
         mine = steps_of(self.audit.events(group=self.group.name, run_id=self.run_id))
         last_kind = mine[-1].kind if mine else None

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def state_home() -> Path:
-    """``PROMSHIFT_HOME`` (default ``./.state``): stack, audit DB, snapshots, routing manifest."""
+    """``PROMSHIFT_HOME`` (default ``./.state``): stack, default audit DB (with the routing table), snapshots."""
     return Path(os.environ.get("PROMSHIFT_HOME", ".state")).resolve()
 
 

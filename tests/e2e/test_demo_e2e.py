@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import requests
 
+from promshift.adapters.routing import RoutingStore
 from promshift.demo import HISTORY_PROFILE, run_demo
 from promshift.local_airflow import TRIGGER_USER, LocalAirflow
 from promshift.settings import REPO_ROOT, load_catalog
@@ -62,8 +63,10 @@ def test_happy_path_with_history_times_production_windows_and_cuts_over(small_st
     assert report["audit"]["chain_ok"] is True and report["audit"]["events"] >= 9
     assert (out / "latency.png").stat().st_size > 10_000
     assert "## Latency" in (out / "report.md").read_text()
-    routing = json.loads((small_stack_env / "state" / "routing.json").read_text())
+    # The routing state is a table in the demo's audit database (no routing.json any more).
+    routing = RoutingStore(f"sqlite:///{small_stack_env / 'state' / 'audit.db'}").load()
     assert routing["groups"]["gpu-memory"]["read_from"] == "target"
+    assert not (small_stack_env / "state" / "routing.json").exists()
 
 
 def test_drift_fails_parity_and_rolls_back_byte_for_byte(small_stack_env: Path) -> None:

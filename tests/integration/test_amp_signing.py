@@ -19,7 +19,7 @@ from botocore.stub import Stubber
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
-from promshift.adapters.routing import RoutingManifest
+from promshift.adapters.routing import RoutingStore
 from promshift.adapters.sigv4 import AwsSigV4Auth
 from promshift.migration import GroupMigration
 from promshift.orchestration.dag_factory import build_group_dag
@@ -166,7 +166,7 @@ def test_amp_hook_test_connection_and_validate_through_the_verifier(amp_env: Pat
         assert backends.target_sigv4 == {"region": REGION}
         assert backends.target_remote_write_url == "http://127.0.0.1:1/api/v1/write"  # the local relay
         audit = AuditStore()
-        migration = GroupMigration(group, backends, audit=audit, routing=RoutingManifest(amp_env / "r.json"),
+        migration = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url),
                                    snapshots_dir=amp_env / "snapshots", run_id="manual__amp")
         evidence = migration.validate(datetime.now(UTC))
         stubber.assert_no_pending_responses()

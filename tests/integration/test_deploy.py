@@ -298,7 +298,7 @@ def self_group() -> Any:
 
 def migration_for(client: PrometheusClient, cfg: Path, tmp_path: Path, *, secret_urls: bool = False) -> Any:
     from promshift.adapters.audit_store import AuditStore
-    from promshift.adapters.routing import RoutingManifest
+    from promshift.adapters.routing import RoutingStore
     from promshift.migration import Backends, GroupMigration
 
     source_url = identity_url = client.base_url
@@ -311,8 +311,9 @@ def migration_for(client: PrometheusClient, cfg: Path, tmp_path: Path, *, secret
     backends = Backends(source=source, target=PrometheusClient(source_url, timeout_s=30),
                         source_config_path=str(cfg), target_remote_write_url=remote_write,
                         target_identity={"kind": "prometheus", "url": identity_url})
-    return GroupMigration(self_group(), backends, audit=AuditStore(f"sqlite:///{tmp_path / 'audit.db'}"),
-                          routing=RoutingManifest(tmp_path / "routing.json"), snapshots_dir=tmp_path / "snapshots",
+    audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
+    return GroupMigration(self_group(), backends, audit=audit,
+                          routing=RoutingStore(audit.url), snapshots_dir=tmp_path / "snapshots",
                           run_id="manual__deploy-test")
 
 
@@ -365,23 +366,28 @@ def test_a_lost_snapshot_rolls_back_by_removing_our_entry_verified_and_audited(
     assert (last.kind, last.stage_to, last.evidence_data["method"]) == ("rolled_back", "rolled_back", "removed_entry")
 
 
-def test_a_corrupt_routing_manifest_does_not_keep_the_rollback_out_of_the_audit(
+def test_an_unreadable_routing_store_does_not_keep_the_rollback_out_of_the_audit(
         prometheus: tuple[PrometheusClient, Path], tmp_path: Path) -> None:
-    from promshift.adapters.routing import RoutingError
+    from sqlalchemy import inspect, text
+
+    from promshift.adapters.routing import RoutingError, routing_table
 
     client, cfg = prometheus
     migration = migration_for(client, cfg, tmp_path)
     info = migration.snapshot(now())
     migration.deploy_dual_write(info, now())
-    (tmp_path / "routing.json").write_text('{"groups": {"gpu-memory": ')
-    with pytest.raises(RoutingError, match="routing manifest .* is unreadable or corrupt"):
-        migration.rollback(info, reason="test: corrupt routing", now=now())
+    migration.routing.route("gpu-memory", read_from="target", url="http://127.0.0.1:1", at=now(), run_id="r")
+    with migration.routing.engine.begin() as conn:  # the routing table is lost (the audit table is not)
+        conn.execute(text(f"DROP TABLE {routing_table.name}"))
+    with pytest.raises(RoutingError, match="routing store .* is unreadable or corrupt"):
+        migration.rollback(info, reason="test: routing lost", now=now())
     assert cfg.read_bytes() == BASE and remote_write_names(client.config_text()) == []
     last = migration.audit.events(group="gpu-memory")[-1]
     assert (last.kind, last.stage_to) == ("rolled_back", "rolled_back")
     assert last.evidence_data["restored_identical"] is True
-    assert "corrupt" in last.evidence_data["routing_error"]
-    assert (tmp_path / "routing.json").read_text() == '{"groups": {"gpu-memory": '  # never overwritten
+    assert "no such table" in last.evidence_data["routing_error"]
+    # Never silently re-created empty: every other group's route would read as "source".
+    assert not inspect(migration.routing.engine).has_table(routing_table.name)
 
 
 def test_url_credentials_never_reach_a_record(prometheus: tuple[PrometheusClient, Path], tmp_path: Path,

@@ -403,7 +403,7 @@ def cr_steps(env: Env, tmp_path: Path) -> Iterator[tuple[Any, Any, Any, Any]]:
     Yields (step, deployer, migration, audit)."""
     from promshift.adapters.audit_store import AuditStore
     from promshift.adapters.k8s_deploy import kubernetes_deployer
-    from promshift.adapters.routing import RoutingManifest
+    from promshift.adapters.routing import RoutingStore
     from promshift.deploy_path import ScraperDeployStep, deploy_kind_of, kubernetes_source_of
     from promshift.migration import Backends, GroupMigration
     from promshift.orchestration.hooks import kubernetes_hook
@@ -430,7 +430,7 @@ def cr_steps(env: Env, tmp_path: Path) -> Iterator[tuple[Any, Any, Any, Any]]:
     try:
         backends = Backends(source=env.prometheus, target=PrometheusClient("http://127.0.0.1:1"),
                             source_config_path=str(env.config), target_remote_write_url="")
-        migration = GroupMigration(group, backends, audit=audit, routing=RoutingManifest(tmp_path / "routing.json"),
+        migration = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url),
                                    snapshots_dir=tmp_path, run_id="manual__k8s")
         yield ScraperDeployStep(migration, deployer, InMemorySnapshotStore(), quota=None), deployer, migration, audit
     finally:

@@ -21,7 +21,7 @@ import pytest
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.deploy import ConfigSnapshot, DeployError, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.adapters.routing import RoutingManifest
+from promshift.adapters.routing import RoutingStore
 from promshift.core.catalog import MetricGroup
 from promshift.core.render import (
     add_remote_write,
@@ -61,7 +61,7 @@ def backends_for(stack: LocalStack, *, target_url: str | None = None) -> Backend
 def make_migration(stack: LocalStack, tmp_path: Path, audit: AuditStore, *,
                    target_url: str | None = None) -> GroupMigration:
     return GroupMigration(small_group(), backends_for(stack, target_url=target_url), audit=audit,
-                          routing=RoutingManifest(tmp_path / "routing.json"), snapshots_dir=tmp_path / "snapshots",
+                          routing=RoutingStore(audit.url), snapshots_dir=tmp_path / "snapshots",
                           run_id=RUN_ID, catalog_dir=default_catalog_path().parent)
 
 
@@ -226,7 +226,7 @@ def test_rollback_is_identical_while_a_prefix_named_group_keeps_dual_writing(
     other_group = dataclasses.replace(small_group(), name=f"{GROUP}-ecc", metrics=("promshift_test_unscraped",),
                                       metric_regex=None)
     other = GroupMigration(other_group, backends_for(local_stack), audit=audit,
-                           routing=RoutingManifest(tmp_path / "routing.json"), snapshots_dir=tmp_path / "snapshots",
+                           routing=RoutingStore(audit.url), snapshots_dir=tmp_path / "snapshots",
                            run_id="manual__earlier-wave")
     other.deploy_dual_write(other.snapshot(now()), now())
 

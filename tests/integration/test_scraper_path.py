@@ -22,7 +22,7 @@ import pytest
 from promshift.adapters.amp_scraper import wait_for
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.adapters.routing import RoutingManifest
+from promshift.adapters.routing import RoutingStore
 from promshift.adapters.snapshot_store import FileSnapshotStore
 from promshift.core.catalog import MetricGroup
 from promshift.core.scraper_config import render_scraper_config
@@ -89,7 +89,7 @@ class Run:
                             target=self.hook.prometheus_client(), source_config_path=str(stack.source_config_path),
                             target_remote_write_url=self.hook.remote_write_url, target_sigv4=self.hook.sigv4)
         self.migration = GroupMigration(self.group, backends, audit=self.audit,
-                                        routing=RoutingManifest(tmp_path / "routing.json"),
+                                        routing=RoutingStore(self.audit.url),
                                         snapshots_dir=tmp_path / "snapshots", run_id=RUN_ID,
                                         catalog_dir=default_catalog_path().parent)
         self.deployer = self.hook.scraper_deployer(self.group.name, self.group.name_regex(),

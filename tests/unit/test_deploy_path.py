@@ -11,7 +11,7 @@ import pytest
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.adapters.routing import RoutingManifest
+from promshift.adapters.routing import RoutingStore
 from promshift.core.deploy import DeployState, InMemoryConfigDeployer, InMemorySnapshotStore
 from promshift.core.quota import QuotaExceeded, assess_quota
 from promshift.core.report import build_report
@@ -71,7 +71,7 @@ def migration(tmp_path: Path) -> Iterator[GroupMigration]:
     backends = Backends(source=dead, target=dead, source_config_path=str(tmp_path / "none.yml"),
                         target_remote_write_url="")
     yield GroupMigration(load_catalog(profile="demo").get(GROUP), backends, audit=audit,
-                         routing=RoutingManifest(tmp_path / "routing.json"), snapshots_dir=tmp_path, run_id=RUN)
+                         routing=RoutingStore(audit.url), snapshots_dir=tmp_path, run_id=RUN)
     audit.engine.dispose()
 
 

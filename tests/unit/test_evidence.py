@@ -165,7 +165,7 @@ def test_gate_round_trip_and_the_audit_form_leaves_the_runs_out() -> None:
 def test_a_nan_and_inf_parity_result_goes_through_gate_audit_and_report(tmp_path: Path) -> None:
     from promshift.adapters.audit_store import AuditStore
     from promshift.adapters.prometheus import PrometheusClient
-    from promshift.adapters.routing import RoutingManifest
+    from promshift.adapters.routing import RoutingStore
     from promshift.core.audit import verify_chain
     from promshift.core.report import build_report, render_markdown
     from promshift.migration import Backends, GroupMigration
@@ -174,7 +174,7 @@ def test_a_nan_and_inf_parity_result_goes_through_gate_audit_and_report(tmp_path
     audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
     unused = PrometheusClient("http://127.0.0.1:9")  # the gate asks no backend
     migration = GroupMigration(load_catalog().get("gpu-memory"), Backends(unused, unused, str(tmp_path / "p.yml"), ""),
-                               audit=audit, routing=RoutingManifest(tmp_path / "routing.json"),
+                               audit=audit, routing=RoutingStore(audit.url),
                                snapshots_dir=tmp_path, run_id="r1")
     at = datetime(2026, 12, 3, 8, tzinfo=UTC)
     # As the gate task gets them: the XCom (to_dict) form.

@@ -16,7 +16,7 @@ import pytest
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.adapters.routing import RoutingManifest
+from promshift.adapters.routing import RoutingStore
 from promshift.core.stages import IllegalTransition, Stage
 from promshift.migration import Backends, GroupMigration
 from promshift.settings import REPO_ROOT, load_catalog
@@ -43,7 +43,7 @@ def migration(tmp_path: Path, audit: AuditStore, run_id: str = RUN_ID) -> GroupM
     backends = Backends(source=PrometheusClient("http://127.0.0.1:9"), target=PrometheusClient("http://127.0.0.1:9"),
                         source_config_path=str(tmp_path / "prometheus.yml"),
                         target_remote_write_url="http://127.0.0.1:9/api/v1/write")
-    return GroupMigration(group, backends, audit=audit, routing=RoutingManifest(tmp_path / "routing.json"),
+    return GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url),
                           snapshots_dir=tmp_path / "snapshots", run_id=run_id)
 
 

@@ -529,6 +529,45 @@ def test_rollback_reason_names_the_failed_gate(dag: Any, audit: AuditStore) -> N
     assert result["reason"] == "parity FAILED (samples: samples failed)"
 
 
+# -- CutoverOperator: the routing state in the audit database the connection names ------------------
+
+
+def test_cutover_routes_in_the_database_the_audit_connection_names(
+        dag: Any, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No PROMSHIFT_AUDIT_URL: connection promshift_audit's extra.url names the database that gets
+    both the cut_over event and the route; an old routing.json under PROMSHIFT_HOME is taken in."""
+    from promshift.adapters.routing import RoutingStore
+
+    url = f"sqlite:///{env / 'named-by-connection.db'}"
+    monkeypatch.delenv("PROMSHIFT_AUDIT_URL")
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_AUDIT", json.dumps(
+        {"conn_type": "generic", "password": "key-from-the-promshift_audit-connection", "extra": {"url": url}}))
+    old = {"read_from": "target", "url": "http://amp/old", "since": "2026-01-01T00:00:00+00:00", "run_id": "old"}
+    (env / "home" / "routing.json").write_text(json.dumps({"groups": {"gpu-ecc": old}}))
+    audit = AuditStore(url, key=b"key-from-the-promshift_audit-connection")
+    seed(audit, UP_TO_CUT_OVER[:-1])
+    result = task(dag, "cutover").execute(make_context())
+    routing = RoutingStore(url).load()["groups"]
+    assert routing == {"gpu-ecc": old, GROUP: result["routing"]}
+    assert routing[GROUP]["read_from"] == "target" and routing[GROUP]["url"] == "http://127.0.0.1:1"
+    [ev] = new_events(audit, UP_TO_CUT_OVER[:-1])
+    assert (ev.kind, ev.stage_to) == ("cut_over", "cut_over")
+    assert ev.evidence_data["routing"] == routing[GROUP]
+    assert ev.evidence_data["manifest"] == f"{url} table promshift_routing"
+    assert not (env / "audit.db").exists() and not (env / "home" / "audit.db").exists()
+    # A retry finds the event and the route, and writes neither again.
+    assert task(dag, "cutover").execute(make_context()) == result
+    assert RoutingStore(url).version(GROUP) == 1 and len(audit.events(group=GROUP)) == len(UP_TO_CUT_OVER)
+
+
+def test_a_corrupt_old_routing_manifest_does_not_stop_a_step(
+        dag: Any, audit: AuditStore, env: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (env / "home" / "routing.json").write_text('{"groups": {"gpu-memory": ')
+    seed(audit, UP_TO_CUT_OVER[:-1])
+    assert task(dag, "cutover").execute(make_context())["routing"]["read_from"] == "target"
+    assert "old routing manifest not imported" in caplog.text
+
+
 # -- ValidateGroupOperator ---------------------------------------------------------------------------
 
 

@@ -1,52 +1,195 @@
-"""The routing manifest: which backend serves each metric group's reads."""
+"""The routing state: which backend serves each metric group's reads, one row per group in the audit database.
+
+Each change is one transaction holding one statement on the group's own row (``INSERT ... ON CONFLICT
+DO UPDATE``, SQLite and PostgreSQL only), so two groups cutting over at once on different workers both
+keep their entry, and two writers of one group both count: there is no read-modify-write. The table lives in
+the audit database (``PROMSHIFT_AUDIT_URL``, else the Airflow connection ``promshift_audit``'s
+``extra.url`` in the Airflow shell, else SQLite under ``PROMSHIFT_HOME``): every worker reaches it.
+
+``routing.json`` under ``PROMSHIFT_HOME`` is no longer written or read by the migration; an old file can
+be taken into the store once with ``RoutingStore.import_manifest`` (entries the store already holds win).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import tempfile
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Column, Integer, MetaData, String, Table, inspect, make_url, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from promshift.adapters.audit_store import default_audit_url, open_engine, redacted, short_error
 from promshift.settings import state_home
 
+log = logging.getLogger(__name__)
 
-def default_routing_path() -> Path:
+READ_FROM = ("source", "target")
+# Both have INSERT ... ON CONFLICT DO UPDATE, the one statement each change is.
+DIALECTS = ("postgresql", "sqlite")
+
+metadata = MetaData()
+
+routing_table = Table(
+    "promshift_routing",
+    metadata,
+    Column("group_name", String(128), primary_key=True),
+    Column("read_from", String(16), nullable=False),
+    Column("url", String(2048), nullable=False),
+    Column("run_id", String(256), nullable=False),
+    # ISO text, as the audit events keep ``at``: the route's own time ("since") and the write's wall clock.
+    Column("since", String(40), nullable=False),
+    Column("updated_at", String(40), nullable=False),
+    # How many times the row was written: 1 on the first route.
+    Column("version", Integer, nullable=False),
+)
+
+
+def legacy_manifest_path() -> Path:
+    """Where the JSON routing manifest used to live (read only by ``import_manifest``)."""
     return state_home() / "routing.json"
 
 
 class RoutingError(RuntimeError):
-    """The routing manifest cannot be read (not JSON, or not ``{"groups": {...}}``); it is never overwritten."""
+    """The routing state cannot be read or written (database unreachable, table missing, corrupt file)."""
 
 
-class RoutingManifest:
-    """A JSON file mapping group -> {read_from, url, since, run_id}; written atomically."""
+def _route_of(row: Any) -> dict[str, Any]:
+    return {"read_from": row.read_from, "url": row.url, "since": row.since, "run_id": row.run_id}
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path) if path else default_routing_path()
 
-    def load(self) -> dict[str, Any]:
-        if not self.path.exists():
-            return {"groups": {}}
+class RoutingStore:
+    """group -> {read_from, url, since, run_id}, one row per group in the audit database.
+
+    The table is created when the store is opened, never afterwards: if it disappears, every
+    call raises ``RoutingError`` rather than starting over with no routes.
+    """
+
+    def __init__(self, url: str | None = None, *, engine: Engine | None = None) -> None:
+        self.url = url or default_audit_url()
+        self.where = f"{redacted(self.url)} table {routing_table.name}"
+        if (backend := make_url(self.url).get_backend_name()) not in DIALECTS:
+            raise RoutingError(f"routing store {self.where}: {backend} is not supported "
+                               f"(use {' or '.join(DIALECTS)})")
         try:
-            data = json.loads(self.path.read_bytes())
-        except (OSError, ValueError) as exc:
-            raise RoutingError(f"routing manifest {self.path} is unreadable or corrupt: {exc}") from exc
-        if not isinstance(data, dict) or not isinstance(data.get("groups"), dict) or not all(
-                isinstance(v, dict) for v in data["groups"].values()):
-            raise RoutingError(f'routing manifest {self.path} is not {{"groups": {{group: route}}}}')
-        return data
+            self.engine = engine or open_engine(self.url, create=True)
+            self._create_table()
+        except SQLAlchemyError as exc:
+            raise RoutingError(f"routing store {self.where} cannot be opened: {short_error(exc)}") from None
 
-    def route(self, group: str, *, read_from: str, url: str, at: datetime, run_id: str) -> dict[str, Any]:
-        data = self.load()
-        data["groups"][group] = {"read_from": read_from, "url": url, "since": at.isoformat(), "run_id": run_id}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".routing-")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
-        os.replace(tmp, self.path)
-        return data["groups"][group]
+    def _create_table(self) -> None:
+        try:
+            metadata.create_all(self.engine)
+        except SQLAlchemyError:
+            # Another worker created it between the check and the CREATE.
+            if not inspect(self.engine).has_table(routing_table.name):
+                raise
+
+    def _fail(self, exc: SQLAlchemyError) -> RoutingError:
+        return RoutingError(f"routing store {self.where} is unreadable or corrupt: {short_error(exc)}")
+
+    # -- reads ----------------------------------------------------------------------------------
+    def load(self) -> dict[str, Any]:
+        """``{"groups": {group: {read_from, url, since, run_id}}}`` (the old manifest's shape)."""
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(select(routing_table).order_by(routing_table.c.group_name)).all()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return {"groups": {r.group_name: _route_of(r) for r in rows}}
+
+    def get(self, group: str) -> dict[str, Any] | None:
+        """The group's route, or None if it was never routed."""
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execute(select(routing_table).where(routing_table.c.group_name == group)).first()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return _route_of(row) if row else None
 
     def read_from(self, group: str) -> str:
-        return self.load()["groups"].get(group, {}).get("read_from", "source")
+        route = self.get(group)
+        return route["read_from"] if route else "source"
+
+    def version(self, group: str) -> int:
+        """How many times the group's row was written (0: never routed)."""
+        try:
+            with self.engine.connect() as conn:
+                v = conn.execute(select(routing_table.c.version)
+                                 .where(routing_table.c.group_name == group)).scalar()
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return int(v or 0)
+
+    # -- the one write --------------------------------------------------------------------------
+    def route(self, group: str, *, read_from: str, url: str, at: datetime, run_id: str) -> dict[str, Any]:
+        """Point the group's reads at ``read_from`` in one transaction on its own row; returns the route."""
+        if read_from not in READ_FROM:
+            raise ValueError(f"read_from must be one of {', '.join(READ_FROM)}, got {read_from!r}")
+        values = {"group_name": group, "read_from": read_from, "url": url, "run_id": run_id,
+                  "since": at.isoformat(), "updated_at": datetime.now(UTC).isoformat()}
+        try:
+            with self.engine.begin() as conn:
+                self._upsert(conn, values)
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        return {"read_from": read_from, "url": url, "since": values["since"], "run_id": run_id}
+
+    def _upsert(self, conn: Connection, values: dict[str, Any]) -> None:
+        """INSERT ... ON CONFLICT (group_name) DO UPDATE: one atomic statement on the group's row."""
+        t = routing_table
+        stmt = self._insert(conn.dialect.name, {**values, "version": 1})
+        changed = {k: stmt.excluded[k] for k in values if k != "group_name"}
+        conn.execute(stmt.on_conflict_do_update(index_elements=[t.c.group_name],
+                                                set_={**changed, "version": t.c.version + 1}))
+
+    @staticmethod
+    def _insert(dialect: str, values: dict[str, Any]) -> Any:
+        if dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert
+        return insert(routing_table).values(**values)
+
+    # -- the old JSON manifest ------------------------------------------------------------------
+    def import_manifest(self, path: str | os.PathLike[str] | None = None) -> list[str]:
+        """Take the groups of an old ``routing.json`` that the store does not hold yet; returns their names.
+
+        Groups already in the store keep their row (the store is newer than any file). The file is
+        left as it was; a missing file imports nothing.
+        """
+        path = Path(path) if path else legacy_manifest_path()
+        if not path.exists():
+            return []
+        try:
+            data = json.loads(path.read_bytes())
+            groups = data["groups"]
+            if not isinstance(groups, dict) or not all(isinstance(v, dict) for v in groups.values()):
+                raise ValueError('not {"groups": {group: route}}')
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RoutingError(f"routing manifest {path} is unreadable or corrupt: {exc}") from None
+        taken: list[str] = []
+        try:
+            for group, route in sorted(groups.items()):
+                values = {"group_name": group, "read_from": route["read_from"], "url": route.get("url", ""),
+                          "run_id": route.get("run_id", ""), "since": route.get("since", ""),
+                          "updated_at": datetime.now(UTC).isoformat(), "version": 1}
+                with self.engine.begin() as conn:
+                    # A row already there (routed, or imported by another worker first) wins.
+                    # (RETURNING: the driver's rowcount is not reliable here; a skipped row returns nothing.)
+                    if conn.execute(self._insert(conn.dialect.name, values).on_conflict_do_nothing(
+                            index_elements=[routing_table.c.group_name])
+                            .returning(routing_table.c.group_name)).first() is not None:
+                        taken.append(group)
+        except SQLAlchemyError as exc:
+            raise self._fail(exc) from None
+        except KeyError as exc:
+            raise RoutingError(f"routing manifest {path} has a route without {exc}") from None
+        if taken:
+            log.info("routing: imported %s group(s) from the old manifest %s into %s: %s",
+                     len(taken), path, self.where, ", ".join(taken))
+        return taken

@@ -209,12 +209,11 @@ def send(policy: NotifyPolicy, notice: notices.Notice, context: Mapping[str, Any
 
 
 def _record(step: Any, context: Mapping[str, Any], evidence: Mapping[str, Any]) -> None:
-    from promshift.adapters.audit_store import AuditStore
     from promshift.migration import NOTIFIED, record_event
-    from promshift.orchestration.operators import audit_key
+    from promshift.orchestration.operators import audit_store
 
     publish = getattr(step, "_publish_audit_head", None)
-    audit = AuditStore(key=audit_key(), on_head=(lambda head: publish(context, head)) if publish else None)
+    audit = audit_store(on_head=(lambda head: publish(context, head)) if publish else None)
     record_event(audit, group_name=step.group.name, run_id=str(context["run_id"]), kind=NOTIFIED, evidence=evidence,
                  now=datetime.now(UTC))
 

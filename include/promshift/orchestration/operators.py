@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -25,6 +26,8 @@ TARGET_CONN = "promshift_target"
 # never in the audit database.
 AUDIT_CONN = "promshift_audit"
 
+log = logging.getLogger(__name__)
+
 
 def _now() -> datetime:
     return datetime.now(UTC)
@@ -45,6 +48,73 @@ def audit_key() -> bytes | None:
     if not conn.password:
         raise AirflowFailException(f"connection {AUDIT_CONN!r} has no password; it must hold the audit key")
     return check_key(conn.password.encode())
+
+
+def audit_url() -> str:
+    """The SQLAlchemy URL of the audit database, which also holds the routing state.
+
+    ``PROMSHIFT_AUDIT_URL`` if set (an override), else connection ``promshift_audit``'s
+    ``extra.url`` (e.g. ``postgresql+psycopg://promshift:...@db:5432/promshift``), else SQLite
+    under ``PROMSHIFT_HOME`` (one worker only: the demo). Not the connection's own URI: its
+    password is the audit HMAC key, which must never be a database password. The URL's password
+    is registered with Airflow's secrets masker and every log line shows the URL redacted.
+    """
+    import os
+
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+    from airflow.sdk.log import mask_secret
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from promshift.adapters.audit_store import default_audit_url, redacted
+
+    def masked(url: str, where: str) -> str:
+        try:
+            parsed = make_url(url)
+        except ArgumentError:
+            raise AirflowFailException(f"{where} is not a SQLAlchemy database URL") from None
+        if parsed.password:
+            mask_secret(str(parsed.password))
+        log.info("audit database (from %s): %s", where, redacted(url))
+        return url
+
+    env = os.environ.get("PROMSHIFT_AUDIT_URL")
+    if env:
+        return masked(env, "PROMSHIFT_AUDIT_URL")
+    try:
+        conn = BaseHook.get_connection(AUDIT_CONN)
+    except AirflowNotFoundException:
+        conn = None
+    url = conn.extra_dejson.get("url") if conn is not None else None
+    if url is not None:
+        if not isinstance(url, str) or not url:
+            raise AirflowFailException(f"connection {AUDIT_CONN!r}: extra.url must be a SQLAlchemy URL string")
+        return masked(url, f"connection {AUDIT_CONN!r} extra.url")
+    url = default_audit_url()
+    log.info("audit database (default, SQLite under PROMSHIFT_HOME): %s", redacted(url))
+    return url
+
+
+def audit_store(on_head: Any = None) -> Any:
+    """The audit store of the Airflow shell: ``audit_url()`` with ``audit_key()``."""
+    from promshift.adapters.audit_store import AuditStore
+
+    return AuditStore(audit_url(), key=audit_key(), on_head=on_head)
+
+
+def routing_store(audit: Any) -> Any:
+    """The routing state in the audit store's own database (and engine); an old ``routing.json``
+    under ``PROMSHIFT_HOME`` is taken in once, for groups the store does not hold yet (an unreadable
+    old file is logged and ignored: it must not stop a step, least of all a rollback)."""
+    from promshift.adapters.routing import RoutingError, RoutingStore
+
+    routing = RoutingStore(audit.url, engine=audit.engine)
+    try:
+        routing.import_manifest()
+    except RoutingError as exc:
+        log.warning("old routing manifest not imported: %s", exc)
+    return routing
 
 
 def _iso(value: Any) -> str | None:
@@ -207,15 +277,13 @@ class _GroupStep:
         return LoadedConfigTrigger(source_conn_id=self.source_conn_id, result=result)
 
     def migration(self, context: Any) -> Any:
-        from promshift.adapters.audit_store import AuditStore
-        from promshift.adapters.routing import RoutingManifest
         from promshift.migration import GroupMigration
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
         from promshift.settings import snapshots_dir, snapshots_url
 
         backends = self.backends()
-        audit = AuditStore(key=audit_key(), on_head=lambda head: self._publish_audit_head(context, head))
-        return GroupMigration(self.group, backends, audit=audit, routing=RoutingManifest(),
+        audit = audit_store(on_head=lambda head: self._publish_audit_head(context, head))
+        return GroupMigration(self.group, backends, audit=audit, routing=routing_store(audit),
                               snapshots_dir=snapshots_dir(), run_id=context["run_id"],
                               catalog_dir=Path(self.catalog_path).parent,
                               snapshot_blobs=ObjectStorageBlobs(snapshots_url()))
@@ -295,7 +363,6 @@ class ValidateGroupOperator(GroupStepOperator):
             raise AirflowSkipException(str(exc)) from exc
 
     def _record_failure(self, context: Any, exc: Exception) -> None:
-        from promshift.adapters.audit_store import AuditStore
         from promshift.migration import record_validation_failed
         from promshift.orchestration.hooks import PrometheusHook
 
@@ -304,7 +371,7 @@ class ValidateGroupOperator(GroupStepOperator):
             config_path = source.extra.get("config_path") if isinstance(source, PrometheusHook) else None
         except Exception:  # the source connection itself may be what failed
             config_path = None
-        audit = AuditStore(key=audit_key(), on_head=lambda head: self._publish_audit_head(context, head))
+        audit = audit_store(on_head=lambda head: self._publish_audit_head(context, head))
         reason = record_validation_failed(audit, group_name=self.group.name, run_id=context["run_id"], exc=exc,
                                           now=_now(), source_config_path=config_path)
         self.log.error("validation failed: %s", reason)
