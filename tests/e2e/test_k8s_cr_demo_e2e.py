@@ -61,6 +61,8 @@ def test_k8s_cr_demo_cuts_over_through_the_prometheus_resource(amp_env: Path, ca
     history = deploy["status_history"]
     assert history and history[0]["status"] == "CR_UPDATED" and history[-1]["status"] == "LIVE", history
     assert all(change["at"] for change in history)
+    # The target is an AMP workspace: the quota pre-flight ran before the resource was written.
+    assert deploy["quota"]["group_series"] > 0 and deploy["quota"]["limit"] > 0, deploy
     assert report["parity"]["verdict"] == "SUCCESSFUL" and report["latency"]["verdict"] == "SUCCESSFUL"
     assert report["target"]["kind"] == "amp" and report["target"]["sigv4_rejected"] == 0
 
