@@ -11,7 +11,9 @@ GROUP ?= gpu-utilization
 TARGET ?= prometheus
 # HISTORY=24h: backfill that much of the group's history on both sides first, time the production windows.
 HISTORY ?=
-# DEPLOY=scraper (with TARGET=amp): AMP's managed collector writes the group instead of a remote_write entry.
+# DEPLOY=scraper (with TARGET=amp): AMP's managed collector writes the group instead of a remote_write entry;
+# DEPLOY=k8s-cr (with TARGET=amp): the entry goes into prometheus-operator's Prometheus resource on a local
+# Kubernetes API contract server (not a cluster), whose operator stand-in renders it onto the source.
 DEPLOY ?= remote_write
 export PROMSHIFT_HOME ?= $(CURDIR)/.state
 

@@ -15,6 +15,14 @@ deployed and the source config byte-identical (its sha256 is printed before and 
 history (backfilled with promtool, as if dual-write had been running), and the catalog profile
 ``demo-history`` times the production latency windows (1h/6h/12h/24h) instead of ``demo``'s
 seconds-long ones.
+
+``--deploy scraper`` (AMP only): AMP's managed collector writes the group (the local scraper API's
+collector) instead of a ``remote_write`` entry in the source's config. ``--deploy k8s-cr`` (AMP only):
+the source is run as if by prometheus-operator on Kubernetes: the stack's ``k8s`` component (a
+Kubernetes API contract server, not a cluster) holds the ``Prometheus`` resource ``monitoring/k8s`` and
+renders its ``spec.remoteWrite`` onto the source; Airflow's source connection says ``extra.deploy:
+k8s-cr`` with a kubeconfig, so the group's entry is added to and removed from the resource through
+``KubernetesHook``, never by editing the file.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ from promshift.core.report import (
     source_config_line,
     target_line,
 )
-from promshift.deploy_path import DEPLOY_KINDS, REMOTE_WRITE
+from promshift.deploy_path import DEPLOY_KINDS, K8S_CR, REMOTE_WRITE, SCRAPER
 from promshift.local_airflow import APPROVER_USERS, TRIGGER_USER, LocalAirflow
 from promshift.orchestration.report_store import render_report_files
 from promshift.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
@@ -69,6 +77,10 @@ AIRFLOW_START_TIMEOUT_S = 420.0
 APPROVAL_AFTER_POLLS = 3  # Airflow is polled every 3 s
 # demo-history's latency probe may run 5 minutes instead of 3, and times 4 long windows.
 HISTORY_TIMEOUT_S = 720.0
+# What --deploy takes: the target's deploys, and the source's prometheus-operator resource (the stack's k8s component).
+DEMO_DEPLOY_KINDS = (*DEPLOY_KINDS, K8S_CR)
+# How long the deploy waits for the operator stand-in and the source's reload (LoadedConfigTrigger's deadline).
+K8S_TIMEOUT_S = 120.0
 
 
 class TargetWriteGap:
@@ -177,7 +189,9 @@ def target_connection(stack: LocalStack, scenario: str, deploy: str = REMOTE_WRI
     credentials in it) and the ``AWS_*`` pair (for ``bad-credentials``, a secret the local AWS refuses).
 
     ``deploy="scraper"``: the connection asks for AMP's managed collector (``extra.deploy``) and names the
-    cluster it would scrape (``extra.scraper``); locally the stack's collector scrapes the fleet."""
+    cluster it would scrape (``extra.scraper``); locally the stack's collector scrapes the fleet. For
+    ``deploy="k8s-cr"`` the target connection is the plain one (its deploy stays ``remote_write``): the
+    source connection says how its config is changed (``source_connection``)."""
     if stack.config.target_kind != "amp":
         return ({"conn_type": "prometheus", "host": stack.target_url,
                  "extra": {"base_url": stack.target_url, "remote_write_url": stack.target_remote_write_url}}, {})
@@ -187,10 +201,20 @@ def target_connection(stack: LocalStack, scenario: str, deploy: str = REMOTE_WRI
         log.warning("bad-credentials: Airflow signs with the right access key id but another secret; the local "
                     "AWS must refuse every signature, and nothing may be deployed")
     extra: dict[str, Any] = dict(stack.amp_connection_extra())
-    if deploy != REMOTE_WRITE:
+    if deploy == SCRAPER:
         extra["deploy"] = deploy
         extra["scraper"] = stack.scraper_extra()
     return {"conn_type": "amp", "extra": extra}, env
+
+
+def source_connection(stack: LocalStack, deploy: str = REMOTE_WRITE) -> dict[str, Any]:
+    """Airflow's source connection: the config file's path, or for ``k8s-cr`` the ``Prometheus`` resource the
+    stack's contract server holds and the kubeconfig reaching it (no file path: a worker pod could not see it)."""
+    if deploy == K8S_CR:
+        return {"conn_type": "prometheus", "host": stack.source_url,
+                "extra": {"deploy": K8S_CR, "kubernetes": stack.kubernetes_source_extra(timeout_s=K8S_TIMEOUT_S)}}
+    return {"conn_type": "prometheus", "host": stack.source_url,
+            "extra": {"config_path": str(stack.source_config_path)}}
 
 
 def local_amp_credentials_problem() -> str | None:
@@ -224,6 +248,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     ``target_kind="amp"``: the target is the local AWS's workspace, reached through its SigV4 front door.
     ``deploy="scraper"`` (AMP only): the group is written by the workspace's managed collector (the local
     scraper API's collector) instead of a ``remote_write`` entry in the source's config.
+    ``deploy="k8s-cr"`` (AMP only): the entry goes into the ``Prometheus`` resource of the stack's Kubernetes
+    contract server, whose operator stand-in renders it onto the source.
 
     With ``history_s``, source and target first get that much of the group's history (one
     sample every ``history_interval_s``) and the ``demo-history`` profile is used.
@@ -233,7 +259,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
     if scenario in AMP_ONLY_SCENARIOS and target_kind != "amp":
         raise ValueError(f"scenario {scenario!r} needs the AMP target (--target amp / TARGET=amp)")
-    config = StackConfig.from_env(nodes=nodes, target_kind=target_kind)
+    config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=deploy == K8S_CR)
     stack = LocalStack(config)
     profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
     catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
@@ -246,8 +272,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
             raise ValueError(f"group {group_name!r} claims none of the metrics the fleet simulator renders")
     if target_kind == "amp" and (problem := local_amp_credentials_problem()):
         raise ValueError(problem)
-    if deploy not in DEPLOY_KINDS:
-        raise ValueError(f"deploy must be one of {', '.join(DEPLOY_KINDS)}, got {deploy!r}")
+    if deploy not in DEMO_DEPLOY_KINDS:
+        raise ValueError(f"deploy must be one of {', '.join(DEMO_DEPLOY_KINDS)}, got {deploy!r}")
     if deploy != REMOTE_WRITE and target_kind != "amp":
         raise ValueError(f"deploy {deploy!r} needs the AMP target (--target amp / TARGET=amp)")
     if timeout_s is None:
@@ -277,14 +303,14 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     audit_url = f"sqlite:///{config.home / 'audit.db'}"
     # The audit HMAC key: the environment's, else a 0600 file under PROMSHIFT_HOME (never printed).
     key_env = local_audit_key_env(config.home)
-    source_conn = {"conn_type": "prometheus", "host": stack.source_url,
-                   "extra": {"config_path": str(stack.source_config_path)}}
+    source_conn = source_connection(stack, deploy)
     # Credentials reach Airflow only through its environment: never the connection JSON, never printed.
     target_conn, aws_env = target_connection(stack, scenario, deploy)
-    if deploy == "scraper":
+    if deploy == SCRAPER:
         # The demo's short timings, as for its latency windows: the local collector scrapes at the source's
         # interval instead of the blob's 30 s, or the demo's minute-long parity window holds one or two points.
         stack.set_aws_faults(scraper={"collector_scrape_interval_s": parse_duration(config.scrape_interval)})
+    if deploy != REMOTE_WRITE:
         # The quota pre-flight reads the workspace's active series from CloudWatch (AWS vends it; locally seeded).
         log.info("workspace usage seeded for the quota pre-flight: %s", stack.publish_usage())
     sha_before = config_sha256(stack.source_config_path)
@@ -396,9 +422,11 @@ def main(argv: list[str] | None = None) -> int:
                              f"{HISTORY_PROFILE!r}")
     parser.add_argument("--history-interval", type=_duration, default=300.0, metavar="DURATION",
                         help="sample interval of the backfilled history (default 5m, at most 5m)")
-    parser.add_argument("--deploy", choices=DEPLOY_KINDS, default=REMOTE_WRITE,
+    parser.add_argument("--deploy", choices=DEMO_DEPLOY_KINDS, default=REMOTE_WRITE,
                         help="scraper (--target amp only): AMP's managed collector writes the group instead of a "
-                             "remote_write entry in the source's config")
+                             "remote_write entry in the source's config; k8s-cr (--target amp only): the entry goes "
+                             "into prometheus-operator's Prometheus resource on the stack's Kubernetes API contract "
+                             "server (not a cluster), whose operator stand-in renders it onto the source")
     args = parser.parse_args(argv)
     if args.deploy != REMOTE_WRITE and args.target != "amp":
         parser.error(f"--deploy {args.deploy} needs --target amp")

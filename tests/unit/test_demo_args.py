@@ -16,16 +16,25 @@ def test_deploy_scraper_needs_the_amp_target(capsys: pytest.CaptureFixture[str])
     assert "--deploy scraper needs --target amp" in capsys.readouterr().err
 
 
-def test_unknown_deploy_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+def test_deploy_k8s_cr_needs_the_amp_target(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["--deploy", "k8s-cr", "--target", "amp"])
+        main(["--deploy", "k8s-cr"])
     assert exit_info.value.code == 2
-    assert "invalid choice: 'k8s-cr'" in capsys.readouterr().err
+    assert "--deploy k8s-cr needs --target amp" in capsys.readouterr().err
+
+
+def test_unknown_deploy_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    # The demo's stack has a Prometheus resource, not a ConfigMap: k8s-configmap is not a demo deploy.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--deploy", "k8s-configmap", "--target", "amp"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'k8s-configmap'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("deploy", "target", "message"), [
     ("scraper", "prometheus", "deploy 'scraper' needs the AMP target"),
-    ("ftp", "amp", "deploy must be one of remote_write, scraper, got 'ftp'"),
+    ("k8s-cr", "prometheus", "deploy 'k8s-cr' needs the AMP target"),
+    ("ftp", "amp", "deploy must be one of remote_write, scraper, k8s-cr, got 'ftp'"),
 ])
 def test_run_demo_refuses_before_touching_the_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deploy: str,
                                                     target: str, message: str) -> None:
@@ -36,3 +45,45 @@ def test_run_demo_refuses_before_touching_the_stack(tmp_path: Path, monkeypatch:
         run_demo(group_name="gpu-utilization", scenario="happy", nodes=2, airflow_port=1, report_root=tmp_path,
                  target_kind=target, deploy=deploy)
     assert not (tmp_path / "state").exists()  # nothing was reset or started
+
+
+class _Stack:
+    """What the demo's connection builders read from a running AMP stack with the k8s component."""
+
+    class config:  # noqa: N801 - LocalStack.config's attributes
+        target_kind = "amp"
+
+    source_url = "http://127.0.0.1:19090"
+    source_config_path = Path("/state/source/prometheus.yml")
+
+    def aws_env(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "example"}
+
+    def amp_connection_extra(self) -> dict[str, str]:
+        return {"region_name": "us-east-1", "workspace_id": "ws-1", "endpoint_url": "http://127.0.0.1:14566"}
+
+    def scraper_extra(self) -> dict[str, str]:
+        raise AssertionError("k8s-cr must not ask for a managed collector")
+
+    def kubernetes_source_extra(self, timeout_s: float) -> dict[str, object]:
+        return {"namespace": "monitoring", "name": "k8s", "config_file": "/state/k8s/kubeconfig.json",
+                "timeout_s": timeout_s}
+
+
+def test_k8s_cr_puts_the_resource_on_the_source_connection_and_keeps_the_targets_remote_write() -> None:
+    from promshift.demo import K8S_TIMEOUT_S, source_connection, target_connection
+    from promshift.deploy_path import deploy_kind_of, kubernetes_source_of
+
+    stack = _Stack()
+    source = source_connection(stack, "k8s-cr")  # type: ignore[arg-type]
+    target, _env = target_connection(stack, "happy", "k8s-cr")  # type: ignore[arg-type]
+    assert "config_path" not in source["extra"]  # a worker pod could not see the file: only the resource
+    assert "deploy" not in target["extra"] and "scraper" not in target["extra"]
+    assert deploy_kind_of(target["extra"], conn_id="promshift_target", is_amp=True,
+                          source_extra=source["extra"]) == "k8s-cr"
+    k8s = kubernetes_source_of(source["extra"])
+    assert k8s is not None and (k8s.namespace, k8s.name, k8s.timeout_s) == ("monitoring", "k8s", K8S_TIMEOUT_S)
+    assert k8s.config_file == "/state/k8s/kubeconfig.json"
+    plain = source_connection(stack)  # type: ignore[arg-type]
+    assert plain["extra"] == {"config_path": "/state/source/prometheus.yml"}
+    assert kubernetes_source_of(plain["extra"]) is None

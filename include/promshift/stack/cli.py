@@ -36,6 +36,9 @@ def add_stack_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         default="prometheus",
         help="amp: also a local AWS (moto control plane, SigV4-checking front door, vmagent signing relay)",
     )
+    up.add_argument("--k8s", action="store_true",
+                    help="also the Kubernetes API contract server with a prometheus-operator stand-in that renders "
+                         "the Prometheus resource monitoring/k8s onto the source (a contract test, not a cluster)")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     up.set_defaults(handler=stack_up)
 
@@ -129,7 +132,8 @@ def stack_drift(args: argparse.Namespace) -> int:
 def stack_up(args: argparse.Namespace) -> int:
     """Handle ``stack up``."""
     target_kind = getattr(args, "target", None) or "prometheus"
-    stack = LocalStack(StackConfig.from_env(nodes=getattr(args, "nodes", None), target_kind=target_kind))
+    stack = LocalStack(StackConfig.from_env(nodes=getattr(args, "nodes", None), target_kind=target_kind,
+                                            kubernetes=bool(getattr(args, "k8s", False))))
     try:
         if getattr(args, "fresh", False):
             stack.reset()
@@ -143,6 +147,8 @@ def stack_up(args: argparse.Namespace) -> int:
     print(f"remote write:      {stack.target_remote_write_url}")
     print(f"source config:     {stack.source_config_path}")
     print(f"mail sink:         smtp://127.0.0.1:{stack.smtp_port}  (messages kept under {stack.mail_dir})")
+    if stack.config.kubernetes:
+        print(f"kubernetes API:    {stack.kubernetes_url}  (contract server; kubeconfig {stack.kubeconfig_path})")
     if target_kind == "amp":
         # Names and URLs only: the credential pair is never printed.
         print(f"AMP control plane: {stack.aws_url}  (boto3 amp client endpoint_url, region {stack.config.region})")

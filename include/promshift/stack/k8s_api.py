@@ -36,15 +36,25 @@ deployer really has to wait for the reload):
 
 Tests may change stored objects directly (``edit``), or just before a write is served
 (``before_write``), to play another writer.
+
+``python -m promshift.stack.k8s_api`` runs the server and the operator stand-in as one process: the
+local stack's ``k8s`` component (``promshift stack up --k8s``; ``make demo TARGET=amp DEPLOY=k8s-cr``).
+At start it moves the local source's config under the operator: the file's own text without its
+``remote_write`` entries becomes the operator's base (scrape configs, globals, comments), the entries
+become the ``Prometheus`` resource's ``spec.remoteWrite`` (in the operator's spelling), so the first
+render is the source's config again. It then writes ``kubeconfig.json`` (what ``KubernetesHook`` takes
+as ``config_file``) and ``api.json`` (where it listens, its pid, the resource) under ``--state-dir``.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import logging
 import os
 import re
+import signal
 import tempfile
 import threading
 import time
@@ -55,10 +65,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import kubernetes.client.models as k8s_models
+import yaml
 from kubernetes.client import ApiClient
 
-from promshift.adapters.k8s_deploy import config_remote_write_entry
-from promshift.core.render import add_remote_write
+from promshift.adapters.k8s_deploy import config_remote_write_entry, cr_remote_write_entry
+from promshift.core.render import add_remote_write, remove_remote_write
 
 log = logging.getLogger(__name__)
 
@@ -607,3 +618,129 @@ class OperatorStandIn(_FileApplier):
     def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> None:
         if (kind, ns, name) == self.target:
             self.want(self.render(obj))
+
+
+# -- the local stack's component: ``python -m promshift.stack.k8s_api`` --------------------------------------------
+
+HOST = "127.0.0.1"
+ADDRESS_FILE = "api.json"
+KUBECONFIG_FILE = "kubeconfig.json"
+DEFAULT_NAMESPACE, DEFAULT_NAME = "monitoring", "k8s"
+# The token the kubeconfig carries: the contract server checks no credentials (there is no cluster to protect).
+LOCAL_TOKEN = "promshift-local-contract-server"
+
+
+def split_source_config(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """The source's config as the operator's base (its own text without ``remote_write`` entries) and those
+    entries as ``RemoteWriteSpec`` s, in order. An unnamed entry cannot be moved (nothing could remove it
+    from the text by name): ValueError."""
+    loaded = yaml.safe_load(text) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError("the source config is not a YAML mapping")
+    entries = loaded.get("remote_write") or []
+    base, specs = text, []
+    for i, entry in enumerate(entries):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not name:
+            raise ValueError(f"remote_write[{i}] has no name; name it before moving the config under the operator")
+        base = remove_remote_write(base, str(name))
+        specs.append(cr_remote_write_entry(entry))
+    return base, specs
+
+
+def prometheus_resource(namespace: str, name: str, remote_write: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``Prometheus`` resource the component starts with (no ``spec.remoteWrite`` when there is none)."""
+    return {"apiVersion": _API_VERSION[PROMETHEUSES], "kind": _KIND[PROMETHEUSES],
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "promshift-local-stack"}},
+            "spec": {"remoteWrite": remote_write} if remote_write else {}}
+
+
+def kubeconfig(server_url: str, namespace: str) -> dict[str, Any]:
+    """A kubeconfig naming the contract server (plain HTTP on the loopback, a fixed local token)."""
+    return {"apiVersion": "v1", "kind": "Config", "current-context": "promshift-local",
+            "clusters": [{"name": "promshift-local", "cluster": {"server": server_url}}],
+            "users": [{"name": "promshift", "user": {"token": LOCAL_TOKEN}}],
+            "contexts": [{"name": "promshift-local",
+                          "context": {"cluster": "promshift-local", "user": "promshift", "namespace": namespace}}]}
+
+
+def _write_json(path: Path, document: Mapping[str, Any], mode: int = 0o600) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(document, fh, indent=2)
+        fh.write("\n")
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read_address(state_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What a running component wrote to ``api.json`` (url, port, pid, kubeconfig, namespace, name), or None."""
+    try:
+        data = json.loads((Path(state_dir) / ADDRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m promshift.stack.k8s_api",
+                                     description="The local Kubernetes API contract server with the prometheus-"
+                                                 "operator stand-in over the local source Prometheus (not a cluster).")
+    parser.add_argument("--state-dir", required=True, type=Path, help="where api.json and kubeconfig.json go")
+    parser.add_argument("--port", type=int, default=0, help=f"port on {HOST} (0: any free one, see api.json)")
+    parser.add_argument("--config", required=True, type=Path, help="the source Prometheus's config file")
+    parser.add_argument("--prometheus", required=True, help="the source Prometheus's URL (POST /-/reload)")
+    parser.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    parser.add_argument("--name", default=DEFAULT_NAME, help="the Prometheus resource's name")
+    parser.add_argument("--delay", type=float, default=0.5, help="seconds before the operator applies a change")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    state_dir = args.state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / ADDRESS_FILE).unlink(missing_ok=True)  # a dead server's address must not pass for ours
+    try:
+        base, remote_write = split_source_config(args.config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"k8s-api: cannot take over {args.config}: {exc}", flush=True)
+        return 1
+    try:
+        server = K8sApiServer(HOST, args.port)
+    except OSError as exc:
+        print(f"k8s-api: cannot listen on {HOST}:{args.port}: {exc}", flush=True)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    operator = OperatorStandIn(server, namespace=args.namespace, name=args.name, base_config=base,
+                               config_path=args.config, prometheus_url=args.prometheus, delay_s=args.delay)
+    try:
+        server.create(PROMETHEUSES, args.namespace, args.name,
+                      prometheus_resource(args.namespace, args.name, remote_write))
+        # Ready once the operator has rendered the resource onto the source and the source reloaded it.
+        deadline = time.monotonic() + 60
+        while not operator.applied and not operator.errors and time.monotonic() < deadline and not stop.is_set():
+            time.sleep(0.05)
+        if not operator.applied:
+            print(f"k8s-api: the operator stand-in could not render onto {args.config}: "
+                  f"{'; '.join(operator.errors) or 'no reload within 60s'}", flush=True)
+            return 1
+        kube_path = state_dir / KUBECONFIG_FILE
+        _write_json(kube_path, kubeconfig(server.base_url, args.namespace))
+        _write_json(state_dir / ADDRESS_FILE, {
+            "url": server.base_url, "port": int(server.base_url.rsplit(":", 1)[1]), "pid": os.getpid(),
+            "kubeconfig": str(kube_path), "namespace": args.namespace, "name": args.name,
+            "config": str(args.config.resolve())}, mode=0o644)
+        print(f"k8s-api listening on {server.base_url}; Prometheus {args.namespace}/{args.name} rendered onto "
+              f"{args.config} ({len(remote_write)} remoteWrite entries)", flush=True)
+        stop.wait()
+    finally:
+        (state_dir / ADDRESS_FILE).unlink(missing_ok=True)
+        operator.stop()
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

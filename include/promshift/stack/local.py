@@ -22,6 +22,16 @@ that checks the SigV4 signature of everything it receives (see ``promshift.stack
   forwards it to the front door (Debian's Prometheus 2.42 accepts a ``sigv4:`` block but
   sends unsigned: measured, see ``promshift.stack.frontdoor.DEBIAN_PROMETHEUS_SIGV4``).
 
+With ``kubernetes=True`` (``promshift stack up --k8s``; the demo's ``DEPLOY=k8s-cr``) one more, started
+once the source is up:
+
+- ``k8s``: ``python -m promshift.stack.k8s_api``, the Kubernetes API contract server with the
+  prometheus-operator stand-in (not a cluster). It holds the ``Prometheus`` resource
+  ``monitoring/k8s`` whose ``spec.remoteWrite`` is the source's ``remote_write`` when it starts, and
+  renders it onto the source's own ``prometheus.yml`` (the base: its scrape configs stay) and reloads
+  it. Its port is ``PROMSHIFT_K8S_PORT``, or by default any free one, recorded in ``k8s/api.json``;
+  ``k8s/kubeconfig.json`` points at it (``LocalStack.kubernetes_source_extra()``).
+
 ``up`` then creates (or finds) one workspace by alias and sets its retention. The credential
 pair comes from ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (+ ``AWS_SESSION_TOKEN``); when
 they are unset the stack makes one up and keeps it only in ``amp/credentials.json`` (0600).
@@ -78,6 +88,11 @@ COMPONENTS = (FLEET, MAIL, TARGET, SOURCE)
 AIRFLOW, AIRFLOW_MARKER = "airflow", "airflow standalone"
 # The local AWS (``target_kind="amp"``), started after the target and before the source.
 AMP_COMPONENTS = (MOTO, AWS, FRONTDOOR, RELAY)
+# The Kubernetes API contract server + operator stand-in (``kubernetes=True``), started after the source.
+K8S = "k8s"
+K8S_NAMESPACE, K8S_NAME = "monitoring", "k8s"
+# Every component ``down`` and ``reset`` look after, whichever started them.
+ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S,)
 TARGET_KINDS = ("prometheus", "amp")
 AMP_WORKSPACE_ALIAS = "promshift-local"
 # What stack.json records about the local AWS (never a secret; the fingerprint is a digest).
@@ -129,6 +144,9 @@ class StackConfig:
     relay_port: int = 8429
     # The SMTP sink; 0: any free port, chosen when it starts (see LocalStack.smtp_port).
     smtp_port: int = 0
+    # The Kubernetes API contract server over the source (the k8s component); 0: any free port.
+    kubernetes: bool = False
+    k8s_port: int = 0
     region: str = DEFAULT_REGION
     workspace_alias: str = AMP_WORKSPACE_ALIAS
     # The target Prometheus keeps its default 15 days; the workspace says so.
@@ -147,6 +165,8 @@ class StackConfig:
         ports = (self.fleet_port, self.source_port, self.target_port)
         if self.smtp_port:
             ports += (self.smtp_port,)
+        if self.kubernetes and self.k8s_port:
+            ports += (self.k8s_port,)
         if self.target_kind == "amp":
             ports += (self.aws_port, self.moto_port, self.frontdoor_port, self.relay_port)
         if len(set(ports)) != len(ports):
@@ -166,6 +186,7 @@ class StackConfig:
             "frontdoor_port": _env_int("PROMSHIFT_FRONTDOOR_PORT", cls.frontdoor_port),
             "relay_port": _env_int("PROMSHIFT_RELAY_PORT", cls.relay_port),
             "smtp_port": _env_int("PROMSHIFT_SMTP_PORT", cls.smtp_port),
+            "k8s_port": _env_int("PROMSHIFT_K8S_PORT", cls.k8s_port),
             "region": os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
@@ -364,6 +385,59 @@ class LocalStack:
     def mail(self) -> list[Any]:
         """Every message the sink has accepted, oldest first (``smtp_sink.ReceivedMail``)."""
         return list(read_mail(self.mail_dir))
+
+    # -- the Kubernetes API contract server (kubernetes=True) --------------------------------
+
+    @property
+    def kubernetes_dir(self) -> Path:
+        """Where the k8s component writes ``api.json`` (where it listens) and ``kubeconfig.json``."""
+        return self.home / K8S
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        """The kubeconfig naming the contract server (``KubernetesHook``'s ``config_file``)."""
+        return self.kubernetes_dir / "kubeconfig.json"
+
+    def kubernetes_address(self) -> dict[str, Any] | None:
+        """What the running k8s component recorded (``url``, ``port``, ``pid``, ...), or None."""
+        try:
+            data = json.loads((self.kubernetes_dir / "api.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    @property
+    def k8s_port(self) -> int:
+        """The contract server's port: ``k8s_port`` when set, else the one the running server bound (0 before)."""
+        if self.config.k8s_port:
+            return self.config.k8s_port
+        address = self.kubernetes_address()
+        return int(address["port"]) if address and address.get("port") else 0
+
+    @property
+    def kubernetes_url(self) -> str:
+        return f"http://127.0.0.1:{self.k8s_port}"
+
+    @property
+    def prometheus_cr_url(self) -> str:
+        """The ``Prometheus`` resource the k8s component serves (``GET`` it to see ``spec.remoteWrite``)."""
+        return (f"{self.kubernetes_url}/apis/monitoring.coreos.com/v1/namespaces/{K8S_NAMESPACE}/"
+                f"prometheuses/{K8S_NAME}")
+
+    def prometheus_cr(self) -> dict[str, Any]:
+        """The ``Prometheus`` resource as the contract server holds it now."""
+        if not self.kubernetes_address():
+            raise StackError("the Kubernetes contract server is not running: run `promshift stack up --k8s`")
+        response = self._http.get(self.prometheus_cr_url, timeout=10)
+        response.raise_for_status()
+        return dict(response.json())
+
+    def kubernetes_source_extra(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        """The source connection's ``extra.kubernetes`` for the ``Prometheus`` resource (``extra.deploy: k8s-cr``)."""
+        if not self.kubernetes_address():
+            raise StackError("the Kubernetes contract server is not running: run `promshift stack up --k8s`")
+        return {"namespace": K8S_NAMESPACE, "name": K8S_NAME, "config_file": str(self.kubeconfig_path),
+                "timeout_s": timeout_s}
 
     # -- the local AWS (target_kind="amp") ------------------------------------------------
 
@@ -637,6 +711,12 @@ class LocalStack:
             ),
         }
         components.update(self._amp_components(workspace_id or self.workspace_id or "ws-none", fingerprint))
+        k8s_argv = (sys.executable, "-m", "promshift.stack.k8s_api", "--state-dir", str(self.kubernetes_dir),
+                    "--port", str(cfg.k8s_port), "--config", str(self.source_config_path),
+                    "--prometheus", self.source_url, "--namespace", K8S_NAMESPACE, "--name", K8S_NAME)
+        components[K8S] = _Component(K8S, cfg.k8s_port, k8s_argv, self.kubernetes_url, self.prometheus_cr_url,
+                                     f"promshift.stack.k8s_api --state-dir {self.kubernetes_dir}",
+                                     "PROMSHIFT_K8S_PORT")
         return components
 
     def _amp_components(self, workspace_id: str, fingerprint: str) -> dict[str, _Component]:
@@ -687,7 +767,8 @@ class LocalStack:
             name for name in AMP_COMPONENTS
             if self.config.target_kind == "amp" or self.pid_path(name).exists()
         )
-        return COMPONENTS + amp
+        k8s = (K8S,) if self.config.kubernetes or self.pid_path(K8S).exists() else ()
+        return COMPONENTS + amp + k8s
 
     # -- public operations ---------------------------------------------------------------
 
@@ -711,7 +792,7 @@ class LocalStack:
             components = self._components(fingerprint=fingerprint)
             self._write_configs()
             # A plain `up` neither starts nor checks the local AWS (a running one is left alone).
-            names = COMPONENTS + (AMP_COMPONENTS if amp else ())
+            names = COMPONENTS + (AMP_COMPONENTS if amp else ()) + ((K8S,) if self.config.kubernetes else ())
             plans = {name: self._plan(components[name]) for name in names}
             # Check every port before starting anything, so a conflict leaves nothing half-started.
             for name, (action, _pid) in plans.items():
@@ -732,6 +813,7 @@ class LocalStack:
                 for name in (TARGET, SOURCE):
                     self._apply(components[name], plans[name])
                 self._wait_healthy([components[TARGET], components[SOURCE]], deadline)
+                self._start_kubernetes(components, plans, deadline)
                 self._write_state(components)
             else:
                 for name in (TARGET, MOTO):
@@ -757,9 +839,21 @@ class LocalStack:
                     action = "restart"  # started without this pair in its environment (see _start)
                 self._apply(components[SOURCE], (action, pid))
                 self._wait_healthy([components[SOURCE]], deadline)
+                self._start_kubernetes(components, plans, deadline)
                 self._write_state(components, workspace_id=workspace_id, fingerprint=fingerprint)
             self._wait_scraped(deadline)
         return self.status()
+
+    def _start_kubernetes(self, components: dict[str, _Component], plans: dict[str, tuple[str, int | None]],
+                          deadline: float) -> None:
+        """The k8s component, once the source it renders onto answers (kubernetes=True only)."""
+        if not self.config.kubernetes:
+            return
+        action, pid = plans[K8S]
+        if action == "reuse" and plans[SOURCE][0] != "reuse":
+            action = "restart"  # the operator renders onto the source's file: take it over again
+        self._apply(components[K8S], (action, pid))
+        self._wait_healthy([components[K8S]], deadline)
 
     def down(self, timeout: float = 30.0) -> None:
         """Stop every component (SIGTERM, then SIGKILL after ``timeout`` s); idempotent."""
@@ -794,9 +888,9 @@ class LocalStack:
             return
         with self._locked():
             self._down(30.0)
-            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL):
+            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S):
                 shutil.rmtree(self.home / directory, ignore_errors=True)
-            for name in COMPONENTS + AMP_COMPONENTS:
+            for name in ALL_COMPONENTS:
                 self.log_path(name).unlink(missing_ok=True)
                 self.pid_path(name).unlink(missing_ok=True)
             self.state_path.unlink(missing_ok=True)
@@ -852,6 +946,17 @@ class LocalStack:
             if address is None or (self.config.smtp_port and address[1] != self.config.smtp_port):
                 return False
             return address[2] == self._read_pid(MAIL) and smtp_answers(address[0], address[1])
+        if component.name == K8S:
+            # Written once the server listens and the operator has rendered the resource onto the source.
+            address = self.kubernetes_address()
+            if address is None or address.get("pid") != self._read_pid(K8S):
+                return False
+            if self.config.k8s_port and address.get("port") != self.config.k8s_port:
+                return False
+            try:
+                return self._http.get(self.prometheus_cr_url, timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
         try:
             return self._http.get(component.health_url, timeout=2).status_code == 200
         except requests.RequestException:
@@ -902,6 +1007,8 @@ class LocalStack:
         log_path = self.log_path(component.name)
         if component.name == MAIL:
             (self.mail_dir / "sink.json").unlink(missing_ok=True)  # a dead sink's port must not pass for the new one's
+        if component.name == K8S:
+            (self.kubernetes_dir / "api.json").unlink(missing_ok=True)  # likewise for the contract server's
         env = dict(os.environ)
         package_root = str(Path(promshift.__file__).resolve().parent.parent)
         # The fleet runs as `python -m promshift.stack.fleet`: make sure it imports this very package.
@@ -989,16 +1096,16 @@ class LocalStack:
         components = self._components()
         running = {
             name: pid
-            for name in COMPONENTS + AMP_COMPONENTS
+            for name in ALL_COMPONENTS
             if (pid := self._read_pid(name)) is not None and self._owns(pid, components[name])
         }
-        # The source first: it may be flushing remote-write queues into the relay or the target;
-        # then the relay, which may be flushing into the front door.
-        for first in (SOURCE, RELAY):
+        # The operator stand-in first (it rewrites and reloads the source); then the source: it may be flushing
+        # remote-write queues into the relay or the target; then the relay, which may be flushing into the front door.
+        for first in (K8S, SOURCE, RELAY):
             if first in running:
                 self._stop({first: running.pop(first)}, timeout)
         self._stop(running, timeout)
-        for name in COMPONENTS + AMP_COMPONENTS:
+        for name in ALL_COMPONENTS:
             self.pid_path(name).unlink(missing_ok=True)
 
     def _stop(self, pids: dict[str, int], timeout: float) -> None:
