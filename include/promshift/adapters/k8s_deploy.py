@@ -128,6 +128,24 @@ class _StatusConfigVerify:
     def entry_name(self) -> str:
         return str(self.entry["name"])
 
+    where: str
+
+    def _write(self, body: Any, resource_version: str) -> str:
+        raise NotImplementedError
+
+    def _restore_write(self, body: Any, resource_version: str) -> bool:
+        """One write of a restore; False when another writer changed the object since it was read (409: re-read)."""
+        try:
+            self._write(body, resource_version)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise DeployError(f"restoring {self.where} failed: {_api_reason(exc)}") from None
+            return False
+        except HTTPError as exc:
+            raise DeployError(f"cannot reach the Kubernetes API to restore {self.where}: "
+                              f"{type(exc).__name__}") from None
+        return True
+
     def _waiting(self, action: str, status: str, now: datetime, reason: str, **details: Any) -> DeployResult:
         deadline = (now + timedelta(seconds=self.timeout_s)).isoformat()
         return DeployResult(self.kind, action, DeployState.WAITING).observed(
@@ -259,15 +277,8 @@ class ConfigMapDeployment(_StatusConfigVerify):
                 target = snapshot.content if live == ours else remove_remote_write(live, name)
             except RenderError as exc:
                 raise DeployError(f"{self.where}: cannot remove remote_write {name}: {exc}") from None
-            try:
-                self._write(target, version)
+            if self._restore_write(target, version):
                 break
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise DeployError(f"restoring {self.where} failed: {_api_reason(exc)}") from None
-            except HTTPError as exc:
-                raise DeployError(f"cannot reach the Kubernetes API to restore {self.where}: "
-                                  f"{type(exc).__name__}") from None
         else:
             raise DeployError(f"{self.where} kept changing under {RESTORE_ATTEMPTS} restores (409 each time); "
                               f"remote_write {name} may still be there")
@@ -371,15 +382,8 @@ class PrometheusCRDeployment(_StatusConfigVerify):
             if not any(isinstance(e, Mapping) and e.get("name") == name for e in live or []):
                 break
             rest = [e for e in live or [] if not (isinstance(e, Mapping) and e.get("name") == name)]
-            try:
-                self._write(rest if rest or before is not None else None, version)
+            if self._restore_write(rest if rest or before is not None else None, version):
                 break
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise DeployError(f"restoring {self.where} failed: {_api_reason(exc)}") from None
-            except HTTPError as exc:
-                raise DeployError(f"cannot reach the Kubernetes API to restore {self.where}: "
-                                  f"{type(exc).__name__}") from None
         else:
             raise DeployError(f"{self.where} kept changing under {RESTORE_ATTEMPTS} restores (409 each time); "
                               f"remoteWrite {name} may still be there")

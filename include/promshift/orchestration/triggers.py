@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -96,6 +97,36 @@ class WarmupTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval_s)
 
 
+async def follow_deploy(trigger: BaseTrigger, result_dict: dict[str, Any], make_client: Callable[[], Any],
+                        observe: Callable[[Any, Any, datetime], Any], what: str) -> AsyncIterator[TriggerEvent]:
+    """Poll a deploy or restore with ``observe(client, result, now)`` until it is final; one event at the end.
+
+    A poll that raises is retried; three in a row end the wait with ``status: error``. Observing never writes.
+    The event: ``{"status", "reason", "result": <DeployResult dict with the whole status_history>}``.
+    """
+    from promshift.core.deploy import DeployResult
+
+    result = DeployResult.from_dict(result_dict)
+    client = None
+    errors = 0
+    while not result.state.final:
+        await asyncio.sleep(trigger.poll_interval_s)  # type: ignore[attr-defined]
+        try:
+            client = client or await asyncio.to_thread(make_client)
+            result = await asyncio.to_thread(observe, client, result, datetime.now(UTC))
+            errors = 0
+        except Exception as exc:  # a blip (AWS, the API server) is retried; three in a row end the wait
+            errors += 1
+            trigger.log.warning("%s poll failed (%s in a row): %s", what, errors, exc)
+            if errors >= 3:
+                yield TriggerEvent({"status": "error", "reason": str(exc), "result": result.to_dict()})
+                return
+            continue
+        trigger.log.info("%s %s: %s", what, result.details.get("scraper_id") or result.details.get("remote_write"),
+                         result.reason)
+    yield TriggerEvent({"status": result.state.value, "reason": result.reason, "result": result.to_dict()})
+
+
 class ScraperStatusTrigger(BaseTrigger):
     """Polls a managed-collector scraper until its deploy or restore is final; holds no worker slot.
 
@@ -125,29 +156,10 @@ class ScraperStatusTrigger(BaseTrigger):
         return AmpHook(aws_conn_id=self.target_conn_id).conn
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from datetime import UTC, datetime
-
         from promshift.adapters.amp_scraper import observe_scraper
-        from promshift.core.deploy import DeployResult
 
-        result = DeployResult.from_dict(self.result)
-        client = None
-        errors = 0
-        while not result.state.final:
-            await asyncio.sleep(self.poll_interval_s)
-            try:
-                client = client or await asyncio.to_thread(self.amp_client)
-                result = await asyncio.to_thread(observe_scraper, client, result, datetime.now(UTC))
-                errors = 0
-            except Exception as exc:  # an AWS blip is retried; three in a row end the wait
-                errors += 1
-                self.log.warning("scraper poll failed (%s in a row): %s", errors, exc)
-                if errors >= 3:
-                    yield TriggerEvent({"status": "error", "reason": str(exc), "result": result.to_dict()})
-                    return
-                continue
-            self.log.info("scraper %s: %s", result.details.get("scraper_id"), result.reason)
-        yield TriggerEvent({"status": result.state.value, "reason": result.reason, "result": result.to_dict()})
+        async for event in follow_deploy(self, self.result, self.amp_client, observe_scraper, "scraper"):
+            yield event
 
 
 class LoadedConfigTrigger(BaseTrigger):
@@ -178,26 +190,8 @@ class LoadedConfigTrigger(BaseTrigger):
         return backend_hook(self.source_conn_id).prometheus_client()
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from datetime import UTC, datetime
-
         from promshift.adapters.k8s_deploy import observe_loaded_config
-        from promshift.core.deploy import DeployResult
 
-        result = DeployResult.from_dict(self.result)
-        client = None
-        errors = 0
-        while not result.state.final:
-            await asyncio.sleep(self.poll_interval_s)
-            try:
-                client = client or await asyncio.to_thread(self.prometheus_client)
-                result = await asyncio.to_thread(observe_loaded_config, client, result, datetime.now(UTC))
-                errors = 0
-            except Exception as exc:  # a blip is retried; three in a row end the wait
-                errors += 1
-                self.log.warning("loaded-config poll failed (%s in a row): %s", errors, exc)
-                if errors >= 3:
-                    yield TriggerEvent({"status": "error", "reason": str(exc), "result": result.to_dict()})
-                    return
-                continue
-            self.log.info("%s %s: %s", result.kind, result.details.get("remote_write"), result.reason)
-        yield TriggerEvent({"status": result.state.value, "reason": result.reason, "result": result.to_dict()})
+        async for event in follow_deploy(self, self.result, self.prometheus_client, observe_loaded_config,
+                                         "loaded-config"):
+            yield event
