@@ -1,0 +1,224 @@
+"""The read path switch on provisioned dashboard files: snapshot, byte-preserving edit, exact restore.
+
+Grafana provisions dashboards from JSON files in a folder; a group's read path is switched by
+editing only the ``datasource`` values of its panels in those files (``core.read_path``), and
+rolled back by writing each file's snapshotted bytes again.
+
+- ``snapshot(run_id)`` reads every matching file, plans it, and keeps the bytes of each file the
+  switch would change in one blob (``adapters.blobs``; an object store every worker reads in
+  production) with each file's sha256 before and after, mode and owner. It returns the record the
+  audit log keeps (hashes, panels, the blob's reference and sha256; never a file's content).
+- ``switch(snapshot)`` writes the planned edit of each file still holding its snapshotted bytes;
+  a file already holding the switched bytes is left alone (a retry is a no-op); a file that
+  changed since the snapshot stops the switch before anything is written.
+- ``restore(snapshot)`` writes each file's snapshotted bytes back when it holds the switched bytes
+  (or is missing); a file already restored is left alone; a file someone changed after the switch
+  is not overwritten, reported, and the restore fails after restoring the others.
+
+Writes are atomic (write-then-rename in the file's directory), keep the file's mode and owner, and
+follow symlinks: the link's target is edited and the link stays a link. A hard-linked file is
+replaced by a new inode (its other names keep the old bytes).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from promshift.adapters.blobs import Blobs
+from promshift.adapters.deploy import write_atomically
+from promshift.adapters.snapshot_store import snapshot_key
+from promshift.core.catalog import MetricGroup
+from promshift.core.read_path import DashboardPlan, DatasourceRef, ReadPathError, plan_dashboard
+
+KIND = "grafana-files"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class DashboardFilesSwitch:
+    """Switch a group's panels in provisioned dashboard files from the source to the AMP datasource."""
+
+    kind = KIND
+
+    def __init__(self, patterns: Sequence[str], group: MetricGroup, *, source: DatasourceRef,
+                 target: DatasourceRef, blobs: Blobs, variables: Mapping[str, str] | None = None,
+                 default_is_source: bool = True, root: str | os.PathLike[str] | None = None) -> None:
+        self.patterns = tuple(patterns)
+        self.group = group
+        self.source = source
+        self.target = target
+        self.blobs = blobs
+        self.variables = dict(variables or {})
+        self.default_is_source = default_is_source
+        self.root = Path(root) if root is not None else None
+
+    def files(self) -> list[Path]:
+        """The dashboard files the patterns name (a folder means its ``*.json``), sorted, each once."""
+        found: dict[str, Path] = {}
+        for pattern in self.patterns:
+            base = Path(pattern)
+            if not base.is_absolute() and self.root is not None:
+                base = self.root / base
+            if base.is_dir():
+                matches = [str(p) for p in base.glob("*.json")]
+            else:
+                matches = glob.glob(str(base), recursive=True)
+            for m in matches:
+                p = Path(m)
+                if p.is_file():
+                    found.setdefault(os.path.abspath(p), p)
+        return [found[k] for k in sorted(found)]
+
+    def _plan(self, path: Path, text: str) -> DashboardPlan:
+        return plan_dashboard(text, self.group, source=self.source, target=self.target, variables=self.variables,
+                              default_is_source=self.default_is_source, name=str(path))
+
+    @staticmethod
+    def _read(path: Path) -> tuple[bytes, str]:
+        data = Path(os.path.realpath(path)).read_bytes()
+        try:
+            return data, data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ReadPathError(f"{path}: not UTF-8 (byte {exc.start})") from None
+
+    def plan(self) -> dict[str, Any]:
+        """What a switch would do now, per file (no write): the evidence of a dry run."""
+        dashboards, problems = [], []
+        for path in self.files():
+            try:
+                data, text = self._read(path)
+                p = self._plan(path, text)
+            except (OSError, ReadPathError) as exc:
+                problems.append(f"{path}: {exc}")
+                continue
+            dashboards.append({"path": str(path), "sha256": sha256_bytes(data), **p.to_dict()})
+        return {"mode": "files", "group": self.group.name, "from": self.source.to_dict(), "to": self.target.to_dict(),
+                "dashboards": dashboards, "problems": problems}
+
+    # -- snapshot ----------------------------------------------------------------------------------
+
+    def snapshot(self, run_id: str) -> dict[str, Any]:
+        """Keep the bytes of every file the switch would change; return the (content-free) record."""
+        entries, record_files, problems = [], [], []
+        for path in self.files():
+            try:
+                data, text = self._read(path)
+                p = self._plan(path, text)
+            except (OSError, ReadPathError) as exc:
+                problems.append(f"{path}: {exc}")
+                continue
+            if not p.changes:
+                continue
+            after = p.apply(text).encode("utf-8")
+            real = os.path.realpath(path)
+            st = os.stat(real)
+            entry = {"path": str(path), "real_path": real, "sha256_before": sha256_bytes(data),
+                     "sha256_after": sha256_bytes(after), "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid,
+                     "gid": st.st_gid, "symlink": os.path.islink(path),
+                     "panels": [{"path": e["path"], "title": e["title"]} for e in p.to_dict()["switched"]]}
+            entries.append({**entry, "content": text})
+            record_files.append(entry)
+        blob = json.dumps({"kind": KIND, "group": self.group.name, "run_id": run_id, "from": self.source.to_dict(),
+                           "to": self.target.to_dict(), "files": entries}, indent=1, ensure_ascii=False).encode()
+        ref = self.blobs.put(snapshot_key(self.group.name, run_id, "dashboards.json"), blob)
+        return {"kind": KIND, "group": self.group.name, "run_id": run_id, "ref": ref, "sha256": sha256_bytes(blob),
+                "from": self.source.to_dict(), "to": self.target.to_dict(), "files": record_files,
+                "problems": problems}
+
+    def _load(self, snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
+        if snapshot.get("kind") != KIND:
+            raise ReadPathError(f"not a dashboard-files snapshot (kind {snapshot.get('kind')!r})")
+        try:
+            data = self.blobs.get(str(snapshot["ref"]))
+        except OSError as exc:
+            raise ReadPathError(f"dashboard snapshot {snapshot['ref']} cannot be read: {exc.__class__.__name__}") \
+                from None
+        if sha256_bytes(data) != snapshot.get("sha256"):
+            raise ReadPathError(f"dashboard snapshot {snapshot['ref']} does not match its recorded sha256")
+        files = json.loads(data)["files"]
+        for f in files:
+            if sha256_bytes(f["content"].encode("utf-8")) != f["sha256_before"]:
+                raise ReadPathError(f"dashboard snapshot of {f['path']} does not match its recorded sha256")
+        return list(files)
+
+    @staticmethod
+    def _current(f: Mapping[str, Any]) -> bytes | None:
+        try:
+            return Path(f["real_path"]).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    @staticmethod
+    def _write(f: Mapping[str, Any], data: bytes) -> None:
+        real = Path(f["real_path"])
+        try:
+            st = os.stat(real)
+            mode, uid, gid = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
+        except FileNotFoundError:
+            mode, uid, gid = int(f["mode"]), int(f["uid"]), int(f["gid"])
+        write_atomically(real, data, mode=mode, uid=uid, gid=gid)
+
+    # -- switch and restore ------------------------------------------------------------------------
+
+    def switch(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
+        """Edit every snapshotted file; evidence per file (``switched`` / ``already``) with both hashes."""
+        files = self._load(snapshot)
+        current = {f["path"]: self._current(f) for f in files}
+        changed = [f["path"] for f in files
+                   if current[f["path"]] is None
+                   or sha256_bytes(current[f["path"]]) not in (f["sha256_before"], f["sha256_after"])]
+        if changed:
+            raise ReadPathError(f"{len(changed)} dashboard file(s) changed or vanished since the snapshot "
+                                f"({', '.join(changed)}); nothing switched: take a new snapshot")
+        out = []
+        for f in files:
+            data = current[f["path"]]
+            assert data is not None
+            entry = {"path": f["path"], "sha256_before": f["sha256_before"], "sha256_after": f["sha256_after"],
+                     "panels": f["panels"]}
+            if sha256_bytes(data) == f["sha256_after"]:
+                out.append({**entry, "action": "already"})
+                continue
+            text = data.decode("utf-8")
+            new = self._plan(Path(f["path"]), text).apply(text).encode("utf-8")
+            if sha256_bytes(new) != f["sha256_after"]:
+                raise ReadPathError(f"{f['path']}: the switch no longer gives the snapshotted result; nothing "
+                                    "written to it")
+            self._write(f, new)
+            out.append({**entry, "action": "switched"})
+        return {"mode": "files", "group": self.group.name, "from": self.source.to_dict(), "to": self.target.to_dict(),
+                "snapshot": snapshot.get("ref"), "files": out}
+
+    def restore(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
+        """Write each file's snapshotted bytes back; evidence per file; ReadPathError (with it) on refusals."""
+        files = self._load(snapshot)
+        out, refused = [], []
+        for f in files:
+            data = self._current(f)
+            entry = {"path": f["path"], "sha256_before": f["sha256_before"], "sha256_after": f["sha256_after"]}
+            now = sha256_bytes(data) if data is not None else None
+            if now == f["sha256_before"]:
+                out.append({**entry, "action": "unchanged"})
+            elif now == f["sha256_after"] or data is None:
+                self._write(f, f["content"].encode("utf-8"))
+                out.append({**entry, "action": "restored" if data is not None else "recreated"})
+            else:
+                out.append({**entry, "action": "refused", "sha256_now": now,
+                            "reason": "changed after the switch; not overwritten"})
+                refused.append(f["path"])
+        evidence = {"mode": "files", "group": self.group.name, "snapshot": snapshot.get("ref"), "files": out}
+        if refused:
+            err = ReadPathError(f"{len(refused)} dashboard file(s) changed after the switch and were not restored: "
+                                f"{', '.join(refused)}")
+            err.evidence = evidence  # type: ignore[attr-defined]
+            raise err
+        return evidence
