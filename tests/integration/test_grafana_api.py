@@ -118,10 +118,14 @@ def test_restore_refuses_to_overwrite_a_save_after_the_switch(grafana: GrafanaAp
     snap = sw.snapshot("run3")
     sw.switch(snap)
     grafana.edit(UID, lambda d: d.update(title="NVIDIA DCGM (tuned)"))
-    with pytest.raises(ReadPathError, match="saved again after the switch") as exc:
+    with pytest.raises(ReadPathError, match="saved again or deleted after the switch") as exc:
         sw.restore(snap)
     assert exc.value.evidence["dashboards"][0]["action"] == "refused"  # type: ignore[attr-defined]
     assert grafana.dashboard(UID)["title"] == "NVIDIA DCGM (tuned)"
+    grafana.delete(UID)
+    with pytest.raises(ReadPathError) as exc:
+        sw.restore(snap)
+    assert exc.value.evidence["dashboards"][0]["reason"] == "deleted after the switch; not recreated"  # type: ignore[attr-defined]
 
 
 def test_bad_token_is_one_line_without_the_token(grafana: GrafanaApiServer) -> None:
@@ -184,3 +188,32 @@ def test_hook_reads_grafana_default(grafana: GrafanaApiServer, monkeypatch: pyte
         {"conn_type": "http", "host": host, "port": int(port), "password": "wrong"}))
     ok, message = GrafanaHook().test_connection()
     assert not ok and "HTTP 401" in message
+
+
+def test_hook_builds_the_switch_from_extra_read_path(grafana: GrafanaApiServer, monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    from promshift.adapters.blobs import LocalBlobs
+    from promshift.adapters.dashboard_files import DashboardFilesSwitch
+
+    host, port = grafana.base_url.removeprefix("http://").split(":")
+    read_path = {"source_datasource": {"uid": "prom-src", "name": "Prometheus"},
+                 "target_datasource": {"uid": "amp-ws1"}, "query": ""}
+    monkeypatch.setenv("AIRFLOW_CONN_GRAFANA_DEFAULT", json.dumps(
+        {"conn_type": "http", "host": host, "port": int(port), "password": TOKEN, "extra": {"read_path": read_path}}))
+    sw = GrafanaHook().read_path_switch(UTIL)
+    assert isinstance(sw, GrafanaReadPathSwitch)
+    snap = sw.snapshot("run5")  # every dashboard searched ("" matches all); only the DCGM one changes
+    assert [d["uid"] for d in snap["dashboards"]] == [UID]
+    assert sw.switch(snap)["dashboards"][0]["action"] == "switched"
+    (tmp_path / "d.json").write_text(json.dumps(DCGM, indent=2))
+    monkeypatch.setenv("AIRFLOW_CONN_GRAFANA_DEFAULT", json.dumps(
+        {"conn_type": "http", "extra": {"read_path": {**read_path, "files": [str(tmp_path / "*.json")]}}}))
+    with pytest.raises(ReadPathError, match="blobs"):
+        GrafanaHook().read_path_switch(UTIL)
+    files = GrafanaHook().read_path_switch(UTIL, blobs=LocalBlobs(tmp_path / "snaps"))
+    assert isinstance(files, DashboardFilesSwitch)
+    assert [f["path"] for f in files.snapshot("run5")["files"]] == [str(tmp_path / "d.json")]
+    monkeypatch.setenv("AIRFLOW_CONN_GRAFANA_DEFAULT", json.dumps(
+        {"conn_type": "http", "extra": {"read_path": {"source_datasource": {"name": "Prometheus"}}}}))
+    with pytest.raises(ReadPathError, match="source_datasource needs a uid"):
+        GrafanaHook().read_path_switch(UTIL)

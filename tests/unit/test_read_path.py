@@ -319,6 +319,29 @@ def test_restore_does_not_overwrite_a_later_edit(folder: Path, tmp_path: Path) -
     assert (folder / "dcgm-crlf.json").read_bytes() == DCGM.read_bytes().replace(b"\n", b"\r\n")
 
 
+def test_a_file_deleted_after_the_switch_is_not_recreated(folder: Path, tmp_path: Path) -> None:
+    sw = files_switch(folder, tmp_path)
+    snap = sw.snapshot("run1")
+    sw.switch(snap)
+    (folder / "dcgm.json").unlink()
+    with pytest.raises(ReadPathError, match="1 dashboard file"):
+        sw.restore(snap)
+    assert not (folder / "dcgm.json").exists()
+
+
+def test_mixed_and_library_panels_are_recorded_not_switched(tmp_path: Path) -> None:
+    d = tmp_path / "dash"
+    d.mkdir()
+    (d / "s.json").write_text(SYNTHETIC.replace('"panels": [\n    {"id": 1,', '"panels": [\n    {"id": 99, '
+                              '"title": "shared", "libraryPanel": {"uid": "lib1", "name": "GPU util (shared)"}},\n'
+                              '    {"id": 1,'))
+    snap = DashboardFilesSwitch([str(d)], UTIL, source=SOURCE, target=AMP, blobs=LocalBlobs(tmp_path / "b")) \
+        .snapshot("run1")
+    [entry] = snap["not_switched"]
+    assert entry["library_panels"] == ["GPU util (shared)"]
+    assert [(p["title"], p["state"]) for p in entry["panels"]] == [("nested, mixed", MIXED), ("unparsed", UNPARSED)]
+
+
 def test_a_tampered_snapshot_is_refused(folder: Path, tmp_path: Path) -> None:
     sw = files_switch(folder, tmp_path)
     snap = sw.snapshot("run1")

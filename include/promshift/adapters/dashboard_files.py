@@ -11,9 +11,9 @@ rolled back by writing each file's snapshotted bytes again.
 - ``switch(snapshot)`` writes the planned edit of each file still holding its snapshotted bytes;
   a file already holding the switched bytes is left alone (a retry is a no-op); a file that
   changed since the snapshot stops the switch before anything is written.
-- ``restore(snapshot)`` writes each file's snapshotted bytes back when it holds the switched bytes
-  (or is missing); a file already restored is left alone; a file someone changed after the switch
-  is not overwritten, reported, and the restore fails after restoring the others.
+- ``restore(snapshot)`` writes each file's snapshotted bytes back when it holds the switched bytes;
+  a file already restored is left alone; a file someone changed (or deleted) after the switch is
+  not overwritten (or recreated), reported, and the restore fails after restoring the others.
 
 Writes are atomic (write-then-rename in the file's directory), keep the file's mode and owner, and
 follow symlinks: the link's target is edited and the link stays a link. A hard-linked file is
@@ -108,7 +108,7 @@ class DashboardFilesSwitch:
 
     def snapshot(self, run_id: str) -> dict[str, Any]:
         """Keep the bytes of every file the switch would change; return the (content-free) record."""
-        entries, record_files, problems = [], [], []
+        entries, record_files, problems, not_switched = [], [], [], []
         for path in self.files():
             try:
                 data, text = self._read(path)
@@ -116,6 +116,9 @@ class DashboardFilesSwitch:
             except (OSError, ReadPathError) as exc:
                 problems.append(f"{path}: {exc}")
                 continue
+            if p.not_switched() or p.library_panels:
+                not_switched.append({"path": str(path), "panels": p.not_switched(),
+                                     "library_panels": list(p.library_panels)})
             if not p.changes:
                 continue
             after = p.apply(text).encode("utf-8")
@@ -132,7 +135,7 @@ class DashboardFilesSwitch:
         ref = self.blobs.put(snapshot_key(self.group.name, run_id, "dashboards.json"), blob)
         return {"kind": KIND, "group": self.group.name, "run_id": run_id, "ref": ref, "sha256": sha256_bytes(blob),
                 "from": self.source.to_dict(), "to": self.target.to_dict(), "files": record_files,
-                "problems": problems}
+                "not_switched": not_switched, "problems": problems}
 
     def _load(self, snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
         if snapshot.get("kind") != KIND:
@@ -160,12 +163,8 @@ class DashboardFilesSwitch:
     @staticmethod
     def _write(f: Mapping[str, Any], data: bytes) -> None:
         real = Path(f["real_path"])
-        try:
-            st = os.stat(real)
-            mode, uid, gid = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
-        except FileNotFoundError:
-            mode, uid, gid = int(f["mode"]), int(f["uid"]), int(f["gid"])
-        write_atomically(real, data, mode=mode, uid=uid, gid=gid)
+        st = os.stat(real)
+        write_atomically(real, data, mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid)
 
     # -- switch and restore ------------------------------------------------------------------------
 
@@ -208,12 +207,13 @@ class DashboardFilesSwitch:
             now = sha256_bytes(data) if data is not None else None
             if now == f["sha256_before"]:
                 out.append({**entry, "action": "unchanged"})
-            elif now == f["sha256_after"] or data is None:
+            elif now == f["sha256_after"]:
                 self._write(f, f["content"].encode("utf-8"))
-                out.append({**entry, "action": "restored" if data is not None else "recreated"})
+                out.append({**entry, "action": "restored"})
             else:
                 out.append({**entry, "action": "refused", "sha256_now": now,
-                            "reason": "changed after the switch; not overwritten"})
+                            "reason": "deleted after the switch; not recreated" if data is None
+                            else "changed after the switch; not overwritten"})
                 refused.append(f["path"])
         evidence = {"mode": "files", "group": self.group.name, "snapshot": snapshot.get("ref"), "files": out}
         if refused:

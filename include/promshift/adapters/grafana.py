@@ -194,10 +194,13 @@ class GrafanaReadPathSwitch:
 
     def snapshot(self, run_id: str) -> dict[str, Any]:
         """The version of each dashboard the switch would change (Grafana keeps the content)."""
-        entries = []
+        entries, not_switched = [], []
         for uid in self.dashboard_uids():
             got = self.client.get_dashboard(uid)
             p = self._plan(got)
+            if p.not_switched() or p.library_panels:
+                not_switched.append({"uid": uid, "title": p.title, "panels": p.not_switched(),
+                                     "library_panels": list(p.library_panels)})
             if not p.changes:
                 continue
             if got["meta"].get("provisioned"):
@@ -207,7 +210,7 @@ class GrafanaReadPathSwitch:
                             "folderUid": got["meta"].get("folderUid"), "sha256": canonical_sha256(got["dashboard"]),
                             "panels": [{"path": x["path"], "title": x["title"]} for x in p.to_dict()["switched"]]})
         return {**self._head(), "kind": KIND, "run_id": run_id, "marker": f"promshift:{self.group.name}:{run_id}",
-                "dashboards": entries}
+                "dashboards": entries, "not_switched": not_switched}
 
     def _message(self, snapshot: Mapping[str, Any]) -> str:
         return f"read path of {self.group.name} to datasource {self.target.uid} [{snapshot['marker']}]"
@@ -258,9 +261,16 @@ class GrafanaReadPathSwitch:
         out, refused = [], []
         for entry in snapshot["dashboards"]:
             uid = entry["uid"]
-            versions = self.client.versions(uid)
+            try:
+                versions = self.client.versions(uid)
+                current = self.client.get_dashboard(uid)["meta"].get("version")
+            except GrafanaError as exc:
+                if exc.status != 404:
+                    raise
+                out.append({"uid": uid, "action": "refused", "reason": "deleted after the switch; not recreated"})
+                refused.append(uid)
+                continue
             ours = [v for v in versions if marker in str(v.get("message") or "") and not v.get("restoredFrom")]
-            current = self.client.get_dashboard(uid)["meta"].get("version")
             if not ours:
                 out.append({"uid": uid, "action": "not switched", "version": current})
                 continue
@@ -281,8 +291,8 @@ class GrafanaReadPathSwitch:
             refused.append(uid)
         evidence = {**self._head(), "run_id": snapshot.get("run_id"), "dashboards": out}
         if refused:
-            err = ReadPathError(f"{len(refused)} dashboard(s) saved again after the switch and not restored: "
-                                f"{', '.join(refused)}")
+            err = ReadPathError(f"{len(refused)} dashboard(s) saved again or deleted after the switch and not "
+                                f"restored: {', '.join(refused)}")
             err.evidence = evidence  # type: ignore[attr-defined]
             raise err
         return evidence

@@ -36,7 +36,8 @@ Decisions (documented in the README's "Read path switch" section):
   and its targets do not count for the decision.
 - A panel already on the AMP datasource is **already** (no edit): a retry is a no-op.
 - Templating variables whose query reads the group are reported (``variables_reading_group``), not
-  switched: a variable feeds every panel.
+  switched: a variable feeds every panel. Library panels (``libraryPanel`` without targets) keep
+  their queries in Grafana's library, not in the dashboard: listed (``library_panels``), not switched.
 
 Duplicate keys: the last one wins (as in Go's and Python's JSON decoders); that is the one edited.
 """
@@ -48,7 +49,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
-from typing import Any
+from typing import Any, Protocol
 
 from promshift.core.catalog import MetricGroup
 from promshift.core.promql import PromQLError, analyse, grafana_builtins, metric_names, substitute
@@ -68,6 +69,26 @@ _PLACEHOLDER = "5m"
 
 class ReadPathError(ValueError):
     """A dashboard this module cannot plan for: not JSON, not a dashboard, or an edit that would not hold."""
+
+
+class ReadPathSwitch(Protocol):
+    """What the DAG calls, in file mode (``adapters.dashboard_files``) and API mode (``adapters.grafana``).
+
+    Every method returns a JSON-able dict without content or credentials (audit evidence);
+    ``snapshot`` before ``switch``, ``restore`` with the same snapshot on rollback. ``switch`` and
+    ``restore`` are retry-safe (a second call reports ``already`` / ``already restored`` / ``unchanged``)
+    and raise ``ReadPathError`` (restore: with ``.evidence``) rather than overwrite someone else's change.
+    """
+
+    kind: str
+
+    def plan(self) -> dict[str, Any]: ...
+
+    def snapshot(self, run_id: str) -> dict[str, Any]: ...
+
+    def switch(self, snapshot: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def restore(self, snapshot: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 # --------------------------------------------------------------------------- JSON with spans
@@ -377,6 +398,7 @@ class DashboardPlan:
     target: DatasourceRef
     panels: tuple[PanelPlan, ...]
     variables_reading_group: tuple[str, ...] = ()
+    library_panels: tuple[str, ...] = ()
 
     @property
     def edits(self) -> tuple[Edit, ...]:
@@ -417,7 +439,13 @@ class DashboardPlan:
                 "already": [p.to_dict() for p in self.by_state(ALREADY)],
                 "mixed": [p.to_dict() for p in self.by_state(MIXED)],
                 "unparsed": [p.to_dict() for p in self.by_state(UNPARSED)],
-                "edits": len(self.edits), "variables_reading_group": list(self.variables_reading_group)}
+                "edits": len(self.edits), "variables_reading_group": list(self.variables_reading_group),
+                "library_panels": list(self.library_panels)}
+
+    def not_switched(self) -> list[dict[str, Any]]:
+        """The group's panels left alone on purpose (mixed, unparsed), for the record."""
+        return [{"path": _path_text(p.path), "title": p.title, "state": p.state, "reason": p.reason}
+                for p in self.panels if p.state in (MIXED, UNPARSED)]
 
 
 def apply_to_model(model: Any, edits: Sequence[Edit]) -> Any:
@@ -499,8 +527,14 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
     new_value = target.ref()
     new_text = json.dumps(new_value, ensure_ascii=False)
     plans: list[PanelPlan] = []
+    library: list[str] = []
     for path, panel in _panels(root, ()):
         targets = panel.get("targets")
+        if panel.get("libraryPanel") is not None and (targets is None or not targets.items):
+            lib = panel.get("libraryPanel")
+            lib_name = lib.get("name") if lib is not None else None
+            library.append(str(lib_name.value if lib_name is not None else _path_text(path)))
+            continue
         if targets is None or targets.kind != "array":
             continue
         panel_ds_node = panel.get("datasource")
@@ -561,4 +595,5 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
     return DashboardPlan(name=name, uid=uid.value if uid is not None and isinstance(uid.value, str) else None,
                          title=str(title.value) if title is not None and title.value is not None else "",
                          source=source, target=target, panels=tuple(plans),
-                         variables_reading_group=_variables_reading(root, group, values))
+                         variables_reading_group=_variables_reading(root, group, values),
+                         library_panels=tuple(library))

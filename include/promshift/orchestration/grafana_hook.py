@@ -5,6 +5,18 @@ Airflow's http connections use it: ``https``) name Grafana, or ``extra.base_url`
 served under a path); the ``password`` is a service account token, sent as ``Authorization: Bearer``.
 ``extra.timeout_s`` (default 30). The token is never logged or recorded; ``identity()`` is what the
 audit may keep.
+
+``read_path_switch(group)`` builds the read path switch from ``extra.read_path``::
+
+    {"source_datasource": {"uid": "prometheus", "name": "Prometheus"},   # what panels read now
+     "target_datasource": {"uid": "amp-gpu-fleet", "name": "AMP"},       # the AMP datasource
+     "query": "",                 # API mode: every dash-db dashboard whose title matches ("" = all)
+     "uids": ["Oxed_c6Wz"],       # API mode, instead of query: these dashboards
+     "files": ["/var/lib/grafana/dashboards/*.json"],  # file mode (provisioned files) instead of the API
+     "default_is_source": true}   # a panel with no datasource reads Grafana's default = the source
+
+File mode needs a ``Blobs`` for its snapshots (the deploy snapshots' store); API mode keeps
+nothing (Grafana keeps the versions).
 """
 
 from __future__ import annotations
@@ -13,7 +25,11 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from promshift.adapters.grafana import GrafanaClient, GrafanaError
+from promshift.adapters.blobs import Blobs
+from promshift.adapters.dashboard_files import DashboardFilesSwitch
+from promshift.adapters.grafana import GrafanaClient, GrafanaError, GrafanaReadPathSwitch
+from promshift.core.catalog import MetricGroup
+from promshift.core.read_path import DatasourceRef, ReadPathError, ReadPathSwitch
 
 
 def grafana_base_url(host: str | None, port: int | None, schema: str | None, extra: dict[str, Any]) -> str:
@@ -26,6 +42,15 @@ def grafana_base_url(host: str | None, port: int | None, schema: str | None, ext
     if port:
         url = f"{url.rstrip('/')}:{port}"
     return url.rstrip("/")
+
+
+def datasource_ref(value: Any, what: str) -> DatasourceRef:
+    """``{"uid": ..., "name"?: ..., "type"?: "prometheus"}`` from the connection's extra."""
+    if not isinstance(value, dict) or not isinstance(value.get("uid"), str) or not value["uid"]:
+        raise ReadPathError(f"grafana connection extra.read_path.{what} needs a uid ({{\"uid\": ..., \"name\": ...}})")
+    name = value.get("name")
+    return DatasourceRef(uid=value["uid"], type=str(value.get("type") or "prometheus"),
+                         name=str(name) if name else None)
 
 
 class GrafanaHook(BaseHook):
@@ -54,6 +79,27 @@ class GrafanaHook(BaseHook):
     def identity(self) -> dict[str, Any]:
         """What the audit records about this Grafana (never the token)."""
         return {"kind": "grafana", "conn_id": self.grafana_conn_id, "url": self.base_url}
+
+    def read_path_switch(self, group: MetricGroup, *, blobs: Blobs | None = None) -> ReadPathSwitch:
+        """The group's read path switch as ``extra.read_path`` configures it (file or API mode)."""
+        conn = self.get_connection(self.grafana_conn_id)
+        config = conn.extra_dejson.get("read_path")
+        if not isinstance(config, dict):
+            raise ReadPathError(f"connection {self.grafana_conn_id} has no extra.read_path")
+        source = datasource_ref(config.get("source_datasource"), "source_datasource")
+        target = datasource_ref(config.get("target_datasource"), "target_datasource")
+        common: dict[str, Any] = {"source": source, "target": target,
+                                  "variables": dict(group.parity.golden_variables),
+                                  "default_is_source": bool(config.get("default_is_source", True))}
+        files = config.get("files")
+        if files:
+            if blobs is None:
+                raise ReadPathError("file mode keeps snapshots: give the snapshot store's blobs")
+            patterns = [files] if isinstance(files, str) else [str(f) for f in files]
+            return DashboardFilesSwitch(patterns, group, blobs=blobs, **common)
+        uids = [str(u) for u in config.get("uids") or []]
+        return GrafanaReadPathSwitch(self.get_conn(), group, uids=uids,
+                                     query=None if uids else str(config.get("query") or ""), **common)
 
     def test_connection(self) -> tuple[bool, str]:
         """One search with the token."""

@@ -175,6 +175,12 @@ class GrafanaApiServer:
             change(model)
             return self._save(model, folder_uid=entry["folderUid"], message="edited", overwrite=True, by=by)
 
+    def delete(self, uid: str) -> None:
+        """Another user deletes the dashboard (and its versions, as Grafana does)."""
+        with self._lock:
+            self._get(uid)
+            del self._dashboards[uid]
+
     def dashboard(self, uid: str) -> dict[str, Any]:
         with self._lock:
             return copy.deepcopy(self._get(uid)["dashboard"])
