@@ -128,6 +128,14 @@ def test_restore_refuses_to_overwrite_a_save_after_the_switch(grafana: GrafanaAp
     assert exc.value.evidence["dashboards"][0]["reason"] == "deleted after the switch; not recreated"  # type: ignore[attr-defined]
 
 
+def test_search_reads_every_page(grafana: GrafanaApiServer) -> None:
+    for i in range(5):
+        grafana.seed({"uid": f"extra{i}", "title": f"Extra {i}", "panels": []})
+    hits = client(grafana).search("", limit=2)
+    assert len(hits) == 7 and len({h["uid"] for h in hits}) == 7
+    assert sum(1 for m, p, _ in grafana.requests if (m, p) == ("GET", "/api/search")) == 4  # 2+2+2+1
+
+
 def test_bad_token_is_one_line_without_the_token(grafana: GrafanaApiServer) -> None:
     wrong = "glsa_wrongToken_" + "x" * 24
     sw = GrafanaReadPathSwitch(client(grafana, wrong), UTIL, source=SOURCE, target=AMP, query="DCGM")

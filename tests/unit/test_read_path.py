@@ -293,6 +293,18 @@ def test_files_switch_and_restore_exact_bytes(folder: Path, tmp_path: Path) -> N
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert (folder / "linked.json").is_symlink() and stat.S_IMODE(os.stat(folder / "dcgm.json").st_mode) == 0o640
     assert [f["action"] for f in sw.restore(snap)["files"]] == ["unchanged"] * 3  # restore is retry-safe too
+    assert snap["files"][1]["panels"][0]["edits"] == [{"path": "panels[5].datasource", "from": "$datasource",
+                                                       "to": AMP_REF, "inserted": False}]
+
+
+def test_a_switched_folder_snapshots_nothing_on_the_next_run(folder: Path, tmp_path: Path) -> None:
+    sw = files_switch(folder, tmp_path)
+    sw.switch(sw.snapshot("run1"))
+    again = sw.snapshot("run2")
+    assert again["files"] == [] and sw.switch(again)["files"] == []
+    with pytest.raises(ReadPathError, match="no dashboard file matches"):
+        DashboardFilesSwitch([str(tmp_path / "nowhere/*.json")], UTIL, source=SOURCE, target=AMP,
+                             blobs=LocalBlobs(tmp_path / "b")).snapshot("run3")
 
 
 def test_files_changed_since_the_snapshot_are_not_switched(folder: Path, tmp_path: Path) -> None:

@@ -109,7 +109,10 @@ class DashboardFilesSwitch:
     def snapshot(self, run_id: str) -> dict[str, Any]:
         """Keep the bytes of every file the switch would change; return the (content-free) record."""
         entries, record_files, problems, not_switched = [], [], [], []
-        for path in self.files():
+        paths = self.files()
+        if not paths:
+            raise ReadPathError(f"no dashboard file matches {', '.join(self.patterns)}")
+        for path in paths:
             try:
                 data, text = self._read(path)
                 p = self._plan(path, text)
@@ -127,7 +130,8 @@ class DashboardFilesSwitch:
             entry = {"path": str(path), "real_path": real, "sha256_before": sha256_bytes(data),
                      "sha256_after": sha256_bytes(after), "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid,
                      "gid": st.st_gid, "symlink": os.path.islink(path),
-                     "panels": [{"path": e["path"], "title": e["title"]} for e in p.to_dict()["switched"]]}
+                     "panels": [{"path": e["path"], "title": e["title"], "edits": e["edits"]}
+                                for e in p.to_dict()["switched"]]}
             entries.append({**entry, "content": text})
             record_files.append(entry)
         blob = json.dumps({"kind": KIND, "group": self.group.name, "run_id": run_id, "from": self.source.to_dict(),

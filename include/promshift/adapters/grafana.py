@@ -110,14 +110,21 @@ class GrafanaClient:
             raise GrafanaError(f"{where}: HTTP {resp.status_code} but not JSON", status=resp.status_code)
         return answer
 
-    def search(self, query: str = "", *, tags: Sequence[str] = (), limit: int = 1000) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"type": "dash-db", "query": query, "limit": limit}
-        if tags:
-            params["tag"] = list(tags)
-        hits = self._call("GET", "/api/search", params=params)
-        if not isinstance(hits, list):
-            raise GrafanaError("Grafana GET /api/search: the answer is not a list")
-        return [h for h in hits if isinstance(h, dict) and h.get("type", "dash-db") == "dash-db"]
+    def search(self, query: str = "", *, tags: Sequence[str] = (), limit: int = 1000,
+               max_pages: int = 100) -> list[dict[str, Any]]:
+        """Every ``dash-db`` hit, page by page (``limit`` per page) until a page is not full."""
+        out: list[dict[str, Any]] = []
+        for page in range(1, max_pages + 1):
+            params: dict[str, Any] = {"type": "dash-db", "query": query, "limit": limit, "page": page}
+            if tags:
+                params["tag"] = list(tags)
+            hits = self._call("GET", "/api/search", params=params)
+            if not isinstance(hits, list):
+                raise GrafanaError("Grafana GET /api/search: the answer is not a list")
+            out.extend(h for h in hits if isinstance(h, dict) and h.get("type", "dash-db") == "dash-db")
+            if len(hits) < limit:
+                return out
+        raise GrafanaError(f"Grafana GET /api/search: more than {max_pages} pages of {limit} dashboards")
 
     def get_dashboard(self, uid: str) -> dict[str, Any]:
         got = self._call("GET", f"/api/dashboards/uid/{uid}")

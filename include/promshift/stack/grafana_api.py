@@ -4,7 +4,8 @@ No Grafana can run on these machines, so ``adapters.grafana`` is tested against 
 ``ThreadingHTTPServer`` on 127.0.0.1 (the pattern of ``stack.k8s_api``). It serves only the legacy
 ``/api`` calls the switch makes, with the shapes Grafana documents (cited in ``adapters.grafana``):
 
-- ``GET /api/search?type=dash-db&query=...`` (case-insensitive title substring; ``dashboardUIDs``);
+- ``GET /api/search?type=dash-db&query=...`` (case-insensitive title substring; ``dashboardUIDs``;
+  ``limit`` (default 1000, at most 5000) and ``page`` from 1);
 - ``GET /api/dashboards/uid/:uid`` -> ``{dashboard, meta{version, folderUid, provisioned, ...}}``;
 - ``POST /api/dashboards/db`` with ``{dashboard, folderUid?, folderId?, message?, overwrite?}``;
 - ``GET /api/dashboards/uid/:uid/versions`` -> ``{continueToken, versions}`` (Grafana 12's shape),
@@ -254,7 +255,9 @@ class GrafanaApiServer:
                     hits.append({"id": entry["id"], "uid": uid, "title": title, "url": f"/d/{uid}",
                                  "type": "dash-db", "tags": list(entry["dashboard"].get("tags") or []),
                                  "isStarred": False, "folderUid": entry["folderUid"]})
-            return hits
+        limit = max(1, min(5000, int((query.get("limit") or ["1000"])[0] or 1000)))
+        page = max(1, int((query.get("page") or ["1"])[0] or 1))
+        return hits[(page - 1) * limit:page * limit]
 
     def _get_dashboard(self, uid: str) -> dict[str, Any]:
         with self._lock:
