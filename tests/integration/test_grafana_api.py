@@ -118,7 +118,7 @@ def test_restore_refuses_to_overwrite_a_save_after_the_switch(grafana: GrafanaAp
     snap = sw.snapshot("run3")
     sw.switch(snap)
     grafana.edit(UID, lambda d: d.update(title="NVIDIA DCGM (tuned)"))
-    with pytest.raises(ReadPathError, match="saved again or deleted after the switch") as exc:
+    with pytest.raises(ReadPathError, match="not restored") as exc:
         sw.restore(snap)
     assert exc.value.evidence["dashboards"][0]["action"] == "refused"  # type: ignore[attr-defined]
     assert grafana.dashboard(UID)["title"] == "NVIDIA DCGM (tuned)"
@@ -134,6 +134,17 @@ def test_search_reads_every_page(grafana: GrafanaApiServer) -> None:
     hits = client(grafana).search("", limit=2)
     assert len(hits) == 7 and len({h["uid"] for h in hits}) == 7
     assert sum(1 for m, p, _ in grafana.requests if (m, p) == ("GET", "/api/search")) == 4  # 2+2+2+1
+
+
+def test_a_pruned_version_is_reported_not_guessed(grafana: GrafanaApiServer) -> None:
+    sw = switcher(grafana)
+    snap = sw.snapshot("run6")
+    sw.switch(snap)
+    grafana.prune(UID, keep=1)  # only our own version is left
+    with pytest.raises(ReadPathError, match="the version before it is gone") as exc:
+        sw.restore(snap)
+    assert "versions_to_keep" in exc.value.evidence["dashboards"][0]["reason"]  # type: ignore[attr-defined]
+    assert panel(grafana.dashboard(UID), "GPU Utilization")["datasource"] == AMP_REF  # nothing guessed
 
 
 def test_bad_token_is_one_line_without_the_token(grafana: GrafanaApiServer) -> None:

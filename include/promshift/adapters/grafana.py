@@ -285,7 +285,15 @@ class GrafanaReadPathSwitch:
             parent = int(mine.get("parentVersion") or int(mine["version"]) - 1)
             record = {"uid": uid, "switched_version": mine["version"], "restore_to": parent, "version_before": current}
             if current == mine["version"]:
-                done = self.client.restore_version(uid, parent)
+                try:
+                    done = self.client.restore_version(uid, parent)
+                except GrafanaError as exc:
+                    if exc.status != 404:
+                        raise
+                    out.append({**record, "action": "refused", "reason": f"version {parent} is gone from Grafana's "
+                                                                           "history ([dashboards] versions_to_keep)"})
+                    refused.append(uid)
+                    continue
                 out.append({**record, "action": "restored", "version_after": done.get("version")})
                 continue
             later = [v for v in versions if int(v["version"]) > int(mine["version"])]
@@ -298,8 +306,8 @@ class GrafanaReadPathSwitch:
             refused.append(uid)
         evidence = {**self._head(), "run_id": snapshot.get("run_id"), "dashboards": out}
         if refused:
-            err = ReadPathError(f"{len(refused)} dashboard(s) saved again or deleted after the switch and not "
-                                f"restored: {', '.join(refused)}")
+            err = ReadPathError(f"{len(refused)} dashboard(s) not restored (saved again or deleted after the "
+                                f"switch, or the version before it is gone): {', '.join(refused)}")
             err.evidence = evidence  # type: ignore[attr-defined]
             raise err
         return evidence

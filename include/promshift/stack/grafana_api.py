@@ -182,6 +182,12 @@ class GrafanaApiServer:
             self._get(uid)
             del self._dashboards[uid]
 
+    def prune(self, uid: str, keep: int) -> None:
+        """Keep only the newest ``keep`` versions, as Grafana's ``[dashboards] versions_to_keep`` does."""
+        with self._lock:
+            entry = self._get(uid)
+            entry["versions"] = entry["versions"][-keep:]
+
     def dashboard(self, uid: str) -> dict[str, Any]:
         with self._lock:
             return copy.deepcopy(self._get(uid)["dashboard"])
