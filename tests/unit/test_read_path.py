@@ -180,7 +180,9 @@ SYNTHETIC = """{
     {"id": 11, "title": "unparsed", "datasource": null,
      "targets": [{"refId": "A", "expr": "DCGM_FI_DEV_GPU_UTIL +"}]},
     {"id": 12, "title": "constant and group", "datasource": "prom-src",
-     "targets": [{"refId": "A", "expr": "DCGM_FI_DEV_GPU_UTIL"}, {"refId": "B", "expr": "vector(80)"}]}
+     "targets": [{"refId": "A", "expr": "DCGM_FI_DEV_GPU_UTIL"}, {"refId": "B", "expr": "vector(80)"}]},
+    {"id": 13, "title": "old default", "datasource": "default",
+     "targets": [{"refId": "A", "expr": "DCGM_FI_DEV_GPU_UTIL"}]}
   ]
 }
 """
@@ -190,11 +192,11 @@ def test_every_datasource_form_is_decided_and_edited_in_place() -> None:
     p = plan(SYNTHETIC)
     states = {x.id: x.state for x in p.panels}
     assert states == {1: SWITCH, 3: SWITCH, 4: MIXED, 5: SWITCH, 6: SWITCH, 8: SWITCH, 10: ALREADY, 11: UNPARSED,
-                      12: SWITCH}  # 7 (loki), 9 (another Prometheus) and the row read nothing through the source
+                      12: SWITCH, 13: SWITCH}  # 7 (loki), 9 (another Prometheus), the row: not through the source
     new = p.apply(SYNTHETIC)
     old_m, new_m = json.loads(SYNTHETIC), json.loads(new)
     panels = {x["id"]: x for x in new_m["panels"]} | {x["id"]: x for x in new_m["panels"][1]["panels"]}
-    for pid in (1, 3, 5, 6, 12):
+    for pid in (1, 3, 5, 6, 12, 13):
         assert panels[pid]["datasource"] == AMP_REF, pid
     assert panels[1]["targets"][0]["datasource"] == AMP_REF
     assert panels[5]["targets"][0]["datasource"] == AMP_REF
@@ -221,7 +223,7 @@ def test_every_datasource_form_is_decided_and_edited_in_place() -> None:
 
 def test_no_datasource_is_left_alone_when_the_default_is_not_the_source() -> None:
     p = plan(SYNTHETIC, default_is_source=False)
-    assert 6 not in {x.id for x in p.panels} and 11 not in {x.id for x in p.panels}
+    assert not {6, 11, 13} & {x.id for x in p.panels}
 
 
 def test_insertion_copies_a_multi_line_indent() -> None:
@@ -270,7 +272,7 @@ def test_files_switch_and_restore_exact_bytes(folder: Path, tmp_path: Path) -> N
     sw = files_switch(folder, tmp_path)
     dry = sw.plan()
     assert {Path(d["path"]).name: d["edits"] for d in dry["dashboards"]} == \
-        {"dcgm.json": 1, "dcgm-crlf.json": 1, "linked.json": 8, "unrelated.json": 0}
+        {"dcgm.json": 1, "dcgm-crlf.json": 1, "linked.json": 9, "unrelated.json": 0}
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # a plan writes nothing
     snap = sw.snapshot("manual__2026-12-03T18:00:00+00:00")
     assert sorted(Path(f["path"]).name for f in snap["files"]) == ["dcgm-crlf.json", "dcgm.json", "linked.json"]

@@ -23,7 +23,8 @@ Decisions (documented in the README's "Read path switch" section):
   strings), in the string form or the ``{type, uid}`` object form; a reference to a datasource
   *variable* (``$datasource``, ``${DS_PROMETHEUS}``, ``[[ds]]``, also as ``{"uid": "$datasource"}``)
   of Prometheus type, or one the dashboard does not define (an export's ``__inputs``); and, with
-  ``default_is_source`` (the default), a panel with no datasource at all (Grafana's default).
+  ``default_is_source`` (the default), a panel with no datasource at all or the old ``"default"``
+  (Grafana's default datasource).
 - The new value is always the explicit object ``{"type": "prometheus", "uid": <amp uid>}`` (AMP is
   Grafana's Prometheus datasource with SigV4). A panel that used a variable gets it too: the
   variable stays in ``templating`` for the other panels, and a viewer's choice of datasource can no
@@ -60,7 +61,6 @@ MIXED = "mixed"
 UNPARSED = "unparsed"
 
 MIXED_DATASOURCE = "-- Mixed --"
-_BUILTIN_DATASOURCES = frozenset({"-- Grafana --", "-- Dashboard --", "grafana", "-- Mixed --"})
 _VARIABLE_REF = re.compile(r"^\$(\w+)$|^\$\{(\w+)(?::[^}]*)?\}$|^\[\[(\w+)(?::\w+)?\]\]$")
 _MAX_DEPTH = 200
 # What an unknown Grafana variable is read as, only to list the metrics an expression names.
@@ -278,6 +278,8 @@ class _Datasources:
     def _name(self, text: str, *, kind: str | None) -> str:
         if text == MIXED_DATASOURCE:
             return _MIXED_DS
+        if text == "default":  # old dashboards' explicit "the default datasource"
+            return _SOURCE if self.default_is_source else _ELSEWHERE
         if text in self.target.names() and kind in (None, self.target.type):
             return _TARGET
         if text in self.source.names() and kind in (None, self.source.type):
