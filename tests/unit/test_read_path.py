@@ -259,6 +259,8 @@ def folder(tmp_path: Path) -> Path:
     (d / "linked.json").symlink_to(elsewhere / "linked.json")
     (d / "unrelated.json").write_text('{"panels": [{"targets": [{"expr": "up"}]}]}')
     os.chmod(d / "dcgm.json", 0o640)
+    if os.geteuid() == 0:  # as root, give it another owner to see it kept
+        os.chown(d / "dcgm.json", 4242, 4243)
     return d
 
 
@@ -287,6 +289,8 @@ def test_files_switch_and_restore_exact_bytes(folder: Path, tmp_path: Path) -> N
     assert (folder / "linked.json").is_symlink()  # the link's target was edited, the link kept
     assert json.loads((tmp_path / "elsewhere" / "linked.json").read_text())["panels"][0]["datasource"] == AMP_REF
     assert stat.S_IMODE(os.stat(folder / "dcgm.json").st_mode) == 0o640
+    owner = (4242, 4243) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    assert (os.stat(folder / "dcgm.json").st_uid, os.stat(folder / "dcgm.json").st_gid) == owner
     assert (folder / "unrelated.json").read_bytes() == before["unrelated.json"]
     # A retry (the task ran again after a crash) is a no-op.
     assert [f["action"] for f in sw.switch(snap)["files"]] == ["already"] * 3
@@ -294,6 +298,7 @@ def test_files_switch_and_restore_exact_bytes(folder: Path, tmp_path: Path) -> N
     assert [f["action"] for f in back["files"]] == ["restored"] * 3
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert (folder / "linked.json").is_symlink() and stat.S_IMODE(os.stat(folder / "dcgm.json").st_mode) == 0o640
+    assert (os.stat(folder / "dcgm.json").st_uid, os.stat(folder / "dcgm.json").st_gid) == owner
     assert [f["action"] for f in sw.restore(snap)["files"]] == ["unchanged"] * 3  # restore is retry-safe too
     assert snap["files"][1]["panels"][0]["edits"] == [{"path": "panels[5].datasource", "from": "$datasource",
                                                        "to": AMP_REF, "inserted": False}]
