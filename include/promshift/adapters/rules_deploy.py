@@ -39,6 +39,7 @@ Alertmanagers.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
 import logging
@@ -309,10 +310,11 @@ class PrometheusRulesTarget:
             new_config = config if self._covered(config) else add_rule_file(config, self.listed_path)
         except RulesError as exc:
             raise DeployError(f"{self.config_path}: {exc}") from None
-        self.config.check(new_config)
         try:
             self.rules_dir.mkdir(parents=True, exist_ok=True)
             _write_keeping(self.rule_path, data)
+            # promtool checks the config with the rule files it names: the group's file must exist first.
+            self.config.check(new_config)
             if new_config != config:
                 _write_keeping(self.config.real_path, new_config)
             self.client.reload()
@@ -333,8 +335,6 @@ class PrometheusRulesTarget:
 
     def _covered(self, config: bytes) -> bool:
         """Whether a ``rule_files`` glob of the config already matches the group's rule file."""
-        import fnmatch
-
         base = self.config_path.parent
         for pattern in rule_file_patterns(config):
             full = pattern if os.path.isabs(pattern) else str(base / pattern)
@@ -523,8 +523,8 @@ class RulesSnapshot:
 class RulesMove:
     """One group's rules, from the source's files to the target, in the order the module docstring gives.
 
-    ``on_step(name)`` is called after each verified step (``records_on_target``, ``removed_from_source``,
-    ``loaded_on_target``, ``target_restored``, ``source_restored``): tests record both sides there.
+    ``on_step(name)`` is called after each verified step (``records_on_target``, ``loaded_on_target``;
+    ``source_restored`` after a failed handoff; ``rolled_back``): tests record both sides there.
     """
 
     def __init__(self, source: SourceRules, target: PrometheusRulesTarget | AmpRulesNamespace, *, group_name: str,
@@ -579,7 +579,6 @@ class RulesMove:
         edits = self.source.edits(snapshot.source, plan.selection)
         started = time.monotonic()
         removed = self.source.remove(snapshot.source, plan.selection, edits, now)
-        self.on_step("removed_from_source")
         try:
             loaded = self.target.put(snapshot.target, plan.document, plan.selection, now)
         except BaseException:
@@ -595,9 +594,8 @@ class RulesMove:
     def rollback(self, snapshot: RulesSnapshot, now: datetime) -> dict[str, Any]:
         """The target's rules go first (its snapshot back), then the source's files (their bytes back)."""
         target = self.target.restore(snapshot.target, now)
-        self.on_step("target_restored")
         source = self.source.restore(snapshot.source, now)
-        self.on_step("source_restored")
+        self.on_step("rolled_back")
         return {"target": target.to_dict(), "source": source.to_dict(),
                 "restored_identical": bool(source.details.get("restored_identical"))
                 and bool(target.details.get("restored_identical"))}
