@@ -173,19 +173,20 @@ def fresh(rig: Rig) -> Iterator[Rig]:
 
 
 def _wait_for_data(rig: Rig, seconds: float) -> tuple[float, float]:
-    """A window of ``seconds`` with the group on both sides, starting 2 s after the target first had it and
-    ending 3 s ago (ingestion lag)."""
+    """A window of ``seconds`` with the group on both sides: from 3 s after the target first had every GPU's
+    series (remote write starts at the source's start) to 6 s ago (ingestion lag on loaded cores)."""
     deadline = time.monotonic() + 60
-    while not rig.target.query("DCGM_FI_DEV_FB_USED").series:
+    while len(rig.target.query("DCGM_FI_DEV_FB_USED").series) < 16:
         assert time.monotonic() < deadline, "the target never received the group"
         time.sleep(0.5)
-    since = time.time() + 2
-    time.sleep(max(0.0, since + seconds + 3 - time.time()))
-    return float(int(since) + 1), float(int(time.time() - 3))
+    since = time.time() + 3
+    time.sleep(max(0.0, since + seconds + 6 - time.time()))
+    return float(int(since) + 1), float(int(time.time() - 6))
 
 
 def test_rules_parity_compares_every_moved_rule_and_never_passes_a_quiet_one(fresh: Rig) -> None:
-    plan = fresh.move().plan()
+    move = fresh.move()
+    plan = move.plan(move.snapshot())
     assert [r.name for r in plan.selection.rules] == ["gpu:fb_used:ratio", "GpuMemoryInUse", "GpuMemoryExhausted"]
     start, end = _wait_for_data(fresh, 8)
     measurements = rules_parity(fresh.source, fresh.target, plan.selection, start=start, end=end, step=1.0,
@@ -243,11 +244,11 @@ def test_the_handoff_never_evaluates_an_alert_on_both_sides_and_rolls_back_byte_
     original_target = (fresh.target_dir / "prometheus.yml").read_bytes()
     steps: list[tuple[str, dict[str, str], dict[str, str]]] = []
     move = fresh.move()
-    plan = move.plan()
-    assert set(plan.checks) == {"document", str(fresh.rule_file)}
+    snapshot = RulesSnapshot.from_dict(move.snapshot().to_dict())  # through JSON, as between tasks
+    plan = move.plan(snapshot)
+    assert set(plan.checks) == {"document", "records_document", str(fresh.rule_file)}
     watcher = Watcher(fresh, plan.selection.alerts, plan.selection.records)
     move.on_step = lambda step: steps.append((step, *watcher.state()))
-    snapshot = RulesSnapshot.from_dict(move.snapshot(plan).to_dict())  # through JSON, as between tasks
     steps.append(("before", *watcher.state()))
     with watcher:
         move.add_records(plan, snapshot, NOW)
@@ -280,6 +281,8 @@ def test_the_handoff_never_evaluates_an_alert_on_both_sides_and_rolls_back_byte_
     # A retried handoff (the same plan and snapshot) changes nothing.
     move.handoff(plan, snapshot, NOW)
     assert fresh.rule_file.read_bytes() == remove_rules(original_rules, str(fresh.rule_file), plan.selection)
+    # Another task rebuilds the same plan from the stored snapshot, though the live file has lost the rules.
+    assert fresh.move().plan(snapshot).to_dict() == plan.to_dict()
     steps.clear()
     with Watcher(fresh, plan.selection.alerts, plan.selection.records) as back:
         rolled = move.rollback(snapshot, NOW)
@@ -299,8 +302,8 @@ def test_a_target_that_fails_the_handoff_puts_the_alerts_back_on_the_source(fres
     steps: list[str] = []
     move = fresh.move(PrometheusRulesTarget(fresh.target_dir / "prometheus.yml", dead, group_name=GROUP.name),
                       on_step=steps.append)
-    plan = move.plan()
-    snapshot = move.snapshot(plan)
+    snapshot = move.snapshot()
+    plan = move.plan(snapshot)
     with pytest.raises(DeployError):
         move.handoff(plan, snapshot, NOW)
     assert steps == ["source_restored"]
@@ -315,7 +318,8 @@ def test_promtool_refuses_a_broken_source_edit_before_anything_is_deployed(fresh
                            "        expr: sum(\r\n  - name: node\r\n")
     fresh.rule_file.write_bytes(broken.encode())
     with pytest.raises(DeployError, match="promtool rejected the rules of .*gpu.yml"):
-        fresh.move().plan()
+        move = fresh.move()
+        move.plan(move.snapshot())
     assert fresh.rule_file.read_bytes() == broken.encode()
 
 
@@ -365,8 +369,8 @@ def test_the_handoff_onto_an_amp_namespace(fresh: Rig, moto_amp) -> None:
     original = fresh.rule_file.read_bytes()
     ns = AmpRulesNamespace(amp, ws, GROUP.name, poll_s=0.1, timeout_s=10)
     move = fresh.move(ns)
-    plan = move.plan()
-    snapshot = move.snapshot(plan)
+    snapshot = move.snapshot()
+    plan = move.plan(snapshot)
     records = move.add_records(plan, snapshot, NOW)
     assert records is not None and b"alert:" not in ns.describe()["data"]
     handed = move.handoff(plan, snapshot, NOW)
@@ -383,8 +387,8 @@ def test_the_watcher_sees_an_overlap_when_the_order_is_wrong(fresh: Rig) -> None
     """The handoff test's 'never both' could fail: loading alerts on the target before the source drops them
     is seen as ``both`` at once."""
     move = fresh.move()
-    plan = move.plan()
-    snapshot = move.snapshot(plan)
+    snapshot = move.snapshot()
+    plan = move.plan(snapshot)
     watcher = Watcher(fresh, plan.selection.alerts, plan.selection.records)
     move.target.put(snapshot.target, plan.document, plan.selection, NOW)
     try:
@@ -392,3 +396,19 @@ def test_the_watcher_sees_an_overlap_when_the_order_is_wrong(fresh: Rig) -> None
     finally:
         move.target.restore(snapshot.target, NOW)
     assert set(watcher.state()[0].values()) == {"source"}
+
+
+def test_the_amp_hook_gives_the_groups_namespace(moto_amp, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from promshift.orchestration.amp_hook import AmpHook
+
+    amp, ws = moto_amp
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+        "conn_type": "amp", "login": "AKIDMOTO", "password": "moto-secret",
+        "extra": {"region_name": "us-east-1", "endpoint_url": amp.meta.endpoint_url, "workspace_id": ws}}))
+    ns = AmpHook().rules_namespace("gpu-memory", timeout_s=5)
+    assert (ns.workspace_id, ns.name, ns.timeout_s) == (ws, "promshift-gpu-memory", 5)
+    assert ns.snapshot().existed is False

@@ -12,8 +12,8 @@ The pieces (``core.rules`` decides what moves; this module reads, writes, reload
   ``promtool`` checks, reload, ``/api/v1/rules``) or ``AmpRulesNamespace`` (an AMP rule-groups
   namespace ``promshift-<group>``: create or put, polled until ACTIVE; CREATION_FAILED and
   UPDATE_FAILED fail with AWS's statusReason; a deadline).
-- ``RulesMove``: the order. ``plan`` (read, select, render, every ``promtool`` check, before
-  anything is deployed) -> ``snapshot`` -> ``add_records`` -> ``handoff``; ``rollback``.
+- ``RulesMove``: the order. ``snapshot`` -> ``plan`` (select from the snapshot, render, every
+  ``promtool`` check, before anything is deployed) -> ``add_records`` -> ``handoff``; ``rollback``.
 - ``rules_parity``: each moved rule's expression on both backends over the comparison window.
 
 Alert overlap. An alert evaluated on both sides pages twice; on neither, not at all. The
@@ -67,7 +67,6 @@ from promshift.core.redact import redact_text
 from promshift.core.render import sha256_bytes
 from promshift.core.rules import (
     LoadedRule,
-    RuleFile,
     RuleKind,
     RulesError,
     Selection,
@@ -173,25 +172,31 @@ class SourceRules:
             found += [Path(p) for p in sorted(glob.glob(full)) if Path(p).is_file()]
         return list(dict.fromkeys(found))
 
-    def read(self) -> list[RuleFile]:
-        return [parse_rule_file(str(p), p.read_bytes()) for p in self.rule_files()]
-
-    def select(self, claims: Callable[[str], bool]) -> Selection:
-        return select_rules(self.read(), claims)
-
     def loaded(self) -> list[LoadedRule]:
         return loaded_rules(self.client)
 
-    def snapshot(self, selection: Selection) -> DeploySnapshot:
-        """The exact bytes of every file that holds a selected rule (JSON keeps CR and every other character)."""
-        files = {path: Path(path).read_bytes() for path in selection.files}
-        content = json.dumps({"files": {p: data.decode("utf-8") for p, data in files.items()}}, sort_keys=True)
+    def snapshot(self, claims: Callable[[str], bool]) -> DeploySnapshot:
+        """The exact bytes of every rule file that holds a rule of the group, in ``rule_files`` order.
+
+        JSON keeps CR and every other character; ``selection_of`` reads the selection back from it,
+        so every later step (on any worker, on a retry) moves exactly what was snapshotted.
+        """
+        files = {str(p): p.read_bytes() for p in self.rule_files()}
+        chosen = select_rules([parse_rule_file(p, d) for p, d in files.items()], claims).files
+        content = json.dumps({"files": [[p, files[p].decode("utf-8")] for p in chosen]})
         return DeploySnapshot(self.kind, str(self.config_path), content,
-                              {"existed": True, "sha256": {p: sha256_bytes(d) for p, d in files.items()}})
+                              {"existed": True, "sha256": {p: sha256_bytes(files[p]) for p in chosen}})
 
     @staticmethod
     def snapshot_files(snapshot: DeploySnapshot) -> dict[str, bytes]:
-        return {p: text.encode("utf-8") for p, text in json.loads(snapshot.content or '{"files": {}}')["files"].items()}
+        return {p: text.encode("utf-8") for p, text in json.loads(snapshot.content or '{"files": []}')["files"]}
+
+    def selection_of(self, snapshot: DeploySnapshot, claims: Callable[[str], bool]) -> Selection:
+        """The group's rules as they were in the snapshot's files."""
+        try:
+            return select_rules([parse_rule_file(p, d) for p, d in self.snapshot_files(snapshot).items()], claims)
+        except RulesError as exc:
+            raise DeployError(str(exc)) from None
 
     def edits(self, snapshot: DeploySnapshot, selection: Selection) -> dict[str, bytes]:
         """Each snapshotted file without the selected rules, each checked by ``promtool check rules``."""
@@ -484,16 +489,18 @@ class AmpRulesNamespace:
 
 @dataclass(frozen=True)
 class RulesPlan:
-    """What moves, decided once (``RulesMove.plan``) and kept (XCom-safe ``to_dict``) so a retry moves the same.
+    """What moves: a pure function of the source's snapshot (``RulesMove.plan``), so any task rebuilds it.
 
     ``document`` is the full rule file for the target, ``records_document`` its recording rules
-    only; ``checks`` the ``promtool`` summaries of every document and edited file.
+    only, ``edits`` each source rule file without the moved rules; ``checks`` the ``promtool``
+    summaries of the documents and edited files.
     """
 
     group: str
     selection: Selection
     document: str
     records_document: str
+    edits: Mapping[str, bytes] = field(default_factory=dict)
     checks: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -501,8 +508,10 @@ class RulesPlan:
         return not self.selection.rules
 
     def to_dict(self) -> dict[str, Any]:
+        """What the audit records: the rules, the documents, the edited files' sha256 and the checks."""
         return {"group": self.group, "selection": self.selection.to_dict(), "document": self.document,
-                "records_document": self.records_document, "checks": dict(self.checks)}
+                "records_document": self.records_document,
+                "edits": {p: sha256_bytes(d) for p, d in self.edits.items()}, "checks": dict(self.checks)}
 
 
 @dataclass(frozen=True)
@@ -534,30 +543,32 @@ class RulesMove:
         self.group_name = group_name
         self.claims = claims
         self.on_step = on_step or (lambda _step: None)
-        self._plan: RulesPlan | None = None
 
-    def plan(self) -> RulesPlan:
-        """Read and select; render the target's documents; ``promtool check rules`` them and the edited
-        source files. Nothing is written; any refusal raises DeployError here."""
-        selection = self.source.select(self.claims)
+    def snapshot(self) -> RulesSnapshot:
+        """Both sides now: the source's rule files holding the group's rules, the target's current rules."""
+        return RulesSnapshot(self.source.snapshot(self.claims), self.target.snapshot())
+
+    def plan(self, snapshot: RulesSnapshot) -> RulesPlan:
+        """Select from the snapshot; render the target's documents and the edited source files, and
+        ``promtool check rules`` each. Nothing is written; any refusal raises DeployError here."""
+        selection = self.source.selection_of(snapshot.source, self.claims)
         header = f"rules of metric group {self.group_name}, moved by promshift (do not edit: rollback restores)"
         try:
             document = rules_document(selection, header=header)
             records = rules_document(selection.only(RuleKind.RECORD), header=header)
         except RulesError as exc:
             raise DeployError(str(exc)) from None
-        checks = {}
+        checks: dict[str, str] = {}
+        edits: dict[str, bytes] = {}
         if selection.rules:
-            checks["document"] = promtool_check_rules(document.encode(), name=f"{namespace_name(self.group_name)}.yml",
-                                                      promtool=self.source.promtool)
-            snap = self.source.snapshot(selection)
-            for path in self.source.edits(snap, selection):
-                checks[path] = "edited file checked by promtool"
-        self._plan = RulesPlan(self.group_name, selection, document, records, checks)
-        return self._plan
-
-    def snapshot(self, plan: RulesPlan) -> RulesSnapshot:
-        return RulesSnapshot(self.source.snapshot(plan.selection), self.target.snapshot())
+            name = f"{namespace_name(self.group_name)}.yml"
+            checks["document"] = promtool_check_rules(document.encode(), name=name, promtool=self.source.promtool)
+            if selection.records:
+                checks["records_document"] = promtool_check_rules(records.encode(), name=name,
+                                                                  promtool=self.source.promtool)
+            edits = self.source.edits(snapshot.source, selection)
+            checks.update({path: "promtool check rules: SUCCESS" for path in edits})
+        return RulesPlan(self.group_name, selection, document, records, edits, checks)
 
     def add_records(self, plan: RulesPlan, snapshot: RulesSnapshot, now: datetime) -> DeployResult | None:
         """Step 1: the recording rules on the target (none: nothing to do, None)."""
@@ -576,9 +587,8 @@ class RulesMove:
         """
         if plan.empty:
             return {"rules": 0, "gap_s": 0.0}
-        edits = self.source.edits(snapshot.source, plan.selection)
         started = time.monotonic()
-        removed = self.source.remove(snapshot.source, plan.selection, edits, now)
+        removed = self.source.remove(snapshot.source, plan.selection, plan.edits, now)
         try:
             loaded = self.target.put(snapshot.target, plan.document, plan.selection, now)
         except BaseException:
