@@ -240,6 +240,12 @@ def test_reads_of_recording_rules_are_inlined_for_the_comparison() -> None:
         inline_recording_rules('gpu:fb_used:ratio{gpu="0"} > 0.9', records)
     with pytest.raises(PromQLError, match="offset"):
         inline_recording_rules("gpu:fb_used:ratio offset 5m > 0.9", records)
+    # A recording rule named like a label (no colon): label lists and matchers keep the label.
+    plain = parse_rule_file("p.yml", b"groups:\n- name: p\n  rules:\n  - record: fbused\n"
+                                     b"    expr: sum by (gpu) (DCGM_FI_DEV_FB_USED)\n").rules[0]
+    assert inline_recording_rules('sum by (fbused) (fbused) / on (fbused) DCGM_FI_DEV_FB_FREE{fbused="1"}',
+                                  {"fbused": plain}) == \
+        'sum by (fbused) ((sum by (gpu) (DCGM_FI_DEV_FB_USED))) / on (fbused) DCGM_FI_DEV_FB_FREE{fbused="1"}'
 
 
 def _series(**values: list[tuple[float, float]]):

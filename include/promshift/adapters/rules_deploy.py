@@ -58,6 +58,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from promshift.adapters.deploy import FileConfigDeployer, write_atomically
+from promshift.adapters.parity_check import each_side
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.deploy import DeployError, DeployResult, DeploySnapshot, DeployState
 from promshift.core.errors import ErrorKind
@@ -144,6 +145,15 @@ def _write_keeping(path: Path, data: bytes) -> None:
 def _result(kind: str, action: str, status: str, now: datetime, reason: str, **details: Any) -> DeployResult:
     return DeployResult(kind, action, DeployState.WAITING).observed(status, now, state=DeployState.DONE,
                                                                     reason=reason, **details)
+
+
+def _restore_or_say(restore: Callable[[], Any], what: str, reason: str) -> None:
+    """Run ``restore`` after a failed ``what``; when it fails too, one error naming both."""
+    try:
+        restore()
+    except Exception as exc:
+        raise DeployError(f"{what} failed ({reason}) and restoring the snapshot failed too: "
+                          f"{redact_text(str(exc))}") from None
 
 
 # --------------------------------------------------------------------------- the source
@@ -236,7 +246,7 @@ class SourceRules:
         except BaseException as exc:
             reason = redact_text(f"{type(exc).__name__}: {exc}")
             log.error("removing the rules from the source failed (%s); restoring the snapshot", reason)
-            self.restore(snapshot, now)
+            _restore_or_say(lambda: self.restore(snapshot, now), "removing the rules from the source", reason)
             if isinstance(exc, DeployError) or not isinstance(exc, Exception):
                 raise
             raise DeployError(f"removing the rules from the source failed and was reverted: {reason}") from exc
@@ -330,7 +340,7 @@ class PrometheusRulesTarget:
         except BaseException as exc:
             reason = redact_text(f"{type(exc).__name__}: {exc}")
             log.error("loading the rules on the target failed (%s); restoring its snapshot", reason)
-            self.restore(snapshot, now)
+            _restore_or_say(lambda: self.restore(snapshot, now), "loading the rules on the target", reason)
             if isinstance(exc, DeployError) or not isinstance(exc, Exception):
                 raise
             raise DeployError(f"loading the rules on the target failed and was reverted: {reason}") from exc
@@ -643,8 +653,8 @@ def rules_parity(source: PrometheusClient, target: PrometheusClient, selection: 
                                    f"the rule's look-back ({back:g}s)", (expr,), {"lookback_s": back}))
             continue
         try:
-            src = source.query_range(expr, start=first, end=end, step=step)
-            tgt = target.query_range(target_expr, start=first, end=end, step=step)
+            src, tgt = each_side(lambda e=expr, f=first: source.query_range(e, start=f, end=end, step=step),
+                                 lambda e=target_expr, f=first: target.query_range(e, start=f, end=end, step=step))
         except PrometheusError as exc:
             out.append(Measurement(name, Verdict.ERROR, f"query failed: {exc}", (expr,)))
             continue

@@ -497,6 +497,9 @@ def _check_rule_files(old: str, new: str, want: Sequence[str]) -> None:
 # -- parity: a moved rule's expression on both backends ------------------------------------------
 
 
+_LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+
+
 def inline_recording_rules(expr: str, records: Mapping[str, Rule], *, depth: int = 8) -> str:
     """``expr`` with each read of a recording rule in ``records`` replaced by the rule's own expression.
 
@@ -519,12 +522,19 @@ def inline_recording_rules(expr: str, records: Mapping[str, Rule], *, depth: int
                                   "compared after it moves")
         tokens = _TOKEN.findall(expr)
         out: list[str] = []
+        braces = 0
+        labels = False  # inside a by/without/on/ignoring/group_* label list
         i = 0
         while i < len(tokens):
             tok = tokens[i]
-            rule = records.get(tok)
             prev = next((t for t in reversed(out) if not t.isspace()), "")
-            if rule is None or prev in ("by", "without", "on", "ignoring", "group_left", "group_right", "offset"):
+            braces += {"{": 1, "}": -1}.get(tok, 0)
+            if tok == "(":
+                labels = prev in _LABEL_LISTS
+            elif tok == ")":
+                labels = False
+            rule = records.get(tok)
+            if rule is None or braces or labels:
                 out.append(tok)
                 i += 1
                 continue
