@@ -34,3 +34,23 @@ def test_the_target_rule_file_is_named_relative_to_the_config_and_a_covering_glo
     outside = PrometheusRulesTarget(config, PrometheusClient("http://127.0.0.1:9"), group_name="g",
                                     rules_dir="/etc/prometheus/rules")
     assert outside.listed_path == "/etc/prometheus/rules/promshift-g.yml"
+
+
+def test_the_source_snapshot_keeps_crlf_bytes_through_the_snapshot_store(tmp_path: Path) -> None:
+    from promshift.adapters.rules_deploy import SourceRules
+    from promshift.adapters.snapshot_store import FileSnapshotStore
+
+    (tmp_path / "rules").mkdir()
+    crlf = (Path(__file__).resolve().parents[1] / "data" / "rules" / "gpu-crlf.yml").read_bytes()
+    (tmp_path / "rules" / "gpu.yml").write_bytes(crlf)
+    (tmp_path / "rules" / "other.yml").write_bytes(b"groups:\n- name: o\n  rules:\n  - alert: Up\n    expr: up == 0\n")
+    (tmp_path / "prometheus.yml").write_bytes(b"rule_files:\r\n  - rules/*.yml\r\n")
+    source = SourceRules(tmp_path / "prometheus.yml", PrometheusClient("http://127.0.0.1:9"))
+    assert [p.name for p in source.rule_files()] == ["gpu.yml", "other.yml"]
+    claims = {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}.__contains__
+    snap = source.snapshot(claims)
+    store = FileSnapshotStore(tmp_path / "snapshots")
+    back = store.get(store.put("gpu-memory", "run 1", snap))
+    assert source.snapshot_files(back) == {str(tmp_path / "rules" / "gpu.yml"): crlf}  # only the file with rules
+    assert [r.name for r in source.selection_of(back, claims).rules] == ["gpu:fb_used:ratio", "GpuMemoryHigh",
+                                                                         "GpuMemoryLeak"]
