@@ -107,7 +107,7 @@ class Rig:
         source = SourceRules(self.source_dir / "prometheus.yml", self.source)
         target = target or PrometheusRulesTarget(self.target_dir / "prometheus.yml", self.target,
                                                  group_name=GROUP.name)
-        return RulesMove(source, target, group_name=GROUP.name, claims=GROUP.claims, on_step=on_step)
+        return RulesMove.for_group(source, target, GROUP, on_step=on_step)
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 60) -> None:

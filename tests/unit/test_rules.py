@@ -71,6 +71,29 @@ def test_chains_across_files_and_out_of_order_are_followed_to_the_end() -> None:
     assert select_rules([first], claims).rules == ()
 
 
+def test_selectors_without_a_metric_name_move_when_they_select_a_group_metric() -> None:
+    f = parse_rule_file("n.yml", b"""groups:
+- name: n
+  rules:
+  - record: fb:series
+    expr: count({__name__=~"DCGM_FI_DEV_FB_.*"})
+  - record: gpu:series
+    expr: count({__name__=~"DCGM_FI_DEV_GPU_.*"})
+  - record: all:series
+    expr: count({job="dcgm"})
+  - alert: NotFb
+    expr: count({__name__!~"DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_FB_RESERVED", job="x"}) > 1
+""")
+    sel = select_rules([f], claims, candidates=sorted(GPU_MEMORY))
+    assert [r.name for r in sel.rules] == ["fb:series"]
+    assert sel.why[sel.rules[0].key] == 'reads {__name__=~"DCGM_FI_DEV_FB_.*"}'
+    assert list(sel.unsure.values()) == [('{job="dcgm"}',)]
+    assert sel.to_dict()["unsure"] == [{"rule": "n.yml/n/2", "selectors": ['{job="dcgm"}']}]
+    # Without candidates (a metric_regex group) every such rule is named unsure, none moves.
+    blind = select_rules([f], claims)
+    assert blind.rules == () and len(blind.unsure) == 4
+
+
 def test_a_bad_rule_file_is_one_line_naming_it() -> None:
     with pytest.raises(RulesError, match=r"^x.yml: group 'g', rule 1: needs exactly one of `record` or `alert`$"):
         parse_rule_file("x.yml", b"groups:\n- name: g\n  rules:\n  - expr: up\n")

@@ -60,6 +60,7 @@ from botocore.exceptions import ClientError
 from promshift.adapters.deploy import FileConfigDeployer, write_atomically
 from promshift.adapters.parity_check import each_side
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import DeployError, DeployResult, DeploySnapshot, DeployState
 from promshift.core.errors import ErrorKind
 from promshift.core.parity import normalize_labels
@@ -185,14 +186,18 @@ class SourceRules:
     def loaded(self) -> list[LoadedRule]:
         return loaded_rules(self.client)
 
-    def snapshot(self, claims: Callable[[str], bool]) -> DeploySnapshot:
+    def snapshot(self, claims: Callable[[str], bool], candidates: Sequence[str] = ()) -> DeploySnapshot:
         """The exact bytes of every rule file that holds a rule of the group, in ``rule_files`` order.
 
         JSON keeps CR and every other character; ``selection_of`` reads the selection back from it,
         so every later step (on any worker, on a retry) moves exactly what was snapshotted.
         """
         files = {str(p): p.read_bytes() for p in self.rule_files()}
-        chosen = select_rules([parse_rule_file(p, d) for p, d in files.items()], claims).files
+        try:
+            chosen = select_rules([parse_rule_file(p, d) for p, d in files.items()], claims,
+                                  candidates=candidates).files
+        except RulesError as exc:
+            raise DeployError(str(exc)) from None
         content = json.dumps({"files": [[p, files[p].decode("utf-8")] for p in chosen]})
         return DeploySnapshot(self.kind, str(self.config_path), content,
                               {"existed": True, "sha256": {p: sha256_bytes(files[p]) for p in chosen}})
@@ -201,10 +206,12 @@ class SourceRules:
     def snapshot_files(snapshot: DeploySnapshot) -> dict[str, bytes]:
         return {p: text.encode("utf-8") for p, text in json.loads(snapshot.content or '{"files": []}')["files"]}
 
-    def selection_of(self, snapshot: DeploySnapshot, claims: Callable[[str], bool]) -> Selection:
+    def selection_of(self, snapshot: DeploySnapshot, claims: Callable[[str], bool],
+                     candidates: Sequence[str] = ()) -> Selection:
         """The group's rules as they were in the snapshot's files."""
         try:
-            return select_rules([parse_rule_file(p, d) for p, d in self.snapshot_files(snapshot).items()], claims)
+            return select_rules([parse_rule_file(p, d) for p, d in self.snapshot_files(snapshot).items()], claims,
+                                candidates=candidates)
         except RulesError as exc:
             raise DeployError(str(exc)) from None
 
@@ -547,21 +554,39 @@ class RulesMove:
     """
 
     def __init__(self, source: SourceRules, target: PrometheusRulesTarget | AmpRulesNamespace, *, group_name: str,
-                 claims: Callable[[str], bool], on_step: Callable[[str], None] | None = None) -> None:
+                 claims: Callable[[str], bool], candidates: Sequence[str] = (),
+                 on_step: Callable[[str], None] | None = None) -> None:
         self.source = source
         self.target = target
         self.group_name = group_name
         self.claims = claims
+        self.candidates = tuple(candidates)
         self.on_step = on_step or (lambda _step: None)
+
+    @classmethod
+    def for_group(cls, source: SourceRules, target: PrometheusRulesTarget | AmpRulesNamespace, group: MetricGroup,
+                  *, on_step: Callable[[str], None] | None = None, lookback_s: float = 3600.0) -> RulesMove:
+        """The move for a catalog group: its ``claims``; as candidate names for selectors without a metric
+        name, its explicit ``metrics`` plus, with a ``metric_regex``, the names the source has for it now."""
+        names = list(group.metrics)
+        if group.metric_regex is not None:
+            now = time.time()
+            try:
+                names += source.client.label_values("__name__", group.selector(), start=now - lookback_s, end=now)
+            except PrometheusError as exc:
+                log.warning("cannot list the group's metric names on the source (%s); selectors without a "
+                            "metric name are matched against the catalog's names only", exc)
+        return cls(source, target, group_name=group.name, claims=group.claims,
+                   candidates=tuple(dict.fromkeys(names)), on_step=on_step)
 
     def snapshot(self) -> RulesSnapshot:
         """Both sides now: the source's rule files holding the group's rules, the target's current rules."""
-        return RulesSnapshot(self.source.snapshot(self.claims), self.target.snapshot())
+        return RulesSnapshot(self.source.snapshot(self.claims, self.candidates), self.target.snapshot())
 
     def plan(self, snapshot: RulesSnapshot) -> RulesPlan:
         """Select from the snapshot; render the target's documents and the edited source files, and
         ``promtool check rules`` each. Nothing is written; any refusal raises DeployError here."""
-        selection = self.source.selection_of(snapshot.source, self.claims)
+        selection = self.source.selection_of(snapshot.source, self.claims, self.candidates)
         header = f"rules of metric group {self.group_name}, moved by promshift (do not edit: rollback restores)"
         try:
             document = rules_document(selection, header=header)

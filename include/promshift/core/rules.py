@@ -34,6 +34,7 @@ import yaml
 from ruamel.yaml.error import YAMLError
 
 from promshift.core import render
+from promshift.core.catalog.regex import _compile_re2
 from promshift.core.parity import LabelSet, Points, SampleComparison
 from promshift.core.promql import _TOKEN, PromQLError, analyse, metric_names, promql_string
 from promshift.core.render import RenderError
@@ -64,6 +65,8 @@ class Rule:
     expr: str
     body: Mapping[str, Any]  # the rule's mapping as loaded (YAML 1.2; aliases resolved)
     reads: tuple[str, ...]  # metric names its expr reads
+    # Selectors without a metric name (``{__name__=~"DCGM_FI_DEV_FB_.*"}``): PromQL text and __name__ matchers.
+    nameless: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -101,6 +104,8 @@ class Selection:
     # Metrics a selected rule reads that neither the group claims nor a selected recording rule makes:
     # the target may not have them, so parity (not this module) decides whether the rule can move.
     foreign: Mapping[tuple[str, str, int], tuple[str, ...]] = field(default_factory=dict)
+    # Rules left behind that read selectors without a metric name this module cannot tie to the group.
+    unsure: Mapping[tuple[str, str, int], tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def records(self) -> tuple[Rule, ...]:
@@ -130,13 +135,14 @@ class Selection:
         keys = {r.key for r in rules}
         groups = tuple(g for g in self.groups if any((g.file, g.name) == (r.file, r.group) for r in rules))
         return Selection(rules, groups, {k: v for k, v in self.why.items() if k in keys},
-                         {k: v for k, v in self.foreign.items() if k in keys})
+                         {k: v for k, v in self.foreign.items() if k in keys}, self.unsure)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rules": [{"file": r.file, "group": r.group, "index": r.index, "kind": r.kind.value, "name": r.name,
                            "expr": r.expr, "why": self.why.get(r.key, ""),
                            "foreign_reads": list(self.foreign.get(r.key, ()))} for r in self.rules],
-                "records": len(self.records), "alerts": len(self.alerts)}
+                "records": len(self.records), "alerts": len(self.alerts),
+                "unsure": [{"rule": "/".join(map(str, k)), "selectors": list(v)} for k, v in self.unsure.items()]}
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -198,19 +204,43 @@ def parse_rule_file(path: str, data: str | bytes) -> RuleFile:
                 raise RulesError(f"{path}: group {name!r}, rule {ri + 1}: needs exactly one of `record` or `alert`")
             expr = str(item["expr"])
             rules.append(Rule(path, name, ri, kind, str(item[kind.value]), expr, dict(item),
-                              tuple(dict.fromkeys(metric_names(expr)))))
+                              tuple(dict.fromkeys(metric_names(expr))), _nameless(expr)))
     return RuleFile(path, tuple(groups), tuple(rules))
+
+
+def _nameless(expr: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    try:
+        selectors = analyse(expr).selectors
+    except PromQLError:
+        return ()
+    return tuple((s.promql(), tuple((op, value) for label, op, value in s.matchers if label == "__name__"))
+                 for s in selectors if s.name is None)
+
+
+def _name_matches(matchers: Sequence[tuple[str, str]], name: str) -> bool:
+    """Whether a selector's ``__name__`` matchers select ``name`` (regexes fully anchored, as in Prometheus)."""
+    for op, value in matchers:
+        hit = name == value if op in ("=", "!=") else _compile_re2(value).fullmatch(name) is not None
+        if hit != (op in ("=", "=~")):
+            return False
+    return True
 
 
 # -- selecting -------------------------------------------------------------------------------------
 
 
-def select_rules(files: Iterable[RuleFile], claims: Callable[[str], bool]) -> Selection:
+def select_rules(files: Iterable[RuleFile], claims: Callable[[str], bool], *,
+                 candidates: Iterable[str] = ()) -> Selection:
     """The rules that read the group (``claims(metric_name)``), directly or through selected recording rules.
 
     Repeated to a fixed point, so a chain (alert -> recording rule -> recording rule -> group) moves
-    whole, wherever in the files its links are.
+    whole, wherever in the files its links are. A selector without a metric name
+    (``{__name__=~"DCGM_FI_DEV_FB_.*"}``) reads the group when its ``__name__`` matchers select one of
+    ``candidates`` (the group's known metric names). One with no ``__name__`` matcher at all (or any,
+    when no candidates are given) may read anything: its rule is named in ``Selection.unsure`` and
+    does not move on its own.
     """
+    known = tuple(candidates)
     all_files = list(files)
     rules = [r for f in all_files for r in f.rules]
     why: dict[tuple[str, str, int], str] = {}
@@ -222,6 +252,8 @@ def select_rules(files: Iterable[RuleFile], claims: Callable[[str], bool]) -> Se
             if r.key in why:
                 continue
             direct = [m for m in r.reads if claims(m)]
+            direct += [sel for sel, matchers in r.nameless
+                       if matchers and any(claims(m) and _name_matches(matchers, m) for m in known)]
             via = [m for m in r.reads if m in made]
             if direct or via:
                 why[r.key] = (f"reads {', '.join(direct)}" if direct else f"reads recording rule {', '.join(via)}")
@@ -231,7 +263,10 @@ def select_rules(files: Iterable[RuleFile], claims: Callable[[str], bool]) -> Se
     chosen = tuple(r for r in rules if r.key in why)
     foreign = {r.key: tuple(m for m in r.reads if not claims(m) and m not in made) for r in chosen}
     groups = tuple(g for f in all_files for g in f.groups if any((g.file, g.name) == (r.file, r.group) for r in chosen))
-    return Selection(chosen, groups, why, {k: v for k, v in foreign.items() if v})
+    unsure = {r.key: tuple(sel for sel, matchers in r.nameless if not matchers or not known)
+              for r in rules if r.key not in why and r.nameless}
+    return Selection(chosen, groups, why, {k: v for k, v in foreign.items() if v},
+                     {k: v for k, v in unsure.items() if v})
 
 
 # -- the target's document -------------------------------------------------------------------------
