@@ -412,3 +412,17 @@ def test_the_amp_hook_gives_the_groups_namespace(moto_amp, monkeypatch: pytest.M
     ns = AmpHook().rules_namespace("gpu-memory", timeout_s=5)
     assert (ns.workspace_id, ns.name, ns.timeout_s) == (ws, "promshift-gpu-memory", 5)
     assert ns.snapshot().existed is False
+
+
+def test_a_metric_regex_group_takes_its_candidate_names_from_the_source(fresh: Rig) -> None:
+    group = MetricGroup(name="fb", metric_regex="DCGM_FI_DEV_FB_(USED|FREE)")
+    deadline = time.monotonic() + 30
+    while not fresh.source.query("DCGM_FI_DEV_FB_USED").series:  # the source's first scrapes
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    move = RulesMove.for_group(SourceRules(fresh.source_dir / "prometheus.yml", fresh.source),
+                               PrometheusRulesTarget(fresh.target_dir / "prometheus.yml", fresh.target,
+                                                     group_name="fb"), group)
+    assert set(move.candidates) == {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}
+    assert [r.name for r in move.plan(move.snapshot()).selection.rules] == ["gpu:fb_used:ratio", "GpuMemoryInUse",
+                                                                            "GpuMemoryExhausted"]
