@@ -54,3 +54,16 @@ def test_the_source_snapshot_keeps_crlf_bytes_through_the_snapshot_store(tmp_pat
     assert source.snapshot_files(back) == {str(tmp_path / "rules" / "gpu.yml"): crlf}  # only the file with rules
     assert [r.name for r in source.selection_of(back, claims).rules] == ["gpu:fb_used:ratio", "GpuMemoryHigh",
                                                                          "GpuMemoryLeak"]
+
+
+def test_a_symlinked_rule_file_keeps_its_link_and_mode(tmp_path: Path) -> None:
+    from promshift.adapters.rules_deploy import _write_keeping
+
+    real = tmp_path / "real.yml"
+    real.write_bytes(b"groups: []\n")
+    real.chmod(0o640)
+    link = tmp_path / "link.yml"
+    link.symlink_to(real)
+    _write_keeping(link, b"groups:\r\n")
+    assert link.is_symlink() and real.read_bytes() == b"groups:\r\n"
+    assert real.stat().st_mode & 0o777 == 0o640

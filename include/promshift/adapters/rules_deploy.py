@@ -138,6 +138,9 @@ def _same_file(config_dir: Path) -> Callable[[str, str], bool]:
 
 
 def _write_keeping(path: Path, data: bytes) -> None:
+    """Replace the file's bytes atomically, keeping its mode and owner; a symlink keeps its link (the write
+    goes to its target)."""
+    path = Path(os.path.realpath(path))
     st = path.stat() if path.exists() else None
     write_atomically(path, data, mode=stat.S_IMODE(st.st_mode) if st else 0o644,
                      uid=st.st_uid if st else -1, gid=st.st_gid if st else -1)
@@ -250,6 +253,11 @@ class SourceRules:
             if still:
                 raise DeployError(f"the source still evaluates {len(still)} moved rules after the reload: "
                                   f"{', '.join(still[:3])}")
+            kept = [r for p, d in edits.items() for r in parse_rule_file(p, d).rules]
+            lost = missing_rules(kept, loaded, same_file=self._same)
+            if lost:
+                raise DeployError(f"the source lost {len(lost)} rules that stay after the reload: "
+                                  f"{', '.join(r.label for r in lost[:3])}")
         except BaseException as exc:
             reason = redact_text(f"{type(exc).__name__}: {exc}")
             log.error("removing the rules from the source failed (%s); restoring the snapshot", reason)
@@ -637,7 +645,11 @@ class RulesMove:
                 "target": loaded.to_dict()}
 
     def rollback(self, snapshot: RulesSnapshot, now: datetime) -> dict[str, Any]:
-        """The target's rules go first (its snapshot back), then the source's files (their bytes back)."""
+        """The target's rules go first (its snapshot back), then the source's files (their bytes back).
+
+        When the target cannot be restored the error is raised before the source is touched: the
+        alerts stay evaluated on the target alone (never on both); a retry does both steps again.
+        """
         target = self.target.restore(snapshot.target, now)
         source = self.source.restore(snapshot.source, now)
         self.on_step("rolled_back")
