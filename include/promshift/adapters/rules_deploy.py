@@ -151,6 +151,20 @@ def _result(kind: str, action: str, status: str, now: datetime, reason: str, **d
                                                                     reason=reason, **details)
 
 
+def _reload_restored(kind: str, client: PrometheusClient, now: datetime, what: str,
+                     identical: Callable[[], bool]) -> DeployResult:
+    """Reload after a restore; the result says whether ``what`` holds the snapshot's bytes again."""
+    try:
+        client.reload()
+    except PrometheusError as exc:
+        raise DeployError(f"restored {what} but the reload failed: {exc}") from exc
+    same = identical()
+    return DeployResult(kind, "restore", DeployState.WAITING).observed(
+        "RESTORED" if same else "DIFFERS", now, state=DeployState.DONE if same else DeployState.FAILED,
+        reason=f"{what} restored byte for byte" if same else f"{what} differ from the snapshot",
+        restored_identical=same)
+
+
 def _restore_or_say(restore: Callable[[], Any], what: str, reason: str) -> None:
     """Run ``restore`` after a failed ``what``; when it fails too, one error naming both."""
     try:
@@ -279,15 +293,8 @@ class SourceRules:
         for path, data in files.items():
             if not Path(path).exists() or Path(path).read_bytes() != data:
                 _write_keeping(Path(path), data)
-        try:
-            self.client.reload()
-        except PrometheusError as exc:
-            raise DeployError(f"restored the source's rule files but the reload failed: {exc}") from exc
-        identical = all(Path(p).read_bytes() == d for p, d in files.items())
-        return DeployResult(self.kind, "restore", DeployState.WAITING).observed(
-            "RESTORED" if identical else "DIFFERS", now, state=DeployState.DONE if identical else DeployState.FAILED,
-            reason="rule files restored byte for byte" if identical else "a restored rule file differs",
-            restored_identical=identical)
+        return _reload_restored(self.kind, self.client, now, "the source's rule files",
+                                lambda: all(Path(p).read_bytes() == d for p, d in files.items()))
 
 
 # --------------------------------------------------------------------------- the targets
@@ -388,15 +395,11 @@ class PrometheusRulesTarget:
             self.rule_path.unlink(missing_ok=True)
         else:
             _write_keeping(self.rule_path, str(saved["rule_file"]).encode("utf-8"))
-        try:
-            self.client.reload()
-        except PrometheusError as exc:
-            raise DeployError(f"restored the target's config and rule file but the reload failed: {exc}") from exc
-        identical = self.config.real_path.read_bytes() == config
-        return DeployResult(self.kind, "restore", DeployState.WAITING).observed(
-            "RESTORED" if identical else "DIFFERS", now, state=DeployState.DONE if identical else DeployState.FAILED,
-            reason="target config and rule file restored" if identical else "the target's config differs",
-            restored_identical=identical)
+        rule = saved.get("rule_file")
+        return _reload_restored(self.kind, self.client, now, "the target's config and rule file",
+                                lambda: self.config.real_path.read_bytes() == config and (
+                                    not self.rule_path.exists() if rule is None
+                                    else self.rule_path.read_bytes() == str(rule).encode("utf-8")))
 
 
 class AmpRulesNamespace:

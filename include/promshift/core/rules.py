@@ -149,12 +149,10 @@ class Selection:
 
 
 def _text(data: str | bytes, what: str) -> str:
-    if isinstance(data, str):
-        return data
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RulesError(f"{what} is not UTF-8: {exc}") from None
+        return render._decode(data)
+    except RenderError as exc:
+        raise RulesError(f"{what}: {exc}") from None
 
 
 def _load(text: str, what: str) -> Any:
