@@ -32,7 +32,7 @@ from promshift.adapters.rules_deploy import (
     rules_parity,
 )
 from promshift.core.catalog import MetricGroup
-from promshift.core.deploy import DeployError
+from promshift.core.deploy import DeployError, DeploySnapshot
 from promshift.core.rules import RuleKind, alert_states, parse_rule_file, remove_rules, select_rules
 from promshift.core.verdicts import Verdict
 from promshift.stack.local import PROMETHEUS_BIN, find_free_ports
@@ -426,3 +426,34 @@ def test_a_metric_regex_group_takes_its_candidate_names_from_the_source(fresh: R
     assert set(move.candidates) == {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}
     assert [r.name for r in move.plan(move.snapshot()).selection.rules] == ["gpu:fb_used:ratio", "GpuMemoryInUse",
                                                                             "GpuMemoryExhausted"]
+
+
+def test_an_amp_namespace_that_fails_to_create_puts_the_alerts_back_on_the_source(fresh: Rig) -> None:
+    from botocore.stub import Stubber
+
+    amp = boto3.client("amp", region_name="us-east-1", aws_access_key_id="AKIDSTUB",
+                       aws_secret_access_key="stub-secret")  # noqa: S106
+    ws, name = "ws-stubbed", "promshift-gpu-memory"
+    stub = Stubber(amp)
+    status = {"statusCode": "CREATION_FAILED", "statusReason": "rule group limit exceeded"}
+    failed = {"ruleGroupsNamespace": {"arn": "arn:aws:aps:us-east-1:123456789012:rulegroupsnamespace/x", "name": name,
+                                      "status": status, "data": b"", "createdAt": NOW, "modifiedAt": NOW}}
+    stub.add_client_error("describe_rule_groups_namespace", "ResourceNotFoundException", "none", 404)
+    stub.add_response("create_rule_groups_namespace", {"name": name, "arn": "arn:aws:aps:x", "status": {
+        "statusCode": "CREATING"}})
+    stub.add_response("describe_rule_groups_namespace", failed)
+    stub.add_response("describe_rule_groups_namespace", failed)  # the restore looks, deletes, looks again
+    stub.add_response("delete_rule_groups_namespace", {}, expected_params={"workspaceId": ws, "name": name})
+    stub.add_client_error("describe_rule_groups_namespace", "ResourceNotFoundException", "none", 404)
+    original = fresh.rule_file.read_bytes()
+    steps: list[str] = []
+    move = fresh.move(AmpRulesNamespace(amp, ws, GROUP.name, poll_s=0.01, timeout_s=5), on_step=steps.append)
+    snapshot = RulesSnapshot(move.source.snapshot(GROUP.claims, GROUP.metrics),
+                             DeploySnapshot("rules-amp", None, "", {"existed": False}))
+    plan = move.plan(snapshot)
+    with stub, pytest.raises(DeployError, match="is CREATION_FAILED: rule group limit exceeded$"):
+        move.handoff(plan, snapshot, NOW)
+    stub.assert_no_pending_responses()
+    assert steps == ["source_restored"]
+    assert fresh.rule_file.read_bytes() == original
+    assert {"GpuMemoryInUse", "GpuMemoryExhausted"} <= {r.name for r in loaded_rules(fresh.source)}

@@ -81,8 +81,13 @@ def test_creation_failed_raises_with_aws_reason() -> None:
     stub.add_response("create_rule_groups_namespace", {"name": NAME, "arn": ARN, "status": {"statusCode": "CREATING"}})
     describe(stub, "CREATING")
     describe(stub, "CREATION_FAILED", "1:1: parse error: unexpected identifier")
+    # The failed namespace goes: there was none before.
+    describe(stub, "CREATION_FAILED", "1:1: parse error: unexpected identifier")
+    stub.add_response("delete_rule_groups_namespace", {}, expected_params={"workspaceId": WS, "name": NAME})
+    describe(stub, None)
     with stub, pytest.raises(DeployError) as excinfo:
         ns.put(absent(), DOC, SELECTION, NOW)
+    stub.assert_no_pending_responses()
     assert str(excinfo.value) == (f"rule-groups namespace {NAME} is CREATION_FAILED: 1:1: parse error: unexpected "
                                   "identifier")
 
@@ -94,8 +99,13 @@ def test_update_failed_on_an_existing_namespace_raises_with_aws_reason() -> None
                       expected_params={"workspaceId": WS, "name": NAME, "data": DOC.encode()})
     describe(stub, "UPDATING")
     describe(stub, "UPDATE_FAILED", "rule group limit exceeded")
+    # The previous rules are put back.
+    stub.add_response("put_rule_groups_namespace", {"name": NAME, "arn": ARN, "status": {"statusCode": "UPDATING"}},
+                      expected_params={"workspaceId": WS, "name": NAME, "data": b"groups: []\n"})
+    describe(stub, "ACTIVE", data="groups: []\n")
     with stub, pytest.raises(DeployError, match="is UPDATE_FAILED: rule group limit exceeded$"):
         ns.put(DeploySnapshot("rules-amp", NAME, "groups: []\n", {"existed": True}), DOC, SELECTION, NOW)
+    stub.assert_no_pending_responses()
 
 
 def test_a_namespace_that_never_turns_active_times_out() -> None:
@@ -104,7 +114,12 @@ def test_a_namespace_that_never_turns_active_times_out() -> None:
     stub.add_response("create_rule_groups_namespace", {"name": NAME, "arn": ARN, "status": {"statusCode": "CREATING"}})
     for _ in range(4):
         describe(stub, "CREATING")
-    with stub, pytest.raises(DeployError, match=f"^rule-groups namespace {NAME} still CREATING after 12s$"):
+    # Deleting a namespace still CREATING is refused: both failures are named in one line.
+    describe(stub, "CREATING")
+    stub.add_client_error("delete_rule_groups_namespace", "ConflictException", "namespace is being created", 409)
+    with stub, pytest.raises(DeployError, match=f"^putting rule-groups namespace {NAME} failed \\(rule-groups "
+                                                f"namespace {NAME} still CREATING after 12s\\) and restoring the "
+                                                "snapshot failed too: DeleteRuleGroupsNamespace .*ConflictException"):
         ns.put(absent(), DOC, SELECTION, NOW)
     assert clock.t >= 12
 

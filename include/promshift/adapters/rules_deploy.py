@@ -443,7 +443,11 @@ class AmpRulesNamespace:
                               {"existed": True, "namespace": self.name})
 
     def put(self, snapshot: DeploySnapshot, document: str, expect: Selection, now: datetime) -> DeployResult:
-        """Create the namespace (put when it exists) with ``document`` and wait until it is ACTIVE with it."""
+        """Create the namespace (put when it exists) with ``document`` and wait until it is ACTIVE with it.
+
+        A FAILED status or the deadline restores the snapshot (the namespace deleted, or its previous
+        rules put back) before the error is raised, as the local target does.
+        """
         data = document.encode("utf-8")
         result = DeployResult(self.kind, "deploy", DeployState.WAITING)
         try:
@@ -462,7 +466,13 @@ class AmpRulesNamespace:
             raise DeployError(self._aws(exc, "PutRuleGroupsNamespace")) from None
         result = result.observed(str((answer.get("status") or {}).get("statusCode") or "UNKNOWN"), now,
                                  state=DeployState.WAITING, namespace=self.name, arn=answer.get("arn"))
-        return self.wait(result, now, data=data, rules=[r.label for r in expect.rules])
+        try:
+            return self.wait(result, now, data=data, rules=[r.label for r in expect.rules])
+        except DeployError as exc:
+            log.error("rule-groups namespace %s did not take the rules (%s); restoring its snapshot", self.name, exc)
+            _restore_or_say(lambda: self.restore(snapshot, now), f"putting rule-groups namespace {self.name}",
+                            str(exc))
+            raise
 
     def wait(self, result: DeployResult, now: datetime, *, data: bytes | None, rules: Sequence[str] = ()
              ) -> DeployResult:
