@@ -50,6 +50,7 @@ class Layer(StrEnum):
     LABELS = "labels"
     GOLDEN = "golden"  # the golden layer itself ("golden") and each query ("golden[panel]")
     SAMPLES = "samples"
+    RULES = "rules"  # recording and alerting rules that move with the group ("rules" and "rules[<rule>]")
     LATENCY = "latency"
 
     @classmethod

@@ -145,6 +145,17 @@ class AmpHook(AwsBaseHook):
         return ScraperDeployer(self.conn, group_name=group_name, blob=blob, workspace_arn=self.workspace.arn,
                                source=source, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
 
+    def rules_namespace(self, group_name: str, *, timeout_s: float | None = None) -> Any:
+        """The group's rule-groups namespace (``promshift-<group>``) on this workspace: an ``AmpRulesNamespace``.
+
+        Needs ``aps:CreateRuleGroupsNamespace``, ``aps:PutRuleGroupsNamespace``,
+        ``aps:DescribeRuleGroupsNamespace`` and ``aps:DeleteRuleGroupsNamespace`` (rollback).
+        """
+        from promshift.adapters.rules_deploy import DEFAULT_TIMEOUT_S, AmpRulesNamespace
+
+        return AmpRulesNamespace(self.conn, self.workspace.workspace_id, group_name,
+                                 timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+
     def service_client(self, service_name: str) -> Any:
         """Another AWS service's client with this connection's credentials, region, role and endpoint.
 
