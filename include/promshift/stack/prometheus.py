@@ -69,6 +69,8 @@ class PrometheusProcess:
         self.log_path: Path | None = directory / f"{name}.log" if log else None
         self._env = None if env is None else dict(env)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._http = requests.Session()
+        self._http.trust_env = False  # 127.0.0.1 only: an HTTP(S)_PROXY from the environment must not intercept it
         if start:
             self.start()
 
@@ -102,7 +104,7 @@ class PrometheusProcess:
     def ready(self) -> bool:
         """``/-/ready`` answers 200 (the TSDB is loaded and the server serves queries)."""
         try:
-            return requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200
+            return self._http.get(f"{self.url}/-/ready", timeout=2).status_code == 200
         except requests.RequestException:
             return False
 
@@ -140,6 +142,7 @@ class PrometheusProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self._http.close()
 
     def __enter__(self) -> PrometheusProcess:
         try:
