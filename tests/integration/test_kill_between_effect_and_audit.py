@@ -12,7 +12,8 @@ expected, and a verifiable chain.
 
 Backends are real: the file path runs on the session's local stack (``local_stack``); the managed
 collector and the ``k8s-cr`` path on one local AMP stack that also runs the Kubernetes API contract server
-over its source (``stack up --target amp --k8s``).
+over its source (``stack up --target amp --k8s``); the ``k8s-configmap`` path on the contract server with its
+config-reloader stand-in and a real Prometheus (as ``test_k8s_deploy.py`` runs them).
 """
 
 from __future__ import annotations
@@ -22,21 +23,23 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client import ApiClient, Configuration
 
 from promshift.adapters.amp_scraper import ScraperDeployer, wait_for
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
-from promshift.adapters.k8s_deploy import PrometheusCRDeployment, kubernetes_deployer
+from promshift.adapters.k8s_deploy import ConfigMapDeployment, PrometheusCRDeployment, kubernetes_deployer
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
 from promshift.adapters.snapshot_store import FileSnapshotStore
 from promshift.core.catalog import MetricGroup
-from promshift.core.deploy import DeployResult
+from promshift.core.deploy import DeployResult, DeploySnapshot
 from promshift.core.render import add_remote_write, remote_write_entry, remote_write_name, remote_write_names
 from promshift.core.stages import Stage
 from promshift.deploy_path import SCRAPER_INTERVAL_S, ScraperDeployStep, final_event, kubernetes_source_of
@@ -46,7 +49,9 @@ from promshift.migration import Backends, GroupMigration
 from promshift.orchestration.amp_hook import AmpHook
 from promshift.orchestration.hooks import kubernetes_hook
 from promshift.settings import default_catalog_path, load_catalog
+from promshift.stack.k8s_api import CONFIGMAPS, ConfigReloader, K8sApiServer
 from promshift.stack.local import LocalStack, StackConfig, find_free_ports
+from promshift.stack.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.integration
 
@@ -303,29 +308,76 @@ def amp_env(amp_k8s_stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> Itera
     stack.set_aws_faults()
 
 
-class StepRun:
-    """One attempt of a task on the scraper or k8s-cr path, wired as ``_GroupStep.scraper_step`` wires it."""
+# The ConfigMap path: the Kubernetes API contract server (in this process, so the config-reloader stand-in runs
+# here too) and a real Prometheus whose prometheus.yml the reloader writes from the ConfigMap.
+NS, CM_NAME = "monitoring", "prometheus"
+CM_BASE = ("# the fleet team's config\nglobal:\n  scrape_interval: 5s\n"
+           "scrape_configs:\n  - job_name: self\n    static_configs: [{targets: ['127.0.0.1:1']}]\n")
 
-    def __init__(self, stack: LocalStack, tmp_path: Path, kind: str, run_id: str) -> None:
+
+@dataclass
+class ConfigMapEnv:
+    server: K8sApiServer
+    prometheus: PrometheusProcess
+    config: Path
+
+    @property
+    def source_url(self) -> str:
+        return self.prometheus.url
+
+
+@pytest.fixture(scope="module")
+def configmap_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConfigMapEnv]:
+    tmp = tmp_path_factory.mktemp("configmap")
+    config = tmp / "prometheus.yml"
+    config.write_text(CM_BASE)
+    (port,) = find_free_ports(1)
+    with PrometheusProcess("source", tmp, port=port, config=config, data_dir=tmp / "data",
+                           flags=("--web.enable-lifecycle",)) as prometheus, K8sApiServer() as server:
+        server.create(CONFIGMAPS, NS, CM_NAME, {"data": {"prometheus.yml": CM_BASE}})
+        reloader = ConfigReloader(server, namespace=NS, name=CM_NAME, config_path=config,
+                                  prometheus_url=prometheus.url, delay_s=0.3)
+        try:
+            yield ConfigMapEnv(server, prometheus, config)
+        finally:
+            reloader.stop()
+
+
+Env = LocalStack | ConfigMapEnv
+
+
+class StepRun:
+    """One attempt of a task on the scraper, k8s-cr or k8s-configmap path, wired as ``_GroupStep.scraper_step``
+    wires it (fresh hooks, clients and stores)."""
+
+    def __init__(self, env: Env, tmp_path: Path, kind: str, run_id: str) -> None:
         self.audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
         name = "gpu-utilization" if kind == "scraper" else "gpu-memory"
         self.group = group(name)
-        source = PrometheusClient(stack.source_url, timeout_s=30)
-        if kind == "scraper":
+        source = PrometheusClient(env.source_url, timeout_s=30)
+        if isinstance(env, ConfigMapEnv):
+            backends = Backends(source=source, target=PrometheusClient("http://127.0.0.1:1"),
+                                source_config_path=str(env.config), target_remote_write_url="")
+            entry = remote_write_entry(group_name=name, name_regex=self.group.name_regex(),
+                                       url="http://127.0.0.1:9/api/v1/write")
+            self.deployer: Any = ConfigMapDeployment(ApiClient(Configuration(host=env.server.base_url)),
+                                                     namespace=NS, name=CM_NAME, entry=entry, prometheus=source,
+                                                     timeout_s=60)
+        elif kind == "scraper":
             hook = AmpHook()
             backends = Backends(source=source, target=hook.prometheus_client(),
-                                source_config_path=str(stack.source_config_path),
+                                source_config_path=str(env.source_config_path),
                                 target_remote_write_url=hook.remote_write_url, target_sigv4=hook.sigv4)
-            self.deployer: Any = hook.scraper_deployer(name, self.group.name_regex(),
-                                                       scrape_interval_s=SCRAPER_INTERVAL_S, timeout_s=60)
+            self.deployer = hook.scraper_deployer(name, self.group.name_regex(),
+                                                  scrape_interval_s=SCRAPER_INTERVAL_S, timeout_s=60)
         else:
-            k8s = kubernetes_source_of({"deploy": "k8s-cr", "kubernetes": stack.kubernetes_source_extra(timeout_s=60)})
+            k8s = kubernetes_source_of({"deploy": "k8s-cr", "kubernetes": env.kubernetes_source_extra(timeout_s=60)})
             assert k8s is not None
-            backends = Backends(source=source, target=PrometheusClient(stack.target_url, timeout_s=30),
-                                source_config_path=str(stack.source_config_path),
-                                target_remote_write_url=stack.target_remote_write_url)
+            backends = Backends(source=source, target=PrometheusClient(env.target_url, timeout_s=30),
+                                source_config_path=str(env.source_config_path),
+                                target_remote_write_url=env.target_remote_write_url)
             entry = remote_write_entry(group_name=name, name_regex=self.group.name_regex(),
-                                       url=stack.target_remote_write_url)
+                                       url=env.target_remote_write_url)
             self.deployer = kubernetes_deployer(k8s.kind, kubernetes_hook(k8s), namespace=k8s.namespace,
                                                 name=k8s.name, entry=entry, prometheus=source, timeout_s=60)
         self.migration = GroupMigration(self.group, backends, audit=self.audit, routing=RoutingStore(self.audit.url),
@@ -351,117 +403,121 @@ class StepRun:
         return self.step.finish_rollback(final_event(result), snap, reason=reason, now=now())
 
 
-def deployer_class(kind: str) -> type:
-    return ScraperDeployer if kind == "scraper" else PrometheusCRDeployment
+DEPLOYERS = {"scraper": ScraperDeployer, "k8s-cr": PrometheusCRDeployment, "k8s-configmap": ConfigMapDeployment}
 
 
-def live_state(stack: LocalStack, run: StepRun, kind: str) -> dict[str, Any]:
-    """What is deployed now: the scraper (id, status, blob is ours) or the resource's entries and the loaded config."""
+def live_state(env: Env, run: StepRun, kind: str) -> dict[str, Any]:
+    """What is deployed now: the scraper (exists, blob is ours, status) or the object's entries and the loaded
+    config's."""
     name = remote_write_name(run.group.name)
     if kind == "scraper":
         snap = run.deployer.snapshot()
         return {"exists": snap.existed, "ours": snap.existed and snap.content == run.deployer.blob,
                 "status": snap.meta.get("status")}
-    entries = stack.prometheus_cr()["spec"].get("remoteWrite") or []
-    return {"exists": any(e.get("name") == name for e in entries),
-            "entries": [e.get("name") for e in entries],
-            "live": name in live_names(stack)}
+    if isinstance(env, ConfigMapEnv):
+        entries = remote_write_names(env.server.get(CONFIGMAPS, NS, CM_NAME)["data"]["prometheus.yml"])
+    else:
+        entries = [e.get("name") for e in env.prometheus_cr()["spec"].get("remoteWrite") or []]
+    loaded = remote_write_names(PrometheusClient(env.source_url).config_text())
+    return {"exists": name in entries, "entries": entries, "live": name in loaded}
 
 
-def cleanup(stack: LocalStack, tmp_path: Path, kind: str) -> None:
-    """Whatever a failed test left deployed goes (a fresh run's rollback from an empty snapshot)."""
-    with StepRun(stack, tmp_path / "cleanup", kind, "manual__kill-cleanup") as run:
-        if live_state(stack, run, kind)["exists"]:
-            if kind == "scraper":
-                from promshift.core.deploy import DeploySnapshot
+def cleanup(env: Env, tmp_path: Path, kind: str) -> None:
+    """Whatever a failed test left deployed goes."""
+    with StepRun(env, tmp_path / "cleanup", kind, "manual__kill-cleanup") as run:
+        if not live_state(env, run, kind)["exists"]:
+            return
+        if isinstance(env, ConfigMapEnv):
+            env.server.edit(CONFIGMAPS, NS, CM_NAME, lambda obj: obj["data"].update({"prometheus.yml": CM_BASE}))
+        elif kind == "scraper":
+            empty = DeploySnapshot("scraper", None, "", {"existed": False})
+            wait_for(run.deployer, run.deployer.restore(empty, now()), poll_s=0.3)
+        else:
+            wait_for(run.deployer, run.deployer.restore(run.deployer.snapshot(), now()), poll_s=0.3)
 
-                empty = DeploySnapshot("scraper", None, "", {"existed": False})
-                wait_for(run.deployer, run.deployer.restore(empty, now()), poll_s=0.3)
-            else:
-                wait_for(run.deployer, run.deployer.restore(run.deployer.snapshot(), now()), poll_s=0.3)
 
-
-PATHS = ["scraper", "k8s-cr"]
+PATHS = ["scraper", "k8s-cr", "k8s-configmap"]
 
 
 @pytest.fixture
-def path_env(request: pytest.FixtureRequest, amp_env: LocalStack, tmp_path: Path) -> Iterator[tuple[LocalStack, Path,
-                                                                                                    str]]:
+def path_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Env, Path, str]]:
     kind = request.param
+    env: Env = request.getfixturevalue("configmap_env" if kind == "k8s-configmap" else "amp_env")
     (tmp_path / "cleanup").mkdir()
-    source_before = amp_env.source_config_path.read_bytes()
+    source_path = env.config if isinstance(env, ConfigMapEnv) else env.source_config_path
+    source_before = source_path.read_bytes()
     # Nothing of the group is deployed yet; built once in the parent too, so the forked attempts inherit the
     # clients' lazily imported modules (kubernetes, botocore's models) instead of loading them each time.
-    with StepRun(amp_env, tmp_path / "cleanup", kind, "manual__kill-precheck") as run:
-        assert live_state(amp_env, run, kind)["exists"] is False
-    yield amp_env, tmp_path, kind
-    cleanup(amp_env, tmp_path, kind)
-    if kind == "k8s-cr":
-        assert amp_env.source_config_path.read_bytes() == source_before
+    with StepRun(env, tmp_path / "cleanup", kind, "manual__kill-precheck") as run:
+        assert live_state(env, run, kind)["exists"] is False
+    yield env, tmp_path, kind
+    cleanup(env, tmp_path, kind)
+    if kind != "scraper":  # the source's file is as before the test: byte for byte
+        assert source_path.read_bytes() == source_before
 
 
 @pytest.mark.parametrize("path_env", PATHS, indirect=True)
-def test_path_snapshot_killed_before_its_event(path_env: tuple[LocalStack, Path, str]) -> None:
-    stack, tmp_path, kind = path_env
+def test_path_snapshot_killed_before_its_event(path_env: tuple[Env, Path, str]) -> None:
+    env, tmp_path, kind = path_env
     run_id = f"manual__kill-snapshot-{kind}"
 
     def attempt() -> None:
-        with StepRun(stack, tmp_path, kind, run_id) as run:
+        with StepRun(env, tmp_path, kind, run_id) as run:
             run.step.snapshot(now())
 
     killed(attempt, at_event="snapshot_taken")
     assert any(p.is_file() for p in (tmp_path / "snapshots").rglob("*"))  # the side effect: the stored snapshot
-    with StepRun(stack, tmp_path, kind, run_id) as run:
-        before = live_state(stack, run, kind)
+    with StepRun(env, tmp_path, kind, run_id) as run:
+        before = live_state(env, run, kind)
         info = run.step.snapshot(now())  # the retry
         assert info["kind"] == kind and run.step.store.get(info["snapshot_ref"]).sha256 == info["sha256"]
         check_chain_and_stage(run.audit.url, run.group.name, "snapshot_taken", Stage.PLANNED)
-        assert live_state(stack, run, kind) == before and before["exists"] is False
+        assert live_state(env, run, kind) == before and before["exists"] is False
 
 
 @pytest.mark.parametrize("hook", ["after-deploy-write", "before-event"])
 @pytest.mark.parametrize("path_env", PATHS, indirect=True)
-def test_path_deploy_killed_between_its_write_and_its_event(path_env: tuple[LocalStack, Path, str], hook: str) -> None:
+def test_path_deploy_killed_between_its_write_and_its_event(path_env: tuple[Env, Path, str], hook: str) -> None:
     """Killed right after the deployer's write (the task never deferred) or right before ``dual_write_deployed``
     (in ``finish``, after the triggerer's event): Airflow's retry runs the whole task again from ``start``."""
-    stack, tmp_path, kind = path_env
+    env, tmp_path, kind = path_env
     run_id = f"manual__kill-deploy-{kind}"
-    with StepRun(stack, tmp_path, kind, run_id) as run:
+    with StepRun(env, tmp_path, kind, run_id) as run:
         snap = run.step.snapshot(now())
 
     def attempt() -> None:
-        with StepRun(stack, tmp_path, kind, run_id) as run:
+        with StepRun(env, tmp_path, kind, run_id) as run:
             run.deploy_task(snap)
 
     if hook == "after-deploy-write":
-        killed(attempt, after=(deployer_class(kind), "deploy"))
+        killed(attempt, after=(DEPLOYERS[kind], "deploy"))
     else:
         killed(attempt, at_event="dual_write_deployed")
-    with StepRun(stack, tmp_path, kind, run_id) as run:
-        assert live_state(stack, run, kind)["exists"] is True  # the side effect
+    with StepRun(env, tmp_path, kind, run_id) as run:
+        assert live_state(env, run, kind)["exists"] is True  # the side effect
         out = run.deploy_task(snap)  # the retry: the whole task
         assert out["deploy"]["state"] == "done"
         found = check_chain_and_stage(run.audit.url, run.group.name, "dual_write_deployed", Stage.DUAL_WRITING)
         assert found == ["snapshot_taken", "dual_write_deployed"]
-        state = live_state(stack, run, kind)
+        state = live_state(env, run, kind)
         if kind == "scraper":
             assert state == {"exists": True, "ours": True, "status": "ACTIVE"}
         else:
             assert state["entries"].count(remote_write_name(run.group.name)) == 1 and state["live"] is True
         rolled = run.rollback_task(snap, reason="test: end")
         assert rolled["restored_identical"] is True
-        assert live_state(stack, run, kind)["exists"] is False
+        assert live_state(env, run, kind)["exists"] is False
 
 
 @pytest.mark.parametrize("hook", ["after-restore-write", "before-event"])
 @pytest.mark.parametrize("path_env", PATHS, indirect=True)
-def test_path_rollback_killed_between_its_write_and_its_event(path_env: tuple[LocalStack, Path, str],
+def test_path_rollback_killed_between_its_write_and_its_event(path_env: tuple[Env, Path, str],
                                                               hook: str) -> None:
     """A cut-over run rolled back: killed right after the deployer's restore write, or right before
     ``rolled_back`` (the reads already routed back to the source); the retry runs the whole task again."""
-    stack, tmp_path, kind = path_env
+    env, tmp_path, kind = path_env
     run_id = f"manual__kill-rollback-{kind}"
-    with StepRun(stack, tmp_path, kind, run_id) as run:
+    with StepRun(env, tmp_path, kind, run_id) as run:
         snap = run.step.snapshot(now())
         run.deploy_task(snap)
         m = run.migration
@@ -472,24 +528,24 @@ def test_path_rollback_killed_between_its_write_and_its_event(path_env: tuple[Lo
         assert m.routing.read_from(run.group.name) == "target"
 
     def attempt() -> None:
-        with StepRun(stack, tmp_path, kind, run_id) as run:
+        with StepRun(env, tmp_path, kind, run_id) as run:
             run.rollback_task(snap, reason="test: killed rollback")
 
     if hook == "after-restore-write":
-        killed(attempt, after=(deployer_class(kind), "restore"))
+        killed(attempt, after=(DEPLOYERS[kind], "restore"))
     else:
         killed(attempt, at_event="rolled_back")
-    with StepRun(stack, tmp_path, kind, run_id) as run:
+    with StepRun(env, tmp_path, kind, run_id) as run:
         if hook == "before-event":
             assert run.migration.routing.read_from(run.group.name) == "source"  # the side effect
-            assert live_state(stack, run, kind)["exists"] is False
+            assert live_state(env, run, kind)["exists"] is False
         rolled = run.rollback_task(snap, reason="test: killed rollback")  # the retry: the whole task
         assert rolled["restored_identical"] is True
         found = check_chain_and_stage(run.audit.url, run.group.name, "rolled_back", Stage.ROLLED_BACK)
         assert found == ["snapshot_taken", "dual_write_deployed", "warmup_started", "gate_passed", "approved",
                          "cut_over", "rolled_back"]
         assert run.migration.routing.read_from(run.group.name) == "source"
-        state = live_state(stack, run, kind)
+        state = live_state(env, run, kind)
         assert state["exists"] is False
-        if kind == "k8s-cr":
+        if kind != "scraper":
             assert state["live"] is False
