@@ -17,17 +17,18 @@ What it does, on 127.0.0.1 only, in a throwaway directory under $TMPDIR (never t
 1. picks a 1 h window (121 samples at 30 s) ending >= 30 min ago and inside one 2 h-aligned
    TSDB block (promtool aligns blocks to multiples of --max-block-duration; one block means
    one parsing pass);
-2. writes three OpenMetrics files with ``promshift.stack.fleet.node_values`` (the labels
-   the live scrape stores: dcgm-exporter's + ``instance``/``job``): ``source``; ``target``
+2. writes three OpenMetrics files with ``promshift.stack.backfill.write_openmetrics`` (the fleet's
+   values; the labels the live scrape stores: dcgm-exporter's + ``instance``/``job``): ``source``; ``target``
    (the source's external labels added, as remote-written series carry them, and the
    faults applied); ``clean`` (external labels, no faults: the false-positive check).
    The text of all three is estimated first; if it exceeds half the free disk, the sides
    are written in passes (as many per pass as fit, each pass renders the fleet again),
    each pass backfilled and deleted before the next;
-3. backfills each with ``promtool tsdb create-blocks-from --max-block-duration=2h
-   openmetrics`` (wall time; promtool's peak RSS from VmHWM polled every 0.1 s, the
-   machine's lowest MemAvailable meanwhile), deletes the text, starts three plain
-   Prometheus servers on free ports, warms their page cache;
+3. backfills each with ``promtool tsdb create-blocks-from openmetrics --max-block-duration=2h``
+   (``promshift.stack.backfill.create_blocks``: wall time; promtool's peak RSS from VmHWM polled
+   every 0.1 s, the machine's lowest MemAvailable meanwhile), deletes the text, starts three plain
+   Prometheus servers on free ports (``promshift.stack.prometheus.PrometheusProcess``, as the tests
+   do), warms their page cache;
 4. runs promshift's parity (source vs faulty target) ``--repeats`` times, the naive
    baseline once, promshift on the clean pair ``--clean-runs`` times with different
    seeds, and the naive baseline on the clean pair once. Every run is a child process
