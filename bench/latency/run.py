@@ -60,6 +60,7 @@ from promshift.core.render import add_remote_write, remote_write_entry
 from promshift.stack import backfill as backfill_module
 from promshift.stack.backfill import create_blocks, write_backfill
 from promshift.stack.local import LocalStack, StackConfig, find_free_ports
+from promshift.stack.prometheus import PROMETHEUS_BIN
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "bench" / "results" / "latency.json"
@@ -113,7 +114,7 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     try:
-        version = subprocess.run(["prometheus", "--version"], capture_output=True, text=True,
+        version = subprocess.run([PROMETHEUS_BIN, "--version"], capture_output=True, text=True,
                                  check=False).stdout.splitlines()[0]
     except (OSError, IndexError):
         version = "unknown"

@@ -17,17 +17,18 @@ What it does, on 127.0.0.1 only, in a throwaway directory under $TMPDIR (never t
 1. picks a 1 h window (121 samples at 30 s) ending >= 30 min ago and inside one 2 h-aligned
    TSDB block (promtool aligns blocks to multiples of --max-block-duration; one block means
    one parsing pass);
-2. writes three OpenMetrics files with ``promshift.stack.fleet.node_values`` (the labels
-   the live scrape stores: dcgm-exporter's + ``instance``/``job``): ``source``; ``target``
+2. writes three OpenMetrics files with ``promshift.stack.backfill.write_openmetrics`` (the fleet's
+   values; the labels the live scrape stores: dcgm-exporter's + ``instance``/``job``): ``source``; ``target``
    (the source's external labels added, as remote-written series carry them, and the
    faults applied); ``clean`` (external labels, no faults: the false-positive check).
    The text of all three is estimated first; if it exceeds half the free disk, the sides
    are written in passes (as many per pass as fit, each pass renders the fleet again),
    each pass backfilled and deleted before the next;
-3. backfills each with ``promtool tsdb create-blocks-from --max-block-duration=2h
-   openmetrics`` (wall time; promtool's peak RSS from VmHWM polled every 0.1 s, the
-   machine's lowest MemAvailable meanwhile), deletes the text, starts three plain
-   Prometheus servers on free ports, warms their page cache;
+3. backfills each with ``promtool tsdb create-blocks-from openmetrics --max-block-duration=2h``
+   (``promshift.stack.backfill.create_blocks``: wall time; promtool's peak RSS from VmHWM polled
+   every 0.1 s, the machine's lowest MemAvailable meanwhile), deletes the text, starts three plain
+   Prometheus servers on free ports (``promshift.stack.prometheus.PrometheusProcess``, as the tests
+   do), warms their page cache;
 4. runs promshift's parity (source vs faulty target) ``--repeats`` times, the naive
    baseline once, promshift on the clean pair ``--clean-runs`` times with different
    seeds, and the naive baseline on the clean pair once. Every run is a child process
@@ -51,12 +52,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 import random
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -66,16 +67,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from promshift.stack.backfill import join_parts
+from promshift.stack.backfill import (
+    SeriesChange,
+    SeriesChanges,
+    Side,
+    create_blocks,
+    estimate_openmetrics_bytes,
+    mem_available_mb,
+)
+from promshift.stack.backfill import write_openmetrics as write_sides
 from promshift.stack.local import find_free_ports
+from promshift.stack.prometheus import PROMETHEUS_BIN, PROMTOOL_BIN, PrometheusProcess
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT_PATH = REPO / "bench" / "results" / "parity.json"
 WHOLE_FLEET = "whole-fleet"
 WHOLE_FLEET_RESULT_PATH = REPO / "bench" / "results" / "parity-whole-fleet.json"
 GROUPS = ("gpu-power-thermal", "gpu-utilization", WHOLE_FLEET)
-PROMETHEUS = "/usr/bin/prometheus"
-PROMTOOL = "/usr/bin/promtool"
+PROMETHEUS = PROMETHEUS_BIN
+PROMTOOL = PROMTOOL_BIN
 BLOCK_S = 7200  # promtool --max-block-duration=2h: blocks aligned to multiples of 2 h
 STEP_S = 30.0
 WINDOW_S = 3600
@@ -93,6 +103,21 @@ def log(msg: str) -> None:
     print(f"{datetime.now().strftime('%H:%M:%S')} [{time.monotonic() - _T0:7.1f}s] {msg}", flush=True)
 
 
+class _ProgressHandler(logging.Handler):
+    """``stack.backfill``'s progress lines (``logging``), as this script's own ``log()`` lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log(f"  {record.getMessage()}")
+
+
+def show_backfill_progress() -> None:
+    logger = logging.getLogger("promshift.stack.backfill")
+    logger.setLevel(logging.INFO)
+    if not any(isinstance(h, _ProgressHandler) for h in logger.handlers):
+        logger.addHandler(_ProgressHandler())
+    logger.propagate = False
+
+
 def vm_hwm_mb(pid: int | str = "self", field: str = "VmHWM:") -> float | None:
     """Peak RSS (VmHWM) of one process's address space. Unlike ``ru_maxrss`` it starts afresh at
     exec: on Linux ``ru_maxrss`` of an exec'd child starts from the forking parent's RSS."""
@@ -103,14 +128,6 @@ def vm_hwm_mb(pid: int | str = "self", field: str = "VmHWM:") -> float | None:
     except OSError:
         return None
     return None
-
-
-def mem_available_mb() -> float:
-    """The machine's MemAvailable (free + reclaimable page cache): what a new process could still get."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
 
 
 def loadavg() -> list[float]:
@@ -428,34 +445,37 @@ def plan_faults(fleet: Any, metrics: Sequence[str], seed: str) -> FaultPlan:
 SIDES = ("source", "target", "clean")
 
 
-def _node_labels(fleet: Any, node: int, metrics: Sequence[str], job: str, t: int) -> dict[str, list[str]]:
-    """Per metric, each GPU's label text as the live scrape at ``t`` stores it, without the closing brace."""
-    from promshift.stack.fleet import render_node
+def sides_of(plan: FaultPlan, external: dict[str, str], sides: Sequence[str] = SIDES) -> list[Side]:
+    """The OpenMetrics sides: ``source`` (the scrape's labels), ``target`` (the source's external labels, as
+    remote-written series carry them, and the planted faults) and ``clean`` (external labels, no faults)."""
+    every = {"source": Side("source"), "target": Side("target", external, target_changes(plan)),
+             "clean": Side("clean", external)}
+    return [every[name] for name in SIDES if name in sides]
 
-    tail = f',instance="{fleet.hostname(node)}",job="{job}"'
-    wanted = set(metrics)
-    labels: dict[str, list[str]] = {m: [] for m in metrics}
-    for line in render_node(fleet, node, t).splitlines():
-        name, brace, rest = line.partition("{")
-        if brace and name in wanted:
-            labels[name].append("{" + rest[: rest.rindex("}")] + tail)
-    return labels
+
+def target_changes(plan: FaultPlan) -> SeriesChanges:
+    """The faulty target's series: the planted missing ones left out, the rename host's ``Hostname`` written as
+    ``hostname``, the drift host's values x ``DRIFT_FACTOR``; every other series as the source's."""
+    missing, rename = SeriesChange(missing=True), SeriesChange(rename=("Hostname", "hostname"))
+    drift = SeriesChange(factor=DRIFT_FACTOR)
+
+    def changes(metric: str, host: str, gpu: int) -> SeriesChange | None:
+        if (metric, host, gpu) in plan.missing:
+            return missing
+        if host == plan.rename_host:
+            return rename
+        if host == plan.drift_host:
+            return drift
+        return None
+
+    return changes
 
 
 def estimate_text_bytes(fleet: Any, metrics: Sequence[str], steps: Sequence[int], external: dict[str, str],
                         job: str) -> dict[str, int]:
     """Bytes of OpenMetrics text per side, from node 0's lines at the first step (within a few %)."""
-    from promshift.stack.fleet import node_values
-
-    ext = "".join(f',{k}="{v}"' for k, v in external.items())
-    values = node_values(fleet, 0, steps[0])
-    line = len(f" {steps[0]}\n")
-    labels = _node_labels(fleet, 0, metrics, job, steps[0])
-    src = sum(len(f"{m}{label}}} ") + len(values[m][g]) + line
-              for m, per_gpu in labels.items() for g, label in enumerate(per_gpu))
-    per_node = {"source": src, "target": src + len(ext) * len(metrics) * fleet.gpus_per_node}
-    per_node["clean"] = per_node["target"]
-    return {side: int(n * fleet.nodes * len(steps) * 1.03) for side, n in per_node.items()}
+    plan = FaultPlan("", "", frozenset())  # the faults are not counted: the target is estimated as the clean side
+    return estimate_openmetrics_bytes(fleet, metrics, steps, sides_of(plan, external), job=job)
 
 
 def plan_passes(estimate: dict[str, int], free_bytes: int) -> list[tuple[str, ...]]:
@@ -477,138 +497,25 @@ def plan_passes(estimate: dict[str, int], free_bytes: int) -> list[tuple[str, ..
 def write_openmetrics(fleet: Any, metrics: Sequence[str], steps: Sequence[int], plan: FaultPlan,
                       external: dict[str, str], job: str, directory: Path,
                       sides: Sequence[str] = SIDES) -> dict[str, Any]:
-    """OpenMetrics files of ``sides`` (source, faulty target, clean target), streamed; each metric
-    family contiguous, each series time-ordered, ``# EOF`` last."""
-    from promshift.stack.fleet import node_values
-
-    ext = "".join(f',{k}="{v}"' for k, v in external.items())
-    parts = {(s, m): (directory / f"{s}-{m}.part").open("w", buffering=1 << 20) for s in sides for m in metrics}
-    ts = [f" {t}\n" for t in steps]
-    lines = dict.fromkeys(sides, 0)
-    want = set(sides)
-    try:
-        for node in range(fleet.nodes):
-            host = fleet.hostname(node)
-            labels = _node_labels(fleet, node, metrics, job, steps[0])
-            values = [node_values(fleet, node, t) for t in steps]
-            for m in metrics:
-                for gpu, label in enumerate(labels[m]):
-                    col = [v[m][gpu] for v in values]
-                    pre_ext = f"{m}{label}{ext}}} "
-                    clean = "".join([pre_ext + x + s for x, s in zip(col, ts, strict=True)])
-                    if "source" in want:
-                        pre = f"{m}{label}}} "
-                        parts["source", m].write("".join([pre + x + s for x, s in zip(col, ts, strict=True)]))
-                        lines["source"] += len(col)
-                    if "clean" in want:
-                        parts["clean", m].write(clean)
-                        lines["clean"] += len(col)
-                    if "target" not in want or (m, host, gpu) in plan.missing:
-                        continue
-                    if host == plan.rename_host:
-                        renamed = pre_ext.replace('Hostname="', 'hostname="')
-                        assert renamed != pre_ext
-                        tgt = "".join([renamed + x + s for x, s in zip(col, ts, strict=True)])
-                    elif host == plan.drift_host:
-                        tgt = "".join([pre_ext + repr(float(x) * DRIFT_FACTOR) + s
-                                       for x, s in zip(col, ts, strict=True)])
-                    else:
-                        tgt = clean
-                    parts["target", m].write(tgt)
-                    lines["target"] += len(col)
-            if node and node % 250 == 0:
-                log(f"  OpenMetrics {'+'.join(sides)}: {node}/{fleet.nodes} nodes")
-    finally:
-        for handle in parts.values():
-            handle.close()
-    files = join_parts(directory, sides, dict.fromkeys(metrics, "gauge"))
-    return {"files": files, "samples": lines, "bytes": {s: p.stat().st_size for s, p in files.items()}}
+    """OpenMetrics files of ``sides`` (source, faulty target, clean target) with ``stack.backfill``'s writer,
+    streamed; each metric family contiguous, each series time-ordered, ``# EOF`` last."""
+    text = write_sides(fleet, directory, steps, metrics, sides_of(plan, external, sides), job=job)
+    return {"files": text.files, "samples": text.samples, "bytes": text.bytes}
 
 
 def backfill(om: Path, data_dir: Path) -> dict[str, Any]:
-    """promtool create-blocks-from openmetrics; wall time and promtool's own peak RSS (wait4)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log_path = data_dir.parent / f"{data_dir.name}-promtool.log"
-    started = time.perf_counter()
-    with log_path.open("w") as out:
-        proc = subprocess.Popen([PROMTOOL, "tsdb", "create-blocks-from", "--max-block-duration=2h", "openmetrics",
-                                 str(om), str(data_dir)], stdout=out, stderr=subprocess.STDOUT)
-        peak = anon = 0.0
-        avail = mem_available_mb()
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            peak = max(peak, vm_hwm_mb(proc.pid) or 0.0)
-            anon = max(anon, vm_hwm_mb(proc.pid, "RssAnon:") or 0.0)
-            avail = min(avail, mem_available_mb())
-            time.sleep(0.1)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise RuntimeError(f"promtool failed for {om.name}:\n{log_path.read_text()[-3000:]}")
-    blocks = []
-    for meta in sorted(data_dir.glob("*/meta.json")):
-        m = json.loads(meta.read_text())
-        blocks.append({"min_time": m["minTime"] / 1000, "max_time": m["maxTime"] / 1000,
-                       "samples": m["stats"]["numSamples"], "series": m["stats"]["numSeries"]})
-    # VmHWM polled every 0.1 s (ru_maxrss from wait4 would start at this parent's RSS).
-    # RssAnon excludes the input file promtool mmaps (file-backed pages count in RSS but are reclaimable).
-    return {"wall_s": round(wall, 2), "peak_rss_mb": round(peak, 1), "peak_rss_anon_mb": round(anon, 1),
-            "mem_available_min_mb": avail,
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "input_bytes": om.stat().st_size, "blocks": blocks,
-            "tsdb_bytes": sum(f.stat().st_size for f in data_dir.rglob("*") if f.is_file())}
+    """promtool create-blocks-from openmetrics (``stack.backfill.create_blocks``, 2 h blocks), measured: wall
+    and CPU time, promtool's peak RSS (and without the mmapped input), the lowest MemAvailable, the blocks.
+    The text is left for the caller to delete."""
+    run = create_blocks({"side": om}, {"side": data_dir}, promtool=PROMTOOL, delete=False, max_block_duration="2h")
+    return run["side"].to_dict()
 
 
-class Server:
+def start_server(name: str, data_dir: Path, port: int) -> PrometheusProcess:
     """A plain Prometheus on an existing TSDB (no scrape configs), bound to 127.0.0.1."""
-
-    def __init__(self, name: str, data_dir: Path, port: int) -> None:
-        self.name, self.data_dir, self.port = name, data_dir, port
-        self.url = f"http://127.0.0.1:{port}"
-        config = data_dir.parent / f"{name}.yml"
-        config.write_text("global:\n  scrape_interval: 1m\n")
-        self.log_path = data_dir.parent / f"{name}.log"
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=3650d",
-             "--query.max-samples=100000000"],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_ready(self, deadline_s: float = 180.0) -> None:
-        import requests
-
-        until = time.monotonic() + deadline_s
-        while time.monotonic() < until:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                if requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} not ready after {deadline_s:.0f}s")
-
-    def rss_mb(self) -> float | None:
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-        except OSError:
-            return None
-        return None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+    return PrometheusProcess(name, data_dir.parent, port=port, config="global:\n  scrape_interval: 1m\n",
+                             data_dir=data_dir, binary=PROMETHEUS,
+                             flags=("--storage.tsdb.retention.time=3650d", "--query.max-samples=100000000"))
 
 
 # ----------------------------------------------------------------------------- judging
@@ -695,6 +602,32 @@ def judge_naive(out: dict[str, Any], plan: FaultPlan, host_label: str) -> dict[s
     }
 
 
+FAULTS = ("missing_series", "label_rename", "value_drift")
+
+
+def faults_found_counts(promshift: dict[str, Any], naive: dict[str, Any]) -> dict[str, int]:
+    """How many of the planted faults (``FAULTS``) each side found: the README's "3/3 faults found"."""
+    return {"promshift": sum(bool(promshift[k]["found"]) for k in FAULTS),
+            "naive": sum(bool(naive[k]["found"]) for k in FAULTS)}
+
+
+def judge_clean(clean_runs: Sequence[dict[str, Any]], naive_clean: dict[str, Any] | None) -> dict[str, Any]:
+    """The clean pair (no faults): every promshift run not SUCCESSFUL is a false positive (the README's
+    "0/5 false positives"); the baseline's differences are counted too."""
+    failed = [r["result"]["verdict"] for r in clean_runs if r["result"]["verdict"] != "SUCCESSFUL"]
+    return {
+        "promshift_runs": len(clean_runs), "promshift_failed": len(failed),
+        "promshift_false_positive_rate": len(failed) / len(clean_runs) if clean_runs else None,
+        "verdicts": [r["result"]["verdict"] for r in clean_runs],
+        "wall_s": [round(r["wall_s"], 3) for r in clean_runs],
+        "seeds": [f"bench-clean-{i}" for i in range(len(clean_runs))],
+        "naive": None if naive_clean is None else {
+            "wall_s": round(naive_clean["wall_s"], 3), "missing_series": len(naive_clean["missing"]),
+            "extra_series": len(naive_clean["extra"]),
+            "mismatched_hosts": len(naive_clean["mismatched_by_host"])},
+    }
+
+
 def summarize_promshift(run: dict[str, Any]) -> dict[str, Any]:
     r = run["result"]
     return {"verdict": r["verdict"], "wall_s": round(run["wall_s"], 3), "parity_wall_s": round(r["wall_s"], 3),
@@ -778,8 +711,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in other_load():
         log(f"  busy: {row}")
 
+    show_backfill_progress()
     workdir = Path(tempfile.mkdtemp(prefix="promshift-parity-bench-"))
-    servers: dict[str, Server] = {}
+    servers: dict[str, PrometheusProcess] = {}
     report: dict[str, Any] = {}
     stage = "OpenMetrics"
     resources_seen: dict[str, Any] = {"free_disk_gb_at_start": round(shutil.disk_usage(workdir).free / 1e9, 1),
@@ -816,7 +750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stage = "servers"
         ports = find_free_ports(3)
         for side, port in zip(SIDES, ports, strict=True):
-            servers[side] = Server(side, workdir / f"{side}-data", port)
+            servers[side] = start_server(side, workdir / f"{side}-data", port)
         for s in servers.values():
             s.wait_ready()
         log("servers ready: " + ", ".join(f"{n} {s.url}" for n, s in servers.items()))
@@ -889,22 +823,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         median = sorted(summaries, key=lambda s: s["wall_s"])[len(summaries) // 2]
         judged = [judge_promshift(r["result"], plan) for r in runs]
         naive_found = judge_naive(naive, plan, group.host_label)
-        found_counts = {
-            "promshift": sum(judged[0][k]["found"] for k in ("missing_series", "label_rename", "value_drift")),
-            "naive": sum(naive_found[k]["found"] for k in ("missing_series", "label_rename", "value_drift")),
-        }
+        found_counts = faults_found_counts(judged[0], naive_found)
         wall_s = median["wall_s"]
         backend_s = median["backend_query_s"]
         peak = max(s["peak_rss_mb"] for s in summaries)
         speedup = naive["wall_s"] / wall_s if wall_s else math.inf
-        clean_failed = [r["result"]["verdict"] for r in clean_runs if r["result"]["verdict"] != "SUCCESSFUL"]
         targets = {
             "wall_s <= 60": {"value": wall_s, "met": wall_s <= 60},
             "peak_rss_mb <= 1024": {"value": peak, "met": peak <= 1024},
             "wall_s <= 1.25 x backend_query_s": {"value": round(wall_s / backend_s, 3) if backend_s else None,
                                                  "met": bool(backend_s) and wall_s <= 1.25 * backend_s},
             ">= 10x faster than naive": {"value": round(speedup, 2), "met": speedup >= 10},
-            "every planted fault found": {"value": f"{found_counts['promshift']}/3",
+            "every planted fault found": {"value": f"{found_counts['promshift']}/{len(FAULTS)}",
                                           "met": all(j["all_found"] for j in judged)},
         }
         report = {
@@ -966,17 +896,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       if k not in ("missing", "extra", "mismatched_by_host")}
             | {"missing_series": len(naive["missing"]), "extra_series": len(naive["extra"]),
                "mismatched_by_host": naive["mismatched_by_host"]},
-            "clean": {
-                "promshift_runs": len(clean_runs), "promshift_failed": len(clean_failed),
-                "promshift_false_positive_rate": len(clean_failed) / len(clean_runs) if clean_runs else None,
-                "verdicts": [r["result"]["verdict"] for r in clean_runs],
-                "wall_s": [round(r["wall_s"], 3) for r in clean_runs],
-                "seeds": [f"bench-clean-{i}" for i in range(len(clean_runs))],
-                "naive": None if naive_clean is None else {
-                    "wall_s": round(naive_clean["wall_s"], 3), "missing_series": len(naive_clean["missing"]),
-                    "extra_series": len(naive_clean["extra"]),
-                    "mismatched_hosts": len(naive_clean["mismatched_by_host"])},
-            },
+            "clean": judge_clean(clean_runs, naive_clean),
             "total_runtime_s": round(time.monotonic() - _T0, 1),
         }
     except Exception as exc:

@@ -24,6 +24,7 @@ from promshift.core.render import (
     sha256_bytes,
 )
 from promshift.stack.local import find_free_ports
+from promshift.stack.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.integration
 
@@ -45,19 +46,10 @@ def free_port() -> int:
 def prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusClient, Path]]:
     cfg = tmp_path / "prometheus.yml"
     cfg.write_bytes(BASE)
-    port = free_port()
     # Environment as the test runs: a test that sets AWS_* variables first gives them to the server.
-    proc = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    client = PrometheusClient(f"http://127.0.0.1:{port}", timeout_s=30)
-    deadline = time.time() + 30
-    while not client.ready():
-        assert time.time() < deadline, "prometheus did not become ready"
-        time.sleep(0.2)
-    yield client, cfg
-    proc.terminate()
-    proc.wait(20)
+    with PrometheusProcess("prometheus", tmp_path, port=free_port(), config=cfg, data_dir=tmp_path / "data",
+                           flags=("--web.enable-lifecycle",)) as prometheus:
+        yield PrometheusClient(prometheus.url, timeout_s=30), cfg
 
 
 def entry(regex: str = "DCGM_FI_DEV_FB_(FREE|USED)") -> dict:

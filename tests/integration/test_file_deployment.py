@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.deploy import ConfigDeployer, DeployError, DeployState, InMemorySnapshotStore
 from promshift.core.render import remote_write_entry
 from promshift.stack.local import find_free_ports
+from promshift.stack.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.integration
 
@@ -25,15 +24,9 @@ def test_file_deployment_through_the_seam(tmp_path: Path) -> None:
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(BASE)
     (port,) = find_free_ports(1)
-    proc = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = PrometheusClient(f"http://127.0.0.1:{port}", timeout_s=30)
-    try:
-        deadline = time.time() + 30
-        while not client.ready():
-            assert time.time() < deadline
-            time.sleep(0.2)
+    with PrometheusProcess("prometheus", tmp_path, port=port, config=cfg, data_dir=tmp_path / "data",
+                           flags=("--web.enable-lifecycle",)) as prometheus:
+        client = PrometheusClient(prometheus.url, timeout_s=30)
         entry = remote_write_entry(group_name="gpu-memory", name_regex="DCGM_FI_DEV_FB_USED",
                                    url="http://127.0.0.1:9/api/v1/write")
         deployment = FileDeployment(FileConfigDeployer(cfg, client), entry)
@@ -53,6 +46,3 @@ def test_file_deployment_through_the_seam(tmp_path: Path) -> None:
         assert restored.state is DeployState.DONE and restored.details["restored_identical"] is True
         assert cfg.read_text() == BASE
         assert deployment.verify(result, now).state is DeployState.FAILED
-    finally:
-        proc.terminate()
-        proc.wait(20)

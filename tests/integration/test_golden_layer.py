@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from promshift.core.verdicts import Verdict
 from promshift.settings import load_catalog
 from promshift.stack.fleet import FleetServer, FleetSpec, file_sd_groups
 from promshift.stack.local import find_free_ports
+from promshift.stack.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.integration
 
@@ -48,18 +48,12 @@ PANELS = {
 }
 
 
-def _prometheus(tmp: Path, name: str, config: str, *flags: str) -> tuple[subprocess.Popen[bytes], PrometheusClient]:
-    (tmp / f"{name}.yml").write_text(config)
+def _prometheus(tmp: Path, name: str, config: str, *flags: str, started: list[PrometheusProcess]) -> PrometheusClient:
     (port,) = find_free_ports(1)
-    proc = subprocess.Popen(["prometheus", f"--config.file={tmp / f'{name}.yml'}",
-                             f"--storage.tsdb.path={tmp / name}", f"--web.listen-address=127.0.0.1:{port}", *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = PrometheusClient(f"http://127.0.0.1:{port}", timeout_s=10)
-    deadline = time.time() + 40
-    while not client.ready():
-        assert time.time() < deadline, f"{name} prometheus did not start"
-        time.sleep(0.2)
-    return proc, client
+    prometheus = PrometheusProcess(name, tmp, port=port, config=config, flags=flags)
+    started.append(prometheus)  # stopped by the caller, also when it never becomes ready
+    prometheus.wait_ready(40)
+    return PrometheusClient(prometheus.url, timeout_s=10)
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +66,11 @@ def late_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promet
     (tmp / "sd.json").write_text(json.dumps(file_sd_groups(fleet, server.port)))
     scrape = (f"global: {{scrape_interval: 1s}}\nscrape_configs:\n- job_name: dcgm\n"
               f"  file_sd_configs: [{{files: ['{tmp / 'sd.json'}']}}]\n")
-    procs = []
+    procs: list[PrometheusProcess] = []
     try:
-        proc, target = _prometheus(tmp, "target", "global: {scrape_interval: 1m}\n",
-                                   "--web.enable-remote-write-receiver")
-        procs.append(proc)
-        proc, source = _prometheus(tmp, "source", scrape, "--web.enable-lifecycle")
-        procs.append(proc)
+        target = _prometheus(tmp, "target", "global: {scrape_interval: 1m}\n", "--web.enable-remote-write-receiver",
+                             started=procs)
+        source = _prometheus(tmp, "source", scrape, "--web.enable-lifecycle", started=procs)
         time.sleep(6)  # the source holds history the target will never receive
         keep = load_catalog(profile="demo").get("gpu-power-thermal").name_regex()
         (tmp / "source.yml").write_text(scrape + f"remote_write:\n- url: {target.base_url}/api/v1/write\n"
@@ -95,12 +87,7 @@ def late_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promet
         yield source, target, dual_write_since
     finally:
         for proc in reversed(procs):  # the source first: with its remote end gone it may ignore SIGTERM
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(20)
+            proc.stop(20)
         server.shutdown()
 
 

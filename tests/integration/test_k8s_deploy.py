@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from promshift.core.deploy import ConfigDeployer, DeployError, DeployResult, Dep
 from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names
 from promshift.stack.k8s_api import CONFIGMAPS, PROMETHEUSES, ConfigReloader, K8sApiServer, OperatorStandIn
 from promshift.stack.local import PROMETHEUS_BIN, find_free_ports
+from promshift.stack.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.integration
 
@@ -68,21 +67,14 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
     cfg = tmp_path / "prometheus.yml"
     cfg.write_bytes(BASE.encode())
     (port,) = find_free_ports(1)
-    proc = subprocess.Popen([PROMETHEUS_BIN, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    client = PrometheusClient(f"http://127.0.0.1:{port}", timeout_s=30)
-    server = K8sApiServer().start()
-    try:
-        deadline = time.time() + 30
-        while not client.ready():
-            assert time.time() < deadline, "prometheus did not become ready"
-            time.sleep(0.2)
-        yield Env(server, ApiClient(Configuration(host=server.base_url)), client, cfg)
-    finally:
-        server.stop()
-        proc.terminate()
-        proc.wait(20)
+    with PrometheusProcess("prometheus", tmp_path, port=port, config=cfg, data_dir=tmp_path / "data",
+                           flags=("--web.enable-lifecycle",)) as prometheus:
+        client = PrometheusClient(prometheus.url, timeout_s=30)
+        server = K8sApiServer().start()
+        try:
+            yield Env(server, ApiClient(Configuration(host=server.base_url)), client, cfg)
+        finally:
+            server.stop()
 
 
 def gpu_entry(**kw: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from promshift.core.verdicts import Verdict
 from promshift.settings import load_catalog
 from promshift.stack.fleet import FleetServer, FleetSpec, file_sd_groups
 from promshift.stack.local import find_free_ports
+from promshift.stack.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.integration
 
@@ -31,22 +31,17 @@ def scraping_prometheus(tmp: Path, name: str, fleet: FleetSpec) -> Iterator[Prom
     cfg.write_text(f"global: {{scrape_interval: 1s}}\nscrape_configs:\n- job_name: dcgm\n"
                    f"  file_sd_configs: [{{files: ['{sd}']}}]\n")
     (port,) = find_free_ports(1)
-    proc = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp / name}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = PrometheusClient(f"http://127.0.0.1:{port}", timeout_s=10)
+    prometheus = PrometheusProcess(name, tmp, port=port, config=cfg, data_dir=tmp / name)
+    client = PrometheusClient(prometheus.url, timeout_s=10)
     try:
+        prometheus.wait_ready(40)
         deadline = time.time() + 40
-        while not client.ready():
-            assert time.time() < deadline, f"{name} prometheus did not start"
-            time.sleep(0.2)
         while (client.scalar('count(up{job="dcgm"} == 1)') or 0) < fleet.nodes:
             assert time.time() < deadline, f"{name} prometheus did not scrape the fleet"
             time.sleep(0.5)
         yield client
     finally:
-        proc.terminate()
-        proc.wait(20)
+        prometheus.stop(20)
         server.shutdown()
 
 

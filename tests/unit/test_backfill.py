@@ -104,3 +104,43 @@ def test_history_range_is_on_the_grid_and_ends_before_now() -> None:
     assert now - 30 - 300 < end <= now - 30
     with pytest.raises(ValueError, match="nothing to backfill"):
         history_range(now, 10, 300)
+
+
+def test_sides_carry_their_labels_and_changes_and_share_unchanged_text(fleet: FleetSpec, tmp_path: Path) -> None:
+    from promshift.stack.backfill import SeriesChange, Side, estimate_openmetrics_bytes, write_openmetrics
+
+    host0, host1 = fleet.hostname(0), fleet.hostname(1)
+
+    def changes(metric: str, host: str, gpu: int) -> SeriesChange | None:
+        if (metric, host, gpu) == (GAUGE, host0, 1):
+            return SeriesChange(missing=True)
+        if host == host1 and gpu == 0:
+            return SeriesChange(rename=("Hostname", "hostname"), factor=0.5)
+        return None
+
+    steps = [START, START + 60]
+    sides = [Side("plain"), Side("faulty", {"cluster": "c"}, changes), Side("labelled", {"cluster": "c"})]
+    text = write_openmetrics(fleet, tmp_path, steps, [GAUGE], sides)
+    _, plain = read(text.files["plain"])
+    _, faulty = read(text.files["faulty"])
+    _, labelled = read(text.files["labelled"])
+    assert text.samples == {"plain": 12, "faulty": 10, "labelled": 12}
+    assert [(m, {**lab, "cluster": "c"}, v, t) for m, lab, v, t in plain] == labelled
+    by_key = {(lab.get("Hostname") or lab.get("hostname"), lab["gpu"], t): (lab, v) for _, lab, v, t in faulty}
+    assert (host0, "1", int(START)) not in by_key
+    lab, value = by_key[host1, "0", int(START)]
+    assert "hostname" in lab and "Hostname" not in lab
+    assert float(value) == float(node_values(fleet, 1, START)[GAUGE][0]) * 0.5
+    estimate = estimate_openmetrics_bytes(fleet, [GAUGE], steps, sides)
+    assert estimate["faulty"] == estimate["labelled"] > estimate["plain"]
+    assert text.bytes["plain"] <= estimate["plain"] <= text.bytes["plain"] * 1.10
+
+
+def test_sides_must_be_named_once_and_a_rename_needs_the_label(fleet: FleetSpec, tmp_path: Path) -> None:
+    from promshift.stack.backfill import SeriesChange, Side, write_openmetrics
+
+    with pytest.raises(ValueError, match="each once"):
+        write_openmetrics(fleet, tmp_path, [START], [GAUGE], [Side("a"), Side("a")])
+    with pytest.raises(ValueError, match="no label 'nope' to rename"):
+        write_openmetrics(fleet, tmp_path / "r", [START], [GAUGE],
+                          [Side("a", changes=lambda *_: SeriesChange(rename=("nope", "x")))])

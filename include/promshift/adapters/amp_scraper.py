@@ -192,6 +192,14 @@ class ScraperDeployer:
         except ScraperConfigError as exc:
             raise DeployError(f"scraper for {self.group_name!r} not deployed: {exc}") from None
         current = self._find()
+        if current is not None and current != snapshot.ref and snapshot.ref is None:
+            created = self._describe(current)
+            if self._is_this_deploy(created):
+                # A retried deploy (its first attempt was killed after CreateScraper): follow that scraper.
+                log.warning("scraper %s for %s was created by an earlier attempt of this deploy; following it",
+                            current, self.group_name)
+                return self._started(created, now, action="deploy", expect=ACTIVE, created=True, resumed=True,
+                                     scraper_arn=created.get("arn"), blob_sha256=sha256_text(self.blob))
         if current != snapshot.ref:
             raise DeployError(f"scraper {self.alias!r} changed since the snapshot (was {snapshot.ref or 'absent'}, "
                               f"now {current or 'absent'}); refusing to deploy")
@@ -208,6 +216,12 @@ class ScraperDeployer:
             return self._started(answer, now, action="deploy", expect=ACTIVE, created=True,
                                  scraper_arn=answer.get("arn"), blob_sha256=sha256_text(self.blob))
         live = self._describe(current)
+        if self._blob_text(live) != snapshot.content and self._is_this_deploy(live):
+            # A retried deploy (its first attempt was killed after UpdateScraper went through): follow it.
+            log.warning("scraper %s already holds %s's blob from an earlier attempt of this deploy; following it",
+                        current, self.group_name)
+            return self._started(live, now, action="deploy", expect=ACTIVE, created=False, resumed=True,
+                                 scraper_arn=live.get("arn"), blob_sha256=sha256_text(self.blob))
         if self._blob_text(live) != snapshot.content:
             raise DeployError(f"scraper {current} ({self.alias}) has another configuration than the snapshot's "
                               "(someone changed it meanwhile); refusing to overwrite it")
@@ -218,6 +232,11 @@ class ScraperDeployer:
         log.info("updating scraper %s for %s", current, self.group_name)
         return self._started(answer, now, action="deploy", expect=ACTIVE, created=False,
                              scraper_arn=answer.get("arn"), blob_sha256=sha256_text(self.blob))
+
+    def _is_this_deploy(self, scraper: Mapping[str, Any]) -> bool:
+        """The scraper holds exactly this deploy's blob and writes to this deploy's workspace."""
+        destination = ((scraper.get("destination") or {}).get("ampConfiguration") or {}).get("workspaceArn")
+        return self._blob_text(scraper) == self.blob and destination == self.workspace_arn
 
     def verify(self, result: DeployResult, now: datetime) -> DeployResult:
         return observe_scraper(self.client, result, now)
@@ -238,6 +257,12 @@ class ScraperDeployer:
         if current is None:
             result = DeployResult(self.kind, "restore", DeployState.WAITING, details={"alias": self.alias})
             return result.observed("ABSENT", now, state=DeployState.DONE, reason="no scraper to delete")
+        live = self._describe(current)
+        if str(live["status"]["statusCode"]) == "DELETING":
+            # A retried restore (its first attempt was killed after DeleteScraper): follow that delete.
+            log.warning("scraper %s of %s is already DELETING (an earlier attempt of this restore); following it",
+                        current, self.group_name)
+            return self._started(live, now, action="restore", expect=DELETED, deleted=True, resumed=True)
         try:
             answer = self.client.delete_scraper(scraperId=current)
         except Exception as exc:

@@ -70,13 +70,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 import promshift
 from promshift.stack.fleet import FleetSpec, write_file_sd
+from promshift.stack.prometheus import PROMETHEUS_BIN, prometheus_argv, prometheus_installed
 from promshift.stack.sigv4 import AwsCredentials, make_up_credentials, sign_request
 from promshift.stack.smtp_sink import answers as smtp_answers
 from promshift.stack.smtp_sink import read_mail, sink_address
 
 logger = logging.getLogger(__name__)
 
-PROMETHEUS_BIN = "/usr/bin/prometheus"
 VMAGENT_BIN = "/usr/bin/vmagent"
 FLEET, TARGET, SOURCE, MAIL = "fleet", "target", "source", "mail"
 MOTO, AWS, FRONTDOOR, RELAY = "moto", "aws", "frontdoor", "relay"
@@ -657,24 +657,24 @@ class LocalStack:
             str(cfg.seed),
         )
         source_data, target_data = self.data_dir(SOURCE), self.data_dir(TARGET)
-        source_argv = (
-            cfg.prometheus_bin,
-            f"--config.file={self.source_config_path}",
-            f"--storage.tsdb.path={source_data}",
-            f"--web.listen-address=127.0.0.1:{cfg.source_port}",
+        source_argv = prometheus_argv(
+            self.source_config_path,
+            source_data,
+            cfg.source_port,
             "--web.enable-lifecycle",
             "--web.enable-admin-api",
             f"--storage.tsdb.retention.time={SOURCE_RETENTION}",
+            binary=cfg.prometheus_bin,
         )
-        target_argv = (
-            cfg.prometheus_bin,
-            f"--config.file={self.target_config_path}",
-            f"--storage.tsdb.path={target_data}",
-            f"--web.listen-address=127.0.0.1:{cfg.target_port}",
+        target_argv = prometheus_argv(
+            self.target_config_path,
+            target_data,
+            cfg.target_port,
             "--web.enable-remote-write-receiver",
             "--web.enable-admin-api",
             f"--web.route-prefix={cfg.target_prefix}",
             f"--web.external-url={self.target_url}",
+            binary=cfg.prometheus_bin,
         )
         mail_argv = (sys.executable, "-m", "promshift.stack.smtp_sink", "--dir", str(self.mail_dir),
                      "--port", str(cfg.smtp_port))
@@ -916,7 +916,7 @@ class LocalStack:
 
     def _require_prometheus(self) -> None:
         binary = self.config.prometheus_bin
-        if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        if not prometheus_installed(binary):
             raise StackError(
                 f"Prometheus is not installed ({binary} not found); install it with "
                 "`apt-get install -y prometheus`"
