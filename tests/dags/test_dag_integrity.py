@@ -150,3 +150,55 @@ def test_an_unreadable_catalog_gives_one_errors_dag_with_one_line(
     expected = {"missing": "No such file or directory", "directory": "it is a directory",
                 "not-utf8": "not UTF-8 text", "yaml-syntax": "invalid YAML"}[kind]
     assert expected in listing and "Without a DAG until this is fixed: every group" in doc
+
+
+# --------------------------------------------------------------------------- the trigger form and the waves
+
+
+def test_every_group_dag_has_the_trigger_form(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from promshift.core.run_params import WARMUP_OVERRIDE_PATTERN
+
+    for dag_id, dag in dagbag.dags.items():
+        if dag_id.startswith("promshift__") and dag.tags and any(t.startswith("group:") for t in dag.tags):
+            params = {name: dag.params.get_param(name) for name in dag.params}
+            assert set(params) == {"dry_run", "change_ticket", "warmup_override", "reason"}, dag_id
+            assert (params["dry_run"].value, params["dry_run"].schema["type"]) == (False, "boolean")
+            assert params["change_ticket"].schema["type"] == "string" and params["change_ticket"].value == ""
+            assert params["reason"].schema["type"] == "string"
+            assert params["warmup_override"].schema["pattern"] == WARMUP_OVERRIDE_PATTERN
+            # The approver's form is the comment alone, never the trigger form.
+            assert set(dag.get_task("approval").serialized_params) == {"comment"}, dag_id
+
+
+def test_the_warmup_override_schema_accepts_durations_only(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    param = dagbag.dags["promshift__gpu_memory"].params.get_param("warmup_override")
+    for good in ("", "10m", "1h30m", "90s"):
+        assert param.resolve(value=good) == good
+    for bad in ("ten minutes", "10", "-5m", "1.5h"):
+        with pytest.raises(ParamValidationError):
+            param.resolve(value=bad)
+    with pytest.raises(ParamValidationError):
+        dagbag.dags["promshift__gpu_memory"].params.get_param("dry_run").resolve(value="yes")
+
+
+def test_dependents_are_scheduled_on_their_dependencies_cut_over_assets(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk import Asset
+
+    from promshift.settings import load_catalog
+
+    for group in load_catalog().groups:
+        dag = dagbag.dags[group.dag_id]
+        assert dag.get_task("cutover").outlets == [Asset(f"promshift://group/{group.name}/cut_over")], group.name
+        if group.depends_on:
+            assert type(dag.timetable).__name__ == "AssetTriggeredTimetable", group.name
+            wanted = {f"promshift://group/{dependency}/cut_over" for dependency in group.depends_on}
+            condition = dag.timetable.asset_condition  # type: ignore[attr-defined]
+            assert type(condition).__name__ == "AssetAll", group.name  # every dependency, not any of them
+            assert {a.uri for a in condition.objects} == wanted, group.name
+        else:
+            assert type(dag.timetable).__name__ == "NullTimetable", group.name
+    # The shipped catalog's waves: utilisation and memory start by hand; power after utilisation; clocks after power.
+    power = dagbag.dags["promshift__gpu_power_thermal"].timetable.asset_condition
+    assert [a.uri for a in power.objects] == ["promshift://group/gpu-utilization/cut_over"]

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, BaseOperator, TriggerRule
+from airflow.sdk import DAG, Asset, BaseOperator, Param, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup
@@ -43,6 +43,41 @@ def _doc(group: MetricGroup) -> str:
     )
 
 
+def cut_over_asset(group_name: str) -> Asset:
+    """Emitted when the group is cut over (the ``cutover`` task's outlet); its dependents are scheduled on it."""
+    return Asset(f"promshift://group/{group_name}/cut_over")
+
+
+def baked_asset(group_name: str) -> Asset:
+    """Emitted when the group's bake finished clean (the bake watch's ``baked__<group>`` task)."""
+    return Asset(f"promshift://group/{group_name}/baked")
+
+
+def run_params_schema() -> dict[str, Param]:
+    """The trigger form of every group DAG (checked again, with ``core.durations``, by ``validate``)."""
+    from promshift.core.run_params import MAX_REASON_CHARS, MAX_TICKET_CHARS, WARMUP_OVERRIDE_PATTERN
+
+    return {
+        "dry_run": Param(False, type="boolean", title="Dry run",
+                         description="Read only: validate, parity and latency on what both sides already hold; "
+                                     "nothing deployed, cut over, routed or rolled back; the stage never moves."),
+        "change_ticket": Param("", type="string", maxLength=MAX_TICKET_CHARS, title="Change ticket",
+                               description="The change record this run belongs to (kept in the audit)."),
+        "warmup_override": Param("", type="string", pattern=WARMUP_OVERRIDE_PATTERN, maxLength=64,
+                                 title="Warm-up override",
+                                 description="A duration like 10m replacing the catalog's warm-up for this run "
+                                             "(at least one scrape interval); empty keeps the catalog's."),
+        "reason": Param("", type="string", maxLength=MAX_REASON_CHARS, title="Reason",
+                        description="Why this run was started (kept in the audit)."),
+    }
+
+
+def group_schedule(group: MetricGroup) -> list[Asset] | None:
+    """Waves at run time: a group with dependencies starts when all of them have cut over (their assets);
+    a group without dependencies is started by hand. ``validate`` still checks the dependencies' stages."""
+    return [cut_over_asset(dependency) for dependency in group.depends_on] or None
+
+
 def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None) -> DAG:
     """The DAG of one group. Cheap: no network or database work happens here."""
     common = dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile)
@@ -50,7 +85,8 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         dag_id=group.dag_id,
         description=f"Migrate metric group {group.name} to AMP",
         doc_md=_doc(group),
-        schedule=None,
+        schedule=group_schedule(group),
+        params=run_params_schema(),
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,  # one migration of a group at a time: runs share its remote_write entry
@@ -82,7 +118,7 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
             retry_delay=timedelta(seconds=5),
             **common,
         )
-        cutover = CutoverOperator(task_id="cutover", **common)
+        cutover = CutoverOperator(task_id="cutover", outlets=[cut_over_asset(group.name)], **common)
         done = CompleteRunOperator(task_id="done", **common)
         rollback = RollbackOperator(task_id="rollback", trigger_rule=TriggerRule.ONE_FAILED, **common)
         validate >> snapshot >> deploy >> warm_up >> parity_plan >> parity_samples >> parity

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from promshift.orchestration.hooks import PrometheusHook
 
 SOURCE_CONN = "promshift_source"
+# The trigger form of a group's DAG (``core.run_params``; the schema is in ``dag_factory.run_params_schema``).
+RUN_PARAMS = ("dry_run", "change_ticket", "warmup_override", "reason")
 TARGET_CONN = "promshift_target"
 # The audit HMAC key lives in this connection's password (or the secrets backend behind it),
 # never in the audit database.
@@ -276,6 +278,20 @@ class _GroupStep:
             return ScraperStatusTrigger(target_conn_id=self.target_conn_id, result=result)
         return LoadedConfigTrigger(source_conn_id=self.source_conn_id, result=result)
 
+    def run_params(self, context: Any, *, strict: bool = False) -> Any:
+        """The trigger form's values (``core.run_params``). ``strict`` raises RunParamsError (validate records
+        it); otherwise a value validate would have refused falls back to the defaults, keeping ``dry_run`` only
+        when it is exactly true: a step after a failed validate (the rollback) must still run."""
+        from promshift.core.run_params import RunParams, RunParamsError, parse_run_params
+
+        params = context.get("params") or {}
+        try:
+            return parse_run_params(params, scrape_interval_s=self.group.scrape_interval_s)
+        except RunParamsError:
+            if strict:
+                raise
+            return RunParams(dry_run=params.get("dry_run") is True)
+
     def migration(self, context: Any) -> Any:
         from promshift.migration import GroupMigration
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
@@ -286,7 +302,8 @@ class _GroupStep:
         return GroupMigration(self.group, backends, audit=audit, routing=routing_store(audit),
                               snapshots_dir=snapshots_dir(), run_id=context["run_id"],
                               catalog_dir=Path(self.catalog_path).parent,
-                              snapshot_blobs=ObjectStorageBlobs(snapshots_url()))
+                              snapshot_blobs=ObjectStorageBlobs(snapshots_url()),
+                              run_params=self.run_params(context))
 
     def tell_owners(self, context: Any, kind: str, **details: Any) -> dict[str, Any] | None:
         """Notify the group's owners on the catalog's channel and record it; never raises (``orchestration.notify``)."""
@@ -350,15 +367,21 @@ class ValidateGroupOperator(GroupStepOperator):
     """
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.core.run_params import RunParamsError
         from promshift.migration import GroupNotStartable
 
+        try:
+            self.run_params(context, strict=True)
+        except RunParamsError as exc:
+            self._record_failure(context, exc)
+            raise AirflowFailException(str(exc)) from None
         try:
             migration = self.migration(context)
         except Exception as exc:
             self._record_failure(context, exc)
             raise
         try:
-            return migration.validate(_now())  # records its own validation_failed
+            return migration.validate(_now())  # records its own validation_failed or start_refused
         except GroupNotStartable as exc:
             raise AirflowSkipException(str(exc)) from exc
 
@@ -373,7 +396,8 @@ class ValidateGroupOperator(GroupStepOperator):
             config_path = None
         audit = audit_store(on_head=lambda head: self._publish_audit_head(context, head))
         reason = record_validation_failed(audit, group_name=self.group.name, run_id=context["run_id"], exc=exc,
-                                          now=_now(), source_config_path=config_path)
+                                          now=_now(), source_config_path=config_path,
+                                          run_params={k: (context.get("params") or {}).get(k) for k in RUN_PARAMS})
         self.log.error("validation failed: %s", reason)
 
 
@@ -383,6 +407,9 @@ class SnapshotConfigOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.deploy_path import REMOTE_WRITE
 
+        if self.run_params(context).dry_run:
+            return self.migration(context).record_dry_run(
+                "snapshot", _now(), would=f"keep the group's {self.deploy_kind} config for rollback")
         if self.deploy_kind != REMOTE_WRITE:
             return self.scraper_step(context).snapshot(_now())
         return self.migration(context).snapshot(_now())
@@ -394,10 +421,24 @@ class DeployDualWriteOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.deploy_path import REMOTE_WRITE
 
+        if self.run_params(context).dry_run:
+            return self._dry_run(context)
         snap = context["ti"].xcom_pull(task_ids="snapshot")
         if self.deploy_kind != REMOTE_WRITE:
             return self._deploy_scraper(context, snap)
         return self.migration(context).deploy_dual_write(snap, _now())
+
+    def _dry_run(self, context: Any) -> dict[str, Any]:
+        """Deploy nothing; hand parity and latency the live dual-write's start, if the group has one."""
+        from promshift.core.render import remote_write_name
+
+        migration = self.migration(context)
+        since = migration.existing_dual_write_since()
+        evidence = migration.record_dry_run(
+            "deploy_dual_write", _now(), would=f"deploy the group's dual-write ({self.deploy_kind}, "
+            f"remote_write {remote_write_name(self.group_name)})", stage=migration.stage().value,
+            existing_dual_write_since=since)
+        return {**evidence, "dual_write_since": since}
 
     def _deploy_scraper(self, context: Any, snap: dict[str, Any]) -> dict[str, Any]:
         """Quota pre-flight and the deploy (scraper or Kubernetes object), then defer until it is live (or failed)."""
@@ -435,8 +476,15 @@ class WarmupOperator(GroupStepOperator):
         from promshift.orchestration.triggers import WarmupTrigger
 
         deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
-        self.migration(context).start_warmup(_now())
+        params = self.run_params(context)
         policy = self.group.warmup
+        duration_s, timeout_s = params.warmup(policy.duration_s, policy.timeout_s)
+        if params.dry_run:
+            self.migration(context).record_dry_run(
+                "warm_up", _now(), would=f"dual-write {duration_s:g}s and wait (at most {timeout_s:g}s) for the "
+                "target to catch up", existing_dual_write_since=(deployed or {}).get("dual_write_since"))
+            return
+        self.migration(context).start_warmup(_now())
         self.defer(
             trigger=WarmupTrigger(
                 group_name=self.group.name,
@@ -444,13 +492,13 @@ class WarmupOperator(GroupStepOperator):
                 source_conn_id=self.source_conn_id,
                 target_conn_id=self.target_conn_id,
                 started_at=float(deployed["dual_write_since"]),
-                min_duration_s=policy.duration_s,
-                timeout_s=policy.timeout_s,
+                min_duration_s=duration_s,
+                timeout_s=timeout_s,
                 max_lag_s=None if self.deploy_kind == "scraper" else policy.max_lag_s,
                 poll_interval_s=policy.poll_interval_s,
             ),
             method_name="execute_complete",
-            timeout=timedelta(seconds=policy.timeout_s + 300),
+            timeout=timedelta(seconds=timeout_s + 300),
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
@@ -478,6 +526,17 @@ class ParityPlanOperator(_ParityStep):
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
+        if deployed.get("dual_write_since") is None and self.run_params(context).dry_run:
+            from promshift.core.parity import Measurement, ParityPlan
+            from promshift.core.verdicts import Verdict
+
+            # A check without data never passes: nothing of the group is on the target to compare.
+            why = (f"dry run: the group is not dual-writing ({self.migration(context).stage().value}), so the "
+                   "target holds nothing of it to compare")
+            self.log.info("parity window: INCONCLUSIVE %s", why)
+            context["ti"].xcom_push(key="plan", value=ParityPlan(None, (Measurement("window", Verdict.INCONCLUSIVE,
+                                                                                      why),)).to_dict())
+            return []
         plan = self.parity_check().plan(dual_write_since=float(deployed["dual_write_since"]),
                                         now=_now().timestamp())
         for m in plan.measurements:
@@ -546,7 +605,8 @@ class GateOperator(GroupStepOperator):
                                                _now())
         self.log.info("gate: %s", verdict.reason)
         if verdict.action == GateAction.ROLL_BACK:
-            raise AirflowFailException(f"gate {verdict.verdict.value}: {verdict.reason}")
+            dry = "dry run (nothing to roll back): " if self.run_params(context).dry_run else ""
+            raise AirflowFailException(f"{dry}gate {verdict.verdict.value}: {verdict.reason}")
         return verdict.to_dict()
 
 
@@ -558,7 +618,15 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
                  target_conn_id: str = TARGET_CONN, **kwargs: Any) -> None:
         kwargs.setdefault("subject", f"Cut over metric group {group_name} to AMP?")
         kwargs.setdefault("body", "Evidence is filled in when the task runs.")
-        kwargs.setdefault("params", {"comment": Param("", type="string", description="Why (kept in the audit)")})
+        # The approver's form: its own comment field only. Airflow hands a task the DAG's params (the trigger
+        # form) merged with its own; HITL keeps only params whose source is "task", so the comment is marked so
+        # (without it, a DAG with params would leave the approver no comment field).
+        from airflow.sdk.definitions.param import ParamsDict
+
+        params = ParamsDict(kwargs.pop("params", None) or {})
+        if "comment" not in params:
+            params["comment"] = Param("", type="string", description="Why (kept in the audit)", source="task")
+        kwargs["params"] = params
         super().__init__(assigned_users=[{"id": a, "name": a} for a in approvers], **kwargs)
         self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
                          source_conn_id=source_conn_id, target_conn_id=target_conn_id)
@@ -586,6 +654,8 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         from promshift.core.report import approval_body
 
         evidence = self.evidence(context)
+        if self.run_params(context).dry_run:
+            self._end_dry_run(context, evidence)
         digest = evidence_sha256(evidence)
         gate = GateVerdict.from_dict(evidence["gate"])
         board = self.board_url()
@@ -601,6 +671,22 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         self.notifiers = [*self.notifiers, self.owners_notifier("approval_needed", gate=gate.to_dict(),
                                                                 board_url=board)]
         return super().execute(context)
+
+    def _end_dry_run(self, context: Any, evidence: dict[str, Any]) -> None:
+        """A dry run asks nobody: record how far it got (``dry_run_complete``), publish the report, and skip
+        the approval, and so the cut-over and its asset."""
+        from promshift.migration import DRY_RUN_COMPLETE
+
+        migration = self.migration(context)
+        gate = evidence.get("gate") or {}
+        migration.record(DRY_RUN_COMPLETE, _now(), {
+            "dry_run": True, "gate": gate.get("verdict"), "gate_reason": gate.get("reason"),
+            "parity": (evidence.get("parity") or {}).get("verdict"),
+            "latency": (evidence.get("latency") or {}).get("verdict"), "stage": migration.stage().value,
+            "run_params": migration.run_params.to_dict(),
+            "would": "ask the approvers, then cut over"})
+        publish_report(self, context, migration)
+        raise AirflowSkipException(f"dry run: gate {gate.get('verdict')}; no approval asked, nothing cut over")
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         migration = self.migration(context)
@@ -650,9 +736,11 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
 
 class CutoverOperator(GroupStepOperator):
-    """Route the group's reads to the target."""
+    """Route the group's reads to the target; emits the group's ``cut_over`` asset (its ``outlets``)."""
 
     def execute(self, context: Any) -> dict[str, Any]:
+        if self.run_params(context).dry_run:  # never reached (the approval skips first); a skip emits no asset
+            raise AirflowSkipException("dry run: no cut-over")
         return self.migration(context).cutover(_now())
 
 
@@ -680,6 +768,11 @@ class RollbackOperator(GroupStepOperator):
 
         migration = self.migration(context)
         reason = migration.failure_reason()
+        if migration.dry_run:  # nothing was deployed: restore nothing, route nothing, tell nobody
+            result = migration.record_dry_run("rollback", _now(), would="restore the snapshot and route reads "
+                                              "to the source", reason=reason, performed=False)
+            publish_report(self, context, migration)
+            return result
         snap = context["ti"].xcom_pull(task_ids="snapshot")
         if snap and self.deploy_kind != REMOTE_WRITE:
             return self._restore_scraper(context, snap, reason)
