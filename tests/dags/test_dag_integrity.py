@@ -33,14 +33,14 @@ def test_one_dag_per_catalog_group(dagbag) -> None:  # type: ignore[no-untyped-d
 
     expected = {g.dag_id for g in load_catalog().groups}
     assert len(expected) >= 3
-    assert set(dagbag.dag_ids) == expected
+    assert set(dagbag.dag_ids) == expected | {"promshift__bake_watch"}
 
 
 def test_every_dag_has_tags_retries_and_docs(dagbag) -> None:  # type: ignore[no-untyped-def]
     for dag_id, dag in dagbag.dags.items():
         assert "promshift" in dag.tags, dag_id
         assert dag.default_args.get("retries", 0) >= 1, dag_id
-        assert dag.doc_md and "Migrate" in dag.doc_md, dag_id
+        assert dag.doc_md and ("Migrate" in dag.doc_md or dag_id == "promshift__bake_watch"), dag_id
         assert dag.max_active_runs == 1, dag_id
 
 
@@ -117,7 +117,10 @@ def test_one_bad_group_keeps_the_other_dags_and_shows_its_problems(
     dagbag = _dagbag_for(catalog, monkeypatch)
     assert dagbag.import_errors == {}
     assert set(dagbag.dag_ids) == {"promshift__gpu_utilization", "promshift__gpu_power_thermal",
-                                   "promshift__catalog_errors"}
+                                   "promshift__catalog_errors", "promshift__bake_watch"}
+    # The bake watch watches the good groups only.
+    watched = {t.task_id for t in dagbag.dags["promshift__bake_watch"].tasks if t.task_id.startswith("bake_check__")}
+    assert watched == {"bake_check__gpu_utilization", "bake_check__gpu_power_thermal"}
     errors = dagbag.dags["promshift__catalog_errors"]
     assert "promshift" in errors.tags and errors.max_active_runs == 1
     assert "group 'gpu-memory': field 'approval_timeout': must be at most 10y" in errors.doc_md
@@ -202,3 +205,25 @@ def test_dependents_are_scheduled_on_their_dependencies_cut_over_assets(dagbag) 
     # The shipped catalog's waves: utilisation and memory start by hand; power after utilisation; clocks after power.
     power = dagbag.dags["promshift__gpu_power_thermal"].timetable.asset_condition
     assert [a.uri for a in power.objects] == ["promshift://group/gpu-utilization/cut_over"]
+
+
+def test_the_bake_watch_checks_every_group_on_the_catalogs_interval(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from airflow.sdk import Asset
+
+    from promshift.settings import load_catalog
+
+    groups = load_catalog().groups
+    watch = dagbag.dags["promshift__bake_watch"]
+    # A timedelta schedule (Airflow's config picks the delta timetable's flavour).
+    assert type(watch.timetable).__name__ in ("DeltaTriggerTimetable", "DeltaDataIntervalTimetable")
+    assert watch.timetable.delta == timedelta(minutes=15)  # type: ignore[attr-defined]  # defaults.bake.interval
+    assert watch.max_active_runs == 1 and not watch.catchup
+    for group in groups:
+        key = group.name.replace("-", "_")
+        check, emit = watch.get_task(f"bake_check__{key}"), watch.get_task(f"baked__{key}")
+        assert check.group_name == group.name and emit.upstream_task_ids == {check.task_id}
+        assert emit.outlets == [Asset(f"promshift://group/{group.name}/baked")]
+        assert not check.outlets  # a check that did not bake the group emits nothing
+    assert len(watch.tasks) == 2 * len(groups)

@@ -992,3 +992,62 @@ def test_a_dry_run_of_a_blocked_group_says_what_would_refuse_it(audit: AuditStor
     assert result["would_refuse"] == ["group 'gpu-power-thermal' depends on 'gpu-utilization', which is "
                                       "dual_writing: it must be cut over first"]
     assert [e.kind for e in audit.events(group="gpu-power-thermal")] == ["validated"]
+
+
+# -- the bake watch ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bake_dag() -> Any:
+    from promshift.orchestration.dag_factory import build_bake_watch_dag
+
+    return build_bake_watch_dag(load_catalog(CATALOG, profile=PROFILE).groups, catalog_path=CATALOG, profile=PROFILE)
+
+
+def test_the_bake_watch_skips_a_group_that_is_not_cut_over(bake_dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    with pytest.raises(AirflowSkipException, match="'gpu-memory' is verified: the bake watch checks only baking, "
+                                                   "cut_over"):
+        task(bake_dag, "bake_check__gpu_memory").execute(make_context())
+    assert new_events(audit, UP_TO_VERIFIED) == []
+    with pytest.raises(AirflowSkipException, match=r"not baked yet \(no check\)"):
+        task(bake_dag, "baked__gpu_memory").execute(make_context())
+
+
+def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owners(
+        bake_dag: Any, audit: AuditStore) -> None:
+    """Both backends unreachable: every observation is an error, so the check is ERROR and fails the bake."""
+    from promshift.adapters.routing import RoutingStore
+
+    seed(audit, UP_TO_CUT_OVER)
+    RoutingStore(audit.url).route(GROUP, read_from="target", url="http://amp.example", at=datetime.now(UTC),
+                                  run_id=RUN_ID)
+    with pytest.raises(AirflowFailException, match=r"^bake check ERROR: .*reads returned to the source, dual-write "
+                                                   r"stays on$"):
+        task(bake_dag, "bake_check__gpu_memory").execute(make_context())
+    kinds = [e.kind for e in new_events(audit, UP_TO_CUT_OVER)]
+    assert kinds == ["bake_started", "bake_check", "reads_rolled_back", NOTIFIED]
+    check = next(e for e in audit.events(group=GROUP) if e.kind == "bake_check").evidence_data
+    assert check["verdict"] == "ERROR"
+    # Every measurement could not be observed: each is ERROR with the read that failed, none judged on no data.
+    assert {m["name"]: m["verdict"] for m in check["measurements"]} == {
+        "freshness": "ERROR", "lag": "ERROR", "series": "ERROR", "parity": "ERROR"}
+    # (The parity check reports its unreachable backends itself, as its own ERROR verdict.)
+    assert set(check["observation"]["errors"]) == {"age", "lag", "source_series", "target_series"}
+    assert check["observation"]["parity"] == "ERROR"
+    assert "unreachable" in check["observation"]["errors"]["age"]
+    notified = audit.events(group=GROUP)[-1].evidence_data
+    assert notified["notice"] == "bake_failed" and notified["subject"].endswith("failed")
+    assert audit.stage_of(GROUP) == Stage.ROLLED_BACK_READS
+    assert RoutingStore(audit.url).read_from(GROUP) == "source"
+
+
+def test_the_baked_asset_is_emitted_only_after_a_bake(bake_dag: Any) -> None:
+    from airflow.sdk import Asset
+
+    emit = task(bake_dag, "baked__gpu_memory")
+    assert emit.outlets == [Asset("promshift://group/gpu-memory/baked")]
+    assert emit.execute(make_context({"bake_check__gpu_memory": {"outcome": "baked", "clean_since": 1.0}})) == {
+        "baked": True, "clean_since": 1.0}
+    with pytest.raises(AirflowSkipException, match=r"not baked yet \(baking\)"):
+        emit.execute(make_context({"bake_check__gpu_memory": {"outcome": "baking"}}))

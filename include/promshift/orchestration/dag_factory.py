@@ -12,6 +12,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup
 from promshift.orchestration.operators import (
+    BakeCheckOperator,
+    BakedAssetOperator,
     CompleteRunOperator,
     CutoverOperator,
     DeployDualWriteOperator,
@@ -124,6 +126,49 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         validate >> snapshot >> deploy >> warm_up >> parity_plan >> parity_samples >> parity
         parity >> latency >> gate >> approval >> cutover >> done
         [deploy, warm_up, parity_plan, parity_samples, parity, latency, gate, approval, cutover] >> rollback
+    return dag
+
+
+# --------------------------------------------------------------------------- the bake watch
+
+BAKE_WATCH_DAG_ID = "promshift__bake_watch"
+
+
+def _task_key(group: MetricGroup) -> str:
+    return group.name.replace("-", "_")
+
+
+def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | Path,
+                         profile: str | None = None) -> DAG:
+    """``promshift__bake_watch``: every ``bake.interval`` (the shortest of any group), one check per group.
+
+    ``bake_check__<group>`` skips a group that is not cut over or baking; for one that is, it checks the
+    target copy (freshness, remote-write lag, series count, a short parity window), records ``bake_check``,
+    and moves it to ``baked`` after a clean ``bake.period`` or back to ``rolled_back_reads`` on a failed
+    check. ``baked__<group>`` then emits ``promshift://group/<name>/baked`` only when the group was baked.
+    """
+    interval_s = min(group.bake.interval_s for group in groups)
+    listing = "\n".join(f"- `{g.name}`: every {g.bake.interval_s:g}s, baked after {g.bake.period_s:g}s clean"
+                         for g in groups)
+    with DAG(
+        dag_id=BAKE_WATCH_DAG_ID,
+        description="Watch cut-over metric groups until they are baked (or roll their reads back)",
+        doc_md=("# Bake watch of migrated metric groups\n\nChecks each cut-over group's target copy: freshness, "
+                "remote-write lag, series count, a short parity window. A failed check returns the group's reads "
+                "to the source (dual-write stays on) and tells its owners; a clean bake period makes it `baked` "
+                "and emits its `baked` asset.\n\n" + listing),
+        schedule=timedelta(seconds=interval_s),
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=["promshift", "bake-watch"],
+        default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"},
+    ) as dag:
+        for group in groups:
+            check = BakeCheckOperator(task_id=f"bake_check__{_task_key(group)}", group_name=group.name,
+                                      catalog_path=str(catalog_path), profile=profile)
+            check >> BakedAssetOperator(task_id=f"baked__{_task_key(group)}", check_task_id=check.task_id,
+                                        outlets=[baked_asset(group.name)])
     return dag
 
 

@@ -820,3 +820,55 @@ class RollbackOperator(GroupStepOperator):
         if not evidence["restored_identical"]:
             raise AirflowFailException("rollback did not restore the group's scraper as snapshotted")
         return evidence
+
+
+# --------------------------------------------------------------------------- after cut-over: the bake watch
+
+
+class BakeCheckOperator(GroupStepOperator):
+    """One bake check of a cut-over group (``lifecycle.GroupLifecycle``); skips a group not cut over or baking.
+
+    A failed check has already returned the group's reads to the source (``rolled_back_reads``) when this
+    task fails; the owners are told (``bake_failed``).
+    """
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.core.stages import BAKE_WATCHED
+        from promshift.lifecycle import GroupLifecycle, RestoreReadsFailed
+
+        migration = self.migration(context)
+        stage = migration.stage()
+        if stage not in BAKE_WATCHED:
+            raise AirflowSkipException(f"group {self.group_name!r} is {stage.value}: the bake watch checks only "
+                                       f"{', '.join(sorted(s.value for s in BAKE_WATCHED))}")
+        lifecycle = GroupLifecycle(migration, deploy_kind=self.deploy_kind)
+        try:
+            out = lifecycle.bake_check(_now())
+        except RestoreReadsFailed as exc:
+            self.tell_owners(context, "bake_failed", check="restore_reads", reason=str(exc))
+            raise AirflowFailException(str(exc)) from None
+        self.log.info("bake check of %s: %s (%s)", self.group_name, out["outcome"],
+                      (out.get("check") or {}).get("reason"))
+        if out["outcome"] == "rolled_back_reads":
+            check = out.get("check") or {}
+            failed = [m["name"] for m in check.get("measurements", []) if m["verdict"] in ("FAILED", "ERROR")]
+            self.tell_owners(context, "bake_failed", check=", ".join(failed) or "bake", reason=out["reason"])
+            raise AirflowFailException(f"{out['reason']}; reads returned to the source, dual-write stays on")
+        return out
+
+
+class BakedAssetOperator(BaseOperator):
+    """Emits the group's ``baked`` asset (its ``outlets``) when the check before it baked the group; else skips
+    (a skipped task emits nothing)."""
+
+    ui_color = "#e6f4ea"
+
+    def __init__(self, *, check_task_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.check_task_id = check_task_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        out = context["ti"].xcom_pull(task_ids=self.check_task_id) or {}
+        if out.get("outcome") != "baked":
+            raise AirflowSkipException(f"not baked yet ({out.get('outcome') or 'no check'})")
+        return {"baked": True, "clean_since": out.get("clean_since")}

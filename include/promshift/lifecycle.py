@@ -1,0 +1,185 @@
+"""After cut-over: the bake watch, and returning a group's reads to the source (the ``restore_reads`` hook).
+
+``GroupLifecycle`` works on one ``GroupMigration`` (its audit, routing and backends); every transition
+goes through ``GroupMigration.record``. The judgement is pure (``core.bake``); this module observes the
+backends and applies the outcome.
+
+Read-path restorers (the hook other adapters plug into): a ``ReadRestorer`` is a name and a callable
+``(migration, *, reason, now) -> evidence``; it must be idempotent (a retried task calls it again). The
+default list holds the routing entry alone (``restore_routing``); the rules and Grafana adapters add
+theirs with ``GroupLifecycle(..., read_restorers=[*DEFAULT_READ_RESTORERS, ("rules", restore_rules)])``.
+Dual-write is never touched here: it stays on, so a re-cut-over loses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from promshift.adapters.prometheus import PrometheusError
+from promshift.core.bake import BakeObservation, baked, clean_streak_start, judge
+from promshift.core.render import remote_write_name
+from promshift.core.stages import BAKE_WATCHED, Stage
+from promshift.core.verdicts import Verdict
+from promshift.core.warmup import parse_remote_write_lag
+from promshift.migration import GroupMigration, one_line
+
+log = logging.getLogger(__name__)
+
+BAKE_STARTED = "bake_started"
+BAKE_CHECK = "bake_check"
+BAKED = "baked"
+READS_ROLLED_BACK = "reads_rolled_back"
+RESTORE_READS_FAILED = "restore_reads_failed"
+
+ReadRestorer = tuple[str, Callable[..., Mapping[str, Any]]]
+
+
+def restore_routing(migration: GroupMigration, *, reason: str, now: datetime) -> dict[str, Any]:
+    """The group's routing entry back to the source (one upsert on its own row); a no-op if it is there."""
+    group = migration.group.name
+    if migration.routing.read_from(group) == "source":
+        return {"routing": migration.routing.get(group), "changed": False}
+    route = migration.routing.route(group, read_from="source", url=migration.backends.source.base_url, at=now,
+                                    run_id=migration.run_id)
+    return {"routing": route, "changed": True}
+
+
+DEFAULT_READ_RESTORERS: tuple[ReadRestorer, ...] = (("routing", restore_routing),)
+
+
+class RestoreReadsFailed(RuntimeError):
+    """A read-path restorer failed; recorded as ``restore_reads_failed`` (no stage move)."""
+
+
+class GroupLifecycle:
+    """The bake watch's work on one group (one check per call)."""
+
+    def __init__(self, migration: GroupMigration, *, deploy_kind: str = "remote_write",
+                 read_restorers: Sequence[ReadRestorer] = DEFAULT_READ_RESTORERS,
+                 parity_check: Callable[[float, float], tuple[Verdict, str]] | None = None) -> None:
+        self.migration = migration
+        self.deploy_kind = deploy_kind
+        self.read_restorers = tuple(read_restorers)
+        # (window start, now) -> (verdict, reason); default: ParityCheck over the short window.
+        self._parity = parity_check or self._short_parity
+
+    @property
+    def group(self) -> Any:
+        return self.migration.group
+
+    # -- observing ---------------------------------------------------------------------------
+    def observe(self, now: datetime) -> BakeObservation:
+        """One look at both sides: freshness and series on the target, lag on the source, a short parity window."""
+        b, selector, errors = self.migration.backends, self.group.selector(), []
+        values: dict[str, Any] = {}
+
+        def attempt(name: str, read: Callable[[], Any]) -> None:
+            try:
+                values[name] = read()
+            except (PrometheusError, ValueError, KeyError, TypeError) as exc:
+                errors.append((name, one_line(exc)))
+
+        at = now.timestamp()
+        attempt("age", lambda: b.target.scalar(f"time() - max(timestamp({selector}))", at=at))
+        attempt("source_series", lambda: b.source.scalar(f"count({selector})", at=at))
+        attempt("target_series", lambda: b.target.scalar(f"count({selector})", at=at))
+        queue = self.deploy_kind == "remote_write"
+        if queue:
+            attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(),
+                                                          remote_write_name(self.group.name)))
+        since = self.migration.existing_dual_write_since()
+        window_start = at - self.group.parity.skip_recent_s - self.group.bake.parity_window_s
+        if since is not None:
+            window_start = max(window_start, since)
+        attempt("parity", lambda: self._parity(window_start, at))
+        lag, failed = values.get("lag") or (None, None)
+        parity = values.get("parity")
+        return BakeObservation(
+            target_newest_age_s=values.get("age"), lag_s=lag, failed_samples=failed,
+            source_series=None if values.get("source_series") is None else int(values["source_series"]),
+            target_series=None if values.get("target_series") is None else int(values["target_series"]),
+            parity=parity[0] if parity else None, parity_reason=parity[1] if parity else "",
+            queue_expected=queue, errors=tuple(errors))
+
+    def _short_parity(self, window_start: float, now: float) -> tuple[Verdict, str]:
+        from promshift.adapters.parity_check import ParityCheck
+        from promshift.deploy_path import group_for_deploy
+
+        b = self.migration.backends
+        result = ParityCheck(group_for_deploy(self.group, self.deploy_kind), b.source, b.target,
+                             catalog_dir=self.migration.catalog_dir).run(dual_write_since=window_start, now=now)
+        bad = [f"{m.name}: {m.reason}" for m in result.not_passed()]
+        return result.verdict, "; ".join(bad[:3]) or f"{result.points_compared} points compared"
+
+    # -- the check ---------------------------------------------------------------------------
+    def bake_check(self, now: datetime, observation: BakeObservation | None = None) -> dict[str, Any]:
+        """Check the group once and apply the outcome: ``baking``, ``baked`` or ``rolled_back_reads``.
+
+        A cut-over group starts baking here (``bake_started``). A failed check returns its reads to the
+        source at once (``restore_reads``). A retry after a restore that failed restores again without
+        checking again (a clean check must not leave reads on the source while the stage says baking).
+        """
+        m = self.migration
+        stage = m.stage()
+        if stage not in BAKE_WATCHED:
+            return {"outcome": "not_watched", "stage": stage.value}
+        mine = m.audit.events(group=self.group.name, run_id=m.run_id)
+        if mine and mine[-1].kind == RESTORE_READS_FAILED:
+            restored = self.restore_reads(reason=str(mine[-1].evidence_data.get("reason")), now=now)
+            return {"outcome": "rolled_back_reads", "reason": restored["reason"], "restored": restored}
+        policy = self.group.bake
+        if stage == Stage.CUT_OVER:
+            m.record(BAKE_STARTED, now, {"policy": dataclasses.asdict(policy)}, to=Stage.BAKING)
+        obs = observation if observation is not None else self.observe(now)
+        result = judge(obs, policy)
+        evidence = {**result.to_dict(), "observation": _observation_dict(obs)}
+        m.record(BAKE_CHECK, now, evidence)
+        if result.failed:
+            restored = self.restore_reads(reason=f"bake check {result.verdict.value}: {result.reason()}", now=now)
+            return {"outcome": "rolled_back_reads", "check": evidence, "reason": restored["reason"],
+                    "restored": restored}
+        checks = self.checks_since_bake_started()
+        if baked(checks, policy, now=now.timestamp()):
+            streak = clean_streak_start(checks, interval_s=policy.interval_s)
+            m.record(BAKED, now, {"checks": len(checks), "clean_since": streak, "period_s": policy.period_s,
+                                  "last_check": evidence}, to=Stage.BAKED)
+            return {"outcome": "baked", "check": evidence, "clean_since": streak}
+        return {"outcome": "baking", "check": evidence, "checks": len(checks),
+                "clean_since": clean_streak_start(checks, interval_s=policy.interval_s)}
+
+    def checks_since_bake_started(self) -> list[tuple[float, Verdict]]:
+        """(time, verdict) of every bake check since the group last entered ``baking``, oldest first."""
+        events = self.migration.audit.events(group=self.group.name)
+        starts = [i for i, e in enumerate(events) if e.stage_to == Stage.BAKING.value]
+        since = starts[-1] if starts else len(events)
+        return [(e.at.timestamp(), Verdict(e.evidence_data["verdict"])) for e in events[since:]
+                if e.kind == BAKE_CHECK]
+
+    def restore_reads(self, *, reason: str, now: datetime) -> dict[str, Any]:
+        """Every read-path restorer (routing first; rules and dashboards when their adapters plug in), then
+        ``rolled_back_reads``. Dual-write stays on. Any restorer failing: ``restore_reads_failed``, raised."""
+        m = self.migration
+        evidence: dict[str, Any] = {"reason": reason, "restored": {}, "dual_write": "kept on"}
+        errors: dict[str, str] = {}
+        for name, restorer in self.read_restorers:
+            try:
+                evidence["restored"][name] = dict(restorer(m, reason=reason, now=now))
+            except Exception as exc:  # noqa: BLE001 - every restorer runs; the failure is recorded and raised
+                errors[name] = f"{type(exc).__name__}: {one_line(exc)}"
+        if errors:
+            m.record(RESTORE_READS_FAILED, now, {**evidence, "errors": errors})
+            raise RestoreReadsFailed(f"restoring reads of {self.group.name!r} failed: "
+                                     + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+        m.record(READS_ROLLED_BACK, now, evidence, to=Stage.ROLLED_BACK_READS)
+        return evidence
+
+
+def _observation_dict(obs: BakeObservation) -> dict[str, Any]:
+    data = dataclasses.asdict(obs)
+    data["parity"] = obs.parity.value if obs.parity is not None else None
+    data["errors"] = dict(obs.errors)
+    return data
