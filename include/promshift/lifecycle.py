@@ -34,6 +34,12 @@ BAKE_CHECK = "bake_check"
 BAKED = "baked"
 READS_ROLLED_BACK = "reads_rolled_back"
 RESTORE_READS_FAILED = "restore_reads_failed"
+DECOMMISSIONED = "decommissioned"
+DECOMMISSION_REFUSED = "decommission_refused"
+DECOMMISSION_FAILED = "decommission_failed"
+RECOMMISSIONED = "recommissioned"
+# Stages a decommission may start from: a clean bake, or a decommission that was undone.
+DECOMMISSIONABLE = frozenset({Stage.BAKED, Stage.RECOMMISSIONED})
 
 ReadRestorer = tuple[str, Callable[..., Mapping[str, Any]]]
 
@@ -53,6 +59,14 @@ DEFAULT_READ_RESTORERS: tuple[ReadRestorer, ...] = (("routing", restore_routing)
 
 class RestoreReadsFailed(RuntimeError):
     """A read-path restorer failed; recorded as ``restore_reads_failed`` (no stage move)."""
+
+
+class DecommissionRefused(RuntimeError):
+    """The group may not be decommissioned now; recorded as ``decommission_refused``, nothing changed."""
+
+
+class DecommissionFailed(RuntimeError):
+    """The drop was applied but not proven safe, so it was undone (``decommission_failed``)."""
 
 
 class GroupLifecycle:
@@ -183,3 +197,145 @@ def _observation_dict(obs: BakeObservation) -> dict[str, Any]:
     data["parity"] = obs.parity.value if obs.parity is not None else None
     data["errors"] = dict(obs.errors)
     return data
+
+
+# -- decommission (after the second approval) -------------------------------------------------------
+
+
+class Decommission:
+    """Drop the group's series on the source at scrape time (``core.scrape_drop``), or undo that.
+
+    Only safe when the target has a writer of its own (the managed collector, ``deploy_kind`` ``scraper``):
+    on the remote_write path the source is the target's only writer, and a scrape-time drop would stop the
+    target's copy too. That path is refused before anything changes. After the drop is live, two proofs
+    are awaited (``verify_s`` at most): the source stops returning the group's series, and the target keeps
+    receiving new samples of it; the second failing undoes the drop (snapshot restored byte for byte).
+    """
+
+    def __init__(self, migration: GroupMigration, *, deploy_kind: str, verify_s: float | None = None,
+                 poll_s: float = 5.0, sleep: Callable[[float], None] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.migration = migration
+        self.deploy_kind = deploy_kind
+        group = migration.group
+        # Two scrapes for the staleness markers, plus the collector's lag.
+        self.verify_s = verify_s if verify_s is not None else 2 * group.scrape_interval_s + group.bake.max_lag_s
+        self.poll_s = poll_s
+        self.sleep = sleep or time.sleep
+        self.clock = clock or time.time
+
+    def refusal(self) -> str | None:
+        m = self.migration
+        stage = m.stage()
+        if stage not in DECOMMISSIONABLE:
+            return (f"group {m.group.name!r} is {stage.value}; a decommission starts only from "
+                    f"{', '.join(sorted(s.value for s in DECOMMISSIONABLE))} (after a clean bake)")
+        if self.deploy_kind != "scraper":
+            return (f"group {m.group.name!r} reaches the target through the source's remote_write: the source is "
+                    "the target's only writer, so dropping the group at scrape would stop the target's copy too; "
+                    "decommission needs an independent writer (the managed collector, deploy 'scraper')")
+        return None
+
+    def measure(self, now: datetime) -> dict[str, Any]:
+        """What the drop will free on the source: the group's series per job and the samples/s they add."""
+        from promshift.migration import scrape_interval_s
+
+        src, selector = self.migration.backends.source, self.migration.group.selector()
+        by_job = {series.labels.get("job", ""): int(series.points[0][1])
+                  for series in src.query(f"count by (job) ({selector})", at=now.timestamp()).series if series.points}
+        interval = scrape_interval_s(src.config_text())
+        total = sum(by_job.values())
+        appended = src.scalar("sum(rate(prometheus_tsdb_head_samples_appended_total[5m]))", at=now.timestamp())
+        return {"series": total, "series_by_job": by_job, "scrape_interval_s": interval,
+                "samples_per_s": total / interval if interval else None,
+                "source_samples_appended_per_s": appended}
+
+    def decommission(self, now: datetime, *, approval: Mapping[str, Any]) -> dict[str, Any]:
+        from promshift.adapters.snapshot_store import snapshot_key
+        from promshift.core.render import remote_write_names, sha256_bytes
+        from promshift.core.scrape_drop import add_scrape_drop, drop_is_loaded, drop_rule
+
+        m = self.migration
+        why = self.refusal()
+        if why is not None:
+            m.record(DECOMMISSION_REFUSED, now, {"reason": why, "stage": m.stage().value, "approval": dict(approval)})
+            raise DecommissionRefused(why)
+        freed = self.measure(now)
+        jobs = sorted(job for job in freed["series_by_job"] if job)
+        if not jobs:
+            why = f"the source has no series of {m.group.name!r} in any scrape job: nothing to decommission"
+            m.record(DECOMMISSION_REFUSED, now, {"reason": why, "measured": freed})
+            raise DecommissionRefused(why)
+        rule = drop_rule(m.group.name_regex())
+        deployer = m.deployer
+        snap = deployer.snapshot()
+        ref = m.snapshot_blobs.put(snapshot_key(m.group.name, m.run_id, "decommission.yml"), snap.data,
+                                   mode=(snap.mode if snap.mode is not None else 0o600) & 0o644)
+        new_data = snap.data
+        for job in jobs:
+            new_data = add_scrape_drop(new_data, job, rule)
+        live = set(remote_write_names(m.backends.source.config_text()))
+        deployer.deploy(new_data, snapshot=snap, expect_remote_writes=live)
+        loaded = m.backends.source.config_text()
+        evidence: dict[str, Any] = {
+            "jobs": jobs, "rule": rule, "freed": freed, "snapshot_path": ref, "config_before_sha256": snap.sha256,
+            "config_after_sha256": sha256_bytes(new_data), "approval": dict(approval),
+            "loaded": all(drop_is_loaded(loaded, job, rule) for job in jobs), "dual_write": "managed collector"}
+        stopped, flowing = self._verify(after=now.timestamp())
+        evidence.update(source_stopped=stopped, target_still_receiving=flowing)
+        if not (evidence["loaded"] and stopped and flowing):
+            restored = deployer.restore(snap)
+            evidence["undone"] = {"restored_identical": restored}
+            m.record(DECOMMISSION_FAILED, now, evidence)
+            raise DecommissionFailed(
+                f"decommission of {m.group.name!r} not proven safe (drop loaded: {evidence['loaded']}, source "
+                f"stopped: {stopped}, target still receiving: {flowing}); the source config was restored")
+        m.record(DECOMMISSIONED, now, evidence, to=Stage.DECOMMISSIONED)
+        return evidence
+
+    def _verify(self, *, after: float) -> tuple[bool, bool]:
+        """(the source returns no fresh series of the group, the target has a sample newer than ``after``)."""
+        m, selector = self.migration, self.migration.group.selector()
+        deadline = self.clock() + self.verify_s
+        stopped = flowing = False
+        while True:
+            try:
+                stopped = stopped or not (m.backends.source.scalar(f"count({selector})") or 0)
+                newest = m.backends.target.scalar(f"max(timestamp({selector}))")
+                flowing = flowing or (newest is not None and newest > after)
+            except PrometheusError as exc:
+                log.warning("decommission verify: %s", exc)
+            if (stopped and flowing) or self.clock() >= deadline:
+                return stopped, flowing
+            self.sleep(self.poll_s)
+
+    def recommission(self, now: datetime, *, reason: str) -> dict[str, Any]:
+        """Undo the decommission: remove the drop (the source scrapes and stores the group again); reads stay
+        on the target. The source never stored the group's samples between the decommission and now."""
+        from promshift.core.render import remote_write_names, sha256_bytes
+        from promshift.core.scrape_drop import remove_scrape_drop
+
+        m = self.migration
+        if m.stage() != Stage.DECOMMISSIONED:
+            raise DecommissionRefused(f"group {m.group.name!r} is {m.stage().value}, not decommissioned")
+        done = [e for e in m.audit.events(group=m.group.name) if e.kind == DECOMMISSIONED][-1]
+        rule, jobs = done.evidence_data["rule"], done.evidence_data["jobs"]
+        deployer = m.deployer
+        snap = deployer.snapshot()
+        new_data = snap.data
+        for job in jobs:
+            new_data = remove_scrape_drop(new_data, job, rule)
+        if new_data != snap.data:
+            live = set(remote_write_names(m.backends.source.config_text()))
+            deployer.deploy(new_data, snapshot=snap, expect_remote_writes=live)
+        evidence = {"reason": reason, "jobs": jobs, "rule": rule, "config_sha256": sha256_bytes(new_data),
+                    "identical_to_before_decommission": sha256_bytes(new_data) ==
+                    done.evidence_data["config_before_sha256"],
+                    "read_from": m.routing.read_from(m.group.name),
+                    "source_history_gap": {"from": done.at.isoformat(), "to": now.isoformat(),
+                                           "note": "the source never stored the group's samples in this span; "
+                                                   "the target holds them"}}
+        m.record(RECOMMISSIONED, now, evidence, to=Stage.RECOMMISSIONED)
+        return evidence

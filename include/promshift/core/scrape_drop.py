@@ -58,6 +58,16 @@ def has_scrape_drop(config: Config, job_name: str, rule: Mapping[str, Any]) -> b
     return dict(rule) in _rules(_load(config), job_name)
 
 
+def drop_is_loaded(loaded_config: str, job_name: str, rule: Mapping[str, Any]) -> bool:
+    """Whether a server's loaded config (``/api/v1/status/config``) holds ``rule`` in the job: Prometheus shows
+    a rule with its defaults filled in (separator, replacement), so every field of ``rule`` must match."""
+    try:
+        rules = _rules(_load(loaded_config), job_name)
+    except RenderError:
+        return False
+    return any(isinstance(r, dict) and all(r.get(k) == v for k, v in rule.items()) for r in rules)
+
+
 def add_scrape_drop(config: Config, job_name: str, rule: Mapping[str, Any]) -> Config:
     """The config with ``rule`` appended to job ``job_name``'s ``metric_relabel_configs`` (a no-op when there)."""
     return _edit(config, lambda text: _add(text, job_name, dict(rule)))
