@@ -22,6 +22,7 @@ from promshift.orchestration.dag_factory import (
     BAKE_WATCH_DAG_ID,
     build_bake_watch_dag,
     build_catalog_errors_dag,
+    build_decommission_dags,
     build_group_dag,
 )
 from promshift.settings import check_catalog_file, default_catalog_path, default_profile
@@ -47,6 +48,8 @@ _missing = ["every group"] if _check.catalog_problems else [label for label, _ i
 for _group in _check.catalog.groups:
     try:
         globals()[_group.dag_id] = build_group_dag(_group, catalog_path=CATALOG_PATH, profile=PROFILE)
+        for _dag in build_decommission_dags(_group, catalog_path=CATALOG_PATH, profile=PROFILE):
+            globals()[_dag.dag_id] = _dag
     except Exception as _exc:  # Airflow refused what the catalog check let through: that group only
         _problems.append(f"group {_group.name!r}: Airflow refused its DAG: {_one_line(_exc)}")
         _missing.append(f"group {_group.name!r}")

@@ -452,8 +452,11 @@ class GroupMigration:
 
     def record_approval(self, *, decision: str, by: str, comment: str, now: datetime,
                         hitl: Mapping[str, Any] | None = None, evidence_sha256: str | None = None,
-                        current_sha256: str | None = None) -> None:
+                        current_sha256: str | None = None, prefix: str = "") -> None:
         """``hitl`` names Airflow's HITL record the answer came from, so the two can be compared.
+
+        ``prefix`` names another approval than the cut-over's (``decommission_``): its events are
+        ``<prefix>approved`` / ``<prefix>approval_<decision>`` and never move the stage.
 
         ``evidence_sha256`` is the hash of the evidence the approver was shown; ``current_sha256``
         the evidence's hash when the answer arrived, recorded when it differs (a refused approval).
@@ -466,9 +469,9 @@ class GroupMigration:
         if current_sha256 is not None and current_sha256 != evidence_sha256:
             evidence["current_sha256"] = current_sha256
         if decision == "Approve":
-            self.record("approved", now, evidence, to=Stage.APPROVED, actor=by)
+            self.record(prefix + "approved", now, evidence, to=None if prefix else Stage.APPROVED, actor=by)
         else:
-            self.record("approval_" + decision.lower(), now, evidence, actor=by)
+            self.record(prefix + "approval_" + decision.lower(), now, evidence, actor=by)
 
     def cutover(self, now: datetime) -> dict[str, Any]:
         """Route the group's reads to the target in the routing store (one transaction on the group's row)."""

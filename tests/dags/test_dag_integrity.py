@@ -33,14 +33,16 @@ def test_one_dag_per_catalog_group(dagbag) -> None:  # type: ignore[no-untyped-d
 
     expected = {g.dag_id for g in load_catalog().groups}
     assert len(expected) >= 3
-    assert set(dagbag.dag_ids) == expected | {"promshift__bake_watch"}
+    lifecycle = {f"{dag_id}__{step}" for dag_id in expected for step in ("decommission", "recommission")}
+    assert set(dagbag.dag_ids) == expected | lifecycle | {"promshift__bake_watch"}
 
 
 def test_every_dag_has_tags_retries_and_docs(dagbag) -> None:  # type: ignore[no-untyped-def]
     for dag_id, dag in dagbag.dags.items():
         assert "promshift" in dag.tags, dag_id
         assert dag.default_args.get("retries", 0) >= 1, dag_id
-        assert dag.doc_md and ("Migrate" in dag.doc_md or dag_id == "promshift__bake_watch"), dag_id
+        migration = dag_id.count("__") == 1 and dag_id != "promshift__bake_watch"
+        assert dag.doc_md and ("Migrate" in dag.doc_md or not migration), dag_id
         assert dag.max_active_runs == 1, dag_id
 
 
@@ -116,8 +118,9 @@ def test_one_bad_group_keeps_the_other_dags_and_shows_its_problems(
     monkeypatch.setattr(logging.Logger, "error", record_error)
     dagbag = _dagbag_for(catalog, monkeypatch)
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == {"promshift__gpu_utilization", "promshift__gpu_power_thermal",
-                                   "promshift__catalog_errors", "promshift__bake_watch"}
+    good = {"promshift__gpu_utilization", "promshift__gpu_power_thermal"}
+    assert set(dagbag.dag_ids) == good | {f"{d}__{s}" for d in good for s in ("decommission", "recommission")} | {
+        "promshift__catalog_errors", "promshift__bake_watch"}
     # The bake watch watches the good groups only.
     watched = {t.task_id for t in dagbag.dags["promshift__bake_watch"].tasks if t.task_id.startswith("bake_check__")}
     assert watched == {"bake_check__gpu_utilization", "bake_check__gpu_power_thermal"}
@@ -160,17 +163,18 @@ def test_an_unreadable_catalog_gives_one_errors_dag_with_one_line(
 
 def test_every_group_dag_has_the_trigger_form(dagbag) -> None:  # type: ignore[no-untyped-def]
     from promshift.core.run_params import WARMUP_OVERRIDE_PATTERN
+    from promshift.settings import load_catalog
 
-    for dag_id, dag in dagbag.dags.items():
-        if dag_id.startswith("promshift__") and dag.tags and any(t.startswith("group:") for t in dag.tags):
-            params = {name: dag.params.get_param(name) for name in dag.params}
-            assert set(params) == {"dry_run", "change_ticket", "warmup_override", "reason"}, dag_id
-            assert (params["dry_run"].value, params["dry_run"].schema["type"]) == (False, "boolean")
-            assert params["change_ticket"].schema["type"] == "string" and params["change_ticket"].value == ""
-            assert params["reason"].schema["type"] == "string"
-            assert params["warmup_override"].schema["pattern"] == WARMUP_OVERRIDE_PATTERN
-            # The approver's form is the comment alone, never the trigger form.
-            assert set(dag.get_task("approval").serialized_params) == {"comment"}, dag_id
+    for dag_id in (g.dag_id for g in load_catalog().groups):
+        dag = dagbag.dags[dag_id]
+        params = {name: dag.params.get_param(name) for name in dag.params}
+        assert set(params) == {"dry_run", "change_ticket", "warmup_override", "reason"}, dag_id
+        assert (params["dry_run"].value, params["dry_run"].schema["type"]) == (False, "boolean")
+        assert params["change_ticket"].schema["type"] == "string" and params["change_ticket"].value == ""
+        assert params["reason"].schema["type"] == "string"
+        assert params["warmup_override"].schema["pattern"] == WARMUP_OVERRIDE_PATTERN
+        # The approver's form is the comment alone, never the trigger form.
+        assert set(dag.get_task("approval").serialized_params) == {"comment"}, dag_id
 
 
 def test_the_warmup_override_schema_accepts_durations_only(dagbag) -> None:  # type: ignore[no-untyped-def]
@@ -227,3 +231,20 @@ def test_the_bake_watch_checks_every_group_on_the_catalogs_interval(dagbag) -> N
         assert emit.outlets == [Asset(f"promshift://group/{group.name}/baked")]
         assert not check.outlets  # a check that did not bake the group emits nothing
     assert len(watch.tasks) == 2 * len(groups)
+
+
+def test_each_group_has_a_decommission_with_a_second_approval_and_a_recommission(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from promshift.settings import load_catalog
+
+    for group in load_catalog().groups:
+        decommission = dagbag.dags[f"{group.dag_id}__decommission"]
+        assert decommission.timetable.__class__.__name__ == "NullTimetable"  # by hand only
+        assert decommission.get_task("approval").downstream_task_ids == {"decommission"}
+        assert decommission.get_task("prepare").downstream_task_ids == {"approval"}
+        approval = decommission.get_task("approval")
+        assert type(approval).__name__ == "DecommissionApprovalOperator"
+        assert {u["id"] for u in approval.assigned_users} == set(group.approvers)
+        assert set(approval.serialized_params) == {"comment"}
+        recommission = dagbag.dags[f"{group.dag_id}__recommission"]
+        assert [t.task_id for t in recommission.tasks] == ["recommission"]
+        assert set(recommission.params) == {"reason"}

@@ -1051,3 +1051,65 @@ def test_the_baked_asset_is_emitted_only_after_a_bake(bake_dag: Any) -> None:
         "baked": True, "clean_since": 1.0}
     with pytest.raises(AirflowSkipException, match=r"not baked yet \(baking\)"):
         emit.execute(make_context({"bake_check__gpu_memory": {"outcome": "baking"}}))
+
+
+# -- decommission: the second approval ------------------------------------------------------------------
+
+UP_TO_BAKED = [*UP_TO_CUT_OVER, Stage.BAKING, Stage.BAKED]
+PREPARED = {"prepare": {"freed": {"series": 240, "series_by_job": {"fleet": 240}, "samples_per_s": 48.0},
+                        "bake": {"at": "2026-12-02T00:00:00+00:00", "checks": 96, "period_s": 86400.0}}}
+
+
+@pytest.fixture
+def decommission_dag() -> Any:
+    from promshift.orchestration.dag_factory import build_decommission_dags
+
+    return build_decommission_dags(load_catalog(CATALOG, profile=PROFILE).get(GROUP), catalog_path=CATALOG,
+                                   profile=PROFILE)[0]
+
+
+@pytest.mark.parametrize(("history", "message"), [
+    (UP_TO_CUT_OVER, "is cut_over; a decommission starts only from baked, recommissioned"),
+    (UP_TO_BAKED, "the source is the target's only writer"),  # the connections here: the remote_write path
+])
+def test_decommission_prepare_refuses_in_one_line_audited(
+        decommission_dag: Any, audit: AuditStore, history: list[Stage], message: str) -> None:
+    seed(audit, history)
+    with pytest.raises(AirflowFailException, match=message):
+        task(decommission_dag, "prepare").execute(make_context())
+    [ev] = new_events(audit, history)
+    assert (ev.kind, ev.stage_to) == ("decommission_refused", None) and message in ev.evidence_data["reason"]
+    assert audit.stage_of(GROUP) == history[-1]
+
+
+def seed_decommission_request(audit: AuditStore) -> None:
+    from promshift.orchestration.operators import DecommissionApprovalOperator
+
+    seed(audit, UP_TO_BAKED)
+    shown = evidence_sha256(DecommissionApprovalOperator.evidence(make_context(PREPARED)))
+    audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="test", at=datetime.now(UTC),
+                 evidence={"evidence_sha256": shown})
+
+
+def test_the_second_approval_is_recorded_without_moving_the_stage(decommission_dag: Any, audit: AuditStore) -> None:
+    seed_decommission_request(audit)
+    result = task(decommission_dag, "approval").execute_complete(
+        make_context(PREPARED), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}, "bake is clean"))
+    assert result["by"] == APPROVER
+    [ev] = new_events(audit, UP_TO_BAKED)
+    assert (ev.kind, ev.stage_to, ev.actor) == ("decommission_approved", None, APPROVER)
+    assert audit.stage_of(GROUP) == Stage.BAKED  # the drop itself moves it, once verified
+
+
+def test_the_second_approval_keeps_four_eyes_and_the_evidence_binding(decommission_dag: Any, audit: AuditStore) -> None:
+    seed_decommission_request(audit)
+    with pytest.raises(AirflowFailException, match="four-eyes"):
+        task(decommission_dag, "approval").execute_complete(
+            make_context(PREPARED), hitl_event("Approve", {"id": TRIGGERED_BY, "name": TRIGGERED_BY}))
+    changed = {"prepare": {**PREPARED["prepare"], "freed": {"series": 1}}}
+    with pytest.raises(AirflowFailException, match="changed after it was shown"):
+        task(decommission_dag, "approval").execute_complete(
+            make_context(changed), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
+    kinds = [e.kind for e in new_events(audit, UP_TO_BAKED)]
+    assert kinds == ["decommission_approval_refused_four_eyes", "decommission_approval_refused_evidence_changed"]
+    assert audit.stage_of(GROUP) == Stage.BAKED

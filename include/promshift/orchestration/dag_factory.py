@@ -16,6 +16,9 @@ from promshift.orchestration.operators import (
     BakedAssetOperator,
     CompleteRunOperator,
     CutoverOperator,
+    DecommissionApprovalOperator,
+    DecommissionOperator,
+    DecommissionPrepareOperator,
     DeployDualWriteOperator,
     GateOperator,
     LatencyOperator,
@@ -23,6 +26,7 @@ from promshift.orchestration.operators import (
     ParityOperator,
     ParityPlanOperator,
     ParitySamplesOperator,
+    RecommissionOperator,
     RollbackOperator,
     SnapshotConfigOperator,
     ValidateGroupOperator,
@@ -170,6 +174,56 @@ def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | P
             check >> BakedAssetOperator(task_id=f"baked__{_task_key(group)}", check_task_id=check.task_id,
                                         outlets=[baked_asset(group.name)])
     return dag
+
+
+# --------------------------------------------------------------------------- decommission (second approval)
+
+
+def decommission_dag_id(group: MetricGroup) -> str:
+    return f"{group.dag_id}__decommission"
+
+
+def recommission_dag_id(group: MetricGroup) -> str:
+    return f"{group.dag_id}__recommission"
+
+
+def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None
+                            ) -> tuple[DAG, DAG]:
+    """``promshift__<group>__decommission`` (prepare -> second approval -> drop at scrape, verified) and
+    ``promshift__<group>__recommission`` (remove the drop; reads stay on the target). Both by hand only."""
+    common = dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile)
+    args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)}
+    tags = ["promshift", f"group:{group.name}", "decommission"]
+    with DAG(
+        dag_id=decommission_dag_id(group),
+        description=f"Decommission metric group {group.name} on the source (after its bake)",
+        doc_md=(f"# Decommission `{group.name}` on the source\n\nAfter a clean bake (`baked`), a second approval "
+                "(the bake evidence and what the drop frees), then a `metric_relabel_configs` drop of the group in "
+                "each scrape job that carries it: snapshot, promtool check, reload, verified live; undone at once "
+                "if the target stops receiving the group. Refused on the remote_write path (the source is then the "
+                "target's only writer). Undo with the `__recommission` DAG."),
+        schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1, tags=tags,
+        default_args=args,
+    ) as decommission:
+        prepare = DecommissionPrepareOperator(task_id="prepare", retries=0, **common)
+        approval = DecommissionApprovalOperator(
+            task_id="approval", approvers=list(group.approvers),
+            response_timeout=timedelta(seconds=group.approval_timeout_s), retries=1,
+            retry_delay=timedelta(seconds=5), **common)
+        prepare >> approval >> DecommissionOperator(task_id="decommission", **common)
+    with DAG(
+        dag_id=recommission_dag_id(group),
+        description=f"Undo the decommission of metric group {group.name} (the source scrapes it again)",
+        doc_md=(f"# Recommission `{group.name}`\n\nRemoves the decommission's drop: the source scrapes and stores "
+                "the group again; reads stay on the target. The source never stored the group while it was "
+                "decommissioned (the gap is recorded); the target holds that history."),
+        schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
+        tags=["promshift", f"group:{group.name}", "recommission"], default_args=args,
+        params={"reason": Param("", type="string", maxLength=1000, title="Reason",
+                                description="Why the decommission is undone (kept in the audit).")},
+    ) as recommission:
+        RecommissionOperator(task_id="recommission", **common)
+    return decommission, recommission
 
 
 # --------------------------------------------------------------------------- catalog errors

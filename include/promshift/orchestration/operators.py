@@ -613,6 +613,12 @@ class GateOperator(GroupStepOperator):
 class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
     """On-call approval showing the evidence; enforces four eyes; Reject fails (and so rolls back)."""
 
+    # Which approval this is in the audit ("" the cut-over's; "decommission_" the second approval).
+    approval_prefix = ""
+
+    def _answer(self, migration: Any, **answer: Any) -> None:
+        migration.record_approval(prefix=self.approval_prefix, **answer)
+
     def __init__(self, *, group_name: str, catalog_path: str, approvers: Sequence[str],
                  profile: str | None = None, source_conn_id: str = SOURCE_CONN,
                  target_conn_id: str = TARGET_CONN, **kwargs: Any) -> None:
@@ -701,7 +707,7 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
                 "map_index": getattr(context["ti"], "map_index", -1), "responder_id": field("id"),
                 "responded_at": _iso(event.get("responded_at"))}
         if "error" in event:
-            migration.record_approval(decision="timeout", by="nobody", comment=str(event.get("error")),
+            self._answer(migration, decision="timeout", by="nobody", comment=str(event.get("error")),
                                       now=_now(), hitl=hitl)
             raise AirflowFailException(f"approval not given: {event.get('error_type')}")
 
@@ -719,16 +725,16 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         # triggering_user_name is the user's *name*; HITL records the *id* (equal only under the
         # Simple auth manager), so the responder matches on either.
         if choice == self.APPROVE and triggered_by and triggered_by in {field("id"), field("name")}:
-            migration.record_approval(decision="refused_four_eyes", by=by, comment=comment, now=_now(), hitl=hitl,
+            self._answer(migration, decision="refused_four_eyes", by=by, comment=comment, now=_now(), hitl=hitl,
                                       **bound)
             raise AirflowFailException(f"{by} triggered this run and cannot also approve it (four-eyes rule)")
         if choice == self.APPROVE and shown != current:
-            migration.record_approval(decision="refused_evidence_changed", by=by, comment=comment, now=_now(),
+            self._answer(migration, decision="refused_evidence_changed", by=by, comment=comment, now=_now(),
                                       hitl=hitl, **bound)
             raise AirflowFailException(
                 f"{by} approved evidence sha256 {shown or '(none recorded)'}, but the evidence is now {current}: "
                 "it changed after it was shown, so the approval is refused")
-        migration.record_approval(decision=choice, by=by, comment=comment, now=_now(), hitl=hitl, **bound)
+        self._answer(migration, decision=choice, by=by, comment=comment, now=_now(), hitl=hitl, **bound)
         if choice != self.APPROVE:
             raise AirflowFailException(f"rejected by {by}: {comment or 'no comment'}")
         self.log.info("approved by %s", by)
@@ -872,3 +878,89 @@ class BakedAssetOperator(BaseOperator):
         if out.get("outcome") != "baked":
             raise AirflowSkipException(f"not baked yet ({out.get('outcome') or 'no check'})")
         return {"baked": True, "clean_since": out.get("clean_since")}
+
+
+# --------------------------------------------------------------------------- decommission (second approval)
+
+
+def _decommission(step: GroupStepOperator, context: Any) -> Any:
+    from promshift.lifecycle import Decommission
+
+    return Decommission(step.migration(context), deploy_kind=step.deploy_kind)
+
+
+class DecommissionPrepareOperator(GroupStepOperator):
+    """Refuse what may not be decommissioned (recorded); else measure what the drop frees and gather the bake
+    evidence the second approver is shown."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.lifecycle import BAKED, DECOMMISSION_REFUSED
+
+        d = _decommission(self, context)
+        m = d.migration
+        why = d.refusal()
+        if why is not None:
+            m.record(DECOMMISSION_REFUSED, _now(), {"reason": why, "stage": m.stage().value})
+            raise AirflowFailException(why)
+        baked = [e for e in m.audit.events(group=self.group_name) if e.kind == BAKED]
+        bake = baked[-1].evidence_data if baked else {}
+        summary = {"at": baked[-1].at.isoformat() if baked else None, "checks": bake.get("checks"),
+                   "clean_since": bake.get("clean_since"), "period_s": bake.get("period_s"),
+                   "last_check": (bake.get("last_check") or {}).get("reason")}
+        return {"freed": d.measure(_now()), "bake": summary}
+
+
+class DecommissionApprovalOperator(MigrationApprovalOperator):
+    """The second approval: the bake evidence and what the drop frees; four eyes and the evidence hash as for the
+    cut-over; recorded as ``decommission_approved`` (no stage move: the drop moves it)."""
+
+    approval_prefix = "decommission_"
+
+    @staticmethod
+    def evidence(context: Any) -> dict[str, Any]:
+        return {"prepare": context["ti"].xcom_pull(task_ids="prepare") or {}}
+
+    def execute(self, context: Any) -> Any:
+        from promshift.core.evidence import evidence_sha256
+
+        evidence = self.evidence(context)
+        digest = evidence_sha256(evidence)
+        self.migration(context).record_evidence_shown(
+            evidence_sha256=digest, approvers=[u["id"] for u in self.assigned_users or ()], now=_now())
+        prepare = evidence["prepare"]
+        freed, bake = prepare.get("freed") or {}, prepare.get("bake") or {}
+        self.subject = f"Decommission metric group {self.group_name} on the source?"
+        self.body = (f"**{self.group_name}** baked at {bake.get('at')} after {bake.get('checks')} clean checks "
+                     f"(clean since {bake.get('clean_since')}, period {bake.get('period_s')}s; last: "
+                     f"{bake.get('last_check')}).\n\nThe source stops storing the group: "
+                     f"{freed.get('series')} series ({freed.get('series_by_job')}), "
+                     f"{freed.get('samples_per_s')} samples/s freed. The target (written by the managed collector) "
+                     f"becomes the only copy; undoing it leaves a gap in the source's history.\n\n"
+                     f"evidence sha256 `{digest}`")
+        return ApprovalOperator.execute(self, context)
+
+
+class DecommissionOperator(GroupStepOperator):
+    """Drop the group at scrape on the source, verified live; undone by itself if the target would not survive."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.lifecycle import DecommissionFailed, DecommissionRefused
+
+        approval = context["ti"].xcom_pull(task_ids="approval") or {}
+        try:
+            return _decommission(self, context).decommission(_now(), approval=approval)
+        except (DecommissionRefused, DecommissionFailed) as exc:
+            raise AirflowFailException(str(exc)) from None
+
+
+class RecommissionOperator(GroupStepOperator):
+    """Undo a decommission: remove the drop; reads stay on the target; the source's history gap is recorded."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.lifecycle import DecommissionRefused
+
+        reason = str((context.get("params") or {}).get("reason") or "manual recommission")
+        try:
+            return _decommission(self, context).recommission(_now(), reason=reason)
+        except DecommissionRefused as exc:
+            raise AirflowFailException(str(exc)) from None
