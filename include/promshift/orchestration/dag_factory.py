@@ -37,6 +37,8 @@ from promshift.orchestration.operators import (
 def _doc(group: MetricGroup) -> str:
     metrics = ", ".join(f"`{m}`" for m in group.metrics) or f"regex `{group.metric_regex}`"
     windows = ", ".join(f"{w.name} (p95 ≤ {w.slo_p95_s:g}s)" for w in group.latency.windows)
+    deps = ", ".join(f"`{d}`" for d in group.depends_on)
+    starts = f"when {deps} {'has' if len(group.depends_on) == 1 else 'have'} cut over (asset), or " if deps else ""
     return (
         f"# Migrate `{group.name}` to AMP\n\n{group.description}\n\n"
         f"- metrics: {metrics}\n- owners: {', '.join(group.owners)}\n"
@@ -45,7 +47,11 @@ def _doc(group: MetricGroup) -> str:
         f"- latency windows: {windows}\n\n"
         "validate → snapshot → deploy dual-write → warm-up (deferred) → parity (plan → mapped shards → "
         "reduce) → latency → gate → on-call approval → cutover → done. Any failure, failed gate or rejection → "
-        "rollback (restores the snapshot byte for byte)."
+        "rollback (restores the snapshot byte for byte).\n\n"
+        f"Starts {starts}by hand. The form: `dry_run` (read only: nothing deployed, cut over or rolled back; "
+        "the stage never moves), `change_ticket`, `warmup_override` (e.g. `10m`), `reason`. Then "
+        f"`promshift__bake_watch` bakes it, and `{group.dag_id}__decommission` (a second approval) retires it "
+        "on the source."
     )
 
 
