@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,3 +66,111 @@ def test_recommission_needs_a_decommissioned_group(tmp_path: Path, audit: AuditS
     d = decommission(tmp_path, audit, [*UP_TO_BAKING, Stage.BAKED], "scraper")
     with pytest.raises(DecommissionRefused, match="is baked, not decommissioned"):
         d.recommission(datetime.now(UTC), reason="test")
+
+
+# -- the happy path, on a scripted source that loads its config file as Prometheus does ------------------
+
+
+class ScriptedSource:
+    """A source Prometheus: ``/-/reload`` loads the config file; the group's series vanish once the loaded config
+    drops them (as a scrape-time drop does). A target whose newest sample is ``target_newest()``."""
+
+    def __init__(self, config: Path, selector_regex: str, target_newest: Any) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import parse_qs, urlsplit
+
+        from promshift.core.scrape_drop import drop_is_loaded, drop_rule
+
+        owner = self
+        self.config, self.loaded = config, config.read_text()
+        self.reloads = 0
+
+        def dropping() -> bool:
+            return drop_is_loaded(owner.loaded, "fleet", drop_rule(selector_regex))
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                if urlsplit(self.path).path == "/api/v1/status/config":
+                    return self.reply({"status": "success", "data": {"yaml": owner.loaded}})
+                self.reply({}, 404)
+
+            def do_POST(self) -> None:  # noqa: N802
+                path = urlsplit(self.path).path
+                if path == "/-/reload":
+                    owner.loaded, owner.reloads = owner.config.read_text(), owner.reloads + 1
+                    return self.reply({})
+                form = parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+                query = form["query"][0]
+                if query.startswith("count by (job)"):
+                    result = [] if dropping() else [{"metric": {"job": "fleet"}, "value": [0, "24"]}]
+                elif query.startswith("count("):
+                    result = [] if dropping() else [{"metric": {}, "value": [0, "24"]}]
+                elif query.startswith("max(timestamp("):
+                    result = [{"metric": {}, "value": [0, str(target_newest())]}]
+                else:  # the source's total appended samples/s
+                    result = [{"metric": {}, "value": [0, "9000"]}]
+                self.reply({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+            def reply(self, body: dict[str, Any], status: int = 200) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+CONFIG = ("global:\n  scrape_interval: 5s  # the fleet's\nscrape_configs:\n  - job_name: fleet\n"
+          "    static_configs:\n      - targets: ['127.0.0.1:9400']\n")
+
+
+def test_decommission_then_recommission_on_a_source_that_drops_what_its_config_says(
+        tmp_path: Path, audit: AuditStore) -> None:
+    import time
+
+    from promshift.core.scrape_drop import drop_is_loaded, drop_rule
+
+    config = tmp_path / "prometheus.yml"
+    config.write_text(CONFIG)
+    group = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP)
+    fake = ScriptedSource(config, group.name_regex(), target_newest=lambda: time.time())  # the collector writes on
+    try:
+        current = Stage.PLANNED
+        for stage in [*UP_TO_BAKING, Stage.BAKED]:
+            audit.append(group=GROUP, run_id="manual__m", kind=f"seed_{stage.value}", actor="test",
+                         at=datetime.now(UTC), evidence={}, stage_from=current, stage_to=stage)
+            current = stage
+        client = PrometheusClient(fake.url)
+        m = GroupMigration(group, Backends(client, client, str(config), ""), audit=audit,
+                           routing=RoutingStore(audit.url), snapshots_dir=tmp_path / "snapshots",
+                           run_id="manual__decommission")
+        d = Decommission(m, deploy_kind="scraper", verify_s=5, poll_s=0.2)
+        evidence = d.decommission(datetime.now(UTC), approval={"by": "oncall-bob", "decision": "Approve"})
+        assert audit.stage_of(GROUP) == Stage.DECOMMISSIONED
+        assert drop_is_loaded(config.read_text(), "fleet", drop_rule(group.name_regex()))
+        assert config.read_text().startswith(CONFIG[:60])  # the user's lines stay as they were
+        assert evidence["freed"] == {"series": 24, "series_by_job": {"fleet": 24}, "scrape_interval_s": 5.0,
+                                     "samples_per_s": 4.8, "source_samples_appended_per_s": 9000.0}
+        assert (evidence["loaded"], evidence["source_stopped"], evidence["target_still_receiving"]) == (
+            True, True, True)
+        assert Path(evidence["snapshot_path"]).read_text() == CONFIG
+        # Undo: the drop goes, byte for byte; reads stay where they were; the gap is recorded.
+        undone = Decommission(m, deploy_kind="scraper").recommission(datetime.now(UTC), reason="rules missing")
+        assert config.read_text() == CONFIG and not drop_is_loaded(fake.loaded, "fleet", drop_rule(group.name_regex()))
+        assert undone["identical_to_before_decommission"] is True
+        assert undone["source_history_gap"]["note"].startswith("the source never stored the group's samples")
+        assert audit.stage_of(GROUP) == Stage.RECOMMISSIONED
+        assert [e.kind for e in audit.events(group=GROUP)][-2:] == ["decommissioned", "recommissioned"]
+        assert fake.reloads == 2
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
