@@ -339,3 +339,42 @@ class Decommission:
                                                    "the target holds them"}}
         m.record(RECOMMISSIONED, now, evidence, to=Stage.RECOMMISSIONED)
         return evidence
+
+
+# -- leaving the lifecycle: the full rollback of a group that was cut over ------------------------------
+
+# Where a full rollback by hand may start: a cut-over group in any stage that still dual-writes to it.
+FULL_ROLLBACK_FROM = frozenset({Stage.CUT_OVER, Stage.BAKING, Stage.BAKED, Stage.ROLLED_BACK_READS,
+                                Stage.RECOMMISSIONED})
+
+
+def full_rollback(migration: GroupMigration, now: datetime, *, reason: str,
+                  read_restorers: Sequence[ReadRestorer] = DEFAULT_READ_RESTORERS) -> dict[str, Any]:
+    """Take a cut-over group all the way back (``rolled_back``): reads to the source (every restorer), then its
+    own remote_write entry removed by name, promtool-checked, reloaded and verified gone.
+
+    By name, not by restoring the run's snapshot: other groups may have added their own entries since, and
+    a snapshot from before them would remove theirs too. Idempotent: an entry already gone is not redeployed.
+    """
+    from promshift.core.render import remote_write_names, remove_remote_write, sha256_bytes
+
+    stage = migration.stage()
+    if stage not in FULL_ROLLBACK_FROM:
+        raise DecommissionRefused(f"group {migration.group.name!r} is {stage.value}; a full rollback by hand starts "
+                                  f"only from {', '.join(sorted(s.value for s in FULL_ROLLBACK_FROM))}")
+    restored: dict[str, Any] = {}
+    for name, restorer in read_restorers:
+        restored[name] = dict(restorer(migration, reason=reason, now=now))
+    entry = remote_write_name(migration.group.name)
+    deployer = migration.deployer
+    snap = deployer.snapshot()
+    new_data = remove_remote_write(snap.data, entry)
+    live = set(remote_write_names(migration.backends.source.config_text()))
+    if new_data != snap.data or entry in live:
+        deployer.deploy(new_data, snapshot=snap, expect_remote_writes=live - {entry}, expect_absent={entry})
+    evidence = {"performed": True, "method": "removed_entry", "reason": reason, "remote_write": entry,
+                "config_before_sha256": snap.sha256, "config_after_sha256": sha256_bytes(new_data),
+                "remote_write_still_live": entry in remote_write_names(migration.backends.source.config_text()),
+                "restored": restored, "from_stage": stage.value}
+    migration.record("rolled_back", now, evidence, to=Stage.ROLLED_BACK)
+    return evidence

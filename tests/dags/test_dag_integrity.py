@@ -33,7 +33,7 @@ def test_one_dag_per_catalog_group(dagbag) -> None:  # type: ignore[no-untyped-d
 
     expected = {g.dag_id for g in load_catalog().groups}
     assert len(expected) >= 3
-    lifecycle = {f"{dag_id}__{step}" for dag_id in expected for step in ("decommission", "recommission")}
+    lifecycle = {f"{dag_id}__{step}" for dag_id in expected for step in ("decommission", "recommission", "rollback")}
     assert set(dagbag.dag_ids) == expected | lifecycle | {"promshift__bake_watch"}
 
 
@@ -119,7 +119,8 @@ def test_one_bad_group_keeps_the_other_dags_and_shows_its_problems(
     dagbag = _dagbag_for(catalog, monkeypatch)
     assert dagbag.import_errors == {}
     good = {"promshift__gpu_utilization", "promshift__gpu_power_thermal"}
-    assert set(dagbag.dag_ids) == good | {f"{d}__{s}" for d in good for s in ("decommission", "recommission")} | {
+    steps = ("decommission", "recommission", "rollback")
+    assert set(dagbag.dag_ids) == good | {f"{d}__{s}" for d in good for s in steps} | {
         "promshift__catalog_errors", "promshift__bake_watch"}
     # The bake watch watches the good groups only.
     watched = {t.task_id for t in dagbag.dags["promshift__bake_watch"].tasks if t.task_id.startswith("bake_check__")}
@@ -248,3 +249,5 @@ def test_each_group_has_a_decommission_with_a_second_approval_and_a_recommission
         recommission = dagbag.dags[f"{group.dag_id}__recommission"]
         assert [t.task_id for t in recommission.tasks] == ["recommission"]
         assert set(recommission.params) == {"reason"}
+        rollback = dagbag.dags[f"{group.dag_id}__rollback"]
+        assert [t.task_id for t in rollback.tasks] == ["rollback"] and set(rollback.params) == {"reason"}

@@ -174,3 +174,44 @@ def test_decommission_then_recommission_on_a_source_that_drops_what_its_config_s
     finally:
         fake.server.shutdown()
         fake.server.server_close()
+
+
+def test_a_full_rollback_by_hand_removes_only_the_groups_own_entry_and_routes_reads_back(
+        tmp_path: Path, audit: AuditStore) -> None:
+    """After a failed bake (rolled_back_reads): the group's remote_write entry goes by name; an entry another group
+    added after this group's snapshot stays (a whole-file restore would have removed it)."""
+    import time
+
+    from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names
+    from promshift.lifecycle import full_rollback
+
+    group = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP)
+    mine = remote_write_entry(group_name=GROUP, name_regex=group.name_regex(), url="http://amp.example/write")
+    other = remote_write_entry(group_name="gpu-clocks", name_regex="DCGM_FI_DEV_SM_CLOCK",
+                               url="http://amp.example/write")
+    config = tmp_path / "prometheus.yml"
+    config.write_bytes(add_remote_write(add_remote_write(CONFIG.encode(), mine), other))
+    fake = ScriptedSource(config, group.name_regex(), target_newest=lambda: time.time())
+    try:
+        current = Stage.PLANNED
+        for stage in [*UP_TO_BAKING, Stage.ROLLED_BACK_READS]:
+            audit.append(group=GROUP, run_id="manual__m", kind=f"seed_{stage.value}", actor="test",
+                         at=datetime.now(UTC), evidence={}, stage_from=current, stage_to=stage)
+            current = stage
+        client = PrometheusClient(fake.url)
+        routing = RoutingStore(audit.url)
+        routing.route(GROUP, read_from="target", url="http://amp.example", at=datetime.now(UTC), run_id="x")
+        m = GroupMigration(group, Backends(client, client, str(config), ""), audit=audit, routing=routing,
+                           snapshots_dir=tmp_path / "snapshots", run_id="manual__rollback")
+        result = full_rollback(m, datetime.now(UTC), reason="bake failed twice; back to the source")
+        assert remote_write_names(config.read_bytes()) == ["promshift-gpu-clocks"]
+        assert config.read_bytes() == add_remote_write(CONFIG.encode(), other)  # exactly the other entry kept
+        assert result["remote_write_still_live"] is False and result["from_stage"] == "rolled_back_reads"
+        assert routing.read_from(GROUP) == "source"
+        assert audit.stage_of(GROUP) == Stage.ROLLED_BACK
+        # A group that is rolled back already is refused, nothing touched.
+        with pytest.raises(DecommissionRefused, match="is rolled_back; a full rollback by hand starts only from"):
+            full_rollback(m, datetime.now(UTC), reason="again")
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()

@@ -1113,3 +1113,15 @@ def test_the_second_approval_keeps_four_eyes_and_the_evidence_binding(decommissi
     kinds = [e.kind for e in new_events(audit, UP_TO_BAKED)]
     assert kinds == ["decommission_approval_refused_four_eyes", "decommission_approval_refused_evidence_changed"]
     assert audit.stage_of(GROUP) == Stage.BAKED
+
+
+def test_the_full_rollback_dag_refuses_a_group_that_was_never_cut_over(audit: AuditStore) -> None:
+    from promshift.orchestration.dag_factory import build_decommission_dags
+
+    rollback = build_decommission_dags(load_catalog(CATALOG, profile=PROFILE).get(GROUP), catalog_path=CATALOG,
+                                       profile=PROFILE)[2]
+    seed(audit, UP_TO_VERIFIED)
+    with pytest.raises(AirflowFailException, match="'gpu-memory' is verified; a full rollback by hand starts only "
+                                                   "from baked, baking, cut_over, recommissioned, rolled_back_reads"):
+        task(rollback, "rollback").execute(make_context(params={"reason": "test"}))
+    assert new_events(audit, UP_TO_VERIFIED) == []

@@ -20,6 +20,7 @@ from promshift.orchestration.operators import (
     DecommissionOperator,
     DecommissionPrepareOperator,
     DeployDualWriteOperator,
+    FullRollbackOperator,
     GateOperator,
     LatencyOperator,
     MigrationApprovalOperator,
@@ -193,10 +194,15 @@ def recommission_dag_id(group: MetricGroup) -> str:
     return f"{group.dag_id}__recommission"
 
 
+def rollback_dag_id(group: MetricGroup) -> str:
+    return f"{group.dag_id}__rollback"
+
+
 def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None
-                            ) -> tuple[DAG, DAG]:
-    """``promshift__<group>__decommission`` (prepare -> second approval -> drop at scrape, verified) and
-    ``promshift__<group>__recommission`` (remove the drop; reads stay on the target). Both by hand only."""
+                            ) -> tuple[DAG, DAG, DAG]:
+    """``promshift__<group>__decommission`` (prepare -> second approval -> drop at scrape, verified),
+    ``promshift__<group>__recommission`` (remove the drop; reads stay on the target) and
+    ``promshift__<group>__rollback`` (a cut-over group all the way back). All by hand only."""
     common = dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile)
     args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)}
     tags = ["promshift", f"group:{group.name}", "decommission"]
@@ -229,7 +235,20 @@ def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, pro
                                 description="Why the decommission is undone (kept in the audit).")},
     ) as recommission:
         RecommissionOperator(task_id="recommission", **common)
-    return decommission, recommission
+    with DAG(
+        dag_id=rollback_dag_id(group),
+        description=f"Roll metric group {group.name} all the way back after its cut-over (by hand)",
+        doc_md=(f"# Roll `{group.name}` back after its cut-over\n\nFrom `cut_over`, `baking`, `baked`, "
+                "`rolled_back_reads` or `recommissioned`: reads back to the source (every read-path restorer), then "
+                "the group's own remote_write entry removed by name (never a whole-file restore: other groups' "
+                "entries stay), promtool-checked, reloaded, verified gone; `rolled_back`."),
+        schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
+        tags=["promshift", f"group:{group.name}", "rollback"], default_args=args,
+        params={"reason": Param("", type="string", maxLength=1000, title="Reason",
+                                description="Why the group goes back to the source (kept in the audit).")},
+    ) as rollback:
+        FullRollbackOperator(task_id="rollback", **common)
+    return decommission, recommission, rollback
 
 
 # --------------------------------------------------------------------------- catalog errors

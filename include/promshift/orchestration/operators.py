@@ -964,3 +964,30 @@ class RecommissionOperator(GroupStepOperator):
             return _decommission(self, context).recommission(_now(), reason=reason)
         except DecommissionRefused as exc:
             raise AirflowFailException(str(exc)) from None
+
+
+class FullRollbackOperator(GroupStepOperator):
+    """By hand, from a cut-over group (e.g. after ``rolled_back_reads``): reads back to the source and the group's
+    own remote_write entry removed by name (``lifecycle.full_rollback``); the owners are told."""
+
+    ui_color = "#fde8e8"
+    needs_target = False
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.deploy_path import REMOTE_WRITE
+        from promshift.lifecycle import DecommissionRefused, full_rollback
+
+        if self.deploy_kind != REMOTE_WRITE:
+            raise AirflowFailException(f"a full rollback by hand is wired for the remote_write path only, not "
+                                       f"{self.deploy_kind!r}: roll the group's {self.deploy_kind} back by hand")
+        reason = str((context.get("params") or {}).get("reason") or "") or "full rollback by hand"
+        migration = self.migration(context)
+        try:
+            result = full_rollback(migration, _now(), reason=reason)
+        except DecommissionRefused as exc:
+            raise AirflowFailException(str(exc)) from None
+        except Exception as exc:
+            self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
+            raise
+        self.tell_owners(context, "rolled_back", reason=reason, result={**result, "restored_identical": None})
+        return result
