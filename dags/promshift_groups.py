@@ -2,9 +2,11 @@
 ### promshift: one Airflow migration DAG per metric group
 
 Generated from the reviewed catalog (`catalog/metric_groups.yaml`, or `PROMSHIFT_CATALOG`).
-Trigger a group's DAG from the UI to move it forward; the on-call approval appears in
-the UI as a required action. `PROMSHIFT_PROFILE=demo` selects the catalog's short
-demo timings. Parsing reads only the catalog file: no network, no database.
+Trigger a group's DAG from the UI to move it forward (its form: dry_run, change_ticket,
+warmup_override, reason); the on-call approval appears in the UI as a required action. A group
+that depends on others is also started when they have all cut over (their `cut_over` assets).
+`promshift__bake_watch` checks cut-over groups until they are baked. `PROMSHIFT_PROFILE=demo`
+selects the catalog's short demo timings. Parsing reads only the catalog file: no network, no database.
 
 A group with problems gets no DAG: the `promshift__catalog_errors` DAG lists every problem
 (in its docs, and one task that fails with them) and the other groups keep their DAGs. A
@@ -16,7 +18,13 @@ from __future__ import annotations
 import logging
 
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, unreadable_catalog
-from promshift.orchestration.dag_factory import build_catalog_errors_dag, build_group_dag
+from promshift.orchestration.dag_factory import (
+    BAKE_WATCH_DAG_ID,
+    build_bake_watch_dag,
+    build_catalog_errors_dag,
+    build_decommission_dags,
+    build_group_dag,
+)
 from promshift.settings import check_catalog_file, default_catalog_path, default_profile
 
 log = logging.getLogger(__name__)
@@ -40,9 +48,19 @@ _missing = ["every group"] if _check.catalog_problems else [label for label, _ i
 for _group in _check.catalog.groups:
     try:
         globals()[_group.dag_id] = build_group_dag(_group, catalog_path=CATALOG_PATH, profile=PROFILE)
+        for _dag in build_decommission_dags(_group, catalog_path=CATALOG_PATH, profile=PROFILE):
+            globals()[_dag.dag_id] = _dag
     except Exception as _exc:  # Airflow refused what the catalog check let through: that group only
         _problems.append(f"group {_group.name!r}: Airflow refused its DAG: {_one_line(_exc)}")
         _missing.append(f"group {_group.name!r}")
+
+# One bake watch for every good group (it skips groups that are not cut over).
+if _check.catalog.groups:
+    try:
+        globals()[BAKE_WATCH_DAG_ID] = build_bake_watch_dag(_check.catalog.groups, catalog_path=CATALOG_PATH,
+                                                            profile=PROFILE)
+    except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad bake watch
+        _problems.append(f"the bake watch: Airflow refused its DAG: {_one_line(_exc)}")
 
 if _problems:
     for _problem in _problems:

@@ -15,7 +15,9 @@ class FakeTI:
     map_index: int = -1
     pushed: dict[str, Any] = field(default_factory=dict)
 
-    def xcom_pull(self, task_ids: str | None = None, **_: Any) -> Any:
+    def xcom_pull(self, task_ids: str | list[str] | None = None, **_: Any) -> Any:
+        if isinstance(task_ids, list):  # as Airflow does: a list of task ids answers a list
+            return [self.xcoms.get(t) for t in task_ids]
         return self.xcoms.get(task_ids) if task_ids is not None else None
 
     def xcom_push(self, key: str, value: Any) -> None:

@@ -47,7 +47,8 @@ from promshift.core.render import (
     remove_remote_write,
     sha256_bytes,
 )
-from promshift.core.stages import STARTABLE, TRANSITIONS, Stage, transition
+from promshift.core.run_params import RunParams
+from promshift.core.stages import CUT_OVER_OR_LATER, DUAL_WRITE_ON, STARTABLE, TRANSITIONS, Stage, transition
 from promshift.core.verdicts import Verdict
 from promshift.core.warmup import WarmupObservation, parse_remote_write_lag
 
@@ -66,7 +67,15 @@ def steps_of(events: Sequence[AuditEvent]) -> list[AuditEvent]:
 
 
 class GroupNotStartable(RuntimeError):
-    """The group is already past the point where a new run can start (cut over, say)."""
+    """The group may not start now: past the point where a run starts (cut over, say), its wave is paused,
+    or a group it depends on is not cut over yet. Recorded as ``start_refused``."""
+
+
+# Dry-run events: what a dry run would have done, recorded instead of doing it (never a stage move).
+DRY_RUN_STEP = "dry_run_step"
+DRY_RUN_GATE = "dry_run_gate"
+DRY_RUN_COMPLETE = "dry_run_complete"
+START_REFUSED = "start_refused"
 
 
 class SnapshotError(RuntimeError):
@@ -113,8 +122,11 @@ class GroupMigration:
 
     def __init__(self, group: MetricGroup, backends: Backends, *, audit: AuditStore, routing: RoutingStore,
                  snapshots_dir: str | Path, run_id: str, actor: str = "promshift",
-                 catalog_dir: Path | None = None, snapshot_blobs: Blobs | None = None) -> None:
+                 catalog_dir: Path | None = None, snapshot_blobs: Blobs | None = None,
+                 run_params: RunParams | None = None) -> None:
         self.group = group
+        # What the trigger form asked for (dry run, change ticket, warm-up override, reason).
+        self.run_params = run_params or RunParams()
         self.backends = backends
         self.audit = audit
         self.routing = routing
@@ -171,19 +183,63 @@ class GroupMigration:
                                  at=now, evidence=evidence, stage_from=current, stage_to=to)
 
     # -- steps ---------------------------------------------------------------------------
-    def validate(self, now: datetime) -> dict[str, Any]:
-        """Check the group may start and both backends answer; nothing is changed yet."""
-        stage = self.stage()
+    @property
+    def dry_run(self) -> bool:
+        return self.run_params.dry_run
+
+    def start_blockers(self, stage: Stage) -> list[str]:
+        """Why a real run may not start now (one line each): the group's stage, a paused wave, or a
+        dependency that is not cut over yet (waves are enforced at run time, not only in the catalog)."""
+        blockers = []
         if stage not in STARTABLE:
-            raise GroupNotStartable(f"group {self.group.name!r} is {stage.value}; a new migration run "
-                                    f"starts only from {sorted(s.value for s in STARTABLE)}")
+            blockers.append(f"group {self.group.name!r} is {stage.value}; a new migration run starts only from "
+                            f"{sorted(s.value for s in STARTABLE)}")
+        if self.group.wave_paused:
+            blockers.append(f"wave {self.group.wave} is paused in the catalog (defaults.paused_waves)")
+        for dependency in self.group.depends_on:
+            dep_stage = self.audit.stage_of(dependency)
+            if dep_stage not in CUT_OVER_OR_LATER:
+                blockers.append(f"group {self.group.name!r} depends on {dependency!r}, which is {dep_stage.value}: "
+                                "it must be cut over first")
+        return blockers
+
+    def validate(self, now: datetime) -> dict[str, Any]:
+        """Check the group may start and both backends answer; nothing is changed yet.
+
+        A refusal to start (``start_blockers``) is recorded as ``start_refused`` and raised as
+        GroupNotStartable. A dry run changes nothing, so it starts from any stage: what would refuse
+        a real run is recorded in its ``validated`` event (``would_refuse``).
+        """
+        stage = self.stage()
+        blockers = self.start_blockers(stage)
+        if blockers and not self.dry_run:
+            self.record(START_REFUSED, now, {"reason": blockers[0], "blockers": blockers, "stage": stage.value,
+                                             "wave": self.group.wave,
+                                             "depends_on": {d: self.audit.stage_of(d).value
+                                                            for d in self.group.depends_on},
+                                             "run_params": self.run_params.to_dict()})
+            raise GroupNotStartable("; ".join(blockers))
         try:
-            return self._validate(stage, now)
+            return self._validate(stage, now, would_refuse=blockers)
         except Exception as exc:
             self.record_validation_failed(exc, now)
             raise
 
-    def _validate(self, stage: Stage, now: datetime) -> dict[str, Any]:
+    def existing_dual_write_since(self) -> float | None:
+        """When the group's live dual-write began (its latest ``dual_write_deployed``), if it is live now."""
+        if self.stage() not in DUAL_WRITE_ON:
+            return None
+        deployed = [e for e in self.audit.events(group=self.group.name) if e.kind == "dual_write_deployed"]
+        since = deployed[-1].evidence_data.get("dual_write_since") if deployed else None
+        return float(since) if since is not None else None
+
+    def record_dry_run(self, step: str, now: datetime, would: str, **details: Any) -> dict[str, Any]:
+        """A step a dry run skipped: what it would have done (``dry_run_step``, no stage move)."""
+        evidence = {"dry_run": True, "step": step, "would": would, **details}
+        self.record(DRY_RUN_STEP, now, evidence)
+        return redact(evidence)
+
+    def _validate(self, stage: Stage, now: datetime, *, would_refuse: Sequence[str] = ()) -> dict[str, Any]:
         problems = []
         if not self.backends.source.ready():
             problems.append(f"source {self.backends.source.base_url} is unreachable or not ready")
@@ -201,13 +257,17 @@ class GroupMigration:
             evidence["target_backend"] = dict(self.backends.target_identity)
         if series == 0:
             raise RuntimeError(f"the source has no series for {self.group.selector()}; nothing to migrate")
+        evidence["run_params"] = self.run_params.to_dict()
+        if self.dry_run:
+            evidence.update(dry_run=True, would_refuse=list(would_refuse))
         self.record("validated", now, evidence)
         return redact(evidence)
 
     def record_validation_failed(self, exc: BaseException, now: datetime) -> str:
         """Record why validation failed (``validation_failed``); return that one-line reason."""
         return record_validation_failed(self.audit, group_name=self.group.name, run_id=self.run_id, exc=exc, now=now,
-                                        source_config_path=self.backends.source_config_path, actor=self.actor)
+                                        source_config_path=self.backends.source_config_path, actor=self.actor,
+                                        run_params=self.run_params.to_dict())
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
         """Keep the source config's exact bytes so any later failure can restore them.
@@ -289,7 +349,13 @@ class GroupMigration:
         return tuple(live)
 
     def start_warmup(self, now: datetime) -> None:
-        self.record("warmup_started", now, {"policy": _policy_dict(self.group.warmup)}, to=Stage.WARMING)
+        policy = self.group.warmup
+        duration_s, timeout_s = self.run_params.warmup(policy.duration_s, policy.timeout_s)
+        evidence: dict[str, Any] = {"policy": _policy_dict(policy)}
+        if self.run_params.warmup_override_s is not None:  # the trigger form's warm-up, for this run only
+            evidence["override"] = {"warmup_override": self.run_params.warmup_override, "duration_s": duration_s,
+                                    "timeout_s": timeout_s}
+        self.record("warmup_started", now, evidence, to=Stage.WARMING)
 
     def finish_warmup(self, event: Mapping[str, Any], now: datetime) -> None:
         self.record("warmup_" + str(event.get("status")), now, dict(event))
@@ -360,7 +426,9 @@ class GroupMigration:
             latency = LatencyResult.from_dict(latency)
         decided = GateEvidence.decide(parity, latency)
         verdict, evidence = decided.gate, decided.to_dict()
-        if verdict.verdict == Verdict.SUCCESSFUL:
+        if self.dry_run:  # the verdict, recorded; the stage never moves in a dry run
+            self.record(DRY_RUN_GATE, now, {**evidence, "dry_run": True})
+        elif verdict.verdict == Verdict.SUCCESSFUL:
             self.record("gate_passed", now, evidence, to=Stage.VERIFIED)
         elif verdict.action == GateAction.ASK_APPROVAL:
             self.record("gate_inconclusive", now, evidence)
@@ -384,8 +452,11 @@ class GroupMigration:
 
     def record_approval(self, *, decision: str, by: str, comment: str, now: datetime,
                         hitl: Mapping[str, Any] | None = None, evidence_sha256: str | None = None,
-                        current_sha256: str | None = None) -> None:
+                        current_sha256: str | None = None, prefix: str = "") -> None:
         """``hitl`` names Airflow's HITL record the answer came from, so the two can be compared.
+
+        ``prefix`` names another approval than the cut-over's (``decommission_``): its events are
+        ``<prefix>approved`` / ``<prefix>approval_<decision>`` and never move the stage.
 
         ``evidence_sha256`` is the hash of the evidence the approver was shown; ``current_sha256``
         the evidence's hash when the answer arrived, recorded when it differs (a refused approval).
@@ -398,9 +469,9 @@ class GroupMigration:
         if current_sha256 is not None and current_sha256 != evidence_sha256:
             evidence["current_sha256"] = current_sha256
         if decision == "Approve":
-            self.record("approved", now, evidence, to=Stage.APPROVED, actor=by)
+            self.record(prefix + "approved", now, evidence, to=None if prefix else Stage.APPROVED, actor=by)
         else:
-            self.record("approval_" + decision.lower(), now, evidence, actor=by)
+            self.record(prefix + "approval_" + decision.lower(), now, evidence, actor=by)
 
     def cutover(self, now: datetime) -> dict[str, Any]:
         """Route the group's reads to the target in the routing store (one transaction on the group's row)."""
@@ -424,7 +495,8 @@ class GroupMigration:
         """Why this run is rolling back, in plain words, from the run's own audit events."""
         for ev in reversed(self.audit.events(group=self.group.name, run_id=self.run_id)):
             data = ev.evidence_data
-            if ev.kind == "gate_failed":
+            if ev.kind == "gate_failed" or (ev.kind == DRY_RUN_GATE and GateEvidence.from_dict(data).gate.action
+                                                 == GateAction.ROLL_BACK):
                 gate = GateEvidence.from_dict(data)
                 parts = [f"{check} {m.verdict.value} ({m.name}: {m.reason})" for check, m in gate.not_passed()]
                 return "; ".join(parts) or gate.gate.reason
@@ -534,7 +606,8 @@ def one_line(exc: BaseException) -> str:
 
 
 def record_validation_failed(audit: AuditStore, *, group_name: str, run_id: str, exc: BaseException, now: datetime,
-                             source_config_path: str | None = None, actor: str = "promshift") -> str:
+                             source_config_path: str | None = None, actor: str = "promshift",
+                             run_params: Mapping[str, Any] | None = None) -> str:
     """Append a ``validation_failed`` event: the one-line reason, whether a retry may pass, and the source
     config's sha256 (nothing was deployed: a later check can compare it). Returns the reason.
 
@@ -550,6 +623,8 @@ def record_validation_failed(audit: AuditStore, *, group_name: str, run_id: str,
         evidence["code"] = str(code)
     if source_config_path and Path(source_config_path).is_file():
         evidence["source_config_sha256"] = sha256_bytes(Path(source_config_path).read_bytes())
+    if run_params is not None:
+        evidence["run_params"] = dict(run_params)
     audit.append(group=group_name, run_id=run_id, kind="validation_failed", actor=actor, at=now,
                  evidence=json_safe(redact(evidence)), stage_from=None, stage_to=None)
     return reason

@@ -33,14 +33,16 @@ def test_one_dag_per_catalog_group(dagbag) -> None:  # type: ignore[no-untyped-d
 
     expected = {g.dag_id for g in load_catalog().groups}
     assert len(expected) >= 3
-    assert set(dagbag.dag_ids) == expected
+    lifecycle = {f"{dag_id}__{step}" for dag_id in expected for step in ("decommission", "recommission", "rollback")}
+    assert set(dagbag.dag_ids) == expected | lifecycle | {"promshift__bake_watch"}
 
 
 def test_every_dag_has_tags_retries_and_docs(dagbag) -> None:  # type: ignore[no-untyped-def]
     for dag_id, dag in dagbag.dags.items():
         assert "promshift" in dag.tags, dag_id
         assert dag.default_args.get("retries", 0) >= 1, dag_id
-        assert dag.doc_md and "Migrate" in dag.doc_md, dag_id
+        migration = dag_id.count("__") == 1 and dag_id != "promshift__bake_watch"
+        assert dag.doc_md and ("Migrate" in dag.doc_md or not migration), dag_id
         assert dag.max_active_runs == 1, dag_id
 
 
@@ -116,8 +118,13 @@ def test_one_bad_group_keeps_the_other_dags_and_shows_its_problems(
     monkeypatch.setattr(logging.Logger, "error", record_error)
     dagbag = _dagbag_for(catalog, monkeypatch)
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == {"promshift__gpu_utilization", "promshift__gpu_power_thermal",
-                                   "promshift__catalog_errors"}
+    good = {"promshift__gpu_utilization", "promshift__gpu_power_thermal"}
+    steps = ("decommission", "recommission", "rollback")
+    assert set(dagbag.dag_ids) == good | {f"{d}__{s}" for d in good for s in steps} | {
+        "promshift__catalog_errors", "promshift__bake_watch"}
+    # The bake watch watches the good groups only.
+    watched = {t.task_id for t in dagbag.dags["promshift__bake_watch"].tasks if t.task_id.startswith("bake_check__")}
+    assert watched == {"bake_check__gpu_utilization", "bake_check__gpu_power_thermal"}
     errors = dagbag.dags["promshift__catalog_errors"]
     assert "promshift" in errors.tags and errors.max_active_runs == 1
     assert "group 'gpu-memory': field 'approval_timeout': must be at most 10y" in errors.doc_md
@@ -150,3 +157,97 @@ def test_an_unreadable_catalog_gives_one_errors_dag_with_one_line(
     expected = {"missing": "No such file or directory", "directory": "it is a directory",
                 "not-utf8": "not UTF-8 text", "yaml-syntax": "invalid YAML"}[kind]
     assert expected in listing and "Without a DAG until this is fixed: every group" in doc
+
+
+# --------------------------------------------------------------------------- the trigger form and the waves
+
+
+def test_every_group_dag_has_the_trigger_form(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from promshift.core.run_params import WARMUP_OVERRIDE_PATTERN
+    from promshift.settings import load_catalog
+
+    for dag_id in (g.dag_id for g in load_catalog().groups):
+        dag = dagbag.dags[dag_id]
+        params = {name: dag.params.get_param(name) for name in dag.params}
+        assert set(params) == {"dry_run", "change_ticket", "warmup_override", "reason"}, dag_id
+        assert (params["dry_run"].value, params["dry_run"].schema["type"]) == (False, "boolean")
+        assert params["change_ticket"].schema["type"] == "string" and params["change_ticket"].value == ""
+        assert params["reason"].schema["type"] == "string"
+        assert params["warmup_override"].schema["pattern"] == WARMUP_OVERRIDE_PATTERN
+        # The approver's form is the comment alone, never the trigger form.
+        assert set(dag.get_task("approval").serialized_params) == {"comment"}, dag_id
+
+
+def test_the_warmup_override_schema_accepts_durations_only(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    param = dagbag.dags["promshift__gpu_memory"].params.get_param("warmup_override")
+    for good in ("", "10m", "1h30m", "90s"):
+        assert param.resolve(value=good) == good
+    for bad in ("ten minutes", "10", "-5m", "1.5h"):
+        with pytest.raises(ParamValidationError):
+            param.resolve(value=bad)
+    with pytest.raises(ParamValidationError):
+        dagbag.dags["promshift__gpu_memory"].params.get_param("dry_run").resolve(value="yes")
+
+
+def test_dependents_are_scheduled_on_their_dependencies_cut_over_assets(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk import Asset
+
+    from promshift.settings import load_catalog
+
+    for group in load_catalog().groups:
+        dag = dagbag.dags[group.dag_id]
+        assert dag.get_task("cutover").outlets == [Asset(f"promshift://group/{group.name}/cut_over")], group.name
+        if group.depends_on:
+            assert type(dag.timetable).__name__ == "AssetTriggeredTimetable", group.name
+            wanted = {f"promshift://group/{dependency}/cut_over" for dependency in group.depends_on}
+            condition = dag.timetable.asset_condition  # type: ignore[attr-defined]
+            assert type(condition).__name__ == "AssetAll", group.name  # every dependency, not any of them
+            assert {a.uri for a in condition.objects} == wanted, group.name
+        else:
+            assert type(dag.timetable).__name__ == "NullTimetable", group.name
+    # The shipped catalog's waves: utilisation and memory start by hand; power after utilisation; clocks after power.
+    power = dagbag.dags["promshift__gpu_power_thermal"].timetable.asset_condition
+    assert [a.uri for a in power.objects] == ["promshift://group/gpu-utilization/cut_over"]
+
+
+def test_the_bake_watch_checks_every_group_on_the_catalogs_interval(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from airflow.sdk import Asset
+
+    from promshift.settings import load_catalog
+
+    groups = load_catalog().groups
+    watch = dagbag.dags["promshift__bake_watch"]
+    # A timedelta schedule (Airflow's config picks the delta timetable's flavour).
+    assert type(watch.timetable).__name__ in ("DeltaTriggerTimetable", "DeltaDataIntervalTimetable")
+    assert watch.timetable.delta == timedelta(minutes=15)  # type: ignore[attr-defined]  # defaults.bake.interval
+    assert watch.max_active_runs == 1 and not watch.catchup
+    for group in groups:
+        key = group.name.replace("-", "_")
+        check, emit = watch.get_task(f"bake_check__{key}"), watch.get_task(f"baked__{key}")
+        assert check.group_name == group.name and emit.upstream_task_ids == {check.task_id}
+        assert emit.outlets == [Asset(f"promshift://group/{group.name}/baked")]
+        assert not check.outlets  # a check that did not bake the group emits nothing
+    assert len(watch.tasks) == 2 * len(groups)
+
+
+def test_each_group_has_a_decommission_with_a_second_approval_and_a_recommission(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from promshift.settings import load_catalog
+
+    for group in load_catalog().groups:
+        decommission = dagbag.dags[f"{group.dag_id}__decommission"]
+        assert decommission.timetable.__class__.__name__ == "NullTimetable"  # by hand only
+        assert decommission.get_task("approval").downstream_task_ids == {"decommission"}
+        assert decommission.get_task("prepare").downstream_task_ids == {"approval"}
+        approval = decommission.get_task("approval")
+        assert type(approval).__name__ == "DecommissionApprovalOperator"
+        assert {u["id"] for u in approval.assigned_users} == set(group.approvers)
+        assert set(approval.serialized_params) == {"comment"}
+        recommission = dagbag.dags[f"{group.dag_id}__recommission"]
+        assert [t.task_id for t in recommission.tasks] == ["recommission"]
+        assert set(recommission.params) == {"reason"}
+        rollback = dagbag.dags[f"{group.dag_id}__rollback"]
+        assert [t.task_id for t in rollback.tasks] == ["rollback"] and set(rollback.params) == {"reason"}

@@ -203,7 +203,7 @@ def test_profile_may_only_override_policy_sections() -> None:
     doc = base_doc()
     doc["profiles"]["demo"]["owners"] = ["someone"]
     assert problems_of(doc) == (
-        "profile 'demo': field 'owners': unknown field (known: latency, notify, parity, warmup)",
+        "profile 'demo': field 'owners': unknown field (known: bake, latency, notify, parity, warmup)",
     )
 
 
@@ -321,8 +321,8 @@ def test_group_entry_must_be_a_mapping() -> None:
         ),
         (
             lambda d: d["defaults"].update(rollout={}),
-            "defaults: field 'rollout': unknown field (known: approval_timeout, host_label, latency, notify, parity, "
-            "scrape_interval, warmup)",
+            "defaults: field 'rollout': unknown field (known: approval_timeout, bake, host_label, latency, notify, "
+            "parity, paused_waves, scrape_interval, warmup)",
         ),
         (
             lambda d: d["defaults"]["warmup"].update(length="10m"),

@@ -9,6 +9,7 @@ their wiring (group, catalog, profile, connection ids) is the production wiring.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -58,8 +59,11 @@ class FakeDagRun:
     triggering_user_name: str | None = TRIGGERED_BY
 
 
-def make_context(xcoms: dict[str, Any] | None = None, *, triggered_by: str | None = TRIGGERED_BY) -> dict[str, Any]:
-    return {"run_id": RUN_ID, "ti": FakeTI(dict(xcoms or {})), "dag_run": FakeDagRun(triggered_by)}
+def make_context(xcoms: dict[str, Any] | None = None, *, triggered_by: str | None = TRIGGERED_BY,
+                 params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``params``: the trigger form's values as Airflow hands them to a task (``context["params"]``)."""
+    return {"run_id": RUN_ID, "ti": FakeTI(dict(xcoms or {})), "dag_run": FakeDagRun(triggered_by),
+            "params": dict(params or {})}
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -575,7 +579,12 @@ def test_validate_skips_a_group_already_cut_over(dag: Any, audit: AuditStore) ->
     seed(audit, UP_TO_CUT_OVER)
     with pytest.raises(AirflowSkipException, match="'gpu-memory' is cut_over"):
         task(dag, "validate").execute(make_context())
-    assert new_events(audit, UP_TO_CUT_OVER) == []
+    # The refusal is audited (no stage move), with the form's values.
+    [ev] = new_events(audit, UP_TO_CUT_OVER)
+    assert (ev.kind, ev.stage_to) == ("start_refused", None)
+    assert ev.evidence_data["reason"].startswith("group 'gpu-memory' is cut_over; a new migration run starts only")
+    assert ev.evidence_data["run_params"]["dry_run"] is False
+    assert audit.stage_of(GROUP) == Stage.CUT_OVER
 
 
 def test_validate_fails_naming_unreachable_backends(dag: Any, audit: AuditStore) -> None:
@@ -729,3 +738,390 @@ def test_a_kubernetes_source_without_its_object_is_refused_before_anything_is_de
                                                        r"needs extra.kubernetes"):
             task(dag, step).execute(make_context())
     assert audit.events(group=GROUP) == []
+
+
+# -- the trigger form (dry_run, change_ticket, warmup_override, reason) ------------------------------------
+
+
+class ScriptedPrometheus:
+    """A Prometheus that is ready and counts ``series`` for any instant query; records what it was asked."""
+
+    def __init__(self, series: int = 24) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlsplit
+
+        owner = self
+        self.asked: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                self.answer("GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.answer("POST")
+
+            def answer(self, method: str) -> None:
+                url = urlsplit(self.path)
+                owner.asked.append(f"{method} {url.path}")
+                if url.path == "/-/ready":
+                    return self.reply(200, b"Prometheus Server is Ready.\n")
+                if url.path == "/api/v1/query":
+                    body = {"status": "success", "data": {"resultType": "vector", "result": [
+                        {"metric": {}, "value": [1767225600, str(series)]}]}}
+                    return self.reply(200, json.dumps(body).encode())
+                return self.reply(404, b"{}")
+
+            def reply(self, status: int, raw: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def live(env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedPrometheus]:
+    """Both connections on one scripted Prometheus that answers validate's checks (read-only)."""
+    prom = ScriptedPrometheus()
+    config = env / "prometheus.yml"
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+        "conn_type": "prometheus", "host": prom.url, "extra": {"config_path": str(config)}}))
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+        "conn_type": "prometheus", "host": prom.url,
+        "extra": {"config_path": str(config), "remote_write_url": prom.url + "/api/v1/write"}}))
+    yield prom
+    prom.server.shutdown()
+    prom.server.server_close()
+
+
+DRY = {"dry_run": True, "change_ticket": "CHG-1234", "warmup_override": "", "reason": "rehearse before the window"}
+DRY_KINDS = {"validated", "dry_run_step", "dry_run_gate", "dry_run_complete", "report_published"}
+
+
+def deployed_before(audit: AuditStore, since: float) -> None:
+    """The group's live dual-write as a real run records it (``dual_write_deployed``, into dual_writing)."""
+    audit.append(group=GROUP, run_id="manual__earlier", kind="dual_write_deployed", actor="test",
+                 at=datetime.now(UTC), evidence={"dual_write_since": since, "remote_write": "promshift-gpu-memory"},
+                 stage_from=Stage.PLANNED, stage_to=Stage.DUAL_WRITING)
+
+
+def test_a_dry_run_moves_no_stage_deploys_routes_and_tells_nothing(
+        dag: Any, audit: AuditStore, env: Path, live: ScriptedPrometheus) -> None:
+    """Every step of a dry run on a group that is already dual-writing: only audited dry-run events."""
+    from promshift.adapters.routing import RoutingStore
+
+    since = 1_767_225_000.0
+    deployed_before(audit, since)
+    config = env / "prometheus.yml"
+    before = config.read_bytes()
+    ctx = make_context(params=DRY)
+
+    validated = task(dag, "validate").execute(ctx)
+    assert validated["run_params"] == {**DRY, "warmup_override_s": None}
+    assert validated["dry_run"] is True
+    # What would refuse a real run is said, not enforced: a dry run changes nothing.
+    assert validated["would_refuse"][0].startswith("group 'gpu-memory' is dual_writing")
+    assert task(dag, "snapshot").execute(ctx)["would"].startswith("keep the group's remote_write config")
+    deployed = task(dag, "deploy_dual_write").execute(ctx)
+    assert deployed["dual_write_since"] == since and deployed["dry_run"] is True
+    ctx["ti"].xcoms["deploy_dual_write"] = deployed
+    assert task(dag, "warm_up").execute(ctx) is None  # no deferral: nothing to wait for
+    ctx["ti"].xcoms.update(gate_xcoms("SUCCESSFUL"))
+    verdict = task(dag, "gate").execute(ctx)
+    assert verdict["verdict"] == "SUCCESSFUL"
+    ctx["ti"].xcoms["gate"] = verdict
+    with pytest.raises(AirflowSkipException, match="dry run: gate SUCCESSFUL; no approval asked"):
+        task(dag, "approval").execute(ctx)
+    with pytest.raises(AirflowSkipException, match="dry run"):
+        task(dag, "cutover").execute(ctx)
+    rolled = task(dag, "rollback").execute(ctx)
+    assert rolled["performed"] is False and rolled["step"] == "rollback"
+
+    events = new_events(audit, [Stage.DUAL_WRITING])
+    assert {e.kind for e in events} <= DRY_KINDS, [e.kind for e in events]
+    assert all(e.stage_to is None for e in events)
+    steps = [e.evidence_data["step"] for e in events if e.kind == "dry_run_step"]
+    assert steps == ["snapshot", "deploy_dual_write", "warm_up", "rollback"]
+    [done] = [e for e in events if e.kind == "dry_run_complete"]
+    assert done.evidence_data["gate"] == "SUCCESSFUL"
+    assert done.evidence_data["run_params"]["change_ticket"] == "CHG-1234"
+    assert audit.stage_of(GROUP) == Stage.DUAL_WRITING
+    assert config.read_bytes() == before
+    assert not (env / "home" / "snapshots").exists()
+    assert RoutingStore(audit.url).get(GROUP) is None
+    assert not any(e.kind == NOTIFIED for e in events)
+    # Read-only: readiness and instant queries, never a reload or a write.
+    assert {asked.split(" ")[1] for asked in live.asked} == {"/-/ready", "/api/v1/query"}
+
+
+def test_a_dry_run_without_dual_write_has_no_parity_data_and_never_passes(
+        dag: Any, audit: AuditStore, live: ScriptedPrometheus) -> None:
+    ctx = make_context(params=DRY)
+    deployed = task(dag, "deploy_dual_write").execute(ctx)
+    assert deployed["dual_write_since"] is None and deployed["existing_dual_write_since"] is None
+    ctx["ti"].xcoms["deploy_dual_write"] = deployed
+    assert task(dag, "parity_plan").execute(ctx) == []  # no shards: nothing to compare
+    plan = ctx["ti"].pushed["plan"]
+    ctx["ti"].xcoms["parity_plan"] = plan
+    parity = task(dag, "parity").execute(ctx)
+    assert parity["verdict"] == "INCONCLUSIVE"
+    assert "dry run: the group is not dual-writing (planned)" in json.dumps(parity)
+    ctx["ti"].xcoms.update({"parity": parity, "latency": gate_xcoms("SUCCESSFUL")["latency"]})
+    assert task(dag, "gate").execute(ctx)["verdict"] == "INCONCLUSIVE"
+    [gate] = [e for e in audit.events(group=GROUP) if e.kind == "dry_run_gate"]
+    assert gate.evidence_data["dry_run"] is True and gate.stage_to is None
+    assert audit.stage_of(GROUP) == Stage.PLANNED
+
+
+def test_a_dry_run_with_a_failed_gate_fails_and_rolls_nothing_back(dag: Any, audit: AuditStore, env: Path) -> None:
+    config = env / "prometheus.yml"
+    before = config.read_bytes()
+    ctx = make_context(gate_xcoms("FAILED"), params=DRY)
+    with pytest.raises(AirflowFailException, match=r"^dry run \(nothing to roll back\): gate FAILED"):
+        task(dag, "gate").execute(ctx)
+    result = task(dag, "rollback").execute(ctx)
+    assert result["performed"] is False
+    assert result["reason"] == "parity FAILED (samples: samples failed)"
+    kinds = [e.kind for e in audit.events(group=GROUP)]
+    assert kinds == ["dry_run_gate", "dry_run_step", "report_published"]  # nobody notified
+    assert config.read_bytes() == before and audit.stage_of(GROUP) == Stage.PLANNED
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("1s", "param 'warmup_override' must be at least one scrape interval (30s), got '1s'"),
+    ("30m1h", "param 'warmup_override': invalid duration '30m1h'"),
+    ("ten minutes", "param 'warmup_override' must be a duration like '10m', got 'ten minutes'"),
+    ("30d", "param 'warmup_override' must be at most 1w, got '30d'"),
+])
+def test_a_bad_warmup_override_fails_validate_in_one_line_audited(
+        dag: Any, audit: AuditStore, override: str, message: str) -> None:
+    params = {**DRY, "dry_run": False, "warmup_override": override}
+    with pytest.raises(AirflowFailException) as excinfo:
+        task(dag, "validate").execute(make_context(params=params))
+    assert str(excinfo.value).startswith(message)
+    [ev] = audit.events()
+    assert ev.kind == "validation_failed" and ev.stage_to is None
+    assert ev.evidence_data["reason"].startswith(message)
+    assert ev.evidence_data["run_params"]["warmup_override"] == override
+    assert ev.evidence_data["run_params"]["change_ticket"] == "CHG-1234"
+
+
+def test_a_warmup_override_sets_this_runs_warmup_and_keeps_the_timeout_margin(
+        dag: Any, audit: AuditStore) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    seed(audit, UP_TO_DUAL_WRITING)
+    group = load_catalog(CATALOG, profile=PROFILE).get(GROUP)
+    ctx = make_context({"deploy_dual_write": {"dual_write_since": 1_767_225_000.0}},
+                       params={"warmup_override": "10m"})
+    with pytest.raises(TaskDeferred) as deferred:
+        task(dag, "warm_up").execute(ctx)
+    trigger = deferred.value.trigger
+    margin = group.warmup.timeout_s - group.warmup.duration_s
+    assert (trigger.min_duration_s, trigger.timeout_s) == (600.0, 600.0 + margin)
+    [ev] = new_events(audit, UP_TO_DUAL_WRITING)
+    assert (ev.kind, ev.stage_to) == ("warmup_started", "warming")
+    assert ev.evidence_data["override"] == {"warmup_override": "10m", "duration_s": 600.0,
+                                            "timeout_s": 600.0 + margin}
+
+
+# -- waves at run time ------------------------------------------------------------------------------------
+
+
+def group_dag(name: str, catalog: Path = CATALOG) -> Any:
+    return build_group_dag(load_catalog(catalog, profile=PROFILE).get(name), catalog_path=catalog, profile=PROFILE)
+
+
+def move(audit: AuditStore, group: str, history: list[Stage]) -> None:
+    current = audit.stage_of(group)
+    for stage in history:
+        audit.append(group=group, run_id="manual__dep", kind=f"seed_{stage.value}", actor="test",
+                     at=datetime.now(UTC), evidence={}, stage_from=current, stage_to=stage)
+        current = stage
+
+
+def test_a_wave_2_group_cannot_start_while_its_dependency_only_dual_writes(audit: AuditStore) -> None:
+    wave2 = group_dag("gpu-power-thermal")
+    move(audit, "gpu-utilization", [Stage.DUAL_WRITING])
+    with pytest.raises(AirflowSkipException, match="depends on 'gpu-utilization', which is dual_writing: it must be "
+                                                   "cut over first"):
+        task(wave2, "validate").execute(make_context())
+    [ev] = audit.events(group="gpu-power-thermal")
+    assert (ev.kind, ev.stage_to) == ("start_refused", None)
+    assert ev.evidence_data["depends_on"] == {"gpu-utilization": "dual_writing"}
+    assert ev.evidence_data["wave"] == 2
+    assert audit.stage_of("gpu-power-thermal") == Stage.PLANNED
+    # Once the dependency is cut over (or later), the same run passes the wave check and goes on to the
+    # backends (unreachable here: a validation failure, not a refusal).
+    move(audit, "gpu-utilization", UP_TO_CUT_OVER[1:] + [Stage.BAKING])
+    with pytest.raises(RuntimeError, match="unreachable"):
+        task(group_dag("gpu-power-thermal"), "validate").execute(make_context())
+    assert audit.events(group="gpu-power-thermal")[-1].kind == "validation_failed"
+
+
+def test_a_dependency_whose_reads_were_rolled_back_blocks_again(audit: AuditStore) -> None:
+    move(audit, "gpu-utilization", [*UP_TO_CUT_OVER, Stage.BAKING, Stage.ROLLED_BACK_READS])
+    with pytest.raises(AirflowSkipException, match="which is rolled_back_reads"):
+        task(group_dag("gpu-power-thermal"), "validate").execute(make_context())
+
+
+def test_a_paused_wave_does_not_start(audit: AuditStore, tmp_path: Path) -> None:
+    text = CATALOG.read_text().replace("  paused_waves: []", "  paused_waves: [1]")
+    assert "paused_waves: [1]" in text
+    catalog = tmp_path / "metric_groups.yaml"
+    catalog.write_text(text)
+    shutil.copytree(CATALOG.parent / "dashboards", tmp_path / "dashboards")
+    with pytest.raises(AirflowSkipException, match=r"wave 1 is paused in the catalog \(defaults.paused_waves\)"):
+        task(group_dag(GROUP, catalog), "validate").execute(make_context())
+    [ev] = audit.events(group=GROUP)
+    assert ev.kind == "start_refused" and ev.evidence_data["blockers"] == [
+        "wave 1 is paused in the catalog (defaults.paused_waves)"]
+
+
+def test_a_dry_run_of_a_blocked_group_says_what_would_refuse_it(audit: AuditStore, live: ScriptedPrometheus) -> None:
+    move(audit, "gpu-utilization", [Stage.DUAL_WRITING])
+    result = task(group_dag("gpu-power-thermal"), "validate").execute(make_context(params=DRY))
+    assert result["would_refuse"] == ["group 'gpu-power-thermal' depends on 'gpu-utilization', which is "
+                                      "dual_writing: it must be cut over first"]
+    assert [e.kind for e in audit.events(group="gpu-power-thermal")] == ["validated"]
+
+
+# -- the bake watch ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bake_dag() -> Any:
+    from promshift.orchestration.dag_factory import build_bake_watch_dag
+
+    return build_bake_watch_dag(load_catalog(CATALOG, profile=PROFILE).groups, catalog_path=CATALOG, profile=PROFILE)
+
+
+def test_the_bake_watch_skips_a_group_that_is_not_cut_over(bake_dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    with pytest.raises(AirflowSkipException, match="'gpu-memory' is verified: the bake watch checks only baking, "
+                                                   "cut_over"):
+        task(bake_dag, "bake_check__gpu_memory").execute(make_context())
+    assert new_events(audit, UP_TO_VERIFIED) == []
+    with pytest.raises(AirflowSkipException, match=r"not baked yet \(no check\)"):
+        task(bake_dag, "baked__gpu_memory").execute(make_context())
+
+
+def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owners(
+        bake_dag: Any, audit: AuditStore) -> None:
+    """Both backends unreachable: every observation is an error, so the check is ERROR and fails the bake."""
+    from promshift.adapters.routing import RoutingStore
+
+    seed(audit, UP_TO_CUT_OVER)
+    RoutingStore(audit.url).route(GROUP, read_from="target", url="http://amp.example", at=datetime.now(UTC),
+                                  run_id=RUN_ID)
+    with pytest.raises(AirflowFailException, match=r"^bake check ERROR: .*reads returned to the source, dual-write "
+                                                   r"stays on$"):
+        task(bake_dag, "bake_check__gpu_memory").execute(make_context())
+    kinds = [e.kind for e in new_events(audit, UP_TO_CUT_OVER)]
+    assert kinds == ["bake_started", "bake_check", "reads_rolled_back", NOTIFIED]
+    check = next(e for e in audit.events(group=GROUP) if e.kind == "bake_check").evidence_data
+    assert check["verdict"] == "ERROR"
+    # Every measurement could not be observed: each is ERROR with the read that failed, none judged on no data.
+    assert {m["name"]: m["verdict"] for m in check["measurements"]} == {
+        "freshness": "ERROR", "lag": "ERROR", "series": "ERROR", "parity": "ERROR"}
+    # (The parity check reports its unreachable backends itself, as its own ERROR verdict.)
+    assert set(check["observation"]["errors"]) == {"age", "lag", "source_series", "target_series"}
+    assert check["observation"]["parity"] == "ERROR"
+    assert "unreachable" in check["observation"]["errors"]["age"]
+    notified = audit.events(group=GROUP)[-1].evidence_data
+    assert notified["notice"] == "bake_failed" and notified["subject"].endswith("failed")
+    assert audit.stage_of(GROUP) == Stage.ROLLED_BACK_READS
+    assert RoutingStore(audit.url).read_from(GROUP) == "source"
+
+
+def test_the_baked_asset_is_emitted_only_after_a_bake(bake_dag: Any) -> None:
+    from airflow.sdk import Asset
+
+    emit = task(bake_dag, "baked__gpu_memory")
+    assert emit.outlets == [Asset("promshift://group/gpu-memory/baked")]
+    assert emit.execute(make_context({"bake_check__gpu_memory": {"outcome": "baked", "clean_since": 1.0}})) == {
+        "baked": True, "clean_since": 1.0}
+    with pytest.raises(AirflowSkipException, match=r"not baked yet \(baking\)"):
+        emit.execute(make_context({"bake_check__gpu_memory": {"outcome": "baking"}}))
+
+
+# -- decommission: the second approval ------------------------------------------------------------------
+
+UP_TO_BAKED = [*UP_TO_CUT_OVER, Stage.BAKING, Stage.BAKED]
+PREPARED = {"prepare": {"freed": {"series": 240, "series_by_job": {"fleet": 240}, "samples_per_s": 48.0},
+                        "bake": {"at": "2026-12-02T00:00:00+00:00", "checks": 96, "period_s": 86400.0}}}
+
+
+@pytest.fixture
+def decommission_dag() -> Any:
+    from promshift.orchestration.dag_factory import build_decommission_dags
+
+    return build_decommission_dags(load_catalog(CATALOG, profile=PROFILE).get(GROUP), catalog_path=CATALOG,
+                                   profile=PROFILE)[0]
+
+
+@pytest.mark.parametrize(("history", "message"), [
+    (UP_TO_CUT_OVER, "is cut_over; a decommission starts only from baked, recommissioned"),
+    (UP_TO_BAKED, "the source is the target's only writer"),  # the connections here: the remote_write path
+])
+def test_decommission_prepare_refuses_in_one_line_audited(
+        decommission_dag: Any, audit: AuditStore, history: list[Stage], message: str) -> None:
+    seed(audit, history)
+    with pytest.raises(AirflowFailException, match=message):
+        task(decommission_dag, "prepare").execute(make_context())
+    [ev] = new_events(audit, history)
+    assert (ev.kind, ev.stage_to) == ("decommission_refused", None) and message in ev.evidence_data["reason"]
+    assert audit.stage_of(GROUP) == history[-1]
+
+
+def seed_decommission_request(audit: AuditStore) -> None:
+    from promshift.orchestration.operators import DecommissionApprovalOperator
+
+    seed(audit, UP_TO_BAKED)
+    shown = evidence_sha256(DecommissionApprovalOperator.evidence(make_context(PREPARED)))
+    audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="test", at=datetime.now(UTC),
+                 evidence={"evidence_sha256": shown})
+
+
+def test_the_second_approval_is_recorded_without_moving_the_stage(decommission_dag: Any, audit: AuditStore) -> None:
+    seed_decommission_request(audit)
+    result = task(decommission_dag, "approval").execute_complete(
+        make_context(PREPARED), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}, "bake is clean"))
+    assert result["by"] == APPROVER
+    [ev] = new_events(audit, UP_TO_BAKED)
+    assert (ev.kind, ev.stage_to, ev.actor) == ("decommission_approved", None, APPROVER)
+    assert audit.stage_of(GROUP) == Stage.BAKED  # the drop itself moves it, once verified
+
+
+def test_the_second_approval_keeps_four_eyes_and_the_evidence_binding(decommission_dag: Any, audit: AuditStore) -> None:
+    seed_decommission_request(audit)
+    with pytest.raises(AirflowFailException, match="four-eyes"):
+        task(decommission_dag, "approval").execute_complete(
+            make_context(PREPARED), hitl_event("Approve", {"id": TRIGGERED_BY, "name": TRIGGERED_BY}))
+    changed = {"prepare": {**PREPARED["prepare"], "freed": {"series": 1}}}
+    with pytest.raises(AirflowFailException, match="changed after it was shown"):
+        task(decommission_dag, "approval").execute_complete(
+            make_context(changed), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
+    kinds = [e.kind for e in new_events(audit, UP_TO_BAKED)]
+    assert kinds == ["decommission_approval_refused_four_eyes", "decommission_approval_refused_evidence_changed"]
+    assert audit.stage_of(GROUP) == Stage.BAKED
+
+
+def test_the_full_rollback_dag_refuses_a_group_that_was_never_cut_over(audit: AuditStore) -> None:
+    from promshift.orchestration.dag_factory import build_decommission_dags
+
+    rollback = build_decommission_dags(load_catalog(CATALOG, profile=PROFILE).get(GROUP), catalog_path=CATALOG,
+                                       profile=PROFILE)[2]
+    seed(audit, UP_TO_VERIFIED)
+    with pytest.raises(AirflowFailException, match="'gpu-memory' is verified; a full rollback by hand starts only "
+                                                   "from baked, baking, cut_over, recommissioned, rolled_back_reads"):
+        task(rollback, "rollback").execute(make_context(params={"reason": "test"}))
+    assert new_events(audit, UP_TO_VERIFIED) == []

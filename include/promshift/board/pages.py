@@ -14,7 +14,8 @@ from promshift.core.report import source_failed_label
 # Colours follow Airflow's own state colours where a stage has an obvious twin.
 STAGE_TONE = {
     "planned": "neutral", "dual_writing": "info", "warming": "info", "verified": "teal", "approved": "teal",
-    "cut_over": "success", "decommissioned": "neutral", "rolled_back": "warning", "failed": "danger",
+    "cut_over": "success", "baking": "success", "baked": "success", "decommissioned": "neutral",
+    "recommissioned": "teal", "rolled_back_reads": "warning", "rolled_back": "warning", "failed": "danger",
 }
 VERDICT_TONE = {"SUCCESSFUL": "success", "INCONCLUSIVE": "warning", "FAILED": "danger", "ERROR": "danger"}
 RUN_TONE = {"success": "success", "failed": "danger", "running": "info", "queued": "neutral"}

@@ -7,20 +7,27 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, BaseOperator, TriggerRule
+from airflow.sdk import DAG, Asset, BaseOperator, Param, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup
 from promshift.orchestration.operators import (
+    BakeCheckOperator,
+    BakedAssetOperator,
     CompleteRunOperator,
     CutoverOperator,
+    DecommissionApprovalOperator,
+    DecommissionOperator,
+    DecommissionPrepareOperator,
     DeployDualWriteOperator,
+    FullRollbackOperator,
     GateOperator,
     LatencyOperator,
     MigrationApprovalOperator,
     ParityOperator,
     ParityPlanOperator,
     ParitySamplesOperator,
+    RecommissionOperator,
     RollbackOperator,
     SnapshotConfigOperator,
     ValidateGroupOperator,
@@ -31,6 +38,8 @@ from promshift.orchestration.operators import (
 def _doc(group: MetricGroup) -> str:
     metrics = ", ".join(f"`{m}`" for m in group.metrics) or f"regex `{group.metric_regex}`"
     windows = ", ".join(f"{w.name} (p95 ≤ {w.slo_p95_s:g}s)" for w in group.latency.windows)
+    deps = ", ".join(f"`{d}`" for d in group.depends_on)
+    starts = f"when {deps} {'has' if len(group.depends_on) == 1 else 'have'} cut over (asset), or " if deps else ""
     return (
         f"# Migrate `{group.name}` to AMP\n\n{group.description}\n\n"
         f"- metrics: {metrics}\n- owners: {', '.join(group.owners)}\n"
@@ -39,8 +48,47 @@ def _doc(group: MetricGroup) -> str:
         f"- latency windows: {windows}\n\n"
         "validate → snapshot → deploy dual-write → warm-up (deferred) → parity (plan → mapped shards → "
         "reduce) → latency → gate → on-call approval → cutover → done. Any failure, failed gate or rejection → "
-        "rollback (restores the snapshot byte for byte)."
+        "rollback (restores the snapshot byte for byte).\n\n"
+        f"Starts {starts}by hand. The form: `dry_run` (read only: nothing deployed, cut over or rolled back; "
+        "the stage never moves), `change_ticket`, `warmup_override` (e.g. `10m`), `reason`. Then "
+        f"`promshift__bake_watch` bakes it, and `{group.dag_id}__decommission` (a second approval) retires it "
+        "on the source."
     )
+
+
+def cut_over_asset(group_name: str) -> Asset:
+    """Emitted when the group is cut over (the ``cutover`` task's outlet); its dependents are scheduled on it."""
+    return Asset(f"promshift://group/{group_name}/cut_over")
+
+
+def baked_asset(group_name: str) -> Asset:
+    """Emitted when the group's bake finished clean (the bake watch's ``baked__<group>`` task)."""
+    return Asset(f"promshift://group/{group_name}/baked")
+
+
+def run_params_schema() -> dict[str, Param]:
+    """The trigger form of every group DAG (checked again, with ``core.durations``, by ``validate``)."""
+    from promshift.core.run_params import MAX_REASON_CHARS, MAX_TICKET_CHARS, WARMUP_OVERRIDE_PATTERN
+
+    return {
+        "dry_run": Param(False, type="boolean", title="Dry run",
+                         description="Read only: validate, parity and latency on what both sides already hold; "
+                                     "nothing deployed, cut over, routed or rolled back; the stage never moves."),
+        "change_ticket": Param("", type="string", maxLength=MAX_TICKET_CHARS, title="Change ticket",
+                               description="The change record this run belongs to (kept in the audit)."),
+        "warmup_override": Param("", type="string", pattern=WARMUP_OVERRIDE_PATTERN, maxLength=64,
+                                 title="Warm-up override",
+                                 description="A duration like 10m replacing the catalog's warm-up for this run "
+                                             "(at least one scrape interval); empty keeps the catalog's."),
+        "reason": Param("", type="string", maxLength=MAX_REASON_CHARS, title="Reason",
+                        description="Why this run was started (kept in the audit)."),
+    }
+
+
+def group_schedule(group: MetricGroup) -> list[Asset] | None:
+    """Waves at run time: a group with dependencies starts when all of them have cut over (their assets);
+    a group without dependencies is started by hand. ``validate`` still checks the dependencies' stages."""
+    return [cut_over_asset(dependency) for dependency in group.depends_on] or None
 
 
 def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None) -> DAG:
@@ -50,7 +98,8 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         dag_id=group.dag_id,
         description=f"Migrate metric group {group.name} to AMP",
         doc_md=_doc(group),
-        schedule=None,
+        schedule=group_schedule(group),
+        params=run_params_schema(),
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,  # one migration of a group at a time: runs share its remote_write entry
@@ -82,13 +131,124 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
             retry_delay=timedelta(seconds=5),
             **common,
         )
-        cutover = CutoverOperator(task_id="cutover", **common)
+        cutover = CutoverOperator(task_id="cutover", outlets=[cut_over_asset(group.name)], **common)
         done = CompleteRunOperator(task_id="done", **common)
         rollback = RollbackOperator(task_id="rollback", trigger_rule=TriggerRule.ONE_FAILED, **common)
         validate >> snapshot >> deploy >> warm_up >> parity_plan >> parity_samples >> parity
         parity >> latency >> gate >> approval >> cutover >> done
         [deploy, warm_up, parity_plan, parity_samples, parity, latency, gate, approval, cutover] >> rollback
     return dag
+
+
+# --------------------------------------------------------------------------- the bake watch
+
+BAKE_WATCH_DAG_ID = "promshift__bake_watch"
+
+
+def _task_key(group: MetricGroup) -> str:
+    return group.name.replace("-", "_")
+
+
+def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | Path,
+                         profile: str | None = None) -> DAG:
+    """``promshift__bake_watch``: every ``bake.interval`` (the shortest of any group), one check per group.
+
+    ``bake_check__<group>`` skips a group that is not cut over or baking; for one that is, it checks the
+    target copy (freshness, remote-write lag, series count, a short parity window), records ``bake_check``,
+    and moves it to ``baked`` after a clean ``bake.period`` or back to ``rolled_back_reads`` on a failed
+    check. ``baked__<group>`` then emits ``promshift://group/<name>/baked`` only when the group was baked.
+    """
+    interval_s = min(group.bake.interval_s for group in groups)
+    listing = "\n".join(f"- `{g.name}`: every {g.bake.interval_s:g}s, baked after {g.bake.period_s:g}s clean"
+                         for g in groups)
+    with DAG(
+        dag_id=BAKE_WATCH_DAG_ID,
+        description="Watch cut-over metric groups until they are baked (or roll their reads back)",
+        doc_md=("# Bake watch of migrated metric groups\n\nChecks each cut-over group's target copy: freshness, "
+                "remote-write lag, series count, a short parity window. A failed check returns the group's reads "
+                "to the source (dual-write stays on) and tells its owners; a clean bake period makes it `baked` "
+                "and emits its `baked` asset.\n\n" + listing),
+        schedule=timedelta(seconds=interval_s),
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=["promshift", "bake-watch"],
+        default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"},
+    ) as dag:
+        for group in groups:
+            check = BakeCheckOperator(task_id=f"bake_check__{_task_key(group)}", group_name=group.name,
+                                      catalog_path=str(catalog_path), profile=profile)
+            check >> BakedAssetOperator(task_id=f"baked__{_task_key(group)}", check_task_id=check.task_id,
+                                        outlets=[baked_asset(group.name)])
+    return dag
+
+
+# --------------------------------------------------------------------------- decommission (second approval)
+
+
+def decommission_dag_id(group: MetricGroup) -> str:
+    return f"{group.dag_id}__decommission"
+
+
+def recommission_dag_id(group: MetricGroup) -> str:
+    return f"{group.dag_id}__recommission"
+
+
+def rollback_dag_id(group: MetricGroup) -> str:
+    return f"{group.dag_id}__rollback"
+
+
+def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None
+                            ) -> tuple[DAG, DAG, DAG]:
+    """``promshift__<group>__decommission`` (prepare -> second approval -> drop at scrape, verified),
+    ``promshift__<group>__recommission`` (remove the drop; reads stay on the target) and
+    ``promshift__<group>__rollback`` (a cut-over group all the way back). All by hand only."""
+    common = dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile)
+    args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)}
+    tags = ["promshift", f"group:{group.name}", "decommission"]
+    with DAG(
+        dag_id=decommission_dag_id(group),
+        description=f"Decommission metric group {group.name} on the source (after its bake)",
+        doc_md=(f"# Decommission `{group.name}` on the source\n\nAfter a clean bake (`baked`), a second approval "
+                "(the bake evidence and what the drop frees), then a `metric_relabel_configs` drop of the group in "
+                "each scrape job that carries it: snapshot, promtool check, reload, verified live; undone at once "
+                "if the target stops receiving the group. Refused on the remote_write path (the source is then the "
+                "target's only writer). Undo with the `__recommission` DAG."),
+        schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1, tags=tags,
+        default_args=args,
+    ) as decommission:
+        prepare = DecommissionPrepareOperator(task_id="prepare", retries=0, **common)
+        approval = DecommissionApprovalOperator(
+            task_id="approval", approvers=list(group.approvers),
+            response_timeout=timedelta(seconds=group.approval_timeout_s), retries=1,
+            retry_delay=timedelta(seconds=5), **common)
+        prepare >> approval >> DecommissionOperator(task_id="decommission", **common)
+    with DAG(
+        dag_id=recommission_dag_id(group),
+        description=f"Undo the decommission of metric group {group.name} (the source scrapes it again)",
+        doc_md=(f"# Recommission `{group.name}`\n\nRemoves the decommission's drop: the source scrapes and stores "
+                "the group again; reads stay on the target. The source never stored the group while it was "
+                "decommissioned (the gap is recorded); the target holds that history."),
+        schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
+        tags=["promshift", f"group:{group.name}", "recommission"], default_args=args,
+        params={"reason": Param("", type="string", maxLength=1000, title="Reason",
+                                description="Why the decommission is undone (kept in the audit).")},
+    ) as recommission:
+        RecommissionOperator(task_id="recommission", **common)
+    with DAG(
+        dag_id=rollback_dag_id(group),
+        description=f"Roll metric group {group.name} all the way back after its cut-over (by hand)",
+        doc_md=(f"# Roll `{group.name}` back after its cut-over\n\nFrom `cut_over`, `baking`, `baked`, "
+                "`rolled_back_reads` or `recommissioned`: reads back to the source (every read-path restorer), then "
+                "the group's own remote_write entry removed by name (never a whole-file restore: other groups' "
+                "entries stay), promtool-checked, reloaded, verified gone; `rolled_back`."),
+        schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
+        tags=["promshift", f"group:{group.name}", "rollback"], default_args=args,
+        params={"reason": Param("", type="string", maxLength=1000, title="Reason",
+                                description="Why the group goes back to the source (kept in the audit).")},
+    ) as rollback:
+        FullRollbackOperator(task_id="rollback", **common)
+    return decommission, recommission, rollback
 
 
 # --------------------------------------------------------------------------- catalog errors

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from promshift.orchestration.hooks import PrometheusHook
 
 SOURCE_CONN = "promshift_source"
+# The trigger form of a group's DAG (``core.run_params``; the schema is in ``dag_factory.run_params_schema``).
+RUN_PARAMS = ("dry_run", "change_ticket", "warmup_override", "reason")
 TARGET_CONN = "promshift_target"
 # The audit HMAC key lives in this connection's password (or the secrets backend behind it),
 # never in the audit database.
@@ -276,6 +278,20 @@ class _GroupStep:
             return ScraperStatusTrigger(target_conn_id=self.target_conn_id, result=result)
         return LoadedConfigTrigger(source_conn_id=self.source_conn_id, result=result)
 
+    def run_params(self, context: Any, *, strict: bool = False) -> Any:
+        """The trigger form's values (``core.run_params``). ``strict`` raises RunParamsError (validate records
+        it); otherwise a value validate would have refused falls back to the defaults, keeping ``dry_run`` only
+        when it is exactly true: a step after a failed validate (the rollback) must still run."""
+        from promshift.core.run_params import RunParams, RunParamsError, parse_run_params
+
+        params = context.get("params") or {}
+        try:
+            return parse_run_params(params, scrape_interval_s=self.group.scrape_interval_s)
+        except RunParamsError:
+            if strict:
+                raise
+            return RunParams(dry_run=params.get("dry_run") is True)
+
     def migration(self, context: Any) -> Any:
         from promshift.migration import GroupMigration
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
@@ -286,7 +302,8 @@ class _GroupStep:
         return GroupMigration(self.group, backends, audit=audit, routing=routing_store(audit),
                               snapshots_dir=snapshots_dir(), run_id=context["run_id"],
                               catalog_dir=Path(self.catalog_path).parent,
-                              snapshot_blobs=ObjectStorageBlobs(snapshots_url()))
+                              snapshot_blobs=ObjectStorageBlobs(snapshots_url()),
+                              run_params=self.run_params(context))
 
     def tell_owners(self, context: Any, kind: str, **details: Any) -> dict[str, Any] | None:
         """Notify the group's owners on the catalog's channel and record it; never raises (``orchestration.notify``)."""
@@ -350,15 +367,21 @@ class ValidateGroupOperator(GroupStepOperator):
     """
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.core.run_params import RunParamsError
         from promshift.migration import GroupNotStartable
 
+        try:
+            self.run_params(context, strict=True)
+        except RunParamsError as exc:
+            self._record_failure(context, exc)
+            raise AirflowFailException(str(exc)) from None
         try:
             migration = self.migration(context)
         except Exception as exc:
             self._record_failure(context, exc)
             raise
         try:
-            return migration.validate(_now())  # records its own validation_failed
+            return migration.validate(_now())  # records its own validation_failed or start_refused
         except GroupNotStartable as exc:
             raise AirflowSkipException(str(exc)) from exc
 
@@ -373,7 +396,8 @@ class ValidateGroupOperator(GroupStepOperator):
             config_path = None
         audit = audit_store(on_head=lambda head: self._publish_audit_head(context, head))
         reason = record_validation_failed(audit, group_name=self.group.name, run_id=context["run_id"], exc=exc,
-                                          now=_now(), source_config_path=config_path)
+                                          now=_now(), source_config_path=config_path,
+                                          run_params={k: (context.get("params") or {}).get(k) for k in RUN_PARAMS})
         self.log.error("validation failed: %s", reason)
 
 
@@ -383,6 +407,9 @@ class SnapshotConfigOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.deploy_path import REMOTE_WRITE
 
+        if self.run_params(context).dry_run:
+            return self.migration(context).record_dry_run(
+                "snapshot", _now(), would=f"keep the group's {self.deploy_kind} config for rollback")
         if self.deploy_kind != REMOTE_WRITE:
             return self.scraper_step(context).snapshot(_now())
         return self.migration(context).snapshot(_now())
@@ -394,10 +421,24 @@ class DeployDualWriteOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.deploy_path import REMOTE_WRITE
 
+        if self.run_params(context).dry_run:
+            return self._dry_run(context)
         snap = context["ti"].xcom_pull(task_ids="snapshot")
         if self.deploy_kind != REMOTE_WRITE:
             return self._deploy_scraper(context, snap)
         return self.migration(context).deploy_dual_write(snap, _now())
+
+    def _dry_run(self, context: Any) -> dict[str, Any]:
+        """Deploy nothing; hand parity and latency the live dual-write's start, if the group has one."""
+        from promshift.core.render import remote_write_name
+
+        migration = self.migration(context)
+        since = migration.existing_dual_write_since()
+        evidence = migration.record_dry_run(
+            "deploy_dual_write", _now(), would=f"deploy the group's dual-write ({self.deploy_kind}, "
+            f"remote_write {remote_write_name(self.group_name)})", stage=migration.stage().value,
+            existing_dual_write_since=since)
+        return {**evidence, "dual_write_since": since}
 
     def _deploy_scraper(self, context: Any, snap: dict[str, Any]) -> dict[str, Any]:
         """Quota pre-flight and the deploy (scraper or Kubernetes object), then defer until it is live (or failed)."""
@@ -435,8 +476,15 @@ class WarmupOperator(GroupStepOperator):
         from promshift.orchestration.triggers import WarmupTrigger
 
         deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
-        self.migration(context).start_warmup(_now())
+        params = self.run_params(context)
         policy = self.group.warmup
+        duration_s, timeout_s = params.warmup(policy.duration_s, policy.timeout_s)
+        if params.dry_run:
+            self.migration(context).record_dry_run(
+                "warm_up", _now(), would=f"dual-write {duration_s:g}s and wait (at most {timeout_s:g}s) for the "
+                "target to catch up", existing_dual_write_since=(deployed or {}).get("dual_write_since"))
+            return
+        self.migration(context).start_warmup(_now())
         self.defer(
             trigger=WarmupTrigger(
                 group_name=self.group.name,
@@ -444,13 +492,13 @@ class WarmupOperator(GroupStepOperator):
                 source_conn_id=self.source_conn_id,
                 target_conn_id=self.target_conn_id,
                 started_at=float(deployed["dual_write_since"]),
-                min_duration_s=policy.duration_s,
-                timeout_s=policy.timeout_s,
+                min_duration_s=duration_s,
+                timeout_s=timeout_s,
                 max_lag_s=None if self.deploy_kind == "scraper" else policy.max_lag_s,
                 poll_interval_s=policy.poll_interval_s,
             ),
             method_name="execute_complete",
-            timeout=timedelta(seconds=policy.timeout_s + 300),
+            timeout=timedelta(seconds=timeout_s + 300),
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
@@ -478,6 +526,17 @@ class ParityPlanOperator(_ParityStep):
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
+        if deployed.get("dual_write_since") is None and self.run_params(context).dry_run:
+            from promshift.core.parity import Measurement, ParityPlan
+            from promshift.core.verdicts import Verdict
+
+            # A check without data never passes: nothing of the group is on the target to compare.
+            why = (f"dry run: the group is not dual-writing ({self.migration(context).stage().value}), so the "
+                   "target holds nothing of it to compare")
+            self.log.info("parity window: INCONCLUSIVE %s", why)
+            context["ti"].xcom_push(key="plan", value=ParityPlan(None, (Measurement("window", Verdict.INCONCLUSIVE,
+                                                                                      why),)).to_dict())
+            return []
         plan = self.parity_check().plan(dual_write_since=float(deployed["dual_write_since"]),
                                         now=_now().timestamp())
         for m in plan.measurements:
@@ -546,19 +605,34 @@ class GateOperator(GroupStepOperator):
                                                _now())
         self.log.info("gate: %s", verdict.reason)
         if verdict.action == GateAction.ROLL_BACK:
-            raise AirflowFailException(f"gate {verdict.verdict.value}: {verdict.reason}")
+            dry = "dry run (nothing to roll back): " if self.run_params(context).dry_run else ""
+            raise AirflowFailException(f"{dry}gate {verdict.verdict.value}: {verdict.reason}")
         return verdict.to_dict()
 
 
 class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
     """On-call approval showing the evidence; enforces four eyes; Reject fails (and so rolls back)."""
 
+    # Which approval this is in the audit ("" the cut-over's; "decommission_" the second approval).
+    approval_prefix = ""
+
+    def _answer(self, migration: Any, **answer: Any) -> None:
+        migration.record_approval(prefix=self.approval_prefix, **answer)
+
     def __init__(self, *, group_name: str, catalog_path: str, approvers: Sequence[str],
                  profile: str | None = None, source_conn_id: str = SOURCE_CONN,
                  target_conn_id: str = TARGET_CONN, **kwargs: Any) -> None:
         kwargs.setdefault("subject", f"Cut over metric group {group_name} to AMP?")
         kwargs.setdefault("body", "Evidence is filled in when the task runs.")
-        kwargs.setdefault("params", {"comment": Param("", type="string", description="Why (kept in the audit)")})
+        # The approver's form: its own comment field only. Airflow hands a task the DAG's params (the trigger
+        # form) merged with its own; HITL keeps only params whose source is "task", so the comment is marked so
+        # (without it, a DAG with params would leave the approver no comment field).
+        from airflow.sdk.definitions.param import ParamsDict
+
+        params = ParamsDict(kwargs.pop("params", None) or {})
+        if "comment" not in params:
+            params["comment"] = Param("", type="string", description="Why (kept in the audit)", source="task")
+        kwargs["params"] = params
         super().__init__(assigned_users=[{"id": a, "name": a} for a in approvers], **kwargs)
         self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
                          source_conn_id=source_conn_id, target_conn_id=target_conn_id)
@@ -586,6 +660,8 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         from promshift.core.report import approval_body
 
         evidence = self.evidence(context)
+        if self.run_params(context).dry_run:
+            self._end_dry_run(context, evidence)
         digest = evidence_sha256(evidence)
         gate = GateVerdict.from_dict(evidence["gate"])
         board = self.board_url()
@@ -602,6 +678,22 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
                                                                 board_url=board)]
         return super().execute(context)
 
+    def _end_dry_run(self, context: Any, evidence: dict[str, Any]) -> None:
+        """A dry run asks nobody: record how far it got (``dry_run_complete``), publish the report, and skip
+        the approval, and so the cut-over and its asset."""
+        from promshift.migration import DRY_RUN_COMPLETE
+
+        migration = self.migration(context)
+        gate = evidence.get("gate") or {}
+        migration.record(DRY_RUN_COMPLETE, _now(), {
+            "dry_run": True, "gate": gate.get("verdict"), "gate_reason": gate.get("reason"),
+            "parity": (evidence.get("parity") or {}).get("verdict"),
+            "latency": (evidence.get("latency") or {}).get("verdict"), "stage": migration.stage().value,
+            "run_params": migration.run_params.to_dict(),
+            "would": "ask the approvers, then cut over"})
+        publish_report(self, context, migration)
+        raise AirflowSkipException(f"dry run: gate {gate.get('verdict')}; no approval asked, nothing cut over")
+
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         migration = self.migration(context)
         responder = event.get("responded_by_user") or {}
@@ -615,7 +707,7 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
                 "map_index": getattr(context["ti"], "map_index", -1), "responder_id": field("id"),
                 "responded_at": _iso(event.get("responded_at"))}
         if "error" in event:
-            migration.record_approval(decision="timeout", by="nobody", comment=str(event.get("error")),
+            self._answer(migration, decision="timeout", by="nobody", comment=str(event.get("error")),
                                       now=_now(), hitl=hitl)
             raise AirflowFailException(f"approval not given: {event.get('error_type')}")
 
@@ -633,16 +725,16 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         # triggering_user_name is the user's *name*; HITL records the *id* (equal only under the
         # Simple auth manager), so the responder matches on either.
         if choice == self.APPROVE and triggered_by and triggered_by in {field("id"), field("name")}:
-            migration.record_approval(decision="refused_four_eyes", by=by, comment=comment, now=_now(), hitl=hitl,
+            self._answer(migration, decision="refused_four_eyes", by=by, comment=comment, now=_now(), hitl=hitl,
                                       **bound)
             raise AirflowFailException(f"{by} triggered this run and cannot also approve it (four-eyes rule)")
         if choice == self.APPROVE and shown != current:
-            migration.record_approval(decision="refused_evidence_changed", by=by, comment=comment, now=_now(),
+            self._answer(migration, decision="refused_evidence_changed", by=by, comment=comment, now=_now(),
                                       hitl=hitl, **bound)
             raise AirflowFailException(
                 f"{by} approved evidence sha256 {shown or '(none recorded)'}, but the evidence is now {current}: "
                 "it changed after it was shown, so the approval is refused")
-        migration.record_approval(decision=choice, by=by, comment=comment, now=_now(), hitl=hitl, **bound)
+        self._answer(migration, decision=choice, by=by, comment=comment, now=_now(), hitl=hitl, **bound)
         if choice != self.APPROVE:
             raise AirflowFailException(f"rejected by {by}: {comment or 'no comment'}")
         self.log.info("approved by %s", by)
@@ -650,9 +742,11 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
 
 class CutoverOperator(GroupStepOperator):
-    """Route the group's reads to the target."""
+    """Route the group's reads to the target; emits the group's ``cut_over`` asset (its ``outlets``)."""
 
     def execute(self, context: Any) -> dict[str, Any]:
+        if self.run_params(context).dry_run:  # never reached (the approval skips first); a skip emits no asset
+            raise AirflowSkipException("dry run: no cut-over")
         return self.migration(context).cutover(_now())
 
 
@@ -680,6 +774,11 @@ class RollbackOperator(GroupStepOperator):
 
         migration = self.migration(context)
         reason = migration.failure_reason()
+        if migration.dry_run:  # nothing was deployed: restore nothing, route nothing, tell nobody
+            result = migration.record_dry_run("rollback", _now(), would="restore the snapshot and route reads "
+                                              "to the source", reason=reason, performed=False)
+            publish_report(self, context, migration)
+            return result
         snap = context["ti"].xcom_pull(task_ids="snapshot")
         if snap and self.deploy_kind != REMOTE_WRITE:
             return self._restore_scraper(context, snap, reason)
@@ -727,3 +826,168 @@ class RollbackOperator(GroupStepOperator):
         if not evidence["restored_identical"]:
             raise AirflowFailException("rollback did not restore the group's scraper as snapshotted")
         return evidence
+
+
+# --------------------------------------------------------------------------- after cut-over: the bake watch
+
+
+class BakeCheckOperator(GroupStepOperator):
+    """One bake check of a cut-over group (``lifecycle.GroupLifecycle``); skips a group not cut over or baking.
+
+    A failed check has already returned the group's reads to the source (``rolled_back_reads``) when this
+    task fails; the owners are told (``bake_failed``).
+    """
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.core.stages import BAKE_WATCHED
+        from promshift.lifecycle import GroupLifecycle, RestoreReadsFailed
+
+        migration = self.migration(context)
+        stage = migration.stage()
+        if stage not in BAKE_WATCHED:
+            raise AirflowSkipException(f"group {self.group_name!r} is {stage.value}: the bake watch checks only "
+                                       f"{', '.join(sorted(s.value for s in BAKE_WATCHED))}")
+        lifecycle = GroupLifecycle(migration, deploy_kind=self.deploy_kind)
+        try:
+            out = lifecycle.bake_check(_now())
+        except RestoreReadsFailed as exc:
+            self.tell_owners(context, "bake_failed", check="restore_reads", reason=str(exc))
+            raise AirflowFailException(str(exc)) from None
+        self.log.info("bake check of %s: %s (%s)", self.group_name, out["outcome"],
+                      (out.get("check") or {}).get("reason"))
+        if out["outcome"] == "rolled_back_reads":
+            check = out.get("check") or {}
+            failed = [m["name"] for m in check.get("measurements", []) if m["verdict"] in ("FAILED", "ERROR")]
+            self.tell_owners(context, "bake_failed", check=", ".join(failed) or "bake", reason=out["reason"])
+            raise AirflowFailException(f"{out['reason']}; reads returned to the source, dual-write stays on")
+        return out
+
+
+class BakedAssetOperator(BaseOperator):
+    """Emits the group's ``baked`` asset (its ``outlets``) when the check before it baked the group; else skips
+    (a skipped task emits nothing)."""
+
+    ui_color = "#e6f4ea"
+
+    def __init__(self, *, check_task_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.check_task_id = check_task_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        out = context["ti"].xcom_pull(task_ids=self.check_task_id) or {}
+        if out.get("outcome") != "baked":
+            raise AirflowSkipException(f"not baked yet ({out.get('outcome') or 'no check'})")
+        return {"baked": True, "clean_since": out.get("clean_since")}
+
+
+# --------------------------------------------------------------------------- decommission (second approval)
+
+
+def _decommission(step: GroupStepOperator, context: Any) -> Any:
+    from promshift.lifecycle import Decommission
+
+    return Decommission(step.migration(context), deploy_kind=step.deploy_kind)
+
+
+class DecommissionPrepareOperator(GroupStepOperator):
+    """Refuse what may not be decommissioned (recorded); else measure what the drop frees and gather the bake
+    evidence the second approver is shown."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.lifecycle import BAKED, DECOMMISSION_REFUSED
+
+        d = _decommission(self, context)
+        m = d.migration
+        why = d.refusal()
+        if why is not None:
+            m.record(DECOMMISSION_REFUSED, _now(), {"reason": why, "stage": m.stage().value})
+            raise AirflowFailException(why)
+        baked = [e for e in m.audit.events(group=self.group_name) if e.kind == BAKED]
+        bake = baked[-1].evidence_data if baked else {}
+        summary = {"at": baked[-1].at.isoformat() if baked else None, "checks": bake.get("checks"),
+                   "clean_since": bake.get("clean_since"), "period_s": bake.get("period_s"),
+                   "last_check": (bake.get("last_check") or {}).get("reason")}
+        return {"freed": d.measure(_now()), "bake": summary}
+
+
+class DecommissionApprovalOperator(MigrationApprovalOperator):
+    """The second approval: the bake evidence and what the drop frees; four eyes and the evidence hash as for the
+    cut-over; recorded as ``decommission_approved`` (no stage move: the drop moves it)."""
+
+    approval_prefix = "decommission_"
+
+    @staticmethod
+    def evidence(context: Any) -> dict[str, Any]:
+        return {"prepare": context["ti"].xcom_pull(task_ids="prepare") or {}}
+
+    def execute(self, context: Any) -> Any:
+        from promshift.core.evidence import evidence_sha256
+
+        evidence = self.evidence(context)
+        digest = evidence_sha256(evidence)
+        self.migration(context).record_evidence_shown(
+            evidence_sha256=digest, approvers=[u["id"] for u in self.assigned_users or ()], now=_now())
+        prepare = evidence["prepare"]
+        freed, bake = prepare.get("freed") or {}, prepare.get("bake") or {}
+        self.subject = f"Decommission metric group {self.group_name} on the source?"
+        self.body = (f"**{self.group_name}** baked at {bake.get('at')} after {bake.get('checks')} clean checks "
+                     f"(clean since {bake.get('clean_since')}, period {bake.get('period_s')}s; last: "
+                     f"{bake.get('last_check')}).\n\nThe source stops storing the group: "
+                     f"{freed.get('series')} series ({freed.get('series_by_job')}), "
+                     f"{freed.get('samples_per_s')} samples/s freed. The target (written by the managed collector) "
+                     f"becomes the only copy; undoing it leaves a gap in the source's history.\n\n"
+                     f"evidence sha256 `{digest}`")
+        return ApprovalOperator.execute(self, context)
+
+
+class DecommissionOperator(GroupStepOperator):
+    """Drop the group at scrape on the source, verified live; undone by itself if the target would not survive."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.lifecycle import DecommissionFailed, DecommissionRefused
+
+        approval = context["ti"].xcom_pull(task_ids="approval") or {}
+        try:
+            return _decommission(self, context).decommission(_now(), approval=approval)
+        except (DecommissionRefused, DecommissionFailed) as exc:
+            raise AirflowFailException(str(exc)) from None
+
+
+class RecommissionOperator(GroupStepOperator):
+    """Undo a decommission: remove the drop; reads stay on the target; the source's history gap is recorded."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.lifecycle import DecommissionRefused
+
+        reason = str((context.get("params") or {}).get("reason") or "manual recommission")
+        try:
+            return _decommission(self, context).recommission(_now(), reason=reason)
+        except DecommissionRefused as exc:
+            raise AirflowFailException(str(exc)) from None
+
+
+class FullRollbackOperator(GroupStepOperator):
+    """By hand, from a cut-over group (e.g. after ``rolled_back_reads``): reads back to the source and the group's
+    own remote_write entry removed by name (``lifecycle.full_rollback``); the owners are told."""
+
+    ui_color = "#fde8e8"
+    needs_target = False
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from promshift.deploy_path import REMOTE_WRITE
+        from promshift.lifecycle import DecommissionRefused, full_rollback
+
+        if self.deploy_kind != REMOTE_WRITE:
+            raise AirflowFailException(f"a full rollback by hand is wired for the remote_write path only, not "
+                                       f"{self.deploy_kind!r}: roll the group's {self.deploy_kind} back by hand")
+        reason = str((context.get("params") or {}).get("reason") or "") or "full rollback by hand"
+        migration = self.migration(context)
+        try:
+            result = full_rollback(migration, _now(), reason=reason)
+        except DecommissionRefused as exc:
+            raise AirflowFailException(str(exc)) from None
+        except Exception as exc:
+            self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
+            raise
+        self.tell_owners(context, "rolled_back", reason=reason, result={**result, "restored_identical": None})
+        return result

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from promshift.core.catalog.fields import (
+    _DEFAULTS_ONLY_FIELDS,
     _DEFAULTS_TOP_FIELDS,
     _GROUP_FIELDS,
     _TOP_LEVEL_KEYS,
@@ -52,6 +53,7 @@ from promshift.core.catalog.model import (
     NOTIFY_CHANNELS,
     PARITY_MODES,
     PROBE_ENCODINGS,
+    BakePolicy,
     Catalog,
     CatalogError,
     LatencyPolicy,
@@ -74,6 +76,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_DURATION_S",
     "MAX_SCALAR_CHARS",
+    "BakePolicy",
     "CatalogCheck",
     "GROUP_NAME_PATTERN",
     "LABEL_NAME_PATTERN",
@@ -172,7 +175,7 @@ def check_catalog(
     defaults = _parse_layer(
         document.get("defaults"),
         where="defaults",
-        top_fields={key: _GROUP_FIELDS[key] for key in _DEFAULTS_TOP_FIELDS},
+        top_fields={**{key: _GROUP_FIELDS[key] for key in _DEFAULTS_TOP_FIELDS}, **_DEFAULTS_ONLY_FIELDS},
         group_level=False,
         problems=problems,
     )

@@ -16,6 +16,7 @@ from promshift.core.catalog.model import (
     NOTIFY_CHANNELS,
     PARITY_MODES,
     PROBE_ENCODINGS,
+    BakePolicy,
     LatencyPolicy,
     LatencyWindow,
     NotifyPolicy,
@@ -498,6 +499,17 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
             "queries": _Field("queries", _unique_list(_promql_query, what="query", non_empty=True)),
         },
     ),
+    "bake": (
+        BakePolicy,
+        {
+            "interval": _Field("interval_s", _duration(positive=True)),
+            "period": _Field("period_s", _duration(positive=True)),
+            "max_staleness": _Field("max_staleness_s", _duration(positive=True)),
+            "max_lag": _Field("max_lag_s", _duration(positive=True)),
+            "series_tolerance": _Field("series_tolerance", _number(minimum=0, maximum=1)),
+            "parity_window": _Field("parity_window_s", _duration(positive=True)),
+        },
+    ),
     "notify": (
         NotifyPolicy,
         {
@@ -512,6 +524,11 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
 # profile would be wrong for every other group.
 _GROUP_ONLY_SECTION_KEYS = frozenset({("latency", "queries")})
 _DEFAULTS_TOP_FIELDS = ("host_label", "approval_timeout", "scrape_interval")
+# Fields only ``defaults:`` may set: they concern the whole rollout, not one group.
+_DEFAULTS_ONLY_FIELDS: dict[str, _Field] = {
+    # Waves held back: a group in a paused wave does not start (its validate step refuses, audited).
+    "paused_waves": _Field("paused_waves", _unique_list(_integer(minimum=1), what="wave", non_empty=False)),
+}
 _TOP_LEVEL_KEYS = ("version", "defaults", "profiles", "groups")
 
 

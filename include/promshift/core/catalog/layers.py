@@ -199,6 +199,11 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
             )
         )
 
+    bake = group.bake
+    if bake.interval_s > bake.period_s:
+        issues.append(("bake.interval", f"must be <= bake.period ({format_duration(bake.period_s)}), "
+                                        f"got {format_duration(bake.interval_s)}: the bake would never be checked"))
+
     renamed = {source for source, _ in group.parity.rename_labels}
     for label in group.parity.ignore_labels:
         if label in renamed:

@@ -133,6 +133,25 @@ class LatencyPolicy:
 
 
 @dataclass(frozen=True)
+class BakePolicy:
+    """How a cut-over group is watched before it may be decommissioned (the ``promshift__bake_watch`` DAG).
+
+    Every ``interval_s`` the group's target copy is checked: the newest sample is at most
+    ``max_staleness_s`` old, the source's remote-write lag for the group's queue is at most
+    ``max_lag_s``, the target holds the source's series count within ``series_tolerance`` (a ratio),
+    and a parity window of ``parity_window_s`` on the golden queries passes. After ``period_s`` of clean
+    checks the group is ``baked``; one failed check returns its reads to the source (``rolled_back_reads``).
+    """
+
+    interval_s: float = 900.0
+    period_s: float = 86400.0
+    max_staleness_s: float = 300.0
+    max_lag_s: float = 120.0
+    series_tolerance: float = 0.01
+    parity_window_s: float = 600.0
+
+
+@dataclass(frozen=True)
 class NotifyPolicy:
     """Where a group's notifications go (approval needed, rolled back): the channel and its address.
 
@@ -188,6 +207,13 @@ class MetricGroup:
     parity: ParityPolicy = ParityPolicy()
     latency: LatencyPolicy = LatencyPolicy()
     notify: NotifyPolicy = NotifyPolicy()
+    bake: BakePolicy = BakePolicy()
+    # Waves the catalog holds back (``defaults.paused_waves``): a group in one does not start.
+    paused_waves: tuple[int, ...] = ()
+
+    @property
+    def wave_paused(self) -> bool:
+        return self.wave in self.paused_waves
 
     def name_regex(self) -> str:
         """Return the RE2 regex for ``__name__`` in a ``write_relabel_configs`` keep rule.

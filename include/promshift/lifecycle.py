@@ -1,0 +1,380 @@
+"""After cut-over: the bake watch, and returning a group's reads to the source (the ``restore_reads`` hook).
+
+``GroupLifecycle`` works on one ``GroupMigration`` (its audit, routing and backends); every transition
+goes through ``GroupMigration.record``. The judgement is pure (``core.bake``); this module observes the
+backends and applies the outcome.
+
+Read-path restorers (the hook other adapters plug into): a ``ReadRestorer`` is a name and a callable
+``(migration, *, reason, now) -> evidence``; it must be idempotent (a retried task calls it again). The
+default list holds the routing entry alone (``restore_routing``); the rules and Grafana adapters add
+theirs with ``GroupLifecycle(..., read_restorers=[*DEFAULT_READ_RESTORERS, ("rules", restore_rules)])``.
+Dual-write is never touched here: it stays on, so a re-cut-over loses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from promshift.adapters.prometheus import PrometheusError
+from promshift.core.bake import BakeObservation, baked, clean_streak_start, judge
+from promshift.core.render import remote_write_name
+from promshift.core.stages import BAKE_WATCHED, Stage
+from promshift.core.verdicts import Verdict
+from promshift.core.warmup import parse_remote_write_lag
+from promshift.migration import GroupMigration, one_line
+
+log = logging.getLogger(__name__)
+
+BAKE_STARTED = "bake_started"
+BAKE_CHECK = "bake_check"
+BAKED = "baked"
+READS_ROLLED_BACK = "reads_rolled_back"
+RESTORE_READS_FAILED = "restore_reads_failed"
+DECOMMISSIONED = "decommissioned"
+DECOMMISSION_REFUSED = "decommission_refused"
+DECOMMISSION_FAILED = "decommission_failed"
+RECOMMISSIONED = "recommissioned"
+# Stages a decommission may start from: a clean bake, or a decommission that was undone.
+DECOMMISSIONABLE = frozenset({Stage.BAKED, Stage.RECOMMISSIONED})
+
+ReadRestorer = tuple[str, Callable[..., Mapping[str, Any]]]
+
+
+def restore_routing(migration: GroupMigration, *, reason: str, now: datetime) -> dict[str, Any]:
+    """The group's routing entry back to the source (one upsert on its own row); a no-op if it is there."""
+    group = migration.group.name
+    if migration.routing.read_from(group) == "source":
+        return {"routing": migration.routing.get(group), "changed": False}
+    route = migration.routing.route(group, read_from="source", url=migration.backends.source.base_url, at=now,
+                                    run_id=migration.run_id)
+    return {"routing": route, "changed": True}
+
+
+DEFAULT_READ_RESTORERS: tuple[ReadRestorer, ...] = (("routing", restore_routing),)
+
+
+class RestoreReadsFailed(RuntimeError):
+    """A read-path restorer failed; recorded as ``restore_reads_failed`` (no stage move)."""
+
+
+class DecommissionRefused(RuntimeError):
+    """The group may not be decommissioned now; recorded as ``decommission_refused``, nothing changed."""
+
+
+class DecommissionFailed(RuntimeError):
+    """The drop was applied but not proven safe, so it was undone (``decommission_failed``)."""
+
+
+class GroupLifecycle:
+    """The bake watch's work on one group (one check per call)."""
+
+    def __init__(self, migration: GroupMigration, *, deploy_kind: str = "remote_write",
+                 read_restorers: Sequence[ReadRestorer] = DEFAULT_READ_RESTORERS,
+                 parity_check: Callable[[float, float], tuple[Verdict, str]] | None = None) -> None:
+        self.migration = migration
+        self.deploy_kind = deploy_kind
+        self.read_restorers = tuple(read_restorers)
+        # (window start, now) -> (verdict, reason); default: ParityCheck over the short window.
+        self._parity = parity_check or self._short_parity
+
+    @property
+    def group(self) -> Any:
+        return self.migration.group
+
+    # -- observing ---------------------------------------------------------------------------
+    def observe(self, now: datetime) -> BakeObservation:
+        """One look at both sides: freshness and series on the target, lag on the source, a short parity window."""
+        b, selector, errors = self.migration.backends, self.group.selector(), []
+        values: dict[str, Any] = {}
+
+        def attempt(name: str, read: Callable[[], Any]) -> None:
+            try:
+                values[name] = read()
+            except (PrometheusError, ValueError, KeyError, TypeError) as exc:
+                errors.append((name, one_line(exc)))
+
+        at = now.timestamp()
+        attempt("age", lambda: b.target.scalar(f"time() - max(timestamp({selector}))", at=at))
+        attempt("source_series", lambda: b.source.scalar(f"count({selector})", at=at))
+        attempt("target_series", lambda: b.target.scalar(f"count({selector})", at=at))
+        queue = self.deploy_kind == "remote_write"
+        if queue:
+            attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(),
+                                                          remote_write_name(self.group.name)))
+        since = self.migration.existing_dual_write_since()
+        window_start = at - self.group.parity.skip_recent_s - self.group.bake.parity_window_s
+        if since is not None:
+            window_start = max(window_start, since)
+        attempt("parity", lambda: self._parity(window_start, at))
+        lag, failed = values.get("lag") or (None, None)
+        parity = values.get("parity")
+        return BakeObservation(
+            target_newest_age_s=values.get("age"), lag_s=lag, failed_samples=failed,
+            source_series=None if values.get("source_series") is None else int(values["source_series"]),
+            target_series=None if values.get("target_series") is None else int(values["target_series"]),
+            parity=parity[0] if parity else None, parity_reason=parity[1] if parity else "",
+            queue_expected=queue, errors=tuple(errors))
+
+    def _short_parity(self, window_start: float, now: float) -> tuple[Verdict, str]:
+        from promshift.adapters.parity_check import ParityCheck
+        from promshift.deploy_path import group_for_deploy
+
+        b = self.migration.backends
+        result = ParityCheck(group_for_deploy(self.group, self.deploy_kind), b.source, b.target,
+                             catalog_dir=self.migration.catalog_dir).run(dual_write_since=window_start, now=now)
+        bad = [f"{m.name}: {m.reason}" for m in result.not_passed()]
+        return result.verdict, "; ".join(bad[:3]) or f"{result.points_compared} points compared"
+
+    # -- the check ---------------------------------------------------------------------------
+    def bake_check(self, now: datetime, observation: BakeObservation | None = None) -> dict[str, Any]:
+        """Check the group once and apply the outcome: ``baking``, ``baked`` or ``rolled_back_reads``.
+
+        A cut-over group starts baking here (``bake_started``). A failed check returns its reads to the
+        source at once (``restore_reads``). A retry after a restore that failed restores again without
+        checking again (a clean check must not leave reads on the source while the stage says baking).
+        """
+        m = self.migration
+        stage = m.stage()
+        if stage not in BAKE_WATCHED:
+            return {"outcome": "not_watched", "stage": stage.value}
+        mine = m.audit.events(group=self.group.name, run_id=m.run_id)
+        if mine and mine[-1].kind == RESTORE_READS_FAILED:
+            restored = self.restore_reads(reason=str(mine[-1].evidence_data.get("reason")), now=now)
+            return {"outcome": "rolled_back_reads", "reason": restored["reason"], "restored": restored}
+        policy = self.group.bake
+        if stage == Stage.CUT_OVER:
+            m.record(BAKE_STARTED, now, {"policy": dataclasses.asdict(policy)}, to=Stage.BAKING)
+        obs = observation if observation is not None else self.observe(now)
+        result = judge(obs, policy)
+        evidence = {**result.to_dict(), "observation": _observation_dict(obs)}
+        m.record(BAKE_CHECK, now, evidence)
+        if result.failed:
+            restored = self.restore_reads(reason=f"bake check {result.verdict.value}: {result.reason()}", now=now)
+            return {"outcome": "rolled_back_reads", "check": evidence, "reason": restored["reason"],
+                    "restored": restored}
+        checks = self.checks_since_bake_started()
+        if baked(checks, policy, now=now.timestamp()):
+            streak = clean_streak_start(checks, interval_s=policy.interval_s)
+            m.record(BAKED, now, {"checks": len(checks), "clean_since": streak, "period_s": policy.period_s,
+                                  "last_check": evidence}, to=Stage.BAKED)
+            return {"outcome": "baked", "check": evidence, "clean_since": streak}
+        return {"outcome": "baking", "check": evidence, "checks": len(checks),
+                "clean_since": clean_streak_start(checks, interval_s=policy.interval_s)}
+
+    def checks_since_bake_started(self) -> list[tuple[float, Verdict]]:
+        """(time, verdict) of every bake check since the group last entered ``baking``, oldest first."""
+        events = self.migration.audit.events(group=self.group.name)
+        starts = [i for i, e in enumerate(events) if e.stage_to == Stage.BAKING.value]
+        since = starts[-1] if starts else len(events)
+        return [(e.at.timestamp(), Verdict(e.evidence_data["verdict"])) for e in events[since:]
+                if e.kind == BAKE_CHECK]
+
+    def restore_reads(self, *, reason: str, now: datetime) -> dict[str, Any]:
+        """Every read-path restorer (routing first; rules and dashboards when their adapters plug in), then
+        ``rolled_back_reads``. Dual-write stays on. Any restorer failing: ``restore_reads_failed``, raised."""
+        m = self.migration
+        evidence: dict[str, Any] = {"reason": reason, "restored": {}, "dual_write": "kept on"}
+        errors: dict[str, str] = {}
+        for name, restorer in self.read_restorers:
+            try:
+                evidence["restored"][name] = dict(restorer(m, reason=reason, now=now))
+            except Exception as exc:  # noqa: BLE001 - every restorer runs; the failure is recorded and raised
+                errors[name] = f"{type(exc).__name__}: {one_line(exc)}"
+        if errors:
+            m.record(RESTORE_READS_FAILED, now, {**evidence, "errors": errors})
+            raise RestoreReadsFailed(f"restoring reads of {self.group.name!r} failed: "
+                                     + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+        m.record(READS_ROLLED_BACK, now, evidence, to=Stage.ROLLED_BACK_READS)
+        return evidence
+
+
+def _observation_dict(obs: BakeObservation) -> dict[str, Any]:
+    data = dataclasses.asdict(obs)
+    data["parity"] = obs.parity.value if obs.parity is not None else None
+    data["errors"] = dict(obs.errors)
+    return data
+
+
+# -- decommission (after the second approval) -------------------------------------------------------
+
+
+class Decommission:
+    """Drop the group's series on the source at scrape time (``core.scrape_drop``), or undo that.
+
+    Only safe when the target has a writer of its own (the managed collector, ``deploy_kind`` ``scraper``):
+    on the remote_write path the source is the target's only writer, and a scrape-time drop would stop the
+    target's copy too. That path is refused before anything changes. After the drop is live, two proofs
+    are awaited (``verify_s`` at most): the source stops returning the group's series, and the target keeps
+    receiving new samples of it; the second failing undoes the drop (snapshot restored byte for byte).
+    """
+
+    def __init__(self, migration: GroupMigration, *, deploy_kind: str, verify_s: float | None = None,
+                 poll_s: float = 5.0, sleep: Callable[[float], None] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.migration = migration
+        self.deploy_kind = deploy_kind
+        group = migration.group
+        # Two scrapes for the staleness markers, plus the collector's lag.
+        self.verify_s = verify_s if verify_s is not None else 2 * group.scrape_interval_s + group.bake.max_lag_s
+        self.poll_s = poll_s
+        self.sleep = sleep or time.sleep
+        self.clock = clock or time.time
+
+    def refusal(self) -> str | None:
+        m = self.migration
+        stage = m.stage()
+        if stage not in DECOMMISSIONABLE:
+            return (f"group {m.group.name!r} is {stage.value}; a decommission starts only from "
+                    f"{', '.join(sorted(s.value for s in DECOMMISSIONABLE))} (after a clean bake)")
+        if self.deploy_kind != "scraper":
+            return (f"group {m.group.name!r} reaches the target through the source's remote_write: the source is "
+                    "the target's only writer, so dropping the group at scrape would stop the target's copy too; "
+                    "decommission needs an independent writer (the managed collector, deploy 'scraper')")
+        return None
+
+    def measure(self, now: datetime) -> dict[str, Any]:
+        """What the drop will free on the source: the group's series per job and the samples/s they add."""
+        from promshift.migration import scrape_interval_s
+
+        src, selector = self.migration.backends.source, self.migration.group.selector()
+        by_job = {series.labels.get("job", ""): int(series.points[0][1])
+                  for series in src.query(f"count by (job) ({selector})", at=now.timestamp()).series if series.points}
+        interval = scrape_interval_s(src.config_text())
+        total = sum(by_job.values())
+        appended = src.scalar("sum(rate(prometheus_tsdb_head_samples_appended_total[5m]))", at=now.timestamp())
+        return {"series": total, "series_by_job": by_job, "scrape_interval_s": interval,
+                "samples_per_s": total / interval if interval else None,
+                "source_samples_appended_per_s": appended}
+
+    def decommission(self, now: datetime, *, approval: Mapping[str, Any]) -> dict[str, Any]:
+        from promshift.adapters.snapshot_store import snapshot_key
+        from promshift.core.render import remote_write_names, sha256_bytes
+        from promshift.core.scrape_drop import add_scrape_drop, drop_is_loaded, drop_rule
+
+        m = self.migration
+        why = self.refusal()
+        if why is not None:
+            m.record(DECOMMISSION_REFUSED, now, {"reason": why, "stage": m.stage().value, "approval": dict(approval)})
+            raise DecommissionRefused(why)
+        freed = self.measure(now)
+        jobs = sorted(job for job in freed["series_by_job"] if job)
+        if not jobs:
+            why = f"the source has no series of {m.group.name!r} in any scrape job: nothing to decommission"
+            m.record(DECOMMISSION_REFUSED, now, {"reason": why, "measured": freed})
+            raise DecommissionRefused(why)
+        rule = drop_rule(m.group.name_regex())
+        deployer = m.deployer
+        snap = deployer.snapshot()
+        ref = m.snapshot_blobs.put(snapshot_key(m.group.name, m.run_id, "decommission.yml"), snap.data,
+                                   mode=(snap.mode if snap.mode is not None else 0o600) & 0o644)
+        new_data = snap.data
+        for job in jobs:
+            new_data = add_scrape_drop(new_data, job, rule)
+        live = set(remote_write_names(m.backends.source.config_text()))
+        deployer.deploy(new_data, snapshot=snap, expect_remote_writes=live)
+        loaded = m.backends.source.config_text()
+        evidence: dict[str, Any] = {
+            "jobs": jobs, "rule": rule, "freed": freed, "snapshot_path": ref, "config_before_sha256": snap.sha256,
+            "config_after_sha256": sha256_bytes(new_data), "approval": dict(approval),
+            "loaded": all(drop_is_loaded(loaded, job, rule) for job in jobs), "dual_write": "managed collector"}
+        stopped, flowing = self._verify(after=now.timestamp())
+        evidence.update(source_stopped=stopped, target_still_receiving=flowing)
+        if not (evidence["loaded"] and stopped and flowing):
+            restored = deployer.restore(snap)
+            evidence["undone"] = {"restored_identical": restored}
+            m.record(DECOMMISSION_FAILED, now, evidence)
+            raise DecommissionFailed(
+                f"decommission of {m.group.name!r} not proven safe (drop loaded: {evidence['loaded']}, source "
+                f"stopped: {stopped}, target still receiving: {flowing}); the source config was restored")
+        m.record(DECOMMISSIONED, now, evidence, to=Stage.DECOMMISSIONED)
+        return evidence
+
+    def _verify(self, *, after: float) -> tuple[bool, bool]:
+        """(the source returns no fresh series of the group, the target has a sample newer than ``after``)."""
+        m, selector = self.migration, self.migration.group.selector()
+        deadline = self.clock() + self.verify_s
+        stopped = flowing = False
+        while True:
+            try:
+                stopped = stopped or not (m.backends.source.scalar(f"count({selector})") or 0)
+                newest = m.backends.target.scalar(f"max(timestamp({selector}))")
+                flowing = flowing or (newest is not None and newest > after)
+            except PrometheusError as exc:
+                log.warning("decommission verify: %s", exc)
+            if (stopped and flowing) or self.clock() >= deadline:
+                return stopped, flowing
+            self.sleep(self.poll_s)
+
+    def recommission(self, now: datetime, *, reason: str) -> dict[str, Any]:
+        """Undo the decommission: remove the drop (the source scrapes and stores the group again); reads stay
+        on the target. The source never stored the group's samples between the decommission and now."""
+        from promshift.core.render import remote_write_names, sha256_bytes
+        from promshift.core.scrape_drop import remove_scrape_drop
+
+        m = self.migration
+        if m.stage() != Stage.DECOMMISSIONED:
+            raise DecommissionRefused(f"group {m.group.name!r} is {m.stage().value}, not decommissioned")
+        done = [e for e in m.audit.events(group=m.group.name) if e.kind == DECOMMISSIONED][-1]
+        rule, jobs = done.evidence_data["rule"], done.evidence_data["jobs"]
+        deployer = m.deployer
+        snap = deployer.snapshot()
+        new_data = snap.data
+        for job in jobs:
+            new_data = remove_scrape_drop(new_data, job, rule)
+        if new_data != snap.data:
+            live = set(remote_write_names(m.backends.source.config_text()))
+            deployer.deploy(new_data, snapshot=snap, expect_remote_writes=live)
+        evidence = {"reason": reason, "jobs": jobs, "rule": rule, "config_sha256": sha256_bytes(new_data),
+                    "identical_to_before_decommission": sha256_bytes(new_data) ==
+                    done.evidence_data["config_before_sha256"],
+                    "read_from": m.routing.read_from(m.group.name),
+                    "source_history_gap": {"from": done.at.isoformat(), "to": now.isoformat(),
+                                           "note": "the source never stored the group's samples in this span; "
+                                                   "the target holds them"}}
+        m.record(RECOMMISSIONED, now, evidence, to=Stage.RECOMMISSIONED)
+        return evidence
+
+
+# -- leaving the lifecycle: the full rollback of a group that was cut over ------------------------------
+
+# Where a full rollback by hand may start: a cut-over group in any stage that still dual-writes to it.
+FULL_ROLLBACK_FROM = frozenset({Stage.CUT_OVER, Stage.BAKING, Stage.BAKED, Stage.ROLLED_BACK_READS,
+                                Stage.RECOMMISSIONED})
+
+
+def full_rollback(migration: GroupMigration, now: datetime, *, reason: str,
+                  read_restorers: Sequence[ReadRestorer] = DEFAULT_READ_RESTORERS) -> dict[str, Any]:
+    """Take a cut-over group all the way back (``rolled_back``): reads to the source (every restorer), then its
+    own remote_write entry removed by name, promtool-checked, reloaded and verified gone.
+
+    By name, not by restoring the run's snapshot: other groups may have added their own entries since, and
+    a snapshot from before them would remove theirs too. Idempotent: an entry already gone is not redeployed.
+    """
+    from promshift.core.render import remote_write_names, remove_remote_write, sha256_bytes
+
+    stage = migration.stage()
+    if stage not in FULL_ROLLBACK_FROM:
+        raise DecommissionRefused(f"group {migration.group.name!r} is {stage.value}; a full rollback by hand starts "
+                                  f"only from {', '.join(sorted(s.value for s in FULL_ROLLBACK_FROM))}")
+    restored: dict[str, Any] = {}
+    for name, restorer in read_restorers:
+        restored[name] = dict(restorer(migration, reason=reason, now=now))
+    entry = remote_write_name(migration.group.name)
+    deployer = migration.deployer
+    snap = deployer.snapshot()
+    new_data = remove_remote_write(snap.data, entry)
+    live = set(remote_write_names(migration.backends.source.config_text()))
+    if new_data != snap.data or entry in live:
+        deployer.deploy(new_data, snapshot=snap, expect_remote_writes=live - {entry}, expect_absent={entry})
+    evidence = {"performed": True, "method": "removed_entry", "reason": reason, "remote_write": entry,
+                "config_before_sha256": snap.sha256, "config_after_sha256": sha256_bytes(new_data),
+                "remote_write_still_live": entry in remote_write_names(migration.backends.source.config_text()),
+                "restored": restored, "from_stage": stage.value}
+    migration.record("rolled_back", now, evidence, to=Stage.ROLLED_BACK)
+    return evidence
