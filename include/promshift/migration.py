@@ -66,7 +66,27 @@ def steps_of(events: Sequence[AuditEvent]) -> list[AuditEvent]:
 
 
 class GroupNotStartable(RuntimeError):
-    """The group is already past the point where a new run can start (cut over, say)."""
+    """The group is already past the point where a new run can start (cut over, say), or another run holds it."""
+
+
+# A run holds its group from its ``validated`` event until it records one of these (its end: refused at
+# validate, rolled back, nothing to roll back, or complete). A ``rollback_failed`` run keeps holding it:
+# the source is in a state nobody verified, so a new run must not start over it.
+RELEASES_GROUP = ("validation_failed", "rolled_back", "rollback_not_needed", "run_complete")
+
+
+def holding_runs(events: Sequence[AuditEvent], *, before_seq: int | None = None) -> list[AuditEvent]:
+    """The ``validated`` events of runs that still hold the group (one per run, oldest first).
+
+    ``before_seq``: only claims made before that sequence number (the claims that win over it).
+    """
+    claims: dict[str, AuditEvent] = {}
+    for ev in events:
+        if ev.kind == "validated" and (before_seq is None or ev.seq < before_seq):
+            claims.setdefault(ev.run_id, ev)
+        elif ev.kind in RELEASES_GROUP:
+            claims.pop(ev.run_id, None)
+    return sorted(claims.values(), key=lambda e: e.seq)
 
 
 class SnapshotError(RuntimeError):
@@ -178,10 +198,28 @@ class GroupMigration:
             raise GroupNotStartable(f"group {self.group.name!r} is {stage.value}; a new migration run "
                                     f"starts only from {sorted(s.value for s in STARTABLE)}")
         try:
-            return self._validate(stage, now)
+            self._refuse_if_held()
+            evidence = self._validate(stage, now)
+            # Two runs that validated at once: the chain orders their claims, and the earlier one wins.
+            self._refuse_if_held(before_seq=self._my_claim_seq())
+            return evidence
         except Exception as exc:
             self.record_validation_failed(exc, now)
             raise
+
+    def _my_claim_seq(self) -> int | None:
+        mine = [e.seq for e in self.audit.events(group=self.group.name, run_id=self.run_id) if e.kind == "validated"]
+        return mine[-1] if mine else None
+
+    def _refuse_if_held(self, *, before_seq: int | None = None) -> None:
+        """Refuse (``GroupNotStartable``) while another run holds the group (see ``holding_runs``)."""
+        others = [e for e in holding_runs(self.audit.events(group=self.group.name), before_seq=before_seq)
+                  if e.run_id != self.run_id]
+        if others:
+            held = others[0]
+            raise GroupNotStartable(f"group {self.group.name!r} is held by run {held.run_id!r} (validated "
+                                    f"{held.at.isoformat()}, audit seq {held.seq}); a second run starts only "
+                                    "after that run completes or rolls back")
 
     def _validate(self, stage: Stage, now: datetime) -> dict[str, Any]:
         problems = []
@@ -262,7 +300,14 @@ class GroupMigration:
             result = FileDeployOutcome(before_sha256=snap.sha256, after_sha256=sha256_bytes(new_data),
                                   live_remote_writes=self._verify_live(entry["name"]))
         else:
-            result = deployer.deploy(new_data, snapshot=snap, expect_remote_writes={entry["name"]})
+            try:
+                result = deployer.deploy(new_data, snapshot=snap, expect_remote_writes={entry["name"]})
+            except DeployError as exc:
+                # Not deployed (the deployer put the snapshot back): say so in the audit, with the reason.
+                self.record("deploy_failed", now, {"reason": redact_text(str(exc)), "remote_write": entry["name"],
+                                                   "config_sha256": sha256_bytes(deployer.real_path.read_bytes()),
+                                                   "snapshot_sha256": snap.sha256})
+                raise
         evidence = {"remote_write": entry["name"], "keep_regex": self.group.name_regex(),
                     "url": self.backends.target_remote_write_url, "config_before_sha256": result.before_sha256,
                     "config_after_sha256": result.after_sha256,
@@ -272,8 +317,24 @@ class GroupMigration:
             evidence["sigv4"] = entry["sigv4"]
         if resumed:
             evidence["resumed"] = "the config already held this entry from an earlier attempt; verified live"
-        self.record("dual_write_deployed", now, evidence, to=Stage.DUAL_WRITING)
+        try:
+            self.record("dual_write_deployed", now, evidence, to=Stage.DUAL_WRITING)
+        except Exception:
+            # Nothing stays deployed without its audit event: unless the event is known to be in the log
+            # (committed, then the connection dropped), the snapshot goes back before the error is raised.
+            self._undeploy_unrecorded(deployer, snap, entry["name"])
+            raise
         return redact(evidence)
+
+    def _undeploy_unrecorded(self, deployer: FileConfigDeployer, snap: ConfigSnapshot, name: str) -> None:
+        try:
+            if self.recorded("dual_write_deployed", Stage.DUAL_WRITING) is not None:
+                return
+        except Exception as exc:  # noqa: BLE001 - the audit database is what failed: it cannot say
+            log.warning("cannot tell whether dual_write_deployed was recorded (%s); assuming it was not", exc)
+        log.error("the dual_write_deployed audit event was not recorded; restoring %s without remote_write %s",
+                  deployer.config_path, name)
+        deployer.restore(snap)
 
     def _verify_live(self, name: str) -> tuple[str, ...]:
         """The source's loaded remote_write names, which must include ``name``; reloads once if it is missing
@@ -471,7 +532,16 @@ class GroupMigration:
                 log.warning("%s; removing remote_write %s by name instead", exc, name)
                 snap = None
                 evidence.update(method="removed_entry", snapshot_error=str(exc))
-            identical = self.deployer.restore(snap) if snap else self._remove_own_entry(snapshot_info)
+            if snap is not None and (kept := self._changes_since(snap, name)) is not None:
+                # Another writer's change since the snapshot (another group's entry, deployed after ours):
+                # writing the snapshot back would drop it. Remove only ours; the file is the snapshot plus theirs.
+                log.warning("%s changed since the snapshot beyond remote_write %s; removing only that entry",
+                            self.deployer.config_path, name)
+                evidence.update(method="removed_entry", kept_changes_since_snapshot=kept)
+                self._remove_own_entry(snapshot_info)
+                identical = False
+            else:
+                identical = self.deployer.restore(snap) if snap else self._remove_own_entry(snapshot_info)
         except Exception as exc:
             self.record("rollback_failed", now, {**evidence, "performed": False, "restored_identical": False,
                                                  "error": f"{type(exc).__name__}: {exc}"})
@@ -496,6 +566,15 @@ class GroupMigration:
         if routing_error is not None:
             raise routing_error
         return redact(evidence)
+
+    def _changes_since(self, snap: ConfigSnapshot, name: str) -> list[str] | None:
+        """None when the file is the snapshot, with or without our entry (restoring the snapshot undoes only
+        us); else the remote_write names added since the snapshot other than ours (possibly none: a hand edit)."""
+        current = self.deployer.real_path.read_bytes()
+        if current == snap.data or remove_remote_write(current, name) == snap.data:
+            return None
+        before = set(remote_write_names(snap.data))
+        return [n for n in remote_write_names(current) if n != name and n not in before]
 
     def _still_rolled_back(self, snapshot_info: Mapping[str, Any]) -> dict[str, Any] | None:
         """What a repeated rollback finds when the group's entry is gone from both the file and the loaded
