@@ -143,6 +143,7 @@ class FaultEnv:
             self._saved[key] = os.environ.get(key)
             os.environ[key] = value
         (self.work / "home").mkdir(exist_ok=True)
+        self.baseline = self.config_bytes()
         self.wait_history(MIN_LOSS_WINDOW_S + 2)
 
     def wait_history(self, seconds: float) -> None:
@@ -256,7 +257,15 @@ class FaultEnv:
             parts[metric] = sample_loss(stored, window_s=window_s, interval_s=self.interval_s,
                                         expected_series=expected.get(metric, ())).to_dict()
         lost = sum(p["lost_total"] for p in parts.values())
-        return {"window_s": window_s, "interval_s": self.interval_s, "lost_total": lost,
+        # Where any loss happened: gaps over 1.5 intervals between a fleet target's stored ``up`` samples.
+        raw = client.query(f'up{{job="{SCRAPE_JOB}"}}[{window_ms}ms]', at=end)
+        gaps = []
+        for series in raw.series:
+            stamps = [t for t, _ in series.points]
+            gaps += [{"instance": series.labels.get("instance"), "after_s": round(a - start, 1),
+                      "gap_s": round(b - a, 1)} for a, b in zip(stamps, stamps[1:], strict=False)
+                     if b - a > 1.5 * self.interval_s]
+        return {"window_s": window_s, "interval_s": self.interval_s, "lost_total": lost, "up_gaps": gaps,
                 "expected_per_series": parts["up"]["expected_per_series"],
                 "series": sum(p["series"] for p in parts.values()),
                 "shortfall_total": sum(p["shortfall_total"] for p in parts.values()),
@@ -1086,7 +1095,7 @@ def fault_source_restart(env: FaultEnv) -> FaultResult:
     entry = remote_write_name(GROUP)
     down_at = time.time()
     env.stop(SOURCE)
-    time.sleep(3.0)
+    time.sleep(6.0)
     env.restart_missing()
     up_at = time.time()
     loaded_after = entry in env.loaded_entries()
