@@ -259,12 +259,13 @@ class FaultEnv:
         lost = sum(p["lost_total"] for p in parts.values())
         # Where any loss happened: gaps over 1.5 intervals between a fleet target's stored ``up`` samples.
         raw = client.query(f'up{{job="{SCRAPE_JOB}"}}[{window_ms}ms]', at=end)
+        # The window's edges count as samples' neighbours: a gap running into either edge is found too.
         gaps = []
         for series in raw.series:
-            stamps = [t for t, _ in series.points]
+            stamps = [start, *(t for t, _ in series.points), end]
             gaps += [{"instance": series.labels.get("instance"), "after_s": round(a - start, 1),
-                      "gap_s": round(b - a, 1)} for a, b in zip(stamps, stamps[1:], strict=False)
-                     if b - a > 1.5 * self.interval_s]
+                      "gap_s": round(b - a, 1), "missing": round((b - a) / self.interval_s) - 1}
+                     for a, b in zip(stamps, stamps[1:], strict=False) if b - a > 1.5 * self.interval_s]
         return {"window_s": window_s, "interval_s": self.interval_s, "lost_total": lost, "up_gaps": gaps,
                 "expected_per_series": parts["up"]["expected_per_series"],
                 "series": sum(p["series"] for p in parts.values()),
@@ -1111,18 +1112,23 @@ def fault_source_restart(env: FaultEnv) -> FaultResult:
         time.sleep(1.0)
     rolled = rollback(m, snap)
     downtime = up_at - down_at
-    window = (down_at - 5.0, up_at + 5.0)
-    f.details.update(downtime_s=round(downtime, 1), entry_loaded_after_restart=loaded_after,
+    window = (down_at - 5.0, max(up_at, resumed_at or up_at) + 5.0)
+    f.details.update(process_down_s=round(downtime, 1), entry_loaded_after_restart=loaded_after,
                      target_newest_sample_after_restart=resumed_at, rollback=rolled)
-    result = f.finish(outcome=f"source down {downtime:.1f}s (SIGTERM, restarted); entry loaded after restart: "
-                              f"{loaded_after}; dual-write resumed: {resumed_at is not None}; rollback "
+    result = f.finish(outcome=f"source process down {downtime:.1f}s (SIGTERM, restarted); entry loaded after "
+                              f"restart: {loaded_after}; dual-write resumed: {resumed_at is not None}; rollback "
                               f"restored_identical={rolled['restored_identical']}",
                       notes="the stack's source process stopped and started again between deploy and rollback; "
-                            "samples lost are measured over the restart (5 s either side) and are the restart's "
-                            "own gap (the source does not scrape while it is down), not promshift's",
+                            "samples lost are measured over the restart (5 s before the stop to 5 s after the target "
+                            "had new samples) and are the restart's own gap, not promshift's: no scrapes while the "
+                            "process is down, and Prometheus starts scraping up to ~5 s after it is ready (its scrape "
+                            "manager applies targets on a 5 s tick), so the gap in `up` outlasts the process downtime",
                       audit=audit, must_have=("dual_write_deployed", "rolled_back"), loss_window=window,
                       extra_ok=loaded_after and resumed_at is not None and rolled["restored_identical"] is True)
-    result.details["expected_gap_per_series"] = int(downtime // env.interval_s)
+    gaps = result.details["samples"]["up_gaps"]
+    result.details["scrape_gap_s"] = max((g["gap_s"] for g in gaps), default=0.0)
+    result.details["missing_per_series_from_gaps"] = max((sum(g["missing"] for g in gaps if g["instance"] == i)
+                                                          for i in {g["instance"] for g in gaps}), default=0)
     return result
 
 

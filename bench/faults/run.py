@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated fault numbers")
     parser.add_argument("--out", type=Path, help="result file (default bench/results/faults.json for a full run)")
     parser.add_argument("--keep", action="store_true", help="keep the throwaway directory")
+    parser.add_argument("--default-flush-deadline", action="store_true",
+                        help="run Prometheus with its default --storage.remote.flush-deadline (1m) instead of "
+                             f"{matrix.FLUSH_DEADLINE}: a rollback while the target is down then waits on it")
     args = parser.parse_args(argv)
     only = {int(n) for n in args.only.split(",")} if args.only else None
     out = args.out or (None if only else REPO_ROOT / "bench" / "results" / "faults.json")
@@ -71,9 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     fleet_port, source_port, target_port = find_free_ports(3)
     config = StackConfig(home=work / "stack", nodes=4, fleet_port=fleet_port, source_port=source_port,
                          target_port=target_port, scrape_interval="2s",
-                         prometheus_bin=matrix.prometheus_wrapper(work / "bin"))
+                         prometheus_bin=matrix.PROMETHEUS_BIN if args.default_flush_deadline
+                         else matrix.prometheus_wrapper(work / "bin"))
+    flush = "1m (Prometheus' default)" if args.default_flush_deadline else matrix.FLUSH_DEADLINE
     meta["stack"] = {"nodes": config.nodes, "gpus_per_node": 8, "scrape_interval": config.scrape_interval,
-                     "remote_write_flush_deadline": matrix.FLUSH_DEADLINE, "groups": [matrix.GROUP, matrix.OTHER_GROUP]}
+                     "remote_write_flush_deadline": flush, "groups": [matrix.GROUP, matrix.OTHER_GROUP]}
     stack = LocalStack(config)
     results = []
     env = None
