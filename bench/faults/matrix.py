@@ -312,12 +312,15 @@ class Fault:
         verified = True
         routes = {}
         problems: list[str] = []
+        timeline = []
         for store in self.audits or [audit]:
             events += [e.kind for e in store.events()]
+            timeline += [(e.kind, round(e.at.timestamp() - start, 1)) for e in store.events()]
             check = store.verify()
             verified = verified and check.ok
             problems += list(check.problems)
         self.details["audit_problems"] = problems
+        self.details["event_times_s"] = timeline  # seconds after the loss window's start, to place any gap
         for g in self.groups:
             routes[g.name] = RoutingStore(audit.url, engine=audit.engine).read_from(g.name)
         missing = [k for k in must_have if k not in events]

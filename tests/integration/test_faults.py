@@ -54,7 +54,9 @@ def fault_env(stack_config_factory: Callable[..., StackConfig], tmp_path_factory
 
 def check(result: Any, *, lost: int | None = 0) -> None:
     """What every fault must end in; ``result.details`` says why when it does not."""
-    detail = f"{result.outcome}\n{result.details}"
+    samples = result.details["samples"]
+    gaps = [part["up_gaps"] for part in (samples if isinstance(samples, list) else [samples])]
+    detail = f"{result.outcome}\nup gaps {gaps}; events {result.details.get('event_times_s')}\n{result.details}"
     assert result.source_config_identical, detail
     assert result.details["audit_chain_verified"], detail
     assert result.details["missing_events"] == [], detail
