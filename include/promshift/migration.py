@@ -68,7 +68,7 @@ def steps_of(events: Sequence[AuditEvent]) -> list[AuditEvent]:
 
 class GroupNotStartable(RuntimeError):
     """The group may not start now: past the point where a run starts (cut over, say), its wave is paused,
-    or a group it depends on is not cut over yet. Recorded as ``start_refused``."""
+    a group it depends on is not cut over yet (recorded as ``start_refused``), or another run holds it."""
 
 
 # Dry-run events: what a dry run would have done, recorded instead of doing it (never a stage move).
@@ -76,6 +76,28 @@ DRY_RUN_STEP = "dry_run_step"
 DRY_RUN_GATE = "dry_run_gate"
 DRY_RUN_COMPLETE = "dry_run_complete"
 START_REFUSED = "start_refused"
+
+
+# A run holds its group from its ``validated`` event until it records one of these (its end: refused at
+# validate, rolled back, nothing to roll back, or complete). A ``rollback_failed`` run keeps holding it:
+# the source is in a state nobody verified, so a new run must not start over it.
+RELEASES_GROUP = ("validation_failed", "rolled_back", "rollback_not_needed", "run_complete")
+
+
+def holding_runs(events: Sequence[AuditEvent], *, before_seq: int | None = None) -> list[AuditEvent]:
+    """The ``validated`` events of runs that still hold the group (one per run, oldest first).
+
+    ``before_seq``: only claims made before that sequence number (the claims that win over it).
+    """
+    claims: dict[str, AuditEvent] = {}
+    for ev in events:
+        # A dry run changes nothing, so it never holds the group.
+        if (ev.kind == "validated" and not ev.evidence_data.get("dry_run")
+                and (before_seq is None or ev.seq < before_seq)):
+            claims.setdefault(ev.run_id, ev)
+        elif ev.kind in RELEASES_GROUP:
+            claims.pop(ev.run_id, None)
+    return sorted(claims.values(), key=lambda e: e.seq)
 
 
 class SnapshotError(RuntimeError):
@@ -220,7 +242,13 @@ class GroupMigration:
                                              "run_params": self.run_params.to_dict()})
             raise GroupNotStartable("; ".join(blockers))
         try:
-            return self._validate(stage, now, would_refuse=blockers)
+            if not self.dry_run:  # a dry run changes nothing: it may run beside a run that holds the group
+                self._refuse_if_held()
+            evidence = self._validate(stage, now, would_refuse=blockers)
+            # Two runs that validated at once: the chain orders their claims, and the earlier one wins.
+            if not self.dry_run:
+                self._refuse_if_held(before_seq=self._my_claim_seq())
+            return evidence
         except Exception as exc:
             self.record_validation_failed(exc, now)
             raise
@@ -238,6 +266,20 @@ class GroupMigration:
         evidence = {"dry_run": True, "step": step, "would": would, **details}
         self.record(DRY_RUN_STEP, now, evidence)
         return redact(evidence)
+
+    def _my_claim_seq(self) -> int | None:
+        mine = [e.seq for e in self.audit.events(group=self.group.name, run_id=self.run_id) if e.kind == "validated"]
+        return mine[-1] if mine else None
+
+    def _refuse_if_held(self, *, before_seq: int | None = None) -> None:
+        """Refuse (``GroupNotStartable``) while another run holds the group (see ``holding_runs``)."""
+        others = [e for e in holding_runs(self.audit.events(group=self.group.name), before_seq=before_seq)
+                  if e.run_id != self.run_id]
+        if others:
+            held = others[0]
+            raise GroupNotStartable(f"group {self.group.name!r} is held by run {held.run_id!r} (validated "
+                                    f"{held.at.isoformat()}, audit seq {held.seq}); a second run starts only "
+                                    "after that run completes or rolls back")
 
     def _validate(self, stage: Stage, now: datetime, *, would_refuse: Sequence[str] = ()) -> dict[str, Any]:
         problems = []
@@ -322,7 +364,14 @@ class GroupMigration:
             result = FileDeployOutcome(before_sha256=snap.sha256, after_sha256=sha256_bytes(new_data),
                                   live_remote_writes=self._verify_live(entry["name"]))
         else:
-            result = deployer.deploy(new_data, snapshot=snap, expect_remote_writes={entry["name"]})
+            try:
+                result = deployer.deploy(new_data, snapshot=snap, expect_remote_writes={entry["name"]})
+            except DeployError as exc:
+                # Not deployed (the deployer put the snapshot back): say so in the audit, with the reason.
+                self.record("deploy_failed", now, {"reason": redact_text(str(exc)), "remote_write": entry["name"],
+                                                   "config_sha256": sha256_bytes(deployer.real_path.read_bytes()),
+                                                   "snapshot_sha256": snap.sha256})
+                raise
         evidence = {"remote_write": entry["name"], "keep_regex": self.group.name_regex(),
                     "url": self.backends.target_remote_write_url, "config_before_sha256": result.before_sha256,
                     "config_after_sha256": result.after_sha256,
@@ -332,8 +381,24 @@ class GroupMigration:
             evidence["sigv4"] = entry["sigv4"]
         if resumed:
             evidence["resumed"] = "the config already held this entry from an earlier attempt; verified live"
-        self.record("dual_write_deployed", now, evidence, to=Stage.DUAL_WRITING)
+        try:
+            self.record("dual_write_deployed", now, evidence, to=Stage.DUAL_WRITING)
+        except Exception:
+            # Nothing stays deployed without its audit event: unless the event is known to be in the log
+            # (committed, then the connection dropped), the snapshot goes back before the error is raised.
+            self._undeploy_unrecorded(deployer, snap, entry["name"])
+            raise
         return redact(evidence)
+
+    def _undeploy_unrecorded(self, deployer: FileConfigDeployer, snap: ConfigSnapshot, name: str) -> None:
+        try:
+            if self.recorded("dual_write_deployed", Stage.DUAL_WRITING) is not None:
+                return
+        except Exception as exc:  # noqa: BLE001 - the audit database is what failed: it cannot say
+            log.warning("cannot tell whether dual_write_deployed was recorded (%s); assuming it was not", exc)
+        log.error("the dual_write_deployed audit event was not recorded; restoring %s without remote_write %s",
+                  deployer.config_path, name)
+        deployer.restore(snap)
 
     def _verify_live(self, name: str) -> tuple[str, ...]:
         """The source's loaded remote_write names, which must include ``name``; reloads once if it is missing
@@ -543,7 +608,16 @@ class GroupMigration:
                 log.warning("%s; removing remote_write %s by name instead", exc, name)
                 snap = None
                 evidence.update(method="removed_entry", snapshot_error=str(exc))
-            identical = self.deployer.restore(snap) if snap else self._remove_own_entry(snapshot_info)
+            if snap is not None and (kept := self._changes_since(snap, name)) is not None:
+                # Another writer's change since the snapshot (another group's entry, deployed after ours):
+                # writing the snapshot back would drop it. Remove only ours; the file is the snapshot plus theirs.
+                log.warning("%s changed since the snapshot beyond remote_write %s; removing only that entry",
+                            self.deployer.config_path, name)
+                evidence.update(method="removed_entry", kept_changes_since_snapshot=kept)
+                self._remove_own_entry(snapshot_info)
+                identical = False
+            else:
+                identical = self.deployer.restore(snap) if snap else self._remove_own_entry(snapshot_info)
         except Exception as exc:
             self.record("rollback_failed", now, {**evidence, "performed": False, "restored_identical": False,
                                                  "error": f"{type(exc).__name__}: {exc}"})
@@ -568,6 +642,15 @@ class GroupMigration:
         if routing_error is not None:
             raise routing_error
         return redact(evidence)
+
+    def _changes_since(self, snap: ConfigSnapshot, name: str) -> list[str] | None:
+        """None when the file is the snapshot, with or without our entry (restoring the snapshot undoes only
+        us); else the remote_write names added since the snapshot other than ours (possibly none: a hand edit)."""
+        current = self.deployer.real_path.read_bytes()
+        if current == snap.data or remove_remote_write(current, name) == snap.data:
+            return None
+        before = set(remote_write_names(snap.data))
+        return [n for n in remote_write_names(current) if n != name and n not in before]
 
     def _still_rolled_back(self, snapshot_info: Mapping[str, Any]) -> dict[str, Any] | None:
         """What a repeated rollback finds when the group's entry is gone from both the file and the loaded

@@ -289,19 +289,27 @@ def test_retried_dual_write_and_rollback_end_as_a_run_without_a_crash(
     entry = remote_write_name(GROUP)
     snap = migration.snapshot(now())
 
+    deployed_bytes = add_remote_write(source_config_guard, remote_write_entry(
+        group_name=GROUP, name_regex=migration.group.name_regex(), url=migration.backends.target_remote_write_url))
     crash_once(monkeypatch, audit, "dual_write_deployed", after_append=after_append)
     with pytest.raises(Crash):
         migration.deploy_dual_write(snap, now())
-    deployed_bytes = local_stack.source_config_path.read_bytes()
-    assert entries_in_file(local_stack) == [entry]  # the side effect happened
+    if after_append:
+        assert local_stack.source_config_path.read_bytes() == deployed_bytes  # the side effect happened, recorded
+        assert entries_in_file(local_stack) == [entry]
+    else:
+        # The append failed (an error, not a kill: see test_faults for SIGKILL): nothing stays deployed
+        # without its audit event, so the snapshot went back before the error was raised.
+        assert local_stack.source_config_path.read_bytes() == source_config_guard
+        assert entry not in remote_write_names(migration.backends.source.config_text())
 
     deployed = migration.deploy_dual_write(snap, now())  # the retry
-    assert local_stack.source_config_path.read_bytes() == deployed_bytes  # not edited a second time
+    assert local_stack.source_config_path.read_bytes() == deployed_bytes  # edited once
     assert entries_in_file(local_stack) == [entry]
     assert entry in remote_write_names(migration.backends.source.config_text())
     assert deployed["config_before_sha256"] == snap["sha256"]
     assert deployed["config_after_sha256"] == sha256_bytes(deployed_bytes)
-    assert ("resumed" in deployed) is not after_append  # only an unrecorded deploy is verified and recorded now
+    assert "resumed" not in deployed  # a recorded deploy is returned as recorded; an undone one deploys afresh
     again = migration.deploy_dual_write(snap, now())  # a retry after the event was recorded adds nothing
     assert again["dual_write_since"] == deployed["dual_write_since"]
     assert [e.kind for e in audit.events(group=GROUP)] == ["snapshot_taken", "dual_write_deployed"]
@@ -357,5 +365,10 @@ def test_another_runs_entry_in_the_config_is_not_taken_for_ours(
     local_stack.source_config_path.write_bytes(source_config_guard + b"# edited by hand\n")
     with pytest.raises(DeployError, match="changed since the snapshot"):
         migration.deploy_dual_write(snap, now())
-    assert [e.kind for e in audit.events(group=GROUP)] == ["snapshot_taken"]
+    # The refusal is audited (deploy_failed, the reason), with no stage change.
+    assert [e.kind for e in audit.events(group=GROUP)] == ["snapshot_taken", "deploy_failed"]
+    failed = audit.events(group=GROUP)[-1].evidence_data
+    assert "changed since the snapshot" in failed["reason"]
+    assert failed["config_sha256"] == sha256_bytes(source_config_guard + b"# edited by hand\n") != failed[
+        "snapshot_sha256"]
     assert audit.stage_of(GROUP) == Stage.PLANNED
