@@ -173,3 +173,15 @@ def test_retried_approval_and_cutover_record_once(tmp_path: Path, audit: AuditSt
     assert len(audit.events()) == n
     assert audit.stage_of(GROUP) == Stage.CUT_OVER
     assert audit.verify().ok
+
+
+def test_a_run_holds_its_group_until_it_ends_and_a_dry_run_never_does(tmp_path: Path, audit: AuditStore) -> None:
+    from promshift.migration import holding_runs
+
+    first = migration(tmp_path, audit, run_id="manual__first")
+    first.record("validated", T0, {"stage": "planned"})
+    dry = migration(tmp_path, audit, run_id="manual__dry")
+    dry.record("validated", T0, {"stage": "planned", "dry_run": True})
+    assert [e.run_id for e in holding_runs(audit.events(group=GROUP))] == ["manual__first"]
+    first.record("rollback_not_needed", T0, {})
+    assert holding_runs(audit.events(group=GROUP)) == []
