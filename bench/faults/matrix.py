@@ -1031,7 +1031,8 @@ def fault_two_runs_one_group(env: FaultEnv) -> FaultResult:
 # -- 13: two groups cutting over at once --------------------------------------------------------------------------
 
 
-ROLLBACK_KEYS = ("method", "restored_identical", "kept_changes_since_snapshot", "remote_write_still_live")
+ROLLBACK_KEYS = ("method", "restored_identical", "kept_changes_since_snapshot", "own_entry_removed",
+                 "remote_write_still_live")
 
 
 def fault_two_groups_cut_over(env: FaultEnv) -> FaultResult:

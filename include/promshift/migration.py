@@ -636,6 +636,11 @@ class GroupMigration:
             routing_error = exc
             evidence["routing_error"] = str(exc)
         evidence.update(restored_identical=identical and still_live is False, remote_write_still_live=still_live)
+        if "kept_changes_since_snapshot" in evidence:
+            # Not the snapshot's bytes, by design (another writer's change is kept); safe when our entry is gone
+            # from both the file and the loaded config.
+            evidence["own_entry_removed"] = (still_live is False
+                                             and name not in remote_write_names(self.deployer.real_path.read_bytes()))
         stage = self.stage()
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[stage] else None
         self.record("rolled_back", now, evidence, to=to)

@@ -1125,3 +1125,20 @@ def test_the_full_rollback_dag_refuses_a_group_that_was_never_cut_over(audit: Au
                                                    "from baked, baking, cut_over, recommissioned, rolled_back_reads"):
         task(rollback, "rollback").execute(make_context(params={"reason": "test"}))
     assert new_events(audit, UP_TO_VERIFIED) == []
+
+
+@pytest.mark.parametrize("own_entry_removed", [True, False])
+def test_a_rollback_that_kept_another_writers_change_fails_only_if_our_entry_stayed(
+        dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch, own_entry_removed: bool) -> None:
+    from promshift.migration import GroupMigration
+
+    evidence = {"performed": True, "restored_identical": False, "method": "removed_entry",
+                "kept_changes_since_snapshot": ["promshift-other"], "own_entry_removed": own_entry_removed}
+    monkeypatch.setattr(GroupMigration, "rollback", lambda self, snap, *, reason, now: dict(evidence))
+    rollback = task(dag, "rollback")
+    ctx = make_context({"snapshot": {"sha256": "x"}})
+    if own_entry_removed:
+        assert rollback.execute(ctx)["own_entry_removed"] is True
+    else:
+        with pytest.raises(AirflowFailException, match="did not restore"):
+            rollback.execute(ctx)

@@ -791,8 +791,11 @@ class RollbackOperator(GroupStepOperator):
         self.log.info("rollback because %s: performed=%s restored_identical=%s", reason, result["performed"],
                       result["restored_identical"])
         publish_report(self, context, migration)
-        if result["performed"] and not result["restored_identical"]:
+        if result["performed"] and not result["restored_identical"] and not result.get("own_entry_removed"):
             raise AirflowFailException("rollback did not restore the source config identically")
+        if result.get("own_entry_removed"):
+            self.log.info("the source changed since the snapshot (%s kept); only our entry was removed",
+                          result.get("kept_changes_since_snapshot"))
         return result
 
     def _restore_scraper(self, context: Any, snap: dict[str, Any], reason: str) -> dict[str, Any]:
