@@ -280,9 +280,11 @@ def _stop_group(pgid: int, timeout: float) -> None:
             if child is not None:
                 child.poll()
             time.sleep(0.2)
-        if not _group_members(pgid):
+        left = _group_members(pgid)
+        if not left:
             return
-        logger.warning("airflow process group %s ignored %s for %ss", pgid, signal.Signals(sig).name, wait_s)
+        logger.warning("airflow process group %s ignored %s for %ss: %s", pgid, signal.Signals(sig).name, wait_s,
+                       "; ".join(" ".join(_cmdline(pid))[:80] or str(pid) for pid in left))
 
 
 def _signal_group(pid: int, sig: int) -> None:
