@@ -44,6 +44,16 @@ API_ATTEMPTS = 3
 APPROVER_USERS = ("oncall-alice", "oncall-bob")
 
 
+def last_error(log_file: Path) -> str:
+    """The last line of a process's log that names an error (else its last line), for a one-line failure."""
+    try:
+        lines = [line.strip() for line in log_file.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    errors = [line for line in lines if "Error" in line or "error" in line or "Exception" in line]
+    return ((errors or lines or ["empty log"])[-1])[:300]
+
+
 @dataclass
 class LocalAirflow:
     """Airflow's process group under ``home``, its API on 127.0.0.1:``port``: ``airflow standalone``
@@ -115,6 +125,10 @@ class LocalAirflow:
             # Airflow derives asyncpg from postgresql://; psycopg (v3) serves the async engine too.
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": celery.database_url("airflow", driver="psycopg_async"),
             "AIRFLOW__CELERY__BROKER_URL": celery.redis_url,
+            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{celery.database_url('airflow')}",
+            # A real deployment, also when started by a test (tests/conftest.py sets unit test mode, whose
+            # unit_tests.cfg points Celery's results at MySQL).
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": celery.queue,
             "AIRFLOW__API__WORKERS": "1",
@@ -242,8 +256,8 @@ class LocalAirflow:
         while time.time() < deadline:
             for component, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"airflow {component} exited ({proc.returncode}); see "
-                                       f"{self.log_path(component)}")
+                    raise RuntimeError(f"airflow {component} exited ({proc.returncode}): "
+                                       f"{last_error(self.log_path(component))}; see {self.log_path(component)}")
             if not healthy:
                 try:
                     health = requests.get(f"{self.base_url}/api/v2/monitor/health", timeout=5).json()
