@@ -304,7 +304,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         timeout_s = HISTORY_TIMEOUT_S if history_s else DEFAULT_TIMEOUT_S
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
     stack.reset()
-    for leftover in ("audit.db", "audit-anchor.db", "routing.json", "snapshots"):
+    for leftover in ("audit.db", "audit-anchor.db", "routing.json", "snapshots", shared_store(config.home).name):
         path = config.home / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     budget_from = started

@@ -116,6 +116,7 @@ class LocalAirflow:
         return env
 
     def _celery_env(self, component: str | None) -> dict[str, str]:
+        from promshift.orchestration.demo_policy import SHARD_QUEUES_ENV
         from promshift.orchestration.worker_name import HOSTNAME_CALLABLE, WORKER_NAME_ENV
 
         celery = self._celery
@@ -132,6 +133,8 @@ class LocalAirflow:
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": celery.queue,
             "AIRFLOW__API__WORKERS": "1",
+            # Mapped parity shard i runs on worker i % n (promshift.orchestration.demo_policy).
+            SHARD_QUEUES_ENV: ",".join(celery.worker_queues()),
         }
         if component is not None:
             # Each process its own PROMSHIFT_HOME: state kept "locally" by one is not there for another.
@@ -223,7 +226,12 @@ class LocalAirflow:
         return proc
 
     def _start_celery(self, deadline: float) -> None:
+        from promshift.orchestration.demo_policy import LOCAL_SETTINGS
+
         celery = self._celery
+        # The demo's cluster policy (parity shards pinned to workers, round robin), read by every component.
+        (self.home / "config").mkdir(parents=True, exist_ok=True)
+        (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
         migrate_log = self.log_path("db-migrate")
         log.info("airflow db migrate on PostgreSQL %s (log %s)", celery.database_url("airflow").split("@")[-1],
                  migrate_log)
@@ -241,9 +249,9 @@ class LocalAirflow:
         }
         for component in CELERY_COMPONENTS:
             self._spawn(component, [self._airflow_bin, *argv[component]])
-        for name in celery.worker_names():
+        for name, own_queue in zip(celery.worker_names(), celery.worker_queues(), strict=True):
             self._spawn(name, [self._airflow_bin, "celery", "worker", "--celery-hostname", name,
-                               "--queues", celery.queue, "--concurrency", "1", "--skip-serve-logs",
+                               "--queues", f"{celery.queue},{own_queue}", "--concurrency", "1", "--skip-serve-logs",
                                "--without-mingle", "--without-gossip",
                                "--pid", str(self.home / f"{name.replace('@', '_')}.pid")])
         log.info("started %s (logs %s/*.log)", ", ".join(f"{c} pid {p.pid}" for c, p in self.procs.items()),

@@ -104,6 +104,10 @@ class CeleryServices:
     def queue(self) -> str:
         return f"promshift-{self.port}"
 
+    def worker_queues(self) -> list[str]:
+        """Each worker's own queue (besides the common one): where the demo's policy pins parity shards."""
+        return [f"{self.queue}-w{i}" for i in range(1, self.workers + 1)]
+
     def worker_names(self) -> list[str]:
         """Celery hostnames (``w1-<port>@<host>``); Airflow records the same as each task's hostname."""
         host = socket.gethostname()
@@ -194,12 +198,12 @@ class CeleryServices:
         return dropped
 
     def clear_queue(self) -> int:
-        """Drop tasks a previous demo on this port left in its queue (its databases are gone); 1 if there was one."""
+        """Drop tasks a previous demo on this port left in its queues (its databases are gone); how many queues."""
         import redis
 
         client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=5, socket_timeout=5)
         try:
-            return int(client.delete(self.queue))
+            return int(client.delete(self.queue, *self.worker_queues()))
         finally:
             client.close()
 

@@ -96,6 +96,10 @@ def check_celery_demo(tmp: Path, home: Path, services: CeleryServices, port: int
     assert len(set(executor["parity_samples_workers"])) >= 2, executor
     shards = [t for w in workers.values() for t in w["tasks"] if t["task_id"] == "parity_samples"]
     assert sorted(t["map_index"] for t in shards) == list(range(report["parity"]["shards"]))
+    # The demo's policy pins shard i to worker i % 2 (each worker's own queue): Airflow's records agree.
+    names = services.worker_names()
+    assert all(t["map_index"] % 2 == names.index(host) for host, w in workers.items() for t in w["tasks"]
+               if t["task_id"] == "parity_samples"), executor
     ran = {t["task_id"] for w in workers.values() for t in w["tasks"]}
     assert {"validate", "snapshot", "deploy_dual_write", "parity", "latency", "gate", "approval", "cutover",
             "done"} <= ran, executor

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from promshift.local_celery import (
@@ -56,6 +58,7 @@ def test_both_services_answer_on_this_machine() -> None:
 def test_names_are_per_port() -> None:
     services = CeleryServices(port=28611)
     assert services.queue == "promshift-28611"
+    assert services.worker_queues() == ["promshift-28611-w1", "promshift-28611-w2"]
     assert [database_name(r, 28611) for r in ("airflow", "audit", "anchor")] == [
         "promshift_airflow_28611", "promshift_audit_28611", "promshift_anchor_28611"]
     assert services.database_url("audit") == "postgresql+psycopg://postgres@127.0.0.1:5432/promshift_audit_28611"
@@ -97,3 +100,53 @@ def test_recreate_marks_its_databases_and_drops_its_own_on_the_next_demo() -> No
         with services._admin() as conn:
             for name in [database_name(r, port) for r in ("airflow", "audit", "anchor")]:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_celery_env_names_no_file_of_the_demos_home_for_workers(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers get the audit database and key through connection promshift_audit and one shared object store;
+    only the API server (the board) gets PROMSHIFT_AUDIT_URL and the key file."""
+    import json
+
+    from promshift.demo import celery_env
+
+    monkeypatch.delenv("PROMSHIFT_AUDIT_KEY", raising=False)  # the demo's own key file, as on a fresh machine
+    key_file = tmp_path / "audit.key"
+    key_file.write_text("k" * 64 + "\n")
+    key_file.chmod(0o600)
+    env, only = celery_env(tmp_path, audit_url="postgresql+psycopg://postgres@127.0.0.1:5432/promshift_audit_1",
+                           anchor_url="postgresql+psycopg://postgres@127.0.0.1:5432/promshift_anchor_1",
+                           key_env={"PROMSHIFT_AUDIT_KEY_FILE": str(key_file)}, common={"PROMSHIFT_PROFILE": "demo"})
+    conn = json.loads(env["AIRFLOW_CONN_PROMSHIFT_AUDIT"])
+    assert conn["extra"]["url"].endswith("/promshift_audit_1") and conn["password"] == "k" * 64
+    assert env["PROMSHIFT_AUDIT_ANCHOR_URL"].endswith("/promshift_anchor_1")
+    assert env["PROMSHIFT_SNAPSHOTS_URL"] == f"file://{tmp_path}/objects/snapshots"
+    assert env["PROMSHIFT_REPORTS_URL"] == f"file://{tmp_path}/objects/reports"
+    assert not {"PROMSHIFT_HOME", "PROMSHIFT_AUDIT_URL", "PROMSHIFT_AUDIT_KEY_FILE"} & set(env)
+    assert env["PROMSHIFT_PROFILE"] == "demo"
+    assert set(only) == {"api-server"}
+    assert only["api-server"]["PROMSHIFT_AUDIT_URL"] == conn["extra"]["url"]
+
+
+def test_demo_policy_pins_parity_shards_round_robin_and_leaves_other_tasks() -> None:
+    from types import SimpleNamespace
+
+    from promshift.orchestration.demo_policy import SHARD_QUEUES_ENV, shard_queue, task_instance_mutation_hook
+
+    queues = ["q-w1", "q-w2"]
+    assert [shard_queue("parity_samples", i, queues) for i in range(5)] == ["q-w1", "q-w2", "q-w1", "q-w2", "q-w1"]
+    assert shard_queue("parity_samples", -1, queues) is None  # the unexpanded task
+    assert shard_queue("latency", 0, queues) is None
+    assert shard_queue("parity_samples", 1, []) is None
+    ti = SimpleNamespace(task_id="parity_samples", map_index=1, queue="default")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SHARD_QUEUES_ENV, "q-w1,q-w2")
+        task_instance_mutation_hook(ti, None)
+        assert ti.queue == "q-w2"
+        other = SimpleNamespace(task_id="validate", map_index=-1, queue="default")
+        task_instance_mutation_hook(other, None)
+        assert other.queue == "default"
+        mp.delenv(SHARD_QUEUES_ENV)
+        unset = SimpleNamespace(task_id="parity_samples", map_index=0, queue="default")
+        task_instance_mutation_hook(unset, None)
+        assert unset.queue == "default"  # no policy outside the demo
