@@ -15,6 +15,9 @@ HISTORY ?=
 # DEPLOY=k8s-cr (with TARGET=amp): the entry goes into prometheus-operator's Prometheus resource on a local
 # Kubernetes API contract server (not a cluster), whose operator stand-in renders it onto the source.
 DEPLOY ?= remote_write
+# EXECUTOR=celery: Airflow as separate processes with two Celery workers (each its own PROMSHIFT_HOME) on the
+# machine's Redis (broker, 127.0.0.1:6379/5) and PostgreSQL (metadata, audit log; 127.0.0.1:5432, user postgres).
+EXECUTOR ?= local
 export PROMSHIFT_HOME ?= $(CURDIR)/.state
 
 .PHONY: demo test unit lint stack-up stack-down stack-status requirements prometheus chromium clean
@@ -42,7 +45,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 venv: $(STAMP)
 
 demo: prometheus $(STAMP)
-	$(PY) -m promshift.demo --group $(GROUP) --target $(TARGET) --scenario $(SCENARIO) --nodes $(NODES) --deploy $(DEPLOY)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
+	$(PY) -m promshift.demo --group $(GROUP) --target $(TARGET) --scenario $(SCENARIO) --nodes $(NODES) --deploy $(DEPLOY) --executor $(EXECUTOR)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
 
 test: prometheus chromium $(STAMP)
 	$(VENV)/bin/ruff check include dags plugins tests bench

@@ -23,6 +23,12 @@ Kubernetes API contract server, not a cluster) holds the ``Prometheus`` resource
 renders its ``spec.remoteWrite`` onto the source; Airflow's source connection says ``extra.deploy:
 k8s-cr`` with a kubeconfig, so the group's entry is added to and removed from the resource through
 ``KubernetesHook``, never by editing the file.
+
+``--executor celery``: Airflow runs as separate processes (api-server, scheduler, dag-processor,
+triggerer) with two Celery workers, each with a ``PROMSHIFT_HOME`` of its own, on the machine's Redis
+(broker) and PostgreSQL (Airflow's metadata, the audit log, its anchor); snapshots and reports go to
+one shared ``file://`` store (``s3://`` in production). ``report.json``'s ``executor`` block says which
+worker ran each task; the mapped parity shards must have run on both.
 """
 
 from __future__ import annotations
@@ -40,12 +46,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from promshift.adapters.audit_anchor import anchor_for
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.board import URL_PREFIX as BOARD_PREFIX
 from promshift.core.catalog import MetricGroup
 from promshift.core.cost import CostEvidence
 from promshift.core.durations import format_duration, parse_duration
+from promshift.core.executor_report import EXECUTOR_KINDS, executor_block, executor_line
 from promshift.core.latency import WindowLatency
 from promshift.core.parity import ParityResult
 from promshift.core.render import sha256_bytes
@@ -59,6 +67,7 @@ from promshift.core.report import (
 )
 from promshift.deploy_path import DEPLOY_KINDS, K8S_CR, REMOTE_WRITE, SCRAPER
 from promshift.local_airflow import APPROVER_USERS, TRIGGER_USER, LocalAirflow
+from promshift.local_celery import DB_ROLES, CeleryServices, ServiceUnavailable, database_name
 from promshift.orchestration.report_store import render_report_files
 from promshift.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
 from promshift.stack.backfill import backfill_stack, check_history, fleet_metrics
@@ -124,11 +133,16 @@ class TargetWriteGap:
 
 
 def write_report(*, audit: AuditStore, group: str, run_id: str, out_dir: Path,
-                 target: dict[str, Any] | None = None, source_config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """report.json, report.md and latency.png from the run's audit events (and the target's counters)."""
+                 target: dict[str, Any] | None = None, source_config: dict[str, Any] | None = None,
+                 executor: dict[str, Any] | None = None) -> dict[str, Any]:
+    """report.json, report.md and latency.png from the run's audit events (and the target's counters).
+
+    ``executor``: which worker ran each task (``core.executor_report``, from Airflow's task instances)."""
     report = build_report(group=group, run_id=run_id, events=audit.events(group=group, run_id=run_id),
                           final_stage=audit.stage_of(group).value, chain=audit.verify(), target=target,
                           source_config=source_config)
+    if executor is not None:
+        report["executor"] = executor
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, data in render_report_files(report).items():
         (out_dir / name).write_bytes(data)
@@ -143,6 +157,8 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"Target: {target_line(report['target'])}")
     if report.get("source_config"):
         print(f"Source config: {source_config_line(report['source_config'])}")
+    if report.get("executor"):
+        print(f"Executor: {executor_line(report['executor'])}")
     print("\nStages:")
     for s in report["stages"]:
         print(f"  {s['at'][:19]}  {s['stage']}")
@@ -242,7 +258,7 @@ def backfilled_metrics(group: MetricGroup) -> list[str]:
 def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, report_root: Path,
              timeout_s: float | None = None, history_s: float | None = None,
              history_interval_s: float = 300.0, target_kind: str = "prometheus",
-             deploy: str = REMOTE_WRITE) -> Path:
+             deploy: str = REMOTE_WRITE, executor: str = "local") -> Path:
     """Run the whole job once on a fresh local stack; return the report directory.
 
     ``target_kind="amp"``: the target is the local AWS's workspace, reached through its SigV4 front door.
@@ -253,6 +269,9 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
 
     With ``history_s``, source and target first get that much of the group's history (one
     sample every ``history_interval_s``) and the ``demo-history`` profile is used.
+
+    ``executor="celery"``: Airflow's components and two Celery workers as separate processes on the machine's
+    Redis and PostgreSQL (``promshift.local_celery``; refused in one line when either does not answer).
     """
     started = time.time()
     if scenario not in SCENARIOS:
@@ -276,11 +295,16 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         raise ValueError(f"deploy must be one of {', '.join(DEMO_DEPLOY_KINDS)}, got {deploy!r}")
     if deploy != REMOTE_WRITE and target_kind != "amp":
         raise ValueError(f"deploy {deploy!r} needs the AMP target (--target amp / TARGET=amp)")
+    if executor not in EXECUTOR_KINDS:
+        raise ValueError(f"executor must be one of {', '.join(EXECUTOR_KINDS)}, got {executor!r}")
+    services = CeleryServices.from_env(airflow_port) if executor == "celery" else None
+    if services is not None:
+        services.require()  # before anything is reset: Redis and PostgreSQL answer
     if timeout_s is None:
         timeout_s = HISTORY_TIMEOUT_S if history_s else DEFAULT_TIMEOUT_S
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
     stack.reset()
-    for leftover in ("audit.db", "audit-anchor.db", "routing.json", "snapshots"):
+    for leftover in ("audit.db", "audit-anchor.db", "routing.json", "snapshots", shared_store(config.home).name):
         path = config.home / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     budget_from = started
@@ -301,8 +325,13 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         budget_from = time.time()
     stack.up()
     audit_url = f"sqlite:///{config.home / 'audit.db'}"
+    anchor_url: str | None = None
     # The audit HMAC key: the environment's, else a 0600 file under PROMSHIFT_HOME (never printed).
     key_env = local_audit_key_env(config.home)
+    if services is not None:
+        services.recreate_databases()
+        services.clear_queue()
+        audit_url, anchor_url = services.database_url("audit"), services.database_url("anchor")
     source_conn = source_connection(stack, deploy)
     # Credentials reach Airflow only through its environment: never the connection JSON, never printed.
     target_conn, aws_env = target_connection(stack, scenario, deploy)
@@ -318,18 +347,23 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     airflow_home = config.home / "airflow"
     shutil.rmtree(airflow_home, ignore_errors=True)
     # Left running after the demo, with the rest of the stack (``make stack-down`` stops both, by this pid file).
-    airflow = LocalAirflow(home=airflow_home, port=airflow_port, pid_file=stack.pid_path(AIRFLOW), extra_env={
-        "PROMSHIFT_HOME": str(config.home),
-        "PROMSHIFT_AUDIT_URL": audit_url,
+    common_env = {
         "PROMSHIFT_CATALOG": str(catalog_path),
         "PROMSHIFT_PROFILE": profile,
         "AIRFLOW_CONN_PROMSHIFT_SOURCE": json.dumps(source_conn),
         "AIRFLOW_CONN_PROMSHIFT_TARGET": json.dumps(target_conn),
-        **key_env,
         **aws_env,
         # Notifications (approval needed, rolled back) go to the stack's SMTP sink; `make demo` prints where.
         **stack.smtp_connection_env(),
-    })
+    }
+    if services is None:
+        extra_env = {"PROMSHIFT_HOME": str(config.home), "PROMSHIFT_AUDIT_URL": audit_url, **common_env, **key_env}
+        component_env: dict[str, dict[str, str]] = {}
+    else:
+        extra_env, component_env = celery_env(config.home, audit_url=audit_url, anchor_url=str(anchor_url),
+                                              key_env=key_env, common=common_env)
+    airflow = LocalAirflow(home=airflow_home, port=airflow_port, pid_file=stack.pid_path(AIRFLOW),
+                           extra_env=extra_env, executor=executor, celery=services, component_env=component_env)
     fault: TargetWriteGap | None = None
     try:
         airflow.start(timeout_s=AIRFLOW_START_TIMEOUT_S)
@@ -363,9 +397,14 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         final = airflow.follow(group.dag_id, run_id, timeout_s=max(60.0, timeout_s - (time.time() - budget_from)),
                                on_state=on_state)
         log.info("DAG run %s finished: %s", run_id, final)
+        # Airflow's own record of where each task ran (TaskInstance.hostname and pid).
+        ran_on = executor_block(executor, airflow.task_instances(group.dag_id, run_id), airflow.worker_processes())
     finally:
         if fault:
             fault.stop()
+    if services is not None and len(ran_on["parity_samples_workers"]) < 2:
+        log.warning("the mapped parity shards ran on %s worker(s) only: %s", len(ran_on["parity_samples_workers"]),
+                    ", ".join(ran_on["parity_samples_workers"]) or "none")
     sha_after = config_sha256(stack.source_config_path)
     source_config = {"path": str(stack.source_config_path), "sha256_before": sha_before, "sha256_after": sha_after,
                      "identical": sha_before == sha_after}
@@ -373,12 +412,47 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     kind = "" if target_kind == "prometheus" else f"-{target_kind}"
     kind += "" if deploy == REMOTE_WRITE else f"-{deploy}"
     out_dir = (report_root / f"{stamp}-{group_name}{kind}-{scenario}").resolve()
-    report = write_report(audit=AuditStore(audit_url, key=audit_key(key_env)), group=group_name, run_id=run_id,
-                          out_dir=out_dir, target=target_report(stack), source_config=source_config)
+    audit = (AuditStore(audit_url, key=audit_key(key_env)) if anchor_url is None
+             else AuditStore(audit_url, key=audit_key(key_env), anchor=anchor_for(anchor_url, create=False)))
+    report = write_report(audit=audit, group=group_name, run_id=run_id, out_dir=out_dir, target=target_report(stack),
+                          source_config=source_config, executor=ran_on)
     print_report(report)
     print(f"\nwall time {time.time() - started:.0f}s")
     print_logins(airflow, group.dag_id, run_id, mail=f"{len(stack.mail())} message(s) in {stack.mail_dir}")
+    if services is not None:
+        print(f"celery: broker {services.redis_url} (queue {services.queue}); PostgreSQL databases "
+              f"{', '.join(database_name(role, airflow_port) for role in DB_ROLES)}; logs {airflow.home}/*.log")
     return out_dir
+
+
+def shared_store(home: Path) -> Path:
+    """The celery demo's one object store for snapshots and reports (``file://``; ``s3://`` in production)."""
+    return home / "objects"
+
+
+def celery_env(home: Path, *, audit_url: str, anchor_url: str, key_env: dict[str, str],
+               common: dict[str, str]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The environment of every process of the celery Airflow, and what only the API server gets.
+
+    As in production: the audit database's URL and the HMAC key come in connection ``promshift_audit``
+    (``extra.url``; the key as its password), the anchor store is another database, snapshots and reports
+    go to one object store every worker reaches. Nothing names a file under the demo's ``PROMSHIFT_HOME``:
+    each process has a ``PROMSHIFT_HOME`` of its own (``LocalAirflow.component_home``). The API server's
+    board reads ``PROMSHIFT_AUDIT_URL`` (and the key, to check the chain), as the CLI does.
+    """
+    key = audit_key(key_env)
+    if key is None:
+        raise ValueError("no audit key: set PROMSHIFT_AUDIT_KEY or PROMSHIFT_AUDIT_KEY_FILE")
+    store = shared_store(home)
+    env = {
+        **common,
+        "AIRFLOW_CONN_PROMSHIFT_AUDIT": json.dumps({"conn_type": "generic", "password": key.decode(),
+                                                    "extra": {"url": audit_url}}),
+        "PROMSHIFT_AUDIT_ANCHOR_URL": anchor_url,
+        "PROMSHIFT_SNAPSHOTS_URL": f"file://{store / 'snapshots'}",
+        "PROMSHIFT_REPORTS_URL": f"file://{store / 'reports'}",
+    }
+    return env, {"api-server": {"PROMSHIFT_AUDIT_URL": audit_url, **key_env}}
 
 
 def print_logins(airflow: LocalAirflow, dag_id: str, run_id: str, *, mail: str = "") -> None:
@@ -422,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"{HISTORY_PROFILE!r}")
     parser.add_argument("--history-interval", type=_duration, default=300.0, metavar="DURATION",
                         help="sample interval of the backfilled history (default 5m, at most 5m)")
+    parser.add_argument("--executor", choices=EXECUTOR_KINDS, default="local",
+                        help="celery: Airflow's components and two Celery workers (each with its own PROMSHIFT_HOME) "
+                             "as separate processes, on the machine's Redis (broker) and PostgreSQL (metadata, audit)")
     parser.add_argument("--deploy", choices=DEMO_DEPLOY_KINDS, default=REMOTE_WRITE,
                         help="scraper (--target amp only): AMP's managed collector writes the group instead of a "
                              "remote_write entry in the source's config; k8s-cr (--target amp only): the entry goes "
@@ -439,12 +516,19 @@ def main(argv: list[str] | None = None) -> int:
             check_history(args.history, args.history_interval)
         except ValueError as exc:
             parser.error(str(exc))
+    if args.executor == "celery" and (problem := CeleryServices.from_env(args.airflow_port).problem()):
+        print(f"promshift-demo: {problem}", file=sys.stderr)
+        return 2
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep prints ordered with logs
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    out = run_demo(group_name=args.group, scenario=args.scenario, nodes=args.nodes,
-                   airflow_port=args.airflow_port, report_root=args.report_root, history_s=args.history,
-                   history_interval_s=args.history_interval, target_kind=args.target,
-                   deploy=args.deploy)
+    try:
+        out = run_demo(group_name=args.group, scenario=args.scenario, nodes=args.nodes,
+                       airflow_port=args.airflow_port, report_root=args.report_root, history_s=args.history,
+                       history_interval_s=args.history_interval, target_kind=args.target,
+                       deploy=args.deploy, executor=args.executor)
+    except ServiceUnavailable as exc:  # a database of that name is not ours, or a service went away
+        print(f"promshift-demo: {exc}", file=sys.stderr)
+        return 2
     print(out)
     return 0
 

@@ -1,6 +1,13 @@
-"""Run Airflow locally (``airflow standalone``) wired to the local stack, and drive it over REST.
+"""Run Airflow locally wired to the local stack, and drive it over REST.
 
-Used by ``make demo`` and the end-to-end test. Users come from the Simple auth manager
+``executor="local"``: ``airflow standalone`` (SQLite, LocalExecutor). ``executor="celery"``: Airflow's
+components as separate processes — api-server, scheduler, dag-processor, triggerer and Celery workers
+(``airflow celery worker``, one task at a time each) — on PostgreSQL with Redis as the broker
+(``promshift.local_celery``); each worker has a ``PROMSHIFT_HOME`` of its own, so nothing may rely on
+one worker's disk. Either way every process is in one process group, which ``stop`` (and
+``promshift stack down``, through the pid file) ends as a whole.
+
+Used by ``make demo`` and the end-to-end tests. Users come from the Simple auth manager
 with passwords we generate; approvals go through the same REST endpoint the UI uses.
 """
 
@@ -18,28 +25,53 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 
 from promshift.settings import REPO_ROOT
 
+if TYPE_CHECKING:
+    from promshift.local_celery import CeleryServices
+
 log = logging.getLogger(__name__)
 
 TRIGGER_USER = "sre-carol"
+EXECUTORS = ("local", "celery")
+# The separate components of a celery Airflow, in start order (the API server leads the process group).
+CELERY_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 API_ATTEMPTS = 3
 APPROVER_USERS = ("oncall-alice", "oncall-bob")
 
 
+def last_error(log_file: Path) -> str:
+    """The last line of a process's log that names an error (else its last line), for a one-line failure."""
+    try:
+        lines = [line.strip() for line in log_file.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    errors = [line for line in lines if "Error" in line or "error" in line or "Exception" in line]
+    return ((errors or lines or ["empty log"])[-1])[:300]
+
+
 @dataclass
 class LocalAirflow:
-    """An ``airflow standalone`` process group under ``home``, listening on 127.0.0.1:``port``."""
+    """Airflow's process group under ``home``, its API on 127.0.0.1:``port``: ``airflow standalone``
+    (``executor="local"``) or separate components with Celery workers (``executor="celery"``, ``celery``
+    naming the broker, the databases and the workers)."""
 
     home: Path
     port: int
     extra_env: dict[str, str]
     passwords: dict[str, str] = field(default_factory=dict)
+    # The process group's leader (standalone, or the celery API server).
     proc: subprocess.Popen[bytes] | None = None
+    executor: str = "local"
+    celery: CeleryServices | None = None
+    # Every process started, by component name (``w1-<port>@host`` for a worker); the leader among them.
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # Celery mode: environment only some components get (by component name), over ``extra_env``.
+    component_env: dict[str, dict[str, str]] = field(default_factory=dict)
     # Where the process group's leader pid is written, so ``promshift stack down`` can stop an Airflow left running.
     pid_file: Path | None = None
     _tokens: dict[str, str] = field(default_factory=dict, repr=False)
@@ -52,7 +84,8 @@ class LocalAirflow:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def env(self) -> dict[str, str]:
+    def env(self, component: str | None = None) -> dict[str, str]:
+        """The environment of every Airflow process; with ``component`` (celery), that process's own additions."""
         users = ",".join([f"{TRIGGER_USER}:op"] + [f"{u}:user" for u in APPROVER_USERS])
         env = dict(os.environ)
         env.update({
@@ -80,7 +113,55 @@ class LocalAirflow:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         })
         env.update(self.extra_env)
+        if self.executor == "celery":
+            env.update(self._celery_env(component))
         return env
+
+    def _celery_env(self, component: str | None) -> dict[str, str]:
+        from promshift.orchestration.demo_policy import SHARD_QUEUES_ENV
+        from promshift.orchestration.worker_name import HOSTNAME_CALLABLE, WORKER_NAME_ENV
+
+        celery = self._celery
+        env = {
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": celery.database_url("airflow"),
+            # Airflow derives asyncpg from postgresql://; psycopg (v3) serves the async engine too.
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": celery.database_url("airflow", driver="psycopg_async"),
+            "AIRFLOW__CELERY__BROKER_URL": celery.redis_url,
+            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{celery.database_url('airflow')}",
+            # A real deployment, also when started by a test (tests/conftest.py sets unit test mode, whose
+            # unit_tests.cfg points Celery's results at MySQL).
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
+            "AIRFLOW__OPERATORS__DEFAULT_QUEUE": celery.queue,
+            "AIRFLOW__API__WORKERS": "1",
+            # Mapped parity shard i runs on worker i % n (promshift.orchestration.demo_policy).
+            SHARD_QUEUES_ENV: ",".join(celery.worker_queues()),
+        }
+        if component is not None:
+            # Each process its own PROMSHIFT_HOME: state kept "locally" by one is not there for another.
+            home = self.component_home(component)
+            home.mkdir(parents=True, exist_ok=True)
+            env["PROMSHIFT_HOME"] = str(home)
+        env.update(self.component_env.get(component or "", {}))
+        if component in celery.worker_names():
+            # Airflow records this as the task instance's hostname: which worker ran it (the report's executor).
+            env[WORKER_NAME_ENV] = component
+            env["AIRFLOW__CORE__HOSTNAME_CALLABLE"] = HOSTNAME_CALLABLE
+        return env
+
+    @property
+    def _celery(self) -> CeleryServices:
+        if self.celery is None:
+            raise ValueError("executor 'celery' needs LocalAirflow(celery=CeleryServices(...))")
+        return self.celery
+
+    def component_home(self, component: str) -> Path:
+        """The ``PROMSHIFT_HOME`` of one celery-mode process (a directory of its own under ``homes/``)."""
+        return self.home / "homes" / component.replace("@", "_")
+
+    def worker_names(self) -> list[str]:
+        return self._celery.worker_names() if self.executor == "celery" else []
 
     @cached_property
     def _log_ports(self) -> tuple[int, int]:
@@ -95,7 +176,16 @@ class LocalAirflow:
             path.write_text(secrets.token_hex(32))
         return path.read_text()
 
+    @property
+    def _airflow_bin(self) -> str:
+        return str(Path(sys.executable).parent / "airflow")
+
+    def log_path(self, component: str) -> Path:
+        return self.home / f"{component.replace('@', '_')}.log"
+
     def start(self, *, timeout_s: float = 240) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         self.home.mkdir(parents=True, exist_ok=True)
         pw_file = self.home / "passwords.json"
         if not pw_file.exists():
@@ -103,31 +193,106 @@ class LocalAirflow:
             pw_file.chmod(0o600)
         self.passwords = json.loads(pw_file.read_text())
         self._tokens.clear()
-        logf = open(self.home / "standalone.log", "ab")  # noqa: SIM115 (owned by the child)
-        airflow_bin = str(Path(sys.executable).parent / "airflow")
-        log.info("starting airflow standalone on %s (log %s)", self.base_url, self.home / "standalone.log")
-        self.proc = subprocess.Popen([airflow_bin, "standalone"], env=self.env(), stdout=logf,
-                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=self.home)
-        if self.pid_file is not None:
-            self.pid_file.write_text(f"{self.proc.pid}\n")
         deadline = time.time() + timeout_s
+        try:
+            if self.executor == "celery":
+                self._start_celery(deadline)
+            else:
+                log.info("starting airflow standalone on %s (log %s)", self.base_url, self.log_path("standalone"))
+                self._spawn("standalone", [self._airflow_bin, "standalone"])
+            self._wait_healthy(deadline, timeout_s)
+        except BaseException:
+            self.stop(term_wait_s=15.0)  # what did start must not outlive a failed start
+            raise
+
+    def _spawn(self, component: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start one process, in the leader's process group (the first one started leads a new group).
+
+        Standalone leads a session of its own; the celery components' leader only a group in this session,
+        as a process may join only a group of its own session (setpgid).
+        """
+        logf = open(self.log_path(component), "ab")  # noqa: SIM115 (owned by the child)
+        group: dict[str, Any]
+        if self.proc is not None:
+            group = {"process_group": self.proc.pid}
+        else:
+            group = {"process_group": 0} if self.executor == "celery" else {"start_new_session": True}
+        proc = subprocess.Popen(argv, env=self.env(component if self.executor == "celery" else None), stdout=logf,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.home, **group)
+        logf.close()
+        self.procs[component] = proc
+        if self.proc is None:
+            self.proc = proc
+            if self.pid_file is not None:
+                self.pid_file.write_text(f"{proc.pid}\n")
+        return proc
+
+    def _start_celery(self, deadline: float) -> None:
+        from promshift.orchestration.demo_policy import LOCAL_SETTINGS
+
+        celery = self._celery
+        # The demo's cluster policy (parity shards pinned to workers, round robin), read by every component.
+        (self.home / "config").mkdir(parents=True, exist_ok=True)
+        (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
+        migrate_log = self.log_path("db-migrate")
+        log.info("airflow db migrate on PostgreSQL %s (log %s)", celery.database_url("airflow").split("@")[-1],
+                 migrate_log)
+        with open(migrate_log, "ab") as out:
+            done = subprocess.run([self._airflow_bin, "db", "migrate"], env=self.env(), stdout=out,
+                                  stderr=subprocess.STDOUT, cwd=self.home, timeout=max(60.0, deadline - time.time()))
+        if done.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed ({done.returncode}); see {migrate_log}")
+        argv = {
+            "api-server": ["api-server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            "scheduler": ["scheduler"],
+            "dag-processor": ["dag-processor"],
+            # Task logs are files in this AIRFLOW_HOME, read by the API server: no log server listening anywhere.
+            "triggerer": ["triggerer", "--skip-serve-logs"],
+        }
+        for component in CELERY_COMPONENTS:
+            self._spawn(component, [self._airflow_bin, *argv[component]])
+        for name, own_queue in zip(celery.worker_names(), celery.worker_queues(), strict=True):
+            self._spawn(name, [self._airflow_bin, "celery", "worker", "--celery-hostname", name,
+                               "--queues", f"{celery.queue},{own_queue}", "--concurrency", "1", "--skip-serve-logs",
+                               "--without-mingle", "--without-gossip",
+                               "--pid", str(self.home / f"{name.replace('@', '_')}.pid")])
+        log.info("started %s (logs %s/*.log)", ", ".join(f"{c} pid {p.pid}" for c, p in self.procs.items()),
+                 self.home)
+
+    def _wait_healthy(self, deadline: float, timeout_s: float) -> None:
+        needed = ["metadatabase", "scheduler", "triggerer"] + (["dag_processor"] if self.executor == "celery" else [])
+        workers = set(self.worker_names())
+        healthy = False
         while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"airflow standalone exited ({self.proc.returncode}); see "
-                                   f"{self.home / 'standalone.log'}")
-            try:
-                health = requests.get(f"{self.base_url}/api/v2/monitor/health", timeout=5).json()
-                if all((health.get(k) or {}).get("status") == "healthy"
-                       for k in ("metadatabase", "scheduler", "triggerer")):
-                    log.info("airflow is healthy after %.0fs", timeout_s - (deadline - time.time()))
-                    return
-            except (requests.RequestException, ValueError):
-                pass
+            for component, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"airflow {component} exited ({proc.returncode}): "
+                                       f"{last_error(self.log_path(component))}; see {self.log_path(component)}")
+            if not healthy:
+                try:
+                    health = requests.get(f"{self.base_url}/api/v2/monitor/health", timeout=5).json()
+                    healthy = all((health.get(k) or {}).get("status") == "healthy" for k in needed)
+                except (requests.RequestException, ValueError):
+                    pass
+            if healthy and workers:
+                try:
+                    workers -= self._celery.workers_answering(sorted(workers))
+                except Exception as exc:  # noqa: BLE001 - the broker may still be starting up
+                    log.debug("celery ping: %s", exc)
+            if healthy and not workers:
+                log.info("airflow (%s executor) is healthy after %.0fs", self.executor,
+                         timeout_s - (deadline - time.time()))
+                return
             time.sleep(3)
-        raise RuntimeError(f"airflow not healthy after {timeout_s:.0f}s; see {self.home / 'standalone.log'}")
+        missing = f"; workers not answering: {', '.join(sorted(workers))}" if workers else ""
+        raise RuntimeError(f"airflow not healthy after {timeout_s:.0f}s{missing}; see {self.home}/*.log")
+
+    def worker_processes(self) -> list[dict[str, Any]]:
+        """The Celery workers started: ``hostname`` (the Celery name), ``pid`` (the ``airflow celery worker``)."""
+        return [{"hostname": name, "pid": self.procs[name].pid} for name in self.worker_names() if name in self.procs]
 
     def stop(self, *, term_wait_s: float = 30.0, kill_wait_s: float = 10.0) -> None:
-        """Stop standalone and everything it started: its whole process group, not just the leader.
+        """Stop every Airflow process started (standalone, or each celery component): the whole process group.
 
         The leader can exit while its scheduler and workers are still shutting down (or ignore
         SIGTERM, as a waiting HITL task may): wait for the group to be gone, then SIGKILL it.
@@ -144,7 +309,8 @@ class LocalAirflow:
                 return
             deadline = time.time() + wait_s
             while time.time() < deadline:
-                self.proc.poll()  # reap the leader, so a zombie does not keep the group alive
+                for proc in (self.proc, *self.procs.values()):
+                    proc.poll()  # reap our children, so a zombie does not keep the group alive
                 try:
                     os.killpg(pgid, 0)
                 except ProcessLookupError:
@@ -207,6 +373,12 @@ class LocalAirflow:
         run = self.api(user, "POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
         log.info("triggered %s run %s as %s", dag_id, run["dag_run_id"], user)
         return str(run["dag_run_id"])
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """Airflow's record of every task instance of the run (mapped ones each), hostname and pid included."""
+        data = self.api(TRIGGER_USER, "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+                        params={"limit": 1000})
+        return list(data["task_instances"])
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
         data = self.api(TRIGGER_USER, "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")

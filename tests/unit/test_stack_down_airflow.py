@@ -57,3 +57,25 @@ def test_a_recycled_pid_that_is_not_airflow_is_never_signalled(stack: LocalStack
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_down_stops_every_member_of_a_celery_airflow_group_even_after_its_leader_exited(stack: LocalStack) -> None:
+    """The celery executor's components share the API server's process group: a worker outliving the API
+    server must still be stopped, and a process of another group left alone."""
+    # As LocalAirflow starts them: the leader's own group in this session, the others joining it.
+    leader = subprocess.Popen([sys.executable, "-c", SLEEPER, "airflow", "api-server"], process_group=0)
+    members = [subprocess.Popen([sys.executable, "-c", SLEEPER, "airflow", role], process_group=leader.pid)
+               for role in ("scheduler", "celery", "worker")]
+    outsider = spawn("airflow", "standalone")  # someone else's Airflow, in a group of its own
+    try:
+        stack.pid_path(AIRFLOW).write_text(f"{leader.pid}\n")
+        leader.kill()
+        leader.wait()
+        stack.down()
+        assert all(gone(m) for m in members), "stack down left a member of Airflow's process group running"
+        assert outsider.poll() is None, "stack down stopped an Airflow of another process group"
+        assert not stack.pid_path(AIRFLOW).exists()
+    finally:
+        for proc in (*members, outsider):
+            proc.kill()
+            proc.wait()

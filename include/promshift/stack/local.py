@@ -83,9 +83,10 @@ MOTO, AWS, FRONTDOOR, RELAY = "moto", "aws", "frontdoor", "relay"
 # Start order: the fleet before the source that scrapes it, the target before the source that
 # may remote-write to it. Stop order is the reverse, so the source can flush its queues.
 COMPONENTS = (FLEET, MAIL, TARGET, SOURCE)
-# ``airflow standalone`` started by the demo (``promshift.local_airflow``) records its process group here, so
-# ``stack down`` stops it with the rest; a recycled pid is signalled only if its command line is standalone's.
-AIRFLOW, AIRFLOW_MARKER = "airflow", "airflow standalone"
+# The demo's Airflow (``promshift.local_airflow``: ``airflow standalone``, or the celery executor's api-server,
+# scheduler, dag-processor, triggerer and workers, all in one process group) records its process group here, so
+# ``stack down`` stops it with the rest; a recycled pid is signalled only if a member of that group runs Airflow.
+AIRFLOW, AIRFLOW_MARKER = "airflow", "airflow"
 # The local AWS (``target_kind="amp"``), started after the target and before the source.
 AMP_COMPONENTS = (MOTO, AWS, FRONTDOOR, RELAY)
 # The Kubernetes API contract server + operator stand-in (``kubernetes=True``), started after the source.
@@ -239,6 +240,51 @@ def _alive(pid: int) -> bool:
         return False
     state = _proc_state(pid)
     return state is not None and state not in ("Z", "X")
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (read from /proc: the leader may have exited before them)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # After the command name: state, ppid, pgrp.
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def _airflow_group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a member running Airflow (or one of its Celery workers)."""
+    for pid in _group_members(pgid):
+        cmdline = " ".join(_cmdline(pid))
+        if AIRFLOW_MARKER in cmdline or "[celeryd:" in cmdline:
+            return True
+    return False
+
+
+def _stop_group(pgid: int, timeout: float) -> None:
+    """SIGTERM the whole group, wait until no member is left, SIGKILL what remains."""
+    for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while _group_members(pgid) and time.monotonic() < deadline:
+            child = _CHILDREN.get(pgid)
+            if child is not None:
+                child.poll()
+            time.sleep(0.2)
+        left = _group_members(pgid)
+        if not left:
+            return
+        logger.warning("airflow process group %s ignored %s for %ss: %s", pgid, signal.Signals(sig).name, wait_s,
+                       "; ".join(" ".join(_cmdline(pid))[:80] or str(pid) for pid in left))
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -1090,8 +1136,9 @@ class LocalStack:
     def _down(self, timeout: float) -> None:
         # Airflow first (a demo leaves it running, see ``promshift.local_airflow``): its tasks talk to the rest.
         airflow = self._read_pid(AIRFLOW)
-        if airflow is not None and _alive(airflow) and AIRFLOW_MARKER in " ".join(_cmdline(airflow)):
-            self._stop({AIRFLOW: airflow}, timeout)
+        if airflow is not None and _airflow_group_alive(airflow):
+            logger.info("stopping airflow (process group %s)", airflow)
+            _stop_group(airflow, timeout)
         self.pid_path(AIRFLOW).unlink(missing_ok=True)
         components = self._components()
         running = {
