@@ -101,7 +101,8 @@ class RulesStep:
             raise SnapshotError(f"rules snapshot {event.evidence_data['ref']} does not match its recorded sha256")
         return RulesSnapshot.from_dict(json.loads(data))
 
-    def _mine(self) -> tuple[Any, Any]:
+    def this_run(self) -> tuple[Any, Any]:
+        """This run's rules snapshot (from the store, hash-checked) and its plan."""
         event = _this_run(self.migration, RULES_SNAPSHOT)
         if event is None:
             raise RuntimeError("this run took no rules snapshot (the snapshot step records one)")
@@ -110,7 +111,7 @@ class RulesStep:
 
     def add_records(self, now: datetime) -> dict[str, Any]:
         """The group's recording rules on the target (both sides record them until the handoff)."""
-        snap, plan = self._mine()
+        snap, plan = self.this_run()
         result = self.move.add_records(plan, snap, now)
         evidence = {**self._selection_counts(plan), "result": result.to_dict() if result is not None else None}
         self.migration.record(RULES_RECORDS_ADDED, now, evidence)
@@ -121,7 +122,7 @@ class RulesStep:
         done = _this_run(self.migration, RULES_MOVED)
         if done is not None:
             return dict(done.evidence_data)
-        snap, plan = self._mine()
+        snap, plan = self.this_run()
         out = self.move.handoff(plan, snap, now)
         evidence = {"moved": not plan.empty, **self._selection_counts(plan), "gap_s": out.get("gap_s"),
                     "source": out.get("source"), "target": out.get("target")}

@@ -245,3 +245,50 @@ def test_a_failed_bake_check_returns_dashboards_and_rules_with_the_reads(
     assert restored["rules"]["snapshot_run_id"] == restored["read_path"]["snapshot_run_id"] == RUN_ID
     assert audit.stage_of(GROUP) == Stage.ROLLED_BACK_READS
     assert RoutingStore(audit.url).read_from(GROUP) == "source"
+
+
+def parity_xcoms() -> dict[str, Any]:
+    from promshift.core.parity import Measurement, ParityPlan, ParityWindow
+    from promshift.core.verdicts import Verdict
+
+    plan = ParityPlan(ParityWindow(1000.0, 1600.0, 30.0), (Measurement("coverage", Verdict.SUCCESSFUL, "ok"),))
+    return {"parity_plan": plan.to_dict(), "parity_samples": None}
+
+
+def test_the_rules_layer_joins_the_parity_result_when_rules_move(
+        dag: Any, audit: AuditStore, rules: FakeMove, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from promshift.adapters import rules_deploy
+    from promshift.core.verdicts import Measurement, Verdict
+
+    asked: list[dict[str, Any]] = []
+
+    def fake_parity(source: Any, target: Any, selection: Any, **window: Any) -> list[Measurement]:
+        asked.append({"rules": [r.name for r in selection.rules], **window})
+        return [Measurement("rules", Verdict.FAILED, "1 failed of 2 rules"),
+                Measurement("rules[GpuMemoryExhausted]", Verdict.FAILED, "values differ")]
+
+    monkeypatch.setattr(rules_deploy, "rules_parity", fake_parity)
+    seed(audit, [Stage.DUAL_WRITING, Stage.WARMING])
+    task(dag, "snapshot")._snapshot_moved(make_context())
+    result = task(dag, "parity").execute(make_context(parity_xcoms()))
+    assert asked and asked[0]["rules"] == ["gpu:fb_used:ratio", "GpuMemoryExhausted"]
+    assert (asked[0]["start"], asked[0]["end"], asked[0]["step"]) == (1000.0, 1600.0, 30.0)
+    layers = {m["name"]: m["verdict"] for m in result["measurements"]}
+    assert layers["rules"] == "FAILED" and layers["rules[GpuMemoryExhausted]"] == "FAILED"
+    assert result["verdict"] == "FAILED"  # a rule that does not match fails the gate like any layer
+
+
+def test_no_rules_layer_without_rules_and_an_error_layer_when_they_cannot_be_compared(
+        dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch, env: Path) -> None:  # noqa: F811
+    result = task(dag, "parity").execute(make_context(parity_xcoms()))
+    assert not any(m["name"].startswith("rules") for m in result["measurements"])
+    # Configured, but this run took no rules snapshot: the layer is ERROR, never a silent pass.
+    from promshift.adapters.blobs import LocalBlobs
+    from promshift.moves import RulesStep
+    from promshift.orchestration.operators import _GroupStep
+
+    monkeypatch.setattr(_GroupStep, "rules_step",
+                        lambda self, migration: RulesStep(migration, FakeMove(), LocalBlobs(env / "snapshots")))
+    result = task(dag, "parity").execute(make_context(parity_xcoms()))
+    rules_layer = next(m for m in result["measurements"] if m["name"] == "rules")
+    assert rules_layer["verdict"] == "ERROR" and "took no rules snapshot" in rules_layer["reason"]

@@ -653,9 +653,33 @@ class ParityOperator(_ParityStep):
         plan = ti.xcom_pull(task_ids="parity_plan", key="plan")
         # A list of task ids always returns a list, whatever the number of mapped shards.
         shards = [s for s in ti.xcom_pull(task_ids=["parity_samples"]) or [] if s]
-        result = self.parity_check().reduce(plan, shards)
+        result = self.parity_check().reduce(plan, shards, extra=self._rules_layer(context, plan))
         self.log.info("parity %s\n%s", result.verdict.value, parity_log_table(result))
         return result.to_dict()
+
+
+    def _rules_layer(self, context: Any, plan: dict[str, Any] | None) -> list[Any]:
+        """The rules layer when the group's rules move with it: each moved rule's expression on both sides over
+        the parity window (``rules_parity``); no window (a dry run without dual-write): none, as for samples."""
+        from promshift.adapters.rules_deploy import rules_parity
+        from promshift.core.verdicts import Measurement, Verdict
+        from promshift.migration import one_line
+
+        window = (plan or {}).get("window")
+        migration = self.migration(context)
+        step = self.rules_step(migration)
+        if step is None or not window:
+            return []
+        try:
+            _snap, rules_plan = step.this_run()
+            policy = self.group.parity
+            return rules_parity(self.source_hook.prometheus_client(), self.target_hook.prometheus_client(),
+                                rules_plan.selection, start=float(window["start"]), end=float(window["end"]),
+                                step=float(window["step"]), abs_tol=policy.abs_tolerance,
+                                rel_tol=policy.rel_tolerance, ignore_labels=policy.ignore_labels,
+                                rename_labels=policy.rename_labels)
+        except Exception as exc:  # noqa: BLE001 - a layer that could not be measured is ERROR, never a pass
+            return [Measurement("rules", Verdict.ERROR, f"rules not compared: {type(exc).__name__}: {one_line(exc)}")]
 
 
 class LatencyOperator(GroupStepOperator):
