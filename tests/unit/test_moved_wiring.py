@@ -292,3 +292,16 @@ def test_no_rules_layer_without_rules_and_an_error_layer_when_they_cannot_be_com
     result = task(dag, "parity").execute(make_context(parity_xcoms()))
     rules_layer = next(m for m in result["measurements"] if m["name"] == "rules")
     assert rules_layer["verdict"] == "ERROR" and "took no rules snapshot" in rules_layer["reason"]
+
+
+def test_a_dry_run_compares_the_rules_it_would_move_and_keeps_nothing(
+        dag: Any, audit: AuditStore, rules: FakeMove, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from promshift.adapters import rules_deploy
+    from promshift.core.verdicts import Measurement, Verdict
+
+    monkeypatch.setattr(rules_deploy, "rules_parity", lambda *_a, **_k: [
+        Measurement("rules", Verdict.SUCCESSFUL, "2 successful of 2 rules")])
+    result = task(dag, "parity").execute(make_context(parity_xcoms(), params={"dry_run": True}))
+    assert {m["name"]: m["verdict"] for m in result["measurements"]}["rules"] == "SUCCESSFUL"
+    assert rules.names() == ["snapshot"]  # read, never stored or moved
+    assert not [e for e in audit.events(group=GROUP) if e.kind.startswith("rules_")]

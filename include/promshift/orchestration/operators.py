@@ -671,7 +671,10 @@ class ParityOperator(_ParityStep):
         if step is None or not window:
             return []
         try:
-            _snap, rules_plan = step.this_run()
+            if migration.dry_run:  # read only: what the move would take now, kept nowhere
+                rules_plan = step.move.plan(step.move.snapshot())
+            else:
+                _snap, rules_plan = step.this_run()
             policy = self.group.parity
             return rules_parity(self.source_hook.prometheus_client(), self.target_hook.prometheus_client(),
                                 rules_plan.selection, start=float(window["start"]), end=float(window["end"]),
@@ -948,20 +951,19 @@ class RollbackOperator(GroupStepOperator):
         """The snapshot back (the previous blob or object; a created scraper deleted); defer until it is live."""
         from promshift.deploy_path import DeployStepFailed, final_event
 
-        if moved_errors:
-            self.log.error("not restored: %s", "; ".join(moved_errors))
         try:
             result = self.scraper_step(context).restore(snap, reason=reason, now=_now())
         except DeployStepFailed as exc:
             self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
             raise AirflowFailException(str(exc)) from None
         if result.state.final:
-            return self.execute_complete(context, final_event(result), reason=reason)
+            return self.execute_complete(context, final_event(result), reason=reason, moved_errors=list(moved_errors))
         self.defer(trigger=self.deploy_trigger(result.to_dict()),
-                   method_name="execute_complete", kwargs={"reason": reason},
+                   method_name="execute_complete", kwargs={"reason": reason, "moved_errors": list(moved_errors)},
                    timeout=timedelta(seconds=float(result.details.get("timeout_s") or 900) + 300))
 
-    def execute_complete(self, context: Any, event: dict[str, Any], reason: str = "") -> dict[str, Any]:
+    def execute_complete(self, context: Any, event: dict[str, Any], reason: str = "",
+                         moved_errors: Sequence[str] = ()) -> dict[str, Any]:
         from promshift.deploy_path import DeployStepFailed
 
         try:
@@ -976,6 +978,8 @@ class RollbackOperator(GroupStepOperator):
         publish_report(self, context, self.migration(context))
         if not evidence["restored_identical"]:
             raise AirflowFailException("rollback did not restore the group's scraper as snapshotted")
+        if moved_errors:
+            raise AirflowFailException("rollback did not restore what moved with the group: " + "; ".join(moved_errors))
         return evidence
 
 
