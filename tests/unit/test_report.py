@@ -236,3 +236,16 @@ def test_a_failed_bake_reports_the_restored_rules_and_dashboards() -> None:
     assert report["bake"]["reason"] == "bake check FAILED: stale"
     assert report["rules"]["restored"] and report["rules"]["restored_identical"] is True
     assert report["read_path"]["restored"] is True and report["read_path"]["configured"] is False
+
+
+def test_the_markdown_says_what_moved_and_what_was_not_configured() -> None:
+    evs = _chain([("rules_snapshot", None, None, {"ref": "x", "rules": 2, "records": 1, "alerts": 1}),
+                  ("rules_moved", None, None, {"moved": True}),
+                  ("bake_check", None, None, {"verdict": "FAILED"}),
+                  ("reads_rolled_back", None, None, {"reason": "stale target"})])
+    md = render_markdown(build_report(group="g", run_id="r", events=evs, final_stage="rolled_back_reads",
+                                      chain=verify_chain(evs)))
+    assert "## Rules\n\n2 rule(s) (1 recording, 1 alerting): moved True, restored False" in md
+    assert "## Read path (dashboards)\n\nnot configured" in md
+    assert "## Bake\n\n1 check(s), 1 failed; baked False; reads rolled back True (stale target)" in md
+    assert "## Decommission" not in md

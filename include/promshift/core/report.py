@@ -192,6 +192,31 @@ def _moved_with_group(events: Sequence[AuditEvent]) -> dict[str, Any]:
     return {"rules": rules, "read_path": read_path, "bake": bake, "decommission": decommission}
 
 
+def moved_markdown(report: Mapping[str, Any]) -> list[str]:
+    """The report's rules, dashboards, bake and decommission lines (older reports without them: none)."""
+    lines: list[str] = []
+    rules, reads = report.get("rules"), report.get("read_path")
+    if rules:
+        lines += ["", "## Rules", "", (f"{rules['rules']} rule(s) ({rules['records']} recording, {rules['alerts']} "
+                                       f"alerting): moved {rules['moved']}, restored {rules['restored']}"
+                                       if rules.get("configured") else f"{rules.get('reason') or 'not moved'}")]
+    if reads:
+        lines += ["", "## Read path (dashboards)", "", (f"switched {reads['switched']}: {reads['dashboards']} "
+                                                         f"dashboard(s), {reads['panels']} panel(s); restored "
+                                                         f"{reads['restored']}" if reads.get("configured")
+                                                         else f"{reads.get('reason') or 'not switched'}")]
+    bake, dec = report.get("bake"), report.get("decommission")
+    if bake and bake.get("checks"):
+        lines += ["", "## Bake", "", f"{bake['checks']} check(s), {bake['failed_checks']} failed; baked "
+                  f"{bake['baked']}; reads rolled back {bake['reads_rolled_back']}"
+                  + (f" ({bake['reason']})" if bake.get("reason") else "")]
+    if dec and (dec.get("performed") or dec.get("reason")):
+        lines += ["", "## Decommission", "", f"performed {dec['performed']}: freed {dec['freed_series']} series, "
+                  f"{dec['freed_samples_per_s']} samples/s; source series after: {dec['source_series_after']}"
+                  + (f"; {dec['reason']}" if dec.get("reason") else "")]
+    return lines
+
+
 def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final_stage: str,
                  chain: ChainCheck, target: Mapping[str, Any] | None = None,
                  source_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -318,6 +343,7 @@ def render_markdown(report: Mapping[str, Any], *, chart_file: str | None = None)
     a = report["approval"]
     lines += ["", "## Approval", "", f"decision: **{a.get('decision') or 'none'}** by {a.get('by') or '-'}"
               + (f" — {a['comment']}" if a.get("comment") else "")]
+    lines += moved_markdown(report)
     r = report["rollback"]
     lines += ["", "## Rollback", "", f"performed: {r['performed']}, source config restored byte for byte: "
               f"{r['restored_identical']}" + (f"; reason: {r['reason']}" if r.get("reason") else "")]
