@@ -38,6 +38,29 @@ READ_PATH_SNAPSHOT = "read_path_snapshot"
 READ_PATH_SWITCHED = "read_path_switched"
 READ_PATH_RESTORED = "read_path_restored"
 NOT_CONFIGURED = "not configured"
+# A step of the move that failed (recorded with its error before the task fails; the rollback names it).
+MOVE_FAILED = {"rules": "rules_move_failed", "read_path": "read_path_switch_failed"}
+
+
+def record_move_failure(migration: GroupMigration, what: str, step: str, exc: BaseException,
+                        now: datetime) -> str:
+    """Record ``<what>_move_failed`` / ``read_path_switch_failed`` for ``step``; returns the one-line reason."""
+    from promshift.migration import one_line
+
+    reason = f"{what.replace('_', ' ')} {step} failed: {type(exc).__name__}: {one_line(exc)}"
+    migration.record(MOVE_FAILED[what], now, {"step": step, "reason": reason,
+                                              "evidence": getattr(exc, "evidence", None)})
+    return reason
+
+
+def move_failure_reason(migration: GroupMigration) -> str | None:
+    """The reason of this run's last step when it is a failed move of rules or dashboards, else None."""
+    from promshift.migration import steps_of
+
+    mine = steps_of(migration.audit.events(group=migration.group.name, run_id=migration.run_id))
+    if mine and mine[-1].kind in MOVE_FAILED.values():
+        return str(mine[-1].evidence_data.get("reason"))
+    return None
 
 
 def _sha256(data: bytes) -> str:

@@ -305,3 +305,23 @@ def test_a_dry_run_compares_the_rules_it_would_move_and_keeps_nothing(
     assert {m["name"]: m["verdict"] for m in result["measurements"]}["rules"] == "SUCCESSFUL"
     assert rules.names() == ["snapshot"]  # read, never stored or moved
     assert not [e for e in audit.events(group=GROUP) if e.kind.startswith("rules_")]
+
+
+def test_a_failed_handoff_is_recorded_and_named_by_the_rollback(
+        dag: Any, audit: AuditStore, dashboards: Path, rules: FakeMove, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from promshift.adapters.routing import RoutingStore
+
+    def refuse(plan: Any, snap: Any, now: Any) -> None:
+        raise RuntimeError("promtool refused the target document")
+
+    monkeypatch.setattr(rules, "handoff", refuse)
+    before = dashboards.read_bytes()
+    with pytest.raises(RuntimeError, match="promtool refused"):
+        cut_over(dag, audit)
+    assert kinds(audit, UP_TO_APPROVED)[-1] == "rules_move_failed"
+    assert dashboards.read_bytes() == before  # nothing after the rules was touched, not even the routing
+    assert RoutingStore(audit.url).read_from(GROUP) != "target"
+    task(dag, "rollback").execute(make_context())
+    [rolled] = [e for e in audit.events(group=GROUP) if e.kind in ("rollback_not_needed", "rolled_back")]
+    assert rolled.evidence_data["reason"] == ("rules handoff failed: RuntimeError: promtool refused the target "
+                                              "document")

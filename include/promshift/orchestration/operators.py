@@ -478,12 +478,17 @@ class SnapshotConfigOperator(GroupStepOperator):
 
     def _snapshot_moved(self, context: Any) -> None:
         """The group's rules (and their plan, promtool-checked) and dashboards, when configured, kept for rollback."""
+        from promshift.moves import record_move_failure
+
         migration = self.migration(context)
         for name, step in (("rules", self.rules_step(migration)), ("read_path", self.read_path_step(migration))):
             if step is None:
                 self.log.info("%s: not configured", name)
                 continue
-            evidence = step.snapshot(_now())
+            try:
+                evidence = step.snapshot(_now())
+            except Exception as exc:
+                raise AirflowFailException(record_move_failure(migration, name, "snapshot", exc, _now())) from None
             self.log.info("%s snapshot kept: %s", name, evidence.get("ref") or (evidence.get("snapshot") or {}).get(
                 "ref"))
 
@@ -580,9 +585,15 @@ class WarmupOperator(GroupStepOperator):
         if event.get("status") != "ready":
             raise AirflowFailException(f"warm-up {event.get('status')}: {event.get('reason')}")
         self.log.info("warm-up done: %s", event.get("reason"))
+        from promshift.moves import record_move_failure
+
         rules = self.rules_step(migration)
         if rules is not None:  # the recording rules on the target now: its alerts will find them at the handoff
-            added = rules.add_records(_now())
+            try:
+                added = rules.add_records(_now())
+            except Exception as exc:
+                raise AirflowFailException(record_move_failure(migration, "rules", "add_records", exc,
+                                                               _now())) from None
             self.log.info("recording rules on the target: %s", added["records"])
         return event
 
@@ -852,17 +863,27 @@ class CutoverOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         if self.run_params(context).dry_run:  # never reached (the approval skips first); a skip emits no asset
             raise AirflowSkipException("dry run: no cut-over")
+        from promshift.moves import record_move_failure
+
         migration = self.migration(context)
         # The rules first (the source drops them, the target loads them), then the dashboards, then routing;
         # each is audited and done once per run, so a retry resumes where the first attempt stopped.
         rules = self.rules_step(migration)
         if rules is not None:
-            moved = rules.handoff(_now())
+            try:
+                moved = rules.handoff(_now())
+            except Exception as exc:
+                record_move_failure(migration, "rules", "handoff", exc, _now())
+                raise
             self.log.info("rules moved: %s (%s recording, %s alerting)", moved["rules"], moved["records"],
                           moved["alerts"])
         read_path = self.read_path_step(migration)
         if read_path is not None:
-            switched = read_path.switch(_now())
+            try:
+                switched = read_path.switch(_now())
+            except Exception as exc:
+                record_move_failure(migration, "read_path", "switch", exc, _now())
+                raise
             self.log.info("read path switched: %s dashboard(s), %s panel(s)", switched["dashboards"],
                           switched["panels"])
         return migration.cutover(_now())
@@ -889,9 +910,10 @@ class RollbackOperator(GroupStepOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.deploy_path import REMOTE_WRITE
+        from promshift.moves import move_failure_reason
 
         migration = self.migration(context)
-        reason = migration.failure_reason()
+        reason = move_failure_reason(migration) or migration.failure_reason()
         if migration.dry_run:  # nothing was deployed: restore nothing, route nothing, tell nobody
             result = migration.record_dry_run("rollback", _now(), would="restore the snapshot and route reads "
                                               "to the source", reason=reason, performed=False)
