@@ -104,6 +104,9 @@ def rules(env: Path, monkeypatch: pytest.MonkeyPatch) -> FakeMove:  # noqa: F811
     from promshift.moves import RulesStep
     from promshift.orchestration.operators import _GroupStep
 
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+        "conn_type": "prometheus", "host": "http://127.0.0.1:1",
+        "extra": {"config_path": str(env / "prometheus.yml"), "rules": True}}))
     move = FakeMove()
     monkeypatch.setattr(_GroupStep, "rules_step",
                         lambda self, migration: RulesStep(migration, move, LocalBlobs(env / "snapshots")))

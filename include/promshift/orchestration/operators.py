@@ -342,27 +342,46 @@ class _GroupStep:
     def read_path_step(self, migration: Any) -> Any:
         """The group's dashboards switch (``moves.ReadPathStep``) when connection ``grafana_default`` exists
         with ``extra.read_path``, else None (not configured). File mode keeps its snapshots in the store."""
-        from airflow.sdk.exceptions import AirflowNotFoundException
-
         from promshift.moves import ReadPathStep
         from promshift.orchestration.grafana_hook import GrafanaHook
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
         from promshift.settings import snapshots_url
 
-        hook = GrafanaHook(GRAFANA_CONN)
-        try:
-            conn = hook.get_connection(GRAFANA_CONN)
-        except AirflowNotFoundException:
+        if self._grafana_read_path() is None:
             return None
-        if not isinstance(conn.extra_dejson.get("read_path"), dict):
-            return None
-        return ReadPathStep(migration, hook.read_path_switch(self.group, blobs=ObjectStorageBlobs(snapshots_url())))
+        switch = GrafanaHook(GRAFANA_CONN).read_path_switch(self.group, blobs=ObjectStorageBlobs(snapshots_url()))
+        return ReadPathStep(migration, switch)
 
     def moved_restorers(self, migration: Any) -> list[Any]:
-        """``lifecycle`` read restorers for what moved with the group (dashboards, then rules)."""
-        from promshift.moves import read_restorers
+        """``lifecycle`` read restorers for what moves with the group (dashboards, then rules), for what is
+        configured; each builds its move only when it is called (a bake check that passes builds none)."""
+        from promshift.orchestration.hooks import PrometheusHook
 
-        return read_restorers(self.rules_step(migration), self.read_path_step(migration))
+        out: list[Any] = []
+
+        def restorer(build: Any) -> Any:
+            def restore(m: Any, *, reason: str, now: datetime) -> Any:
+                return build(m).restore(m, reason=reason, now=now)
+            return restore
+
+        if self._grafana_read_path() is not None:
+            out.append(("read_path", restorer(self.read_path_step)))
+        source = self.source_hook
+        if isinstance(source, PrometheusHook) and source.extra.get("rules"):
+            out.append(("rules", restorer(self.rules_step)))
+        return out
+
+    @staticmethod
+    def _grafana_read_path() -> Any:
+        """``grafana_default``'s ``extra.read_path``, or None (no connection, or no read path in it)."""
+        from airflow.sdk import BaseHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            config = BaseHook.get_connection(GRAFANA_CONN).extra_dejson.get("read_path")
+        except AirflowNotFoundException:
+            return None
+        return config if isinstance(config, dict) else None
 
     def tell_owners(self, context: Any, kind: str, **details: Any) -> dict[str, Any] | None:
         """Notify the group's owners on the catalog's channel and record it; never raises (``orchestration.notify``)."""
