@@ -284,7 +284,8 @@ class Decommission:
             "config_after_sha256": sha256_bytes(new_data), "approval": dict(approval),
             "loaded": all(drop_is_loaded(loaded, job, rule) for job in jobs), "dual_write": "managed collector"}
         stopped, flowing = self._verify(after=now.timestamp())
-        evidence.update(source_stopped=stopped, target_still_receiving=flowing)
+        evidence.update(source_stopped=stopped, target_still_receiving=flowing,
+                        source_series_after=self._source_series())
         if not (evidence["loaded"] and stopped and flowing):
             restored = deployer.restore(snap)
             evidence["undone"] = {"restored_identical": restored}
@@ -294,6 +295,14 @@ class Decommission:
                 f"stopped: {stopped}, target still receiving: {flowing}); the source config was restored")
         m.record(DECOMMISSIONED, now, evidence, to=Stage.DECOMMISSIONED)
         return evidence
+
+    def _source_series(self) -> int | None:
+        """The group's series the source still returns (None when it cannot be asked)."""
+        try:
+            return int(self.migration.backends.source.scalar(f"count({self.migration.group.selector()})") or 0)
+        except PrometheusError as exc:
+            log.warning("decommission: source series after: %s", exc)
+            return None
 
     def _verify(self, *, after: float) -> tuple[bool, bool]:
         """(the source returns no fresh series of the group, the target has a sample newer than ``after``)."""

@@ -176,3 +176,76 @@ def test_a_failed_validation_is_the_summary_and_the_target_is_what_the_caller_kn
     assert "## Validation: FAILED" in md and reason in md
     assert "control plane verified 3, rejected 1 (signature_mismatch 1)" in md
     assert "(identical)" in md
+
+
+def _chain(steps: list) -> list:
+    out = []
+    for i, (kind, frm, to, ev) in enumerate(steps):
+        out.append(new_event(prev=out[-1] if out else None, group="g", run_id="r", kind=kind, stage_from=frm,
+                             stage_to=to, actor="promshift", at=T0 + timedelta(minutes=i), evidence=ev, key=None))
+    return out
+
+
+def test_rules_read_path_bake_and_decommission_are_reported_even_when_nothing_was_configured() -> None:
+    evs = events()
+    report = build_report(group="g", run_id="r", events=evs, final_stage="cut_over", chain=verify_chain(evs))
+    assert report["rules"]["configured"] is False and report["rules"]["moved"] is False
+    assert report["rules"]["reason"] == "not configured" and report["rules"]["rules"] == 0
+    assert report["read_path"] == {"configured": False, "switched": False, "dashboards": 0, "panels": 0,
+                                   "restored": False, "reason": "not configured"}
+    assert report["bake"]["checks"] == 0 and report["bake"]["baked"] is False
+    assert report["decommission"] == {"performed": False, "source_series_after": None, "freed_series": 0,
+                                      "freed_samples_per_s": 0, "reason": None}
+
+
+def test_moved_rules_switched_dashboards_bake_checks_and_the_decommission_are_counted() -> None:
+    evs = _chain([
+        ("rules_snapshot", None, None, {"ref": "x", "rules": 3, "records": 1, "alerts": 2}),
+        ("read_path_snapshot", None, None, {"kind": "grafana-files", "snapshot": {"files": [{"path": "a"}]}}),
+        ("rules_records_added", None, None, {"records": 1}),
+        ("rules_moved", None, None, {"moved": True, "rules": 3, "gap_s": 0.2}),
+        ("read_path_switched", None, None, {"switched": True, "dashboards": 1, "panels": 4}),
+        ("bake_check", None, None, {"verdict": "SUCCESSFUL"}),
+        ("bake_check", None, None, {"verdict": "SUCCESSFUL"}),
+        ("baked", None, None, {"clean_since": 5.0}),
+        ("decommissioned", None, None, {"freed": {"series": 16, "samples_per_s": 8.0}, "source_series_after": 0}),
+    ])
+    report = build_report(group="g", run_id="r", events=evs, final_stage="decommissioned", chain=verify_chain(evs))
+    assert report["rules"]["configured"] and report["rules"]["moved"] and report["rules"]["records_added"]
+    assert (report["rules"]["rules"], report["rules"]["records"], report["rules"]["alerts"]) == (3, 1, 2)
+    assert report["rules"]["reason"] is None and report["rules"]["restored"] is False
+    assert report["read_path"]["switched"] and (report["read_path"]["dashboards"], report["read_path"]["panels"]) \
+        == (1, 4)
+    assert report["bake"] == {"checks": 2, "failed_checks": 0, "baked": True, "clean_since": 5.0,
+                              "reads_rolled_back": False, "reason": None}
+    assert report["decommission"] == {"performed": True, "source_series_after": 0, "freed_series": 16,
+                                      "freed_samples_per_s": 8.0, "reason": None}
+
+
+def test_a_failed_bake_reports_the_restored_rules_and_dashboards() -> None:
+    evs = _chain([
+        ("rules_snapshot", None, None, {"ref": "x", "rules": 1, "records": 0, "alerts": 1}),
+        ("rules_moved", None, None, {"moved": True}),
+        ("bake_check", None, None, {"verdict": "FAILED"}),
+        ("read_path_restored", None, None, {"changed": True}),
+        ("rules_restored", None, None, {"changed": True, "restored_identical": True}),
+        ("reads_rolled_back", None, None, {"reason": "bake check FAILED: stale"}),
+    ])
+    report = build_report(group="g", run_id="r", events=evs, final_stage="rolled_back_reads", chain=verify_chain(evs))
+    assert report["bake"]["failed_checks"] == 1 and report["bake"]["reads_rolled_back"]
+    assert report["bake"]["reason"] == "bake check FAILED: stale"
+    assert report["rules"]["restored"] and report["rules"]["restored_identical"] is True
+    assert report["read_path"]["restored"] is True and report["read_path"]["configured"] is False
+
+
+def test_the_markdown_says_what_moved_and_what_was_not_configured() -> None:
+    evs = _chain([("rules_snapshot", None, None, {"ref": "x", "rules": 2, "records": 1, "alerts": 1}),
+                  ("rules_moved", None, None, {"moved": True}),
+                  ("bake_check", None, None, {"verdict": "FAILED"}),
+                  ("reads_rolled_back", None, None, {"reason": "stale target"})])
+    md = render_markdown(build_report(group="g", run_id="r", events=evs, final_stage="rolled_back_reads",
+                                      chain=verify_chain(evs)))
+    assert "## Rules\n\n2 rule(s) (1 recording, 1 alerting): moved True, restored False" in md
+    assert "## Read path (dashboards)\n\nnot configured" in md
+    assert "## Bake\n\n1 check(s), 1 failed; baked False; reads rolled back True (stale target)" in md
+    assert "## Decommission" not in md

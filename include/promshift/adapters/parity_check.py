@@ -696,11 +696,13 @@ class ParityCheck:
         out["cost"] = self._cost(started, before)
         return out
 
-    def reduce(self, plan: ParityPlan | Mapping[str, Any], shards: Sequence[dict[str, Any]]) -> ParityResult:
-        """Merge the plan's layers and every shard into the parity result (``plan``: typed, or its XCom form)."""
+    def reduce(self, plan: ParityPlan | Mapping[str, Any], shards: Sequence[dict[str, Any]],
+               extra: Sequence[Measurement] = ()) -> ParityResult:
+        """Merge the plan's layers and every shard into the parity result (``plan``: typed, or its XCom form);
+        ``extra``: layers measured elsewhere (the rules layer, when the group's rules move with it)."""
         if not isinstance(plan, ParityPlan):
             plan = ParityPlan.from_dict(plan)
-        measurements = list(plan.measurements)
+        measurements = [*plan.measurements, *extra]
         if plan.window is not None and not any(m.layer == Layer.SAMPLES for m in measurements):
             measurements.append(self.samples_measurement(shards, hosts_total=plan.hosts_total))
         costs = [plan.cost, *(s.get("cost", {}) for s in shards)]

@@ -143,6 +143,80 @@ def source_config_line(source_config: Mapping[str, Any]) -> str:
     return f"sha256 before {before}, after {after} ({same})"
 
 
+def _moved_with_group(events: Sequence[AuditEvent]) -> dict[str, Any]:
+    """``rules``, ``read_path``, ``bake`` and ``decommission`` of the report: every field present, false or 0
+    when it did not happen (``configured: false`` / ``reason: not configured`` when nothing was set up)."""
+    rules: dict[str, Any] = {"configured": False, "moved": False, "rules": 0, "records": 0, "alerts": 0,
+                             "records_added": False, "gap_s": None, "restored": False, "restored_identical": None,
+                             "reason": "not configured"}
+    read_path: dict[str, Any] = {"configured": False, "switched": False, "dashboards": 0, "panels": 0,
+                                 "restored": False, "reason": "not configured"}
+    bake: dict[str, Any] = {"checks": 0, "failed_checks": 0, "baked": False, "clean_since": None,
+                            "reads_rolled_back": False, "reason": None}
+    decommission: dict[str, Any] = {"performed": False, "source_series_after": None, "freed_series": 0,
+                                    "freed_samples_per_s": 0, "reason": None}
+    for e in events:
+        data = e.evidence_data
+        if e.kind == "rules_snapshot":
+            rules.update(configured=True, reason=None, rules=data.get("rules", 0), records=data.get("records", 0),
+                         alerts=data.get("alerts", 0))
+        elif e.kind == "rules_records_added":
+            rules["records_added"] = True
+        elif e.kind == "rules_moved":
+            rules.update(moved=bool(data.get("moved")), gap_s=data.get("gap_s"))
+        elif e.kind == "rules_restored" and data.get("changed"):
+            rules.update(restored=True, restored_identical=data.get("restored_identical"))
+        elif e.kind == "read_path_snapshot":
+            snap = data.get("snapshot") or {}
+            read_path.update(configured=True, reason=None, kind=data.get("kind"),
+                             dashboards=len(snap.get("files") or snap.get("dashboards") or []))
+        elif e.kind == "read_path_switched":
+            read_path.update(switched=True, dashboards=data.get("dashboards", 0), panels=data.get("panels", 0))
+        elif e.kind == "read_path_restored" and data.get("changed"):
+            read_path["restored"] = True
+        elif e.kind == "bake_check":
+            bake["checks"] += 1
+            if data.get("verdict") in ("FAILED", "ERROR"):
+                bake["failed_checks"] += 1
+        elif e.kind == "baked":
+            bake.update(baked=True, clean_since=data.get("clean_since"))
+        elif e.kind == "reads_rolled_back":
+            bake.update(reads_rolled_back=True, reason=data.get("reason"))
+        elif e.kind == "decommissioned":
+            freed = data.get("freed") or {}
+            decommission.update(performed=True, source_series_after=data.get("source_series_after"),
+                                freed_series=freed.get("series", 0),
+                                freed_samples_per_s=freed.get("samples_per_s") or 0, reason=None)
+        elif e.kind in ("decommission_refused", "decommission_failed"):
+            decommission["reason"] = data.get("reason") or e.kind.replace("_", " ")
+    return {"rules": rules, "read_path": read_path, "bake": bake, "decommission": decommission}
+
+
+def moved_markdown(report: Mapping[str, Any]) -> list[str]:
+    """The report's rules, dashboards, bake and decommission lines (older reports without them: none)."""
+    lines: list[str] = []
+    rules, reads = report.get("rules"), report.get("read_path")
+    if rules:
+        lines += ["", "## Rules", "", (f"{rules['rules']} rule(s) ({rules['records']} recording, {rules['alerts']} "
+                                       f"alerting): moved {rules['moved']}, restored {rules['restored']}"
+                                       if rules.get("configured") else f"{rules.get('reason') or 'not moved'}")]
+    if reads:
+        lines += ["", "## Read path (dashboards)", "", (f"switched {reads['switched']}: {reads['dashboards']} "
+                                                         f"dashboard(s), {reads['panels']} panel(s); restored "
+                                                         f"{reads['restored']}" if reads.get("configured")
+                                                         else f"{reads.get('reason') or 'not switched'}")]
+    bake, dec = report.get("bake"), report.get("decommission")
+    if bake and bake.get("checks"):
+        lines += ["", "## Bake", "", f"{bake['checks']} check(s), {bake['failed_checks']} failed; baked "
+                  f"{bake['baked']}; reads rolled back {bake['reads_rolled_back']}"
+                  + (f" ({bake['reason']})" if bake.get("reason") else "")]
+    if dec and (dec.get("performed") or dec.get("reason")):
+        lines += ["", "## Decommission", "", f"performed {dec['performed']}: freed {dec['freed_series']} series, "
+                  f"{dec['freed_samples_per_s']} samples/s; source series after: {dec['source_series_after']}"
+                  + (f"; {dec['reason']}" if dec.get("reason") else "")]
+    return lines
+
+
 def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final_stage: str,
                  chain: ChainCheck, target: Mapping[str, Any] | None = None,
                  source_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -162,6 +236,7 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
     warmup: dict[str, Any] = {}
     validation: dict[str, Any] = {"ok": None, "reason": None}
     recorded_target: dict[str, Any] = {}
+    moved = _moved_with_group(events)
     for e in events:
         data = e.evidence_data
         if e.kind == "validated":
@@ -215,6 +290,7 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
         "approval": approval,
         "rollback": rollback,
         "validation": validation,
+        **moved,
         "target": {**recorded_target, **dict(target or {})},
         "source_config": dict(source_config or {}),
         "audit": {"events": len(events), "chain_events": chain.events, "chain_ok": chain.ok,
@@ -267,6 +343,7 @@ def render_markdown(report: Mapping[str, Any], *, chart_file: str | None = None)
     a = report["approval"]
     lines += ["", "## Approval", "", f"decision: **{a.get('decision') or 'none'}** by {a.get('by') or '-'}"
               + (f" — {a['comment']}" if a.get("comment") else "")]
+    lines += moved_markdown(report)
     r = report["rollback"]
     lines += ["", "## Rollback", "", f"performed: {r['performed']}, source config restored byte for byte: "
               f"{r['restored_identical']}" + (f"; reason: {r['reason']}" if r.get("reason") else "")]

@@ -27,6 +27,8 @@ TARGET_CONN = "promshift_target"
 # The audit HMAC key lives in this connection's password (or the secrets backend behind it),
 # never in the audit database.
 AUDIT_CONN = "promshift_audit"
+# Grafana (``extra.read_path``): absent, the group's dashboards are not switched ("not configured").
+GRAFANA_CONN = "grafana_default"
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +307,82 @@ class _GroupStep:
                               snapshot_blobs=ObjectStorageBlobs(snapshots_url()),
                               run_params=self.run_params(context))
 
+    def rules_step(self, migration: Any) -> Any:
+        """The group's rules move (``moves.RulesStep``) when the source connection's ``extra.rules`` is true,
+        else None (not configured). The target: the AMP workspace's rule-groups namespace, or a self-hosted
+        target's rule file (its connection's ``extra.config_path``, ``extra.rules_dir``)."""
+        from promshift.adapters.rules_deploy import PrometheusRulesTarget, RulesMove, SourceRules
+        from promshift.moves import RulesStep
+        from promshift.orchestration.amp_hook import AmpHook
+        from promshift.orchestration.hooks import PrometheusHook
+        from promshift.orchestration.object_blobs import ObjectStorageBlobs
+        from promshift.settings import snapshots_url
+
+        source = self.source_hook
+        if not isinstance(source, PrometheusHook) or not source.extra.get("rules"):
+            return None
+        promtool = str(source.extra.get("promtool", "promtool"))
+        config_path = source.extra.get("config_path")
+        if not config_path:
+            raise AirflowFailException(f"connection {self.source_conn_id!r}: extra.rules needs extra.config_path")
+        target = self.target_hook
+        if isinstance(target, AmpHook):
+            rules_target: Any = target.rules_namespace(self.group.name)
+        else:
+            target_config = target.extra.get("config_path")
+            if not target_config:
+                raise AirflowFailException(f"connection {self.source_conn_id!r} moves rules: the self-hosted target "
+                                           f"{self.target_conn_id!r} needs extra.config_path")
+            rules_target = PrometheusRulesTarget(target_config, target.prometheus_client(), group_name=self.group.name,
+                                                 rules_dir=target.extra.get("rules_dir"), promtool=promtool)
+        move = RulesMove.for_group(SourceRules(config_path, source.prometheus_client(), promtool=promtool),
+                                   rules_target, self.group)
+        return RulesStep(migration, move, ObjectStorageBlobs(snapshots_url()))
+
+    def read_path_step(self, migration: Any) -> Any:
+        """The group's dashboards switch (``moves.ReadPathStep``) when connection ``grafana_default`` exists
+        with ``extra.read_path``, else None (not configured). File mode keeps its snapshots in the store."""
+        from promshift.moves import ReadPathStep
+        from promshift.orchestration.grafana_hook import GrafanaHook
+        from promshift.orchestration.object_blobs import ObjectStorageBlobs
+        from promshift.settings import snapshots_url
+
+        if self._grafana_read_path() is None:
+            return None
+        switch = GrafanaHook(GRAFANA_CONN).read_path_switch(self.group, blobs=ObjectStorageBlobs(snapshots_url()))
+        return ReadPathStep(migration, switch)
+
+    def moved_restorers(self, migration: Any) -> list[Any]:
+        """``lifecycle`` read restorers for what moves with the group (dashboards, then rules), for what is
+        configured; each builds its move only when it is called (a bake check that passes builds none)."""
+        from promshift.orchestration.hooks import PrometheusHook
+
+        out: list[Any] = []
+
+        def restorer(build: Any) -> Any:
+            def restore(m: Any, *, reason: str, now: datetime) -> Any:
+                return build(m).restore(m, reason=reason, now=now)
+            return restore
+
+        if self._grafana_read_path() is not None:
+            out.append(("read_path", restorer(self.read_path_step)))
+        source = self.source_hook
+        if isinstance(source, PrometheusHook) and source.extra.get("rules"):
+            out.append(("rules", restorer(self.rules_step)))
+        return out
+
+    @staticmethod
+    def _grafana_read_path() -> Any:
+        """``grafana_default``'s ``extra.read_path``, or None (no connection, or no read path in it)."""
+        from airflow.sdk import BaseHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            config = BaseHook.get_connection(GRAFANA_CONN).extra_dejson.get("read_path")
+        except AirflowNotFoundException:
+            return None
+        return config if isinstance(config, dict) else None
+
     def tell_owners(self, context: Any, kind: str, **details: Any) -> dict[str, Any] | None:
         """Notify the group's owners on the catalog's channel and record it; never raises (``orchestration.notify``)."""
         from promshift.orchestration.notify import tell_owners
@@ -411,8 +489,27 @@ class SnapshotConfigOperator(GroupStepOperator):
             return self.migration(context).record_dry_run(
                 "snapshot", _now(), would=f"keep the group's {self.deploy_kind} config for rollback")
         if self.deploy_kind != REMOTE_WRITE:
-            return self.scraper_step(context).snapshot(_now())
-        return self.migration(context).snapshot(_now())
+            out = self.scraper_step(context).snapshot(_now())
+        else:
+            out = self.migration(context).snapshot(_now())
+        self._snapshot_moved(context)
+        return out
+
+    def _snapshot_moved(self, context: Any) -> None:
+        """The group's rules (and their plan, promtool-checked) and dashboards, when configured, kept for rollback."""
+        from promshift.moves import record_move_failure
+
+        migration = self.migration(context)
+        for name, step in (("rules", self.rules_step(migration)), ("read_path", self.read_path_step(migration))):
+            if step is None:
+                self.log.info("%s: not configured", name)
+                continue
+            try:
+                evidence = step.snapshot(_now())
+            except Exception as exc:
+                raise AirflowFailException(record_move_failure(migration, name, "snapshot", exc, _now())) from None
+            self.log.info("%s snapshot kept: %s", name, evidence.get("ref") or (evidence.get("snapshot") or {}).get(
+                "ref"))
 
 
 class DeployDualWriteOperator(GroupStepOperator):
@@ -502,10 +599,21 @@ class WarmupOperator(GroupStepOperator):
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        self.migration(context).finish_warmup(event, _now())
+        migration = self.migration(context)
+        migration.finish_warmup(event, _now())
         if event.get("status") != "ready":
             raise AirflowFailException(f"warm-up {event.get('status')}: {event.get('reason')}")
         self.log.info("warm-up done: %s", event.get("reason"))
+        from promshift.moves import record_move_failure
+
+        rules = self.rules_step(migration)
+        if rules is not None:  # the recording rules on the target now: its alerts will find them at the handoff
+            try:
+                added = rules.add_records(_now())
+            except Exception as exc:
+                raise AirflowFailException(record_move_failure(migration, "rules", "add_records", exc,
+                                                               _now())) from None
+            self.log.info("recording rules on the target: %s", added["records"])
         return event
 
 
@@ -575,9 +683,36 @@ class ParityOperator(_ParityStep):
         plan = ti.xcom_pull(task_ids="parity_plan", key="plan")
         # A list of task ids always returns a list, whatever the number of mapped shards.
         shards = [s for s in ti.xcom_pull(task_ids=["parity_samples"]) or [] if s]
-        result = self.parity_check().reduce(plan, shards)
+        result = self.parity_check().reduce(plan, shards, extra=self._rules_layer(context, plan))
         self.log.info("parity %s\n%s", result.verdict.value, parity_log_table(result))
         return result.to_dict()
+
+
+    def _rules_layer(self, context: Any, plan: dict[str, Any] | None) -> list[Any]:
+        """The rules layer when the group's rules move with it: each moved rule's expression on both sides over
+        the parity window (``rules_parity``); no window (a dry run without dual-write): none, as for samples."""
+        from promshift.adapters.rules_deploy import rules_parity
+        from promshift.core.verdicts import Measurement, Verdict
+        from promshift.migration import one_line
+
+        window = (plan or {}).get("window")
+        migration = self.migration(context)
+        step = self.rules_step(migration)
+        if step is None or not window:
+            return []
+        try:
+            if migration.dry_run:  # read only: what the move would take now, kept nowhere
+                rules_plan = step.move.plan(step.move.snapshot())
+            else:
+                _snap, rules_plan = step.this_run()
+            policy = self.group.parity
+            return rules_parity(self.source_hook.prometheus_client(), self.target_hook.prometheus_client(),
+                                rules_plan.selection, start=float(window["start"]), end=float(window["end"]),
+                                step=float(window["step"]), abs_tol=policy.abs_tolerance,
+                                rel_tol=policy.rel_tolerance, ignore_labels=policy.ignore_labels,
+                                rename_labels=policy.rename_labels)
+        except Exception as exc:  # noqa: BLE001 - a layer that could not be measured is ERROR, never a pass
+            return [Measurement("rules", Verdict.ERROR, f"rules not compared: {type(exc).__name__}: {one_line(exc)}")]
 
 
 class LatencyOperator(GroupStepOperator):
@@ -747,7 +882,30 @@ class CutoverOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         if self.run_params(context).dry_run:  # never reached (the approval skips first); a skip emits no asset
             raise AirflowSkipException("dry run: no cut-over")
-        return self.migration(context).cutover(_now())
+        from promshift.moves import record_move_failure
+
+        migration = self.migration(context)
+        # The rules first (the source drops them, the target loads them), then the dashboards, then routing;
+        # each is audited and done once per run, so a retry resumes where the first attempt stopped.
+        rules = self.rules_step(migration)
+        if rules is not None:
+            try:
+                moved = rules.handoff(_now())
+            except Exception as exc:
+                record_move_failure(migration, "rules", "handoff", exc, _now())
+                raise
+            self.log.info("rules moved: %s (%s recording, %s alerting)", moved["rules"], moved["records"],
+                          moved["alerts"])
+        read_path = self.read_path_step(migration)
+        if read_path is not None:
+            try:
+                switched = read_path.switch(_now())
+            except Exception as exc:
+                record_move_failure(migration, "read_path", "switch", exc, _now())
+                raise
+            self.log.info("read path switched: %s dashboard(s), %s panel(s)", switched["dashboards"],
+                          switched["panels"])
+        return migration.cutover(_now())
 
 
 class CompleteRunOperator(GroupStepOperator):
@@ -771,22 +929,28 @@ class RollbackOperator(GroupStepOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.deploy_path import REMOTE_WRITE
+        from promshift.moves import move_failure_reason
 
         migration = self.migration(context)
-        reason = migration.failure_reason()
+        reason = move_failure_reason(migration) or migration.failure_reason()
         if migration.dry_run:  # nothing was deployed: restore nothing, route nothing, tell nobody
             result = migration.record_dry_run("rollback", _now(), would="restore the snapshot and route reads "
                                               "to the source", reason=reason, performed=False)
             publish_report(self, context, migration)
             return result
         snap = context["ti"].xcom_pull(task_ids="snapshot")
+        moved_errors = self._restore_moved(context, migration, reason)
         if snap and self.deploy_kind != REMOTE_WRITE:
-            return self._restore_scraper(context, snap, reason)
+            return self._restore_scraper(context, snap, reason, moved_errors)
         try:
             result = migration.rollback(snap, reason=reason, now=_now())
         except Exception as exc:
             self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
             raise
+        if moved_errors:
+            self.tell_owners(context, "rollback_failed", reason=reason, error="; ".join(moved_errors))
+            publish_report(self, context, migration)
+            raise AirflowFailException("rollback did not restore what moved with the group: " + "; ".join(moved_errors))
         self.tell_owners(context, "rolled_back", reason=reason, result=result)
         self.log.info("rollback because %s: performed=%s restored_identical=%s", reason, result["performed"],
                       result["restored_identical"])
@@ -798,7 +962,33 @@ class RollbackOperator(GroupStepOperator):
                           result.get("kept_changes_since_snapshot"))
         return result
 
-    def _restore_scraper(self, context: Any, snap: dict[str, Any], reason: str) -> dict[str, Any]:
+    def _restore_moved(self, context: Any, migration: Any, reason: str) -> list[str]:
+        """This run's dashboards, then rules, back to their snapshots (when this run took them); each failure
+        is recorded (``<name>_restore_failed``) and returned, after every one was tried."""
+        from promshift.migration import one_line
+        from promshift.moves import READ_PATH_SNAPSHOT, RULES_SNAPSHOT
+
+        mine = {e.kind for e in migration.audit.events(group=self.group_name, run_id=migration.run_id)}
+        errors: list[str] = []
+        for name, kind, build in (("read_path", READ_PATH_SNAPSHOT, self.read_path_step),
+                                  ("rules", RULES_SNAPSHOT, self.rules_step)):
+            if kind not in mine:
+                continue
+            try:
+                step = build(migration)
+                if step is None:
+                    raise RuntimeError(f"this run moved {name} but its configuration is gone")
+                out = step.restore(reason=reason, now=_now())
+                self.log.info("%s restored: %s", name, out.get("changed"))
+            except Exception as exc:  # noqa: BLE001 - every restore is tried; the rollback then fails with them
+                error = f"{name}: {type(exc).__name__}: {one_line(exc)}"
+                migration.record(f"{name}_restore_failed", _now(), {"reason": reason, "error": error,
+                                                                    "evidence": getattr(exc, "evidence", None)})
+                errors.append(error)
+        return errors
+
+    def _restore_scraper(self, context: Any, snap: dict[str, Any], reason: str,
+                         moved_errors: Sequence[str] = ()) -> dict[str, Any]:
         """The snapshot back (the previous blob or object; a created scraper deleted); defer until it is live."""
         from promshift.deploy_path import DeployStepFailed, final_event
 
@@ -808,12 +998,13 @@ class RollbackOperator(GroupStepOperator):
             self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
             raise AirflowFailException(str(exc)) from None
         if result.state.final:
-            return self.execute_complete(context, final_event(result), reason=reason)
+            return self.execute_complete(context, final_event(result), reason=reason, moved_errors=list(moved_errors))
         self.defer(trigger=self.deploy_trigger(result.to_dict()),
-                   method_name="execute_complete", kwargs={"reason": reason},
+                   method_name="execute_complete", kwargs={"reason": reason, "moved_errors": list(moved_errors)},
                    timeout=timedelta(seconds=float(result.details.get("timeout_s") or 900) + 300))
 
-    def execute_complete(self, context: Any, event: dict[str, Any], reason: str = "") -> dict[str, Any]:
+    def execute_complete(self, context: Any, event: dict[str, Any], reason: str = "",
+                         moved_errors: Sequence[str] = ()) -> dict[str, Any]:
         from promshift.deploy_path import DeployStepFailed
 
         try:
@@ -828,6 +1019,8 @@ class RollbackOperator(GroupStepOperator):
         publish_report(self, context, self.migration(context))
         if not evidence["restored_identical"]:
             raise AirflowFailException("rollback did not restore the group's scraper as snapshotted")
+        if moved_errors:
+            raise AirflowFailException("rollback did not restore what moved with the group: " + "; ".join(moved_errors))
         return evidence
 
 
@@ -850,7 +1043,10 @@ class BakeCheckOperator(GroupStepOperator):
         if stage not in BAKE_WATCHED:
             raise AirflowSkipException(f"group {self.group_name!r} is {stage.value}: the bake watch checks only "
                                        f"{', '.join(sorted(s.value for s in BAKE_WATCHED))}")
-        lifecycle = GroupLifecycle(migration, deploy_kind=self.deploy_kind)
+        from promshift.lifecycle import DEFAULT_READ_RESTORERS
+
+        lifecycle = GroupLifecycle(migration, deploy_kind=self.deploy_kind,
+                                   read_restorers=[*DEFAULT_READ_RESTORERS, *self.moved_restorers(migration)])
         try:
             out = lifecycle.bake_check(_now())
         except RestoreReadsFailed as exc:
@@ -978,7 +1174,7 @@ class FullRollbackOperator(GroupStepOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.deploy_path import REMOTE_WRITE
-        from promshift.lifecycle import DecommissionRefused, full_rollback
+        from promshift.lifecycle import DEFAULT_READ_RESTORERS, DecommissionRefused, full_rollback
 
         if self.deploy_kind != REMOTE_WRITE:
             raise AirflowFailException(f"a full rollback by hand is wired for the remote_write path only, not "
@@ -986,7 +1182,8 @@ class FullRollbackOperator(GroupStepOperator):
         reason = str((context.get("params") or {}).get("reason") or "") or "full rollback by hand"
         migration = self.migration(context)
         try:
-            result = full_rollback(migration, _now(), reason=reason)
+            result = full_rollback(migration, _now(), reason=reason,
+                                   read_restorers=[*DEFAULT_READ_RESTORERS, *self.moved_restorers(migration)])
         except DecommissionRefused as exc:
             raise AirflowFailException(str(exc)) from None
         except Exception as exc:

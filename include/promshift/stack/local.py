@@ -77,6 +77,24 @@ from promshift.stack.smtp_sink import read_mail, sink_address
 
 logger = logging.getLogger(__name__)
 
+# The source's rules (written once, like its config): gpu-memory's recording rule and an alert reading it.
+SOURCE_RULES = """\
+# Rules of the local stack's source Prometheus. gpu-memory's rules move to the target with their group.
+groups:
+  - name: gpu-memory
+    rules:
+      # share of each GPU's framebuffer in use
+      - record: gpu:fb_used:ratio
+        expr: DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)
+      - alert: GpuMemoryNearlyFull
+        expr: gpu:fb_used:ratio > 0.98
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "GPU {{ $labels.gpu }} on {{ $labels.instance }}: framebuffer above 98%"
+"""
+
 VMAGENT_BIN = "/usr/bin/vmagent"
 FLEET, TARGET, SOURCE, MAIL = "fleet", "target", "source", "mail"
 MOTO, AWS, FRONTDOOR, RELAY = "moto", "aws", "frontdoor", "relay"
@@ -388,6 +406,16 @@ class LocalStack:
     def target_config_path(self) -> Path:
         """The target Prometheus config (no scrape jobs)."""
         return self.home / TARGET / "prometheus.yml"
+
+    @property
+    def source_rules_path(self) -> Path:
+        """The source's rule file (its config's ``rule_files``): gpu-memory's rules, which move with the group."""
+        return self.home / SOURCE / "rules" / "gpu-memory.yml"
+
+    @property
+    def dashboards_dir(self) -> Path:
+        """A provisioned Grafana dashboard folder (file mode of the read path switch): the DCGM dashboard."""
+        return self.home / "grafana" / "dashboards"
 
     @property
     def file_sd_path(self) -> Path:
@@ -717,6 +745,7 @@ class LocalStack:
             target_data,
             cfg.target_port,
             "--web.enable-remote-write-receiver",
+            "--web.enable-lifecycle",  # moved rules are loaded by a reload (POST /-/reload)
             "--web.enable-admin-api",
             f"--web.route-prefix={cfg.target_prefix}",
             f"--web.external-url={self.target_url}",
@@ -1180,6 +1209,7 @@ class LocalStack:
                 "evaluation_interval": cfg.scrape_interval,
                 "external_labels": dict(EXTERNAL_LABELS),
             },
+            "rule_files": ["rules/*.yml"],
             "scrape_configs": [
                 {"job_name": SCRAPE_JOB, "file_sd_configs": [{"files": [str(self.file_sd_path)]}]},
             ],
@@ -1195,6 +1225,15 @@ class LocalStack:
             "# Stand-in for the AMP workspace: receives remote write, scrapes nothing.\n",
             target,
         )
+        if not self.source_rules_path.exists():
+            self.source_rules_path.parent.mkdir(parents=True, exist_ok=True)
+            self.source_rules_path.write_text(SOURCE_RULES, encoding="utf-8")
+        from promshift.settings import REPO_ROOT
+
+        dashboard = REPO_ROOT / "catalog" / "dashboards" / "dcgm-exporter-dashboard.json"
+        if dashboard.is_file() and not (self.dashboards_dir / dashboard.name).exists():
+            self.dashboards_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(dashboard, self.dashboards_dir / dashboard.name)
         for name in (SOURCE, TARGET):
             self.data_dir(name).mkdir(parents=True, exist_ok=True)
 

@@ -1,0 +1,218 @@
+"""What moves with a group besides its samples: its rules and its dashboards' reads (issue 13's wiring).
+
+Both are optional, driven by configuration (``orchestration.operators`` builds them from the
+connections): a group without them behaves as before, and its report says ``not configured``.
+
+- ``RulesStep`` (a ``RulesMove``): at the snapshot step both sides' rules are kept in the snapshot store
+  (``rules_snapshot``, the plan checked by promtool there, before anything is deployed); after the warm-up
+  the recording rules go to the target (``rules_records_added``); at cut-over the handoff
+  (``rules_moved``, with counts).
+- ``ReadPathStep`` (a ``ReadPathSwitch``): the dashboards kept at the snapshot step
+  (``read_path_snapshot``), switched at cut-over (``read_path_switched``, with dashboards and panels).
+
+Both restore from the group's latest snapshot, whichever run took it (the bake watch and the full
+rollback run in other DAG runs): ``restore`` is a ``lifecycle`` read restorer ``(migration, *, reason,
+now)``, idempotent (a snapshot already restored is not restored again), audited (``rules_restored``,
+``read_path_restored``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from promshift.adapters.blobs import Blobs
+from promshift.adapters.snapshot_store import snapshot_key
+from promshift.core.audit import AuditEvent
+from promshift.core.rules import RuleKind
+from promshift.migration import GroupMigration
+
+RULES_SNAPSHOT = "rules_snapshot"
+RULES_RECORDS_ADDED = "rules_records_added"
+RULES_MOVED = "rules_moved"
+RULES_RESTORED = "rules_restored"
+READ_PATH_SNAPSHOT = "read_path_snapshot"
+READ_PATH_SWITCHED = "read_path_switched"
+READ_PATH_RESTORED = "read_path_restored"
+NOT_CONFIGURED = "not configured"
+# A step of the move that failed (recorded with its error before the task fails; the rollback names it).
+MOVE_FAILED = {"rules": "rules_move_failed", "read_path": "read_path_switch_failed"}
+
+
+def record_move_failure(migration: GroupMigration, what: str, step: str, exc: BaseException,
+                        now: datetime) -> str:
+    """Record ``<what>_move_failed`` / ``read_path_switch_failed`` for ``step``; returns the one-line reason."""
+    from promshift.migration import one_line
+
+    reason = f"{what.replace('_', ' ')} {step} failed: {type(exc).__name__}: {one_line(exc)}"
+    migration.record(MOVE_FAILED[what], now, {"step": step, "reason": reason,
+                                              "evidence": getattr(exc, "evidence", None)})
+    return reason
+
+
+def move_failure_reason(migration: GroupMigration) -> str | None:
+    """The reason of this run's last step when it is a failed move of rules or dashboards, else None."""
+    from promshift.migration import steps_of
+
+    mine = steps_of(migration.audit.events(group=migration.group.name, run_id=migration.run_id))
+    if mine and mine[-1].kind in MOVE_FAILED.values():
+        return str(mine[-1].evidence_data.get("reason"))
+    return None
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _this_run(migration: GroupMigration, kind: str) -> AuditEvent | None:
+    found = [e for e in migration.audit.events(group=migration.group.name, run_id=migration.run_id)
+             if e.kind == kind]
+    return found[-1] if found else None
+
+
+def _pending_snapshot(migration: GroupMigration, snapshot_kind: str, restored_kind: str) -> AuditEvent | None:
+    """The group's latest snapshot event, unless a restore of that run's snapshot was recorded after it."""
+    events = migration.audit.events(group=migration.group.name)
+    snaps = [i for i, e in enumerate(events) if e.kind == snapshot_kind]
+    if not snaps:
+        return None
+    snap = events[snaps[-1]]
+    if any(e.kind == restored_kind and e.evidence_data.get("snapshot_run_id") == snap.run_id
+           for e in events[snaps[-1] + 1:]):
+        return None
+    return snap
+
+
+class RulesStep:
+    """One group's ``RulesMove`` through a run: snapshot, records, handoff; restore from any run."""
+
+    def __init__(self, migration: GroupMigration, move: Any, blobs: Blobs) -> None:
+        self.migration = migration
+        self.move = move
+        self.blobs = blobs
+
+    def _selection_counts(self, plan: Any) -> dict[str, int]:
+        sel = plan.selection
+        return {"rules": len(sel.rules), "records": len(sel.only(RuleKind.RECORD).rules),
+                "alerts": len(sel.only(RuleKind.ALERT).rules)}
+
+    def snapshot(self, now: datetime) -> dict[str, Any]:
+        """Both sides' rules in the snapshot store, and the plan (every promtool check) before any deploy.
+        A retry keeps the first attempt's snapshot (taken before anything changed)."""
+        done = _this_run(self.migration, RULES_SNAPSHOT)
+        if done is not None:
+            return dict(done.evidence_data)
+        snap = self.move.snapshot()
+        plan = self.move.plan(snap)
+        data = json.dumps(snap.to_dict(), sort_keys=True).encode()
+        ref = self.blobs.put(snapshot_key(self.migration.group.name, self.migration.run_id, "rules.json"), data)
+        evidence = {"ref": ref, "sha256": _sha256(data), **self._selection_counts(plan),
+                    "files": list(plan.selection.files), "checks": dict(plan.checks),
+                    "names": [getattr(r, "name", None) for r in plan.selection.rules]}
+        self.migration.record(RULES_SNAPSHOT, now, evidence)
+        return evidence
+
+    def _load(self, event: AuditEvent) -> Any:
+        from promshift.adapters.rules_deploy import RulesSnapshot
+        from promshift.migration import SnapshotError
+
+        data = self.blobs.get(str(event.evidence_data["ref"]))
+        if _sha256(data) != event.evidence_data.get("sha256"):
+            raise SnapshotError(f"rules snapshot {event.evidence_data['ref']} does not match its recorded sha256")
+        return RulesSnapshot.from_dict(json.loads(data))
+
+    def this_run(self) -> tuple[Any, Any]:
+        """This run's rules snapshot (from the store, hash-checked) and its plan."""
+        event = _this_run(self.migration, RULES_SNAPSHOT)
+        if event is None:
+            raise RuntimeError("this run took no rules snapshot (the snapshot step records one)")
+        snap = self._load(event)
+        return snap, self.move.plan(snap)
+
+    def add_records(self, now: datetime) -> dict[str, Any]:
+        """The group's recording rules on the target (both sides record them until the handoff)."""
+        snap, plan = self.this_run()
+        result = self.move.add_records(plan, snap, now)
+        evidence = {**self._selection_counts(plan), "result": result.to_dict() if result is not None else None}
+        self.migration.record(RULES_RECORDS_ADDED, now, evidence)
+        return evidence
+
+    def handoff(self, now: datetime) -> dict[str, Any]:
+        """The source drops the group's rules, the target loads them all (``RulesMove.handoff``); once per run."""
+        done = _this_run(self.migration, RULES_MOVED)
+        if done is not None:
+            return dict(done.evidence_data)
+        snap, plan = self.this_run()
+        out = self.move.handoff(plan, snap, now)
+        evidence = {"moved": not plan.empty, **self._selection_counts(plan), "gap_s": out.get("gap_s"),
+                    "source": out.get("source"), "target": out.get("target")}
+        self.migration.record(RULES_MOVED, now, evidence)
+        return evidence
+
+    def restore(self, migration: GroupMigration | None = None, *, reason: str, now: datetime) -> dict[str, Any]:
+        """Both sides back to the group's latest rules snapshot (target first); a no-op when already restored."""
+        m = migration or self.migration
+        event = _pending_snapshot(m, RULES_SNAPSHOT, RULES_RESTORED)
+        if event is None:
+            return {"changed": False, "detail": "no rules snapshot left to restore"}
+        out = self.move.rollback(self._load(event), now)
+        evidence = {"changed": True, "reason": reason, "snapshot_run_id": event.run_id,
+                    "restored_identical": out["restored_identical"], "source": out["source"], "target": out["target"]}
+        m.record(RULES_RESTORED, now, evidence)
+        return evidence
+
+
+class ReadPathStep:
+    """One group's ``ReadPathSwitch`` through a run: snapshot, switch at cut-over; restore from any run."""
+
+    def __init__(self, migration: GroupMigration, switch: Any) -> None:
+        self.migration = migration
+        self.switch_ = switch
+
+    def snapshot(self, now: datetime) -> dict[str, Any]:
+        done = _this_run(self.migration, READ_PATH_SNAPSHOT)
+        if done is not None:
+            return dict(done.evidence_data)
+        snap = self.switch_.snapshot(self.migration.run_id)
+        evidence = {"kind": self.switch_.kind, "snapshot": snap}
+        self.migration.record(READ_PATH_SNAPSHOT, now, evidence)
+        return evidence
+
+    def switch(self, now: datetime) -> dict[str, Any]:
+        """The snapshotted dashboards' group panels to the target datasource; once per run."""
+        done = _this_run(self.migration, READ_PATH_SWITCHED)
+        if done is not None:
+            return dict(done.evidence_data)
+        event = _this_run(self.migration, READ_PATH_SNAPSHOT)
+        if event is None:
+            raise RuntimeError("this run took no dashboard snapshot (the snapshot step records one)")
+        out = self.switch_.switch(event.evidence_data["snapshot"])
+        boards = out.get("files") if "files" in out else out.get("dashboards") or []
+        evidence = {"switched": True, "kind": self.switch_.kind, "dashboards": len(boards),
+                    "panels": sum(len(b.get("panels") or []) for b in boards), "result": out}
+        self.migration.record(READ_PATH_SWITCHED, now, evidence)
+        return evidence
+
+    def restore(self, migration: GroupMigration | None = None, *, reason: str, now: datetime) -> dict[str, Any]:
+        m = migration or self.migration
+        event = _pending_snapshot(m, READ_PATH_SNAPSHOT, READ_PATH_RESTORED)
+        if event is None:
+            return {"changed": False, "detail": "no dashboard snapshot left to restore"}
+        out = self.switch_.restore(event.evidence_data["snapshot"])
+        evidence = {"changed": True, "reason": reason, "snapshot_run_id": event.run_id, "result": out}
+        m.record(READ_PATH_RESTORED, now, evidence)
+        return evidence
+
+
+def read_restorers(rules: RulesStep | None, read_path: ReadPathStep | None
+                   ) -> list[tuple[str, Callable[..., Mapping[str, Any]]]]:
+    """The restorers these steps add to ``lifecycle.DEFAULT_READ_RESTORERS`` (dashboards first, then rules)."""
+    out: list[tuple[str, Callable[..., Mapping[str, Any]]]] = []
+    if read_path is not None:
+        out.append(("read_path", read_path.restore))
+    if rules is not None:
+        out.append(("rules", rules.restore))
+    return out
