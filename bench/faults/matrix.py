@@ -1114,6 +1114,18 @@ def fault_source_restart(env: FaultEnv) -> FaultResult:
             resumed_at = newest
             break
         time.sleep(1.0)
+    # When the restarted source scrapes again: its newest ``up`` sample is later than the restart.
+    scraping_at = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        newest_up = env.source().scalar(f'max(timestamp(up{{job="{SCRAPE_JOB}"}}))')
+        if newest_up is not None and newest_up > up_at:
+            scraping_at = newest_up
+            break
+        time.sleep(0.5)
+    # A whole window after scraping resumed, with our entry still live: what the migration could cost the source.
+    time.sleep(max(0.0, (scraping_at or time.time()) + MIN_LOSS_WINDOW_S + 0.5 - time.time()))
+    after_end = time.time()
     rolled = rollback(m, snap)
     downtime = up_at - down_at
     window = (down_at - 5.0, max(up_at, resumed_at or up_at) + 5.0)
@@ -1123,13 +1135,25 @@ def fault_source_restart(env: FaultEnv) -> FaultResult:
                               f"restart: {loaded_after}; dual-write resumed: {resumed_at is not None}; rollback "
                               f"restored_identical={rolled['restored_identical']}",
                       notes="the stack's source process stopped and started again between deploy and rollback; "
-                            "samples lost are measured over the restart (5 s before the stop to 5 s after the target "
-                            "had new samples) and are the restart's own gap, not promshift's: no scrapes while the "
+                            "source_samples_lost is measured outside the restart (10 s before the stop, and 10 s "
+                            "after the source scraped again, our entry live throughout); the restart's own gap is "
+                            "measured too (details.samples_lost_over_restart, 5 s before the stop to 5 s after the "
+                            "target had new samples) and is the restart's, not promshift's: no scrapes while the "
                             "process is down, and Prometheus starts scraping up to ~5 s after it is ready (its scrape "
                             "manager applies targets on a 5 s tick), so the gap in `up` outlasts the process downtime",
                       audit=audit, must_have=("dual_write_deployed", "rolled_back"), loss_window=window,
                       extra_ok=loaded_after and resumed_at is not None and rolled["restored_identical"] is True)
     gaps = result.details["samples"]["up_gaps"]
+    # The restart's own gap (no process, no scrapes) is the fault, not promshift's doing: it is kept as measured,
+    # and ``source_samples_lost`` is the loss outside it: before the stop and after scraping resumed.
+    outside = [env.samples_lost(m.group, down_at - MIN_LOSS_WINDOW_S - 0.5, down_at - 0.5, f.expected[0])]
+    if scraping_at is not None:
+        outside.append(env.samples_lost(m.group, scraping_at + 0.5, after_end, f.expected[0]))
+    result.details["samples_lost_over_restart"] = result.details["samples"]["lost_total"]
+    result.details["samples_outside_restart"] = outside
+    result.details["scraping_resumed_s_after_restart"] = (round(scraping_at - up_at, 1)
+                                                          if scraping_at is not None else None)
+    result.source_samples_lost = (sum(o["lost_total"] for o in outside) if scraping_at is not None else None)
     result.details["scrape_gap_s"] = max((g["gap_s"] for g in gaps), default=0.0)
     result.details["missing_per_series_from_gaps"] = max((sum(g["missing"] for g in gaps if g["instance"] == i)
                                                           for i in {g["instance"] for g in gaps}), default=0)
