@@ -29,6 +29,10 @@ from promshift.core.render import remote_write_names, sha256_bytes
 
 log = logging.getLogger(__name__)
 
+# How long a restore's reload may take: removing a queue whose endpoint is down waits out the flush deadline
+# (the reload took 120 s on 2.42 with the default 1 m). A restore is the step that must not give up early.
+RESTORE_RELOAD_TIMEOUT_S = 300.0
+
 # One exception for every deployer (core.deploy): a deploy, verify or restore not done, in one line;
 # for this file: the new config was not deployed and the source runs its previous config.
 __all__ = ["ConfigSnapshot", "DeployError", "FileConfigDeployer", "FileDeployOutcome", "write_atomically"]
@@ -184,7 +188,9 @@ class FileConfigDeployer:
         """
         self._write(snapshot.data, mode=snapshot.mode, uid=snapshot.uid, gid=snapshot.gid)
         try:
-            self.client.reload()
+            # Dropping our remote_write queue while its endpoint is down blocks the reload: measured 120 s with
+            # Prometheus 2.42's default --storage.remote.flush-deadline=1m, just at the default client timeout.
+            self.client.reload(timeout_s=RESTORE_RELOAD_TIMEOUT_S)
         except PrometheusError as exc:
             log.error("reload after restore failed: %s", exc)
             raise DeployError(f"restored {self.config_path} but reload failed: {exc}") from exc
