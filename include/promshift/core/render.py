@@ -566,15 +566,7 @@ def _remove(text: str, name: str) -> str:
     index = matches[0]
     item = seq.children[index]
     if seq.flow:
-        if index > 0:
-            start, end = seq.children[index - 1].end, item.end
-            _only(text[start:item.start], ",", name)
-        elif len(seq.children) > 1:
-            start, end = item.start, seq.children[1].start
-            _only(text[item.end:end], ",", name)
-        else:
-            start, end = item.start, item.end
-        return _checked_remove(text, before, text[:start] + text[end:], name)
+        return _checked_remove(text, before, _cut_flow_item(text, seq, index, name), name)
     dash = _dash_before(doc, item.start, name)
     start, end = _line_start(doc, dash), _next_line(doc, item.end)
     if text[start:dash].strip(" "):
@@ -587,6 +579,21 @@ def _remove(text: str, name: str) -> str:
     if end == len(text) and _break_before(text, end) == 0:
         start -= _break_before(text, start)  # the entry was the last line: take the break before it
     return _checked_remove(text, before, text[:start] + text[end:], name)
+
+
+def _cut_flow_item(text: str, seq: _Node, index: int, name: str) -> str:
+    """``text`` without item ``index`` of the flow list ``seq`` and one comma beside it (only a comma may be
+    between them: else RenderError naming ``name``)."""
+    item = seq.children[index]
+    if index > 0:
+        start, end = seq.children[index - 1].end, item.end
+        _only(text[start:item.start], ",", name)
+    elif len(seq.children) > 1:
+        start, end = item.start, seq.children[1].start
+        _only(text[item.end:end], ",", name)
+    else:
+        start, end = item.start, item.end
+    return text[:start] + text[end:]
 
 
 def _dash_before(doc: _Doc, start: int, name: str) -> int:

@@ -25,6 +25,7 @@ from promshift.core.render import (
     _break_before,
     _canon,
     _column,
+    _cut_flow_item,
     _dash_before,
     _Doc,
     _edit,
@@ -32,7 +33,6 @@ from promshift.core.render import (
     _load,
     _next_line,
     _Node,
-    _only,
     _parse,
     _root_mapping,
 )
@@ -159,15 +159,7 @@ def _remove(text: str, job_name: str, rule: dict[str, Any]) -> str:
     item = seq.children[index]
     what = f"the drop rule of job {job_name!r}"
     if seq.flow:
-        if index > 0:
-            start, end = seq.children[index - 1].end, item.end
-            _only(text[start:item.start], ",", what)
-        elif len(seq.children) > 1:
-            start, end = item.start, seq.children[1].start
-            _only(text[item.end:end], ",", what)
-        else:
-            start, end = item.start, item.end
-        return _checked(text, before, text[:start] + text[end:], job_name, rule, added=False)
+        return _checked(text, before, _cut_flow_item(text, seq, index, what), job_name, rule, added=False)
     dash = _dash_before(doc, item.start, what)
     start, end = _line_start(doc, dash), _next_line(doc, item.end)
     if text[start:dash].strip(" "):
