@@ -221,8 +221,6 @@ class DashboardFilesSwitch:
                 refused.append(f["path"])
         evidence = {"mode": "files", "group": self.group.name, "snapshot": snapshot.get("ref"), "files": out}
         if refused:
-            err = ReadPathError(f"{len(refused)} dashboard file(s) changed after the switch and were not restored: "
-                                f"{', '.join(refused)}")
-            err.evidence = evidence  # type: ignore[attr-defined]
-            raise err
+            raise ReadPathError(f"{len(refused)} dashboard file(s) changed after the switch and were not restored: "
+                                f"{', '.join(refused)}", evidence=evidence)
         return evidence
