@@ -57,13 +57,13 @@ def test_the_source_snapshot_keeps_crlf_bytes_through_the_snapshot_store(tmp_pat
 
 
 def test_a_symlinked_rule_file_keeps_its_link_and_mode(tmp_path: Path) -> None:
-    from promshift.adapters.rules_deploy import _write_keeping
+    from promshift.adapters.deploy import write_keeping
 
     real = tmp_path / "real.yml"
     real.write_bytes(b"groups: []\n")
     real.chmod(0o640)
     link = tmp_path / "link.yml"
     link.symlink_to(real)
-    _write_keeping(link, b"groups:\r\n")
+    write_keeping(link, b"groups:\r\n")
     assert link.is_symlink() and real.read_bytes() == b"groups:\r\n"
     assert real.stat().st_mode & 0o777 == 0o640

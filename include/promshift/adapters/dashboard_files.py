@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,16 +90,22 @@ class DashboardFilesSwitch:
         except UnicodeDecodeError as exc:
             raise ReadPathError(f"{path}: not UTF-8 (byte {exc.start})") from None
 
-    def plan(self) -> dict[str, Any]:
-        """What a switch would do now, per file (no write): the evidence of a dry run."""
-        dashboards, problems = [], []
-        for path in self.files():
+    def _planned(self, paths: Sequence[Path], problems: list[str]) -> Iterator[tuple[Path, bytes, str, DashboardPlan]]:
+        """Each file's path, bytes, text and plan; a file that cannot be read or planned goes to ``problems``."""
+        for path in paths:
             try:
                 data, text = self._read(path)
                 p = self._plan(path, text)
             except (OSError, ReadPathError) as exc:
                 problems.append(f"{path}: {exc}")
                 continue
+            yield path, data, text, p
+
+    def plan(self) -> dict[str, Any]:
+        """What a switch would do now, per file (no write): the evidence of a dry run."""
+        dashboards: list[dict[str, Any]] = []
+        problems: list[str] = []
+        for path, data, _text, p in self._planned(self.files(), problems):
             dashboards.append({"path": str(path), "sha256": sha256_bytes(data), **p.to_dict()})
         return {"mode": "files", "group": self.group.name, "from": self.source.to_dict(), "to": self.target.to_dict(),
                 "dashboards": dashboards, "problems": problems}
@@ -112,13 +118,7 @@ class DashboardFilesSwitch:
         paths = self.files()
         if not paths:
             raise ReadPathError(f"no dashboard file matches {', '.join(self.patterns)}")
-        for path in paths:
-            try:
-                data, text = self._read(path)
-                p = self._plan(path, text)
-            except (OSError, ReadPathError) as exc:
-                problems.append(f"{path}: {exc}")
-                continue
+        for path, data, text, p in self._planned(paths, problems):
             if p.not_switched() or p.library_panels:
                 not_switched.append({"path": str(path), "panels": p.not_switched(),
                                      "library_panels": list(p.library_panels)})
@@ -221,8 +221,6 @@ class DashboardFilesSwitch:
                 refused.append(f["path"])
         evidence = {"mode": "files", "group": self.group.name, "snapshot": snapshot.get("ref"), "files": out}
         if refused:
-            err = ReadPathError(f"{len(refused)} dashboard file(s) changed after the switch and were not restored: "
-                                f"{', '.join(refused)}")
-            err.evidence = evidence  # type: ignore[attr-defined]
-            raise err
+            raise ReadPathError(f"{len(refused)} dashboard file(s) changed after the switch and were not restored: "
+                                f"{', '.join(refused)}", evidence=evidence)
         return evidence

@@ -35,7 +35,8 @@ RESTORE_RELOAD_TIMEOUT_S = 300.0
 
 # One exception for every deployer (core.deploy): a deploy, verify or restore not done, in one line;
 # for this file: the new config was not deployed and the source runs its previous config.
-__all__ = ["ConfigSnapshot", "DeployError", "FileConfigDeployer", "FileDeployOutcome", "write_atomically"]
+__all__ = ["ConfigSnapshot", "DeployError", "FileConfigDeployer", "FileDeployOutcome", "promtool_on",
+           "write_atomically", "write_keeping"]
 
 
 
@@ -64,6 +65,35 @@ def write_atomically(path: Path, data: bytes, *, mode: int, uid: int = -1, gid: 
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_keeping(path: Path, data: bytes, *, mode: int | None = None, uid: int | None = None,
+                  gid: int | None = None) -> None:
+    """Replace the file's bytes atomically, keeping its mode, owner and group (or the given ones); a symlink
+    keeps its link (the write goes to its target)."""
+    real = Path(os.path.realpath(path))
+    st = real.stat() if real.exists() else None
+    mode = mode if mode is not None else (stat.S_IMODE(st.st_mode) if st else 0o644)
+    uid = uid if uid is not None else (st.st_uid if st else -1)
+    gid = gid if gid is not None else (st.st_gid if st else -1)
+    write_atomically(real, data, mode=mode, uid=uid, gid=gid)
+
+
+def promtool_on(data: bytes, command: str, *, promtool: str, prefix: str,
+                folder: Path | None = None) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run ``promtool check <command>`` on ``data`` written to a temporary file (in ``folder``, else the
+    system's); the finished process and the temporary file's name (gone by then) to replace in its output."""
+    exe = shutil.which(promtool)
+    if exe is None:
+        raise DeployError(f"{promtool!r} not found; install Debian's prometheus package")
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".yml", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        proc = subprocess.run([exe, "check", command, tmp], capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(tmp)
+    return proc, tmp
 
 
 @dataclass(frozen=True)
@@ -118,29 +148,16 @@ class FileConfigDeployer:
 
     def check(self, data: bytes) -> None:
         """Run ``promtool check config`` on ``data`` next to the real file (relative paths resolve)."""
-        exe = shutil.which(self.promtool)
-        if exe is None:
-            raise DeployError(f"{self.promtool!r} not found; install Debian's prometheus package")
         # Next to the path Prometheus was given (a symlink's own folder): relative paths resolve from there.
-        fd, tmp = tempfile.mkstemp(prefix=".promshift-check-", suffix=".yml", dir=self.config_path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            proc = subprocess.run([exe, "check", "config", tmp], capture_output=True, text=True, timeout=60)
-        finally:
-            os.unlink(tmp)
+        proc, tmp = promtool_on(data, "config", promtool=self.promtool, prefix=".promshift-check-",
+                                folder=self.config_path.parent)
         if proc.returncode != 0:
             detail = (proc.stderr or proc.stdout).strip().replace(tmp, str(self.config_path))
             raise DeployError(redact_text(f"promtool rejected the new config for {self.config_path}: {detail}"))
 
     def _write(self, data: bytes, *, mode: int | None = None, uid: int | None = None, gid: int | None = None) -> None:
         """Replace the real file's bytes atomically, keeping its mode, owner and group (or the given ones)."""
-        real = self.real_path
-        st = real.stat() if real.exists() else None
-        mode = mode if mode is not None else (stat.S_IMODE(st.st_mode) if st else 0o644)
-        uid = uid if uid is not None else (st.st_uid if st else -1)
-        gid = gid if gid is not None else (st.st_gid if st else -1)
-        write_atomically(real, data, mode=mode, uid=uid, gid=gid)
+        write_keeping(self.real_path, data, mode=mode, uid=uid, gid=gid)
 
     def deploy(self, new_data: bytes, *, snapshot: ConfigSnapshot, expect_remote_writes: set[str],
                expect_absent: set[str] = frozenset()) -> FileDeployOutcome:

@@ -306,8 +306,6 @@ class GrafanaReadPathSwitch:
             refused.append(uid)
         evidence = {**self._head(), "run_id": snapshot.get("run_id"), "dashboards": out}
         if refused:
-            err = ReadPathError(f"{len(refused)} dashboard(s) not restored (saved again or deleted after the "
-                                f"switch, or the version before it is gone): {', '.join(refused)}")
-            err.evidence = evidence  # type: ignore[attr-defined]
-            raise err
+            raise ReadPathError(f"{len(refused)} dashboard(s) not restored (saved again or deleted after the "
+                                f"switch, or the version before it is gone): {', '.join(refused)}", evidence=evidence)
         return evidence

@@ -44,20 +44,16 @@ import glob
 import json
 import logging
 import os
-import shutil
-import stat
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from botocore.exceptions import ClientError
 
-from promshift.adapters.deploy import FileConfigDeployer, write_atomically
+from promshift.adapters.deploy import FileConfigDeployer, promtool_on, write_atomically, write_keeping
 from promshift.adapters.parity_check import each_side
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
@@ -101,16 +97,7 @@ def namespace_name(group_name: str) -> str:
 
 def promtool_check_rules(data: bytes, *, name: str, promtool: str = "promtool") -> str:
     """``promtool check rules`` on ``data``; its summary line, or DeployError naming ``name`` and why."""
-    exe = shutil.which(promtool)
-    if exe is None:
-        raise DeployError(f"{promtool!r} not found; install Debian's prometheus package")
-    fd, tmp = tempfile.mkstemp(prefix=".promshift-rules-", suffix=".yml")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        proc = subprocess.run([exe, "check", "rules", tmp], capture_output=True, text=True, timeout=60)
-    finally:
-        os.unlink(tmp)
+    proc, tmp = promtool_on(data, "rules", promtool=promtool, prefix=".promshift-rules-")
     out = (proc.stdout + proc.stderr).replace(tmp, name).strip()
     if proc.returncode != 0:
         raise DeployError(redact_text(f"promtool rejected the rules of {name}: {' '.join(out.split())[:600]}"))
@@ -135,15 +122,6 @@ def _same_file(config_dir: Path) -> Callable[[str, str], bool]:
         return os.path.realpath(path if path.is_absolute() else config_dir / path) == os.path.realpath(ours)
 
     return same
-
-
-def _write_keeping(path: Path, data: bytes) -> None:
-    """Replace the file's bytes atomically, keeping its mode and owner; a symlink keeps its link (the write
-    goes to its target)."""
-    path = Path(os.path.realpath(path))
-    st = path.stat() if path.exists() else None
-    write_atomically(path, data, mode=stat.S_IMODE(st.st_mode) if st else 0o644,
-                     uid=st.st_uid if st else -1, gid=st.st_gid if st else -1)
 
 
 def _result(kind: str, action: str, status: str, now: datetime, reason: str, **details: Any) -> DeployResult:
@@ -172,6 +150,17 @@ def _restore_or_say(restore: Callable[[], Any], what: str, reason: str) -> None:
     except Exception as exc:
         raise DeployError(f"{what} failed ({reason}) and restoring the snapshot failed too: "
                           f"{redact_text(str(exc))}") from None
+
+
+def _revert_and_raise(exc: BaseException, what: str, restore: Callable[[], Any], snapshot: str) -> NoReturn:
+    """Called in the ``except`` of a failed ``what``: ``restore`` (``snapshot`` names it in the log), then the
+    failure again: a DeployError or a kill as it is, any other error as a DeployError saying it was reverted."""
+    reason = redact_text(f"{type(exc).__name__}: {exc}")
+    log.error("%s failed (%s); restoring %s", what, reason, snapshot)
+    _restore_or_say(restore, what, reason)
+    if isinstance(exc, DeployError) or not isinstance(exc, Exception):
+        raise exc
+    raise DeployError(f"{what} failed and was reverted: {reason}") from exc
 
 
 # --------------------------------------------------------------------------- the source
@@ -260,7 +249,7 @@ class SourceRules:
         try:
             for path, data in edits.items():
                 if Path(path).read_bytes() != data:
-                    _write_keeping(Path(path), data)
+                    write_keeping(Path(path), data)
             self.client.reload()
             loaded = self.loaded()
             still = [r.label for r in selection.rules if not missing_rules([r], loaded, same_file=self._same)]
@@ -273,12 +262,8 @@ class SourceRules:
                 raise DeployError(f"the source lost {len(lost)} rules that stay after the reload: "
                                   f"{', '.join(r.label for r in lost[:3])}")
         except BaseException as exc:
-            reason = redact_text(f"{type(exc).__name__}: {exc}")
-            log.error("removing the rules from the source failed (%s); restoring the snapshot", reason)
-            _restore_or_say(lambda: self.restore(snapshot, now), "removing the rules from the source", reason)
-            if isinstance(exc, DeployError) or not isinstance(exc, Exception):
-                raise
-            raise DeployError(f"removing the rules from the source failed and was reverted: {reason}") from exc
+            _revert_and_raise(exc, "removing the rules from the source", lambda: self.restore(snapshot, now),
+                              "the snapshot")
         return _result(self.kind, "deploy", "RULES_REMOVED", now, f"{len(selection.rules)} rules removed from "
                        f"{len(edits)} source rule files", files={p: sha256_bytes(d) for p, d in edits.items()},
                        rules=[r.label for r in selection.rules])
@@ -292,7 +277,7 @@ class SourceRules:
         files = self.snapshot_files(snapshot)
         for path, data in files.items():
             if not Path(path).exists() or Path(path).read_bytes() != data:
-                _write_keeping(Path(path), data)
+                write_keeping(Path(path), data)
         return _reload_restored(self.kind, self.client, now, "the source's rule files",
                                 lambda: all(Path(p).read_bytes() == d for p, d in files.items()))
 
@@ -349,23 +334,19 @@ class PrometheusRulesTarget:
             raise DeployError(f"{self.config_path}: {exc}") from None
         try:
             self.rules_dir.mkdir(parents=True, exist_ok=True)
-            _write_keeping(self.rule_path, data)
+            write_keeping(self.rule_path, data)
             # promtool checks the config with the rule files it names: the group's file must exist first.
             self.config.check(new_config)
             if new_config != config:
-                _write_keeping(self.config.real_path, new_config)
+                write_keeping(self.config.real_path, new_config)
             self.client.reload()
             missing = missing_rules(expect.rules, self.loaded(), same_file=lambda _o, r: self._is_ours(r))
             if missing:
                 raise DeployError(f"the target does not report {len(missing)} rules loaded after the reload: "
                                   f"{', '.join(r.label for r in missing[:3])}")
         except BaseException as exc:
-            reason = redact_text(f"{type(exc).__name__}: {exc}")
-            log.error("loading the rules on the target failed (%s); restoring its snapshot", reason)
-            _restore_or_say(lambda: self.restore(snapshot, now), "loading the rules on the target", reason)
-            if isinstance(exc, DeployError) or not isinstance(exc, Exception):
-                raise
-            raise DeployError(f"loading the rules on the target failed and was reverted: {reason}") from exc
+            _revert_and_raise(exc, "loading the rules on the target", lambda: self.restore(snapshot, now),
+                              "its snapshot")
         return _result(self.kind, "deploy", "RULES_LOADED", now, f"{len(expect.rules)} rules loaded from "
                        f"{self.rule_path}", rule_file=str(self.rule_path), rule_file_sha256=sha256_bytes(data),
                        config_sha256=sha256_bytes(new_config), rules=[r.label for r in expect.rules])
@@ -394,7 +375,7 @@ class PrometheusRulesTarget:
         if saved.get("rule_file") is None:
             self.rule_path.unlink(missing_ok=True)
         else:
-            _write_keeping(self.rule_path, str(saved["rule_file"]).encode("utf-8"))
+            write_keeping(self.rule_path, str(saved["rule_file"]).encode("utf-8"))
         rule = saved.get("rule_file")
         return _reload_restored(self.kind, self.client, now, "the target's config and rule file",
                                 lambda: self.config.real_path.read_bytes() == config and (

@@ -68,7 +68,14 @@ _PLACEHOLDER = "5m"
 
 
 class ReadPathError(ValueError):
-    """A dashboard this module cannot plan for: not JSON, not a dashboard, or an edit that would not hold."""
+    """A dashboard this module cannot plan for: not JSON, not a dashboard, or an edit that would not hold.
+
+    ``evidence``: what a step did before it failed (a restore's per-dashboard record), for the audit.
+    """
+
+    def __init__(self, message: str, *, evidence: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.evidence = evidence
 
 
 class ReadPathSwitch(Protocol):

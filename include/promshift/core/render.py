@@ -499,39 +499,53 @@ def _add(text: str, entry: Mapping[str, Any]) -> str:
                 "promshift never edits a live entry — roll the group back first"
             )
     doc = _parse(text)
+    found = _remote_write(doc)
+    return _checked_add(text, before, _append_item(doc, found, _root_mapping(doc), KEY, entry), entry)
+
+
+class BlockScalarAtEnd(RenderError):
+    """The text ends in a block scalar (| or >) without a final line break: nothing can be added after it."""
+
+
+def _append_item(doc: _Doc, found: tuple[_Node, _Node] | None, mapping: _Node | None, key: str, item: Any) -> str:
+    """``doc``'s text with ``item`` appended to a list, every other byte kept.
+
+    ``found`` is the list's key and value nodes in ``mapping`` (a flow list, a block list, or no
+    value yet: ``key:`` alone); when None, a new ``key:`` (marked ``ADDED_KEY_COMMENT``) holding
+    the item goes after the mapping's last line (``mapping`` None: the document is empty).
+    """
+    text = doc.text
     style = _style(doc)
     nl = style.newline
-    found = _remote_write(doc)
     if found is not None and found[1].kind == "seq" and found[1].flow:
         seq = found[1]
         if seq.children:
-            at, insert = seq.children[-1].end, f", {_flow(entry)}"
+            at, insert = seq.children[-1].end, f", {_flow(item)}"
         else:
             assert seq.close is not None
-            at, insert = seq.close, _flow(entry)
-        return _checked_add(text, before, text[:at] + insert + text[at:], entry)
+            at, insert = seq.close, _flow(item)
+        return text[:at] + insert + text[at:]
     if found is not None:
-        key, value = found
+        key_node, value = found
         if value.kind == "seq":  # a block list
-            lines = _block_sequence([entry], _column(doc, value.start), style)
-        else:  # `remote_write:` with nothing after it
-            lines = _block_sequence([entry], _column(doc, key.start) + style.seq_offset, style)
+            lines = _block_sequence([item], _column(doc, value.start), style)
+        else:  # `key:` with nothing after it
+            lines = _block_sequence([item], _column(doc, key_node.start) + style.seq_offset, style)
         at = _next_line(doc, value.end)
     else:
-        root = _root_mapping(doc)
-        col = _column(doc, root.children[0].start) if root else 0
-        lines = [f"{' ' * col}{KEY}:  {ADDED_KEY_COMMENT}"] + _block_sequence([entry], col + style.seq_offset, style)
-        at = _next_line(doc, root.end) if root else doc.end
+        col = _column(doc, mapping.children[0].start) if mapping else 0
+        lines = [f"{' ' * col}{key}:  {ADDED_KEY_COMMENT}"] + _block_sequence([item], col + style.seq_offset, style)
+        at = _next_line(doc, mapping.end) if mapping else doc.end
     if at == len(text) and text and _break_before(text, at) == 0:
         last = max(_walk(doc.root), key=lambda n: (n.end, n.kind == "scalar"))
         if last.block:
             # A line break after it would become part of its value.
-            raise RenderError("source config ends in a block scalar (| or >) without a final line break; "
-                              "add one, then retry")
+            raise BlockScalarAtEnd("source config ends in a block scalar (| or >) without a final line break; "
+                                   "add one, then retry")
         insert = nl + nl.join(lines)  # no final line break: keep it that way
     else:
         insert = "".join(line + nl for line in lines)
-    return _checked_add(text, before, text[:at] + insert + text[at:], entry)
+    return text[:at] + insert + text[at:]
 
 
 def _remove(text: str, name: str) -> str:
@@ -552,15 +566,7 @@ def _remove(text: str, name: str) -> str:
     index = matches[0]
     item = seq.children[index]
     if seq.flow:
-        if index > 0:
-            start, end = seq.children[index - 1].end, item.end
-            _only(text[start:item.start], ",", name)
-        elif len(seq.children) > 1:
-            start, end = item.start, seq.children[1].start
-            _only(text[item.end:end], ",", name)
-        else:
-            start, end = item.start, item.end
-        return _checked_remove(text, before, text[:start] + text[end:], name)
+        return _checked_remove(text, before, _cut_flow_item(text, seq, index, name), name)
     dash = _dash_before(doc, item.start, name)
     start, end = _line_start(doc, dash), _next_line(doc, item.end)
     if text[start:dash].strip(" "):
@@ -573,6 +579,21 @@ def _remove(text: str, name: str) -> str:
     if end == len(text) and _break_before(text, end) == 0:
         start -= _break_before(text, start)  # the entry was the last line: take the break before it
     return _checked_remove(text, before, text[:start] + text[end:], name)
+
+
+def _cut_flow_item(text: str, seq: _Node, index: int, name: str) -> str:
+    """``text`` without item ``index`` of the flow list ``seq`` and one comma beside it (only a comma may be
+    between them: else RenderError naming ``name``)."""
+    item = seq.children[index]
+    if index > 0:
+        start, end = seq.children[index - 1].end, item.end
+        _only(text[start:item.start], ",", name)
+    elif len(seq.children) > 1:
+        start, end = item.start, seq.children[1].start
+        _only(text[item.end:end], ",", name)
+    else:
+        start, end = item.start, item.end
+    return text[:start] + text[end:]
 
 
 def _dash_before(doc: _Doc, start: int, name: str) -> int:

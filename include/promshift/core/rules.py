@@ -470,30 +470,11 @@ def _add_rule_file(text: str, rule_path: str) -> str:
         doc = render._parse(text)
     except RenderError as exc:
         raise RulesError(str(exc)) from None
-    style = render._style(doc)
-    nl = style.newline
-    found = _rule_files(doc)
-    item = render._quote(rule_path)
-    if found is not None and found[1].kind == "seq":
-        value = found[1]
-        lines = [f"{' ' * render._column(doc, value.start)}- {item}"]
-        at = render._next_line(doc, value.end)
-    elif found is not None:  # `rule_files:` with nothing after it
-        key = found[0]
-        lines = [f"{' ' * (render._column(doc, key.start) + style.seq_offset)}- {item}"]
-        at = render._next_line(doc, found[1].end)
-    else:
-        root = render._root_mapping(doc)
-        col = render._column(doc, root.children[0].start) if root else 0
-        lines = [f"{' ' * col}{RULE_FILES}:  {render.ADDED_KEY_COMMENT}", f"{' ' * (col + style.seq_offset)}- {item}"]
-        at = render._next_line(doc, root.end) if root else doc.end
-    if at == len(text) and text and render._break_before(text, at) == 0:
-        last = max(render._walk(doc.root), key=lambda n: (n.end, n.kind == "scalar"))
-        if last.block:
-            raise RulesError("the config ends in a block scalar (| or >) without a final line break; add one")
-        new = text + nl + nl.join(lines)
-    else:
-        new = text[:at] + "".join(line + nl for line in lines) + text[at:]
+    found = _rule_files(doc)  # a block list (flow lists are refused), ``rule_files:`` alone, or None
+    try:
+        new = render._append_item(doc, found, render._root_mapping(doc), RULE_FILES, rule_path)
+    except render.BlockScalarAtEnd:
+        raise RulesError("the config ends in a block scalar (| or >) without a final line break; add one") from None
     _check_rule_files(text, new, [*patterns, rule_path])
     return new
 

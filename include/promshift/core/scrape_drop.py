@@ -20,24 +20,21 @@ from promshift.core.render import (
     ADDED_KEY_COMMENT,
     Config,
     RenderError,
-    _block_sequence,
+    _append_item,
     _both_loads,
     _break_before,
     _canon,
     _column,
+    _cut_flow_item,
     _dash_before,
     _Doc,
     _edit,
-    _flow,
     _line_start,
     _load,
     _next_line,
     _Node,
-    _only,
     _parse,
     _root_mapping,
-    _style,
-    _walk,
 )
 
 SCRAPE_KEY = "scrape_configs"
@@ -139,37 +136,9 @@ def _add(text: str, job_name: str, rule: dict[str, Any]) -> str:
     if rule in _rules(before, job_name):
         return text
     doc = _parse(text)
-    style = _style(doc)
-    nl = style.newline
     job = _job_node(doc, before, job_name)
     found = _mrc(job, job_name)
-    if found is not None and found[1].kind == "seq" and found[1].flow:
-        seq = found[1]
-        if seq.children:
-            at, insert = seq.children[-1].end, f", {_flow(rule)}"
-        else:
-            assert seq.close is not None
-            at, insert = seq.close, _flow(rule)
-        return _checked(text, before, text[:at] + insert + text[at:], job_name, rule, added=True)
-    if found is not None:
-        key, value = found
-        col = _column(doc, value.start) if value.kind == "seq" else _column(doc, key.start) + style.seq_offset
-        lines = _block_sequence([rule], col, style)
-        at = _next_line(doc, value.end)
-    else:
-        col = _column(doc, job.children[0].start)
-        lines = [f"{' ' * col}{MRC_KEY}:  {ADDED_KEY_COMMENT}"] + _block_sequence([rule], col + style.seq_offset,
-                                                                               style)
-        at = _next_line(doc, job.end)
-    if at == len(text) and text and _break_before(text, at) == 0:
-        last = max(_walk(doc.root), key=lambda n: (n.end, n.kind == "scalar"))
-        if last.block:
-            raise RenderError("source config ends in a block scalar (| or >) without a final line break; "
-                              "add one, then retry")
-        insert = nl + nl.join(lines)
-    else:
-        insert = "".join(line + nl for line in lines)
-    return _checked(text, before, text[:at] + insert + text[at:], job_name, rule, added=True)
+    return _checked(text, before, _append_item(doc, found, job, MRC_KEY, rule), job_name, rule, added=True)
 
 
 def _remove(text: str, job_name: str, rule: dict[str, Any]) -> str:
@@ -190,15 +159,7 @@ def _remove(text: str, job_name: str, rule: dict[str, Any]) -> str:
     item = seq.children[index]
     what = f"the drop rule of job {job_name!r}"
     if seq.flow:
-        if index > 0:
-            start, end = seq.children[index - 1].end, item.end
-            _only(text[start:item.start], ",", what)
-        elif len(seq.children) > 1:
-            start, end = item.start, seq.children[1].start
-            _only(text[item.end:end], ",", what)
-        else:
-            start, end = item.start, item.end
-        return _checked(text, before, text[:start] + text[end:], job_name, rule, added=False)
+        return _checked(text, before, _cut_flow_item(text, seq, index, what), job_name, rule, added=False)
     dash = _dash_before(doc, item.start, what)
     start, end = _line_start(doc, dash), _next_line(doc, item.end)
     if text[start:dash].strip(" "):

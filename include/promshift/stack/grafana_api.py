@@ -41,9 +41,10 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
+
+from promshift.stack.contract_http import ContractHandler, ContractServer
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,11 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class GrafanaApiServer:
+class GrafanaApiServer(ContractServer):
     """The contract server: dashboards with their versions, the API's checks, on 127.0.0.1."""
+
+    name = "grafana-api"
+    log = log
 
     def __init__(self, tokens: Mapping[str, str], host: str = "127.0.0.1", port: int = 0) -> None:
         self.tokens = dict(tokens)  # token -> the service account's login (createdBy)
@@ -128,33 +132,8 @@ class GrafanaApiServer:
         self._dashboards: dict[str, dict[str, Any]] = {}
         self._next_id = 1
         self._next_version_id = 1
-        self.requests: list[tuple[str, str, int]] = []
         self.before_save: Callable[[str], None] | None = None  # called with the uid before a POST is served
-        self._httpd = ThreadingHTTPServer((host, port), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> GrafanaApiServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="grafana-api", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> GrafanaApiServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(host, port)
 
     # -- the store ---------------------------------------------------------------------------------
 
@@ -311,30 +290,20 @@ class GrafanaApiServer:
             return self._save(model, folder_uid=entry["folderUid"], message=f"Restored from version {found['version']}",
                               overwrite=False, by=by, restored_from=found["version"])
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
+    def _handler(self) -> type[ContractHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        class Handler(ContractHandler):
+            contract = server
             methods: ClassVar[tuple[str, ...]] = ("GET", "POST")
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-                log.debug("grafana-api %s", format % args)
-
-            def _answer(self, code: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                server.requests.append((self.command, urlsplit(self.path).path, code))
+            def route_path(self) -> str:
+                return urlsplit(self.path).path
 
             def _serve(self) -> None:
                 parts = urlsplit(self.path)
                 path, query = parts.path, parse_qs(parts.query)
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
+                raw = self.read_body()
                 try:
                     auth = self.headers.get("Authorization") or ""
                     scheme, _, token = auth.partition(" ")
@@ -348,19 +317,19 @@ class GrafanaApiServer:
                         except ValueError:
                             raise Refusal(400, "bad request data: not JSON") from None
                     if self.command == "GET" and path in ("/api/search", "/api/search/"):
-                        self._answer(200, server._search(query))
+                        self.answer(200, server._search(query))
                     elif self.command == "GET" and (m := _DASHBOARD.match(path)):
-                        self._answer(200, server._get_dashboard(m.group(1)))
+                        self.answer(200, server._get_dashboard(m.group(1)))
                     elif self.command == "GET" and (m := _VERSIONS.match(path)):
-                        self._answer(200, server._versions(m.group(1), query))
+                        self.answer(200, server._versions(m.group(1), query))
                     elif self.command == "POST" and path == "/api/dashboards/db":
-                        self._answer(200, server._post_save(body, by))
+                        self.answer(200, server._post_save(body, by))
                     elif self.command == "POST" and (m := _RESTORE.match(path)):
-                        self._answer(200, server._restore(m.group(1), body, by))
+                        self.answer(200, server._restore(m.group(1), body, by))
                     else:
                         raise Refusal(404, "Not found")
                 except Refusal as refusal:
-                    self._answer(refusal.code, refusal.body)
+                    self.answer(refusal.code, refusal.body)
 
             do_GET = do_POST = _serve  # noqa: N815 - http.server's names
 

@@ -60,7 +60,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -70,6 +69,7 @@ from kubernetes.client import ApiClient
 
 from promshift.adapters.k8s_deploy import config_remote_write_entry, cr_remote_write_entry
 from promshift.core.render import add_remote_write, remove_remote_write
+from promshift.stack.contract_http import ContractHandler, ContractServer
 
 log = logging.getLogger(__name__)
 
@@ -328,42 +328,20 @@ def merge_patch(target: Any, patch: Any) -> Any:
 Watcher = Callable[[str, str, str, dict[str, Any]], None]
 
 
-class K8sApiServer:
+class K8sApiServer(ContractServer):
     """The contract server: an object store with the API's checks, and watchers called after each write."""
+
+    name = "k8s-api"
+    log = log
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._revision = 100
         self.watchers: list[Watcher] = []
-        self.requests: list[tuple[str, str, int]] = []  # (method, path, code): what the deployers sent
         # Called with (method, kind, ns, name) before a PUT or PATCH is served: a test plays a racing writer.
         self.before_write: Callable[[str, str, str, str], None] | None = None
-        self._httpd = ThreadingHTTPServer((host, port), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> K8sApiServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="k8s-api", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> K8sApiServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(host, port)  # requests: (method, path, code), what the deployers sent
 
     # store operations (also used by tests to seed objects and to play another writer)
 
@@ -467,39 +445,26 @@ class K8sApiServer:
         self._notify(kind, ns, name, stored)
         return stored
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
+    def _handler(self) -> type[ContractHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        class Handler(ContractHandler):
+            contract = server
             methods: ClassVar[tuple[str, ...]] = ("GET", "PUT", "PATCH")
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-                log.debug("k8s-api %s", format % args)
-
-            def _answer(self, code: int, body: Mapping[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                server.requests.append((self.command, self.path.split("?")[0], code))
-
             def _serve(self) -> None:
-                path = self.path.split("?")[0]
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
+                path = self.route_path()
+                raw = self.read_body()
                 match = next(((kind, m) for kind, pattern in _PATHS.items() if (m := pattern.match(path))), None)
                 if match is None:
-                    self._answer(404, status_object(404, "NotFound", "the server could not find the requested "
+                    self.answer(404, status_object(404, "NotFound", "the server could not find the requested "
                                                                      "resource"))
                     return
                 kind, m = match
                 ns, name = m.group(1), m.group(2)
                 try:
                     if self.command == "GET":
-                        self._answer(200, server.get(kind, ns, name))
+                        self.answer(200, server.get(kind, ns, name))
                         return
                     try:
                         body = json.loads(raw or b"null")
@@ -508,11 +473,11 @@ class K8sApiServer:
                     if server.before_write is not None:
                         server.before_write(self.command, kind, ns, name)
                     if self.command == "PUT":
-                        self._answer(200, server.put(kind, ns, name, body))
+                        self.answer(200, server.put(kind, ns, name, body))
                     else:
-                        self._answer(200, server.patch(kind, ns, name, body, self.headers.get("Content-Type") or ""))
+                        self.answer(200, server.patch(kind, ns, name, body, self.headers.get("Content-Type") or ""))
                 except ApiRefusal as refusal:
-                    self._answer(refusal.code, status_object(refusal.code, refusal.reason, refusal.message,
+                    self.answer(refusal.code, status_object(refusal.code, refusal.reason, refusal.message,
                                                              name=name, kind=kind))
 
             do_GET = do_PUT = do_PATCH = _serve  # noqa: N815 - http.server's names
