@@ -205,17 +205,23 @@ def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, pro
     ``promshift__<group>__rollback`` (a cut-over group all the way back). All by hand only."""
     common = dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile)
     args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)}
-    tags = ["promshift", f"group:{group.name}", "decommission"]
-    with DAG(
-        dag_id=decommission_dag_id(group),
-        description=f"Decommission metric group {group.name} on the source (after its bake)",
-        doc_md=(f"# Decommission `{group.name}` on the source\n\nAfter a clean bake (`baked`), a second approval "
+
+    def by_hand(dag_id: str, kind: str, description: str, doc_md: str, reason: str | None = None) -> DAG:
+        """A DAG of this group that only a person starts; ``reason``: the form's Reason field's description."""
+        params = ({"reason": Param("", type="string", maxLength=1000, title="Reason", description=reason)}
+                  if reason else None)
+        return DAG(dag_id=dag_id, description=description, doc_md=doc_md, schedule=None,
+                   start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
+                   tags=["promshift", f"group:{group.name}", kind], default_args=args, params=params)
+
+    with by_hand(
+        decommission_dag_id(group), "decommission",
+        f"Decommission metric group {group.name} on the source (after its bake)",
+        (f"# Decommission `{group.name}` on the source\n\nAfter a clean bake (`baked`), a second approval "
                 "(the bake evidence and what the drop frees), then a `metric_relabel_configs` drop of the group in "
                 "each scrape job that carries it: snapshot, promtool check, reload, verified live; undone at once "
                 "if the target stops receiving the group. Refused on the remote_write path (the source is then the "
                 "target's only writer). Undo with the `__recommission` DAG."),
-        schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1, tags=tags,
-        default_args=args,
     ) as decommission:
         prepare = DecommissionPrepareOperator(task_id="prepare", retries=0, **common)
         approval = DecommissionApprovalOperator(
@@ -223,29 +229,23 @@ def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, pro
             response_timeout=timedelta(seconds=group.approval_timeout_s), retries=1,
             retry_delay=timedelta(seconds=5), **common)
         prepare >> approval >> DecommissionOperator(task_id="decommission", **common)
-    with DAG(
-        dag_id=recommission_dag_id(group),
-        description=f"Undo the decommission of metric group {group.name} (the source scrapes it again)",
-        doc_md=(f"# Recommission `{group.name}`\n\nRemoves the decommission's drop: the source scrapes and stores "
+    with by_hand(
+        recommission_dag_id(group), "recommission",
+        f"Undo the decommission of metric group {group.name} (the source scrapes it again)",
+        (f"# Recommission `{group.name}`\n\nRemoves the decommission's drop: the source scrapes and stores "
                 "the group again; reads stay on the target. The source never stored the group while it was "
                 "decommissioned (the gap is recorded); the target holds that history."),
-        schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
-        tags=["promshift", f"group:{group.name}", "recommission"], default_args=args,
-        params={"reason": Param("", type="string", maxLength=1000, title="Reason",
-                                description="Why the decommission is undone (kept in the audit).")},
+        reason="Why the decommission is undone (kept in the audit).",
     ) as recommission:
         RecommissionOperator(task_id="recommission", **common)
-    with DAG(
-        dag_id=rollback_dag_id(group),
-        description=f"Roll metric group {group.name} all the way back after its cut-over (by hand)",
-        doc_md=(f"# Roll `{group.name}` back after its cut-over\n\nFrom `cut_over`, `baking`, `baked`, "
+    with by_hand(
+        rollback_dag_id(group), "rollback",
+        f"Roll metric group {group.name} all the way back after its cut-over (by hand)",
+        (f"# Roll `{group.name}` back after its cut-over\n\nFrom `cut_over`, `baking`, `baked`, "
                 "`rolled_back_reads` or `recommissioned`: reads back to the source (every read-path restorer), then "
                 "the group's own remote_write entry removed by name (never a whole-file restore: other groups' "
                 "entries stay), promtool-checked, reloaded, verified gone; `rolled_back`."),
-        schedule=None, start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
-        tags=["promshift", f"group:{group.name}", "rollback"], default_args=args,
-        params={"reason": Param("", type="string", maxLength=1000, title="Reason",
-                                description="Why the group goes back to the source (kept in the audit).")},
+        reason="Why the group goes back to the source (kept in the audit).",
     ) as rollback:
         FullRollbackOperator(task_id="rollback", **common)
     return decommission, recommission, rollback
