@@ -220,6 +220,18 @@ class FaultEnv:
         return True
 
     # measurements
+    @staticmethod
+    def newest_after(client: PrometheusClient, query: str, after: float, *, timeout_s: float = 30.0,
+                     poll_s: float = 1.0) -> float | None:
+        """The first answer of ``query`` (a timestamp) later than ``after``; None if none within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            newest = client.scalar(query)
+            if newest is not None and newest > after:
+                return newest
+            time.sleep(poll_s)
+        return None
+
     def wait_for_target(self, group: MetricGroup, since: float) -> dict[str, Any]:
         deadline = time.monotonic() + TARGET_DEADLINE_S
         while True:
@@ -1105,24 +1117,9 @@ def fault_source_restart(env: FaultEnv) -> FaultResult:
     up_at = time.time()
     loaded_after = entry in env.loaded_entries()
     # Dual-write resumes: the target receives samples newer than the restart.
-    metric = m.group.metrics[0]
-    resumed_at = None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        newest = env.target().scalar(f"max(timestamp({metric}))")
-        if newest is not None and newest > up_at:
-            resumed_at = newest
-            break
-        time.sleep(1.0)
+    resumed_at = env.newest_after(env.target(), f"max(timestamp({m.group.metrics[0]}))", up_at)
     # When the restarted source scrapes again: its newest ``up`` sample is later than the restart.
-    scraping_at = None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        newest_up = env.source().scalar(f'max(timestamp(up{{job="{SCRAPE_JOB}"}}))')
-        if newest_up is not None and newest_up > up_at:
-            scraping_at = newest_up
-            break
-        time.sleep(0.5)
+    scraping_at = env.newest_after(env.source(), f'max(timestamp(up{{job="{SCRAPE_JOB}"}}))', up_at, poll_s=0.5)
     # A whole window after scraping resumed, with our entry still live: what the migration could cost the source.
     time.sleep(max(0.0, (scraping_at or time.time()) + MIN_LOSS_WINDOW_S + 0.5 - time.time()))
     after_end = time.time()
