@@ -135,7 +135,7 @@ def test_without_rules_or_grafana_nothing_moves_and_the_report_says_not_configur
     report = build_report(group=GROUP, run_id=RUN_ID, events=audit.events(group=GROUP, run_id=RUN_ID),
                           final_stage="cut_over", chain=audit.verify())
     assert report["rules"]["reason"] == report["read_path"]["reason"] == "not configured"
-    assert report["rules"]["moved"] is False and report["read_path"]["switched"] is False
+    assert report["rules"]["moved"] == 0 and report["read_path"]["switched"] is False
 
 
 def test_a_grafana_connection_without_read_path_is_not_configured(dag: Any, env: Path,  # noqa: F811
@@ -190,7 +190,7 @@ def test_cutover_moves_rules_then_dashboards_then_routes_once_per_run(
     assert kinds(audit, UP_TO_APPROVED)[-1] == "cut_over" and kinds(audit, UP_TO_APPROVED).count("rules_moved") == 1
     report = build_report(group=GROUP, run_id=RUN_ID, events=audit.events(group=GROUP, run_id=RUN_ID),
                           final_stage="cut_over", chain=audit.verify())
-    assert report["rules"]["moved"] and report["read_path"] == {
+    assert report["rules"]["moved"] > 0 and report["read_path"] == {
         "configured": True, "switched": True, "dashboards": 1, "panels": 1, "restored": False, "reason": None,
         "kind": "grafana-files"}
 

@@ -189,7 +189,7 @@ def _chain(steps: list) -> list:
 def test_rules_read_path_bake_and_decommission_are_reported_even_when_nothing_was_configured() -> None:
     evs = events()
     report = build_report(group="g", run_id="r", events=evs, final_stage="cut_over", chain=verify_chain(evs))
-    assert report["rules"]["configured"] is False and report["rules"]["moved"] is False
+    assert report["rules"]["configured"] is False and report["rules"]["moved"] == 0
     assert report["rules"]["reason"] == "not configured" and report["rules"]["rules"] == 0
     assert report["read_path"] == {"configured": False, "switched": False, "dashboards": 0, "panels": 0,
                                    "restored": False, "reason": "not configured"}
@@ -211,7 +211,7 @@ def test_moved_rules_switched_dashboards_bake_checks_and_the_decommission_are_co
         ("decommissioned", None, None, {"freed": {"series": 16, "samples_per_s": 8.0}, "source_series_after": 0}),
     ])
     report = build_report(group="g", run_id="r", events=evs, final_stage="decommissioned", chain=verify_chain(evs))
-    assert report["rules"]["configured"] and report["rules"]["moved"] and report["rules"]["records_added"]
+    assert report["rules"]["configured"] and report["rules"]["moved"] == 3 and report["rules"]["records_added"]
     assert (report["rules"]["rules"], report["rules"]["records"], report["rules"]["alerts"]) == (3, 1, 2)
     assert report["rules"]["reason"] is None and report["rules"]["restored"] is False
     assert report["read_path"]["switched"] and (report["read_path"]["dashboards"], report["read_path"]["panels"]) \
@@ -245,7 +245,7 @@ def test_the_markdown_says_what_moved_and_what_was_not_configured() -> None:
                   ("reads_rolled_back", None, None, {"reason": "stale target"})])
     md = render_markdown(build_report(group="g", run_id="r", events=evs, final_stage="rolled_back_reads",
                                       chain=verify_chain(evs)))
-    assert "## Rules\n\n2 rule(s) (1 recording, 1 alerting): moved True, restored False" in md
+    assert "## Rules\n\n2 rule(s) (1 recording, 1 alerting): 2 moved, restored False" in md
     assert "## Read path (dashboards)\n\nnot configured" in md
     assert "## Bake\n\n1 check(s), 1 failed; baked False; reads rolled back True (stale target)" in md
     assert "## Decommission" not in md

@@ -146,7 +146,8 @@ def source_config_line(source_config: Mapping[str, Any]) -> str:
 def _moved_with_group(events: Sequence[AuditEvent]) -> dict[str, Any]:
     """``rules``, ``read_path``, ``bake`` and ``decommission`` of the report: every field present, false or 0
     when it did not happen (``configured: false`` / ``reason: not configured`` when nothing was set up)."""
-    rules: dict[str, Any] = {"configured": False, "moved": False, "rules": 0, "records": 0, "alerts": 0,
+    # ``moved``: how many rules the cut-over handed to the target (0 when none were).
+    rules: dict[str, Any] = {"configured": False, "moved": 0, "rules": 0, "records": 0, "alerts": 0,
                              "records_added": False, "gap_s": None, "restored": False, "restored_identical": None,
                              "reason": "not configured"}
     read_path: dict[str, Any] = {"configured": False, "switched": False, "dashboards": 0, "panels": 0,
@@ -163,7 +164,8 @@ def _moved_with_group(events: Sequence[AuditEvent]) -> dict[str, Any]:
         elif e.kind == "rules_records_added":
             rules["records_added"] = True
         elif e.kind == "rules_moved":
-            rules.update(moved=bool(data.get("moved")), gap_s=data.get("gap_s"))
+            moved = int(data.get("rules", rules["rules"]) or 0) if data.get("moved") else 0
+            rules.update(moved=moved, gap_s=data.get("gap_s"))
         elif e.kind == "rules_restored" and data.get("changed"):
             rules.update(restored=True, restored_identical=data.get("restored_identical"))
         elif e.kind == "read_path_snapshot":
@@ -198,7 +200,7 @@ def moved_markdown(report: Mapping[str, Any]) -> list[str]:
     rules, reads = report.get("rules"), report.get("read_path")
     if rules:
         lines += ["", "## Rules", "", (f"{rules['rules']} rule(s) ({rules['records']} recording, {rules['alerts']} "
-                                       f"alerting): moved {rules['moved']}, restored {rules['restored']}"
+                                       f"alerting): {rules['moved']} moved, restored {rules['restored']}"
                                        if rules.get("configured") else f"{rules.get('reason') or 'not moved'}")]
     if reads:
         lines += ["", "## Read path (dashboards)", "", (f"switched {reads['switched']}: {reads['dashboards']} "
