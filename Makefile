@@ -6,15 +6,17 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NODES ?= 200
 SCENARIO ?= happy
-GROUP ?= gpu-utilization
+# GROUP, TARGET, DEPLOY: empty = the scenario's own (gpu-utilization, prometheus, remote_write; the
+# lifecycle scenarios: gpu-memory, amp, scraper).
+GROUP ?=
 # TARGET=amp: migrate onto the local AWS's AMP workspace (SigV4 front door, moto control plane, signing relay).
-TARGET ?= prometheus
+TARGET ?=
 # HISTORY=24h: backfill that much of the group's history on both sides first, time the production windows.
 HISTORY ?=
 # DEPLOY=scraper (with TARGET=amp): AMP's managed collector writes the group instead of a remote_write entry;
 # DEPLOY=k8s-cr (with TARGET=amp): the entry goes into prometheus-operator's Prometheus resource on a local
 # Kubernetes API contract server (not a cluster), whose operator stand-in renders it onto the source.
-DEPLOY ?= remote_write
+DEPLOY ?=
 # EXECUTOR=celery: Airflow as separate processes with two Celery workers (each its own PROMSHIFT_HOME) on the
 # machine's Redis (broker, 127.0.0.1:6379/5) and PostgreSQL (metadata, audit log; 127.0.0.1:5432, user postgres).
 EXECUTOR ?= local
@@ -45,7 +47,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 venv: $(STAMP)
 
 demo: prometheus $(STAMP)
-	$(PY) -m promshift.demo --group $(GROUP) --target $(TARGET) --scenario $(SCENARIO) --nodes $(NODES) --deploy $(DEPLOY) --executor $(EXECUTOR)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
+	$(PY) -m promshift.demo --scenario $(SCENARIO)$(if $(GROUP), --group $(GROUP))$(if $(TARGET), --target $(TARGET))$(if $(DEPLOY), --deploy $(DEPLOY)) --nodes $(NODES) --executor $(EXECUTOR)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
 
 test: prometheus chromium $(STAMP)
 	$(VENV)/bin/ruff check include dags plugins tests bench

@@ -65,6 +65,14 @@ from promshift.core.report import (
     source_config_line,
     target_line,
 )
+from promshift.core.stages import Stage
+from promshift.demo_lifecycle import (
+    LIFECYCLE_GROUP,
+    LIFECYCLE_SCENARIOS,
+    follow_lifecycle,
+    grafana_connection,
+    lifecycle_choices,
+)
 from promshift.deploy_path import DEPLOY_KINDS, K8S_CR, REMOTE_WRITE, SCRAPER
 from promshift.local_airflow import APPROVER_USERS, TRIGGER_USER, LocalAirflow
 from promshift.local_celery import DB_ROLES, CeleryServices, ServiceUnavailable, database_name
@@ -77,8 +85,9 @@ from promshift.stack.sigv4 import make_up_credentials
 log = logging.getLogger("promshift.demo")
 
 DEMO_PROFILE = "demo"
+DEFAULT_GROUP = "gpu-utilization"
 HISTORY_PROFILE = "demo-history"  # production latency windows, for a stack given hours of history
-SCENARIOS = ("happy", "drift", "bad-credentials")
+SCENARIOS = ("happy", "drift", "bad-credentials", *LIFECYCLE_SCENARIOS)
 AMP_ONLY_SCENARIOS = ("bad-credentials",)
 DEFAULT_TIMEOUT_S = 540.0
 # `airflow standalone` starts in ~1-2 min on 2 free cores; measured over 4 min while other jobs loaded them.
@@ -134,15 +143,21 @@ class TargetWriteGap:
 
 def write_report(*, audit: AuditStore, group: str, run_id: str, out_dir: Path,
                  target: dict[str, Any] | None = None, source_config: dict[str, Any] | None = None,
-                 executor: dict[str, Any] | None = None) -> dict[str, Any]:
+                 executor: dict[str, Any] | None = None, whole_life: bool = False,
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """report.json, report.md and latency.png from the run's audit events (and the target's counters).
 
-    ``executor``: which worker ran each task (``core.executor_report``, from Airflow's task instances)."""
-    report = build_report(group=group, run_id=run_id, events=audit.events(group=group, run_id=run_id),
+    ``executor``: which worker ran each task (``core.executor_report``, from Airflow's task instances).
+    ``whole_life``: every event of the group (the migration run, the bake watch's runs, the decommission
+    run), not only the migration run's: the demo's audit log is fresh, so they are this demo's. ``extra``:
+    more top-level blocks (``source_rules``, ``lifecycle``)."""
+    events = audit.events(group=group) if whole_life else audit.events(group=group, run_id=run_id)
+    report = build_report(group=group, run_id=run_id, events=events,
                           final_stage=audit.stage_of(group).value, chain=audit.verify(), target=target,
                           source_config=source_config)
     if executor is not None:
         report["executor"] = executor
+    report.update(extra or {})
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, data in render_report_files(report).items():
         (out_dir / name).write_bytes(data)
@@ -181,9 +196,29 @@ def print_report(report: dict[str, Any]) -> None:
     r = report["rollback"]
     print(f"Rollback: performed={r['performed']} restored_identical={r['restored_identical']}"
           + (f"\n  why: {r['reason']}" if r["performed"] else ""))
+    for line in lifecycle_lines(report):
+        print(line)
     au = report["audit"]
     print(f"Audit: {au['events']} events in this run; chain of {au['chain_events']} "
           f"{'OK' if au['chain_ok'] else 'BROKEN'}")
+
+
+def lifecycle_lines(report: dict[str, Any]) -> list[str]:
+    """What moved with the group and what happened after its cut-over (reports of a lifecycle scenario)."""
+    if "lifecycle" not in report:
+        return []
+    rules, reads, bake, dec = report["rules"], report["read_path"], report["bake"], report["decommission"]
+    lines = [f"Rules: {rules['rules']} ({rules['records']} recording, {rules['alerts']} alerting), moved "
+             f"{rules['moved']}, restored {rules.get('restored', False)}",
+             f"Dashboards: {reads['dashboards']} dashboard(s), {reads['panels']} panel(s) switched "
+             f"{reads['switched']}, restored {reads.get('restored', False)}",
+             f"Bake: {bake['checks']} check(s), {bake['failed_checks']} failed; baked {bake['baked']}; reads rolled "
+             f"back {bake.get('reads_rolled_back', False)}" + (f" ({bake['reason']})" if bake.get("reason") else ""),
+             f"Decommission: performed {dec['performed']}, source series after {dec['source_series_after']}, freed "
+             f"{dec.get('freed_series', 0)} series ({dec.get('freed_samples_per_s')} samples/s)"]
+    if report.get("source_rules"):
+        lines.append(f"Source rules: {source_config_line(report['source_rules'])}")
+    return lines
 
 
 def target_report(stack: LocalStack) -> dict[str, Any]:
@@ -278,6 +313,9 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
     if scenario in AMP_ONLY_SCENARIOS and target_kind != "amp":
         raise ValueError(f"scenario {scenario!r} needs the AMP target (--target amp / TARGET=amp)")
+    lifecycle = scenario in LIFECYCLE_SCENARIOS
+    if lifecycle:
+        lifecycle_choices(scenario, group_name, target_kind, deploy)  # refuses another target or deploy
     config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=deploy == K8S_CR)
     stack = LocalStack(config)
     profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
@@ -333,6 +371,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         services.clear_queue()
         audit_url, anchor_url = services.database_url("audit"), services.database_url("anchor")
     source_conn = source_connection(stack, deploy)
+    if lifecycle:  # the group's rules move with it; its dashboard is re-pointed (file mode)
+        source_conn["extra"]["rules"] = True
     # Credentials reach Airflow only through its environment: never the connection JSON, never printed.
     target_conn, aws_env = target_connection(stack, scenario, deploy)
     if deploy == SCRAPER:
@@ -344,6 +384,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         log.info("workspace usage seeded for the quota pre-flight: %s", stack.publish_usage())
     sha_before = config_sha256(stack.source_config_path)
     log.info("source config %s sha256 %s before the run", stack.source_config_path, sha_before)
+    rules_before = config_sha256(stack.source_rules_path)
     airflow_home = config.home / "airflow"
     shutil.rmtree(airflow_home, ignore_errors=True)
     # Left running after the demo, with the rest of the stack (``make stack-down`` stops both, by this pid file).
@@ -355,6 +396,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         **aws_env,
         # Notifications (approval needed, rolled back) go to the stack's SMTP sink; `make demo` prints where.
         **stack.smtp_connection_env(),
+        **({"AIRFLOW_CONN_GRAFANA_DEFAULT": json.dumps(grafana_connection(stack.dashboards_dir))} if lifecycle else {}),
     }
     if services is None:
         extra_env = {"PROMSHIFT_HOME": str(config.home), "PROMSHIFT_AUDIT_URL": audit_url, **common_env, **key_env}
@@ -405,6 +447,21 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     if services is not None and len(ran_on["parity_samples_workers"]) < 2:
         log.warning("the mapped parity shards ran on %s worker(s) only: %s", len(ran_on["parity_samples_workers"]),
                     ", ".join(ran_on["parity_samples_workers"]) or "none")
+    audit = (AuditStore(audit_url, key=audit_key(key_env)) if anchor_url is None
+             else AuditStore(audit_url, key=audit_key(key_env), anchor=anchor_for(anchor_url, create=False)))
+    extra: dict[str, Any] = {}
+    if lifecycle:
+        if audit.stage_of(group_name) == Stage.CUT_OVER:
+            extra["lifecycle"] = follow_lifecycle(
+                airflow=airflow, audit=audit, group=group, scenario=scenario, amp_dir=stack.amp_dir,
+                approver=APPROVER_USERS[1], answer_after_polls=APPROVAL_AFTER_POLLS)
+        else:
+            log.error("%s: the migration run ended %s, not cut_over: no bake watch or decommission", scenario,
+                      audit.stage_of(group_name).value)
+            extra["lifecycle"] = {"scenario": scenario, "runs": {}, "bake_stage": None}
+        rules_after = config_sha256(stack.source_rules_path)
+        extra["source_rules"] = {"path": str(stack.source_rules_path), "sha256_before": rules_before,
+                                 "sha256_after": rules_after, "identical": rules_before == rules_after}
     sha_after = config_sha256(stack.source_config_path)
     source_config = {"path": str(stack.source_config_path), "sha256_before": sha_before, "sha256_after": sha_after,
                      "identical": sha_before == sha_after}
@@ -412,10 +469,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     kind = "" if target_kind == "prometheus" else f"-{target_kind}"
     kind += "" if deploy == REMOTE_WRITE else f"-{deploy}"
     out_dir = (report_root / f"{stamp}-{group_name}{kind}-{scenario}").resolve()
-    audit = (AuditStore(audit_url, key=audit_key(key_env)) if anchor_url is None
-             else AuditStore(audit_url, key=audit_key(key_env), anchor=anchor_for(anchor_url, create=False)))
     report = write_report(audit=audit, group=group_name, run_id=run_id, out_dir=out_dir, target=target_report(stack),
-                          source_config=source_config, executor=ran_on)
+                          source_config=source_config, executor=ran_on, whole_life=lifecycle, extra=extra)
     print_report(report)
     print(f"\nwall time {time.time() - started:.0f}s")
     print_logins(airflow, group.dag_id, run_id, mail=f"{len(stack.mail())} message(s) in {stack.mail_dir}")
@@ -482,11 +537,14 @@ def _duration(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="promshift-demo", description=__doc__)
-    parser.add_argument("--group", default="gpu-utilization")
+    parser.add_argument("--group", default=None,
+                        help=f"default {DEFAULT_GROUP} ({LIFECYCLE_GROUP} for {', '.join(LIFECYCLE_SCENARIOS)})")
     parser.add_argument("--scenario", choices=SCENARIOS, default="happy",
-                        help=f"{', '.join(AMP_ONLY_SCENARIOS)}: --target amp only")
-    parser.add_argument("--target", choices=TARGET_KINDS, default="prometheus",
-                        help="amp: migrate onto the local AWS's AMP workspace through its SigV4 front door")
+                        help=f"{', '.join(AMP_ONLY_SCENARIOS)}: --target amp only; {', '.join(LIFECYCLE_SCENARIOS)}: "
+                             "--target amp --deploy scraper (their defaults)")
+    parser.add_argument("--target", choices=TARGET_KINDS, default=None,
+                        help="amp: migrate onto the local AWS's AMP workspace through its SigV4 front door "
+                             "(default prometheus; amp for the lifecycle scenarios)")
     parser.add_argument("--nodes", type=int, default=int(os.environ.get("PROMSHIFT_NODES", "200")))
     parser.add_argument("--airflow-port", type=int, default=int(os.environ.get("PROMSHIFT_AIRFLOW_PORT", "28080")))
     parser.add_argument("--report-root", type=Path, default=REPO_ROOT / "reports")
@@ -499,12 +557,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executor", choices=EXECUTOR_KINDS, default="local",
                         help="celery: Airflow's components and two Celery workers (each with its own PROMSHIFT_HOME) "
                              "as separate processes, on the machine's Redis (broker) and PostgreSQL (metadata, audit)")
-    parser.add_argument("--deploy", choices=DEMO_DEPLOY_KINDS, default=REMOTE_WRITE,
+    parser.add_argument("--deploy", choices=DEMO_DEPLOY_KINDS, default=None,
                         help="scraper (--target amp only): AMP's managed collector writes the group instead of a "
                              "remote_write entry in the source's config; k8s-cr (--target amp only): the entry goes "
                              "into prometheus-operator's Prometheus resource on the stack's Kubernetes API contract "
                              "server (not a cluster), whose operator stand-in renders it onto the source")
     args = parser.parse_args(argv)
+    if args.scenario in LIFECYCLE_SCENARIOS:
+        try:
+            args.group, args.target, args.deploy = lifecycle_choices(args.scenario, args.group, args.target,
+                                                                     args.deploy)
+        except ValueError as exc:
+            parser.error(str(exc))
+    args.group, args.target = args.group or DEFAULT_GROUP, args.target or "prometheus"
+    args.deploy = args.deploy or REMOTE_WRITE
     if args.deploy != REMOTE_WRITE and args.target != "amp":
         parser.error(f"--deploy {args.deploy} needs --target amp")
     if args.scenario in AMP_ONLY_SCENARIOS and args.target != "amp":

@@ -368,8 +368,12 @@ class LocalAirflow:
                 time.sleep(3)
         raise RuntimeError(f"DAG {dag_id} not parsed after {timeout_s:.0f}s; see {self.home}/logs")
 
-    def trigger(self, dag_id: str, *, user: str = TRIGGER_USER) -> str:
+    def unpause(self, dag_id: str, *, user: str = TRIGGER_USER) -> None:
+        """Let the scheduler run the DAG on its schedule (the demo creates every DAG paused)."""
         self.api(user, "PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+
+    def trigger(self, dag_id: str, *, user: str = TRIGGER_USER) -> str:
+        self.unpause(dag_id, user=user)
         run = self.api(user, "POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
         log.info("triggered %s run %s as %s", dag_id, run["dag_run_id"], user)
         return str(run["dag_run_id"])

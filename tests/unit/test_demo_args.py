@@ -87,3 +87,31 @@ def test_k8s_cr_puts_the_resource_on_the_source_connection_and_keeps_the_targets
     plain = source_connection(stack)  # type: ignore[arg-type]
     assert plain["extra"] == {"config_path": "/state/source/prometheus.yml"}
     assert kubernetes_source_of(plain["extra"]) is None
+
+
+def test_the_lifecycle_scenarios_default_to_the_managed_collector_and_gpu_memory() -> None:
+    from promshift.demo_lifecycle import lifecycle_choices
+
+    for scenario in ("lifecycle", "bake-fail"):
+        assert lifecycle_choices(scenario, None, None, None) == ("gpu-memory", "amp", "scraper")
+    assert lifecycle_choices("lifecycle", "gpu-clocks", "amp", "scraper") == ("gpu-clocks", "amp", "scraper")
+
+
+@pytest.mark.parametrize("argv", [["--target", "prometheus"], ["--target", "amp", "--deploy", "remote_write"],
+                                  ["--deploy", "k8s-cr"]])
+def test_a_lifecycle_scenario_refuses_another_target_or_deploy_in_one_line(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--scenario", "lifecycle", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--scenario lifecycle needs --target amp --deploy scraper" in err and "only AMP" not in err
+
+
+def test_run_demo_refuses_a_lifecycle_scenario_on_the_remote_write_path(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROMSHIFT_HOME", str(tmp_path / "state"))
+    with pytest.raises(ValueError, match="--scenario bake-fail needs --target amp --deploy scraper"):
+        run_demo(group_name="gpu-memory", scenario="bake-fail", nodes=2, airflow_port=1, report_root=tmp_path,
+                 target_kind="amp", deploy="remote_write")
+    assert not (tmp_path / "state").exists()

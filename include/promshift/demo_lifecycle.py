@@ -1,0 +1,176 @@
+"""``make demo SCENARIO=lifecycle|bake-fail``: a group's life after its cut-over, through Airflow.
+
+Both scenarios migrate ``gpu-memory`` (it has a recording rule and an alert on the local source) onto the
+local AMP workspace written by its managed collector (``TARGET=amp DEPLOY=scraper``): a decommission drops
+the group at the source's scrape, which is safe only when the target has a writer of its own (on the
+remote_write path the source is AMP's only writer, and the decommission is refused there).
+
+The demo's connections turn both moves on: the source connection says ``extra.rules: true`` (its rule file
+is the config's ``rule_files``), and ``grafana_default`` names the stack's provisioned dashboard folder
+(file mode; no Grafana runs here). The migration run moves the rules (recording rules after the warm-up, the
+alert handed off at cut-over) and re-points the dashboard. Then the scheduled ``promshift__bake_watch`` is
+unpaused and runs every ``bake.interval`` (1 min in the demo profile):
+
+- ``lifecycle``: once the group is ``baked`` (a clean ``bake.period``, 2 min), the decommission DAG is
+  triggered; its second approval is answered by the other on-call engineer through the REST API, and the
+  group is dropped at the source's scrape, verified (the source returns none of its series; the target
+  still receives them).
+- ``bake-fail``: right after the cut-over the target stops receiving the group (the collector's process is
+  stopped with SIGSTOP, as a hung collector would be); a bake check fails on freshness and the watch returns
+  the reads (routing, dashboard, rules) to the source by itself. The collector is resumed at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from promshift.adapters.audit_store import AuditStore
+from promshift.core.catalog import MetricGroup
+from promshift.core.stages import Stage
+from promshift.deploy_path import SCRAPER
+
+log = logging.getLogger("promshift.demo")
+
+LIFECYCLE_SCENARIOS = ("lifecycle", "bake-fail")
+LIFECYCLE_GROUP = "gpu-memory"
+LIFECYCLE_TARGET = "amp"
+LIFECYCLE_DEPLOY = SCRAPER
+BAKE_WATCH_DAG_ID = "promshift__bake_watch"
+# Datasources of the demo's dashboard switch: what the panels read now, and the AMP workspace's datasource.
+SOURCE_DATASOURCE = {"uid": "prometheus", "name": "Prometheus"}
+TARGET_DATASOURCE = {"uid": "amp-local", "name": "AMP (local workspace)"}
+POLL_S = 5.0
+
+
+def lifecycle_choices(scenario: str, group: str | None, target: str | None, deploy: str | None
+                      ) -> tuple[str, str, str]:
+    """(group, target, deploy) for a lifecycle scenario: unset ones take the scenario's; others are refused."""
+    target, deploy = target or LIFECYCLE_TARGET, deploy or LIFECYCLE_DEPLOY
+    if (target, deploy) != (LIFECYCLE_TARGET, LIFECYCLE_DEPLOY):
+        raise ValueError(f"--scenario {scenario} needs --target {LIFECYCLE_TARGET} --deploy {LIFECYCLE_DEPLOY} (the "
+                         f"defaults for it): a decommission drops the group at the source's scrape, safe only when "
+                         f"AMP's managed collector writes it (got --target {target} --deploy {deploy})")
+    return group or LIFECYCLE_GROUP, target, deploy
+
+
+def grafana_connection(dashboards_dir: Path) -> dict[str, Any]:
+    """``grafana_default`` in file mode over the stack's provisioned dashboards (no Grafana runs here; the
+    host is never called in file mode)."""
+    return {"conn_type": "http", "host": "http://127.0.0.1:1",
+            "extra": {"read_path": {"source_datasource": SOURCE_DATASOURCE, "target_datasource": TARGET_DATASOURCE,
+                                    "files": [str(dashboards_dir / "*.json")]}}}
+
+
+def collector_pids(amp_dir: Path) -> list[int]:
+    """The local managed collectors' processes (vmagent run by the control plane for a scraper)."""
+    marker = f"-promscrape.config={amp_dir}/scrapers/"
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.decode(errors="replace").startswith(marker) for arg in argv):
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+class CollectorPause:
+    """The fault of ``bake-fail``: the target stops receiving the group (its collector is stopped, SIGSTOP)."""
+
+    def __init__(self, amp_dir: Path) -> None:
+        self.amp_dir = amp_dir
+        self.pids: list[int] = []
+
+    def start(self) -> None:
+        self.pids = collector_pids(self.amp_dir)
+        if not self.pids:
+            raise RuntimeError(f"bake-fail: no collector process found under {self.amp_dir}/scrapers")
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
+        log.warning("bake-fail: the target stops receiving the group: collector pid(s) %s stopped (SIGSTOP)",
+                    ", ".join(map(str, self.pids)))
+
+    def stop(self) -> None:
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                continue
+        if self.pids:
+            log.info("bake-fail: collector pid(s) %s resumed (SIGCONT)", ", ".join(map(str, self.pids)))
+        self.pids = []
+
+
+def wait_for_stage(audit: AuditStore, group: str, wanted: set[Stage], *, timeout_s: float, what: str,
+                   stop_at: set[Stage] = frozenset()) -> Stage:  # type: ignore[assignment]
+    """Poll the audit log until the group reaches one of ``wanted`` (or ``stop_at``); log each change."""
+    deadline, last = time.time() + timeout_s, None
+    while True:
+        stage = audit.stage_of(group)
+        checks = sum(1 for e in audit.events(group=group) if e.kind == "bake_check")
+        if (stage, checks) != last:
+            log.info("%s: stage %s, %d bake check(s) so far", what, stage.value, checks)
+            last = (stage, checks)
+        if stage in wanted or stage in stop_at:
+            return stage
+        if time.time() > deadline:
+            raise TimeoutError(f"{what}: group {group!r} still {stage.value} after {timeout_s:.0f}s "
+                               f"(waiting for {', '.join(sorted(s.value for s in wanted))})")
+        time.sleep(POLL_S)
+
+
+def follow_lifecycle(*, airflow: Any, audit: AuditStore, group: MetricGroup, scenario: str, amp_dir: Path,
+                     approver: str, answer_after_polls: int,
+                     on_decommission_state: Callable[[dict[str, str]], None] | None = None) -> dict[str, Any]:
+    """After the migration run cut the group over: bake watch (and the fault), then the decommission.
+    Returns what the demo did: the runs it followed and the stage each ended in."""
+    bake, out = group.bake, {"scenario": scenario, "runs": {}}
+    fault = CollectorPause(amp_dir) if scenario == "bake-fail" else None
+    try:
+        if fault is not None:
+            fault.start()
+        # The watch is scheduled (every bake.interval); Airflow starts it as soon as it is unpaused.
+        airflow.unpause(BAKE_WATCH_DAG_ID)
+        log.info("%s unpaused: it checks %s every %.0fs; baked after %.0fs clean", BAKE_WATCH_DAG_ID, group.name,
+                 bake.interval_s, bake.period_s)
+        if fault is not None:
+            budget = bake.max_staleness_s + 4 * bake.interval_s + 180
+            out["bake_stage"] = wait_for_stage(audit, group.name, {Stage.ROLLED_BACK_READS}, timeout_s=budget,
+                                               what="bake watch", stop_at={Stage.BAKED}).value
+            return out
+        budget = bake.period_s + 5 * bake.interval_s + 180
+        out["bake_stage"] = wait_for_stage(audit, group.name, {Stage.BAKED}, timeout_s=budget, what="bake watch",
+                                           stop_at={Stage.ROLLED_BACK_READS}).value
+        if out["bake_stage"] != Stage.BAKED.value:
+            log.error("the bake failed: no decommission")
+            return out
+    finally:
+        if fault is not None:
+            fault.stop()
+    dag_id = f"{group.dag_id}__decommission"
+    run_id = airflow.trigger(dag_id)
+    polls = 0
+
+    def on_state(states: dict[str, str]) -> None:
+        nonlocal polls
+        polls = polls + 1 if states.get("approval") == "awaiting_input" else 0
+        if polls == answer_after_polls:
+            log.info("second approval requested; %s answers through the REST API", approver)
+            airflow.answer_approval(dag_id, run_id, "approval", user=approver, choice="Approve",
+                                    comment="bake evidence reviewed in the demo: decommission on the source")
+        if on_decommission_state is not None:
+            on_decommission_state(states)
+
+    out["runs"]["decommission"] = {"dag_id": dag_id, "run_id": run_id,
+                                   "state": airflow.follow(dag_id, run_id, timeout_s=600, on_state=on_state)}
+    out["final_stage"] = audit.stage_of(group.name).value
+    return out
