@@ -296,6 +296,27 @@ def test_rule_parity_never_passes_without_data_and_fails_one_sided_answers() -> 
     assert rules_verdict([]).verdict == Verdict.INCONCLUSIVE
 
 
+def test_rule_parity_allows_independent_scrapers_jitter_only_with_noise_k() -> None:
+    """Scraper path: the two sides read a noisy gauge at different instants, so a recording rule over it differs
+    by the gauge's own jitter; that passes with the samples layer's noise allowance, a change of scale does not."""
+    from promshift.core.parity import INDEPENDENT_NOISE_K
+
+    _, sel = selection_of("gpu.yml")
+    rec = sel.rules[0]
+    window = {"start": 0.0, "end": 600.0, "step": 30.0}
+    kw = {"abs_tol": 1e-9, "rel_tol": 1e-6, "window": window}
+    src_vals = [0.50, 0.53, 0.49, 0.52, 0.48, 0.51, 0.54, 0.50, 0.47, 0.52, 0.49, 0.51]
+    tgt_vals = [v + (0.01 if i % 2 else -0.01) for i, v in enumerate(src_vals)]  # half a step's jitter
+    source = _series(g0=[(30.0 * i, v) for i, v in enumerate(src_vals)])
+    target = _series(g0=[(30.0 * i, v) for i, v in enumerate(tgt_vals)])
+    assert rule_measurement(rec, rec.expr, source, target, **kw).verdict == Verdict.FAILED
+    assert rule_measurement(rec, rec.expr, source, target, noise_k=INDEPENDENT_NOISE_K, **kw).verdict \
+        == Verdict.SUCCESSFUL
+    scaled = _series(g0=[(30.0 * i, v * 100) for i, v in enumerate(src_vals)])
+    assert rule_measurement(rec, rec.expr, source, scaled, noise_k=INDEPENDENT_NOISE_K, **kw).verdict \
+        == Verdict.FAILED
+
+
 def test_alert_states_name_both_and_neither() -> None:
     _, sel = selection_of("gpu.yml")
     src = [LoadedRule("f", "gpu-memory", RuleKind.ALERT, "GpuMemoryHigh"),

@@ -657,8 +657,11 @@ class RulesMove:
 
 def rules_parity(source: PrometheusClient, target: PrometheusClient, selection: Selection, *, start: float,
                  end: float, step: float, abs_tol: float, rel_tol: float, ignore_labels: Sequence[str] = (),
-                 rename_labels: Sequence[tuple[str, str]] = ()) -> list[Measurement]:
+                 rename_labels: Sequence[tuple[str, str]] = (), noise_k: float = 0.0) -> list[Measurement]:
     """Each moved rule's expression evaluated on both backends over [start, end], then the layer's line.
+
+    ``noise_k``: the jitter allowance of two independent scrapers (``core.parity.INDEPENDENT_NOISE_K`` on the
+    managed-scraper path, 0 for dual-write, where both sides hold the same samples).
 
     Run before the move (during dual-write): reads of moved recording rules are inlined
     (``core.rules.inline_recording_rules``), since the target records nothing yet. Each rule is
@@ -697,5 +700,5 @@ def rules_parity(source: PrometheusClient, target: PrometheusClient, selection: 
         out.append(rule_measurement(
             rule, expr, {normalize_labels(s.labels, **norm): s.points for s in src.series},
             {normalize_labels(s.labels, **norm): s.points for s in tgt.series},
-            abs_tol=abs_tol, rel_tol=rel_tol, window={"start": first, "end": end, "step": step}))
+            abs_tol=abs_tol, rel_tol=rel_tol, window={"start": first, "end": end, "step": step}, noise_k=noise_k))
     return [rules_verdict(out), *out]

@@ -577,8 +577,12 @@ def rule_parity_name(rule: Rule) -> str:
 
 
 def rule_measurement(rule: Rule, expr: str, source: Mapping[LabelSet, Points], target: Mapping[LabelSet, Points],
-                     *, abs_tol: float, rel_tol: float, window: Mapping[str, float]) -> Measurement:
+                     *, abs_tol: float, rel_tol: float, window: Mapping[str, float],
+                     noise_k: float = 0.0) -> Measurement:
     """One moved rule's expression compared point by point over the window (normalized series per side).
+
+    ``noise_k`` as for the samples layer (``SampleComparison``): on the managed-scraper path the two sides
+    scraped at different instants, so a rule over a noisy gauge may differ by its own jitter.
 
     Nothing on either side is INCONCLUSIVE, never SUCCESSFUL: an alert quiet on both sides, or a
     recording rule with no input, proves nothing. Answers on one side only FAIL (the rule would
@@ -591,7 +595,7 @@ def rule_measurement(rule: Rule, expr: str, source: Mapping[LabelSet, Points], t
     if not source and not target:
         what = "the alert is quiet on both sides" if rule.kind is RuleKind.ALERT else "no data on either side"
         return Measurement(name, Verdict.INCONCLUSIVE, f"{what}: nothing to compare", queries, numbers)
-    comparison = SampleComparison(abs_tol=abs_tol, rel_tol=rel_tol)
+    comparison = SampleComparison(abs_tol=abs_tol, rel_tol=rel_tol, noise_k=noise_k)
     comparison.add(source, target)
     m = comparison.measurement(queries)
     if not source or not target:

@@ -705,12 +705,13 @@ class ParityOperator(_ParityStep):
                 rules_plan = step.move.plan(step.move.snapshot())
             else:
                 _snap, rules_plan = step.this_run()
-            policy = self.group.parity
+            check = self.parity_check()  # the samples layer's policy and noise allowance (deploy path's mode)
+            policy = check.policy
             return rules_parity(self.source_hook.prometheus_client(), self.target_hook.prometheus_client(),
                                 rules_plan.selection, start=float(window["start"]), end=float(window["end"]),
                                 step=float(window["step"]), abs_tol=policy.abs_tolerance,
                                 rel_tol=policy.rel_tolerance, ignore_labels=policy.ignore_labels,
-                                rename_labels=policy.rename_labels)
+                                rename_labels=policy.rename_labels, noise_k=check.noise_k)
         except Exception as exc:  # noqa: BLE001 - a layer that could not be measured is ERROR, never a pass
             return [Measurement("rules", Verdict.ERROR, f"rules not compared: {type(exc).__name__}: {one_line(exc)}")]
 
