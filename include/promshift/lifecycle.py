@@ -21,6 +21,7 @@ from typing import Any
 
 from promshift.adapters.prometheus import PrometheusError
 from promshift.core.bake import BakeObservation, baked, clean_streak_start, judge
+from promshift.core.promql import newest_sample_expr
 from promshift.core.render import remote_write_name
 from promshift.core.stages import BAKE_WATCHED, Stage
 from promshift.core.verdicts import Verdict
@@ -98,7 +99,7 @@ class GroupLifecycle:
                 errors.append((name, one_line(exc)))
 
         at = now.timestamp()
-        attempt("age", lambda: b.target.scalar(f"time() - max(timestamp({selector}))", at=at))
+        attempt("age", lambda: b.target.scalar(f"time() - {newest_sample_expr(selector)}", at=at))
         attempt("source_series", lambda: b.source.scalar(f"count({selector})", at=at))
         attempt("target_series", lambda: b.target.scalar(f"count({selector})", at=at))
         queue = self.deploy_kind == "remote_write"
@@ -312,7 +313,7 @@ class Decommission:
         while True:
             try:
                 stopped = stopped or not (m.backends.source.scalar(f"count({selector})") or 0)
-                newest = m.backends.target.scalar(f"max(timestamp({selector}))")
+                newest = m.backends.target.scalar(newest_sample_expr(selector))
                 flowing = flowing or (newest is not None and newest > after)
             except PrometheusError as exc:
                 log.warning("decommission verify: %s", exc)

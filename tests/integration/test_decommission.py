@@ -78,3 +78,18 @@ def test_a_decommission_the_target_does_not_survive_is_undone_byte_for_byte(
            and time.monotonic() < deadline):
         time.sleep(1)
     assert migration.backends.source.scalar(f"count({group.selector()})") == freed["series"]
+
+
+def test_the_newest_sample_of_a_group_of_several_metrics_is_one_answer(local_stack: LocalStack) -> None:
+    """gpu-memory's metrics share every label but the name: timestamp() alone makes duplicate label sets (422),
+    which once made every bake check of the group ERROR and its decommission never see the target receiving."""
+    from promshift.adapters.prometheus import PrometheusError
+    from promshift.core.promql import newest_sample_expr
+
+    source = backends_for(local_stack).source
+    selector = small_group().selector()
+    assert "|" in selector  # several metrics
+    with pytest.raises(PrometheusError, match="same labelset"):
+        source.scalar(f"max(timestamp({selector}))")
+    newest = source.scalar(newest_sample_expr(selector))
+    assert newest is not None and time.time() - 60 < newest <= time.time() + 1

@@ -83,10 +83,13 @@ def test_an_inconclusive_check_restarts_the_bake_clock(tmp_path: Path, audit: Au
     cut_over(audit)
     inconclusive = dataclasses.replace(CLEAN, parity=None, parity_reason="dual-write too short")
     seen = []
-    for i, obs in enumerate([CLEAN, CLEAN, inconclusive, *[CLEAN] * 6]):
+    policy = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP).bake
+    assert policy.interval_s == 60  # one check a minute below
+    clean_after = int(policy.period_s // 60) + 1  # checks in a streak covering the period
+    for i, obs in enumerate([CLEAN, CLEAN, inconclusive, *[CLEAN] * clean_after]):
         seen.append(lifecycle(tmp_path, audit).bake_check(T0 + timedelta(minutes=1 + i), obs)["outcome"])
-    # Demo bake: 5 minutes clean after the inconclusive check at minute 3 -> baked at minute 9.
-    assert seen == ["baking"] * 8 + ["baked"]
+    # Two clean minutes before the inconclusive check do not count: the streak restarts after it.
+    assert seen == ["baking"] * (2 + clean_after) + ["baked"]
 
 
 def test_a_failed_check_returns_reads_to_the_source_and_keeps_dual_write(tmp_path: Path, audit: AuditStore) -> None:

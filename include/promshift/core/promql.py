@@ -302,6 +302,21 @@ def grafana_builtins(step_s: float, range_s: float) -> dict[str, str]:
             "__range_ms": str(span * 1000)}
 
 
+# A label no exporter writes: keeps each metric's series apart once a function drops ``__name__``.
+NAME_KEEPER = "__promshift_metric"
+
+
+def newest_sample_expr(selector: str) -> str:
+    """The time of the newest sample any series of ``selector`` holds, as one instant query.
+
+    ``timestamp()`` drops the metric name, so a selector over several metrics whose series share their other
+    labels (DCGM_FI_DEV_FB_USED and _FREE of one GPU) would make a vector with duplicate label sets, which
+    Prometheus refuses (HTTP 422). The name is first copied into ``NAME_KEEPER``, which ``timestamp()`` keeps.
+    """
+    return (f"max(timestamp(label_replace({selector}, {promql_string(NAME_KEEPER)}, \"$1\", \"__name__\", "
+            f"\"(.+)\")))")
+
+
 def metric_names(expr: str) -> list[str]:
     """The metric names an expression names, parsed when it parses, else read off its identifiers.
 
