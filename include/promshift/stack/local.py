@@ -97,6 +97,8 @@ groups:
 
 VMAGENT_BIN = "/usr/bin/vmagent"
 FLEET, TARGET, SOURCE, MAIL = "fleet", "target", "source", "mail"
+# The provisioned dashboards a read-path switch edits: reset with the rest, or a switched copy outlives its stack.
+GRAFANA = "grafana"
 MOTO, AWS, FRONTDOOR, RELAY = "moto", "aws", "frontdoor", "relay"
 # Start order: the fleet before the source that scrapes it, the target before the source that
 # may remote-write to it. Stop order is the reverse, so the source can flush its queues.
@@ -415,7 +417,7 @@ class LocalStack:
     @property
     def dashboards_dir(self) -> Path:
         """A provisioned Grafana dashboard folder (file mode of the read path switch): the DCGM dashboard."""
-        return self.home / "grafana" / "dashboards"
+        return self.home / GRAFANA / "dashboards"
 
     @property
     def file_sd_path(self) -> Path:
@@ -963,7 +965,7 @@ class LocalStack:
             return
         with self._locked():
             self._down(30.0)
-            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S):
+            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA):
                 shutil.rmtree(self.home / directory, ignore_errors=True)
             for name in ALL_COMPONENTS:
                 self.log_path(name).unlink(missing_ok=True)
