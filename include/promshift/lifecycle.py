@@ -140,15 +140,13 @@ class GroupLifecycle:
         if since is not None:
             window_start = max(window_start, since)
         attempt("parity", lambda: self._parity(window_start, at))
-        rules = None
         attempt("moved_rules", lambda: moved_rules(self.migration))
         moved = values.get("moved_rules")
         if moved is not None:  # only a group whose rules are on the target has a rules measurement
             from promshift.adapters.rules_deploy import loaded_rules
 
-            attempt("rules", lambda: loaded_rules(b.target))
-            if "rules" in values:
-                rules = observe_rules(moved[0], values["rules"], now=at, loaded_at=moved[1].timestamp())
+            attempt("rules", lambda: observe_rules(moved[0], loaded_rules(b.target), now=at,
+                                                   loaded_at=moved[1].timestamp()))
         errors = [("rules", why) if what == "moved_rules" else (what, why) for what, why in errors]
         lag, failed = values.get("lag") or (None, None)
         parity = values.get("parity")
@@ -157,7 +155,7 @@ class GroupLifecycle:
             source_series=None if values.get("source_series") is None else int(values["source_series"]),
             target_series=None if values.get("target_series") is None else int(values["target_series"]),
             parity=parity[0] if parity else None, parity_reason=parity[1] if parity else "",
-            queue_expected=queue, rules=rules, errors=tuple(errors))
+            queue_expected=queue, rules=values.get("rules"), errors=tuple(errors))
 
     def _short_parity(self, window_start: float, now: float) -> tuple[Verdict, str]:
         from promshift.adapters.parity_check import ParityCheck
