@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from promshift.adapters.prometheus import PrometheusError
-from promshift.core.bake import BakeObservation, baked, clean_streak_start, judge
+from promshift.core.bake import BakeObservation, MovedRule, baked, clean_streak_start, judge, observe_rules
 from promshift.core.promql import newest_sample_expr
 from promshift.core.render import remote_write_name
 from promshift.core.stages import BAKE_WATCHED, Stage
@@ -43,6 +44,34 @@ RECOMMISSIONED = "recommissioned"
 DECOMMISSIONABLE = frozenset({Stage.BAKED, Stage.RECOMMISSIONED})
 
 ReadRestorer = tuple[str, Callable[..., Mapping[str, Any]]]
+# A moved rule's label in a rules_moved event recorded before it listed ``moved_rules`` (``core.rules.Rule.label``).
+_RULE_LABEL = re.compile(r"^(record|alert) (\S+) \(.*: group (['\"])(.*)\3, rule \d+\)$")
+
+
+def moved_rules(migration: GroupMigration) -> tuple[list[MovedRule], datetime] | None:
+    """The rules the group's latest handoff moved to the target and when (its ``rules_moved`` event), or None
+    when no rules of the group are on the target (none moved, or a ``rules_restored`` took them back since).
+
+    Raises ValueError when a handoff moved rules but its event names none (the bake cannot check them)."""
+    from promshift.moves import RULES_MOVED, RULES_RESTORED
+
+    events = migration.audit.events(group=migration.group.name)
+    moved = [i for i, e in enumerate(events) if e.kind == RULES_MOVED]
+    if not moved:
+        return None
+    event = events[moved[-1]]
+    data = event.evidence_data
+    if not data.get("moved") or any(e.kind == RULES_RESTORED for e in events[moved[-1] + 1:]):
+        return None
+    if "moved_rules" in data:
+        rules = [MovedRule(str(r["kind"]), str(r["name"]), str(r.get("group") or "")) for r in data["moved_rules"]]
+    else:
+        labels = ((data.get("target") or {}).get("details") or {}).get("rules") or []
+        found = [_RULE_LABEL.match(str(label)) for label in labels]
+        rules = [MovedRule(m[1], m[2], m[4]) for m in found if m]
+    if not rules and data.get("rules"):
+        raise ValueError(f"the rules_moved event of run {event.run_id} names none of its {data['rules']} rules")
+    return rules, event.at
 
 
 def restore_routing(migration: GroupMigration, *, reason: str, now: datetime) -> dict[str, Any]:
@@ -88,7 +117,8 @@ class GroupLifecycle:
 
     # -- observing ---------------------------------------------------------------------------
     def observe(self, now: datetime) -> BakeObservation:
-        """One look at both sides: freshness and series on the target, lag on the source, a short parity window."""
+        """One look at both sides: freshness and series on the target, lag on the source, a short parity window;
+        and, when the group's rules moved to the target, their health there (its ``/api/v1/rules``)."""
         b, selector, errors = self.migration.backends, self.group.selector(), []
         values: dict[str, Any] = {}
 
@@ -111,6 +141,14 @@ class GroupLifecycle:
         if since is not None:
             window_start = max(window_start, since)
         attempt("parity", lambda: self._parity(window_start, at))
+        attempt("moved_rules", lambda: moved_rules(self.migration))
+        moved = values.get("moved_rules")
+        if moved is not None:  # only a group whose rules are on the target has a rules measurement
+            from promshift.adapters.rules_deploy import loaded_rules
+
+            attempt("rules", lambda: observe_rules(moved[0], loaded_rules(b.target), now=at,
+                                                   loaded_at=moved[1].timestamp()))
+        errors = [("rules", why) if what == "moved_rules" else (what, why) for what, why in errors]
         lag, failed = values.get("lag") or (None, None)
         parity = values.get("parity")
         return BakeObservation(
@@ -118,7 +156,7 @@ class GroupLifecycle:
             source_series=None if values.get("source_series") is None else int(values["source_series"]),
             target_series=None if values.get("target_series") is None else int(values["target_series"]),
             parity=parity[0] if parity else None, parity_reason=parity[1] if parity else "",
-            queue_expected=queue, errors=tuple(errors))
+            queue_expected=queue, rules=values.get("rules"), errors=tuple(errors))
 
     def _short_parity(self, window_start: float, now: float) -> tuple[Verdict, str]:
         from promshift.adapters.parity_check import ParityCheck

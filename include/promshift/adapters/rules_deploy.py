@@ -105,7 +105,7 @@ def promtool_check_rules(data: bytes, *, name: str, promtool: str = "promtool") 
 
 
 def loaded_rules(client: PrometheusClient) -> list[LoadedRule]:
-    """What ``/api/v1/rules`` reports loaded: every rule's file, group, kind and name."""
+    """What ``/api/v1/rules`` reports loaded: every rule's file, group, kind and name, and its evaluation's health."""
     answer = client._request("GET", "/api/v1/rules")  # noqa: SLF001 - one more read on the shared client
     body = client._success_body(answer, "rules")  # noqa: SLF001
     groups = (body.get("data") or {}).get("groups")
@@ -113,7 +113,18 @@ def loaded_rules(client: PrometheusClient) -> list[LoadedRule]:
         raise PrometheusError(client.base_url, "malformed answer for rules: no data.groups", kind=ErrorKind.MALFORMED,
                               http_status=200)
     return [LoadedRule(str(g.get("file") or ""), str(g.get("name") or ""), rule_kind_of(str(r.get("type"))),
-                       str(r.get("name") or "")) for g in groups for r in (g.get("rules") or [])]
+                       str(r.get("name") or ""), health=str(r.get("health") or ""),
+                       last_error=str(r.get("lastError") or ""), last_evaluation=str(r.get("lastEvaluation") or ""),
+                       interval_s=_seconds(g.get("interval")))
+            for g in groups for r in (g.get("rules") or [])]
+
+
+def _seconds(value: Any) -> float | None:
+    """A rule group's ``interval`` (seconds, a number) as reported; None when absent or not a number."""
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _same_file(config_dir: Path) -> Callable[[str, str], bool]:

@@ -9,7 +9,15 @@ Each bake check looks at the target copy of a group that reads from the target:
   the remote_write path is INCONCLUSIVE;
 - ``series``: the target holds the source's series count within ``bake.series_tolerance``; a source
   with no series of the group is INCONCLUSIVE (nothing to compare);
-- ``parity``: a short parity window on the group (the parity check's own verdict).
+- ``parity``: a short parity window on the group (the parity check's own verdict);
+- ``rules``: only for a group whose rules moved to the target (omitted otherwise: there is nothing on
+  the target to watch): every moved rule is reported by the target's ``/api/v1/rules`` with health
+  ``ok`` and a last evaluation at most ``RULE_STALE_INTERVALS`` of its group's intervals old. A moved rule
+  missing on the target, with health ``err``, never evaluated although it was loaded more than
+  ``RULE_STALE_INTERVALS`` intervals + ``RULE_GRACE_S`` ago, or last evaluated longer ago than that,
+  FAILS (the rule's name and ``lastError`` in the line: an alert that does not evaluate never pages); a
+  rule not yet evaluated within that grace is INCONCLUSIVE. An empty observation (the handoff moved
+  none) is SUCCESSFUL "no rules moved".
 
 The worst verdict wins (``core.verdicts.worst``). FAILED and ERROR fail the bake: a target the watch
 cannot read is a target the readers cannot read either, so reads go back to the source
@@ -24,14 +32,55 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from promshift.core.catalog import BakePolicy
 from promshift.core.durations import format_duration
+from promshift.core.rules import LoadedRule, RuleKind
 from promshift.core.verdicts import Verdict, worst
 
 # Two checks further apart than this many intervals break a clean streak.
 MAX_GAP_INTERVALS = 3.0
+# A moved rule must have been evaluated within this many of its group's evaluation intervals ...
+RULE_STALE_INTERVALS = 3.0
+# ... and one never evaluated gets this much more time after it was loaded before it counts as failing.
+RULE_GRACE_S = 30.0
+# Prometheus's default evaluation_interval, for a group whose interval the target did not report.
+DEFAULT_RULE_INTERVAL_S = 60.0
+# How many rules one measurement line names (the rest are counted).
+_NAMED_RULES = 3
+
+
+@dataclass(frozen=True)
+class MovedRule:
+    """A rule the rules handoff moved to the target (from the group's ``rules_moved`` audit event)."""
+
+    kind: str  # "record" or "alert" (``core.rules.RuleKind`` values)
+    name: str  # the recorded metric or the alert name
+    group: str = ""  # its rule group's name ("" matches any group)
+
+
+@dataclass(frozen=True)
+class RuleEvaluation:
+    """One moved rule as the target reports it on ``/api/v1/rules`` (``found`` False: it does not)."""
+
+    kind: str
+    name: str
+    group: str = ""
+    found: bool = True
+    health: str = "unknown"  # ok, err or unknown (Prometheus's rule health)
+    last_error: str = ""
+    last_evaluation_age_s: float | None = None  # None: never evaluated
+    interval_s: float | None = None  # its rule group's evaluation interval
+
+
+@dataclass(frozen=True)
+class RulesObservation:
+    """The moved rules on the target, and how long ago the handoff loaded them there (None: unknown)."""
+
+    rules: tuple[RuleEvaluation, ...] = ()
+    loaded_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -47,8 +96,10 @@ class BakeObservation:
     parity_reason: str = ""
     # False on the managed-scraper path: the source has no remote-write queue for the group.
     queue_expected: bool = True
+    # The moved rules on the target; None when the group moved no rules (no ``rules`` measurement then).
+    rules: RulesObservation | None = None
     # Observations that could not be made: (what, one line), what being age, lag, source_series,
-    # target_series or parity. The measurement that needed it is ERROR, never judged on a missing value.
+    # target_series, parity or rules. The measurement that needed it is ERROR, never judged on a missing value.
     errors: tuple[tuple[str, str], ...] = ()
 
 
@@ -86,7 +137,7 @@ class BakeCheckResult:
 
 # Which observations each measurement needs.
 _NEEDS = {"freshness": ("age",), "lag": ("lag",), "series": ("source_series", "target_series"),
-          "parity": ("parity",)}
+          "parity": ("parity",), "rules": ("rules",)}
 
 
 def judge(obs: BakeObservation, policy: BakePolicy) -> BakeCheckResult:
@@ -137,7 +188,100 @@ def _judge_observed(obs: BakeObservation, policy: BakePolicy) -> list[BakeMeasur
         out.append(BakeMeasurement("parity", Verdict.INCONCLUSIVE, obs.parity_reason or "no parity window ran"))
     else:
         out.append(BakeMeasurement("parity", obs.parity, obs.parity_reason or obs.parity.value))
+    if obs.rules is not None:
+        out.append(judge_rules(obs.rules))
     return out
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _named(items: Sequence[str]) -> str:
+    more = len(items) - _NAMED_RULES
+    return "; ".join(items[:_NAMED_RULES]) + (f" (and {more} more)" if more > 0 else "")
+
+
+def judge_rules(obs: RulesObservation) -> BakeMeasurement:
+    """The ``rules`` measurement: FAILED names the failing rules (with ``lastError``), INCONCLUSIVE the ones not
+    evaluated yet; its value is the number of rules behind the verdict (every moved rule when SUCCESSFUL)."""
+    if not obs.rules:
+        return BakeMeasurement("rules", Verdict.SUCCESSFUL, "no rules moved", 0)
+    failed: list[str] = []
+    pending: list[str] = []
+    for rule in obs.rules:
+        interval = rule.interval_s if rule.interval_s and rule.interval_s > 0 else DEFAULT_RULE_INTERVAL_S
+        limit = RULE_STALE_INTERVALS * interval
+        what = f"{rule.kind} {rule.name}"
+        if not rule.found:
+            failed.append(f"{what} missing on the target")
+        elif rule.health == "err":
+            failed.append(f"{what} health err: {_one_line(rule.last_error) or 'no lastError given'}")
+        elif rule.last_evaluation_age_s is None:
+            loaded = obs.loaded_age_s
+            if loaded is None or loaded < limit + RULE_GRACE_S:
+                since = "" if loaded is None else f", loaded {format_duration(round(loaded))} ago"
+                pending.append(f"{what} not evaluated yet{since} (interval {format_duration(round(interval))})")
+            else:
+                failed.append(f"{what} never evaluated since it was loaded {format_duration(round(loaded))} ago "
+                              f"(interval {format_duration(round(interval))})")
+        elif rule.last_evaluation_age_s > limit:
+            failed.append(f"{what} last evaluated {format_duration(round(rule.last_evaluation_age_s))} ago "
+                          f"(limit {format_duration(round(limit))}: {RULE_STALE_INTERVALS:g} x its interval)")
+    if failed:
+        return BakeMeasurement("rules", Verdict.FAILED, _named(failed), len(failed))
+    if pending:
+        return BakeMeasurement("rules", Verdict.INCONCLUSIVE, _named(pending), len(pending))
+    return BakeMeasurement("rules", Verdict.SUCCESSFUL, f"{len(obs.rules)} moved rules healthy, each evaluated within "
+                                                        f"{RULE_STALE_INTERVALS:g} x its interval", len(obs.rules))
+
+
+_ZERO_TIME_YEAR = 1  # Prometheus reports a rule never evaluated with lastEvaluation 0001-01-01T00:00:00Z
+
+
+def parse_rfc3339(text: str) -> float | None:
+    """A Prometheus RFC 3339 time (nanoseconds allowed) as epoch seconds; None for the zero time or no time."""
+    if not text:
+        return None
+    value = text.strip()
+    if value.endswith(("Z", "z")):
+        value = value[:-1] + "+00:00"
+    head, dot, rest = value.partition(".")
+    if dot:  # keep at most microseconds: datetime takes no more
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        value = f"{head}.{rest[:min(digits, 6)]}{rest[digits:]}"
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.year <= _ZERO_TIME_YEAR:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def observe_rules(moved: Sequence[MovedRule], loaded: Sequence[LoadedRule], *, now: float,
+                  loaded_at: float | None) -> RulesObservation:
+    """Each moved rule as the target reports it (matched by kind, name and, when known, rule group)."""
+    out: list[RuleEvaluation] = []
+    for rule in moved:
+        kind = RuleKind(rule.kind)
+        found = [lr for lr in loaded if lr.kind == kind and lr.name == rule.name
+                 and (not rule.group or lr.group == rule.group)]
+        if not found:
+            out.append(RuleEvaluation(rule.kind, rule.name, rule.group, found=False))
+            continue
+        # Two copies (two groups of that name): the worst one is judged.
+        worst_first = sorted(found, key=lambda lr: (lr.health != "err", parse_rfc3339(lr.last_evaluation) or 0.0))
+        lr = worst_first[0]
+        at = parse_rfc3339(lr.last_evaluation)
+        out.append(RuleEvaluation(rule.kind, rule.name, lr.group, found=True, health=lr.health or "unknown",
+                                  last_error=lr.last_error, last_evaluation_age_s=None if at is None else max(0.0,
+                                                                                                              now - at),
+                                  interval_s=lr.interval_s))
+    return RulesObservation(tuple(out), None if loaded_at is None else max(0.0, now - loaded_at))
 
 
 def clean_streak_start(checks: Sequence[tuple[float, Verdict]], *, interval_s: float) -> float | None:

@@ -619,12 +619,18 @@ def rules_verdict(measurements: Sequence[Measurement]) -> Measurement:
 
 @dataclass(frozen=True)
 class LoadedRule:
-    """One rule a backend reports loaded (``/api/v1/rules``): its file, group, kind and name."""
+    """One rule a backend reports loaded (``/api/v1/rules``): its file, group, kind and name; and how its
+    evaluation goes (health ``ok``/``err``/``unknown``, ``lastError``, ``lastEvaluation`` as reported, its
+    group's evaluation interval in seconds), when the answer says."""
 
     file: str
     group: str
     kind: RuleKind
     name: str
+    health: str = ""
+    last_error: str = ""
+    last_evaluation: str = ""
+    interval_s: float | None = None
 
 
 def rule_kind_of(api_type: str) -> RuleKind:

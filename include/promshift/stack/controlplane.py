@@ -19,6 +19,11 @@ answers the boto3 ``amp`` client pointed at ``http://127.0.0.1:P`` (``endpoint_u
   moto answers 500) are served here from ``faults.json``'s ``aps_quotas`` or AMP's defaults,
   validated against botocore's ``service-quotas`` model;
 - CloudWatch requests (signed for service ``monitoring``) go to moto's CloudWatch as they are;
+- with ``--target-url`` and ``--target-rules-dir``, rule-groups namespaces are evaluated: moto takes
+  Create/Put/DeleteRuleGroupsNamespace as before, then the namespace's rules become a rule file of the
+  target Prometheus (promtool-checked, reloaded); rules it refuses leave the namespace
+  ``CREATION_FAILED``/``UPDATE_FAILED`` (with ``statusReason``) in DescribeRuleGroupsNamespace and
+  ListRuleGroupsNamespaces, the last good rules still evaluated (``promshift.stack.rule_namespaces``);
 - ``<state-dir>/faults.json`` (optional, re-read on every request) injects what a test or a
   demo scenario needs: ``{"errors": {"DescribeWorkspace": "ThrottlingException"},
   "workspace_status": {"ws-...": "CREATING"}, "clock_skew_s": 600}`` (the skew applies to the
@@ -54,6 +59,7 @@ from botocore.validate import ParamValidator
 from promshift.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
 from promshift.stack.frontdoor import run_until_signalled
 from promshift.stack.local import find_free_ports
+from promshift.stack.rule_namespaces import RuleNamespaces, override_status
 from promshift.stack.scrapers import (
     DEFAULT_SCRAPER_CONFIGURATION,
     ScraperConflict,
@@ -65,6 +71,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_DAYS = 150  # AMP's default retention
 SERVED_HERE = ("DescribeWorkspaceConfiguration", "UpdateWorkspaceConfiguration")
+# Forwarded to moto, then evaluated on (or answered from) the target's rule files (``stack.rule_namespaces``).
+RULE_NAMESPACE_OPERATIONS = ("CreateRuleGroupsNamespace", "PutRuleGroupsNamespace", "DeleteRuleGroupsNamespace",
+                             "DescribeRuleGroupsNamespace", "ListRuleGroupsNamespaces")
 SCRAPER_OPERATIONS = ("CreateScraper", "DescribeScraper", "UpdateScraper", "DeleteScraper", "ListScrapers",
                       "GetDefaultScraperConfiguration")
 _SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/[^/]+/([^/]+)/aws4_request")
@@ -122,6 +131,17 @@ def validate_shape(params: dict[str, Any], operation: OperationModel, which: str
     if report.has_errors():
         raise ParamValidationError(report=report.generate_report())
     _check_enums(params, shape)
+
+
+def validate_status(status: dict[str, Any]) -> None:
+    """Raise ParamValidationError unless ``status`` fits the model's ``RuleGroupsNamespaceStatus`` (enums too).
+
+    Only the status: moto's JSON answers carry blobs and timestamps in their wire form, not the shapes'."""
+    shape = amp_model().shape_for("RuleGroupsNamespaceStatus")
+    report = ParamValidator().validate(status, shape)
+    if report.has_errors():
+        raise ParamValidationError(report=report.generate_report())
+    _check_enums(status, shape)
 
 
 def _check_enums(value: Any, shape: Any) -> None:
@@ -196,6 +216,9 @@ class ControlPlaneHandler(SigV4Handler):
         # moto reads the region from the Authorization header's scope; it does not check the signature.
         response = self.forward(url, self.command, body, keep_signing_headers=True)
         data = response.data
+        if operation in RULE_NAMESPACE_OPERATIONS and self.server.rule_namespaces is not None \
+                and 200 <= response.status < 300:
+            data = self._rule_namespace(operation, params, body, data)
         if operation == "DescribeWorkspace" and response.status == 200:
             document = json.loads(data)
             workspace = document["workspace"]
@@ -205,6 +228,36 @@ class ControlPlaneHandler(SigV4Handler):
             data = json.dumps(document).encode()
         headers = {k: v for k, v in response.headers.items() if k.lower() in ("content-type", "x-amzn-errortype")}
         self.send_body(response.status, data, headers)
+
+    def _rule_namespace(self, name: str, params: dict[str, str], body: bytes, answer: bytes) -> bytes:
+        """After moto took a namespace operation: evaluate (create/put) or drop (delete) its rules on the target;
+        answer describe and list with the status recorded here. Returns the answer to send."""
+        rules = self.server.rule_namespaces
+        assert rules is not None
+        workspace = params["workspaceId"]
+        if name == "DeleteRuleGroupsNamespace":
+            rules.delete(workspace, params["name"])
+            return answer
+        document = json.loads(answer) if answer else {}
+        if name in ("CreateRuleGroupsNamespace", "PutRuleGroupsNamespace"):
+            request = json.loads(body) if body else {}
+            namespace = params.get("name") or str(request.get("name") or "")
+            data = base64.b64decode(str(request.get("data") or ""))
+            creating = name == "CreateRuleGroupsNamespace"
+            status = rules.apply(workspace, namespace, data, creating=creating)
+            if status["statusCode"] != "ACTIVE":
+                # AMP accepts the request and fails later: the answer says so, the next describe says why.
+                document["status"] = {"statusCode": "CREATING" if creating else "UPDATING"}
+        elif name == "DescribeRuleGroupsNamespace":
+            described = document.get("ruleGroupsNamespace") or {}
+            override_status(described, rules.status(workspace, params["name"]))
+        else:  # ListRuleGroupsNamespaces
+            for summary in document.get("ruleGroupsNamespaces") or []:
+                override_status(summary, rules.status(workspace, str(summary.get("name"))))
+        for found in (document, document.get("ruleGroupsNamespace"), *(document.get("ruleGroupsNamespaces") or [])):
+            if isinstance(found, dict) and "status" in found:  # what was answered here fits the model's shape
+                validate_status(found["status"])
+        return json.dumps(document).encode()
 
     def _modelled_error(self, error_type: str, message: str, **fields: Any) -> None:
         shape = amp_model().shape_for(error_type)
@@ -381,10 +434,15 @@ class ControlPlaneServer(SigV4Server):
     """The control plane: where moto and the front door are, and the configurations it keeps."""
 
     def __init__(self, port: int, *, moto_url: str, frontdoor_url: str, targets_file: str | None = None,
-                 vmagent_bin: str = "/usr/bin/vmagent", **kwargs: Any) -> None:
+                 vmagent_bin: str = "/usr/bin/vmagent", target_url: str | None = None,
+                 target_rules_dir: Path | None = None, promtool: str = "promtool", **kwargs: Any) -> None:
         super().__init__(port, ControlPlaneHandler, **kwargs)
         self.moto_url = moto_url.rstrip("/")
         self.frontdoor_url = frontdoor_url.rstrip("/")
+        # Rule-groups namespaces evaluated by the target (both given), else only stored in moto.
+        self.rule_namespaces = (
+            RuleNamespaces(Path(target_rules_dir), target_url, state_dir=self.state_dir, promtool=promtool)
+            if target_url and target_rules_dir else None)
         self.lock = threading.Lock()
         self.configurations: dict[str, dict[str, Any]] = {}
         self.scrapers = ScraperRegistry(
@@ -419,10 +477,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--credentials-fingerprint", help="digest of the pair, so a changed pair restarts it")
     parser.add_argument("--targets-file", help="file_sd JSON of the local fleet, scraped by scrapers' collectors")
     parser.add_argument("--vmagent-bin", default="/usr/bin/vmagent")
+    parser.add_argument("--target-url", help="the target Prometheus (its /-/reload loads the namespaces' rules)")
+    parser.add_argument("--target-rules-dir", type=Path,
+                        help="where each rule-groups namespace becomes amp-<workspaceId>-<name>.yml (the target's "
+                             "rule_files glob)")
+    parser.add_argument("--promtool", default="promtool")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = ControlPlaneServer(args.port, moto_url=args.moto_url, frontdoor_url=args.frontdoor_url,
                                 targets_file=args.targets_file, vmagent_bin=args.vmagent_bin,
+                                target_url=args.target_url, target_rules_dir=args.target_rules_dir,
+                                promtool=args.promtool,
                                 state_dir=args.state_dir, credentials=credentials_from_env(), region=args.region)
     logger.info("control plane on 127.0.0.1:%s over moto at %s", args.port, args.moto_url)
     run_until_signalled(server)

@@ -2,10 +2,12 @@
 
 ``python -m promshift.stack.frontdoor --port P --target-url URL --region R --workspace-id ws-...``
 serves ``/workspaces/<ws-id>/api/v1/{query,query_range,series,labels,label/<name>/values,remote_write}``
-(GET and POST, as AMP does) on 127.0.0.1:P. Every request's signature is recomputed with
-botocore (service ``aps``, region R) from the pair in the process's ``AWS_*`` environment; a
-refused one gets HTTP 403 and an AMP-style ``{"message": ...}`` body. Verified requests are
-forwarded to the target Prometheus (``remote_write`` becomes its ``/api/v1/write``).
+(GET and POST, as AMP does) and ``/workspaces/<ws-id>/api/v1/{rules,alerts}`` (GET: what the workspace's
+rule-groups namespaces evaluate, see ``promshift.stack.rule_namespaces``) on 127.0.0.1:P. Every
+request's signature is recomputed with botocore (service ``aps``, region R) from the pair in the
+process's ``AWS_*`` environment; a refused one gets HTTP 403 and an AMP-style ``{"message": ...}``
+body. Verified requests are forwarded to the target Prometheus (``remote_write`` becomes its
+``/api/v1/write``).
 ``GET /-/sigv4-stats`` (unsigned, local only) returns the counters.
 
 Measured with Debian's Prometheus 2.42 (`prometheus` 2.42.0+ds-5+deb12u1): see
@@ -42,7 +44,9 @@ DEBIAN_PROMETHEUS_SIGV4 = (
 )
 
 _API = re.compile(r"^/workspaces/(?P<ws>[A-Za-z0-9_-]+)/api/v1/(?P<rest>.*)$")
-_ENDPOINTS = {"query", "query_range", "series", "labels", "remote_write"}
+_ENDPOINTS = {"query", "query_range", "series", "labels", "remote_write", "rules", "alerts"}
+# The rules API is read-only (AMP's ListRules, ListAlerts).
+_GET_ONLY = {"rules", "alerts"}
 _LABEL_VALUES = re.compile(r"^label/[^/]+/values$")
 
 
@@ -76,7 +80,8 @@ class FrontDoorHandler(SigV4Handler):
             self.send_aws_error(404, "ResourceNotFoundException", f"Workspace not found: {match['ws']}",
                                 resourceId=match["ws"], resourceType="Workspace")
             return
-        if self.command not in ("GET", "POST") or (kind == "remote_write" and self.command != "POST"):
+        if self.command not in ("GET", "POST") or (kind == "remote_write" and self.command != "POST") \
+                or (kind in _GET_ONLY and self.command != "GET"):
             self.send_aws_error(405, "ValidationException", f"{self.command} is not allowed here")
             return
         rest = "write" if kind == "remote_write" else match["rest"]

@@ -16,8 +16,10 @@ With ``target_kind="amp"`` (``promshift stack up --target amp``) four more make 
 that checks the SigV4 signature of everything it receives (see ``promshift.stack.sigv4``):
 
 - ``moto``: moto's server (in memory) holding the AMP workspaces;
-- ``aws``: the control plane boto3's ``amp`` client talks to (``promshift.stack.controlplane``);
-- ``frontdoor``: the workspace's query and remote-write API over the target (``promshift.stack.frontdoor``);
+- ``aws``: the control plane boto3's ``amp`` client talks to (``promshift.stack.controlplane``); the
+  workspace's rule-groups namespaces become the target's rule files (``target/amp-rules/``, named by the
+  target config's ``rule_files``) and the target evaluates them;
+- ``frontdoor``: the workspace's query, remote-write and rules API over the target (``promshift.stack.frontdoor``);
 - ``relay``: Debian's ``vmagent``, which SigV4-signs what the source remote-writes to it and
   forwards it to the front door (Debian's Prometheus 2.42 accepts a ``sigv4:`` block but
   sends unsigned: measured, see ``promshift.stack.frontdoor.DEBIAN_PROMETHEUS_SIGV4``).
@@ -70,7 +72,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 import promshift
 from promshift.stack.fleet import FleetSpec, write_file_sd
-from promshift.stack.prometheus import PROMETHEUS_BIN, prometheus_argv, prometheus_installed
+from promshift.stack.prometheus import PROMETHEUS_BIN, PROMTOOL_BIN, prometheus_argv, prometheus_installed
 from promshift.stack.sigv4 import AwsCredentials, make_up_credentials, sign_request
 from promshift.stack.smtp_sink import answers as smtp_answers
 from promshift.stack.smtp_sink import read_mail, sink_address
@@ -122,6 +124,9 @@ AMP_STATE_KEYS = (
     "aws_url", "prometheus_endpoint", "relay_remote_write_url", "credentials", "credentials_fingerprint",
 )
 DEFAULT_REGION = "us-east-1"
+# The target's rule_files glob (relative to its config's folder) for the local AMP's rule-groups namespaces.
+AMP_RULES_DIR = "amp-rules"
+AMP_RULE_FILES = f"{AMP_RULES_DIR}/*.yml"
 LOCAL_SCRAPER_SOURCE = {"cluster_arn": "arn:aws:eks:us-east-1:123456789012:cluster/promshift-local",
                         "subnet_ids": ["subnet-0local0000000000a"], "security_group_ids": ["sg-0local0000000000a"]}
 EXTERNAL_LABELS = {"cluster": "local-gpu-fleet", "prometheus_replica": "source-0"}
@@ -413,6 +418,11 @@ class LocalStack:
     def source_rules_path(self) -> Path:
         """The source's rule file (its config's ``rule_files``): gpu-memory's rules, which move with the group."""
         return self.home / SOURCE / "rules" / "gpu-memory.yml"
+
+    @property
+    def amp_rules_dir(self) -> Path:
+        """Where the local AMP's rule-groups namespaces become the target's rule files (``AMP_RULE_FILES``)."""
+        return self.target_config_path.parent / AMP_RULES_DIR
 
     @property
     def dashboards_dir(self) -> Path:
@@ -805,6 +815,8 @@ class LocalStack:
             "--port", str(cfg.aws_port), "--moto-url", self.moto_url, "--frontdoor-url", self.frontdoor_url,
             "--region", cfg.region, f"--credentials-fingerprint={fingerprint}",
             f"--targets-file={self.file_sd_path}", f"--vmagent-bin={cfg.vmagent_bin}",
+            f"--target-url={self.target_url}", f"--target-rules-dir={self.amp_rules_dir}",
+            f"--promtool={PROMTOOL_BIN}",
         )
         frontdoor_argv = (
             sys.executable, "-m", "promshift.stack.frontdoor", state_dir,
@@ -1216,7 +1228,10 @@ class LocalStack:
                 {"job_name": SCRAPE_JOB, "file_sd_configs": [{"files": [str(self.file_sd_path)]}]},
             ],
         }
-        target = {"global": {"evaluation_interval": "1m"}, "scrape_configs": []}
+        target: dict[str, Any] = {"global": {"evaluation_interval": "1m"}, "scrape_configs": []}
+        amp = cfg.target_kind == "amp"
+        if amp:  # the control plane writes each rule-groups namespace there (promshift.stack.rule_namespaces)
+            target["rule_files"] = [AMP_RULE_FILES]
         self._write_once(
             self.source_config_path,
             "# Source Prometheus of promshift's local stack. Written once; deployers add remote_write.\n",
@@ -1227,6 +1242,16 @@ class LocalStack:
             "# Stand-in for the AMP workspace: receives remote write, scrapes nothing.\n",
             target,
         )
+        if amp:  # a target first written for a plain stack: the entry added, every other byte kept
+            from promshift.core.rules import add_rule_file
+
+            config = self.target_config_path.read_bytes()
+            edited = add_rule_file(config, AMP_RULE_FILES)
+            if edited != config:
+                tmp = self.target_config_path.with_name(f".{self.target_config_path.name}.tmp")
+                tmp.write_bytes(edited)
+                os.replace(tmp, self.target_config_path)
+            self.amp_rules_dir.mkdir(parents=True, exist_ok=True)
         if not self.source_rules_path.exists():
             self.source_rules_path.parent.mkdir(parents=True, exist_ok=True)
             self.source_rules_path.write_text(SOURCE_RULES, encoding="utf-8")
