@@ -37,6 +37,7 @@ from typing import Any
 
 from promshift.core.catalog import BakePolicy
 from promshift.core.durations import format_duration
+from promshift.core.notify import one_line
 from promshift.core.rules import LoadedRule, RuleKind
 from promshift.core.verdicts import Verdict, worst
 
@@ -193,11 +194,6 @@ def _judge_observed(obs: BakeObservation, policy: BakePolicy) -> list[BakeMeasur
     return out
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
 def _named(items: Sequence[str]) -> str:
     more = len(items) - _NAMED_RULES
     return "; ".join(items[:_NAMED_RULES]) + (f" (and {more} more)" if more > 0 else "")
@@ -217,7 +213,7 @@ def judge_rules(obs: RulesObservation) -> BakeMeasurement:
         if not rule.found:
             failed.append(f"{what} missing on the target")
         elif rule.health == "err":
-            failed.append(f"{what} health err: {_one_line(rule.last_error) or 'no lastError given'}")
+            failed.append(f"{what} health err: {one_line(rule.last_error, 300) or 'no lastError given'}")
         elif rule.last_evaluation_age_s is None:
             loaded = obs.loaded_age_s
             if loaded is None or loaded < limit + RULE_GRACE_S:

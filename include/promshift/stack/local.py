@@ -1243,14 +1243,13 @@ class LocalStack:
             target,
         )
         if amp:  # a target first written for a plain stack: the entry added, every other byte kept
+            from promshift.adapters.deploy import write_keeping
             from promshift.core.rules import add_rule_file
 
             config = self.target_config_path.read_bytes()
             edited = add_rule_file(config, AMP_RULE_FILES)
             if edited != config:
-                tmp = self.target_config_path.with_name(f".{self.target_config_path.name}.tmp")
-                tmp.write_bytes(edited)
-                os.replace(tmp, self.target_config_path)
+                write_keeping(self.target_config_path, edited)
             self.amp_rules_dir.mkdir(parents=True, exist_ok=True)
         if not self.source_rules_path.exists():
             self.source_rules_path.parent.mkdir(parents=True, exist_ok=True)

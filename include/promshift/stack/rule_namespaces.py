@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 import urllib3
+
+from promshift.adapters.deploy import DeployError, promtool_on, write_keeping
+from promshift.core.notify import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ _REASON_LIMIT = 600
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())[:_REASON_LIMIT]
+    return one_line(text, _REASON_LIMIT)
 
 
 class RuleNamespaces:
@@ -86,9 +87,7 @@ class RuleNamespaces:
             self._memory = dict(records)
             return
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(f".{STATE_FILE}.tmp")
-        tmp.write_text(json.dumps(records, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.state_path)
+        write_keeping(self.state_path, (json.dumps(records, indent=2, sort_keys=True) + "\n").encode())
 
     def status(self, workspace_id: str, name: str) -> dict[str, str] | None:
         """The status this namespace reached here (``{"statusCode": ..., "statusReason"?: ...}``), None if unknown."""
@@ -147,18 +146,10 @@ class RuleNamespaces:
 
     def _check(self, data: bytes) -> str | None:
         """``promtool check rules`` on ``data``: None when it passes, else why (one line)."""
-        self.rules_dir.mkdir(parents=True, exist_ok=True)
-        # Not named *.yml: the target's rule_files glob must never see a file under check.
-        fd, tmp = tempfile.mkstemp(prefix=".check-", suffix=".rules", dir=self.rules_dir)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            proc = subprocess.run([self.promtool, "check", "rules", tmp], capture_output=True, text=True,
-                                  timeout=60, check=False)
-        except (OSError, subprocess.SubprocessError) as exc:
+        try:  # the temporary file is outside the rules directory: the target's glob never sees it
+            proc, tmp = promtool_on(data, "rules", promtool=self.promtool, prefix=".promshift-namespace-")
+        except (DeployError, OSError, subprocess.SubprocessError) as exc:
             return f"the rules could not be checked: {type(exc).__name__}"
-        finally:
-            Path(tmp).unlink(missing_ok=True)
         if proc.returncode == 0:
             return None
         out = (proc.stdout + proc.stderr).replace(tmp, "the namespace's data")
@@ -167,9 +158,7 @@ class RuleNamespaces:
     @staticmethod
     def _put_file(path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")  # outside the *.yml glob until it is complete
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_keeping(path, data)  # atomic; its temporary name is outside the *.yml glob until it is complete
 
     def _reload(self) -> str | None:
         """POST ``/-/reload`` to the target: None when it took the config and rules, else why (one line)."""
