@@ -35,7 +35,6 @@ from promshift.core.golden import (
     fit_window,
 )
 from promshift.core.parity import (
-    INDEPENDENT_NOISE_K,
     GoldenInventory,
     GoldenRow,
     GoldenSide,
@@ -55,6 +54,7 @@ from promshift.core.parity import (
     label_drift,
     label_renames,
     metric_kinds,
+    noise_allowance,
     normalize_labels,
     sample_hosts,
 )
@@ -596,7 +596,7 @@ class ParityCheck:
     @property
     def noise_k(self) -> float:
         """``independent_scraper``: points may also differ by the series' own jitter (``core.parity``); else 0."""
-        return 0.0 if self.policy.mode == "dual_write" else INDEPENDENT_NOISE_K
+        return noise_allowance(self.policy.mode)
 
     def _metric_names(self, start: float, end: float) -> list[str]:
         if self._names is None:

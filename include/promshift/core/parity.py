@@ -170,6 +170,12 @@ def values_equal(a: float, b: float, *, abs_tol: float, rel_tol: float) -> bool:
 INDEPENDENT_NOISE_K = 4.0
 
 
+def noise_allowance(mode: str) -> float:
+    """A parity mode's ``noise_k``: 0 for ``dual_write`` (both sides hold the same samples), else
+    ``INDEPENDENT_NOISE_K``."""
+    return 0.0 if mode == "dual_write" else INDEPENDENT_NOISE_K
+
+
 def successive_spread(points: Points) -> float:
     """Standard deviation of the finite successive differences of ``points`` (0 with fewer than two)."""
     values = [v for _, v in points if math.isfinite(v)]

@@ -692,7 +692,9 @@ class ParityOperator(_ParityStep):
         """The rules layer when the group's rules move with it: each moved rule's expression on both sides over
         the parity window (``rules_parity``); no window (a dry run without dual-write): none, as for samples."""
         from promshift.adapters.rules_deploy import rules_parity
+        from promshift.core.parity import noise_allowance
         from promshift.core.verdicts import Measurement, Verdict
+        from promshift.deploy_path import group_for_deploy
         from promshift.migration import one_line
 
         window = (plan or {}).get("window")
@@ -705,13 +707,13 @@ class ParityOperator(_ParityStep):
                 rules_plan = step.move.plan(step.move.snapshot())
             else:
                 _snap, rules_plan = step.this_run()
-            check = self.parity_check()  # the samples layer's policy and noise allowance (deploy path's mode)
-            policy = check.policy
+            # The samples layer's policy and noise allowance: the deploy path's mode (independent on the scraper).
+            policy = group_for_deploy(self.group, self.deploy_kind).parity
             return rules_parity(self.source_hook.prometheus_client(), self.target_hook.prometheus_client(),
                                 rules_plan.selection, start=float(window["start"]), end=float(window["end"]),
                                 step=float(window["step"]), abs_tol=policy.abs_tolerance,
                                 rel_tol=policy.rel_tolerance, ignore_labels=policy.ignore_labels,
-                                rename_labels=policy.rename_labels, noise_k=check.noise_k)
+                                rename_labels=policy.rename_labels, noise_k=noise_allowance(policy.mode))
         except Exception as exc:  # noqa: BLE001 - a layer that could not be measured is ERROR, never a pass
             return [Measurement("rules", Verdict.ERROR, f"rules not compared: {type(exc).__name__}: {one_line(exc)}")]
 
