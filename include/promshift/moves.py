@@ -149,7 +149,7 @@ class RulesStep:
         out = self.move.handoff(plan, snap, now)
         evidence = {"moved": not plan.empty, **self._selection_counts(plan), "gap_s": out.get("gap_s"),
                     # what the bake watch looks for on the target (``lifecycle.moved_rules``)
-                    "moved_rules": [{"kind": r.kind.value, "name": r.name, "group": getattr(r, "group", "")}
+                    "moved_rules": [{"kind": r.kind.value, "name": r.name, "group": r.group}
                                     for r in plan.selection.rules],
                     "source": out.get("source"), "target": out.get("target")}
         self.migration.record(RULES_MOVED, now, evidence)

@@ -71,8 +71,8 @@ class FakeMove:
         return self.SNAP
 
     def plan(self, snap: RulesSnapshot) -> Any:
-        rules = (SimpleNamespace(name="gpu:fb_used:ratio", kind=RuleKind.RECORD),
-                 SimpleNamespace(name="GpuMemoryExhausted", kind=RuleKind.ALERT))
+        rules = (SimpleNamespace(name="gpu:fb_used:ratio", kind=RuleKind.RECORD, group="gpu"),
+                 SimpleNamespace(name="GpuMemoryExhausted", kind=RuleKind.ALERT, group="gpu"))
 
         def only(kind: RuleKind) -> Any:
             return SimpleNamespace(rules=tuple(r for r in rules if r.kind is kind))
