@@ -27,6 +27,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.core.catalog import MetricGroup
 from promshift.core.stages import Stage
 from promshift.deploy_path import SCRAPER
+from promshift.lifecycle import BAKE_CHECK
+from promshift.stack.scrapers import collector_processes
 
 log = logging.getLogger("promshift.demo")
 
@@ -67,22 +70,6 @@ def grafana_connection(dashboards_dir: Path) -> dict[str, Any]:
                                     "files": [str(dashboards_dir / "*.json")]}}}
 
 
-def collector_pids(amp_dir: Path) -> list[int]:
-    """The local managed collectors' processes (vmagent run by the control plane for a scraper)."""
-    marker = f"-promscrape.config={amp_dir}/scrapers/"
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.decode(errors="replace").startswith(marker) for arg in argv):
-            pids.append(int(entry.name))
-    return sorted(pids)
-
-
 class CollectorPause:
     """The fault of ``bake-fail``: the target stops receiving the group (its collector is stopped, SIGSTOP)."""
 
@@ -91,7 +78,7 @@ class CollectorPause:
         self.pids: list[int] = []
 
     def start(self) -> None:
-        self.pids = collector_pids(self.amp_dir)
+        self.pids = collector_processes(self.amp_dir / "scrapers")
         if not self.pids:
             raise RuntimeError(f"bake-fail: no collector process found under {self.amp_dir}/scrapers")
         for pid in self.pids:
@@ -110,13 +97,13 @@ class CollectorPause:
         self.pids = []
 
 
-def wait_for_stage(audit: AuditStore, group: str, wanted: set[Stage], *, timeout_s: float, what: str,
-                   stop_at: set[Stage] = frozenset()) -> Stage:  # type: ignore[assignment]
+def wait_for_stage(audit: AuditStore, group: str, wanted: AbstractSet[Stage], *, timeout_s: float, what: str,
+                   stop_at: AbstractSet[Stage] = frozenset()) -> Stage:
     """Poll the audit log until the group reaches one of ``wanted`` (or ``stop_at``); log each change."""
     deadline, last = time.time() + timeout_s, None
     while True:
         stage = audit.stage_of(group)
-        checks = sum(1 for e in audit.events(group=group) if e.kind == "bake_check")
+        checks = sum(1 for e in audit.events(group=group) if e.kind == BAKE_CHECK)
         if (stage, checks) != last:
             log.info("%s: stage %s, %d bake check(s) so far", what, stage.value, checks)
             last = (stage, checks)

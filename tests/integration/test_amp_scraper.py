@@ -5,7 +5,6 @@ statuses and injected failures, the collector behind an ACTIVE scraper writing t
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from promshift.core.scraper_config import render_scraper_config
 from promshift.core.verdicts import Verdict
 from promshift.settings import default_catalog_path, load_catalog
 from promshift.stack.local import AWS, LocalStack, StackConfig
+from promshift.stack.scrapers import collector_processes
 from tests.integration.conftest import running_amp_stack
 
 pytestmark = pytest.mark.integration
@@ -71,20 +71,6 @@ def workspace_client(stack: LocalStack) -> PrometheusClient:
                             auth=AwsSigV4Auth(session.get_credentials(), stack.config.region))
 
 
-def collector_pids(scraper_id: str) -> list[int]:
-    """vmagent processes running this scraper's configuration (their argv names it)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")
-            except OSError:
-                continue
-            if "vmagent" in cmdline and f"scrapers/{scraper_id}/" in cmdline:
-                found.append(int(entry))
-    return found
-
-
 def settle(d: ScraperDeployer, result: Any) -> Any:
     return wait_for(d, result, poll_s=0.3)
 
@@ -101,7 +87,7 @@ def test_create_goes_active_data_flows_parity_passes_and_restore_deletes(stack: 
     assert [c.status for c in result.status_history] == ["CREATING", "ACTIVE"]
     active_at = time.time()
     scraper_id = result.details["scraper_id"]
-    assert collector_pids(scraper_id), "no collector runs behind the ACTIVE scraper"
+    assert collector_processes(stack.amp_dir / "scrapers", scraper_id), "no collector runs behind the ACTIVE scraper"
 
     # The collector writes the group, and only the group, to the workspace (SigV4-checked front door).
     target, source = workspace_client(stack), PrometheusClient(stack.source_url, timeout_s=30)
@@ -127,7 +113,7 @@ def test_create_goes_active_data_flows_parity_passes_and_restore_deletes(stack: 
     assert restored.state is DeployState.DONE and restored.status == "DELETED", restored.reason
     assert d.snapshot().existed is False
     deadline = time.time() + 20
-    while collector_pids(scraper_id):
+    while collector_processes(stack.amp_dir / "scrapers", scraper_id):
         assert time.time() < deadline, "the deleted scraper's collector still runs"
         time.sleep(0.3)
 

@@ -318,6 +318,24 @@ class ScraperRegistry:
                     if s.collector is not None and s.collector.poll() is None}
 
 
+def collector_processes(scrapers_dir: Path, scraper_id: str = "") -> list[int]:
+    """Pids of the running collectors (vmagent) of the scrapers under ``scrapers_dir`` (``<state-dir>/scrapers``),
+    or of one scraper: the ``-promscrape.config`` in their argv names its folder. For tests and demo faults,
+    which run outside the control plane's process (its ``ScraperRegistry.collector_pids``)."""
+    marker = f"-promscrape.config={scrapers_dir}/" + (f"{scraper_id}/" if scraper_id else "")
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.decode(errors="replace").startswith(marker) for arg in argv):
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
 def _collector_interval(faults: Mapping[str, Any]) -> float | None:
     value = (faults.get("scraper") or {}).get("collector_scrape_interval_s")
     return float(value) if value else None
