@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from promshift.stack.local import PROMETHEUS_BIN, LocalStack, StackConfig, find_free_ports
+
+
+def eventually(check: Callable[[], Any], timeout: float = 60.0, message: str = "") -> Any:
+    """Poll ``check`` every 0.5 s until it answers something true (returned); fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, message or "condition not met in time"
+        time.sleep(0.5)
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from botocore.exceptions import ClientError
 from promshift.stack.cli import add_stack_commands
 from promshift.stack.local import AMP_COMPONENTS, COMPONENTS, RELAY, LocalStack, StackConfig, find_free_ports
 from promshift.stack.sigv4 import AwsCredentials, sign_request
-from tests.integration.conftest import running_amp_stack
+from tests.integration.conftest import eventually, running_amp_stack
 
 integration = pytest.mark.integration
 METRIC = "DCGM_FI_DEV_GPU_TEMP"
@@ -34,14 +34,6 @@ def http() -> requests.Session:
     session = requests.Session()
     session.trust_env = False
     return session
-
-
-def eventually(check: Callable[[], Any], timeout: float = 60.0, message: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, message or "condition not met in time"
-        time.sleep(0.5)
-    return result
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from promshift.adapters.sigv4 import AwsSigV4Auth
 from promshift.core.bake import MovedRule, judge_rules, observe_rules
 from promshift.core.verdicts import Verdict
 from promshift.stack.local import LocalStack, StackConfig
-from tests.integration.conftest import running_amp_stack
+from tests.integration.conftest import eventually, running_amp_stack
 
 integration = pytest.mark.integration
 NAMESPACE = "promshift-rules-eval"
@@ -44,14 +44,6 @@ BAD = b"""groups:
 def amp_stack(stack_config_factory: Callable[..., StackConfig]) -> Iterator[LocalStack]:
     with running_amp_stack(stack_config_factory) as stack:
         yield stack
-
-
-def eventually(check: Callable[[], object], timeout: float = 30.0, message: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, message or "condition not met in time"
-        time.sleep(0.5)
-    return result
 
 
 def workspace_client(stack: LocalStack) -> PrometheusClient:
@@ -84,7 +76,7 @@ def test_a_namespace_is_evaluated_a_bad_update_keeps_the_last_good_rules_and_del
         obs = observe_rules(moved, loaded_rules(client), now=time.time(), loaded_at=loaded_at)
         return judge_rules(obs).verdict == Verdict.SUCCESSFUL
 
-    eventually(evaluated, message="the namespace's rules were not evaluated healthy on the target")
+    eventually(evaluated, timeout=30.0, message="the namespace's rules were not evaluated healthy on the target")
     ours = [r for r in loaded_rules(client) if r.group == "rules-eval"]
     assert {(r.kind.value, r.name, r.health) for r in ours} == {("record", "promshift:eval:one", "ok"),
                                                                ("alert", "PromshiftEvalAlways", "ok")}
@@ -92,7 +84,7 @@ def test_a_namespace_is_evaluated_a_bad_update_keeps_the_last_good_rules_and_del
     # the alert fires on the workspace, read through the front door's /api/v1/alerts
     eventually(lambda: any(a["labels"]["alertname"] == "PromshiftEvalAlways"
                            for a in client._success_body(client._request("GET", "/api/v1/alerts"),  # noqa: SLF001
-                                                         "alerts")["data"]["alerts"]))
+                                                         "alerts")["data"]["alerts"]), timeout=30.0)
 
     put = amp.put_rule_groups_namespace(workspaceId=ws, name=NAMESPACE, data=BAD)
     assert put["status"]["statusCode"] == "UPDATING"
@@ -110,7 +102,7 @@ def test_a_namespace_is_evaluated_a_bad_update_keeps_the_last_good_rules_and_del
         ages = [r.last_evaluation_age_s for r in obs.rules]
         return all(age is not None and age <= 0 for age in ages) and judge_rules(obs).verdict == Verdict.SUCCESSFUL
 
-    eventually(evaluated_again, message="the previous rules stopped evaluating after the refused update")
+    eventually(evaluated_again, timeout=30.0, message="the previous rules stopped evaluating after the refused update")
     assert not any(r.name == "promshift:eval:broken" for r in loaded_rules(client))
 
     amp.delete_rule_groups_namespace(workspaceId=ws, name=NAMESPACE)
