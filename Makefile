@@ -47,7 +47,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 venv: $(STAMP)
 
 demo: prometheus $(STAMP)
-	$(PY) -m promshift.demo --scenario $(SCENARIO)$(if $(GROUP), --group $(GROUP))$(if $(TARGET), --target $(TARGET))$(if $(DEPLOY), --deploy $(DEPLOY)) --nodes $(NODES) --executor $(EXECUTOR)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
+	$(PY) -m promshift.local.demo --scenario $(SCENARIO)$(if $(GROUP), --group $(GROUP))$(if $(TARGET), --target $(TARGET))$(if $(DEPLOY), --deploy $(DEPLOY)) --nodes $(NODES) --executor $(EXECUTOR)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
 
 test: prometheus chromium $(STAMP)
 	$(VENV)/bin/ruff check include dags plugins tests bench
@@ -57,13 +57,13 @@ unit: $(STAMP)
 	$(VENV)/bin/pytest -q tests/unit tests/dags
 
 stack-up: prometheus $(STAMP)
-	$(VENV)/bin/promshift stack up --nodes $(NODES)
+	$(PY) -m promshift.local stack up --nodes $(NODES)
 
 stack-down: $(STAMP)
-	$(VENV)/bin/promshift stack down
+	$(PY) -m promshift.local stack down
 
 stack-status: $(STAMP)
-	$(VENV)/bin/promshift stack status
+	$(PY) -m promshift.local stack status
 
 # Re-pin after editing requirements*.in.
 requirements:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 
+from promshift.adapters.settings import check_catalog_file, default_catalog_path, default_profile
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, unreadable_catalog
 from promshift.orchestration.dag_factory import (
     BAKE_WATCH_DAG_ID,
@@ -25,7 +26,6 @@ from promshift.orchestration.dag_factory import (
     build_decommission_dags,
     build_group_dag,
 )
-from promshift.settings import check_catalog_file, default_catalog_path, default_profile
 
 log = logging.getLogger(__name__)
 

@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
 
+    from promshift.adapters.settings import dcgm_counters
     from promshift.core.catalog import check_catalog
     from promshift.core.dcgm import metrics
-    from promshift.settings import dcgm_counters
 
     known = [counter.name for counter in metrics(dcgm_counters())]
     rows: list[dict[str, Any]] = []

@@ -50,13 +50,13 @@ from promshift.adapters.audit_store import AuditStore  # noqa: E402
 from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer  # noqa: E402
 from promshift.adapters.prometheus import PrometheusClient  # noqa: E402
 from promshift.adapters.routing import RoutingStore  # noqa: E402
+from promshift.adapters.settings import load_catalog  # noqa: E402
 from promshift.core.catalog import MetricGroup  # noqa: E402
 from promshift.core.durations import parse_duration  # noqa: E402
 from promshift.core.render import remote_write_name, remote_write_names, sha256_bytes  # noqa: E402
 from promshift.core.sample_loss import sample_loss  # noqa: E402
-from promshift.migration import Backends, GroupMigration, observe_warmup  # noqa: E402
-from promshift.settings import load_catalog  # noqa: E402
-from promshift.stack.local import PROMETHEUS_BIN, SCRAPE_JOB, SOURCE, TARGET, LocalStack  # noqa: E402
+from promshift.local.stack.local import PROMETHEUS_BIN, SCRAPE_JOB, SOURCE, TARGET, LocalStack  # noqa: E402
+from promshift.steps.migration import Backends, GroupMigration, observe_warmup  # noqa: E402
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
 PROFILE = "demo"
@@ -979,7 +979,7 @@ def fault_audit_unreachable(env: FaultEnv) -> FaultResult:
 
 
 def fault_two_runs_one_group(env: FaultEnv) -> FaultResult:
-    from promshift.migration import GroupNotStartable
+    from promshift.steps.migration import GroupNotStartable
 
     f = Fault(env, "two runs of one group triggered at once", "validate")
     url = env.sqlite_url("f12")

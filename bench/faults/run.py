@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO_ROOT / "include"))
 
 import matrix  # noqa: E402
 
-from promshift.stack.local import LocalStack, StackConfig, find_free_ports  # noqa: E402
+from promshift.local.stack.local import LocalStack, StackConfig, find_free_ports  # noqa: E402
 
 COLUMNS = ("#", "fault", "stage", "safe", "identical", "lost", "s")
 

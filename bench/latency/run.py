@@ -1,6 +1,6 @@
 """Probe fidelity: does the latency probe's client-side wall time match the server's own query time?
 
-The latency check (``promshift.migration``) times golden queries with
+The latency check (``promshift.steps.migration``) times golden queries with
 ``PrometheusClient.query_range`` and keeps ``QueryResult.elapsed_s``. This benchmark
 compares that number with what Prometheus itself reports under ``stats=all``
 (``data.stats.timings.execTotalTime`` = queue wait + ``evalTotalTime``; see README.md)
@@ -57,10 +57,10 @@ from promshift.core.cost import samples_from_stats
 from promshift.core.durations import format_duration, parse_duration
 from promshift.core.latency import choose_step, percentile
 from promshift.core.render import add_remote_write, remote_write_entry
-from promshift.stack import backfill as backfill_module
-from promshift.stack.backfill import create_blocks, write_backfill
-from promshift.stack.local import LocalStack, StackConfig, find_free_ports
-from promshift.stack.prometheus import PROMETHEUS_BIN
+from promshift.local.stack import backfill as backfill_module
+from promshift.local.stack.backfill import create_blocks, write_backfill
+from promshift.local.stack.local import LocalStack, StackConfig, find_free_ports
+from promshift.local.stack.prometheus import PROMETHEUS_BIN
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "bench" / "results" / "latency.json"

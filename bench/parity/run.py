@@ -17,7 +17,7 @@ What it does, on 127.0.0.1 only, in a throwaway directory under $TMPDIR (never t
 1. picks a 1 h window (121 samples at 30 s) ending >= 30 min ago and inside one 2 h-aligned
    TSDB block (promtool aligns blocks to multiples of --max-block-duration; one block means
    one parsing pass);
-2. writes three OpenMetrics files with ``promshift.stack.backfill.write_openmetrics`` (the fleet's
+2. writes three OpenMetrics files with ``promshift.local.stack.backfill.write_openmetrics`` (the fleet's
    values; the labels the live scrape stores: dcgm-exporter's + ``instance``/``job``): ``source``; ``target``
    (the source's external labels added, as remote-written series carry them, and the
    faults applied); ``clean`` (external labels, no faults: the false-positive check).
@@ -25,9 +25,9 @@ What it does, on 127.0.0.1 only, in a throwaway directory under $TMPDIR (never t
    are written in passes (as many per pass as fit, each pass renders the fleet again),
    each pass backfilled and deleted before the next;
 3. backfills each with ``promtool tsdb create-blocks-from openmetrics --max-block-duration=2h``
-   (``promshift.stack.backfill.create_blocks``: wall time; promtool's peak RSS from VmHWM polled
+   (``promshift.local.stack.backfill.create_blocks``: wall time; promtool's peak RSS from VmHWM polled
    every 0.1 s, the machine's lowest MemAvailable meanwhile), deletes the text, starts three plain
-   Prometheus servers on free ports (``promshift.stack.prometheus.PrometheusProcess``, as the tests
+   Prometheus servers on free ports (``promshift.local.stack.prometheus.PrometheusProcess``, as the tests
    do), warms their page cache;
 4. runs promshift's parity (source vs faulty target) ``--repeats`` times, the naive
    baseline once, promshift on the clean pair ``--clean-runs`` times with different
@@ -67,7 +67,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from promshift.stack.backfill import (
+from promshift.local.stack.backfill import (
     SeriesChange,
     SeriesChanges,
     Side,
@@ -75,9 +75,9 @@ from promshift.stack.backfill import (
     estimate_openmetrics_bytes,
     mem_available_mb,
 )
-from promshift.stack.backfill import write_openmetrics as write_sides
-from promshift.stack.local import find_free_ports
-from promshift.stack.prometheus import PROMETHEUS_BIN, PROMTOOL_BIN, PrometheusProcess
+from promshift.local.stack.backfill import write_openmetrics as write_sides
+from promshift.local.stack.local import find_free_ports
+from promshift.local.stack.prometheus import PROMETHEUS_BIN, PROMTOOL_BIN, PrometheusProcess
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT_PATH = REPO / "bench" / "results" / "parity.json"
@@ -111,7 +111,7 @@ class _ProgressHandler(logging.Handler):
 
 
 def show_backfill_progress() -> None:
-    logger = logging.getLogger("promshift.stack.backfill")
+    logger = logging.getLogger("promshift.local.stack.backfill")
     logger.setLevel(logging.INFO)
     if not any(isinstance(h, _ProgressHandler) for h in logger.handlers):
         logger.addHandler(_ProgressHandler())
@@ -144,8 +144,8 @@ def bench_group(name: str) -> Any:
     """The catalog group ``name``; ``whole-fleet`` is one group claiming every metric the fleet
     simulator renders (all of dcgm-exporter's default counters but the label-only
     ``DCGM_FI_DRIVER_VERSION``), with gpu-power-thermal's policies (the catalog defaults)."""
-    from promshift.settings import load_catalog
-    from promshift.stack.backfill import fleet_metrics
+    from promshift.adapters.settings import load_catalog
+    from promshift.local.stack.backfill import fleet_metrics
 
     catalog = load_catalog()
     if name != WHOLE_FLEET:
@@ -226,7 +226,7 @@ def _child_clients(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, float]]:
 
 def child_promshift(spec: dict[str, Any]) -> dict[str, Any]:
     from promshift.adapters.parity_check import ParityCheck
-    from promshift.settings import default_catalog_path
+    from promshift.adapters.settings import default_catalog_path
 
     group = bench_group(spec["group"])
     policy = dataclasses.replace(group.parity, step_s=STEP_S, seed=spec.get("seed"))
@@ -684,8 +684,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.child_out.write_text(json.dumps(out))
         return 0
 
-    from promshift.stack.fleet import FleetSpec
-    from promshift.stack.local import EXTERNAL_LABELS, SCRAPE_JOB
+    from promshift.local.stack.fleet import FleetSpec
+    from promshift.local.stack.local import EXTERNAL_LABELS, SCRAPE_JOB
 
     default_out = WHOLE_FLEET_RESULT_PATH if args.group == WHOLE_FLEET else RESULT_PATH
     out_path = args.out or (default_out if args.nodes == 2000 else None)

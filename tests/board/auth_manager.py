@@ -25,7 +25,7 @@ class GroupScopedAuthManager(SimpleAuthManager):
 
     def get_authorized_dag_ids(self, *, user: Any, method: Any = "GET", session: Any = None) -> set[str]:
         """Airflow's per-DAG filter over the catalog's DAG ids (the base class lists them from Airflow's DB)."""
-        from promshift.settings import load_catalog
+        from promshift.adapters.settings import load_catalog
 
         return self.filter_authorized_dag_ids(dag_ids={g.dag_id for g in load_catalog().groups}, user=user,
                                               method=method)

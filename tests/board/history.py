@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.settings import amp_prices
 from promshift.core.catalog import Catalog, MetricGroup
 from promshift.core.cost import QueryCost, project_monthly_cost
 from promshift.core.gate import decide
@@ -20,7 +21,6 @@ from promshift.core.latency import WindowLatency
 from promshift.core.render import remote_write_name
 from promshift.core.stages import Stage
 from promshift.core.verdicts import Measurement, Verdict
-from promshift.settings import amp_prices
 
 SOURCE = "http://127.0.0.1:19090"
 TARGET = "http://127.0.0.1:19091"

@@ -23,8 +23,8 @@ from airflow.models.dag import DagModel
 from fastapi.testclient import TestClient
 
 from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.settings import default_catalog_path, load_catalog
 from promshift.board.app import BoardSource, create_app
-from promshift.settings import default_catalog_path, load_catalog
 from tests.board.auth_manager import DENIED_DAG, SCOPED_USER, GroupScopedAuthManager
 from tests.board.history import write_history
 

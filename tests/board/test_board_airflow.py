@@ -25,9 +25,9 @@ import pytest
 import requests
 
 from promshift.adapters.audit_store import AuditStore
-from promshift.local_airflow import APPROVER_USERS, TRIGGER_USER, LocalAirflow
-from promshift.settings import REPO_ROOT, load_catalog
-from promshift.stack.local import find_free_ports
+from promshift.adapters.settings import REPO_ROOT, load_catalog
+from promshift.local.airflow_lab import APPROVER_USERS, TRIGGER_USER, LocalAirflow
+from promshift.local.stack.local import find_free_ports
 from tests.board.history import write_history
 from tests.board.webdriver import Browser
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.settings import default_catalog_path, load_catalog
 from promshift.board.app import BoardSource, create_app
-from promshift.settings import default_catalog_path, load_catalog
 from tests.board.history import write_history
 
 RUNS = {"gpu-utilization": "r1", "gpu-power-thermal": "r2", "gpu-memory": "r3"}

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.settings import load_catalog
 from promshift.board import evidence, pages
 from promshift.core.audit import new_event, verify_chain
-from promshift.settings import load_catalog
 from tests.board.history import write_history
 
 START = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

@@ -16,11 +16,11 @@ from airflow.models.dag import DagModel
 from fastapi.testclient import TestClient
 
 from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.settings import default_catalog_path, load_catalog
 from promshift.board.app import BoardSource, create_app
 from promshift.core.render import sha256_bytes
 from promshift.orchestration.links import MigrationReportLink
 from promshift.orchestration.report_store import ReportStore, ReportTampered, publish_report, read_published
-from promshift.settings import default_catalog_path, load_catalog
 from tests.board.auth_manager import DENIED_DAG, SCOPED_USER, GroupScopedAuthManager
 from tests.board.history import write_history
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import requests
 
-from promshift.stack.local import find_free_ports
+from promshift.local.stack.local import find_free_ports
 
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"  # the W3C web element reference key
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

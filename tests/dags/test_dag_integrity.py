@@ -29,7 +29,7 @@ def test_no_import_errors(dagbag) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_one_dag_per_catalog_group(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from promshift.settings import load_catalog
+    from promshift.adapters.settings import load_catalog
 
     expected = {g.dag_id for g in load_catalog().groups}
     assert len(expected) >= 3
@@ -163,8 +163,8 @@ def test_an_unreadable_catalog_gives_one_errors_dag_with_one_line(
 
 
 def test_every_group_dag_has_the_trigger_form(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from promshift.adapters.settings import load_catalog
     from promshift.core.run_params import WARMUP_OVERRIDE_PATTERN
-    from promshift.settings import load_catalog
 
     for dag_id in (g.dag_id for g in load_catalog().groups):
         dag = dagbag.dags[dag_id]
@@ -194,7 +194,7 @@ def test_the_warmup_override_schema_accepts_durations_only(dagbag) -> None:  # t
 def test_dependents_are_scheduled_on_their_dependencies_cut_over_assets(dagbag) -> None:  # type: ignore[no-untyped-def]
     from airflow.sdk import Asset
 
-    from promshift.settings import load_catalog
+    from promshift.adapters.settings import load_catalog
 
     for group in load_catalog().groups:
         dag = dagbag.dags[group.dag_id]
@@ -217,7 +217,7 @@ def test_the_bake_watch_checks_every_group_on_the_catalogs_interval(dagbag) -> N
 
     from airflow.sdk import Asset
 
-    from promshift.settings import load_catalog
+    from promshift.adapters.settings import load_catalog
 
     groups = load_catalog().groups
     watch = dagbag.dags["promshift__bake_watch"]
@@ -235,7 +235,7 @@ def test_the_bake_watch_checks_every_group_on_the_catalogs_interval(dagbag) -> N
 
 
 def test_each_group_has_a_decommission_with_a_second_approval_and_a_recommission(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from promshift.settings import load_catalog
+    from promshift.adapters.settings import load_catalog
 
     for group in load_catalog().groups:
         decommission = dagbag.dags[f"{group.dag_id}__decommission"]

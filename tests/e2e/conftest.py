@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from promshift.stack.local import LocalStack, StackConfig, find_free_ports
+from promshift.local.stack.local import LocalStack, StackConfig, find_free_ports
 
 # Every port the stack may listen on (the last four only with --target amp).
 PORT_VARS = ("FLEET", "SOURCE", "TARGET", "AWS", "MOTO", "FRONTDOOR", "RELAY")

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-import promshift.demo
-from promshift.demo import run_demo
-from promshift.stack.local import LocalStack, StackConfig
-from promshift.stack.sigv4 import AwsCredentials
+import promshift.local.demo
+from promshift.local.demo import run_demo
+from promshift.local.stack.local import LocalStack, StackConfig
+from promshift.local.stack.sigv4 import AwsCredentials
 from tests.e2e.conftest import free_port, stop_stack
 
 pytestmark = pytest.mark.e2e
@@ -129,7 +129,7 @@ def test_amp_demo_cuts_over_signed_and_leaves_no_secret(amp_env: Path, capsys: p
 def test_amp_bad_credentials_stop_at_validate_with_nothing_deployed(amp_env: Path, monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str],
                                                                     caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(promshift.demo, "make_up_credentials", lambda: AwsCredentials(ACCESS_KEY, WRONG_SECRET))
+    monkeypatch.setattr(promshift.local.demo, "make_up_credentials", lambda: AwsCredentials(ACCESS_KEY, WRONG_SECRET))
     result = run(amp_env, "bad-credentials", capsys, caplog)
     report, out, printed = result.report, result.out, result.printed
     home = amp_env / "state"

@@ -19,10 +19,10 @@ import pytest
 
 from promshift.adapters.audit_anchor import anchor_for
 from promshift.adapters.audit_store import AuditStore
-from promshift.demo import run_demo, shared_store
-from promshift.local_celery import CeleryServices
-from promshift.settings import audit_key
-from promshift.stack.local import AIRFLOW, LocalStack, StackConfig
+from promshift.adapters.settings import audit_key
+from promshift.local.celery_lab import CeleryServices
+from promshift.local.demo import run_demo, shared_store
+from promshift.local.stack.local import AIRFLOW, LocalStack, StackConfig
 from tests.e2e.conftest import free_port, stop_stack
 from tests.e2e.test_demo_e2e import proc_cmdline, proc_environ, proc_pids
 

@@ -17,10 +17,10 @@ import pytest
 import requests
 
 from promshift.adapters.routing import RoutingStore
-from promshift.demo import HISTORY_PROFILE, run_demo
-from promshift.local_airflow import TRIGGER_USER, LocalAirflow
-from promshift.settings import REPO_ROOT, load_catalog
-from promshift.stack.local import LocalStack, StackConfig
+from promshift.adapters.settings import REPO_ROOT, load_catalog
+from promshift.local.airflow_lab import TRIGGER_USER, LocalAirflow
+from promshift.local.demo import HISTORY_PROFILE, run_demo
+from promshift.local.stack.local import LocalStack, StackConfig
 from tests.e2e.conftest import free_port, stop_stack
 
 pytestmark = pytest.mark.e2e
@@ -73,7 +73,7 @@ def test_drift_fails_parity_and_rolls_back_byte_for_byte(small_stack_env: Path) 
     try:
         out = run_demo(group_name="gpu-memory", scenario="drift", nodes=12, airflow_port=free_port(),
                        report_root=small_stack_env / "reports")
-        from promshift.stack.local import LocalStack, StackConfig
+        from promshift.local.stack.local import LocalStack, StackConfig
 
         config_text = LocalStack(StackConfig.from_env()).source_config_path.read_text()
     finally:

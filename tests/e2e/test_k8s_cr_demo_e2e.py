@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from promshift.core.render import remote_write_names
-from promshift.demo import run_demo
-from promshift.stack.local import LocalStack, StackConfig
+from promshift.local.demo import run_demo
+from promshift.local.stack.local import LocalStack, StackConfig
 from tests.e2e.conftest import free_port, stop_stack
 
 # RUN_TIMEOUT_S plus the stack's and Airflow's start: above the 600 s pytest-timeout of pyproject.toml.

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from promshift.adapters.audit_store import AuditStore
-from promshift.demo import run_demo
-from promshift.demo_lifecycle import TARGET_DATASOURCE
-from promshift.stack.local import LocalStack, StackConfig
+from promshift.local.demo import run_demo
+from promshift.local.demo_lifecycle import TARGET_DATASOURCE
+from promshift.local.stack.local import LocalStack, StackConfig
 from tests.e2e.conftest import free_port, stop_stack
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from promshift.stack.local import PROMETHEUS_BIN, LocalStack, StackConfig, find_free_ports
+from promshift.local.stack.local import PROMETHEUS_BIN, LocalStack, StackConfig, find_free_ports
 
 
 def eventually(check: Callable[[], Any], timeout: float = 60.0, message: str = "") -> Any:

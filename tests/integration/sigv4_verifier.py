@@ -1,7 +1,7 @@
 """A SigV4-checking HTTP server on 127.0.0.1 for tests, on the local stack's own verifier.
 
 It knows a set of credential pairs (access key -> secret, session token) and checks each request
-with ``promshift.stack.sigv4.verify_request`` (the front door's check: botocore recomputes the
+with ``promshift.local.stack.sigv4.verify_request`` (the front door's check: botocore recomputes the
 signature from what arrived) against the pair its access key names; it refuses a mismatch, an
 unknown key, a wrong region or service with HTTP 403 and an AMP-style ``{"message": ...}`` body.
 Verified requests under ``/workspaces/<id>`` are forwarded to a real upstream Prometheus, so
@@ -22,7 +22,7 @@ from typing import Any
 
 import requests
 
-from promshift.stack.sigv4 import AwsCredentials, parse_authorization, verify_request
+from promshift.local.stack.sigv4 import AwsCredentials, parse_authorization, verify_request
 
 # A pair no request can name (its key id is not a valid one): an unknown key is refused as AWS refuses it.
 _NOBODY = AwsCredentials("(no such access key)", "(none)")
@@ -42,7 +42,7 @@ class SigV4Verifier:
     messages: list[str] = field(default_factory=list)
 
     def check(self, method: str, path: str, headers: Any, body: bytes) -> str | None:
-        """Why the request is refused (a ``promshift.stack.sigv4`` reason; its message in ``messages``), or None."""
+        """Why the request is refused (a ``local.stack.sigv4`` reason; its message in ``messages``), or None."""
         auth = parse_authorization(headers.get("Authorization") or "")
         pair = self.keys.get(auth.access_key) if auth else None
         expected = AwsCredentials(auth.access_key, pair[0], pair[1]) if auth and pair else _NOBODY

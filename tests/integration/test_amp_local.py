@@ -21,9 +21,9 @@ import requests
 import yaml
 from botocore.exceptions import ClientError
 
-from promshift.stack.cli import add_stack_commands
-from promshift.stack.local import AMP_COMPONENTS, COMPONENTS, RELAY, LocalStack, StackConfig, find_free_ports
-from promshift.stack.sigv4 import AwsCredentials, sign_request
+from promshift.local.cli import add_stack_commands
+from promshift.local.stack.local import AMP_COMPONENTS, COMPONENTS, RELAY, LocalStack, StackConfig, find_free_ports
+from promshift.local.stack.sigv4 import AwsCredentials, sign_request
 from tests.integration.conftest import eventually, running_amp_stack
 
 integration = pytest.mark.integration

@@ -18,9 +18,9 @@ import pytest
 import requests
 
 from promshift.adapters.amp import AmpError
+from promshift.adapters.settings import REPO_ROOT
+from promshift.local.stack.local import find_free_ports
 from promshift.orchestration.amp_hook import AmpHook
-from promshift.settings import REPO_ROOT
-from promshift.stack.local import find_free_ports
 
 pytestmark = pytest.mark.integration
 

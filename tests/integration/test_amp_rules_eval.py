@@ -16,7 +16,7 @@ from promshift.adapters.rules_deploy import loaded_rules
 from promshift.adapters.sigv4 import AwsSigV4Auth
 from promshift.core.bake import MovedRule, judge_rules, observe_rules
 from promshift.core.verdicts import Verdict
-from promshift.stack.local import LocalStack, StackConfig
+from promshift.local.stack.local import LocalStack, StackConfig
 from tests.integration.conftest import eventually, running_amp_stack
 
 integration = pytest.mark.integration

@@ -17,15 +17,15 @@ from promshift.adapters.amp_quota import QuotaPreflight
 from promshift.adapters.amp_scraper import ScraperDeployer, scraper_source_from_extra, wait_for
 from promshift.adapters.parity_check import ParityCheck
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.settings import default_catalog_path, load_catalog
 from promshift.adapters.sigv4 import AwsSigV4Auth
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import DeployError, DeployState
 from promshift.core.quota import QuotaExceeded
 from promshift.core.scraper_config import render_scraper_config
 from promshift.core.verdicts import Verdict
-from promshift.settings import default_catalog_path, load_catalog
-from promshift.stack.local import AWS, LocalStack, StackConfig
-from promshift.stack.scrapers import collector_processes
+from promshift.local.stack.local import AWS, LocalStack, StackConfig
+from promshift.local.stack.scrapers import collector_processes
 from tests.integration.conftest import running_amp_stack
 
 pytestmark = pytest.mark.integration

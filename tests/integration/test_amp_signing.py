@@ -20,12 +20,12 @@ from botocore.stub import Stubber
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingStore
+from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.adapters.sigv4 import AwsSigV4Auth
-from promshift.migration import GroupMigration
+from promshift.local.stack.local import LocalStack
+from promshift.local.stack.sigv4 import SIGNATURE_MISMATCH
 from promshift.orchestration.dag_factory import build_group_dag
-from promshift.settings import REPO_ROOT, load_catalog
-from promshift.stack.local import LocalStack
-from promshift.stack.sigv4 import SIGNATURE_MISMATCH
+from promshift.steps.migration import GroupMigration
 from tests.integration.sigv4_verifier import SigV4Verifier, VerifyingServer
 
 pytestmark = pytest.mark.integration

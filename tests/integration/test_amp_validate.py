@@ -22,11 +22,11 @@ import pytest
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.render import remote_write_name, remote_write_names, sha256_text
+from promshift.local.stack.local import AWS, FRONTDOOR, LocalStack, StackConfig
+from promshift.local.stack.sigv4 import make_up_credentials
 from promshift.orchestration.dag_factory import build_group_dag
-from promshift.settings import REPO_ROOT, load_catalog
-from promshift.stack.local import AWS, FRONTDOOR, LocalStack, StackConfig
-from promshift.stack.sigv4 import make_up_credentials
 from tests.fakes import FakeTI
 from tests.integration.conftest import running_amp_stack
 

@@ -11,9 +11,9 @@ import requests
 
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.render import add_remote_write, remote_write_entry
-from promshift.stack.backfill import backfill_stack
-from promshift.stack.fleet import node_values
-from promshift.stack.local import EXTERNAL_LABELS, LocalStack, StackConfig, StackError
+from promshift.local.stack.backfill import backfill_stack
+from promshift.local.stack.fleet import node_values
+from promshift.local.stack.local import EXTERNAL_LABELS, LocalStack, StackConfig, StackError
 
 pytestmark = pytest.mark.integration
 

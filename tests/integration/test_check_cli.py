@@ -16,10 +16,10 @@ import pytest
 
 from promshift.adapters.deploy import FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.settings import load_catalog
 from promshift.cli import main
 from promshift.core.render import add_remote_write, remote_write_entry
-from promshift.settings import load_catalog
-from promshift.stack.local import LocalStack, StackConfig
+from promshift.local.stack.local import LocalStack, StackConfig
 from tests.integration.sigv4_verifier import SigV4Verifier, VerifyingServer
 
 pytestmark = pytest.mark.integration

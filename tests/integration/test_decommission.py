@@ -18,9 +18,9 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.routing import RoutingStore
 from promshift.core.scrape_drop import drop_is_loaded, drop_rule
 from promshift.core.stages import Stage
-from promshift.lifecycle import Decommission, DecommissionFailed
-from promshift.migration import GroupMigration
-from promshift.stack.local import LocalStack
+from promshift.local.stack.local import LocalStack
+from promshift.steps.lifecycle import Decommission, DecommissionFailed
+from promshift.steps.migration import GroupMigration
 from tests.integration.test_migration_steps import backends_for, small_group
 
 pytestmark = pytest.mark.integration

@@ -23,8 +23,8 @@ from promshift.core.render import (
     remove_remote_write,
     sha256_bytes,
 )
-from promshift.stack.local import find_free_ports
-from promshift.stack.prometheus import PrometheusProcess
+from promshift.local.stack.local import find_free_ports
+from promshift.local.stack.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.integration
 
@@ -282,7 +282,7 @@ SECRET = "T0KEN-that-must-never-be-recorded"
 
 def self_group() -> Any:
     """The catalog's gpu-memory group, keeping only ``up`` (the fixture's server scrapes one target)."""
-    from promshift.settings import REPO_ROOT, load_catalog
+    from promshift.adapters.settings import REPO_ROOT, load_catalog
 
     group = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get("gpu-memory")
     return dataclasses.replace(group, metrics=("up",), metric_regex=None)
@@ -291,7 +291,7 @@ def self_group() -> Any:
 def migration_for(client: PrometheusClient, cfg: Path, tmp_path: Path, *, secret_urls: bool = False) -> Any:
     from promshift.adapters.audit_store import AuditStore
     from promshift.adapters.routing import RoutingStore
-    from promshift.migration import Backends, GroupMigration
+    from promshift.steps.migration import Backends, GroupMigration
 
     source_url = identity_url = client.base_url
     remote_write = f"{source_url}/api/v1/write"
@@ -391,9 +391,9 @@ def test_url_credentials_never_reach_a_record(prometheus: tuple[PrometheusClient
     import json
     import logging
 
-    from promshift.adapters.audit_cli import _show
+    from promshift.cli.audit import _show
     from promshift.core.audit import AuditEvent
-    from promshift.demo import write_report
+    from promshift.local.demo import write_report
 
     client, cfg = prometheus
     caplog.set_level(logging.DEBUG)

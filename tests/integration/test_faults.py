@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from promshift.stack.local import LocalStack, StackConfig
+from promshift.local.stack.local import LocalStack, StackConfig
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from promshift.adapters.file_deployment import FileDeployment
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.deploy import ConfigDeployer, DeployError, DeployState, InMemorySnapshotStore
 from promshift.core.render import remote_write_entry
-from promshift.stack.local import find_free_ports
-from promshift.stack.prometheus import PrometheusProcess
+from promshift.local.stack.local import find_free_ports
+from promshift.local.stack.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.integration
 

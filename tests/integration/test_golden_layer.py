@@ -19,11 +19,11 @@ import pytest
 
 from promshift.adapters.parity_check import ParityCheck
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.settings import load_catalog
 from promshift.core.verdicts import Verdict
-from promshift.settings import load_catalog
-from promshift.stack.fleet import FleetServer, FleetSpec, file_sd_groups
-from promshift.stack.local import find_free_ports
-from promshift.stack.prometheus import PrometheusProcess
+from promshift.local.stack.fleet import FleetServer, FleetSpec, file_sd_groups
+from promshift.local.stack.local import find_free_ports
+from promshift.local.stack.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """The read path switch through Grafana's dashboard API, against the local contract server (not Grafana).
 
-The server (``promshift.stack.grafana_api``) checks the token, the bodies, versions (412) and unknown
+The server (``promshift.local.stack.grafana_api``) checks the token, the bodies, versions (412) and unknown
 uids (404), keeps every version and restores them; these tests drive ``adapters.grafana`` and the
 ``grafana_default`` connection's hook against it over HTTP on 127.0.0.1.
 """
@@ -18,8 +18,8 @@ import requests
 from promshift.adapters.grafana import GrafanaClient, GrafanaError, GrafanaReadPathSwitch
 from promshift.core.catalog import MetricGroup
 from promshift.core.read_path import DatasourceRef, ReadPathError
+from promshift.local.stack.grafana_api import GrafanaApiServer
 from promshift.orchestration.grafana_hook import GrafanaHook, grafana_base_url
-from promshift.stack.grafana_api import GrafanaApiServer
 
 TOKEN = "glsa_promshiftTestToken0123456789abcdef_00112233"  # noqa: S105 - a test value, checked for leaks
 DCGM = json.loads((Path(__file__).resolve().parents[2] / "catalog/dashboards/dcgm-exporter-dashboard.json").read_text())

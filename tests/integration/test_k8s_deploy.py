@@ -33,9 +33,9 @@ from promshift.adapters.k8s_deploy import (
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.deploy import ConfigDeployer, DeployError, DeployResult, DeployState, InMemorySnapshotStore
 from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names
-from promshift.stack.k8s_api import CONFIGMAPS, PROMETHEUSES, ConfigReloader, K8sApiServer, OperatorStandIn
-from promshift.stack.local import PROMETHEUS_BIN, find_free_ports
-from promshift.stack.prometheus import PrometheusProcess
+from promshift.local.stack.k8s_api import CONFIGMAPS, PROMETHEUSES, ConfigReloader, K8sApiServer, OperatorStandIn
+from promshift.local.stack.local import PROMETHEUS_BIN, find_free_ports
+from promshift.local.stack.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.integration
 
@@ -396,10 +396,11 @@ def cr_steps(env: Env, tmp_path: Path) -> Iterator[tuple[Any, Any, Any, Any]]:
     from promshift.adapters.audit_store import AuditStore
     from promshift.adapters.k8s_deploy import kubernetes_deployer
     from promshift.adapters.routing import RoutingStore
-    from promshift.deploy_path import ScraperDeployStep, deploy_kind_of, kubernetes_source_of
-    from promshift.migration import Backends, GroupMigration
+    from promshift.adapters.settings import load_catalog
+    from promshift.core.deploy_kinds import deploy_kind_of, kubernetes_source_of
     from promshift.orchestration.hooks import kubernetes_hook
-    from promshift.settings import load_catalog
+    from promshift.steps.deploy import ScraperDeployStep
+    from promshift.steps.migration import Backends, GroupMigration
 
     kubeconfig = tmp_path / "kubeconfig.json"
     kubeconfig.write_text(json.dumps({
@@ -434,7 +435,7 @@ def test_the_migration_steps_drive_the_cr_deployer_chosen_by_the_source_connecti
     """The same steps and audit as the managed collector: dual-writing once loaded, rolled back with the spec
     as it was."""
     from promshift.core.stages import Stage
-    from promshift.deploy_path import final_event
+    from promshift.steps.deploy import final_event
 
     with cr_steps(env, tmp_path) as (step, deployer, migration, audit):
         spec_before = cr(env)["spec"]
@@ -459,7 +460,7 @@ def test_the_migration_steps_drive_the_cr_deployer_chosen_by_the_source_connecti
 
 def test_a_409_through_the_steps_is_audited_and_deploys_nothing(
         env: Env, operator: OperatorStandIn, tmp_path: Path) -> None:
-    from promshift.deploy_path import DeployStepFailed
+    from promshift.steps.deploy import DeployStepFailed
 
     with cr_steps(env, tmp_path) as (step, _deployer, migration, audit):
         info = step.snapshot(datetime.now(UTC))
@@ -484,10 +485,10 @@ def test_the_dags_tasks_deploy_through_the_cr_and_roll_back_deferring_on_the_loa
     from airflow.sdk.exceptions import TaskDeferred
 
     from promshift.adapters.audit_store import AuditStore
+    from promshift.adapters.settings import default_catalog_path, load_catalog
     from promshift.core.stages import Stage
     from promshift.orchestration.dag_factory import build_group_dag
     from promshift.orchestration.triggers import LoadedConfigTrigger
-    from promshift.settings import default_catalog_path, load_catalog
     from tests.fakes import FakeTI
 
     kubeconfig = tmp_path / "kubeconfig.json"

@@ -20,10 +20,10 @@ from kubernetes.config import new_client_from_config
 from promshift.adapters.k8s_deploy import PrometheusCRDeployment
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.deploy import ConfigDeployer, DeployResult, DeployState
+from promshift.core.deploy_kinds import K8S_CR, kubernetes_source_of
 from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names, sha256_bytes
-from promshift.deploy_path import K8S_CR, kubernetes_source_of
-from promshift.stack.k8s_api import split_source_config
-from promshift.stack.local import K8S, LocalStack, StackConfig, StackError
+from promshift.local.stack.k8s_api import split_source_config
+from promshift.local.stack.local import K8S, LocalStack, StackConfig, StackError
 
 pytestmark = pytest.mark.integration
 

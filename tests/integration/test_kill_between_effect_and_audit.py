@@ -37,21 +37,22 @@ from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
 from promshift.adapters.k8s_deploy import ConfigMapDeployment, PrometheusCRDeployment, kubernetes_deployer
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
+from promshift.adapters.settings import default_catalog_path, load_catalog
 from promshift.adapters.snapshot_store import FileSnapshotStore
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import DeployResult, DeploySnapshot
+from promshift.core.deploy_kinds import SCRAPER_INTERVAL_S, kubernetes_source_of
 from promshift.core.render import add_remote_write, remote_write_entry, remote_write_name, remote_write_names
 from promshift.core.stages import Stage
-from promshift.deploy_path import SCRAPER_INTERVAL_S, ScraperDeployStep, final_event, kubernetes_source_of
-from promshift.migration import Backends, GroupMigration
+from promshift.local.stack.k8s_api import CONFIGMAPS, ConfigReloader, K8sApiServer
+from promshift.local.stack.local import LocalStack, StackConfig, find_free_ports
+from promshift.local.stack.prometheus import PrometheusProcess
 
 # Imported here, in the parent: every forked attempt inherits them instead of importing Airflow again.
 from promshift.orchestration.amp_hook import AmpHook
 from promshift.orchestration.hooks import kubernetes_hook
-from promshift.settings import default_catalog_path, load_catalog
-from promshift.stack.k8s_api import CONFIGMAPS, ConfigReloader, K8sApiServer
-from promshift.stack.local import LocalStack, StackConfig, find_free_ports
-from promshift.stack.prometheus import PrometheusProcess
+from promshift.steps.deploy import ScraperDeployStep, final_event
+from promshift.steps.migration import Backends, GroupMigration
 
 pytestmark = pytest.mark.integration
 

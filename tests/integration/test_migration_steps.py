@@ -22,6 +22,7 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.deploy import ConfigSnapshot, DeployError, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
+from promshift.adapters.settings import REPO_ROOT, default_catalog_path, load_catalog
 from promshift.core.catalog import MetricGroup
 from promshift.core.render import (
     add_remote_write,
@@ -33,10 +34,9 @@ from promshift.core.render import (
 from promshift.core.stages import Stage
 from promshift.core.verdicts import Layer, Verdict
 from promshift.core.warmup import WarmupObservation
-from promshift.migration import Backends, GroupMigration, observe_warmup
+from promshift.local.stack.local import LocalStack
 from promshift.orchestration.triggers import WarmupTrigger
-from promshift.settings import REPO_ROOT, default_catalog_path, load_catalog
-from promshift.stack.local import LocalStack
+from promshift.steps.migration import Backends, GroupMigration, observe_warmup
 
 pytestmark = pytest.mark.integration
 

@@ -21,10 +21,10 @@ import pytest
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.rules_deploy import loaded_rules
+from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.stages import Stage
+from promshift.local.stack.local import LocalStack, StackConfig
 from promshift.orchestration.dag_factory import build_group_dag
-from promshift.settings import REPO_ROOT, load_catalog
-from promshift.stack.local import LocalStack, StackConfig
 from tests.fakes import FakeTI
 
 pytestmark = pytest.mark.integration

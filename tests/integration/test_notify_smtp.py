@@ -1,4 +1,4 @@
-"""Notifications end to end on a real SMTP server: the local sink (``promshift.stack.smtp_sink``) as a process,
+"""Notifications end to end on a real SMTP server: the local sink (``promshift.local.stack.smtp_sink``) as a process,
 Airflow's SmtpNotifier sending to it through ``orchestration.notify``, the message read back from the sink.
 
 The operators are the production ones, from the DAG ``build_group_dag`` makes from the shipped catalog,
@@ -28,14 +28,14 @@ import pytest
 
 import promshift
 from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.board import URL_PREFIX
 from promshift.core.audit import AuditEvent
 from promshift.core.stages import Stage
-from promshift.migration import NOTIFIED
+from promshift.local.stack.local import find_free_ports
+from promshift.local.stack.smtp_sink import ReceivedMail, answers, read_mail, sink_address
 from promshift.orchestration.dag_factory import build_group_dag
-from promshift.settings import REPO_ROOT, load_catalog
-from promshift.stack.local import find_free_ports
-from promshift.stack.smtp_sink import ReceivedMail, answers, read_mail, sink_address
+from promshift.steps.migration import NOTIFIED
 from tests.fakes import FakeTI
 
 pytestmark = pytest.mark.integration
@@ -69,10 +69,10 @@ def context_for(op: Any, xcoms: dict[str, Any] | None = None) -> dict[str, Any]:
 
 @pytest.fixture
 def sink(tmp_path: Path) -> Iterator[Path]:
-    """The sink as the stack runs it: ``python -m promshift.stack.smtp_sink`` on a free port; yields its directory."""
+    """The sink as the stack runs it: ``python -m promshift.local.stack.smtp_sink``, a free port; yields its dir."""
     directory = tmp_path / "mail"
     env = dict(os.environ, PYTHONPATH=str(Path(promshift.__file__).resolve().parents[1]))
-    proc = subprocess.Popen([sys.executable, "-m", "promshift.stack.smtp_sink", "--dir", str(directory)],
+    proc = subprocess.Popen([sys.executable, "-m", "promshift.local.stack.smtp_sink", "--dir", str(directory)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20

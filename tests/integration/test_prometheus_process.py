@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.stack.backfill import SeriesChange, Side, create_blocks, write_openmetrics
-from promshift.stack.fleet import FleetSpec, node_values
-from promshift.stack.local import EXTERNAL_LABELS, find_free_ports
-from promshift.stack.prometheus import (
+from promshift.local.stack.backfill import SeriesChange, Side, create_blocks, write_openmetrics
+from promshift.local.stack.fleet import FleetSpec, node_values
+from promshift.local.stack.local import EXTERNAL_LABELS, find_free_ports
+from promshift.local.stack.prometheus import (
     PROMETHEUS_BIN,
     PROMTOOL_BIN,
     PrometheusProcess,

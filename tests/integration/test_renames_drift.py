@@ -1,6 +1,6 @@
 """Declared and undeclared renames of the host label through every parity layer, on a real local stack.
 
-The renames are planted with ``promshift stack drift`` (write_relabel_configs on the group's own
+The renames are planted with ``python -m promshift.local stack drift`` (write_relabel_configs on the group's own
 remote_write entry), so the source keeps ``Hostname`` and the target receives ``hostname`` for the
 chosen hosts, exactly as a real dual-write would carry them; ``stack dual-write`` is tested too.
 """
@@ -18,11 +18,11 @@ import pytest
 
 from promshift.adapters.parity_check import ParityCheck
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.settings import load_catalog
 from promshift.core.catalog import MetricGroup
 from promshift.core.render import remote_write_names, sha256_text
-from promshift.settings import load_catalog
-from promshift.stack.cli import add_stack_commands
-from promshift.stack.local import LocalStack, StackConfig, find_free_ports
+from promshift.local.cli import add_stack_commands
+from promshift.local.stack.local import LocalStack, StackConfig, find_free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -175,7 +175,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(stack_env: DriftStack,
     assert run_cli(["stack", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err, err
-    assert err.startswith(f"promshift stack {argv[0]}: ")
+    assert err.startswith(f"python -m promshift.local stack {argv[0]}: ")
     assert path.read_text() == before
 
 
@@ -188,8 +188,9 @@ def test_a_stack_that_is_not_up_is_named_and_left_alone(tmp_path: Any, monkeypat
     for argv in (["dual-write", "gpu-memory"], ["drift", "gpu-memory", "--rename-label", "a=b", "--hosts", ".*"]):
         assert run_cli(["stack", *argv]) == 1
         err = capsys.readouterr().err.strip()
-        assert err == (f"promshift stack {argv[0]}: the local stack at {config.home} is not up (source, target "
-                       f"down); run `promshift stack up` first")
+        assert err == (f"python -m promshift.local stack {argv[0]}: the local stack at {config.home} is not up "
+                       f"(source, target "
+                       f"down); run `python -m promshift.local stack up` first")
     assert not (tmp_path / "down").exists()
 
 

@@ -35,7 +35,7 @@ from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import DeployError, DeploySnapshot
 from promshift.core.rules import RuleKind, alert_states, parse_rule_file, remove_rules, select_rules
 from promshift.core.verdicts import Verdict
-from promshift.stack.local import PROMETHEUS_BIN, find_free_ports
+from promshift.local.stack.local import PROMETHEUS_BIN, find_free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +135,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     (target_dir / "prometheus.yml").write_text(TARGET_CONFIG)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        fleet = subprocess.Popen([sys.executable, "-m", "promshift.stack.fleet", "--nodes", "2", "--port",
+        fleet = subprocess.Popen([sys.executable, "-m", "promshift.local.stack.fleet", "--nodes", "2", "--port",
                                   str(fleet_port), "--file-sd", str(source_dir / "fleet.json")],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(fleet)

@@ -23,17 +23,18 @@ from promshift.adapters.amp_scraper import wait_for
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
+from promshift.adapters.settings import default_catalog_path, load_catalog
 from promshift.adapters.snapshot_store import FileSnapshotStore
 from promshift.core.catalog import MetricGroup
+from promshift.core.deploy_kinds import SCRAPER_INTERVAL_S, group_for_deploy
 from promshift.core.scraper_config import render_scraper_config
 from promshift.core.stages import Stage
 from promshift.core.warmup import assess_warmup
-from promshift.deploy_path import SCRAPER_INTERVAL_S, DeployStepFailed, ScraperDeployStep, group_for_deploy
-from promshift.migration import Backends, GroupMigration, observe_warmup
+from promshift.local.stack.local import LocalStack, StackConfig, find_free_ports
 from promshift.orchestration.amp_hook import AmpHook
 from promshift.orchestration.triggers import ScraperStatusTrigger
-from promshift.settings import default_catalog_path, load_catalog
-from promshift.stack.local import LocalStack, StackConfig, find_free_ports
+from promshift.steps.deploy import DeployStepFailed, ScraperDeployStep
+from promshift.steps.migration import Backends, GroupMigration, observe_warmup
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ import pytest
 
 from promshift.core import notify as notices
 from promshift.core.catalog import NotifyPolicy
+from promshift.local.stack.local import MAIL, LocalStack, StackConfig, StackError
+from promshift.local.stack.smtp_sink import answers
 from promshift.orchestration.notify import NotifySettings, send
-from promshift.stack.local import MAIL, LocalStack, StackConfig, StackError
-from promshift.stack.smtp_sink import answers
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import requests
 
-from promshift.stack.cli import add_stack_commands
-from promshift.stack.local import COMPONENTS, LocalStack, StackConfig, StackError
+from promshift.local.cli import add_stack_commands
+from promshift.local.stack.local import COMPONENTS, LocalStack, StackConfig, StackError
 
 integration = pytest.mark.integration
 

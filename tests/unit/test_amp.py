@@ -18,7 +18,7 @@ from promshift.adapters.amp import (
     amp_target_from_extra,
     workspace_retention,
 )
-from promshift.stack.local import find_free_ports
+from promshift.local.stack.local import find_free_ports
 
 REGION = "us-east-1"
 WS = "ws-0123abcd-4567-89ef-0123-456789abcdef"

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ParamValidationError
 
-from promshift.stack.aws_http import SigV4Stats, credentials_from_env
-from promshift.stack.controlplane import amp_model, match_operation, validate_shape
-from promshift.stack.frontdoor import api_kind
-from promshift.stack.local import LocalStack, StackConfig
-from promshift.stack.sigv4 import Verdict
+from promshift.local.stack.aws_http import SigV4Stats, credentials_from_env
+from promshift.local.stack.controlplane import amp_model, match_operation, validate_shape
+from promshift.local.stack.frontdoor import api_kind
+from promshift.local.stack.local import LocalStack, StackConfig
+from promshift.local.stack.sigv4 import Verdict
 
 
 @pytest.mark.parametrize(

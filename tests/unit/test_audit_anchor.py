@@ -15,10 +15,10 @@ import pytest
 from moto import mock_aws
 
 from promshift.adapters.audit_anchor import AnchorConflict, S3ObjectLockAnchor, anchor_for
-from promshift.adapters.audit_cli import add_audit_commands
 from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.settings import AUDIT_KEY_FILE_NAME, audit_key, local_audit_key_env
+from promshift.cli.audit import add_audit_commands
 from promshift.core.audit import AnchorPoint, AuditKeyError
-from promshift.settings import AUDIT_KEY_FILE_NAME, audit_key, local_audit_key_env
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 BUCKET = "promshift-audit-anchors"

@@ -22,8 +22,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from promshift.adapters.audit_anchor import SqlAuditAnchor, default_anchor
-from promshift.adapters.audit_cli import add_audit_commands
 from promshift.adapters.audit_store import AuditStore, audit_events, event_row
+from promshift.cli.audit import add_audit_commands
 from promshift.core.audit import HMAC_SHA256_V2, SHA256_V1, AuditEvent, AuditKeyError, new_event
 from promshift.core.stages import IllegalTransition, Stage
 

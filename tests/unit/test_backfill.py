@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from promshift.stack.backfill import fleet_metrics, history_range, write_backfill
-from promshift.stack.fleet import FleetSpec, load_counters, node_values, render_node
-from promshift.stack.local import EXTERNAL_LABELS
+from promshift.local.stack.backfill import fleet_metrics, history_range, write_backfill
+from promshift.local.stack.fleet import FleetSpec, load_counters, node_values, render_node
+from promshift.local.stack.local import EXTERNAL_LABELS
 
 START = 1_790_000_000.0  # whole minutes, after every simulated node's boot
 GAUGE, COUNTER = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
@@ -107,7 +107,7 @@ def test_history_range_is_on_the_grid_and_ends_before_now() -> None:
 
 
 def test_sides_carry_their_labels_and_changes_and_share_unchanged_text(fleet: FleetSpec, tmp_path: Path) -> None:
-    from promshift.stack.backfill import SeriesChange, Side, estimate_openmetrics_bytes, write_openmetrics
+    from promshift.local.stack.backfill import SeriesChange, Side, estimate_openmetrics_bytes, write_openmetrics
 
     host0, host1 = fleet.hostname(0), fleet.hostname(1)
 
@@ -137,7 +137,7 @@ def test_sides_carry_their_labels_and_changes_and_share_unchanged_text(fleet: Fl
 
 
 def test_sides_must_be_named_once_and_a_rename_needs_the_label(fleet: FleetSpec, tmp_path: Path) -> None:
-    from promshift.stack.backfill import SeriesChange, Side, write_openmetrics
+    from promshift.local.stack.backfill import SeriesChange, Side, write_openmetrics
 
     with pytest.raises(ValueError, match="each once"):
         write_openmetrics(fleet, tmp_path, [START], [GAUGE], [Side("a"), Side("a")])

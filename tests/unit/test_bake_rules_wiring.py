@@ -13,12 +13,12 @@ from promshift.adapters import rules_deploy
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingStore
+from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.bake import MovedRule, judge
 from promshift.core.rules import LoadedRule, RuleKind
 from promshift.core.verdicts import Verdict
-from promshift.lifecycle import GroupLifecycle, moved_rules
-from promshift.migration import Backends, GroupMigration
-from promshift.settings import REPO_ROOT, load_catalog
+from promshift.steps.lifecycle import GroupLifecycle, moved_rules
+from promshift.steps.migration import Backends, GroupMigration
 
 GROUP = "gpu-memory"
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from promshift.stack.backfill import fleet_metrics
-from promshift.stack.fleet import FleetSpec
-from promshift.stack.local import EXTERNAL_LABELS, SCRAPE_JOB
+from promshift.local.stack.backfill import fleet_metrics
+from promshift.local.stack.fleet import FleetSpec
+from promshift.local.stack.local import EXTERNAL_LABELS, SCRAPE_JOB
 
 RUN_PY = Path(__file__).resolve().parents[2] / "bench" / "parity" / "run.py"
 

@@ -1039,7 +1039,7 @@ def test_overlap_tree_finds_every_regex_that_claims_a_name() -> None:
 
 
 def test_golden_dashboards_must_resolve_inside_the_catalog_folder(tmp_path: Path) -> None:
-    from promshift.settings import catalog_dashboard_problem
+    from promshift.adapters.settings import catalog_dashboard_problem
 
     (tmp_path / "dashboards").mkdir()
     (tmp_path / "dashboards" / "ok.json").write_text("{}")

@@ -19,9 +19,9 @@ import pytest
 import re2
 import yaml
 
+from promshift.adapters.settings import check_catalog_file
 from promshift.core.catalog import CatalogCheck, CatalogError, parse_catalog
 from promshift.core.catalog.fields import _Invalid, _metric_regex
-from promshift.settings import check_catalog_file
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "data" / "bad_catalogs.yaml"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from promshift.checks_cli import InputError, parse_since
+from promshift.adapters.settings import REPO_ROOT
 from promshift.cli import main
+from promshift.cli.checks import InputError, parse_since
 from promshift.core.render import remote_write_name
-from promshift.settings import REPO_ROOT
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
 SOURCE_CONFIG = """# the team's source config: comments and key order are theirs

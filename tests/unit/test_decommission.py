@@ -12,10 +12,10 @@ import pytest
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
+from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.stages import Stage
-from promshift.lifecycle import Decommission, DecommissionRefused
-from promshift.migration import Backends, GroupMigration
-from promshift.settings import REPO_ROOT, load_catalog
+from promshift.steps.lifecycle import Decommission, DecommissionRefused
+from promshift.steps.migration import Backends, GroupMigration
 
 GROUP = "gpu-memory"
 UP_TO_BAKING = [Stage.DUAL_WRITING, Stage.WARMING, Stage.VERIFIED, Stage.APPROVED, Stage.CUT_OVER, Stage.BAKING]
@@ -183,7 +183,7 @@ def test_a_full_rollback_by_hand_removes_only_the_groups_own_entry_and_routes_re
     import time
 
     from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names
-    from promshift.lifecycle import full_rollback
+    from promshift.steps.lifecycle import full_rollback
 
     group = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP)
     mine = remote_write_entry(group_name=GROUP, name_regex=group.name_regex(), url="http://amp.example/write")

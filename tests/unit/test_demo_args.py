@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from promshift.demo import main, run_demo
+from promshift.local.demo import main, run_demo
 
 
 def test_deploy_scraper_needs_the_amp_target(capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,8 +71,8 @@ class _Stack:
 
 
 def test_k8s_cr_puts_the_resource_on_the_source_connection_and_keeps_the_targets_remote_write() -> None:
-    from promshift.demo import K8S_TIMEOUT_S, source_connection, target_connection
-    from promshift.deploy_path import deploy_kind_of, kubernetes_source_of
+    from promshift.core.deploy_kinds import deploy_kind_of, kubernetes_source_of
+    from promshift.local.demo import K8S_TIMEOUT_S, source_connection, target_connection
 
     stack = _Stack()
     source = source_connection(stack, "k8s-cr")  # type: ignore[arg-type]
@@ -90,7 +90,7 @@ def test_k8s_cr_puts_the_resource_on_the_source_connection_and_keeps_the_targets
 
 
 def test_the_lifecycle_scenarios_default_to_the_managed_collector_and_gpu_memory() -> None:
-    from promshift.demo_lifecycle import lifecycle_choices
+    from promshift.local.demo_lifecycle import lifecycle_choices
 
     for scenario in ("lifecycle", "bake-fail"):
         assert lifecycle_choices(scenario, None, None, None) == ("gpu-memory", "amp", "scraper")

@@ -12,23 +12,20 @@ import pytest
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
+from promshift.adapters.settings import load_catalog
 from promshift.core.deploy import DeployState, InMemoryConfigDeployer, InMemorySnapshotStore
+from promshift.core.deploy_kinds import (
+    INDEPENDENT_ABS_TOLERANCE,
+    INDEPENDENT_REL_TOLERANCE,
+    deploy_kind_of,
+    group_for_deploy,
+)
 from promshift.core.quota import QuotaExceeded, assess_quota
 from promshift.core.report import build_report
 from promshift.core.stages import Stage
 from promshift.core.warmup import WarmupObservation, assess_warmup
-from promshift.deploy_path import (
-    INDEPENDENT_ABS_TOLERANCE,
-    INDEPENDENT_REL_TOLERANCE,
-    DeployStepFailed,
-    ScraperDeployStep,
-    active_since,
-    deploy_kind_of,
-    final_event,
-    group_for_deploy,
-)
-from promshift.migration import Backends, GroupMigration
-from promshift.settings import load_catalog
+from promshift.steps.deploy import DeployStepFailed, ScraperDeployStep, active_since, final_event
+from promshift.steps.migration import Backends, GroupMigration
 
 GROUP = "gpu-memory"
 RUN = "manual__unit"
@@ -197,7 +194,7 @@ def test_retried_finish_and_finish_rollback_record_once(migration: GroupMigratio
 
 
 def test_a_kubernetes_source_connection_chooses_the_kubernetes_deployer() -> None:
-    from promshift.deploy_path import KubernetesSource, kubernetes_source_of
+    from promshift.core.deploy_kinds import KubernetesSource, kubernetes_source_of
 
     cr = {"deploy": "k8s-cr", "kubernetes": {"namespace": "monitoring", "name": "k8s", "conn_id": "kubernetes_eks",
                                              "timeout_s": 120}}
@@ -230,7 +227,7 @@ def test_a_kubernetes_source_connection_chooses_the_kubernetes_deployer() -> Non
     ({"deploy": "k8s-cr", "kubernetes": {"namespace": "m", "name": "k", "in_cluster": "yes"}}, "in_cluster"),
 ])
 def test_bad_kubernetes_source_extras_are_one_line_errors(extra: dict[str, object], message: str) -> None:
-    from promshift.deploy_path import kubernetes_source_of
+    from promshift.core.deploy_kinds import kubernetes_source_of
 
     with pytest.raises(ValueError, match=f"^connection 's': .*{message}") as err:
         kubernetes_source_of(extra, conn_id="s")

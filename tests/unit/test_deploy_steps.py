@@ -12,7 +12,7 @@ import pytest
 from promshift.adapters.snapshot_store import FileSnapshotStore
 from promshift.core.deploy import DeployError, DeployResult, DeployState, InMemoryConfigDeployer, InMemorySnapshotStore
 from promshift.core.quota import QuotaExceeded, assess_quota
-from promshift.deploy_steps import deploy_evidence, restore, start_deploy, take_snapshot
+from promshift.steps.deploy import deploy_evidence, restore, start_deploy, take_snapshot
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 

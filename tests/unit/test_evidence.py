@@ -166,10 +166,10 @@ def test_a_nan_and_inf_parity_result_goes_through_gate_audit_and_report(tmp_path
     from promshift.adapters.audit_store import AuditStore
     from promshift.adapters.prometheus import PrometheusClient
     from promshift.adapters.routing import RoutingStore
+    from promshift.adapters.settings import load_catalog
     from promshift.core.audit import verify_chain
     from promshift.core.report import build_report, render_markdown
-    from promshift.migration import Backends, GroupMigration
-    from promshift.settings import load_catalog
+    from promshift.steps.migration import Backends, GroupMigration
 
     audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
     unused = PrometheusClient("http://127.0.0.1:9")  # the gate asks no backend

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from promshift.core.dcgm import parse_counters
-from promshift.stack.fleet import (
+from promshift.local.stack.fleet import (
     FB_TOTAL_MIB,
     XID_CODES,
     FleetServer,

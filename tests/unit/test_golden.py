@@ -78,7 +78,7 @@ def _golden(tmp_path: Path, exprs: list[str], **parity: object) -> tuple[list, d
     import dataclasses
 
     from promshift.adapters.parity_check import ParityCheck
-    from promshift.settings import load_catalog
+    from promshift.adapters.settings import load_catalog
 
     (tmp_path / "d.json").write_text(json.dumps({"panels": [{"title": f"p{i}", "targets": [{"expr": e}]}
                                                             for i, e in enumerate(exprs)]}))

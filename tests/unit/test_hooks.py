@@ -12,10 +12,10 @@ import jsonschema
 import pytest
 from botocore.stub import Stubber
 
+from promshift.local.stack.local import find_free_ports
 from promshift.orchestration.amp_hook import AmpHook
 from promshift.orchestration.hooks import PrometheusHook, backend_hook
 from promshift.orchestration.provider_info import get_provider_info
-from promshift.stack.local import find_free_ports
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # noqa: S105 - a test value, checked for leaks
 WS = "ws-0123abcd"

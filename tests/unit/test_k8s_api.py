@@ -28,7 +28,7 @@ from promshift.adapters.k8s_deploy import (
 )
 from promshift.core.deploy import DeployError, DeployState, InMemorySnapshotStore
 from promshift.core.render import add_remote_write, remote_write_entry
-from promshift.stack.k8s_api import (
+from promshift.local.stack.k8s_api import (
     CONFIGMAP_MAX_BYTES,
     CONFIGMAPS,
     PROMETHEUSES,

@@ -554,7 +554,7 @@ def test_an_answer_with_nothing_behind_it_is_inconclusive(servers: Any, query: s
 
 
 def test_the_group_selectors_of_a_query_and_its_look_back_are_what_is_counted(servers: Any) -> None:
-    from promshift.settings import load_catalog
+    from promshift.adapters.settings import load_catalog
 
     group = load_catalog().get("gpu-power-thermal")
     src = servers(lambda n: ok_matrix(), behind=lambda q: 16)

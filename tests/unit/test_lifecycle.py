@@ -17,12 +17,12 @@ import pytest
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
+from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.bake import BakeObservation
 from promshift.core.stages import Stage
 from promshift.core.verdicts import Verdict
-from promshift.lifecycle import DEFAULT_READ_RESTORERS, GroupLifecycle, RestoreReadsFailed
-from promshift.migration import Backends, GroupMigration
-from promshift.settings import REPO_ROOT, load_catalog
+from promshift.steps.lifecycle import DEFAULT_READ_RESTORERS, GroupLifecycle, RestoreReadsFailed
+from promshift.steps.migration import Backends, GroupMigration
 
 GROUP = "gpu-memory"
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

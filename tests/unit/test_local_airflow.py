@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 import requests
 
-from promshift.local_airflow import LocalAirflow
+from promshift.local.airflow_lab import LocalAirflow
 
 # A stand-in for a scheduler busy shutting down (or a waiting task): it ignores SIGTERM.
 CHILD = (

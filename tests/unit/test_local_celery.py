@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from promshift.local_celery import (
+from promshift.local.celery_lab import (
     DB_COMMENT,
     CeleryServices,
     ServiceUnavailable,
@@ -14,7 +14,7 @@ from promshift.local_celery import (
     postgres_problem,
     redis_problem,
 )
-from promshift.stack.local import find_free_ports
+from promshift.local.stack.local import find_free_ports
 
 
 def free_port() -> int:
@@ -108,7 +108,7 @@ def test_celery_env_names_no_file_of_the_demos_home_for_workers(tmp_path: Path,
     only the API server (the board) gets PROMSHIFT_AUDIT_URL and the key file."""
     import json
 
-    from promshift.demo import celery_env
+    from promshift.local.demo import celery_env
 
     monkeypatch.delenv("PROMSHIFT_AUDIT_KEY", raising=False)  # the demo's own key file, as on a fresh machine
     key_file = tmp_path / "audit.key"
@@ -131,7 +131,7 @@ def test_celery_env_names_no_file_of_the_demos_home_for_workers(tmp_path: Path,
 def test_demo_policy_pins_parity_shards_round_robin_and_leaves_other_tasks() -> None:
     from types import SimpleNamespace
 
-    from promshift.orchestration.demo_policy import SHARD_QUEUES_ENV, shard_queue, task_instance_mutation_hook
+    from promshift.local.demo_policy import SHARD_QUEUES_ENV, shard_queue, task_instance_mutation_hook
 
     queues = ["q-w1", "q-w2"]
     assert [shard_queue("parity_samples", i, queues) for i in range(5)] == ["q-w1", "q-w2", "q-w1", "q-w2", "q-w1"]

@@ -4,7 +4,7 @@ __meta_kubernetes_* relabels go (they could only drop every target), the group's
 from __future__ import annotations
 
 from promshift.core.scraper_config import render_scraper_config
-from promshift.stack.scrapers import local_collector_config
+from promshift.local.stack.scrapers import local_collector_config
 
 REGEX = "DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_DEC_UTIL"
 

@@ -19,9 +19,9 @@ import pytest
 
 from promshift.adapters.parity_check import ParityCheck
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.adapters.settings import dcgm_counters, load_catalog
 from promshift.core.errors import ErrorKind
 from promshift.core.parity import metric_kinds
-from promshift.settings import dcgm_counters, load_catalog
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -144,11 +144,11 @@ def test_the_dcgm_list_is_package_data_outside_the_stack() -> None:
 def test_settings_and_the_dag_files_do_not_import_the_local_stack() -> None:
     code = (
         "import glob, runpy, sys\n"
-        "import promshift.settings as s\n"
+        "import promshift.adapters.settings as s\n"
         "s.check_catalog_file()\n"  # what a DAG parse does: the catalog checked against the DCGM list
         "for f in sorted(glob.glob('dags/*.py')):\n"
         "    runpy.run_path(f)\n"
-        "print(sorted(m for m in sys.modules if m.startswith('promshift.stack')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('promshift.local.stack')))\n"
         "print(len(glob.glob('dags/*.py')))\n"
     )
     env = {**os.environ, "AIRFLOW__CORE__LOAD_EXAMPLES": "False",

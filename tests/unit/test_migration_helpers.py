@@ -4,7 +4,7 @@ import pytest
 
 from promshift.adapters.prometheus import parse_query_response
 from promshift.core.promql import widest_range_s
-from promshift.migration import scrape_interval_s
+from promshift.steps.migration import scrape_interval_s
 
 
 @pytest.mark.parametrize("query,seconds", [

@@ -17,9 +17,9 @@ import pytest
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
+from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.stages import IllegalTransition, Stage
-from promshift.migration import Backends, GroupMigration
-from promshift.settings import REPO_ROOT, load_catalog
+from promshift.steps.migration import Backends, GroupMigration
 
 GROUP = "gpu-memory"
 RUN_ID = "manual__retry"
@@ -176,7 +176,7 @@ def test_retried_approval_and_cutover_record_once(tmp_path: Path, audit: AuditSt
 
 
 def test_a_run_holds_its_group_until_it_ends_and_a_dry_run_never_does(tmp_path: Path, audit: AuditStore) -> None:
-    from promshift.migration import holding_runs
+    from promshift.steps.migration import holding_runs
 
     first = migration(tmp_path, audit, run_id="manual__first")
     first.record("validated", T0, {"stage": "planned"})

@@ -18,11 +18,11 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.rules_deploy import RulesSnapshot
+from promshift.adapters.settings import REPO_ROOT
 from promshift.core.deploy import DeploySnapshot
 from promshift.core.report import build_report
 from promshift.core.rules import RuleKind
 from promshift.core.stages import Stage
-from promshift.settings import REPO_ROOT
 from tests.unit.test_operators import (  # noqa: F401 - fixtures
     GROUP,
     RUN_ID,
@@ -101,8 +101,8 @@ class FakeMove:
 def rules(env: Path, monkeypatch: pytest.MonkeyPatch) -> FakeMove:  # noqa: F811
     """Every operator's rules step moves through one FakeMove (the snapshot store is the real one)."""
     from promshift.adapters.blobs import LocalBlobs
-    from promshift.moves import RulesStep
     from promshift.orchestration.operators import _GroupStep
+    from promshift.steps.moves import RulesStep
 
     monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
         "conn_type": "prometheus", "host": "http://127.0.0.1:1",
@@ -287,8 +287,8 @@ def test_no_rules_layer_without_rules_and_an_error_layer_when_they_cannot_be_com
     assert not any(m["name"].startswith("rules") for m in result["measurements"])
     # Configured, but this run took no rules snapshot: the layer is ERROR, never a silent pass.
     from promshift.adapters.blobs import LocalBlobs
-    from promshift.moves import RulesStep
     from promshift.orchestration.operators import _GroupStep
+    from promshift.steps.moves import RulesStep
 
     monkeypatch.setattr(_GroupStep, "rules_step",
                         lambda self, migration: RulesStep(migration, FakeMove(), LocalBlobs(env / "snapshots")))

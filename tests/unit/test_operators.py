@@ -21,11 +21,11 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.audit import AuditEvent
 from promshift.core.evidence import evidence_sha256
 from promshift.core.latency import ProbeRun
 from promshift.core.stages import Stage
-from promshift.migration import NOTIFIED
 from promshift.orchestration.dag_factory import build_group_dag
 from promshift.orchestration.operators import (
     GateOperator,
@@ -34,7 +34,7 @@ from promshift.orchestration.operators import (
     ValidateGroupOperator,
     WarmupOperator,
 )
-from promshift.settings import REPO_ROOT, load_catalog
+from promshift.steps.migration import NOTIFIED
 from tests.fakes import FakeTI
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
@@ -694,7 +694,7 @@ def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
 def test_a_snapshot_taken_on_one_worker_is_read_back_on_another(
         dag: Any, audit: AuditStore, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """PROMSHIFT_SNAPSHOTS_URL (ObjectStoragePath) is shared; each worker's PROMSHIFT_HOME is its own disk."""
-    from promshift.migration import SnapshotError
+    from promshift.steps.migration import SnapshotError
 
     shared = env / "object-store"
     monkeypatch.setenv("PROMSHIFT_SNAPSHOTS_URL", f"file://{shared}")
@@ -1130,7 +1130,7 @@ def test_the_full_rollback_dag_refuses_a_group_that_was_never_cut_over(audit: Au
 @pytest.mark.parametrize("own_entry_removed", [True, False])
 def test_a_rollback_that_kept_another_writers_change_fails_only_if_our_entry_stayed(
         dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch, own_entry_removed: bool) -> None:
-    from promshift.migration import GroupMigration
+    from promshift.steps.migration import GroupMigration
 
     evidence = {"performed": True, "restored_identical": False, "method": "removed_entry",
                 "kept_changes_since_snapshot": ["promshift-other"], "own_entry_removed": own_entry_removed}

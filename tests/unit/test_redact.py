@@ -6,7 +6,7 @@ import pytest
 
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.redact import REDACTED, is_secret_param, redact, redact_text
-from promshift.stack.local import find_free_ports
+from promshift.local.stack.local import find_free_ports
 
 SECRET = "s3cr3t-T0KEN"
 

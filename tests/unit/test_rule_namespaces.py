@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from promshift.stack.frontdoor import api_kind
-from promshift.stack.rule_namespaces import RuleNamespaces
+from promshift.local.stack.frontdoor import api_kind
+from promshift.local.stack.rule_namespaces import RuleNamespaces
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 
@@ -119,7 +119,7 @@ def test_the_front_door_serves_the_rules_api() -> None:
 def test_the_answered_status_is_checked_against_botocores_model() -> None:
     from botocore.exceptions import ParamValidationError
 
-    from promshift.stack.controlplane import validate_status
+    from promshift.local.stack.controlplane import validate_status
 
     validate_status({"statusCode": "UPDATE_FAILED", "statusReason": "invalid rules: x"})
     with pytest.raises(ParamValidationError):

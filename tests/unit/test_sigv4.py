@@ -13,7 +13,7 @@ import requests
 from botocore.credentials import ReadOnlyCredentials
 
 from promshift.adapters.sigv4 import AwsSigV4Auth, canonical_url
-from promshift.stack.sigv4 import SIGNATURE_MISMATCH
+from promshift.local.stack.sigv4 import SIGNATURE_MISMATCH
 from tests.integration.sigv4_verifier import SigV4Verifier
 
 URL = "http://127.0.0.1:9/workspaces/ws-1/api/v1"

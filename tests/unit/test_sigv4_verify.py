@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from promshift.stack import sigv4
-from promshift.stack.sigv4 import AwsCredentials, make_up_credentials, sign_request, verify_request
+from promshift.local.stack import sigv4
+from promshift.local.stack.sigv4 import AwsCredentials, make_up_credentials, sign_request, verify_request
 
 NOW = datetime(2026, 12, 3, 7, 30, 0, tzinfo=UTC)
 PAIR = AwsCredentials("AKIAEXAMPLELOCAL0001", "s3cr3t/EXAMPLE+key0123456789abcdefghijkl")

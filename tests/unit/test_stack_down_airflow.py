@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from promshift.stack.local import AIRFLOW, LocalStack, StackConfig
+from promshift.local.stack.local import AIRFLOW, LocalStack, StackConfig
 
 SLEEPER = "import time, sys; time.sleep(120)"
 

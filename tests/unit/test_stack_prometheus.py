@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from promshift.stack.local import SOURCE, TARGET, LocalStack, StackConfig
-from promshift.stack.prometheus import PROMETHEUS_BIN, PrometheusProcess, prometheus_argv
+from promshift.local.stack.local import SOURCE, TARGET, LocalStack, StackConfig
+from promshift.local.stack.prometheus import PROMETHEUS_BIN, PrometheusProcess, prometheus_argv
 
 
 def test_argv_is_config_tsdb_loopback_listen_then_the_flags_in_order() -> None:

@@ -1,4 +1,4 @@
-"""`promshift stack drift`'s pure parts: parsing FROM=TO and --hosts, the rules, replacing an entry."""
+"""`python -m promshift.local stack drift`'s pure parts: parsing FROM=TO and --hosts, the rules, replacing an entry."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from promshift.core.render import RenderError, remote_write_entry, remote_write_names, replace_remote_write
-from promshift.stack.remote_write import BadInput, LabelRename
+from promshift.local.stack.remote_write import BadInput, LabelRename
 
 
 @pytest.mark.parametrize("spec,hosts,needle", [

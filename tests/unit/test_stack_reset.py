@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from promshift.stack.local import LocalStack, StackConfig
+from promshift.local.stack.local import LocalStack, StackConfig
 
 
 def test_reset_removes_a_switched_dashboard_so_the_next_demo_provisions_the_original(tmp_path: Path) -> None:

@@ -29,8 +29,8 @@ from promshift.adapters.audit_store import (
     redacted,
     sqlite_file,
 )
+from promshift.adapters.settings import audit_anchor_retention_days, audit_anchor_url
 from promshift.core.audit import AnchorPoint, AuditAnchor
-from promshift.settings import audit_anchor_retention_days, audit_anchor_url
 
 log = logging.getLogger(__name__)
 

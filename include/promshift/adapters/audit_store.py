@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from promshift.adapters.settings import audit_key, state_home
 from promshift.core.audit import (
     SHA256_V1,
     AnchorPoint,
@@ -39,7 +40,6 @@ from promshift.core.audit import (
     verify_chain,
 )
 from promshift.core.stages import Stage, current_stage
-from promshift.settings import audit_key, state_home
 
 if TYPE_CHECKING:
     from promshift.core.audit import AuditAnchor
@@ -219,7 +219,7 @@ class AuditStore:
     # -- key and anchor (resolved on first use: reading events needs neither) ---------------------
     @property
     def key(self) -> bytes | None:
-        """The HMAC key: as given, else from the environment (``promshift.settings.audit_key``)."""
+        """The HMAC key: as given, else from the environment (``promshift.adapters.settings.audit_key``)."""
         if self._key is _UNSET:
             self._key = audit_key()
         return self._key

@@ -22,7 +22,7 @@ Only what the switch needs, with the shapes Grafana documents:
 - Authentication: ``Authorization: Bearer <service account token>``; 401 when it is refused.
 
 Grafana 12+ also serves the Kubernetes-style ``/apis/dashboard.grafana.app`` API; Grafana 13 marks
-``/api`` as legacy but keeps it working. API mode is tested against ``promshift.stack.grafana_api``,
+``/api`` as legacy but keeps it working. API mode is tested against ``promshift.local.stack.grafana_api``,
 a contract server, not against Grafana (none can run here).
 
 The switch (``GrafanaReadPathSwitch``) edits the dashboard model through the same plan as file

@@ -609,7 +609,7 @@ class ParityCheck:
         leaves that metric to the list (logged); the answer is recorded in the samples evidence."""
         names = self._metric_names(start, end)
         if self._kinds is None or not set(names) <= self._kinds.keys():
-            from promshift.settings import dcgm_counters
+            from promshift.adapters.settings import dcgm_counters
 
             metadata: dict[str, list[dict[str, str]]] = {}
             for name in names:

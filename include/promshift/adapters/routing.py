@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from promshift.adapters.audit_store import default_audit_url, open_engine, redacted, short_error
-from promshift.settings import state_home
+from promshift.adapters.settings import state_home
 
 log = logging.getLogger(__name__)
 

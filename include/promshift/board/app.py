@@ -21,9 +21,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.settings import default_catalog_path, default_profile, load_catalog
 from promshift.board import URL_PREFIX, evidence, pages
 from promshift.core.catalog import Catalog, MetricGroup
-from promshift.settings import default_catalog_path, default_profile, load_catalog
 
 _chart_lock = threading.Lock()  # pyplot keeps global state; one chart at a time
 

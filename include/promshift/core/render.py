@@ -478,7 +478,7 @@ def replace_remote_write(config: Config, entry: Mapping[str, Any]) -> Config:
     """Return the config with the existing ``remote_write`` entry of ``entry``'s name replaced by it.
 
     Editing a live entry restarts its queue and loses samples (see the module docstring), so
-    migrations never call this; the local stack's fault injection (``promshift stack drift``) does.
+    migrations never call this; the local stack's fault injection (``python -m promshift.local stack drift``) does.
     The entry is removed and added again (so it moves to the end of the list); every other byte
     stays as it was.
     """

@@ -209,8 +209,8 @@ def send(policy: NotifyPolicy, notice: notices.Notice, context: Mapping[str, Any
 
 
 def _record(step: Any, context: Mapping[str, Any], evidence: Mapping[str, Any]) -> None:
-    from promshift.migration import NOTIFIED, record_event
     from promshift.orchestration.operators import audit_store
+    from promshift.steps.migration import NOTIFIED, record_event
 
     publish = getattr(step, "_publish_audit_head", None)
     audit = audit_store(on_head=(lambda head: publish(context, head)) if publish else None)

@@ -42,8 +42,8 @@ def audit_key() -> bytes | None:
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
+    from promshift.adapters.settings import audit_key as key_from_env
     from promshift.core.audit import check_key
-    from promshift.settings import audit_key as key_from_env
 
     try:
         conn = BaseHook.get_connection(AUDIT_CONN)
@@ -146,7 +146,7 @@ class _GroupStep:
 
     @cached_property
     def group(self) -> Any:
-        from promshift.settings import load_catalog
+        from promshift.adapters.settings import load_catalog
 
         return load_catalog(self.catalog_path, profile=self.profile).get(self.group_name)
 
@@ -166,9 +166,9 @@ class _GroupStep:
         """Both backends from their connections; an AMP problem fails the task with its one-line reason."""
         from promshift.adapters.amp import AmpError
         from promshift.adapters.prometheus import PrometheusClient
-        from promshift.deploy_path import K8S_KINDS
-        from promshift.migration import Backends
+        from promshift.core.deploy_kinds import K8S_KINDS
         from promshift.orchestration.hooks import PrometheusHook
+        from promshift.steps.migration import Backends
 
         source, target = self.source_hook, self.target_hook
         on_kubernetes = isinstance(source, PrometheusHook) and str(source.extra.get("deploy") or "") in K8S_KINDS
@@ -212,7 +212,7 @@ class _GroupStep:
     def deploy_kind(self) -> str:
         """``remote_write`` or ``scraper`` (the target connection's ``extra.deploy``), or ``k8s-configmap`` /
         ``k8s-cr`` (the source connection's ``extra.deploy``: the same entry through the Kubernetes API)."""
-        from promshift.deploy_path import deploy_kind_of
+        from promshift.core.deploy_kinds import deploy_kind_of
         from promshift.orchestration.hooks import PrometheusHook
 
         hook, source = self.target_hook, self.source_hook
@@ -229,12 +229,13 @@ class _GroupStep:
         """The steps of a deploy through a ``ConfigDeployer``: the managed collector (the group's scraper) or
         the source's Kubernetes object (ConfigMap or ``Prometheus`` CR); snapshots in the object store; the
         quota pre-flight when the target is an AMP workspace."""
+        from promshift.adapters.settings import snapshots_url
         from promshift.adapters.snapshot_store import BlobSnapshotStore
         from promshift.core.deploy import DeployError
-        from promshift.deploy_path import SCRAPER, SCRAPER_INTERVAL_S, ScraperDeployStep
+        from promshift.core.deploy_kinds import SCRAPER, SCRAPER_INTERVAL_S
         from promshift.orchestration.amp_hook import AmpHook
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
-        from promshift.settings import snapshots_url
+        from promshift.steps.deploy import ScraperDeployStep
 
         hook = self.target_hook
         interval_s = SCRAPER_INTERVAL_S if self.deploy_kind == SCRAPER else self.group.scrape_interval_s
@@ -257,8 +258,8 @@ class _GroupStep:
     def _kubernetes_deployer(self) -> Any:
         """The source's ConfigMap or ``Prometheus`` CR deployer, through the cncf-kubernetes ``KubernetesHook``."""
         from promshift.adapters.k8s_deploy import kubernetes_deployer
+        from promshift.core.deploy_kinds import kubernetes_source_of
         from promshift.core.render import remote_write_entry
-        from promshift.deploy_path import kubernetes_source_of
         from promshift.orchestration.hooks import kubernetes_hook
 
         source = kubernetes_source_of(self.source_hook.extra, conn_id=self.source_conn_id)
@@ -273,7 +274,7 @@ class _GroupStep:
 
     def deploy_trigger(self, result: dict[str, Any]) -> Any:
         """What waits for a deploy or restore to be live: the scraper's status, or the source's loaded config."""
-        from promshift.deploy_path import SCRAPER
+        from promshift.core.deploy_kinds import SCRAPER
         from promshift.orchestration.triggers import LoadedConfigTrigger, ScraperStatusTrigger
 
         if self.deploy_kind == SCRAPER:
@@ -295,9 +296,9 @@ class _GroupStep:
             return RunParams(dry_run=params.get("dry_run") is True)
 
     def migration(self, context: Any) -> Any:
-        from promshift.migration import GroupMigration
+        from promshift.adapters.settings import snapshots_dir, snapshots_url
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
-        from promshift.settings import snapshots_dir, snapshots_url
+        from promshift.steps.migration import GroupMigration
 
         backends = self.backends()
         audit = audit_store(on_head=lambda head: self._publish_audit_head(context, head))
@@ -312,11 +313,11 @@ class _GroupStep:
         else None (not configured). The target: the AMP workspace's rule-groups namespace, or a self-hosted
         target's rule file (its connection's ``extra.config_path``, ``extra.rules_dir``)."""
         from promshift.adapters.rules_deploy import PrometheusRulesTarget, RulesMove, SourceRules
-        from promshift.moves import RulesStep
+        from promshift.adapters.settings import snapshots_url
         from promshift.orchestration.amp_hook import AmpHook
         from promshift.orchestration.hooks import PrometheusHook
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
-        from promshift.settings import snapshots_url
+        from promshift.steps.moves import RulesStep
 
         source = self.source_hook
         if not isinstance(source, PrometheusHook) or not source.extra.get("rules"):
@@ -342,10 +343,10 @@ class _GroupStep:
     def read_path_step(self, migration: Any) -> Any:
         """The group's dashboards switch (``moves.ReadPathStep``) when connection ``grafana_default`` exists
         with ``extra.read_path``, else None (not configured). File mode keeps its snapshots in the store."""
-        from promshift.moves import ReadPathStep
+        from promshift.adapters.settings import snapshots_url
         from promshift.orchestration.grafana_hook import GrafanaHook
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
-        from promshift.settings import snapshots_url
+        from promshift.steps.moves import ReadPathStep
 
         if self._grafana_read_path() is None:
             return None
@@ -407,9 +408,9 @@ def publish_report(step: _GroupStep, context: Any, migration: Any) -> dict[str, 
     The report is a view of the audit log, which stays the evidence: a store that cannot be written is
     logged, and the step's outcome stands.
     """
+    from promshift.adapters.settings import reports_url
     from promshift.orchestration.report_store import ReportStore
     from promshift.orchestration.report_store import publish_report as publish
-    from promshift.settings import reports_url
 
     try:
         record = publish(migration.audit, ReportStore(reports_url()), group=step.group_name,
@@ -446,7 +447,7 @@ class ValidateGroupOperator(GroupStepOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.run_params import RunParamsError
-        from promshift.migration import GroupNotStartable
+        from promshift.steps.migration import GroupNotStartable
 
         try:
             self.run_params(context, strict=True)
@@ -464,8 +465,8 @@ class ValidateGroupOperator(GroupStepOperator):
             raise AirflowSkipException(str(exc)) from exc
 
     def _record_failure(self, context: Any, exc: Exception) -> None:
-        from promshift.migration import record_validation_failed
         from promshift.orchestration.hooks import PrometheusHook
+        from promshift.steps.migration import record_validation_failed
 
         try:
             source = self.source_hook
@@ -483,7 +484,7 @@ class SnapshotConfigOperator(GroupStepOperator):
     """Keep the source config's exact bytes for rollback."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.deploy_path import REMOTE_WRITE
+        from promshift.core.deploy_kinds import REMOTE_WRITE
 
         if self.run_params(context).dry_run:
             return self.migration(context).record_dry_run(
@@ -497,7 +498,7 @@ class SnapshotConfigOperator(GroupStepOperator):
 
     def _snapshot_moved(self, context: Any) -> None:
         """The group's rules (and their plan, promtool-checked) and dashboards, when configured, kept for rollback."""
-        from promshift.moves import record_move_failure
+        from promshift.steps.moves import record_move_failure
 
         migration = self.migration(context)
         for name, step in (("rules", self.rules_step(migration)), ("read_path", self.read_path_step(migration))):
@@ -516,7 +517,7 @@ class DeployDualWriteOperator(GroupStepOperator):
     """Add the group's remote_write entry (keep-filter), promtool-check, reload, verify."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.deploy_path import REMOTE_WRITE
+        from promshift.core.deploy_kinds import REMOTE_WRITE
 
         if self.run_params(context).dry_run:
             return self._dry_run(context)
@@ -540,7 +541,7 @@ class DeployDualWriteOperator(GroupStepOperator):
     def _deploy_scraper(self, context: Any, snap: dict[str, Any]) -> dict[str, Any]:
         """Quota pre-flight and the deploy (scraper or Kubernetes object), then defer until it is live (or failed)."""
         from promshift.core.deploy import DeployResult
-        from promshift.deploy_path import DeployStepFailed, final_event
+        from promshift.steps.deploy import DeployStepFailed, final_event
 
         try:
             out = self.scraper_step(context).start(snap, _now())
@@ -555,7 +556,7 @@ class DeployDualWriteOperator(GroupStepOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any], quota: dict[str, Any] | None = None
                          ) -> dict[str, Any]:
-        from promshift.deploy_path import DeployStepFailed
+        from promshift.steps.deploy import DeployStepFailed
 
         try:
             out = self.scraper_step(context).finish(event, quota, _now())
@@ -604,7 +605,7 @@ class WarmupOperator(GroupStepOperator):
         if event.get("status") != "ready":
             raise AirflowFailException(f"warm-up {event.get('status')}: {event.get('reason')}")
         self.log.info("warm-up done: %s", event.get("reason"))
-        from promshift.moves import record_move_failure
+        from promshift.steps.moves import record_move_failure
 
         rules = self.rules_step(migration)
         if rules is not None:  # the recording rules on the target now: its alerts will find them at the handoff
@@ -620,7 +621,7 @@ class WarmupOperator(GroupStepOperator):
 class _ParityStep(GroupStepOperator):
     def parity_check(self) -> Any:
         from promshift.adapters.parity_check import ParityCheck
-        from promshift.deploy_path import group_for_deploy
+        from promshift.core.deploy_kinds import group_for_deploy
 
         # stats=all on every parity query: the result reports the backends' own query time.
         group = group_for_deploy(self.group, self.deploy_kind)  # independent_scraper on the scraper path
@@ -692,10 +693,10 @@ class ParityOperator(_ParityStep):
         """The rules layer when the group's rules move with it: each moved rule's expression on both sides over
         the parity window (``rules_parity``); no window (a dry run without dual-write): none, as for samples."""
         from promshift.adapters.rules_deploy import rules_parity
+        from promshift.core.deploy_kinds import group_for_deploy
         from promshift.core.parity import noise_allowance
         from promshift.core.verdicts import Measurement, Verdict
-        from promshift.deploy_path import group_for_deploy
-        from promshift.migration import one_line
+        from promshift.steps.migration import one_line
 
         window = (plan or {}).get("window")
         migration = self.migration(context)
@@ -819,7 +820,7 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
     def _end_dry_run(self, context: Any, evidence: dict[str, Any]) -> None:
         """A dry run asks nobody: record how far it got (``dry_run_complete``), publish the report, and skip
         the approval, and so the cut-over and its asset."""
-        from promshift.migration import DRY_RUN_COMPLETE
+        from promshift.steps.migration import DRY_RUN_COMPLETE
 
         migration = self.migration(context)
         gate = evidence.get("gate") or {}
@@ -885,7 +886,7 @@ class CutoverOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         if self.run_params(context).dry_run:  # never reached (the approval skips first); a skip emits no asset
             raise AirflowSkipException("dry run: no cut-over")
-        from promshift.moves import record_move_failure
+        from promshift.steps.moves import record_move_failure
 
         migration = self.migration(context)
         # The rules first (the source drops them, the target loads them), then the dashboards, then routing;
@@ -931,8 +932,8 @@ class RollbackOperator(GroupStepOperator):
     operator_extra_links = (MigrationReportLink(),)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.deploy_path import REMOTE_WRITE
-        from promshift.moves import move_failure_reason
+        from promshift.core.deploy_kinds import REMOTE_WRITE
+        from promshift.steps.moves import move_failure_reason
 
         migration = self.migration(context)
         reason = move_failure_reason(migration) or migration.failure_reason()
@@ -968,8 +969,8 @@ class RollbackOperator(GroupStepOperator):
     def _restore_moved(self, context: Any, migration: Any, reason: str) -> list[str]:
         """This run's dashboards, then rules, back to their snapshots (when this run took them); each failure
         is recorded (``<name>_restore_failed``) and returned, after every one was tried."""
-        from promshift.migration import one_line
-        from promshift.moves import READ_PATH_SNAPSHOT, RULES_SNAPSHOT
+        from promshift.steps.migration import one_line
+        from promshift.steps.moves import READ_PATH_SNAPSHOT, RULES_SNAPSHOT
 
         mine = {e.kind for e in migration.audit.events(group=self.group_name, run_id=migration.run_id)}
         errors: list[str] = []
@@ -993,7 +994,7 @@ class RollbackOperator(GroupStepOperator):
     def _restore_scraper(self, context: Any, snap: dict[str, Any], reason: str,
                          moved_errors: Sequence[str] = ()) -> dict[str, Any]:
         """The snapshot back (the previous blob or object; a created scraper deleted); defer until it is live."""
-        from promshift.deploy_path import DeployStepFailed, final_event
+        from promshift.steps.deploy import DeployStepFailed, final_event
 
         try:
             result = self.scraper_step(context).restore(snap, reason=reason, now=_now())
@@ -1008,7 +1009,7 @@ class RollbackOperator(GroupStepOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any], reason: str = "",
                          moved_errors: Sequence[str] = ()) -> dict[str, Any]:
-        from promshift.deploy_path import DeployStepFailed
+        from promshift.steps.deploy import DeployStepFailed
 
         try:
             evidence = self.scraper_step(context).finish_rollback(
@@ -1039,14 +1040,14 @@ class BakeCheckOperator(GroupStepOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.stages import BAKE_WATCHED
-        from promshift.lifecycle import GroupLifecycle, RestoreReadsFailed
+        from promshift.steps.lifecycle import GroupLifecycle, RestoreReadsFailed
 
         migration = self.migration(context)
         stage = migration.stage()
         if stage not in BAKE_WATCHED:
             raise AirflowSkipException(f"group {self.group_name!r} is {stage.value}: the bake watch checks only "
                                        f"{', '.join(sorted(s.value for s in BAKE_WATCHED))}")
-        from promshift.lifecycle import DEFAULT_READ_RESTORERS
+        from promshift.steps.lifecycle import DEFAULT_READ_RESTORERS
 
         lifecycle = GroupLifecycle(migration, deploy_kind=self.deploy_kind,
                                    read_restorers=[*DEFAULT_READ_RESTORERS, *self.moved_restorers(migration)])
@@ -1086,7 +1087,7 @@ class BakedAssetOperator(BaseOperator):
 
 
 def _decommission(step: GroupStepOperator, context: Any) -> Any:
-    from promshift.lifecycle import Decommission
+    from promshift.steps.lifecycle import Decommission
 
     return Decommission(step.migration(context), deploy_kind=step.deploy_kind)
 
@@ -1096,7 +1097,7 @@ class DecommissionPrepareOperator(GroupStepOperator):
     evidence the second approver is shown."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.lifecycle import BAKED, DECOMMISSION_REFUSED
+        from promshift.steps.lifecycle import BAKED, DECOMMISSION_REFUSED
 
         d = _decommission(self, context)
         m = d.migration
@@ -1146,7 +1147,7 @@ class DecommissionOperator(GroupStepOperator):
     """Drop the group at scrape on the source, verified live; undone by itself if the target would not survive."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.lifecycle import DecommissionFailed, DecommissionRefused
+        from promshift.steps.lifecycle import DecommissionFailed, DecommissionRefused
 
         approval = context["ti"].xcom_pull(task_ids="approval") or {}
         try:
@@ -1159,7 +1160,7 @@ class RecommissionOperator(GroupStepOperator):
     """Undo a decommission: remove the drop; reads stay on the target; the source's history gap is recorded."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.lifecycle import DecommissionRefused
+        from promshift.steps.lifecycle import DecommissionRefused
 
         reason = str((context.get("params") or {}).get("reason") or "manual recommission")
         try:
@@ -1176,8 +1177,8 @@ class FullRollbackOperator(GroupStepOperator):
     needs_target = False
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.deploy_path import REMOTE_WRITE
-        from promshift.lifecycle import DEFAULT_READ_RESTORERS, DecommissionRefused, full_rollback
+        from promshift.core.deploy_kinds import REMOTE_WRITE
+        from promshift.steps.lifecycle import DEFAULT_READ_RESTORERS, DecommissionRefused, full_rollback
 
         if self.deploy_kind != REMOTE_WRITE:
             raise AirflowFailException(f"a full rollback by hand is wired for the remote_write path only, not "

@@ -12,7 +12,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.warmup import assess_warmup
-from promshift.migration import observe_warmup
+from promshift.steps.migration import observe_warmup
 
 
 class WarmupTrigger(BaseTrigger):

@@ -11,7 +11,7 @@ Each accepted message becomes two files in the sink's directory, named by arriva
 ``*.eml`` only ever sees whole messages. ``sink.json`` says where the sink listens (the port
 it bound, which with ``--port 0`` the kernel chose) and its pid.
 
-Run as ``python -m promshift.stack.smtp_sink --dir DIR [--port N]``; ``LocalStack`` does that
+Run as ``python -m promshift.local.stack.smtp_sink --dir DIR [--port N]``; ``LocalStack`` does that
 as its ``mail`` component. ``read_mail(DIR)`` returns what arrived.
 """
 
@@ -151,7 +151,8 @@ def read_mail(directory: Path) -> list[ReceivedMail]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m promshift.stack.smtp_sink", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m promshift.local.stack.smtp_sink",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, type=Path, help="where messages are kept")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free one, see sink.json)")
     args = parser.parse_args(argv)

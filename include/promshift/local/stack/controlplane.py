@@ -1,6 +1,6 @@
 """The local AMP control plane: moto's server behind a SigV4-checking proxy that fills in what moto lacks.
 
-``python -m promshift.stack.controlplane --port P --moto-url URL --region R --frontdoor-url URL``
+``python -m promshift.local.stack.controlplane --port P --moto-url URL --region R --frontdoor-url URL``
 answers the boto3 ``amp`` client pointed at ``http://127.0.0.1:P`` (``endpoint_url``):
 
 - every request's SigV4 signature (service ``aps``, region R) is checked against the pair in
@@ -13,7 +13,7 @@ answers the boto3 ``amp`` client pointed at ``http://127.0.0.1:P`` (``endpoint_u
   served here, with the request and the response validated against botocore's ``amp`` model;
 - so are the scraper operations (CreateScraper, DescribeScraper, UpdateScraper, DeleteScraper,
   ListScrapers, GetDefaultScraperConfiguration; moto answers 404), with a real collector behind
-  every ACTIVE scraper (``promshift.stack.scrapers``);
+  every ACTIVE scraper (``promshift.local.stack.scrapers``);
 - Service Quotas' ListServiceQuotas and GetServiceQuota for ``aps`` (JSON protocol, routed by
   ``X-Amz-Target: ServiceQuotasV20190624.<Operation>``, signed for service ``servicequotas``;
   moto answers 500) are served here from ``faults.json``'s ``aps_quotas`` or AMP's defaults,
@@ -23,12 +23,12 @@ answers the boto3 ``amp`` client pointed at ``http://127.0.0.1:P`` (``endpoint_u
   Create/Put/DeleteRuleGroupsNamespace as before, then the namespace's rules become a rule file of the
   target Prometheus (promtool-checked, reloaded); rules it refuses leave the namespace
   ``CREATION_FAILED``/``UPDATE_FAILED`` (with ``statusReason``) in DescribeRuleGroupsNamespace and
-  ListRuleGroupsNamespaces, the last good rules still evaluated (``promshift.stack.rule_namespaces``);
+  ListRuleGroupsNamespaces, the last good rules still evaluated (``promshift.local.stack.rule_namespaces``);
 - ``<state-dir>/faults.json`` (optional, re-read on every request) injects what a test or a
   demo scenario needs: ``{"errors": {"DescribeWorkspace": "ThrottlingException"},
   "workspace_status": {"ws-...": "CREATING"}, "clock_skew_s": 600}`` (the skew applies to the
   front door too: both then refuse every signature as expired), ``"scraper": {...}`` (see
-  ``promshift.stack.scrapers``) and ``"aps_quotas": {"active_series": N, "ingestion_rate": N}``.
+  ``promshift.local.stack.scrapers``) and ``"aps_quotas": {"active_series": N, "ingestion_rate": N}``.
 
 Where it differs from AWS: one region and one credential pair (no IAM policies: a verified
 request may do anything); moto keeps workspaces in memory (a restart forgets them); an
@@ -56,11 +56,11 @@ from botocore.exceptions import ParamValidationError
 from botocore.model import OperationModel, ServiceModel
 from botocore.validate import ParamValidator
 
-from promshift.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
-from promshift.stack.frontdoor import run_until_signalled
-from promshift.stack.local import find_free_ports
-from promshift.stack.rule_namespaces import RuleNamespaces, override_status
-from promshift.stack.scrapers import (
+from promshift.local.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
+from promshift.local.stack.frontdoor import run_until_signalled
+from promshift.local.stack.local import find_free_ports
+from promshift.local.stack.rule_namespaces import RuleNamespaces, override_status
+from promshift.local.stack.scrapers import (
     DEFAULT_SCRAPER_CONFIGURATION,
     ScraperConflict,
     ScraperNotFound,
@@ -467,7 +467,7 @@ class ControlPlaneServer(SigV4Server):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m promshift.stack.controlplane``."""
+    """``python -m promshift.local.stack.controlplane``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--moto-url", required=True)

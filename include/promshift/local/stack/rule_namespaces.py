@@ -1,6 +1,6 @@
 """The local AMP's rule evaluation: each rule-groups namespace as a rule file of the target Prometheus.
 
-The control plane (``promshift.stack.controlplane``) calls :class:`RuleNamespaces` after moto took a
+The control plane (``promshift.local.stack.controlplane``) calls :class:`RuleNamespaces` after moto took a
 CreateRuleGroupsNamespace, PutRuleGroupsNamespace or DeleteRuleGroupsNamespace:
 
 - create/put: the namespace's YAML (the request's base64 ``data``, decoded) is checked with

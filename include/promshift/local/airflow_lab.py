@@ -3,9 +3,9 @@
 ``executor="local"``: ``airflow standalone`` (SQLite, LocalExecutor). ``executor="celery"``: Airflow's
 components as separate processes — api-server, scheduler, dag-processor, triggerer and Celery workers
 (``airflow celery worker``, one task at a time each) — on PostgreSQL with Redis as the broker
-(``promshift.local_celery``); each worker has a ``PROMSHIFT_HOME`` of its own, so nothing may rely on
+(``promshift.local.celery_lab``); each worker has a ``PROMSHIFT_HOME`` of its own, so nothing may rely on
 one worker's disk. Either way every process is in one process group, which ``stop`` (and
-``promshift stack down``, through the pid file) ends as a whole.
+``python -m promshift.local stack down``, through the pid file) ends as a whole.
 
 Used by ``make demo`` and the end-to-end tests. Users come from the Simple auth manager
 with passwords we generate; approvals go through the same REST endpoint the UI uses.
@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
-from promshift.settings import REPO_ROOT
+from promshift.adapters.settings import REPO_ROOT
 
 if TYPE_CHECKING:
-    from promshift.local_celery import CeleryServices
+    from promshift.local.celery_lab import CeleryServices
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class LocalAirflow:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     # Celery mode: environment only some components get (by component name), over ``extra_env``.
     component_env: dict[str, dict[str, str]] = field(default_factory=dict)
-    # Where the process group's leader pid is written, so ``promshift stack down`` can stop an Airflow left running.
+    # Where the process group leader's pid is written, so `python -m promshift.local stack down` can stop it.
     pid_file: Path | None = None
     _tokens: dict[str, str] = field(default_factory=dict, repr=False)
     # On a loaded machine the API server can miss a deadline now and then: a token request or a
@@ -118,8 +118,8 @@ class LocalAirflow:
         return env
 
     def _celery_env(self, component: str | None) -> dict[str, str]:
-        from promshift.orchestration.demo_policy import SHARD_QUEUES_ENV
-        from promshift.orchestration.worker_name import HOSTNAME_CALLABLE, WORKER_NAME_ENV
+        from promshift.local.demo_policy import SHARD_QUEUES_ENV
+        from promshift.local.worker_name import HOSTNAME_CALLABLE, WORKER_NAME_ENV
 
         celery = self._celery
         env = {
@@ -135,7 +135,7 @@ class LocalAirflow:
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": celery.queue,
             "AIRFLOW__API__WORKERS": "1",
-            # Mapped parity shard i runs on worker i % n (promshift.orchestration.demo_policy).
+            # Mapped parity shard i runs on worker i % n (promshift.local.demo_policy).
             SHARD_QUEUES_ENV: ",".join(celery.worker_queues()),
         }
         if component is not None:
@@ -165,7 +165,7 @@ class LocalAirflow:
 
     @cached_property
     def _log_ports(self) -> tuple[int, int]:
-        from promshift.stack.local import find_free_ports
+        from promshift.local.stack.local import find_free_ports
 
         worker, trigger = find_free_ports(2)
         return worker, trigger
@@ -228,7 +228,7 @@ class LocalAirflow:
         return proc
 
     def _start_celery(self, deadline: float) -> None:
-        from promshift.orchestration.demo_policy import LOCAL_SETTINGS
+        from promshift.local.demo_policy import LOCAL_SETTINGS
 
         celery = self._celery
         # The demo's cluster policy (parity shards pinned to workers, round robin), read by every component.

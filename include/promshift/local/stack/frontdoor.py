@@ -1,9 +1,9 @@
 """The local AMP front door: a workspace's query and remote-write API, SigV4-checked, over the target Prometheus.
 
-``python -m promshift.stack.frontdoor --port P --target-url URL --region R --workspace-id ws-...``
+``python -m promshift.local.stack.frontdoor --port P --target-url URL --region R --workspace-id ws-...``
 serves ``/workspaces/<ws-id>/api/v1/{query,query_range,series,labels,label/<name>/values,remote_write}``
 (GET and POST, as AMP does) and ``/workspaces/<ws-id>/api/v1/{rules,alerts}`` (GET: what the workspace's
-rule-groups namespaces evaluate, see ``promshift.stack.rule_namespaces``) on 127.0.0.1:P. Every
+rule-groups namespaces evaluate, see ``promshift.local.stack.rule_namespaces``) on 127.0.0.1:P. Every
 request's signature is recomputed with botocore (service ``aps``, region R) from the pair in the
 process's ``AWS_*`` environment; a refused one gets HTTP 403 and an AMP-style ``{"message": ...}``
 body. Verified requests are forwarded to the target Prometheus (``remote_write`` becomes its
@@ -24,7 +24,7 @@ import sys
 import threading
 from pathlib import Path
 
-from promshift.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
+from promshift.local.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def run_until_signalled(server: SigV4Server) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m promshift.stack.frontdoor``."""
+    """``python -m promshift.local.stack.frontdoor``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--target-url", required=True, help="base URL of the target Prometheus's API")

@@ -1,9 +1,9 @@
 """The local stack's target-bound path: dual-write a group without Airflow, and plant drift on it.
 
-``promshift stack dual-write GROUP`` adds the group's own ``remote_write`` entry to the local
+``python -m promshift.local stack dual-write GROUP`` adds the group's own ``remote_write`` entry to the local
 source's config through the same render + deployer path a migration uses (promtool check,
 write, reload, verified in ``/api/v1/status/config``), then waits until the target holds the
-group's series. ``promshift stack drift GROUP --rename-label FROM=TO --hosts REGEX`` is fault
+group's series. ``python -m promshift.local stack drift GROUP --rename-label FROM=TO --hosts REGEX`` is fault
 injection: it adds ``write_relabel_configs`` rules to that entry which, for the hosts matching
 REGEX, copy label FROM into TO and drop FROM, as a fleet that half-upgraded dcgm-exporter would
 look on the target. That edits a live entry (its queue restarts), which promshift itself never
@@ -32,7 +32,7 @@ from promshift.core.render import (
     remote_write_name,
     replace_remote_write,
 )
-from promshift.stack.local import SOURCE, TARGET, LocalStack
+from promshift.local.stack.local import SOURCE, TARGET, LocalStack
 
 # The catalog's RE2 helpers: compile without RE2 logging to stderr, and RE2's complaint in words.
 _LABEL_NAME = _compile_re2(LABEL_NAME_PATTERN)
@@ -101,7 +101,7 @@ def require_up(stack: LocalStack) -> None:
     down = [name for name in (SOURCE, TARGET) if not (status[name]["alive"] and status[name]["healthy"])]
     if down:
         raise RemoteWriteError(f"the local stack at {stack.home} is not up ({', '.join(down)} down); "
-                               f"run `promshift stack up` first")
+                               f"run `python -m promshift.local stack up` first")
 
 
 def _entries(config_text: str | bytes) -> dict[str, dict[str, Any]]:

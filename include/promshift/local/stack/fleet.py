@@ -7,7 +7,7 @@ agree, a replay of the same instant gives the same numbers, and a parity check c
 predict what the source should hold. Counters are closed-form integrals of the
 gauges they accumulate, so they never decrease as ``t`` grows.
 
-Run it with ``python -m promshift.stack.fleet --nodes N --port P``; it serves
+Run it with ``python -m promshift.local.stack.fleet --nodes N --port P``; it serves
 ``GET /nodes/<hostname>/metrics`` and ``GET /healthz`` on 127.0.0.1.
 """
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from promshift.adapters.settings import dcgm_counters
 from promshift.core.dcgm import DcgmCounter as CounterSpec
-from promshift.settings import dcgm_counters
 
 logger = logging.getLogger(__name__)
 
@@ -419,7 +419,7 @@ class FleetServer(ThreadingHTTPServer):
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve a simulated fleet until interrupted or terminated."""
     parser = argparse.ArgumentParser(
-        prog="python -m promshift.stack.fleet", description=__doc__.split("\n")[0]
+        prog="python -m promshift.local.stack.fleet", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--nodes", type=int, required=True, help="number of nodes (8 GPUs each)")
     parser.add_argument("--port", type=int, default=9400)

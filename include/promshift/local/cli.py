@@ -1,4 +1,5 @@
-"""``promshift stack up|down|status|dual-write|drift``: the local fleet, source/target and (``--target amp``) AWS."""
+"""``python -m promshift.local stack up|down|status|dual-write|drift``: the local fleet, source/target and
+(``--target amp``) AWS; with the production commands beside them (``audit``, ``check``, ``catalog``, ``render``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from promshift.adapters.prometheus import PrometheusError
 from promshift.core.render import RenderError
-from promshift.stack.local import LocalStack, StackConfig, StackError
+from promshift.local.stack.local import LocalStack, StackConfig, StackError
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +87,10 @@ def add_remote_write_commands(commands: argparse._SubParsersAction[argparse.Argu
 
 def _remote_write_command(args: argparse.Namespace, run: Callable[[Any], Any]) -> int:
     """Load the group, check the stack is up, run; one-line errors on stderr (2: bad input, 1: failed)."""
-    from promshift.settings import default_profile, load_catalog
-    from promshift.stack.remote_write import BadInput, LocalRemoteWrite, RemoteWriteError, require_up
+    from promshift.adapters.settings import default_profile, load_catalog
+    from promshift.local.stack.remote_write import BadInput, LocalRemoteWrite, RemoteWriteError, require_up
 
-    command = f"promshift stack {args.stack_command}"
+    command = f"python -m promshift.local stack {args.stack_command}"
     try:
         group = load_catalog(args.catalog, profile=args.profile or default_profile()).get(args.group)
     except KeyError as exc:
@@ -119,12 +120,12 @@ def stack_dual_write(args: argparse.Namespace) -> int:
 
 def stack_drift(args: argparse.Namespace) -> int:
     """Handle ``stack drift GROUP --rename-label FROM=TO --hosts REGEX``."""
-    from promshift.stack.remote_write import BadInput, LabelRename
+    from promshift.local.stack.remote_write import BadInput, LabelRename
 
     try:
         rename = LabelRename.parse(args.rename_label, args.hosts)
     except BadInput as exc:
-        print(f"promshift stack drift: {exc}", file=sys.stderr)
+        print(f"python -m promshift.local stack drift: {exc}", file=sys.stderr)
         return 2
     return _remote_write_command(args, lambda path: path.plant(rename))
 
@@ -190,3 +191,11 @@ def format_status(report: dict[str, dict[str, Any]]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
         for row in rows
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The lab's command: the production ``promshift`` command plus ``stack``."""
+    from promshift.cli import build_parser
+    from promshift.cli import main as promshift_main
+
+    return promshift_main(argv, parser=build_parser(add_stack_commands, prog="python -m promshift.local"))

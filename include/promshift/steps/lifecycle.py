@@ -27,7 +27,7 @@ from promshift.core.render import remote_write_name
 from promshift.core.stages import BAKE_WATCHED, Stage
 from promshift.core.verdicts import Verdict
 from promshift.core.warmup import parse_remote_write_lag
-from promshift.migration import GroupMigration, one_line
+from promshift.steps.migration import GroupMigration, one_line
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def moved_rules(migration: GroupMigration) -> tuple[list[MovedRule], datetime] |
     when no rules of the group are on the target (none moved, or a ``rules_restored`` took them back since).
 
     Raises ValueError when a handoff moved rules but its event names none (the bake cannot check them)."""
-    from promshift.moves import RULES_MOVED, RULES_RESTORED
+    from promshift.steps.moves import RULES_MOVED, RULES_RESTORED
 
     events = migration.audit.events(group=migration.group.name)
     moved = [i for i, e in enumerate(events) if e.kind == RULES_MOVED]
@@ -160,7 +160,7 @@ class GroupLifecycle:
 
     def _short_parity(self, window_start: float, now: float) -> tuple[Verdict, str]:
         from promshift.adapters.parity_check import ParityCheck
-        from promshift.deploy_path import group_for_deploy
+        from promshift.core.deploy_kinds import group_for_deploy
 
         b = self.migration.backends
         result = ParityCheck(group_for_deploy(self.group, self.deploy_kind), b.source, b.target,
@@ -279,7 +279,7 @@ class Decommission:
 
     def measure(self, now: datetime) -> dict[str, Any]:
         """What the drop will free on the source: the group's series per job and the samples/s they add."""
-        from promshift.migration import scrape_interval_s
+        from promshift.steps.migration import scrape_interval_s
 
         src, selector = self.migration.backends.source, self.migration.group.selector()
         by_job = {series.labels.get("job", ""): int(series.points[0][1])

@@ -22,7 +22,7 @@ from promshift.core.cost import AmpPrices
 from promshift.core.dcgm import DcgmCounter, metrics
 from promshift.data import load_dcgm_counters
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 AUDIT_KEY_FILE_NAME = "audit.key"
 
 log = logging.getLogger(__name__)

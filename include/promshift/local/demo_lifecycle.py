@@ -33,12 +33,12 @@ from typing import Any
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.core.catalog import MetricGroup
+from promshift.core.deploy_kinds import SCRAPER
 from promshift.core.stages import Stage
-from promshift.deploy_path import SCRAPER
-from promshift.lifecycle import BAKE_CHECK
-from promshift.stack.scrapers import collector_processes
+from promshift.local.stack.scrapers import collector_processes
+from promshift.steps.lifecycle import BAKE_CHECK
 
-log = logging.getLogger("promshift.demo")
+log = logging.getLogger("promshift.local.demo")
 
 LIFECYCLE_SCENARIOS = ("lifecycle", "bake-fail")
 LIFECYCLE_GROUP = "gpu-memory"

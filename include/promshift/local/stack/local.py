@@ -3,31 +3,31 @@
 ``LocalStack.up()`` starts (or reuses) three long-lived processes, each in its own
 session so they outlive the command that started them:
 
-- ``fleet``: ``python -m promshift.stack.fleet`` (one scrape target per node);
+- ``fleet``: ``python -m promshift.local.stack.fleet`` (one scrape target per node);
 - ``source``: the self-hosted Prometheus scraping the fleet through file_sd;
 - ``target``: a second Prometheus with the remote-write receiver under a
   workspace-like route prefix, standing in for the AMP workspace;
-- ``mail``: an SMTP sink (``promshift.stack.smtp_sink``) that keeps every message under
+- ``mail``: an SMTP sink (``promshift.local.stack.smtp_sink``) that keeps every message under
   ``mail/`` and delivers nothing: the mail relay the notifications' ``smtp_default`` names
   (``LocalStack.smtp_connection_env()``). Its port is ``PROMSHIFT_SMTP_PORT``, or by default
   any free one, recorded in ``mail/sink.json``.
 
-With ``target_kind="amp"`` (``promshift stack up --target amp``) four more make a local AWS
-that checks the SigV4 signature of everything it receives (see ``promshift.stack.sigv4``):
+With ``target_kind="amp"`` (``python -m promshift.local stack up --target amp``) four more make a local AWS
+that checks the SigV4 signature of everything it receives (see ``promshift.local.stack.sigv4``):
 
 - ``moto``: moto's server (in memory) holding the AMP workspaces;
-- ``aws``: the control plane boto3's ``amp`` client talks to (``promshift.stack.controlplane``); the
+- ``aws``: the control plane boto3's ``amp`` client talks to (``promshift.local.stack.controlplane``); the
   workspace's rule-groups namespaces become the target's rule files (``target/amp-rules/``, named by the
   target config's ``rule_files``) and the target evaluates them;
-- ``frontdoor``: the workspace's query, remote-write and rules API over the target (``promshift.stack.frontdoor``);
+- ``frontdoor``: the workspace's query, remote-write and rules API over the target (``local.stack.frontdoor``);
 - ``relay``: Debian's ``vmagent``, which SigV4-signs what the source remote-writes to it and
   forwards it to the front door (Debian's Prometheus 2.42 accepts a ``sigv4:`` block but
-  sends unsigned: measured, see ``promshift.stack.frontdoor.DEBIAN_PROMETHEUS_SIGV4``).
+  sends unsigned: measured, see ``promshift.local.stack.frontdoor.DEBIAN_PROMETHEUS_SIGV4``).
 
-With ``kubernetes=True`` (``promshift stack up --k8s``; the demo's ``DEPLOY=k8s-cr``) one more, started
+With ``kubernetes=True`` (``python -m promshift.local stack up --k8s``; the demo's ``DEPLOY=k8s-cr``) one more, started
 once the source is up:
 
-- ``k8s``: ``python -m promshift.stack.k8s_api``, the Kubernetes API contract server with the
+- ``k8s``: ``python -m promshift.local.stack.k8s_api``, the Kubernetes API contract server with the
   prometheus-operator stand-in (not a cluster). It holds the ``Prometheus`` resource
   ``monitoring/k8s`` whose ``spec.remoteWrite`` is the source's ``remote_write`` when it starts, and
   renders it onto the source's own ``prometheus.yml`` (the base: its scrape configs stay) and reloads
@@ -71,11 +71,11 @@ from botocore.config import Config as BotocoreConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 import promshift
-from promshift.stack.fleet import FleetSpec, write_file_sd
-from promshift.stack.prometheus import PROMETHEUS_BIN, PROMTOOL_BIN, prometheus_argv, prometheus_installed
-from promshift.stack.sigv4 import AwsCredentials, make_up_credentials, sign_request
-from promshift.stack.smtp_sink import answers as smtp_answers
-from promshift.stack.smtp_sink import read_mail, sink_address
+from promshift.local.stack.fleet import FleetSpec, write_file_sd
+from promshift.local.stack.prometheus import PROMETHEUS_BIN, PROMTOOL_BIN, prometheus_argv, prometheus_installed
+from promshift.local.stack.sigv4 import AwsCredentials, make_up_credentials, sign_request
+from promshift.local.stack.smtp_sink import answers as smtp_answers
+from promshift.local.stack.smtp_sink import read_mail, sink_address
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ MOTO, AWS, FRONTDOOR, RELAY = "moto", "aws", "frontdoor", "relay"
 # Start order: the fleet before the source that scrapes it, the target before the source that
 # may remote-write to it. Stop order is the reverse, so the source can flush its queues.
 COMPONENTS = (FLEET, MAIL, TARGET, SOURCE)
-# The demo's Airflow (``promshift.local_airflow``: ``airflow standalone``, or the celery executor's api-server,
+# The demo's Airflow (``promshift.local.airflow_lab``: ``airflow standalone``, or the celery executor's api-server,
 # scheduler, dag-processor, triggerer and workers, all in one process group) records its process group here, so
 # ``stack down`` stops it with the rest; a recycled pid is signalled only if a member of that group runs Airflow.
 AIRFLOW, AIRFLOW_MARKER = "airflow", "airflow"
@@ -462,7 +462,7 @@ class LocalStack:
         """
         port = self.smtp_port
         if not port or not smtp_answers("127.0.0.1", port):
-            raise StackError("the SMTP sink is not running: run `promshift stack up`")
+            raise StackError("the SMTP sink is not running: run `python -m promshift.local stack up`")
         conn = {"conn_type": "smtp", "host": "127.0.0.1", "port": port,
                 "extra": {"from_email": "promshift@localhost", "disable_ssl": True, "disable_tls": True,
                           "timeout": 10, "retry_limit": 1}}
@@ -513,7 +513,8 @@ class LocalStack:
     def prometheus_cr(self) -> dict[str, Any]:
         """The ``Prometheus`` resource as the contract server holds it now."""
         if not self.kubernetes_address():
-            raise StackError("the Kubernetes contract server is not running: run `promshift stack up --k8s`")
+            raise StackError("the Kubernetes contract server is not running: "
+                             "run `python -m promshift.local stack up --k8s`")
         response = self._http.get(self.prometheus_cr_url, timeout=10)
         response.raise_for_status()
         return dict(response.json())
@@ -521,7 +522,8 @@ class LocalStack:
     def kubernetes_source_extra(self, timeout_s: float = 120.0) -> dict[str, Any]:
         """The source connection's ``extra.kubernetes`` for the ``Prometheus`` resource (``extra.deploy: k8s-cr``)."""
         if not self.kubernetes_address():
-            raise StackError("the Kubernetes contract server is not running: run `promshift stack up --k8s`")
+            raise StackError("the Kubernetes contract server is not running: "
+                             "run `python -m promshift.local stack up --k8s`")
         return {"namespace": K8S_NAMESPACE, "name": K8S_NAME, "config_file": str(self.kubeconfig_path),
                 "timeout_s": timeout_s}
 
@@ -567,7 +569,7 @@ class LocalStack:
         """The workspace's ``prometheusEndpoint`` as DescribeWorkspace answers it (ends with ``/``)."""
         workspace = workspace_id or self.workspace_id
         if not workspace:
-            raise StackError("no local AMP workspace yet: run `promshift stack up --target amp`")
+            raise StackError("no local AMP workspace yet: run `python -m promshift.local stack up --target amp`")
         return f"{self.frontdoor_url}/workspaces/{workspace}/"
 
     def aws_credentials(self) -> AwsCredentials:
@@ -630,7 +632,7 @@ class LocalStack:
         """The ``extra`` of the Airflow ``amp`` connection for this stack (see AMP_CONTRACT): no credentials."""
         workspace = self.workspace_id
         if not workspace:
-            raise StackError("no local AMP workspace yet: run `promshift stack up --target amp`")
+            raise StackError("no local AMP workspace yet: run `python -m promshift.local stack up --target amp`")
         return {
             "region_name": self.config.region,
             "workspace_id": workspace,
@@ -651,7 +653,7 @@ class LocalStack:
         so what the quota pre-flight reads is known. Returns ``{"active_series": N}``."""
         workspace = self.workspace_id
         if not workspace:
-            raise StackError("no local AMP workspace yet: run `promshift stack up --target amp`")
+            raise StackError("no local AMP workspace yet: run `python -m promshift.local stack up --target amp`")
         pair = self.aws_credentials()
         url = requests.Request("GET", self.prometheus_endpoint(workspace) + "api/v1/query",
                                params={"query": 'count({__name__=~".+"})'}).prepare().url
@@ -685,7 +687,7 @@ class LocalStack:
         or report a workspace status (``{"ws-...": "CREATING"}``), and shift the control plane's and the front
         door's clocks by ``clock_skew_s`` (over 300 s: every signature is refused). ``scraper`` sets how local
         scrapers move (``{"fail_update": "reason", "stuck": True, "delay_s": 1, ...}``, see
-        ``promshift.stack.scrapers``), ``aps_quotas`` the Service Quotas values
+        ``promshift.local.stack.scrapers``), ``aps_quotas`` the Service Quotas values
         (``{"active_series": N, "ingestion_rate": N}``). No arguments: clear them all."""
         path = self.amp_dir / "faults.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -734,7 +736,7 @@ class LocalStack:
         fleet_argv = (
             sys.executable,
             "-m",
-            "promshift.stack.fleet",
+            "promshift.local.stack.fleet",
             "--nodes",
             str(cfg.nodes),
             "--port",
@@ -763,19 +765,19 @@ class LocalStack:
             f"--web.external-url={self.target_url}",
             binary=cfg.prometheus_bin,
         )
-        mail_argv = (sys.executable, "-m", "promshift.stack.smtp_sink", "--dir", str(self.mail_dir),
+        mail_argv = (sys.executable, "-m", "promshift.local.stack.smtp_sink", "--dir", str(self.mail_dir),
                      "--port", str(cfg.smtp_port))
         smtp_url = f"smtp://127.0.0.1:{self.smtp_port}"
         components = {
             MAIL: _Component(MAIL, cfg.smtp_port, mail_argv, smtp_url, smtp_url,
-                             f"promshift.stack.smtp_sink --dir {self.mail_dir}", "PROMSHIFT_SMTP_PORT"),
+                             f"promshift.local.stack.smtp_sink --dir {self.mail_dir}", "PROMSHIFT_SMTP_PORT"),
             FLEET: _Component(
                 FLEET,
                 cfg.fleet_port,
                 fleet_argv,
                 self.fleet_url,
                 f"{self.fleet_url}/healthz",
-                "promshift.stack.fleet",
+                "promshift.local.stack.fleet",
                 "PROMSHIFT_FLEET_PORT",
             ),
             TARGET: _Component(
@@ -798,11 +800,11 @@ class LocalStack:
             ),
         }
         components.update(self._amp_components(workspace_id or self.workspace_id or "ws-none", fingerprint))
-        k8s_argv = (sys.executable, "-m", "promshift.stack.k8s_api", "--state-dir", str(self.kubernetes_dir),
+        k8s_argv = (sys.executable, "-m", "promshift.local.stack.k8s_api", "--state-dir", str(self.kubernetes_dir),
                     "--port", str(cfg.k8s_port), "--config", str(self.source_config_path),
                     "--prometheus", self.source_url, "--namespace", K8S_NAMESPACE, "--name", K8S_NAME)
         components[K8S] = _Component(K8S, cfg.k8s_port, k8s_argv, self.kubernetes_url, self.prometheus_cr_url,
-                                     f"promshift.stack.k8s_api --state-dir {self.kubernetes_dir}",
+                                     f"promshift.local.stack.k8s_api --state-dir {self.kubernetes_dir}",
                                      "PROMSHIFT_K8S_PORT")
         return components
 
@@ -811,7 +813,7 @@ class LocalStack:
         state_dir = f"--state-dir={self.amp_dir}"
         moto_argv = (sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(cfg.moto_port))
         aws_argv = (
-            sys.executable, "-m", "promshift.stack.controlplane", state_dir,
+            sys.executable, "-m", "promshift.local.stack.controlplane", state_dir,
             "--port", str(cfg.aws_port), "--moto-url", self.moto_url, "--frontdoor-url", self.frontdoor_url,
             "--region", cfg.region, f"--credentials-fingerprint={fingerprint}",
             f"--targets-file={self.file_sd_path}", f"--vmagent-bin={cfg.vmagent_bin}",
@@ -819,7 +821,7 @@ class LocalStack:
             f"--promtool={PROMTOOL_BIN}",
         )
         frontdoor_argv = (
-            sys.executable, "-m", "promshift.stack.frontdoor", state_dir,
+            sys.executable, "-m", "promshift.local.stack.frontdoor", state_dir,
             "--port", str(cfg.frontdoor_port), "--target-url", self.target_url, "--region", cfg.region,
             "--workspace-id", workspace_id, f"--credentials-fingerprint={fingerprint}",
         )
@@ -841,9 +843,9 @@ class LocalStack:
             MOTO: _Component(MOTO, cfg.moto_port, moto_argv, self.moto_url, f"{self.moto_url}/moto-api/data.json",
                              f"moto.server -H 127.0.0.1 -p {cfg.moto_port}", "PROMSHIFT_MOTO_PORT"),
             AWS: _Component(AWS, cfg.aws_port, aws_argv, self.aws_url, f"{self.aws_url}/-/healthy",
-                            f"promshift.stack.controlplane {state_dir}", "PROMSHIFT_AWS_PORT"),
+                            f"promshift.local.stack.controlplane {state_dir}", "PROMSHIFT_AWS_PORT"),
             FRONTDOOR: _Component(FRONTDOOR, cfg.frontdoor_port, frontdoor_argv, self.frontdoor_url,
-                                  f"{self.frontdoor_url}/-/healthy", f"promshift.stack.frontdoor {state_dir}",
+                                  f"{self.frontdoor_url}/-/healthy", f"promshift.local.stack.frontdoor {state_dir}",
                                   "PROMSHIFT_FRONTDOOR_PORT"),
             RELAY: _Component(RELAY, cfg.relay_port, relay_argv, self.relay_remote_write_url,
                               f"http://127.0.0.1:{cfg.relay_port}/health", f"-remoteWrite.tmpDataPath={relay_data}",
@@ -1100,7 +1102,7 @@ class LocalStack:
             (self.kubernetes_dir / "api.json").unlink(missing_ok=True)  # likewise for the contract server's
         env = dict(os.environ)
         package_root = str(Path(promshift.__file__).resolve().parent.parent)
-        # The fleet runs as `python -m promshift.stack.fleet`: make sure it imports this very package.
+        # The fleet runs as `python -m promshift.local.stack.fleet`: make sure it imports this very package.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         if component.name in (AWS, FRONTDOOR, RELAY, SOURCE):
@@ -1177,7 +1179,7 @@ class LocalStack:
             time.sleep(0.5)
 
     def _down(self, timeout: float) -> None:
-        # Airflow first (a demo leaves it running, see ``promshift.local_airflow``): its tasks talk to the rest.
+        # Airflow first (a demo leaves it running, see ``promshift.local.airflow_lab``): its tasks talk to the rest.
         airflow = self._read_pid(AIRFLOW)
         if airflow is not None and _airflow_group_alive(airflow):
             logger.info("stopping airflow (process group %s)", airflow)
@@ -1230,7 +1232,7 @@ class LocalStack:
         }
         target: dict[str, Any] = {"global": {"evaluation_interval": "1m"}, "scrape_configs": []}
         amp = cfg.target_kind == "amp"
-        if amp:  # the control plane writes each rule-groups namespace there (promshift.stack.rule_namespaces)
+        if amp:  # the control plane writes each rule-groups namespace there (promshift.local.stack.rule_namespaces)
             target["rule_files"] = [AMP_RULE_FILES]
         self._write_once(
             self.source_config_path,
@@ -1254,7 +1256,7 @@ class LocalStack:
         if not self.source_rules_path.exists():
             self.source_rules_path.parent.mkdir(parents=True, exist_ok=True)
             self.source_rules_path.write_text(SOURCE_RULES, encoding="utf-8")
-        from promshift.settings import REPO_ROOT
+        from promshift.adapters.settings import REPO_ROOT
 
         dashboard = REPO_ROOT / "catalog" / "dashboards" / "dcgm-exporter-dashboard.json"
         if dashboard.is_file() and not (self.dashboards_dir / dashboard.name).exists():

@@ -28,7 +28,7 @@ from promshift.adapters.blobs import Blobs
 from promshift.adapters.snapshot_store import snapshot_key
 from promshift.core.audit import AuditEvent
 from promshift.core.rules import RuleKind
-from promshift.migration import GroupMigration
+from promshift.steps.migration import GroupMigration
 
 RULES_SNAPSHOT = "rules_snapshot"
 RULES_RECORDS_ADDED = "rules_records_added"
@@ -45,7 +45,7 @@ MOVE_FAILED = {"rules": "rules_move_failed", "read_path": "read_path_switch_fail
 def record_move_failure(migration: GroupMigration, what: str, step: str, exc: BaseException,
                         now: datetime) -> str:
     """Record ``<what>_move_failed`` / ``read_path_switch_failed`` for ``step``; returns the one-line reason."""
-    from promshift.migration import one_line
+    from promshift.steps.migration import one_line
 
     reason = f"{what.replace('_', ' ')} {step} failed: {type(exc).__name__}: {one_line(exc)}"
     migration.record(MOVE_FAILED[what], now, {"step": step, "reason": reason,
@@ -55,7 +55,7 @@ def record_move_failure(migration: GroupMigration, what: str, step: str, exc: Ba
 
 def move_failure_reason(migration: GroupMigration) -> str | None:
     """The reason of this run's last step when it is a failed move of rules or dashboards, else None."""
-    from promshift.migration import steps_of
+    from promshift.steps.migration import steps_of
 
     mine = steps_of(migration.audit.events(group=migration.group.name, run_id=migration.run_id))
     if mine and mine[-1].kind in MOVE_FAILED.values():
@@ -117,7 +117,7 @@ class RulesStep:
 
     def _load(self, event: AuditEvent) -> Any:
         from promshift.adapters.rules_deploy import RulesSnapshot
-        from promshift.migration import SnapshotError
+        from promshift.steps.migration import SnapshotError
 
         data = self.blobs.get(str(event.evidence_data["ref"]))
         if _sha256(data) != event.evidence_data.get("sha256"):

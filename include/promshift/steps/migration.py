@@ -455,7 +455,7 @@ class GroupMigration:
         Samples per query are the target's own count (``stats=all``) for the longest window
         measured; without it they are estimated from series x window / scrape interval.
         """
-        from promshift.settings import amp_prices
+        from promshift.adapters.settings import amp_prices
 
         policy = self.group.latency
         series = int(self.backends.source.scalar(f"count({self.group.selector()})") or 0)

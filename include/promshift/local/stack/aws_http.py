@@ -1,7 +1,7 @@
 """What the local front door and the local control plane share: SigV4 checks, counters, AWS-style answers.
 
 Both are small ``ThreadingHTTPServer`` s on 127.0.0.1 that check every request's SigV4
-signature with :func:`promshift.stack.sigv4.verify_request` against the one credential pair
+signature with :func:`promshift.local.stack.sigv4.verify_request` against the one credential pair
 they were started with (from the standard ``AWS_*`` environment variables of their process),
 count what they verified and refused, and serve two unsigned local-only paths:
 ``GET /-/healthy`` and ``GET /-/sigv4-stats``.
@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import urllib3
 
-from promshift.stack.sigv4 import SERVICE, AwsCredentials, Verdict, verify_request
+from promshift.local.stack.sigv4 import SERVICE, AwsCredentials, Verdict, verify_request
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Any
 SHARD_QUEUES_ENV = "PROMSHIFT_SHARD_QUEUES"
 SHARDED_TASK = "parity_samples"
 LOCAL_SETTINGS = (
-    '"""Written by promshift.local_airflow for the local celery demo: pins parity shards to workers."""\n'
-    "from promshift.orchestration.demo_policy import task_instance_mutation_hook  # noqa: F401\n"
+    '"""Written by promshift.local.airflow_lab for the local celery demo: pins parity shards to workers."""\n'
+    "from promshift.local.demo_policy import task_instance_mutation_hook  # noqa: F401\n"
 )
 
 

@@ -44,7 +44,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
-from promshift.stack.contract_http import ContractHandler, ContractServer
+from promshift.local.stack.contract_http import ContractHandler, ContractServer
 
 log = logging.getLogger(__name__)
 

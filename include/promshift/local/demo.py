@@ -5,7 +5,7 @@ over Airflow's REST API, cutover. Scenario ``drift``: during dual-write the targ
 hosts' series (deleted on the target server), parity fails and the run rolls back.
 
 ``--target amp``: the target is an AMP workspace of the local AWS (moto control plane, SigV4-checking
-front door, vmagent signing relay; ``promshift stack up --target amp``). Airflow's ``amp``
+front door, vmagent signing relay; ``python -m promshift.local stack up --target amp``). Airflow's ``amp``
 connection names the workspace and carries no credentials: Airflow gets the pair through
 ``AWS_*`` environment variables only. Scenario ``bad-credentials`` (AMP only): Airflow signs
 with a secret the local AWS does not accept, so the run must stop at ``validate`` with nothing
@@ -49,9 +49,11 @@ from urllib.parse import quote
 from promshift.adapters.audit_anchor import anchor_for
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
 from promshift.board import URL_PREFIX as BOARD_PREFIX
 from promshift.core.catalog import MetricGroup
 from promshift.core.cost import CostEvidence
+from promshift.core.deploy_kinds import DEPLOY_KINDS, K8S_CR, REMOTE_WRITE, SCRAPER
 from promshift.core.durations import format_duration, parse_duration
 from promshift.core.executor_report import EXECUTOR_KINDS, executor_block, executor_line
 from promshift.core.latency import WindowLatency
@@ -66,23 +68,21 @@ from promshift.core.report import (
     target_line,
 )
 from promshift.core.stages import Stage
-from promshift.demo_lifecycle import (
+from promshift.local.airflow_lab import APPROVER_USERS, TRIGGER_USER, LocalAirflow
+from promshift.local.celery_lab import DB_ROLES, CeleryServices, ServiceUnavailable, database_name
+from promshift.local.demo_lifecycle import (
     LIFECYCLE_GROUP,
     LIFECYCLE_SCENARIOS,
     follow_lifecycle,
     grafana_connection,
     lifecycle_choices,
 )
-from promshift.deploy_path import DEPLOY_KINDS, K8S_CR, REMOTE_WRITE, SCRAPER
-from promshift.local_airflow import APPROVER_USERS, TRIGGER_USER, LocalAirflow
-from promshift.local_celery import DB_ROLES, CeleryServices, ServiceUnavailable, database_name
+from promshift.local.stack.backfill import backfill_stack, check_history, fleet_metrics
+from promshift.local.stack.local import AIRFLOW, AWS, FRONTDOOR, SOURCE_RETENTION, TARGET_KINDS, LocalStack, StackConfig
+from promshift.local.stack.sigv4 import make_up_credentials
 from promshift.orchestration.report_store import render_report_files
-from promshift.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
-from promshift.stack.backfill import backfill_stack, check_history, fleet_metrics
-from promshift.stack.local import AIRFLOW, AWS, FRONTDOOR, SOURCE_RETENTION, TARGET_KINDS, LocalStack, StackConfig
-from promshift.stack.sigv4 import make_up_credentials
 
-log = logging.getLogger("promshift.demo")
+log = logging.getLogger("promshift.local.demo")
 
 DEMO_PROFILE = "demo"
 DEFAULT_GROUP = "gpu-utilization"
@@ -306,7 +306,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     sample every ``history_interval_s``) and the ``demo-history`` profile is used.
 
     ``executor="celery"``: Airflow's components and two Celery workers as separate processes on the machine's
-    Redis and PostgreSQL (``promshift.local_celery``; refused in one line when either does not answer).
+    Redis and PostgreSQL (``promshift.local.celery_lab``; refused in one line when either does not answer).
     """
     started = time.time()
     if scenario not in SCENARIOS:

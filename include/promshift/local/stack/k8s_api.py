@@ -37,8 +37,8 @@ deployer really has to wait for the reload):
 Tests may change stored objects directly (``edit``), or just before a write is served
 (``before_write``), to play another writer.
 
-``python -m promshift.stack.k8s_api`` runs the server and the operator stand-in as one process: the
-local stack's ``k8s`` component (``promshift stack up --k8s``; ``make demo TARGET=amp DEPLOY=k8s-cr``).
+``python -m promshift.local.stack.k8s_api`` runs the server and the operator stand-in as one process: the
+local stack's ``k8s`` component (``python -m promshift.local stack up --k8s``; ``make demo TARGET=amp DEPLOY=k8s-cr``).
 At start it moves the local source's config under the operator: the file's own text without its
 ``remote_write`` entries becomes the operator's base (scrape configs, globals, comments), the entries
 become the ``Prometheus`` resource's ``spec.remoteWrite`` (in the operator's spelling), so the first
@@ -69,7 +69,7 @@ from kubernetes.client import ApiClient
 
 from promshift.adapters.k8s_deploy import config_remote_write_entry, cr_remote_write_entry
 from promshift.core.render import add_remote_write, remove_remote_write
-from promshift.stack.contract_http import ContractHandler, ContractServer
+from promshift.local.stack.contract_http import ContractHandler, ContractServer
 
 log = logging.getLogger(__name__)
 
@@ -585,7 +585,7 @@ class OperatorStandIn(_FileApplier):
             self.want(self.render(obj))
 
 
-# -- the local stack's component: ``python -m promshift.stack.k8s_api`` --------------------------------------------
+# -- the local stack's component: ``python -m promshift.local.stack.k8s_api`` --------------------------------------
 
 HOST = "127.0.0.1"
 ADDRESS_FILE = "api.json"
@@ -649,7 +649,7 @@ def read_address(state_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m promshift.stack.k8s_api",
+    parser = argparse.ArgumentParser(prog="python -m promshift.local.stack.k8s_api",
                                      description="The local Kubernetes API contract server with the prometheus-"
                                                  "operator stand-in over the local source Prometheus (not a cluster).")
     parser.add_argument("--state-dir", required=True, type=Path, help="where api.json and kubeconfig.json go")

@@ -80,7 +80,7 @@ def _iso(t: float) -> str:
 
 def _load_catalog(path: str | None, profile: str | None) -> tuple[Any, Path]:
     """The catalog and its path; an unreadable or invalid one is an InputError."""
-    from promshift.settings import check_catalog_file, default_catalog_path, default_profile
+    from promshift.adapters.settings import check_catalog_file, default_catalog_path, default_profile
 
     catalog_path = Path(path) if path else default_catalog_path()
     result = check_catalog_file(catalog_path, profile=profile or default_profile())
@@ -209,7 +209,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _catalog_check(args: argparse.Namespace) -> int:
-    from promshift.settings import check_catalog_file, default_catalog_path, default_profile
+    from promshift.adapters.settings import check_catalog_file, default_catalog_path, default_profile
 
     path = Path(args.file) if args.file else default_catalog_path()
     profile = args.profile or default_profile()

@@ -39,8 +39,8 @@ from typing import IO, Any
 
 from promshift.core.dcgm import metrics as exported_metrics
 from promshift.core.durations import parse_duration
-from promshift.stack.fleet import FleetSpec, load_counters, node_values, render_node
-from promshift.stack.local import (
+from promshift.local.stack.fleet import FleetSpec, load_counters, node_values, render_node
+from promshift.local.stack.local import (
     EXTERNAL_LABELS,
     SCRAPE_JOB,
     SOURCE,

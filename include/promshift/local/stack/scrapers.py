@@ -1,6 +1,6 @@
 """The local AMP scraper API's state, and the real collector that runs behind every ACTIVE scraper.
 
-The control plane (``promshift.stack.controlplane``) answers CreateScraper, DescribeScraper,
+The control plane (``promshift.local.stack.controlplane``) answers CreateScraper, DescribeScraper,
 UpdateScraper, DeleteScraper, ListScrapers and GetDefaultScraperConfiguration from a
 ``ScraperRegistry``; the requests and answers are validated against botocore's ``amp`` model there.
 

@@ -1,0 +1,143 @@
+"""Which deploy a run uses, chosen in one place from the connections' extras (pure).
+
+The target connection's ``extra.deploy`` names the deploy: ``remote_write`` (the default: the
+group's own ``remote_write`` entry in the source's config file) or ``scraper`` (AMP's managed
+collector scrapes the group itself).
+
+Where the source Prometheus runs on Kubernetes, the *source* connection's ``extra.deploy`` says how
+its config is changed: ``file`` (the default, ``extra.config_path``), ``k8s-configmap`` (a ConfigMap
+holding ``prometheus.yml``) or ``k8s-cr`` (prometheus-operator's ``Prometheus`` resource), with
+``extra.kubernetes`` naming the object and how to reach the API (``kubernetes_source_of``). The
+group's ``remote_write`` entry is the same; only the deployer differs (``adapters.k8s_deploy``).
+The steps that drive any of them are in ``steps.deploy``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from promshift.core.catalog import MetricGroup
+from promshift.core.deploy import DeployKind
+
+REMOTE_WRITE = "remote_write"
+SCRAPER = "scraper"
+DEPLOY_KINDS = (REMOTE_WRITE, SCRAPER)
+# The source connection's extra.deploy: how the source's own config is changed.
+FILE = DeployKind.FILE.value
+K8S_CONFIGMAP = DeployKind.K8S_CONFIGMAP.value
+K8S_CR = DeployKind.K8S_CR.value
+SOURCE_DEPLOY_KINDS = (FILE, K8S_CONFIGMAP, K8S_CR)
+K8S_KINDS = (K8S_CONFIGMAP, K8S_CR)
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# The scraper blob's interval; the managed collector's documented minimum (core.scraper_config).
+SCRAPER_INTERVAL_S = 30.0
+
+
+
+def deploy_kind_of(extra: Mapping[str, Any], *, conn_id: str, is_amp: bool,
+                   source_extra: Mapping[str, Any] | None = None, source_conn_id: str = "promshift_source") -> str:
+    """The deploy a run uses; one-line errors.
+
+    The target connection's ``extra.deploy`` (default ``remote_write``) first; with ``remote_write``,
+    a source connection whose ``extra.deploy`` is ``k8s-configmap`` or ``k8s-cr`` makes it that
+    (the same entry, written through the Kubernetes API). A managed collector scrapes by itself, so
+    ``scraper`` with a Kubernetes source deploy is refused rather than silently ignoring one of them.
+    """
+    kind = str(extra.get("deploy") or REMOTE_WRITE).strip().lower()
+    if kind not in DEPLOY_KINDS:
+        raise ValueError(f"connection {conn_id!r}: extra.deploy must be one of {', '.join(DEPLOY_KINDS)}, "
+                         f"got {kind!r}")
+    if kind == SCRAPER and not is_amp:
+        raise ValueError(f"connection {conn_id!r}: extra.deploy 'scraper' needs an amp connection "
+                         "(the managed collector writes to an AMP workspace)")
+    source = kubernetes_source_of(source_extra or {}, conn_id=source_conn_id)
+    if source is None:
+        return kind
+    if kind == SCRAPER:
+        raise ValueError(f"connection {conn_id!r} deploys through the managed collector, but connection "
+                         f"{source_conn_id!r} asks for {source.kind}: choose one")
+    return source.kind
+
+
+@dataclass(frozen=True)
+class KubernetesSource:
+    """Where a Kubernetes-run source's config lives and how to reach its API (the source connection's extra).
+
+    ``extra.kubernetes``: ``namespace`` and ``name`` of the ConfigMap or ``Prometheus`` resource;
+    ``key`` (ConfigMap only, default ``prometheus.yml``); how to reach the API, as the cncf-kubernetes
+    provider's ``KubernetesHook`` takes it: ``conn_id`` (a ``kubernetes`` connection) or ``config_file``
+    (+ ``cluster_context``) or ``in_cluster: true``; ``timeout_s``, how long verify waits for the reload.
+    """
+
+    kind: str
+    namespace: str
+    name: str
+    key: str = "prometheus.yml"
+    conn_id: str | None = None
+    config_file: str | None = None
+    cluster_context: str | None = None
+    in_cluster: bool | None = None
+    timeout_s: float = 300.0
+
+
+def kubernetes_source_of(extra: Mapping[str, Any], *, conn_id: str = "promshift_source") -> KubernetesSource | None:
+    """The source connection's ``extra.deploy`` / ``extra.kubernetes``; None for ``file``; one-line errors."""
+    kind = str(extra.get("deploy") or FILE).strip().lower()
+    if kind not in SOURCE_DEPLOY_KINDS:
+        raise ValueError(f"connection {conn_id!r}: extra.deploy must be one of {', '.join(SOURCE_DEPLOY_KINDS)}, "
+                         f"got {kind!r}")
+    if kind == FILE:
+        return None
+    raw = extra.get("kubernetes")
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"connection {conn_id!r}: extra.deploy {kind!r} needs extra.kubernetes: "
+                         "{namespace, name, conn_id | config_file | in_cluster}")
+    namespace, name = str(raw.get("namespace") or ""), str(raw.get("name") or "")
+    if not _DNS_LABEL.match(namespace):
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.namespace must be a DNS label, got {namespace!r}")
+    if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.name must be a DNS subdomain, got {name!r}")
+    unknown = sorted(set(raw) - ({f.name for f in dataclasses.fields(KubernetesSource)} - {"kind"}))
+    if unknown:
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes has unknown keys {unknown}")
+    if "key" in raw and kind != K8S_CONFIGMAP:
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.key applies to a ConfigMap only")
+    try:
+        timeout_s = float(raw.get("timeout_s", 300.0))
+    except (TypeError, ValueError):
+        timeout_s = -1.0
+    if not timeout_s > 0:
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.timeout_s must be a positive number of seconds")
+    in_cluster = raw.get("in_cluster")
+    if in_cluster is not None and not isinstance(in_cluster, bool):
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.in_cluster must be true or false")
+    return KubernetesSource(kind=kind, namespace=namespace, name=name, key=str(raw.get("key") or "prometheus.yml"),
+                            conn_id=raw.get("conn_id") or None, config_file=raw.get("config_file") or None,
+                            cluster_context=raw.get("cluster_context") or None, in_cluster=in_cluster,
+                            timeout_s=timeout_s)
+
+
+# Tolerances of independent_scraper parity when the deploy (not the catalog) chose that mode: two scrapers
+# read a noisy gauge at different instants, so per-step averages differ by the gauge's own noise. dcgm-exporter
+# values move by several percent between scrapes (the simulator's utilisation: +-6 points per second), so
+# 10 % relative, plus 0.05 absolute for values near zero (a 0..1 ratio stays checked). Looser catalog values win.
+INDEPENDENT_ABS_TOLERANCE = 0.05
+INDEPENDENT_REL_TOLERANCE = 0.10
+
+
+def group_for_deploy(group: MetricGroup, kind: str) -> MetricGroup:
+    """The group as its deploy sees it: a managed collector scrapes on its own clock, so its parity is
+    ``independent_scraper`` (``dual_write`` parity needs both sides written by the same Prometheus), with
+    at least the independent tolerances (a catalog written for dual-write holds ~1e-9, meant for identical
+    samples)."""
+    if kind == SCRAPER and group.parity.mode == "dual_write":
+        parity = dataclasses.replace(group.parity, mode="independent_scraper",
+                                     abs_tolerance=max(group.parity.abs_tolerance, INDEPENDENT_ABS_TOLERANCE),
+                                     rel_tolerance=max(group.parity.rel_tolerance, INDEPENDENT_REL_TOLERANCE))
+        return dataclasses.replace(group, parity=parity)
+    return group
