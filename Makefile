@@ -22,7 +22,7 @@ DEPLOY ?=
 EXECUTOR ?= local
 export PROMSHIFT_HOME ?= $(CURDIR)/.state
 
-.PHONY: demo test unit lint stack-up stack-down stack-status requirements prometheus chromium clean
+.PHONY: demo test e2e unit lint stack-up stack-down stack-status requirements prometheus chromium clean
 
 # Debian's prometheus + promtool (the package does not start a service), and vmagent from Debian's
 # victoria-metrics package: the AMP stack's signing relay (Debian's Prometheus does not SigV4-sign).
@@ -49,12 +49,24 @@ venv: $(STAMP)
 demo: prometheus $(STAMP)
 	$(PY) -m promshift.local.demo --scenario $(SCENARIO)$(if $(GROUP), --group $(GROUP))$(if $(TARGET), --target $(TARGET))$(if $(DEPLOY), --deploy $(DEPLOY)) --nodes $(NODES) --executor $(EXECUTOR)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
 
-test: prometheus chromium $(STAMP)
+# The README's test command, about TBD on 2 cores: lint; the unit tier (no process: tests/conftest.py refuses
+# one); then, on two workers, integration against real servers (with the package test) and the e2e spine
+# (the happy path on one Airflow). Each tier prints its 20 slowest tests.
+PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider --durations=20
+UNIT_TIER := not integration and not e2e and not slow
+test: prometheus $(STAMP)
 	$(VENV)/bin/ruff check include dags plugins tests bench
-	$(VENV)/bin/pytest -q
+	$(PYTEST) -m "$(UNIT_TIER)" tests
+	$(PYTEST) -n 2 --dist loadfile -m "(integration and not slow) or spine" tests
 
+# The other end-to-end scenarios (drift, AMP, scraper, k8s-cr, Celery, lifecycle), the board in a browser, and
+# the fault matrix; .ci/run runs it after make test.
+e2e: prometheus chromium $(STAMP)
+	$(PYTEST) -n 2 --dist loadfile -m "(e2e and not spine) or slow" tests
+
+# The unit tier alone: no process, no promtool, no server (about a minute).
 unit: $(STAMP)
-	$(VENV)/bin/pytest -q tests/unit tests/dags
+	$(PYTEST) -m "$(UNIT_TIER)" tests
 
 stack-up: prometheus $(STAMP)
 	$(PY) -m promshift.local stack up --nodes $(NODES)

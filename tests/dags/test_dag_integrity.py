@@ -65,6 +65,7 @@ def test_task_chain_and_rollback_wiring(dagbag) -> None:  # type: ignore[no-unty
     assert {u["id"] for u in approval.assigned_users} == {"oncall-alice", "oncall-bob"}
 
 
+@pytest.mark.integration  # a fresh interpreter
 def test_parse_is_cheap() -> None:
     """The DAG file's own cost, in a fresh interpreter that has imported Airflow as the DAG processor has.
 

@@ -26,6 +26,7 @@ from tests.e2e.conftest import free_port, stop_stack
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.spine  # make test's end-to-end run: one Airflow
 def test_happy_path_with_history_times_production_windows_and_cuts_over(small_stack_env: Path) -> None:
     port = free_port()
     try:

@@ -19,7 +19,8 @@ import pytest
 
 from promshift.local.stack.local import LocalStack, StackConfig
 
-pytestmark = pytest.mark.integration
+# The whole matrix takes ~3 min: make e2e runs it (bench/faults/run.py writes bench/results/faults.json).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MATRIX_PY = Path(__file__).resolve().parents[2] / "bench" / "faults" / "matrix.py"
 

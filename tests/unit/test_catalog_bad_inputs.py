@@ -185,6 +185,7 @@ def ours_accepts(pattern: str) -> bool:
 
 @pytest.mark.parametrize(("pattern", "go_accepts"), GO_DIFFERENCES,
                          ids=[p[:40] if len(p) < 100 else f"nesting-{p[:3]}" for p, _ in GO_DIFFERENCES])
+@pytest.mark.integration  # starts a process
 def test_go_regexp_differences_match_promtool(pattern: str, go_accepts: bool, tmp_path: Path) -> None:
     """Debian's promtool 2.42 compiles relabel regexes with Go's regexp: our verdict must be its verdict."""
     options = re2.Options()

@@ -126,13 +126,14 @@ class ScriptedSource:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
 
 CONFIG = ("global:\n  scrape_interval: 5s  # the fleet's\nscrape_configs:\n  - job_name: fleet\n"
           "    static_configs:\n      - targets: ['127.0.0.1:9400']\n")
 
 
+@pytest.mark.integration  # starts a process
 def test_decommission_then_recommission_on_a_source_that_drops_what_its_config_says(
         tmp_path: Path, audit: AuditStore) -> None:
     import time
@@ -176,6 +177,7 @@ def test_decommission_then_recommission_on_a_source_that_drops_what_its_config_s
         fake.server.server_close()
 
 
+@pytest.mark.integration  # starts a process
 def test_a_full_rollback_by_hand_removes_only_the_groups_own_entry_and_routes_reads_back(
         tmp_path: Path, audit: AuditStore) -> None:
     """After a failed bake (rolled_back_reads): the group's remote_write entry goes by name; an entry another group

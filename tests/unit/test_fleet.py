@@ -215,6 +215,7 @@ def test_xid_errors_do_happen_at_fleet_scale() -> None:
     assert 0 < nonzero < 100
 
 
+@pytest.mark.integration  # starts a process
 def test_exposition_parses_with_promtool(fleet: FleetSpec) -> None:
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed")

@@ -64,7 +64,7 @@ class MetadataPrometheus:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
 
 @pytest.fixture
@@ -141,6 +141,7 @@ def test_the_dcgm_list_is_package_data_outside_the_stack() -> None:
     assert not list((REPO / "include" / "promshift" / "stack").glob("*.csv"))
 
 
+@pytest.mark.integration  # starts a process
 def test_settings_and_the_dag_files_do_not_import_the_local_stack() -> None:
     code = (
         "import glob, runpy, sys\n"

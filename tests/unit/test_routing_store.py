@@ -197,6 +197,7 @@ def expected_groups() -> set[str]:
     return {f"g{i}-{r}" for i in range(PROCESSES) for r in range(ROUNDS)}
 
 
+@pytest.mark.integration  # starts a process
 def test_groups_routed_at_once_by_many_processes_all_keep_their_entry(url: str) -> None:
     store = RoutingStore(url)  # the table exists before the workers start, as after the first run
     store.route("pre-existing", read_from="target", url="http://amp/pre", at=T0, run_id="earlier")
@@ -212,12 +213,14 @@ def test_groups_routed_at_once_by_many_processes_all_keep_their_entry(url: str) 
     assert groups["pre-existing"]["run_id"] == "earlier"
 
 
+@pytest.mark.integration  # starts a process
 def test_workers_that_create_the_table_at_once_all_succeed(url: str) -> None:
     """No table yet: every process creates it on open, at the same time (the first run on a new database)."""
     run_at_once("store", url)
     assert set(RoutingStore(url).load()["groups"]) == expected_groups() | {SHARED}
 
 
+@pytest.mark.integration  # starts a process
 def test_the_old_json_manifest_loses_entries_under_the_same_load(tmp_path: Path) -> None:
     """The bug being fixed, shown: the same 8 processes against routing.json drop groups.
 

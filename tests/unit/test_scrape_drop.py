@@ -78,6 +78,7 @@ def test_what_cannot_be_edited_safely_is_refused(text: str, message: str) -> Non
         add_scrape_drop(text, "fleet", RULE)
 
 
+@pytest.mark.integration  # starts a process
 def test_promtool_accepts_the_edited_config(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool is needed (Debian's prometheus package)"
