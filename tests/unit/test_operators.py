@@ -23,6 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.audit import AuditEvent
+from promshift.core.events import EventKind
 from promshift.core.evidence import evidence_sha256
 from promshift.core.latency import ProbeRun
 from promshift.core.stages import Stage
@@ -34,7 +35,6 @@ from promshift.orchestration.operators import (
     ValidateGroupOperator,
     WarmupOperator,
 )
-from promshift.steps.migration import NOTIFIED
 from tests.fakes import FakeTI
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
@@ -374,7 +374,7 @@ def test_the_audit_key_comes_from_the_airflow_connection_first(
     task(dag, "rollback").execute(make_context({"snapshot": None}))
     # The rollback, its notification (not sent: no SMTP connection here) and its report, all under that key.
     events = audit.events()
-    assert [e.kind for e in events] == ["rollback_not_needed", NOTIFIED, "report_published"]
+    assert [e.kind for e in events] == ["rollback_not_needed", EventKind.NOTIFIED, "report_published"]
     for ev in events:
         assert ev.scheme == HMAC_SHA256_V2
         assert ev.hash_matches(conn_key.encode()) and not ev.hash_matches(audit.key)
@@ -484,7 +484,7 @@ def test_rollback_without_a_snapshot_records_not_needed(dag: Any, audit: AuditSt
     assert result["performed"] is False
     assert result["restored_identical"] is None
     assert result["reason"] == "a step failed before the gate; see that task's log"
-    [ev, published] = [e for e in audit.events(group=GROUP) if e.kind != NOTIFIED]
+    [ev, published] = [e for e in audit.events(group=GROUP) if e.kind != EventKind.NOTIFIED]
     assert ev.kind == "rollback_not_needed"
     assert ev.stage_to is None
     assert ev.evidence_data == result
@@ -678,7 +678,7 @@ def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
         stub.add_client_error("describe_workspace", "UnrecognizedClientException", http_status_code=403)
         result = op.execute(make_context({"snapshot": None}))
     assert result["performed"] is False
-    [ev, _published] = [e for e in audit.events(group=GROUP) if e.kind != NOTIFIED]
+    [ev, _published] = [e for e in audit.events(group=GROUP) if e.kind != EventKind.NOTIFIED]
     assert ev.kind == "rollback_not_needed"
     # Every other step does need the target, and says why it cannot have it.
     with Stubber(task(dag, "validate").target_hook.conn) as stub:
@@ -724,7 +724,7 @@ def test_a_retried_rollback_looks_past_its_notification_and_report(dag: Any, aud
     assert again == first
     kinds = [e.kind for e in audit.events(group=GROUP)]
     assert kinds.count("rollback_not_needed") == 1, kinds
-    assert kinds.count(NOTIFIED) == 2  # each try tells the owners (here: recorded as not sent)
+    assert kinds.count(EventKind.NOTIFIED) == 2  # each try tells the owners (here: recorded as not sent)
 
 
 def test_a_kubernetes_source_without_its_object_is_refused_before_anything_is_deployed(
@@ -857,7 +857,7 @@ def test_a_dry_run_moves_no_stage_deploys_routes_and_tells_nothing(
     assert config.read_bytes() == before
     assert not (env / "home" / "snapshots").exists()
     assert RoutingStore(audit.url).get(GROUP) is None
-    assert not any(e.kind == NOTIFIED for e in events)
+    assert not any(e.kind == EventKind.NOTIFIED for e in events)
     # Read-only: readiness and instant queries, never a reload or a write.
     assert {asked.split(" ")[1] for asked in live.asked} == {"/-/ready", "/api/v1/query"}
 
@@ -1026,7 +1026,7 @@ def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owner
                                                    r"stays on$"):
         task(bake_dag, "bake_check__gpu_memory").execute(make_context())
     kinds = [e.kind for e in new_events(audit, UP_TO_CUT_OVER)]
-    assert kinds == ["bake_started", "bake_check", "reads_rolled_back", NOTIFIED]
+    assert kinds == ["bake_started", "bake_check", "reads_rolled_back", EventKind.NOTIFIED]
     check = next(e for e in audit.events(group=GROUP) if e.kind == "bake_check").evidence_data
     assert check["verdict"] == "ERROR"
     # Every measurement could not be observed: each is ERROR with the read that failed, none judged on no data.

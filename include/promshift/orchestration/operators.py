@@ -415,7 +415,9 @@ def publish_report(step: _GroupStep, context: Any, migration: Any) -> dict[str, 
     try:
         record = publish(migration.audit, ReportStore(reports_url()), group=step.group_name,
                          run_id=context["run_id"])
-        migration.record("report_published", _now(), record)
+        from promshift.core.events import EventKind
+
+        migration.record(EventKind.REPORT_PUBLISHED, _now(), record)
     except Exception as exc:  # noqa: BLE001 (any store failure: the report is secondary evidence)
         step.log.warning("report not published: %s", exc)
         return None
@@ -820,11 +822,11 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
     def _end_dry_run(self, context: Any, evidence: dict[str, Any]) -> None:
         """A dry run asks nobody: record how far it got (``dry_run_complete``), publish the report, and skip
         the approval, and so the cut-over and its asset."""
-        from promshift.steps.migration import DRY_RUN_COMPLETE
+        from promshift.core.events import EventKind
 
         migration = self.migration(context)
         gate = evidence.get("gate") or {}
-        migration.record(DRY_RUN_COMPLETE, _now(), {
+        migration.record(EventKind.DRY_RUN_COMPLETE, _now(), {
             "dry_run": True, "gate": gate.get("verdict"), "gate_reason": gate.get("reason"),
             "parity": (evidence.get("parity") or {}).get("verdict"),
             "latency": (evidence.get("latency") or {}).get("verdict"), "stage": migration.stage().value,
@@ -969,13 +971,13 @@ class RollbackOperator(GroupStepOperator):
     def _restore_moved(self, context: Any, migration: Any, reason: str) -> list[str]:
         """This run's dashboards, then rules, back to their snapshots (when this run took them); each failure
         is recorded (``<name>_restore_failed``) and returned, after every one was tried."""
+        from promshift.core.events import RESTORE_FAILED, EventKind
         from promshift.steps.migration import one_line
-        from promshift.steps.moves import READ_PATH_SNAPSHOT, RULES_SNAPSHOT
 
         mine = {e.kind for e in migration.audit.events(group=self.group_name, run_id=migration.run_id)}
         errors: list[str] = []
-        for name, kind, build in (("read_path", READ_PATH_SNAPSHOT, self.read_path_step),
-                                  ("rules", RULES_SNAPSHOT, self.rules_step)):
+        for name, kind, build in (("read_path", EventKind.READ_PATH_SNAPSHOT, self.read_path_step),
+                                  ("rules", EventKind.RULES_SNAPSHOT, self.rules_step)):
             if kind not in mine:
                 continue
             try:
@@ -986,7 +988,7 @@ class RollbackOperator(GroupStepOperator):
                 self.log.info("%s restored: %s", name, out.get("changed"))
             except Exception as exc:  # noqa: BLE001 - every restore is tried; the rollback then fails with them
                 error = f"{name}: {type(exc).__name__}: {one_line(exc)}"
-                migration.record(f"{name}_restore_failed", _now(), {"reason": reason, "error": error,
+                migration.record(RESTORE_FAILED[name], _now(), {"reason": reason, "error": error,
                                                                     "evidence": getattr(exc, "evidence", None)})
                 errors.append(error)
         return errors
@@ -1097,15 +1099,15 @@ class DecommissionPrepareOperator(GroupStepOperator):
     evidence the second approver is shown."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.steps.lifecycle import BAKED, DECOMMISSION_REFUSED
+        from promshift.core.events import EventKind
 
         d = _decommission(self, context)
         m = d.migration
         why = d.refusal()
         if why is not None:
-            m.record(DECOMMISSION_REFUSED, _now(), {"reason": why, "stage": m.stage().value})
+            m.record(EventKind.DECOMMISSION_REFUSED, _now(), {"reason": why, "stage": m.stage().value})
             raise AirflowFailException(why)
-        baked = [e for e in m.audit.events(group=self.group_name) if e.kind == BAKED]
+        baked = [e for e in m.audit.events(group=self.group_name) if e.kind == EventKind.BAKED]
         bake = baked[-1].evidence_data if baked else {}
         summary = {"at": baked[-1].at.isoformat() if baked else None, "checks": bake.get("checks"),
                    "clean_since": bake.get("clean_since"), "period_s": bake.get("period_s"),
