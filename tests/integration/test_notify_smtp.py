@@ -263,7 +263,7 @@ def test_the_approval_task_mails_once_its_request_exists_then_waits(
     op = dag.get_task("approval")
     gate = {**GATE, "verdict": "SUCCESSFUL", "reason": "every check passed"}
     with pytest.raises(TaskAwaitingInput):
-        op.execute(context_for(op, {"gate": gate}))
+        op.execute(context_for(op, {"gate": {"gate": gate}}))  # the gate task's XCom: its whole evidence
     mail = only_mail(sink)
     assert order == ["request:[SUCCESSFUL] Cut over metric group gpu-memory to AMP?"]
     assert mail.subject == "[promshift] gpu-memory: approval needed to cut over to AMP (gate SUCCESSFUL)"
@@ -282,7 +282,7 @@ def test_an_approval_whose_mail_fails_still_waits_for_its_answer(
     monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: None)
     op = dag.get_task("approval")
     with pytest.raises(TaskAwaitingInput):
-        op.execute(context_for(op, {"gate": GATE}))
+        op.execute(context_for(op, {"gate": {"gate": GATE}}))
     [event] = notified(audit)
     assert event.evidence_data["sent"] is False
     assert event.evidence_data["error"] == "AirflowException: SMTP connection is not found."

@@ -109,8 +109,9 @@ def task(dag: Any, task_id: str) -> Any:
 def seed(audit: AuditStore, history: list[Stage], *, asked: bool = False, xcoms: dict[str, Any] | None = None) -> None:
     """Record a legal prior history of the group (each event a checked stage transition).
 
-    ``asked``: then the approval request, as ``MigrationApprovalOperator.execute`` records it before
-    the question is shown: the hash of the evidence in ``xcoms`` (what ``make_context(xcoms)`` holds).
+    ``asked``: then the gate's evidence as the gate recorded it (the gate's XCom in ``xcoms``: what
+    ``make_context(xcoms)`` holds), and the approval request, as ``MigrationApprovalOperator.execute``
+    records it before the question is shown: the hash of that evidence.
     """
     current = Stage.PLANNED
     for stage in history:
@@ -118,18 +119,20 @@ def seed(audit: AuditStore, history: list[Stage], *, asked: bool = False, xcoms:
                      at=datetime.now(UTC), evidence={"seeded": True}, stage_from=current, stage_to=stage)
         current = stage
     if asked:
-        shown = evidence_sha256(MigrationApprovalOperator.evidence(make_context(xcoms)))
+        evidence = MigrationApprovalOperator.evidence(make_context(xcoms))
+        audit.append(group=GROUP, run_id=RUN_ID, kind="gate_passed", actor="test", at=datetime.now(UTC),
+                     evidence=evidence)
         audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="test", at=datetime.now(UTC),
-                     evidence={"evidence_sha256": shown})
+                     evidence={"evidence_sha256": evidence_sha256(evidence)})
     assert audit.stage_of(GROUP) == current
 
 
-SEEDED = {"evidence_shown"}
+SEEDED = {"gate_passed", "evidence_shown"}
 
 
 def new_events(audit: AuditStore, history: list[Stage]) -> list[AuditEvent]:
-    """Events recorded after the seeded history (and the seeded approval request)."""
-    return [e for e in audit.events(group=GROUP)[len(history):] if e.kind not in SEEDED]
+    """Events recorded after the seeded history (and the seeded gate and approval request)."""
+    return [e for e in audit.events(group=GROUP)[len(history):] if not (e.kind in SEEDED and e.actor == "test")]
 
 
 BINDING = {"hitl", "evidence_sha256", "current_sha256"}
@@ -301,9 +304,11 @@ def test_an_approval_names_the_hitl_record_it_came_from(dag: Any, audit: AuditSt
                                         "responded_at": event["responded_at"].isoformat()}
 
 
-SHOWN = {"gate": {"verdict": "SUCCESSFUL", "reason": "parity and latency passed"},
-         "parity": {"verdict": "SUCCESSFUL", "series_compared": 640},
-         "latency": {"verdict": "SUCCESSFUL", "windows": [{"window": "1h", "speedup": 3.2}]}}
+# The gate's evidence (``GateEvidence.to_dict``), and the XComs that hold it (the gate task's).
+EVIDENCE = {"gate": {"verdict": "SUCCESSFUL", "reason": "parity and latency passed"},
+            "parity": {"verdict": "SUCCESSFUL", "series_compared": 640},
+            "latency": {"verdict": "SUCCESSFUL", "windows": [{"window": "1h", "speedup": 3.2}]}}
+SHOWN = {"gate": EVIDENCE}
 
 
 def test_an_approval_records_the_evidence_hash_it_was_shown(dag: Any, audit: AuditStore) -> None:
@@ -313,8 +318,8 @@ def test_an_approval_records_the_evidence_hash_it_was_shown(dag: Any, audit: Aud
     [asked] = [e for e in audit.events(group=GROUP) if e.kind == "evidence_shown"]
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approved"
-    assert ev.evidence_data["evidence_sha256"] == asked.evidence_data["evidence_sha256"] == evidence_sha256(SHOWN)
-    assert "current_sha256" not in ev.evidence_data
+    assert ev.evidence_data["evidence_sha256"] == asked.evidence_data["evidence_sha256"] == evidence_sha256(EVIDENCE)
+    assert "current_sha256" not in ev.evidence_data and "recorded_sha256" not in ev.evidence_data
     assert audit.stage_of(GROUP) == Stage.APPROVED
 
 
@@ -323,15 +328,77 @@ def test_an_approval_of_evidence_that_changed_since_it_was_shown_is_refused(
         dag: Any, audit: AuditStore, changed: str) -> None:
     """Say parity was cleared and re-ran while the question waited: the approver never saw the new result."""
     seed(audit, UP_TO_VERIFIED, asked=True, xcoms=SHOWN)
-    now = {**SHOWN, changed: {**SHOWN[changed], "verdict": "FAILED"}}
+    now = {"gate": {**EVIDENCE, changed: {**EVIDENCE[changed], "verdict": "FAILED"}}}
     with pytest.raises(AirflowFailException, match="changed after it was shown, so the approval is refused"):
         task(dag, "approval").execute_complete(make_context(now), hitl_event("Approve", {"id": APPROVER,
                                                                                         "name": APPROVER}))
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approval_refused_evidence_changed"
-    assert ev.evidence_data["evidence_sha256"] == evidence_sha256(SHOWN)
-    assert ev.evidence_data["current_sha256"] == evidence_sha256(now)
+    assert ev.evidence_data["evidence_sha256"] == evidence_sha256(EVIDENCE)
+    assert ev.evidence_data["current_sha256"] == evidence_sha256(now["gate"])
     assert audit.stage_of(GROUP) == Stage.VERIFIED  # never approved
+
+
+def test_the_hash_in_the_approval_body_is_the_audited_gate_evidences_and_an_approval_proceeds(
+        dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real gate and the real request: the body shows the sha256 of the gate event's evidence as the audit log
+    holds it; the answer reads that event back, finds the same hash, and the approval moves the group."""
+    from airflow.providers.standard.operators import hitl
+    from airflow.sdk.exceptions import TaskAwaitingInput
+
+    monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: None)
+    seed(audit, UP_TO_WARMING)
+    ctx = make_context(gate_xcoms("SUCCESSFUL"))
+    ctx["ti"].xcoms["gate"] = task(dag, "gate").execute(ctx)
+    ctx["task_instance"] = SimpleNamespace(id="0190a0f0-0000-7000-8000-000000000001")  # HITL's request key
+    approval = task(dag, "approval")
+    with pytest.raises(TaskAwaitingInput):
+        approval.execute(ctx)
+    [gate] = [e for e in audit.events(group=GROUP) if e.kind == "gate_passed"]
+    audited = evidence_sha256(gate.evidence_data)
+    assert f"Evidence sha256 `{audited}`" in approval.body
+    approval.execute_complete(ctx, hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
+    [ev] = [e for e in audit.events(group=GROUP) if e.kind == "approved"]
+    assert ev.evidence_data["evidence_sha256"] == audited and "recorded_sha256" not in ev.evidence_data
+    assert audit.stage_of(GROUP) == Stage.APPROVED
+
+
+def test_an_approval_of_evidence_the_audit_log_does_not_hold_is_refused(dag: Any, audit: AuditStore) -> None:
+    """The gate's XCom was edited (Airflow's API lets a user with access write XCom) before the question was asked:
+    the approver was shown, and the XCom still holds, evidence whose hash is not that of the gate event in the
+    audit log. The answer reads the gate event back from the audit store: the approval is refused, never cut over."""
+    seed(audit, UP_TO_VERIFIED)
+    audit.append(group=GROUP, run_id=RUN_ID, kind="gate_passed", actor="promshift", at=datetime.now(UTC),
+                 evidence={**EVIDENCE, "parity": {"verdict": "FAILED", "series_compared": 640}})
+    audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="promshift", at=datetime.now(UTC),
+                 evidence={"evidence_sha256": evidence_sha256(EVIDENCE)})
+    [gate] = [e for e in audit.events(group=GROUP) if e.kind == "gate_passed"]
+    with pytest.raises(AirflowFailException) as refused:
+        task(dag, "approval").execute_complete(make_context(SHOWN), hitl_event("Approve", {"id": APPROVER,
+                                                                                          "name": APPROVER}))
+    message = str(refused.value)
+    assert "\n" not in message and message == (
+        f"{APPROVER} approved evidence sha256 {evidence_sha256(EVIDENCE)}, but this run's gate evidence in the "
+        f"audit log (audit seq {gate.seq}) hashes to {evidence_sha256(gate.evidence_data)}: the approver was not "
+        "shown it, so the approval is refused")
+    [ev] = [e for e in audit.events(group=GROUP) if e.seq > gate.seq + 1]
+    assert ev.kind == "approval_refused_evidence_unverified" and ev.stage_to is None
+    assert ev.evidence_data["evidence_sha256"] == evidence_sha256(EVIDENCE)
+    assert ev.evidence_data["recorded_sha256"] == evidence_sha256(gate.evidence_data)
+    assert audit.stage_of(GROUP) == Stage.VERIFIED  # never approved, so never cut over
+    with pytest.raises(Exception, match="illegal transition verified -> cut_over"):
+        task(dag, "cutover").execute(make_context())
+
+
+def test_an_approval_without_a_gate_event_in_the_audit_log_is_refused(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="promshift", at=datetime.now(UTC),
+                 evidence={"evidence_sha256": evidence_sha256(EVIDENCE)})
+    with pytest.raises(AirflowFailException, match=r"\(no gate event recorded\) hashes to \(nothing\)"):
+        task(dag, "approval").execute_complete(make_context(SHOWN), hitl_event("Approve", {"id": APPROVER,
+                                                                                          "name": APPROVER}))
+    assert [e.kind for e in new_events(audit, UP_TO_VERIFIED)][-1] == "approval_refused_evidence_unverified"
+    assert audit.stage_of(GROUP) == Stage.VERIFIED
 
 
 def test_an_approval_without_a_recorded_request_is_refused(dag: Any, audit: AuditStore) -> None:
@@ -346,13 +413,13 @@ def test_an_approval_without_a_recorded_request_is_refused(dag: Any, audit: Audi
 
 def test_a_rejection_stands_even_when_the_evidence_changed(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_VERIFIED, asked=True, xcoms=SHOWN)
-    now = {**SHOWN, "parity": {"verdict": "FAILED"}}
+    now = {"gate": {**EVIDENCE, "parity": {"verdict": "FAILED"}}}
     with pytest.raises(AirflowFailException, match="rejected by"):
         task(dag, "approval").execute_complete(make_context(now), hitl_event("Reject", {"id": APPROVER,
                                                                                        "name": APPROVER}))
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approval_reject"
-    assert ev.evidence_data["current_sha256"] == evidence_sha256(now) != ev.evidence_data["evidence_sha256"]
+    assert ev.evidence_data["current_sha256"] == evidence_sha256(now["gate"]) != ev.evidence_data["evidence_sha256"]
 
 
 def test_each_step_publishes_the_anchored_audit_head_in_xcom(dag: Any, audit: AuditStore) -> None:
@@ -456,9 +523,10 @@ def test_gate_failed_or_error_parity_fails_the_task(dag: Any, audit: AuditStore,
 def test_gate_successful_verifies_the_group(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_WARMING)
     result = task(dag, "gate").execute(make_context(gate_xcoms("SUCCESSFUL")))
-    assert result["verdict"] == "SUCCESSFUL" and result["action"] == "ask_approval"
-    assert result["checks"] == {"latency": "SUCCESSFUL", "parity": "SUCCESSFUL"}
+    assert result["gate"]["verdict"] == "SUCCESSFUL" and result["gate"]["action"] == "ask_approval"
+    assert result["gate"]["checks"] == {"latency": "SUCCESSFUL", "parity": "SUCCESSFUL"}
     [ev] = new_events(audit, UP_TO_WARMING)
+    assert result == ev.evidence_data  # the gate's XCom is its evidence, whole, as the audit log recorded it
     assert (ev.kind, ev.stage_from, ev.stage_to) == ("gate_passed", "warming", "verified")
     assert audit.stage_of(GROUP) == Stage.VERIFIED
 
@@ -466,7 +534,7 @@ def test_gate_successful_verifies_the_group(dag: Any, audit: AuditStore) -> None
 def test_gate_inconclusive_asks_a_human_without_a_stage_change(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_WARMING)
     result = task(dag, "gate").execute(make_context(gate_xcoms("INCONCLUSIVE")))
-    assert result["verdict"] == "INCONCLUSIVE" and result["action"] == "ask_approval"
+    assert result["gate"]["verdict"] == "INCONCLUSIVE" and result["gate"]["action"] == "ask_approval"
     [ev] = new_events(audit, UP_TO_WARMING)
     assert ev.kind == "gate_inconclusive"
     assert (ev.stage_from, ev.stage_to) == (None, None)
@@ -835,9 +903,9 @@ def test_a_dry_run_moves_no_stage_deploys_routes_and_tells_nothing(
     ctx["ti"].xcoms["deploy_dual_write"] = deployed
     assert task(dag, "warm_up").execute(ctx) is None  # no deferral: nothing to wait for
     ctx["ti"].xcoms.update(gate_xcoms("SUCCESSFUL"))
-    verdict = task(dag, "gate").execute(ctx)
-    assert verdict["verdict"] == "SUCCESSFUL"
-    ctx["ti"].xcoms["gate"] = verdict
+    gate = task(dag, "gate").execute(ctx)
+    assert gate["gate"]["verdict"] == "SUCCESSFUL"
+    ctx["ti"].xcoms["gate"] = gate
     with pytest.raises(AirflowSkipException, match="dry run: gate SUCCESSFUL; no approval asked"):
         task(dag, "approval").execute(ctx)
     with pytest.raises(AirflowSkipException, match="dry run"):
@@ -875,7 +943,7 @@ def test_a_dry_run_without_dual_write_has_no_parity_data_and_never_passes(
     assert parity["verdict"] == "INCONCLUSIVE"
     assert "dry run: the group is not dual-writing (planned)" in json.dumps(parity)
     ctx["ti"].xcoms.update({"parity": parity, "latency": gate_xcoms("SUCCESSFUL")["latency"]})
-    assert task(dag, "gate").execute(ctx)["verdict"] == "INCONCLUSIVE"
+    assert task(dag, "gate").execute(ctx)["gate"]["verdict"] == "INCONCLUSIVE"
     [gate] = [e for e in audit.events(group=GROUP) if e.kind == "dry_run_gate"]
     assert gate.evidence_data["dry_run"] is True and gate.stage_to is None
     assert audit.stage_of(GROUP) == Stage.PLANNED

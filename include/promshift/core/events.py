@@ -81,6 +81,10 @@ class EventKind(StrEnum):
     DECOMMISSIONED = "decommissioned"  # the source stopped storing the group (-> decommissioned)
     RECOMMISSIONED = "recommissioned"  # the drop undone (-> recommissioned)
 
+    # -- added later (kept at the end: the order of the values above is pinned by a test) ----------
+    # An Approve whose shown hash is not the hash of the gate evidence the audit log holds for this run.
+    APPROVAL_REFUSED_EVIDENCE_UNVERIFIED = "approval_refused_evidence_unverified"
+
 
 # The warm-up's end, by the trigger's status (``ready``, ``timeout``, ``error``).
 WARMUP_ENDED = {"ready": EventKind.WARMUP_READY, "timeout": EventKind.WARMUP_TIMEOUT,
@@ -89,7 +93,8 @@ WARMUP_ENDED = {"ready": EventKind.WARMUP_READY, "timeout": EventKind.WARMUP_TIM
 GATE_DECIDED = frozenset({EventKind.GATE_PASSED, EventKind.GATE_INCONCLUSIVE, EventKind.GATE_FAILED})
 # An answer to the cut-over's approval (or the end of waiting for one): the decision, who, why.
 APPROVAL_ANSWERS = frozenset({EventKind.APPROVED, EventKind.APPROVAL_REJECT, EventKind.APPROVAL_TIMEOUT,
-                              EventKind.APPROVAL_REFUSED_FOUR_EYES, EventKind.APPROVAL_REFUSED_EVIDENCE_CHANGED})
+                              EventKind.APPROVAL_REFUSED_FOUR_EYES, EventKind.APPROVAL_REFUSED_EVIDENCE_CHANGED,
+                              EventKind.APPROVAL_REFUSED_EVIDENCE_UNVERIFIED})
 # The answers that are not an approval (the run rolls back), as ``failure_reason`` names them.
 APPROVAL_REFUSALS = APPROVAL_ANSWERS - {EventKind.APPROVED}
 # A step of a move that failed, by what moves (recorded with its error before the task fails).

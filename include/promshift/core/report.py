@@ -109,7 +109,8 @@ def approval_body(group: str, gate: GateVerdict, parity: ParityResult, latency: 
     cost = f"### Cost\n```\n{cost_table(latency.cost)}\n```\n" if latency.cost is not None else ""
     board = f"[The group on the migration board]({board_url})\n\n" if board_url else ""
     bound = (f"Evidence sha256 `{evidence_sha256}`: an approval is bound to this evidence and is refused "
-             "if it changed before the answer.\n\n") if evidence_sha256 else ""
+             "if it changed before the answer or is not the gate's evidence in the audit log.\n\n"
+             ) if evidence_sha256 else ""
     return (
         f"## Cut over `{group}` to AMP?\n\nGate: **{gate.verdict.value}** — {gate.reason}\n{warn}\n"
         f"### Parity\n```\n{parity_log_table(parity)}\n```\n"

@@ -32,7 +32,15 @@ from promshift.core.cost import (
     project_monthly_cost,
 )
 from promshift.core.durations import parse_duration
-from promshift.core.events import APPROVAL_REFUSALS, RELEASES_GROUP, SIDE_EVENTS, WARMUP_ENDED, EventKind, approval_kind
+from promshift.core.events import (
+    APPROVAL_REFUSALS,
+    GATE_DECIDED,
+    RELEASES_GROUP,
+    SIDE_EVENTS,
+    WARMUP_ENDED,
+    EventKind,
+    approval_kind,
+)
 from promshift.core.evidence import json_safe
 from promshift.core.gate import GateAction, GateEvidence, GateVerdict
 from promshift.core.latency import LatencyResult, ProbeRun, choose_step
@@ -486,6 +494,13 @@ class GroupMigration:
             self.record(EventKind.GATE_FAILED, now, evidence)
         return verdict
 
+    def gate_event(self) -> AuditEvent | None:
+        """This run's latest gate decision as the audit log holds it (``gate_*``, or a dry run's ``dry_run_gate``):
+        its evidence is the ``GateEvidence`` the gate decided on, the same the gate task hands on as its XCom."""
+        decided = [e for e in self.audit.events(group=self.group.name, run_id=self.run_id)
+                   if e.kind in GATE_DECIDED or e.kind == EventKind.DRY_RUN_GATE]
+        return decided[-1] if decided else None
+
     def record_evidence_shown(self, *, evidence_sha256: str, approvers: Sequence[str], now: datetime,
                                   board_url: str | None = None) -> AuditEvent:
         """The approval was asked for on evidence hashing to ``evidence_sha256`` (shown in the HITL body)."""
@@ -502,14 +517,17 @@ class GroupMigration:
 
     def record_approval(self, *, decision: str, by: str, comment: str, now: datetime,
                         hitl: Mapping[str, Any] | None = None, evidence_sha256: str | None = None,
-                        current_sha256: str | None = None, prefix: str = "") -> None:
+                        current_sha256: str | None = None, recorded_sha256: str | None = None,
+                        prefix: str = "") -> None:
         """``hitl`` names Airflow's HITL record the answer came from, so the two can be compared.
 
         ``prefix`` names another approval than the cut-over's (``decommission_``): its events are
         ``<prefix>approved`` / ``<prefix>approval_<decision>`` and never move the stage.
 
         ``evidence_sha256`` is the hash of the evidence the approver was shown; ``current_sha256``
-        the evidence's hash when the answer arrived, recorded when it differs (a refused approval).
+        the evidence's hash when the answer arrived, recorded when it differs (a refused approval);
+        ``recorded_sha256`` the hash of the gate evidence the audit log holds for this run, recorded when it
+        differs from the one shown (a refused approval: the approver was not shown the audited evidence).
         """
         evidence: dict[str, Any] = {"decision": decision, "by": by, "comment": comment}
         if hitl is not None:
@@ -518,6 +536,8 @@ class GroupMigration:
             evidence["evidence_sha256"] = evidence_sha256
         if current_sha256 is not None and current_sha256 != evidence_sha256:
             evidence["current_sha256"] = current_sha256
+        if recorded_sha256 is not None and recorded_sha256 != evidence_sha256:
+            evidence["recorded_sha256"] = recorded_sha256
         kind = approval_kind(decision, prefix=prefix)
         moves = decision == "Approve" and not prefix
         self.record(kind, now, evidence, to=Stage.APPROVED if moves else None, actor=by)
