@@ -31,11 +31,11 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.board import URL_PREFIX
 from promshift.core.audit import AuditEvent
+from promshift.core.events import EventKind
 from promshift.core.stages import Stage
 from promshift.local.stack.local import find_free_ports
 from promshift.local.stack.smtp_sink import ReceivedMail, answers, read_mail, sink_address
 from promshift.orchestration.dag_factory import build_group_dag
-from promshift.steps.migration import NOTIFIED
 from tests.fakes import FakeTI
 
 pytestmark = pytest.mark.integration
@@ -123,7 +123,7 @@ def dag() -> Any:
 
 
 def notified(audit: AuditStore) -> list[AuditEvent]:
-    return [e for e in audit.events(group=GROUP) if e.kind == NOTIFIED]
+    return [e for e in audit.events(group=GROUP) if e.kind == EventKind.NOTIFIED]
 
 
 def only_mail(directory: Path) -> ReceivedMail:
@@ -176,8 +176,8 @@ def test_rollback_mails_why_and_the_task_log_link_verbatim(
     assert "nothing to restore: nothing was deployed" in body
     assert f'href="{UI}/dags/promshift__gpu_memory/runs/{quote(RUN_ID)}/tasks/rollback?try_number=1"' in body
     assert "source {{ 7 * 7 }} &lt;down&gt;" in body and "49" not in mail.subject
-    assert [e.kind for e in audit.events(group=GROUP)] == ["validation_failed", "rollback_not_needed", NOTIFIED,
-                                                           "report_published"]
+    assert [e.kind for e in audit.events(group=GROUP)] == ["validation_failed", "rollback_not_needed",
+                                                           EventKind.NOTIFIED, "report_published"]
     assert notified(audit)[0].evidence_data["sent"] is True
 
 
@@ -263,7 +263,7 @@ def test_the_approval_task_mails_once_its_request_exists_then_waits(
     op = dag.get_task("approval")
     gate = {**GATE, "verdict": "SUCCESSFUL", "reason": "every check passed"}
     with pytest.raises(TaskAwaitingInput):
-        op.execute(context_for(op, {"gate": gate}))
+        op.execute(context_for(op, {"gate": {"gate": gate}}))  # the gate task's XCom: its whole evidence
     mail = only_mail(sink)
     assert order == ["request:[SUCCESSFUL] Cut over metric group gpu-memory to AMP?"]
     assert mail.subject == "[promshift] gpu-memory: approval needed to cut over to AMP (gate SUCCESSFUL)"
@@ -282,7 +282,7 @@ def test_an_approval_whose_mail_fails_still_waits_for_its_answer(
     monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: None)
     op = dag.get_task("approval")
     with pytest.raises(TaskAwaitingInput):
-        op.execute(context_for(op, {"gate": GATE}))
+        op.execute(context_for(op, {"gate": {"gate": GATE}}))
     [event] = notified(audit)
     assert event.evidence_data["sent"] is False
     assert event.evidence_data["error"] == "AirflowException: SMTP connection is not found."
@@ -301,5 +301,5 @@ def test_a_rollback_that_fails_mails_rollback_failed_and_still_fails(
     assert type(failure.value).__name__ in mail.body()
     assert "The source config may still carry the group&#x27;s dual-write entry" in mail.body()
     kinds = [e.kind for e in audit.events(group=GROUP)]
-    assert kinds == ["rollback_failed", NOTIFIED], kinds
+    assert kinds == ["rollback_failed", EventKind.NOTIFIED], kinds
     assert notified(audit)[0].evidence_data["notice"] == "rollback_failed"

@@ -23,6 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.audit import AuditEvent
+from promshift.core.events import EventKind
 from promshift.core.evidence import evidence_sha256
 from promshift.core.latency import ProbeRun
 from promshift.core.stages import Stage
@@ -34,7 +35,6 @@ from promshift.orchestration.operators import (
     ValidateGroupOperator,
     WarmupOperator,
 )
-from promshift.steps.migration import NOTIFIED
 from tests.fakes import FakeTI
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
@@ -109,8 +109,9 @@ def task(dag: Any, task_id: str) -> Any:
 def seed(audit: AuditStore, history: list[Stage], *, asked: bool = False, xcoms: dict[str, Any] | None = None) -> None:
     """Record a legal prior history of the group (each event a checked stage transition).
 
-    ``asked``: then the approval request, as ``MigrationApprovalOperator.execute`` records it before
-    the question is shown: the hash of the evidence in ``xcoms`` (what ``make_context(xcoms)`` holds).
+    ``asked``: then the gate's evidence as the gate recorded it (the gate's XCom in ``xcoms``: what
+    ``make_context(xcoms)`` holds), and the approval request, as ``MigrationApprovalOperator.execute``
+    records it before the question is shown: the hash of that evidence.
     """
     current = Stage.PLANNED
     for stage in history:
@@ -118,18 +119,20 @@ def seed(audit: AuditStore, history: list[Stage], *, asked: bool = False, xcoms:
                      at=datetime.now(UTC), evidence={"seeded": True}, stage_from=current, stage_to=stage)
         current = stage
     if asked:
-        shown = evidence_sha256(MigrationApprovalOperator.evidence(make_context(xcoms)))
+        evidence = MigrationApprovalOperator.evidence(make_context(xcoms))
+        audit.append(group=GROUP, run_id=RUN_ID, kind="gate_passed", actor="test", at=datetime.now(UTC),
+                     evidence=evidence)
         audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="test", at=datetime.now(UTC),
-                     evidence={"evidence_sha256": shown})
+                     evidence={"evidence_sha256": evidence_sha256(evidence)})
     assert audit.stage_of(GROUP) == current
 
 
-SEEDED = {"evidence_shown"}
+SEEDED = {"gate_passed", "evidence_shown"}
 
 
 def new_events(audit: AuditStore, history: list[Stage]) -> list[AuditEvent]:
-    """Events recorded after the seeded history (and the seeded approval request)."""
-    return [e for e in audit.events(group=GROUP)[len(history):] if e.kind not in SEEDED]
+    """Events recorded after the seeded history (and the seeded gate and approval request)."""
+    return [e for e in audit.events(group=GROUP)[len(history):] if not (e.kind in SEEDED and e.actor == "test")]
 
 
 BINDING = {"hitl", "evidence_sha256", "current_sha256"}
@@ -301,9 +304,11 @@ def test_an_approval_names_the_hitl_record_it_came_from(dag: Any, audit: AuditSt
                                         "responded_at": event["responded_at"].isoformat()}
 
 
-SHOWN = {"gate": {"verdict": "SUCCESSFUL", "reason": "parity and latency passed"},
-         "parity": {"verdict": "SUCCESSFUL", "series_compared": 640},
-         "latency": {"verdict": "SUCCESSFUL", "windows": [{"window": "1h", "speedup": 3.2}]}}
+# The gate's evidence (``GateEvidence.to_dict``), and the XComs that hold it (the gate task's).
+EVIDENCE = {"gate": {"verdict": "SUCCESSFUL", "reason": "parity and latency passed"},
+            "parity": {"verdict": "SUCCESSFUL", "series_compared": 640},
+            "latency": {"verdict": "SUCCESSFUL", "windows": [{"window": "1h", "speedup": 3.2}]}}
+SHOWN = {"gate": EVIDENCE}
 
 
 def test_an_approval_records_the_evidence_hash_it_was_shown(dag: Any, audit: AuditStore) -> None:
@@ -313,8 +318,8 @@ def test_an_approval_records_the_evidence_hash_it_was_shown(dag: Any, audit: Aud
     [asked] = [e for e in audit.events(group=GROUP) if e.kind == "evidence_shown"]
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approved"
-    assert ev.evidence_data["evidence_sha256"] == asked.evidence_data["evidence_sha256"] == evidence_sha256(SHOWN)
-    assert "current_sha256" not in ev.evidence_data
+    assert ev.evidence_data["evidence_sha256"] == asked.evidence_data["evidence_sha256"] == evidence_sha256(EVIDENCE)
+    assert "current_sha256" not in ev.evidence_data and "recorded_sha256" not in ev.evidence_data
     assert audit.stage_of(GROUP) == Stage.APPROVED
 
 
@@ -323,15 +328,77 @@ def test_an_approval_of_evidence_that_changed_since_it_was_shown_is_refused(
         dag: Any, audit: AuditStore, changed: str) -> None:
     """Say parity was cleared and re-ran while the question waited: the approver never saw the new result."""
     seed(audit, UP_TO_VERIFIED, asked=True, xcoms=SHOWN)
-    now = {**SHOWN, changed: {**SHOWN[changed], "verdict": "FAILED"}}
+    now = {"gate": {**EVIDENCE, changed: {**EVIDENCE[changed], "verdict": "FAILED"}}}
     with pytest.raises(AirflowFailException, match="changed after it was shown, so the approval is refused"):
         task(dag, "approval").execute_complete(make_context(now), hitl_event("Approve", {"id": APPROVER,
                                                                                         "name": APPROVER}))
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approval_refused_evidence_changed"
-    assert ev.evidence_data["evidence_sha256"] == evidence_sha256(SHOWN)
-    assert ev.evidence_data["current_sha256"] == evidence_sha256(now)
+    assert ev.evidence_data["evidence_sha256"] == evidence_sha256(EVIDENCE)
+    assert ev.evidence_data["current_sha256"] == evidence_sha256(now["gate"])
     assert audit.stage_of(GROUP) == Stage.VERIFIED  # never approved
+
+
+def test_the_hash_in_the_approval_body_is_the_audited_gate_evidences_and_an_approval_proceeds(
+        dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real gate and the real request: the body shows the sha256 of the gate event's evidence as the audit log
+    holds it; the answer reads that event back, finds the same hash, and the approval moves the group."""
+    from airflow.providers.standard.operators import hitl
+    from airflow.sdk.exceptions import TaskAwaitingInput
+
+    monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: None)
+    seed(audit, UP_TO_WARMING)
+    ctx = make_context(gate_xcoms("SUCCESSFUL"))
+    ctx["ti"].xcoms["gate"] = task(dag, "gate").execute(ctx)
+    ctx["task_instance"] = SimpleNamespace(id="0190a0f0-0000-7000-8000-000000000001")  # HITL's request key
+    approval = task(dag, "approval")
+    with pytest.raises(TaskAwaitingInput):
+        approval.execute(ctx)
+    [gate] = [e for e in audit.events(group=GROUP) if e.kind == "gate_passed"]
+    audited = evidence_sha256(gate.evidence_data)
+    assert f"Evidence sha256 `{audited}`" in approval.body
+    approval.execute_complete(ctx, hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
+    [ev] = [e for e in audit.events(group=GROUP) if e.kind == "approved"]
+    assert ev.evidence_data["evidence_sha256"] == audited and "recorded_sha256" not in ev.evidence_data
+    assert audit.stage_of(GROUP) == Stage.APPROVED
+
+
+def test_an_approval_of_evidence_the_audit_log_does_not_hold_is_refused(dag: Any, audit: AuditStore) -> None:
+    """The gate's XCom was edited (Airflow's API lets a user with access write XCom) before the question was asked:
+    the approver was shown, and the XCom still holds, evidence whose hash is not that of the gate event in the
+    audit log. The answer reads the gate event back from the audit store: the approval is refused, never cut over."""
+    seed(audit, UP_TO_VERIFIED)
+    audit.append(group=GROUP, run_id=RUN_ID, kind="gate_passed", actor="promshift", at=datetime.now(UTC),
+                 evidence={**EVIDENCE, "parity": {"verdict": "FAILED", "series_compared": 640}})
+    audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="promshift", at=datetime.now(UTC),
+                 evidence={"evidence_sha256": evidence_sha256(EVIDENCE)})
+    [gate] = [e for e in audit.events(group=GROUP) if e.kind == "gate_passed"]
+    with pytest.raises(AirflowFailException) as refused:
+        task(dag, "approval").execute_complete(make_context(SHOWN), hitl_event("Approve", {"id": APPROVER,
+                                                                                          "name": APPROVER}))
+    message = str(refused.value)
+    assert "\n" not in message and message == (
+        f"{APPROVER} approved evidence sha256 {evidence_sha256(EVIDENCE)}, but this run's gate evidence in the "
+        f"audit log (audit seq {gate.seq}) hashes to {evidence_sha256(gate.evidence_data)}: the approver was not "
+        "shown it, so the approval is refused")
+    [ev] = [e for e in audit.events(group=GROUP) if e.seq > gate.seq + 1]
+    assert ev.kind == "approval_refused_evidence_unverified" and ev.stage_to is None
+    assert ev.evidence_data["evidence_sha256"] == evidence_sha256(EVIDENCE)
+    assert ev.evidence_data["recorded_sha256"] == evidence_sha256(gate.evidence_data)
+    assert audit.stage_of(GROUP) == Stage.VERIFIED  # never approved, so never cut over
+    with pytest.raises(Exception, match="illegal transition verified -> cut_over"):
+        task(dag, "cutover").execute(make_context())
+
+
+def test_an_approval_without_a_gate_event_in_the_audit_log_is_refused(dag: Any, audit: AuditStore) -> None:
+    seed(audit, UP_TO_VERIFIED)
+    audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="promshift", at=datetime.now(UTC),
+                 evidence={"evidence_sha256": evidence_sha256(EVIDENCE)})
+    with pytest.raises(AirflowFailException, match=r"\(no gate event recorded\) hashes to \(nothing\)"):
+        task(dag, "approval").execute_complete(make_context(SHOWN), hitl_event("Approve", {"id": APPROVER,
+                                                                                          "name": APPROVER}))
+    assert [e.kind for e in new_events(audit, UP_TO_VERIFIED)][-1] == "approval_refused_evidence_unverified"
+    assert audit.stage_of(GROUP) == Stage.VERIFIED
 
 
 def test_an_approval_without_a_recorded_request_is_refused(dag: Any, audit: AuditStore) -> None:
@@ -346,13 +413,13 @@ def test_an_approval_without_a_recorded_request_is_refused(dag: Any, audit: Audi
 
 def test_a_rejection_stands_even_when_the_evidence_changed(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_VERIFIED, asked=True, xcoms=SHOWN)
-    now = {**SHOWN, "parity": {"verdict": "FAILED"}}
+    now = {"gate": {**EVIDENCE, "parity": {"verdict": "FAILED"}}}
     with pytest.raises(AirflowFailException, match="rejected by"):
         task(dag, "approval").execute_complete(make_context(now), hitl_event("Reject", {"id": APPROVER,
                                                                                        "name": APPROVER}))
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approval_reject"
-    assert ev.evidence_data["current_sha256"] == evidence_sha256(now) != ev.evidence_data["evidence_sha256"]
+    assert ev.evidence_data["current_sha256"] == evidence_sha256(now["gate"]) != ev.evidence_data["evidence_sha256"]
 
 
 def test_each_step_publishes_the_anchored_audit_head_in_xcom(dag: Any, audit: AuditStore) -> None:
@@ -374,7 +441,7 @@ def test_the_audit_key_comes_from_the_airflow_connection_first(
     task(dag, "rollback").execute(make_context({"snapshot": None}))
     # The rollback, its notification (not sent: no SMTP connection here) and its report, all under that key.
     events = audit.events()
-    assert [e.kind for e in events] == ["rollback_not_needed", NOTIFIED, "report_published"]
+    assert [e.kind for e in events] == ["rollback_not_needed", EventKind.NOTIFIED, "report_published"]
     for ev in events:
         assert ev.scheme == HMAC_SHA256_V2
         assert ev.hash_matches(conn_key.encode()) and not ev.hash_matches(audit.key)
@@ -456,9 +523,10 @@ def test_gate_failed_or_error_parity_fails_the_task(dag: Any, audit: AuditStore,
 def test_gate_successful_verifies_the_group(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_WARMING)
     result = task(dag, "gate").execute(make_context(gate_xcoms("SUCCESSFUL")))
-    assert result["verdict"] == "SUCCESSFUL" and result["action"] == "ask_approval"
-    assert result["checks"] == {"latency": "SUCCESSFUL", "parity": "SUCCESSFUL"}
+    assert result["gate"]["verdict"] == "SUCCESSFUL" and result["gate"]["action"] == "ask_approval"
+    assert result["gate"]["checks"] == {"latency": "SUCCESSFUL", "parity": "SUCCESSFUL"}
     [ev] = new_events(audit, UP_TO_WARMING)
+    assert result == ev.evidence_data  # the gate's XCom is its evidence, whole, as the audit log recorded it
     assert (ev.kind, ev.stage_from, ev.stage_to) == ("gate_passed", "warming", "verified")
     assert audit.stage_of(GROUP) == Stage.VERIFIED
 
@@ -466,7 +534,7 @@ def test_gate_successful_verifies_the_group(dag: Any, audit: AuditStore) -> None
 def test_gate_inconclusive_asks_a_human_without_a_stage_change(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_WARMING)
     result = task(dag, "gate").execute(make_context(gate_xcoms("INCONCLUSIVE")))
-    assert result["verdict"] == "INCONCLUSIVE" and result["action"] == "ask_approval"
+    assert result["gate"]["verdict"] == "INCONCLUSIVE" and result["gate"]["action"] == "ask_approval"
     [ev] = new_events(audit, UP_TO_WARMING)
     assert ev.kind == "gate_inconclusive"
     assert (ev.stage_from, ev.stage_to) == (None, None)
@@ -484,7 +552,7 @@ def test_rollback_without_a_snapshot_records_not_needed(dag: Any, audit: AuditSt
     assert result["performed"] is False
     assert result["restored_identical"] is None
     assert result["reason"] == "a step failed before the gate; see that task's log"
-    [ev, published] = [e for e in audit.events(group=GROUP) if e.kind != NOTIFIED]
+    [ev, published] = [e for e in audit.events(group=GROUP) if e.kind != EventKind.NOTIFIED]
     assert ev.kind == "rollback_not_needed"
     assert ev.stage_to is None
     assert ev.evidence_data == result
@@ -678,7 +746,7 @@ def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
         stub.add_client_error("describe_workspace", "UnrecognizedClientException", http_status_code=403)
         result = op.execute(make_context({"snapshot": None}))
     assert result["performed"] is False
-    [ev, _published] = [e for e in audit.events(group=GROUP) if e.kind != NOTIFIED]
+    [ev, _published] = [e for e in audit.events(group=GROUP) if e.kind != EventKind.NOTIFIED]
     assert ev.kind == "rollback_not_needed"
     # Every other step does need the target, and says why it cannot have it.
     with Stubber(task(dag, "validate").target_hook.conn) as stub:
@@ -724,7 +792,7 @@ def test_a_retried_rollback_looks_past_its_notification_and_report(dag: Any, aud
     assert again == first
     kinds = [e.kind for e in audit.events(group=GROUP)]
     assert kinds.count("rollback_not_needed") == 1, kinds
-    assert kinds.count(NOTIFIED) == 2  # each try tells the owners (here: recorded as not sent)
+    assert kinds.count(EventKind.NOTIFIED) == 2  # each try tells the owners (here: recorded as not sent)
 
 
 def test_a_kubernetes_source_without_its_object_is_refused_before_anything_is_deployed(
@@ -835,9 +903,9 @@ def test_a_dry_run_moves_no_stage_deploys_routes_and_tells_nothing(
     ctx["ti"].xcoms["deploy_dual_write"] = deployed
     assert task(dag, "warm_up").execute(ctx) is None  # no deferral: nothing to wait for
     ctx["ti"].xcoms.update(gate_xcoms("SUCCESSFUL"))
-    verdict = task(dag, "gate").execute(ctx)
-    assert verdict["verdict"] == "SUCCESSFUL"
-    ctx["ti"].xcoms["gate"] = verdict
+    gate = task(dag, "gate").execute(ctx)
+    assert gate["gate"]["verdict"] == "SUCCESSFUL"
+    ctx["ti"].xcoms["gate"] = gate
     with pytest.raises(AirflowSkipException, match="dry run: gate SUCCESSFUL; no approval asked"):
         task(dag, "approval").execute(ctx)
     with pytest.raises(AirflowSkipException, match="dry run"):
@@ -857,7 +925,7 @@ def test_a_dry_run_moves_no_stage_deploys_routes_and_tells_nothing(
     assert config.read_bytes() == before
     assert not (env / "home" / "snapshots").exists()
     assert RoutingStore(audit.url).get(GROUP) is None
-    assert not any(e.kind == NOTIFIED for e in events)
+    assert not any(e.kind == EventKind.NOTIFIED for e in events)
     # Read-only: readiness and instant queries, never a reload or a write.
     assert {asked.split(" ")[1] for asked in live.asked} == {"/-/ready", "/api/v1/query"}
 
@@ -875,7 +943,7 @@ def test_a_dry_run_without_dual_write_has_no_parity_data_and_never_passes(
     assert parity["verdict"] == "INCONCLUSIVE"
     assert "dry run: the group is not dual-writing (planned)" in json.dumps(parity)
     ctx["ti"].xcoms.update({"parity": parity, "latency": gate_xcoms("SUCCESSFUL")["latency"]})
-    assert task(dag, "gate").execute(ctx)["verdict"] == "INCONCLUSIVE"
+    assert task(dag, "gate").execute(ctx)["gate"]["verdict"] == "INCONCLUSIVE"
     [gate] = [e for e in audit.events(group=GROUP) if e.kind == "dry_run_gate"]
     assert gate.evidence_data["dry_run"] is True and gate.stage_to is None
     assert audit.stage_of(GROUP) == Stage.PLANNED
@@ -1026,7 +1094,7 @@ def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owner
                                                    r"stays on$"):
         task(bake_dag, "bake_check__gpu_memory").execute(make_context())
     kinds = [e.kind for e in new_events(audit, UP_TO_CUT_OVER)]
-    assert kinds == ["bake_started", "bake_check", "reads_rolled_back", NOTIFIED]
+    assert kinds == ["bake_started", "bake_check", "reads_rolled_back", EventKind.NOTIFIED]
     check = next(e for e in audit.events(group=GROUP) if e.kind == "bake_check").evidence_data
     assert check["verdict"] == "ERROR"
     # Every measurement could not be observed: each is ERROR with the read that failed, none judged on no data.

@@ -15,15 +15,17 @@ import yaml
 
 from promshift.core.audit import AuditEvent, ChainCheck
 from promshift.core.catalog import MetricGroup
+from promshift.core.events import APPROVAL_ANSWERS, GATE_DECIDED, EventKind
 from promshift.core.render import RenderError, remote_write_entry
 from promshift.core.report import build_report
 
 # The HITL task of every group DAG (dag_factory's ``MigrationApprovalOperator``).
 APPROVAL_TASK_ID = "approval"
 # A run that reached one of these kinds asked (or was about to ask) a human.
-_ASKS_APPROVAL = ("gate_passed", "gate_inconclusive")
+_ASKS_APPROVAL = (EventKind.GATE_PASSED, EventKind.GATE_INCONCLUSIVE)
 # ... and one of these answers or ends that request.
-_CLOSES_APPROVAL = ("approved", "rolled_back", "rollback_not_needed", "run_complete", "cut_over")
+_CLOSES_APPROVAL = APPROVAL_ANSWERS | {EventKind.ROLLED_BACK, EventKind.ROLLBACK_NOT_NEEDED, EventKind.RUN_COMPLETE,
+                                       EventKind.CUT_OVER}
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,10 @@ def run_reports(group: str, events: Sequence[AuditEvent], state: GroupState,
         report["started_at"] = run_events[0].at.isoformat()
         report["ended_at"] = run_events[-1].at.isoformat()
         report["kinds"] = [e.kind for e in run_events]
-        report["gate_at"] = next((e.at.isoformat() for e in reversed(run_events) if e.kind.startswith("gate_")),
+        report["gate_at"] = next((e.at.isoformat() for e in reversed(run_events) if e.kind in GATE_DECIDED),
                                  None)
         report["approval_at"] = next((e.at.isoformat() for e in reversed(run_events)
-                                      if e.kind == "approved" or e.kind.startswith("approval_")), None)
+                                      if e.kind in APPROVAL_ANSWERS), None)
         out.append(report)
     return out
 
@@ -85,7 +87,7 @@ def pending_approval(group: MetricGroup, report: Mapping[str, Any] | None, *, ro
     if not asked:
         return None
     after = kinds[asked[-1] + 1:]
-    if any(k in _CLOSES_APPROVAL or k.startswith("approval_") for k in after):
+    if any(k in _CLOSES_APPROVAL for k in after):
         return None
     return {"run_id": report["run_id"], "since": report["gate_at"], "gate": report["gate"].get("verdict"),
             "reason": report["gate"].get("reason"), "waiting_for": list(group.approvers),
@@ -206,7 +208,7 @@ def group_detail(group: MetricGroup, events: Sequence[AuditEvent], state: GroupS
 
 def published_reports(events: Sequence[AuditEvent]) -> dict[str, dict[str, Any]]:
     """Each run's last ``report_published`` record (url and per-file sha256), by run id."""
-    return {e.run_id: dict(e.evidence_data) for e in events if e.kind == "report_published"}
+    return {e.run_id: dict(e.evidence_data) for e in events if e.kind == EventKind.REPORT_PUBLISHED}
 
 
 def latency_windows(group: MetricGroup, events: Sequence[AuditEvent], state: GroupState,

@@ -150,7 +150,7 @@ def new_event(
         seq=prev.seq + 1 if prev else 1,
         group=group,
         run_id=run_id,
-        kind=kind,
+        kind=str(kind),  # an ``EventKind`` as the plain string it is stored as (and hashed as: its value)
         stage_from=stage_from,
         stage_to=stage_to,
         actor=actor,

@@ -8,6 +8,7 @@ from typing import Any
 from promshift.core.audit import AuditEvent, ChainCheck
 from promshift.core.cost import CostEvidence
 from promshift.core.durations import format_duration
+from promshift.core.events import APPROVAL_ANSWERS, GATE_DECIDED, WARMUP_ENDED, EventKind
 from promshift.core.evidence import json_safe
 from promshift.core.gate import GateEvidence, GateVerdict
 from promshift.core.latency import LatencyResult, WindowLatency
@@ -108,7 +109,8 @@ def approval_body(group: str, gate: GateVerdict, parity: ParityResult, latency: 
     cost = f"### Cost\n```\n{cost_table(latency.cost)}\n```\n" if latency.cost is not None else ""
     board = f"[The group on the migration board]({board_url})\n\n" if board_url else ""
     bound = (f"Evidence sha256 `{evidence_sha256}`: an approval is bound to this evidence and is refused "
-             "if it changed before the answer.\n\n") if evidence_sha256 else ""
+             "if it changed before the answer or is not the gate's evidence in the audit log.\n\n"
+             ) if evidence_sha256 else ""
     return (
         f"## Cut over `{group}` to AMP?\n\nGate: **{gate.verdict.value}** — {gate.reason}\n{warn}\n"
         f"### Parity\n```\n{parity_log_table(parity)}\n```\n"
@@ -158,38 +160,38 @@ def _moved_with_group(events: Sequence[AuditEvent]) -> dict[str, Any]:
                                     "freed_samples_per_s": 0, "reason": None}
     for e in events:
         data = e.evidence_data
-        if e.kind == "rules_snapshot":
+        if e.kind == EventKind.RULES_SNAPSHOT:
             rules.update(configured=True, reason=None, rules=data.get("rules", 0), records=data.get("records", 0),
                          alerts=data.get("alerts", 0))
-        elif e.kind == "rules_records_added":
+        elif e.kind == EventKind.RULES_RECORDS_ADDED:
             rules["records_added"] = True
-        elif e.kind == "rules_moved":
+        elif e.kind == EventKind.RULES_MOVED:
             moved = int(data.get("rules", rules["rules"]) or 0) if data.get("moved") else 0
             rules.update(moved=moved, gap_s=data.get("gap_s"))
-        elif e.kind == "rules_restored" and data.get("changed"):
+        elif e.kind == EventKind.RULES_RESTORED and data.get("changed"):
             rules.update(restored=True, restored_identical=data.get("restored_identical"))
-        elif e.kind == "read_path_snapshot":
+        elif e.kind == EventKind.READ_PATH_SNAPSHOT:
             snap = data.get("snapshot") or {}
             read_path.update(configured=True, reason=None, kind=data.get("kind"),
                              dashboards=len(snap.get("files") or snap.get("dashboards") or []))
-        elif e.kind == "read_path_switched":
+        elif e.kind == EventKind.READ_PATH_SWITCHED:
             read_path.update(switched=True, dashboards=data.get("dashboards", 0), panels=data.get("panels", 0))
-        elif e.kind == "read_path_restored" and data.get("changed"):
+        elif e.kind == EventKind.READ_PATH_RESTORED and data.get("changed"):
             read_path["restored"] = True
-        elif e.kind == "bake_check":
+        elif e.kind == EventKind.BAKE_CHECK:
             bake["checks"] += 1
             if data.get("verdict") in ("FAILED", "ERROR"):
                 bake["failed_checks"] += 1
-        elif e.kind == "baked":
+        elif e.kind == EventKind.BAKED:
             bake.update(baked=True, clean_since=data.get("clean_since"))
-        elif e.kind == "reads_rolled_back":
+        elif e.kind == EventKind.READS_ROLLED_BACK:
             bake.update(reads_rolled_back=True, reason=data.get("reason"))
-        elif e.kind == "decommissioned":
+        elif e.kind == EventKind.DECOMMISSIONED:
             freed = data.get("freed") or {}
             decommission.update(performed=True, source_series_after=data.get("source_series_after"),
                                 freed_series=freed.get("series", 0),
                                 freed_samples_per_s=freed.get("samples_per_s") or 0, reason=None)
-        elif e.kind in ("decommission_refused", "decommission_failed"):
+        elif e.kind in (EventKind.DECOMMISSION_REFUSED, EventKind.DECOMMISSION_FAILED):
             decommission["reason"] = data.get("reason") or e.kind.replace("_", " ")
     return {"rules": rules, "read_path": read_path, "bake": bake, "decommission": decommission}
 
@@ -241,12 +243,12 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
     moved = _moved_with_group(events)
     for e in events:
         data = e.evidence_data
-        if e.kind == "validated":
+        if e.kind == EventKind.VALIDATED:
             validation = {"ok": True, "reason": None}
             recorded_target = dict(data.get("target_backend") or {})
-        elif e.kind == "validation_failed":
+        elif e.kind == EventKind.VALIDATION_FAILED:
             validation = {"ok": False, "reason": data.get("reason")}
-        if e.kind.startswith("gate_"):
+        if e.kind in GATE_DECIDED:
             evidence = GateEvidence.from_dict(data)
             gate = evidence.gate.to_dict()
             parity = evidence.parity.to_dict()
@@ -256,19 +258,20 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
                        "cost": lat.cost.to_dict() if lat.cost else None,
                        "probe": {"max_concurrency": lat.max_concurrency, "accept_encoding": lat.accept_encoding,
                                  "retention_s": json_safe(dict(lat.retention_s))}}
-        elif e.kind == "approved" or e.kind.startswith("approval_"):
+        elif e.kind in APPROVAL_ANSWERS:
             approval = {"decision": data["decision"], "by": data["by"], "comment": data.get("comment")}
             if data.get("evidence_sha256"):
                 approval["evidence_sha256"] = data["evidence_sha256"]
-        elif e.kind in ("rolled_back", "rollback_not_needed"):
+        elif e.kind in (EventKind.ROLLED_BACK, EventKind.ROLLBACK_NOT_NEEDED):
             rollback = {"performed": data["performed"], "restored_identical": data["restored_identical"],
                         "reason": data["reason"]}
-        elif e.kind == "dual_write_deployed":
+        elif e.kind == EventKind.DUAL_WRITE_DEPLOYED:
             deploy = data
-        if e.kind in ("dual_write_deployed", "deploy_failed", "quota_refused") and "deploy" in data:
+        deployed = (EventKind.DUAL_WRITE_DEPLOYED, EventKind.DEPLOY_FAILED, EventKind.QUOTA_REFUSED)
+        if e.kind in deployed and "deploy" in data:
             # A deploy path's evidence (scraper): {kind, state, status_history, reason, quota} at the top.
             deploy = {**{k: v for k, v in data.items() if k != "deploy"}, **data["deploy"]}
-        elif e.kind.startswith("warmup_") and e.kind != "warmup_started":
+        elif e.kind in WARMUP_ENDED.values():
             warmup = data
     if rollback["performed"]:
         summary = f"Rolled back: {rollback['reason']}."

@@ -34,9 +34,9 @@ from typing import Any
 from promshift.adapters.audit_store import AuditStore
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy_kinds import SCRAPER
+from promshift.core.events import EventKind
 from promshift.core.stages import Stage
 from promshift.local.stack.scrapers import collector_processes
-from promshift.steps.lifecycle import BAKE_CHECK
 
 log = logging.getLogger("promshift.local.demo")
 
@@ -103,7 +103,7 @@ def wait_for_stage(audit: AuditStore, group: str, wanted: AbstractSet[Stage], *,
     deadline, last = time.time() + timeout_s, None
     while True:
         stage = audit.stage_of(group)
-        checks = sum(1 for e in audit.events(group=group) if e.kind == BAKE_CHECK)
+        checks = sum(1 for e in audit.events(group=group) if e.kind == EventKind.BAKE_CHECK)
         if (stage, checks) != last:
             log.info("%s: stage %s, %d bake check(s) so far", what, stage.value, checks)
             last = (stage, checks)

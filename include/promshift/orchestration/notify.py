@@ -209,13 +209,14 @@ def send(policy: NotifyPolicy, notice: notices.Notice, context: Mapping[str, Any
 
 
 def _record(step: Any, context: Mapping[str, Any], evidence: Mapping[str, Any]) -> None:
+    from promshift.core.events import EventKind
     from promshift.orchestration.operators import audit_store
-    from promshift.steps.migration import NOTIFIED, record_event
+    from promshift.steps.migration import record_event
 
     publish = getattr(step, "_publish_audit_head", None)
     audit = audit_store(on_head=(lambda head: publish(context, head)) if publish else None)
-    record_event(audit, group_name=step.group.name, run_id=str(context["run_id"]), kind=NOTIFIED, evidence=evidence,
-                 now=datetime.now(UTC))
+    record_event(audit, group_name=step.group.name, run_id=str(context["run_id"]), kind=EventKind.NOTIFIED,
+                 evidence=evidence, now=datetime.now(UTC))
 
 
 def tell_owners(step: Any, context: Mapping[str, Any], kind: str, **details: Any) -> dict[str, Any] | None:

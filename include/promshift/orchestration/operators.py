@@ -415,7 +415,9 @@ def publish_report(step: _GroupStep, context: Any, migration: Any) -> dict[str, 
     try:
         record = publish(migration.audit, ReportStore(reports_url()), group=step.group_name,
                          run_id=context["run_id"])
-        migration.record("report_published", _now(), record)
+        from promshift.core.events import EventKind
+
+        migration.record(EventKind.REPORT_PUBLISHED, _now(), record)
     except Exception as exc:  # noqa: BLE001 (any store failure: the report is secondary evidence)
         step.log.warning("report not published: %s", exc)
         return None
@@ -734,19 +736,24 @@ class LatencyOperator(GroupStepOperator):
 
 
 class GateOperator(GroupStepOperator):
-    """Worst verdict wins: FAILED/ERROR fail this task (and so roll back); otherwise ask a human."""
+    """Worst verdict wins: FAILED/ERROR fail this task (and so roll back); otherwise ask a human.
+
+    Its XCom is the gate's whole evidence (``core.gate.GateEvidence``: verdict, parity, latency) exactly as the
+    audit log recorded it: what the approval shows, hashes, and checks against the audit on the answer.
+    """
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.gate import GateAction
 
         ti = context["ti"]
-        verdict = self.migration(context).gate(ti.xcom_pull(task_ids="parity"), ti.xcom_pull(task_ids="latency"),
-                                               _now())
+        migration = self.migration(context)
+        verdict = migration.gate(ti.xcom_pull(task_ids="parity"), ti.xcom_pull(task_ids="latency"), _now())
         self.log.info("gate: %s", verdict.reason)
         if verdict.action == GateAction.ROLL_BACK:
             dry = "dry run (nothing to roll back): " if self.run_params(context).dry_run else ""
             raise AirflowFailException(f"{dry}gate {verdict.verdict.value}: {verdict.reason}")
-        return verdict.to_dict()
+        recorded = migration.gate_event()
+        return dict(recorded.evidence_data)
 
 
 class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
@@ -754,6 +761,8 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
     # Which approval this is in the audit ("" the cut-over's; "decommission_" the second approval).
     approval_prefix = ""
+    # Whether the evidence shown is the gate's, recorded in the audit log, so the answer is checked against it.
+    shows_audited_gate = True
 
     def _answer(self, migration: Any, **answer: Any) -> None:
         migration.record_approval(prefix=self.approval_prefix, **answer)
@@ -778,9 +787,8 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
     @staticmethod
     def evidence(context: Any) -> dict[str, Any]:
-        """What the approver decides on: this run's gate, parity and latency (with cost) results, as XCom holds them."""
-        ti = context["ti"]
-        return {name: ti.xcom_pull(task_ids=name) or {} for name in ("gate", "parity", "latency")}
+        """What the approver decides on: the gate's whole evidence (verdict, parity, latency with cost), its XCom."""
+        return context["ti"].xcom_pull(task_ids="gate") or {}
 
     def board_url(self) -> str | None:
         """The migration board's page for this group, under the Airflow UI's base URL (None when it is not set)."""
@@ -793,24 +801,22 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
     def execute(self, context: Any) -> Any:
         from promshift.core.evidence import evidence_sha256
-        from promshift.core.gate import GateVerdict
-        from promshift.core.latency import LatencyResult
-        from promshift.core.parity import ParityResult
+        from promshift.core.gate import GateEvidence
         from promshift.core.report import approval_body
 
         evidence = self.evidence(context)
         if self.run_params(context).dry_run:
             self._end_dry_run(context, evidence)
         digest = evidence_sha256(evidence)
-        gate = GateVerdict.from_dict(evidence["gate"])
+        shown = GateEvidence.from_dict(evidence)
+        gate = shown.gate
         board = self.board_url()
         # Recorded before the question is asked: the answer is checked against this hash.
         self.migration(context).record_evidence_shown(
             evidence_sha256=digest, approvers=[u["id"] for u in self.assigned_users or ()], now=_now(),
             board_url=board)
         self.subject = f"[{gate.verdict.value}] Cut over metric group {self.group_name} to AMP?"
-        self.body = approval_body(self.group_name, gate, ParityResult.from_dict(evidence["parity"]),
-                                  LatencyResult.from_dict(evidence["latency"]), evidence_sha256=digest,
+        self.body = approval_body(self.group_name, gate, shown.parity, shown.latency, evidence_sha256=digest,
                                   board_url=board)
         # HITL runs its notifiers once the request exists, just before the task waits for an answer.
         self.notifiers = [*self.notifiers, self.owners_notifier("approval_needed", gate=gate.to_dict(),
@@ -820,11 +826,11 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
     def _end_dry_run(self, context: Any, evidence: dict[str, Any]) -> None:
         """A dry run asks nobody: record how far it got (``dry_run_complete``), publish the report, and skip
         the approval, and so the cut-over and its asset."""
-        from promshift.steps.migration import DRY_RUN_COMPLETE
+        from promshift.core.events import EventKind
 
         migration = self.migration(context)
         gate = evidence.get("gate") or {}
-        migration.record(DRY_RUN_COMPLETE, _now(), {
+        migration.record(EventKind.DRY_RUN_COMPLETE, _now(), {
             "dry_run": True, "gate": gate.get("verdict"), "gate_reason": gate.get("reason"),
             "parity": (evidence.get("parity") or {}).get("verdict"),
             "latency": (evidence.get("latency") or {}).get("verdict"), "stage": migration.stage().value,
@@ -861,6 +867,9 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         shown = str(asked.evidence_data.get("evidence_sha256")) if asked is not None else None
         current = evidence_sha256(self.evidence(context))
         bound = {"evidence_sha256": shown, "current_sha256": current}
+        # The gate evidence as the audit log holds it for this run (read back now): the hash shown must be its.
+        gate_event = migration.gate_event() if self.shows_audited_gate else None
+        recorded = evidence_sha256(gate_event.evidence_data) if gate_event is not None else None
         # triggering_user_name is the user's *name*; HITL records the *id* (equal only under the
         # Simple auth manager), so the responder matches on either.
         if choice == self.APPROVE and triggered_by and triggered_by in {field("id"), field("name")}:
@@ -873,6 +882,13 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
             raise AirflowFailException(
                 f"{by} approved evidence sha256 {shown or '(none recorded)'}, but the evidence is now {current}: "
                 "it changed after it was shown, so the approval is refused")
+        if choice == self.APPROVE and self.shows_audited_gate and shown != recorded:
+            self._answer(migration, decision="refused_evidence_unverified", by=by, comment=comment, now=_now(),
+                         hitl=hitl, **bound, recorded_sha256=recorded or "(none recorded)")
+            where = f"audit seq {gate_event.seq}" if gate_event is not None else "no gate event recorded"
+            raise AirflowFailException(
+                f"{by} approved evidence sha256 {shown}, but this run's gate evidence in the audit log ({where}) "
+                f"hashes to {recorded or '(nothing)'}: the approver was not shown it, so the approval is refused")
         self._answer(migration, decision=choice, by=by, comment=comment, now=_now(), hitl=hitl, **bound)
         if choice != self.APPROVE:
             raise AirflowFailException(f"rejected by {by}: {comment or 'no comment'}")
@@ -969,13 +985,13 @@ class RollbackOperator(GroupStepOperator):
     def _restore_moved(self, context: Any, migration: Any, reason: str) -> list[str]:
         """This run's dashboards, then rules, back to their snapshots (when this run took them); each failure
         is recorded (``<name>_restore_failed``) and returned, after every one was tried."""
+        from promshift.core.events import RESTORE_FAILED, EventKind
         from promshift.steps.migration import one_line
-        from promshift.steps.moves import READ_PATH_SNAPSHOT, RULES_SNAPSHOT
 
         mine = {e.kind for e in migration.audit.events(group=self.group_name, run_id=migration.run_id)}
         errors: list[str] = []
-        for name, kind, build in (("read_path", READ_PATH_SNAPSHOT, self.read_path_step),
-                                  ("rules", RULES_SNAPSHOT, self.rules_step)):
+        for name, kind, build in (("read_path", EventKind.READ_PATH_SNAPSHOT, self.read_path_step),
+                                  ("rules", EventKind.RULES_SNAPSHOT, self.rules_step)):
             if kind not in mine:
                 continue
             try:
@@ -986,7 +1002,7 @@ class RollbackOperator(GroupStepOperator):
                 self.log.info("%s restored: %s", name, out.get("changed"))
             except Exception as exc:  # noqa: BLE001 - every restore is tried; the rollback then fails with them
                 error = f"{name}: {type(exc).__name__}: {one_line(exc)}"
-                migration.record(f"{name}_restore_failed", _now(), {"reason": reason, "error": error,
+                migration.record(RESTORE_FAILED[name], _now(), {"reason": reason, "error": error,
                                                                     "evidence": getattr(exc, "evidence", None)})
                 errors.append(error)
         return errors
@@ -1097,15 +1113,15 @@ class DecommissionPrepareOperator(GroupStepOperator):
     evidence the second approver is shown."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.steps.lifecycle import BAKED, DECOMMISSION_REFUSED
+        from promshift.core.events import EventKind
 
         d = _decommission(self, context)
         m = d.migration
         why = d.refusal()
         if why is not None:
-            m.record(DECOMMISSION_REFUSED, _now(), {"reason": why, "stage": m.stage().value})
+            m.record(EventKind.DECOMMISSION_REFUSED, _now(), {"reason": why, "stage": m.stage().value})
             raise AirflowFailException(why)
-        baked = [e for e in m.audit.events(group=self.group_name) if e.kind == BAKED]
+        baked = [e for e in m.audit.events(group=self.group_name) if e.kind == EventKind.BAKED]
         bake = baked[-1].evidence_data if baked else {}
         summary = {"at": baked[-1].at.isoformat() if baked else None, "checks": bake.get("checks"),
                    "clean_since": bake.get("clean_since"), "period_s": bake.get("period_s"),
@@ -1118,6 +1134,7 @@ class DecommissionApprovalOperator(MigrationApprovalOperator):
     cut-over; recorded as ``decommission_approved`` (no stage move: the drop moves it)."""
 
     approval_prefix = "decommission_"
+    shows_audited_gate = False  # the bake evidence and what the drop frees: XCom only (prepare records no event)
 
     @staticmethod
     def evidence(context: Any) -> dict[str, Any]:

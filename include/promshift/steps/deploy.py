@@ -21,6 +21,7 @@ from typing import Any
 
 from promshift.core.deploy import ConfigDeployer, DeployError, DeployResult, SnapshotStore
 from promshift.core.deploy_kinds import SCRAPER
+from promshift.core.events import EventKind
 from promshift.core.quota import QuotaExceeded
 from promshift.core.redact import redact
 from promshift.core.scraper_config import ACTIVE
@@ -96,7 +97,7 @@ class ScraperDeployStep:
     def snapshot(self, now: datetime) -> dict[str, Any]:
         m = self.migration
         info = take_snapshot(self.deployer, self.store, group=m.group.name, run_id=m.run_id)
-        m.record("snapshot_taken", now, info)
+        m.record(EventKind.SNAPSHOT_TAKEN, now, info)
         return info
 
     def start(self, snapshot_info: Mapping[str, Any], now: datetime) -> dict[str, Any]:
@@ -112,11 +113,11 @@ class ScraperDeployStep:
         try:
             return start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota)
         except QuotaExceeded as exc:
-            m.record("quota_refused", now, {"reason": str(exc), "deploy": {
+            m.record(EventKind.QUOTA_REFUSED, now, {"reason": str(exc), "deploy": {
                 "kind": self.deployer.kind, "status_history": [], "quota": exc.evidence}})
             raise DeployStepFailed(str(exc)) from None
         except DeployError as exc:
-            m.record("deploy_failed", now, {"reason": str(exc), "deploy": {
+            m.record(EventKind.DEPLOY_FAILED, now, {"reason": str(exc), "deploy": {
                 "kind": self.deployer.kind, "status_history": [], "reason": str(exc)}})
             raise DeployStepFailed(str(exc)) from None
 
@@ -130,14 +131,14 @@ class ScraperDeployStep:
         evidence = deploy_evidence(event["result"], quota)
         if event.get("status") != "done":
             reason = str(event.get("reason") or evidence["reason"] or event.get("status"))
-            self.migration.record("deploy_failed", now, {"reason": reason, "deploy": evidence})
+            self.migration.record(EventKind.DEPLOY_FAILED, now, {"reason": reason, "deploy": evidence})
             raise DeployStepFailed(f"{self.what} deploy {event.get('status')}: {reason}")
         result = event["result"]
         details = result.get("details") or {}
         out = {"deploy": evidence, "dual_write_since": active_since(result, self.live_status)}
         out.update({"scraper_id": details.get("scraper_id")} if self.what == SCRAPER else
                    {"remote_write": details.get("remote_write")})
-        self.migration.record("dual_write_deployed", now, out, to=Stage.DUAL_WRITING)
+        self.migration.record(EventKind.DUAL_WRITE_DEPLOYED, now, out, to=Stage.DUAL_WRITING)
         return redact(out)
 
     def restore(self, snapshot_info: Mapping[str, Any], *, reason: str, now: datetime) -> DeployResult:
@@ -145,7 +146,7 @@ class ScraperDeployStep:
         try:
             return restore(self.deployer, self.store, snapshot_info, now=now)
         except DeployError as exc:
-            self.migration.record("rollback_failed", now, {"performed": False, "reason": reason,
+            self.migration.record(EventKind.ROLLBACK_FAILED, now, {"performed": False, "reason": reason,
                                                            "error": str(exc)})
             raise DeployStepFailed(f"rollback: {exc}") from None
 
@@ -157,13 +158,13 @@ class ScraperDeployStep:
         A retry after this run recorded ``rolled_back`` reports what is live now and records nothing."""
         m = self.migration
         mine = steps_of(m.audit.events(group=m.group.name, run_id=m.run_id))
-        if mine and mine[-1].kind == "rolled_back" and event.get("status") == "done":
+        if mine and mine[-1].kind == EventKind.ROLLED_BACK and event.get("status") == "done":
             found = {"restored_identical": self._live_is(snapshot_info), "read_from": m.routing.read_from(m.group.name)}
             return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})
         evidence: dict[str, Any] = {"performed": True, "method": f"{self.what}_restore", "reason": reason,
                                     "deploy": deploy_evidence(event["result"], None)}
         if event.get("status") != "done":
-            m.record("rollback_failed", now, {**evidence, "performed": False,
+            m.record(EventKind.ROLLBACK_FAILED, now, {**evidence, "performed": False,
                                               "error": str(event.get("reason") or event.get("status"))})
             raise DeployStepFailed(f"{self.what} restore {event.get('status')}: {event.get('reason')}")
         if m.routing.read_from(m.group.name) != "source":
@@ -171,7 +172,7 @@ class ScraperDeployStep:
                             run_id=m.run_id)
         evidence["restored_identical"] = self._live_is(snapshot_info)
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[m.stage()] else None
-        m.record("rolled_back", now, evidence, to=to)
+        m.record(EventKind.ROLLED_BACK, now, evidence, to=to)
         return redact(evidence)
 
     def _live_is(self, snapshot_info: Mapping[str, Any]) -> bool:

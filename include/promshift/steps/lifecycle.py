@@ -22,6 +22,7 @@ from typing import Any
 
 from promshift.adapters.prometheus import PrometheusError
 from promshift.core.bake import BakeObservation, MovedRule, baked, clean_streak_start, judge, observe_rules
+from promshift.core.events import EventKind
 from promshift.core.promql import newest_sample_expr
 from promshift.core.render import remote_write_name
 from promshift.core.stages import BAKE_WATCHED, Stage
@@ -31,15 +32,6 @@ from promshift.steps.migration import GroupMigration, one_line
 
 log = logging.getLogger(__name__)
 
-BAKE_STARTED = "bake_started"
-BAKE_CHECK = "bake_check"
-BAKED = "baked"
-READS_ROLLED_BACK = "reads_rolled_back"
-RESTORE_READS_FAILED = "restore_reads_failed"
-DECOMMISSIONED = "decommissioned"
-DECOMMISSION_REFUSED = "decommission_refused"
-DECOMMISSION_FAILED = "decommission_failed"
-RECOMMISSIONED = "recommissioned"
 # Stages a decommission may start from: a clean bake, or a decommission that was undone.
 DECOMMISSIONABLE = frozenset({Stage.BAKED, Stage.RECOMMISSIONED})
 
@@ -53,15 +45,13 @@ def moved_rules(migration: GroupMigration) -> tuple[list[MovedRule], datetime] |
     when no rules of the group are on the target (none moved, or a ``rules_restored`` took them back since).
 
     Raises ValueError when a handoff moved rules but its event names none (the bake cannot check them)."""
-    from promshift.steps.moves import RULES_MOVED, RULES_RESTORED
-
     events = migration.audit.events(group=migration.group.name)
-    moved = [i for i, e in enumerate(events) if e.kind == RULES_MOVED]
+    moved = [i for i, e in enumerate(events) if e.kind == EventKind.RULES_MOVED]
     if not moved:
         return None
     event = events[moved[-1]]
     data = event.evidence_data
-    if not data.get("moved") or any(e.kind == RULES_RESTORED for e in events[moved[-1] + 1:]):
+    if not data.get("moved") or any(e.kind == EventKind.RULES_RESTORED for e in events[moved[-1] + 1:]):
         return None
     if "moved_rules" in data:
         rules = [MovedRule(str(r["kind"]), str(r["name"]), str(r.get("group") or "")) for r in data["moved_rules"]]
@@ -181,16 +171,16 @@ class GroupLifecycle:
         if stage not in BAKE_WATCHED:
             return {"outcome": "not_watched", "stage": stage.value}
         mine = m.audit.events(group=self.group.name, run_id=m.run_id)
-        if mine and mine[-1].kind == RESTORE_READS_FAILED:
+        if mine and mine[-1].kind == EventKind.RESTORE_READS_FAILED:
             restored = self.restore_reads(reason=str(mine[-1].evidence_data.get("reason")), now=now)
             return {"outcome": "rolled_back_reads", "reason": restored["reason"], "restored": restored}
         policy = self.group.bake
         if stage == Stage.CUT_OVER:
-            m.record(BAKE_STARTED, now, {"policy": dataclasses.asdict(policy)}, to=Stage.BAKING)
+            m.record(EventKind.BAKE_STARTED, now, {"policy": dataclasses.asdict(policy)}, to=Stage.BAKING)
         obs = observation if observation is not None else self.observe(now)
         result = judge(obs, policy)
         evidence = {**result.to_dict(), "observation": _observation_dict(obs)}
-        m.record(BAKE_CHECK, now, evidence)
+        m.record(EventKind.BAKE_CHECK, now, evidence)
         if result.failed:
             restored = self.restore_reads(reason=f"bake check {result.verdict.value}: {result.reason()}", now=now)
             return {"outcome": "rolled_back_reads", "check": evidence, "reason": restored["reason"],
@@ -198,7 +188,7 @@ class GroupLifecycle:
         checks = self.checks_since_bake_started()
         if baked(checks, policy, now=now.timestamp()):
             streak = clean_streak_start(checks, interval_s=policy.interval_s)
-            m.record(BAKED, now, {"checks": len(checks), "clean_since": streak, "period_s": policy.period_s,
+            m.record(EventKind.BAKED, now, {"checks": len(checks), "clean_since": streak, "period_s": policy.period_s,
                                   "last_check": evidence}, to=Stage.BAKED)
             return {"outcome": "baked", "check": evidence, "clean_since": streak}
         return {"outcome": "baking", "check": evidence, "checks": len(checks),
@@ -210,7 +200,7 @@ class GroupLifecycle:
         starts = [i for i, e in enumerate(events) if e.stage_to == Stage.BAKING.value]
         since = starts[-1] if starts else len(events)
         return [(e.at.timestamp(), Verdict(e.evidence_data["verdict"])) for e in events[since:]
-                if e.kind == BAKE_CHECK]
+                if e.kind == EventKind.BAKE_CHECK]
 
     def restore_reads(self, *, reason: str, now: datetime) -> dict[str, Any]:
         """Every read-path restorer (routing first; rules and dashboards when their adapters plug in), then
@@ -224,10 +214,10 @@ class GroupLifecycle:
             except Exception as exc:  # noqa: BLE001 - every restorer runs; the failure is recorded and raised
                 errors[name] = f"{type(exc).__name__}: {one_line(exc)}"
         if errors:
-            m.record(RESTORE_READS_FAILED, now, {**evidence, "errors": errors})
+            m.record(EventKind.RESTORE_READS_FAILED, now, {**evidence, "errors": errors})
             raise RestoreReadsFailed(f"restoring reads of {self.group.name!r} failed: "
                                      + "; ".join(f"{k}: {v}" for k, v in errors.items()))
-        m.record(READS_ROLLED_BACK, now, evidence, to=Stage.ROLLED_BACK_READS)
+        m.record(EventKind.READS_ROLLED_BACK, now, evidence, to=Stage.ROLLED_BACK_READS)
         return evidence
 
 
@@ -299,13 +289,14 @@ class Decommission:
         m = self.migration
         why = self.refusal()
         if why is not None:
-            m.record(DECOMMISSION_REFUSED, now, {"reason": why, "stage": m.stage().value, "approval": dict(approval)})
+            m.record(EventKind.DECOMMISSION_REFUSED, now, {"reason": why, "stage": m.stage().value,
+                                                          "approval": dict(approval)})
             raise DecommissionRefused(why)
         freed = self.measure(now)
         jobs = sorted(job for job in freed["series_by_job"] if job)
         if not jobs:
             why = f"the source has no series of {m.group.name!r} in any scrape job: nothing to decommission"
-            m.record(DECOMMISSION_REFUSED, now, {"reason": why, "measured": freed})
+            m.record(EventKind.DECOMMISSION_REFUSED, now, {"reason": why, "measured": freed})
             raise DecommissionRefused(why)
         rule = drop_rule(m.group.name_regex())
         deployer = m.deployer
@@ -328,11 +319,11 @@ class Decommission:
         if not (evidence["loaded"] and stopped and flowing):
             restored = deployer.restore(snap)
             evidence["undone"] = {"restored_identical": restored}
-            m.record(DECOMMISSION_FAILED, now, evidence)
+            m.record(EventKind.DECOMMISSION_FAILED, now, evidence)
             raise DecommissionFailed(
                 f"decommission of {m.group.name!r} not proven safe (drop loaded: {evidence['loaded']}, source "
                 f"stopped: {stopped}, target still receiving: {flowing}); the source config was restored")
-        m.record(DECOMMISSIONED, now, evidence, to=Stage.DECOMMISSIONED)
+        m.record(EventKind.DECOMMISSIONED, now, evidence, to=Stage.DECOMMISSIONED)
         return evidence
 
     def _source_series(self) -> int | None:
@@ -368,7 +359,7 @@ class Decommission:
         m = self.migration
         if m.stage() != Stage.DECOMMISSIONED:
             raise DecommissionRefused(f"group {m.group.name!r} is {m.stage().value}, not decommissioned")
-        done = [e for e in m.audit.events(group=m.group.name) if e.kind == DECOMMISSIONED][-1]
+        done = [e for e in m.audit.events(group=m.group.name) if e.kind == EventKind.DECOMMISSIONED][-1]
         rule, jobs = done.evidence_data["rule"], done.evidence_data["jobs"]
         deployer = m.deployer
         snap = deployer.snapshot()
@@ -385,7 +376,7 @@ class Decommission:
                     "source_history_gap": {"from": done.at.isoformat(), "to": now.isoformat(),
                                            "note": "the source never stored the group's samples in this span; "
                                                    "the target holds them"}}
-        m.record(RECOMMISSIONED, now, evidence, to=Stage.RECOMMISSIONED)
+        m.record(EventKind.RECOMMISSIONED, now, evidence, to=Stage.RECOMMISSIONED)
         return evidence
 
 
@@ -424,5 +415,5 @@ def full_rollback(migration: GroupMigration, now: datetime, *, reason: str,
                 "config_before_sha256": snap.sha256, "config_after_sha256": sha256_bytes(new_data),
                 "remote_write_still_live": entry in remote_write_names(migration.backends.source.config_text()),
                 "restored": restored, "from_stage": stage.value}
-    migration.record("rolled_back", now, evidence, to=Stage.ROLLED_BACK)
+    migration.record(EventKind.ROLLED_BACK, now, evidence, to=Stage.ROLLED_BACK)
     return evidence

@@ -32,6 +32,15 @@ from promshift.core.cost import (
     project_monthly_cost,
 )
 from promshift.core.durations import parse_duration
+from promshift.core.events import (
+    APPROVAL_REFUSALS,
+    GATE_DECIDED,
+    RELEASES_GROUP,
+    SIDE_EVENTS,
+    WARMUP_ENDED,
+    EventKind,
+    approval_kind,
+)
 from promshift.core.evidence import json_safe
 from promshift.core.gate import GateAction, GateEvidence, GateVerdict
 from promshift.core.latency import LatencyResult, ProbeRun, choose_step
@@ -54,15 +63,10 @@ from promshift.core.warmup import WarmupObservation, parse_remote_write_lag
 
 log = logging.getLogger(__name__)
 
-# A notification to the group's owners (``promshift.orchestration.notify``): a stage-less side
-# event. Steps that resume from "this run's last event" look past side events (``steps_of``):
-# notifications, and the report a step publishes after its own event (``report_published``).
-NOTIFIED = "notified"
-SIDE_EVENTS = (NOTIFIED, "report_published")
-
 
 def steps_of(events: Sequence[AuditEvent]) -> list[AuditEvent]:
-    """``events`` without side events: what a retried step compares its own last event with."""
+    """``events`` without side events (``core.events.SIDE_EVENTS``: notifications, and the report a step
+    publishes after its own event): what a retried step compares its own last event with."""
     return [e for e in events if e.kind not in SIDE_EVENTS]
 
 
@@ -71,28 +75,16 @@ class GroupNotStartable(RuntimeError):
     a group it depends on is not cut over yet (recorded as ``start_refused``), or another run holds it."""
 
 
-# Dry-run events: what a dry run would have done, recorded instead of doing it (never a stage move).
-DRY_RUN_STEP = "dry_run_step"
-DRY_RUN_GATE = "dry_run_gate"
-DRY_RUN_COMPLETE = "dry_run_complete"
-START_REFUSED = "start_refused"
-
-
-# A run holds its group from its ``validated`` event until it records one of these (its end: refused at
-# validate, rolled back, nothing to roll back, or complete). A ``rollback_failed`` run keeps holding it:
-# the source is in a state nobody verified, so a new run must not start over it.
-RELEASES_GROUP = ("validation_failed", "rolled_back", "rollback_not_needed", "run_complete")
-
-
 def holding_runs(events: Sequence[AuditEvent], *, before_seq: int | None = None) -> list[AuditEvent]:
-    """The ``validated`` events of runs that still hold the group (one per run, oldest first).
+    """The ``validated`` events of runs that still hold the group (one per run, oldest first): a run holds
+    it until one of ``core.events.RELEASES_GROUP``.
 
     ``before_seq``: only claims made before that sequence number (the claims that win over it).
     """
     claims: dict[str, AuditEvent] = {}
     for ev in events:
         # A dry run changes nothing, so it never holds the group.
-        if (ev.kind == "validated" and not ev.evidence_data.get("dry_run")
+        if (ev.kind == EventKind.VALIDATED and not ev.evidence_data.get("dry_run")
                 and (before_seq is None or ev.seq < before_seq)):
             claims.setdefault(ev.run_id, ev)
         elif ev.kind in RELEASES_GROUP:
@@ -168,7 +160,7 @@ class GroupMigration:
     def stage(self) -> Stage:
         return self.audit.stage_of(self.group.name)
 
-    def recorded(self, kind: str, to: Stage) -> AuditEvent | None:
+    def recorded(self, kind: EventKind, to: Stage) -> AuditEvent | None:
         """This run's ``kind`` event that moved the group to ``to``, if it is still the group's latest move.
 
         That is what a retried step finds when its first attempt recorded the transition and
@@ -184,7 +176,7 @@ class GroupMigration:
             return last
         return None
 
-    def record(self, kind: str, now: datetime, evidence: Mapping[str, Any], *, to: Stage | None = None,
+    def record(self, kind: EventKind, now: datetime, evidence: Mapping[str, Any], *, to: Stage | None = None,
                actor: str | None = None) -> AuditEvent:
         """Append an audit event; with ``to``, also move the stage (checked by the table).
 
@@ -235,11 +227,10 @@ class GroupMigration:
         stage = self.stage()
         blockers = self.start_blockers(stage)
         if blockers and not self.dry_run:
-            self.record(START_REFUSED, now, {"reason": blockers[0], "blockers": blockers, "stage": stage.value,
-                                             "wave": self.group.wave,
-                                             "depends_on": {d: self.audit.stage_of(d).value
-                                                            for d in self.group.depends_on},
-                                             "run_params": self.run_params.to_dict()})
+            self.record(EventKind.START_REFUSED, now, {
+                "reason": blockers[0], "blockers": blockers, "stage": stage.value, "wave": self.group.wave,
+                "depends_on": {d: self.audit.stage_of(d).value for d in self.group.depends_on},
+                "run_params": self.run_params.to_dict()})
             raise GroupNotStartable("; ".join(blockers))
         try:
             if not self.dry_run:  # a dry run changes nothing: it may run beside a run that holds the group
@@ -257,18 +248,19 @@ class GroupMigration:
         """When the group's live dual-write began (its latest ``dual_write_deployed``), if it is live now."""
         if self.stage() not in DUAL_WRITE_ON:
             return None
-        deployed = [e for e in self.audit.events(group=self.group.name) if e.kind == "dual_write_deployed"]
+        deployed = [e for e in self.audit.events(group=self.group.name) if e.kind == EventKind.DUAL_WRITE_DEPLOYED]
         since = deployed[-1].evidence_data.get("dual_write_since") if deployed else None
         return float(since) if since is not None else None
 
     def record_dry_run(self, step: str, now: datetime, would: str, **details: Any) -> dict[str, Any]:
         """A step a dry run skipped: what it would have done (``dry_run_step``, no stage move)."""
         evidence = {"dry_run": True, "step": step, "would": would, **details}
-        self.record(DRY_RUN_STEP, now, evidence)
+        self.record(EventKind.DRY_RUN_STEP, now, evidence)
         return redact(evidence)
 
     def _my_claim_seq(self) -> int | None:
-        mine = [e.seq for e in self.audit.events(group=self.group.name, run_id=self.run_id) if e.kind == "validated"]
+        mine = [e.seq for e in self.audit.events(group=self.group.name, run_id=self.run_id)
+                if e.kind == EventKind.VALIDATED]
         return mine[-1] if mine else None
 
     def _refuse_if_held(self, *, before_seq: int | None = None) -> None:
@@ -302,7 +294,7 @@ class GroupMigration:
         evidence["run_params"] = self.run_params.to_dict()
         if self.dry_run:
             evidence.update(dry_run=True, would_refuse=list(would_refuse))
-        self.record("validated", now, evidence)
+        self.record(EventKind.VALIDATED, now, evidence)
         return redact(evidence)
 
     def record_validation_failed(self, exc: BaseException, now: datetime) -> str:
@@ -323,7 +315,7 @@ class GroupMigration:
         info = {"snapshot_path": ref, "config_path": snap.path, "sha256": snap.sha256,
                 "bytes": len(snap.data), "mode": f"{snap.mode:04o}" if snap.mode is not None else None,
                 "uid": snap.uid, "gid": snap.gid}
-        self.record("snapshot_taken", now, info)
+        self.record(EventKind.SNAPSHOT_TAKEN, now, info)
         return info
 
     def _load_snapshot(self, info: Mapping[str, Any]) -> ConfigSnapshot:
@@ -352,7 +344,7 @@ class GroupMigration:
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
                                    url=self.backends.target_remote_write_url, sigv4=self.backends.target_sigv4)
         new_data = add_remote_write(snap.data, entry)
-        done = self.recorded("dual_write_deployed", Stage.DUAL_WRITING)
+        done = self.recorded(EventKind.DUAL_WRITE_DEPLOYED, Stage.DUAL_WRITING)
         if done is not None:
             self._verify_live(entry["name"])
             return redact(done.evidence_data)
@@ -368,9 +360,9 @@ class GroupMigration:
                 result = deployer.deploy(new_data, snapshot=snap, expect_remote_writes={entry["name"]})
             except DeployError as exc:
                 # Not deployed (the deployer put the snapshot back): say so in the audit, with the reason.
-                self.record("deploy_failed", now, {"reason": redact_text(str(exc)), "remote_write": entry["name"],
-                                                   "config_sha256": sha256_bytes(deployer.real_path.read_bytes()),
-                                                   "snapshot_sha256": snap.sha256})
+                self.record(EventKind.DEPLOY_FAILED, now, {
+                    "reason": redact_text(str(exc)), "remote_write": entry["name"],
+                    "config_sha256": sha256_bytes(deployer.real_path.read_bytes()), "snapshot_sha256": snap.sha256})
                 raise
         evidence = {"remote_write": entry["name"], "keep_regex": self.group.name_regex(),
                     "url": self.backends.target_remote_write_url, "config_before_sha256": result.before_sha256,
@@ -382,7 +374,7 @@ class GroupMigration:
         if resumed:
             evidence["resumed"] = "the config already held this entry from an earlier attempt; verified live"
         try:
-            self.record("dual_write_deployed", now, evidence, to=Stage.DUAL_WRITING)
+            self.record(EventKind.DUAL_WRITE_DEPLOYED, now, evidence, to=Stage.DUAL_WRITING)
         except Exception:
             # Nothing stays deployed without its audit event: unless the event is known to be in the log
             # (committed, then the connection dropped), the snapshot goes back before the error is raised.
@@ -392,7 +384,7 @@ class GroupMigration:
 
     def _undeploy_unrecorded(self, deployer: FileConfigDeployer, snap: ConfigSnapshot, name: str) -> None:
         try:
-            if self.recorded("dual_write_deployed", Stage.DUAL_WRITING) is not None:
+            if self.recorded(EventKind.DUAL_WRITE_DEPLOYED, Stage.DUAL_WRITING) is not None:
                 return
         except Exception as exc:  # noqa: BLE001 - the audit database is what failed: it cannot say
             log.warning("cannot tell whether dual_write_deployed was recorded (%s); assuming it was not", exc)
@@ -420,10 +412,11 @@ class GroupMigration:
         if self.run_params.warmup_override_s is not None:  # the trigger form's warm-up, for this run only
             evidence["override"] = {"warmup_override": self.run_params.warmup_override, "duration_s": duration_s,
                                     "timeout_s": timeout_s}
-        self.record("warmup_started", now, evidence, to=Stage.WARMING)
+        self.record(EventKind.WARMUP_STARTED, now, evidence, to=Stage.WARMING)
 
     def finish_warmup(self, event: Mapping[str, Any], now: datetime) -> None:
-        self.record("warmup_" + str(event.get("status")), now, dict(event))
+        # The trigger ends with ready, timeout or error; anything else is recorded as an error, with the event.
+        self.record(WARMUP_ENDED.get(str(event.get("status")), EventKind.WARMUP_ERROR), now, dict(event))
 
     def parity(self, *, dual_write_since: float, now: datetime) -> ParityResult:
         """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck)."""
@@ -492,14 +485,21 @@ class GroupMigration:
         decided = GateEvidence.decide(parity, latency)
         verdict, evidence = decided.gate, decided.to_dict()
         if self.dry_run:  # the verdict, recorded; the stage never moves in a dry run
-            self.record(DRY_RUN_GATE, now, {**evidence, "dry_run": True})
+            self.record(EventKind.DRY_RUN_GATE, now, {**evidence, "dry_run": True})
         elif verdict.verdict == Verdict.SUCCESSFUL:
-            self.record("gate_passed", now, evidence, to=Stage.VERIFIED)
+            self.record(EventKind.GATE_PASSED, now, evidence, to=Stage.VERIFIED)
         elif verdict.action == GateAction.ASK_APPROVAL:
-            self.record("gate_inconclusive", now, evidence)
+            self.record(EventKind.GATE_INCONCLUSIVE, now, evidence)
         else:
-            self.record("gate_failed", now, evidence)
+            self.record(EventKind.GATE_FAILED, now, evidence)
         return verdict
+
+    def gate_event(self) -> AuditEvent | None:
+        """This run's latest gate decision as the audit log holds it (``gate_*``, or a dry run's ``dry_run_gate``):
+        its evidence is the ``GateEvidence`` the gate decided on, the same the gate task hands on as its XCom."""
+        decided = [e for e in self.audit.events(group=self.group.name, run_id=self.run_id)
+                   if e.kind in GATE_DECIDED or e.kind == EventKind.DRY_RUN_GATE]
+        return decided[-1] if decided else None
 
     def record_evidence_shown(self, *, evidence_sha256: str, approvers: Sequence[str], now: datetime,
                                   board_url: str | None = None) -> AuditEvent:
@@ -507,24 +507,27 @@ class GroupMigration:
         evidence: dict[str, Any] = {"evidence_sha256": evidence_sha256, "approvers": list(approvers)}
         if board_url:
             evidence["board_url"] = board_url
-        return self.record("evidence_shown", now, evidence)
+        return self.record(EventKind.EVIDENCE_SHOWN, now, evidence)
 
     def approval_request(self) -> AuditEvent | None:
         """This run's latest ``evidence_shown`` event: the evidence the approver was shown."""
         asked = [e for e in self.audit.events(group=self.group.name)
-                 if e.run_id == self.run_id and e.kind == "evidence_shown"]
+                 if e.run_id == self.run_id and e.kind == EventKind.EVIDENCE_SHOWN]
         return asked[-1] if asked else None
 
     def record_approval(self, *, decision: str, by: str, comment: str, now: datetime,
                         hitl: Mapping[str, Any] | None = None, evidence_sha256: str | None = None,
-                        current_sha256: str | None = None, prefix: str = "") -> None:
+                        current_sha256: str | None = None, recorded_sha256: str | None = None,
+                        prefix: str = "") -> None:
         """``hitl`` names Airflow's HITL record the answer came from, so the two can be compared.
 
         ``prefix`` names another approval than the cut-over's (``decommission_``): its events are
         ``<prefix>approved`` / ``<prefix>approval_<decision>`` and never move the stage.
 
         ``evidence_sha256`` is the hash of the evidence the approver was shown; ``current_sha256``
-        the evidence's hash when the answer arrived, recorded when it differs (a refused approval).
+        the evidence's hash when the answer arrived, recorded when it differs (a refused approval);
+        ``recorded_sha256`` the hash of the gate evidence the audit log holds for this run, recorded when it
+        differs from the one shown (a refused approval: the approver was not shown the audited evidence).
         """
         evidence: dict[str, Any] = {"decision": decision, "by": by, "comment": comment}
         if hitl is not None:
@@ -533,46 +536,48 @@ class GroupMigration:
             evidence["evidence_sha256"] = evidence_sha256
         if current_sha256 is not None and current_sha256 != evidence_sha256:
             evidence["current_sha256"] = current_sha256
-        if decision == "Approve":
-            self.record(prefix + "approved", now, evidence, to=None if prefix else Stage.APPROVED, actor=by)
-        else:
-            self.record(prefix + "approval_" + decision.lower(), now, evidence, actor=by)
+        if recorded_sha256 is not None and recorded_sha256 != evidence_sha256:
+            evidence["recorded_sha256"] = recorded_sha256
+        kind = approval_kind(decision, prefix=prefix)
+        moves = decision == "Approve" and not prefix
+        self.record(kind, now, evidence, to=Stage.APPROVED if moves else None, actor=by)
 
     def cutover(self, now: datetime) -> dict[str, Any]:
         """Route the group's reads to the target in the routing store (one transaction on the group's row)."""
-        done = self.recorded("cut_over", Stage.CUT_OVER)
+        done = self.recorded(EventKind.CUT_OVER, Stage.CUT_OVER)
         if done is not None and self.routing.read_from(self.group.name) == "target":
             return redact(done.evidence_data)
         route = self.routing.route(self.group.name, read_from="target", url=self.backends.target.base_url,
                                    at=now, run_id=self.run_id)
         evidence = {"routing": route, "manifest": self.routing.where}
-        self.record("cut_over", now, evidence, to=Stage.CUT_OVER)
+        self.record(EventKind.CUT_OVER, now, evidence, to=Stage.CUT_OVER)
         return redact(evidence)
 
     def complete(self, now: datetime) -> dict[str, Any]:
         """Close a successful run: the group reads from the target and keeps dual-writing."""
         evidence = {"routing": self.routing.get(self.group.name),
                     "next": "bake, then decommission the group on the source (a later run)"}
-        self.record("run_complete", now, evidence)
+        self.record(EventKind.RUN_COMPLETE, now, evidence)
         return redact(evidence)
 
     def failure_reason(self) -> str:
         """Why this run is rolling back, in plain words, from the run's own audit events."""
         for ev in reversed(self.audit.events(group=self.group.name, run_id=self.run_id)):
             data = ev.evidence_data
-            if ev.kind == "gate_failed" or (ev.kind == DRY_RUN_GATE and GateEvidence.from_dict(data).gate.action
-                                                 == GateAction.ROLL_BACK):
+            if ev.kind == EventKind.GATE_FAILED or (ev.kind == EventKind.DRY_RUN_GATE and
+                                                    GateEvidence.from_dict(data).gate.action == GateAction.ROLL_BACK):
                 gate = GateEvidence.from_dict(data)
                 parts = [f"{check} {m.verdict.value} ({m.name}: {m.reason})" for check, m in gate.not_passed()]
                 return "; ".join(parts) or gate.gate.reason
-            if ev.kind.startswith("approval_"):
+            if ev.kind in APPROVAL_REFUSALS:
                 return (f"approval {data['decision']} by {data['by']}"
                         + (f": {data['comment']}" if data.get("comment") else ""))
-            if ev.kind in ("deploy_failed", "quota_refused"):  # the deploy path's own refusal (AWS's reason)
+            # The deploy path's own refusal (AWS's reason).
+            if ev.kind in (EventKind.DEPLOY_FAILED, EventKind.QUOTA_REFUSED):
                 return f"{ev.kind.replace('_', ' ')}: {data.get('reason')}"
-            if ev.kind in ("warmup_timeout", "warmup_error"):
+            if ev.kind in (EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR):
                 return f"warm-up {data.get('status')}: {data.get('reason')}"
-            if ev.kind == "validation_failed":
+            if ev.kind == EventKind.VALIDATION_FAILED:
                 return f"validation failed: {data.get('reason')}"
         return "a step failed before the gate; see that task's log"
 
@@ -589,14 +594,14 @@ class GroupMigration:
         mine = steps_of(self.audit.events(group=self.group.name, run_id=self.run_id))
         last_kind = mine[-1].kind if mine else None
         if not snapshot_info:
-            if last_kind == "rollback_not_needed":  # a retry: already recorded
+            if last_kind == EventKind.ROLLBACK_NOT_NEEDED:  # a retry: already recorded
                 return redact(mine[-1].evidence_data)
             evidence = {"performed": False, "restored_identical": None, "reason": reason,
                         "detail": "no snapshot was taken, so nothing was deployed"}
-            self.record("rollback_not_needed", now, evidence)
+            self.record(EventKind.ROLLBACK_NOT_NEEDED, now, evidence)
             return evidence
         name = remote_write_name(self.group.name)
-        if last_kind == "rolled_back" and (found := self._still_rolled_back(snapshot_info)) is not None:
+        if last_kind == EventKind.ROLLED_BACK and (found := self._still_rolled_back(snapshot_info)) is not None:
             # A retry after this run's rollback was recorded: report what is there now, record nothing.
             return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})
         evidence: dict[str, Any] = {"performed": True, "method": "snapshot", "reason": reason,
@@ -619,7 +624,7 @@ class GroupMigration:
             else:
                 identical = self.deployer.restore(snap) if snap else self._remove_own_entry(snapshot_info)
         except Exception as exc:
-            self.record("rollback_failed", now, {**evidence, "performed": False, "restored_identical": False,
+            self.record(EventKind.ROLLBACK_FAILED, now, {**evidence, "performed": False, "restored_identical": False,
                                                  "error": f"{type(exc).__name__}: {exc}"})
             raise
         try:
@@ -643,7 +648,7 @@ class GroupMigration:
                                              and name not in remote_write_names(self.deployer.real_path.read_bytes()))
         stage = self.stage()
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[stage] else None
-        self.record("rolled_back", now, evidence, to=to)
+        self.record(EventKind.ROLLED_BACK, now, evidence, to=to)
         if routing_error is not None:
             raise routing_error
         return redact(evidence)
@@ -713,12 +718,12 @@ def record_validation_failed(audit: AuditStore, *, group_name: str, run_id: str,
         evidence["source_config_sha256"] = sha256_bytes(Path(source_config_path).read_bytes())
     if run_params is not None:
         evidence["run_params"] = dict(run_params)
-    audit.append(group=group_name, run_id=run_id, kind="validation_failed", actor=actor, at=now,
+    audit.append(group=group_name, run_id=run_id, kind=EventKind.VALIDATION_FAILED, actor=actor, at=now,
                  evidence=json_safe(redact(evidence)), stage_from=None, stage_to=None)
     return reason
 
 
-def record_event(audit: AuditStore, *, group_name: str, run_id: str, kind: str, evidence: Mapping[str, Any],
+def record_event(audit: AuditStore, *, group_name: str, run_id: str, kind: EventKind, evidence: Mapping[str, Any],
                  now: datetime, actor: str = "promshift") -> AuditEvent:
     """Append a stage-less event (no transition), redacted and JSON-safe, as ``record_validation_failed`` does."""
     return audit.append(group=group_name, run_id=run_id, kind=kind, actor=actor, at=now,

@@ -27,19 +27,11 @@ from typing import Any
 from promshift.adapters.blobs import Blobs
 from promshift.adapters.snapshot_store import snapshot_key
 from promshift.core.audit import AuditEvent
+from promshift.core.events import MOVE_FAILED, EventKind
 from promshift.core.rules import RuleKind
 from promshift.steps.migration import GroupMigration
 
-RULES_SNAPSHOT = "rules_snapshot"
-RULES_RECORDS_ADDED = "rules_records_added"
-RULES_MOVED = "rules_moved"
-RULES_RESTORED = "rules_restored"
-READ_PATH_SNAPSHOT = "read_path_snapshot"
-READ_PATH_SWITCHED = "read_path_switched"
-READ_PATH_RESTORED = "read_path_restored"
 NOT_CONFIGURED = "not configured"
-# A step of the move that failed (recorded with its error before the task fails; the rollback names it).
-MOVE_FAILED = {"rules": "rules_move_failed", "read_path": "read_path_switch_failed"}
 
 
 def record_move_failure(migration: GroupMigration, what: str, step: str, exc: BaseException,
@@ -67,13 +59,14 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _this_run(migration: GroupMigration, kind: str) -> AuditEvent | None:
+def _this_run(migration: GroupMigration, kind: EventKind) -> AuditEvent | None:
     found = [e for e in migration.audit.events(group=migration.group.name, run_id=migration.run_id)
              if e.kind == kind]
     return found[-1] if found else None
 
 
-def _pending_snapshot(migration: GroupMigration, snapshot_kind: str, restored_kind: str) -> AuditEvent | None:
+def _pending_snapshot(migration: GroupMigration, snapshot_kind: EventKind,
+                      restored_kind: EventKind) -> AuditEvent | None:
     """The group's latest snapshot event, unless a restore of that run's snapshot was recorded after it."""
     events = migration.audit.events(group=migration.group.name)
     snaps = [i for i, e in enumerate(events) if e.kind == snapshot_kind]
@@ -102,7 +95,7 @@ class RulesStep:
     def snapshot(self, now: datetime) -> dict[str, Any]:
         """Both sides' rules in the snapshot store, and the plan (every promtool check) before any deploy.
         A retry keeps the first attempt's snapshot (taken before anything changed)."""
-        done = _this_run(self.migration, RULES_SNAPSHOT)
+        done = _this_run(self.migration, EventKind.RULES_SNAPSHOT)
         if done is not None:
             return dict(done.evidence_data)
         snap = self.move.snapshot()
@@ -112,7 +105,7 @@ class RulesStep:
         evidence = {"ref": ref, "sha256": _sha256(data), **self._selection_counts(plan),
                     "files": list(plan.selection.files), "checks": dict(plan.checks),
                     "names": [getattr(r, "name", None) for r in plan.selection.rules]}
-        self.migration.record(RULES_SNAPSHOT, now, evidence)
+        self.migration.record(EventKind.RULES_SNAPSHOT, now, evidence)
         return evidence
 
     def _load(self, event: AuditEvent) -> Any:
@@ -126,7 +119,7 @@ class RulesStep:
 
     def this_run(self) -> tuple[Any, Any]:
         """This run's rules snapshot (from the store, hash-checked) and its plan."""
-        event = _this_run(self.migration, RULES_SNAPSHOT)
+        event = _this_run(self.migration, EventKind.RULES_SNAPSHOT)
         if event is None:
             raise RuntimeError("this run took no rules snapshot (the snapshot step records one)")
         snap = self._load(event)
@@ -137,12 +130,12 @@ class RulesStep:
         snap, plan = self.this_run()
         result = self.move.add_records(plan, snap, now)
         evidence = {**self._selection_counts(plan), "result": result.to_dict() if result is not None else None}
-        self.migration.record(RULES_RECORDS_ADDED, now, evidence)
+        self.migration.record(EventKind.RULES_RECORDS_ADDED, now, evidence)
         return evidence
 
     def handoff(self, now: datetime) -> dict[str, Any]:
         """The source drops the group's rules, the target loads them all (``RulesMove.handoff``); once per run."""
-        done = _this_run(self.migration, RULES_MOVED)
+        done = _this_run(self.migration, EventKind.RULES_MOVED)
         if done is not None:
             return dict(done.evidence_data)
         snap, plan = self.this_run()
@@ -152,19 +145,19 @@ class RulesStep:
                     "moved_rules": [{"kind": r.kind.value, "name": r.name, "group": r.group}
                                     for r in plan.selection.rules],
                     "source": out.get("source"), "target": out.get("target")}
-        self.migration.record(RULES_MOVED, now, evidence)
+        self.migration.record(EventKind.RULES_MOVED, now, evidence)
         return evidence
 
     def restore(self, migration: GroupMigration | None = None, *, reason: str, now: datetime) -> dict[str, Any]:
         """Both sides back to the group's latest rules snapshot (target first); a no-op when already restored."""
         m = migration or self.migration
-        event = _pending_snapshot(m, RULES_SNAPSHOT, RULES_RESTORED)
+        event = _pending_snapshot(m, EventKind.RULES_SNAPSHOT, EventKind.RULES_RESTORED)
         if event is None:
             return {"changed": False, "detail": "no rules snapshot left to restore"}
         out = self.move.rollback(self._load(event), now)
         evidence = {"changed": True, "reason": reason, "snapshot_run_id": event.run_id,
                     "restored_identical": out["restored_identical"], "source": out["source"], "target": out["target"]}
-        m.record(RULES_RESTORED, now, evidence)
+        m.record(EventKind.RULES_RESTORED, now, evidence)
         return evidence
 
 
@@ -176,37 +169,37 @@ class ReadPathStep:
         self.switch_ = switch
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
-        done = _this_run(self.migration, READ_PATH_SNAPSHOT)
+        done = _this_run(self.migration, EventKind.READ_PATH_SNAPSHOT)
         if done is not None:
             return dict(done.evidence_data)
         snap = self.switch_.snapshot(self.migration.run_id)
         evidence = {"kind": self.switch_.kind, "snapshot": snap}
-        self.migration.record(READ_PATH_SNAPSHOT, now, evidence)
+        self.migration.record(EventKind.READ_PATH_SNAPSHOT, now, evidence)
         return evidence
 
     def switch(self, now: datetime) -> dict[str, Any]:
         """The snapshotted dashboards' group panels to the target datasource; once per run."""
-        done = _this_run(self.migration, READ_PATH_SWITCHED)
+        done = _this_run(self.migration, EventKind.READ_PATH_SWITCHED)
         if done is not None:
             return dict(done.evidence_data)
-        event = _this_run(self.migration, READ_PATH_SNAPSHOT)
+        event = _this_run(self.migration, EventKind.READ_PATH_SNAPSHOT)
         if event is None:
             raise RuntimeError("this run took no dashboard snapshot (the snapshot step records one)")
         out = self.switch_.switch(event.evidence_data["snapshot"])
         boards = out.get("files") if "files" in out else out.get("dashboards") or []
         evidence = {"switched": True, "kind": self.switch_.kind, "dashboards": len(boards),
                     "panels": sum(len(b.get("panels") or []) for b in boards), "result": out}
-        self.migration.record(READ_PATH_SWITCHED, now, evidence)
+        self.migration.record(EventKind.READ_PATH_SWITCHED, now, evidence)
         return evidence
 
     def restore(self, migration: GroupMigration | None = None, *, reason: str, now: datetime) -> dict[str, Any]:
         m = migration or self.migration
-        event = _pending_snapshot(m, READ_PATH_SNAPSHOT, READ_PATH_RESTORED)
+        event = _pending_snapshot(m, EventKind.READ_PATH_SNAPSHOT, EventKind.READ_PATH_RESTORED)
         if event is None:
             return {"changed": False, "detail": "no dashboard snapshot left to restore"}
         out = self.switch_.restore(event.evidence_data["snapshot"])
         evidence = {"changed": True, "reason": reason, "snapshot_run_id": event.run_id, "result": out}
-        m.record(READ_PATH_RESTORED, now, evidence)
+        m.record(EventKind.READ_PATH_RESTORED, now, evidence)
         return evidence
 
 
