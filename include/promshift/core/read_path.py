@@ -7,7 +7,7 @@ text with only those ``datasource`` values replaced: every other byte (whitespac
 other panels, a BOM) stays as it was. A small JSON scanner records each value's exact span
 (``parse_spans``); the text is never re-serialised.
 
-Decisions (documented in the README's "Read path switch" section):
+Decisions (documented in docs/rules-and-dashboards.md):
 
 - A target *reads* what ``core.promql`` says its expression selects, after Grafana's variables are
   substituted the way ``core.golden`` does (``substitute`` with ``grafana_builtins``; the catalog's

@@ -114,7 +114,7 @@ class PrometheusHook(BaseHook):
 
 
 def kubernetes_hook(source: Any) -> Any:
-    """The cncf-kubernetes provider's ``KubernetesHook`` for a ``deploy_path.KubernetesSource``.
+    """The cncf-kubernetes provider's ``KubernetesHook`` for a ``core.deploy_kinds.KubernetesSource``.
 
     ``conn_id`` names a ``kubernetes`` connection (its kubeconfig, context and in-cluster flag);
     without one, ``config_file``/``cluster_context``/``in_cluster`` are given to the hook directly

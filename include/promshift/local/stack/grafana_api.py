@@ -1,7 +1,7 @@
 """A local Grafana dashboard API *contract* server for the read path switch (not Grafana).
 
 No Grafana can run on these machines, so ``adapters.grafana`` is tested against this small
-``ThreadingHTTPServer`` on 127.0.0.1 (the pattern of ``stack.k8s_api``). It serves only the legacy
+``ThreadingHTTPServer`` on 127.0.0.1 (the pattern of ``local.stack.k8s_api``). It serves only the legacy
 ``/api`` calls the switch makes, with the shapes Grafana documents (cited in ``adapters.grafana``):
 
 - ``GET /api/search?type=dash-db&query=...`` (case-insensitive title substring; ``dashboardUIDs``;
