@@ -23,3 +23,22 @@ class FakeTI:
     def xcom_push(self, key: str, value: Any) -> None:
         json.dumps(value)  # XCom values must serialise
         self.pushed[key] = value
+
+
+def fed(dag: Any, task_id: str, **inputs: Any) -> Any:
+    """The DAG's task constructed again with its inputs (upstream outputs) as typed keyword arguments: the same
+    class, group wiring and approvers, in a DAG of the same id. In the DAG the inputs are XComArgs, which Airflow
+    resolves to these values when it renders the task; an input left out is None (that upstream returned nothing)."""
+    from airflow.sdk import DAG
+
+    from promshift.orchestration.operators import BakedAssetOperator, MigrationApprovalOperator
+
+    op = dag.get_task(task_id)
+    wiring: dict[str, Any] = {}
+    if not isinstance(op, BakedAssetOperator):
+        wiring = {"group_name": op.group_name, "catalog_path": op.catalog_path, "profile": op.profile,
+                  "source_conn_id": op.source_conn_id, "target_conn_id": op.target_conn_id}
+    if isinstance(op, MigrationApprovalOperator):
+        wiring["approvers"] = [u["id"] for u in op.assigned_users]
+    with DAG(dag.dag_id, schedule=None):
+        return type(op)(task_id=task_id, outlets=list(op.outlets), **wiring, **inputs)

@@ -34,19 +34,7 @@ DECOMMISSION_EDGES: dict[str, set[str]] = {"prepare": set(), "approval": {"prepa
 
 # (class.method, task_ids) of every xcom_pull by task id still in orchestration/; empty is the goal.
 REMAINING_PULLS: set[tuple[str, str]] = {
-    ("DeployDualWriteOperator.execute", "snapshot"),
-    ("WarmupOperator.execute", "deploy_dual_write"),
-    ("ParityPlanOperator.execute", "deploy_dual_write"),
-    ("ParityOperator.execute", "parity_plan"),
-    ("ParityOperator.execute", "['parity_samples']"),
-    ("LatencyOperator.execute", "deploy_dual_write"),
-    ("GateOperator.execute", "parity"),
-    ("GateOperator.execute", "latency"),
-    ("MigrationApprovalOperator.evidence", "gate"),
-    ("RollbackOperator.execute", "snapshot"),
-    ("RollbackOperator.execute_complete", "snapshot"),
     ("BakedAssetOperator.execute", "self.check_task_id"),
-    ("DecommissionApprovalOperator.evidence", "prepare"),
     ("DecommissionOperator.execute", "approval"),
 }
 
@@ -117,3 +105,92 @@ def test_the_lifecycle_dags_keep_their_edges(catalog: Any) -> None:
     expected = {**{f"bake_check__{k}": set() for k in keys}, **{f"baked__{k}": {f"bake_check__{k}"} for k in keys}}
     assert upstream_of(watch) == expected
     assert downstream_of(watch) == reversed_edges(expected)
+
+
+# (task id, input) -> (the upstream task id, the XCom key) its XComArg reads; "return_value": the task's output.
+GROUP_INPUTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("deploy_dual_write", "snapshot"): ("snapshot", "return_value"),
+    ("warm_up", "deployed"): ("deploy_dual_write", "return_value"),
+    ("parity_plan", "deployed"): ("deploy_dual_write", "return_value"),
+    ("parity", "plan"): ("parity_plan", "plan"),
+    ("parity", "shards"): ("parity_samples", "return_value"),
+    ("latency", "deployed"): ("deploy_dual_write", "return_value"),
+    ("gate", "parity"): ("parity", "return_value"),
+    ("gate", "latency"): ("latency", "return_value"),
+    ("approval", "gate_evidence"): ("gate", "return_value"),
+    ("rollback", "snapshot"): ("snapshot", "return_value"),
+}
+DECOMMISSION_INPUTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("approval", "prepared"): ("prepare", "return_value"),
+}
+
+
+def xcom_inputs(dag: Any) -> dict[tuple[str, str], tuple[str, str]]:
+    """Every XComArg in a task's template fields: (task, field) -> (the task it reads, the key)."""
+    from airflow.sdk.definitions.xcom_arg import PlainXComArg
+
+    found = {}
+    for task in dag.tasks:
+        for field in task.template_fields:
+            value = getattr(task, field, None)
+            if isinstance(value, PlainXComArg):
+                found[(task.task_id, field)] = (value.operator.task_id, value.key)
+    return found
+
+
+def test_every_input_is_an_xcomarg_of_the_right_upstream_task(catalog: Any) -> None:
+    for group in catalog.groups:
+        dag = build_group_dag(group, catalog_path=CATALOG, profile=PROFILE)
+        assert xcom_inputs(dag) == GROUP_INPUTS, group.name
+        decommission, _, _ = build_decommission_dags(group, catalog_path=CATALOG, profile=PROFILE)
+        assert xcom_inputs(decommission) == DECOMMISSION_INPUTS, group.name
+        # Each input is read from a task that runs before it (directly or through the chain).
+        for (task_id, _), (producer, _) in {**GROUP_INPUTS}.items():
+            assert producer in dag.get_task(task_id).get_flat_relative_ids(upstream=True), (task_id, producer)
+
+
+class RenderTI:
+    """What ``XComArg.resolve`` asks of a task instance when Airflow renders a task: ``xcom_pull`` by task id and
+    key, ``default`` when there is none (Airflow's own side of the interface; the operators never pull)."""
+
+    dag_id = "promshift__gpu_memory"
+
+    def __init__(self, xcoms: dict[tuple[str, str], Any]) -> None:
+        self.xcoms = xcoms
+
+    def xcom_pull(self, *, task_ids: str, key: str, default: Any, map_indexes: Any = None) -> Any:
+        return self.xcoms.get((task_ids, key), default)
+
+
+def test_airflow_resolves_the_inputs_when_it_renders_a_task(catalog: Any) -> None:
+    from airflow.sdk.exceptions import XComNotFound
+    from airflow.sdk.execution_time.lazy_sequence import LazyXComSequence
+
+    dag = build_group_dag(catalog.get("gpu-memory"), catalog_path=CATALOG, profile=PROFILE)
+    deployed, snap = {"dual_write_since": 1.0}, {"sha256": "x"}
+    ti = RenderTI({("deploy_dual_write", "return_value"): deployed, ("snapshot", "return_value"): snap,
+                   ("parity_plan", "plan"): {"window": None}})
+    for task_id in ("deploy_dual_write", "warm_up", "parity", "rollback"):
+        dag.get_task(task_id).render_template_fields({"ti": ti})
+    assert dag.get_task("deploy_dual_write").snapshot == snap and dag.get_task("warm_up").deployed == deployed
+    parity = dag.get_task("parity")
+    assert parity.plan == {"window": None}
+    # A mapped task's output: a lazy sequence of every shard's value (read when iterated).
+    assert isinstance(parity.shards, LazyXComSequence)
+    assert dag.get_task("rollback").snapshot == snap
+    # A task that never ran (the snapshot after a failed validate): its output resolves to None, as a pull did.
+    rollback = build_group_dag(catalog.get("gpu-memory"), catalog_path=CATALOG, profile=PROFILE).get_task("rollback")
+    rollback.render_template_fields({"ti": RenderTI({})})
+    assert rollback.snapshot is None
+    # A missing XCom under another key than the return value fails the render (a pull answered None).
+    other = build_group_dag(catalog.get("gpu-memory"), catalog_path=CATALOG, profile=PROFILE).get_task("parity")
+    with pytest.raises(XComNotFound):
+        other.render_template_fields({"ti": RenderTI({})})
+
+
+def test_an_unrendered_input_fails_loudly(catalog: Any) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    dag = build_group_dag(catalog.get("gpu-memory"), catalog_path=CATALOG, profile=PROFILE)
+    with pytest.raises(AirflowFailException, match="input 'parity' is unresolved"):
+        dag.get_task("gate").execute({"run_id": "r", "params": {}, "ti": RenderTI({})})
