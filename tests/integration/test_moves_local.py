@@ -63,8 +63,8 @@ def wired(stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     return tmp_path
 
 
-def context(xcoms: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"run_id": RUN_ID, "ti": FakeTI(dict(xcoms or {})), "dag_run": None, "params": {}}
+def context() -> dict[str, Any]:
+    return {"run_id": RUN_ID, "ti": FakeTI(), "dag_run": None, "params": {}}
 
 
 def files(stack: LocalStack) -> dict[str, bytes | None]:

@@ -61,10 +61,9 @@ class FakeDagRun:
     triggering_user_name: str | None = TRIGGERED_BY
 
 
-def make_context(xcoms: dict[str, Any] | None = None, *, triggered_by: str | None = TRIGGERED_BY,
-                 params: dict[str, Any] | None = None) -> dict[str, Any]:
+def make_context(*, triggered_by: str | None = TRIGGERED_BY, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """``params``: the trigger form's values as Airflow hands them to a task (``context["params"]``)."""
-    return {"run_id": RUN_ID, "ti": FakeTI(dict(xcoms or {})), "dag_run": FakeDagRun(triggered_by),
+    return {"run_id": RUN_ID, "ti": FakeTI(), "dag_run": FakeDagRun(triggered_by),
             "params": dict(params or {})}
 
 
@@ -1075,7 +1074,7 @@ def test_the_bake_watch_skips_a_group_that_is_not_cut_over(bake_dag: Any, audit:
         task(bake_dag, "bake_check__gpu_memory").execute(make_context())
     assert new_events(audit, UP_TO_VERIFIED) == []
     with pytest.raises(AirflowSkipException, match=r"not baked yet \(no check\)"):
-        task(bake_dag, "baked__gpu_memory").execute(make_context())
+        fed(bake_dag, "baked__gpu_memory").execute(make_context())  # the check skipped: no output
 
 
 def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owners(
@@ -1109,12 +1108,12 @@ def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owner
 def test_the_baked_asset_is_emitted_only_after_a_bake(bake_dag: Any) -> None:
     from airflow.sdk import Asset
 
-    emit = task(bake_dag, "baked__gpu_memory")
+    assert task(bake_dag, "baked__gpu_memory").outlets == [Asset("promshift://group/gpu-memory/baked")]
+    emit = fed(bake_dag, "baked__gpu_memory", checked={"outcome": "baked", "clean_since": 1.0})
     assert emit.outlets == [Asset("promshift://group/gpu-memory/baked")]
-    assert emit.execute(make_context({"bake_check__gpu_memory": {"outcome": "baked", "clean_since": 1.0}})) == {
-        "baked": True, "clean_since": 1.0}
+    assert emit.execute(make_context()) == {"baked": True, "clean_since": 1.0}
     with pytest.raises(AirflowSkipException, match=r"not baked yet \(baking\)"):
-        emit.execute(make_context({"bake_check__gpu_memory": {"outcome": "baking"}}))
+        fed(bake_dag, "baked__gpu_memory", checked={"outcome": "baking"}).execute(make_context())
 
 
 # -- decommission: the second approval ------------------------------------------------------------------

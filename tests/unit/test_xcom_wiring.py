@@ -33,10 +33,7 @@ GROUP_EDGES: dict[str, set[str]] = {
 DECOMMISSION_EDGES: dict[str, set[str]] = {"prepare": set(), "approval": {"prepare"}, "decommission": {"approval"}}
 
 # (class.method, task_ids) of every xcom_pull by task id still in orchestration/; empty is the goal.
-REMAINING_PULLS: set[tuple[str, str]] = {
-    ("BakedAssetOperator.execute", "self.check_task_id"),
-    ("DecommissionOperator.execute", "approval"),
-}
+REMAINING_PULLS: set[tuple[str, str]] = set()
 
 
 def pulls_by_task_id(path: Path) -> set[tuple[str, str]]:
@@ -122,6 +119,7 @@ GROUP_INPUTS: dict[tuple[str, str], tuple[str, str]] = {
 }
 DECOMMISSION_INPUTS: dict[tuple[str, str], tuple[str, str]] = {
     ("approval", "prepared"): ("prepare", "return_value"),
+    ("decommission", "approval"): ("approval", "return_value"),
 }
 
 
@@ -144,6 +142,11 @@ def test_every_input_is_an_xcomarg_of_the_right_upstream_task(catalog: Any) -> N
         assert xcom_inputs(dag) == GROUP_INPUTS, group.name
         decommission, _, _ = build_decommission_dags(group, catalog_path=CATALOG, profile=PROFILE)
         assert xcom_inputs(decommission) == DECOMMISSION_INPUTS, group.name
+    watch = build_bake_watch_dag(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
+    keys = [g.name.replace("-", "_") for g in catalog.groups]
+    assert xcom_inputs(watch) == {(f"baked__{k}", "checked"): (f"bake_check__{k}", "return_value") for k in keys}
+    for group in catalog.groups:
+        dag = build_group_dag(group, catalog_path=CATALOG, profile=PROFILE)
         # Each input is read from a task that runs before it (directly or through the chain).
         for (task_id, _), (producer, _) in {**GROUP_INPUTS}.items():
             assert producer in dag.get_task(task_id).get_flat_relative_ids(upstream=True), (task_id, producer)

@@ -199,8 +199,9 @@ def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | P
         for group in groups:
             check = BakeCheckOperator(task_id=f"bake_check__{_task_key(group)}", group_name=group.name,
                                       catalog_path=str(catalog_path), profile=profile)
-            check >> BakedAssetOperator(task_id=f"baked__{_task_key(group)}", check_task_id=check.task_id,
-                                        outlets=[baked_asset(group.name)])
+            # The check's output as an XComArg: Airflow makes the check its upstream (its only edge).
+            BakedAssetOperator(task_id=f"baked__{_task_key(group)}", checked=check.output,
+                               outlets=[baked_asset(group.name)])
     return dag
 
 
@@ -249,7 +250,8 @@ def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, pro
             task_id="approval", prepared=prepare.output, approvers=list(group.approvers),
             response_timeout=timedelta(seconds=group.approval_timeout_s), retries=1,
             retry_delay=timedelta(seconds=5), **common)
-        prepare >> approval >> DecommissionOperator(task_id="decommission", **common)
+        decommission_step = DecommissionOperator(task_id="decommission", approval=approval.output, **common)
+        prepare >> approval >> decommission_step
     with by_hand(
         recommission_dag_id(group), "recommission",
         f"Undo the decommission of metric group {group.name} (the source scrapes it again)",

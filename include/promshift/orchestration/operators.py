@@ -1170,16 +1170,17 @@ class BakeCheckOperator(GroupStepOperator):
 
 class BakedAssetOperator(BaseOperator):
     """Emits the group's ``baked`` asset (its ``outlets``) when the check before it baked the group; else skips
-    (a skipped task emits nothing)."""
+    (a skipped task emits nothing). ``checked``: that bake check's output."""
 
     ui_color = "#e6f4ea"
+    template_fields: Sequence[str] = ("checked",)
 
-    def __init__(self, *, check_task_id: str, **kwargs: Any) -> None:
+    def __init__(self, *, checked: Output = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.check_task_id = check_task_id
+        self.checked = checked
 
     def execute(self, context: Any) -> dict[str, Any]:
-        out = context["ti"].xcom_pull(task_ids=self.check_task_id) or {}
+        out = given(self, "checked") or {}
         if out.get("outcome") != "baked":
             raise AirflowSkipException(f"not baked yet ({out.get('outcome') or 'no check'})")
         return {"baked": True, "clean_since": out.get("clean_since")}
@@ -1252,12 +1253,21 @@ class DecommissionApprovalOperator(MigrationApprovalOperator):
 
 
 class DecommissionOperator(GroupStepOperator):
-    """Drop the group at scrape on the source, verified live; undone by itself if the target would not survive."""
+    """Drop the group at scrape on the source, verified live; undone by itself if the target would not survive.
+
+    ``approval``: the second approval's output (its decision, by whom, the comment).
+    """
+
+    template_fields: Sequence[str] = ("group_name", "approval")
+
+    def __init__(self, *, approval: Output = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.approval = approval
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.steps.lifecycle import DecommissionFailed, DecommissionRefused
 
-        approval = context["ti"].xcom_pull(task_ids="approval") or {}
+        approval = given(self, "approval") or {}
         try:
             return _decommission(self, context).decommission(_now(), approval=approval)
         except (DecommissionRefused, DecommissionFailed) as exc:
