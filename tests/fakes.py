@@ -9,17 +9,31 @@ from typing import Any
 
 @dataclass
 class FakeTI:
-    """Answers ``xcom_pull(task_ids=...)`` from prepared values and keeps what is pushed, as a task instance does."""
+    """Keeps what a task pushes (its audit head, its report), as a task instance does. It has no ``xcom_pull``: an
+    operator's inputs are constructor arguments (``fed``), never looked up by task id."""
 
-    xcoms: dict[str, Any] = field(default_factory=dict)
     map_index: int = -1
     pushed: dict[str, Any] = field(default_factory=dict)
-
-    def xcom_pull(self, task_ids: str | list[str] | None = None, **_: Any) -> Any:
-        if isinstance(task_ids, list):  # as Airflow does: a list of task ids answers a list
-            return [self.xcoms.get(t) for t in task_ids]
-        return self.xcoms.get(task_ids) if task_ids is not None else None
 
     def xcom_push(self, key: str, value: Any) -> None:
         json.dumps(value)  # XCom values must serialise
         self.pushed[key] = value
+
+
+def fed(dag: Any, task_id: str, **inputs: Any) -> Any:
+    """The DAG's task constructed again with its inputs (upstream outputs) as typed keyword arguments: the same
+    class, group wiring and approvers, in a DAG of the same id. In the DAG the inputs are XComArgs, which Airflow
+    resolves to these values when it renders the task; an input left out is None (that upstream returned nothing)."""
+    from airflow.sdk import DAG
+
+    from promshift.orchestration.operators import BakedAssetOperator, MigrationApprovalOperator
+
+    op = dag.get_task(task_id)
+    wiring: dict[str, Any] = {}
+    if not isinstance(op, BakedAssetOperator):
+        wiring = {"group_name": op.group_name, "catalog_path": op.catalog_path, "profile": op.profile,
+                  "source_conn_id": op.source_conn_id, "target_conn_id": op.target_conn_id}
+    if isinstance(op, MigrationApprovalOperator):
+        wiring["approvers"] = [u["id"] for u in op.assigned_users]
+    with DAG(dag.dag_id, schedule=None):
+        return type(op)(task_id=task_id, outlets=list(op.outlets), **wiring, **inputs)

@@ -658,13 +658,14 @@ def fault_kill_rollback(env: FaultEnv) -> FaultResult:
 
 
 class FakeTI:
-    """What an operator reads from its task instance: prepared XComs; keeps what it pushes."""
+    """Airflow's side of a task instance: the XComs earlier tasks returned, as ``XComArg.resolve`` pulls them when
+    Airflow renders a task's inputs (the operators never pull); keeps what a task pushes."""
 
     def __init__(self, xcoms: dict[str, Any]) -> None:
         self.xcoms, self.pushed, self.map_index = xcoms, {}, -1
 
-    def xcom_pull(self, task_ids: Any = None, key: str | None = None, **_: Any) -> Any:
-        return self.xcoms.get(task_ids) if isinstance(task_ids, str) and key is None else None
+    def xcom_pull(self, *, task_ids: str, key: str, default: Any = None, **_: Any) -> Any:
+        return self.xcoms.get(task_ids, default) if key == "return_value" else default
 
     def xcom_push(self, key: str, value: Any) -> None:
         json.dumps(value)
@@ -706,8 +707,14 @@ class OperatorRun:
         return {"run_id": self.run_id, "ti": FakeTI(self.xcoms),
                 "dag_run": SimpleNamespace(triggering_user_name=TRIGGERED_BY)}
 
+    def task(self, task_id: str) -> Any:
+        """The DAG's task as a worker runs it: its inputs (XComArgs of earlier tasks' outputs) rendered to values."""
+        op = self.dag.get_task(task_id)
+        op.render_template_fields(self.context())
+        return op
+
     def run(self, task_id: str) -> Any:
-        value = self.dag.get_task(task_id).execute(self.context())
+        value = self.task(task_id).execute(self.context())
         self.xcoms[task_id] = value
         return value
 
@@ -763,13 +770,13 @@ def fault_restart_during_warmup(env: FaultEnv, *, who: str) -> FaultResult:
         run = OperatorRun(f"manual__fault-{number}")
         run.up_to_dual_write()
         ctx = run.context()
-        first = deferred(run.dag.get_task("warm_up"), ctx)
+        first = deferred(run.task("warm_up"), ctx)
         serialized = first.trigger.serialize()
         drops = 0
         if who == "scheduler":
             # The scheduler restarts: the DAG is parsed again and the deferred task may be queued to run again.
             run.dag = run.fresh()
-            again = deferred(run.dag.get_task("warm_up"), run.context())
+            again = deferred(run.task("warm_up"), run.context())
             serialized = again.trigger.serialize()
             event = asyncio.run(first_event(rebuild(serialized, **SHORT_WARMUP), 60))
         else:
@@ -780,7 +787,7 @@ def fault_restart_during_warmup(env: FaultEnv, *, who: str) -> FaultResult:
             if event is None:
                 event = asyncio.run(first_event(rebuild(serialized, **SHORT_WARMUP), 60))
         run.dag = run.fresh()  # execute_complete runs on whichever worker picks it up
-        run.dag.get_task("warm_up").execute_complete(run.context(), event)
+        run.task("warm_up").execute_complete(run.context(), event)
         rolled = run.rollback()
         audit = env.audit(url, f"f{number}")
     kinds = [e.kind for e in audit.events()]
@@ -825,7 +832,7 @@ def fault_approval(env: FaultEnv, *, kind: str) -> FaultResult:
             event = {"chosen_options": ["Approve"], "params_input": {"comment": "mine, lgtm"},
                      "responded_at": now(), "responded_by_user": {"id": TRIGGERED_BY, "name": TRIGGERED_BY}}
         try:
-            run.dag.get_task("approval").execute_complete(run.context(), event)
+            run.task("approval").execute_complete(run.context(), event)
             failed = "approval passed"
         except AirflowFailException as exc:
             failed = str(exc)

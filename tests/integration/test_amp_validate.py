@@ -27,7 +27,7 @@ from promshift.core.render import remote_write_name, remote_write_names, sha256_
 from promshift.local.stack.local import AWS, FRONTDOOR, LocalStack, StackConfig
 from promshift.local.stack.sigv4 import make_up_credentials
 from promshift.orchestration.dag_factory import build_group_dag
-from tests.fakes import FakeTI
+from tests.fakes import FakeTI, fed
 from tests.integration.conftest import running_amp_stack
 
 pytestmark = pytest.mark.integration
@@ -96,7 +96,7 @@ def fails_validate(stack: LocalStack, audit: AuditStore) -> tuple[BaseException,
     run = dag()
     with pytest.raises(Exception) as excinfo:  # noqa: B017 - each test names what it expects
         run.get_task("validate").execute(context())
-    rollback = run.get_task("rollback").execute(context())
+    rollback = fed(run, "rollback").execute(context())  # validate failed: no snapshot
     message = str(excinfo.value)
     events = audit.events(group=GROUP, run_id=RUN_ID)
     # The rollback tells the group's owners (no SMTP connection here: recorded as not sent), then publishes the report.

@@ -489,7 +489,7 @@ def test_the_dags_tasks_deploy_through_the_cr_and_roll_back_deferring_on_the_loa
     from promshift.core.stages import Stage
     from promshift.orchestration.dag_factory import build_group_dag
     from promshift.orchestration.triggers import LoadedConfigTrigger
-    from tests.fakes import FakeTI
+    from tests.fakes import FakeTI, fed
 
     kubeconfig = tmp_path / "kubeconfig.json"
     kubeconfig.write_text(json.dumps({
@@ -508,8 +508,7 @@ def test_the_dags_tasks_deploy_through_the_cr_and_roll_back_deferring_on_the_loa
         "extra": {"remote_write_url": "http://127.0.0.1:9/api/v1/write"}}))
     group = load_catalog(profile="demo").get("gpu-memory")
     dag = build_group_dag(group, catalog_path=default_catalog_path(), profile="demo")
-    xcoms: dict[str, Any] = {}
-    context = {"run_id": "manual__k8s-dag", "ti": FakeTI(xcoms)}
+    context = {"run_id": "manual__k8s-dag", "ti": FakeTI()}
     spec_before = cr(env)["spec"]
 
     def first_event(trigger: LoadedConfigTrigger) -> dict[str, Any]:
@@ -522,17 +521,17 @@ def test_the_dags_tasks_deploy_through_the_cr_and_roll_back_deferring_on_the_loa
 
         return asyncio.run(run())
 
-    xcoms["snapshot"] = dag.get_task("snapshot").execute(context)
-    assert xcoms["snapshot"]["kind"] == "k8s-cr"
-    deploy = dag.get_task("deploy_dual_write")
+    snap = dag.get_task("snapshot").execute(context)
+    assert snap["kind"] == "k8s-cr"
+    deploy = fed(dag, "deploy_dual_write", snapshot=snap)
     with pytest.raises(TaskDeferred) as deferred:
         deploy.execute(context)
     assert isinstance(deferred.value.trigger, LoadedConfigTrigger)
     assert deferred.value.kwargs["quota"] is None  # a plain Prometheus target: no AMP quota to check
     event = first_event(deferred.value.trigger)
     assert event["status"] == "done", event
-    xcoms["deploy_dual_write"] = deploy.execute_complete(context, event, **deferred.value.kwargs)
-    assert xcoms["deploy_dual_write"]["deploy"]["status_history"][-1]["status"] == "LIVE"
+    deployed = deploy.execute_complete(context, event, **deferred.value.kwargs)
+    assert deployed["deploy"]["status_history"][-1]["status"] == "LIVE"
     assert remote_write_names(env.prometheus.config_text()) == ["team-thanos", "promshift-gpu-memory"]
     [ours] = [e for e in cr(env)["spec"]["remoteWrite"] if e.get("name") == "promshift-gpu-memory"]
     assert ours["url"] == "http://127.0.0.1:9/api/v1/write" and ours["writeRelabelConfigs"][0]["action"] == "keep"
@@ -540,7 +539,7 @@ def test_the_dags_tasks_deploy_through_the_cr_and_roll_back_deferring_on_the_loa
     audit = AuditStore()
     try:
         assert audit.stage_of(group.name) == Stage.DUAL_WRITING
-        rollback = dag.get_task("rollback")
+        rollback = fed(dag, "rollback", snapshot=snap)
         with pytest.raises(TaskDeferred) as deferred:
             rollback.execute(context)
         event = first_event(deferred.value.trigger)

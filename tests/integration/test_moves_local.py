@@ -25,7 +25,7 @@ from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.stages import Stage
 from promshift.local.stack.local import LocalStack, StackConfig
 from promshift.orchestration.dag_factory import build_group_dag
-from tests.fakes import FakeTI
+from tests.fakes import FakeTI, fed
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +63,8 @@ def wired(stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     return tmp_path
 
 
-def context(xcoms: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"run_id": RUN_ID, "ti": FakeTI(dict(xcoms or {})), "dag_run": None, "params": {}}
+def context() -> dict[str, Any]:
+    return {"run_id": RUN_ID, "ti": FakeTI(), "dag_run": None, "params": {}}
 
 
 def files(stack: LocalStack) -> dict[str, bytes | None]:
@@ -88,7 +88,7 @@ def cut_over(stack: LocalStack, audit: AuditStore) -> tuple[Any, dict[str, Any],
     dag = build_group_dag(load_catalog(CATALOG, profile="demo").get(GROUP), catalog_path=CATALOG, profile="demo")
     snap = dag.get_task("snapshot").execute(context())
     assert files(stack) == before  # a snapshot changes nothing
-    dag.get_task("deploy_dual_write").execute(context({"snapshot": snap}))
+    fed(dag, "deploy_dual_write", snapshot=snap).execute(context())
     warm_up = dag.get_task("warm_up")
     warm_up.migration(context()).start_warmup(datetime.now(UTC))
     warm_up.execute_complete(context(), {"status": "ready", "reason": "test"})
@@ -115,7 +115,7 @@ def test_rules_and_dashboard_move_at_cutover_and_the_rollback_restores_every_byt
     audit = AuditStore()
     try:
         dag, snap, before = cut_over(stack, audit)
-        result = dag.get_task("rollback").execute(context({"snapshot": snap}))
+        result = fed(dag, "rollback", snapshot=snap).execute(context())
         assert result["restored_identical"] is True
         assert files(stack) == before  # every byte: configs, rule files (the target's gone again), dashboard
         assert {"gpu:fb_used:ratio", "GpuMemoryNearlyFull"} <= names(source) and not names(target)

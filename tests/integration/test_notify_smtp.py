@@ -36,7 +36,7 @@ from promshift.core.stages import Stage
 from promshift.local.stack.local import find_free_ports
 from promshift.local.stack.smtp_sink import ReceivedMail, answers, read_mail, sink_address
 from promshift.orchestration.dag_factory import build_group_dag
-from tests.fakes import FakeTI
+from tests.fakes import FakeTI, fed
 
 pytestmark = pytest.mark.integration
 
@@ -62,8 +62,8 @@ class LinkedTI(FakeTI):
         return f"{UI}/dags/{self.dag_id}/runs/{quote(self.run_id)}/tasks/{self.task_id}?try_number={self.try_number}"
 
 
-def context_for(op: Any, xcoms: dict[str, Any] | None = None) -> dict[str, Any]:
-    ti = LinkedTI(dict(xcoms or {}), task_id=op.task_id)
+def context_for(op: Any) -> dict[str, Any]:
+    ti = LinkedTI(task_id=op.task_id)
     return {"run_id": RUN_ID, "ti": ti, "task_instance": ti, "task": op, "dag_run": None}
 
 
@@ -166,8 +166,8 @@ def test_rollback_mails_why_and_the_task_log_link_verbatim(
     # A reason quoting text that looks like a Jinja template: it must arrive as written, not rendered.
     audit.append(group=GROUP, run_id=RUN_ID, kind="validation_failed", actor="promshift", at=datetime.now(UTC),
                  evidence={"reason": "source {{ 7 * 7 }} <down>"}, stage_from=None, stage_to=None)
-    op = dag.get_task("rollback")
-    result = op.execute(context_for(op, {"snapshot": None}))
+    op = fed(dag, "rollback")
+    result = op.execute(context_for(op))
     assert result["performed"] is False
 
     mail = only_mail(sink)
@@ -185,9 +185,9 @@ def test_unreachable_smtp_server_costs_the_rollback_a_warning_not_the_step(
         dag: Any, audit: AuditStore, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     [closed] = find_free_ports(1)
     monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", smtp_conn(closed))
-    op = dag.get_task("rollback")
+    op = fed(dag, "rollback")
     started = time.monotonic()
-    result = op.execute(context_for(op, {"snapshot": None}))
+    result = op.execute(context_for(op))
     assert time.monotonic() - started < 10
     assert result["performed"] is False
     assert audit.stage_of(GROUP) == Stage.PLANNED
@@ -219,9 +219,9 @@ def test_a_server_that_never_answers_is_given_up_on_after_the_timeout(
     try:
         monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", smtp_conn(hole.getsockname()[1], timeout=60))
         monkeypatch.setenv("PROMSHIFT_NOTIFY_TIMEOUT", "2")
-        op = dag.get_task("rollback")
+        op = fed(dag, "rollback")
         started = time.monotonic()
-        op.execute(context_for(op, {"snapshot": None}))
+        op.execute(context_for(op))
         elapsed = time.monotonic() - started
     finally:
         stop.set()
@@ -245,8 +245,8 @@ def test_a_group_without_a_channel_sends_and_records_nothing(
                                                  "notify: {channel: none}"))
     shutil.copytree(CATALOG.parent / "dashboards", quiet.parent / "dashboards")
     quiet_dag = build_group_dag(load_catalog(quiet, profile="demo").get(GROUP), catalog_path=quiet, profile="demo")
-    op = quiet_dag.get_task("rollback")
-    op.execute(context_for(op, {"snapshot": None}))
+    op = fed(quiet_dag, "rollback")
+    op.execute(context_for(op))
     assert read_mail(sink) == []
     assert notified(audit) == []
 
@@ -260,10 +260,10 @@ def test_the_approval_task_mails_once_its_request_exists_then_waits(
     monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", smtp_conn(sink_address(sink)[1]))  # type: ignore[index]
     order: list[str] = []
     monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: order.append("request:" + kwargs["subject"]))
-    op = dag.get_task("approval")
     gate = {**GATE, "verdict": "SUCCESSFUL", "reason": "every check passed"}
+    op = fed(dag, "approval", gate_evidence={"gate": gate})  # the gate task's output: its whole evidence
     with pytest.raises(TaskAwaitingInput):
-        op.execute(context_for(op, {"gate": {"gate": gate}}))  # the gate task's XCom: its whole evidence
+        op.execute(context_for(op))
     mail = only_mail(sink)
     assert order == ["request:[SUCCESSFUL] Cut over metric group gpu-memory to AMP?"]
     assert mail.subject == "[promshift] gpu-memory: approval needed to cut over to AMP (gate SUCCESSFUL)"
@@ -280,9 +280,9 @@ def test_an_approval_whose_mail_fails_still_waits_for_its_answer(
 
     monkeypatch.delenv("AIRFLOW_CONN_SMTP_DEFAULT", raising=False)  # no SMTP connection at all
     monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: None)
-    op = dag.get_task("approval")
+    op = fed(dag, "approval", gate_evidence={"gate": GATE})
     with pytest.raises(TaskAwaitingInput):
-        op.execute(context_for(op, {"gate": {"gate": GATE}}))
+        op.execute(context_for(op))
     [event] = notified(audit)
     assert event.evidence_data["sent"] is False
     assert event.evidence_data["error"] == "AirflowException: SMTP connection is not found."
@@ -293,9 +293,9 @@ def test_a_rollback_that_fails_mails_rollback_failed_and_still_fails(
     """The snapshot is gone and the source does not answer its reload: the rollback fails, the owners are told."""
     monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", smtp_conn(sink_address(sink)[1]))  # type: ignore[index]
     snapshot = {"snapshot_path": str(env / "gone.yml"), "sha256": "0" * 64, "config_path": str(env / "prometheus.yml")}
-    op = dag.get_task("rollback")
+    op = fed(dag, "rollback", snapshot=snapshot)
     with pytest.raises(Exception) as failure:  # noqa: B017 - whatever the source's client raises
-        op.execute(context_for(op, {"snapshot": snapshot}))
+        op.execute(context_for(op))
     mail = only_mail(sink)
     assert mail.subject.startswith("[promshift] gpu-memory: ROLLBACK FAILED: ")
     assert type(failure.value).__name__ in mail.body()

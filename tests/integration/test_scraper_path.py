@@ -35,6 +35,7 @@ from promshift.orchestration.amp_hook import AmpHook
 from promshift.orchestration.triggers import ScraperStatusTrigger
 from promshift.steps.deploy import DeployStepFailed, ScraperDeployStep
 from promshift.steps.migration import Backends, GroupMigration, observe_warmup
+from tests.fakes import FakeTI, fed
 
 pytestmark = pytest.mark.integration
 
@@ -245,20 +246,6 @@ def test_a_quota_crossing_at_80_percent_deploys_nothing_and_is_audited(stack: Lo
 # -- the operators of the group's DAG, on this path ---------------------------------------------------
 
 
-class FakeTI:
-    """Answers ``xcom_pull(task_ids=...)`` from the XComs earlier tasks returned, as a task instance does."""
-
-    def __init__(self, xcoms: dict[str, Any]) -> None:
-        self.xcoms = xcoms
-        self.map_index = -1
-
-    def xcom_pull(self, task_ids: str | None = None, **_: Any) -> Any:
-        return self.xcoms.get(task_ids) if task_ids is not None else None
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        json.dumps(value)
-
-
 def test_the_dags_deploy_and_rollback_tasks_defer_on_the_scraper_and_record_it(
         stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import TaskDeferred
@@ -273,29 +260,29 @@ def test_the_dags_deploy_and_rollback_tasks_defer_on_the_scraper_and_record_it(
     config_before = stack.source_config_path.read_bytes()
     g = group("gpu-power-thermal")
     dag = build_group_dag(g, catalog_path=default_catalog_path(), profile="demo")
-    xcoms: dict[str, Any] = {}
-    context = {"run_id": RUN_ID, "ti": FakeTI(xcoms)}
+    context = {"run_id": RUN_ID, "ti": FakeTI()}
 
-    xcoms["snapshot"] = dag.get_task("snapshot").execute(context)
+    # Each task's output is the next tasks' input (an XComArg in the DAG, the value here).
+    snap = dag.get_task("snapshot").execute(context)
     # A snapshot in the object store (file:// under PROMSHIFT_HOME by default), not a worker-local path.
-    ref = xcoms["snapshot"]["snapshot_ref"]
-    assert xcoms["snapshot"]["kind"] == "scraper" and ref.startswith("file://")
+    ref = snap["snapshot_ref"]
+    assert snap["kind"] == "scraper" and ref.startswith("file://")
     assert Path(ref.removeprefix("file://")).is_file()
-    deploy = dag.get_task("deploy_dual_write")
+    deploy = fed(dag, "deploy_dual_write", snapshot=snap)
     with pytest.raises(TaskDeferred) as deferred:
         deploy.execute(context)
     trigger = deferred.value.trigger
     assert isinstance(trigger, ScraperStatusTrigger) and deferred.value.method_name == "execute_complete"
     assert deferred.value.kwargs["quota"]["group_series"] > 0
     trigger.poll_interval_s = 0.3
-    xcoms["deploy_dual_write"] = deploy.execute_complete(context, follow(trigger.result), **deferred.value.kwargs)
-    assert [c["status"] for c in xcoms["deploy_dual_write"]["deploy"]["status_history"]] == ["CREATING", "ACTIVE"]
+    deployed = deploy.execute_complete(context, follow(trigger.result), **deferred.value.kwargs)
+    assert [c["status"] for c in deployed["deploy"]["status_history"]] == ["CREATING", "ACTIVE"]
     assert stack.source_config_path.read_bytes() == config_before  # this path never edits the source's file
 
     audit = AuditStore()
     try:
         assert audit.stage_of(g.name) == Stage.DUAL_WRITING
-        rollback = dag.get_task("rollback")
+        rollback = fed(dag, "rollback", snapshot=snap)  # the same value again when the deferred restore resumes
         with pytest.raises(TaskDeferred) as deferred:
             rollback.execute(context)
         event = follow(deferred.value.trigger.result)

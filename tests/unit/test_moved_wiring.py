@@ -23,6 +23,7 @@ from promshift.core.deploy import DeploySnapshot
 from promshift.core.report import build_report
 from promshift.core.rules import RuleKind
 from promshift.core.stages import Stage
+from tests.fakes import fed
 from tests.unit.test_operators import (  # noqa: F401 - fixtures
     GROUP,
     RUN_ID,
@@ -207,12 +208,12 @@ def test_the_rollback_restores_dashboards_and_rules_byte_for_byte(
         dag: Any, audit: AuditStore, dashboards: Path, rules: FakeMove) -> None:  # noqa: F811
     before = dashboards.read_bytes()
     cut_over(dag, audit)
-    task(dag, "rollback").execute(make_context())
+    fed(dag, "rollback").execute(make_context())
     assert dashboards.read_bytes() == before
     assert rules.names() == ["snapshot", "handoff", "rollback"] and rules.calls[2][1] == FakeMove.SNAP.to_dict()
     assert kinds(audit, UP_TO_APPROVED)[5:7] == ["read_path_restored", "rules_restored"]
     # Again (a retried task): nothing left to restore, nothing recorded twice.
-    task(dag, "rollback").execute(make_context())
+    fed(dag, "rollback").execute(make_context())
     assert rules.names().count("rollback") == 1
     assert kinds(audit, UP_TO_APPROVED).count("read_path_restored") == 1
 
@@ -223,7 +224,7 @@ def test_a_rules_restore_that_fails_fails_the_rollback_after_the_rest_was_restor
     cut_over(dag, audit)
     rules.fail_rollback = True
     with pytest.raises(AirflowFailException, match="rules: RuntimeError: target refused the restore"):
-        task(dag, "rollback").execute(make_context())
+        fed(dag, "rollback").execute(make_context())
     assert dashboards.read_bytes() == before
     assert "rules_restore_failed" in kinds(audit, UP_TO_APPROVED)
 
@@ -250,12 +251,13 @@ def test_a_failed_bake_check_returns_dashboards_and_rules_with_the_reads(
     assert RoutingStore(audit.url).read_from(GROUP) == "source"
 
 
-def parity_xcoms() -> dict[str, Any]:
+def parity_inputs() -> dict[str, Any]:
+    """The reducer's inputs: the plan's XCom ``plan``, and no shards."""
     from promshift.core.parity import Measurement, ParityPlan, ParityWindow
     from promshift.core.verdicts import Verdict
 
     plan = ParityPlan(ParityWindow(1000.0, 1600.0, 30.0), (Measurement("coverage", Verdict.SUCCESSFUL, "ok"),))
-    return {"parity_plan": plan.to_dict(), "parity_samples": None}
+    return {"plan": plan.to_dict(), "shards": []}
 
 
 def test_the_rules_layer_joins_the_parity_result_when_rules_move(
@@ -273,7 +275,7 @@ def test_the_rules_layer_joins_the_parity_result_when_rules_move(
     monkeypatch.setattr(rules_deploy, "rules_parity", fake_parity)
     seed(audit, [Stage.DUAL_WRITING, Stage.WARMING])
     task(dag, "snapshot")._snapshot_moved(make_context())
-    result = task(dag, "parity").execute(make_context(parity_xcoms()))
+    result = fed(dag, "parity", **parity_inputs()).execute(make_context())
     assert asked and asked[0]["rules"] == ["gpu:fb_used:ratio", "GpuMemoryExhausted"]
     assert (asked[0]["start"], asked[0]["end"], asked[0]["step"]) == (1000.0, 1600.0, 30.0)
     layers = {m["name"]: m["verdict"] for m in result["measurements"]}
@@ -283,7 +285,7 @@ def test_the_rules_layer_joins_the_parity_result_when_rules_move(
 
 def test_no_rules_layer_without_rules_and_an_error_layer_when_they_cannot_be_compared(
         dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch, env: Path) -> None:  # noqa: F811
-    result = task(dag, "parity").execute(make_context(parity_xcoms()))
+    result = fed(dag, "parity", **parity_inputs()).execute(make_context())
     assert not any(m["name"].startswith("rules") for m in result["measurements"])
     # Configured, but this run took no rules snapshot: the layer is ERROR, never a silent pass.
     from promshift.adapters.blobs import LocalBlobs
@@ -292,7 +294,7 @@ def test_no_rules_layer_without_rules_and_an_error_layer_when_they_cannot_be_com
 
     monkeypatch.setattr(_GroupStep, "rules_step",
                         lambda self, migration: RulesStep(migration, FakeMove(), LocalBlobs(env / "snapshots")))
-    result = task(dag, "parity").execute(make_context(parity_xcoms()))
+    result = fed(dag, "parity", **parity_inputs()).execute(make_context())
     rules_layer = next(m for m in result["measurements"] if m["name"] == "rules")
     assert rules_layer["verdict"] == "ERROR" and "took no rules snapshot" in rules_layer["reason"]
 
@@ -304,7 +306,7 @@ def test_a_dry_run_compares_the_rules_it_would_move_and_keeps_nothing(
 
     monkeypatch.setattr(rules_deploy, "rules_parity", lambda *_a, **_k: [
         Measurement("rules", Verdict.SUCCESSFUL, "2 successful of 2 rules")])
-    result = task(dag, "parity").execute(make_context(parity_xcoms(), params={"dry_run": True}))
+    result = fed(dag, "parity", **parity_inputs()).execute(make_context(params={"dry_run": True}))
     assert {m["name"]: m["verdict"] for m in result["measurements"]}["rules"] == "SUCCESSFUL"
     assert rules.names() == ["snapshot"]  # read, never stored or moved
     assert not [e for e in audit.events(group=GROUP) if e.kind.startswith("rules_")]
@@ -324,7 +326,7 @@ def test_a_failed_handoff_is_recorded_and_named_by_the_rollback(
     assert kinds(audit, UP_TO_APPROVED)[-1] == "rules_move_failed"
     assert dashboards.read_bytes() == before  # nothing after the rules was touched, not even the routing
     assert RoutingStore(audit.url).read_from(GROUP) != "target"
-    task(dag, "rollback").execute(make_context())
+    fed(dag, "rollback").execute(make_context())
     [rolled] = [e for e in audit.events(group=GROUP) if e.kind in ("rollback_not_needed", "rolled_back")]
     assert rolled.evidence_data["reason"] == ("rules handoff failed: RuntimeError: promtool refused the target "
                                               "document")

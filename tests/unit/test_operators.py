@@ -1,9 +1,11 @@
 """The migration operators' decision branches, run on real objects: catalog, DAG, audit store, connections.
 
 No network is needed: the Airflow connections point at a closed port, and every branch
-tested here decides from the event, the XComs and the audit store before touching a
+tested here decides from the event, the upstream outputs and the audit store before touching a
 backend. The operators are taken from the DAG that ``build_group_dag`` builds, so
-their wiring (group, catalog, profile, connection ids) is the production wiring.
+their wiring (group, catalog, profile, connection ids) is the production wiring; an operator
+with inputs (upstream outputs, XComArgs in the DAG) is built again with them as typed values
+(``fed``): what Airflow hands it once it has rendered the task (``test_xcom_wiring`` checks the XComArgs).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from promshift.orchestration.operators import (
     ValidateGroupOperator,
     WarmupOperator,
 )
-from tests.fakes import FakeTI
+from tests.fakes import FakeTI, fed
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
 PROFILE = "demo"
@@ -59,10 +61,9 @@ class FakeDagRun:
     triggering_user_name: str | None = TRIGGERED_BY
 
 
-def make_context(xcoms: dict[str, Any] | None = None, *, triggered_by: str | None = TRIGGERED_BY,
-                 params: dict[str, Any] | None = None) -> dict[str, Any]:
+def make_context(*, triggered_by: str | None = TRIGGERED_BY, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """``params``: the trigger form's values as Airflow hands them to a task (``context["params"]``)."""
-    return {"run_id": RUN_ID, "ti": FakeTI(dict(xcoms or {})), "dag_run": FakeDagRun(triggered_by),
+    return {"run_id": RUN_ID, "ti": FakeTI(), "dag_run": FakeDagRun(triggered_by),
             "params": dict(params or {})}
 
 
@@ -106,12 +107,12 @@ def task(dag: Any, task_id: str) -> Any:
     return dag.get_task(task_id)
 
 
-def seed(audit: AuditStore, history: list[Stage], *, asked: bool = False, xcoms: dict[str, Any] | None = None) -> None:
+def seed(audit: AuditStore, history: list[Stage], *, asked: bool = False, gate: dict[str, Any] | None = None) -> None:
     """Record a legal prior history of the group (each event a checked stage transition).
 
-    ``asked``: then the gate's evidence as the gate recorded it (the gate's XCom in ``xcoms``: what
-    ``make_context(xcoms)`` holds), and the approval request, as ``MigrationApprovalOperator.execute``
-    records it before the question is shown: the hash of that evidence.
+    ``asked``: then the gate's evidence as the gate recorded it (``gate``: the gate task's output, which the
+    approval is fed), and the approval request, as ``MigrationApprovalOperator.execute`` records it before the
+    question is shown: the hash of that evidence.
     """
     current = Stage.PLANNED
     for stage in history:
@@ -119,7 +120,7 @@ def seed(audit: AuditStore, history: list[Stage], *, asked: bool = False, xcoms:
                      at=datetime.now(UTC), evidence={"seeded": True}, stage_from=current, stage_to=stage)
         current = stage
     if asked:
-        evidence = MigrationApprovalOperator.evidence(make_context(xcoms))
+        evidence = gate or {}
         audit.append(group=GROUP, run_id=RUN_ID, kind="gate_passed", actor="test", at=datetime.now(UTC),
                      evidence=evidence)
         audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="test", at=datetime.now(UTC),
@@ -174,7 +175,7 @@ def test_approval_error_event_fails_and_records_timeout(dag: Any, audit: AuditSt
     event = {"error": "The timeout has passed, and the response has not yet been received.",
              "error_type": error_type}
     with pytest.raises(AirflowFailException, match=f"approval not given: {error_type}"):
-        task(dag, "approval").execute_complete(make_context(), event)
+        fed(dag, "approval").execute_complete(make_context(), event)
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approval_timeout"
     assert ev.actor == "nobody"
@@ -194,7 +195,7 @@ def test_approval_error_event_fails_and_records_timeout(dag: Any, audit: AuditSt
 def test_approval_by_the_runs_trigger_is_refused_four_eyes(dag: Any, audit: AuditStore, responder: Any) -> None:
     seed(audit, UP_TO_VERIFIED, asked=True)
     with pytest.raises(AirflowFailException, match=f"{TRIGGERED_BY} triggered this run .*four-eyes"):
-        task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder, "lgtm"))
+        fed(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder, "lgtm"))
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approval_refused_four_eyes"
     assert ev.actor == TRIGGERED_BY
@@ -216,7 +217,7 @@ def test_four_eyes_holds_when_user_id_differs_from_user_name(dag: Any, audit: Au
     """
     seed(audit, UP_TO_VERIFIED, asked=True)
     with pytest.raises(AirflowFailException, match="four-eyes"):
-        task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder))
+        fed(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder))
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approval_refused_four_eyes"
     assert ev.actor == (responder["id"] if isinstance(responder, dict) else responder.id)
@@ -227,7 +228,7 @@ def test_reject_fails_and_records_the_comment(dag: Any, audit: AuditStore) -> No
     seed(audit, UP_TO_VERIFIED, asked=True)
     comment = "p95 on the 2m window looks off, not tonight"
     with pytest.raises(AirflowFailException, match=f"rejected by {APPROVER}: {comment}"):
-        task(dag, "approval").execute_complete(make_context(), hitl_event("Reject", {"id": APPROVER,
+        fed(dag, "approval").execute_complete(make_context(), hitl_event("Reject", {"id": APPROVER,
                                                                                     "name": "Alice"}, comment))
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approval_reject"
@@ -242,7 +243,7 @@ def test_reject_without_comment_says_so(dag: Any, audit: AuditStore) -> None:
     event = hitl_event("Reject", {"id": APPROVER, "name": APPROVER})
     event["params_input"] = None
     with pytest.raises(AirflowFailException, match="no comment"):
-        task(dag, "approval").execute_complete(make_context(), event)
+        fed(dag, "approval").execute_complete(make_context(), event)
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert (ev.kind, ev.evidence_data["comment"]) == ("approval_reject", "")
 
@@ -251,7 +252,7 @@ def test_the_runs_trigger_may_reject(dag: Any, audit: AuditStore) -> None:
     """Four eyes guards approval only: the person who started a run can always stop it."""
     seed(audit, UP_TO_VERIFIED, asked=True)
     with pytest.raises(AirflowFailException, match=f"rejected by {TRIGGERED_BY}"):
-        task(dag, "approval").execute_complete(make_context(), hitl_event("Reject", {"id": TRIGGERED_BY,
+        fed(dag, "approval").execute_complete(make_context(), hitl_event("Reject", {"id": TRIGGERED_BY,
                                                                                     "name": TRIGGERED_BY}))
     assert [e.kind for e in new_events(audit, UP_TO_VERIFIED)] == ["approval_reject"]
 
@@ -262,7 +263,7 @@ def test_the_runs_trigger_may_reject(dag: Any, audit: AuditStore) -> None:
 ])
 def test_approve_returns_the_decision_and_moves_to_approved(dag: Any, audit: AuditStore, responder: Any) -> None:
     seed(audit, UP_TO_VERIFIED, asked=True)
-    result = task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder, "ship it"))
+    result = fed(dag, "approval").execute_complete(make_context(), hitl_event("Approve", responder, "ship it"))
     assert result == {"decision": "Approve", "by": APPROVER, "comment": "ship it"}
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approved"
@@ -276,8 +277,7 @@ def test_approve_returns_the_decision_and_moves_to_approved(dag: Any, audit: Aud
 def test_approve_of_inconclusive_evidence_moves_from_warming(dag: Any, audit: AuditStore) -> None:
     """INCONCLUSIVE never verifies a group, so a human approval carries it from warming."""
     seed(audit, UP_TO_WARMING, asked=True)
-    task(dag, "approval").execute_complete(make_context(), hitl_event("Approve", {"id": APPROVER,
-                                                                                 "name": APPROVER}))
+    fed(dag, "approval").execute_complete(make_context(), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     [ev] = new_events(audit, UP_TO_WARMING)
     assert (ev.kind, ev.stage_from, ev.stage_to) == ("approved", "warming", "approved")
 
@@ -285,8 +285,7 @@ def test_approve_of_inconclusive_evidence_moves_from_warming(dag: Any, audit: Au
 def test_approve_without_a_known_trigger_user_is_allowed(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_VERIFIED, asked=True)
     ctx = make_context(triggered_by=None)  # e.g. a scheduled run: nobody to compare with
-    result = task(dag, "approval").execute_complete(ctx, hitl_event("Approve", {"id": APPROVER,
-                                                                               "name": APPROVER}))
+    result = fed(dag, "approval").execute_complete(ctx, hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     assert result["by"] == APPROVER
     assert audit.stage_of(GROUP) == Stage.APPROVED
 
@@ -297,24 +296,23 @@ def test_an_approval_names_the_hitl_record_it_came_from(dag: Any, audit: AuditSt
     event = hitl_event("Approve", {"id": APPROVER, "name": "Alice"}, "ship it")
     ctx = make_context()
     ctx["ti"].map_index = 3
-    task(dag, "approval").execute_complete(ctx, event)
+    fed(dag, "approval").execute_complete(ctx, event)
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.evidence_data["hitl"] == {"dag_id": "promshift__gpu_memory", "run_id": RUN_ID, "task_id": "approval",
                                         "map_index": 3, "responder_id": APPROVER,
                                         "responded_at": event["responded_at"].isoformat()}
 
 
-# The gate's evidence (``GateEvidence.to_dict``), and the XComs that hold it (the gate task's).
+# The gate's evidence (``GateEvidence.to_dict``): the gate task's output, the approval's input.
 EVIDENCE = {"gate": {"verdict": "SUCCESSFUL", "reason": "parity and latency passed"},
             "parity": {"verdict": "SUCCESSFUL", "series_compared": 640},
             "latency": {"verdict": "SUCCESSFUL", "windows": [{"window": "1h", "speedup": 3.2}]}}
-SHOWN = {"gate": EVIDENCE}
 
 
 def test_an_approval_records_the_evidence_hash_it_was_shown(dag: Any, audit: AuditStore) -> None:
-    seed(audit, UP_TO_VERIFIED, asked=True, xcoms=SHOWN)
-    task(dag, "approval").execute_complete(make_context(SHOWN), hitl_event("Approve", {"id": APPROVER,
-                                                                                      "name": APPROVER}))
+    seed(audit, UP_TO_VERIFIED, asked=True, gate=EVIDENCE)
+    fed(dag, "approval", gate_evidence=EVIDENCE).execute_complete(
+        make_context(), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     [asked] = [e for e in audit.events(group=GROUP) if e.kind == "evidence_shown"]
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approved"
@@ -327,15 +325,15 @@ def test_an_approval_records_the_evidence_hash_it_was_shown(dag: Any, audit: Aud
 def test_an_approval_of_evidence_that_changed_since_it_was_shown_is_refused(
         dag: Any, audit: AuditStore, changed: str) -> None:
     """Say parity was cleared and re-ran while the question waited: the approver never saw the new result."""
-    seed(audit, UP_TO_VERIFIED, asked=True, xcoms=SHOWN)
-    now = {"gate": {**EVIDENCE, changed: {**EVIDENCE[changed], "verdict": "FAILED"}}}
+    seed(audit, UP_TO_VERIFIED, asked=True, gate=EVIDENCE)
+    now = {**EVIDENCE, changed: {**EVIDENCE[changed], "verdict": "FAILED"}}
     with pytest.raises(AirflowFailException, match="changed after it was shown, so the approval is refused"):
-        task(dag, "approval").execute_complete(make_context(now), hitl_event("Approve", {"id": APPROVER,
-                                                                                        "name": APPROVER}))
+        fed(dag, "approval", gate_evidence=now).execute_complete(
+            make_context(), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approval_refused_evidence_changed"
     assert ev.evidence_data["evidence_sha256"] == evidence_sha256(EVIDENCE)
-    assert ev.evidence_data["current_sha256"] == evidence_sha256(now["gate"])
+    assert ev.evidence_data["current_sha256"] == evidence_sha256(now)
     assert audit.stage_of(GROUP) == Stage.VERIFIED  # never approved
 
 
@@ -348,10 +346,10 @@ def test_the_hash_in_the_approval_body_is_the_audited_gate_evidences_and_an_appr
 
     monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: None)
     seed(audit, UP_TO_WARMING)
-    ctx = make_context(gate_xcoms("SUCCESSFUL"))
-    ctx["ti"].xcoms["gate"] = task(dag, "gate").execute(ctx)
+    ctx = make_context()
+    gate = fed(dag, "gate", **gate_inputs("SUCCESSFUL")).execute(ctx)
     ctx["task_instance"] = SimpleNamespace(id="0190a0f0-0000-7000-8000-000000000001")  # HITL's request key
-    approval = task(dag, "approval")
+    approval = fed(dag, "approval", gate_evidence=gate)
     with pytest.raises(TaskAwaitingInput):
         approval.execute(ctx)
     [gate] = [e for e in audit.events(group=GROUP) if e.kind == "gate_passed"]
@@ -374,8 +372,8 @@ def test_an_approval_of_evidence_the_audit_log_does_not_hold_is_refused(dag: Any
                  evidence={"evidence_sha256": evidence_sha256(EVIDENCE)})
     [gate] = [e for e in audit.events(group=GROUP) if e.kind == "gate_passed"]
     with pytest.raises(AirflowFailException) as refused:
-        task(dag, "approval").execute_complete(make_context(SHOWN), hitl_event("Approve", {"id": APPROVER,
-                                                                                          "name": APPROVER}))
+        fed(dag, "approval", gate_evidence=EVIDENCE).execute_complete(
+            make_context(), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     message = str(refused.value)
     assert "\n" not in message and message == (
         f"{APPROVER} approved evidence sha256 {evidence_sha256(EVIDENCE)}, but this run's gate evidence in the "
@@ -395,8 +393,8 @@ def test_an_approval_without_a_gate_event_in_the_audit_log_is_refused(dag: Any, 
     audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="promshift", at=datetime.now(UTC),
                  evidence={"evidence_sha256": evidence_sha256(EVIDENCE)})
     with pytest.raises(AirflowFailException, match=r"\(no gate event recorded\) hashes to \(nothing\)"):
-        task(dag, "approval").execute_complete(make_context(SHOWN), hitl_event("Approve", {"id": APPROVER,
-                                                                                          "name": APPROVER}))
+        fed(dag, "approval", gate_evidence=EVIDENCE).execute_complete(
+            make_context(), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     assert [e.kind for e in new_events(audit, UP_TO_VERIFIED)][-1] == "approval_refused_evidence_unverified"
     assert audit.stage_of(GROUP) == Stage.VERIFIED
 
@@ -405,27 +403,27 @@ def test_an_approval_without_a_recorded_request_is_refused(dag: Any, audit: Audi
     """No record of what was shown (the request's audit append never happened): nothing to bind to."""
     seed(audit, UP_TO_VERIFIED)
     with pytest.raises(AirflowFailException, match=r"\(none recorded\)"):
-        task(dag, "approval").execute_complete(make_context(SHOWN), hitl_event("Approve", {"id": APPROVER,
-                                                                                          "name": APPROVER}))
+        fed(dag, "approval", gate_evidence=EVIDENCE).execute_complete(
+            make_context(), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     assert [e.kind for e in new_events(audit, UP_TO_VERIFIED)] == ["approval_refused_evidence_changed"]
     assert audit.stage_of(GROUP) == Stage.VERIFIED
 
 
 def test_a_rejection_stands_even_when_the_evidence_changed(dag: Any, audit: AuditStore) -> None:
-    seed(audit, UP_TO_VERIFIED, asked=True, xcoms=SHOWN)
-    now = {"gate": {**EVIDENCE, "parity": {"verdict": "FAILED"}}}
+    seed(audit, UP_TO_VERIFIED, asked=True, gate=EVIDENCE)
+    now = {**EVIDENCE, "parity": {"verdict": "FAILED"}}
     with pytest.raises(AirflowFailException, match="rejected by"):
-        task(dag, "approval").execute_complete(make_context(now), hitl_event("Reject", {"id": APPROVER,
-                                                                                       "name": APPROVER}))
+        fed(dag, "approval", gate_evidence=now).execute_complete(
+            make_context(), hitl_event("Reject", {"id": APPROVER, "name": APPROVER}))
     [ev] = new_events(audit, UP_TO_VERIFIED)
     assert ev.kind == "approval_reject"
-    assert ev.evidence_data["current_sha256"] == evidence_sha256(now["gate"]) != ev.evidence_data["evidence_sha256"]
+    assert ev.evidence_data["current_sha256"] == evidence_sha256(now) != ev.evidence_data["evidence_sha256"]
 
 
 def test_each_step_publishes_the_anchored_audit_head_in_xcom(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_VERIFIED, asked=True)
     ctx = make_context()
-    task(dag, "approval").execute_complete(ctx, hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
+    fed(dag, "approval").execute_complete(ctx, hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     last = audit.events()[-1]
     assert ctx["ti"].pushed["audit_head"] == {"seq": last.seq, "head": last.hash}
     latest = audit.anchor.latest()
@@ -438,7 +436,7 @@ def test_the_audit_key_comes_from_the_airflow_connection_first(
 
     conn_key = "key-from-the-promshift_audit-connection"
     monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_AUDIT", json.dumps({"conn_type": "generic", "password": conn_key}))
-    task(dag, "rollback").execute(make_context({"snapshot": None}))
+    fed(dag, "rollback").execute(make_context())
     # The rollback, its notification (not sent: no SMTP connection here) and its report, all under that key.
     events = audit.events()
     assert [e.kind for e in events] == ["rollback_not_needed", EventKind.NOTIFIED, "report_published"]
@@ -453,7 +451,7 @@ def test_an_audit_connection_without_a_key_fails_the_task(
         dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_AUDIT", json.dumps({"conn_type": "generic", "login": "x"}))
     with pytest.raises(AirflowFailException, match="'promshift_audit' has no password"):
-        task(dag, "rollback").execute(make_context({"snapshot": None}))
+        fed(dag, "rollback").execute(make_context())
     assert audit.events() == []
 
 
@@ -497,7 +495,8 @@ def measurement(name: str, verdict: str, reason: str) -> dict[str, Any]:
     return {"name": name, "verdict": verdict, "reason": reason, "queries": [], "numbers": {}}
 
 
-def gate_xcoms(parity: str, latency: str = "SUCCESSFUL") -> dict[str, Any]:
+def gate_inputs(parity: str, latency: str = "SUCCESSFUL") -> dict[str, Any]:
+    """The gate's inputs: the parity and latency tasks' outputs."""
     return {
         "parity": {"verdict": parity, "points_compared": 96,
                    "measurements": [measurement("samples", parity, f"samples {parity.lower()}")]},
@@ -510,7 +509,7 @@ def gate_xcoms(parity: str, latency: str = "SUCCESSFUL") -> dict[str, Any]:
 def test_gate_failed_or_error_parity_fails_the_task(dag: Any, audit: AuditStore, bad: str) -> None:
     seed(audit, UP_TO_WARMING)
     with pytest.raises(AirflowFailException, match=f"gate {bad}: .*parity"):
-        task(dag, "gate").execute(make_context(gate_xcoms(bad)))
+        fed(dag, "gate", **gate_inputs(bad)).execute(make_context())
     [ev] = new_events(audit, UP_TO_WARMING)
     assert ev.kind == "gate_failed"
     assert ev.stage_to is None
@@ -522,7 +521,7 @@ def test_gate_failed_or_error_parity_fails_the_task(dag: Any, audit: AuditStore,
 
 def test_gate_successful_verifies_the_group(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_WARMING)
-    result = task(dag, "gate").execute(make_context(gate_xcoms("SUCCESSFUL")))
+    result = fed(dag, "gate", **gate_inputs("SUCCESSFUL")).execute(make_context())
     assert result["gate"]["verdict"] == "SUCCESSFUL" and result["gate"]["action"] == "ask_approval"
     assert result["gate"]["checks"] == {"latency": "SUCCESSFUL", "parity": "SUCCESSFUL"}
     [ev] = new_events(audit, UP_TO_WARMING)
@@ -533,7 +532,7 @@ def test_gate_successful_verifies_the_group(dag: Any, audit: AuditStore) -> None
 
 def test_gate_inconclusive_asks_a_human_without_a_stage_change(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_WARMING)
-    result = task(dag, "gate").execute(make_context(gate_xcoms("INCONCLUSIVE")))
+    result = fed(dag, "gate", **gate_inputs("INCONCLUSIVE")).execute(make_context())
     assert result["gate"]["verdict"] == "INCONCLUSIVE" and result["gate"]["action"] == "ask_approval"
     [ev] = new_events(audit, UP_TO_WARMING)
     assert ev.kind == "gate_inconclusive"
@@ -547,8 +546,8 @@ def test_gate_inconclusive_asks_a_human_without_a_stage_change(dag: Any, audit: 
 def test_rollback_without_a_snapshot_records_not_needed(dag: Any, audit: AuditStore, env: Path) -> None:
     config = env / "prometheus.yml"
     before = config.read_bytes()
-    ctx = make_context({"snapshot": None})
-    result = task(dag, "rollback").execute(ctx)
+    ctx = make_context()
+    result = fed(dag, "rollback", snapshot=None).execute(ctx)
     assert result["performed"] is False
     assert result["restored_identical"] is None
     assert result["reason"] == "a step failed before the gate; see that task's log"
@@ -595,8 +594,8 @@ def test_a_report_store_that_cannot_be_written_does_not_fail_the_step(
 def test_rollback_reason_names_the_failed_gate(dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_WARMING)
     with pytest.raises(AirflowFailException):
-        task(dag, "gate").execute(make_context(gate_xcoms("FAILED")))
-    result = task(dag, "rollback").execute(make_context({"snapshot": None}))
+        fed(dag, "gate", **gate_inputs("FAILED")).execute(make_context())
+    result = fed(dag, "rollback").execute(make_context())
     assert result["performed"] is False
     assert result["reason"] == "parity FAILED (samples: samples failed)"
 
@@ -664,7 +663,7 @@ def test_validate_fails_naming_unreachable_backends(dag: Any, audit: AuditStore)
     assert ev.evidence_data["reason"].startswith("source http://127.0.0.1:1 is unreachable or not ready; target ")
     assert ev.evidence_data["source_config_sha256"]  # the config nothing was deployed to, for a later comparison
     # The rollback that follows names it.
-    result = task(dag, "rollback").execute(make_context({"snapshot": None}))
+    result = fed(dag, "rollback").execute(make_context())
     assert result["performed"] is False
     assert result["reason"] == "validation failed: " + ev.evidence_data["reason"]
 
@@ -741,10 +740,10 @@ def test_rollback_restores_the_source_even_when_the_amp_target_refuses_us(
     from botocore.stub import Stubber
 
     amp_target(monkeypatch)
-    op = task(dag, "rollback")
+    op = fed(dag, "rollback")
     with Stubber(op.target_hook.conn) as stub:
         stub.add_client_error("describe_workspace", "UnrecognizedClientException", http_status_code=403)
-        result = op.execute(make_context({"snapshot": None}))
+        result = op.execute(make_context())
     assert result["performed"] is False
     [ev, _published] = [e for e in audit.events(group=GROUP) if e.kind != EventKind.NOTIFIED]
     assert ev.kind == "rollback_not_needed"
@@ -787,8 +786,8 @@ def test_a_snapshot_taken_on_one_worker_is_read_back_on_another(
 def test_a_retried_rollback_looks_past_its_notification_and_report(dag: Any, audit: AuditStore) -> None:
     """The retry of a rollback whose first try notified the owners and published the report records no second
     rollback: side events (``notified``, ``report_published``) are not the step's own last event."""
-    first = task(dag, "rollback").execute(make_context({"snapshot": None}))
-    again = task(dag, "rollback").execute(make_context({"snapshot": None}))
+    first = fed(dag, "rollback").execute(make_context())
+    again = fed(dag, "rollback").execute(make_context())
     assert again == first
     kinds = [e.kind for e in audit.events(group=GROUP)]
     assert kinds.count("rollback_not_needed") == 1, kinds
@@ -804,7 +803,7 @@ def test_a_kubernetes_source_without_its_object_is_refused_before_anything_is_de
     for step in ("snapshot", "deploy_dual_write"):
         with pytest.raises(AirflowFailException, match=r"^connection 'promshift_source': extra.deploy 'k8s-cr' "
                                                        r"needs extra.kubernetes"):
-            task(dag, step).execute(make_context())
+            fed(dag, step).execute(make_context())
     assert audit.events(group=GROUP) == []
 
 
@@ -897,20 +896,18 @@ def test_a_dry_run_moves_no_stage_deploys_routes_and_tells_nothing(
     assert validated["dry_run"] is True
     # What would refuse a real run is said, not enforced: a dry run changes nothing.
     assert validated["would_refuse"][0].startswith("group 'gpu-memory' is dual_writing")
-    assert task(dag, "snapshot").execute(ctx)["would"].startswith("keep the group's remote_write config")
-    deployed = task(dag, "deploy_dual_write").execute(ctx)
+    snapshot = task(dag, "snapshot").execute(ctx)
+    assert snapshot["would"].startswith("keep the group's remote_write config")
+    deployed = fed(dag, "deploy_dual_write", snapshot=snapshot).execute(ctx)
     assert deployed["dual_write_since"] == since and deployed["dry_run"] is True
-    ctx["ti"].xcoms["deploy_dual_write"] = deployed
-    assert task(dag, "warm_up").execute(ctx) is None  # no deferral: nothing to wait for
-    ctx["ti"].xcoms.update(gate_xcoms("SUCCESSFUL"))
-    gate = task(dag, "gate").execute(ctx)
+    assert fed(dag, "warm_up", deployed=deployed).execute(ctx) is None  # no deferral: nothing to wait for
+    gate = fed(dag, "gate", **gate_inputs("SUCCESSFUL")).execute(ctx)
     assert gate["gate"]["verdict"] == "SUCCESSFUL"
-    ctx["ti"].xcoms["gate"] = gate
     with pytest.raises(AirflowSkipException, match="dry run: gate SUCCESSFUL; no approval asked"):
-        task(dag, "approval").execute(ctx)
+        fed(dag, "approval", gate_evidence=gate).execute(ctx)
     with pytest.raises(AirflowSkipException, match="dry run"):
         task(dag, "cutover").execute(ctx)
-    rolled = task(dag, "rollback").execute(ctx)
+    rolled = fed(dag, "rollback", snapshot=snapshot).execute(ctx)
     assert rolled["performed"] is False and rolled["step"] == "rollback"
 
     events = new_events(audit, [Stage.DUAL_WRITING])
@@ -933,17 +930,16 @@ def test_a_dry_run_moves_no_stage_deploys_routes_and_tells_nothing(
 def test_a_dry_run_without_dual_write_has_no_parity_data_and_never_passes(
         dag: Any, audit: AuditStore, live: ScriptedPrometheus) -> None:
     ctx = make_context(params=DRY)
-    deployed = task(dag, "deploy_dual_write").execute(ctx)
+    deployed = fed(dag, "deploy_dual_write").execute(ctx)
     assert deployed["dual_write_since"] is None and deployed["existing_dual_write_since"] is None
-    ctx["ti"].xcoms["deploy_dual_write"] = deployed
-    assert task(dag, "parity_plan").execute(ctx) == []  # no shards: nothing to compare
+    assert fed(dag, "parity_plan", deployed=deployed).execute(ctx) == []  # no shards: nothing to compare
     plan = ctx["ti"].pushed["plan"]
-    ctx["ti"].xcoms["parity_plan"] = plan
-    parity = task(dag, "parity").execute(ctx)
+    # No shards: Airflow resolves the mapped task's output to an empty sequence.
+    parity = fed(dag, "parity", plan=plan, shards=[]).execute(ctx)
     assert parity["verdict"] == "INCONCLUSIVE"
     assert "dry run: the group is not dual-writing (planned)" in json.dumps(parity)
-    ctx["ti"].xcoms.update({"parity": parity, "latency": gate_xcoms("SUCCESSFUL")["latency"]})
-    assert task(dag, "gate").execute(ctx)["gate"]["verdict"] == "INCONCLUSIVE"
+    latency = gate_inputs("SUCCESSFUL")["latency"]
+    assert fed(dag, "gate", parity=parity, latency=latency).execute(ctx)["gate"]["verdict"] == "INCONCLUSIVE"
     [gate] = [e for e in audit.events(group=GROUP) if e.kind == "dry_run_gate"]
     assert gate.evidence_data["dry_run"] is True and gate.stage_to is None
     assert audit.stage_of(GROUP) == Stage.PLANNED
@@ -952,10 +948,10 @@ def test_a_dry_run_without_dual_write_has_no_parity_data_and_never_passes(
 def test_a_dry_run_with_a_failed_gate_fails_and_rolls_nothing_back(dag: Any, audit: AuditStore, env: Path) -> None:
     config = env / "prometheus.yml"
     before = config.read_bytes()
-    ctx = make_context(gate_xcoms("FAILED"), params=DRY)
+    ctx = make_context(params=DRY)
     with pytest.raises(AirflowFailException, match=r"^dry run \(nothing to roll back\): gate FAILED"):
-        task(dag, "gate").execute(ctx)
-    result = task(dag, "rollback").execute(ctx)
+        fed(dag, "gate", **gate_inputs("FAILED")).execute(ctx)
+    result = fed(dag, "rollback").execute(ctx)
     assert result["performed"] is False
     assert result["reason"] == "parity FAILED (samples: samples failed)"
     kinds = [e.kind for e in audit.events(group=GROUP)]
@@ -988,10 +984,9 @@ def test_a_warmup_override_sets_this_runs_warmup_and_keeps_the_timeout_margin(
 
     seed(audit, UP_TO_DUAL_WRITING)
     group = load_catalog(CATALOG, profile=PROFILE).get(GROUP)
-    ctx = make_context({"deploy_dual_write": {"dual_write_since": 1_767_225_000.0}},
-                       params={"warmup_override": "10m"})
+    ctx = make_context(params={"warmup_override": "10m"})
     with pytest.raises(TaskDeferred) as deferred:
-        task(dag, "warm_up").execute(ctx)
+        fed(dag, "warm_up", deployed={"dual_write_since": 1_767_225_000.0}).execute(ctx)
     trigger = deferred.value.trigger
     margin = group.warmup.timeout_s - group.warmup.duration_s
     assert (trigger.min_duration_s, trigger.timeout_s) == (600.0, 600.0 + margin)
@@ -1079,7 +1074,7 @@ def test_the_bake_watch_skips_a_group_that_is_not_cut_over(bake_dag: Any, audit:
         task(bake_dag, "bake_check__gpu_memory").execute(make_context())
     assert new_events(audit, UP_TO_VERIFIED) == []
     with pytest.raises(AirflowSkipException, match=r"not baked yet \(no check\)"):
-        task(bake_dag, "baked__gpu_memory").execute(make_context())
+        fed(bake_dag, "baked__gpu_memory").execute(make_context())  # the check skipped: no output
 
 
 def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owners(
@@ -1113,19 +1108,20 @@ def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owner
 def test_the_baked_asset_is_emitted_only_after_a_bake(bake_dag: Any) -> None:
     from airflow.sdk import Asset
 
-    emit = task(bake_dag, "baked__gpu_memory")
+    assert task(bake_dag, "baked__gpu_memory").outlets == [Asset("promshift://group/gpu-memory/baked")]
+    emit = fed(bake_dag, "baked__gpu_memory", checked={"outcome": "baked", "clean_since": 1.0})
     assert emit.outlets == [Asset("promshift://group/gpu-memory/baked")]
-    assert emit.execute(make_context({"bake_check__gpu_memory": {"outcome": "baked", "clean_since": 1.0}})) == {
-        "baked": True, "clean_since": 1.0}
+    assert emit.execute(make_context()) == {"baked": True, "clean_since": 1.0}
     with pytest.raises(AirflowSkipException, match=r"not baked yet \(baking\)"):
-        emit.execute(make_context({"bake_check__gpu_memory": {"outcome": "baking"}}))
+        fed(bake_dag, "baked__gpu_memory", checked={"outcome": "baking"}).execute(make_context())
 
 
 # -- decommission: the second approval ------------------------------------------------------------------
 
 UP_TO_BAKED = [*UP_TO_CUT_OVER, Stage.BAKING, Stage.BAKED]
-PREPARED = {"prepare": {"freed": {"series": 240, "series_by_job": {"fleet": 240}, "samples_per_s": 48.0},
-                        "bake": {"at": "2026-12-02T00:00:00+00:00", "checks": 96, "period_s": 86400.0}}}
+# The prepare task's output, the second approval's input (shown as {"prepare": ...}).
+PREPARED = {"freed": {"series": 240, "series_by_job": {"fleet": 240}, "samples_per_s": 48.0},
+            "bake": {"at": "2026-12-02T00:00:00+00:00", "checks": 96, "period_s": 86400.0}}
 
 
 @pytest.fixture
@@ -1151,18 +1147,16 @@ def test_decommission_prepare_refuses_in_one_line_audited(
 
 
 def seed_decommission_request(audit: AuditStore) -> None:
-    from promshift.orchestration.operators import DecommissionApprovalOperator
-
     seed(audit, UP_TO_BAKED)
-    shown = evidence_sha256(DecommissionApprovalOperator.evidence(make_context(PREPARED)))
+    shown = evidence_sha256({"prepare": PREPARED})
     audit.append(group=GROUP, run_id=RUN_ID, kind="evidence_shown", actor="test", at=datetime.now(UTC),
                  evidence={"evidence_sha256": shown})
 
 
 def test_the_second_approval_is_recorded_without_moving_the_stage(decommission_dag: Any, audit: AuditStore) -> None:
     seed_decommission_request(audit)
-    result = task(decommission_dag, "approval").execute_complete(
-        make_context(PREPARED), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}, "bake is clean"))
+    result = fed(decommission_dag, "approval", prepared=PREPARED).execute_complete(
+        make_context(), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}, "bake is clean"))
     assert result["by"] == APPROVER
     [ev] = new_events(audit, UP_TO_BAKED)
     assert (ev.kind, ev.stage_to, ev.actor) == ("decommission_approved", None, APPROVER)
@@ -1172,12 +1166,12 @@ def test_the_second_approval_is_recorded_without_moving_the_stage(decommission_d
 def test_the_second_approval_keeps_four_eyes_and_the_evidence_binding(decommission_dag: Any, audit: AuditStore) -> None:
     seed_decommission_request(audit)
     with pytest.raises(AirflowFailException, match="four-eyes"):
-        task(decommission_dag, "approval").execute_complete(
-            make_context(PREPARED), hitl_event("Approve", {"id": TRIGGERED_BY, "name": TRIGGERED_BY}))
-    changed = {"prepare": {**PREPARED["prepare"], "freed": {"series": 1}}}
+        fed(decommission_dag, "approval", prepared=PREPARED).execute_complete(
+            make_context(), hitl_event("Approve", {"id": TRIGGERED_BY, "name": TRIGGERED_BY}))
+    changed = {**PREPARED, "freed": {"series": 1}}
     with pytest.raises(AirflowFailException, match="changed after it was shown"):
-        task(decommission_dag, "approval").execute_complete(
-            make_context(changed), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
+        fed(decommission_dag, "approval", prepared=changed).execute_complete(
+            make_context(), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     kinds = [e.kind for e in new_events(audit, UP_TO_BAKED)]
     assert kinds == ["decommission_approval_refused_four_eyes", "decommission_approval_refused_evidence_changed"]
     assert audit.stage_of(GROUP) == Stage.BAKED
@@ -1203,8 +1197,8 @@ def test_a_rollback_that_kept_another_writers_change_fails_only_if_our_entry_sta
     evidence = {"performed": True, "restored_identical": False, "method": "removed_entry",
                 "kept_changes_since_snapshot": ["promshift-other"], "own_entry_removed": own_entry_removed}
     monkeypatch.setattr(GroupMigration, "rollback", lambda self, snap, *, reason, now: dict(evidence))
-    rollback = task(dag, "rollback")
-    ctx = make_context({"snapshot": {"sha256": "x"}})
+    rollback = fed(dag, "rollback", snapshot={"sha256": "x"})
+    ctx = make_context()
     if own_entry_removed:
         assert rollback.execute(ctx)["own_entry_removed"] is True
     else:

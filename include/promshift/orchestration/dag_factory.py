@@ -91,6 +91,20 @@ def group_schedule(group: MetricGroup) -> list[Asset] | None:
     return [cut_over_asset(dependency) for dependency in group.depends_on] or None
 
 
+def read_from_further_up(consumer: BaseOperator, producer: BaseOperator) -> None:
+    """``consumer`` takes ``producer``'s output as an XComArg argument, but its edge from it is through the chain.
+
+    Airflow adds a direct edge for every XComArg in a template field. A direct edge from a task already upstream
+    through the chain changes no order, but it does change the graph, and the trigger rules' inputs (the
+    rollback's ``one_failed`` would watch the snapshot too): the chain's ``>>`` lines stay the only edges.
+    Called after them; refuses to remove an edge the chain does not cover.
+    """
+    consumer.upstream_task_ids.discard(producer.task_id)
+    producer.downstream_task_ids.discard(consumer.task_id)
+    if producer.task_id not in consumer.get_flat_relative_ids(upstream=True):
+        raise ValueError(f"{consumer.task_id!r} reads {producer.task_id!r}'s output but does not run after it")
+
+
 def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None) -> DAG:
     """The DAG of one group. Cheap: no network or database work happens here."""
     common = dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile)
@@ -107,19 +121,22 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)},
     ) as dag:
         validate = ValidateGroupOperator(task_id="validate", **common)
+        # Each task's inputs are upstream outputs as XComArgs (``task.output``), resolved when Airflow renders it.
         snapshot = SnapshotConfigOperator(task_id="snapshot", **common)
-        deploy = DeployDualWriteOperator(task_id="deploy_dual_write", **common)
-        warm_up = WarmupOperator(task_id="warm_up", **common)
-        parity_plan = ParityPlanOperator(task_id="parity_plan", **common)
+        deploy = DeployDualWriteOperator(task_id="deploy_dual_write", snapshot=snapshot.output, **common)
+        warm_up = WarmupOperator(task_id="warm_up", deployed=deploy.output, **common)
+        parity_plan = ParityPlanOperator(task_id="parity_plan", deployed=deploy.output, **common)
         # Dynamic task mapping: one task per host shard, so more workers share a large check.
         parity_samples = ParitySamplesOperator.partial(task_id="parity_samples", **common).expand(
             shard=parity_plan.output)
         # none_failed: with zero shards the mapped task is skipped, and the reducer still runs.
-        parity = ParityOperator(task_id="parity", trigger_rule=TriggerRule.NONE_FAILED, **common)
-        latency = LatencyOperator(task_id="latency", **common)
-        gate = GateOperator(task_id="gate", retries=0, **common)
+        parity = ParityOperator(task_id="parity", trigger_rule=TriggerRule.NONE_FAILED,
+                                plan=parity_plan.output["plan"], shards=parity_samples.output, **common)
+        latency = LatencyOperator(task_id="latency", deployed=deploy.output, **common)
+        gate = GateOperator(task_id="gate", retries=0, parity=parity.output, latency=latency.output, **common)
         approval = MigrationApprovalOperator(
             task_id="approval",
+            gate_evidence=gate.output,
             approvers=list(group.approvers),
             response_timeout=timedelta(seconds=group.approval_timeout_s),
             # Reject, timeout and the four-eyes refusal raise AirflowFailException: never retried.
@@ -133,10 +150,14 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         )
         cutover = CutoverOperator(task_id="cutover", outlets=[cut_over_asset(group.name)], **common)
         done = CompleteRunOperator(task_id="done", **common)
-        rollback = RollbackOperator(task_id="rollback", trigger_rule=TriggerRule.ONE_FAILED, **common)
+        rollback = RollbackOperator(task_id="rollback", trigger_rule=TriggerRule.ONE_FAILED, snapshot=snapshot.output,
+                                    **common)
         validate >> snapshot >> deploy >> warm_up >> parity_plan >> parity_samples >> parity
         parity >> latency >> gate >> approval >> cutover >> done
         [deploy, warm_up, parity_plan, parity_samples, parity, latency, gate, approval, cutover] >> rollback
+        for consumer, producer in ((parity_plan, deploy), (parity, parity_plan), (latency, deploy), (gate, parity),
+                                   (rollback, snapshot)):
+            read_from_further_up(consumer, producer)
     return dag
 
 
@@ -178,8 +199,9 @@ def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | P
         for group in groups:
             check = BakeCheckOperator(task_id=f"bake_check__{_task_key(group)}", group_name=group.name,
                                       catalog_path=str(catalog_path), profile=profile)
-            check >> BakedAssetOperator(task_id=f"baked__{_task_key(group)}", check_task_id=check.task_id,
-                                        outlets=[baked_asset(group.name)])
+            # The check's output as an XComArg: Airflow makes the check its upstream (its only edge).
+            BakedAssetOperator(task_id=f"baked__{_task_key(group)}", checked=check.output,
+                               outlets=[baked_asset(group.name)])
     return dag
 
 
@@ -225,10 +247,11 @@ def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, pro
     ) as decommission:
         prepare = DecommissionPrepareOperator(task_id="prepare", retries=0, **common)
         approval = DecommissionApprovalOperator(
-            task_id="approval", approvers=list(group.approvers),
+            task_id="approval", prepared=prepare.output, approvers=list(group.approvers),
             response_timeout=timedelta(seconds=group.approval_timeout_s), retries=1,
             retry_delay=timedelta(seconds=5), **common)
-        prepare >> approval >> DecommissionOperator(task_id="decommission", **common)
+        decommission_step = DecommissionOperator(task_id="decommission", approval=approval.output, **common)
+        prepare >> approval >> decommission_step
     with by_hand(
         recommission_dag_id(group), "recommission",
         f"Undo the decommission of metric group {group.name} (the source scrapes it again)",

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from promshift.orchestration.amp_hook import AmpHook
     from promshift.orchestration.hooks import PrometheusHook
 
+# An upstream task's output as an operator's argument (a template field): the factory passes an XComArg
+# (``task.output``), which Airflow resolves to the value when it renders the task, also when a deferred task
+# resumes; a test passes the value itself. Never a pull by task id: the DAG file says where a value comes from.
+Output = Any  # XComArg | the value
+
 SOURCE_CONN = "promshift_source"
 # The trigger form of a group's DAG (``core.run_params``; the schema is in ``dag_factory.run_params_schema``).
 RUN_PARAMS = ("dry_run", "change_ticket", "warmup_override", "reason")
@@ -119,6 +124,19 @@ def routing_store(audit: Any) -> Any:
     except RoutingError as exc:
         log.warning("old routing manifest not imported: %s", exc)
     return routing
+
+
+def given(op: BaseOperator, name: str) -> Any:
+    """The value of input ``name`` (a template field) as the task runs: an XComArg still there means the task
+    was not rendered (a test calling ``execute`` on the DAG's own task, or the field missing from
+    ``template_fields``), which must fail loudly rather than be read as a dict."""
+    from airflow.sdk.definitions.xcom_arg import XComArg
+
+    value = getattr(op, name)
+    if isinstance(value, XComArg):
+        raise AirflowFailException(f"{op.task_id}: input {name!r} is unresolved ({value!r}); Airflow resolves it "
+                                   "when it renders the task's template fields")
+    return value
 
 
 def _iso(value: Any) -> str | None:
@@ -516,14 +534,23 @@ class SnapshotConfigOperator(GroupStepOperator):
 
 
 class DeployDualWriteOperator(GroupStepOperator):
-    """Add the group's remote_write entry (keep-filter), promtool-check, reload, verify."""
+    """Add the group's remote_write entry (keep-filter), promtool-check, reload, verify.
+
+    ``snapshot``: the snapshot task's output (what the deploy restores from if it fails).
+    """
+
+    template_fields: Sequence[str] = ("group_name", "snapshot")
+
+    def __init__(self, *, snapshot: Output = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.snapshot = snapshot
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.deploy_kinds import REMOTE_WRITE
 
         if self.run_params(context).dry_run:
             return self._dry_run(context)
-        snap = context["ti"].xcom_pull(task_ids="snapshot")
+        snap = given(self, "snapshot")
         if self.deploy_kind != REMOTE_WRITE:
             return self._deploy_scraper(context, snap)
         return self.migration(context).deploy_dual_write(snap, _now())
@@ -570,12 +597,21 @@ class DeployDualWriteOperator(GroupStepOperator):
 
 
 class WarmupOperator(GroupStepOperator):
-    """Defer to WarmupTrigger until the target has caught up; fail on timeout or error."""
+    """Defer to WarmupTrigger until the target has caught up; fail on timeout or error.
+
+    ``deployed``: the deploy task's output (when the dual-write started).
+    """
+
+    template_fields: Sequence[str] = ("group_name", "deployed")
+
+    def __init__(self, *, deployed: Output = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.deployed = deployed
 
     def execute(self, context: Any) -> None:
         from promshift.orchestration.triggers import WarmupTrigger
 
-        deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
+        deployed = given(self, "deployed")
         params = self.run_params(context)
         policy = self.group.warmup
         duration_s, timeout_s = params.warmup(policy.duration_s, policy.timeout_s)
@@ -633,10 +669,19 @@ class _ParityStep(GroupStepOperator):
 
 
 class ParityPlanOperator(_ParityStep):
-    """Coverage and label layers, and the host shards the mapped sample tasks will compare."""
+    """Coverage and label layers, and the host shards the mapped sample tasks will compare.
+
+    ``deployed``: the deploy task's output (the parity window starts at the dual-write's start).
+    """
+
+    template_fields: Sequence[str] = ("group_name", "deployed")
+
+    def __init__(self, *, deployed: Output = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.deployed = deployed
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
-        deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write")
+        deployed = given(self, "deployed")
         if deployed.get("dual_write_since") is None and self.run_params(context).dry_run:
             from promshift.core.parity import Measurement, ParityPlan
             from promshift.core.verdicts import Verdict
@@ -677,15 +722,24 @@ class ParitySamplesOperator(_ParityStep):
 
 
 class ParityOperator(_ParityStep):
-    """Reduce: merge the plan's layers and every shard into one parity verdict."""
+    """Reduce: merge the plan's layers and every shard into one parity verdict.
+
+    ``plan``: the parity plan task's XCom ``plan``; ``shards``: the mapped samples tasks' outputs (Airflow
+    resolves a mapped task's output to a sequence of every shard's value: empty when there were no shards).
+    """
+
+    template_fields: Sequence[str] = ("group_name", "plan", "shards")
+
+    def __init__(self, *, plan: Output = None, shards: Output = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.shards = shards
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.report import parity_log_table
 
-        ti = context["ti"]
-        plan = ti.xcom_pull(task_ids="parity_plan", key="plan")
-        # A list of task ids always returns a list, whatever the number of mapped shards.
-        shards = [s for s in ti.xcom_pull(task_ids=["parity_samples"]) or [] if s]
+        plan = given(self, "plan")
+        shards = [s for s in given(self, "shards") or [] if s]
         result = self.parity_check().reduce(plan, shards, extra=self._rules_layer(context, plan))
         self.log.info("parity %s\n%s", result.verdict.value, parity_log_table(result))
         return result.to_dict()
@@ -722,12 +776,21 @@ class ParityOperator(_ParityStep):
 
 
 class LatencyOperator(GroupStepOperator):
-    """Time each window's golden queries on both backends."""
+    """Time each window's golden queries on both backends.
+
+    ``deployed``: the deploy task's output (the latency window starts at the dual-write's start).
+    """
+
+    template_fields: Sequence[str] = ("group_name", "deployed")
+
+    def __init__(self, *, deployed: Output = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.deployed = deployed
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.report import cost_table, latency_table
 
-        deployed = context["ti"].xcom_pull(task_ids="deploy_dual_write") or {}
+        deployed = given(self, "deployed") or {}
         result = self.migration(context).latency(_now(), dual_write_since=deployed.get("dual_write_since"))
         self.log.info("latency %s\n%s", result.verdict.value, latency_table(result.windows))
         if result.cost is not None:
@@ -740,14 +803,22 @@ class GateOperator(GroupStepOperator):
 
     Its XCom is the gate's whole evidence (``core.gate.GateEvidence``: verdict, parity, latency) exactly as the
     audit log recorded it: what the approval shows, hashes, and checks against the audit on the answer.
+    ``parity`` and ``latency``: those tasks' outputs.
     """
+
+    template_fields: Sequence[str] = ("group_name", "parity", "latency")
+
+    def __init__(self, *, parity: Output = None, latency: Output = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.parity = parity
+        self.latency = latency
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.gate import GateAction
 
-        ti = context["ti"]
+        parity, latency = given(self, "parity"), given(self, "latency")
         migration = self.migration(context)
-        verdict = migration.gate(ti.xcom_pull(task_ids="parity"), ti.xcom_pull(task_ids="latency"), _now())
+        verdict = migration.gate(parity, latency, _now())
         self.log.info("gate: %s", verdict.reason)
         if verdict.action == GateAction.ROLL_BACK:
             dry = "dry run (nothing to roll back): " if self.run_params(context).dry_run else ""
@@ -757,7 +828,13 @@ class GateOperator(GroupStepOperator):
 
 
 class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
-    """On-call approval showing the evidence; enforces four eyes; Reject fails (and so rolls back)."""
+    """On-call approval showing the evidence; enforces four eyes; Reject fails (and so rolls back).
+
+    ``gate_evidence``: the gate task's output. Rendered again when the answer resumes the task, so the
+    answer is checked against the gate's XCom as it is then.
+    """
+
+    template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "gate_evidence")
 
     # Which approval this is in the audit ("" the cut-over's; "decommission_" the second approval).
     approval_prefix = ""
@@ -769,7 +846,7 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
     def __init__(self, *, group_name: str, catalog_path: str, approvers: Sequence[str],
                  profile: str | None = None, source_conn_id: str = SOURCE_CONN,
-                 target_conn_id: str = TARGET_CONN, **kwargs: Any) -> None:
+                 target_conn_id: str = TARGET_CONN, gate_evidence: Output = None, **kwargs: Any) -> None:
         kwargs.setdefault("subject", f"Cut over metric group {group_name} to AMP?")
         kwargs.setdefault("body", "Evidence is filled in when the task runs.")
         # The approver's form: its own comment field only. Airflow hands a task the DAG's params (the trigger
@@ -784,11 +861,11 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         super().__init__(assigned_users=[{"id": a, "name": a} for a in approvers], **kwargs)
         self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
                          source_conn_id=source_conn_id, target_conn_id=target_conn_id)
+        self.gate_evidence = gate_evidence
 
-    @staticmethod
-    def evidence(context: Any) -> dict[str, Any]:
+    def evidence(self) -> dict[str, Any]:
         """What the approver decides on: the gate's whole evidence (verdict, parity, latency with cost), its XCom."""
-        return context["ti"].xcom_pull(task_ids="gate") or {}
+        return given(self, "gate_evidence") or {}
 
     def board_url(self) -> str | None:
         """The migration board's page for this group, under the Airflow UI's base URL (None when it is not set)."""
@@ -804,7 +881,7 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         from promshift.core.gate import GateEvidence
         from promshift.core.report import approval_body
 
-        evidence = self.evidence(context)
+        evidence = self.evidence()
         if self.run_params(context).dry_run:
             self._end_dry_run(context, evidence)
         digest = evidence_sha256(evidence)
@@ -865,7 +942,7 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
         asked = migration.approval_request()
         shown = str(asked.evidence_data.get("evidence_sha256")) if asked is not None else None
-        current = evidence_sha256(self.evidence(context))
+        current = evidence_sha256(self.evidence())
         bound = {"evidence_sha256": shown, "current_sha256": current}
         # The gate evidence as the audit log holds it for this run (read back now): the hash shown must be its.
         gate_event = migration.gate_event() if self.shows_audited_gate else None
@@ -941,11 +1018,20 @@ class CompleteRunOperator(GroupStepOperator):
 
 
 class RollbackOperator(GroupStepOperator):
-    """Restore the snapshot byte for byte and record why; runs when any step failed or was rejected."""
+    """Restore the snapshot byte for byte and record why; runs when any step failed or was rejected.
+
+    ``snapshot``: the snapshot task's output; None when it never ran (validate failed) or kept nothing (a
+    dry run), as Airflow resolves a missing return value. Rendered again when a deferred restore resumes.
+    """
 
     ui_color = "#fde8e8"
     needs_target = False
     operator_extra_links = (MigrationReportLink(),)
+    template_fields: Sequence[str] = ("group_name", "snapshot")
+
+    def __init__(self, *, snapshot: Output = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.snapshot = snapshot
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.deploy_kinds import REMOTE_WRITE
@@ -958,7 +1044,7 @@ class RollbackOperator(GroupStepOperator):
                                               "to the source", reason=reason, performed=False)
             publish_report(self, context, migration)
             return result
-        snap = context["ti"].xcom_pull(task_ids="snapshot")
+        snap = given(self, "snapshot")
         moved_errors = self._restore_moved(context, migration, reason)
         if snap and self.deploy_kind != REMOTE_WRITE:
             return self._restore_scraper(context, snap, reason, moved_errors)
@@ -1029,7 +1115,7 @@ class RollbackOperator(GroupStepOperator):
 
         try:
             evidence = self.scraper_step(context).finish_rollback(
-                event, context["ti"].xcom_pull(task_ids="snapshot"), reason=reason, now=_now())
+                event, given(self, "snapshot"), reason=reason, now=_now())
         except DeployStepFailed as exc:
             self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
             raise AirflowFailException(str(exc)) from None
@@ -1084,16 +1170,17 @@ class BakeCheckOperator(GroupStepOperator):
 
 class BakedAssetOperator(BaseOperator):
     """Emits the group's ``baked`` asset (its ``outlets``) when the check before it baked the group; else skips
-    (a skipped task emits nothing)."""
+    (a skipped task emits nothing). ``checked``: that bake check's output."""
 
     ui_color = "#e6f4ea"
+    template_fields: Sequence[str] = ("checked",)
 
-    def __init__(self, *, check_task_id: str, **kwargs: Any) -> None:
+    def __init__(self, *, checked: Output = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.check_task_id = check_task_id
+        self.checked = checked
 
     def execute(self, context: Any) -> dict[str, Any]:
-        out = context["ti"].xcom_pull(task_ids=self.check_task_id) or {}
+        out = given(self, "checked") or {}
         if out.get("outcome") != "baked":
             raise AirflowSkipException(f"not baked yet ({out.get('outcome') or 'no check'})")
         return {"baked": True, "clean_since": out.get("clean_since")}
@@ -1135,15 +1222,20 @@ class DecommissionApprovalOperator(MigrationApprovalOperator):
 
     approval_prefix = "decommission_"
     shows_audited_gate = False  # the bake evidence and what the drop frees: XCom only (prepare records no event)
+    template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "prepared")
 
-    @staticmethod
-    def evidence(context: Any) -> dict[str, Any]:
-        return {"prepare": context["ti"].xcom_pull(task_ids="prepare") or {}}
+    def __init__(self, *, prepared: Output = None, **kwargs: Any) -> None:
+        """``prepared``: the prepare task's output (what the drop frees, the bake evidence)."""
+        super().__init__(**kwargs)
+        self.prepared = prepared
+
+    def evidence(self) -> dict[str, Any]:
+        return {"prepare": given(self, "prepared") or {}}
 
     def execute(self, context: Any) -> Any:
         from promshift.core.evidence import evidence_sha256
 
-        evidence = self.evidence(context)
+        evidence = self.evidence()
         digest = evidence_sha256(evidence)
         self.migration(context).record_evidence_shown(
             evidence_sha256=digest, approvers=[u["id"] for u in self.assigned_users or ()], now=_now())
@@ -1161,12 +1253,21 @@ class DecommissionApprovalOperator(MigrationApprovalOperator):
 
 
 class DecommissionOperator(GroupStepOperator):
-    """Drop the group at scrape on the source, verified live; undone by itself if the target would not survive."""
+    """Drop the group at scrape on the source, verified live; undone by itself if the target would not survive.
+
+    ``approval``: the second approval's output (its decision, by whom, the comment).
+    """
+
+    template_fields: Sequence[str] = ("group_name", "approval")
+
+    def __init__(self, *, approval: Output = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.approval = approval
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.steps.lifecycle import DecommissionFailed, DecommissionRefused
 
-        approval = context["ti"].xcom_pull(task_ids="approval") or {}
+        approval = given(self, "approval") or {}
         try:
             return _decommission(self, context).decommission(_now(), approval=approval)
         except (DecommissionRefused, DecommissionFailed) as exc:
