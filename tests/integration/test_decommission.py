@@ -16,6 +16,7 @@ import pytest
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.routing import RoutingStore
+from promshift.core.deploy_kinds import deploy_of
 from promshift.core.scrape_drop import drop_is_loaded, drop_rule
 from promshift.core.stages import Stage
 from promshift.local.stack.local import LocalStack
@@ -48,7 +49,7 @@ def test_a_decommission_the_target_does_not_survive_is_undone_byte_for_byte(
     migration = GroupMigration(group, backends_for(local_stack), audit=audit, routing=RoutingStore(audit.url),
                                snapshots_dir=tmp_path / "snapshots", run_id="manual__decommission")
     # Claimed independent writer (deploy 'scraper'), but nothing else writes the local target.
-    decommission = Decommission(migration, deploy_kind="scraper", verify_s=20, poll_s=1)
+    decommission = Decommission(migration, deploy=deploy_of("scraper"), verify_s=20, poll_s=1)
     started = time.monotonic()
     try:
         with pytest.raises(DecommissionFailed, match="target still receiving: False"):

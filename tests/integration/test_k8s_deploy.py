@@ -399,7 +399,7 @@ def cr_steps(env: Env, tmp_path: Path) -> Iterator[tuple[Any, Any, Any, Any]]:
     from promshift.adapters.settings import load_catalog
     from promshift.core.deploy_kinds import deploy_kind_of, kubernetes_source_of
     from promshift.orchestration.hooks import kubernetes_hook
-    from promshift.steps.deploy import ScraperDeployStep
+    from promshift.steps.deploy import DeployStep
     from promshift.steps.migration import Backends, GroupMigration
 
     kubeconfig = tmp_path / "kubeconfig.json"
@@ -425,7 +425,7 @@ def cr_steps(env: Env, tmp_path: Path) -> Iterator[tuple[Any, Any, Any, Any]]:
                             source_config_path=str(env.config), target_remote_write_url="")
         migration = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url),
                                    snapshots_dir=tmp_path, run_id="manual__k8s")
-        yield ScraperDeployStep(migration, deployer, InMemorySnapshotStore(), quota=None), deployer, migration, audit
+        yield DeployStep(migration, deployer, InMemorySnapshotStore(), quota=None), deployer, migration, audit
     finally:
         audit.engine.dispose()
 

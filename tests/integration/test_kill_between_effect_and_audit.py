@@ -51,7 +51,7 @@ from promshift.local.stack.prometheus import PrometheusProcess
 # Imported here, in the parent: every forked attempt inherits them instead of importing Airflow again.
 from promshift.orchestration.amp_hook import AmpHook
 from promshift.orchestration.hooks import kubernetes_hook
-from promshift.steps.deploy import ScraperDeployStep, final_event
+from promshift.steps.deploy import DeployStep, final_event
 from promshift.steps.migration import Backends, GroupMigration
 
 pytestmark = pytest.mark.integration
@@ -275,7 +275,7 @@ def test_rollback_of_a_cut_over_run_killed_before_its_event(file_env: tuple[Loca
     assert stack.source_config_path.read_bytes() == original and entry not in live_names(stack)
 
 
-# -- the managed collector and the Kubernetes resource: ScraperDeployStep on a local AMP + k8s stack -----------
+# -- the managed collector and the Kubernetes resource: DeployStep on a local AMP + k8s stack -----------
 
 
 @pytest.fixture(scope="module")
@@ -348,7 +348,7 @@ Env = LocalStack | ConfigMapEnv
 
 
 class StepRun:
-    """One attempt of a task on the scraper, k8s-cr or k8s-configmap path, wired as ``_GroupStep.scraper_step``
+    """One attempt of a task on the scraper, k8s-cr or k8s-configmap path, wired as ``_GroupStep.deploy_step``
     wires it (fresh hooks, clients and stores)."""
 
     def __init__(self, env: Env, tmp_path: Path, kind: str, run_id: str) -> None:
@@ -384,7 +384,7 @@ class StepRun:
         self.migration = GroupMigration(self.group, backends, audit=self.audit, routing=RoutingStore(self.audit.url),
                                         snapshots_dir=tmp_path / "snapshots", run_id=run_id,
                                         catalog_dir=default_catalog_path().parent)
-        self.step = ScraperDeployStep(self.migration, self.deployer, FileSnapshotStore(tmp_path / "snapshots"),
+        self.step = DeployStep(self.migration, self.deployer, FileSnapshotStore(tmp_path / "snapshots"),
                                       quota=None)
 
     def __enter__(self) -> StepRun:

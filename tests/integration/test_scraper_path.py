@@ -1,6 +1,6 @@
 """The migration's deploy steps on the managed-collector path, against the local AMP stack.
 
-The steps run as the operators run them (``ScraperDeployStep`` built from the target connection's
+The steps run as the operators run them (``DeployStep`` built from the target connection's
 ``AmpHook``, the wait done by ``ScraperStatusTrigger`` followed by connection id, as the triggerer
 would), and the audit log is read back: a deploy that ends DUAL_WRITING with its status history,
 an ``UPDATE_FAILED`` that ends rolled back with AWS's reason in the audit, and a quota crossing at
@@ -33,7 +33,7 @@ from promshift.core.warmup import assess_warmup
 from promshift.local.stack.local import LocalStack, StackConfig, find_free_ports
 from promshift.orchestration.amp_hook import AmpHook
 from promshift.orchestration.triggers import ScraperStatusTrigger
-from promshift.steps.deploy import DeployStepFailed, ScraperDeployStep
+from promshift.steps.deploy import DeployStep, DeployStepFailed
 from promshift.steps.migration import Backends, GroupMigration, observe_warmup
 from tests.fakes import FakeTI, fed
 
@@ -81,7 +81,7 @@ def now() -> datetime:
 
 
 class Run:
-    """One run's migration and scraper step, wired as ``_GroupStep.scraper_step`` wires them."""
+    """One run's migration and scraper step, wired as ``_GroupStep.deploy_step`` wires them."""
 
     def __init__(self, stack: LocalStack, tmp_path: Path, name: str) -> None:
         self.hook = AmpHook()
@@ -101,7 +101,7 @@ class Run:
             return self.hook.quota_preflight().require(group_series=group_series,
                                                        scrape_interval_s=SCRAPER_INTERVAL_S, now=at)
 
-        self.step = ScraperDeployStep(self.migration, self.deployer, FileSnapshotStore(tmp_path / "snapshots"),
+        self.step = DeployStep(self.migration, self.deployer, FileSnapshotStore(tmp_path / "snapshots"),
                                       quota=quota)
 
     def kinds(self) -> list[str]:

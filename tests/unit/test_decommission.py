@@ -13,6 +13,7 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
 from promshift.adapters.settings import REPO_ROOT, load_catalog
+from promshift.core.deploy_kinds import deploy_of
 from promshift.core.stages import Stage
 from promshift.steps.lifecycle import Decommission, DecommissionRefused
 from promshift.steps.migration import Backends, GroupMigration
@@ -40,7 +41,7 @@ def decommission(tmp_path: Path, audit: AuditStore, history: list[Stage], deploy
     m = GroupMigration(load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP),
                        Backends(unused, unused, str(config), ""), audit=audit, routing=RoutingStore(audit.url),
                        snapshots_dir=tmp_path / "snapshots", run_id="manual__decommission")
-    return Decommission(m, deploy_kind=deploy_kind)
+    return Decommission(m, deploy=deploy_of(deploy_kind))
 
 
 @pytest.mark.parametrize(("history", "kind", "message"), [
@@ -154,7 +155,7 @@ def test_decommission_then_recommission_on_a_source_that_drops_what_its_config_s
         m = GroupMigration(group, Backends(client, client, str(config), ""), audit=audit,
                            routing=RoutingStore(audit.url), snapshots_dir=tmp_path / "snapshots",
                            run_id="manual__decommission")
-        d = Decommission(m, deploy_kind="scraper", verify_s=5, poll_s=0.2)
+        d = Decommission(m, deploy=deploy_of("scraper"), verify_s=5, poll_s=0.2)
         evidence = d.decommission(datetime.now(UTC), approval={"by": "oncall-bob", "decision": "Approve"})
         assert audit.stage_of(GROUP) == Stage.DECOMMISSIONED
         assert drop_is_loaded(config.read_text(), "fleet", drop_rule(group.name_regex()))
@@ -165,7 +166,7 @@ def test_decommission_then_recommission_on_a_source_that_drops_what_its_config_s
             True, True, True)
         assert Path(evidence["snapshot_path"]).read_text() == CONFIG
         # Undo: the drop goes, byte for byte; reads stay where they were; the gap is recorded.
-        undone = Decommission(m, deploy_kind="scraper").recommission(datetime.now(UTC), reason="rules missing")
+        undone = Decommission(m, deploy=deploy_of("scraper")).recommission(datetime.now(UTC), reason="rules missing")
         assert config.read_text() == CONFIG and not drop_is_loaded(fake.loaded, "fleet", drop_rule(group.name_regex()))
         assert undone["identical_to_before_decommission"] is True
         assert undone["source_history_gap"]["note"].startswith("the source never stored the group's samples")

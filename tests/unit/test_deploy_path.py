@@ -24,7 +24,7 @@ from promshift.core.quota import QuotaExceeded, assess_quota
 from promshift.core.report import build_report
 from promshift.core.stages import Stage
 from promshift.core.warmup import WarmupObservation, assess_warmup
-from promshift.steps.deploy import DeployStepFailed, ScraperDeployStep, active_since, final_event
+from promshift.steps.deploy import DeployStep, DeployStepFailed, active_since, final_event
 from promshift.steps.migration import Backends, GroupMigration
 
 GROUP = "gpu-memory"
@@ -95,7 +95,7 @@ def test_a_deploy_that_goes_active_is_dual_writing_and_the_report_has_its_histor
 
     fake = InMemoryConfigDeployer(None, "scrape_configs: []\n", kind="scraper",
                                   statuses=(("CREATING", DeployState.WAITING), ("ACTIVE", DeployState.DONE)))
-    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
+    step = DeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
     info = step.snapshot(now())
     started = step.start(info, now())
     event = settle(fake, DeployResult.from_dict(started["deploy"]))
@@ -116,7 +116,7 @@ def test_a_failed_deploy_is_audited_with_its_reason_and_rolls_back(migration: Gr
 
     fake = InMemoryConfigDeployer("old blob\n", "new blob\n", kind="scraper",
                                   statuses=(("UPDATING", DeployState.WAITING), ("UPDATE_FAILED", DeployState.FAILED)))
-    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
+    step = DeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
     info = step.snapshot(now())
     event = settle(fake, DeployResult.from_dict(step.start(info, now())["deploy"]))
     with pytest.raises(DeployStepFailed, match="^scraper deploy failed: scraper is UPDATE_FAILED$"):
@@ -140,7 +140,7 @@ def test_a_quota_refusal_deploys_nothing(migration: GroupMigration) -> None:
     def refuse(series: int, at: datetime) -> dict[str, object]:
         raise QuotaExceeded(assessment, {"workspace_series_from": "cloudwatch"})
 
-    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=refuse)
+    step = DeployStep(migration, fake, InMemorySnapshotStore(), quota=refuse)
     info = step.snapshot(now())
     # The group's count on the source: the one number asked of a backend here (the real path: count(selector)).
     migration.backends.source.scalar = lambda query: 100.0  # type: ignore[method-assign]
@@ -158,7 +158,7 @@ def test_retried_finish_and_finish_rollback_record_once(migration: GroupMigratio
 
     fake = InMemoryConfigDeployer(None, "scrape_configs: []\n", kind="scraper",
                                   statuses=(("CREATING", DeployState.WAITING), ("ACTIVE", DeployState.DONE)))
-    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
+    step = DeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
     info = step.snapshot(now())
     event = settle(fake, DeployResult.from_dict(step.start(info, now())["deploy"]))
     real = migration.audit.append
@@ -241,7 +241,7 @@ def test_the_same_steps_drive_a_kubernetes_deployer_live_once_loaded(migration: 
                                   kind="k8s-cr", statuses=(("CR_UPDATED", DeployState.WAITING),
                                                            ("WAITING_FOR_RELOAD", DeployState.WAITING),
                                                            ("LIVE", DeployState.DONE)))
-    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
+    step = DeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
     info = step.snapshot(now())
     event = settle(fake, DeployResult.from_dict(step.start(info, now())["deploy"]))
     out = step.finish(event, None, now())
@@ -261,8 +261,58 @@ def test_a_kubernetes_deploy_that_never_loads_fails_with_its_reason(migration: G
     fake = InMemoryConfigDeployer("a: 1\n", "a: 2\n", kind="k8s-configmap",
                                   statuses=(("CONFIGMAP_UPDATED", DeployState.WAITING),
                                             ("NOT_LOADED", DeployState.TIMEOUT)))
-    step = ScraperDeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
+    step = DeployStep(migration, fake, InMemorySnapshotStore(), quota=None)
     event = settle(fake, DeployResult.from_dict(step.start(step.snapshot(now()), now())["deploy"]))
     with pytest.raises(DeployStepFailed, match="^k8s-configmap deploy timeout: k8s-configmap is NOT_LOADED$"):
         step.finish(event, None, now())
     assert [e.kind for e in migration.audit.events(group=GROUP)] == ["snapshot_taken", "deploy_failed"]
+
+
+# ------------------------------------------------------------------ one place where a kind becomes behaviour
+
+KIND_NAMES = {"REMOTE_WRITE", "SCRAPER", "FILE", "K8S_CONFIGMAP", "K8S_CR", "K8S_KINDS", "DEPLOY_KINDS"}
+KIND_STRINGS = {"remote_write", "scraper", "file", "k8s-configmap", "k8s-cr"}
+
+
+def kind_comparisons(source: str) -> list[str]:
+    """Comparisons (``==``, ``!=``, ``in``) with a deploy kind's constant, string or ``deploy_kind``."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in (node.left, *node.comparators):
+            if ((isinstance(side, ast.Name) and side.id in KIND_NAMES)
+                    or (isinstance(side, ast.Constant) and side.value in KIND_STRINGS)
+                    or (isinstance(side, ast.Attribute) and side.attr in {"deploy_kind", "kind"}
+                        and any(isinstance(o, ast.Name) and o.id in KIND_NAMES for o in node.comparators))):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_operators_and_steps_never_compare_deploy_kinds() -> None:
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "include" / "promshift"
+    modules = [package / "orchestration" / "operators.py", *sorted((package / "steps").glob("*.py"))]
+    found = {m.name: hits for m in modules if (hits := kind_comparisons(m.read_text()))}
+    assert found == {}, f"branch on Deploy's answers (core.deploy_kinds.DEPLOYS), not on the kind: {found}"
+    assert kind_comparisons("if self.deploy_kind == SCRAPER:\n    pass\n")  # the scan finds one
+
+
+def test_every_deploy_kind_says_what_it_does() -> None:
+    from promshift.core.deploy_kinds import DEPLOY_KINDS, DEPLOYS, K8S_KINDS, Deploy, deploy_of
+
+    assert set(DEPLOYS) == set(DEPLOY_KINDS) | set(K8S_KINDS)
+    rw, scraper = deploy_of("remote_write"), deploy_of("scraper")
+    assert (rw.source_queue, rw.own_writer, rw.via_deployer) == (True, False, False)
+    assert (scraper.source_queue, scraper.own_writer, scraper.via_deployer) == (False, True, True)
+    assert scraper.live_status == "ACTIVE" and scraper.waits_for_scraper and scraper.writer_interval_s == 30.0
+    for kind in K8S_KINDS:  # the same remote_write entry, written through the Kubernetes API
+        k8s = deploy_of(kind)
+        assert (k8s.source_queue, k8s.own_writer, k8s.via_deployer, k8s.live_status) == (True, False, True, "LIVE")
+        assert k8s.config_by_api and not rw.config_by_api and not scraper.config_by_api
+    assert isinstance(rw, Deploy)
+    with pytest.raises(ValueError, match="unknown deploy 'git'"):
+        deploy_of("git")

@@ -22,6 +22,7 @@ from typing import Any
 
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import DeployKind
+from promshift.core.scraper_config import ACTIVE
 
 REMOTE_WRITE = "remote_write"
 SCRAPER = "scraper"
@@ -38,6 +39,42 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 SCRAPER_INTERVAL_S = 30.0
 
 
+
+
+@dataclass(frozen=True)
+class Deploy:
+    """How a group's dual-write is deployed, as steps and operators see it: what it does, not which kind it is.
+
+    Code asks these questions instead of comparing kinds; a new way to deploy adds one entry to ``DEPLOYS``.
+    """
+
+    kind: str  # names the deploy in records and messages only
+    source_queue: bool  # the source's own remote-write queue carries the group: warm-up and bake watch its lag
+    own_writer: bool  # the target has a writer of its own (a managed collector): parity compares two scrapers,
+    #                   and the source may stop scraping the group (decommission)
+    via_deployer: bool  # a core.deploy.ConfigDeployer drives it (steps.deploy.DeployStep); else the file edit
+    live_status: str  # the DeployResult status that means live
+    waits_for_scraper: bool  # deploy and restore wait on the scraper's status (else on the loaded config)
+    writer_interval_s: float | None  # the writer's own scrape interval (None: the source's)
+    config_by_api: bool = False  # the source's config is changed through the Kubernetes API: no file on the worker
+
+
+DEPLOYS: dict[str, Deploy] = {
+    REMOTE_WRITE: Deploy(REMOTE_WRITE, source_queue=True, own_writer=False, via_deployer=False, live_status="LIVE",
+                         waits_for_scraper=False, writer_interval_s=None),
+    SCRAPER: Deploy(SCRAPER, source_queue=False, own_writer=True, via_deployer=True, live_status=ACTIVE,
+                    waits_for_scraper=True, writer_interval_s=SCRAPER_INTERVAL_S),
+    **{kind: Deploy(kind, source_queue=True, own_writer=False, via_deployer=True, live_status="LIVE",
+                    waits_for_scraper=False, writer_interval_s=None, config_by_api=True) for kind in K8S_KINDS},
+}
+
+
+def deploy_of(kind: str) -> Deploy:
+    """The ``Deploy`` of a kind ``deploy_kind_of`` chose; ValueError (one line) for any other."""
+    try:
+        return DEPLOYS[kind]
+    except KeyError:
+        raise ValueError(f"unknown deploy {kind!r}; one of {', '.join(DEPLOYS)}") from None
 
 def deploy_kind_of(extra: Mapping[str, Any], *, conn_id: str, is_amp: bool,
                    source_extra: Mapping[str, Any] | None = None, source_conn_id: str = "promshift_source") -> str:
@@ -130,12 +167,13 @@ INDEPENDENT_ABS_TOLERANCE = 0.05
 INDEPENDENT_REL_TOLERANCE = 0.10
 
 
-def group_for_deploy(group: MetricGroup, kind: str) -> MetricGroup:
+def group_for_deploy(group: MetricGroup, deploy: Deploy | str) -> MetricGroup:
     """The group as its deploy sees it: a managed collector scrapes on its own clock, so its parity is
     ``independent_scraper`` (``dual_write`` parity needs both sides written by the same Prometheus), with
     at least the independent tolerances (a catalog written for dual-write holds ~1e-9, meant for identical
     samples)."""
-    if kind == SCRAPER and group.parity.mode == "dual_write":
+    own_writer = (deploy if isinstance(deploy, Deploy) else deploy_of(deploy)).own_writer
+    if own_writer and group.parity.mode == "dual_write":
         parity = dataclasses.replace(group.parity, mode="independent_scraper",
                                      abs_tolerance=max(group.parity.abs_tolerance, INDEPENDENT_ABS_TOLERANCE),
                                      rel_tolerance=max(group.parity.rel_tolerance, INDEPENDENT_REL_TOLERANCE))

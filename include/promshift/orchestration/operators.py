@@ -184,12 +184,11 @@ class _GroupStep:
         """Both backends from their connections; an AMP problem fails the task with its one-line reason."""
         from promshift.adapters.amp import AmpError
         from promshift.adapters.prometheus import PrometheusClient
-        from promshift.core.deploy_kinds import K8S_KINDS
         from promshift.orchestration.hooks import PrometheusHook
         from promshift.steps.migration import Backends
 
         source, target = self.source_hook, self.target_hook
-        on_kubernetes = isinstance(source, PrometheusHook) and str(source.extra.get("deploy") or "") in K8S_KINDS
+        on_kubernetes = isinstance(source, PrometheusHook) and self.deploy.config_by_api
         if not isinstance(source, PrometheusHook) or ("config_path" not in source.extra and not on_kubernetes):
             raise AirflowFailException(f"connection {self.source_conn_id!r} must be a prometheus connection "
                                        "with extra.config_path (or extra.deploy k8s-configmap/k8s-cr)")
@@ -243,24 +242,30 @@ class _GroupStep:
             raise AirflowFailException(str(exc)) from None
         return kind
 
-    def scraper_step(self, context: Any) -> Any:
+    @cached_property
+    def deploy(self) -> Any:
+        """What the chosen deploy does (``core.deploy_kinds.Deploy``): the one place its kind becomes behaviour."""
+        from promshift.core.deploy_kinds import deploy_of
+
+        return deploy_of(self.deploy_kind)
+
+    def deploy_step(self, context: Any) -> Any:
         """The steps of a deploy through a ``ConfigDeployer``: the managed collector (the group's scraper) or
         the source's Kubernetes object (ConfigMap or ``Prometheus`` CR); snapshots in the object store; the
         quota pre-flight when the target is an AMP workspace."""
         from promshift.adapters.settings import snapshots_url
         from promshift.adapters.snapshot_store import BlobSnapshotStore
         from promshift.core.deploy import DeployError
-        from promshift.core.deploy_kinds import SCRAPER, SCRAPER_INTERVAL_S
         from promshift.orchestration.amp_hook import AmpHook
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
-        from promshift.steps.deploy import ScraperDeployStep
+        from promshift.steps.deploy import DeployStep
 
         hook = self.target_hook
-        interval_s = SCRAPER_INTERVAL_S if self.deploy_kind == SCRAPER else self.group.scrape_interval_s
+        interval_s = self.deploy.writer_interval_s or self.group.scrape_interval_s
         try:
-            if self.deploy_kind == SCRAPER:
+            if self.deploy.own_writer:  # the managed collector: the target's own writer is the deployed thing
                 deployer = hook.scraper_deployer(self.group.name, self.group.name_regex(),
-                                                 scrape_interval_s=SCRAPER_INTERVAL_S)
+                                                 scrape_interval_s=interval_s)
             else:
                 deployer = self._kubernetes_deployer()
         except (DeployError, ValueError) as exc:
@@ -269,7 +274,7 @@ class _GroupStep:
         def quota(group_series: int, now: datetime) -> dict[str, Any]:
             return hook.quota_preflight().require(group_series=group_series, scrape_interval_s=interval_s, now=now)
 
-        return ScraperDeployStep(self.migration(context), deployer,
+        return DeployStep(self.migration(context), deployer,
                                  BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
                                  quota=quota if isinstance(hook, AmpHook) else None)
 
@@ -292,10 +297,9 @@ class _GroupStep:
 
     def deploy_trigger(self, result: dict[str, Any]) -> Any:
         """What waits for a deploy or restore to be live: the scraper's status, or the source's loaded config."""
-        from promshift.core.deploy_kinds import SCRAPER
         from promshift.orchestration.triggers import LoadedConfigTrigger, ScraperStatusTrigger
 
-        if self.deploy_kind == SCRAPER:
+        if self.deploy.waits_for_scraper:
             return ScraperStatusTrigger(target_conn_id=self.target_conn_id, result=result)
         return LoadedConfigTrigger(source_conn_id=self.source_conn_id, result=result)
 
@@ -504,13 +508,12 @@ class SnapshotConfigOperator(GroupStepOperator):
     """Keep the source config's exact bytes for rollback."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.core.deploy_kinds import REMOTE_WRITE
 
         if self.run_params(context).dry_run:
             return self.migration(context).record_dry_run(
                 "snapshot", _now(), would=f"keep the group's {self.deploy_kind} config for rollback")
-        if self.deploy_kind != REMOTE_WRITE:
-            out = self.scraper_step(context).snapshot(_now())
+        if self.deploy.via_deployer:
+            out = self.deploy_step(context).snapshot(_now())
         else:
             out = self.migration(context).snapshot(_now())
         self._snapshot_moved(context)
@@ -546,12 +549,11 @@ class DeployDualWriteOperator(GroupStepOperator):
         self.snapshot = snapshot
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.core.deploy_kinds import REMOTE_WRITE
 
         if self.run_params(context).dry_run:
             return self._dry_run(context)
         snap = given(self, "snapshot")
-        if self.deploy_kind != REMOTE_WRITE:
+        if self.deploy.via_deployer:
             return self._deploy_scraper(context, snap)
         return self.migration(context).deploy_dual_write(snap, _now())
 
@@ -573,7 +575,7 @@ class DeployDualWriteOperator(GroupStepOperator):
         from promshift.steps.deploy import DeployStepFailed, final_event
 
         try:
-            out = self.scraper_step(context).start(snap, _now())
+            out = self.deploy_step(context).start(snap, _now())
         except DeployStepFailed as exc:
             raise AirflowFailException(str(exc)) from None
         result = DeployResult.from_dict(out["deploy"])
@@ -588,7 +590,7 @@ class DeployDualWriteOperator(GroupStepOperator):
         from promshift.steps.deploy import DeployStepFailed
 
         try:
-            out = self.scraper_step(context).finish(event, quota, _now())
+            out = self.deploy_step(context).finish(event, quota, _now())
         except DeployStepFailed as exc:
             raise AirflowFailException(str(exc)) from None
         self.log.info("%s live (%s); status history %s", self.deploy_kind, out.get("scraper_id") or "-",
@@ -630,7 +632,7 @@ class WarmupOperator(GroupStepOperator):
                 started_at=float(deployed["dual_write_since"]),
                 min_duration_s=duration_s,
                 timeout_s=timeout_s,
-                max_lag_s=None if self.deploy_kind == "scraper" else policy.max_lag_s,
+                max_lag_s=policy.max_lag_s if self.deploy.source_queue else None,
                 poll_interval_s=policy.poll_interval_s,
             ),
             method_name="execute_complete",
@@ -662,7 +664,7 @@ class _ParityStep(GroupStepOperator):
         from promshift.core.deploy_kinds import group_for_deploy
 
         # stats=all on every parity query: the result reports the backends' own query time.
-        group = group_for_deploy(self.group, self.deploy_kind)  # independent_scraper on the scraper path
+        group = group_for_deploy(self.group, self.deploy)  # independent_scraper on the scraper path
         return ParityCheck(group, self.source_hook.prometheus_client(stats=True),
                            self.target_hook.prometheus_client(stats=True),
                            catalog_dir=Path(self.catalog_path).parent)
@@ -765,7 +767,7 @@ class ParityOperator(_ParityStep):
             else:
                 _snap, rules_plan = step.this_run()
             # The samples layer's policy and noise allowance: the deploy path's mode (independent on the scraper).
-            policy = group_for_deploy(self.group, self.deploy_kind).parity
+            policy = group_for_deploy(self.group, self.deploy).parity
             return rules_parity(self.source_hook.prometheus_client(), self.target_hook.prometheus_client(),
                                 rules_plan.selection, start=float(window["start"]), end=float(window["end"]),
                                 step=float(window["step"]), abs_tol=policy.abs_tolerance,
@@ -1034,7 +1036,6 @@ class RollbackOperator(GroupStepOperator):
         self.snapshot = snapshot
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.core.deploy_kinds import REMOTE_WRITE
         from promshift.steps.moves import move_failure_reason
 
         migration = self.migration(context)
@@ -1046,7 +1047,7 @@ class RollbackOperator(GroupStepOperator):
             return result
         snap = given(self, "snapshot")
         moved_errors = self._restore_moved(context, migration, reason)
-        if snap and self.deploy_kind != REMOTE_WRITE:
+        if snap and self.deploy.via_deployer:
             return self._restore_scraper(context, snap, reason, moved_errors)
         try:
             result = migration.rollback(snap, reason=reason, now=_now())
@@ -1099,7 +1100,7 @@ class RollbackOperator(GroupStepOperator):
         from promshift.steps.deploy import DeployStepFailed, final_event
 
         try:
-            result = self.scraper_step(context).restore(snap, reason=reason, now=_now())
+            result = self.deploy_step(context).restore(snap, reason=reason, now=_now())
         except DeployStepFailed as exc:
             self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
             raise AirflowFailException(str(exc)) from None
@@ -1114,7 +1115,7 @@ class RollbackOperator(GroupStepOperator):
         from promshift.steps.deploy import DeployStepFailed
 
         try:
-            evidence = self.scraper_step(context).finish_rollback(
+            evidence = self.deploy_step(context).finish_rollback(
                 event, given(self, "snapshot"), reason=reason, now=_now())
         except DeployStepFailed as exc:
             self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
@@ -1151,7 +1152,7 @@ class BakeCheckOperator(GroupStepOperator):
                                        f"{', '.join(sorted(s.value for s in BAKE_WATCHED))}")
         from promshift.steps.lifecycle import DEFAULT_READ_RESTORERS
 
-        lifecycle = GroupLifecycle(migration, deploy_kind=self.deploy_kind,
+        lifecycle = GroupLifecycle(migration, deploy=self.deploy,
                                    read_restorers=[*DEFAULT_READ_RESTORERS, *self.moved_restorers(migration)])
         try:
             out = lifecycle.bake_check(_now())
@@ -1192,7 +1193,7 @@ class BakedAssetOperator(BaseOperator):
 def _decommission(step: GroupStepOperator, context: Any) -> Any:
     from promshift.steps.lifecycle import Decommission
 
-    return Decommission(step.migration(context), deploy_kind=step.deploy_kind)
+    return Decommission(step.migration(context), deploy=step.deploy)
 
 
 class DecommissionPrepareOperator(GroupStepOperator):
@@ -1295,10 +1296,9 @@ class FullRollbackOperator(GroupStepOperator):
     needs_target = False
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.core.deploy_kinds import REMOTE_WRITE
         from promshift.steps.lifecycle import DEFAULT_READ_RESTORERS, DecommissionRefused, full_rollback
 
-        if self.deploy_kind != REMOTE_WRITE:
+        if self.deploy.via_deployer:
             raise AirflowFailException(f"a full rollback by hand is wired for the remote_write path only, not "
                                        f"{self.deploy_kind!r}: roll the group's {self.deploy_kind} back by hand")
         reason = str((context.get("params") or {}).get("reason") or "") or "full rollback by hand"

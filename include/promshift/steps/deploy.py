@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from promshift.core.deploy import ConfigDeployer, DeployError, DeployResult, SnapshotStore
-from promshift.core.deploy_kinds import SCRAPER
+from promshift.core.deploy_kinds import deploy_of
 from promshift.core.events import EventKind
 from promshift.core.quota import QuotaExceeded
 from promshift.core.redact import redact
@@ -78,7 +78,7 @@ def active_since(result: Mapping[str, Any], live_status: str = ACTIVE) -> float:
     raise DeployStepFailed(f"the {what}'s status history has no {live_status} entry; it never went live")
 
 
-class ScraperDeployStep:
+class DeployStep:
     """snapshot -> quota pre-flight -> deploy -> (trigger) -> finish; restore -> (trigger) -> finish_rollback.
 
     Over any ConfigDeployer: the managed collector's (live once ACTIVE) and the Kubernetes ones
@@ -91,8 +91,9 @@ class ScraperDeployStep:
         self.deployer = deployer
         self.store = store
         self.quota = quota
-        self.what = SCRAPER if deployer.kind == SCRAPER else str(deployer.kind)
-        self.live_status = ACTIVE if deployer.kind == SCRAPER else "LIVE"
+        self.deploy = deploy_of(str(deployer.kind))
+        self.what = self.deploy.kind
+        self.live_status = self.deploy.live_status
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
         m = self.migration
@@ -136,7 +137,7 @@ class ScraperDeployStep:
         result = event["result"]
         details = result.get("details") or {}
         out = {"deploy": evidence, "dual_write_since": active_since(result, self.live_status)}
-        out.update({"scraper_id": details.get("scraper_id")} if self.what == SCRAPER else
+        out.update({"scraper_id": details.get("scraper_id")} if self.deploy.own_writer else
                    {"remote_write": details.get("remote_write")})
         self.migration.record(EventKind.DUAL_WRITE_DEPLOYED, now, out, to=Stage.DUAL_WRITING)
         return redact(out)

@@ -22,6 +22,7 @@ from typing import Any
 
 from promshift.adapters.prometheus import PrometheusError
 from promshift.core.bake import BakeObservation, MovedRule, baked, clean_streak_start, judge, observe_rules
+from promshift.core.deploy_kinds import DEPLOYS, REMOTE_WRITE, Deploy
 from promshift.core.events import EventKind
 from promshift.core.promql import newest_sample_expr
 from promshift.core.render import remote_write_name
@@ -92,11 +93,11 @@ class DecommissionFailed(RuntimeError):
 class GroupLifecycle:
     """The bake watch's work on one group (one check per call)."""
 
-    def __init__(self, migration: GroupMigration, *, deploy_kind: str = "remote_write",
+    def __init__(self, migration: GroupMigration, *, deploy: Deploy = DEPLOYS[REMOTE_WRITE],
                  read_restorers: Sequence[ReadRestorer] = DEFAULT_READ_RESTORERS,
                  parity_check: Callable[[float, float], tuple[Verdict, str]] | None = None) -> None:
         self.migration = migration
-        self.deploy_kind = deploy_kind
+        self.deploy = deploy
         self.read_restorers = tuple(read_restorers)
         # (window start, now) -> (verdict, reason); default: ParityCheck over the short window.
         self._parity = parity_check or self._short_parity
@@ -122,7 +123,7 @@ class GroupLifecycle:
         attempt("age", lambda: b.target.scalar(f"time() - {newest_sample_expr(selector)}", at=at))
         attempt("source_series", lambda: b.source.scalar(f"count({selector})", at=at))
         attempt("target_series", lambda: b.target.scalar(f"count({selector})", at=at))
-        queue = self.deploy_kind == "remote_write"
+        queue = self.deploy.source_queue
         if queue:
             attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(),
                                                           remote_write_name(self.group.name)))
@@ -153,7 +154,7 @@ class GroupLifecycle:
         from promshift.core.deploy_kinds import group_for_deploy
 
         b = self.migration.backends
-        result = ParityCheck(group_for_deploy(self.group, self.deploy_kind), b.source, b.target,
+        result = ParityCheck(group_for_deploy(self.group, self.deploy), b.source, b.target,
                              catalog_dir=self.migration.catalog_dir).run(dual_write_since=window_start, now=now)
         bad = [f"{m.name}: {m.reason}" for m in result.not_passed()]
         return result.verdict, "; ".join(bad[:3]) or f"{result.points_compared} points compared"
@@ -234,20 +235,20 @@ def _observation_dict(obs: BakeObservation) -> dict[str, Any]:
 class Decommission:
     """Drop the group's series on the source at scrape time (``core.scrape_drop``), or undo that.
 
-    Only safe when the target has a writer of its own (the managed collector, ``deploy_kind`` ``scraper``):
+    Only safe when the target has a writer of its own (the managed collector: ``Deploy.own_writer``):
     on the remote_write path the source is the target's only writer, and a scrape-time drop would stop the
     target's copy too. That path is refused before anything changes. After the drop is live, two proofs
     are awaited (``verify_s`` at most): the source stops returning the group's series, and the target keeps
     receiving new samples of it; the second failing undoes the drop (snapshot restored byte for byte).
     """
 
-    def __init__(self, migration: GroupMigration, *, deploy_kind: str, verify_s: float | None = None,
+    def __init__(self, migration: GroupMigration, *, deploy: Deploy, verify_s: float | None = None,
                  poll_s: float = 5.0, sleep: Callable[[float], None] | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         import time
 
         self.migration = migration
-        self.deploy_kind = deploy_kind
+        self.deploy = deploy
         group = migration.group
         # Two scrapes for the staleness markers, plus the collector's lag.
         self.verify_s = verify_s if verify_s is not None else 2 * group.scrape_interval_s + group.bake.max_lag_s
@@ -261,7 +262,7 @@ class Decommission:
         if stage not in DECOMMISSIONABLE:
             return (f"group {m.group.name!r} is {stage.value}; a decommission starts only from "
                     f"{', '.join(sorted(s.value for s in DECOMMISSIONABLE))} (after a clean bake)")
-        if self.deploy_kind != "scraper":
+        if not self.deploy.own_writer:
             return (f"group {m.group.name!r} reaches the target through the source's remote_write: the source is "
                     "the target's only writer, so dropping the group at scrape would stop the target's copy too; "
                     "decommission needs an independent writer (the managed collector, deploy 'scraper')")
