@@ -1,0 +1,88 @@
+"""End to end: ``make demo SCENARIO=lifecycle`` through Airflow, at 12 nodes (issue 13's done criteria).
+
+The migration run moves gpu-memory's recording rule and alert to the local AMP workspace (which evaluates
+them), re-points the provisioned dashboard, cuts over; the scheduled bake watch checks it until it is
+baked; the decommission DAG's second approval is answered and the source stops storing the group.
+
+Session: an Airflow of its own (``run_demo``, as ``make demo``); tests/e2e/conftest.py says why.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from promshift.adapters.audit_store import AuditStore
+from promshift.local.demo import run_demo
+from promshift.local.demo_lifecycle import TARGET_DATASOURCE
+from promshift.local.stack.local import LocalStack, StackConfig
+from tests.e2e.conftest import free_port, stop_stack
+
+pytestmark = pytest.mark.e2e
+
+RUN_TIMEOUT_S = 900.0
+
+
+def datasource_uids(dashboard: Path) -> set[str]:
+    """Every datasource uid a dashboard's panels and targets name."""
+    found: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            ds = node.get("datasource")
+            if isinstance(ds, dict) and ds.get("uid"):
+                found.add(str(ds["uid"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(dashboard.read_text()))
+    return found
+
+
+def test_lifecycle_moves_rules_and_reads_bakes_and_decommissions(small_stack_env: Path) -> None:
+    stack = LocalStack(StackConfig.from_env(target_kind="amp"))
+    try:
+        out = run_demo(group_name="gpu-memory", scenario="lifecycle", nodes=12, airflow_port=free_port(),
+                       report_root=small_stack_env / "reports", target_kind="amp", deploy="scraper",
+                       timeout_s=RUN_TIMEOUT_S)
+        # What the target evaluates and what the source still has, read before the stack stops.
+        target_rule_files = sorted((stack.home / "target" / "amp-rules").glob("*.yml"))
+        source_rules = yaml.safe_load(stack.source_rules_path.read_text())
+        dashboards = sorted(stack.dashboards_dir.glob("*.json"))
+        source_config = stack.source_config_path.read_text()
+    finally:
+        stop_stack()
+    report = json.loads((out / "report.json").read_text())
+    assert report["final_stage"] == "decommissioned", report["summary"]
+    assert report["rules"]["moved"] > 0 and report["rules"]["alerts"] >= 1 and report["rules"]["records"] >= 1
+    assert report["read_path"]["switched"] is True and report["read_path"]["panels"] > 0
+    assert report["bake"]["checks"] >= 2 and report["bake"]["baked"] is True
+    assert report["decommission"]["performed"] is True
+    assert report["decommission"]["source_series_after"] == 0
+    assert report["decommission"]["freed_series"] > 0
+    assert report["audit"]["chain_ok"] is True
+    # The rules live on the target only (the alert evaluates on exactly one side) ...
+    assert len(target_rule_files) == 1 and "GpuMemoryNearlyFull" in target_rule_files[0].read_text()
+    assert not any(rule for group in source_rules.get("groups") or [] for rule in group.get("rules") or [])
+    assert report["source_rules"]["identical"] is False
+    # ... the dashboard reads AMP, and the source drops the group at its scrape.
+    assert dashboards and TARGET_DATASOURCE["uid"] in datasource_uids(dashboards[0])
+    drops = [rule for job in yaml.safe_load(source_config)["scrape_configs"]
+             for rule in job.get("metric_relabel_configs") or [] if rule.get("action") == "drop"]
+    assert drops and {r["regex"] for r in drops} == {"DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_RESERVED"}
+    assert report["source_config"]["identical"] is False
+    # Every bake check after the handoff watched the moved rules on the target, and the last one passed.
+    audit = AuditStore(f"sqlite:///{small_stack_env / 'state' / 'audit.db'}")
+    try:
+        checks = [e.evidence_data for e in audit.events(group="gpu-memory") if e.kind == "bake_check"]
+    finally:
+        audit.engine.dispose()
+    last = {m["name"]: m for m in checks[-1]["measurements"]}
+    assert last["rules"]["verdict"] == "SUCCESSFUL", last["rules"]
+    assert {m["verdict"] for m in last.values()} == {"SUCCESSFUL"}
