@@ -3,7 +3,8 @@
 One Airflow for the whole module (it takes a minute or two to start). The audit log holds a history
 written the way the migration steps write it (tests/board/history.py); the DAG runs it names are
 created in Airflow too (paused DAGs keep them queued), so the board's links lead to real run pages.
-The board never queries Prometheus, so no metrics stack is started.
+The board never queries Prometheus, so no metrics stack is started. (It joins no e2e session of
+tests/e2e/conftest.py: its users, catalog profile and audit history are its own.)
 
 Users (Simple auth manager): sre-carol (op), oncall-alice / oncall-bob (user), viewer-vic (viewer),
 and nobody-nina with no role: signed in, but the auth manager grants her nothing. The Simple auth

@@ -6,6 +6,8 @@ bad-credentials run (Airflow signs with another secret) must stop at validate wi
 deployed. After each, neither the secret key nor any ``Signature=`` value may appear anywhere
 under PROMSHIFT_HOME (stack logs, Airflow's task logs and database with its XComs, the audit
 DB, snapshots, configs) or the report directory, nor in what the demo printed.
+
+Session: each run has an Airflow of its own (``run_demo``, as ``make demo``); tests/e2e/conftest.py says why.
 """
 
 from __future__ import annotations

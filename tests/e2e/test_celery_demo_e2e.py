@@ -6,6 +6,8 @@ Redis (broker) and PostgreSQL (Airflow's metadata, the audit log and its anchor)
 reports go to one shared object store. The run must cut over with the mapped parity shards spread
 over both workers (Airflow's own task-instance records, in ``report.json``'s ``executor`` block), the
 audit log in PostgreSQL and no SQLite audit file anywhere, and every process stopped afterwards.
+
+Session: an Airflow of its own (``run_demo``, as ``make demo EXECUTOR=celery``): another executor.
 """
 
 from __future__ import annotations

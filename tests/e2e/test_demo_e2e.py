@@ -1,16 +1,17 @@
 """End to end: the demo job on a small real stack, through Airflow standalone and its REST API.
 
-Happy path (with 24 h of backfilled history, so the production windows 1h/6h/12h/24h are
-timed): approval by an on-call engineer over REST, cutover. Drift (the plain ``demo``
-profile): the target loses hosts after warm-up, parity fails, rollback restores the source
-config byte for byte.
+Both scenarios join ``spine_session`` (tests/e2e/conftest.py): one stack with 24 h of gpu-memory's backfilled
+history, the ``demo-history`` catalog profile, and one Airflow, for make test (marker ``spine``).
+
+Happy path on gpu-memory (the production windows 1h/6h/12h/24h are timed over the history): approval by an
+on-call engineer over REST, cutover. Drift on gpu-utilization, after it: the target loses hosts during
+dual-write, parity fails, rollback restores the source config byte for byte (gpu-utilization has no history:
+its latency windows are not what the drift is about).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,26 +20,22 @@ import requests
 from promshift.adapters.routing import RoutingStore
 from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.local.airflow_lab import TRIGGER_USER, LocalAirflow
-from promshift.local.demo import HISTORY_PROFILE, run_demo
+from promshift.local.demo import HISTORY_PROFILE
 from promshift.local.stack.local import LocalStack, StackConfig
-from tests.e2e.conftest import free_port, stop_stack
+from tests.e2e.conftest import SharedSession, proc_cmdline, proc_environ, proc_pids
 
-pytestmark = pytest.mark.e2e
+__all__ = ["proc_cmdline", "proc_environ", "proc_pids"]  # tests/e2e/test_celery_demo_e2e.py imports them from here
+
+# Make test's end-to-end run: one Airflow for both scenarios. The first test's time includes the session's start
+# (backfill, stack, Airflow) as a single run_demo's did.
+pytestmark = [pytest.mark.e2e, pytest.mark.spine, pytest.mark.timeout(1200)]
 
 
-@pytest.mark.spine  # make test's end-to-end run: one Airflow
-def test_happy_path_with_history_times_production_windows_and_cuts_over(small_stack_env: Path) -> None:
-    port = free_port()
-    try:
-        out = run_demo(group_name="gpu-memory", scenario="happy", nodes=12, airflow_port=port,
-                       report_root=small_stack_env / "reports", history_s=24 * 3600.0)
-        report = json.loads((out / "report.json").read_text())
-        # The demo leaves Airflow running with the stack: the board and the HITL record are there to open.
-        left_running_airflow_serves_the_board_and_the_shown_evidence(small_stack_env, port, report)
-    finally:
-        stop_stack()
-    assert not any("airflow standalone" in " ".join(proc_cmdline(pid)) and small_stack_env.name in
-                   proc_environ(pid) for pid in proc_pids()), "stack down left Airflow running"
+def test_happy_path_with_history_times_production_windows_and_cuts_over(spine_session: SharedSession) -> None:
+    run = spine_session.run("happy", group="gpu-memory", scenario="happy")
+    report, out = run.report, run.out
+    # The demo leaves Airflow running with the stack: the board and the HITL record are there to open.
+    left_running_airflow_serves_the_board_and_the_shown_evidence(spine_session, report)
     assert report["final_stage"] == "cut_over", report["summary"]
     assert [s["stage"] for s in report["stages"]] == ["dual_writing", "warming", "verified", "approved", "cut_over"]
     assert report["parity"]["verdict"] == "SUCCESSFUL"
@@ -65,21 +62,15 @@ def test_happy_path_with_history_times_production_windows_and_cuts_over(small_st
     assert (out / "latency.png").stat().st_size > 10_000
     assert "## Latency" in (out / "report.md").read_text()
     # The routing state is a table in the demo's audit database (no routing.json any more).
-    routing = RoutingStore(f"sqlite:///{small_stack_env / 'state' / 'audit.db'}").load()
+    routing = RoutingStore(f"sqlite:///{spine_session.home / 'audit.db'}").load()
     assert routing["groups"]["gpu-memory"]["read_from"] == "target"
-    assert not (small_stack_env / "state" / "routing.json").exists()
+    assert not (spine_session.home / "routing.json").exists()
+    # (That stopping the session leaves no Airflow running is checked when spine_session ends.)
 
 
-def test_drift_fails_parity_and_rolls_back_byte_for_byte(small_stack_env: Path) -> None:
-    try:
-        out = run_demo(group_name="gpu-memory", scenario="drift", nodes=12, airflow_port=free_port(),
-                       report_root=small_stack_env / "reports")
-        from promshift.local.stack.local import LocalStack, StackConfig
-
-        config_text = LocalStack(StackConfig.from_env()).source_config_path.read_text()
-    finally:
-        stop_stack()
-    report = json.loads((out / "report.json").read_text())
+def test_drift_fails_parity_and_rolls_back_byte_for_byte(spine_session: SharedSession) -> None:
+    run = spine_session.run("drift", group="gpu-utilization", scenario="drift")
+    report, config_text = run.report, run.source_config
     assert report["final_stage"] == "rolled_back"
     assert report["parity"]["verdict"] == "FAILED"
     host_cov = next(m for m in report["parity"]["measurements"] if m["name"] == "host_coverage")
@@ -88,32 +79,16 @@ def test_drift_fails_parity_and_rolls_back_byte_for_byte(small_stack_env: Path) 
     assert report["rollback"]["performed"] is True and report["rollback"]["restored_identical"] is True
     assert "gpu-node-0001, gpu-node-0002" in report["rollback"]["reason"]
     assert report["approval"]["decision"] is None
-    assert "promshift-gpu-memory" not in config_text
+    assert "promshift-gpu-utilization" not in config_text
+    assert report["source_config"]["identical"] is True  # byte for byte: the session's other entries included
     assert report["audit"]["chain_ok"] is True
 
 
-def proc_pids() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-
-
-def proc_cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def proc_environ(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def left_running_airflow_serves_the_board_and_the_shown_evidence(tmp: Path, port: int,
+def left_running_airflow_serves_the_board_and_the_shown_evidence(shared: SharedSession,
                                                                  report: dict[str, Any]) -> None:
-    """After ``make demo``, with the stack still up (issue 14's "done when")."""
-    airflow = LocalAirflow(home=tmp / "state" / "airflow", port=port, extra_env={})
+    """After ``make demo``, with the stack still up (issue 14's "done when"): reached as a user would, from the
+    Airflow home's password file."""
+    airflow = LocalAirflow(home=shared.home / "airflow", port=shared.session.airflow.port, extra_env={})
     airflow.load_passwords()
     base = airflow.base_url
     # Without credentials: no data.

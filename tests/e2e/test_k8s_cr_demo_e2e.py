@@ -6,6 +6,9 @@ renders ``spec.remoteWrite`` onto the source. Airflow's source connection names 
 kubeconfig, no config file; the run must cut over with the group's entry added through the resource
 (a sigv4 entry to the signing relay, the keep-filter as ``writeRelabelConfigs``), ``deploy.kind``
 ``k8s-cr`` and the deploy's status history in ``report.json``.
+
+Session: an Airflow of its own (``run_demo``, as ``make demo``); tests/e2e/conftest.py says why no AMP
+scenario shares one yet.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 The migration run moves gpu-memory's recording rule and alert to the local AMP workspace (which evaluates
 them), re-points the provisioned dashboard, cuts over; the scheduled bake watch checks it until it is
 baked; the decommission DAG's second approval is answered and the source stops storing the group.
+
+Session: an Airflow of its own (``run_demo``, as ``make demo``); tests/e2e/conftest.py says why.
 """
 
 from __future__ import annotations

@@ -368,6 +368,31 @@ class LocalAirflow:
                 time.sleep(3)
         raise RuntimeError(f"DAG {dag_id} not parsed after {timeout_s:.0f}s; see {self.home}/logs")
 
+    def set_connection(self, conn_id: str, conn: dict[str, Any], *, user: str = TRIGGER_USER) -> None:
+        """Create or replace connection ``conn_id`` in Airflow's metadata database (REST API; ``conn`` as an
+        ``AIRFLOW_CONN_*`` JSON: ``conn_type``, ``host``, ``extra`` as a mapping...). A task reads it when it
+        runs, so a running Airflow can be re-pointed between runs. (An ``AIRFLOW_CONN_*`` variable of the same
+        id in Airflow's environment would win over it.)"""
+        body = {"connection_id": conn_id, **{k: v for k, v in conn.items() if k != "extra"}}
+        if "extra" in conn:
+            body["extra"] = conn["extra"] if isinstance(conn["extra"], str) else json.dumps(conn["extra"])
+        if self.connection_exists(conn_id, user=user):
+            self.api(user, "PATCH", f"/connections/{conn_id}", json=body)
+            log.info("connection %s replaced in Airflow's database", conn_id)
+        else:
+            self.api(user, "POST", "/connections", json=body)
+            log.info("connection %s created in Airflow's database", conn_id)
+
+    def connection_exists(self, conn_id: str, *, user: str = TRIGGER_USER) -> bool:
+        listed = self.api(user, "GET", "/connections", params={"connection_id_pattern": conn_id, "limit": 100})
+        return any(c["connection_id"] == conn_id for c in listed["connections"])
+
+    def delete_connection(self, conn_id: str, *, user: str = TRIGGER_USER) -> None:
+        """Delete connection ``conn_id`` from Airflow's metadata database, if it is there."""
+        if self.connection_exists(conn_id, user=user):
+            self.api(user, "DELETE", f"/connections/{conn_id}")
+            log.info("connection %s deleted from Airflow's database", conn_id)
+
     def unpause(self, dag_id: str, *, user: str = TRIGGER_USER) -> None:
         """Let the scheduler run the DAG on its schedule (the demo creates every DAG paused)."""
         self.api(user, "PATCH", f"/dags/{dag_id}", json={"is_paused": False})

@@ -41,6 +41,7 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -221,12 +222,33 @@ def lifecycle_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def target_report(stack: LocalStack) -> dict[str, Any]:
+def sigv4_counters(stack: LocalStack) -> dict[str, dict[str, Any]] | None:
+    """The front door's and the control plane's SigV4 counters now (None for a self-hosted target)."""
+    if stack.config.target_kind != "amp":
+        return None
+    return {FRONTDOOR: stack.sigv4_stats(FRONTDOOR), AWS: stack.sigv4_stats(AWS)}
+
+
+def _since(now: dict[str, Any], before: dict[str, Any] | None) -> dict[str, Any]:
+    """Counters ``now`` less those ``before`` (a scenario's share of a session's counters)."""
+    if before is None:
+        return now
+    by_reason = {reason: int(n) - int((before.get("rejected_by_reason") or {}).get(reason, 0))
+                 for reason, n in (now.get("rejected_by_reason") or {}).items()}
+    return {**now, "verified": int(now["verified"]) - int(before["verified"]),
+            "rejected": int(now["rejected"]) - int(before["rejected"]),
+            "rejected_by_reason": {reason: n for reason, n in by_reason.items() if n}}
+
+
+def target_report(stack: LocalStack, baseline: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The report's ``target`` block: the AMP workspace and the front door's SigV4 counters taken now
-    (and the control plane's), or the self-hosted target's URL. Never a credential."""
+    (and the control plane's), or the self-hosted target's URL. Never a credential. ``baseline``
+    (``sigv4_counters`` taken when a scenario started): the counters since then."""
     if stack.config.target_kind != "amp":
         return {"kind": "prometheus", "url": stack.target_url}
-    front, control = stack.sigv4_stats(FRONTDOOR), stack.sigv4_stats(AWS)
+    base = baseline or {}
+    front = _since(stack.sigv4_stats(FRONTDOOR), base.get(FRONTDOOR))
+    control = _since(stack.sigv4_stats(AWS), base.get(AWS))
     return {"kind": "amp", "workspace_id": stack.workspace_id, "region": stack.config.region,
             "sigv4_verified": int(front["verified"]), "sigv4_rejected": int(front["rejected"]),
             "sigv4_rejected_by_reason": dict(front.get("rejected_by_reason") or {}),
@@ -243,19 +265,32 @@ def target_connection(stack: LocalStack, scenario: str, deploy: str = REMOTE_WRI
     cluster it would scrape (``extra.scraper``); locally the stack's collector scrapes the fleet. For
     ``deploy="k8s-cr"`` the target connection is the plain one (its deploy stays ``remote_write``): the
     source connection says how its config is changed (``source_connection``)."""
+    return target_connection_only(stack, deploy), aws_environment(stack, bad_credentials=scenario == "bad-credentials")
+
+
+def target_connection_only(stack: LocalStack, deploy: str = REMOTE_WRITE) -> dict[str, Any]:
+    """Airflow's target connection (``target_connection`` without the environment): never a credential."""
     if stack.config.target_kind != "amp":
-        return ({"conn_type": "prometheus", "host": stack.target_url,
-                 "extra": {"base_url": stack.target_url, "remote_write_url": stack.target_remote_write_url}}, {})
-    env = stack.aws_env()
-    if scenario == "bad-credentials":
-        env["AWS_SECRET_ACCESS_KEY"] = make_up_credentials().secret_key
-        log.warning("bad-credentials: Airflow signs with the right access key id but another secret; the local "
-                    "AWS must refuse every signature, and nothing may be deployed")
+        return {"conn_type": "prometheus", "host": stack.target_url,
+                "extra": {"base_url": stack.target_url, "remote_write_url": stack.target_remote_write_url}}
     extra: dict[str, Any] = dict(stack.amp_connection_extra())
     if deploy == SCRAPER:
         extra["deploy"] = deploy
         extra["scraper"] = stack.scraper_extra()
-    return {"conn_type": "amp", "extra": extra}, env
+    return {"conn_type": "amp", "extra": extra}
+
+
+def aws_environment(stack: LocalStack, *, bad_credentials: bool = False) -> dict[str, str]:
+    """The ``AWS_*`` pair Airflow signs with (AMP only; else nothing): the stack's, or for ``bad_credentials``
+    the right access key id with a secret the local AWS refuses."""
+    if stack.config.target_kind != "amp":
+        return {}
+    env = stack.aws_env()
+    if bad_credentials:
+        env["AWS_SECRET_ACCESS_KEY"] = make_up_credentials().secret_key
+        log.warning("bad-credentials: Airflow signs with the right access key id but another secret; the local "
+                    "AWS must refuse every signature, and nothing may be deployed")
+    return env
 
 
 def source_connection(stack: LocalStack, deploy: str = REMOTE_WRITE) -> dict[str, Any]:
@@ -307,39 +342,120 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
 
     ``executor="celery"``: Airflow's components and two Celery workers as separate processes on the machine's
     Redis and PostgreSQL (``promshift.local.celery_lab``; refused in one line when either does not answer).
+
+    One session (``start_session``: the stack and one Airflow) and one scenario in it (``run_scenario``); the
+    end-to-end tests run several scenarios in one session. Airflow is left running with the stack.
     """
-    started = time.time()
+    check_scenario(scenario, group_name=group_name, target_kind=target_kind, deploy=deploy)
+    session = start_session(nodes=nodes, airflow_port=airflow_port, target_kind=target_kind,
+                            kubernetes=deploy == K8S_CR, history_s=history_s, history_groups=(group_name,),
+                            history_interval_s=history_interval_s, executor=executor,
+                            bad_credentials=scenario == "bad-credentials")
+    return run_scenario(session, group_name=group_name, scenario=scenario, report_root=report_root,
+                        deploy=deploy, timeout_s=timeout_s)
+
+
+def check_scenario(scenario: str, *, group_name: str, target_kind: str, deploy: str) -> None:
+    """Refuse a scenario, target and deploy that do not go together (ValueError), before anything is reset."""
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
     if scenario in AMP_ONLY_SCENARIOS and target_kind != "amp":
         raise ValueError(f"scenario {scenario!r} needs the AMP target (--target amp / TARGET=amp)")
-    lifecycle = scenario in LIFECYCLE_SCENARIOS
-    if lifecycle:
+    if scenario in LIFECYCLE_SCENARIOS:
         lifecycle_choices(scenario, group_name, target_kind, deploy)  # refuses another target or deploy
-    config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=deploy == K8S_CR)
-    stack = LocalStack(config)
-    profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
-    catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
-    group = load_catalog(catalog_path, profile=profile).get(group_name)
-    metrics = backfilled_metrics(group) if history_s else []
-    if history_s:
-        # Refuse before resetting anything.
-        check_history(history_s, history_interval_s)
-        if not metrics:
-            raise ValueError(f"group {group_name!r} claims none of the metrics the fleet simulator renders")
-    if target_kind == "amp" and (problem := local_amp_credentials_problem()):
-        raise ValueError(problem)
     if deploy not in DEMO_DEPLOY_KINDS:
         raise ValueError(f"deploy must be one of {', '.join(DEMO_DEPLOY_KINDS)}, got {deploy!r}")
     if deploy != REMOTE_WRITE and target_kind != "amp":
         raise ValueError(f"deploy {deploy!r} needs the AMP target (--target amp / TARGET=amp)")
+
+
+@dataclass
+class DemoSession:
+    """A fresh local stack and one Airflow wired to it, in which scenarios run one after another.
+
+    Airflow's ``promshift_source``/``promshift_target`` (and, for the lifecycle scenarios, ``grafana_default``)
+    connections live in Airflow's metadata database, set through its REST API by each scenario
+    (``set_connections``), so one Airflow serves scenarios on different deploys. What only a process's
+    environment can carry is the session's: the catalog profile, the ``AWS_*`` pair (``bad_credentials``:
+    a secret the local AWS refuses), the audit store, the SMTP connection."""
+
+    config: StackConfig
+    stack: LocalStack
+    airflow: LocalAirflow
+    profile: str
+    catalog_path: Path
+    audit_url: str
+    anchor_url: str | None
+    key_env: dict[str, str]
+    services: CeleryServices | None
+    executor: str
+    history_s: float | None
+    bad_credentials: bool
+    started: float
+    budget_from: float  # the first scenario's time budget counts from here (after any backfill)
+    scenarios_run: int = 0
+
+    @property
+    def target_kind(self) -> str:
+        return self.config.target_kind
+
+    def group(self, name: str) -> MetricGroup:
+        return load_catalog(self.catalog_path, profile=self.profile).get(name)
+
+    def audit(self) -> AuditStore:
+        key = audit_key(self.key_env)
+        if self.anchor_url is None:
+            return AuditStore(self.audit_url, key=key)
+        return AuditStore(self.audit_url, key=key, anchor=anchor_for(self.anchor_url, create=False))
+
+    def set_connections(self, connections: dict[str, dict[str, Any] | None]) -> None:
+        """Create, replace (``dict``) or delete (``None``) Airflow connections through the REST API."""
+        for conn_id, conn in connections.items():
+            if conn is None:
+                self.airflow.delete_connection(conn_id)
+            else:
+                self.airflow.set_connection(conn_id, conn)
+
+    def down(self) -> None:
+        """Stop Airflow and the stack (``make stack-down`` does the same by the pid files)."""
+        self.stack.down()
+
+
+def start_session(*, nodes: int, airflow_port: int, target_kind: str = "prometheus", kubernetes: bool = False,
+                  history_s: float | None = None, history_groups: tuple[str, ...] = (),
+                  history_interval_s: float = 300.0, executor: str = "local",
+                  bad_credentials: bool = False) -> DemoSession:
+    """Reset the local state, start the stack and one Airflow (left running: ``DemoSession.down`` stops both).
+
+    With ``history_s`` the ``history_groups``' metrics get that much history on both sides first and the
+    session's catalog profile is ``demo-history``; else ``demo``. ``kubernetes``: the stack's k8s component
+    (``deploy="k8s-cr"`` needs it). ``bad_credentials`` (AMP only): Airflow signs with a secret the local AWS
+    does not accept (scenario ``bad-credentials``)."""
+    started = time.time()
+    config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=kubernetes)
+    stack = LocalStack(config)
+    profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
+    catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
+    catalog = load_catalog(catalog_path, profile=profile)
+    groups = [catalog.get(name) for name in history_groups]
+    metrics = [m for g in groups for m in backfilled_metrics(g)] if history_s else []
+    if history_s:
+        # Refuse before resetting anything.
+        check_history(history_s, history_interval_s)
+        for g in groups:
+            if not backfilled_metrics(g):
+                raise ValueError(f"group {g.name!r} claims none of the metrics the fleet simulator renders")
+    if target_kind == "amp" and (problem := local_amp_credentials_problem()):
+        raise ValueError(problem)
+    if bad_credentials and target_kind != "amp":
+        raise ValueError("scenario 'bad-credentials' needs the AMP target (--target amp / TARGET=amp)")
+    if kubernetes and target_kind != "amp":
+        raise ValueError(f"deploy {K8S_CR!r} needs the AMP target (--target amp / TARGET=amp)")
     if executor not in EXECUTOR_KINDS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTOR_KINDS)}, got {executor!r}")
     services = CeleryServices.from_env(airflow_port) if executor == "celery" else None
     if services is not None:
         services.require()  # before anything is reset: Redis and PostgreSQL answer
-    if timeout_s is None:
-        timeout_s = HISTORY_TIMEOUT_S if history_s else DEFAULT_TIMEOUT_S
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
     stack.reset()
     for leftover in ("audit.db", "audit-anchor.db", "routing.json", "snapshots", shared_store(config.home).name):
@@ -347,14 +463,15 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     budget_from = started
     if history_s:
-        longest = max((w.seconds for w in group.latency.windows), default=0.0)
+        longest = max((w.seconds for g in groups for w in g.latency.windows), default=0.0)
         if longest > history_s:
             log.warning("history %s is shorter than the longest latency window (%s): windows reaching "
                         "before it have no data on either side", format_duration(history_s),
                         format_duration(longest))
         t0 = time.time()
         log.info("giving source and target %s of %s's history (one sample every %s), as if dual-write "
-                 "had been running", format_duration(history_s), group_name, format_duration(history_interval_s))
+                 "had been running", format_duration(history_s), ", ".join(history_groups),
+                 format_duration(history_interval_s))
         result = backfill_stack(stack, metrics, history_s=history_s, interval_s=history_interval_s)
         log.info("history backfilled in %.0fs: %s samples per side (OpenMetrics: %.0f MB source, %.0f MB target)",
                  time.time() - t0, f"{result.samples_per_side:,}", result.text_bytes["source"] / 1e6,
@@ -370,33 +487,17 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
         services.recreate_databases()
         services.clear_queue()
         audit_url, anchor_url = services.database_url("audit"), services.database_url("anchor")
-    source_conn = source_connection(stack, deploy)
-    if lifecycle:  # the group's rules move with it; its dashboard is re-pointed (file mode)
-        source_conn["extra"]["rules"] = True
-    # Credentials reach Airflow only through its environment: never the connection JSON, never printed.
-    target_conn, aws_env = target_connection(stack, scenario, deploy)
-    if deploy == SCRAPER:
-        # The demo's short timings, as for its latency windows: the local collector scrapes at the source's
-        # interval instead of the blob's 30 s, or the demo's minute-long parity window holds one or two points.
-        stack.set_aws_faults(scraper={"collector_scrape_interval_s": parse_duration(config.scrape_interval)})
-    if deploy != REMOTE_WRITE:
-        # The quota pre-flight reads the workspace's active series from CloudWatch (AWS vends it; locally seeded).
-        log.info("workspace usage seeded for the quota pre-flight: %s", stack.publish_usage())
-    sha_before = config_sha256(stack.source_config_path)
-    log.info("source config %s sha256 %s before the run", stack.source_config_path, sha_before)
-    rules_before = config_sha256(stack.source_rules_path)
+    # Credentials reach Airflow only through its environment: never a connection, never printed.
+    aws_env = aws_environment(stack, bad_credentials=bad_credentials)
     airflow_home = config.home / "airflow"
     shutil.rmtree(airflow_home, ignore_errors=True)
     # Left running after the demo, with the rest of the stack (``make stack-down`` stops both, by this pid file).
     common_env = {
         "PROMSHIFT_CATALOG": str(catalog_path),
         "PROMSHIFT_PROFILE": profile,
-        "AIRFLOW_CONN_PROMSHIFT_SOURCE": json.dumps(source_conn),
-        "AIRFLOW_CONN_PROMSHIFT_TARGET": json.dumps(target_conn),
         **aws_env,
         # Notifications (approval needed, rolled back) go to the stack's SMTP sink; `make demo` prints where.
         **stack.smtp_connection_env(),
-        **({"AIRFLOW_CONN_GRAFANA_DEFAULT": json.dumps(grafana_connection(stack.dashboards_dir))} if lifecycle else {}),
     }
     if services is None:
         extra_env = {"PROMSHIFT_HOME": str(config.home), "PROMSHIFT_AUDIT_URL": audit_url, **common_env, **key_env}
@@ -406,9 +507,64 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
                                               key_env=key_env, common=common_env)
     airflow = LocalAirflow(home=airflow_home, port=airflow_port, pid_file=stack.pid_path(AIRFLOW),
                            extra_env=extra_env, executor=executor, celery=services, component_env=component_env)
+    airflow.start(timeout_s=AIRFLOW_START_TIMEOUT_S)
+    return DemoSession(config=config, stack=stack, airflow=airflow, profile=profile, catalog_path=catalog_path,
+                       audit_url=audit_url, anchor_url=anchor_url, key_env=key_env, services=services,
+                       executor=executor, history_s=history_s, bad_credentials=bad_credentials, started=started,
+                       budget_from=budget_from)
+
+
+def scenario_connections(session: DemoSession, scenario: str, deploy: str) -> dict[str, dict[str, Any] | None]:
+    """The Airflow connections a scenario runs with (``None``: the connection must not exist)."""
+    stack, lifecycle = session.stack, scenario in LIFECYCLE_SCENARIOS
+    source_conn = source_connection(stack, deploy)
+    if lifecycle:  # the group's rules move with it; its dashboard is re-pointed (file mode)
+        source_conn["extra"]["rules"] = True
+    return {"promshift_source": source_conn, "promshift_target": target_connection_only(stack, deploy),
+            # Its existence turns the read-path switch on: the lifecycle scenarios' only.
+            "grafana_default": grafana_connection(stack.dashboards_dir) if lifecycle else None}
+
+
+def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report_root: Path,
+                 deploy: str = REMOTE_WRITE, timeout_s: float | None = None) -> Path:
+    """Run one scenario on ``group_name`` in a running session: point Airflow's connections at the stack (for
+    ``deploy``), trigger the group's DAG, plant the scenario's fault, answer the approval through the REST
+    API as an on-call engineer, follow the run (and for the lifecycle scenarios the bake watch and the
+    decommission), write and print the report; return the report directory.
+
+    A group migrates once per session: scenarios of one session take different groups (their audit events,
+    config entries and reports are told apart by group). The first scenario's wall time counts from the
+    session's start, as ``make demo``'s always did."""
+    check_scenario(scenario, group_name=group_name, target_kind=session.target_kind, deploy=deploy)
+    if (scenario == "bad-credentials") != session.bad_credentials:
+        raise ValueError("scenario 'bad-credentials' needs a session of its own started with bad_credentials=True "
+                         "(Airflow's AWS secret is its environment's), and such a session runs nothing else")
+    if deploy == K8S_CR and not session.config.kubernetes:
+        raise ValueError(f"deploy {K8S_CR!r} needs a session started with kubernetes=True")
+    first = session.scenarios_run == 0
+    session.scenarios_run += 1
+    started = session.started if first else time.time()
+    budget_from = session.budget_from if first else started
+    if timeout_s is None:
+        timeout_s = HISTORY_TIMEOUT_S if session.history_s else DEFAULT_TIMEOUT_S
+    stack, airflow, executor = session.stack, session.airflow, session.executor
+    lifecycle = scenario in LIFECYCLE_SCENARIOS
+    group = session.group(group_name)
+    # The SigV4 counters are the stack's since it started: a later scenario reports its own share only.
+    baseline = None if first else sigv4_counters(stack)
+    session.set_connections(scenario_connections(session, scenario, deploy))
+    if deploy == SCRAPER:
+        # The demo's short timings, as for its latency windows: the local collector scrapes at the source's
+        # interval instead of the blob's 30 s, or the demo's minute-long parity window holds one or two points.
+        stack.set_aws_faults(scraper={"collector_scrape_interval_s": parse_duration(session.config.scrape_interval)})
+    if deploy != REMOTE_WRITE:
+        # The quota pre-flight reads the workspace's active series from CloudWatch (AWS vends it; locally seeded).
+        log.info("workspace usage seeded for the quota pre-flight: %s", stack.publish_usage())
+    sha_before = config_sha256(stack.source_config_path)
+    log.info("source config %s sha256 %s before the run", stack.source_config_path, sha_before)
+    rules_before = config_sha256(stack.source_rules_path)
     fault: TargetWriteGap | None = None
     try:
-        airflow.start(timeout_s=AIRFLOW_START_TIMEOUT_S)
         airflow.wait_for_dag(group.dag_id)
         run_id = airflow.trigger(group.dag_id)
         approver = APPROVER_USERS[0]
@@ -444,11 +600,11 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     finally:
         if fault:
             fault.stop()
+    services = session.services
     if services is not None and len(ran_on["parity_samples_workers"]) < 2:
         log.warning("the mapped parity shards ran on %s worker(s) only: %s", len(ran_on["parity_samples_workers"]),
                     ", ".join(ran_on["parity_samples_workers"]) or "none")
-    audit = (AuditStore(audit_url, key=audit_key(key_env)) if anchor_url is None
-             else AuditStore(audit_url, key=audit_key(key_env), anchor=anchor_for(anchor_url, create=False)))
+    audit = session.audit()
     extra: dict[str, Any] = {}
     if lifecycle:
         if audit.stage_of(group_name) == Stage.CUT_OVER:
@@ -466,17 +622,18 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     source_config = {"path": str(stack.source_config_path), "sha256_before": sha_before, "sha256_after": sha_after,
                      "identical": sha_before == sha_after}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    kind = "" if target_kind == "prometheus" else f"-{target_kind}"
+    kind = "" if session.target_kind == "prometheus" else f"-{session.target_kind}"
     kind += "" if deploy == REMOTE_WRITE else f"-{deploy}"
     out_dir = (report_root / f"{stamp}-{group_name}{kind}-{scenario}").resolve()
-    report = write_report(audit=audit, group=group_name, run_id=run_id, out_dir=out_dir, target=target_report(stack),
-                          source_config=source_config, executor=ran_on, whole_life=lifecycle, extra=extra)
+    report = write_report(audit=audit, group=group_name, run_id=run_id, out_dir=out_dir,
+                          target=target_report(stack, baseline=baseline), source_config=source_config,
+                          executor=ran_on, whole_life=lifecycle, extra=extra)
     print_report(report)
     print(f"\nwall time {time.time() - started:.0f}s")
     print_logins(airflow, group.dag_id, run_id, mail=f"{len(stack.mail())} message(s) in {stack.mail_dir}")
     if services is not None:
         print(f"celery: broker {services.redis_url} (queue {services.queue}); PostgreSQL databases "
-              f"{', '.join(database_name(role, airflow_port) for role in DB_ROLES)}; logs {airflow.home}/*.log")
+              f"{', '.join(database_name(role, airflow.port) for role in DB_ROLES)}; logs {airflow.home}/*.log")
     return out_dir
 
 
