@@ -51,7 +51,7 @@ demo: prometheus $(STAMP)
 
 # The README's test command, about TBD on 2 cores: lint; the unit tier (no process: tests/conftest.py refuses
 # one); then, on two workers, integration against real servers (with the package test) and the e2e spine
-# (the happy path on one Airflow). Each tier prints its 20 slowest tests.
+# (happy path and drift on one Airflow). Each tier prints its 20 slowest tests.
 PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider --durations=20
 UNIT_TIER := not integration and not e2e and not slow
 test: prometheus $(STAMP)
@@ -59,7 +59,7 @@ test: prometheus $(STAMP)
 	$(PYTEST) -m "$(UNIT_TIER)" tests
 	$(PYTEST) -n 2 --dist loadfile -m "(integration and not slow) or spine" tests
 
-# The other end-to-end scenarios (drift, AMP, scraper, k8s-cr, Celery, lifecycle), the board in a browser, and
+# The other end-to-end scenarios (AMP, bad credentials, k8s-cr, Celery, lifecycle), the board in a browser, and
 # the fault matrix; .ci/run runs it after make test.
 e2e: prometheus chromium $(STAMP)
 	$(PYTEST) -n 2 --dist loadfile -m "(e2e and not spine) or slow" tests
