@@ -49,7 +49,7 @@ venv: $(STAMP)
 demo: prometheus $(STAMP)
 	$(PY) -m promshift.local.demo --scenario $(SCENARIO)$(if $(GROUP), --group $(GROUP))$(if $(TARGET), --target $(TARGET))$(if $(DEPLOY), --deploy $(DEPLOY)) --nodes $(NODES) --executor $(EXECUTOR)$(if $(strip $(HISTORY)), --history $(strip $(HISTORY)))
 
-# The README's test command, about TBD on 2 cores: lint; the unit tier (no process: tests/conftest.py refuses
+# The README's test command, about 9 minutes on 2 cores: lint; the unit tier (no process: tests/conftest.py refuses
 # one); then, on two workers, integration against real servers (with the package test) and the e2e spine
 # (happy path and drift on one Airflow). Each tier prints its 20 slowest tests.
 PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider --durations=20
