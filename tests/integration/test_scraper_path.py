@@ -26,7 +26,7 @@ from promshift.adapters.routing import RoutingStore
 from promshift.adapters.settings import default_catalog_path, load_catalog
 from promshift.adapters.snapshot_store import FileSnapshotStore
 from promshift.core.catalog import MetricGroup
-from promshift.core.deploy_kinds import SCRAPER_INTERVAL_S, group_for_deploy
+from promshift.core.deploy_kinds import SCRAPER_INTERVAL_S, deploy_of, group_for_deploy
 from promshift.core.scraper_config import render_scraper_config
 from promshift.core.stages import Stage
 from promshift.core.warmup import assess_warmup
@@ -158,7 +158,7 @@ def test_a_scraper_deploy_ends_dual_writing_warms_up_without_a_queue_and_rolls_b
         assert time.time() < deadline, status.reason
         time.sleep(0.5)
     assert "no remote-write queue" in status.reason
-    assert group_for_deploy(g, "scraper").parity.mode == "independent_scraper"
+    assert group_for_deploy(g, deploy_of("scraper")).parity.mode == "independent_scraper"
 
     run.migration.start_warmup(now())
     restoring = run.step.restore(info, reason="test: end of the round trip", now=now())

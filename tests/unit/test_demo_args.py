@@ -76,7 +76,7 @@ def test_k8s_cr_puts_the_resource_on_the_source_connection_and_keeps_the_targets
 
     stack = _Stack()
     source = source_connection(stack, "k8s-cr")  # type: ignore[arg-type]
-    target, _env = target_connection(stack, "happy", "k8s-cr")  # type: ignore[arg-type]
+    target = target_connection(stack, "k8s-cr")  # type: ignore[arg-type]
     assert "config_path" not in source["extra"]  # a worker pod could not see the file: only the resource
     assert "deploy" not in target["extra"] and "scraper" not in target["extra"]
     assert deploy_kind_of(target["extra"], conn_id="promshift_target", is_amp=True,

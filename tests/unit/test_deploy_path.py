@@ -18,6 +18,7 @@ from promshift.core.deploy_kinds import (
     INDEPENDENT_ABS_TOLERANCE,
     INDEPENDENT_REL_TOLERANCE,
     deploy_kind_of,
+    deploy_of,
     group_for_deploy,
 )
 from promshift.core.quota import QuotaExceeded, assess_quota
@@ -44,13 +45,13 @@ def test_the_deploy_kind_comes_from_the_target_connection_with_one_line_errors()
 def test_the_scraper_path_compares_as_independent_scrapers() -> None:
     group = load_catalog(profile="demo").get(GROUP)
     assert group.parity.mode == "dual_write"
-    assert group_for_deploy(group, "scraper").parity.mode == "independent_scraper"
+    assert group_for_deploy(group, deploy_of("scraper")).parity.mode == "independent_scraper"
     # Tolerances for two scrapers' samples, not the catalog's ~1e-9 for identical ones; looser catalog values win.
-    loose = group_for_deploy(group, "scraper").parity
+    loose = group_for_deploy(group, deploy_of("scraper")).parity
     assert (loose.abs_tolerance, loose.rel_tolerance) == (INDEPENDENT_ABS_TOLERANCE, INDEPENDENT_REL_TOLERANCE)
     looser = dataclasses.replace(group, parity=dataclasses.replace(group.parity, rel_tolerance=0.25))
-    assert group_for_deploy(looser, "scraper").parity.rel_tolerance == 0.25
-    assert group_for_deploy(group, "remote_write") is group
+    assert group_for_deploy(looser, deploy_of("scraper")).parity.rel_tolerance == 0.25
+    assert group_for_deploy(group, deploy_of("remote_write")) is group
 
 
 def test_warmup_without_a_queue_skips_lag_but_still_needs_the_series() -> None:
@@ -102,7 +103,7 @@ def test_a_deploy_that_goes_active_is_dual_writing_and_the_report_has_its_histor
     out = step.finish(event, {"group_series": 48, "workspace_series": 100, "limit": 1000.0, "share": 0.148,
                               "ok": True}, now())
     assert [c["status"] for c in out["deploy"]["status_history"]] == ["CREATING", "ACTIVE"]
-    assert out["dual_write_since"] == active_since(event["result"])  # type: ignore[arg-type]
+    assert out["dual_write_since"] == active_since(event["result"], deploy_of("scraper"))  # type: ignore[arg-type]
     assert migration.stage() == Stage.DUAL_WRITING
     block = report(migration)["deploy"]
     assert isinstance(block, dict)
@@ -246,7 +247,7 @@ def test_the_same_steps_drive_a_kubernetes_deployer_live_once_loaded(migration: 
     event = settle(fake, DeployResult.from_dict(step.start(info, now())["deploy"]))
     out = step.finish(event, None, now())
     assert [c["status"] for c in out["deploy"]["status_history"]] == ["CR_UPDATED", "WAITING_FOR_RELOAD", "LIVE"]
-    assert out["dual_write_since"] == active_since(event["result"], "LIVE") and "scraper_id" not in out
+    assert out["dual_write_since"] == active_since(event["result"], deploy_of("k8s-cr")) and "scraper_id" not in out
     assert migration.stage() == Stage.DUAL_WRITING and report(migration)["deploy"]["kind"] == "k8s-cr"  # type: ignore[index]
     reason = "test: gate failed"
     done = settle(fake, step.restore(info, reason=reason, now=now()))
@@ -302,7 +303,7 @@ def test_operators_and_steps_never_compare_deploy_kinds() -> None:
 
 
 def test_every_deploy_kind_says_what_it_does() -> None:
-    from promshift.core.deploy_kinds import DEPLOY_KINDS, DEPLOYS, K8S_KINDS, Deploy, deploy_of
+    from promshift.core.deploy_kinds import DEPLOY_KINDS, DEPLOYS, K8S_KINDS, Deploy
 
     assert set(DEPLOYS) == set(DEPLOY_KINDS) | set(K8S_KINDS)
     rw, scraper = deploy_of("remote_write"), deploy_of("scraper")

@@ -167,13 +167,12 @@ INDEPENDENT_ABS_TOLERANCE = 0.05
 INDEPENDENT_REL_TOLERANCE = 0.10
 
 
-def group_for_deploy(group: MetricGroup, deploy: Deploy | str) -> MetricGroup:
+def group_for_deploy(group: MetricGroup, deploy: Deploy) -> MetricGroup:
     """The group as its deploy sees it: a managed collector scrapes on its own clock, so its parity is
     ``independent_scraper`` (``dual_write`` parity needs both sides written by the same Prometheus), with
     at least the independent tolerances (a catalog written for dual-write holds ~1e-9, meant for identical
     samples)."""
-    own_writer = (deploy if isinstance(deploy, Deploy) else deploy_of(deploy)).own_writer
-    if own_writer and group.parity.mode == "dual_write":
+    if deploy.own_writer and group.parity.mode == "dual_write":
         parity = dataclasses.replace(group.parity, mode="independent_scraper",
                                      abs_tolerance=max(group.parity.abs_tolerance, INDEPENDENT_ABS_TOLERANCE),
                                      rel_tolerance=max(group.parity.rel_tolerance, INDEPENDENT_REL_TOLERANCE))

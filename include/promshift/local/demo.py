@@ -256,20 +256,14 @@ def target_report(stack: LocalStack, baseline: dict[str, dict[str, Any]] | None 
                               "rejected_by_reason": dict(control.get("rejected_by_reason") or {})}}
 
 
-def target_connection(stack: LocalStack, scenario: str, deploy: str = REMOTE_WRITE
-                      ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Airflow's target connection and the environment it needs: for AMP the ``amp`` connection (no
-    credentials in it) and the ``AWS_*`` pair (for ``bad-credentials``, a secret the local AWS refuses).
+def target_connection(stack: LocalStack, deploy: str = REMOTE_WRITE) -> dict[str, Any]:
+    """Airflow's target connection: for AMP the ``amp`` connection, never a credential (the ``AWS_*`` pair
+    reaches Airflow through its environment: ``aws_environment``).
 
     ``deploy="scraper"``: the connection asks for AMP's managed collector (``extra.deploy``) and names the
     cluster it would scrape (``extra.scraper``); locally the stack's collector scrapes the fleet. For
     ``deploy="k8s-cr"`` the target connection is the plain one (its deploy stays ``remote_write``): the
     source connection says how its config is changed (``source_connection``)."""
-    return target_connection_only(stack, deploy), aws_environment(stack, bad_credentials=scenario == "bad-credentials")
-
-
-def target_connection_only(stack: LocalStack, deploy: str = REMOTE_WRITE) -> dict[str, Any]:
-    """Airflow's target connection (``target_connection`` without the environment): never a credential."""
     if stack.config.target_kind != "amp":
         return {"conn_type": "prometheus", "host": stack.target_url,
                 "extra": {"base_url": stack.target_url, "remote_write_url": stack.target_remote_write_url}}
@@ -438,13 +432,15 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
     catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
     catalog = load_catalog(catalog_path, profile=profile)
     groups = [catalog.get(name) for name in history_groups]
-    metrics = [m for g in groups for m in backfilled_metrics(g)] if history_s else []
+    metrics: list[str] = []
     if history_s:
         # Refuse before resetting anything.
         check_history(history_s, history_interval_s)
         for g in groups:
-            if not backfilled_metrics(g):
+            claimed = backfilled_metrics(g)
+            if not claimed:
                 raise ValueError(f"group {g.name!r} claims none of the metrics the fleet simulator renders")
+            metrics += claimed
     if target_kind == "amp" and (problem := local_amp_credentials_problem()):
         raise ValueError(problem)
     if bad_credentials and target_kind != "amp":
@@ -520,7 +516,7 @@ def scenario_connections(session: DemoSession, scenario: str, deploy: str) -> di
     source_conn = source_connection(stack, deploy)
     if lifecycle:  # the group's rules move with it; its dashboard is re-pointed (file mode)
         source_conn["extra"]["rules"] = True
-    return {"promshift_source": source_conn, "promshift_target": target_connection_only(stack, deploy),
+    return {"promshift_source": source_conn, "promshift_target": target_connection(stack, deploy),
             # Its existence turns the read-path switch on: the lifecycle scenarios' only.
             "grafana_default": grafana_connection(stack.dashboards_dir) if lifecycle else None}
 

@@ -274,9 +274,8 @@ class _GroupStep:
         def quota(group_series: int, now: datetime) -> dict[str, Any]:
             return hook.quota_preflight().require(group_series=group_series, scrape_interval_s=interval_s, now=now)
 
-        return DeployStep(self.migration(context), deployer,
-                                 BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
-                                 quota=quota if isinstance(hook, AmpHook) else None)
+        return DeployStep(self.migration(context), deployer, BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
+                          quota=quota if isinstance(hook, AmpHook) else None)
 
     def _kubernetes_deployer(self) -> Any:
         """The source's ConfigMap or ``Prometheus`` CR deployer, through the cncf-kubernetes ``KubernetesHook``."""
@@ -508,7 +507,6 @@ class SnapshotConfigOperator(GroupStepOperator):
     """Keep the source config's exact bytes for rollback."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-
         if self.run_params(context).dry_run:
             return self.migration(context).record_dry_run(
                 "snapshot", _now(), would=f"keep the group's {self.deploy_kind} config for rollback")
@@ -549,12 +547,11 @@ class DeployDualWriteOperator(GroupStepOperator):
         self.snapshot = snapshot
 
     def execute(self, context: Any) -> dict[str, Any]:
-
         if self.run_params(context).dry_run:
             return self._dry_run(context)
         snap = given(self, "snapshot")
         if self.deploy.via_deployer:
-            return self._deploy_scraper(context, snap)
+            return self._deploy_through_deployer(context, snap)
         return self.migration(context).deploy_dual_write(snap, _now())
 
     def _dry_run(self, context: Any) -> dict[str, Any]:
@@ -569,7 +566,7 @@ class DeployDualWriteOperator(GroupStepOperator):
             existing_dual_write_since=since)
         return {**evidence, "dual_write_since": since}
 
-    def _deploy_scraper(self, context: Any, snap: dict[str, Any]) -> dict[str, Any]:
+    def _deploy_through_deployer(self, context: Any, snap: dict[str, Any]) -> dict[str, Any]:
         """Quota pre-flight and the deploy (scraper or Kubernetes object), then defer until it is live (or failed)."""
         from promshift.core.deploy import DeployResult
         from promshift.steps.deploy import DeployStepFailed, final_event
@@ -1048,7 +1045,7 @@ class RollbackOperator(GroupStepOperator):
         snap = given(self, "snapshot")
         moved_errors = self._restore_moved(context, migration, reason)
         if snap and self.deploy.via_deployer:
-            return self._restore_scraper(context, snap, reason, moved_errors)
+            return self._restore_through_deployer(context, snap, reason, moved_errors)
         try:
             result = migration.rollback(snap, reason=reason, now=_now())
         except Exception as exc:
@@ -1094,7 +1091,7 @@ class RollbackOperator(GroupStepOperator):
                 errors.append(error)
         return errors
 
-    def _restore_scraper(self, context: Any, snap: dict[str, Any], reason: str,
+    def _restore_through_deployer(self, context: Any, snap: dict[str, Any], reason: str,
                          moved_errors: Sequence[str] = ()) -> dict[str, Any]:
         """The snapshot back (the previous blob or object; a created scraper deleted); defer until it is live."""
         from promshift.steps.deploy import DeployStepFailed, final_event

@@ -20,11 +20,10 @@ from datetime import datetime
 from typing import Any
 
 from promshift.core.deploy import ConfigDeployer, DeployError, DeployResult, SnapshotStore
-from promshift.core.deploy_kinds import deploy_of
+from promshift.core.deploy_kinds import Deploy, deploy_of
 from promshift.core.events import EventKind
 from promshift.core.quota import QuotaExceeded
 from promshift.core.redact import redact
-from promshift.core.scraper_config import ACTIVE
 from promshift.core.stages import TRANSITIONS, Stage
 from promshift.steps.migration import GroupMigration, steps_of
 
@@ -65,17 +64,18 @@ def restore(deployer: ConfigDeployer, store: SnapshotStore, snapshot_info: Mappi
     """Put the snapshot back (or remove what the deploy created); WAITING results are followed like a deploy."""
     return deployer.restore(store.get(str(snapshot_info["snapshot_ref"])), now)
 
+
 class DeployStepFailed(RuntimeError):
     """A deploy step ended without the group deployed (recorded in the audit first); one line."""
 
 
-def active_since(result: Mapping[str, Any], live_status: str = ACTIVE) -> float:
-    """When the deploy was first seen live (ACTIVE for a scraper: the start of dual-write on this path), epoch s."""
+def active_since(result: Mapping[str, Any], deploy: Deploy) -> float:
+    """When the deploy was first seen live (its ``live_status``: ACTIVE for a scraper, the start of dual-write on
+    that path), epoch s."""
     for change in reversed(result.get("status_history") or []):
-        if change["status"] == live_status:
+        if change["status"] == deploy.live_status:
             return datetime.fromisoformat(change["at"]).timestamp()
-    what = "scraper" if live_status == ACTIVE else str(result.get("kind") or "deploy")
-    raise DeployStepFailed(f"the {what}'s status history has no {live_status} entry; it never went live")
+    raise DeployStepFailed(f"the {deploy.kind}'s status history has no {deploy.live_status} entry; it never went live")
 
 
 class DeployStep:
@@ -92,8 +92,6 @@ class DeployStep:
         self.store = store
         self.quota = quota
         self.deploy = deploy_of(str(deployer.kind))
-        self.what = self.deploy.kind
-        self.live_status = self.deploy.live_status
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
         m = self.migration
@@ -133,10 +131,10 @@ class DeployStep:
         if event.get("status") != "done":
             reason = str(event.get("reason") or evidence["reason"] or event.get("status"))
             self.migration.record(EventKind.DEPLOY_FAILED, now, {"reason": reason, "deploy": evidence})
-            raise DeployStepFailed(f"{self.what} deploy {event.get('status')}: {reason}")
+            raise DeployStepFailed(f"{self.deploy.kind} deploy {event.get('status')}: {reason}")
         result = event["result"]
         details = result.get("details") or {}
-        out = {"deploy": evidence, "dual_write_since": active_since(result, self.live_status)}
+        out = {"deploy": evidence, "dual_write_since": active_since(result, self.deploy)}
         out.update({"scraper_id": details.get("scraper_id")} if self.deploy.own_writer else
                    {"remote_write": details.get("remote_write")})
         self.migration.record(EventKind.DUAL_WRITE_DEPLOYED, now, out, to=Stage.DUAL_WRITING)
@@ -162,12 +160,12 @@ class DeployStep:
         if mine and mine[-1].kind == EventKind.ROLLED_BACK and event.get("status") == "done":
             found = {"restored_identical": self._live_is(snapshot_info), "read_from": m.routing.read_from(m.group.name)}
             return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})
-        evidence: dict[str, Any] = {"performed": True, "method": f"{self.what}_restore", "reason": reason,
+        evidence: dict[str, Any] = {"performed": True, "method": f"{self.deploy.kind}_restore", "reason": reason,
                                     "deploy": deploy_evidence(event["result"], None)}
         if event.get("status") != "done":
             m.record(EventKind.ROLLBACK_FAILED, now, {**evidence, "performed": False,
                                               "error": str(event.get("reason") or event.get("status"))})
-            raise DeployStepFailed(f"{self.what} restore {event.get('status')}: {event.get('reason')}")
+            raise DeployStepFailed(f"{self.deploy.kind} restore {event.get('status')}: {event.get('reason')}")
         if m.routing.read_from(m.group.name) != "source":
             m.routing.route(m.group.name, read_from="source", url=m.backends.source.base_url, at=now,
                             run_id=m.run_id)
