@@ -8,7 +8,7 @@ group's series, the target receives nothing new, and the drop is undone byte for
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from promshift.adapters.routing import RoutingStore
 from promshift.core.deploy_kinds import deploy_of
 from promshift.core.scrape_drop import drop_is_loaded, drop_rule
 from promshift.core.stages import Stage
-from promshift.local.stack.local import LocalStack
+from promshift.local.stack.local import LocalStack, StackConfig
 from promshift.steps.lifecycle import Decommission, DecommissionFailed
 from promshift.steps.migration import GroupMigration
 from tests.integration.test_migration_steps import backends_for, small_group
@@ -28,6 +28,19 @@ pytestmark = pytest.mark.integration
 
 GROUP = "gpu-memory"
 BAKED = [Stage.DUAL_WRITING, Stage.WARMING, Stage.VERIFIED, Stage.APPROVED, Stage.CUT_OVER, Stage.BAKING, Stage.BAKED]
+
+
+@pytest.fixture(scope="module")
+def local_stack(stack_config_factory: Callable[..., StackConfig]) -> Iterator[LocalStack]:
+    """This module's own running stack, not the session's shared one: a module that dual-wrote gpu-memory there
+    leaves the group's recent samples on the target (no staleness markers), which the decommission would read as
+    the target still receiving; the order of modules on an xdist worker is not alphabetical."""
+    stack = LocalStack(stack_config_factory())
+    try:
+        stack.up(timeout=90)
+        yield stack
+    finally:
+        stack.down()
 
 
 @pytest.fixture
