@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import re2
 
+from promshift.core.approvers import team_of
 from promshift.core.catalog.fields import _clip, _show
 from promshift.core.catalog.model import MetricGroup
 from promshift.core.catalog.regex import _compile_re2, _compile_re2_uncached
@@ -39,7 +40,9 @@ def _self_monitoring_matches(regex: str) -> tuple[str, ...]:
 def _group_rules(group: MetricGroup) -> list[tuple[str, str]]:
     """Rules on one assembled group: (field path, reason) for each problem."""
     issues: list[tuple[str, str]] = []
-    if group.approvers:  # empty: missing or invalid, reported already
+    # A team is resolved when the approval is asked (core/approvers.py): who is on it, and whether anyone but the
+    # trigger user is, is known only then.
+    if group.approvers and not any(team_of(a) for a in group.approvers):  # empty: missing or invalid, reported
         if len(group.approvers) < 2:
             issues.append(("approvers", f"lists one approver ({_show(group.approvers[0])}); list at least two: "
                                         "the user who triggers a run cannot approve it"))
