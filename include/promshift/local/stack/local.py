@@ -485,6 +485,19 @@ class LocalStack:
     # -- the Kubernetes API contract server (kubernetes=True) --------------------------------
 
     @property
+    def fleet_faults_path(self) -> Path:
+        """The fleet's faults (``promshift.local.stack.fleet``), re-read every second."""
+        return self.home / "fleet-faults.json"
+
+    def set_fleet_faults(self, *, fb_full_gpus: int = 0) -> None:
+        """Inject (or, with 0, clear) the fleet's faults: the first ``fb_full_gpus`` GPUs report a full framebuffer,
+        so gpu-memory's ``GpuMemoryNearlyFull`` fires for them once its ``for:`` has passed."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        tmp = self.fleet_faults_path.with_name(".fleet-faults.json.tmp")
+        tmp.write_text(json.dumps({"fb_full_gpus": int(fb_full_gpus)}) + "\n")
+        os.replace(tmp, self.fleet_faults_path)
+
+    @property
     def alertmanager_dir(self) -> Path:
         """The Alertmanager's configuration, storage, port record and the target's file_sd of it."""
         return self.home / ALERTMANAGER
@@ -835,6 +848,7 @@ class LocalStack:
             str(cfg.fleet_port),
             "--seed",
             str(cfg.seed),
+            f"--faults-file={self.fleet_faults_path}",
         )
         source_data, target_data = self.data_dir(SOURCE), self.data_dir(TARGET)
         source_argv = prometheus_argv(
