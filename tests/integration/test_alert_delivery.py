@@ -4,15 +4,21 @@ held active there for the definition's receiver; a workspace without a definitio
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import yaml
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from promshift.adapters.alertmanager import active_alerts
-from promshift.adapters.rules_deploy import AmpRulesNamespace
+from promshift.adapters.alertmanager import AlertmanagerError, active_alerts
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.rules_deploy import AmpRulesNamespace, firing_alerts
+from promshift.adapters.sigv4 import AwsSigV4Auth
+from promshift.core.bake import judge_delivery, observe_delivery
 from promshift.core.rules import RuleKind, parse_rule_file
+from promshift.core.verdicts import Verdict
 from promshift.local.stack.alert_definitions import NO_DEFINITION_RECEIVER
 from promshift.local.stack.local import LOCAL_ONCALL_RECEIVER, LocalStack, StackConfig
 from tests.integration.conftest import eventually, running_amp_stack
@@ -47,6 +53,13 @@ def amp_stack(stack_config_factory: Callable[..., StackConfig]) -> Iterator[Loca
         yield stack
 
 
+def workspace_client(stack: LocalStack) -> PrometheusClient:
+    """The workspace's API through the front door, signed as the bake's target client signs."""
+    pair = stack.aws_credentials()
+    creds = Credentials(pair.access_key, pair.secret_key, pair.session_token)
+    return PrometheusClient(stack.prometheus_endpoint(), timeout_s=15, auth=AwsSigV4Auth(creds, stack.config.region))
+
+
 def moved_alerts() -> tuple:
     return tuple(r for r in parse_rule_file("r.yml", FIRING).rules if r.kind is RuleKind.ALERT)
 
@@ -69,6 +82,17 @@ def test_a_firing_namespace_alert_is_held_active_for_the_definitions_receiver(am
         assert delivered[0].receivers == (LOCAL_ONCALL_RECEIVER,)
         assert delivered[0].state == "active" and delivered[0].labels["severity"] == "page"
         assert active_alerts(amp_stack.alertmanager_url, "NoSuchAlert") == []
+        # what the bake watch reads: the firing alert on the workspace, and the workspace's Alertmanager (ListAlerts)
+        # through the front door, signed
+        client = workspace_client(amp_stack)
+        firing = [name for name, _since in firing_alerts(client)]
+        assert firing == ["PromshiftDeliveryAlways"]
+        via_workspace = active_alerts(amp_stack.prometheus_endpoint() + "alertmanager", "PromshiftDeliveryAlways",
+                                      auth=client.auth)
+        assert [a.receivers for a in via_workspace] == [(LOCAL_ONCALL_RECEIVER,)]
+        obs = observe_delivery(["PromshiftDeliveryAlways"], firing_alerts(client),
+                               {"PromshiftDeliveryAlways": [a.receivers for a in via_workspace]}, now=time.time())
+        assert judge_delivery(obs).verdict == Verdict.SUCCESSFUL
     finally:
         amp.delete_rule_groups_namespace(workspaceId=ws, name=NAMESPACE)
 
@@ -105,6 +129,9 @@ def test_a_workspace_without_a_definition_or_with_a_route_to_nobody_is_refused_i
         # and the local Alertmanager routes to no receiver of the workspace's
         assert yaml.safe_load(amp_stack.alertmanager_config_path.read_text())["route"]["receiver"] == \
             NO_DEFINITION_RECEIVER
+        # and the workspace's Alertmanager API answers as a workspace without one
+        with pytest.raises(AlertmanagerError, match="HTTP 404$"):
+            active_alerts(amp_stack.prometheus_endpoint() + "alertmanager", "X", auth=workspace_client(amp_stack).auth)
     finally:
         try:
             amp.create_alert_manager_definition(workspaceId=ws, data=original)

@@ -57,6 +57,7 @@ from promshift.adapters.deploy import FileConfigDeployer, promtool_on, write_ato
 from promshift.adapters.parity_check import each_side
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.alert_routes import AlertRoutesError, alert_route_problem, parse_definition
+from promshift.core.bake import parse_rfc3339
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import DeployError, DeployResult, DeploySnapshot, DeployState
 from promshift.core.errors import ErrorKind
@@ -121,6 +122,28 @@ def loaded_rules(client: PrometheusClient) -> list[LoadedRule]:
                        last_error=str(r.get("lastError") or ""), last_evaluation=str(r.get("lastEvaluation") or ""),
                        interval_s=_seconds(g.get("interval")))
             for g in groups for r in (g.get("rules") or [])]
+
+
+def firing_alerts(client: PrometheusClient) -> list[tuple[str, float]]:
+    """Every firing alert instance the backend evaluates (``/api/v1/rules?type=alert``): (alertname, when it
+    started firing: its ``activeAt`` plus its rule's ``for``, epoch seconds)."""
+    answer = client._request("GET", "/api/v1/rules", params={"type": "alert"})  # noqa: SLF001
+    body = client._success_body(answer, "rules")  # noqa: SLF001
+    groups = (body.get("data") or {}).get("groups")
+    if not isinstance(groups, list):
+        raise PrometheusError(client.base_url, "malformed answer for rules: no data.groups", kind=ErrorKind.MALFORMED,
+                              http_status=200)
+    out: list[tuple[str, float]] = []
+    for group in groups:
+        for rule in group.get("rules") or []:
+            if rule.get("type") != "alerting":
+                continue
+            hold = _seconds(rule.get("duration")) or 0.0
+            for alert in rule.get("alerts") or []:
+                since = parse_rfc3339(str(alert.get("activeAt") or ""))
+                if alert.get("state") == "firing" and since is not None:
+                    out.append((str(rule.get("name") or ""), since + hold))
+    return out
 
 
 def _seconds(value: Any) -> float | None:

@@ -941,7 +941,7 @@ class LocalStack:
             sys.executable, "-m", "promshift.local.stack.frontdoor", state_dir,
             "--port", str(cfg.frontdoor_port), "--target-url", self.target_url, "--region", cfg.region,
             "--workspace-id", workspace_id, f"--credentials-fingerprint={fingerprint}",
-        )
+        ) + ((f"--alertmanager-url={self.alertmanager_url}",) if self.alertmanager_installed else ())
         relay_data = self.home / RELAY
         # Credentials reach vmagent through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN) in its
         # environment, never its argv (`ps` shows argv; vmagent 1.79 reads those variables when the
