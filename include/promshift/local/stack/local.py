@@ -88,9 +88,10 @@ groups:
       # share of each GPU's framebuffer in use
       - record: gpu:fb_used:ratio
         expr: DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)
+      # for: 1m, so the lifecycle demo's fleet fault (a few GPUs' framebuffer full) fires within its bake
       - alert: GpuMemoryNearlyFull
         expr: gpu:fb_used:ratio > 0.98
-        for: 5m
+        for: 1m
         labels:
           severity: warning
         annotations:
