@@ -69,8 +69,9 @@ def local_config(data: bytes | None) -> dict[str, Any]:
     route.setdefault("group_interval", "5s")
     receivers = [{"name": str(r["name"])} for r in config.get("receivers") or [] if isinstance(r, dict)]
     out: dict[str, Any] = {"route": route, "receivers": receivers}
-    if config.get("inhibit_rules"):
-        out["inhibit_rules"] = config["inhibit_rules"]
+    for key in ("inhibit_rules", "time_intervals", "mute_time_intervals"):  # what the route tree may name
+        if config.get(key):
+            out[key] = config[key]
     return out
 
 

@@ -1405,7 +1405,8 @@ class LocalStack:
         from promshift.adapters.deploy import write_keeping
 
         config = self.target_config_path.read_bytes()
-        if isinstance(yaml.safe_load(config) or {}, dict) and "alerting" in (yaml.safe_load(config) or {}):
+        loaded = yaml.safe_load(config) or {}
+        if isinstance(loaded, dict) and "alerting" in loaded:
             return False
         block = ("# The target's Alertmanager (the local stack's prometheus-alertmanager).\n"
                  "alerting:\n  alertmanagers:\n    - file_sd_configs:\n"
