@@ -90,6 +90,15 @@ class AmpHook(AwsBaseHook):
         return PrometheusClient(self.base_url, timeout_s=timeout, auth=self.sigv4_auth(), always_stats=stats)
 
     @property
+    def alert_reader(self) -> Callable[[str], list[Any]]:
+        """The workspace's own Alertmanager API (``<endpoint>alertmanager/api/v2/alerts``, signed): alertname ->
+        the alerts it holds active (``adapters.alertmanager.active_alerts``). Needs ``aps:ListAlerts``."""
+        from promshift.adapters.alertmanager import active_alerts
+
+        base, auth = self.base_url.rstrip("/") + "/alertmanager", self.sigv4_auth()
+        return lambda name: active_alerts(base, name, auth=auth)
+
+    @property
     def remote_write_url(self) -> str:
         """The connection's ``remote_write_url`` (a local signing relay), else the workspace's own."""
         return self.target.remote_write_url or self.workspace.remote_write_url

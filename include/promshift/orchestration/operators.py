@@ -220,6 +220,7 @@ class _GroupStep:
                 target_ready=target.readiness_problem,
                 target_retention=target.retention_lookup,
                 target_identity=target.identity(),
+                target_alerts=target.alert_reader,
             )
         except AmpError as exc:
             if exc.retryable:
