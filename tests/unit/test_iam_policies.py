@@ -86,6 +86,7 @@ HTTP_ACTIONS: dict[str, tuple[str, str]] = {
     "/api/v1/rules": ("airflow", "aps:ListRules"),
     "/api/v1/alerts": ("airflow", "aps:ListAlerts"),
     "/api/v1/remote_write": ("source-writer", "aps:RemoteWrite"),
+    "/api/v2/alerts": ("airflow", "aps:ListAlerts"),  # the workspace's Alertmanager API (alertmanager/api/v2)
 }
 SOURCE_ONLY_PATHS = {
     "/api/v1/status/config": "the source Prometheus's loaded config (AMP has no status API)",
@@ -207,7 +208,7 @@ def aws_calls(modules: list[tuple[str, ast.Module, str]]) -> tuple[dict[str, set
                 actions |= {action for (svc, op, kw), action in ACTION_OF_KEYWORD.items()
                             if svc == service and op == operation and kw in keywords}
                 needed["airflow"] |= actions
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/api/v1/"):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("/api/v1/", "/api/v2/")):
                 path = node.value
                 if path in SOURCE_ONLY_PATHS:
                     continue
@@ -318,12 +319,12 @@ def test_every_aws_call_the_code_makes_is_allowed():
 
 
 def test_a_new_call_without_its_action_fails():
-    code = ("def more(client):\n    client.describe_alert_manager_definition(workspaceId='w')\n"
+    code = ("def more(client):\n    client.delete_workspace(workspaceId='w')\n"
             "    client.get_paginator('list_rule_groups_namespaces')\n")
     modules = [*production_modules(), ("adapters/amp.py", ast.parse(code), code)]
     needed, problems = aws_calls(modules)
     assert not problems
-    assert uncovered(needed) == ["airflow: aps:DescribeAlertManagerDefinition", "airflow: aps:ListRuleGroupsNamespaces"]
+    assert uncovered(needed) == ["airflow: aps:DeleteWorkspace", "airflow: aps:ListRuleGroupsNamespaces"]
     strange = "def f(c):\n    c.get_dashboard(DashboardName='x')\n    return '/api/v1/status/tsdb'\n"
     _, problems = aws_calls([("adapters/new.py", ast.parse(strange), strange)])
     assert any("get_dashboard() is an AWS operation's name" in p for p in problems)
