@@ -153,6 +153,38 @@ def rename_hint(from_label: str, to_label: str) -> str:
     return f"renamed? add `parity.rename_labels: {{{from_label}: {to_label}}}` if intended"
 
 
+def hosts_per_label(per_side: Mapping[str, Mapping[str, int]], declared: Sequence[str]) -> str:
+    """How many hosts each side has under each name of the host label, e.g.
+    ``hosts per label name: source Hostname 100; target Hostname 50, hostname 50``.
+
+    ``per_side`` maps ``source``/``target`` to name -> hosts; the ``declared`` names are always shown
+    (0 renamed is a fleet that has not started a declared rename), other names only when used.
+    """
+    parts = []
+    for side in ("source", "target"):
+        counts = per_side.get(side, {})
+        shown = [f"{n} {counts.get(n, 0)}" for n in declared]
+        shown += [f"{n} {c}" for n, c in sorted(counts.items()) if n not in declared and c]
+        parts.append(f"{side} {', '.join(shown)}")
+    return "hosts per label name: " + "; ".join(parts)
+
+
+def undeclared_rename_note(under: tuple[Mapping[str, Iterable[str]], Mapping[str, Iterable[str]]],
+                           label: str) -> str | None:
+    """Why a golden answer may differ: hosts found only under an undeclared name of the host label.
+
+    ``under`` (source, target) maps an undeclared name (``hostname``) to the hosts found only under it
+    on that side (the host coverage layer's finding); None when there are none.
+    """
+    parts = []
+    for side, found in zip(("source", "target"), under, strict=True):
+        for variant, hosts in sorted(found.items()):
+            if hosts:
+                parts.append(f"`{variant}` instead of `{label}` on {_some(sorted(hosts), 'host')} of the {side}: "
+                             f"{rename_hint(variant, label)}")
+    return "; ".join(parts) or None
+
+
 def values_equal(a: float, b: float, *, abs_tol: float, rel_tol: float) -> bool:
     """Equal within tolerance; NaN equals NaN, infinities equal only themselves."""
     if math.isnan(a) or math.isnan(b):
