@@ -56,6 +56,7 @@ from promshift.core.parity import (
     golden_comparison,
     golden_failure,
     hosts_per_label,
+    independent_aggregate_measurement,
     label_drift,
     label_renames,
     metric_kinds,
@@ -291,22 +292,48 @@ class ParityCheck:
         """
         hosts = self.host_labels
         span = f"{max(1, int(end - start))}s"
+        by = ", ".join(hosts.names)
+        independent = self.policy.mode != "dual_write"
         rows = []
         queries = []
+        # independent_scraper: per metric and host, the variance of the window aggregate each side's own samples
+        # give it (the source's, counted for both sides): the noise model's floor of expected difference.
+        model_var: dict[str, dict[str, float]] = {}
         try:
             for metric in self._metric_names(start, end):
                 fn = "sum_over_time"
-                if self.policy.mode != "dual_write":
-                    fn = "rate" if self.metric_kinds(start, end)[metric]["kind"] == "counter" else "avg_over_time"
-                expr = (f"sum by ({', '.join(hosts.names)}) "
-                        f"({fn}({{__name__={promql_string(metric)}}}[{span}]))")
+                sel = f"{{__name__={promql_string(metric)}}}"
+                noise_expr = None
+                if independent:
+                    step = max(1, int(self.policy.step_s))
+                    if self.metric_kinds(start, end)[metric]["kind"] == "counter":
+                        fn = "rate"
+                        # The window's rate moves with where each scraper's first and last samples fall: by
+                        # the short-term rate's spread times up to one step at each end, over the window.
+                        noise_expr = (f"sum by ({by}) ((stddev_over_time(rate({sel}[{2 * step}s])[{span}:{step}s])"
+                                      f" * {step} / {max(1, int(end - start))}) ^ 2)")
+                    else:
+                        fn = "avg_over_time"
+                        noise_expr = (f"sum by ({by}) (stddev_over_time({sel}[{span}]) ^ 2 "
+                                      f"/ count_over_time({sel}[{span}]))")
+                expr = f"sum by ({by}) ({fn}({sel}[{span}]))"
                 queries.append(expr)
                 answers = on_both(self.source, self.target, lambda c, e=expr: c.query(e, at=end))
                 # A host under an undeclared name is left out: host_coverage names it as renamed.
                 sides = [count_hosts(((s.labels, s.points[0][1]) for s in a.series), hosts)[0] for a in answers]
                 rows.append((f"{fn} {metric}", sides[0], sides[1]))
+                if noise_expr is not None:
+                    queries.append(noise_expr)
+                    own = count_hosts(((s.labels, s.points[0][1]) for s in self.source.query(noise_expr, at=end)
+                                       .series), hosts)[0]
+                    model_var[f"{fn} {metric}"] = {h: 2 * v for h, v in own.items() if math.isfinite(v)}
         except PrometheusError as exc:
             return Measurement("aggregates", Verdict.ERROR, str(exc), tuple(queries))
+        if independent:
+            return independent_aggregate_measurement(rows, model_var=model_var, phase_share=0.0,
+                                                     abs_tol=self.policy.abs_tolerance,
+                                                     rel_tol=self.policy.rel_tolerance, queries=queries,
+                                                     explained=explained)
         # Sums over thousands of series may add in a different order on each side: allow float noise.
         return aggregate_measurement(rows, abs_tol=self.policy.abs_tolerance,
                                      rel_tol=max(self.policy.rel_tolerance, 1e-9), queries=queries,
@@ -544,7 +571,7 @@ class ParityCheck:
         if host_names is None:
             host_names = (self.host_labels.declared, self.host_labels.declared)
         comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance,
-                                      noise_k=self.noise_k)
+                                      noise_k=self.noise_k, host_labels=self.host_labels.declared)
         rename = dict(self.policy.rename_labels)
         errors: list[str] = []
         consecutive = 0
@@ -661,7 +688,7 @@ class ParityCheck:
     def samples_measurement(self, shards: Sequence[dict[str, Any]], hosts_total: int) -> Measurement:
         """Merge shard totals into the samples measurement."""
         comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance,
-                                      noise_k=self.noise_k)
+                                      noise_k=self.noise_k, host_labels=self.host_labels.declared)
         errors: list[str] = []
         hosts: list[str] = []
         for shard in shards:
