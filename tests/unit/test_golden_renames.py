@@ -120,3 +120,22 @@ def test_a_json_object_that_is_not_utf8_is_named_so() -> None:
     assert "body is not valid UTF-8 (byte 0xff at offset 31)" in str(excinfo.value)
     with pytest.raises(PrometheusError, match="body is not a JSON object"):
         client._success_body(Answer(200, b"<html>hi</html>"), "'q'")
+
+
+def test_check_parity_prints_hosts_per_label_name_and_the_noise_model() -> None:
+    import dataclasses
+
+    from promshift.adapters.settings import load_catalog
+    from promshift.cli.checks import _parity_evidence
+    from promshift.core.parity import ParityResult
+    from promshift.core.verdicts import Measurement, Verdict
+
+    group = load_catalog(profile="demo").get("gpu-memory")
+    group = dataclasses.replace(group, parity=dataclasses.replace(group.parity, rename_labels=RENAME))
+    host = Measurement("host_coverage", Verdict.SUCCESSFUL, "ok", numbers={
+        "hosts_per_label": {"source": {"Hostname": 100}, "target": {"Hostname": 50, "hostname": 50}}})
+    samples = Measurement("samples", Verdict.SUCCESSFUL, "ok", numbers={"noise_model": {"per_metric": {
+        "X:avg5s": {"bias": 0.01, "allowed": 0.5}}}})
+    text = _parity_evidence(ParityResult(Verdict.SUCCESSFUL, (host, samples)), group)
+    assert text == ("\nhosts per label name: source Hostname 100, hostname 0; target Hostname 50, hostname 50"
+                    "\nindependent scrapers, mean target-source difference per metric: X:avg5s +0.01 (allowed 0.5)")
