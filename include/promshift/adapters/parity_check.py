@@ -299,6 +299,7 @@ class ParityCheck:
         # independent_scraper: per metric and host, the variance of the window aggregate each side's own samples
         # give it (the source's, counted for both sides): the noise model's floor of expected difference.
         model_var: dict[str, dict[str, float]] = {}
+        edge_share: dict[str, dict[str, float]] = {}
         try:
             for metric in self._metric_names(start, end):
                 fn = "sum_over_time"
@@ -308,10 +309,11 @@ class ParityCheck:
                     step = max(1, int(self.policy.step_s))
                     if self.metric_kinds(start, end)[metric]["kind"] == "counter":
                         fn = "rate"
-                        # The window's rate moves with where each scraper's first and last samples fall: by
-                        # the short-term rate's spread times up to one step at each end, over the window.
-                        noise_expr = (f"sum by ({by}) ((stddev_over_time(rate({sel}[{2 * step}s])[{span}:{step}s])"
-                                      f" * {step} / {max(1, int(end - start))}) ^ 2)")
+                        # The window's rate moves with what each scraper's first and last samples hold: each
+                        # end is off by about one scrape's increment (its spread: idelta's), over the window.
+                        # A host's GPUs are read in one scrape, so their errors add up, not in quadrature.
+                        noise_expr = (f"(sum by ({by}) (stddev_over_time(idelta({sel}[{2 * step}s])[{span}:{step}s]))"
+                                      f" / {max(1, int(end - start))}) ^ 2")
                     else:
                         fn = "avg_over_time"
                         noise_expr = (f"sum by ({by}) (stddev_over_time({sel}[{span}]) ^ 2 "
@@ -327,10 +329,16 @@ class ParityCheck:
                     own = count_hosts(((s.labels, s.points[0][1]) for s in self.source.query(noise_expr, at=end)
                                        .series), hosts)[0]
                     model_var[f"{fn} {metric}"] = {h: 2 * v for h, v in own.items() if math.isfinite(v)}
+                if fn == "rate":
+                    count_expr = f"avg by ({by}) (count_over_time({sel}[{span}]))"
+                    queries.append(count_expr)
+                    counts = count_hosts(((s.labels, s.points[0][1]) for s in self.source.query(count_expr, at=end)
+                                          .series), hosts)[0]
+                    edge_share[f"{fn} {metric}"] = {h: 2 / c for h, c in counts.items() if c > 1}
         except PrometheusError as exc:
             return Measurement("aggregates", Verdict.ERROR, str(exc), tuple(queries))
         if independent:
-            return independent_aggregate_measurement(rows, model_var=model_var, phase_share=0.0,
+            return independent_aggregate_measurement(rows, model_var=model_var, edge_share=edge_share,
                                                      abs_tol=self.policy.abs_tolerance,
                                                      rel_tol=self.policy.rel_tolerance, queries=queries,
                                                      explained=explained)

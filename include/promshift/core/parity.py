@@ -202,7 +202,7 @@ def values_equal(a: float, b: float, *, abs_tol: float, rel_tol: float) -> bool:
 INDEPENDENT_NOISE_K = 4.0
 # A share of points beyond NOISE_K spreads that two healthy scrapers may show (heavy-tailed jitter, a late
 # scrape at a bucket's edge); more is a finding.
-OUTLIER_SHARE = 0.01
+OUTLIER_SHARE = 0.05
 # The bias model: per metric (and per metric and host) the mean target-minus-source difference over every
 # compared series must stay within BIAS_K standard errors of what the data's own noise gives it, plus the
 # sampling-phase term, with the catalog tolerance as the floor. 6 standard errors: over ~100 tests per run
@@ -343,7 +343,8 @@ class SampleComparison:
             tgt_by_t = {round(t, 3): v for t, v in tgt_points}
             bad = missing = 0
             worst_delta = 0.0
-            noise = self.noise_k * successive_spread(src_points) if self.noise_k else 0.0
+            noise = (self.noise_k * max(successive_spread(src_points), successive_spread(tgt_points))
+                     if self.noise_k else 0.0)
             for t, v in src_points:
                 tv = tgt_by_t.get(round(t, 3))
                 if tv is None:
@@ -971,7 +972,8 @@ def _robust_sd(values: Sequence[float]) -> float:
 
 
 def independent_aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, float], Mapping[str, float]]], *,
-                                      model_var: Mapping[str, Mapping[str, float]], phase_share: float,
+                                      model_var: Mapping[str, Mapping[str, float]],
+                                      edge_share: Mapping[str, Mapping[str, float]] | None = None,
                                       abs_tol: float, rel_tol: float, queries: Sequence[str],
                                       explained: Iterable[str] = (), k: float = BIAS_K) -> Measurement:
     """Per-host window aggregates of two independent scrapers, judged against their own noise.
@@ -980,11 +982,15 @@ def independent_aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, flo
     ``d = target - source`` is allowed the catalog floor plus ``k`` times its expected spread:
     the larger of the model (``model_var[what][host]``: each side's variance of the window
     mean from its own samples, both sides counted) and the spread of ``d`` across the hosts
-    (robust: a few biased hosts do not widen it), plus a sampling-phase share of the value
-    (``phase_share``: the two scrapers' windows may start and end up to one step apart).
-    A metric whose mean difference over every host is beyond its standard error is named
-    as biased; a host beyond its own allowance is named with the metric.
+    (robust: a few biased hosts do not widen it); a host's own check also allows ``edge_share``
+    of its value (``edge_share[what][host]``; for a counter's window rate: each end may hold a
+    value up to one scrape older or newer than its timestamp, as an exporter that collects on its
+    own clock gives, 2 / samples in the window). A metric whose mean and median difference over the
+    hosts are beyond its standard error (the larger of the model's and the hosts' own spread over
+    the square root of their number) is named as biased; otherwise a host beyond its own
+    allowance is named with the metric.
     """
+    edge_share = edge_share or {}
     compared = 0
     biased: list[dict[str, Any]] = []
     hosts_off: dict[str, list[str]] = {}
@@ -1002,12 +1008,14 @@ def independent_aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, flo
         for h in common:
             scale = max(abs(src[h]), abs(tgt[h]))
             variances[h] = max(model_var.get(what, {}).get(h, 0.0), across)
-            allowed[h] = abs_tol + rel_tol * scale + phase_share * scale + k * math.sqrt(variances[h])
+            edge = edge_share.get(what, {}).get(h, 0.0) * scale
+            allowed[h] = abs_tol + rel_tol * scale + edge + k * math.sqrt(variances[h])
         n = len(common)
         bias = sum(diffs.values()) / n
-        se = math.sqrt(sum(variances.values())) / n
+        spread = (sum((d - bias) ** 2 for d in diffs.values()) / (n - 1)) if n > 1 else 0.0
+        se = max(math.sqrt(sum(variances.values())) / n, math.sqrt(spread / n))
         scale = sum(abs(src[h]) for h in common) / n
-        metric_allowed = abs_tol + (rel_tol + phase_share) * scale + k * se
+        metric_allowed = abs_tol + rel_tol * scale + k * se
         evidence[what] = json_safe({"hosts": n, "bias": bias, "allowed": metric_allowed, "standard_error": se,
                                     "relative": bias / scale if scale else None})
         middle = sorted(diffs.values())[n // 2]
@@ -1024,7 +1032,7 @@ def independent_aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, flo
                                             "source": src[h], "target": tgt[h], "allowed": allowed[h]}))
     numbers: dict[str, Any] = {"aggregates_compared": compared, "differing_keys": sorted(hosts_off),
                                "biased_metrics": json_safe(biased), "worst": worst,
-                               "noise_model": {"per_metric": evidence, "bias_k": k, "phase_share": phase_share}}
+                               "noise_model": {"per_metric": evidence, "bias_k": k}}
     if compared == 0:
         return Measurement("aggregates", Verdict.INCONCLUSIVE, "no aggregate present on both sides", tuple(queries),
                            numbers)
