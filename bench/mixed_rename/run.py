@@ -67,8 +67,8 @@ def old_golden(check: ParityCheck, start: float, end: float, dashboard_path: str
             res = client.query_range(expr, start=fit.start, end=fit.end, step=policy.step_s)
             sides.append({normalize_labels(s.labels, ignore=policy.ignore_labels, rename=dict(DECLARED)): s.points
                           for s in res.series})
-        m = golden_comparison("old", expr, sides[0], sides[1], behind=(1.0, 1.0), abs_tol=policy.abs_tolerance,
-                              rel_tol=max(policy.rel_tolerance, 1e-9))
+        m = golden_comparison("golden[old]", fit.expr, sides[0], sides[1], behind=(1.0, 1.0),
+                              abs_tol=policy.abs_tolerance, rel_tol=max(policy.rel_tolerance, 1e-9))
         out.append(f"{m.verdict.value}: {m.reason}"[:200])
     return out
 
