@@ -374,6 +374,13 @@ class PrometheusClient:
         """
         try:
             body = resp.json()
+        except UnicodeDecodeError as exc:
+            if resp.status_code == 200:
+                # JSON is UTF-8 (RFC 8259): an object with a stray byte is not an answer to read.
+                raise self._error(f"malformed answer for {what}: body is not valid UTF-8 (byte "
+                                  f"0x{resp.content[exc.start]:02x} at offset {exc.start})", ErrorKind.MALFORMED,
+                                  http_status=200) from exc
+            body = None
         except ValueError:
             body = None
         if resp.status_code == 200 and not isinstance(body, dict):

@@ -176,7 +176,7 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
             if parity.window:
                 head.append(f"compared window {_iso(parity.window.start)} .. {_iso(parity.window.end)}, "
                             f"step {parity.window.step:g}s")
-            body = parity_log_table(parity)
+            body = parity_log_table(parity) + _parity_evidence(parity, group)
             # The table gives each reason; the verdict line names the layers behind it.
             reason = ", ".join(f"{m.name} {m.verdict.value}" for m in parity.not_passed())
             verdict, result = parity.verdict, parity.to_dict()
@@ -197,6 +197,26 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
               "target": redact_text(target.base_url), "dual_write_since": since, "now": now, **result}
     text = "\n".join([*head, "", body, "", f"verdict: {verdict.value}" + (f" ({reason})" if reason else "")])
     return EXIT_BY_VERDICT[verdict], result, text
+
+
+def _parity_evidence(parity: Any, group: Any) -> str:
+    """Lines after the parity table: hosts per name of the host label, and the independent-scraper noise model."""
+    from promshift.core.parity import HostLabels, hosts_per_label
+    from promshift.core.verdicts import Layer
+
+    lines = []
+    host = parity.measurement(Layer.HOST_COVERAGE)
+    per_name = host.numbers.get("hosts_per_label") if host else None
+    if per_name:
+        declared = HostLabels.for_group(group.host_label, dict(group.parity.rename_labels)).declared
+        lines.append(hosts_per_label(per_name, declared))
+    samples = parity.measurement(Layer.SAMPLES)
+    model = samples.numbers.get("noise_model") if samples else None
+    if model:
+        shown = [f"{metric} {row['bias']:+.3g} (allowed {row['allowed']:.3g})"
+                 for metric, row in list(model["per_metric"].items())[:6]]
+        lines.append("independent scrapers, mean target-source difference per metric: " + "; ".join(shown))
+    return "".join(f"\n{line}" for line in lines)
 
 
 def _check(args: argparse.Namespace) -> int:
