@@ -1,0 +1,163 @@
+"""The operations bad-input corpus (tests/data/bad_inputs_ops.yaml): every row one bad input, one clear line.
+
+A row names a ``surface`` (how promshift meets the input: a CLI command, the AMP connection, the scraper
+pre-flight, the catalog, a rule file, a read path), the ``input`` in that surface's shape, and ``contains``:
+the text (or texts) the outcome must hold. For every row the harness asserts that
+
+- nothing raised and no traceback was printed (the surface's own entry point is called, as a user reaches it);
+- each expected fragment is in the outcome, on one line, and no line of the outcome is longer than 600
+  characters;
+- ``exit`` (when given) is the command's exit code; ``absent`` (when given) appears nowhere (a secret, a raw
+  control character);
+- it all took under 2 s of CPU.
+
+A new surface adds a function to ``SURFACES`` (input -> ``Outcome``) and rows, not a new harness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import sqlite3
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "tests" / "data" / "bad_inputs_ops.yaml"
+CASES: list[dict[str, Any]] = yaml.safe_load(CORPUS.read_text(encoding="utf-8"))
+CPU_BUDGET_S = 2.0
+MAX_LINE = 600
+KEY = "0123456789abcdef0123456789abcdef"
+T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
+
+
+@dataclass
+class Outcome:
+    text: str
+    exit: int | None = None
+
+
+def run_cli(argv: list[str]) -> Outcome:
+    from promshift.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return Outcome(out.getvalue() + err.getvalue(), code)
+
+
+# -- audit ----------------------------------------------------------------------------------------------------
+
+def _audit_db(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Five real events of gpu-memory (planned -> dual_writing -> warming -> verified), keyed and anchored."""
+    from promshift.adapters.audit_store import AuditStore
+    from promshift.core.stages import Stage
+
+    monkeypatch.setenv("PROMSHIFT_AUDIT_KEY", KEY)
+    monkeypatch.delenv("PROMSHIFT_AUDIT_ANCHOR_URL", raising=False)
+    db = tmp / "audit.db"
+    store = AuditStore(f"sqlite:///{db}")
+    moves = [(None, Stage.DUAL_WRITING), (Stage.DUAL_WRITING, Stage.WARMING), (Stage.WARMING, Stage.VERIFIED)]
+    for i, (frm, to) in enumerate(moves):
+        store.append(group="gpu-memory", run_id="r1", kind="stage", actor="promshift", at=T0 + timedelta(minutes=i),
+                     evidence={"i": i}, stage_from=frm, stage_to=to)
+    store.engine.dispose()
+    return db
+
+
+def _tamper(db: Path, how: str) -> None:
+    con = sqlite3.connect(db)
+    con.execute("DROP TRIGGER promshift_audit_no_update")
+    con.execute("DROP TRIGGER promshift_audit_no_delete")
+    edits = {
+        "at-not-iso": "UPDATE promshift_audit_events SET at = 'last tuesday' WHERE seq = 2",
+        "illegal-transition": "UPDATE promshift_audit_events SET stage_to = 'decommissioned' WHERE seq = 2",
+        "stage-not-a-stage": "UPDATE promshift_audit_events SET stage_to = 'exploded' WHERE seq = 3",
+        "evidence-not-json": "UPDATE promshift_audit_events SET evidence = '{not json' WHERE seq = 3",
+        "empty-table": "DELETE FROM promshift_audit_events",
+    }
+    if how in edits:
+        con.execute(edits[how])
+    con.commit()
+    con.close()
+
+
+def _forge_with_key(db: Path) -> None:
+    """An event made with the key (an insider's), inserted without anchoring its head."""
+    from promshift.adapters.audit_store import AuditStore, audit_events, event_row
+    from promshift.core.audit import new_event
+
+    store = AuditStore(f"sqlite:///{db}", anchor=None)
+    prev = store.events()[-1]
+    forged = new_event(prev=prev, group="gpu-memory", run_id="r1", kind="approval", stage_from="verified",
+                       stage_to="approved", actor="mallory", at=T0 + timedelta(hours=1),
+                       evidence={"decision": "Approve"}, key=KEY.encode())
+    with store.engine.begin() as conn:
+        conn.execute(audit_events.insert().values(**event_row(forged)))
+    store.engine.dispose()
+
+
+def audit_surface(command: str) -> Callable[[Any, Path, pytest.MonkeyPatch], Outcome]:
+    def run(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+        db = _audit_db(tmp, monkeypatch)
+        for how in spec.get("tamper", []):
+            if how == "delete-anchor":
+                shutil.rmtree(tmp / "anchors")
+            elif how == "forge-with-key":
+                _forge_with_key(db)
+            else:
+                _tamper(db, how)
+        url = spec.get("url", f"sqlite:///{db}")
+        argv = ["audit", command, *(["gpu-memory"] if command == "show" else []), "--url", url,
+                *spec.get("args", [])]
+        return run_cli(argv)
+    return run
+
+
+SURFACES: dict[str, Callable[[Any, Path, pytest.MonkeyPatch], Outcome]] = {
+    "audit-verify": audit_surface("verify"),
+    "audit-show": audit_surface("show"),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_bad_input_gives_one_clear_line(case: dict[str, Any], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    surface = SURFACES[case["surface"]]
+    started = time.process_time()
+    try:
+        outcome = surface(case["input"], tmp_path, monkeypatch)
+    except Exception:  # noqa: BLE001 - the point of the corpus: show what escaped
+        pytest.fail(f"{case['id']}: raised instead of one line:\n{traceback.format_exc()}")
+    spent = time.process_time() - started
+    text = outcome.text
+    assert "Traceback" not in text, text
+    lines = text.splitlines()
+    assert all(len(line) <= MAX_LINE for line in lines), max(lines, key=len)
+    wanted = case["contains"] if isinstance(case["contains"], list) else [case["contains"]]
+    for fragment in wanted:
+        assert any(fragment in line for line in lines), f"{fragment!r} not on any line of:\n{text}"
+    for fragment in case.get("absent", []):
+        assert fragment not in text, f"{fragment!r} must not appear in:\n{text}"
+    if "exit" in case:
+        assert outcome.exit == case["exit"], f"exit {outcome.exit}, wanted {case['exit']}:\n{text}"
+    assert spent < CPU_BUDGET_S, f"{spent:.2f} s of CPU"
+
+
+def test_every_surface_has_rows_and_every_row_a_surface() -> None:
+    used = {c["surface"] for c in CASES}
+    assert used == set(SURFACES), (used ^ set(SURFACES))
+    ids = [c["id"] for c in CASES]
+    assert len(ids) == len(set(ids))
