@@ -229,7 +229,7 @@ class AuditStore:
             # The anchor store is made with the table, so a table without its anchor store reads as a lost anchor.
             if self._anchor is _UNSET:
                 try:
-                    self.anchor
+                    _ = self.anchor
                 except ValueError:
                     pass  # no anchor configured: append says so, verify reports it
 
