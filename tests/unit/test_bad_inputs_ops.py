@@ -126,9 +126,27 @@ def audit_surface(command: str) -> Callable[[Any, Path, pytest.MonkeyPatch], Out
     return run
 
 
+# -- the AMP connection (its UI Test button) -------------------------------------------------------------------
+
+def amp_connection(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    """``spec.extra`` merged over a good extra (a non-mapping replaces it); the Test button's answer."""
+    import json
+
+    from promshift.orchestration.amp_hook import AmpHook
+
+    good = {"region_name": "eu-west-1", "workspace_id": "ws-0123abcd"}
+    extra = {**good, **spec["extra"]} if isinstance(spec["extra"], dict) else spec["extra"]
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+        "conn_type": "amp", "login": "AKIDTEST", "password": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "extra": extra}))
+    ok, message = AmpHook().test_connection()
+    return Outcome(message, 0 if ok else 1)
+
+
 SURFACES: dict[str, Callable[[Any, Path, pytest.MonkeyPatch], Outcome]] = {
     "audit-verify": audit_surface("verify"),
     "audit-show": audit_surface("show"),
+    "amp-connection": amp_connection,
 }
 
 
