@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import shutil
 import sqlite3
 import time
@@ -30,6 +31,16 @@ from typing import Any
 
 import pytest
 import yaml
+
+# Imported here, not in the surfaces: an import's first cost is not the input's.
+from promshift.adapters.amp_scraper import scraper_source_from_extra
+from promshift.adapters.audit_store import AuditStore, audit_events, event_row
+from promshift.cli import main as cli_main
+from promshift.core.audit import new_event
+from promshift.core.deploy import DeployError
+from promshift.core.scraper_config import ScraperConfigError, validate_scraper_config
+from promshift.core.stages import Stage
+from promshift.orchestration.amp_hook import AmpHook
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "data" / "bad_inputs_ops.yaml"
@@ -47,12 +58,10 @@ class Outcome:
 
 
 def run_cli(argv: list[str]) -> Outcome:
-    from promshift.cli import main
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = main(argv)
+            code = cli_main(argv)
         except SystemExit as exc:
             code = int(exc.code or 0)
     return Outcome(out.getvalue() + err.getvalue(), code)
@@ -62,9 +71,6 @@ def run_cli(argv: list[str]) -> Outcome:
 
 def _audit_db(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Five real events of gpu-memory (planned -> dual_writing -> warming -> verified), keyed and anchored."""
-    from promshift.adapters.audit_store import AuditStore
-    from promshift.core.stages import Stage
-
     monkeypatch.setenv("PROMSHIFT_AUDIT_KEY", KEY)
     monkeypatch.delenv("PROMSHIFT_AUDIT_ANCHOR_URL", raising=False)
     db = tmp / "audit.db"
@@ -96,9 +102,6 @@ def _tamper(db: Path, how: str) -> None:
 
 def _forge_with_key(db: Path) -> None:
     """An event made with the key (an insider's), inserted without anchoring its head."""
-    from promshift.adapters.audit_store import AuditStore, audit_events, event_row
-    from promshift.core.audit import new_event
-
     store = AuditStore(f"sqlite:///{db}", anchor=None)
     prev = store.events()[-1]
     forged = new_event(prev=prev, group="gpu-memory", run_id="r1", kind="approval", stage_from="verified",
@@ -130,10 +133,6 @@ def audit_surface(command: str) -> Callable[[Any, Path, pytest.MonkeyPatch], Out
 
 def amp_connection(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
     """``spec.extra`` merged over a good extra (a non-mapping replaces it); the Test button's answer."""
-    import json
-
-    from promshift.orchestration.amp_hook import AmpHook
-
     good = {"region_name": "eu-west-1", "workspace_id": "ws-0123abcd"}
     extra = {**good, **spec["extra"]} if isinstance(spec["extra"], dict) else spec["extra"]
     monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
@@ -143,10 +142,30 @@ def amp_connection(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPa
     return Outcome(message, 0 if ok else 1)
 
 
+# -- the managed-collector pre-flight ---------------------------------------------------------------------------
+
+GOOD_SCRAPER = {"cluster_arn": "arn:aws:eks:eu-west-1:123456789012:cluster/gpu-fleet", "subnet_ids": ["subnet-0abc"]}
+
+
+def scraper_preflight(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    """``spec.scraper`` merged over a good ``extra.scraper`` (workspace region ``spec.region``, default
+    eu-west-1), or ``spec.blob``: a scrape configuration; the pre-flight's one line (exit 1) or "accepted"."""
+    try:
+        if "blob" in spec:
+            validate_scraper_config(spec["blob"])
+        else:
+            scraper_source_from_extra({"scraper": {**GOOD_SCRAPER, **spec["scraper"]}},
+                                      region=spec.get("region", "eu-west-1"))
+    except (DeployError, ScraperConfigError) as exc:
+        return Outcome(str(exc), 1)
+    return Outcome("accepted", 0)
+
+
 SURFACES: dict[str, Callable[[Any, Path, pytest.MonkeyPatch], Outcome]] = {
     "audit-verify": audit_surface("verify"),
     "audit-show": audit_surface("show"),
     "amp-connection": amp_connection,
+    "scraper-preflight": scraper_preflight,
 }
 
 

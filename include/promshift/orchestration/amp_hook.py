@@ -143,7 +143,8 @@ class AmpHook(AwsBaseHook):
         from promshift.adapters.amp_scraper import DEFAULT_TIMEOUT_S, ScraperDeployer, scraper_source_from_extra
         from promshift.core.scraper_config import render_scraper_config
 
-        source = scraper_source_from_extra(self.conn_config.extra_config, conn_id=str(self.aws_conn_id))
+        source = scraper_source_from_extra(self.conn_config.extra_config, conn_id=str(self.aws_conn_id),
+                                           region=self.target.region)
         blob = render_scraper_config(name_regex=name_regex, scrape_interval_s=scrape_interval_s)
         return ScraperDeployer(self.conn, group_name=group_name, blob=blob, workspace_arn=self.workspace.arn,
                                source=source, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
