@@ -161,11 +161,22 @@ def scraper_preflight(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.Monke
     return Outcome("accepted", 0)
 
 
+# -- promshift check -----------------------------------------------------------------------------------------
+
+def check_cli(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    """``promshift check parity --group gpu-memory`` on the shipped catalog with ``spec.args`` added; nothing
+    listens on the URLs, so a bad input must be refused before any request."""
+    catalog = str(REPO / "catalog" / "metric_groups.yaml")
+    return run_cli(["check", "parity", "--group", "gpu-memory", "--catalog", catalog,
+                    "--source", "http://127.0.0.1:9", "--target", "http://127.0.0.1:9", *spec["args"]])
+
+
 SURFACES: dict[str, Callable[[Any, Path, pytest.MonkeyPatch], Outcome]] = {
     "audit-verify": audit_surface("verify"),
     "audit-show": audit_surface("show"),
     "amp-connection": amp_connection,
     "scraper-preflight": scraper_preflight,
+    "check": check_cli,
 }
 
 
