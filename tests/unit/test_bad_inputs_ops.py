@@ -171,12 +171,42 @@ def check_cli(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) 
                     "--source", "http://127.0.0.1:9", "--target", "http://127.0.0.1:9", *spec["args"]])
 
 
+# -- promshift catalog check -----------------------------------------------------------------------------------
+
+def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def catalog_check(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    """``promshift catalog check`` on the shipped catalog with ``spec.group`` merged into gpu-memory and
+    ``spec.defaults`` into its defaults; ``spec.dashboard`` ({panel title: expr}) becomes gpu-memory's only
+    golden dashboard."""
+    doc = yaml.safe_load((REPO / "catalog" / "metric_groups.yaml").read_text())
+    victim = next(g for g in doc["groups"] if g["name"] == "gpu-memory")
+    _merge(victim, spec.get("group", {}))
+    _merge(doc.setdefault("defaults", {}), spec.get("defaults", {}))
+    if "dashboard" in spec:
+        panels = [{"title": title, "type": "timeseries", "targets": [{"expr": expr, "refId": "A"}]}
+                  for title, expr in spec["dashboard"].items()]
+        (tmp / "golden.json").write_text(json.dumps({"title": "golden", "panels": panels}))
+        victim.setdefault("parity", {})["golden_dashboards"] = ["golden.json"]
+    path = tmp / "metric_groups.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    monkeypatch.delenv("PROMSHIFT_PROFILE", raising=False)
+    return run_cli(["catalog", "check", str(path)])
+
+
 SURFACES: dict[str, Callable[[Any, Path, pytest.MonkeyPatch], Outcome]] = {
     "audit-verify": audit_surface("verify"),
     "audit-show": audit_surface("show"),
     "amp-connection": amp_connection,
     "scraper-preflight": scraper_preflight,
     "check": check_cli,
+    "catalog": catalog_check,
 }
 
 

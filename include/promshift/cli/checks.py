@@ -229,6 +229,21 @@ def _check(args: argparse.Namespace) -> int:
     return code
 
 
+def _bake_window_problems(catalog: Any, catalog_dir: Path) -> list[str]:
+    """Groups whose golden queries look back further than their bake window: they could never bake."""
+    from promshift.adapters.parity_check import golden_lookbacks
+    from promshift.core.bake import bake_window_problem
+    from promshift.core.golden import MIN_POINTS
+
+    found = []
+    for group in catalog.groups:
+        problem = bake_window_problem(group.bake, step_s=group.parity.step_s,
+                                      lookbacks=golden_lookbacks(group, catalog_dir), min_points=MIN_POINTS)
+        if problem:
+            found.append(f"group {group.name!r}: {problem}")
+    return found
+
+
 def _catalog_check(args: argparse.Namespace) -> int:
     from promshift.adapters.settings import check_catalog_file, default_catalog_path, default_profile
 
@@ -237,10 +252,11 @@ def _catalog_check(args: argparse.Namespace) -> int:
     result = check_catalog_file(path, profile=profile)
     if not result.readable:
         raise InputError(_unreadable_message(path, result.problems[0]))
-    if result.problems:
-        count = len(result.problems)
+    problems = [*result.problems, *_bake_window_problems(result.catalog, path.parent)]
+    if problems:
+        count = len(problems)
         print(f"{path}: {count} problem{'s' if count != 1 else ''}")
-        for problem in result.problems:
+        for problem in problems:
             print("  - " + " ".join(problem.split()))
         return 1
     catalog = result.catalog
