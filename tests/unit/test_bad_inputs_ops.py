@@ -35,9 +35,14 @@ import yaml
 # Imported here, not in the surfaces: an import's first cost is not the input's.
 from promshift.adapters.amp_scraper import scraper_source_from_extra
 from promshift.adapters.audit_store import AuditStore, audit_events, event_row
+from promshift.adapters.blobs import LocalBlobs
+from promshift.adapters.dashboard_files import DashboardFilesSwitch
+from promshift.adapters.settings import load_catalog
 from promshift.cli import main as cli_main
 from promshift.core.audit import new_event
 from promshift.core.deploy import DeployError
+from promshift.core.read_path import DatasourceRef, ReadPathError
+from promshift.core.rules import RulesError, parse_rule_file, select_rules
 from promshift.core.scraper_config import ScraperConfigError, validate_scraper_config
 from promshift.core.stages import Stage
 from promshift.orchestration.amp_hook import AmpHook
@@ -49,6 +54,7 @@ CPU_BUDGET_S = 2.0
 MAX_LINE = 600
 KEY = "0123456789abcdef0123456789abcdef"
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
+GPU_MEMORY = next(g for g in load_catalog(REPO / "catalog" / "metric_groups.yaml").groups if g.name == "gpu-memory")
 
 
 @dataclass
@@ -200,6 +206,40 @@ def catalog_check(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPat
     return run_cli(["catalog", "check", str(path)])
 
 
+# -- rule files ---------------------------------------------------------------------------------------------
+
+def rule_file(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    """A source rule file (``spec.text``) read as the rules move reads it, and the rules gpu-memory would move."""
+    try:
+        parsed = parse_rule_file("rules/gpu.yml", spec["text"])
+    except RulesError as exc:
+        return Outcome(str(exc), 1)
+    selection = select_rules([parsed], GPU_MEMORY.claims)
+    return Outcome("moves: " + ", ".join(r.name for r in selection.rules), 0)
+
+
+# -- the read path (dashboard files) ---------------------------------------------------------------------------
+
+def read_path(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    """``spec.panels`` ({title: [datasource uid or None, expr]}) as dashboard ``board.json``; the files switch of
+    gpu-memory from datasource ``spec.source`` (default prom-src) through ``spec.patterns`` (default
+    ["*.json"]): its plan's problems, then its snapshot (a refusal is one line, exit 1)."""
+    panels = [{"id": i + 1, "title": title, "type": "timeseries",
+               **({"datasource": {"type": "prometheus", "uid": ds}} if ds else {}),
+               "targets": [{"expr": expr, "refId": "A"}]}
+              for i, (title, (ds, expr)) in enumerate(spec.get("panels", {}).items())]
+    (tmp / "board.json").write_text(json.dumps({"uid": "board", "title": "board", "panels": panels}))
+    switch = DashboardFilesSwitch(spec.get("patterns", ["*.json"]), GPU_MEMORY,
+                                  source=DatasourceRef(spec.get("source", "prom-src")), target=DatasourceRef("amp"),
+                                  blobs=LocalBlobs(tmp / "snapshots"), root=tmp)
+    lines = [f"problem: {p}" for p in switch.plan()["problems"]]
+    try:
+        switch.snapshot("r1")
+    except ReadPathError as exc:
+        return Outcome("\n".join([*lines, f"refused: {exc}"]), 1)
+    return Outcome("\n".join([*lines, "snapshot taken"]), 0)
+
+
 SURFACES: dict[str, Callable[[Any, Path, pytest.MonkeyPatch], Outcome]] = {
     "audit-verify": audit_surface("verify"),
     "audit-show": audit_surface("show"),
@@ -207,6 +247,8 @@ SURFACES: dict[str, Callable[[Any, Path, pytest.MonkeyPatch], Outcome]] = {
     "scraper-preflight": scraper_preflight,
     "check": check_cli,
     "catalog": catalog_check,
+    "rules": rule_file,
+    "read-path": read_path,
 }
 
 
