@@ -38,13 +38,17 @@ from promshift.adapters.audit_store import AuditStore, audit_events, event_row
 from promshift.adapters.blobs import LocalBlobs
 from promshift.adapters.dashboard_files import DashboardFilesSwitch
 from promshift.adapters.settings import load_catalog
+from promshift.board.pages import _env as board_env
 from promshift.cli import main as cli_main
 from promshift.core.audit import new_event
 from promshift.core.deploy import DeployError
+from promshift.core.notify import rolled_back
 from promshift.core.read_path import DatasourceRef, ReadPathError
 from promshift.core.rules import RulesError, parse_rule_file, select_rules
+from promshift.core.run_params import RunParamsError, parse_run_params
 from promshift.core.scraper_config import ScraperConfigError, validate_scraper_config
 from promshift.core.stages import Stage
+from promshift.core.text import shown as escaped_text
 from promshift.orchestration.amp_hook import AmpHook
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,6 +244,27 @@ def read_path(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) 
     return Outcome("\n".join([*lines, "snapshot taken"]), 0)
 
 
+# -- free text: refused at input, escaped wherever shown --------------------------------------------------------
+
+def free_text(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    """``spec.param``'s trigger value ``spec.value`` as the run's validate step reads it (refused: exit 1), or, with
+    ``spec.shown_in`` (mail, board, cli), the value as that surface displays it when it arrived by another way."""
+    value = spec["value"]
+    where = spec.get("shown_in")
+    if where == "mail":
+        notice = rolled_back(group="gpu-memory", run_id="r1", reason=value, performed=True, restored_identical=True)
+        return Outcome(notice.subject + "\n" + notice.text + notice.html, 0)
+    if where == "board":
+        return Outcome(board_env().from_string("<p>{{ reason }}</p>").render(reason=value), 0)
+    if where == "cli":
+        return Outcome(escaped_text(value), 0)
+    try:
+        params = parse_run_params({spec["param"]: value}, scrape_interval_s=30.0)
+    except RunParamsError as exc:
+        return Outcome(str(exc), 1)
+    return Outcome(f"accepted: {params.to_dict()}", 0)
+
+
 SURFACES: dict[str, Callable[[Any, Path, pytest.MonkeyPatch], Outcome]] = {
     "audit-verify": audit_surface("verify"),
     "audit-show": audit_surface("show"),
@@ -249,6 +274,7 @@ SURFACES: dict[str, Callable[[Any, Path, pytest.MonkeyPatch], Outcome]] = {
     "catalog": catalog_check,
     "rules": rule_file,
     "read-path": read_path,
+    "free-text": free_text,
 }
 
 

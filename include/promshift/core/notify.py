@@ -79,6 +79,7 @@ def _build(kind: str, group: str, run_id: str, headline: str, facts: Sequence[tu
     if kind not in NOTICE_KINDS:
         raise ValueError(f"unknown notice kind {kind!r}; known: {', '.join(NOTICE_KINDS)}")
     subject = one_line(f"{SUBJECT_PREFIX} {group}: {headline}", MAX_SUBJECT_CHARS)
+    facts = [(label, shown(str(value))) for label, value in facts]  # free text of any origin, escaped
     shown_links = [(label, url) for label, url in ((label, _safe_link(url)) for label, url in links) if url]
     text_lines = [one_line(headline, MAX_REASON_CHARS), ""]
     text_lines += [f"{label}: {value}" for label, value in facts]
