@@ -53,8 +53,9 @@ class AmpTarget:
         return self.workspace_id or f"alias {self.workspace_alias!r}"
 
 
-# An AWS region name as the partitions spell them (us-east-1, eu-central-2, us-gov-west-1, cn-north-1).
-_REGION = re.compile(r"[a-z]{2}(-[a-z]+){1,3}-[0-9]{1,2}")
+# An AWS region name as the partitions spell them (us-east-1, eu-central-2, us-gov-west-1, cn-north-1,
+# eusc-de-east-1).
+AWS_REGION_RE = re.compile(r"[a-z]{2,4}(-[a-z]+){1,3}-[0-9]{1,2}")
 # An IAM role's ARN in any partition: what STS's AssumeRole takes as RoleArn.
 _ROLE_ARN = re.compile(r"arn:aws(-[a-z]+)*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]{1,512}")
 # Keys the amazon provider would read from the extra; in the extra they show in the UI and the connection's JSON.
@@ -93,7 +94,7 @@ def amp_target_from_extra(extra: Any, *, conn_id: str = "promshift_target") -> A
     alias = str(extra.get("workspace_alias") or "").strip() or None
     if not region:
         raise AmpError(f"connection {conn_id!r} needs extra.region_name (the AMP workspace's region)")
-    if not _REGION.fullmatch(region):
+    if not AWS_REGION_RE.fullmatch(region):
         raise AmpError(f"connection {conn_id!r}: extra.region_name {_short(region)} is not an AWS region "
                        "(like us-east-1)")
     if bool(ws_id) == bool(alias):

@@ -30,7 +30,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from promshift.adapters.amp import CREDENTIAL_ERRORS
+from promshift.adapters.amp import AWS_REGION_RE, CREDENTIAL_ERRORS
 from promshift.core.deploy import DeployError, DeployKind, DeployResult, DeploySnapshot, DeployState
 from promshift.core.render import sha256_text
 from promshift.core.scraper_config import (
@@ -74,7 +74,7 @@ def _cluster_arn_problem(cluster: str) -> str | None:
     _, _, service, region, account, resource = parts
     if service != "eks":
         return f"is an ARN of service {service!r}, not eks"
-    if not re.fullmatch(r"[a-z]{2}(-[a-z]+){1,3}-[0-9]{1,2}", region):
+    if not AWS_REGION_RE.fullmatch(region):
         return f"names no region ({region!r})"
     if not re.fullmatch(r"[0-9]{12}", account):
         return f"names no 12-digit account ({account[:20]!r})"

@@ -67,7 +67,6 @@ def parse_since(text: str, *, now: float) -> float:
 
 
 _SIGV4_SERVICE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-_REGION = re.compile(r"[a-z]{2}(-[a-z]+){1,3}-[0-9]{1,2}")
 
 
 def _sigv4_service(text: str) -> str:
@@ -79,7 +78,9 @@ def _sigv4_service(text: str) -> str:
 
 def _region(text: str) -> str:
     """``--target-region``: an AWS region name; an empty one would silently skip signing."""
-    if not _REGION.fullmatch(text):
+    from promshift.adapters.amp import AWS_REGION_RE
+
+    if not AWS_REGION_RE.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an AWS region (like us-east-1)")
     return text
 
