@@ -58,6 +58,8 @@ class AmpTarget:
 AWS_REGION_RE = re.compile(r"[a-z]{2,4}(-[a-z]+){1,3}-[0-9]{1,2}")
 # An IAM role's ARN in any partition: what STS's AssumeRole takes as RoleArn.
 _ROLE_ARN = re.compile(r"arn:aws(-[a-z]+)*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]{1,512}")
+# botocore's amp model: WorkspaceId is 1 to 64 of these, starting with a letter or digit.
+_WORKSPACE_ID = re.compile(r"[0-9A-Za-z][-.0-9A-Z_a-z]{0,63}")
 # Keys the amazon provider would read from the extra; in the extra they show in the UI and the connection's JSON.
 EXTRA_SECRETS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 MAX_TIMEOUT_S = 3600.0
@@ -99,6 +101,11 @@ def amp_target_from_extra(extra: Any, *, conn_id: str = "promshift_target") -> A
                        "(like us-east-1)")
     if bool(ws_id) == bool(alias):
         raise AmpError(f"connection {conn_id!r} needs exactly one of extra.workspace_id or extra.workspace_alias")
+    if ws_id is not None and not _WORKSPACE_ID.fullmatch(ws_id):
+        raise AmpError(f"connection {conn_id!r}: extra.workspace_id {_short(ws_id)} is not an AMP workspace id "
+                       "(like ws-0123abcd-...; at most 64 of 0-9 A-Z a-z - . _)")
+    if alias is not None and len(alias) > 100:
+        raise AmpError(f"connection {conn_id!r}: extra.workspace_alias is {len(alias)} characters; AMP allows 100")
     role_arn = str(extra["role_arn"]).strip() if extra.get("role_arn") else None
     if role_arn is not None and not _ROLE_ARN.fullmatch(role_arn):
         raise AmpError(f"connection {conn_id!r}: extra.role_arn {_short(role_arn)} is not an IAM role ARN "
