@@ -101,7 +101,9 @@ def _show(args: argparse.Namespace) -> int:
         print(f"{'seq':>5}  {'at (UTC)':<20} {'kind':<22} {'stage':<28} {'actor':<16} hash")
         for e in events:
             print(_event_line(e))
-        stage = _stage(events, args.group, problems)
+        # The stage is the replay of all the group's events, not only the run shown.
+        history = events if args.run_id is None else store.read_events(group=args.group)[0]
+        stage = _stage(history, args.group, problems)
         if stage is not None:
             print(f"current stage of {args.group}: {stage}")
     for problem in problems:
