@@ -174,6 +174,35 @@ def count_behind(client: PrometheusClient, selector: Selector, span: tuple[float
     return sum(s.points[0][1] for s in res.series)
 
 
+def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None) -> dict[str, float]:
+    """Each golden dashboard query that reads the group's metrics, by name, and how far back it reads (seconds).
+
+    Queries that do not parse, or name none of the group's metrics, are left out (the parity check reports
+    them); unreadable dashboards too.
+    """
+    policy = group.parity
+    found: dict[str, float] = {}
+    for entry in policy.golden_dashboards:
+        path = Path(entry) if Path(entry).is_absolute() or catalog_dir is None else catalog_dir / entry
+        files = sorted(path.glob("*.json")) if path.is_dir() else [path] if path.is_file() else []
+        for file in files:
+            try:
+                dashboard = json.loads(file.read_text())
+            except (OSError, ValueError):
+                continue
+            for q in dashboard_queries(dashboard, name=file.name):
+                sub = substitute(q.expr, dict(policy.golden_variables), builtins=grafana_builtins(policy.step_s,
+                                                                                           group.bake.parity_window_s))
+                try:
+                    analysis = analyse(sub.expr)
+                    names = metric_names(sub.expr)
+                except PromQLError:
+                    continue
+                if any(group.claims(n) for n in names):
+                    found[f"{file.name}/{q.panel}"] = analysis.lookback_s
+    return found
+
+
 @dataclass
 class ParityCheck:
     """Every parity layer for one group over one window."""

@@ -53,7 +53,7 @@ from typing import Any, NoReturn
 
 from botocore.exceptions import ClientError
 
-from promshift.adapters.deploy import FileConfigDeployer, promtool_on, write_atomically, write_keeping
+from promshift.adapters.deploy import FileConfigDeployer, promtool_on, write_keeping, write_restoring
 from promshift.adapters.parity_check import each_side
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.alert_routes import AlertRoutesError, alert_route_problem, parse_definition
@@ -406,10 +406,9 @@ class PrometheusRulesTarget:
         saved = json.loads(snapshot.content)
         config = str(saved["config"]).encode("utf-8")
         if self.config.real_path.read_bytes() != config:
-            meta = snapshot.meta
-            write_atomically(self.config.real_path, config, mode=meta.get("mode") or 0o644,
-                             uid=-1 if meta.get("uid") is None else int(meta["uid"]),
-                             gid=-1 if meta.get("gid") is None else int(meta["gid"]))
+            # The stricter of (snapshot, now) for the mode; owner and ACLs as they are now.
+            mode = snapshot.meta.get("mode")
+            write_restoring(self.config.real_path, config, snapshot_mode=None if mode is None else int(mode))
         if saved.get("rule_file") is None:
             self.rule_path.unlink(missing_ok=True)
         else:

@@ -380,3 +380,21 @@ def baked(checks: Sequence[tuple[float, Verdict]], policy: BakePolicy, *, now: f
     if now - checks[-1][0] > MAX_GAP_INTERVALS * policy.interval_s:
         return False
     return checks[-1][0] - start >= policy.period_s
+
+
+def bake_window_problem(policy: BakePolicy, *, step_s: float, lookbacks: Mapping[str, float],
+                        min_points: int) -> str | None:
+    """Why a bake's parity window can never hold a golden query of the group (one line), or None.
+
+    Each bake check compares the last ``parity_window`` of data; a golden query that looks back further than
+    that window minus the points it needs never fits, so its measurement stays INCONCLUSIVE and the group
+    can never bake. ``lookbacks`` maps a golden query's name to its look-back in seconds.
+    """
+    needed = {name: back + (min_points - 1) * step_s for name, back in lookbacks.items()}
+    worst = max(needed, key=lambda name: needed[name], default=None)
+    if worst is None or needed[worst] <= policy.parity_window_s:
+        return None
+    return (f"golden query {worst} looks back {format_duration(lookbacks[worst])}, and needs "
+            f"{format_duration(needed[worst])} with {min_points} points at step {format_duration(step_s)}; "
+            f"bake.parity_window is {format_duration(policy.parity_window_s)}, so this group can never bake: set "
+            f"bake.parity_window to at least {format_duration(needed[worst])}")

@@ -476,7 +476,8 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
         services.require()  # before anything is reset: Redis and PostgreSQL answer
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
     stack.reset()
-    for leftover in ("audit.db", "audit-anchor.db", "routing.json", "snapshots", shared_store(config.home).name):
+    for leftover in ("audit.db", "audit-anchor.db", "anchors", "routing.json", "snapshots",
+                     shared_store(config.home).name):
         path = config.home / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     budget_from = started

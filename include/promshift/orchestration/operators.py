@@ -14,6 +14,7 @@ from airflow.sdk import BaseOperator, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from promshift.core.approvers import team_of
+from promshift.core.text import shown as escaped_text
 from promshift.orchestration.hooks import backend_hook
 from promshift.orchestration.links import MigrationReportLink
 
@@ -954,7 +955,8 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
         by = field("id") or field("name") or "unknown"
         choice = (event.get("chosen_options") or ["?"])[0]
-        comment = str((event.get("params_input") or {}).get("comment", ""))
+        # Airflow's form took it as typed: kept and shown with control and bidi-override characters escaped.
+        comment = escaped_text(str((event.get("params_input") or {}).get("comment", "")))
         triggered_by = getattr(context.get("dag_run"), "triggering_user_name", None)
         # The evidence the approver was shown (its hash, recorded when the question was asked) and now.
         from promshift.core.evidence import evidence_sha256

@@ -178,9 +178,18 @@ class GroupLifecycle:
         return observe_delivery(alerts, firing, held, now=at)
 
     def _short_parity(self, window_start: float, now: float) -> tuple[Verdict, str]:
-        from promshift.adapters.parity_check import ParityCheck
+        from promshift.adapters.parity_check import ParityCheck, golden_lookbacks
+        from promshift.core.bake import bake_window_problem
         from promshift.core.deploy_kinds import group_for_deploy
+        from promshift.core.golden import MIN_POINTS
 
+        # A golden query that looks back further than the bake window never fits: say so (ERROR), rather than
+        # INCONCLUSIVE at every check, for ever.
+        never = bake_window_problem(self.group.bake, step_s=self.group.parity.step_s,
+                                    lookbacks=golden_lookbacks(self.group, self.migration.catalog_dir),
+                                    min_points=MIN_POINTS)
+        if never:
+            return Verdict.ERROR, never
         b = self.migration.backends
         result = ParityCheck(group_for_deploy(self.group, self.deploy), b.source, b.target,
                              catalog_dir=self.migration.catalog_dir).run(dual_write_since=window_start, now=now)

@@ -37,6 +37,11 @@ def _self_monitoring_matches(regex: str) -> tuple[str, ...]:
     return tuple(name for name in SELF_MONITORING_NAMES if compiled.fullmatch(name) is not None)
 
 
+# A warm-up is minutes to a day of dual-write before the first comparison; four weeks is the most that is still a
+# warm-up (longer holds a deferred run and the dual-write open for that long: a 1y warm-up is a typo or a stall).
+MAX_WARMUP_S = 28 * 86400.0
+
+
 def _group_rules(group: MetricGroup) -> list[tuple[str, str]]:
     """Rules on one assembled group: (field path, reason) for each problem."""
     issues: list[tuple[str, str]] = []
@@ -53,6 +58,11 @@ def _group_rules(group: MetricGroup) -> list[tuple[str, str]]:
                                           f"({format_duration(group.scrape_interval_s)}), got "
                                           f"{format_duration(group.warmup.duration_s)}: parity would have no "
                                           "sample to compare (set scrape_interval if the source scrapes faster)"))
+    for field, seconds in (("warmup.duration", group.warmup.duration_s), ("warmup.timeout", group.warmup.timeout_s)):
+        if seconds > MAX_WARMUP_S:
+            issues.append((field, f"must be at most {format_duration(MAX_WARMUP_S)}, got {format_duration(seconds)}: "
+                                  "the run would dual-write and wait that long before any check (a longer "
+                                  "comparison belongs in bake)"))
     if group.metric_regex is not None and not group.allow_match_all:
         matched = _self_monitoring_matches(group.metric_regex)
         if matched:
