@@ -16,8 +16,8 @@ metric's series at a time, so a fleet of a million series never sits in memory a
   join, and a label may not be dropped from one side of a join only.
 - **Drops** (:class:`DropCheck`): a label may be dropped (``labeldrop``) only when it is never
   read and the series that remain still differ from each other, checked against the source's
-  series (not guessed). Dropping a set of labels that keeps a metric unique keeps it unique for
-  every subset, so a group's drops are the intersection of each metric's safe set.
+  series (not guessed), for the group's labels together: a ``labeldrop`` applies to the whole
+  group's remote-write entry, so a label goes only if every metric of the group stays unique.
 - **Recommendations** (:func:`recommend`): groups by job and exporter prefix, a keep-filter
   regex each, wave order (small, read-heavy groups first), metrics nobody read left behind with
   their cost, and each group's AMP cost before and after trimming (``core/cost.py`` prices).
@@ -26,6 +26,7 @@ metric's series at a time, so a fleet of a million series never sits in memory a
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ from promshift.core.cost import MONTH_S, AmpPrices, project_monthly_cost
 from promshift.core.promql import PromQLError, Selector, _is_scalar, analyse, parse, substitute
 
 __all__ = [
+    "DropBasis",
     "DropCheck",
     "ExprUsage",
     "GroupPlan",
@@ -269,19 +271,109 @@ def _panel_targets(model: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str,
 
 @dataclass(frozen=True)
 class DropCheck:
-    """Which candidate labels one metric can lose and still keep its series apart.
+    """Which candidate labels can go together and still keep every series apart.
 
-    ``safe`` were checked together (greedily, largest first); ``unsafe`` maps a label to why,
-    with two series that would merge.
+    ``safe`` were checked together (greedily, most distinct values first); ``unsafe`` maps a
+    label to why, with the two series that would merge.
     """
 
     safe: frozenset[str]
     unsafe: Mapping[str, str]
 
 
+class DropBasis:
+    """One metric's series, compact, for exact uniqueness checks of label drops.
+
+    Per candidate label a column of value codes (-1: the series has no such label), and per
+    series a hash of its other labels. Two series merge after dropping ``D`` exactly when their
+    other-label hashes and their non-dropped candidate columns agree; a hash collision can only
+    make a safe drop look unsafe, never the other way round. About 4 bytes per series and
+    candidate, so a million series fit in tens of MB.
+    """
+
+    __slots__ = ("columns", "labels", "name", "rest", "series", "values")
+
+    def __init__(self, name: str, series: Sequence[Mapping[str, str]], candidates: Iterable[str]) -> None:
+        present = {k for s in series for k in s}
+        self.name = name
+        self.labels = tuple(sorted(c for c in set(candidates) if c in present and c != "__name__"))
+        self.series = len(series)
+        codes: list[dict[str, int]] = [{} for _ in self.labels]
+        cols = [array("i") for _ in self.labels]
+        rest = array("q")
+        cand = frozenset(self.labels)
+        for s in series:
+            for i, label in enumerate(self.labels):
+                v = s.get(label)
+                cols[i].append(-1 if v is None else codes[i].setdefault(v, len(codes[i])))
+            rest.append(hash(tuple(sorted((k, v) for k, v in s.items() if k not in cand))))
+        self.columns = tuple(cols)
+        self.rest = rest
+        self.values = tuple(tuple(c) for c in codes)  # code -> value (dicts keep insertion order)
+
+    def distinct(self, label: str) -> int:
+        return len(self.values[self.labels.index(label)]) if label in self.labels else 0
+
+    def clash(self, dropped: Iterable[str]) -> tuple[int, int] | None:
+        """Two series that become one when ``dropped`` go, or None when all stay apart."""
+        gone = set(dropped)
+        keep = [c for label, c in zip(self.labels, self.columns, strict=True) if label not in gone]
+        if len(set(zip(self.rest, *keep, strict=True))) == self.series:
+            return None
+        seen: dict[tuple[int, ...], int] = {}
+        for i, key in enumerate(zip(self.rest, *keep, strict=True)):
+            j = seen.setdefault(key, i)
+            if j != i:
+                return j, i
+        return None  # pragma: no cover - the set said there is a duplicate
+
+    def describe(self, pair: tuple[int, int], dropped: Iterable[str]) -> str:
+        a, b = pair
+        parts = []
+        for label in sorted(set(dropped) & set(self.labels)):
+            i = self.labels.index(label)
+            va, vb = self.columns[i][a], self.columns[i][b]
+            if va != vb:
+                show = [f'{label}="{self.values[i][v]}"' if v >= 0 else f"no {label}" for v in (va, vb)]
+                parts.append(f"{show[0]} vs {show[1]}")
+        return (f"two series of {self.name} would merge: they differ only in {', '.join(parts)} "
+                "(every other label equal)")
+
+
+def check_drops(basis: DropBasis, candidates: Sequence[str] | None = None, *,
+                also: Sequence[DropBasis] = ()) -> DropCheck:
+    """Greedy over ``candidates`` (default: every candidate of ``basis``, most distinct values first).
+
+    A label joins the drop set when every metric (``basis`` and ``also``) keeps its series apart
+    without it and the labels already accepted.
+    """
+    bases = (basis, *also)
+    if candidates is None:
+        candidates = sorted(basis.labels, key=lambda c: (-basis.distinct(c), c))
+    safe: list[str] = []
+    unsafe: dict[str, str] = {}
+    for label in candidates:
+        dropped = [*safe, label]
+        why = None
+        for b in bases:
+            if label not in b.labels:
+                continue
+            pair = b.clash(dropped)
+            if pair is not None:
+                why = b.describe(pair, dropped)
+                if safe:
+                    why += f" (with {', '.join(safe)} dropped too)"
+                break
+        if why is None:
+            safe.append(label)
+        else:
+            unsafe[label] = why
+    return DropCheck(frozenset(safe), unsafe)
+
+
 @dataclass(frozen=True)
 class MetricStats:
-    """One metric in the source: series, labels with distinct values, jobs, type, and its drop check."""
+    """One metric in the source: series, labels with distinct values, jobs, type, and its drop basis."""
 
     name: str
     series: int
@@ -289,7 +381,7 @@ class MetricStats:
     jobs: tuple[str, ...]
     type: str = "unknown"
     samples_per_s: float = 0.0
-    drops: DropCheck = DropCheck(frozenset(), {})
+    basis: DropBasis | None = None
 
     def share(self, label: str) -> float:
         return self.labels.get(label, 0) / self.series if self.series else 0.0
@@ -300,51 +392,10 @@ class MetricStats:
                 "labels": {k: {"values": v, "share": round(self.share(k), 6)} for k, v in sorted(self.labels.items())}}
 
 
-def _show(labels: Sequence[tuple[str, str]]) -> str:
-    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels) + "}"
-
-
-def check_drops(series: Sequence[Mapping[str, str]], candidates: Iterable[str]) -> DropCheck:
-    """Greedy: try each candidate (most distinct values first), keep it if the series stay apart.
-
-    ``series`` are one metric's label sets as ``/api/v1/series`` answers them. Two series
-    that differ only in dropped labels would become one on the target: such a drop is unsafe.
-    """
-    present: dict[str, set[str]] = {}
-    for s in series:
-        for k, v in s.items():
-            present.setdefault(k, set()).add(v)
-    order = sorted((c for c in set(candidates) if c in present), key=lambda c: (-len(present[c]), c))
-    safe: list[str] = []
-    unsafe: dict[str, str] = {}
-    names = sorted(present)
-    for label in order:
-        dropped = {*safe, label}
-        keep = [n for n in names if n not in dropped]
-        seen: dict[tuple[str | None, ...], Mapping[str, str]] = {}
-        clash = None
-        for s in series:
-            key = tuple(s.get(n) for n in keep)
-            other = seen.setdefault(key, s)
-            if other is not s:
-                clash = (other, s)
-                break
-        if clash is None:
-            safe.append(label)
-            continue
-        a, b = clash
-        differ = sorted(n for n in dropped if a.get(n) != b.get(n))
-        also = f" (together with dropping {', '.join(sorted(safe))})" if safe else ""
-        unsafe[label] = (f"dropping it{also} merges series that differ only in {', '.join(differ)}: "
-                         f"{_show(sorted(a.items()))} and {_show(sorted(b.items()))}")
-    absent = frozenset(c for c in candidates if c not in present)
-    return DropCheck(frozenset(safe) | absent, unsafe)
-
-
 def metric_stats(name: str, series: Sequence[Mapping[str, str]], *, candidates: Iterable[str] = (),
                  type_: str = "unknown", scrape_interval_s: Mapping[str, float] | None = None,
                  default_interval_s: float = 30.0) -> MetricStats:
-    """Stats of one metric from its series, with the drop check for ``candidates``.
+    """Stats of one metric from its series, with the drop basis for ``candidates`` (labels nobody read).
 
     Samples per second: each series once per its job's scrape interval.
     """
@@ -362,7 +413,7 @@ def metric_stats(name: str, series: Sequence[Mapping[str, str]], *, candidates: 
         rate += n / (intervals.get(job) or default_interval_s)
     return MetricStats(name=name, series=len(series), labels={k: len(v) for k, v in values.items()},
                        jobs=tuple(sorted(j for j in jobs if j)), type=type_, samples_per_s=rate,
-                       drops=check_drops(series, candidates))
+                       basis=DropBasis(name, series, candidates))
 
 
 # --------------------------------------------------------------------------- resolution of reads
@@ -493,25 +544,44 @@ def _family(name: str, depth: int) -> str:
     return "_".join(tokens[:depth]) if tokens else name
 
 
-def _families(metrics: Sequence[MetricStats], max_metrics: int) -> dict[tuple[str, str], list[MetricStats]]:
-    """Group by job, then by name prefix, one token deeper while a family has over ``max_metrics``."""
+def _shared_depth(names: Sequence[str], limit: int = 6) -> int:
+    depth = 0
+    while depth < limit and len({_family(n, depth + 1) for n in names}) == 1 and \
+            all(len([t for t in n.split("_") if t]) > depth + 1 for n in names):
+        depth += 1
+    return depth
+
+
+def _families(metrics: Sequence[MetricStats], max_metrics: int,
+              min_metrics: int = 3) -> dict[tuple[str, str], list[MetricStats]]:
+    """Group by job, then by name prefix, one token deeper while a family has over ``max_metrics``.
+
+    A family is named by the prefix its metrics share (``DCGM_FI_DEV``); parts of a split with
+    fewer than ``min_metrics`` stay together as ``<prefix>_other``.
+    """
     out: dict[tuple[str, str], list[MetricStats]] = {}
-    pending: list[tuple[str, int, list[MetricStats]]] = []
     by_job: dict[str, list[MetricStats]] = {}
     for m in metrics:
         by_job.setdefault(m.jobs[0] if m.jobs else "", []).append(m)
-    for job, ms in by_job.items():
-        pending.append((job, 1, ms))
+    pending = list(by_job.items())
     while pending:
-        job, depth, ms = pending.pop()
+        job, ms = pending.pop()
+        depth = _shared_depth([m.name for m in ms])
+        prefix = _family(ms[0].name, depth) if depth else (_family(ms[0].name, 1) if len(ms) == 1 else job or "misc")
         split: dict[str, list[MetricStats]] = {}
         for m in ms:
-            split.setdefault(_family(m.name, depth), []).append(m)
-        for prefix, part in split.items():
-            if len(part) > max_metrics and depth < 5 and len({_family(m.name, depth + 1) for m in part}) > 1:
-                pending.append((job, depth + 1, part))
+            split.setdefault(_family(m.name, depth + 1), []).append(m)
+        if len(ms) <= max_metrics or len(split) == 1:
+            out[(job, prefix)] = ms
+            continue
+        pool: list[MetricStats] = []
+        for part in split.values():
+            if len(part) < min_metrics:
+                pool.extend(part)
             else:
-                out[(job, prefix)] = part
+                pending.append((job, part))
+        if pool:
+            out[(job, f"{prefix}_other" if len(pool) < len(ms) else prefix)] = pool
     return out
 
 
@@ -582,8 +652,8 @@ def recommend(metrics: Mapping[str, MetricStats], usage: UsageCollector, *, pric
     uses, joins = resolve_usage(usage, metrics, default_interval_s=default_interval_s)
     protected = set(protected_labels) | {"__name__"}
     months = MONTH_S / period_s if period_s > 0 else 0.0
-    candidates = [m for m in metrics.values() if not _SELF_METRICS.fullmatch(m.name)]
-    families = _families(sorted(candidates, key=lambda m: m.name), max_group_metrics)
+    movable_metrics = [m for m in metrics.values() if not _SELF_METRICS.fullmatch(m.name)]
+    families = _families(sorted(movable_metrics, key=lambda m: m.name), max_group_metrics)
     drafts: list[dict[str, Any]] = []
     taken: set[str] = set()
     group_of: dict[str, str] = {}
@@ -604,16 +674,17 @@ def recommend(metrics: Mapping[str, MetricStats], usage: UsageCollector, *, pric
         # A label the group may drop: no read of any kept metric names it, each metric stays unique.
         labels = {label for m in read for label in m.labels}
         unsafe: dict[str, str] = {}
-        drops: set[str] = set()
+        candidates: list[str] = []
         for label in sorted(labels - protected):
             readers = sorted({r.text() for m in read for r in uses[m.name].labels.get(label, ())})
             if readers:
                 unsafe[label] = f"read by {readers[0]}" + (f" and {len(readers) - 1} more" if len(readers) > 1 else "")
                 continue
-            blocked = next((m for m in read if label not in m.drops.safe), None)
-            if blocked is not None:
-                why = blocked.drops.unsafe.get(label, "not checked against the source's series")
-                unsafe[label] = f"{blocked.name}: {why}"
+            unchecked = next((m for m in read if label in m.labels
+                              and (m.basis is None or label not in m.basis.labels)), None)
+            if unchecked is not None:
+                unsafe[label] = (f"{unchecked.name}: not checked against the source's series (a read names it for "
+                                 "another metric, or a selector without a metric name may read it)")
                 continue
             outside = next((j for j in joins if any(group_of.get(n) == d["name"] for n in j)
                             and any(group_of.get(n) != d["name"] and label in metrics[n].labels
@@ -622,7 +693,13 @@ def recommend(metrics: Mapping[str, MetricStats], usage: UsageCollector, *, pric
                 unsafe[label] = ("matched on all labels with another group's metric in one expression "
                                  f"({', '.join(sorted(outside))})")
                 continue
-            drops.add(label)
+            candidates.append(label)
+        bases = [m.basis for m in read if m.basis is not None]
+        distinct = {c: sum(m.labels.get(c, 0) for m in read) for c in candidates}
+        order = sorted(candidates, key=lambda c: (-distinct[c], c))
+        check = check_drops(bases[0], order, also=bases[1:]) if bases else DropCheck(frozenset(), {})
+        drops = set(check.safe)
+        unsafe.update(check.unsafe)
         for label in sorted(protected & labels - {"__name__"}):
             unsafe.setdefault(label, "kept on purpose (--keep-label / the host label)")
         qsamples = sum(uses[m.name].samples_per_point for m in read) * months
@@ -648,7 +725,7 @@ def recommend(metrics: Mapping[str, MetricStats], usage: UsageCollector, *, pric
             unsafe_drops=g["unsafe"], series=g["series"], series_all=g["series_all"], samples_per_s=g["rate"],
             reads=g["reads"], wave=1 if i == 0 else 2 + (i - 1) // 3, cost_before=g["before"], cost_after=g["after"],
             golden=g["golden"]))
-    unread = sorted(m.name for m in candidates if m.name not in uses)
+    unread = sorted(m.name for m in movable_metrics if m.name not in uses)
     never: dict[str, tuple[str, ...]] = {}
     table: dict[str, dict[str, Any]] = {}
     for m in metrics.values():
