@@ -183,9 +183,9 @@ class UsageCollector:
                 self.unparsable[expr] = str(exc).splitlines()[0][:200]
         return self.exprs[expr]
 
-    def add(self, expr: str, reader: Reader, *, count: int = 1, seen: float | None = None, points: float = 1.0,
-            legend: str = "") -> bool:
-        """Record a read; False when the expression does not parse."""
+    def add(self, expr: str, reader: Reader, *, count: int = 1, seen: float | None = None,
+            points: float | None = None, legend: str = "") -> bool:
+        """Record a read; False when the expression does not parse. ``points`` defaults to ``count``."""
         if self.usage_of(expr) is None:
             self.unparsable_reads += count
             return False
@@ -194,7 +194,7 @@ class UsageCollector:
         if r is None:
             r = self.reads[key] = _Reads()
         r.count += count
-        r.points += points
+        r.points += count if points is None else points
         if seen is not None and (r.last_seen is None or seen > r.last_seen):
             r.last_seen = seen
         if legend:
@@ -612,7 +612,8 @@ def _cost(series: int, samples_per_s: float, query_samples_per_month: float, pri
     return {"ingest_usd": round(projection.ingestion_usd, 4), "storage_usd": round(projection.storage_usd, 4),
             "query_usd": round(query_usd, 4),
             "total_usd": round(projection.ingestion_usd + projection.storage_usd + query_usd, 4),
-            "samples_per_month": round(projection.ingestion_samples_per_month), "series": series}
+            "samples_per_month": round(projection.ingestion_samples_per_month),
+            "query_samples_per_month": round(query_samples_per_month), "series": series}
 
 
 @dataclass(frozen=True)
