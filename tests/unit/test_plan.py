@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,40 @@ def test_cli_unreachable_source_is_exit_69(capsys: pytest.CaptureFixture[str], t
     err = capsys.readouterr().err
     assert code == 69 and err.startswith("promshift: source http://127.0.0.1:9:") and err.count("\n") == 1
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+# Lines as Debian's Prometheus 2.42 wrote them (the local stack's query log), byte for byte.
+REAL_LINES = [
+    '{"httpRequest":{"clientIP":"127.0.0.1","method":"POST","path":"/api/v1/query_range"},"params":{"end":'
+    '"2026-12-05T02:57:28.978Z","query":"DCGM_FI_DEV_GPU_TEMP{instance=~\\".*\\", gpu=~\\".*\\"}","start":'
+    '"2026-12-05T01:57:28.978Z","step":30},"spanID":"0000000000000000","stats":{"timings":{"evalTotalTime":'
+    '0.00079171,"resultSortTime":0.000013424,"queryPreparationTime":0.000193549,"innerEvalTime":0.000571813,'
+    '"execQueueTime":0.000012672,"execTotalTime":0.000812461},"samples":{"totalQueryableSamples":160,'
+    '"peakSamples":160}},"ts":"2026-12-05T02:57:28.985Z"}\n',
+    '{"params":{"end":"2026-12-05T02:57:22.773Z","query":"DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + '
+    'DCGM_FI_DEV_FB_FREE)","start":"2026-12-05T02:57:22.773Z","step":0},"ruleGroup":{"file":'
+    '"/srv/rules/gpu-memory.yml","name":"gpu-memory"},"spanID":"0000000000000000","stats":{"timings":'
+    '{"evalTotalTime":0.000221416,"resultSortTime":0,"queryPreparationTime":0.000067459,"innerEvalTime":'
+    '0.000147655,"execQueueTime":0.000015771,"execTotalTime":0.000259856},"samples":{"totalQueryableSamples":0,'
+    '"peakSamples":0}},"ts":"2026-12-05T02:57:22.774Z"}\n',
+]
+
+
+def test_real_query_log_lines_read_the_same_on_the_fast_and_the_slow_path(tmp_path: Path) -> None:
+    fast, slow = tmp_path / "fast.log", tmp_path / "slow.log"
+    fast.write_text("".join(REAL_LINES))
+    # The same entries re-encoded with spaces and another key order: only json.loads reads them.
+    slow.write_text("".join(json.dumps(dict(reversed(list(json.loads(line).items())))) + "\n" for line in REAL_LINES))
+    got = []
+    for path in (fast, slow):
+        u = UsageCollector()
+        s = read_query_log(path, u, ReadNotes())
+        assert (s.read, s.bad) == (2, 0)
+        got.append({(e, r): (x.count, x.points, x.last_seen) for (e, r), x in u.reads.items()})
+    assert got[0] == got[1]
+    rule = Reader("rule", "/srv/rules/gpu-memory.yml / gpu-memory")
+    key = ("DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)", rule)
+    assert got[0][key][:2] == (1, 1.0)
+    assert got[0][key][2] == pytest.approx(datetime(2026, 12, 5, 2, 57, 22, 774000, tzinfo=UTC).timestamp())
+    (expr, _), (count, points, _) = next((k, v) for k, v in got[0].items() if k[1].kind == "query_log")
+    assert expr == 'DCGM_FI_DEV_GPU_TEMP{instance=~".*", gpu=~".*"}' and (count, points) == (1, 121.0)
