@@ -67,7 +67,7 @@ class QueryLogSummary:
         return dict(self.__dict__)
 
 
-def read_query_log(path: str | Path, usage: UsageCollector, notes: ReadNotes, *, since: float | None = None,
+def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNotes, *, since: float | None = None,
                    until: float | None = None, max_bytes: int = MAX_QUERY_LOG_BYTES,
                    max_lines: int = MAX_QUERY_LOG_LINES) -> QueryLogSummary:
     """Attribute every query in a Prometheus query log to its metrics and labels.
@@ -77,7 +77,7 @@ def read_query_log(path: str | Path, usage: UsageCollector, notes: ReadNotes, *,
     line, lines that are not JSON or not a query log entry, and the byte/line budgets each
     give one note.
     """
-    path = Path(path)
+    path = Path(path) if isinstance(path, str) else path  # or an ObjectStoragePath (s3://...)
     summary = QueryLogSummary(str(path))
     try:
         handle = path.open("rb")
@@ -464,3 +464,22 @@ def build_plan(client: Any, inputs: PlanInputs, *, prices: Any, now: float) -> P
                      max_group_metrics=inputs.max_group_metrics, not_read=notes.missing,
                      default_interval_s=inventory.default_interval_s)
     return PlanOutcome(plan, notes.caveats, logs, inventory.default_interval_s)
+
+
+PLAN_FILES = ("metric_groups.draft.yaml", "plan.md", "plan.json", "plan-cost.png")
+
+
+def plan_files(plan: Mapping[str, Any], *, caveats: Sequence[str], diff: Sequence[str] | None, source: str,
+               host_label: str, scrape_interval_s: float) -> dict[str, bytes]:
+    """The plan's four outputs as bytes (``PLAN_FILES``), for a folder or an object store."""
+    from promshift.adapters.charts import plan_cost_chart_png
+    from promshift.core.plan_render import catalog_draft, plan_markdown
+
+    body = {**plan, "caveats": list(caveats), "diff": None if diff is None else list(diff)}
+    return {
+        "metric_groups.draft.yaml": catalog_draft(plan, host_label=host_label,
+                                                  scrape_interval_s=scrape_interval_s).encode(),
+        "plan.md": plan_markdown(plan, notes=caveats, diff=diff, source=source).encode(),
+        "plan.json": (json.dumps(body, indent=1, allow_nan=False) + "\n").encode(),
+        "plan-cost.png": plan_cost_chart_png(list(plan["groups"]), title="AMP cost per group, per month"),
+    }

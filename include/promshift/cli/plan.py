@@ -51,19 +51,13 @@ def _prices(path: str | None) -> Any:
 
 def write_outputs(out: Path, plan: dict[str, Any], *, caveats: list[str], diff: list[str] | None, source: str,
                   host_label: str, scrape_interval_s: float) -> dict[str, Path]:
-    """Write the four files; the draft is checked by the catalog's own parser first."""
-    from promshift.adapters.charts import plan_cost_chart_png
-    from promshift.core.plan_render import catalog_draft, plan_markdown
+    """Write the four files (each whole, through a temporary name); the draft gets ``catalog check``'s check."""
+    from promshift.adapters.settings import check_catalog_file
+    from promshift.adapters.usage import plan_files
 
-    draft = catalog_draft(plan, host_label=host_label, scrape_interval_s=scrape_interval_s)
+    files = plan_files(plan, caveats=caveats, diff=diff, source=source, host_label=host_label,
+                       scrape_interval_s=scrape_interval_s)
     out.mkdir(parents=True, exist_ok=True)
-    files = {
-        "metric_groups.draft.yaml": draft.encode(),
-        "plan.md": plan_markdown(plan, notes=caveats, diff=diff, source=source).encode(),
-        "plan.json": (json.dumps({**plan, "caveats": caveats, "diff": diff}, indent=1, allow_nan=False)
-                      + "\n").encode(),
-        "plan-cost.png": plan_cost_chart_png(plan["groups"], title="AMP cost per group, per month"),
-    }
     written = {}
     for name, data in files.items():
         path = out / name
@@ -71,8 +65,6 @@ def write_outputs(out: Path, plan: dict[str, Any], *, caveats: list[str], diff: 
         tmp.write_bytes(data)
         os.replace(tmp, path)
         written[name] = path
-    from promshift.adapters.settings import check_catalog_file
-
     # The same check as `promshift catalog check`: a draft it refuses is a bug here, said, not hidden.
     check = check_catalog_file(written["metric_groups.draft.yaml"])
     if check.problems:
