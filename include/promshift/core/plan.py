@@ -298,17 +298,16 @@ class DropBasis:
         self.name = name
         self.labels = tuple(sorted(c for c in set(candidates) if c in present and c != "__name__"))
         self.series = len(series)
-        codes: list[dict[str, int]] = [{} for _ in self.labels]
-        cols = [array("i") for _ in self.labels]
-        rest = array("q")
-        cand = frozenset(self.labels)
-        for s in series:
-            for i, label in enumerate(self.labels):
-                v = s.get(label)
-                cols[i].append(-1 if v is None else codes[i].setdefault(v, len(codes[i])))
-            rest.append(hash(tuple(sorted((k, v) for k, v in s.items() if k not in cand))))
+        codes: list[dict[str | None, int]] = []
+        cols = []
+        for label in self.labels:
+            code: dict[str | None, int] = {None: -1}
+            cols.append(array("i", [code.setdefault(v, len(code) - 1) for v in (s.get(label) for s in series)]))
+            del code[None]
+            codes.append(code)
+        others = sorted(present - set(self.labels))
         self.columns = tuple(cols)
-        self.rest = rest
+        self.rest = array("q", [hash(tuple(s.get(k) for k in others)) for s in series])
         self.values = tuple(tuple(c) for c in codes)  # code -> value (dicts keep insertion order)
 
     def distinct(self, label: str) -> int:
