@@ -353,3 +353,12 @@ def test_real_query_log_lines_read_the_same_on_the_fast_and_the_slow_path(tmp_pa
     assert got[0][key][2] == pytest.approx(datetime(2026, 12, 5, 2, 57, 22, 774000, tzinfo=UTC).timestamp())
     (expr, _), (count, points, _) = next((k, v) for k, v in got[0].items() if k[1].kind == "query_log")
     assert expr == 'DCGM_FI_DEV_GPU_TEMP{instance=~".*", gpu=~".*"}' and (count, points) == (1, 121.0)
+
+
+def test_query_log_first_and_last_seen(tmp_path: Path) -> None:
+    log = tmp_path / "q.log"
+    log.write_text(REAL_LINES[0] + REAL_LINES[1] + REAL_LINES[0])
+    s = read_query_log(log, UsageCollector(), ReadNotes())
+    assert s.first_ts == pytest.approx(datetime(2026, 12, 5, 2, 57, 22, 774000, tzinfo=UTC).timestamp())
+    assert s.last_ts == pytest.approx(datetime(2026, 12, 5, 2, 57, 28, 985000, tzinfo=UTC).timestamp())
+    assert (s.lines, s.read) == (3, 3)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -92,49 +93,124 @@ def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNot
     # Reads summed per (expression, reader) first, then handed over once each: a million lines, a few
     # thousand distinct reads.
     acc: dict[tuple[str, int], list[Any]] = {}
+    def one(raw: bytes) -> bool:
+        """One line the careful way; False when reading must stop."""
+        nonlocal budget
+        if summary.lines >= max_lines or budget <= 0:
+            notes.missing.append(f"query log {path}: stopped after {summary.lines:,} lines / "
+                                 f"{max_bytes - budget:,} bytes (budget); the rest was not read")
+            return False
+        budget -= len(raw)
+        summary.lines += 1
+        if len(raw) > MAX_LINE_BYTES:
+            _bad(summary, f"line {summary.lines}: {len(raw):,} bytes, over {MAX_LINE_BYTES:,}")
+            return True
+        entry = _fast_entry(raw, strings, minutes, rules) if raw.endswith(b"}\n") else None
+        if entry is None:
+            entry = _slow_entry(raw)
+        if entry is None:
+            if not raw.endswith(b"\n"):
+                summary.truncated = True
+                return False
+            _bad(summary, f"line {summary.lines}: not a query log entry: {raw[:60]!r}")
+            return True
+        count(*entry)
+        return True
+
+    def count(expr: str, seen: float | None, points: float, reader: Reader | None) -> None:
+        if seen is not None:
+            if (since is not None and seen < since) or (until is not None and seen > until):
+                summary.outside_period += 1
+                return
+        if usage.usage_of(expr) is None:
+            usage.unparsable_reads += 1
+            _bad(summary, f"line {summary.lines}: query does not parse: {expr[:80]!r}")
+            return
+        key = (expr, id(reader))  # readers are shared objects: no dataclass hash per line
+        a = acc.get(key)
+        if a is None:
+            acc[key] = [1, points, seen, reader or api, seen]  # count, points, last seen, reader, first seen
+        else:
+            a[0] += 1
+            a[1] += points
+            if seen is not None and (a[2] is None or seen > a[2]):
+                a[2] = seen
+            if seen is not None and (a[4] is None or seen < a[4]):
+                a[4] = seen
+        summary.read += 1
+
+    def block(part: bytes) -> bool:
+        """A run of whole lines: one regex pass when every line has Prometheus' own shape, else line by line."""
+        nonlocal budget
+        lines = part.count(b"\n")
+        if (part.endswith(b"\n") and summary.lines + lines <= max_lines and budget - len(part) >= 0
+                and len(part) <= lines * MAX_LINE_BYTES):
+            found = _LINE.findall(part)
+            if len(found) == lines:
+                budget -= len(part)
+                mget = minutes.get
+                lo = -math.inf if since is None else since
+                hi = math.inf if until is None else until
+                for end, token, begin, step, rule_file, rule_name, ts in found:
+                    summary.lines += 1
+                    expr = strings.get(token)
+                    if expr is None:
+                        expr = strings[token] = json.loads(token)
+                    base = mget(ts[:16]) if ts[16:17] == b":" else None
+                    seen = base + float(ts[17:-1]) if base is not None else _fast_ts(ts, minutes)
+                    if seen is not None and not lo <= seen <= hi:
+                        summary.outside_period += 1
+                        continue
+                    points = 1.0
+                    if step != b"0":
+                        a, b = _fast_ts(begin, minutes), _fast_ts(end, minutes)
+                        width = float(step)
+                        if a is not None and b is not None and b >= a and width > 0:
+                            points = (b - a) // width + 1
+                    reader = None
+                    if rule_file:
+                        reader = rules.get(rule_file + rule_name)
+                        if reader is None:
+                            reader = rules[rule_file + rule_name] = Reader(
+                                "rule", f"{json.loads(rule_file)} / {json.loads(rule_name)}")
+                    key = (expr, id(reader))
+                    acc_line = acc.get(key)
+                    if acc_line is not None:  # seen before: it parsed
+                        acc_line[0] += 1
+                        acc_line[1] += points
+                        if seen is not None and (acc_line[2] is None or seen > acc_line[2]):
+                            acc_line[2] = seen
+                        if seen is not None and (acc_line[4] is None or seen < acc_line[4]):
+                            acc_line[4] = seen
+                        summary.read += 1
+                    else:
+                        count(expr, seen, points, reader)
+                return True
+        return all(one(raw) for raw in part.splitlines(keepends=True))
+
     with handle:
-        for raw in handle:
-            if summary.lines >= max_lines or budget <= 0:
-                notes.missing.append(f"query log {path}: stopped after {summary.lines:,} lines / "
-                                     f"{max_bytes - budget:,} bytes (budget); the rest was not read")
+        pending = b""
+        going = True
+        while going:
+            chunk = handle.read(_CHUNK)
+            if not chunk:
                 break
-            budget -= len(raw)
-            summary.lines += 1
-            if len(raw) > MAX_LINE_BYTES:
-                _bad(summary, f"line {summary.lines}: {len(raw):,} bytes, over {MAX_LINE_BYTES:,}")
-                continue
-            entry = _fast_entry(raw, strings, minutes, rules) if raw.endswith(b"}\n") else None
-            if entry is None:
-                entry = _slow_entry(raw)
-            if entry is None:
-                if not raw.endswith(b"\n"):
-                    summary.truncated = True
-                    break
-                _bad(summary, f"line {summary.lines}: not a query log entry: {raw[:60]!r}")
-                continue
-            expr, seen, points, reader = entry
-            if seen is not None:
-                if (since is not None and seen < since) or (until is not None and seen > until):
-                    summary.outside_period += 1
-                    continue
-                summary.first_ts = seen if summary.first_ts is None else min(summary.first_ts, seen)
-                summary.last_ts = seen if summary.last_ts is None else max(summary.last_ts, seen)
-            if usage.usage_of(expr) is None:
-                usage.unparsable_reads += 1
-                _bad(summary, f"line {summary.lines}: query does not parse: {expr[:80]!r}")
-                continue
-            key = (expr, id(reader))  # readers are shared objects: no dataclass hash per line
-            a = acc.get(key)
-            if a is None:
-                acc[key] = [1, points, seen, reader or api]
-            else:
-                a[0] += 1
-                a[1] += points
-                if seen is not None and (a[2] is None or seen > a[2]):
-                    a[2] = seen
-            summary.read += 1
-    for (expr, _), (count, points, seen, reader) in acc.items():
-        usage.add(expr, reader, count=count, points=points, seen=seen)
+            data = pending + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut == 0 and len(data) > MAX_LINE_BYTES:
+                going = one(data)  # one line longer than a line may be: refused as such
+                pending = b""
+                break
+            pending = data[cut:]
+            going = block(data[:cut])
+        if going and pending:
+            one(pending)  # no newline at the end: cut short, unless it is a whole entry
+    for (expr, _), (reads, points, seen, reader, first) in acc.items():
+        usage.add(expr, reader, count=reads, points=points, seen=seen)
+        if seen is not None:
+            summary.last_ts = seen if summary.last_ts is None else max(summary.last_ts, seen)
+        if first is not None:
+            summary.first_ts = first if summary.first_ts is None else min(summary.first_ts, first)
     if summary.lines == 0:
         notes.missing.append(f"query log {path}: empty (is query_log_file set, and did anyone query?)")
     elif summary.truncated:
@@ -150,9 +226,16 @@ def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNot
 
 # Prometheus writes each entry with Go's encoder: keys sorted, no spaces. The fast path reads that shape
 # with one regex and decodes only the query string (once per distinct one); anything else is json.loads'd.
-_STR = rb'"[^"\\]*(?:\\.[^"\\]*)*"'  # a JSON string, the unrolled loop (no per-character alternation)
+_STR = rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # a JSON string, the unrolled loop (no per-character alternation)
 _FAST = re.compile(rb'"params":\{"end":"([^"]*)","query":(' + _STR + rb'),"start":"([^"]*)","step":([0-9.eE+-]+)\}'
                    rb'(?:,"ruleGroup":\{"file":(' + _STR + rb'),"name":(' + _STR + rb')\})?')
+
+
+# Whole lines in Prometheus' shape, many at a time: (end, query, start, step, rule file, rule name, ts).
+_LINE = re.compile(rb'(?m)^\{(?:"httpRequest":\{[^{}\n]*\},)?"params":\{"end":"([^"\n]*)","query":(' + _STR
+                   + rb'),"start":"([^"\n]*)","step":([0-9.eE+-]+)\}(?:,"ruleGroup":\{"file":(' + _STR
+                   + rb'),"name":(' + _STR + rb')\})?,[^\n]*"ts":"([^"\n]*)"\}\n')
+_CHUNK = 8 * 2**20
 
 
 def _minute(prefix: bytes, minutes: dict[bytes, float | None]) -> float | None:
