@@ -480,7 +480,7 @@ def read_inventory(client: Any, reads: LabelReads, notes: ReadNotes, *, now: flo
             notes.missing.append(f"series of {name}: {str(exc).splitlines()[0][:160]}")
             continue
         series = [s for s in series or [] if isinstance(s, dict)]
-        labels = {k for s in series for k in s}
+        labels = set().union(*series) if series else set()
         types = {e.get("type", "unknown") for e in metadata.get(name, [])}
         metrics[name] = metric_stats(name, series, candidates=reads.candidates(name, labels, protected),
                                      type_="/".join(sorted(types)) or "unknown", scrape_interval_s=intervals,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from array import array
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -293,8 +294,9 @@ class DropBasis:
 
     __slots__ = ("columns", "labels", "name", "rest", "series", "values")
 
-    def __init__(self, name: str, series: Sequence[Mapping[str, str]], candidates: Iterable[str]) -> None:
-        present = {k for s in series for k in s}
+    def __init__(self, name: str, series: Sequence[Mapping[str, str]], candidates: Iterable[str], *,
+                 present: set[str] | None = None) -> None:
+        present = set().union(*series) if present is None else present
         self.name = name
         self.labels = tuple(sorted(c for c in set(candidates) if c in present and c != "__name__"))
         self.series = len(series)
@@ -398,21 +400,17 @@ def metric_stats(name: str, series: Sequence[Mapping[str, str]], *, candidates: 
 
     Samples per second: each series once per its job's scrape interval.
     """
-    values: dict[str, set[str]] = {}
-    jobs: dict[str, int] = {}
-    rate = 0.0
+    present: set[str] = set().union(*series) if series else set()
+    basis = DropBasis(name, series, candidates, present=present)
+    distinct: dict[str, int] = {}
+    for k in present - {"__name__"}:
+        # Candidates were counted by the basis; the rest one column at a time (a set per label, not per series).
+        distinct[k] = basis.distinct(k) if k in basis.labels else len({s.get(k) for s in series} - {None})
+    jobs = Counter(s.get("job", "") for s in series)
     intervals = scrape_interval_s or {}
-    for s in series:
-        for k, v in s.items():
-            if k != "__name__":
-                values.setdefault(k, set()).add(v)
-        job = s.get("job", "")
-        jobs[job] = jobs.get(job, 0) + 1
-    for job, n in jobs.items():
-        rate += n / (intervals.get(job) or default_interval_s)
-    return MetricStats(name=name, series=len(series), labels={k: len(v) for k, v in values.items()},
-                       jobs=tuple(sorted(j for j in jobs if j)), type=type_, samples_per_s=rate,
-                       basis=DropBasis(name, series, candidates))
+    rate = sum(n / (intervals.get(job) or default_interval_s) for job, n in jobs.items())
+    return MetricStats(name=name, series=len(series), labels=dict(sorted(distinct.items())),
+                       jobs=tuple(sorted(j for j in jobs if j)), type=type_, samples_per_s=rate, basis=basis)
 
 
 # --------------------------------------------------------------------------- resolution of reads
