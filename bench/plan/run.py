@@ -290,7 +290,7 @@ def uniqueness(n: int) -> dict[str, Any]:
     basis = DropBasis("DCGM_FI_DEV_GPU_UTIL", series, candidates)
     check = check_drops(basis)
     wall, cpu = time.perf_counter() - t, time.process_time() - cpu
-    # gpu goes last (fewest values): once UUID/device/pci_bus_id/instance are gone it alone keeps GPUs apart.
+    # device, gpu and pci_bus_id each tell a node's 8 GPUs apart: two of them can go, the third stays.
     return {"uniqueness_series": n, "uniqueness_candidates": len(candidates), "uniqueness_wall_s": round(wall, 2),
             "uniqueness_cpu_s": round(cpu, 2), "uniqueness_baseline_full_labelset_s": round(baseline, 2),
             "uniqueness_baseline_full_labelset_cpu_s": round(baseline_cpu, 2), "uniqueness_safe": sorted(check.safe),

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import promql_parser
 
 from promshift.core.cost import MONTH_S, AmpPrices, project_monthly_cost
@@ -316,17 +317,26 @@ class DropBasis:
         return len(self.values[self.labels.index(label)]) if label in self.labels else 0
 
     def clash(self, dropped: Iterable[str]) -> tuple[int, int] | None:
-        """Two series that become one when ``dropped`` go, or None when all stay apart."""
-        gone = set(dropped)
-        keep = [c for label, c in zip(self.labels, self.columns, strict=True) if label not in gone]
-        if len(set(zip(self.rest, *keep, strict=True))) == self.series:
+        """Two series that become one when ``dropped`` go, or None when all stay apart.
+
+        Sorted on the kept columns (numpy's lexsort, over the arrays without copying them), two
+        neighbours that agree on every kept column are the pair.
+        """
+        if self.series < 2:
             return None
-        seen: dict[tuple[int, ...], int] = {}
-        for i, key in enumerate(zip(self.rest, *keep, strict=True)):
-            j = seen.setdefault(key, i)
-            if j != i:
-                return j, i
-        return None  # pragma: no cover - the set said there is a duplicate
+        gone = set(dropped)
+        keys = [np.frombuffer(c, dtype=np.int32) for label, c in zip(self.labels, self.columns, strict=True)
+                if label not in gone]
+        keys.append(np.frombuffer(self.rest, dtype=np.int64))
+        order = np.lexsort(keys)
+        same = np.ones(self.series - 1, dtype=bool)
+        for key in keys:
+            ordered = key[order]
+            same &= ordered[1:] == ordered[:-1]
+        hits = np.flatnonzero(same)
+        if hits.size == 0:
+            return None
+        return int(order[hits[0]]), int(order[hits[0] + 1])
 
     def describe(self, pair: tuple[int, int], dropped: Iterable[str]) -> str:
         a, b = pair
