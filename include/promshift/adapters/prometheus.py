@@ -405,6 +405,12 @@ class PrometheusClient:
                               ErrorKind.MALFORMED, http_status=200)
         return [str(v) for v in data]
 
+    def api_get(self, path: str, params: Any = None, *, timeout_s: float | None = None,
+                max_bytes: int | None = None) -> Any:
+        """The ``data`` of a successful GET on an API path (``/api/v1/status/tsdb``, ``/api/v1/rules``...)."""
+        answer = self._request("GET", path, params=params, timeout_s=timeout_s, max_bytes=max_bytes)
+        return self._success_body(answer, path).get("data")
+
     def label_names(self, match: str, *, start: float, end: float) -> list[str]:
         """Label names of the series matching ``match`` in [start, end] (``/api/v1/labels``)."""
         return self._get_list("/api/v1/labels", {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"})

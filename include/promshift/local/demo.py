@@ -723,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="promshift-demo", description=__doc__)
     parser.add_argument("--group", default=None,
                         help=f"default {DEFAULT_GROUP} ({LIFECYCLE_GROUP} for {', '.join(LIFECYCLE_SCENARIOS)})")
-    parser.add_argument("--scenario", choices=SCENARIOS, default="happy",
+    parser.add_argument("--scenario", choices=(*SCENARIOS, "plan"), default="happy",
                         help=f"{', '.join(AMP_ONLY_SCENARIOS)}: --target amp only; {', '.join(LIFECYCLE_SCENARIOS)}: "
                              "--target amp --deploy scraper (their defaults)")
     parser.add_argument("--target", choices=TARGET_KINDS, default=None,
@@ -747,6 +747,11 @@ def main(argv: list[str] | None = None) -> int:
                              "into prometheus-operator's Prometheus resource on the stack's Kubernetes API contract "
                              "server (not a cluster), whose operator stand-in renders it onto the source")
     args = parser.parse_args(argv)
+    if args.scenario == "plan":  # no Airflow: the stack, a read load, and `promshift plan` (docs/plan.md)
+        from promshift.local.demo_plan import run_plan_demo
+
+        print(run_plan_demo(nodes=args.nodes, report_root=args.report_root))
+        return 0
     if args.scenario in LIFECYCLE_SCENARIOS:
         try:
             args.group, args.target, args.deploy = lifecycle_choices(args.scenario, args.group, args.target,

@@ -421,6 +421,11 @@ class LocalStack:
         return self.home / SOURCE / "prometheus.yml"
 
     @property
+    def source_query_log_path(self) -> Path:
+        """The source's query log (``query_log_file``: JSON lines, one per query it answered)."""
+        return self.home / SOURCE / "query.log"
+
+    @property
     def target_config_path(self) -> Path:
         """The target Prometheus config (no scrape jobs)."""
         return self.home / TARGET / "prometheus.yml"
@@ -1354,6 +1359,8 @@ class LocalStack:
                 "scrape_interval": cfg.scrape_interval,
                 "evaluation_interval": cfg.scrape_interval,
                 "external_labels": dict(EXTERNAL_LABELS),
+                # Every query it answers, for `promshift plan` (docs/plan.md): real usage to read.
+                "query_log_file": str(self.source_query_log_path),
             },
             "rule_files": ["rules/*.yml"],
             "scrape_configs": [
