@@ -63,6 +63,7 @@ AWS_MODULES: dict[str, tuple[str, ...]] = {
 NOT_AWS: dict[tuple[str, str], str] = {
     ("adapters/grafana.py", "get_dashboard"): "Grafana's HTTP API",
     ("board/pages.py", "get_template"): "Jinja's environment",
+    ("adapters/usage.py", "get_dashboard"): "Grafana's HTTP API (the plan's dashboards)",
 }
 # Operations whose IAM action is not prefix:Operation.
 ACTION_OF_OPERATION = {
@@ -92,6 +93,13 @@ SOURCE_ONLY_PATHS = {
     "/api/v1/status/config": "the source Prometheus's loaded config (AMP has no status API)",
     "/api/v1/status/runtimeinfo": "a self-hosted server's retention (AMP's is read from the catalog)",
     "/api/v1/admin/tsdb/delete_series": "a self-hosted server's admin API",
+    "/api/v1/status/tsdb": "the plan's inventory of the source (AMP has no status API)",
+}
+# Paths a module sends only to the source, whatever the workspace would need for them.
+SOURCE_ONLY_IN = {
+    ("adapters/usage.py", "/api/v1/series"): "the plan reads the source's series (promshift plan --source)",
+    ("adapters/usage.py", "/api/v1/rules"): "the plan reads the source's rules",
+    ("adapters/usage.py", "/api/v1/metadata"): "the plan reads the source's metric types",
 }
 # Calls a provider or the SDK makes for us: (text that shows the code uses it, role, actions).
 PROVIDER_CALLS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
@@ -210,7 +218,7 @@ def aws_calls(modules: list[tuple[str, ast.Module, str]]) -> tuple[dict[str, set
                 needed["airflow"] |= actions
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("/api/v1/", "/api/v2/")):
                 path = node.value
-                if path in SOURCE_ONLY_PATHS:
+                if path in SOURCE_ONLY_PATHS or (rel, path) in SOURCE_ONLY_IN:
                     continue
                 key = next((p for p in HTTP_ACTIONS if path == p or (p.endswith("/") and path.startswith(p))), None)
                 if key is None:
@@ -325,10 +333,10 @@ def test_a_new_call_without_its_action_fails():
     needed, problems = aws_calls(modules)
     assert not problems
     assert uncovered(needed) == ["airflow: aps:DeleteWorkspace", "airflow: aps:ListRuleGroupsNamespaces"]
-    strange = "def f(c):\n    c.get_dashboard(DashboardName='x')\n    return '/api/v1/status/tsdb'\n"
+    strange = "def f(c):\n    c.get_dashboard(DashboardName='x')\n    return '/api/v1/targets'\n"
     _, problems = aws_calls([("adapters/new.py", ast.parse(strange), strange)])
     assert any("get_dashboard() is an AWS operation's name" in p for p in problems)
-    assert any("'/api/v1/status/tsdb'" in p for p in problems)
+    assert any("'/api/v1/targets'" in p for p in problems)
 
 
 def test_policies_allow_nothing_the_code_does_not_need():
