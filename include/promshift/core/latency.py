@@ -1,8 +1,16 @@
-"""Latency maths: step choice, percentiles and the per-window verdict, on already-measured runs."""
+"""Latency maths: step choice, percentiles and the per-window verdict, on already-measured runs.
+
+The verdict knows its own noise: source and target are probed in pairs at the same instants, and
+the target/source ratio of p95s is judged by a paired, seeded bootstrap interval
+(:func:`ratio_interval`): FAILED only when the whole interval is beyond the ratio (and the floor),
+SUCCESSFUL only when it is within, INCONCLUSIVE when it straddles (the probe then adds rounds).
+"""
 
 from __future__ import annotations
 
 import math
+import random
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -55,10 +63,12 @@ class ProbeRun:
     samples: float | None = None  # samples processed, from stats=all when the backend reports it
     kind: ErrorKind | None = None  # how a failed run failed
     result_type: str = ""  # "matrix", "vector", "scalar" or "string" for an answered run
+    round: int = 0  # the probe round (1, 2, ...) that made this run; 0: not recorded
+    pair: int | None = None  # the source/target pair (same query, same instants) this run belongs to
 
     @property
     def has_data(self) -> bool:
-        """An answer with at least one series: evidence. Empty results and scalars are not."""
+        """An answer with at least one series. Latency judges by what a query read (:func:`read_data`)."""
         return self.ok and self.series > 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,7 +83,168 @@ class ProbeRun:
                    http_status=d.get("http_status"), error=d.get("error"), warnings=tuple(d.get("warnings") or ()),
                    series=int(d.get("series") or 0), points=int(d.get("points") or 0), bytes=int(d.get("bytes") or 0),
                    retries=int(d.get("retries") or 0), samples=optional_number(d.get("samples")),
-                   kind=ErrorKind(d["kind"]) if d.get("kind") else None, result_type=str(d.get("result_type") or ""))
+                   kind=ErrorKind(d["kind"]) if d.get("kind") else None, result_type=str(d.get("result_type") or ""),
+                   round=int(d.get("round") or 0), pair=d.get("pair"))
+
+
+Behind = Mapping[str, "tuple[float | None, float] | str"]
+
+
+def read_data(run: ProbeRun, behind: Behind | None = None) -> bool:
+    """Whether an answered run read data, judged by what it read, not by what it returned.
+
+    ``stats=all``'s samples read (``totalQueryableSamples``) when the backend reports them
+    (Prometheus and AMP do); else the companion count of the group's series behind the query
+    on that side (``behind``, when counted); else, with neither, whether it answered a series.
+    ``count(x == 0)`` answers nothing when nothing is zero, yet it read every ``x``: a real timing.
+    """
+    if not run.ok:
+        return False
+    if run.samples is not None:
+        return run.samples > 0
+    counts = (behind or {}).get(run.query)
+    if isinstance(counts, tuple):
+        side = counts[0] if run.backend == "source" else counts[1]
+        if side is not None:
+            return side > 0
+    return run.series > 0
+
+
+# Resamples per bootstrap interval: enough for a 99 % interval's tails to move by under 1 %.
+BOOTSTRAP_RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class RatioInterval:
+    """Target/source p95 over paired runs, with bootstrap intervals, and the machine's own noise.
+
+    ``level`` is the interval's confidence at this look (the configured confidence, split over the
+    rounds the probe may take, so looking again cannot buy a FAILED). ``noise_pct`` is the
+    source-vs-source spread (A/A'): the same interval on the source's own runs, adjacent runs split
+    in two, as a half-width in percent: what "no difference" looks like on this machine now.
+    """
+
+    ratio: float
+    low: float
+    high: float
+    diff_low_s: float
+    diff_high_s: float
+    target_p95_low_s: float
+    target_p95_high_s: float
+    level: float
+    pairs: int
+    noise_pct: float | None = None
+
+    @property
+    def spread_pct(self) -> float:
+        """Half the interval's width, in percent of the ratio: "noise ±X %"."""
+        return 100.0 * (self.high - self.low) / 2 / self.ratio if self.ratio > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        d = json_safe({f.name: getattr(self, f.name) for f in fields(self)})
+        d["spread_pct"] = json_number(round(self.spread_pct, 1))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RatioInterval:
+        return cls(ratio=number_from_json(d["ratio"]), low=number_from_json(d["low"]),
+                   high=number_from_json(d["high"]), diff_low_s=number_from_json(d["diff_low_s"]),
+                   diff_high_s=number_from_json(d["diff_high_s"]),
+                   target_p95_low_s=number_from_json(d["target_p95_low_s"]),
+                   target_p95_high_s=number_from_json(d["target_p95_high_s"]),
+                   level=number_from_json(d["level"]), pairs=int(d["pairs"]),
+                   noise_pct=optional_number(d.get("noise_pct")))
+
+
+def look_level(confidence: float, looks: int) -> float:
+    """The interval level of each of ``looks`` looks, so that all of them together keep ``confidence``
+    (Bonferroni): 0.95 over 4 rounds is 0.9875 at each."""
+    return 1.0 - (1.0 - confidence) / max(1, looks)
+
+
+def paired_runs(runs: Sequence[ProbeRun], behind: Behind | None = None) -> dict[str, list[tuple[float, float]]]:
+    """Per query, ``(source s, target s)`` of each pair probed at the same instants where both read data.
+
+    Runs carrying a ``pair`` index are matched on (round, pair); runs without are matched in order.
+    """
+    out: dict[str, list[tuple[float, float]]] = {}
+    by_key: dict[tuple[str, int, int], dict[str, float]] = {}
+    in_order: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        if not read_data(r, behind):
+            continue
+        if r.pair is None:
+            in_order.setdefault((r.query, r.backend), []).append(r.wall_s)
+        else:
+            by_key.setdefault((r.query, r.round, r.pair), {})[r.backend] = r.wall_s
+    for (query, _, _), sides in sorted(by_key.items()):
+        if "source" in sides and "target" in sides:
+            out.setdefault(query, []).append((sides["source"], sides["target"]))
+    for (query, backend), _ in sorted(in_order.items()):
+        if backend == "source":
+            out.setdefault(query, []).extend(zip(in_order[(query, "source")], in_order.get((query, "target"), []),
+                                                 strict=False))
+    return {q: p for q, p in out.items() if p}
+
+
+def _bootstrap(strata: Sequence[Sequence[tuple[float, float]]], seed: int,
+               resamples: int) -> tuple[list[float], list[float], list[float]]:
+    """Resampled (ratio, difference, second p95) of p95s, each query's pairs resampled within the query."""
+    rng = random.Random(seed)
+    ratios, diffs, seconds = [], [], []
+    for _ in range(resamples):
+        first: list[float] = []
+        second: list[float] = []
+        for pairs in strata:
+            for a, b in rng.choices(pairs, k=len(pairs)):
+                first.append(a)
+                second.append(b)
+        p_first, p_second = percentile(first, 95), percentile(second, 95)
+        ratios.append(p_second / p_first if p_first > 0 else math.inf)
+        diffs.append(p_second - p_first)
+        seconds.append(p_second)
+    return sorted(ratios), sorted(diffs), sorted(seconds)
+
+
+def ratio_interval(pairs: Mapping[str, Sequence[tuple[float, float]]], *, level: float, seed: str,
+                   resamples: int = BOOTSTRAP_RESAMPLES) -> RatioInterval | None:
+    """The paired bootstrap interval of target p95 / source p95 (and their difference, and the
+    target's p95) at ``level``; None without pairs. Pairs are resampled whole (a busy instant
+    slows both sides of its pair, so the pairing cancels it) and within their query (each query
+    keeps its share of the runs). ``seed`` (e.g. the window and the run count) makes it
+    deterministic: the same runs always give the same interval.
+    """
+    strata = [list(p) for _, p in sorted(pairs.items()) if p]
+    if not strata:
+        return None
+    source = [a for p in strata for a, _ in p]
+    target = [b for p in strata for _, b in p]
+    s95, t95 = percentile(source, 95), percentile(target, 95)
+    tail = (1.0 - level) / 2 * 100
+    ratios, diffs, t95s = _bootstrap(strata, zlib.crc32(seed.encode()), resamples)
+    noise = source_noise_pct(pairs, level=level, seed=seed, resamples=resamples)
+    return RatioInterval(ratio=t95 / s95 if s95 > 0 else math.inf,
+                         low=percentile(ratios, tail), high=percentile(ratios, 100 - tail),
+                         diff_low_s=percentile(diffs, tail), diff_high_s=percentile(diffs, 100 - tail),
+                         target_p95_low_s=percentile(t95s, tail), target_p95_high_s=percentile(t95s, 100 - tail),
+                         level=level, pairs=sum(len(p) for p in strata), noise_pct=noise)
+
+
+def source_noise_pct(pairs: Mapping[str, Sequence[tuple[float, float]]], *, level: float, seed: str,
+                     resamples: int = BOOTSTRAP_RESAMPLES) -> float | None:
+    """The A/A' spread: the source's runs of each query taken two by two (adjacent in time, the
+    same backend twice), and the half-width, in percent, of the interval of their p95 ratio. Two
+    identical sides differ by this much here and now. None with fewer than two such pairs."""
+    strata = []
+    for _, p in sorted(pairs.items()):
+        own = [a for a, _ in p]
+        strata.append([(own[i], own[i + 1]) for i in range(0, len(own) - 1, 2)])
+    strata = [s for s in strata if s]
+    if sum(len(s) for s in strata) < 2:
+        return None
+    tail = (1.0 - level) / 2 * 100
+    ratios, _, _ = _bootstrap(strata, zlib.crc32(f"{seed}:A/A'".encode()), resamples)
+    return 100.0 * (percentile(ratios, 100 - tail) - percentile(ratios, tail)) / 2
 
 
 @dataclass(frozen=True)
@@ -95,6 +266,11 @@ class WindowLatency:
     source_failure: str | None = None
     # Per query: the group's series its selectors read in the window, (source, target), or why unknown.
     behind: Mapping[str, tuple[float | None, float] | str] = field(default_factory=dict)
+    # The paired target/source interval the verdict stands on (None: nothing paired, e.g. the source
+    # failed every run), the rounds probed, and whether another round could still decide.
+    interval: RatioInterval | None = None
+    rounds: int = 1
+    undecided: bool = False
 
     @property
     def speedup(self) -> float | None:
@@ -111,8 +287,9 @@ class WindowLatency:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        d = json_safe({f.name: getattr(self, f.name) for f in fields(self) if f.name != "behind"})
+        d = json_safe({f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("behind", "interval")})
         d["verdict"] = self.verdict.value
+        d["interval"] = self.interval.to_dict() if self.interval else None
         d["behind"] = [{"query": q, "source": b[0], "target": b[1]} if isinstance(b, tuple)
                        else {"query": q, "error": b} for q, b in self.behind.items()]
         speedup = self.speedup
@@ -133,7 +310,9 @@ class WindowLatency:
                    source_failure=d.get("source_failure"),
                    behind={str(b["query"]): str(b["error"]) if "error" in b else
                            (optional_number(b["source"]), number_from_json(b["target"]))
-                           for b in d.get("behind") or ()})
+                           for b in d.get("behind") or ()},
+                   interval=RatioInterval.from_dict(d["interval"]) if d.get("interval") else None,
+                   rounds=int(d.get("rounds") or 1), undecided=bool(d.get("undecided")))
 
 
 # How a backend failed, as the table says it ("source timed out").
@@ -151,22 +330,28 @@ def failure_kind(runs: Sequence[ProbeRun]) -> str | None:
     return kinds.pop() if len(kinds) == 1 else "failed"
 
 
-def _p(runs: Sequence[ProbeRun], q: float) -> float | None:
-    # Only answers with series are evidence: an empty answer's time says nothing about the backend.
-    timed = [r.wall_s for r in runs if r.has_data]
+def _p(runs: Sequence[ProbeRun], q: float, behind: Behind | None = None) -> float | None:
+    # Only runs that read data are evidence: a run that read nothing says nothing about the backend.
+    timed = [r.wall_s for r in runs if read_data(r, behind)]
     return percentile(timed, q) if timed else None
 
 
 def no_data_problem(runs: Sequence[ProbeRun], behind: Mapping[str, tuple[float | None, float] | str] | None = None
                     ) -> str | None:
-    """Why some query's timings are no evidence, or None: an answered run with no series (an
-    empty vector or matrix, or only a scalar) on either side, or a query with none of the
-    group's series behind it on a side (``behind``, see :func:`evidence_parts`). Such a query
-    is fast because there is nothing behind it; "within SLO" would be a pass without data."""
+    """Why some query's timings are no evidence, or None: an answered run that read nothing on
+    either side (``stats=all``: no samples read; where a backend does not report samples, none of
+    the group's series behind it, else no series answered), or a query with none of the group's
+    series behind it on a side (``behind``, see :func:`evidence_parts`). Such a query is fast
+    because there is nothing behind it; "within SLO" would be a pass without data. An empty answer
+    that read samples (``count(x == 0)`` when nothing is zero) is a real timing and is judged.
+    """
     empty: dict[str, dict[str, set[str]]] = {}
     for r in runs:
-        if r.ok and not r.has_data:
-            what = "only a scalar" if r.result_type == "scalar" else "no series"
+        if r.ok and not read_data(r, behind):
+            if r.samples is not None:
+                what = "read no samples"
+            else:
+                what = "only a scalar" if r.result_type == "scalar" else "no series"
             empty.setdefault(r.query, {}).setdefault(r.backend, set()).add(what)
     parts = []
     for query, sides in empty.items():
@@ -262,23 +447,33 @@ def retention_problem(window_s: float, retention_s: dict[str, float | None]) -> 
 def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max_slowdown_ratio: float,
                  min_successes: int, slowdown_floor_s: float = 0.0,
                  not_comparable: str | None = None,
-                 behind: Mapping[str, tuple[float | None, float] | str] | None = None) -> WindowLatency:
-    """Verdict for one window: target p95 within SLO and not slower than source beyond the ratio.
+                 behind: Mapping[str, tuple[float | None, float] | str] | None = None,
+                 confidence: float = 0.95, looks: int = 1, rounds: int = 1,
+                 resamples: int = BOOTSTRAP_RESAMPLES) -> WindowLatency:
+    """Verdict for one window: target p95 within SLO and not slower than source beyond the ratio,
+    each judged by its interval (:func:`ratio_interval` over the pairs, at ``look_level(confidence,
+    looks)``), never by one noisy number.
 
-    A slowdown smaller than ``slowdown_floor_s`` in absolute terms is jitter, not a failure.
+    FAILED only when the interval is wholly beyond: target/source above ``max_slowdown_ratio`` and
+    the difference above ``slowdown_floor_s`` (a smaller slowdown is jitter), or the target's p95
+    above the SLO. SUCCESSFUL only when the interval is wholly within. Otherwise INCONCLUSIVE with
+    ``undecided`` set: the probe adds a round, and after the last one the outcome names the noise
+    ("noise ±X %: could not separate").
+
     A failed run (timeout, HTTP error, partial data, malformed or too large answer) is a
-    failure, never a slow success; a query that answers no series on either side is
-    INCONCLUSIVE (no evidence), and so is a query whose selectors read none of the group's
-    series on a side (``behind``, see :func:`evidence_problem`), and fewer than ``min_successes``
-    good target runs.
+    failure, never a slow success; a query that read nothing on a side is INCONCLUSIVE (no
+    evidence, :func:`no_data_problem`), and so is a query whose selectors read none of the group's
+    series on a side (``behind``), and fewer than ``min_successes`` good target runs.
     """
     src = [r for r in runs if r.backend == "source"]
     tgt = [r for r in runs if r.backend == "target"]
     src_fail = sum(not r.ok for r in src)
     tgt_fail = sum(not r.ok for r in tgt)
-    t50, t95, s50, s95 = _p(tgt, 50), _p(tgt, 95), _p(src, 50), _p(src, 95)
-    good_target = sum(r.has_data for r in tgt)
+    t50, t95, s50, s95 = _p(tgt, 50, behind), _p(tgt, 95, behind), _p(src, 50, behind), _p(src, 95, behind)
+    good_target = sum(read_data(r, behind) for r in tgt)
     no_data = no_data_problem(runs, behind or {})
+    interval: RatioInterval | None = None
+    undecided = False
     if tgt and all(not r.ok and r.kind == ErrorKind.UNREACHABLE for r in tgt):
         # Nothing was measured: the backend is down. That is an error of the check, not a slow target.
         verdict, outcome = Verdict.ERROR, f"target unreachable in all {len(tgt)} runs"
@@ -291,18 +486,51 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
         verdict, outcome = Verdict.INCONCLUSIVE, no_data
     elif good_target < min_successes or t95 is None:
         verdict, outcome = Verdict.INCONCLUSIVE, f"only {good_target} successful target runs"
-    elif t95 > slo_p95_s:
-        verdict, outcome = Verdict.FAILED, f"target p95 {t95:.3f}s over SLO {slo_p95_s:.3f}s"
-    elif s95 is not None and t95 > s95 * max_slowdown_ratio and t95 - s95 > slowdown_floor_s:
-        verdict, outcome = Verdict.FAILED, (f"target p95 {t95:.3f}s slower than source {s95:.3f}s "
-                                            f"beyond ratio {max_slowdown_ratio}")
-    elif src_fail:
-        verdict, outcome = Verdict.SUCCESSFUL, (f"source {failure_kind(src)} in {src_fail} of {len(src)} runs; "
-                                                "target answered within SLO")
     else:
-        verdict, outcome = Verdict.SUCCESSFUL, "within SLO"
+        level = look_level(confidence, looks)
+        interval = ratio_interval(paired_runs(runs, behind), level=level, seed=f"{window}:{len(runs)}",
+                                  resamples=resamples)
+        verdict, outcome, undecided = _judge_interval(interval, t95=t95, s95=s95, slo_p95_s=slo_p95_s,
+                                                      max_slowdown_ratio=max_slowdown_ratio,
+                                                      slowdown_floor_s=slowdown_floor_s, rounds=rounds)
+        if verdict == Verdict.SUCCESSFUL and src_fail:
+            outcome = f"source {failure_kind(src)} in {src_fail} of {len(src)} runs; target answered within SLO"
     return WindowLatency(window, s50, s95, t50, t95, src_fail, tgt_fail, slo_p95_s, verdict, outcome,
-                         failure_kind(src) if src_fail else None, dict(behind or {}))
+                         failure_kind(src) if src_fail else None, dict(behind or {}), interval, rounds, undecided)
+
+
+def _pct(level: float) -> str:
+    return f"{100 * level:.4g} %"
+
+
+def _judge_interval(iv: RatioInterval | None, *, t95: float, s95: float | None, slo_p95_s: float,
+                    max_slowdown_ratio: float, slowdown_floor_s: float, rounds: int) -> tuple[Verdict, str, bool]:
+    """(verdict, outcome, undecided) from the interval; without pairs (the source answered none of
+    them) only the target's own p95 against the SLO can be judged."""
+    if iv is None:
+        if t95 > slo_p95_s:
+            return Verdict.FAILED, f"target p95 {t95:.3f}s over SLO {slo_p95_s:.3f}s", False
+        return Verdict.SUCCESSFUL, "within SLO", False
+    said = f"{_pct(iv.level)} interval"
+    if iv.target_p95_low_s > slo_p95_s:
+        return (Verdict.FAILED, f"target p95 {t95:.3f}s over SLO {slo_p95_s:.3f}s "
+                f"({said} {iv.target_p95_low_s:.3f}-{iv.target_p95_high_s:.3f}s)", False)
+    if iv.low > max_slowdown_ratio and iv.diff_low_s > slowdown_floor_s:
+        return (Verdict.FAILED, f"target p95 {t95:.3f}s slower than source {s95 or 0:.3f}s beyond ratio "
+                f"{max_slowdown_ratio}: ratio {iv.ratio:.2f} ({said} {iv.low:.2f}-{iv.high:.2f}, "
+                f"{iv.pairs} pairs)", False)
+    within_ratio = iv.high <= max_slowdown_ratio or iv.diff_high_s <= slowdown_floor_s
+    if iv.target_p95_high_s <= slo_p95_s and within_ratio:
+        return Verdict.SUCCESSFUL, "within SLO", False
+    after = (f"after {rounds} round{'s' if rounds != 1 else ''} ({iv.pairs} pairs); "
+             f"noise ±{iv.spread_pct:.0f} %: could not separate")
+    if not within_ratio:
+        return (Verdict.INCONCLUSIVE, f"target/source p95 ratio {iv.ratio:.2f} ({said} {iv.low:.2f}-{iv.high:.2f}) "
+                f"straddles the limit {max_slowdown_ratio} {after}", True)
+    spread = 100.0 * (iv.target_p95_high_s - iv.target_p95_low_s) / 2 / t95 if t95 > 0 else math.inf
+    return (Verdict.INCONCLUSIVE, f"target p95 {t95:.3f}s ({said} {iv.target_p95_low_s:.3f}-"
+            f"{iv.target_p95_high_s:.3f}s) straddles the SLO {slo_p95_s:.3f}s after {rounds} "
+            f"round{'s' if rounds != 1 else ''} ({iv.pairs} pairs); noise ±{spread:.0f} %: could not separate", True)
 
 
 def latency_measurement(windows: Sequence[WindowLatency], queries: Sequence[str]) -> Measurement:
