@@ -163,7 +163,9 @@ def servers() -> Iterator[Callable[..., ScriptedPrometheus]]:
 
 
 def policy(**kw: Any) -> LatencyPolicy:
-    base = dict(repeats=3, timeout_s=2.0, max_slowdown_ratio=1.2, slowdown_floor_s=0.25, deadline_s=60.0,
+    # One round of three pairs, judged at 70 % (three pairs allow at most 75 %): these tests are about
+    # what the probe sends and how each run counts; the rounds have tests of their own.
+    base = dict(repeats=3, max_rounds=1, confidence=0.7, timeout_s=2.0, max_slowdown_ratio=1.2, slowdown_floor_s=0.25, deadline_s=60.0,
                 windows=(LatencyWindow("1h", 3600.0, 1.0),), queries=("avg(DCGM_FI_DEV_GPU_UTIL)",))
     base.update(kw)
     return LatencyPolicy(**base)
@@ -304,7 +306,7 @@ def test_window_longer_than_a_backends_retention_is_inconclusive_without_queryin
     tgt = servers(lambda n: ok_matrix())
     windows = (LatencyWindow("1h", 3600.0, 1.0), LatencyWindow("3h", 3 * 3600.0, 1.0),
                LatencyWindow("6h", 6 * 3600.0, 1.0))
-    result = probe(src, tgt, repeats=1, windows=windows, retention_s=5 * 3600.0).run(
+    result = probe(src, tgt, repeats=2, confidence=0.5, windows=windows, retention_s=5 * 3600.0).run(
         now=1e6, queries=["q"], dual_write_since=None).to_dict()
     assert result["retention_s"] == {"source": 7200.0, "target": 18000.0}
     by_window = {w["window"]: w for w in result["windows"]}
@@ -313,9 +315,9 @@ def test_window_longer_than_a_backends_retention_is_inconclusive_without_queryin
     assert by_window["3h"]["outcome"] == ("window of 3h is longer than the retention (source keeps 2h): "
                                           "not measured")
     assert "source keeps 2h; target keeps 5h" in by_window["6h"]["outcome"]
-    # Only the 1h window was queried: 1 warm-up + 1 repeat per side.
+    # Only the 1h window was queried: 1 warm-up + 2 pairs per side.
     assert {float(f["end"]) - float(f["start"]) for f in src.requests + tgt.requests} == {3600.0}
-    assert len(src.requests) == len(tgt.requests) == 2
+    assert len(src.requests) == len(tgt.requests) == 3
     assert result["verdict"] == "INCONCLUSIVE"
 
 
@@ -334,7 +336,7 @@ def test_an_amp_targets_retention_comes_from_its_workspace_else_the_catalog(
         return lookup
 
     windows = (LatencyWindow("1h", 3600.0, 1.0), LatencyWindow("4h30m", 4.5 * 3600.0, 1.0))
-    p = LatencyProbe(PrometheusClient(src.url), PrometheusClient(tgt.url), policy(repeats=1, windows=windows,
+    p = LatencyProbe(PrometheusClient(src.url), PrometheusClient(tgt.url), policy(repeats=2, confidence=0.5, windows=windows,
                      retention_s=5 * 3600.0), min_step_s=15, backoff_s=0.01, target_retention=workspace_retention)
     with caplog.at_level("INFO", logger="promshift.adapters.latency_probe"):
         result = p.run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
@@ -588,7 +590,8 @@ def test_the_group_selectors_of_a_query_and_its_look_back_are_what_is_counted(se
     src = servers(lambda n: ok_matrix(), behind=lambda q: 16)
     tgt = servers(lambda n: ok_matrix(), behind=lambda q: 16)
     query = "sum(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])) / sum(DCGM_FI_DEV_GPU_UTIL)"
-    result = probe(src, tgt, repeats=1).run(now=1e6, queries=[query], dual_write_since=None, group=group)
+    result = probe(src, tgt, repeats=2, confidence=0.5).run(now=1e6, queries=[query], dual_write_since=None,
+                                                            group=group)
     [w] = result.windows
     assert w.verdict == Verdict.SUCCESSFUL and w.behind == {query: (16.0, 16.0)}
     # Only this group's metric is counted (GPU_UTIL belongs to another group), over window + 5m look-back.

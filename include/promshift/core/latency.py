@@ -1,7 +1,8 @@
 """Latency maths: step choice, percentiles and the per-window verdict, on already-measured runs.
 
-The verdict knows its own noise: source and target are probed in pairs at the same instants, and
-the target/source ratio of p95s is judged by a paired, seeded bootstrap interval
+The verdict knows its own noise: source and target are probed in pairs at the same instants (a
+busy moment slows both halves of a pair, so the pair's ratio cancels it), and the target/source
+ratio is judged by an exact, distribution-free interval on the pairs' median ratio
 (:func:`ratio_interval`): FAILED only when the whole interval is beyond the ratio (and the floor),
 SUCCESSFUL only when it is within, INCONCLUSIVE when it straddles (the probe then adds rounds).
 """
@@ -9,8 +10,6 @@ SUCCESSFUL only when it is within, INCONCLUSIVE when it straddles (the probe the
 from __future__ import annotations
 
 import math
-import random
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -110,35 +109,33 @@ def read_data(run: ProbeRun, behind: Behind | None = None) -> bool:
     return run.series > 0
 
 
-# Resamples per bootstrap interval: enough for a 99 % interval's tails to move by under 1 %.
-BOOTSTRAP_RESAMPLES = 2000
-
-
 @dataclass(frozen=True)
 class RatioInterval:
-    """Target/source p95 over paired runs, with bootstrap intervals, and the machine's own noise.
+    """Target/source over the pairs (same query, same instants), with its interval and the machine's noise.
 
-    ``level`` is the interval's confidence at this look (the configured confidence, split over the
-    rounds the probe may take, so looking again cannot buy a FAILED). ``noise_pct`` is the
-    source-vs-source spread (A/A'): the same interval on the source's own runs, adjacent runs split
-    in two, as a half-width in percent: what "no difference" looks like on this machine now.
+    ``ratio`` is the median of the pairs' target/source ratios, ``low``..``high`` its interval at
+    ``level`` (None: too few pairs for that level, unbounded), ``diff_*`` the same for target - source
+    seconds. ``level`` is the configured confidence split over the rounds the probe may take, so that
+    looking again cannot buy a FAILED. ``noise_pct`` is the source-vs-source spread (A/A'): the median
+    of |A'/A - 1| over the source's own runs taken two by two (adjacent in time, the same backend twice),
+    in percent: how much two identical measurements differ on this machine now.
     """
 
     ratio: float
-    low: float
-    high: float
-    diff_low_s: float
-    diff_high_s: float
-    target_p95_low_s: float
-    target_p95_high_s: float
+    low: float | None
+    high: float | None
+    diff_low_s: float | None
+    diff_high_s: float | None
     level: float
     pairs: int
     noise_pct: float | None = None
 
     @property
     def spread_pct(self) -> float:
-        """Half the interval's width, in percent of the ratio: "noise ±X %"."""
-        return 100.0 * (self.high - self.low) / 2 / self.ratio if self.ratio > 0 else math.inf
+        """Half the interval's width in percent of the ratio ("noise ±X %"); inf when unbounded."""
+        if self.low is None or self.high is None or self.ratio <= 0:
+            return math.inf
+        return 100.0 * (self.high - self.low) / 2 / self.ratio
 
     def to_dict(self) -> dict[str, Any]:
         d = json_safe({f.name: getattr(self, f.name) for f in fields(self)})
@@ -147,13 +144,10 @@ class RatioInterval:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RatioInterval:
-        return cls(ratio=number_from_json(d["ratio"]), low=number_from_json(d["low"]),
-                   high=number_from_json(d["high"]), diff_low_s=number_from_json(d["diff_low_s"]),
-                   diff_high_s=number_from_json(d["diff_high_s"]),
-                   target_p95_low_s=number_from_json(d["target_p95_low_s"]),
-                   target_p95_high_s=number_from_json(d["target_p95_high_s"]),
-                   level=number_from_json(d["level"]), pairs=int(d["pairs"]),
-                   noise_pct=optional_number(d.get("noise_pct")))
+        return cls(ratio=number_from_json(d["ratio"]), low=optional_number(d.get("low")),
+                   high=optional_number(d.get("high")), diff_low_s=optional_number(d.get("diff_low_s")),
+                   diff_high_s=optional_number(d.get("diff_high_s")), level=number_from_json(d["level"]),
+                   pairs=int(d["pairs"]), noise_pct=optional_number(d.get("noise_pct")))
 
 
 def look_level(confidence: float, looks: int) -> float:
@@ -187,64 +181,52 @@ def paired_runs(runs: Sequence[ProbeRun], behind: Behind | None = None) -> dict[
     return {q: p for q, p in out.items() if p}
 
 
-def _bootstrap(strata: Sequence[Sequence[tuple[float, float]]], seed: int,
-               resamples: int) -> tuple[list[float], list[float], list[float]]:
-    """Resampled (ratio, difference, second p95) of p95s, each query's pairs resampled within the query."""
-    rng = random.Random(seed)
-    ratios, diffs, seconds = [], [], []
-    for _ in range(resamples):
-        first: list[float] = []
-        second: list[float] = []
-        for pairs in strata:
-            for a, b in rng.choices(pairs, k=len(pairs)):
-                first.append(a)
-                second.append(b)
-        p_first, p_second = percentile(first, 95), percentile(second, 95)
-        ratios.append(p_second / p_first if p_first > 0 else math.inf)
-        diffs.append(p_second - p_first)
-        seconds.append(p_second)
-    return sorted(ratios), sorted(diffs), sorted(seconds)
+def median_interval(values: Sequence[float], level: float) -> tuple[float | None, float | None]:
+    """The exact distribution-free interval of the median at ``level`` (the sign test's): order
+    statistics ``k`` and ``n-k+1`` with the largest ``k`` whose coverage, 1 - 2 P(Bin(n, 1/2) < k),
+    is at least ``level``. (None, None) when ``n`` is too small for that level (5 values give at
+    most 93.75 %): no interval can be claimed."""
+    ordered = sorted(values)
+    n = len(ordered)
+    # P(Bin(n, 1/2) <= i) <= (1 - level) / 2, in integers: sum C(n, j) * 2 * 10^9 <= (1 - level) 10^9 * 2^n.
+    budget = round((1.0 - level) * 1e9) * 2**n
+    tail, k = 0, 0
+    for i in range(n):
+        tail += math.comb(n, i)
+        if tail * 2 * 10**9 > budget:
+            break
+        k = i + 1
+    if k == 0 or k > n - k + 1:
+        return None, None
+    return ordered[k - 1], ordered[n - k]
 
 
-def ratio_interval(pairs: Mapping[str, Sequence[tuple[float, float]]], *, level: float, seed: str,
-                   resamples: int = BOOTSTRAP_RESAMPLES) -> RatioInterval | None:
-    """The paired bootstrap interval of target p95 / source p95 (and their difference, and the
-    target's p95) at ``level``; None without pairs. Pairs are resampled whole (a busy instant
-    slows both sides of its pair, so the pairing cancels it) and within their query (each query
-    keeps its share of the runs). ``seed`` (e.g. the window and the run count) makes it
-    deterministic: the same runs always give the same interval.
+def ratio_interval(pairs: Mapping[str, Sequence[tuple[float, float]]], *, level: float) -> RatioInterval | None:
+    """The pairs' median target/source ratio and target - source seconds, each with its exact
+    interval at ``level`` (:func:`median_interval`), and the A/A' noise; None without pairs.
+
+    Every pair is one measurement of the slowdown at one instant: the queries' pairs are pooled
+    (a ratio has no unit). No resampling and no seed: the same runs always give the same interval.
     """
-    strata = [list(p) for _, p in sorted(pairs.items()) if p]
-    if not strata:
+    flat = [pair for _, p in sorted(pairs.items()) for pair in p]
+    if not flat:
         return None
-    source = [a for p in strata for a, _ in p]
-    target = [b for p in strata for _, b in p]
-    s95, t95 = percentile(source, 95), percentile(target, 95)
-    tail = (1.0 - level) / 2 * 100
-    ratios, diffs, t95s = _bootstrap(strata, zlib.crc32(seed.encode()), resamples)
-    noise = source_noise_pct(pairs, level=level, seed=seed, resamples=resamples)
-    return RatioInterval(ratio=t95 / s95 if s95 > 0 else math.inf,
-                         low=percentile(ratios, tail), high=percentile(ratios, 100 - tail),
-                         diff_low_s=percentile(diffs, tail), diff_high_s=percentile(diffs, 100 - tail),
-                         target_p95_low_s=percentile(t95s, tail), target_p95_high_s=percentile(t95s, 100 - tail),
-                         level=level, pairs=sum(len(p) for p in strata), noise_pct=noise)
+    ratios = [b / a if a > 0 else math.inf for a, b in flat]
+    diffs = [b - a for a, b in flat]
+    low, high = median_interval(ratios, level)
+    diff_low, diff_high = median_interval(diffs, level)
+    return RatioInterval(ratio=percentile(ratios, 50), low=low, high=high, diff_low_s=diff_low,
+                         diff_high_s=diff_high, level=level, pairs=len(flat), noise_pct=source_noise_pct(pairs))
 
 
-def source_noise_pct(pairs: Mapping[str, Sequence[tuple[float, float]]], *, level: float, seed: str,
-                     resamples: int = BOOTSTRAP_RESAMPLES) -> float | None:
-    """The A/A' spread: the source's runs of each query taken two by two (adjacent in time, the
-    same backend twice), and the half-width, in percent, of the interval of their p95 ratio. Two
-    identical sides differ by this much here and now. None with fewer than two such pairs."""
-    strata = []
+def source_noise_pct(pairs: Mapping[str, Sequence[tuple[float, float]]]) -> float | None:
+    """The A/A' spread: each query's source runs taken two by two (adjacent in time, the same backend
+    twice), and the median of |A'/A - 1| in percent; None without two source runs of one query."""
+    spreads = []
     for _, p in sorted(pairs.items()):
         own = [a for a, _ in p]
-        strata.append([(own[i], own[i + 1]) for i in range(0, len(own) - 1, 2)])
-    strata = [s for s in strata if s]
-    if sum(len(s) for s in strata) < 2:
-        return None
-    tail = (1.0 - level) / 2 * 100
-    ratios, _, _ = _bootstrap(strata, zlib.crc32(f"{seed}:A/A'".encode()), resamples)
-    return 100.0 * (percentile(ratios, 100 - tail) - percentile(ratios, tail)) / 2
+        spreads += [abs(own[i + 1] / own[i] - 1) for i in range(0, len(own) - 1, 2) if own[i] > 0]
+    return 100.0 * percentile(spreads, 50) if spreads else None
 
 
 @dataclass(frozen=True)
@@ -448,17 +430,16 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
                  min_successes: int, slowdown_floor_s: float = 0.0,
                  not_comparable: str | None = None,
                  behind: Mapping[str, tuple[float | None, float] | str] | None = None,
-                 confidence: float = 0.95, looks: int = 1, rounds: int = 1,
-                 resamples: int = BOOTSTRAP_RESAMPLES) -> WindowLatency:
+                 confidence: float = 0.95, looks: int = 1, rounds: int = 1) -> WindowLatency:
     """Verdict for one window: target p95 within SLO and not slower than source beyond the ratio,
-    each judged by its interval (:func:`ratio_interval` over the pairs, at ``look_level(confidence,
-    looks)``), never by one noisy number.
+    the slowdown judged by its interval (:func:`ratio_interval` over the pairs, at
+    ``look_level(confidence, looks)``), never by one noisy p95 per side.
 
-    FAILED only when the interval is wholly beyond: target/source above ``max_slowdown_ratio`` and
-    the difference above ``slowdown_floor_s`` (a smaller slowdown is jitter), or the target's p95
-    above the SLO. SUCCESSFUL only when the interval is wholly within. Otherwise INCONCLUSIVE with
-    ``undecided`` set: the probe adds a round, and after the last one the outcome names the noise
-    ("noise ±X %: could not separate").
+    FAILED when the target's p95 is over the SLO, or when the interval is wholly beyond: the pairs'
+    target/source ratio above ``max_slowdown_ratio`` and their difference above ``slowdown_floor_s``
+    (a smaller slowdown is jitter). SUCCESSFUL only when the interval is wholly within (ratio or
+    difference). Otherwise INCONCLUSIVE with ``undecided`` set: the probe adds a round, and after
+    the last one the outcome names the noise ("noise ±X %: could not separate").
 
     A failed run (timeout, HTTP error, partial data, malformed or too large answer) is a
     failure, never a slow success; a query that read nothing on a side is INCONCLUSIVE (no
@@ -488,8 +469,7 @@ def judge_window(window: str, runs: Sequence[ProbeRun], *, slo_p95_s: float, max
         verdict, outcome = Verdict.INCONCLUSIVE, f"only {good_target} successful target runs"
     else:
         level = look_level(confidence, looks)
-        interval = ratio_interval(paired_runs(runs, behind), level=level, seed=f"{window}:{len(runs)}",
-                                  resamples=resamples)
+        interval = ratio_interval(paired_runs(runs, behind), level=level)
         verdict, outcome, undecided = _judge_interval(interval, t95=t95, s95=s95, slo_p95_s=slo_p95_s,
                                                       max_slowdown_ratio=max_slowdown_ratio,
                                                       slowdown_floor_s=slowdown_floor_s, rounds=rounds)
@@ -505,32 +485,28 @@ def _pct(level: float) -> str:
 
 def _judge_interval(iv: RatioInterval | None, *, t95: float, s95: float | None, slo_p95_s: float,
                     max_slowdown_ratio: float, slowdown_floor_s: float, rounds: int) -> tuple[Verdict, str, bool]:
-    """(verdict, outcome, undecided) from the interval; without pairs (the source answered none of
-    them) only the target's own p95 against the SLO can be judged."""
+    """(verdict, outcome, undecided) from the target's p95 and the pairs' interval; without pairs (the
+    source answered none of them) only the target's own p95 against the SLO can be judged."""
+    if t95 > slo_p95_s:
+        return Verdict.FAILED, f"target p95 {t95:.3f}s over SLO {slo_p95_s:.3f}s", False
     if iv is None:
-        if t95 > slo_p95_s:
-            return Verdict.FAILED, f"target p95 {t95:.3f}s over SLO {slo_p95_s:.3f}s", False
         return Verdict.SUCCESSFUL, "within SLO", False
-    said = f"{_pct(iv.level)} interval"
-    if iv.target_p95_low_s > slo_p95_s:
-        return (Verdict.FAILED, f"target p95 {t95:.3f}s over SLO {slo_p95_s:.3f}s "
-                f"({said} {iv.target_p95_low_s:.3f}-{iv.target_p95_high_s:.3f}s)", False)
-    if iv.low > max_slowdown_ratio and iv.diff_low_s > slowdown_floor_s:
+    said = f"{_pct(iv.level)} interval {_bounds(iv.low, iv.high)}, {iv.pairs} pairs"
+    if (iv.low is not None and iv.low > max_slowdown_ratio
+            and iv.diff_low_s is not None and iv.diff_low_s > slowdown_floor_s):
         return (Verdict.FAILED, f"target p95 {t95:.3f}s slower than source {s95 or 0:.3f}s beyond ratio "
-                f"{max_slowdown_ratio}: ratio {iv.ratio:.2f} ({said} {iv.low:.2f}-{iv.high:.2f}, "
-                f"{iv.pairs} pairs)", False)
-    within_ratio = iv.high <= max_slowdown_ratio or iv.diff_high_s <= slowdown_floor_s
-    if iv.target_p95_high_s <= slo_p95_s and within_ratio:
+                f"{max_slowdown_ratio}: paired ratio {iv.ratio:.2f} ({said})", False)
+    if ((iv.high is not None and iv.high <= max_slowdown_ratio)
+            or (iv.diff_high_s is not None and iv.diff_high_s <= slowdown_floor_s)):
         return Verdict.SUCCESSFUL, "within SLO", False
-    after = (f"after {rounds} round{'s' if rounds != 1 else ''} ({iv.pairs} pairs); "
-             f"noise ±{iv.spread_pct:.0f} %: could not separate")
-    if not within_ratio:
-        return (Verdict.INCONCLUSIVE, f"target/source p95 ratio {iv.ratio:.2f} ({said} {iv.low:.2f}-{iv.high:.2f}) "
-                f"straddles the limit {max_slowdown_ratio} {after}", True)
-    spread = 100.0 * (iv.target_p95_high_s - iv.target_p95_low_s) / 2 / t95 if t95 > 0 else math.inf
-    return (Verdict.INCONCLUSIVE, f"target p95 {t95:.3f}s ({said} {iv.target_p95_low_s:.3f}-"
-            f"{iv.target_p95_high_s:.3f}s) straddles the SLO {slo_p95_s:.3f}s after {rounds} "
-            f"round{'s' if rounds != 1 else ''} ({iv.pairs} pairs); noise ±{spread:.0f} %: could not separate", True)
+    spread = "too few pairs for an interval" if iv.high is None else f"noise ±{iv.spread_pct:.0f} %"
+    return (Verdict.INCONCLUSIVE, f"target/source paired ratio {iv.ratio:.2f} ({said}) straddles the limit "
+            f"{max_slowdown_ratio} after {rounds} round{'s' if rounds != 1 else ''}; {spread}: could not separate",
+            True)
+
+
+def _bounds(low: float | None, high: float | None) -> str:
+    return "unbounded" if low is None or high is None else f"{low:.2f}-{high:.2f}"
 
 
 def latency_measurement(windows: Sequence[WindowLatency], queries: Sequence[str]) -> Measurement:
