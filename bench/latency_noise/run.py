@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -33,8 +34,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import requests
 
 from promshift.adapters.latency_probe import LatencyProbe
 from promshift.adapters.prometheus import PrometheusClient
@@ -129,8 +128,8 @@ def summary(rows: Sequence[dict[str, Any]], case: str) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs per case under load (default 20)")
-    parser.add_argument("--unloaded-runs", type=int, default=3, help="runs per case before the load starts")
-    parser.add_argument("--nodes", type=int, default=300, help="simulated nodes (8 GPUs each) in the TSDB")
+    parser.add_argument("--unloaded-runs", type=int, default=2, help="runs per case before the load starts")
+    parser.add_argument("--nodes", type=int, default=150, help="simulated nodes (8 GPUs each) in the TSDB")
     parser.add_argument("--history", type=float, default=3.0, help="hours of history (the window queried)")
     parser.add_argument("--repeats", type=int, default=5, help="pairs per round (latency.repeats)")
     parser.add_argument("--max-rounds", type=int, default=4)
@@ -180,9 +179,8 @@ def main() -> int:
             for _ in range(args.unloaded_runs):
                 rows.append({**one_run("noise", clients["A"], clients["B"], policy, now, slo_s), "load": False})
                 rows.append({**one_run("slow", clients["A"], clients["C"], policy, now, slo_s), "load": False})
-            busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-                    for _ in range(args.busy)]
-            procs += busy
+            for _ in range(args.busy):
+                procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True))
             time.sleep(2)
             load_loaded = load_around()
             log(f"{args.busy} busy processes started; {args.runs} runs per case, interleaved")
@@ -235,5 +233,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    requests.packages.urllib3.disable_warnings()  # type: ignore[attr-defined]
+    # A SIGTERM unwinds like Ctrl-C: the busy processes, the proxies and Prometheus are stopped by pid.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     raise SystemExit(main())

@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from promshift.adapters.parity_check import count_behind, group_selectors_of, lookback_span, series_behind
@@ -286,16 +286,21 @@ class LatencyProbe:
                                                           dual_write_since=dual_write_since, step=step,
                                                           history=history)
         problem = problems[index]
-        if not problem and index in out_of_time:
-            problem = f"probe deadline of {policy.deadline_s:.0f}s reached before this window finished"
+        late = f"probe deadline of {policy.deadline_s:.0f}s reached before this window finished"
+        if not problem and index in out_of_time and round_ <= 1:
+            problem = late  # not even one round: nothing to judge
         # Counted only where it decides something: a window already failed or inconclusive needs no count.
         if index not in behind and not problem and all(r.ok for r in runs if r.backend == "target"):
             answered = {r.query for r in runs if r.backend == "source" and r.ok}
             behind[index] = {query: self.behind(query, start, end, group, source_answered=query in answered)
                              for query in queries}
-        return judge_window(window.name, runs, slo_p95_s=window.slo_p95_s,
-                            max_slowdown_ratio=policy.max_slowdown_ratio,
-                            slowdown_floor_s=policy.slowdown_floor_s,
-                            min_successes=max(1, (policy.repeats * len(queries) + 1) // 2),
-                            not_comparable=problem, behind=behind.get(index, {}),
-                            confidence=policy.confidence, looks=policy.max_rounds, rounds=round_)
+        judged = judge_window(window.name, runs, slo_p95_s=window.slo_p95_s,
+                              max_slowdown_ratio=policy.max_slowdown_ratio,
+                              slowdown_floor_s=policy.slowdown_floor_s,
+                              min_successes=max(1, (policy.repeats * len(queries) + 1) // 2),
+                              not_comparable=problem, behind=behind.get(index, {}),
+                              confidence=policy.confidence, looks=policy.max_rounds, rounds=round_)
+        if judged.undecided and (index in out_of_time or self.clock() >= deadline):
+            # Later rounds' whole pairs are judged; what stops the probe is said.
+            judged = replace(judged, outcome=f"{judged.outcome}; {late}")
+        return judged
