@@ -19,9 +19,9 @@ from promshift.core.latency import (
     ProbeRun,
     RatioInterval,
     WindowLatency,
+    hodges_lehmann_interval,
     judge_window,
     look_level,
-    median_interval,
     paired_runs,
     ratio_interval,
     source_noise_pct,
@@ -57,16 +57,30 @@ JUDGE = dict(slo_p95_s=30.0, max_slowdown_ratio=1.2, slowdown_floor_s=0.05, min_
 
 # -- the interval itself ----------------------------------------------------------------------------
 
-def test_the_median_interval_is_the_sign_tests_and_refuses_too_few_values() -> None:
-    values = [float(i) for i in range(1, 21)]
-    # n = 20 at 98.75 %: P(Bin(20, 1/2) <= 4) = 0.0059 <= 0.00625, P(<= 5) = 0.0207 is not: x(5)..x(16).
-    assert median_interval(values, look_level(0.95, 4)) == (5.0, 16.0)
-    assert median_interval(values, 0.95) == (6.0, 15.0)  # P(<= 5) = 0.0207 <= 0.025
-    # Five values cover the median with 93.75 % at most (min..max): not enough for 95 %.
-    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0], 0.95) == (None, None)
-    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0], 0.9) == (1.0, 5.0)
-    assert median_interval([], 0.5) == (None, None)
+def test_the_interval_is_wilcoxons_signed_rank_around_the_hodges_lehmann_estimate() -> None:
+    values = [2.0**i for i in range(20)]  # every Walsh average distinct: the order statistics are exact
+    # n = 20: P(T+ <= 39) = 0.00604 <= 0.00625 < P(T+ <= 40) = 0.00681, so k = 40 at 98.75 %; at 95 %,
+    # P(T+ <= 52) = 0.0242 <= 0.025 < P(T+ <= 53) = 0.0266, k = 53. Of the 210 Walsh averages, the k-th
+    # smallest and the k-th largest.
+    walsh = sorted((a + b) / 2 for i, a in enumerate(values) for b in values[i:])
+    assert hodges_lehmann_interval(values, look_level(0.95, 4))[1:] == (walsh[39], walsh[210 - 40])
+    assert hodges_lehmann_interval(values, 0.95)[1:] == (walsh[52], walsh[210 - 53])
+    assert hodges_lehmann_interval([float(i) for i in range(1, 21)], 0.95)[0] == 10.5
+    # Five values reach 93.75 % at most (min..max): no interval at 95 %; six do.
+    assert hodges_lehmann_interval([1.0, 2.0, 3.0, 4.0, 5.0], 0.95) == (3.0, None, None)
+    assert hodges_lehmann_interval([1.0, 2.0, 3.0, 4.0, 5.0], 0.9) == (3.0, 1.0, 5.0)
+    assert hodges_lehmann_interval([1.0] * 6, 0.95) == (1.0, 1.0, 1.0)
+    assert hodges_lehmann_interval([], 0.5) == (None, None, None)
+    # An outlier moves the estimate little (the mean would move by 5).
+    assert hodges_lehmann_interval([1.0] * 9 + [51.0], 0.9)[0] == 1.0
     assert look_level(0.95, 4) == pytest.approx(0.9875) and look_level(0.95, 1) == pytest.approx(0.95)
+
+
+def test_many_pairs_use_the_normal_approximation_of_the_same_interval() -> None:
+    rng = random.Random(1)
+    values = [rng.gauss(0, 1) for _ in range(200)]
+    _, low, high = hodges_lehmann_interval(values, 0.95)
+    assert low is not None and high is not None and -0.35 < low < 0 < high < 0.35
 
 
 def test_the_same_runs_always_give_the_same_interval() -> None:
@@ -134,7 +148,7 @@ def test_a_straddling_interval_is_inconclusive_with_its_noise_named() -> None:
     w = judge_window("1h", paired(src, tgt), rounds=4, **JUDGE)
     assert w.verdict == Verdict.INCONCLUSIVE and w.undecided
     assert w.interval is not None and w.interval.low == pytest.approx(1.0) and w.interval.high == pytest.approx(1.5)
-    assert w.outcome == ("target/source paired ratio 1.25 (98.75 % interval 1.00-1.50, 12 pairs) straddles the "
+    assert w.outcome == ("target/source paired ratio 1.22 (98.75 % interval 1.00-1.50, 12 pairs) straddles the "
                          "limit 1.2 after 4 rounds; noise ±20 %: could not separate")
     few = judge_window("1h", paired([0.4] * 3, [0.6] * 3), **JUDGE)
     assert few.verdict == Verdict.INCONCLUSIVE and few.undecided

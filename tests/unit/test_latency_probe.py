@@ -165,7 +165,8 @@ def servers() -> Iterator[Callable[..., ScriptedPrometheus]]:
 def policy(**kw: Any) -> LatencyPolicy:
     # One round of three pairs, judged at 70 % (three pairs allow at most 75 %): these tests are about
     # what the probe sends and how each run counts; the rounds have tests of their own.
-    base = dict(repeats=3, max_rounds=1, confidence=0.7, timeout_s=2.0, max_slowdown_ratio=1.2, slowdown_floor_s=0.25, deadline_s=60.0,
+    base = dict(repeats=3, max_rounds=1, confidence=0.7, timeout_s=2.0, max_slowdown_ratio=1.2,
+                slowdown_floor_s=0.25, deadline_s=60.0,
                 windows=(LatencyWindow("1h", 3600.0, 1.0),), queries=("avg(DCGM_FI_DEV_GPU_UTIL)",))
     base.update(kw)
     return LatencyPolicy(**base)
@@ -336,8 +337,9 @@ def test_an_amp_targets_retention_comes_from_its_workspace_else_the_catalog(
         return lookup
 
     windows = (LatencyWindow("1h", 3600.0, 1.0), LatencyWindow("4h30m", 4.5 * 3600.0, 1.0))
-    p = LatencyProbe(PrometheusClient(src.url), PrometheusClient(tgt.url), policy(repeats=2, confidence=0.5, windows=windows,
-                     retention_s=5 * 3600.0), min_step_s=15, backoff_s=0.01, target_retention=workspace_retention)
+    p = LatencyProbe(PrometheusClient(src.url), PrometheusClient(tgt.url),
+                     policy(repeats=2, confidence=0.5, windows=windows, retention_s=5 * 3600.0), min_step_s=15,
+                     backoff_s=0.01, target_retention=workspace_retention)
     with caplog.at_level("INFO", logger="promshift.adapters.latency_probe"):
         result = p.run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
     assert calls == [1]

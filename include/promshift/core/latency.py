@@ -2,9 +2,10 @@
 
 The verdict knows its own noise: source and target are probed in pairs at the same instants (a
 busy moment slows both halves of a pair, so the pair's ratio cancels it), and the target/source
-ratio is judged by an exact, distribution-free interval on the pairs' median ratio
-(:func:`ratio_interval`): FAILED only when the whole interval is beyond the ratio (and the floor),
-SUCCESSFUL only when it is within, INCONCLUSIVE when it straddles (the probe then adds rounds).
+ratio is judged by an exact, distribution-free interval on the pairs' typical ratio (Wilcoxon's
+signed-rank interval around the Hodges-Lehmann estimate, :func:`ratio_interval`): FAILED only
+when the whole interval is beyond the ratio (and the floor), SUCCESSFUL only when it is within,
+INCONCLUSIVE when it straddles (the probe then adds rounds).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from statistics import NormalDist
 from typing import Any
 
 from promshift.core.cost import CostEvidence
@@ -113,12 +115,13 @@ def read_data(run: ProbeRun, behind: Behind | None = None) -> bool:
 class RatioInterval:
     """Target/source over the pairs (same query, same instants), with its interval and the machine's noise.
 
-    ``ratio`` is the median of the pairs' target/source ratios, ``low``..``high`` its interval at
-    ``level`` (None: too few pairs for that level, unbounded), ``diff_*`` the same for target - source
-    seconds. ``level`` is the configured confidence split over the rounds the probe may take, so that
-    looking again cannot buy a FAILED. ``noise_pct`` is the source-vs-source spread (A/A'): the median
-    of |A'/A - 1| over the source's own runs taken two by two (adjacent in time, the same backend twice),
-    in percent: how much two identical measurements differ on this machine now.
+    ``ratio`` is the pairs' typical target/source ratio (Hodges-Lehmann on log ratios), ``low``..``high``
+    its interval at ``level`` (Wilcoxon's signed-rank; None: too few pairs for that level, unbounded),
+    ``diff_*`` the same for target - source seconds. ``level`` is the configured confidence split over
+    the rounds the probe may take, so that looking again cannot buy a FAILED. ``noise_pct`` is the
+    source-vs-source spread (A/A'): the median of |A'/A - 1| over the source's own runs taken two by
+    two (adjacent in time, the same backend twice), in percent: how much two identical measurements
+    differ on this machine now.
     """
 
     ratio: float
@@ -181,29 +184,58 @@ def paired_runs(runs: Sequence[ProbeRun], behind: Behind | None = None) -> dict[
     return {q: p for q, p in out.items() if p}
 
 
-def median_interval(values: Sequence[float], level: float) -> tuple[float | None, float | None]:
-    """The exact distribution-free interval of the median at ``level`` (the sign test's): order
-    statistics ``k`` and ``n-k+1`` with the largest ``k`` whose coverage, 1 - 2 P(Bin(n, 1/2) < k),
-    is at least ``level``. (None, None) when ``n`` is too small for that level (5 values give at
-    most 93.75 %): no interval can be claimed."""
-    ordered = sorted(values)
-    n = len(ordered)
-    # P(Bin(n, 1/2) <= i) <= (1 - level) / 2, in integers: sum C(n, j) * 2 * 10^9 <= (1 - level) 10^9 * 2^n.
-    budget = round((1.0 - level) * 1e9) * 2**n
-    tail, k = 0, 0
-    for i in range(n):
-        tail += math.comb(n, i)
-        if tail * 2 * 10**9 > budget:
+# Above this many pairs the signed-rank statistic's normal approximation replaces its exact count.
+EXACT_SIGNED_RANK_MAX = 120
+
+
+def _signed_rank_k(n: int, level: float) -> int:
+    """The largest ``k`` with P(T+ < k) <= (1 - level) / 2 for Wilcoxon's signed-rank statistic over
+    ``n`` values (exact count of subsets of 1..n by sum; the normal approximation above
+    ``EXACT_SIGNED_RANK_MAX``); 0 when no interval reaches ``level``."""
+    if n <= 0:
+        return 0
+    alpha_half = (1.0 - level) / 2
+    if n > EXACT_SIGNED_RANK_MAX:
+        mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+        z = -NormalDist().inv_cdf(alpha_half)
+        return max(0, math.floor(mean - z * sd))
+    top = n * (n + 1) // 2
+    counts = [1] + [0] * top  # subsets of {1..i} by their sum
+    for i in range(1, n + 1):
+        for total in range(top, i - 1, -1):
+            counts[total] += counts[total - i]
+    # P(T+ <= t) <= alpha/2, in integers: cumulative * 10^9 <= alpha/2 * 10^9 * 2^n.
+    budget = round(alpha_half * 1e9) * 2**n
+    cumulative, k = 0, 0
+    for t in range(top + 1):
+        cumulative += counts[t]
+        if cumulative * 10**9 > budget:
             break
-        k = i + 1
-    if k == 0 or k > n - k + 1:
-        return None, None
-    return ordered[k - 1], ordered[n - k]
+        k = t + 1
+    return k
+
+
+def hodges_lehmann_interval(values: Sequence[float], level: float) -> tuple[float | None, float | None, float | None]:
+    """``(estimate, low, high)`` of the centre of ``values``: the Hodges-Lehmann estimate (the median of
+    the Walsh averages (x_i + x_j) / 2, i <= j) and Wilcoxon's signed-rank interval at ``level``
+    (order statistics k and M - k + 1 of the M Walsh averages). Distribution-free for a symmetric
+    spread, robust to outliers, and about 1.5 times as efficient as the sign test on normal noise.
+    (estimate, None, None) when there are too few values for ``level`` (8 are needed at 98.75 %)."""
+    n = len(values)
+    if n == 0:
+        return None, None, None
+    walsh = sorted((values[i] + values[j]) / 2 for i in range(n) for j in range(i, n))
+    estimate = percentile(walsh, 50)
+    k = _signed_rank_k(n, level)
+    if k == 0 or k > len(walsh) - k + 1:
+        return estimate, None, None
+    return estimate, walsh[k - 1], walsh[len(walsh) - k]
 
 
 def ratio_interval(pairs: Mapping[str, Sequence[tuple[float, float]]], *, level: float) -> RatioInterval | None:
-    """The pairs' median target/source ratio and target - source seconds, each with its exact
-    interval at ``level`` (:func:`median_interval`), and the A/A' noise; None without pairs.
+    """The pairs' target/source ratio and target - source seconds, each with its interval at ``level``
+    (:func:`hodges_lehmann_interval`; the ratio's on log ratios, so 2x slower and 2x faster weigh the
+    same), and the A/A' noise; None without pairs.
 
     Every pair is one measurement of the slowdown at one instant: the queries' pairs are pooled
     (a ratio has no unit). No resampling and no seed: the same runs always give the same interval.
@@ -211,12 +243,18 @@ def ratio_interval(pairs: Mapping[str, Sequence[tuple[float, float]]], *, level:
     flat = [pair for _, p in sorted(pairs.items()) for pair in p]
     if not flat:
         return None
-    ratios = [b / a if a > 0 else math.inf for a, b in flat]
-    diffs = [b - a for a, b in flat]
-    low, high = median_interval(ratios, level)
-    diff_low, diff_high = median_interval(diffs, level)
-    return RatioInterval(ratio=percentile(ratios, 50), low=low, high=high, diff_low_s=diff_low,
-                         diff_high_s=diff_high, level=level, pairs=len(flat), noise_pct=source_noise_pct(pairs))
+    logs = [math.log(b / a) if a > 0 and b > 0 else (math.inf if b > 0 else -math.inf) for a, b in flat]
+    centre, low, high = hodges_lehmann_interval(logs, level)
+    _, diff_low, diff_high = hodges_lehmann_interval([b - a for a, b in flat], level)
+    return RatioInterval(ratio=_exp(centre), low=None if low is None else _exp(low),
+                         high=None if high is None else _exp(high), diff_low_s=diff_low, diff_high_s=diff_high,
+                         level=level, pairs=len(flat), noise_pct=source_noise_pct(pairs))
+
+
+def _exp(value: float | None) -> float:
+    if value is None or math.isnan(value):
+        return math.nan
+    return math.inf if value > 700 else math.exp(value)
 
 
 def source_noise_pct(pairs: Mapping[str, Sequence[tuple[float, float]]]) -> float | None:
