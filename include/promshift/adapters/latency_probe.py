@@ -245,7 +245,7 @@ class LatencyProbe:
                     if late:
                         out_of_time.add(index)
                 for index in active:
-                    judged[index] = self._judge(plans[index], measured[index], queries, round_, dual_write_since,
+                    judged[index] = self._judge(index, plans[index], measured[index], queries, round_, dual_write_since,
                                                 history_selector, group, out_of_time, problems, behind, deadline)
                     log.info("latency window %s round %d: %s (%s)", plans[index].window.name, round_,
                              judged[index].verdict.value, judged[index].outcome)
@@ -255,7 +255,7 @@ class LatencyProbe:
         all_runs: list[ProbeRun] = []
         for index, plan in enumerate(plans):
             if index not in judged:
-                judged[index] = self._judge(plan, [], queries, 0, dual_write_since, history_selector, group,
+                judged[index] = self._judge(index, plan, [], queries, 0, dual_write_since, history_selector, group,
                                             out_of_time, problems, behind, deadline)
             w = judged[index]
             log.info("latency window %s (step %ss): source p50 %s, target p50 %s -> %s (%s)", plan.window.name,
@@ -266,7 +266,7 @@ class LatencyProbe:
         return LatencyResult(m.verdict, m, tuple(tables), tuple(all_runs), sum(r.retries for r in all_runs),
                              retention, policy.max_concurrency, policy.accept_encoding)
 
-    def _judge(self, plan: _WindowPlan, runs: list[ProbeRun], queries: Sequence[str], round_: int,
+    def _judge(self, index: int, plan: _WindowPlan, runs: list[ProbeRun], queries: Sequence[str], round_: int,
                dual_write_since: float | None, history_selector: str | None, group: MetricGroup | None,
                out_of_time: set[int], problems: dict[int, str | None],
                behind: dict[int, dict[str, tuple[float | None, float] | str]], deadline: float) -> WindowLatency:
@@ -274,7 +274,6 @@ class LatencyProbe:
         are found once (the first round) and kept in ``problems`` / ``behind``."""
         policy = self.policy
         window, step, start, end, skip = plan
-        index = self.policy.windows.index(window)
         if index not in problems:
             history = []
             if not skip and history_selector and dual_write_since is not None and start + step < dual_write_since:
