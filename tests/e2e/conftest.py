@@ -7,13 +7,14 @@ Sessions and the scenarios that join them:
   overlapping (test_demo_e2e.py).
 
 Scenarios with an Airflow of their own (``run_demo``, as ``make demo``): the AMP ones. Happy on AMP, k8s-cr and
-lifecycle each need gpu-memory: lifecycle because only gpu-memory has rules on the source, happy and k8s-cr
-because they assert latency SUCCESSFUL, and gpu-utilization's golden query ``count(DCGM_FI_DEV_GPU_UTIL == 0)``
-has no data on the simulated fleet (no GPU is ever idle: checked at 12-80 nodes), so its latency is INCONCLUSIVE;
-the wave-2 groups start only after gpu-utilization cut over. A group migrates once per session. AMP
-bad-credentials: Airflow's AWS secret is its environment's, and the scenario is that it is wrong. k8s-cr also
-has the operator stand-in own the source config. Celery: another executor. tests/board/test_board_airflow.py
-has its own Airflow with users and a history of its own.
+lifecycle each need gpu-memory: lifecycle because only gpu-memory has rules on the source; happy and k8s-cr assert
+latency SUCCESSFUL and were put on gpu-memory when gpu-utilization's latency was INCONCLUSIVE (its golden query
+``count(DCGM_FI_DEV_GPU_UTIL == 0)`` answers no series on the simulated fleet, no GPU being idle). Latency is now
+judged by the samples a query read (``stats=all``), and that query reads every GPU_UTIL series, so gpu-utilization's
+latency is a real timing too; the wave-2 groups start only after gpu-utilization cut over. A group migrates once per
+session. AMP bad-credentials: Airflow's AWS secret is its environment's, and the scenario is that it is wrong.
+k8s-cr also has the operator stand-in own the source config. Celery: another executor.
+tests/board/test_board_airflow.py has its own Airflow with users and a history of its own.
 """
 
 from __future__ import annotations

@@ -148,6 +148,12 @@ def test_latency_on_the_pair_passes_and_a_query_without_data_is_inconclusive(
     # The pass has the group's series behind it on both sides: 3 nodes x 8 GPUs of FB_USED.
     assert [w["behind"] for w in result["windows"]] == [
         [{"query": "sum by (Hostname) (DCGM_FI_DEV_FB_USED)", "source": 24.0, "target": 24.0}]]
+    # Judged on paired runs, with the interval, the rounds and the machine's own noise in the evidence.
+    [window] = result["windows"]
+    assert window["interval"]["pairs"] == 2 * window["rounds"] and window["interval"]["level"] == pytest.approx(0.9875)
+    code, out, _ = run(dual_write.check("latency", "--group", "gpu-memory", "--since", since), capsys)
+    assert code == 0 and "tgt/src [interval]" in out and "noise (paired runs):" in out, out
+    assert f"pairs in {window['rounds']} rounds; source-vs-source noise (A/A')" in out, out
     code, out, _ = run(dual_write.check("latency", "--group", "gpu-memory-ghost", "--since", since), capsys)
     assert code == 2, out
     assert "no data behind this query" in out and "verdict: INCONCLUSIVE" in out
@@ -241,6 +247,6 @@ def test_latency_answers_that_need_no_data_are_inconclusive_on_real_servers(
     assert code == 2 and result["verdict"] == window["verdict"] == "INCONCLUSIVE", window["outcome"]
     runs = {(r["query"], r["backend"]): r["series"] for r in result["runs"]}
     assert runs[(constant[0], "target")] == 1 and runs[(constant[1], "target")] == 1  # answered, with nothing behind
-    assert window["outcome"] == ("no data behind this query: 'absent(DCGM_FI_DEV_POWER_USAGE)' (source: no series); "
-                                 "'sum(DCGM_FI_DEV_POWER_USAGE) or vector(0)' (this group's series behind it: "
-                                 "source 24, target 0)")
+    # Judged by what each read (stats=all): on the target, where gpu-power has no series, neither read a sample.
+    assert window["outcome"] == ("no data behind this query: 'sum(DCGM_FI_DEV_POWER_USAGE) or vector(0)' (target: "
+                                 "read no samples); 'absent(DCGM_FI_DEV_POWER_USAGE)' (target: read no samples)")

@@ -899,7 +899,7 @@ def test_shipped_demo_history_profile_times_the_production_windows(shipped_text:
         assert metric_group.parity == demo.get(metric_group.name).parity
         assert metric_group.latency.windows == production.get(metric_group.name).latency.windows
         assert [w.name for w in metric_group.latency.windows] == ["1h", "6h", "12h", "24h"]
-        assert (metric_group.latency.repeats, metric_group.latency.timeout_s) == (3, 20)
+        assert (metric_group.latency.repeats, metric_group.latency.timeout_s) == (4, 20)  # 8 pairs a round
         assert metric_group.latency.deadline_s == 300
 
 

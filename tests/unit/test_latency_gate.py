@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from promshift.core.errors import ErrorKind
@@ -15,6 +17,9 @@ from promshift.core.latency import (
 )
 from promshift.core.verdicts import Verdict, worst
 from promshift.core.warmup import WarmupObservation, assess_warmup, parse_remote_write_lag
+
+# Five pairs give an interval at 90 % (93.75 % at most): these tests judge five runs a side.
+judge = partial(judge_window, confidence=0.9)
 
 
 def test_percentile_interpolates() -> None:
@@ -37,42 +42,42 @@ def runs(backend: str, times: list[float], ok: bool = True) -> list[ProbeRun]:
 
 
 def test_faster_target_within_slo_passes_with_speedup() -> None:
-    w = judge_window("1h", runs("source", [2.0] * 5) + runs("target", [0.5] * 5), slo_p95_s=1.0,
+    w = judge("1h", runs("source", [2.0] * 5) + runs("target", [0.5] * 5), slo_p95_s=1.0,
                      max_slowdown_ratio=1.2, min_successes=3)
     assert w.verdict == Verdict.SUCCESSFUL and w.speedup == pytest.approx(4.0)
 
 
 def test_target_over_slo_or_slower_or_failing_fails() -> None:
-    over = judge_window("1h", runs("source", [5.0] * 5) + runs("target", [3.0] * 5), slo_p95_s=1.0,
+    over = judge("1h", runs("source", [5.0] * 5) + runs("target", [3.0] * 5), slo_p95_s=1.0,
                         max_slowdown_ratio=1.2, min_successes=3)
     assert over.verdict == Verdict.FAILED and "over SLO" in over.outcome
-    slower = judge_window("1h", runs("source", [0.1] * 5) + runs("target", [0.5] * 5), slo_p95_s=1.0,
+    slower = judge("1h", runs("source", [0.1] * 5) + runs("target", [0.5] * 5), slo_p95_s=1.0,
                           max_slowdown_ratio=1.2, min_successes=3)
     assert slower.verdict == Verdict.FAILED and "slower than source" in slower.outcome
-    jitter = judge_window("1h", runs("source", [0.028] * 5) + runs("target", [0.039] * 5), slo_p95_s=1.0,
+    jitter = judge("1h", runs("source", [0.028] * 5) + runs("target", [0.039] * 5), slo_p95_s=1.0,
                           max_slowdown_ratio=1.2, min_successes=3, slowdown_floor_s=0.25)
     assert jitter.verdict == Verdict.SUCCESSFUL
-    real = judge_window("1h", runs("source", [1.0] * 5) + runs("target", [1.5] * 5), slo_p95_s=2.0,
+    real = judge("1h", runs("source", [1.0] * 5) + runs("target", [1.5] * 5), slo_p95_s=2.0,
                         max_slowdown_ratio=1.2, min_successes=3, slowdown_floor_s=0.25)
     assert real.verdict == Verdict.FAILED
-    timeouts = judge_window("1h", runs("source", [0.1] * 5) + runs("target", [0.1] * 4)
+    timeouts = judge("1h", runs("source", [0.1] * 5) + runs("target", [0.1] * 4)
                             + runs("target", [60.0], ok=False), slo_p95_s=1.0, max_slowdown_ratio=1.2,
                             min_successes=3)
     assert timeouts.verdict == Verdict.FAILED and "failed 1 of 5" in timeouts.outcome
 
 
 def test_source_timeouts_are_a_win_and_too_few_runs_inconclusive() -> None:
-    win = judge_window("24h", runs("source", [60.0] * 5, ok=False) + runs("target", [10.0] * 5), slo_p95_s=12,
+    win = judge("24h", runs("source", [60.0] * 5, ok=False) + runs("target", [10.0] * 5), slo_p95_s=12,
                        max_slowdown_ratio=1.2, min_successes=3)
     assert win.verdict == Verdict.SUCCESSFUL and win.source_p50_s is None
     assert win.outcome == "source failed in 5 of 5 runs; target answered within SLO"  # no error text: "failed"
     timed_out = [ProbeRun(backend="source", window="24h", query="q", wall_s=60.0, ok=False,
                           error="timeout: no answer within 60s", kind=ErrorKind.TIMEOUT)] * 5
-    seed = judge_window("24h", timed_out + runs("target", [10.0] * 5), slo_p95_s=12, max_slowdown_ratio=1.2,
+    seed = judge("24h", timed_out + runs("target", [10.0] * 5), slo_p95_s=12, max_slowdown_ratio=1.2,
                         min_successes=3)
     assert seed.verdict == Verdict.SUCCESSFUL and seed.source_failure == "timed out"
     assert seed.outcome == "source timed out in 5 of 5 runs; target answered within SLO"
-    few = judge_window("1h", runs("target", [0.1]), slo_p95_s=1, max_slowdown_ratio=1.2, min_successes=3)
+    few = judge("1h", runs("target", [0.1]), slo_p95_s=1, max_slowdown_ratio=1.2, min_successes=3)
     assert few.verdict == Verdict.INCONCLUSIVE
 
 
@@ -142,13 +147,13 @@ def test_answers_without_series_are_no_evidence_and_real_failures_still_fail() -
                       result_type="matrix")] * 3
     scalar = [ProbeRun(backend="source", window="1h", query="scalar(q)", wall_s=0.001, ok=True,
                        result_type="scalar")]
-    w = judge_window("1h", data + empty + scalar, slo_p95_s=1.0, max_slowdown_ratio=1.2, min_successes=3)
+    w = judge("1h", data + empty + scalar, slo_p95_s=1.0, max_slowdown_ratio=1.2, min_successes=3)
     assert w.verdict == Verdict.INCONCLUSIVE
     assert w.outcome == ("no data behind this query: 'q' (target: no series); "
                          "'scalar(q)' (source: only a scalar)")
     assert w.target_p50_s == pytest.approx(0.1)  # the 1 ms empty answers are not timed as evidence
     timeout = [ProbeRun(backend="target", window="1h", query="q", wall_s=2.0, ok=False, kind=ErrorKind.TIMEOUT)]
-    failed = judge_window("1h", data + empty + timeout, slo_p95_s=1.0, max_slowdown_ratio=1.2, min_successes=3)
+    failed = judge("1h", data + empty + timeout, slo_p95_s=1.0, max_slowdown_ratio=1.2, min_successes=3)
     assert failed.verdict == Verdict.FAILED and failed.outcome == "target failed 1 of 7 runs (timeout)"
     assert ProbeRun(backend="target", window="1h", query="q", wall_s=1, ok=False,
                     kind=ErrorKind.MALFORMED).to_dict()["kind"] == "malformed"

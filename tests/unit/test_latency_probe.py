@@ -163,7 +163,10 @@ def servers() -> Iterator[Callable[..., ScriptedPrometheus]]:
 
 
 def policy(**kw: Any) -> LatencyPolicy:
-    base = dict(repeats=3, timeout_s=2.0, max_slowdown_ratio=1.2, slowdown_floor_s=0.25, deadline_s=60.0,
+    # One round of three pairs, judged at 70 % (three pairs allow at most 75 %): these tests are about
+    # what the probe sends and how each run counts; the rounds have tests of their own.
+    base = dict(repeats=3, max_rounds=1, confidence=0.7, timeout_s=2.0, max_slowdown_ratio=1.2,
+                slowdown_floor_s=0.25, deadline_s=60.0,
                 windows=(LatencyWindow("1h", 3600.0, 1.0),), queries=("avg(DCGM_FI_DEV_GPU_UTIL)",))
     base.update(kw)
     return LatencyPolicy(**base)
@@ -304,7 +307,7 @@ def test_window_longer_than_a_backends_retention_is_inconclusive_without_queryin
     tgt = servers(lambda n: ok_matrix())
     windows = (LatencyWindow("1h", 3600.0, 1.0), LatencyWindow("3h", 3 * 3600.0, 1.0),
                LatencyWindow("6h", 6 * 3600.0, 1.0))
-    result = probe(src, tgt, repeats=1, windows=windows, retention_s=5 * 3600.0).run(
+    result = probe(src, tgt, repeats=2, confidence=0.5, windows=windows, retention_s=5 * 3600.0).run(
         now=1e6, queries=["q"], dual_write_since=None).to_dict()
     assert result["retention_s"] == {"source": 7200.0, "target": 18000.0}
     by_window = {w["window"]: w for w in result["windows"]}
@@ -313,9 +316,9 @@ def test_window_longer_than_a_backends_retention_is_inconclusive_without_queryin
     assert by_window["3h"]["outcome"] == ("window of 3h is longer than the retention (source keeps 2h): "
                                           "not measured")
     assert "source keeps 2h; target keeps 5h" in by_window["6h"]["outcome"]
-    # Only the 1h window was queried: 1 warm-up + 1 repeat per side.
+    # Only the 1h window was queried: 1 warm-up + 2 pairs per side.
     assert {float(f["end"]) - float(f["start"]) for f in src.requests + tgt.requests} == {3600.0}
-    assert len(src.requests) == len(tgt.requests) == 2
+    assert len(src.requests) == len(tgt.requests) == 3
     assert result["verdict"] == "INCONCLUSIVE"
 
 
@@ -334,8 +337,9 @@ def test_an_amp_targets_retention_comes_from_its_workspace_else_the_catalog(
         return lookup
 
     windows = (LatencyWindow("1h", 3600.0, 1.0), LatencyWindow("4h30m", 4.5 * 3600.0, 1.0))
-    p = LatencyProbe(PrometheusClient(src.url), PrometheusClient(tgt.url), policy(repeats=1, windows=windows,
-                     retention_s=5 * 3600.0), min_step_s=15, backoff_s=0.01, target_retention=workspace_retention)
+    p = LatencyProbe(PrometheusClient(src.url), PrometheusClient(tgt.url),
+                     policy(repeats=2, confidence=0.5, windows=windows, retention_s=5 * 3600.0), min_step_s=15,
+                     backoff_s=0.01, target_retention=workspace_retention)
     with caplog.at_level("INFO", logger="promshift.adapters.latency_probe"):
         result = p.run(now=1e6, queries=["q"], dual_write_since=None).to_dict()
     assert calls == [1]
@@ -495,36 +499,63 @@ def test_error_messages_never_carry_a_password_from_the_url(servers: Any) -> Non
     assert "s3cret" not in str(excinfo.value) and "REDACTED@127.0.0.1" in str(excinfo.value)
 
 
-# -- latency evidence: an answer without series is no evidence ---------------------------------------
+# -- latency evidence: judged by what a query read (stats=all), not by what it returned ----------------
 
-def empty(result_type: str = "matrix") -> Reply:
+def empty(result_type: str = "matrix", samples: int | None = None) -> Reply:
     result: Any = [] if result_type == "matrix" else [1e6, "1"]
-    return 200, {"status": "success", "data": {"resultType": result_type, "result": result}}
+    data: dict[str, Any] = {"resultType": result_type, "result": result}
+    if samples is not None:
+        data["stats"] = {"timings": {"evalTotalTime": 0.001}, "samples": {"totalQueryableSamples": samples}}
+    return 200, {"status": "success", "data": data}
 
 
 @pytest.mark.parametrize("src_reply,tgt_reply,said", [
-    (empty, empty, "source: no series; target: no series"),
-    (ok_matrix, empty, "target: no series"),
-    (empty, ok_matrix, "source: no series"),
-    (lambda: empty("scalar"), lambda: empty("scalar"), "source: only a scalar; target: only a scalar"),
+    (lambda: empty(samples=0), lambda: empty(samples=0), "source: read no samples; target: read no samples"),
+    (ok_matrix, lambda: empty(samples=0), "target: read no samples"),
+    (lambda: empty("scalar", samples=0), ok_matrix, "source: read no samples"),
 ])
-def test_a_latency_query_without_series_is_inconclusive_not_timed_as_a_success(
+def test_a_latency_query_that_read_no_samples_is_inconclusive_not_timed_as_a_success(
         servers: Any, src_reply: Any, tgt_reply: Any, said: str) -> None:
     src, tgt = servers(lambda n: src_reply()), servers(lambda n: tgt_reply())
     result = probe(src, tgt).run(now=1e6, queries=["sum(nothing)"], dual_write_since=None).to_dict()
     w = result["windows"][0]
     assert w["verdict"] == "INCONCLUSIVE" and result["verdict"] == "INCONCLUSIVE"
     assert w["outcome"] == f"no data behind this query: 'sum(nothing)' ({said})"
-    # Empty answers are not timed as evidence.
+    # Runs that read nothing are not timed as evidence.
     assert (w["target_p50_s"] is None) == (tgt_reply is not ok_matrix)
     assert (w["source_p50_s"] is None) == (src_reply is not ok_matrix)
+    assert w["undecided"] is False and len(src.requests) == 4  # no more rounds: more would read nothing too
+
+
+def test_an_empty_answer_that_read_samples_is_a_real_timing(servers: Any) -> None:
+    # count(x == 0) when nothing is zero: no series, but every x was read (stats=all says how many).
+    src, tgt = servers(lambda n: empty(samples=5000)), servers(lambda n: empty(samples=5000))
+    result = probe(src, tgt).run(now=1e6, queries=["count(DCGM_FI_DEV_GPU_UTIL == 0)"], dual_write_since=None)
+    [w] = result.windows
+    assert result.verdict == Verdict.SUCCESSFUL and w.outcome == "within SLO"
+    assert w.target_p95_s is not None and w.source_p95_s is not None and w.interval is not None
+    assert w.interval.pairs == 3 and w.rounds == 1
+
+
+@pytest.mark.parametrize(("behind_n", "verdict"), [(16, Verdict.SUCCESSFUL), (None, Verdict.INCONCLUSIVE)])
+def test_without_stats_the_companion_count_decides_whether_data_stood_behind(
+        servers: Any, behind_n: int | None, verdict: Verdict) -> None:
+    # A backend that reports no samples (a proxy that drops stats): the group's series behind the query,
+    # counted over the window, decide. Empty answers with 16 series behind them are judged.
+    src = servers(lambda n: empty(), behind=lambda q: behind_n)
+    tgt = servers(lambda n: empty(), behind=lambda q: behind_n)
+    result = probe(src, tgt).run(now=1e6, queries=["count(x == 0)"], dual_write_since=None)
+    assert result.verdict == verdict
+    if verdict == Verdict.INCONCLUSIVE:
+        assert result.windows[0].outcome == ("no data behind this query: 'count(x == 0)' (source: no series; "
+                                             "target: no series)")
 
 
 def test_one_query_without_data_leaves_the_window_inconclusive(servers: Any) -> None:
     def script_for(server: ScriptedPrometheus, n: int) -> Reply:
-        return empty() if server.requests[n - 1]["query"] == "q2" else ok_matrix()
+        return empty(samples=0) if server.requests[n - 1]["query"] == "q2" else ok_matrix()
 
-    # The script reads which query asked; both servers answer q2 with nothing.
+    # The script reads which query asked; both servers answer q2 having read nothing.
     src, tgt = servers(lambda n: script_for(src, n)), servers(lambda n: script_for(tgt, n))
     result = probe(src, tgt, repeats=1).run(now=1e6, queries=["q1", "q2"], dual_write_since=None).to_dict()
     w = result["windows"][0]
@@ -561,7 +592,8 @@ def test_the_group_selectors_of_a_query_and_its_look_back_are_what_is_counted(se
     src = servers(lambda n: ok_matrix(), behind=lambda q: 16)
     tgt = servers(lambda n: ok_matrix(), behind=lambda q: 16)
     query = "sum(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])) / sum(DCGM_FI_DEV_GPU_UTIL)"
-    result = probe(src, tgt, repeats=1).run(now=1e6, queries=[query], dual_write_since=None, group=group)
+    result = probe(src, tgt, repeats=2, confidence=0.5).run(now=1e6, queries=[query], dual_write_since=None,
+                                                            group=group)
     [w] = result.windows
     assert w.verdict == Verdict.SUCCESSFUL and w.behind == {query: (16.0, 16.0)}
     # Only this group's metric is counted (GPU_UTIL belongs to another group), over window + 5m look-back.

@@ -1,9 +1,12 @@
 """The latency probe: time a group's golden queries on both backends, per window.
 
-Runs are interleaved A/B then B/A so drift and caching order cancel, one warm-up round
-per query is discarded, start/end are aligned to the step (AMP aligns for caching), and
-every failure mode AMP has — client timeout, HTTP 422, throttling (429/503, retried with
-backoff and counted), partial data (warnings) — is a failed run, never a slow success.
+Runs go in source/target pairs at the same instants, A/B then B/A so drift and caching order
+cancel, one warm-up pair per query is discarded, start/end are aligned to the step (AMP aligns
+for caching), and every failure mode AMP has — client timeout, HTTP 422, throttling (429/503,
+retried with backoff and counted), partial data (warnings) — is a failed run, never a slow
+success. A window is probed in rounds of ``repeats`` pairs per query; after each round it is
+judged on its interval (``core.latency.judge_window``), and a window whose interval straddles
+the limit gets another round, up to ``max_rounds`` and the deadline.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from promshift.adapters.parity_check import count_behind, group_selectors_of, lookback_span, series_behind
@@ -84,7 +87,7 @@ class LatencyProbe:
     target_retention: Callable[[], tuple[float | None, str]] | None = None
 
     def timed(self, client: PrometheusClient, backend: str, window: str, query: str, start: float, end: float,
-              step: float) -> ProbeRun:
+              step: float, *, round_: int = 0, pair: int | None = None) -> ProbeRun:
         """One run; throttling is retried with exponential backoff and counted, not hidden."""
         retries = 0
         while True:
@@ -103,13 +106,14 @@ class LatencyProbe:
                 kind, reason = classify_error(exc, self.policy.timeout_s)
                 return ProbeRun(backend=backend, window=window, query=query,
                                 wall_s=time.perf_counter() - started, ok=False, http_status=exc.http_status,
-                                error=reason, retries=retries, kind=kind)
+                                error=reason, retries=retries, kind=kind, round=round_, pair=pair)
             partial = "partial data: " + "; ".join(res.warnings) if res.warnings else None
             return ProbeRun(backend=backend, window=window, query=query, wall_s=res.elapsed_s, ok=not res.warnings,
                             server_s=res.server_time_s, http_status=res.http_status, error=partial,
                             warnings=res.warnings, series=len(res.series), points=res.points, bytes=res.bytes,
                             retries=retries, samples=samples_processed(res.stats),
-                            kind=ErrorKind.PARTIAL if res.warnings else None, result_type=res.result_type)
+                            kind=ErrorKind.PARTIAL if res.warnings else None, result_type=res.result_type,
+                            round=round_, pair=pair)
 
     def retentions(self) -> dict[str, float | None]:
         """Each backend's time retention: what it reports (``status/runtimeinfo``; for an AMP target
@@ -178,15 +182,18 @@ class LatencyProbe:
 
     def run(self, *, now: float, queries: Sequence[str], dual_write_since: float | None,
             history_selector: str | None = None, group: MetricGroup | None = None) -> LatencyResult:
-        """Every window x query x repeat, within the policy's deadline; returns table, runs and verdict.
+        """Every window x query in rounds of ``repeats`` pairs, within the policy's deadline; returns
+        table, runs and verdict.
 
         (window, query) units run on a pool of ``max_concurrency`` threads, each unit doing its
-        rounds one request at a time, so no backend ever has more than that many probe queries
+        pairs one request at a time, so no backend ever has more than that many probe queries
         in flight. A window the step or a backend's retention rules out is judged without querying.
         A window reaching back before dual-write began is comparable only if the target holds the
         group's history there too (``history_selector`` counts series on both sides). Each query's
         timings count only with the group's series behind it on both sides (``group``: its own
-        selectors are counted over the window after the timed rounds, so counting costs no timing).
+        selectors are counted over the window after the first round, so counting costs no timing).
+        After each round every window still measured is judged; one whose interval straddles the
+        limit (``undecided``) gets another round until ``max_rounds`` or the deadline.
         """
         policy = self.policy
         deadline = self.clock() + policy.deadline_s
@@ -201,55 +208,98 @@ class LatencyProbe:
             else:
                 skip = retention_problem(window.seconds, retention)
             plans.append(_WindowPlan(window, step, end - window.seconds, end, skip))
-        units = [(index, query) for index, plan in enumerate(plans) if plan.skip is None for query in queries]
 
-        def measure(unit: tuple[int, str]) -> tuple[list[ProbeRun], bool]:
-            plan, query = plans[unit[0]], unit[1]
+        def measure(unit: tuple[int, str, int]) -> tuple[list[ProbeRun], bool]:
+            index, query, round_ = unit
+            plan = plans[index]
             runs: list[ProbeRun] = []
-            for i in range(policy.repeats + 1):
+            first = 0 if round_ == 1 else 1  # round 1 starts with a warm-up pair, discarded
+            for i in range(first, policy.repeats + 1):
                 if self.clock() > deadline:
                     return runs, True
-                for backend, client in (sides if i % 2 == 0 else sides[::-1]):
-                    run = self.timed(client, backend, plan.window.name, query, plan.start, plan.end, plan.step)
-                    if i > 0:  # round 0 warms caches and is discarded
+                pair = (round_ - 1) * policy.repeats + i
+                for backend, client in (sides if pair % 2 == 0 else sides[::-1]):
+                    run = self.timed(client, backend, plan.window.name, query, plan.start, plan.end, plan.step,
+                                     round_=round_, pair=pair)
+                    if i > 0:
                         runs.append(run)
             return runs, False
 
-        log.info("latency: %d windows x %d queries x %d repeats (+1 warm-up) per backend, %d in flight at most, "
-                 "Accept-Encoding %s, deadline %s", len(plans), len(queries), policy.repeats, policy.max_concurrency,
-                 policy.accept_encoding, format_duration(policy.deadline_s))
+        log.info("latency: %d windows x %d queries, rounds of %d pairs (+1 warm-up) up to %d rounds, %d in flight "
+                 "at most, Accept-Encoding %s, confidence %g, deadline %s", len(plans), len(queries), policy.repeats,
+                 policy.max_rounds, policy.max_concurrency, policy.accept_encoding, policy.confidence,
+                 format_duration(policy.deadline_s))
+        measured: dict[int, list[ProbeRun]] = {i: [] for i, plan in enumerate(plans) if plan.skip is None}
+        out_of_time: set[int] = set()
+        problems: dict[int, str | None] = {}
+        behind: dict[int, dict[str, tuple[float | None, float] | str]] = {}
+        judged: dict[int, WindowLatency] = {}
+        active = sorted(measured)
+        round_ = 0
         with ThreadPoolExecutor(max_workers=policy.max_concurrency, thread_name_prefix="latency-probe") as pool:
-            done = dict(zip(units, pool.map(measure, units), strict=True))
+            while active:
+                round_ += 1
+                units = [(index, query, round_) for index in active for query in queries]
+                for (index, _, _), (runs, late) in zip(units, pool.map(measure, units), strict=True):
+                    measured[index].extend(runs)
+                    if late:
+                        out_of_time.add(index)
+                for index in active:
+                    judged[index] = self._judge(index, plans[index], measured[index], queries, round_, dual_write_since,
+                                                history_selector, group, out_of_time, problems, behind, deadline)
+                    log.info("latency window %s round %d: %s (%s)", plans[index].window.name, round_,
+                             judged[index].verdict.value, judged[index].outcome)
+                active = [i for i in active if judged[i].undecided and i not in out_of_time
+                          and round_ < policy.max_rounds and self.clock() < deadline]
         tables: list[WindowLatency] = []
         all_runs: list[ProbeRun] = []
-        for index, (window, step, start, end, skip) in enumerate(plans):
-            results = [done[(index, query)] for query in queries] if skip is None else []
-            runs = [run for unit_runs, _ in results for run in unit_runs]
+        for index, plan in enumerate(plans):
+            if index not in judged:
+                judged[index] = self._judge(index, plan, [], queries, 0, dual_write_since, history_selector, group,
+                                            out_of_time, problems, behind, deadline)
+            w = judged[index]
+            log.info("latency window %s (step %ss): source p50 %s, target p50 %s -> %s (%s)", plan.window.name,
+                     plan.step, w.source_p50_s, w.target_p50_s, w.verdict.value, w.outcome)
+            tables.append(w)
+            all_runs.extend(measured.get(index, ()))
+        m = latency_measurement(tables, queries)
+        return LatencyResult(m.verdict, m, tuple(tables), tuple(all_runs), sum(r.retries for r in all_runs),
+                             retention, policy.max_concurrency, policy.accept_encoding)
+
+    def _judge(self, index: int, plan: _WindowPlan, runs: list[ProbeRun], queries: Sequence[str], round_: int,
+               dual_write_since: float | None, history_selector: str | None, group: MetricGroup | None,
+               out_of_time: set[int], problems: dict[int, str | None],
+               behind: dict[int, dict[str, tuple[float | None, float] | str]], deadline: float) -> WindowLatency:
+        """One window's verdict on the runs so far; its comparability and the series behind each query
+        are found once (the first round) and kept in ``problems`` / ``behind``."""
+        policy = self.policy
+        window, step, start, end, skip = plan
+        if index not in problems:
             history = []
             if not skip and history_selector and dual_write_since is not None and start + step < dual_write_since:
                 history = self.history(history_selector,
                                        history_instants(start=start, dual_write_since=dual_write_since, step=step))
                 log.info("latency window %s starts before dual-write; group series (at, source, target): %s",
                          window.name, history)
-            problem = skip or target_span_problem(window_s=window.seconds, start=start,
-                                                  dual_write_since=dual_write_since, step=step, history=history)
-            if not problem and any(out_of_time for _, out_of_time in results):
-                problem = f"probe deadline of {policy.deadline_s:.0f}s reached before this window finished"
-            # Counted only where it decides something: a window already failed or inconclusive needs no count.
-            behind: dict[str, tuple[float | None, float] | str] = {}
-            if not problem and all(r.ok for r in runs if r.backend == "target"):
-                answered = {r.query for r in runs if r.backend == "source" and r.ok}
-                behind = {query: self.behind(query, start, end, group, source_answered=query in answered)
-                          for query in queries}
-            judged = judge_window(window.name, runs, slo_p95_s=window.slo_p95_s,
-                                  max_slowdown_ratio=policy.max_slowdown_ratio,
-                                  slowdown_floor_s=policy.slowdown_floor_s,
-                                  min_successes=max(1, (policy.repeats * len(queries) + 1) // 2),
-                                  not_comparable=problem, behind=behind)
-            log.info("latency window %s (step %ss): source p50 %s, target p50 %s -> %s (%s)", window.name, step,
-                     judged.source_p50_s, judged.target_p50_s, judged.verdict.value, judged.outcome)
-            tables.append(judged)
-            all_runs.extend(runs)
-        m = latency_measurement(tables, queries)
-        return LatencyResult(m.verdict, m, tuple(tables), tuple(all_runs), sum(r.retries for r in all_runs),
-                             retention, policy.max_concurrency, policy.accept_encoding)
+            problems[index] = skip or target_span_problem(window_s=window.seconds, start=start,
+                                                          dual_write_since=dual_write_since, step=step,
+                                                          history=history)
+        problem = problems[index]
+        late = f"probe deadline of {policy.deadline_s:.0f}s reached before this window finished"
+        if not problem and index in out_of_time and round_ <= 1:
+            problem = late  # not even one round: nothing to judge
+        # Counted only where it decides something: a window already failed or inconclusive needs no count.
+        if index not in behind and not problem and all(r.ok for r in runs if r.backend == "target"):
+            answered = {r.query for r in runs if r.backend == "source" and r.ok}
+            behind[index] = {query: self.behind(query, start, end, group, source_answered=query in answered)
+                             for query in queries}
+        judged = judge_window(window.name, runs, slo_p95_s=window.slo_p95_s,
+                              max_slowdown_ratio=policy.max_slowdown_ratio,
+                              slowdown_floor_s=policy.slowdown_floor_s,
+                              min_successes=max(1, (policy.repeats * len(queries) + 1) // 2),
+                              not_comparable=problem, behind=behind.get(index, {}),
+                              confidence=policy.confidence, looks=policy.max_rounds, rounds=round_)
+        if judged.undecided and (index in out_of_time or self.clock() >= deadline):
+            # Later rounds' whole pairs are judged; what stops the probe is said.
+            judged = replace(judged, outcome=f"{judged.outcome}; {late}")
+        return judged

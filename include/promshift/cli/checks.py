@@ -171,7 +171,7 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
     """Run ``check parity|latency``: (exit code, JSON result, the human-readable report)."""
     from promshift.adapters.prometheus import PrometheusError
     from promshift.core.redact import redact_text
-    from promshift.core.report import latency_table, parity_log_table
+    from promshift.core.report import latency_noise_lines, latency_table, parity_log_table
 
     now = time.time() if now is None else now
     catalog, catalog_path = _load_catalog(args.catalog, args.profile)
@@ -209,7 +209,8 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
             queries = list(group.latency.queries) or [f"count({group.selector()})"]
             latency = probe.run(now=now, queries=queries, dual_write_since=since, history_selector=group.selector(),
                                 group=group)
-            body = latency_table(latency.windows)
+            noise = latency_noise_lines(latency.windows)
+            body = latency_table(latency.windows) + (f"\n\nnoise (paired runs):\n{noise}" if noise else "")
             reason = latency.measurement.reason
             verdict, result = latency.verdict, latency.to_dict()
     except PrometheusError as exc:

@@ -31,14 +31,44 @@ def _speedup(w: WindowLatency) -> str:
     return w.source_failed_label or "-"
 
 
+def _paired(w: WindowLatency) -> str:
+    """The pairs' target/source ratio and its interval: "1.02 [0.91-1.18]"."""
+    iv = w.interval
+    if iv is None:
+        return "-"
+    bounds = "?" if iv.low is None or iv.high is None else f"{iv.low:.2f}-{iv.high:.2f}"
+    return f"{iv.ratio:.2f} [{bounds}]"
+
+
 def latency_table(windows: Sequence[WindowLatency]) -> str:
-    """The seed-style table: window, source p50/p95, target p50/p95, speedup, outcome."""
-    head = f"{'window':<8} {'src p50':>9} {'src p95':>9} {'tgt p50':>9} {'tgt p95':>9} {'speedup':>16}  outcome"
+    """The seed-style table: window, source p50/p95, target p50/p95, speedup, the pairs' target/source
+    ratio with its interval and the rounds probed, outcome."""
+    head = (f"{'window':<8} {'src p50':>9} {'src p95':>9} {'tgt p50':>9} {'tgt p95':>9} {'speedup':>16} "
+            f"{'tgt/src [interval]':>18} {'rounds':>6}  outcome")
     lines = [head, "-" * len(head)]
     for w in windows:
         lines.append(f"{w.window:<8} {_fmt_s(w.source_p50_s):>9} {_fmt_s(w.source_p95_s):>9} "
                      f"{_fmt_s(w.target_p50_s):>9} {_fmt_s(w.target_p95_s):>9} "
-                     f"{_speedup(w):>16}  {w.verdict.value}: {w.outcome}")
+                     f"{_speedup(w):>16} {_paired(w):>18} {w.rounds if w.interval else '-':>6}  "
+                     f"{w.verdict.value}: {w.outcome}")
+    return "\n".join(lines)
+
+
+def latency_noise_lines(windows: Sequence[WindowLatency]) -> str:
+    """Per window, the evidence behind the verdict: interval and its level, pairs, rounds, the noise."""
+    lines = []
+    for w in windows:
+        iv = w.interval
+        if iv is None:
+            continue
+        bounds = ("unbounded (too few pairs)" if iv.low is None or iv.high is None
+                  else f"{iv.low:.2f}-{iv.high:.2f} (±{iv.spread_pct:.0f} %)")
+        diff = ("" if iv.diff_low_s is None or iv.diff_high_s is None
+                else f"; target - source {iv.diff_low_s:+.3f}..{iv.diff_high_s:+.3f}s")
+        noise = "-" if iv.noise_pct is None else f"{iv.noise_pct:.0f} %"
+        lines.append(f"{w.window}: target/source {iv.ratio:.2f}, {100 * iv.level:.4g} % interval {bounds}{diff}; "
+                     f"{iv.pairs} pairs in {w.rounds} round{'s' if w.rounds != 1 else ''}; "
+                     f"source-vs-source noise (A/A') {noise}")
     return "\n".join(lines)
 
 

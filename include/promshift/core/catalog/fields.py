@@ -495,6 +495,8 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
         LatencyPolicy,
         {
             "repeats": _Field("repeats", _integer(minimum=1)),
+            "confidence": _Field("confidence", _number(minimum=0.5, maximum=0.999)),
+            "max_rounds": _Field("max_rounds", _integer(minimum=1)),
             "timeout": _Field("timeout_s", _duration(positive=True)),
             "max_slowdown_ratio": _Field("max_slowdown_ratio", _number(minimum=1)),
             "slowdown_floor": _Field("slowdown_floor_s", _duration(positive=False)),

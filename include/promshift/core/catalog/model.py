@@ -102,13 +102,18 @@ class LatencyWindow:
 class LatencyPolicy:
     """Golden queries timed on both sides over each window.
 
-    Each query runs ``repeats`` times per window with a ``timeout_s`` budget
-    (timeouts, 422/429 and partial results count as failures, not slow
-    successes). The target's p95 must meet each window's SLO and be at most
-    ``max_slowdown_ratio`` times the source's p95.
+    Each query runs ``repeats`` source/target pairs per round per window with a
+    ``timeout_s`` budget (timeouts, 422/429 and partial results count as
+    failures, not slow successes). The target's p95 must meet each window's
+    SLO and be at most ``max_slowdown_ratio`` times the source's p95, each
+    judged by a bootstrap interval at ``confidence``; a window whose interval
+    straddles gets another round, up to ``max_rounds`` (the probe budget, with
+    ``deadline_s``), then stays INCONCLUSIVE.
     """
 
     repeats: int = 5
+    confidence: float = 0.95
+    max_rounds: int = 4
     timeout_s: float = 60.0
     max_slowdown_ratio: float = 1.2
     # Below this absolute difference a slower target is noise, not a regression
