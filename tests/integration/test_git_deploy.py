@@ -19,6 +19,7 @@ from promshift.core.deploy import DeployError, DeployResult, DeployState
 from promshift.core.git_render import entry_names
 from promshift.core.git_source import GitSource
 from promshift.core.render import remote_write_entry, remote_write_names
+from promshift.core.verdicts import Verdict
 from promshift.local.stack.github_api import GitHubContractServer
 from promshift.local.stack.local import PROMETHEUS_BIN, find_free_ports
 from promshift.local.stack.prometheus import PrometheusProcess
@@ -180,3 +181,51 @@ def test_a_file_changed_since_the_snapshot_is_not_overwritten(env: Env) -> None:
     with pytest.raises(DeployError, match="changed since the snapshot .*refusing to deploy, nothing committed"):
         d.deploy(snap, datetime.now(UTC))
     assert log(env.repo)[0] == "someone|someone else"
+
+
+def test_a_sync_that_drops_our_entry_during_the_bake_is_reported_by_the_next_check(env: Env, tmp_path: Path) -> None:
+    """Someone's commit (a values file from another source of truth) drops our entry; the reconciler syncs it;
+    the next bake check fails on ``entry`` and its line says the entry is gone from the loaded config."""
+    from promshift.adapters.audit_store import AuditStore
+    from promshift.adapters.routing import RoutingStore
+    from promshift.adapters.settings import REPO_ROOT, load_catalog
+    from promshift.core.deploy_kinds import deploy_of
+    from promshift.core.stages import Stage
+    from promshift.steps.lifecycle import GroupLifecycle
+    from promshift.steps.migration import Backends, GroupMigration
+
+    d = deployer(env, "direct")
+    before = tip_file(env.repo)
+    assert follow(d, d.deploy(d.snapshot(), datetime.now(UTC))).state is DeployState.DONE
+    audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
+    stage = Stage.PLANNED
+    for to in (Stage.DUAL_WRITING, Stage.WARMING, Stage.VERIFIED, Stage.APPROVED, Stage.CUT_OVER):
+        audit.append(group="gpu-memory", run_id="manual__t1", kind=f"seed_{to.value}", actor="test",
+                     at=datetime.now(UTC), evidence={}, stage_from=stage, stage_to=to)
+        stage = to
+    group = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get("gpu-memory")
+    backends = Backends(source=env.prometheus, target=env.prometheus, source_config_path="",
+                        target_remote_write_url="")
+
+    def bake() -> GroupLifecycle:
+        m = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
+                           run_id=f"scheduled__{time.monotonic_ns()}")
+        return GroupLifecycle(m, deploy=deploy_of("git"), parity_check=lambda start, now: (Verdict.SUCCESSFUL, "ok"))
+
+    assert bake().observe(datetime.now(UTC)).entry_loaded is True
+    # A sync of another source of truth: the values file as it was before our commit, pushed by someone else.
+    work = tmp_path / "other"
+    git = ["git", "-c", "user.name=platform-bot", "-c", "user.email=p@x"]
+    subprocess.run([*git, "clone", "--quiet", str(env.repo), str(work)], check=True)
+    (work / VALUES_PATH).write_bytes(before)
+    subprocess.run([*git, "commit", "--quiet", "-am", "sync values from the platform chart"], cwd=work, check=True)
+    subprocess.run([*git, "push", "--quiet", "origin", "HEAD:main"], cwd=work, check=True)
+    deadline = time.monotonic() + 20
+    while NAME in remote_write_names(env.prometheus.config_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    out = bake().bake_check(datetime.now(UTC))
+    [entry] = [m for m in out["check"]["measurements"] if m["name"] == "entry"]
+    assert entry["verdict"] == "FAILED"
+    assert entry["reason"].startswith("remote_write promshift-gpu-memory is no longer in the source's loaded config")
+    assert out["outcome"] == "rolled_back_reads" and "entry FAILED: remote_write promshift-gpu-memory" in out["reason"]
+    audit.engine.dispose()

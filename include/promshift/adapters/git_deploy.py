@@ -57,6 +57,12 @@ def redact_url(url: str) -> str:
     return redact_text(re.sub(r"^([a-z+]+://)[^/@]*@", r"\1", url))
 
 
+def scrub(text: str, secret: str | None) -> str:
+    """``text`` redacted, and without ``secret`` (our own token, which a server may echo back) anywhere in it."""
+    text = redact_text(text)
+    return text.replace(secret, "***") if secret else text
+
+
 class GitError(DeployError):
     """A git command failed; one line (the command's last words, redacted)."""
 
@@ -89,7 +95,7 @@ class Git:
             raise GitError(f"cannot run {self.binary!r}: {exc.strerror}") from None
         if check and done.returncode != 0:
             said = " ".join((done.stderr or done.stdout).split())[-300:]
-            raise GitError(f"git {args[0]} failed ({done.returncode}): {redact_text(said)}")
+            raise GitError(f"git {args[0]} failed ({done.returncode}): {scrub(said, self.token)}")
         return done
 
     @contextmanager
@@ -127,7 +133,7 @@ class DirectPush:
         pushed = git.run("push", "--porcelain", "origin", f"HEAD:refs/heads/{base}", cwd=repo, check=False)
         if pushed.returncode != 0:
             why = " ".join((pushed.stderr or pushed.stdout).split())[-200:]
-            raise GitError(f"push to {base} refused (someone pushed since our clone?): {redact_text(why)}; "
+            raise GitError(f"push to {base} refused (someone pushed since our clone?): {scrub(why, git.token)}; "
                            "nothing deployed")
         return {"kind": self.kind, "url": None, "branch": base, "commit": sha, "merged": True}
 
@@ -182,7 +188,7 @@ class GitHubPullRequests:
         if resp.status_code >= 400:
             message = body.get("message") if isinstance(body, dict) else resp.reason
             raise GitHubError(f"{method} /repos/{self.repository}{path}: HTTP {resp.status_code} "
-                              f"{redact_text(' '.join(str(message).split())[:200])}")
+                              f"{scrub(' '.join(str(message).split())[:200], self.token)}")
         return body
 
     def _pull(self, body: Any) -> dict[str, Any]:
