@@ -133,8 +133,10 @@ def test_pull_request_backend_merged_by_review_then_reverted_through_another(env
     assert (method, path) == ("POST", f"/repos/{REPOSITORY}/pulls")
     assert body["head"] == request["branch"] and body["base"] == "main" and "gpu-memory" in body["title"]
     assert TOKEN not in json.dumps(result.to_dict())
-    assert follow(d, result).state is DeployState.DONE  # merged by the reviewer stand-in, then synced
-    assert env.github.pulls[1]["merged"] is True
+    live = follow(d, result)  # merged by the reviewer stand-in, then synced
+    assert live.state is DeployState.DONE and env.github.pulls[1]["merged"] is True
+    statuses = [c.status for c in live.status_history]  # WAITING_FOR_RELOAD may come between MERGED and LIVE
+    assert statuses[:2] == ["CHANGE_REQUESTED", "MERGED"] and statuses[-1] == "LIVE", statuses
 
     restored = follow(d, d.restore(snap, datetime.now(UTC)))
     assert restored.state is DeployState.DONE
@@ -155,6 +157,18 @@ def test_an_unmerged_pull_request_is_closed_and_nothing_is_committed(env: Env) -
     assert env.github.pulls[1]["state"] == "closed" and not env.github.pulls[1]["merged"]
     assert follow(d, restored).state is DeployState.DONE
     assert tip_file(env.repo) == before and log(env.repo) == commits
+
+
+def test_a_pull_request_closed_without_merging_fails_the_wait(env: Env) -> None:
+    env.github.merge_after_s = None
+    d = deployer(env, "github", run_id="manual__t3")
+    result = d.deploy(d.snapshot(), datetime.now(UTC))
+    result = d.verify(result, datetime.now(UTC))
+    assert result.state is DeployState.WAITING and result.reason.startswith("waiting for the review of pull request #1")
+    GitHubPullRequests(env.github.base_url, REPOSITORY, TOKEN).request("PATCH", "/pulls/1", json={"state": "closed"})
+    failed = d.verify(result, datetime.now(UTC))
+    assert failed.state is DeployState.FAILED and failed.status == "CLOSED_UNMERGED"
+    assert failed.reason.endswith("was closed without merging")
 
 
 def test_the_contract_server_refuses_a_bad_token_and_a_missing_branch_in_one_line(env: Env) -> None:

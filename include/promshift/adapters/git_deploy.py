@@ -324,9 +324,8 @@ class GitDeployment:
             status, now, state=DeployState.WAITING, reason=reason, **details)
 
     def verify(self, result: DeployResult, now: datetime) -> DeployResult:
-        from promshift.adapters.k8s_deploy import observe_loaded_config
-
-        return observe_loaded_config(self.prometheus, result, now)
+        pulls = self.backend if isinstance(self.backend, GitHubPullRequests) else None
+        return observe_git_change(GitObserver(self.prometheus, pulls), result, now)
 
     def restore(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
         """A revert commit of ours (byte-identical file), or only our entry removed if others edited since."""
@@ -340,9 +339,10 @@ class GitDeployment:
                 raise DeployError(f"{self.where}: {exc}") from None
             change: dict[str, Any] | None
             if not ours_live:  # never merged (a pull request still open or closed), or already reverted
-                change = self.backend.withdraw(head=self.source.change_branch(self.group, self.run_id, "dual-write"))
+                closed = self.backend.withdraw(head=self.source.change_branch(self.group, self.run_id, "dual-write"))
                 commits: list[str] = []
-                method = "closed_unmerged" if change else "nothing_to_revert"
+                method = "closed_unmerged" if closed else "nothing_to_revert"
+                change = {"kind": self.backend.kind, "withdrawn": closed} if closed else None
             else:
                 ours = self.git.run("log", "--format=%H", "-F", f"--grep={self._trailer('dual-write')}",
                                     cwd=repo).stdout.split()
@@ -376,6 +376,43 @@ class GitDeployment:
             "REVERT_" + ("PUSHED" if (change or {}).get("merged") or not commits else "REQUESTED"), now,
             state=DeployState.WAITING, reason=f"{self.where}: {method}; waiting for the sync to drop {self.name}",
             **details)
+
+
+@dataclass
+class GitObserver:
+    """What following a git change reads: the source's loaded config, and the pull request (None: a direct push)."""
+
+    prometheus: PrometheusClient
+    pulls: GitHubPullRequests | None = None
+
+
+def observe_git_change(observer: GitObserver, result: DeployResult, now: datetime) -> DeployResult:
+    """The change's merge state first (a pull request not merged yet: WAITING; closed unmerged: FAILED; past the
+    deadline: TIMEOUT), then the loaded config (``observe_loaded_config``). Reads only."""
+    from promshift.adapters.k8s_deploy import observe_loaded_config
+
+    if result.state.final:
+        return result
+    change = dict(result.details.get("change") or {})
+    request = dict(change.get("change_request") or {})
+    if observer.pulls is not None and request.get("number") and not request.get("merged"):
+        pull = observer.pulls.get(int(request["number"]))
+        where = f"pull request #{request['number']} ({request.get('url')})"
+        if pull["merged"]:
+            change["change_request"] = {**request, **pull}
+            result = result.observed("MERGED", now, state=DeployState.WAITING, change=change,
+                                     reason=f"{where} merged; waiting for the sync")
+        elif pull["state"] == "closed":
+            return result.observed("CLOSED_UNMERGED", now, state=DeployState.FAILED,
+                                   reason=f"{where} was closed without merging")
+        else:
+            deadline = result.details.get("deadline")
+            if deadline and now >= datetime.fromisoformat(str(deadline)):
+                return result.observed("NOT_MERGED", now, state=DeployState.TIMEOUT,
+                                       reason=f"{where} was not merged by {deadline}")
+            return result.observed(result.status or "CHANGE_REQUESTED", now, state=DeployState.WAITING,
+                                   reason=f"waiting for the review of {where}")
+    return observe_loaded_config(observer.prometheus, result, now)
 
 
 def change_backend(source: GitSource, token: str | None) -> ChangeBackend:

@@ -315,10 +315,12 @@ class _GroupStep:
 
     def deploy_trigger(self, result: dict[str, Any]) -> Any:
         """What waits for a deploy or restore to be live: the scraper's status, or the source's loaded config."""
-        from promshift.orchestration.triggers import LoadedConfigTrigger, ScraperStatusTrigger
+        from promshift.orchestration.triggers import GitChangeTrigger, LoadedConfigTrigger, ScraperStatusTrigger
 
         if self.deploy.waits_for_scraper:
             return ScraperStatusTrigger(target_conn_id=self.target_conn_id, result=result)
+        if self.deploy.change_request:  # the pull request's merge state, then the loaded config
+            return GitChangeTrigger(source_conn_id=self.source_conn_id, result=result)
         return LoadedConfigTrigger(source_conn_id=self.source_conn_id, result=result)
 
     def run_params(self, context: Any, *, strict: bool = False) -> Any:
