@@ -118,6 +118,10 @@ def test_direct_push_commits_waits_for_the_sync_and_reverts_byte_for_byte(env: E
     assert log(env.repo)[:2] == ['promshift|Revert "promshift: dual-write gpu-memory (promshift-gpu-memory)"',
                                  "promshift|promshift: dual-write gpu-memory (promshift-gpu-memory)"]
     assert d.snapshot().sha256 == snap.sha256  # what DeployStep._live_is compares
+    # A retried rollback (the task died after the revert reached the branch) reports the same revert commit.
+    again = d.restore(snap, datetime.now(UTC)).details["change"]
+    assert (again["method"], again["commits"]) == ("revert", restored.details["change"]["commits"])
+    assert again["change_request"]["already_there"] and len(log(env.repo)) == 3
 
 
 def test_pull_request_backend_merged_by_review_then_reverted_through_another(env: Env) -> None:
@@ -151,7 +155,7 @@ def test_an_unmerged_pull_request_is_closed_and_nothing_is_committed(env: Env) -
     snap = d.snapshot()
     d.deploy(snap, datetime.now(UTC))
     restored = d.restore(snap, datetime.now(UTC))
-    assert restored.details["change"]["method"] == "closed_unmerged"
+    assert restored.details["change"]["method"] == "closed_unmerged" and restored.status == "CHANGE_WITHDRAWN"
     assert restored.details["change"]["commits"] == []
     assert env.github.bodies[-1] == ("PATCH", f"/repos/{REPOSITORY}/pulls/1", {"state": "closed"})
     assert env.github.pulls[1]["state"] == "closed" and not env.github.pulls[1]["merged"]

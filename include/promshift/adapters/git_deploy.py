@@ -298,9 +298,11 @@ class GitDeployment:
         with self.git.clone(self.source.branch) as repo:
             live, tip = self._read(repo)
             if live == wanted:  # a retried deploy whose commit already reached the branch
-                change = {"kind": self.backend.kind, "url": None, "branch": self.source.branch, "commit": tip,
+                ours = self.git.run("log", "--format=%H", "-F", f"--grep={self._trailer('dual-write')}",
+                                    cwd=repo).stdout.split()
+                commits = ours[:1] or [tip]
+                change = {"kind": self.backend.kind, "url": None, "branch": self.source.branch, "commit": commits[0],
                           "merged": True, "already_there": True}
-                commits = [tip]
             elif live != before:
                 raise DeployError(f"{self.where} changed since the snapshot (commit {snapshot.meta.get('commit')} -> "
                                   f"{tip}); refusing to deploy, nothing committed")
@@ -338,9 +340,15 @@ class GitDeployment:
             except GitRenderError as exc:
                 raise DeployError(f"{self.where}: {exc}") from None
             change: dict[str, Any] | None
-            if not ours_live:  # never merged (a pull request still open or closed), or already reverted
+            commits: list[str] = []
+            reverted_before = [] if ours_live else self.git.run(
+                "log", "--format=%H", "-F", f"--grep={self._trailer('rollback')}", cwd=repo).stdout.split()
+            if reverted_before:  # a retried rollback: our revert already reached the branch; report it again
+                commits, method = reverted_before[:1], "revert"
+                change = {"kind": self.backend.kind, "branch": self.source.branch, "commit": commits[0],
+                          "merged": True, "already_there": True}
+            elif not ours_live:  # never merged (a pull request still open or closed), or nothing of ours
                 closed = self.backend.withdraw(head=self.source.change_branch(self.group, self.run_id, "dual-write"))
-                commits: list[str] = []
                 method = "closed_unmerged" if closed else "nothing_to_revert"
                 change = {"kind": self.backend.kind, "withdrawn": closed} if closed else None
             else:
@@ -372,8 +380,10 @@ class GitDeployment:
                 live = content
         details = self._details({"base_commit": tip, "commits": commits, "method": method,
                                  "restored_identical": live == before}, change or {}, now)
+        status = {"closed_unmerged": "CHANGE_WITHDRAWN", "nothing_to_revert": "NOTHING_TO_REVERT"}.get(
+            method, "REVERT_" + ("PUSHED" if (change or {}).get("merged") else "REQUESTED"))
         return DeployResult(self.kind, "restore", DeployState.WAITING).observed(
-            "REVERT_" + ("PUSHED" if (change or {}).get("merged") or not commits else "REQUESTED"), now,
+            status, now,
             state=DeployState.WAITING, reason=f"{self.where}: {method}; waiting for the sync to drop {self.name}",
             **details)
 
