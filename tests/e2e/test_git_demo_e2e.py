@@ -23,8 +23,8 @@ from promshift.core.render import remote_write_names
 from promshift.local.stack.local import LocalStack
 from tests.e2e.conftest import SharedSession, shared_session
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
-RUN_TIMEOUT_S = 900.0
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]
+RUN_TIMEOUT_S = 1200.0  # the first counts from the session start; Airflow took 6 min to start at load 26
 AWS = {"AWS_ACCESS_KEY_ID": "AKIAE2EGITDEMO000001", "AWS_SECRET_ACCESS_KEY": "e2eGitDemoSecretKey/0123456789abcdefghij"}
 
 
