@@ -16,6 +16,8 @@ HISTORY ?=
 # DEPLOY=scraper (with TARGET=amp): AMP's managed collector writes the group instead of a remote_write entry;
 # DEPLOY=k8s-cr (with TARGET=amp): the entry goes into prometheus-operator's Prometheus resource on a local
 # Kubernetes API contract server (not a cluster), whose operator stand-in renders it onto the source.
+# DEPLOY=git: the entry is a commit (a pull request) in a local config repository, synced onto the source by a
+# reconciler stand-in (docs/git-deploy.md).
 DEPLOY ?=
 # EXECUTOR=celery: Airflow as separate processes with two Celery workers (each its own PROMSHIFT_HOME) on the
 # machine's Redis (broker, 127.0.0.1:6379/5) and PostgreSQL (metadata, audit log; 127.0.0.1:5432, user postgres).

@@ -14,7 +14,9 @@ judged by the samples a query read (``stats=all``), and that query reads every G
 latency is a real timing too; the wave-2 groups start only after gpu-utilization cut over. A group migrates once per
 session. AMP bad-credentials: Airflow's AWS secret is its environment's, and the scenario is that it is wrong.
 k8s-cr also has the operator stand-in own the source config. Celery: another executor.
-tests/board/test_board_airflow.py has its own Airflow with users and a history of its own.
+tests/board/test_board_airflow.py has its own Airflow with users and a history of its own. git (test_git_demo_e2e.py): a
+session of its own (a stack with the git component, whose reconciler owns the source config) for happy and drift,
+one after the other.
 """
 
 from __future__ import annotations

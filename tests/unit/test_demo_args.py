@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def test_unknown_deploy_is_refused_by_the_parser(capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize(("deploy", "target", "message"), [
     ("scraper", "prometheus", "deploy 'scraper' needs the AMP target"),
     ("k8s-cr", "prometheus", "deploy 'k8s-cr' needs the AMP target"),
-    ("ftp", "amp", "deploy must be one of remote_write, scraper, k8s-cr, got 'ftp'"),
+    ("ftp", "amp", "deploy must be one of remote_write, scraper, k8s-cr, git, got 'ftp'"),
 ])
 def test_run_demo_refuses_before_touching_the_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deploy: str,
                                                     target: str, message: str) -> None:
@@ -115,3 +116,26 @@ def test_run_demo_refuses_a_lifecycle_scenario_on_the_remote_write_path(tmp_path
         run_demo(group_name="gpu-memory", scenario="bake-fail", nodes=2, airflow_port=1, report_root=tmp_path,
                  target_kind="amp", deploy="remote_write")
     assert not (tmp_path / "state").exists()
+
+
+def test_git_puts_the_repository_on_the_source_connection_and_the_token_in_a_connection_of_its_own() -> None:
+    from promshift.core.deploy_kinds import deploy_kind_of
+    from promshift.core.git_source import git_source_of
+    from promshift.local.demo import GIT_TIMEOUT_S, source_connection, target_connection
+    from promshift.local.stack.local import LocalStack, StackConfig
+
+    stack = LocalStack(StackConfig(home=Path("/nonexistent-promshift-home"), git=True))
+    address = {"repo": "/state/git/config.git", "path": "values.yaml", "shape": "helm-values", "branch": "main",
+               "repository": "platform/gpu-monitoring", "url": "http://127.0.0.1:31111"}
+    stack.git_address = lambda: address  # type: ignore[method-assign]  # what the running component recorded
+    source = source_connection(stack, "git")
+    assert "config_path" not in source["extra"]
+    assert deploy_kind_of(target_connection(stack, "git")["extra"], conn_id="promshift_target", is_amp=False,
+                          source_extra=source["extra"]) == "git"
+    git = git_source_of(source["extra"])
+    assert (git.url, git.path, git.shape, git.backend, git.repository, git.api_url, git.conn_id, git.timeout_s) == (
+        "/state/git/config.git", "values.yaml", "helm-values", "github", "platform/gpu-monitoring",
+        "http://127.0.0.1:31111", "promshift_git", GIT_TIMEOUT_S)
+    assert "token" not in json.dumps(source)
+    with pytest.raises(ValueError, match="the git and k8s components both render onto the source's config"):
+        StackConfig(home=Path("/nonexistent-promshift-home"), git=True, kubernetes=True)

@@ -213,7 +213,7 @@ def test_a_kubernetes_source_connection_chooses_the_kubernetes_deployer() -> Non
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    ({"deploy": "helm"}, "extra.deploy must be one of file, k8s-configmap, k8s-cr, got 'helm'"),
+    ({"deploy": "helm"}, "extra.deploy must be one of file, k8s-configmap, k8s-cr, git, got 'helm'"),
     ({"deploy": "k8s-cr"}, "needs extra.kubernetes"),
     ({"deploy": "k8s-cr", "kubernetes": {"name": "k8s"}}, "namespace must be a DNS label, got ''"),
     ({"deploy": "k8s-cr", "kubernetes": {"namespace": "Monitoring", "name": "k8s"}}, "namespace must be a DNS label"),
@@ -302,9 +302,9 @@ def test_operators_and_steps_never_compare_deploy_kinds() -> None:
 
 
 def test_every_deploy_kind_says_what_it_does() -> None:
-    from promshift.core.deploy_kinds import DEPLOY_KINDS, DEPLOYS, K8S_KINDS, Deploy
+    from promshift.core.deploy_kinds import DEPLOY_KINDS, DEPLOYS, GIT, K8S_KINDS, Deploy
 
-    assert set(DEPLOYS) == set(DEPLOY_KINDS) | set(K8S_KINDS)
+    assert set(DEPLOYS) == set(DEPLOY_KINDS) | set(K8S_KINDS) | {GIT}
     rw, scraper = deploy_of("remote_write"), deploy_of("scraper")
     assert (rw.source_queue, rw.own_writer, rw.via_deployer) == (True, False, False)
     assert (scraper.source_queue, scraper.own_writer, scraper.via_deployer) == (False, True, True)
@@ -314,5 +314,9 @@ def test_every_deploy_kind_says_what_it_does() -> None:
         assert (k8s.source_queue, k8s.own_writer, k8s.via_deployer, k8s.live_status) == (True, False, True, "LIVE")
         assert k8s.config_by_api and not rw.config_by_api and not scraper.config_by_api
     assert isinstance(rw, Deploy)
-    with pytest.raises(ValueError, match="unknown deploy 'git'"):
-        deploy_of("git")
+    git = deploy_of(GIT)  # the same entry, as a commit in the team's config repository
+    assert (git.source_queue, git.own_writer, git.via_deployer, git.config_by_api, git.change_request) == (
+        True, False, True, True, True)
+    assert not any(deploy_of(kind).change_request for kind in (*DEPLOY_KINDS, *K8S_KINDS))
+    with pytest.raises(ValueError, match="unknown deploy 'helm'"):
+        deploy_of("helm")

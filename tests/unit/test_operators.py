@@ -1094,9 +1094,9 @@ def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owner
     assert check["verdict"] == "ERROR"
     # Every measurement could not be observed: each is ERROR with the read that failed, none judged on no data.
     assert {m["name"]: m["verdict"] for m in check["measurements"]} == {
-        "freshness": "ERROR", "lag": "ERROR", "series": "ERROR", "parity": "ERROR"}
+        "freshness": "ERROR", "lag": "ERROR", "series": "ERROR", "parity": "ERROR", "entry": "ERROR"}
     # (The parity check reports its unreachable backends itself, as its own ERROR verdict.)
-    assert set(check["observation"]["errors"]) == {"age", "lag", "source_series", "target_series"}
+    assert set(check["observation"]["errors"]) == {"age", "lag", "source_series", "target_series", "entry"}
     assert check["observation"]["parity"] == "ERROR"
     assert "unreachable" in check["observation"]["errors"]["age"]
     notified = audit.events(group=GROUP)[-1].evidence_data

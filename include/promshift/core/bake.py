@@ -10,6 +10,9 @@ Each bake check looks at the target copy of a group that reads from the target:
 - ``series``: the target holds the source's series count within ``bake.series_tolerance``; a source
   with no series of the group is INCONCLUSIVE (nothing to compare);
 - ``parity``: a short parity window on the group (the parity check's own verdict);
+- ``entry``: on a path where the source's own queue carries the group, the group's ``remote_write`` entry is
+  still in the source's loaded config; gone FAILS and says so: a later sync (Argo CD, Flux, ``helm upgrade``)
+  or a hand edit removed it, and the target receives nothing new of the group (omitted where not observed);
 - ``rules``: only for a group whose rules moved to the target (omitted otherwise: there is nothing on
   the target to watch): every moved rule is reported by the target's ``/api/v1/rules`` with health
   ``ok`` and a last evaluation at most ``RULE_STALE_INTERVALS`` of its group's intervals old. A moved rule
@@ -128,6 +131,9 @@ class BakeObservation:
     rules: RulesObservation | None = None
     # The moved alerts firing on the target and their delivery; None when no alert moved.
     delivery: DeliveryObservation | None = None
+    # Whether the group's remote_write entry (``entry_name``) is in the source's loaded config; None: not observed.
+    entry_loaded: bool | None = None
+    entry_name: str = ""
     # Observations that could not be made: (what, one line), what being age, lag, source_series,
     # target_series, parity or rules. The measurement that needed it is ERROR, never judged on a missing value.
     errors: tuple[tuple[str, str], ...] = ()
@@ -167,7 +173,7 @@ class BakeCheckResult:
 
 # Which observations each measurement needs.
 _NEEDS = {"freshness": ("age",), "lag": ("lag",), "series": ("source_series", "target_series"),
-          "parity": ("parity",), "rules": ("rules",), "delivery": ("delivery",)}
+          "parity": ("parity",), "rules": ("rules",), "delivery": ("delivery",), "entry": ("entry",)}
 
 
 def judge(obs: BakeObservation, policy: BakePolicy) -> BakeCheckResult:
@@ -222,6 +228,14 @@ def _judge_observed(obs: BakeObservation, policy: BakePolicy) -> list[BakeMeasur
         out.append(judge_rules(obs.rules))
     if obs.delivery is not None and obs.delivery.alerts:
         out.append(judge_delivery(obs.delivery))
+    if obs.entry_loaded is True:
+        out.append(BakeMeasurement("entry", Verdict.SUCCESSFUL, f"remote_write {obs.entry_name} is in the source's "
+                                                                "loaded config"))
+    elif obs.entry_loaded is False:
+        out.append(BakeMeasurement("entry", Verdict.FAILED,
+                                   f"remote_write {obs.entry_name} is no longer in the source's loaded config: a later "
+                                   "sync (Argo CD, Flux, helm upgrade) or an edit removed it, so the target gets "
+                                   "nothing new of the group"))
     return out
 
 

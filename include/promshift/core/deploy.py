@@ -28,6 +28,7 @@ class DeployKind(StrEnum):
     SCRAPER = "scraper"
     K8S_CONFIGMAP = "k8s-configmap"
     K8S_CR = "k8s-cr"
+    GIT = "git"  # a commit in the team's config repository, synced by Argo CD / Flux / helm (adapters.git_deploy)
 
 
 class DeployState(StrEnum):

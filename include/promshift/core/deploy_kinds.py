@@ -31,7 +31,8 @@ DEPLOY_KINDS = (REMOTE_WRITE, SCRAPER)
 FILE = DeployKind.FILE.value
 K8S_CONFIGMAP = DeployKind.K8S_CONFIGMAP.value
 K8S_CR = DeployKind.K8S_CR.value
-SOURCE_DEPLOY_KINDS = (FILE, K8S_CONFIGMAP, K8S_CR)
+GIT = DeployKind.GIT.value
+SOURCE_DEPLOY_KINDS = (FILE, K8S_CONFIGMAP, K8S_CR, GIT)
 K8S_KINDS = (K8S_CONFIGMAP, K8S_CR)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -56,7 +57,9 @@ class Deploy:
     live_status: str  # the DeployResult status that means live
     waits_for_scraper: bool  # deploy and restore wait on the scraper's status (else on the loaded config)
     writer_interval_s: float | None  # the writer's own scrape interval (None: the source's)
-    config_by_api: bool = False  # the source's config is changed through the Kubernetes API: no file on the worker
+    config_by_api: bool = False  # the source config changes through an API (Kubernetes, git): no file on the worker
+    change_request: bool = False  # the change is a commit (and a change request) in the team's config repository,
+    #                               live once their sync (Argo CD, Flux, helm) has reloaded the source
 
 
 DEPLOYS: dict[str, Deploy] = {
@@ -66,6 +69,8 @@ DEPLOYS: dict[str, Deploy] = {
                     waits_for_scraper=True, writer_interval_s=SCRAPER_INTERVAL_S),
     **{kind: Deploy(kind, source_queue=True, own_writer=False, via_deployer=True, live_status="LIVE",
                     waits_for_scraper=False, writer_interval_s=None, config_by_api=True) for kind in K8S_KINDS},
+    GIT: Deploy(GIT, source_queue=True, own_writer=False, via_deployer=True, live_status="LIVE",
+                waits_for_scraper=False, writer_interval_s=None, config_by_api=True, change_request=True),
 }
 
 
@@ -82,8 +87,9 @@ def deploy_kind_of(extra: Mapping[str, Any], *, conn_id: str, is_amp: bool,
 
     The target connection's ``extra.deploy`` (default ``remote_write``) first; with ``remote_write``,
     a source connection whose ``extra.deploy`` is ``k8s-configmap`` or ``k8s-cr`` makes it that
-    (the same entry, written through the Kubernetes API). A managed collector scrapes by itself, so
-    ``scraper`` with a Kubernetes source deploy is refused rather than silently ignoring one of them.
+    (the same entry, written through the Kubernetes API), and ``git`` makes it ``git`` (the entry as a commit
+    in the team's config repository, ``core.git_source``). A managed collector scrapes by itself, so
+    ``scraper`` with a Kubernetes or git source deploy is refused rather than silently ignoring one of them.
     """
     kind = str(extra.get("deploy") or REMOTE_WRITE).strip().lower()
     if kind not in DEPLOY_KINDS:
@@ -92,6 +98,14 @@ def deploy_kind_of(extra: Mapping[str, Any], *, conn_id: str, is_amp: bool,
     if kind == SCRAPER and not is_amp:
         raise ValueError(f"connection {conn_id!r}: extra.deploy 'scraper' needs an amp connection "
                          "(the managed collector writes to an AMP workspace)")
+    if str((source_extra or {}).get("deploy") or "").strip().lower() == GIT:
+        if kind == SCRAPER:
+            raise ValueError(f"connection {conn_id!r} deploys through the managed collector, but connection "
+                             f"{source_conn_id!r} asks for {GIT}: choose one")
+        from promshift.core.git_source import git_source_of
+
+        git_source_of(source_extra or {}, conn_id=source_conn_id)  # one line for a bad extra.git, at validate
+        return GIT
     source = kubernetes_source_of(source_extra or {}, conn_id=source_conn_id)
     if source is None:
         return kind
@@ -128,7 +142,7 @@ def kubernetes_source_of(extra: Mapping[str, Any], *, conn_id: str = "promshift_
     if kind not in SOURCE_DEPLOY_KINDS:
         raise ValueError(f"connection {conn_id!r}: extra.deploy must be one of {', '.join(SOURCE_DEPLOY_KINDS)}, "
                          f"got {kind!r}")
-    if kind == FILE:
+    if kind in (FILE, GIT):
         return None
     raw = extra.get("kubernetes")
     if not isinstance(raw, Mapping):

@@ -295,6 +295,8 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
         elif e.kind in (EventKind.ROLLED_BACK, EventKind.ROLLBACK_NOT_NEEDED):
             rollback = {"performed": data["performed"], "restored_identical": data["restored_identical"],
                         "reason": data["reason"]}
+            if (data.get("deploy") or {}).get("change"):  # a git deploy's revert: its commits, change request
+                rollback["change"] = data["deploy"]["change"]
         elif e.kind == EventKind.DUAL_WRITE_DEPLOYED:
             deploy = data
         deployed = (EventKind.DUAL_WRITE_DEPLOYED, EventKind.DEPLOY_FAILED, EventKind.QUOTA_REFUSED)

@@ -40,6 +40,9 @@ def add_stack_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     up.add_argument("--k8s", action="store_true",
                     help="also the Kubernetes API contract server with a prometheus-operator stand-in that renders "
                          "the Prometheus resource monitoring/k8s onto the source (a contract test, not a cluster)")
+    up.add_argument("--git", action="store_true",
+                    help="also a bare config repository (kube-prometheus-stack values), a reconciler stand-in that "
+                         "syncs it onto the source like Argo CD / Flux, and a GitHub API contract server")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     up.set_defaults(handler=stack_up)
 
@@ -134,7 +137,8 @@ def stack_up(args: argparse.Namespace) -> int:
     """Handle ``stack up``."""
     target_kind = getattr(args, "target", None) or "prometheus"
     stack = LocalStack(StackConfig.from_env(nodes=getattr(args, "nodes", None), target_kind=target_kind,
-                                            kubernetes=bool(getattr(args, "k8s", False))))
+                                            kubernetes=bool(getattr(args, "k8s", False)),
+                                            git=bool(getattr(args, "git", False))))
     try:
         if getattr(args, "fresh", False):
             stack.reset()
@@ -150,6 +154,11 @@ def stack_up(args: argparse.Namespace) -> int:
     print(f"mail sink:         smtp://127.0.0.1:{stack.smtp_port}  (messages kept under {stack.mail_dir})")
     if stack.config.kubernetes:
         print(f"kubernetes API:    {stack.kubernetes_url}  (contract server; kubeconfig {stack.kubeconfig_path})")
+    if stack.config.git:
+        address = stack.git_address() or {}
+        print(f"config repository: {address.get('repo')} ({address.get('path')}, branch {address.get('branch')}; "
+              f"synced every {address.get('interval_s')}s)")
+        print(f"GitHub API:        {stack.github_url}  (contract server; token in {stack.git_dir / 'token'})")
     if target_kind == "amp":
         # Names and URLs only: the credential pair is never printed.
         print(f"AMP control plane: {stack.aws_url}  (boto3 amp client endpoint_url, region {stack.config.region})")

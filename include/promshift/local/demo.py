@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -54,7 +55,7 @@ from promshift.adapters.settings import REPO_ROOT, audit_key, load_catalog, loca
 from promshift.board import URL_PREFIX as BOARD_PREFIX
 from promshift.core.catalog import MetricGroup
 from promshift.core.cost import CostEvidence
-from promshift.core.deploy_kinds import DEPLOY_KINDS, K8S_CR, REMOTE_WRITE, SCRAPER
+from promshift.core.deploy_kinds import DEPLOY_KINDS, GIT, K8S_CR, REMOTE_WRITE, SCRAPER
 from promshift.core.durations import format_duration, parse_duration
 from promshift.core.executor_report import EXECUTOR_KINDS, executor_block, executor_line
 from promshift.core.latency import WindowLatency
@@ -99,7 +100,11 @@ APPROVAL_AFTER_POLLS = 3  # Airflow is polled every 3 s
 # demo-history's latency probe may run 5 minutes instead of 3, and times 4 long windows.
 HISTORY_TIMEOUT_S = 720.0
 # What --deploy takes: the target's deploys, and the source's prometheus-operator resource (the stack's k8s component).
-DEMO_DEPLOY_KINDS = (*DEPLOY_KINDS, K8S_CR)
+DEMO_DEPLOY_KINDS = (*DEPLOY_KINDS, K8S_CR, GIT)
+# Deploys that work with either target (the others need the AMP target).
+ANY_TARGET_DEPLOYS = (REMOTE_WRITE, GIT)
+# How long the git deploy waits for the review stand-in, the reconciler and the source's reload.
+GIT_TIMEOUT_S = 120.0
 # How long the deploy waits for the operator stand-in and the source's reload (LoadedConfigTrigger's deadline).
 K8S_TIMEOUT_S = 120.0
 
@@ -315,6 +320,9 @@ def source_connection(stack: LocalStack, deploy: str = REMOTE_WRITE) -> dict[str
     if deploy == K8S_CR:
         return {"conn_type": "prometheus", "host": stack.source_url,
                 "extra": {"deploy": K8S_CR, "kubernetes": stack.kubernetes_source_extra(timeout_s=K8S_TIMEOUT_S)}}
+    if deploy == GIT:  # the stack's config repository, through a pull request on its GitHub API contract server
+        return {"conn_type": "prometheus", "host": stack.source_url,
+                "extra": {"deploy": GIT, "git": stack.git_source_extra(timeout_s=GIT_TIMEOUT_S)}}
     return {"conn_type": "prometheus", "host": stack.source_url,
             "extra": {"config_path": str(stack.source_config_path)}}
 
@@ -364,7 +372,8 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
     """
     check_scenario(scenario, group_name=group_name, target_kind=target_kind, deploy=deploy)
     session = start_session(nodes=nodes, airflow_port=airflow_port, target_kind=target_kind,
-                            kubernetes=deploy == K8S_CR, history_s=history_s, history_groups=(group_name,),
+                            kubernetes=deploy == K8S_CR, git=deploy == GIT, history_s=history_s,
+                            history_groups=(group_name,),
                             history_interval_s=history_interval_s, executor=executor,
                             bad_credentials=scenario == "bad-credentials")
     return run_scenario(session, group_name=group_name, scenario=scenario, report_root=report_root,
@@ -381,7 +390,7 @@ def check_scenario(scenario: str, *, group_name: str, target_kind: str, deploy: 
         lifecycle_choices(scenario, group_name, target_kind, deploy)  # refuses another target or deploy
     if deploy not in DEMO_DEPLOY_KINDS:
         raise ValueError(f"deploy must be one of {', '.join(DEMO_DEPLOY_KINDS)}, got {deploy!r}")
-    if deploy != REMOTE_WRITE and target_kind != "amp":
+    if deploy not in ANY_TARGET_DEPLOYS and target_kind != "amp":
         raise ValueError(f"deploy {deploy!r} needs the AMP target (--target amp / TARGET=amp)")
 
 
@@ -438,6 +447,7 @@ class DemoSession:
 
 
 def start_session(*, nodes: int, airflow_port: int, target_kind: str = "prometheus", kubernetes: bool = False,
+                  git: bool = False,
                   history_s: float | None = None, history_groups: tuple[str, ...] = (),
                   history_interval_s: float = 300.0, executor: str = "local",
                   bad_credentials: bool = False) -> DemoSession:
@@ -448,7 +458,7 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
     (``deploy="k8s-cr"`` needs it). ``bad_credentials`` (AMP only): Airflow signs with a secret the local AWS
     does not accept (scenario ``bad-credentials``)."""
     started = time.time()
-    config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=kubernetes)
+    config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=kubernetes, git=git)
     stack = LocalStack(config)
     profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
     catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
@@ -539,6 +549,10 @@ def scenario_connections(session: DemoSession, scenario: str, deploy: str) -> di
     source_conn = source_connection(stack, deploy)
     if lifecycle:  # the group's rules move with it; its dashboard is re-pointed (file mode)
         source_conn["extra"]["rules"] = True
+    if deploy == GIT:  # the token of the stack's GitHub API contract server, as a connection's password
+        return {"promshift_source": source_conn, "promshift_target": target_connection(stack, deploy),
+                "promshift_git": {"conn_type": "generic", "password": stack.git_token()},
+                "grafana_default": grafana_connection(stack.dashboards_dir) if lifecycle else None}
     return {"promshift_source": source_conn, "promshift_target": target_connection(stack, deploy),
             # Its existence turns the read-path switch on: the lifecycle scenarios' only.
             "grafana_default": grafana_connection(stack.dashboards_dir) if lifecycle else None}
@@ -560,6 +574,8 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
                          "(Airflow's AWS secret is its environment's), and such a session runs nothing else")
     if deploy == K8S_CR and not session.config.kubernetes:
         raise ValueError(f"deploy {K8S_CR!r} needs a session started with kubernetes=True")
+    if deploy == GIT and not session.config.git:
+        raise ValueError(f"deploy {GIT!r} needs a session started with git=True")
     first = session.scenarios_run == 0
     session.scenarios_run += 1
     started = session.started if first else time.time()
@@ -576,9 +592,10 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
         # The demo's short timings, as for its latency windows: the local collector scrapes at the source's
         # interval instead of the blob's 30 s, or the demo's minute-long parity window holds one or two points.
         stack.set_aws_faults(scraper={"collector_scrape_interval_s": parse_duration(session.config.scrape_interval)})
-    if deploy != REMOTE_WRITE:
+    if deploy != REMOTE_WRITE and session.target_kind == "amp":
         # The quota pre-flight reads the workspace's active series from CloudWatch (AWS vends it; locally seeded).
         log.info("workspace usage seeded for the quota pre-flight: %s", stack.publish_usage())
+    repository_before = config_repository(stack) if deploy == GIT else None
     sha_before = config_sha256(stack.source_config_path)
     log.info("source config %s sha256 %s before the run", stack.source_config_path, sha_before)
     rules_before = config_sha256(stack.source_rules_path)
@@ -645,6 +662,8 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
         rules_after = config_sha256(stack.source_rules_path)
         extra["source_rules"] = {"path": str(stack.source_rules_path), "sha256_before": rules_before,
                                  "sha256_after": rules_after, "identical": rules_before == rules_after}
+    if repository_before is not None:
+        extra["config_repository"] = config_repository_report(stack, repository_before)
     sha_after = config_sha256(stack.source_config_path)
     source_config = {"path": str(stack.source_config_path), "sha256_before": sha_before, "sha256_after": sha_after,
                      "identical": sha_before == sha_after}
@@ -662,6 +681,35 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
         print(f"celery: broker {services.redis_url} (queue {services.queue}); PostgreSQL databases "
               f"{', '.join(database_name(role, airflow.port) for role in DB_ROLES)}; logs {airflow.home}/*.log")
     return out_dir
+
+
+def config_repository(stack: LocalStack) -> dict[str, Any]:
+    """The stack's config repository now: its branch's tip, the file's sha256, and how many syncs ran."""
+    address = stack.git_address() or {}
+    repo, branch, path = str(address["repo"]), str(address["branch"]), str(address["path"])
+
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", "--git-dir", repo, *args], capture_output=True, check=True, timeout=60).stdout
+
+    syncs = json.loads((stack.git_dir / "sync.json").read_text()) if (stack.git_dir / "sync.json").exists() else []
+    return {"repository": repo, "branch": branch, "path": path, "tip": git("rev-parse", branch).decode().strip(),
+            "file_sha256": sha256_bytes(git("show", f"{branch}:{path}")), "syncs": syncs}
+
+
+def config_repository_report(stack: LocalStack, before: dict[str, Any]) -> dict[str, Any]:
+    """The config repository's block of the report: the file before and after, our commits, the syncs between.
+
+    Every change to the source's config in the run was the reconciler's (a sync of a commit), none ours."""
+    after = config_repository(stack)
+    log_lines = subprocess.run(["git", "--git-dir", after["repository"], "log", "--format=%H %an %s",
+                                f"{before['tip']}..{after['tip']}"], capture_output=True, text=True, check=True,
+                               timeout=60).stdout.splitlines()
+    syncs = [s for s in after["syncs"] if s not in before["syncs"]]
+    return {"repository": after["repository"], "branch": after["branch"], "path": after["path"],
+            "file_sha256_before": before["file_sha256"], "file_sha256_after": after["file_sha256"],
+            "identical": before["file_sha256"] == after["file_sha256"], "commits": log_lines,
+            "syncs": [{"commit": s["commit"], "changed": s["changed"]} for s in syncs],
+            "sync_wait_s": [round(s["reloaded_at"] - s["seen_at"], 3) for s in syncs]}
 
 
 def shared_store(home: Path) -> Path:
@@ -745,7 +793,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="scraper (--target amp only): AMP's managed collector writes the group instead of a "
                              "remote_write entry in the source's config; k8s-cr (--target amp only): the entry goes "
                              "into prometheus-operator's Prometheus resource on the stack's Kubernetes API contract "
-                             "server (not a cluster), whose operator stand-in renders it onto the source")
+                             "server (not a cluster), whose operator stand-in renders it onto the source; git: the "
+                             "entry is a commit in the stack's config repository (a pull request on its GitHub API "
+                             "contract server), synced onto the source by its reconciler stand-in")
     args = parser.parse_args(argv)
     if args.scenario == "plan":  # no Airflow: the stack, a read load, and `promshift plan` (docs/plan.md)
         from promshift.local.demo_plan import run_plan_demo
@@ -760,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
     args.group, args.target = args.group or DEFAULT_GROUP, args.target or "prometheus"
     args.deploy = args.deploy or REMOTE_WRITE
-    if args.deploy != REMOTE_WRITE and args.target != "amp":
+    if args.deploy not in ANY_TARGET_DEPLOYS and args.target != "amp":
         parser.error(f"--deploy {args.deploy} needs --target amp")
     if args.scenario in AMP_ONLY_SCENARIOS and args.target != "amp":
         parser.error(f"--scenario {args.scenario} needs --target amp")

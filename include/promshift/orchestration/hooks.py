@@ -122,6 +122,14 @@ class PrometheusHook(BaseHook):
         return True, f"{self.base_url} is ready and answers queries"
 
 
+def connection_secret(conn_id: str) -> str | None:
+    """The password of connection ``conn_id`` (a git token, say); ValueError naming the id when it has none."""
+    secret = BaseHook.get_connection(conn_id).password
+    if not secret:
+        raise ValueError(f"connection {conn_id!r} has no password (the token)")
+    return str(secret)
+
+
 def kubernetes_hook(source: Any) -> Any:
     """The cncf-kubernetes provider's ``KubernetesHook`` for a ``core.deploy_kinds.KubernetesSource``.
 

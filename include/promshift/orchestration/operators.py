@@ -269,6 +269,8 @@ class _GroupStep:
             if self.deploy.own_writer:  # the managed collector: the target's own writer is the deployed thing
                 deployer = hook.scraper_deployer(self.group.name, self.group.name_regex(),
                                                  scrape_interval_s=interval_s)
+            elif self.deploy.change_request:  # a commit in the team's config repository
+                deployer = self._git_deployer(context)
             else:
                 deployer = self._kubernetes_deployer()
         except (DeployError, ValueError) as exc:
@@ -297,12 +299,31 @@ class _GroupStep:
                                    name=source.name, entry=entry, prometheus=self.source_hook.prometheus_client(),
                                    key=source.key, timeout_s=source.timeout_s)
 
+    def _git_deployer(self, context: Any) -> Any:
+        """The source's git deployer: the team's config repository, through a pull request or a direct push; the
+        token from the connection ``extra.git.conn_id`` names (its password), never from the extra itself."""
+        from promshift.adapters.git_deploy import GitDeployment, change_backend
+        from promshift.core.git_source import git_source_of
+        from promshift.core.render import remote_write_entry
+        from promshift.orchestration.hooks import connection_secret
+
+        source = git_source_of(self.source_hook.extra, conn_id=self.source_conn_id)
+        token = connection_secret(source.conn_id) if source.conn_id else None
+        backends = self.backends()
+        entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
+                                   url=backends.target_remote_write_url, sigv4=backends.target_sigv4)
+        return GitDeployment(source, entry=entry, prometheus=self.source_hook.prometheus_client(),
+                             backend=change_backend(source, token), group=self.group.name,
+                             run_id=str(context["run_id"]), token=token)
+
     def deploy_trigger(self, result: dict[str, Any]) -> Any:
         """What waits for a deploy or restore to be live: the scraper's status, or the source's loaded config."""
-        from promshift.orchestration.triggers import LoadedConfigTrigger, ScraperStatusTrigger
+        from promshift.orchestration.triggers import GitChangeTrigger, LoadedConfigTrigger, ScraperStatusTrigger
 
         if self.deploy.waits_for_scraper:
             return ScraperStatusTrigger(target_conn_id=self.target_conn_id, result=result)
+        if self.deploy.change_request:  # the pull request's merge state, then the loaded config
+            return GitChangeTrigger(source_conn_id=self.source_conn_id, result=result)
         return LoadedConfigTrigger(source_conn_id=self.source_conn_id, result=result)
 
     def run_params(self, context: Any, *, strict: bool = False) -> Any:

@@ -195,3 +195,34 @@ class LoadedConfigTrigger(BaseTrigger):
         async for event in follow_deploy(self, self.result, self.prometheus_client, observe_loaded_config,
                                          "loaded-config"):
             yield event
+
+
+class GitChangeTrigger(LoadedConfigTrigger):
+    """Follows a git deploy or restore (``adapters.git_deploy``): its pull request's merge state (closed unmerged:
+    failed), then the source's loaded config, as ``LoadedConfigTrigger``. The token comes from the connection the
+    source's ``extra.git.conn_id`` names, read in the triggerer; it is never in the trigger's arguments."""
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            "promshift.orchestration.triggers.GitChangeTrigger",
+            {"source_conn_id": self.source_conn_id, "result": self.result, "poll_interval_s": self.poll_interval_s},
+        )
+
+    def observer(self) -> Any:
+        from promshift.adapters.git_deploy import GitHubPullRequests, GitObserver
+        from promshift.core.git_source import git_source_of
+        from promshift.orchestration.hooks import backend_hook, connection_secret
+
+        hook = backend_hook(self.source_conn_id)
+        source = git_source_of(hook.extra, conn_id=self.source_conn_id)  # type: ignore[union-attr]
+        pulls = None
+        if source.backend == "github":
+            token = connection_secret(source.conn_id) if source.conn_id else None
+            pulls = GitHubPullRequests(source.api_url, str(source.repository), token)
+        return GitObserver(hook.prometheus_client(), pulls)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from promshift.adapters.git_deploy import observe_git_change
+
+        async for event in follow_deploy(self, self.result, self.observer, observe_git_change, "git change"):
+            yield event

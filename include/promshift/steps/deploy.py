@@ -53,6 +53,8 @@ def deploy_evidence(result: DeployResult | Mapping[str, Any], quota: Mapping[str
     evidence: dict[str, Any] = {"kind": deployed.kind, "state": deployed.state.value,
                                 "status_history": [c.to_dict() for c in deployed.status_history],
                                 "reason": deployed.reason}
+    if deployed.details.get("change"):  # a git deploy: repository, branch, commits, change request (no secret)
+        evidence["change"] = dict(deployed.details["change"])
     if quota is not None:
         evidence["quota"] = {key: quota[key] for key in ("group_series", "workspace_series", "limit", "share")
                              if key in quota}

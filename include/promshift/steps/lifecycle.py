@@ -34,7 +34,7 @@ from promshift.core.bake import (
 from promshift.core.deploy_kinds import DEPLOYS, REMOTE_WRITE, Deploy
 from promshift.core.events import EventKind
 from promshift.core.promql import newest_sample_expr
-from promshift.core.render import remote_write_name
+from promshift.core.render import RenderError, remote_write_name, remote_write_names
 from promshift.core.stages import BAKE_WATCHED, Stage
 from promshift.core.verdicts import Verdict
 from promshift.core.warmup import parse_remote_write_lag
@@ -125,7 +125,7 @@ class GroupLifecycle:
         def attempt(name: str, read: Callable[[], Any]) -> None:
             try:
                 values[name] = read()
-            except (PrometheusError, ValueError, KeyError, TypeError) as exc:
+            except (PrometheusError, RenderError, ValueError, KeyError, TypeError) as exc:
                 errors.append((name, one_line(exc)))
 
         at = now.timestamp()
@@ -133,9 +133,11 @@ class GroupLifecycle:
         attempt("source_series", lambda: b.source.scalar(f"count({selector})", at=at))
         attempt("target_series", lambda: b.target.scalar(f"count({selector})", at=at))
         queue = self.deploy.source_queue
+        name = remote_write_name(self.group.name)
         if queue:
-            attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(),
-                                                          remote_write_name(self.group.name)))
+            attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(), name))
+            # Still deployed? A sync from git (or a helm upgrade) that dropped our entry says so here.
+            attempt("entry", lambda: name in remote_write_names(b.source.config_text()))
         since = self.migration.existing_dual_write_since()
         window_start = at - self.group.parity.skip_recent_s - self.group.bake.parity_window_s
         if since is not None:
@@ -159,7 +161,8 @@ class GroupLifecycle:
             source_series=None if values.get("source_series") is None else int(values["source_series"]),
             target_series=None if values.get("target_series") is None else int(values["target_series"]),
             parity=parity[0] if parity else None, parity_reason=parity[1] if parity else "",
-            queue_expected=queue, rules=values.get("rules"), delivery=values.get("delivery"), errors=tuple(errors))
+            queue_expected=queue, rules=values.get("rules"), delivery=values.get("delivery"),
+            entry_loaded=values.get("entry"), entry_name=name if queue else "", errors=tuple(errors))
 
     def _delivery(self, alerts: Sequence[str], at: float) -> DeliveryObservation:
         """The moved alerts firing on the target, and what its Alertmanager holds for each."""

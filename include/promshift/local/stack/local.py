@@ -119,8 +119,10 @@ AMP_COMPONENTS = (MOTO, AWS, FRONTDOOR, RELAY)
 # The Kubernetes API contract server + operator stand-in (``kubernetes=True``), started after the source.
 K8S = "k8s"
 K8S_NAMESPACE, K8S_NAME = "monitoring", "k8s"
+# The config repository, its sync stand-in and the GitHub API contract server (``git=True``), after the source.
+GIT = "git"
 # Every component ``down`` and ``reset`` look after, whichever started them.
-ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S, ALERTMANAGER)
+ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S, ALERTMANAGER, GIT)
 TARGET_KINDS = ("prometheus", "amp")
 AMP_WORKSPACE_ALIAS = "promshift-local"
 # What stack.json records about the local AWS (never a secret; the fingerprint is a digest).
@@ -181,6 +183,10 @@ class StackConfig:
     # The target's Alertmanager (Debian's prometheus-alertmanager, when installed); 0: a free port, kept once chosen.
     alertmanager_port: int = 0
     alertmanager_bin: str = ALERTMANAGER_BIN
+    # The bare config repository + reconciler stand-in + GitHub API contract server (the git component).
+    git: bool = False
+    github_port: int = 0
+    reconciler_interval_s: float = 5.0
     region: str = DEFAULT_REGION
     workspace_alias: str = AMP_WORKSPACE_ALIAS
     # The target Prometheus keeps its default 15 days; the workspace says so.
@@ -203,6 +209,10 @@ class StackConfig:
             ports += (self.k8s_port,)
         if self.alertmanager_port:
             ports += (self.alertmanager_port,)
+        if self.git and self.github_port:
+            ports += (self.github_port,)
+        if self.git and self.kubernetes:
+            raise ValueError("the git and k8s components both render onto the source's config: choose one")
         if self.target_kind == "amp":
             ports += (self.aws_port, self.moto_port, self.frontdoor_port, self.relay_port)
         if len(set(ports)) != len(ports):
@@ -224,6 +234,7 @@ class StackConfig:
             "smtp_port": _env_int("PROMSHIFT_SMTP_PORT", cls.smtp_port),
             "k8s_port": _env_int("PROMSHIFT_K8S_PORT", cls.k8s_port),
             "alertmanager_port": _env_int("PROMSHIFT_ALERTMANAGER_PORT", cls.alertmanager_port),
+            "github_port": _env_int("PROMSHIFT_GITHUB_PORT", cls.github_port),
             "region": os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
@@ -602,6 +613,41 @@ class LocalStack:
         return {"namespace": K8S_NAMESPACE, "name": K8S_NAME, "config_file": str(self.kubeconfig_path),
                 "timeout_s": timeout_s}
 
+    # -- the config repository and its sync (git=True) -----------------------------------------
+
+    @property
+    def git_dir(self) -> Path:
+        """Where the git component keeps ``config.git``, ``api.json``, ``token`` and ``sync.json``."""
+        return self.home / GIT
+
+    def git_address(self) -> dict[str, Any] | None:
+        """What the running git component recorded (``url``, ``port``, ``pid``, ``repo``, ...), or None."""
+        from promshift.local.stack.reconciler import read_address
+
+        return read_address(self.git_dir)
+
+    @property
+    def github_url(self) -> str:
+        address = self.git_address() or {}
+        port = self.config.github_port or address.get("port") or 0
+        return f"http://127.0.0.1:{port}"
+
+    def git_token(self) -> str:
+        """The GitHub API contract server's token (Airflow gets it as a connection's password)."""
+        return (self.git_dir / "token").read_text().strip()
+
+    def git_source_extra(self, *, backend: str = "github", timeout_s: float = 120.0) -> dict[str, Any]:
+        """The source connection's ``extra.git`` for the stack's config repository (``extra.deploy: git``)."""
+        address = self.git_address()
+        if not address:
+            raise StackError("the git component is not running: run `python -m promshift.local stack up --git`")
+        extra: dict[str, Any] = {"url": address["repo"], "path": address["path"], "shape": address["shape"],
+                                 "branch": address["branch"], "backend": backend, "timeout_s": timeout_s}
+        if backend == "github":
+            extra.update(github={"repository": address["repository"], "api_url": address["url"]},
+                         conn_id="promshift_git")
+        return extra
+
     # -- the local AWS (target_kind="amp") ------------------------------------------------
 
     @property
@@ -928,6 +974,12 @@ class LocalStack:
         components[ALERTMANAGER] = _Component(ALERTMANAGER, self.alertmanager_port, am_argv, self.alertmanager_url,
                                               f"{self.alertmanager_url}/-/ready", f"--storage.path={am_data}",
                                               "PROMSHIFT_ALERTMANAGER_PORT")
+        git_argv = (sys.executable, "-m", "promshift.local.stack.reconciler", "--state-dir", str(self.git_dir),
+                    "--port", str(cfg.github_port), "--config", str(self.source_config_path),
+                    "--prometheus", self.source_url, "--interval", str(cfg.reconciler_interval_s))
+        components[GIT] = _Component(GIT, cfg.github_port, git_argv, self.github_url, self.github_url,
+                                     f"promshift.local.stack.reconciler --state-dir {self.git_dir}",
+                                     "PROMSHIFT_GITHUB_PORT")
         return components
 
     def _amp_components(self, workspace_id: str, fingerprint: str) -> dict[str, _Component]:
@@ -983,7 +1035,8 @@ class LocalStack:
         )
         k8s = (K8S,) if self.config.kubernetes or self.pid_path(K8S).exists() else ()
         am = (ALERTMANAGER,) if self.alertmanager_installed or self.pid_path(ALERTMANAGER).exists() else ()
-        return COMPONENTS + am + amp + k8s
+        git = (GIT,) if self.config.git or self.pid_path(GIT).exists() else ()
+        return COMPONENTS + am + amp + k8s + git
 
     # -- public operations ---------------------------------------------------------------
 
@@ -1011,7 +1064,7 @@ class LocalStack:
             target_edited = self._write_configs()
             # A plain `up` neither starts nor checks the local AWS (a running one is left alone).
             names = COMPONENTS + ((ALERTMANAGER,) if alerting else ()) + (AMP_COMPONENTS if amp else ()) \
-                + ((K8S,) if self.config.kubernetes else ())
+                + ((K8S,) if self.config.kubernetes else ()) + ((GIT,) if self.config.git else ())
             plans = {name: self._plan(components[name]) for name in names}
             # Check every port before starting anything, so a conflict leaves nothing half-started.
             for name, (action, _pid) in plans.items():
@@ -1038,6 +1091,7 @@ class LocalStack:
                     self._apply(components[name], plans[name])
                 self._wait_healthy([components[TARGET], components[SOURCE]], deadline)
                 self._start_kubernetes(components, plans, deadline)
+                self._start_git(components, plans, deadline)
                 self._write_state(components)
             else:
                 for name in (TARGET, MOTO):
@@ -1064,6 +1118,7 @@ class LocalStack:
                 self._apply(components[SOURCE], (action, pid))
                 self._wait_healthy([components[SOURCE]], deadline)
                 self._start_kubernetes(components, plans, deadline)
+                self._start_git(components, plans, deadline)
                 self._write_state(components, workspace_id=workspace_id, fingerprint=fingerprint)
             self._wait_scraped(deadline)
         return self.status()
@@ -1078,6 +1133,17 @@ class LocalStack:
             action = "restart"  # the operator renders onto the source's file: take it over again
         self._apply(components[K8S], (action, pid))
         self._wait_healthy([components[K8S]], deadline)
+
+    def _start_git(self, components: dict[str, _Component], plans: dict[str, tuple[str, int | None]],
+                   deadline: float) -> None:
+        """The git component, once the source it syncs onto answers (git=True only)."""
+        if not self.config.git:
+            return
+        action, pid = plans[GIT]
+        if action == "reuse" and plans[SOURCE][0] != "reuse":
+            action = "restart"  # the sync renders onto the source's file: take it over again
+        self._apply(components[GIT], (action, pid))
+        self._wait_healthy([components[GIT]], deadline)
 
     def down(self, timeout: float = 30.0) -> None:
         """Stop every component (SIGTERM, then SIGKILL after ``timeout`` s); idempotent."""
@@ -1112,7 +1178,7 @@ class LocalStack:
             return
         with self._locked():
             self._down(30.0)
-            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA, ALERTMANAGER):
+            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA, ALERTMANAGER, GIT):
                 shutil.rmtree(self.home / directory, ignore_errors=True)
             for name in ALL_COMPONENTS:
                 self.log_path(name).unlink(missing_ok=True)
@@ -1170,6 +1236,12 @@ class LocalStack:
             if address is None or (self.config.smtp_port and address[1] != self.config.smtp_port):
                 return False
             return address[2] == self._read_pid(MAIL) and smtp_answers(address[0], address[1])
+        if component.name == GIT:
+            # Written once the API listens and the first sync has been loaded by the source.
+            address = self.git_address()
+            if address is None or address.get("pid") != self._read_pid(GIT):
+                return False
+            return not self.config.github_port or address.get("port") == self.config.github_port
         if component.name == K8S:
             # Written once the server listens and the operator has rendered the resource onto the source.
             address = self.kubernetes_address()
@@ -1233,6 +1305,8 @@ class LocalStack:
             (self.mail_dir / "sink.json").unlink(missing_ok=True)  # a dead sink's port must not pass for the new one's
         if component.name == K8S:
             (self.kubernetes_dir / "api.json").unlink(missing_ok=True)  # likewise for the contract server's
+        if component.name == GIT:
+            (self.git_dir / "api.json").unlink(missing_ok=True)
         env = dict(os.environ)
         package_root = str(Path(promshift.__file__).resolve().parent.parent)
         # The fleet runs as `python -m promshift.local.stack.fleet`: make sure it imports this very package.
