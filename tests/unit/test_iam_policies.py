@@ -216,7 +216,8 @@ def aws_calls(modules: list[tuple[str, ast.Module, str]]) -> tuple[dict[str, set
                 actions |= {action for (svc, op, kw), action in ACTION_OF_KEYWORD.items()
                             if svc == service and op == operation and kw in keywords}
                 needed["airflow"] |= actions
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("/api/v1/", "/api/v2/")):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.startswith(("/api/v1/", "/api/v2/")):
                 path = node.value
                 if path in SOURCE_ONLY_PATHS or (rel, path) in SOURCE_ONLY_IN:
                     continue
