@@ -142,8 +142,8 @@ REFUSED = {
     "remote-write-null.yml": "not a list",
     "flow-top-level.yml": "flow-style mapping",
     "remote-write-alias.yml": "alias or has an anchor",
-    "two-documents.yml": "found another document",
-    "latin1.yml": "not UTF-8",
+    "two-documents.yml": "more than one YAML document|found another document",
+    "latin1.yml": "not valid UTF-8 at byte",
     "block-scalar-at-eof.yml": "ends in a block scalar",
 }
 

@@ -42,13 +42,15 @@ from ruamel.yaml.events import (
     AliasEvent,
     DocumentEndEvent,
     DocumentStartEvent,
-    Event,
     MappingEndEvent,
     MappingStartEvent,
     ScalarEvent,
     SequenceEndEvent,
     SequenceStartEvent,
 )
+from ruamel.yaml.nodes import ScalarNode as RuamelScalarNode
+
+from promshift.core.inputs import CONFIG, InputBudget, InputRefused, YamlBudgetCounter, decode_utf8
 
 ENTRY_PREFIX = "promshift-"
 # AWS's recommended remote_write queue settings for AMP (AMP user guide, remote write to AMP).
@@ -121,12 +123,16 @@ def _decode(config: str | bytes) -> str:
     if isinstance(config, str):
         return config
     try:
-        return config.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RenderError(f"source config is not UTF-8: {exc}") from exc
+        return decode_utf8(config, "source config")
+    except InputRefused as exc:
+        raise RenderError(str(exc)) from None
 
 
 def _load12(text: str) -> Any:
+    """The document as YAML 1.2 values, within the source config's input budget (``core.inputs.CONFIG``)."""
+    doc = _parse(text)
+    if doc.fast and not doc.exotic:
+        return _value(doc.root, _schema("YAML 1.2")) if doc.root is not None else None
     return YAML(typ="safe", pure=True).load(text)
 
 
@@ -140,6 +146,98 @@ def _load(config: str | bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RenderError("source config must be a YAML mapping at the top level")
     return data
+
+
+class _Schema:
+    """Scalar resolution and construction under one YAML version, by the library that implements it:
+    PyYAML for YAML 1.1 (as go-yaml v2), ruamel.yaml for YAML 1.2. Results are cached per scalar text."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        if version == "YAML 1.1":
+            self.resolver: Any = yaml.resolver.Resolver()
+            self.constructor: Any = yaml.constructor.SafeConstructor()
+            self.node_type: Any = yaml.ScalarNode
+        else:
+            loader = YAML(typ="safe", pure=True)
+            self.resolver, self.constructor, self.node_type = loader.resolver, loader.constructor, RuamelScalarNode
+        self.cache: dict[tuple[str | None, bool, str | None], Any] = {}
+
+    def scalar(self, node: _Node) -> Any:
+        key = (node.value, node.plain, node.tag)
+        try:
+            return self.cache[key]
+        except KeyError:
+            pass
+        tag = node.tag
+        if tag is None:
+            tag = self.resolver.resolve(self.node_type, node.value, (node.plain, not node.plain))
+        elif tag == "!":
+            tag = "tag:yaml.org,2002:str"
+        scalar = self.node_type(tag, node.value)
+        value = self.constructor.construct_object(scalar, deep=True)
+        self.constructor.constructed_objects.pop(scalar, None)
+        if len(self.cache) < 100_000:
+            self.cache[key] = value
+        return value
+
+
+_SCHEMAS: dict[str, _Schema] = {}
+
+
+def _schema(version: str) -> _Schema:
+    if version not in _SCHEMAS:
+        _SCHEMAS[version] = _Schema(version)
+    return _SCHEMAS[version]
+
+
+def _value(node: _Node | None, schema: _Schema) -> Any:
+    """The Python value of a parsed node under ``schema`` (merge keys, aliases; the budget was checked when
+    parsing, so following aliases is bounded). A duplicate key is an error under YAML 1.2 (as ruamel.yaml)
+    and the last one wins under 1.1 (as PyYAML)."""
+    if node is None:
+        return None
+    if node.kind == "alias":
+        if node.target is None:
+            raise RenderError(f"source config is not valid YAML: found undefined alias {node.value!r}")
+        return _value(node.target, schema)
+    if node.kind == "scalar":
+        return schema.scalar(node)
+    if node.kind == "seq":
+        return [_value(child, schema) for child in node.children]
+    merged: list[dict[Any, Any]] = []
+    own: dict[Any, Any] = {}
+    children = node.children
+    for i in range(0, len(children), 2):
+        key_node, value_node = children[i], children[i + 1]
+        if key_node.kind == "scalar" and key_node.plain and key_node.value == "<<":
+            merged += _merge_sources(_value(value_node, schema), key_node)
+            continue
+        key = _value(key_node, schema)
+        try:
+            duplicate = key in own
+        except TypeError:
+            raise RenderError(f"source config has a mapping key that is a {type(key).__name__}, "
+                              f"at offset {key_node.start}") from None
+        if duplicate and schema.version == "YAML 1.2":
+            raise RenderError(f"source config is not valid YAML: found duplicate key {str(key)[:80]!r}")
+        own[key] = _value(value_node, schema)
+    if not merged:
+        return own
+    result: dict[Any, Any] = {}
+    for source in merged:
+        for key, value in source.items():
+            result.setdefault(key, value)
+    result.update(own)
+    return result
+
+
+def _merge_sources(value: Any, key_node: _Node) -> list[dict[Any, Any]]:
+    if isinstance(value, dict):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        return list(value)
+    raise RenderError("source config is not valid YAML: a merge key (<<) needs a mapping or a list of mappings")
 
 
 def _first_line(exc: Exception) -> str:
@@ -160,10 +258,20 @@ def remote_write_names(config: str | bytes) -> list[str]:
     return [str(e.get("name", "")) if isinstance(e, dict) else "" for e in _entries(_load(config))]
 
 
-# -- positions (ruamel.yaml events; only marks are used) ------------------------------------------
+# -- positions (parser events; only marks are used) ------------------------------------------------
+#
+# LibYAML's parser (PyYAML's CParser) when PyYAML has it: one pass over its events gives the positions,
+# the input budget's counts and, per event, a key without marks, so an edit's result can be compared with
+# the original event by event. Its grammar is YAML 1.1's, as Prometheus' go-yaml v2 reads it; each scalar
+# is then resolved under both the YAML 1.1 and the 1.2 schema. A text LibYAML refuses, or one with tags
+# this module does not construct itself, takes the pure path: ruamel.yaml's parser and loaders (its
+# grammar is YAML 1.2's), as fast as pure Python allows.
+
+_FAST = bool(yaml.__with_libyaml__)
+_TAB_THEN_TOKEN = re.compile(r"[ \t]*\t[ \t]*[^ \t\r\n\x85\u2028\u2029]")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     kind: str  # map | seq | scalar | alias
     start: int
@@ -176,6 +284,10 @@ class _Node:
     tag: str | None = None
     close: int | None = None  # a flow collection: index of its closing bracket
     children: list[_Node] = field(default_factory=list)
+    plain: bool = False  # a plain scalar (its type comes from the schema)
+    first: int = 0  # index of its first event in _Doc.keys
+    last: int = 0  # index of its last event
+    target: _Node | None = None  # an alias: the node it stands for
 
 
 @dataclass
@@ -184,21 +296,96 @@ class _Doc:
     root: _Node | None
     end: int  # where an empty document's content would go: its ``...`` marker, else the end of the text
     floor: int  # 1 after a BOM: no line starts before it
+    keys: list[tuple[Any, ...]] = field(default_factory=list)  # every event without its marks
+    fast: bool = False  # parsed by LibYAML
+    exotic: bool = False  # tags only ruamel.yaml's loader constructs: values come from the pure path
 
 
-def _parse(text: str) -> _Doc:
+def _parse(text: str, budget: InputBudget = CONFIG, *, fast: bool | None = None) -> _Doc:
+    """Positions of every node, counted against ``budget`` (depth, alias expansion, one scalar's length).
+
+    RenderError for a text that is not one YAML document or breaks the budget (an alias bomb is refused at
+    the alias that crosses it, before anything is expanded).
+    """
+    fast = _FAST if fast is None else fast
+    if fast:
+        try:
+            return _parse_events(text, yaml.parse(text, Loader=yaml.CSafeLoader), budget, fast=True)
+        except yaml.YAMLError:
+            pass  # LibYAML (YAML 1.1) refuses it: ruamel.yaml (YAML 1.2) may still read it
     try:
-        events = list(YAML(typ="rt").parse(text))
+        return _parse_events(text, YAML(typ="rt").parse(text), budget, fast=False)
     except YAMLError as exc:
         raise RenderError(f"source config is not valid YAML: {_first_line(exc)}") from exc
-    if sum(isinstance(e, DocumentStartEvent) for e in events) > 1:
-        raise RenderError("source config holds more than one YAML document")
+
+
+_STANDARD_TAGS = frozenset({None, "!", "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+                            "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null", "tag:yaml.org,2002:map",
+                            "tag:yaml.org,2002:seq"})
+
+
+def _parse_events(text: str, events: Any, budget: InputBudget, *, fast: bool) -> _Doc:
+    # LibYAML skips a BOM: its offsets start after it.
+    shift = 1 if fast and text.startswith("\ufeff") else 0
     floor = 1 if text.startswith("\ufeff") else 0
+    counter = YamlBudgetCounter(budget)
     stack: list[_Node] = []
+    anchors: dict[str, _Node] = {}
+    keys: list[tuple[Any, ...]] = []
     root: _Node | None = None
     end = len(text)
-    for ev in events:
-        node = _node_of(ev)
+    documents = 0
+    exotic = False
+    tabs = fast and "\t" in text
+    for index, ev in enumerate(events):
+        cls = type(ev)
+        try:
+            if cls is ScalarEvent or cls is yaml.ScalarEvent:
+                style = ev.style or None  # LibYAML says '' for plain
+                keys.append(("S", ev.value, style, ev.tag, ev.anchor, ev.implicit))
+                counter.enter(ev.anchor, ev.value)
+                counter.leave()
+                plain = style is None and ev.tag is None
+                node = _Node("scalar", ev.start_mark.index + shift, ev.end_mark.index + shift, value=ev.value,
+                             empty=ev.value == "" and plain and ev.anchor is None, anchor=ev.anchor, tag=ev.tag,
+                             block=style in ("|", ">"), plain=plain, first=index, last=index)
+                exotic = exotic or ev.tag not in _STANDARD_TAGS
+                if tabs and plain and _TAB_THEN_TOKEN.match(text, node.end):
+                    # LibYAML reads on; PyYAML's and ruamel.yaml's scanners (and so the checks) refuse it.
+                    raise RenderError(f"source config is not valid YAML: a tab before more text on line "
+                                      f"{ev.end_mark.line + 1} (use spaces)")
+            elif cls is AliasEvent or cls is yaml.AliasEvent:
+                keys.append(("A", ev.anchor))
+                counter.alias(ev.anchor)
+                node = _Node("alias", ev.start_mark.index + shift, ev.end_mark.index + shift, value=ev.anchor,
+                             first=index, last=index, target=anchors.get(ev.anchor))
+            elif cls in (MappingStartEvent, SequenceStartEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent):
+                is_map = cls is MappingStartEvent or cls is yaml.MappingStartEvent
+                keys.append(("M" if is_map else "Q", ev.tag, ev.anchor, bool(ev.flow_style)))
+                counter.enter(ev.anchor)
+                node = _Node("map" if is_map else "seq", ev.start_mark.index + shift, ev.end_mark.index + shift,
+                             flow=bool(ev.flow_style), anchor=ev.anchor, tag=ev.tag, first=index)
+                exotic = exotic or ev.tag not in _STANDARD_TAGS
+            else:
+                node = None
+                keys.append((cls.__name__,))
+                if cls in (MappingEndEvent, SequenceEndEvent, yaml.MappingEndEvent, yaml.SequenceEndEvent):
+                    counter.leave()
+                    done = stack.pop()
+                    done.last = index
+                    if done.anchor is not None:
+                        anchors[done.anchor] = done
+                    if done.flow:
+                        done.close, done.end = ev.start_mark.index + shift, ev.end_mark.index + shift
+                elif cls is DocumentStartEvent or cls is yaml.DocumentStartEvent:
+                    documents += 1
+                    if documents > 1:
+                        raise RenderError("source config holds more than one YAML document")
+                elif (cls is DocumentEndEvent or cls is yaml.DocumentEndEvent) and ev.explicit:
+                    end = ev.start_mark.index + shift
+        except InputRefused as exc:
+            mark = ev.start_mark
+            raise RenderError(f"{budget.what}: {exc} (line {mark.line + 1}, column {mark.column + 1})") from None
         if node is not None:
             if stack:
                 stack[-1].children.append(node)
@@ -206,47 +393,32 @@ def _parse(text: str) -> _Doc:
                 root = node
             if node.kind in ("map", "seq"):
                 stack.append(node)
-        elif isinstance(ev, MappingEndEvent | SequenceEndEvent):
-            done = stack.pop()
-            if done.flow:
-                done.close, done.end = ev.start_mark.index, ev.end_mark.index
-        elif isinstance(ev, DocumentEndEvent) and ev.explicit:
-            end = ev.start_mark.index
+            elif node.anchor is not None:
+                anchors[node.anchor] = node
     if root is not None:
         _fix_ends(root, text)
         if root.kind == "scalar" and root.empty:
             root = None
-    return _Doc(text=text, root=root, end=end, floor=floor)
-
-
-def _node_of(ev: Event) -> _Node | None:
-    start, end = ev.start_mark.index, ev.end_mark.index
-    if isinstance(ev, ScalarEvent):
-        empty = ev.value == "" and ev.style is None and ev.anchor is None and ev.tag is None
-        return _Node("scalar", start, end, value=ev.value, empty=empty, anchor=ev.anchor, tag=ev.tag,
-                     block=ev.style in ("|", ">"))
-    if isinstance(ev, AliasEvent):
-        return _Node("alias", start, end)
-    if isinstance(ev, MappingStartEvent | SequenceStartEvent):
-        kind = "map" if isinstance(ev, MappingStartEvent) else "seq"
-        return _Node(kind, start, end, flow=bool(ev.flow_style), anchor=ev.anchor, tag=ev.tag)
-    return None
+    return _Doc(text=text, root=root, end=end, floor=floor, keys=keys, fast=fast, exotic=exotic)
 
 
 def _fix_ends(node: _Node, text: str, after: int = 0) -> int:
     """Set every node's end to its last character (a block collection's own end mark lies after
     trailing comments); an implicit null ends at its ``:`` or ``-`` indicator. Returns the end."""
     last = after
-    for i, child in enumerate(node.children):
-        if child.empty and node.kind == "map" and i % 2 == 1:
-            child.start = child.end = _indicator_end(text, node.children[i - 1].end, ":")
+    children = node.children
+    is_map = node.kind == "map"
+    for i, child in enumerate(children):
+        if child.empty and is_map and i % 2 == 1:
+            child.start = child.end = _indicator_end(text, children[i - 1].end, ":")
         elif child.empty:
             child.start = child.end = _indicator_end(text, last, "-")
-        else:
+        elif child.children:
             _fix_ends(child, text, last)
-        last = max(last, child.end)
+        if child.end > last:
+            last = child.end
     if node.kind in ("map", "seq") and not node.flow:
-        node.end = max([last] + [c.end for c in node.children])
+        node.end = last
     return node.end
 
 
@@ -487,8 +659,21 @@ def replace_remote_write(config: Config, entry: Mapping[str, Any]) -> Config:
     return add_remote_write(remove_remote_write(config, entry["name"]), entry)
 
 
+def _loaded(doc: _Doc) -> dict[str, Any]:
+    """``_load`` of an already parsed document (its values come from the parse when LibYAML read it)."""
+    if not (doc.fast and not doc.exotic):
+        return _load(doc.text)
+    data = _value(doc.root, _schema("YAML 1.2"))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RenderError("source config must be a YAML mapping at the top level")
+    return data
+
+
 def _add(text: str, entry: Mapping[str, Any]) -> str:
-    before = _load(text)
+    doc = _parse(text)
+    before = _loaded(doc)
     entries = _entries(before)
     for existing in entries:
         if isinstance(existing, dict) and existing.get("name") == entry["name"]:
@@ -498,9 +683,11 @@ def _add(text: str, entry: Mapping[str, Any]) -> str:
                 f"remote_write entry {entry['name']!r} already exists with different settings; "
                 "promshift never edits a live entry — roll the group back first"
             )
-    doc = _parse(text)
     found = _remote_write(doc)
-    return _checked_add(text, before, _append_item(doc, found, _root_mapping(doc), KEY, entry), entry)
+    new = _append_item(doc, found, _root_mapping(doc), KEY, entry)
+    if _fast_check_add(doc, found, new, entry):
+        return new
+    return _checked_add(text, before, new, entry)
 
 
 class BlockScalarAtEnd(RenderError):
@@ -549,14 +736,14 @@ def _append_item(doc: _Doc, found: tuple[_Node, _Node] | None, mapping: _Node | 
 
 
 def _remove(text: str, name: str) -> str:
-    before = _load(text)
+    doc = _parse(text)
+    before = _loaded(doc)
     entries = _entries(before)
     matches = [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("name") == name]
     if not matches:
         return text
     if len(matches) > 1:
         raise RenderError(f"source config has {len(matches)} remote_write entries named {name!r}")
-    doc = _parse(text)
     found = _remote_write(doc)
     if found is None or found[1].kind != "seq":
         raise RenderError(f"{KEY} entry {name!r} does not come from a top-level {KEY} list; remove it by hand")
@@ -565,8 +752,11 @@ def _remove(text: str, name: str) -> str:
         raise RenderError(f"{KEY} has {len(seq.children)} items but loads as {len(entries)}")
     index = matches[0]
     item = seq.children[index]
+    if any(node.anchor is not None for node in _walk(item)):
+        # An alias elsewhere may stand for it (or for an anchor it redefines): removing it changes that value.
+        raise RenderError(f"{KEY} entry {name!r} defines an anchor (&); remove it by hand")
     if seq.flow:
-        return _checked_remove(text, before, _cut_flow_item(text, seq, index, name), name)
+        return _checked_remove_of(doc, key, seq, item, before, _cut_flow_item(text, seq, index, name), name)
     dash = _dash_before(doc, item.start, name)
     start, end = _line_start(doc, dash), _next_line(doc, item.end)
     if text[start:dash].strip(" "):
@@ -578,7 +768,13 @@ def _remove(text: str, name: str) -> str:
             start = key_start
     if end == len(text) and _break_before(text, end) == 0:
         start -= _break_before(text, start)  # the entry was the last line: take the break before it
-    return _checked_remove(text, before, text[:start] + text[end:], name)
+    return _checked_remove_of(doc, key, seq, item, before, text[:start] + text[end:], name)
+
+
+def _checked_remove_of(doc: _Doc, key: _Node, seq: _Node, item: _Node, before: Any, new: str, name: str) -> str:
+    if _fast_check_remove(doc, key, seq, item, new, name):
+        return new
+    return _checked_remove(doc.text, before, new, name)
 
 
 def _cut_flow_item(text: str, seq: _Node, index: int, name: str) -> str:
@@ -642,6 +838,120 @@ def _canon(value: Any) -> Any:
     if isinstance(value, list):
         return [_canon(v) for v in value]
     return value
+
+
+def _event_keys(text: str) -> list[tuple[Any, ...]]:
+    """Every LibYAML event of ``text`` as ``_parse`` keys it (no positions, no nodes: the edited text's side)."""
+    keys: list[tuple[Any, ...]] = []
+    append = keys.append
+    for ev in yaml.parse(text, Loader=yaml.CSafeLoader):
+        cls = type(ev)
+        if cls is yaml.ScalarEvent:
+            append(("S", ev.value, ev.style or None, ev.tag, ev.anchor, ev.implicit))
+        elif cls is yaml.AliasEvent:
+            append(("A", ev.anchor))
+        elif cls is yaml.MappingStartEvent or cls is yaml.SequenceStartEvent:
+            append(("M" if cls is yaml.MappingStartEvent else "Q", ev.tag, ev.anchor, bool(ev.flow_style)))
+        else:
+            append((cls.__name__,))
+    return keys
+
+
+def _nodes_of_keys(keys: list[tuple[Any, ...]]) -> list[_Node] | None:
+    """The top-level nodes that a run of event keys composes to; None if it holds an anchor, an alias or
+    does not close every collection it opens."""
+    top: list[_Node] = []
+    stack: list[_Node] = []
+    for key in keys:
+        kind = key[0]
+        if kind == "A" or (kind in ("S", "M", "Q") and key[4 if kind == "S" else 2] is not None):
+            return None
+        if kind in ("MappingEndEvent", "SequenceEndEvent"):
+            if not stack:
+                return None
+            stack.pop()
+            continue
+        if kind == "S":
+            node = _Node("scalar", 0, 0, value=key[1], tag=key[3], plain=key[2] is None and key[3] is None)
+        elif kind in ("M", "Q"):
+            node = _Node("map" if kind == "M" else "seq", 0, 0, tag=key[1], flow=key[3])
+        else:
+            return None
+        (stack[-1].children if stack else top).append(node)
+        if node.kind != "scalar":
+            stack.append(node)
+    return None if stack else top
+
+
+def _fast_ready(doc: _Doc) -> bool:
+    return doc.fast and not doc.exotic and doc.root is not None and doc.root.kind == "map"
+
+
+def _after_keys(new: str) -> list[tuple[Any, ...]]:
+    try:
+        return _event_keys(new)
+    except yaml.YAMLError as exc:
+        raise RenderError(f"internal error: the edited config does not parse ({_first_line(exc)}); "
+                          "the config was left untouched") from exc
+
+
+def _spliced(before: list[tuple[Any, ...]], after: list[tuple[Any, ...]], start: int, stop: int) -> int | None:
+    """The length of what ``after`` holds in place of ``before[start:stop]``, if every other event is the same."""
+    grown = len(after) - (len(before) - (stop - start))
+    if grown < 0 or after[:start] != before[:start] or after[start + grown:] != before[stop:]:
+        return None
+    return grown
+
+
+def _fast_check_add(doc: _Doc, found: tuple[_Node, _Node] | None, new: str, entry: Mapping[str, Any]) -> bool:
+    """Check an add event by event: the edited text's events are the original's with exactly our entry's
+    events at the end of ``remote_write`` (so every other value is the same under any schema), and those
+    events read as YAML 1.2 and as YAML 1.1 give exactly ``entry``. False when the full check must decide."""
+    if not _fast_ready(doc):
+        return False
+    root = doc.root
+    assert root is not None
+    if found is None:
+        start = stop = root.last  # a new key at the end of the top-level mapping
+    elif found[1].kind == "seq":
+        start = stop = found[1].last  # before the list's end
+    else:
+        start, stop = found[1].first, found[1].first + 1  # `remote_write:` (null) becomes a list
+    after = _after_keys(new)
+    grown = _spliced(doc.keys, after, start, stop)
+    what = f"adding {entry['name']!r}"
+    if grown is None:
+        raise RenderError(f"internal error: {what} would change more than its entry; the config was left untouched")
+    nodes = _nodes_of_keys(after[start:start + grown])
+    if found is None and nodes is not None and len(nodes) == 2 and nodes[0].kind == "scalar" \
+            and nodes[0].plain and nodes[0].value == KEY:
+        nodes = nodes[1:]
+    if found is None or found[1].kind != "seq":
+        nodes = nodes[0].children if nodes and len(nodes) == 1 and nodes[0].kind == "seq" else None
+    for version in ("YAML 1.2", "YAML 1.1"):
+        schema = _schema(version)
+        if nodes is None or [_canon(_value(n, schema)) for n in nodes] != [_canon(dict(entry))]:
+            raise RenderError(f"internal error: {what} would not read back as exactly its entry ({version}); "
+                              "the config was left untouched")
+    return True
+
+
+def _fast_check_remove(doc: _Doc, key: _Node, seq: _Node, item: _Node, new: str, name: str) -> bool:
+    """Check a remove event by event: the edited text's events are the original's without exactly the entry's
+    (and without the ``remote_write`` key it leaves empty). False when the full check must decide."""
+    if not _fast_ready(doc):
+        return False
+    after = _after_keys(new)
+    spans = [(item.first, item.last + 1)] + ([(key.first, seq.last + 1)] if len(seq.children) == 1 else [])
+    if any(_spliced(doc.keys, after, start, stop) == 0 for start, stop in spans):
+        return True
+    if len(seq.children) == 1 and _spliced(doc.keys, after, seq.first, seq.last + 1) == 1 \
+            and after[seq.first] == ("S", "", None, None, None, (True, False)):
+        return True  # `remote_write:` with nothing after it again, as before the add
+    if doc.root is not None and len(doc.root.children) == 2:
+        return False  # the document may become empty: the full check decides (it is small)
+    raise RenderError(f"internal error: removing {name!r} would change more than its entry; "
+                      "the config was left untouched")
 
 
 def _checked_add(text: str, before: Any, new: str, entry: Mapping[str, Any]) -> str:
