@@ -102,10 +102,9 @@ class YamlBudgetCounter:
 
     def enter(self, anchor: str | None, scalar: str | None = None) -> None:
         if self.depth >= self.budget.max_depth:
-            raise InputRefused(f"nesting deeper than {self.budget.max_depth} levels")
+            raise self.too_deep()
         if scalar is not None and len(scalar) > self.budget.max_scalar_chars:
-            raise InputRefused(f"a value of {len(scalar):,} characters (the limit is "
-                               f"{self.budget.max_scalar_chars:,})")
+            raise self.too_long(scalar)
         self._open.append((anchor, self.nodes))
         self.nodes += 1
         self.depth += 1
@@ -116,10 +115,12 @@ class YamlBudgetCounter:
         if anchor is not None:
             self.sizes[anchor] = self.nodes - before
 
-    def alias(self, anchor: str) -> None:
+    def alias(self, anchor: str, open_anchors: Iterable[str | None] = ()) -> int:
+        """Count an alias; returns how many nodes it stands for (``open_anchors``: those still being composed,
+        for a caller that tracks nesting itself)."""
         size = self.sizes.get(anchor)
         if size is None:
-            if any(name == anchor for name, _ in self._open):
+            if any(name == anchor for name, _ in self._open) or anchor in open_anchors:
                 raise InputRefused(f"alias *{clip(anchor)} refers to a value that contains it")
             raise InputRefused(f"alias *{clip(anchor)} names no anchor defined before it")
         self.alias_nodes += size
@@ -127,6 +128,13 @@ class YamlBudgetCounter:
             raise InputRefused(f"aliases expand to more than {self.budget.max_alias_nodes:,} values "
                                "(an alias bomb?); write the values out or share less")
         self.nodes += size
+        return size
+
+    def too_deep(self) -> InputRefused:
+        return InputRefused(f"nesting deeper than {self.budget.max_depth} levels")
+
+    def too_long(self, scalar: str) -> InputRefused:
+        return InputRefused(f"a value of {len(scalar):,} characters (the limit is {self.budget.max_scalar_chars:,})")
 
     def feed(self, event: Any) -> None:
         """Count one parser event (PyYAML's or ruamel.yaml's: the same attribute names)."""

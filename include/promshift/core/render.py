@@ -268,6 +268,7 @@ def remote_write_names(config: str | bytes) -> list[str]:
 # grammar is YAML 1.2's), as fast as pure Python allows.
 
 _FAST = bool(yaml.__with_libyaml__)
+_NO_CHILDREN: list[_Node] = []  # shared by every scalar and alias: never appended to
 _TAB_THEN_TOKEN = re.compile(r"[ \t]*\t[ \t]*[^ \t\r\n\x85\u2028\u2029]")
 
 
@@ -283,7 +284,7 @@ class _Node:
     anchor: str | None = None
     tag: str | None = None
     close: int | None = None  # a flow collection: index of its closing bracket
-    children: list[_Node] = field(default_factory=list)
+    children: list[_Node] = field(default_factory=lambda: _NO_CHILDREN)
     plain: bool = False  # a plain scalar (its type comes from the schema)
     first: int = 0  # index of its first event in _Doc.keys
     last: int = 0  # index of its last event
@@ -328,73 +329,96 @@ def _parse_events(text: str, events: Any, budget: InputBudget, *, fast: bool) ->
     # LibYAML skips a BOM: its offsets start after it.
     shift = 1 if fast and text.startswith("\ufeff") else 0
     floor = 1 if text.startswith("\ufeff") else 0
+    # The budget as YamlBudgetCounter counts it; depth and scalar length inline (this loop is render's cost).
     counter = YamlBudgetCounter(budget)
+    max_depth, max_chars = budget.max_depth, budget.max_scalar_chars
+    nodes = 0  # nodes composed plus nodes reached through aliases
+    opened: dict[int, int] = {}  # id of an anchored collection -> nodes before it
     stack: list[_Node] = []
     anchors: dict[str, _Node] = {}
     keys: list[tuple[Any, ...]] = []
+    append = keys.append
     root: _Node | None = None
     end = len(text)
     documents = 0
     exotic = False
     tabs = fast and "\t" in text
-    for index, ev in enumerate(events):
-        cls = type(ev)
-        try:
-            if cls is ScalarEvent or cls is yaml.ScalarEvent:
-                style = ev.style or None  # LibYAML says '' for plain
-                keys.append(("S", ev.value, style, ev.tag, ev.anchor, ev.implicit))
-                counter.enter(ev.anchor, ev.value)
-                counter.leave()
-                plain = style is None and ev.tag is None
-                node = _Node("scalar", ev.start_mark.index + shift, ev.end_mark.index + shift, value=ev.value,
-                             empty=ev.value == "" and plain and ev.anchor is None, anchor=ev.anchor, tag=ev.tag,
-                             block=style in ("|", ">"), plain=plain, first=index, last=index)
-                exotic = exotic or ev.tag not in _STANDARD_TAGS
+    scalar_classes = (ScalarEvent, yaml.ScalarEvent)
+    start_classes = (MappingStartEvent, SequenceStartEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)
+    map_classes = (MappingStartEvent, yaml.MappingStartEvent)
+    end_classes = (MappingEndEvent, SequenceEndEvent, yaml.MappingEndEvent, yaml.SequenceEndEvent)
+    index = -1
+    ev: Any = None
+    try:
+        for index, ev in enumerate(events):
+            cls = type(ev)
+            if cls in scalar_classes:
+                value, style, tag, anchor = ev.value, ev.style or None, ev.tag, ev.anchor  # LibYAML: '' for plain
+                append(("S", value, style, tag, anchor, ev.implicit))
+                if len(stack) >= max_depth:
+                    raise counter.too_deep()
+                if len(value) > max_chars:
+                    raise counter.too_long(value)
+                nodes += 1
+                plain = style is None and tag is None
+                node = _Node("scalar", ev.start_mark.index + shift, ev.end_mark.index + shift, False, value,
+                             plain and value == "" and anchor is None, style == "|" or style == ">", anchor, tag,
+                             None, _NO_CHILDREN, plain, index, index)
+                if anchor is not None:
+                    counter.sizes[anchor] = 1
+                    anchors[anchor] = node
+                if tag is not None and tag not in _STANDARD_TAGS:
+                    exotic = True
                 if tabs and plain and _TAB_THEN_TOKEN.match(text, node.end):
                     # LibYAML reads on; PyYAML's and ruamel.yaml's scanners (and so the checks) refuse it.
                     raise RenderError(f"source config is not valid YAML: a tab before more text on line "
                                       f"{ev.end_mark.line + 1} (use spaces)")
+            elif cls in start_classes:
+                tag, anchor, flow = ev.tag, ev.anchor, bool(ev.flow_style)
+                is_map = cls in map_classes
+                append(("M" if is_map else "Q", tag, anchor, flow))
+                if len(stack) >= max_depth:
+                    raise counter.too_deep()
+                node = _Node("map" if is_map else "seq", ev.start_mark.index + shift, ev.end_mark.index + shift,
+                             flow, None, False, False, anchor, tag, None, [], False, index, index)
+                if anchor is not None:
+                    opened[id(node)] = nodes
+                nodes += 1
+                if tag is not None and tag not in _STANDARD_TAGS:
+                    exotic = True
+            elif cls in end_classes:
+                append((cls.__name__,))
+                done = stack.pop()
+                done.last = index
+                if done.anchor is not None:
+                    counter.sizes[done.anchor] = nodes - opened.pop(id(done))
+                    anchors[done.anchor] = done
+                if done.flow:
+                    done.close, done.end = ev.start_mark.index + shift, ev.end_mark.index + shift
+                continue
             elif cls is AliasEvent or cls is yaml.AliasEvent:
-                keys.append(("A", ev.anchor))
-                counter.alias(ev.anchor)
+                append(("A", ev.anchor))
+                nodes += counter.alias(ev.anchor, (n.anchor for n in stack))
                 node = _Node("alias", ev.start_mark.index + shift, ev.end_mark.index + shift, value=ev.anchor,
                              first=index, last=index, target=anchors.get(ev.anchor))
-            elif cls in (MappingStartEvent, SequenceStartEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent):
-                is_map = cls is MappingStartEvent or cls is yaml.MappingStartEvent
-                keys.append(("M" if is_map else "Q", ev.tag, ev.anchor, bool(ev.flow_style)))
-                counter.enter(ev.anchor)
-                node = _Node("map" if is_map else "seq", ev.start_mark.index + shift, ev.end_mark.index + shift,
-                             flow=bool(ev.flow_style), anchor=ev.anchor, tag=ev.tag, first=index)
-                exotic = exotic or ev.tag not in _STANDARD_TAGS
             else:
-                node = None
-                keys.append((cls.__name__,))
-                if cls in (MappingEndEvent, SequenceEndEvent, yaml.MappingEndEvent, yaml.SequenceEndEvent):
-                    counter.leave()
-                    done = stack.pop()
-                    done.last = index
-                    if done.anchor is not None:
-                        anchors[done.anchor] = done
-                    if done.flow:
-                        done.close, done.end = ev.start_mark.index + shift, ev.end_mark.index + shift
-                elif cls is DocumentStartEvent or cls is yaml.DocumentStartEvent:
+                append((cls.__name__,))
+                if cls is DocumentStartEvent or cls is yaml.DocumentStartEvent:
                     documents += 1
                     if documents > 1:
                         raise RenderError("source config holds more than one YAML document")
                 elif (cls is DocumentEndEvent or cls is yaml.DocumentEndEvent) and ev.explicit:
                     end = ev.start_mark.index + shift
-        except InputRefused as exc:
-            mark = ev.start_mark
-            raise RenderError(f"{budget.what}: {exc} (line {mark.line + 1}, column {mark.column + 1})") from None
-        if node is not None:
+                continue
             if stack:
                 stack[-1].children.append(node)
             else:
                 root = node
-            if node.kind in ("map", "seq"):
+            if node.kind == "map" or node.kind == "seq":
                 stack.append(node)
-            elif node.anchor is not None:
-                anchors[node.anchor] = node
+    except InputRefused as exc:
+        mark = ev.start_mark
+        raise RenderError(f"{budget.what}: {exc} (line {mark.line + 1}, column {mark.column + 1})") from None
     if root is not None:
         _fix_ends(root, text)
         if root.kind == "scalar" and root.empty:
@@ -492,6 +516,8 @@ def _style(doc: _Doc) -> _Style:
                 seq_offset = offset
             elif value.kind == "map" and map_step is None and offset > 0:
                 map_step = offset
+        if seq_offset is not None and map_step is not None:
+            break  # the first of each is the file's style
     return _Style(newline=_newline(doc.text), seq_offset=2 if seq_offset is None else seq_offset,
                   map_step=map_step or 2)
 
@@ -660,15 +686,17 @@ def replace_remote_write(config: Config, entry: Mapping[str, Any]) -> Config:
 
 
 def _loaded(doc: _Doc) -> dict[str, Any]:
-    """``_load`` of an already parsed document (its values come from the parse when LibYAML read it)."""
-    if not (doc.fast and not doc.exotic):
+    """What an edit needs of ``_load``: the whole document, or, when LibYAML read it, only its top-level
+    ``remote_write`` (the rest is checked event by event, never built as values)."""
+    root = doc.root
+    if not (doc.fast and not doc.exotic) or root is None or root.kind != "map" or any(
+            k.kind == "scalar" and k.value == "<<" for k in root.children[::2]):
         return _load(doc.text)
-    data = _value(doc.root, _schema("YAML 1.2"))
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise RenderError("source config must be a YAML mapping at the top level")
-    return data
+    found = [v for k, v in zip(root.children[::2], root.children[1::2], strict=True)
+             if k.kind == "scalar" and k.value == KEY]
+    if len(found) > 1:
+        raise RenderError(f"source config is not valid YAML: found duplicate key {KEY!r}")
+    return {KEY: _value(found[0], _schema("YAML 1.2"))} if found else {}
 
 
 def _add(text: str, entry: Mapping[str, Any]) -> str:
@@ -687,7 +715,7 @@ def _add(text: str, entry: Mapping[str, Any]) -> str:
     new = _append_item(doc, found, _root_mapping(doc), KEY, entry)
     if _fast_check_add(doc, found, new, entry):
         return new
-    return _checked_add(text, before, new, entry)
+    return _checked_add(text, None, new, entry)
 
 
 class BlockScalarAtEnd(RenderError):
@@ -756,7 +784,7 @@ def _remove(text: str, name: str) -> str:
         # An alias elsewhere may stand for it (or for an anchor it redefines): removing it changes that value.
         raise RenderError(f"{KEY} entry {name!r} defines an anchor (&); remove it by hand")
     if seq.flow:
-        return _checked_remove_of(doc, key, seq, item, before, _cut_flow_item(text, seq, index, name), name)
+        return _checked_remove_of(doc, key, seq, item, _cut_flow_item(text, seq, index, name), name)
     dash = _dash_before(doc, item.start, name)
     start, end = _line_start(doc, dash), _next_line(doc, item.end)
     if text[start:dash].strip(" "):
@@ -768,13 +796,13 @@ def _remove(text: str, name: str) -> str:
             start = key_start
     if end == len(text) and _break_before(text, end) == 0:
         start -= _break_before(text, start)  # the entry was the last line: take the break before it
-    return _checked_remove_of(doc, key, seq, item, before, text[:start] + text[end:], name)
+    return _checked_remove_of(doc, key, seq, item, text[:start] + text[end:], name)
 
 
-def _checked_remove_of(doc: _Doc, key: _Node, seq: _Node, item: _Node, before: Any, new: str, name: str) -> str:
+def _checked_remove_of(doc: _Doc, key: _Node, seq: _Node, item: _Node, new: str, name: str) -> str:
     if _fast_check_remove(doc, key, seq, item, new, name):
         return new
-    return _checked_remove(doc.text, before, new, name)
+    return _checked_remove(doc.text, None, new, name)
 
 
 def _cut_flow_item(text: str, seq: _Node, index: int, name: str) -> str:
@@ -874,7 +902,7 @@ def _nodes_of_keys(keys: list[tuple[Any, ...]]) -> list[_Node] | None:
         if kind == "S":
             node = _Node("scalar", 0, 0, value=key[1], tag=key[3], plain=key[2] is None and key[3] is None)
         elif kind in ("M", "Q"):
-            node = _Node("map" if kind == "M" else "seq", 0, 0, tag=key[1], flow=key[3])
+            node = _Node("map" if kind == "M" else "seq", 0, 0, tag=key[1], flow=key[3], children=[])
         else:
             return None
         (stack[-1].children if stack else top).append(node)
