@@ -28,7 +28,7 @@ def _kind(mode: int) -> str:
 
 def read_user_file(path: str | os.PathLike[str], budget: InputBudget) -> bytes:
     """The bytes of the regular file at ``path`` (symlinks followed); InputRefused with one line otherwise."""
-    where = f"{budget.what} {os.fspath(path)!s}" if "\0" not in os.fspath(path) else f"{budget.what} path"
+    where = f"{budget.what} {os.fspath(path)!s}"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path

@@ -39,6 +39,7 @@ from urllib3.exceptions import HTTPError
 
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.deploy import DeployError, DeployKind, DeployResult, DeploySnapshot, DeployState
+from promshift.core.inputs import CONFIG, InputRefused, check_size
 from promshift.core.redact import redact_text
 from promshift.core.render import (
     RenderError,
@@ -227,6 +228,10 @@ class ConfigMapDeployment(_StatusConfigVerify):
         text, version = self._read()
         if text is None:
             raise DeployError(f"{self.where} has no data[{self.key!r}]; nothing to deploy into")
+        try:
+            check_size(text, CONFIG)
+        except InputRefused as exc:
+            raise DeployError(f"{self.where}: {exc}") from None
         return DeploySnapshot(self.kind, f"{self.namespace}/{self.name}#{self.key}", text,
                               {"existed": True, "namespace": self.namespace, "name": self.name, "key": self.key,
                                "resourceVersion": version})

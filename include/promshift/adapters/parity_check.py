@@ -9,7 +9,6 @@ shard compares some hosts and returns totals a reducer merges). Memory stays bou
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 import re2
 
+from promshift.adapters.files import read_user_file
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
 from promshift.core.golden import (
@@ -34,6 +34,7 @@ from promshift.core.golden import (
     dashboard_queries,
     fit_window,
 )
+from promshift.core.inputs import DASHBOARD, parse_json_bounded
 from promshift.core.parity import (
     GoldenInventory,
     GoldenRow,
@@ -297,7 +298,7 @@ class ParityCheck:
         queries: list[DashboardQuery] = []
         for path in self._dashboard_files(measurements):
             try:
-                dashboard = json.loads(path.read_text())
+                dashboard = parse_json_bounded(read_user_file(path, DASHBOARD), DASHBOARD)
             except (OSError, ValueError) as exc:
                 measurements.append(Measurement("golden", Verdict.ERROR, f"dashboard {path.name} unreadable: {exc}"))
                 continue

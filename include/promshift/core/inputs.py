@@ -122,7 +122,7 @@ class YamlBudgetCounter:
         if size is None:
             if any(name == anchor for name, _ in self._open) or anchor in open_anchors:
                 raise InputRefused(f"alias *{clip(anchor)} refers to a value that contains it")
-            raise InputRefused(f"alias *{clip(anchor)} names no anchor defined before it")
+            raise InputRefused(f"found undefined alias *{clip(anchor)} (no anchor of that name before it)")
         self.alias_nodes += size
         if self.alias_nodes > self.budget.max_alias_nodes:
             raise InputRefused(f"aliases expand to more than {self.budget.max_alias_nodes:,} values "

@@ -31,9 +31,11 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import yaml
 from ruamel.yaml import YAML
@@ -50,7 +52,8 @@ from ruamel.yaml.events import (
 )
 from ruamel.yaml.nodes import ScalarNode as RuamelScalarNode
 
-from promshift.core.inputs import CONFIG, InputBudget, InputRefused, YamlBudgetCounter, decode_utf8
+from promshift.core.inputs import CONFIG, InputBudget, InputRefused, YamlBudgetCounter, clip, decode_utf8
+from promshift.core.redact import redact_text
 
 ENTRY_PREFIX = "promshift-"
 # AWS's recommended remote_write queue settings for AMP (AMP user guide, remote write to AMP).
@@ -99,6 +102,7 @@ def remote_write_entry(
     ``sigv4`` (``{region, role_arn?}``, an AMP target) the entry signs its writes and, unless
     ``queue_config`` says otherwise, uses AMP's recommended queue settings.
     """
+    check_remote_write_url(url)
     entry: dict[str, Any] = {
         "name": remote_write_name(group_name),
         "url": url,
@@ -114,6 +118,28 @@ def remote_write_entry(
     if queue_config:
         entry["queue_config"] = dict(queue_config)
     return entry
+
+
+def check_remote_write_url(url: Any) -> None:
+    """Refuse a remote_write URL Prometheus would refuse or should never be given: not a string, a line break
+    or control character (it would inject YAML; promtool rejects the result), a scheme other than http or
+    https (``file:///etc/passwd``), or no host (``not a url``). The message never shows its credentials."""
+    if not isinstance(url, str) or not url:
+        raise RenderError(f"remote_write URL must be a non-empty string, got {type(url).__name__}")
+    shown = clip(repr(redact_text(url)), 200)
+    bad = next((ch for ch in url if ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")), None)
+    if bad is not None:
+        raise RenderError(f"remote_write URL {shown} contains {bad!r} (a line break, space or control character)")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise RenderError(f"remote_write URL {shown} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise RenderError(f"remote_write URL {shown} must start with http:// or https://")
+    if not host:
+        raise RenderError(f"remote_write URL {shown} has no host")
 
 
 # -- reading (YAML 1.2, as loaded values; never dumped) ------------------------------------------
