@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import threading
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -159,7 +160,10 @@ def _load12(text: str) -> Any:
     doc = _parse(text)
     if doc.fast and not doc.exotic:
         return _value(doc.root, _schema("YAML 1.2")) if doc.root is not None else None
-    return YAML(typ="safe", pure=True).load(text)
+    try:
+        return YAML(typ="safe", pure=True).load(text)
+    except RecursionError:
+        raise RenderError("source config: values nest too deeply (through aliases)") from None
 
 
 def _load(config: str | bytes) -> dict[str, Any]:
@@ -208,38 +212,42 @@ class _Schema:
         return value
 
 
-_SCHEMAS: dict[str, _Schema] = {}
+_SCHEMAS = threading.local()  # a constructor keeps state while it builds: one per thread
 
 
 def _schema(version: str) -> _Schema:
-    if version not in _SCHEMAS:
-        _SCHEMAS[version] = _Schema(version)
-    return _SCHEMAS[version]
+    schemas: dict[str, _Schema] = _SCHEMAS.__dict__.setdefault("by_version", {})
+    if version not in schemas:
+        schemas[version] = _Schema(version)
+    return schemas[version]
 
 
-def _value(node: _Node | None, schema: _Schema) -> Any:
+def _value(node: _Node | None, schema: _Schema, depth: int = 0) -> Any:
     """The Python value of a parsed node under ``schema`` (merge keys, aliases; the budget was checked when
     parsing, so following aliases is bounded). A duplicate key is an error under YAML 1.2 (as ruamel.yaml)
     and the last one wins under 1.1 (as PyYAML)."""
     if node is None:
         return None
+    if depth > CONFIG.max_depth:  # aliases of aliases nest deeper than any one of them is written
+        raise RenderError(f"source config: values nest deeper than {CONFIG.max_depth} levels through aliases")
+    depth += 1
     if node.kind == "alias":
         if node.target is None:
             raise RenderError(f"source config is not valid YAML: found undefined alias {node.value!r}")
-        return _value(node.target, schema)
+        return _value(node.target, schema, depth)
     if node.kind == "scalar":
         return schema.scalar(node)
     if node.kind == "seq":
-        return [_value(child, schema) for child in node.children]
+        return [_value(child, schema, depth) for child in node.children]
     merged: list[dict[Any, Any]] = []
     own: dict[Any, Any] = {}
     children = node.children
     for i in range(0, len(children), 2):
         key_node, value_node = children[i], children[i + 1]
         if key_node.kind == "scalar" and key_node.plain and key_node.value == "<<":
-            merged += _merge_sources(_value(value_node, schema), key_node)
+            merged += _merge_sources(_value(value_node, schema, depth), key_node)
             continue
-        key = _value(key_node, schema)
+        key = _value(key_node, schema, depth)
         try:
             duplicate = key in own
         except TypeError:
@@ -247,7 +255,7 @@ def _value(node: _Node | None, schema: _Schema) -> Any:
                               f"at offset {key_node.start}") from None
         if duplicate and schema.version == "YAML 1.2":
             raise RenderError(f"source config is not valid YAML: found duplicate key {str(key)[:80]!r}")
-        own[key] = _value(value_node, schema)
+        own[key] = _value(value_node, schema, depth)
     if not merged:
         return own
     result: dict[Any, Any] = {}
@@ -873,7 +881,7 @@ def _both_loads(text: str, loaded12: Any = None) -> list[tuple[str, Any]]:
                           "the config was left untouched") from exc
     try:
         loads.append(("YAML 1.1", yaml.load(text, Loader=_YAML11_LOADER)))  # noqa: S506 - a safe loader
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         loads.append(("YAML 1.1", None))
     return loads
 
