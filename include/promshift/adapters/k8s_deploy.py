@@ -44,6 +44,7 @@ from promshift.core.redact import redact_text
 from promshift.core.render import (
     RenderError,
     add_remote_write,
+    check_remote_write_url,
     remote_write_names,
     remove_remote_write,
     sha256_text,
@@ -351,6 +352,10 @@ class PrometheusCRDeployment(_StatusConfigVerify):
         return json.loads(snapshot.content) if snapshot.meta.get("has_remote_write") else None
 
     def deploy(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
+        try:
+            check_remote_write_url(self.entry.get("url"))
+        except RenderError as exc:
+            raise DeployError(f"{self.where}: {exc}; nothing written") from None
         before = self._entries_of(snapshot) or []
         name = self.entry_name
         present = [e for e in before if isinstance(e, Mapping) and e.get("name") == name]

@@ -103,7 +103,6 @@ def remote_write_entry(
     ``sigv4`` (``{region, role_arn?}``, an AMP target) the entry signs its writes and, unless
     ``queue_config`` says otherwise, uses AMP's recommended queue settings.
     """
-    check_remote_write_url(url)
     entry: dict[str, Any] = {
         "name": remote_write_name(group_name),
         "url": url,
@@ -122,7 +121,8 @@ def remote_write_entry(
 
 
 def check_remote_write_url(url: Any) -> None:
-    """Refuse a remote_write URL Prometheus would refuse or should never be given: not a string, a line break
+    """Refuse a remote_write URL Prometheus would refuse or should never be given (``add_remote_write`` and the
+    ``Prometheus`` CR deploy call it before writing anything): not a string, a line break
     or control character (it would inject YAML; promtool rejects the result), a scheme other than http or
     https (``file:///etc/passwd``), or no host (``not a url``). The message never shows its credentials."""
     if not isinstance(url, str) or not url:
@@ -734,6 +734,7 @@ def _loaded(doc: _Doc) -> dict[str, Any]:
 
 
 def _add(text: str, entry: Mapping[str, Any]) -> str:
+    check_remote_write_url(entry.get("url"))  # checked where an entry is written (a rollback needs only its name)
     doc = _parse(text)
     before = _loaded(doc)
     entries = _entries(before)
