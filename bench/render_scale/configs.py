@@ -49,7 +49,8 @@ def job(index: int) -> str:
       target_label: __tmp_prometheus_job_name
       replacement: $1
       action: replace
-    - source_labels: [__meta_kubernetes_service_label_app_kubernetes_io_name, __meta_kubernetes_service_labelpresent_app_kubernetes_io_name]
+    - source_labels: [__meta_kubernetes_service_label_app_kubernetes_io_name,
+        __meta_kubernetes_service_labelpresent_app_kubernetes_io_name]
       separator: ;
       regex: (app-{index:05d});true
       replacement: $1
