@@ -258,13 +258,13 @@ def _render(args: argparse.Namespace) -> int:
     except InputRefused as exc:
         raise InputError(str(exc)) from None
     target_url = args.target_url or PLACEHOLDER_REMOTE_WRITE_URL
-    if not args.target_url:
-        print(f"promshift render: no --target-url; the diff shows the placeholder {target_url}", file=sys.stderr)
     try:
         diff = render_diff(text, group=group, target_url=target_url, config_name=str(path))
-    except RenderError as exc:
+    except RenderError as exc:  # one line: the placeholder notice would only hide it
         print(f"promshift render: the deploy would refuse {path}: {exc}", file=sys.stderr)
         return 1
+    if not args.target_url:
+        print(f"promshift render: no --target-url; the diff shows the placeholder {target_url}", file=sys.stderr)
     print(diff.rstrip("\n") if diff else f"no change: {path} already dual-writes {group.name} this way")
     return 0
 
