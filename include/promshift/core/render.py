@@ -6,8 +6,9 @@ and lost ~8 % of a scrape, while adding a new entry left the other queues untouc
 
 The user's document is never loaded and dumped again (that loses comments, renames anchors
 and, YAML 1.1 against 1.2, turns ``on`` into ``true``, ``1.10`` into ``1.1`` and ``010``
-into ``8``). A round-trip parser (ruamel.yaml's event stream) only finds positions; the edit
-splices text:
+into ``8``). A parser's event stream only finds positions (LibYAML's, at C speed, when PyYAML has
+it; else ruamel.yaml's), counted against the source config's input budget (``core.inputs.CONFIG``:
+an alias bomb is refused at its first alias past the budget); the edit splices text:
 
 - add: our entry's lines go in at the start of the line after the last content of the
   ``remote_write`` list (after the whole document when the key is missing, in which case a
@@ -17,9 +18,13 @@ splices text:
   go-yaml v2) and 1.2 read the same value.
 - remove: exactly the lines of the entry (and the marked key line when the list becomes
   empty), so add then remove gives back the original text.
-- every edit is checked after the fact: the document, read by a YAML 1.2 loader and by a
-  YAML 1.1 loader, must equal the original with our entry appended (or removed) and nothing
-  else changed, or the edit raises instead of returning.
+- every edit is checked after the fact, or it raises instead of returning. With LibYAML: the
+  edited text's events must be the original's with exactly our entry's events added (or
+  removed) at the end of ``remote_write`` (so every other value is unchanged under any schema),
+  and those events, read under the YAML 1.1 (PyYAML) and YAML 1.2 (ruamel.yaml) schemas, must
+  give exactly the entry. Otherwise (no LibYAML, a text it refuses, non-standard tags): the
+  document, loaded whole by a YAML 1.2 and a YAML 1.1 loader, must equal the original with our
+  entry appended (or removed) and nothing else changed.
 
 ``add_remote_write`` and ``remove_remote_write`` take ``str`` or ``bytes`` and return the
 same type. Give them bytes to keep everything exact: a str read with Python's universal
