@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -122,3 +124,26 @@ def test_remove_is_a_no_op_without_the_entry_and_refuses_duplicates() -> None:
     dup = BASE + "- name: dup\n  url: http://a\n- name: dup\n  url: http://b\n"
     with pytest.raises(RenderError, match="2 remote_write entries named 'dup'"):
         remove_remote_write(dup, "dup")
+
+
+@pytest.mark.parametrize(("url", "line"), [
+    ("http://127.0.0.1:9/w\n    bearer_token: x", "contains '\\n'"),
+    ("http://127.0.0.1:9/w\u2028x", "contains '\\u2028'"),
+    ("file:///etc/passwd", "must start with http:// or https://"),
+    ("not a url", "contains ' '"),
+    ("https:///api/v1/write", "has no host"),
+    ("http://h:port/", "is not a valid URL"),
+    ("ftp://user:hunter2@example.com/w", "must start with http:// or https://"),
+])
+def test_a_remote_write_url_that_prometheus_should_never_get_is_refused(url: str, line: str) -> None:
+    entry = remote_write_entry(group_name="g", name_regex="a", url=url)  # a rollback needs only the name
+    with pytest.raises(RenderError, match=re.escape(line)) as refused:
+        add_remote_write(b"global: {}\n", entry)
+    assert "hunter2" not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_https_urls_with_ports_paths_and_queries_are_fine() -> None:
+    for url in ("https://aps-workspaces.us-east-1.amazonaws.com:443/workspaces/ws-1/api/v1/remote_write",
+                "http://127.0.0.1:9/w?x=1#frag", "http://[::1]:9090/api/v1/write"):
+        entry = remote_write_entry(group_name="g", name_regex="a", url=url)
+        assert remove_remote_write(add_remote_write("global: {}\n", entry), entry["name"]) == "global: {}\n"

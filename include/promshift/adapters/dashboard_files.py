@@ -33,8 +33,10 @@ from typing import Any
 
 from promshift.adapters.blobs import Blobs
 from promshift.adapters.deploy import write_atomically
+from promshift.adapters.files import read_user_file
 from promshift.adapters.snapshot_store import snapshot_key
 from promshift.core.catalog import MetricGroup
+from promshift.core.inputs import DASHBOARD, InputRefused
 from promshift.core.read_path import (
     DashboardPlan,
     DatasourceRef,
@@ -102,7 +104,10 @@ class DashboardFilesSwitch:
 
     @staticmethod
     def _read(path: Path) -> tuple[bytes, str]:
-        data = Path(os.path.realpath(path)).read_bytes()
+        try:
+            data = read_user_file(Path(os.path.realpath(path)), DASHBOARD)
+        except InputRefused as exc:
+            raise ReadPathError(str(exc)) from None
         try:
             return data, data.decode("utf-8")
         except UnicodeDecodeError as exc:

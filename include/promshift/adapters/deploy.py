@@ -22,8 +22,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from promshift.adapters.files import read_user_file
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.deploy import DeployError
+from promshift.core.inputs import CONFIG, InputRefused
 from promshift.core.redact import redact_text
 from promshift.core.render import remote_write_names, sha256_bytes
 
@@ -181,7 +183,10 @@ class FileConfigDeployer:
 
     def snapshot(self) -> ConfigSnapshot:
         real = self.real_path
-        data = real.read_bytes()
+        try:
+            data = read_user_file(real, CONFIG)  # a regular file within the config budget
+        except InputRefused as exc:
+            raise DeployError(str(exc)) from None
         st = real.stat()
         return ConfigSnapshot.of(self.config_path, data, mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid)
 

@@ -16,6 +16,7 @@ from typing import Any
 from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
 from promshift.adapters.prometheus import PrometheusError
 from promshift.core.deploy import DeployError, DeployKind, DeployResult, DeploySnapshot, DeployState
+from promshift.core.inputs import InputRefused, decode_utf8
 from promshift.core.render import RenderError, add_remote_write, remote_write_names
 
 
@@ -38,7 +39,11 @@ class FileDeployment:
 
     def snapshot(self) -> DeploySnapshot:
         snap = self.deployer.snapshot()
-        return DeploySnapshot(self.kind, snap.path, snap.data.decode("utf-8"),
+        try:
+            text = decode_utf8(snap.data, f"source config {snap.path}")
+        except InputRefused as exc:
+            raise DeployError(str(exc)) from None
+        return DeploySnapshot(self.kind, snap.path, text,
                               {"existed": True, "mode": snap.mode, "uid": snap.uid, "gid": snap.gid})
 
     def deploy(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:

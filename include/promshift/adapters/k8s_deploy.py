@@ -39,10 +39,12 @@ from urllib3.exceptions import HTTPError
 
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.deploy import DeployError, DeployKind, DeployResult, DeploySnapshot, DeployState
+from promshift.core.inputs import CONFIG, InputRefused, check_size
 from promshift.core.redact import redact_text
 from promshift.core.render import (
     RenderError,
     add_remote_write,
+    check_remote_write_url,
     remote_write_names,
     remove_remote_write,
     sha256_text,
@@ -227,6 +229,10 @@ class ConfigMapDeployment(_StatusConfigVerify):
         text, version = self._read()
         if text is None:
             raise DeployError(f"{self.where} has no data[{self.key!r}]; nothing to deploy into")
+        try:
+            check_size(text, CONFIG)
+        except InputRefused as exc:
+            raise DeployError(f"{self.where}: {exc}") from None
         return DeploySnapshot(self.kind, f"{self.namespace}/{self.name}#{self.key}", text,
                               {"existed": True, "namespace": self.namespace, "name": self.name, "key": self.key,
                                "resourceVersion": version})
@@ -346,6 +352,10 @@ class PrometheusCRDeployment(_StatusConfigVerify):
         return json.loads(snapshot.content) if snapshot.meta.get("has_remote_write") else None
 
     def deploy(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
+        try:
+            check_remote_write_url(self.entry.get("url"))
+        except RenderError as exc:
+            raise DeployError(f"{self.where}: {exc}; nothing written") from None
         before = self._entries_of(snapshot) or []
         name = self.entry_name
         present = [e for e in before if isinstance(e, Mapping) and e.get("name") == name]

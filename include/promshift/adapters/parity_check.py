@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import re2
 
+from promshift.adapters.files import read_user_file
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
 from promshift.core.golden import (
@@ -38,6 +39,7 @@ from promshift.core.golden import (
     golden_names,
     read_either_name,
 )
+from promshift.core.inputs import DASHBOARD, parse_json_bounded
 from promshift.core.parity import (
     GoldenInventory,
     GoldenRow,
@@ -390,7 +392,7 @@ class ParityCheck:
         queries: list[DashboardQuery] = []
         for path in self._dashboard_files(measurements):
             try:
-                dashboard = json.loads(path.read_text())
+                dashboard = parse_json_bounded(read_user_file(path, DASHBOARD), DASHBOARD)
             except (OSError, ValueError) as exc:
                 measurements.append(Measurement("golden", Verdict.ERROR, f"dashboard {path.name} unreadable: {exc}"))
                 continue

@@ -54,6 +54,7 @@ from typing import Any, NoReturn
 from botocore.exceptions import ClientError
 
 from promshift.adapters.deploy import FileConfigDeployer, promtool_on, write_keeping, write_restoring
+from promshift.adapters.files import read_user_file
 from promshift.adapters.parity_check import each_side
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.alert_routes import AlertRoutesError, alert_route_problem, parse_definition
@@ -61,6 +62,7 @@ from promshift.core.bake import parse_rfc3339
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import DeployError, DeployResult, DeploySnapshot, DeployState
 from promshift.core.errors import ErrorKind
+from promshift.core.inputs import CONFIG, RULES, InputBudget, InputRefused
 from promshift.core.parity import normalize_labels
 from promshift.core.promql import PromQLError, lookback_s, rename_labels_in
 from promshift.core.redact import redact_text
@@ -204,6 +206,14 @@ def _revert_and_raise(exc: BaseException, what: str, restore: Callable[[], Any],
 # --------------------------------------------------------------------------- the source
 
 
+
+def _read(path: Path, budget: InputBudget) -> bytes:
+    """A config or rule file within its input budget (regular files only); a refusal is a DeployError."""
+    try:
+        return read_user_file(path, budget)
+    except InputRefused as exc:
+        raise DeployError(str(exc)) from None
+
 class SourceRules:
     """The source Prometheus's rule files (found through its config's ``rule_files``) and the server."""
 
@@ -222,7 +232,7 @@ class SourceRules:
     def rule_files(self) -> list[Path]:
         """Every file the config's ``rule_files`` globs match (relative to the config's folder), sorted."""
         found: list[Path] = []
-        for pattern in rule_file_patterns(self.config_path.read_bytes()):
+        for pattern in rule_file_patterns(_read(self.config_path, CONFIG)):
             full = pattern if os.path.isabs(pattern) else str(self.config_dir / pattern)
             found += [Path(p) for p in sorted(glob.glob(full)) if Path(p).is_file()]
         return list(dict.fromkeys(found))
@@ -236,7 +246,7 @@ class SourceRules:
         JSON keeps CR and every other character; ``selection_of`` reads the selection back from it,
         so every later step (on any worker, on a retry) moves exactly what was snapshotted.
         """
-        files = {str(p): p.read_bytes() for p in self.rule_files()}
+        files = {str(p): _read(p, RULES) for p in self.rule_files()}
         try:
             chosen = select_rules([parse_rule_file(p, d) for p, d in files.items()], claims,
                                   candidates=candidates).files

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -9,6 +10,7 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
 
+from promshift.adapters.files import read_user_file
 from promshift.core.audit import AuditKeyError, check_key
 from promshift.core.catalog import (
     MAX_CATALOG_CHARS,
@@ -20,8 +22,10 @@ from promshift.core.catalog import (
 )
 from promshift.core.cost import AmpPrices
 from promshift.core.dcgm import DcgmCounter, metrics
+from promshift.core.inputs import CATALOG, SETTINGS, InputRefused, parse_yaml_bounded
 from promshift.data import load_dcgm_counters
 
+CATALOG_FILE = dataclasses.replace(CATALOG, max_bytes=4 * MAX_CATALOG_CHARS)
 REPO_ROOT = Path(__file__).resolve().parents[3]
 AUDIT_KEY_FILE_NAME = "audit.key"
 
@@ -133,16 +137,11 @@ def read_catalog_text(path: str | os.PathLike[str]) -> str:
     """The catalog file's text; a missing, unreadable, oversized or non-UTF-8 file is a one-line CatalogError."""
     catalog_path = Path(path)
     try:
-        is_dir, size = catalog_path.is_dir(), catalog_path.stat().st_size
-        # Refused before reading: the text limit is in characters, UTF-8 needs at most 4 bytes each.
-        data = b"" if is_dir or size > 4 * MAX_CATALOG_CHARS else catalog_path.read_bytes()
-    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise CatalogError([f"cannot read catalog {catalog_path}: {reason}"]) from None
-    if is_dir:
-        raise CatalogError([f"cannot read catalog {catalog_path}: it is a directory"])
-    if size > 4 * MAX_CATALOG_CHARS:
-        raise CatalogError([f"cannot read catalog {catalog_path}: {size:,} bytes, too big to be a catalog"])
+        # A regular file only (a FIFO or /dev/zero is one line, not a hang); refused before reading past the
+        # limit: the text limit is in characters, UTF-8 needs at most 4 bytes each.
+        data = read_user_file(catalog_path, CATALOG_FILE)
+    except InputRefused as exc:
+        raise CatalogError([str(exc)]) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -198,6 +197,5 @@ def amp_prices_path() -> Path:
 
 def amp_prices() -> AmpPrices:
     """AMP prices for cost projections: configuration, never constants in code."""
-    import yaml
 
-    return AmpPrices.from_mapping(yaml.safe_load(amp_prices_path().read_text()) or {})
+    return AmpPrices.from_mapping(parse_yaml_bounded(read_user_file(amp_prices_path(), SETTINGS), SETTINGS) or {})

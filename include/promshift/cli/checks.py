@@ -304,23 +304,26 @@ def render_diff(config_text: str, *, group: Any, target_url: str, config_name: s
 
 
 def _render(args: argparse.Namespace) -> int:
+    from promshift.adapters.files import read_user_text
+    from promshift.core.inputs import CONFIG, InputRefused
     from promshift.core.render import RenderError
 
     catalog, _ = _load_catalog(args.catalog, args.profile)
     group = _group(catalog, args.group)
     path = Path(args.config)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read source config {path}: {exc.strerror or exc}") from None
+        # A regular file within the config budget, read as bytes: no FIFO hang, no /dev/zero, CRLF kept.
+        text = read_user_text(path, CONFIG)
+    except InputRefused as exc:
+        raise InputError(str(exc)) from None
     target_url = args.target_url or PLACEHOLDER_REMOTE_WRITE_URL
-    if not args.target_url:
-        print(f"promshift render: no --target-url; the diff shows the placeholder {target_url}", file=sys.stderr)
     try:
         diff = render_diff(text, group=group, target_url=target_url, config_name=str(path))
-    except RenderError as exc:
+    except RenderError as exc:  # one line: the placeholder notice would only hide it
         print(f"promshift render: the deploy would refuse {path}: {exc}", file=sys.stderr)
         return 1
+    if not args.target_url:
+        print(f"promshift render: no --target-url; the diff shows the placeholder {target_url}", file=sys.stderr)
     print(diff.rstrip("\n") if diff else f"no change: {path} already dual-writes {group.name} this way")
     return 0
 

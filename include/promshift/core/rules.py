@@ -160,6 +160,8 @@ def _load(text: str, what: str) -> Any:
         return render._load12(text)
     except YAMLError as exc:
         raise RulesError(f"{what} is not valid YAML: {render._first_line(exc)}") from None
+    except RenderError as exc:  # the input budget, or one of its own refusals
+        raise RulesError(f"{what}: {str(exc).removeprefix('source config: ')}") from None
 
 
 def rule_file_patterns(config: str | bytes) -> tuple[str, ...]:
@@ -415,7 +417,7 @@ def _check_removed(old: str, new: str, path: str, selection: Selection) -> None:
     """The edited file must load as the old one minus the selected rules (and emptied groups)."""
     try:
         loaded_old, loaded_new = render._load12(old), render._load12(new)
-    except YAMLError as exc:
+    except (YAMLError, RenderError) as exc:
         raise RulesError(f"{path}: removing the rules would break the file ({render._first_line(exc)}); "
                          "does a removed rule define an anchor another rule uses? Edit it by hand") from None
     keys = {r.key for r in selection.in_file(path)}

@@ -36,6 +36,7 @@ import yaml
 
 from promshift.core.deploy import DeployState
 from promshift.core.durations import parse_duration
+from promshift.core.inputs import InputBudget, InputRefused, parse_yaml_bounded
 
 MIN_SCRAPE_INTERVAL_S = 30.0
 # Above Prometheus' 5-minute look-back a series goes stale between two scrapes: queries see gaps, not data.
@@ -117,10 +118,10 @@ def validate_scraper_config(blob: str, limits: ScraperLimits = ScraperLimits()) 
     if size > limits.max_blob_bytes:
         raise ScraperConfigError(f"scraper configuration is {size} bytes; the limit is {limits.max_blob_bytes}")
     try:
-        document = yaml.safe_load(blob)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise ScraperConfigError(f"scraper configuration is not valid YAML: {first}") from None
+        document = parse_yaml_bounded(blob, InputBudget("scraper configuration", max_bytes=limits.max_blob_bytes,
+                                                        max_depth=32, max_alias_nodes=1_000))
+    except InputRefused as exc:
+        raise ScraperConfigError(str(exc)) from None
     if not isinstance(document, dict):
         raise ScraperConfigError("scraper configuration must be a YAML mapping at the top level")
     unsupported = sorted(str(key) for key in document if key not in ALLOWED_TOP_LEVEL)

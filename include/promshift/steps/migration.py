@@ -14,8 +14,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.blobs import Blobs, LocalBlobs
 from promshift.adapters.deploy import ConfigSnapshot, DeployError, FileConfigDeployer, FileDeployOutcome
@@ -43,6 +41,7 @@ from promshift.core.events import (
 )
 from promshift.core.evidence import json_safe
 from promshift.core.gate import GateAction, GateEvidence, GateVerdict
+from promshift.core.inputs import CONFIG, parse_yaml_bounded
 from promshift.core.latency import LatencyResult, ProbeRun, choose_step
 from promshift.core.parity import ParityResult
 from promshift.core.promql import widest_range_s
@@ -735,7 +734,7 @@ def record_event(audit: AuditStore, *, group_name: str, run_id: str, kind: Event
 
 def scrape_interval_s(config_text: str) -> float:
     """The global scrape interval of a loaded Prometheus config (Prometheus' default is 1m)."""
-    data = yaml.safe_load(config_text) or {}
+    data = parse_yaml_bounded(config_text, CONFIG) or {}
     return parse_duration((data.get("global") or {}).get("scrape_interval", "1m"))
 
 

@@ -21,62 +21,28 @@ import re
 from typing import Any
 
 import yaml
-from yaml.composer import Composer, ComposerError
+from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
-from yaml.events import AliasEvent, ScalarEvent
 from yaml.resolver import Resolver
 
-MAX_DEPTH = 32
-MAX_ALIAS_NODES = 10_000
-MAX_SCALAR_CHARS = 65_536
+from promshift.core.inputs import CATALOG, BudgetedComposer
+
+# The catalog's budget (core/inputs.py counts it, shared with every other YAML promshift reads).
+MAX_DEPTH = CATALOG.max_depth
+MAX_ALIAS_NODES = CATALOG.max_alias_nodes
+MAX_SCALAR_CHARS = CATALOG.max_scalar_chars
 
 
-class _CatalogRules:
-    """The budgets above (while composing) plus stricter constructors; mixed into a loader below.
+class _CatalogRules(BudgetedComposer):
+    """The budgets above (while composing, ``core.inputs.BudgetedComposer``) plus stricter constructors;
+    mixed into a loader below.
 
     Also: no duplicate keys (PyYAML silently keeps the last of two equal keys, which would hide
     a reviewer's edit) and ``1e-9`` read as a float (PyYAML's YAML 1.1 resolver reads it, with
     no dot, as a string, yet it is the natural way to write a tolerance).
     """
 
-    anchors: dict[str, Any]
-
-    def _start_budgets(self) -> None:
-        self._depth = 0
-        self._composed = 0  # nodes composed plus nodes reached through aliases
-        self._alias_nodes = 0
-        self._anchor_sizes: dict[str, int] = {}
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(AliasEvent):  # type: ignore[attr-defined]
-            event = self.peek_event()  # type: ignore[attr-defined]
-            anchor = event.anchor
-            if anchor in self.anchors and anchor not in self._anchor_sizes:
-                raise ComposerError(None, None, f"alias *{_clip(anchor)} refers to a value that contains it",
-                                    event.start_mark)
-            size = self._anchor_sizes.get(anchor, 1)
-            self._alias_nodes += size
-            if self._alias_nodes > MAX_ALIAS_NODES:
-                raise ComposerError(None, None, f"aliases expand to more than {MAX_ALIAS_NODES:,} values "
-                                    "(an alias bomb?); write the values out or share less", event.start_mark)
-            self._composed += size
-            return super().compose_node(parent, index)  # type: ignore[misc]
-        event = self.peek_event()  # type: ignore[attr-defined]
-        if self._depth >= MAX_DEPTH:
-            raise ComposerError(None, None, f"nesting deeper than {MAX_DEPTH} levels", event.start_mark)
-        if isinstance(event, ScalarEvent) and len(event.value) > MAX_SCALAR_CHARS:
-            raise ComposerError(None, None, f"a value of {len(event.value):,} characters (the limit is "
-                                f"{MAX_SCALAR_CHARS:,})", event.start_mark)
-        before = self._composed
-        self._composed += 1
-        self._depth += 1
-        try:
-            node = super().compose_node(parent, index)  # type: ignore[misc]
-        finally:
-            self._depth -= 1
-        if event.anchor is not None:
-            self._anchor_sizes[event.anchor] = self._composed - before
-        return node
+    input_budget = CATALOG
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         try:

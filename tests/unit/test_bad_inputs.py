@@ -1,0 +1,307 @@
+"""The bad-input corpus (tests/data/bad_inputs.yaml): every reader of user or server input, one harness.
+
+Each row names a surface (a runner below) and an input. A refused row must give exactly one line that
+contains the row's fragment, never a traceback, within the row's time budget (and memory, when it names
+one); an accepted row must go through. To cover a new reader, add a runner to SURFACES and rows to the
+corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+import traceback
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+# Imported once here, so no case's time budget pays for an import.
+import promshift.adapters.k8s_deploy  # noqa: E402, F401
+import promshift.adapters.settings  # noqa: E402, F401
+import promshift.cli  # noqa: E402, F401
+import promshift.local.stack.k8s_api  # noqa: E402, F401
+from promshift.core.render import RenderError
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "tests" / "data" / "bad_inputs.yaml"
+CASES: list[dict[str, Any]] = yaml.safe_load(CORPUS.read_text(encoding="utf-8"))
+REPEAT = re.compile(r"<<(.+?)\*(\d+)>>", re.DOTALL)
+DEFAULT_SECONDS = 2.0
+HANG_S = 60.0
+MAX_LINE_CHARS = 600
+
+
+@dataclass
+class Outcome:
+    """What the user saw: ``refused`` and the lines of the refusal (or of the output when accepted)."""
+
+    refused: bool
+    lines: list[str]
+
+
+def expand(value: Any) -> Any:
+    """Replace ``<<S*N>>`` with S repeated N times, in strings and mapping keys."""
+    if isinstance(value, str):
+        return REPEAT.sub(lambda m: m.group(1) * int(m.group(2)), value)
+    if isinstance(value, list):
+        return [expand(item) for item in value]
+    if isinstance(value, dict):
+        return {expand(key): expand(item) for key, item in value.items()}
+    return value
+
+
+def input_path(case: dict[str, Any], tmp_path: Path, name: str = "input.yml") -> Path:
+    """The file a file-reading surface reads: ``text`` written in ``encoding``, or a special path (``file``)."""
+    given = case["input"]
+    situation = given.get("file")
+    if situation is None:
+        path = tmp_path / name
+        path.write_bytes(str(expand(given["text"])).encode(given.get("encoding", "utf-8")))
+        return path
+    if situation == "missing":
+        return tmp_path / f"no-such-{name}"
+    if situation == "directory":
+        path = tmp_path / name
+        path.mkdir()
+        return path
+    if situation == "fifo":
+        path = tmp_path / name
+        os.mkfifo(path)
+        return path
+    if situation == "dev-zero":
+        return Path("/dev/zero")
+    raise AssertionError(f"{case['id']}: unknown file situation {situation!r}")
+
+
+# --------------------------------------------------------------------------- the surfaces
+
+Runner = Callable[[dict[str, Any], Path, pytest.CaptureFixture[str]], Outcome]
+SURFACES: dict[str, Runner] = {}
+
+
+def surface(name: str) -> Callable[[Runner], Runner]:
+    def register(runner: Runner) -> Runner:
+        SURFACES[name] = runner
+        return runner
+
+    return register
+
+
+def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """``promshift ARGV`` in this process: refused when the exit code is not 0; the lines are stderr's."""
+    from promshift.cli import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return Outcome(code != 0, err.splitlines() if code != 0 else out.splitlines())
+
+
+@surface("render-cli")
+def render_cli(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """``promshift render gpu-memory --config FILE``; input keys: the file's, plus ``target_url``."""
+    argv = ["render", "gpu-memory", "--config", str(input_path(case, tmp_path))]
+    if "target_url" in case["input"]:
+        argv += ["--target-url", str(expand(case["input"]["target_url"]))]
+    return cli(argv, capsys)
+
+
+def refusal(call: Callable[[], Any], *errors: type[BaseException]) -> Outcome:
+    """Run ``call``: refused (with the error's text as the lines) when it raises one of ``errors``."""
+    try:
+        call()
+    except errors as exc:
+        return Outcome(True, str(exc).splitlines() or [""])
+    return Outcome(False, [])
+
+
+def entry(case: dict[str, Any]) -> dict[str, Any]:
+    from promshift.core.render import remote_write_entry
+
+    return remote_write_entry(group_name="gpu-memory", name_regex="DCGM_FI_DEV_FB_(FREE|USED)",
+                              url=str(expand(case["input"].get("url", "http://127.0.0.1:9/api/v1/write"))))
+
+
+@surface("render-core")
+def render_core(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """``add_remote_write`` then ``remove_remote_write`` on the file's bytes; input keys: the file's, plus ``url``."""
+    from promshift.core.render import RenderError, add_remote_write, remove_remote_write
+
+    data = input_path(case, tmp_path).read_bytes()
+
+    def edit() -> None:
+        added = add_remote_write(data, entry(case))
+        assert remove_remote_write(added, "promshift-gpu-memory") == data
+
+    return refusal(edit, RenderError)
+
+
+@surface("decommission")
+def decommission(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """The decommission edit (``add_scrape_drop``) on the file's bytes; input keys: the file's, plus ``job``."""
+    from promshift.core.render import RenderError
+    from promshift.core.scrape_drop import add_scrape_drop, drop_rule
+
+    data = input_path(case, tmp_path).read_bytes()
+    return refusal(lambda: add_scrape_drop(data, case["input"].get("job", "node"), drop_rule("DCGM_.*")), RenderError)
+
+
+@surface("k8s-configmap")
+def k8s_configmap(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """A ConfigMap whose ``prometheus.yml`` is ``text``: snapshot and deploy through the Kubernetes API contract
+    server (in this process); input keys: ``text``, ``url``."""
+    from kubernetes.client import ApiClient, Configuration
+
+    from promshift.adapters.k8s_deploy import ConfigMapDeployment
+    from promshift.core.deploy import DeployError
+    from promshift.local.stack.k8s_api import CONFIGMAPS, K8sApiServer
+
+    class LoadedConfig:
+        base_url = "http://127.0.0.1:1"
+
+        def config_text(self) -> str:
+            return "global: {}\n"
+
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "prom", "namespace": "monitoring"},
+          "data": {"prometheus.yml": str(expand(case["input"]["text"]))}}
+    with K8sApiServer() as server:
+        server.create(CONFIGMAPS, "monitoring", "prom", cm)
+
+        def deploy() -> None:
+            deployer = ConfigMapDeployment(ApiClient(Configuration(host=server.base_url)), namespace="monitoring",
+                                           name="prom", entry=entry(case), prometheus=LoadedConfig())  # type: ignore[arg-type]
+            deployer.deploy(deployer.snapshot(), datetime.now(UTC))
+
+        return refusal(deploy, DeployError, RenderError)
+
+
+@surface("file-deploy")
+def file_deploy(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """The file deployer's snapshot of the config (what every deploy, rollback and decommission starts with)."""
+    from promshift.adapters.deploy import FileConfigDeployer
+    from promshift.adapters.file_deployment import FileDeployment
+    from promshift.adapters.prometheus import PrometheusClient
+    from promshift.core.deploy import DeployError
+
+    deployer = FileConfigDeployer(input_path(case, tmp_path), PrometheusClient("http://127.0.0.1:1"))
+    return refusal(lambda: FileDeployment(deployer, entry(case)).snapshot(), DeployError)
+
+
+@surface("catalog-file")
+def catalog_file(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """``check_catalog_file`` (the DAG file's and ``catalog check``'s reader); refused: its first problem."""
+    from promshift.adapters.settings import check_catalog_file
+
+    result = check_catalog_file(input_path(case, tmp_path, "metric_groups.yaml"))
+    return Outcome(bool(result.problems), [result.problems[0]] if result.problems else [])
+
+
+@surface("rule-files")
+def rule_files(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """The source's rule files: a config whose ``rule_files`` names the input file, then the rules snapshot."""
+    from promshift.adapters.prometheus import PrometheusClient
+    from promshift.adapters.rules_deploy import SourceRules
+    from promshift.core.deploy import DeployError
+    from promshift.core.rules import RulesError
+
+    rules = input_path(case, tmp_path, "rules.yml")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"rule_files:\n  - {json.dumps(str(rules))}\n", encoding="utf-8")
+    source = SourceRules(config, PrometheusClient("http://127.0.0.1:1"))
+    return refusal(lambda: source.snapshot(lambda name: True), DeployError, RulesError)
+
+
+@surface("dashboard-file")
+def dashboard_file(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """A provisioned Grafana dashboard file, read as the read-path switch reads it."""
+    from promshift.adapters.dashboard_files import DashboardFilesSwitch
+    from promshift.core.read_path import ReadPathError
+
+    return refusal(lambda: DashboardFilesSwitch._read(input_path(case, tmp_path, "dashboard.json")), ReadPathError)
+
+
+@surface("scraper-blob")
+def scraper_blob(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """A managed collector's configuration blob, validated before any API call; input keys: ``text``."""
+    from promshift.core.scraper_config import ScraperConfigError, validate_scraper_config
+
+    return refusal(lambda: validate_scraper_config(str(expand(case["input"]["text"]))), ScraperConfigError)
+
+
+# --------------------------------------------------------------------------- the harness
+
+
+def test_the_corpus_is_well_formed() -> None:
+    ids = [case["id"] for case in CASES]
+    assert len(ids) == len(set(ids)), "case ids must be unique"
+    for case in CASES:
+        assert case["surface"] in SURFACES, f"{case['id']}: no runner for surface {case['surface']!r}"
+        assert case.get("expect", "refused") in ("refused", "accepted"), case["id"]
+        assert case.get("expect", "refused") == "accepted" or case.get("contains"), case["id"]
+        assert isinstance(case.get("input"), dict), case["id"]
+
+
+class _PeakMemory:
+    """Peak Python allocations while a case runs (only when the row asks: tracing slows everything)."""
+
+    def __init__(self, wanted: bool) -> None:
+        self.wanted = wanted
+        self.peak_mb = 0.0
+
+    def __enter__(self) -> _PeakMemory:
+        if self.wanted:
+            tracemalloc.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.wanted:
+            self.peak_mb = tracemalloc.get_traced_memory()[1] / 1e6
+            tracemalloc.stop()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])
+def test_bad_input(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROMSHIFT_HOME", str(tmp_path / "state"))
+    runner = SURFACES[case["surface"]]
+    budget_s = float(case.get("seconds", DEFAULT_SECONDS))
+    outcome: list[Outcome] = []
+    failure: list[str] = []
+    cpu_s: list[float] = []
+
+    def run() -> None:
+        started = time.thread_time()
+        try:
+            outcome.append(runner(case, tmp_path, capsys))
+        except BaseException:  # noqa: BLE001 - the point: nothing may escape as a traceback
+            failure.append(traceback.format_exc())
+        cpu_s.append(time.thread_time() - started)
+
+    with _PeakMemory("max_mb" in case) as memory:
+        # In a thread, so a reader that hangs (a FIFO with no writer) fails the case instead of the run.
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(HANG_S)
+    assert not worker.is_alive(), f"{case['id']}: still running after {HANG_S}s (hangs?)"
+    assert not failure, f"{case['id']}: raised instead of refusing:\n{failure[0]}"
+    # CPU time of the reading thread: the shared machine's load does not count against the input.
+    assert cpu_s[0] <= budget_s, f"{case['id']}: {cpu_s[0]:.2f}s of CPU (budget {budget_s}s)"
+    if "max_mb" in case:
+        assert memory.peak_mb <= float(case["max_mb"]), f"{case['id']}: {memory.peak_mb:.0f} MB allocated"
+    result = outcome[0]
+    if case.get("expect", "refused") == "accepted":
+        assert not result.refused, f"{case['id']}: refused: {result.lines}"
+        return
+    assert result.refused, f"{case['id']}: accepted silently: {result.lines[:5]}"
+    assert len(result.lines) == 1, f"{case['id']}: {len(result.lines)} lines: {result.lines[:5]}"
+    line = result.lines[0]
+    assert "Traceback" not in line and len(line) <= MAX_LINE_CHARS, line[:300]
+    assert case["contains"] in line, f"{case['id']}: {line!r} lacks {case['contains']!r}"
