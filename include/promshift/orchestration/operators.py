@@ -176,6 +176,14 @@ class _GroupStep:
     def target_hook(self) -> PrometheusHook | AmpHook:
         return backend_hook(self.target_conn_id)
 
+    def check_pair(self) -> None:
+        """The connections this task was built with are the group's in the catalog (its route's key):
+        a DAG parsed before the catalog moved the group would otherwise write to the old pair."""
+        if (self.source_conn_id, self.target_conn_id) != self.group.pair:
+            raise ValueError(f"group {self.group_name!r}: this DAG uses connections {self.source_conn_id!r} -> "
+                             f"{self.target_conn_id!r}, the catalog says {self.group.source!r} -> "
+                             f"{self.group.target!r}; wait for the DAG to be parsed again")
+
     # Whether the step needs the target at all: a rollback restores the source alone, so a target
     # whose control plane refuses us (bad credentials, a deleted workspace) must not block it.
     needs_target = True
@@ -474,7 +482,8 @@ class ValidateGroupOperator(GroupStepOperator):
 
         try:
             self.run_params(context, strict=True)
-        except RunParamsError as exc:
+            self.check_pair()
+        except (RunParamsError, ValueError) as exc:
             self._record_failure(context, exc)
             raise AirflowFailException(str(exc)) from None
         try:

@@ -168,7 +168,7 @@ class DeployStep:
             raise DeployStepFailed(f"{self.deploy.kind} restore {event.get('status')}: {event.get('reason')}")
         if m.routing.read_from(m.group.name) != "source":
             m.routing.route(m.group.name, read_from="source", url=m.backends.source.base_url, at=now,
-                            run_id=m.run_id)
+                            run_id=m.run_id, pair=m.group.pair)
         evidence["restored_identical"] = self._live_is(snapshot_info)
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[m.stage()] else None
         m.record(EventKind.ROLLED_BACK, now, evidence, to=to)
