@@ -279,10 +279,21 @@ class _GroupStep:
         except (DeployError, ValueError) as exc:
             raise AirflowFailException(str(exc)) from None
 
-        def quota(group_series: int, now: datetime) -> dict[str, Any]:
-            return hook.quota_preflight().require(group_series=group_series, scrape_interval_s=interval_s, now=now)
+        migration = self.migration(context)
 
-        return DeployStep(self.migration(context), deployer, BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
+        def quota(group_series: int, now: datetime) -> dict[str, Any]:
+            """The workspace's quotas against its use, what other groups reserved on it, and this group."""
+            from promshift.core.quota import RESERVATION_WINDOW_S, pending_on_workspace
+
+            preflight = hook.quota_preflight()
+            window_s = float((hook.conn_config.extra_config.get("quota") or {}).get("reservation_window_s")
+                             or RESERVATION_WINDOW_S)
+            pending = pending_on_workspace(migration.audit.events(), workspace=preflight.workspace_id,
+                                           group=self.group.name, now=now, window_s=window_s)
+            return preflight.require(group_series=group_series, scrape_interval_s=interval_s, now=now,
+                                     pending=pending)
+
+        return DeployStep(migration, deployer, BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
                           quota=quota if isinstance(hook, AmpHook) else None)
 
     def _kubernetes_deployer(self) -> Any:

@@ -54,7 +54,8 @@ def deploy_evidence(result: DeployResult | Mapping[str, Any], quota: Mapping[str
                                 "status_history": [c.to_dict() for c in deployed.status_history],
                                 "reason": deployed.reason}
     if quota is not None:
-        evidence["quota"] = {key: quota[key] for key in ("group_series", "workspace_series", "limit", "share")
+        evidence["quota"] = {key: quota[key] for key in ("group_series", "workspace_series", "pending_series",
+                                                         "pending_groups", "workspace_id", "limit", "share")
                              if key in quota}
     return evidence
 
@@ -108,7 +109,13 @@ class DeployStep:
             series = int(m.backends.source.scalar(f"count({m.group.selector()})") or 0)
 
             def quota() -> dict[str, Any]:
-                return check(series, now)
+                evidence = check(series, now)
+                # The series now count on the workspace for the other groups' pre-flights (per workspace).
+                m.record(EventKind.QUOTA_RESERVED, now, {
+                    **{key: evidence[key] for key in ("workspace_id", "group_series", "workspace_series",
+                                                      "pending_series", "pending_groups", "share") if key in evidence},
+                    "connections": {"source": m.group.source, "target": m.group.target}})
+                return evidence
         try:
             return start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota)
         except QuotaExceeded as exc:
