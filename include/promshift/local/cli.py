@@ -40,6 +40,9 @@ def add_stack_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     up.add_argument("--k8s", action="store_true",
                     help="also the Kubernetes API contract server with a prometheus-operator stand-in that renders "
                          "the Prometheus resource monitoring/k8s onto the source (a contract test, not a cluster)")
+    up.add_argument("--clusters", type=int, choices=(1, 2), default=1,
+                    help="2: also a second cluster (its own fleet of half the nodes and source Prometheus) and a "
+                         "second target, as a second workspace (ports PROMSHIFT_{FLEET,SOURCE,TARGET}_B_PORT or free)")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     up.set_defaults(handler=stack_up)
 
@@ -134,7 +137,8 @@ def stack_up(args: argparse.Namespace) -> int:
     """Handle ``stack up``."""
     target_kind = getattr(args, "target", None) or "prometheus"
     stack = LocalStack(StackConfig.from_env(nodes=getattr(args, "nodes", None), target_kind=target_kind,
-                                            kubernetes=bool(getattr(args, "k8s", False))))
+                                            kubernetes=bool(getattr(args, "k8s", False)),
+                                            clusters=getattr(args, "clusters", None)))
     try:
         if getattr(args, "fresh", False):
             stack.reset()
