@@ -18,7 +18,7 @@ from promshift.local.demo_fleet import FLEET_PLAN, SOURCE_A, SOURCE_B, TARGET_A,
 from promshift.local.stack.local import EXTERNAL_LABELS, EXTERNAL_LABELS_B
 from tests.e2e.conftest import SharedSession
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 
 def test_each_group_cut_over_from_its_cluster_to_its_workspace(fleet_session: SharedSession) -> None:
