@@ -40,7 +40,7 @@ def test_ports_come_from_the_environment_else_from_what_up_recorded(tmp_path: Pa
     plain = LocalStack(StackConfig.from_env())
     components = plain._components()
     assert [components[n].port for n in CLUSTER_B_COMPONENTS] == [40001, 40003, 31212]
-    assert "--port 40001 --seed 1" == components[FLEET_B].marker
+    assert components[FLEET_B].argv[-4:] == ("--port", "40001", "--seed", "1")
 
 
 def test_the_second_source_scrapes_its_own_fleet_with_its_own_cluster_label(tmp_path: Path) -> None:

@@ -879,11 +879,11 @@ class LocalStack:
                                       "--web.enable-remote-write-receiver", "--web.enable-lifecycle",
                                       f"--web.route-prefix={CLUSTER_B_PREFIX}",
                                       f"--web.external-url={self.target_b_url}", binary=cfg.prometheus_bin)
-        # The fleet's marker names its port and seed (not its size: `stack down` knows no NODES): the first
-        # cluster's fleet runs the same module.
+        # The fleet's marker is the module's, as the first fleet's: not its size (`stack down` knows no NODES) nor its
+        # port (a free one an earlier `up` chose is not the environment's); its own pid file tells the two apart.
         return {
             FLEET_B: _Component(FLEET_B, ports[FLEET_B], fleet_argv, fleet_b_url, f"{fleet_b_url}/healthz",
-                                f"--port {ports[FLEET_B]} --seed {self.fleet_b.seed}",
+                                "promshift.local.stack.fleet",
                                 "PROMSHIFT_FLEET_B_PORT"),
             TARGET_B: _Component(TARGET_B, ports[TARGET_B], target_argv, self.target_b_url,
                                  f"{self.target_b_url}/-/ready", f"--storage.tsdb.path={target_data}",
