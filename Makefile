@@ -31,6 +31,8 @@ prometheus:
 	  { echo "installing Debian's prometheus package"; apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
 	@command -v vmagent >/dev/null || \
 	  { echo "installing Debian's victoria-metrics package (vmagent)"; apt-get update -qq && apt-get install -y -qq victoria-metrics >/dev/null; }
+	@command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || \
+	  { echo "installing Debian's prometheus-alertmanager package"; apt-get update -qq && apt-get install -y -qq prometheus-alertmanager >/dev/null; }
 
 # Debian's headless browser and its WebDriver, for the migration board's browser test (tests/board).
 chromium:

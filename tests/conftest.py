@@ -30,8 +30,10 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 # Every writer needs the audit HMAC key, as in a deployment; tests of a missing key unset it.
 os.environ.setdefault("PROMSHIFT_AUDIT_KEY", "test-only-audit-key-0123456789abcdef")
 
-# Imported once before the unit guard: croniter asks `file` for the word size when imported.
+# Imported once before the unit guard: croniter asks `file` for the word size when imported, and matplotlib's font
+# manager runs `fc-list` to build its font cache the first time where fontconfig is installed (chromium brings it).
 import croniter  # noqa: E402, F401
+import matplotlib.font_manager  # noqa: E402, F401
 
 TESTS = Path(__file__).resolve().parent
 TIER_OF_FOLDER = {"integration": "integration", "package": "integration", "e2e": "e2e"}

@@ -11,41 +11,8 @@ DAG's team (``DagModel.get_team_name``: none, as without multi-team mode) and th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import UTC, datetime
-from pathlib import Path
-
-import pytest
-from airflow.api_fastapi import app as airflow_app
-from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-from airflow.api_fastapi.core_api.security import get_user
-from airflow.models.dag import DagModel
-from fastapi.testclient import TestClient
-
-from promshift.adapters.audit_store import AuditStore
-from promshift.adapters.settings import default_catalog_path, load_catalog
-from promshift.board.app import BoardSource, create_app
-from tests.board.auth_manager import DENIED_DAG, SCOPED_USER, GroupScopedAuthManager
-from tests.board.history import write_history
-
-RUNS = {"gpu-utilization": "r1", "gpu-power-thermal": "r2", "gpu-memory": "r3"}
-
-
-@pytest.fixture
-def client_as(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
-    url = f"sqlite:///{tmp_path / 'audit.db'}"
-    write_history(AuditStore(url), load_catalog(), datetime(2026, 12, 1, tzinfo=UTC), RUNS)
-    monkeypatch.setattr(airflow_app._AuthManagerState, "instance", GroupScopedAuthManager())
-    monkeypatch.setattr(DagModel, "get_team_name", staticmethod(lambda dag_id, **_: None))
-    app = create_app(BoardSource(catalog_path=default_catalog_path(), audit_url=url, profile=None,
-                                 run_states=lambda dag_id, run_ids: {}))
-
-    def as_user(name: str, role: str) -> TestClient:
-        app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username=name, role=role)
-        return TestClient(app)
-
-    yield as_user
-    app.dependency_overrides.clear()
+from promshift.adapters.settings import load_catalog
+from tests.board.auth_manager import DENIED_DAG, SCOPED_USER
 
 
 def test_a_user_denied_one_group_gets_403_for_it_and_an_overview_without_it(client_as) -> None:  # type: ignore[no-untyped-def]

@@ -34,14 +34,14 @@ def test_one_dag_per_catalog_group(dagbag) -> None:  # type: ignore[no-untyped-d
     expected = {g.dag_id for g in load_catalog().groups}
     assert len(expected) >= 3
     lifecycle = {f"{dag_id}__{step}" for dag_id in expected for step in ("decommission", "recommission", "rollback")}
-    assert set(dagbag.dag_ids) == expected | lifecycle | {"promshift__bake_watch"}
+    assert set(dagbag.dag_ids) == expected | lifecycle | {"promshift__bake_watch", "promshift__plan"}
 
 
 def test_every_dag_has_tags_retries_and_docs(dagbag) -> None:  # type: ignore[no-untyped-def]
     for dag_id, dag in dagbag.dags.items():
         assert "promshift" in dag.tags, dag_id
         assert dag.default_args.get("retries", 0) >= 1, dag_id
-        migration = dag_id.count("__") == 1 and dag_id != "promshift__bake_watch"
+        migration = dag_id.count("__") == 1 and dag_id not in ("promshift__bake_watch", "promshift__plan")
         assert dag.doc_md and ("Migrate" in dag.doc_md or not migration), dag_id
         assert dag.max_active_runs == 1, dag_id
 
@@ -122,7 +122,7 @@ def test_one_bad_group_keeps_the_other_dags_and_shows_its_problems(
     good = {"promshift__gpu_utilization", "promshift__gpu_power_thermal"}
     steps = ("decommission", "recommission", "rollback")
     assert set(dagbag.dag_ids) == good | {f"{d}__{s}" for d in good for s in steps} | {
-        "promshift__catalog_errors", "promshift__bake_watch"}
+        "promshift__catalog_errors", "promshift__bake_watch", "promshift__plan"}
     # The bake watch watches the good groups only.
     watched = {t.task_id for t in dagbag.dags["promshift__bake_watch"].tasks if t.task_id.startswith("bake_check__")}
     assert watched == {"bake_check__gpu_utilization", "bake_check__gpu_power_thermal"}
@@ -151,7 +151,8 @@ def test_an_unreadable_catalog_gives_one_errors_dag_with_one_line(
         catalog.write_text("version: 1\ngroups: [\n")
     dagbag = _dagbag_for(catalog, monkeypatch)
     assert dagbag.import_errors == {}
-    assert list(dagbag.dag_ids) == ["promshift__catalog_errors"]
+    # The plan DAG reads no catalog (it drafts one), so it stays.
+    assert sorted(dagbag.dag_ids) == ["promshift__catalog_errors", "promshift__plan"]
     doc = dagbag.dags["promshift__catalog_errors"].doc_md
     listing = doc.split("```\n")[1].rstrip("\n")
     assert "\n" not in listing and "Traceback" not in doc

@@ -67,6 +67,8 @@ def test_lifecycle_moves_rules_and_reads_bakes_and_decommissions(small_stack_env
     assert report["decommission"]["source_series_after"] == 0
     assert report["decommission"]["freed_series"] > 0
     assert report["audit"]["chain_ok"] is True
+    # The fleet fault made the moved alert fire; the workspace's Alertmanager held it for the definition's receiver.
+    assert report["alerts"]["delivered"] is True, report["alerts"]
     # The rules live on the target only (the alert evaluates on exactly one side) ...
     assert len(target_rule_files) == 1 and "GpuMemoryNearlyFull" in target_rule_files[0].read_text()
     assert not any(rule for group in source_rules.get("groups") or [] for rule in group.get("rules") or [])

@@ -22,7 +22,15 @@ import yaml
 from botocore.exceptions import ClientError
 
 from promshift.local.cli import add_stack_commands
-from promshift.local.stack.local import AMP_COMPONENTS, COMPONENTS, RELAY, LocalStack, StackConfig, find_free_ports
+from promshift.local.stack.local import (
+    ALERTMANAGER,
+    AMP_COMPONENTS,
+    COMPONENTS,
+    RELAY,
+    LocalStack,
+    StackConfig,
+    find_free_ports,
+)
 from promshift.local.stack.sigv4 import AwsCredentials, sign_request
 from tests.integration.conftest import eventually, running_amp_stack
 
@@ -71,7 +79,7 @@ def add_remote_write(stack: LocalStack, entry: dict[str, Any]) -> None:
 @integration
 def test_up_runs_the_local_aws_and_records_it_without_secrets(amp_stack: LocalStack) -> None:
     status = amp_stack.status()
-    assert set(status) == set(COMPONENTS) | set(AMP_COMPONENTS)
+    assert set(status) == set(COMPONENTS) | set(AMP_COMPONENTS) | {ALERTMANAGER}
     assert all(row["alive"] and row["healthy"] for row in status.values()), status
     state = json.loads(amp_stack.state_path.read_text())
     cfg = amp_stack.config
@@ -328,7 +336,7 @@ def test_cli_and_a_plain_up_reuse_the_local_aws(
 def test_down_stops_the_local_aws(amp_stack: LocalStack) -> None:
     pids = {name: row["pid"] for name, row in amp_stack.status().items()}
     amp_stack.down()
-    for name in COMPONENTS + AMP_COMPONENTS:
+    for name in (*COMPONENTS, *AMP_COMPONENTS, ALERTMANAGER):
         assert not amp_stack.pid_path(name).exists(), name
         assert not os.path.exists(f"/proc/{pids[name]}/cmdline"), name
     assert amp_stack.status()[RELAY]["alive"] is False

@@ -8,6 +8,7 @@ the tests that migrate groups on it.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -111,6 +112,7 @@ def test_healthy_dual_write_passes_parity_with_exit_0_and_changes_nothing(
                        capsys)
     assert code == 0, out
     assert "verdict: SUCCESSFUL" in out and "host_coverage" in out and "samples" in out
+    assert re.search(r"^hosts per label name: source Hostname \d+; target Hostname \d+$", out, re.M), out
     assert f"source {dual_write.stack.source_url}" in out
     code, out, _ = run(dual_write.check("parity", "--group", "gpu-memory", "--since", f"{dual_write.since:.3f}",
                                         "--json"), capsys)

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,8 +87,8 @@ def hosts_by_label(client: PrometheusClient, metric: str) -> dict[str, set[str]]
 
 def policy_for_test(group: MetricGroup, **changes: Any) -> MetricGroup:
     # 2 s steps over 1 s scrapes; no golden dashboard (another layer, tested on its own).
-    parity = dataclasses.replace(group.parity, step_s=2.0, skip_recent_s=3.0, golden_dashboards=(),
-                                 sample_hosts=4, hosts_per_shard=2, **changes)
+    parity = dataclasses.replace(group.parity, **{"step_s": 2.0, "skip_recent_s": 3.0, "golden_dashboards": (),
+                                                  "sample_hosts": 4, "hosts_per_shard": 2, **changes})
     return dataclasses.replace(group, parity=parity)
 
 
@@ -220,12 +221,31 @@ def test_undeclared_rename_on_every_host_reads_as_a_rename_not_loss(drift_stack:
     assert host["verdict"] == "FAILED"
     assert host["reason"] == ("4 hosts (gpu-node-0000, gpu-node-0001, gpu-node-0002, gpu-node-0003) present under "
                               "`hostname` on the target, not `Hostname`: renamed? add "
-                              "`parity.rename_labels: {hostname: Hostname}` if intended"), host["reason"]
+                              "`parity.rename_labels: {hostname: Hostname}` if intended (hosts per label name: "
+                              "source Hostname 4; target Hostname 0, hostname 4)"), host["reason"]
     assert "`Hostname` only on source and `hostname` only on target" in by_name["labels"]["reason"]
 
 
-def test_undeclared_rename_on_half_the_hosts_fails_naming_them_and_the_hint(drift_stack: DriftStack) -> None:
-    result = run_parity(drift_stack, "gpu-memory")
+GOLDEN = ["avg by (Hostname) (DCGM_FI_DEV_FB_USED)",
+          "max by (Hostname) (max_over_time(DCGM_FI_DEV_FB_FREE[4s]))",
+          'sum(DCGM_FI_DEV_FB_USED{Hostname="gpu-node-0000"})']
+
+
+def golden_dashboard(tmp_path: Path) -> tuple[str, ...]:
+    panels = [{"title": f"p{i}", "targets": [{"refId": "A", "expr": e}]} for i, e in enumerate(GOLDEN)]
+    (tmp_path / "mixed.json").write_text(json.dumps({"panels": panels}))
+    return (str(tmp_path / "mixed.json"),)
+
+
+def test_undeclared_rename_on_half_the_hosts_fails_naming_them_and_the_hint(drift_stack: DriftStack,
+                                                                            tmp_path: Path) -> None:
+    result = run_parity(drift_stack, "gpu-memory", golden_dashboards=golden_dashboard(tmp_path))
+    golden = {n: m for n, m in result["by_name"].items() if n.startswith("golden[")}
+    assert [g["verdict"] for g in golden.values()] == ["FAILED"] * 3, {n: g["reason"] for n, g in golden.items()}
+    for g in golden.values():
+        assert g["reason"].startswith("`hostname` instead of `Hostname` on 2 hosts (gpu-node-0000, gpu-node-0001) "
+                                      "of the target: renamed? add `parity.rename_labels: {hostname: Hostname}`"), \
+            g["reason"]
     by_name = result["by_name"]
     assert result["verdict"] == "FAILED"
     labels = by_name["labels"]
@@ -233,7 +253,8 @@ def test_undeclared_rename_on_half_the_hosts_fails_naming_them_and_the_hint(drif
     assert labels["reason"] == (
         "label drift: DCGM_FI_DEV_FB_FREE, DCGM_FI_DEV_FB_RESERVED, DCGM_FI_DEV_FB_USED: `hostname` only on target; "
         "`hostname` on 2 hosts (gpu-node-0000, gpu-node-0001) of the target: renamed? add "
-        "`parity.rename_labels: {hostname: Hostname}` if intended"), labels["reason"]
+        "`parity.rename_labels: {hostname: Hostname}` if intended (hosts per label name: source Hostname 4; "
+        "target Hostname 2, hostname 2)"), labels["reason"]
     assert labels["numbers"]["renamed_hosts"] == {"hostname": ["gpu-node-0000", "gpu-node-0001"]}
     host = by_name["host_coverage"]
     assert host["verdict"] == "FAILED"
@@ -245,11 +266,21 @@ def test_undeclared_rename_on_half_the_hosts_fails_naming_them_and_the_hint(drif
     assert by_name["aggregates"]["numbers"]["aggregates_compared"] == 2 * 3
 
 
-def test_declared_rename_on_half_the_hosts_passes_every_layer(drift_stack: DriftStack) -> None:
-    result = run_parity(drift_stack, "gpu-memory", **DECLARED)
+def test_declared_rename_on_half_the_hosts_passes_every_layer(drift_stack: DriftStack, tmp_path: Path) -> None:
+    result = run_parity(drift_stack, "gpu-memory", golden_dashboards=golden_dashboard(tmp_path), **DECLARED)
     by_name = result["by_name"]
     assert {n: by_name[n]["verdict"] for n in LAYERS} == dict.fromkeys(LAYERS, "SUCCESSFUL"), \
         {n: by_name[n]["reason"] for n in LAYERS}
+    # Golden reads every host under either name: the same answers as the source, per host and in total.
+    golden = {n: m for n, m in by_name.items() if n.startswith("golden[")}
+    assert {n: g["verdict"] for n, g in golden.items()} == dict.fromkeys(
+        ("golden[p0]", "golden[p1]", "golden[p2]"), "SUCCESSFUL"), {n: g["reason"] for n, g in golden.items()}
+    assert golden["golden[p0]"]["numbers"]["series_compared"] == 4
+    for layer in ("host_coverage", "labels"):
+        assert by_name[layer]["numbers"]["hosts_per_label"] == {"source": {"Hostname": 4},
+                                                                "target": {"Hostname": 2, "hostname": 2}}
+        assert by_name[layer]["reason"].endswith(
+            "(hosts per label name: source Hostname 4, hostname 0; target Hostname 2, hostname 2)")
     assert result["verdict"] == "SUCCESSFUL"
     assert result["series_compared"] == 4 * 8 * 3 and result["points_compared"] >= 96 * 4
     assert by_name["aggregates"]["numbers"]["aggregates_compared"] == 4 * 3

@@ -364,10 +364,33 @@ def test_amp_namespace_create_put_and_rollback_against_moto(moto_amp) -> None:
     amp.delete_rule_groups_namespace(workspaceId=ws, name="promshift-gpu-xid")
 
 
+# moto 5.2.5 has no alert manager definitions (the local control plane serves them): the moved alerts' check
+# is answered by botocore's Stubber on a second client, the model-checked answer of a workspace with one.
+ONCALL_DEFINITION = (b"alertmanager_config: |\n  route: {receiver: oncall}\n  receivers:\n"
+                     b"    - {name: oncall, sns_configs: [{topic_arn: 'arn:aws:sns:us-east-1:123456789012:oncall'}]}\n")
+
+
+class _WithDefinition(AmpRulesNamespace):
+    def alert_delivery_problem(self, alerts):  # type: ignore[no-untyped-def]
+        from botocore.stub import Stubber
+
+        client = boto3.client("amp", region_name="us-east-1", aws_access_key_id="AKIDSTUB",
+                              aws_secret_access_key="stub-secret")  # noqa: S106
+        with Stubber(client) as stub:
+            stub.add_response("describe_alert_manager_definition", {"alertManagerDefinition": {
+                "status": {"statusCode": "ACTIVE"}, "data": ONCALL_DEFINITION, "createdAt": NOW,
+                "modifiedAt": NOW}}, expected_params={"workspaceId": self.workspace_id})
+            moto, self.amp = self.amp, client
+            try:
+                return super().alert_delivery_problem(alerts)
+            finally:
+                self.amp = moto
+
+
 def test_the_handoff_onto_an_amp_namespace(fresh: Rig, moto_amp) -> None:
     amp, ws = moto_amp
     original = fresh.rule_file.read_bytes()
-    ns = AmpRulesNamespace(amp, ws, GROUP.name, poll_s=0.1, timeout_s=10)
+    ns = _WithDefinition(amp, ws, GROUP.name, poll_s=0.1, timeout_s=10)
     move = fresh.move(ns)
     snapshot = move.snapshot()
     plan = move.plan(snapshot)
@@ -435,6 +458,8 @@ def test_an_amp_namespace_that_fails_to_create_puts_the_alerts_back_on_the_sourc
                        aws_secret_access_key="stub-secret")  # noqa: S106
     ws, name = "ws-stubbed", "promshift-gpu-memory"
     stub = Stubber(amp)
+    stub.add_response("describe_alert_manager_definition", {"alertManagerDefinition": {  # the plan asks first
+        "status": {"statusCode": "ACTIVE"}, "data": ONCALL_DEFINITION, "createdAt": NOW, "modifiedAt": NOW}})
     status = {"statusCode": "CREATION_FAILED", "statusReason": "rule group limit exceeded"}
     failed = {"ruleGroupsNamespace": {"arn": "arn:aws:aps:us-east-1:123456789012:rulegroupsnamespace/x", "name": name,
                                       "status": status, "data": b"", "createdAt": NOW, "modifiedAt": NOW}}
@@ -450,7 +475,8 @@ def test_an_amp_namespace_that_fails_to_create_puts_the_alerts_back_on_the_sourc
     move = fresh.move(AmpRulesNamespace(amp, ws, GROUP.name, poll_s=0.01, timeout_s=5), on_step=steps.append)
     snapshot = RulesSnapshot(move.source.snapshot(GROUP.claims, GROUP.metrics),
                              DeploySnapshot("rules-amp", None, "", {"existed": False}))
-    plan = move.plan(snapshot)
+    with stub:
+        plan = move.plan(snapshot)
     with stub, pytest.raises(DeployError, match="is CREATION_FAILED: rule group limit exceeded$"):
         move.handoff(plan, snapshot, NOW)
     stub.assert_no_pending_responses()

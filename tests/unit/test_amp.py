@@ -53,8 +53,9 @@ BY_ALIAS = AmpTarget(region=REGION, workspace_alias="gpu-fleet")
 
 def test_extra_names_region_and_exactly_one_workspace() -> None:
     target = amp_target_from_extra({"region_name": "eu-west-1", "workspace_alias": " gpu-fleet ",
-                                    "role_arn": "arn:aws:iam::1:role/r", "endpoint_url": "http://x"})
-    assert target == AmpTarget(region="eu-west-1", workspace_alias="gpu-fleet", role_arn="arn:aws:iam::1:role/r")
+                                    "role_arn": "arn:aws:iam::123456789012:role/r", "endpoint_url": "http://x"})
+    assert target == AmpTarget(region="eu-west-1", workspace_alias="gpu-fleet",
+                               role_arn="arn:aws:iam::123456789012:role/r")
     with pytest.raises(AmpError, match=r"^connection 'tgt' needs extra.region_name"):
         amp_target_from_extra({"workspace_id": WS}, conn_id="tgt")
     for extra in ({"region_name": REGION}, {"region_name": REGION, "workspace_id": WS, "workspace_alias": "a"}):

@@ -101,3 +101,36 @@ def test_amp_ports_must_differ_and_the_kind_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="target kind"):
         StackConfig(home=tmp_path, target_kind="amq")
     StackConfig(home=tmp_path, relay_port=9090)  # a plain stack does not use the AWS ports
+
+
+def test_alert_manager_definitions_route_by_the_model_and_configure_the_local_alertmanager(tmp_path: Path) -> None:
+    from promshift.local.stack.alert_definitions import NO_DEFINITION_RECEIVER, AlertDefinitions, local_config
+
+    for method, name in (("POST", "CreateAlertManagerDefinition"), ("GET", "DescribeAlertManagerDefinition"),
+                         ("PUT", "PutAlertManagerDefinition"), ("DELETE", "DeleteAlertManagerDefinition")):
+        assert match_operation(method, "/workspaces/ws-1/alertmanager/definition") == (name, {"workspaceId": "ws-1"})
+    assert api_kind("/workspaces/ws-1/alertmanager/api/v2/alerts") == "alertmanager_alerts"
+    data = b"""alertmanager_config: |
+  route:
+    receiver: oncall
+    routes: [{matchers: ['severity="page"'], receiver: pager, mute_time_intervals: [nights]}]
+  receivers:
+    - {name: oncall, sns_configs: [{topic_arn: 'arn:aws:sns:us-east-1:123456789012:a', sigv4: {region: us-east-1}}]}
+    - {name: pager, sns_configs: [{topic_arn: 'arn:aws:sns:us-east-1:123456789012:b', sigv4: {region: us-east-1}}]}
+  mute_time_intervals: [{name: nights, time_intervals: [{times: [{start_time: '00:00', end_time: '06:00'}]}]}]
+"""
+    config = local_config(data)
+    # the route tree as written (with short group timings), every receiver by name only: SNS is not reachable here
+    assert config["route"]["routes"] == [{"matchers": ['severity="page"'], "receiver": "pager",
+                                          "mute_time_intervals": ["nights"]}]
+    assert (config["route"]["group_wait"], config["route"]["group_interval"]) == ("1s", "5s")
+    assert config["receivers"] == [{"name": "oncall"}, {"name": "pager"}]
+    assert [i["name"] for i in config["mute_time_intervals"]] == ["nights"]
+    assert local_config(None)["route"]["receiver"] == NO_DEFINITION_RECEIVER
+    # kept under the state dir (no Alertmanager given: nothing configured), a bad one refused in one line
+    store = AlertDefinitions(tmp_path)
+    store.put("ws-1", data, "ZGF0YQ==")
+    assert store.get("ws-1")["data"] == "ZGF0YQ==" and AlertDefinitions(tmp_path).get("ws-1") is not None
+    assert store.delete("ws-1") and store.get("ws-1") is None and not store.delete("ws-1")
+    with pytest.raises(ValueError, match="has no route$"):
+        store.check(b"alertmanager_config: |\n  receivers: []\n")

@@ -146,7 +146,7 @@ def test_verify_against_an_s3_anchor_catches_truncation(
     store = AuditStore(f"sqlite:///{db}")
     for i in range(3):
         store.append(group="g", run_id="r", kind=f"k{i}", actor="a", at=T0, evidence={"i": i})
-    assert not (tmp_path / "audit-anchor.db").exists()
+    assert not (tmp_path / "anchors").exists()
     parser = argparse.ArgumentParser()
     add_audit_commands(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["audit", "verify", "--url", f"sqlite:///{db}"])

@@ -159,10 +159,14 @@ def test_keyed_events_without_an_anchored_head_are_broken() -> None:
     assert not check.ok and "anchor store holds no head" in check.problems[0]
 
 
-def test_events_after_the_anchored_head_are_a_note_not_a_failure() -> None:
+def test_events_after_the_anchored_head_fail_unless_explicitly_allowed() -> None:
+    """Events forged with the key but never anchored fail; an operator who checked an anchor outage allows them."""
     events = chain(4)
     check = verify_chain(events, key=KEY, anchored=True, anchor=AnchorPoint(2, events[1].hash))
-    assert check.ok and any("2 events after the last anchored head" in n for n in check.notes)
+    assert not check.ok and "2 events after the last anchored head (seq 2) are not anchored" in check.problems[0]
+    allowed = verify_chain(events, key=KEY, anchored=True, anchor=AnchorPoint(2, events[1].hash),
+                           allow_unanchored_tail=True)
+    assert allowed.ok and any("2 events after the last anchored head" in n for n in allowed.notes)
 
 
 def test_an_empty_unanchored_chain_is_fine() -> None:

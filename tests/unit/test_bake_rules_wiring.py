@@ -132,3 +132,37 @@ def test_a_group_that_moved_no_rules_is_not_asked_about_rules(tmp_path: Path, au
     monkeypatch.setattr(rules_deploy, "loaded_rules", never)
     obs = observe(tmp_path, audit, T0 + timedelta(minutes=10))
     assert obs.rules is None and "rules" not in dict(obs.errors)
+
+
+def test_observe_checks_a_firing_moved_alert_in_the_targets_alertmanager(tmp_path: Path, audit: AuditStore,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from promshift.adapters.alertmanager import AlertmanagerError, DeliveredAlert
+
+    record(audit, "rules_moved", {"moved": True, "rules": 2, "moved_rules": MOVED})
+    now = T0 + timedelta(minutes=10)
+    monkeypatch.setattr(rules_deploy, "loaded_rules", lambda _c: [])
+    monkeypatch.setattr(rules_deploy, "firing_alerts", lambda _c: [("GpuMemoryNearlyFull", now.timestamp() - 200),
+                                                                  ("NotMoved", now.timestamp() - 900)])
+    asked: list[str] = []
+
+    def held(name: str) -> list[DeliveredAlert]:
+        asked.append(name)
+        return [DeliveredAlert({"alertname": name}, "active", ("promshift-local-oncall",))]
+
+    m = migration(tmp_path, audit)
+    m.backends = dataclasses.replace(m.backends, target_alerts=held)
+    obs = GroupLifecycle(m, parity_check=lambda _s, _n: (Verdict.SUCCESSFUL, "ok")).observe(now)
+    assert asked == ["GpuMemoryNearlyFull"]
+    assert [(a.name, a.firing_s, a.held, a.receivers) for a in obs.delivery.alerts] == [
+        ("GpuMemoryNearlyFull", 200.0, 1, ("promshift-local-oncall",))]
+    policy = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP).bake
+    assert {x.name: x.verdict for x in judge(obs, policy).measurements}["delivery"] == Verdict.SUCCESSFUL
+
+    def unreadable(_name: str) -> list[DeliveredAlert]:
+        raise AlertmanagerError("Alertmanager http://am/api/v2/alerts: HTTP 503")
+
+    m.backends = dataclasses.replace(m.backends, target_alerts=unreadable)
+    obs = GroupLifecycle(m, parity_check=lambda _s, _n: (Verdict.SUCCESSFUL, "ok")).observe(now)
+    assert dict(obs.errors)["delivery"] == "Alertmanager http://am/api/v2/alerts: HTTP 503"

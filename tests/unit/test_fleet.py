@@ -288,3 +288,35 @@ def test_render_is_fast_enough_for_two_thousand_nodes() -> None:
         render_node(big, node, T0 + 15)
     per_second = 200 / (time.perf_counter() - started)
     assert per_second > 1000, f"only {per_second:.0f} renders/s"
+
+
+def test_a_full_framebuffer_fault_fills_the_fleets_first_gpus_and_clears(tmp_path: Path) -> None:
+    """``{"fb_full_gpus": N}`` in the faults file: the first N GPUs, node by node, report 8 MiB free (so
+    ``gpu:fb_used:ratio > 0.98``); every other GPU is untouched; an empty fault clears it."""
+    faults = tmp_path / "fleet-faults.json"
+    faults.write_text(json.dumps({"fb_full_gpus": 10}))
+    srv = FleetServer(FleetSpec(nodes=3), ("127.0.0.1", 0), clock=lambda: T0, faults_file=faults)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    http = requests.Session()
+    http.trust_env = False
+
+    def ratios(node: int) -> list[float]:
+        text = http.get(f"http://127.0.0.1:{srv.port}/nodes/gpu-node-{node:04d}/metrics", timeout=5).text
+        used = [float(v) for v in re.findall(r"^DCGM_FI_DEV_FB_USED\{.*\} (\S+)$", text, re.M)]
+        free = [float(v) for v in re.findall(r"^DCGM_FI_DEV_FB_FREE\{.*\} (\S+)$", text, re.M)]
+        return [u / (u + f) for u, f in zip(used, free, strict=True)]
+
+    try:
+        assert [r > 0.98 for r in ratios(0)] == [True] * 8
+        assert [r > 0.98 for r in ratios(1)] == [True, True] + [False] * 6
+        assert not any(r > 0.98 for r in ratios(2))
+        assert ratios(2) == [u / (u + f) for u, f in zip(*(  # untouched GPUs render as without a fault
+            [float(v) for v in re.findall(rf"^{m}\{{.*\}} (\S+)$", render_node(srv.fleet, 2, T0), re.M)]
+            for m in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")), strict=True)]
+        faults.write_text(json.dumps({"fb_full_gpus": 0}))
+        srv._faults = (0.0, {})  # noqa: SLF001 - skip the one-second re-read
+        assert not any(r > 0.98 for r in ratios(0))
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -146,3 +146,83 @@ def test_rollback_puts_the_previous_rules_back_and_waits_for_active() -> None:
         stub.assert_no_pending_responses()
     assert done.details["restored_identical"] is True
     assert done.status == "RESTORED"
+
+
+# --------------------------------------------------------------------------- alert delivery
+
+
+DEFINITION = b"""alertmanager_config: |
+  route:
+    receiver: default
+    routes:
+      - matchers: ['severity="silent"']
+        receiver: void
+  receivers:
+    - name: default
+      sns_configs: [{topic_arn: 'arn:aws:sns:us-east-1:123456789012:oncall', sigv4: {region: us-east-1}}]
+    - name: void
+"""
+
+
+def definition(stub: Stubber, data: bytes | None, code: str = "ACTIVE") -> None:
+    if data is None:
+        stub.add_client_error("describe_alert_manager_definition", "ResourceNotFoundException",
+                              "Alert manager definition not found", 404, expected_params={"workspaceId": WS})
+        return
+    stub.add_response("describe_alert_manager_definition", {"alertManagerDefinition": {
+        "status": {"statusCode": code}, "data": data, "createdAt": NOW, "modifiedAt": NOW}},
+        expected_params={"workspaceId": WS})
+
+
+def alerts(labels: str = "") -> tuple:
+    doc = DOC + (f"    labels: {{{labels}}}\n" if labels else "")
+    return select_rules([parse_rule_file("r.yml", doc)], lambda m: m == "DCGM_FI_DEV_FB_USED").alerts
+
+
+@pytest.mark.parametrize(("data", "code", "labels", "expected"), [
+    (None, "ACTIVE", "", f"AMP workspace {WS} has no alert manager definition: moved alert FbHigh would page nobody "
+                         "(create one with CreateAlertManagerDefinition, or keep the group's alerts on the source)"),
+    (DEFINITION, "CREATION_FAILED", "", f"AMP workspace {WS}'s alert manager definition is CREATION_FAILED: moved "
+                                        "alert FbHigh would page nobody"),
+    (DEFINITION, "ACTIVE", "severity: silent", f"AMP workspace {WS}: alert FbHigh (alertname='FbHigh', "
+     "severity='silent') pages nobody: the alert manager definition routes it to receiver 'void', which has no "
+     "integration"),
+    (b"alertmanager_config: 7", "ACTIVE", "", f"AMP workspace {WS}'s alert manager definition: alertmanager_config "
+                                              "is not a mapping"),
+    (DEFINITION, "ACTIVE", "severity: page", None),
+    (DEFINITION, "UPDATE_FAILED", "", None),  # the previous definition still routes
+])
+def test_moved_alerts_need_a_definition_that_routes_them(data: bytes | None, code: str, labels: str,
+                                                         expected: str | None) -> None:
+    ns, stub, _ = stubbed()
+    definition(stub, data, code)
+    with stub:
+        assert ns.alert_delivery_problem(alerts(labels)) == expected
+        stub.assert_no_pending_responses()
+
+
+def test_no_moved_alert_asks_nothing() -> None:
+    ns, stub, _ = stubbed()
+    with stub:
+        assert ns.alert_delivery_problem(()) is None
+
+
+def test_the_plan_refuses_moving_alerts_to_a_workspace_without_a_definition_before_anything_moves() -> None:
+    """RulesMove.plan (the snapshot step, and every later step that rebuilds it) asks before promtool or a deploy."""
+    import json
+
+    from promshift.adapters.rules_deploy import RulesMove, RulesSnapshot, SourceRules
+
+    ns, stub, _ = stubbed()
+    definition(stub, None)
+    source = SourceRules("/nonexistent/prometheus.yml", client=None)  # type: ignore[arg-type]
+    snap = RulesSnapshot(DeploySnapshot("rules-source", "/nonexistent/prometheus.yml",
+                                        json.dumps({"files": [["r.yml", DOC]]}), {"existed": True}),
+                         DeploySnapshot("rules-amp", None, "", {"existed": False}))
+    move = RulesMove(source, ns, group_name="gpu-memory", claims=lambda m: m == "DCGM_FI_DEV_FB_USED")
+    with stub, pytest.raises(DeployError) as err:
+        move.plan(snap)
+    assert str(err.value) == (f"AMP workspace {WS} has no alert manager definition: moved alert FbHigh would page "
+                              "nobody (create one with CreateAlertManagerDefinition, or keep the group's alerts on "
+                              "the source)")
+    stub.assert_no_pending_responses()

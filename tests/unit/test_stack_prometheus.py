@@ -26,7 +26,8 @@ def test_the_local_stacks_source_and_target_command_lines_are_unchanged(tmp_path
     assert components[TARGET].argv == (
         "/opt/prom", f"--config.file={home}/target/prometheus.yml", f"--storage.tsdb.path={home}/target/data",
         "--web.listen-address=127.0.0.1:9191", "--web.enable-remote-write-receiver", "--web.enable-lifecycle",
-        "--web.enable-admin-api", "--web.route-prefix=/workspaces/ws-local", "--web.external-url=http://127.0.0.1:9191/workspaces/ws-local")
+        "--web.enable-admin-api", "--rules.alert.resend-delay=5s", "--web.route-prefix=/workspaces/ws-local",
+        "--web.external-url=http://127.0.0.1:9191/workspaces/ws-local")
 
 
 def test_a_process_writes_its_config_or_uses_the_given_file(tmp_path: Path) -> None:

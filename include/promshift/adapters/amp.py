@@ -9,6 +9,7 @@ request, session token included).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,24 +46,86 @@ class AmpTarget:
     workspace_alias: str | None = None
     role_arn: str | None = None
     remote_write_url: str | None = None
+    timeout_s: float = 60.0
 
     @property
     def workspace_ref(self) -> str:
         return self.workspace_id or f"alias {self.workspace_alias!r}"
 
 
-def amp_target_from_extra(extra: Mapping[str, Any], *, conn_id: str = "promshift_target") -> AmpTarget:
-    """Read an ``amp`` connection's extra; a missing region or workspace is a one-line error."""
+# An AWS region name as the partitions spell them (us-east-1, eu-central-2, us-gov-west-1, cn-north-1,
+# eusc-de-east-1).
+AWS_REGION_RE = re.compile(r"[a-z]{2,4}(-[a-z]+){1,3}-[0-9]{1,2}")
+# An IAM role's ARN in any partition: what STS's AssumeRole takes as RoleArn.
+_ROLE_ARN = re.compile(r"arn:aws(-[a-z]+)*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]{1,512}")
+# botocore's amp model: WorkspaceId is 1 to 64 of these, starting with a letter or digit.
+_WORKSPACE_ID = re.compile(r"[0-9A-Za-z][-.0-9A-Z_a-z]{0,63}")
+# Keys the amazon provider would read from the extra; in the extra they show in the UI and the connection's JSON.
+EXTRA_SECRETS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+MAX_TIMEOUT_S = 3600.0
+
+
+def _short(value: Any) -> str:
+    """A value for a message: its repr, cut at 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_amp_extra(extra: Any, *, conn_id: str = "promshift_target") -> dict[str, Any]:
+    """The extra as a dict, or one-line ``AmpError`` naming the field: not an object, access keys in it.
+
+    Access keys in the extra are refused naming the field, never echoing the value: the README keeps them in
+    login/password (or a role), where the UI masks them.
+    """
+    if not isinstance(extra, Mapping):
+        raise AmpError(f"connection {conn_id!r}: extra must be a JSON object, got a {type(extra).__name__} "
+                       "(e.g. {\"region_name\": \"us-east-1\", \"workspace_id\": \"ws-...\"})")
+    for field in EXTRA_SECRETS:
+        if extra.get(field):
+            raise AmpError(f"connection {conn_id!r}: extra.{field} holds an access key, which the extra shows in "
+                           "the UI and the connection's JSON; put the key in login/password, or use role_arn "
+                           "or the default credential chain")
+    return dict(extra)
+
+
+def amp_target_from_extra(extra: Any, *, conn_id: str = "promshift_target") -> AmpTarget:
+    """Read an ``amp`` connection's extra; a missing or malformed field is a one-line error naming it."""
+    extra = check_amp_extra(extra, conn_id=conn_id)
     region = str(extra.get("region_name") or "").strip()
     ws_id = str(extra.get("workspace_id") or "").strip() or None
     alias = str(extra.get("workspace_alias") or "").strip() or None
     if not region:
         raise AmpError(f"connection {conn_id!r} needs extra.region_name (the AMP workspace's region)")
+    if not AWS_REGION_RE.fullmatch(region):
+        raise AmpError(f"connection {conn_id!r}: extra.region_name {_short(region)} is not an AWS region "
+                       "(like us-east-1)")
     if bool(ws_id) == bool(alias):
         raise AmpError(f"connection {conn_id!r} needs exactly one of extra.workspace_id or extra.workspace_alias")
-    return AmpTarget(region=region, workspace_id=ws_id, workspace_alias=alias,
-                     role_arn=str(extra["role_arn"]) if extra.get("role_arn") else None,
-                     remote_write_url=str(extra["remote_write_url"]) if extra.get("remote_write_url") else None)
+    if ws_id is not None and not _WORKSPACE_ID.fullmatch(ws_id):
+        raise AmpError(f"connection {conn_id!r}: extra.workspace_id {_short(ws_id)} is not an AMP workspace id "
+                       "(like ws-0123abcd-...; at most 64 of 0-9 A-Z a-z - . _)")
+    if alias is not None and len(alias) > 100:
+        raise AmpError(f"connection {conn_id!r}: extra.workspace_alias is {len(alias)} characters; AMP allows 100")
+    role_arn = str(extra["role_arn"]).strip() if extra.get("role_arn") else None
+    if role_arn is not None and not _ROLE_ARN.fullmatch(role_arn):
+        raise AmpError(f"connection {conn_id!r}: extra.role_arn {_short(role_arn)} is not an IAM role ARN "
+                       "(arn:aws:iam::123456789012:role/NAME)")
+    return AmpTarget(region=region, workspace_id=ws_id, workspace_alias=alias, role_arn=role_arn,
+                     remote_write_url=str(extra["remote_write_url"]) if extra.get("remote_write_url") else None,
+                     timeout_s=_timeout(extra.get("timeout_s"), conn_id))
+
+
+def _timeout(value: Any, conn_id: str) -> float:
+    if value is None or value == "":
+        return 60.0
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not 0 < seconds <= MAX_TIMEOUT_S:  # NaN fails the comparison too
+        raise AmpError(f"connection {conn_id!r}: extra.timeout_s {_short(value)} is not a number of seconds "
+                       f"between 0 and {MAX_TIMEOUT_S:g}")
+    return seconds
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ The boto3 ``amp`` client is passed in (``AmpHook.conn`` builds it). AWS errors b
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from promshift.adapters.amp import CREDENTIAL_ERRORS
+from promshift.adapters.amp import AWS_REGION_RE, CREDENTIAL_ERRORS
 from promshift.core.deploy import DeployError, DeployKind, DeployResult, DeploySnapshot, DeployState
 from promshift.core.render import sha256_text
 from promshift.core.scraper_config import (
@@ -62,21 +63,56 @@ class ScraperSource:
         return {"eksConfiguration": eks}
 
 
-def scraper_source_from_extra(extra: Mapping[str, Any], *, conn_id: str = "promshift_target") -> ScraperSource:
-    """``extra.scraper: {cluster_arn, subnet_ids, security_group_ids}`` of the target connection; one-line errors."""
+def _cluster_arn_problem(cluster: str) -> str | None:
+    """Why ``cluster`` is no EKS cluster ARN (``arn:PARTITION:eks:REGION:ACCOUNT:cluster/NAME``), or None.
+
+    Field by field, not by substring: an S3 ARN whose key holds ``:eks:...:cluster/`` is not a cluster.
+    """
+    parts = cluster.split(":", 5)
+    if len(parts) != 6 or parts[0] != "arn" or not re.fullmatch(r"aws(-[a-z]+)*", parts[1]):
+        return "is not an ARN (arn:aws:eks:REGION:ACCOUNT:cluster/NAME)"
+    _, _, service, region, account, resource = parts
+    if service != "eks":
+        return f"is an ARN of service {service!r}, not eks"
+    if not AWS_REGION_RE.fullmatch(region):
+        return f"names no region ({region!r})"
+    if not re.fullmatch(r"[0-9]{12}", account):
+        return f"names no 12-digit account ({account[:20]!r})"
+    if not re.fullmatch(r"cluster/[0-9A-Za-z][0-9A-Za-z_-]{0,99}", resource):
+        return f"names resource {resource[:60]!r}, not cluster/NAME"
+    return None
+
+
+def scraper_source_from_extra(extra: Mapping[str, Any], *, conn_id: str = "promshift_target",
+                              region: str | None = None) -> ScraperSource:
+    """``extra.scraper: {cluster_arn, subnet_ids, security_group_ids}`` of the target connection; one-line errors.
+
+    With ``region`` (the workspace's), a cluster in another region is refused: the managed collector is
+    created in the workspace's region and scrapes an EKS cluster of that region.
+    """
     raw = extra.get("scraper")
     if not isinstance(raw, Mapping):
         raise DeployError(f"connection {conn_id!r} needs extra.scraper: {{cluster_arn, subnet_ids, "
                           "security_group_ids}} to deploy through the managed collector")
     cluster = str(raw.get("cluster_arn") or "").strip()
-    if not cluster.startswith("arn:") or ":eks:" not in cluster or ":cluster/" not in cluster:
-        raise DeployError(f"connection {conn_id!r}: extra.scraper.cluster_arn must be an EKS cluster ARN, "
-                          f"got {cluster!r}")
+    problem = _cluster_arn_problem(cluster)
+    if problem:
+        raise DeployError(f"connection {conn_id!r}: extra.scraper.cluster_arn must be an EKS cluster ARN; "
+                          f"{cluster[:120]!r} {problem}")
+    cluster_region = cluster.split(":")[3]
+    if region is not None and cluster_region != region:
+        raise DeployError(f"connection {conn_id!r}: extra.scraper.cluster_arn is in region {cluster_region}, but the "
+                          f"workspace is in {region}: a managed collector scrapes a cluster in its workspace's "
+                          "region")
 
     def ids(key: str, required: bool) -> tuple[str, ...]:
-        value = raw.get(key) or []
-        if isinstance(value, str) or not all(isinstance(item, str) and item for item in value):
-            raise DeployError(f"connection {conn_id!r}: extra.scraper.{key} must be a list of ids")
+        value = raw.get(key)
+        if value is None:
+            value = []
+        if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise DeployError(f"connection {conn_id!r}: extra.scraper.{key} must be a list of ids "
+                              f"(like [\"subnet-0abc\"]), got {shown}")
         if required and not value or len(value) > 5:
             raise DeployError(f"connection {conn_id!r}: extra.scraper.{key} needs 1 to 5 ids, got {len(value)}")
         return tuple(value)

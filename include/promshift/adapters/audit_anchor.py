@@ -3,9 +3,11 @@
 ``AuditAnchor`` (declared in ``core.audit``) has two implementations here:
 
 - ``SqlAuditAnchor``: an append-only table in a second database (``PROMSHIFT_AUDIT_ANCHOR_URL``;
-  by default a SQLite file next to a SQLite audit database). Locally that only guards against
-  mistakes; in production make it a different database with different credentials, so whoever
-  can write the audit database cannot rewrite the anchors.
+  by default, for a SQLite audit file only, ``anchors/audit-anchor.db`` beside it in a directory of
+  mode 0700, file 0600, refused when group or others may write either: whoever can write a shared audit
+  database through its group cannot touch the anchor; its owner still can, so in production make it a
+  different database with different credentials, or S3 below). The anchor URL may never be the audit
+  database's own URL.
 - ``S3ObjectLockAnchor`` (``s3://bucket/prefix``): one object per head, written under S3 Object
   Lock in COMPLIANCE mode, which nobody (root included) can delete or shorten before it expires.
 """
@@ -14,8 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,6 +40,11 @@ from promshift.core.audit import AnchorPoint, AuditAnchor
 log = logging.getLogger(__name__)
 
 ANCHOR_FILE_NAME = "audit-anchor.db"
+# The default SQLite anchor's own directory beside the audit file: owner-only, so a group that may write the
+# audit database (a shared file) cannot write the anchor.
+ANCHOR_DIR_NAME = "anchors"
+ANCHOR_DIR_MODE = 0o700
+ANCHOR_FILE_MODE = 0o600
 
 anchor_metadata = MetaData()
 audit_anchors = Table(
@@ -71,6 +81,10 @@ class SqlAuditAnchor:
                 # Another writer created it between the check and the CREATE.
                 if not inspect(self.engine).has_table(audit_anchors.name):
                     raise
+
+    def exists(self) -> bool:
+        """Whether the anchor store is there at all (a writer creates it with the audit table)."""
+        return self.engine is not None and inspect(self.engine).has_table(audit_anchors.name)
 
     def record(self, seq: int, head: str) -> None:
         if self.engine is None:
@@ -114,6 +128,10 @@ class S3ObjectLockAnchor:
         self.clock = clock
         self.where = f"s3://{bucket}/{self.prefix}"
 
+    def exists(self) -> bool:
+        """Always: under Object Lock in COMPLIANCE mode nobody can delete an anchored head before it expires."""
+        return True
+
     def key_of(self, seq: int) -> str:
         return f"{self.prefix}heads/{_SEQ_SPACE - seq:012d}.json"
 
@@ -154,18 +172,49 @@ def anchor_for(url: str, *, create: bool = True) -> AuditAnchor:
     return SqlAuditAnchor(url, create=create)
 
 
-def default_anchor(audit_url: str, *, create: bool = True) -> AuditAnchor:
-    """``PROMSHIFT_AUDIT_ANCHOR_URL``, else ``audit-anchor.db`` next to a SQLite audit file.
+def _owner_only(path: Path, mode: int) -> None:
+    """Refuse a default anchor that group or others may write (one line, with the fix)."""
+    have = stat.S_IMODE(path.stat().st_mode)
+    if have & 0o022:
+        raise ValueError(f"the audit anchor {path} is writable by group or others (mode {have:o}): whoever can "
+                         f"write the audit database could rewrite it; chmod {mode:o} {path}, or set "
+                         "PROMSHIFT_AUDIT_ANCHOR_URL to a store of its own")
 
-    A server audit database (PostgreSQL) must name its anchor store: a local file would be a
-    different anchor on every worker.
+
+def default_anchor_path(audit_path: Path) -> Path:
+    """Where a SQLite audit file's default anchor lives: ``anchors/audit-anchor.db`` beside it."""
+    return audit_path.parent / ANCHOR_DIR_NAME / ANCHOR_FILE_NAME
+
+
+def default_anchor(audit_url: str, *, create: bool = True) -> AuditAnchor:
+    """``PROMSHIFT_AUDIT_ANCHOR_URL``, else, for a SQLite audit file, ``anchors/audit-anchor.db`` beside it.
+
+    - SQLite: the default anchor sits in its own directory, mode 0700 (file 0600); a writer refuses one that
+      group or others may write. This separates the anchor from a group that shares the audit file, not from
+      its owner: production names another store.
+    - PostgreSQL (any server database): no default; ``PROMSHIFT_AUDIT_ANCHOR_URL`` must name another database
+      (other credentials) or S3, as a local file would be a different anchor on every worker.
+    - S3 Object Lock: never a default; ``s3://bucket/prefix`` in a bucket created with Object Lock.
+    The anchor URL may not be the audit database's own URL.
     """
     url = audit_anchor_url()
     if url:
+        if redacted(url) == redacted(audit_url):
+            raise ValueError(f"PROMSHIFT_AUDIT_ANCHOR_URL is the audit database itself ({redacted(url)}): whoever "
+                             "writes the audit log could rewrite its anchors; name another database or s3://")
         return anchor_for(url, create=create)
     path = sqlite_file(audit_url)
     if path is None:
         raise ValueError(f"the audit database {redacted(audit_url)} is not a SQLite file: set "
                          "PROMSHIFT_AUDIT_ANCHOR_URL to a store its writer cannot rewrite (another database, "
                          "or s3://bucket/prefix under Object Lock)")
-    return SqlAuditAnchor(f"sqlite:///{path.parent / ANCHOR_FILE_NAME}", create=create)
+    anchor_path = default_anchor_path(path)
+    if create:
+        anchor_path.parent.mkdir(mode=ANCHOR_DIR_MODE, parents=True, exist_ok=True)
+        _owner_only(anchor_path.parent, ANCHOR_DIR_MODE)
+        try:
+            os.close(os.open(anchor_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ANCHOR_FILE_MODE))
+        except FileExistsError:
+            pass  # another writer made it
+        _owner_only(anchor_path, ANCHOR_FILE_MODE)
+    return SqlAuditAnchor(f"sqlite:///{anchor_path}", create=create)

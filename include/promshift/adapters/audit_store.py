@@ -7,6 +7,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,7 +163,17 @@ def default_audit_url() -> str:
     return f"sqlite:///{state_home() / 'audit.db'}"
 
 
+class AuditRowUnreadable(ValueError):
+    """A stored event cannot be read back (its ``at`` is no time, ...): an edited row; the message names it."""
+
+
 def _row_to_event(row: Any) -> AuditEvent:
+    try:
+        at = datetime.fromisoformat(row.at)
+    except (TypeError, ValueError):
+        shown = str(row.at)[:60].encode("unicode_escape").decode("ascii")
+        raise AuditRowUnreadable(f"event seq {row.seq}: at {shown!r} is not an ISO-8601 time (the row was "
+                                 "edited)") from None
     return AuditEvent(
         seq=row.seq,
         group=row.group_name,
@@ -171,7 +182,7 @@ def _row_to_event(row: Any) -> AuditEvent:
         stage_from=row.stage_from,
         stage_to=row.stage_to,
         actor=row.actor,
-        at=datetime.fromisoformat(row.at),
+        at=at,
         evidence=row.evidence,
         prev_hash=row.prev_hash,
         hash=row.hash,
@@ -215,6 +226,12 @@ class AuditStore:
             except SQLAlchemyError as exc:
                 raise AuditDatabaseUnreadable(f"cannot open the audit database {self.where}: "
                                               f"{short_error(exc)}") from None
+            # The anchor store is made with the table, so a table without its anchor store reads as a lost anchor.
+            if self._anchor is _UNSET:
+                try:
+                    _ = self.anchor
+                except ValueError:
+                    pass  # no anchor configured: append says so, verify reports it
 
     # -- key and anchor (resolved on first use: reading events needs neither) ---------------------
     @property
@@ -307,16 +324,34 @@ class AuditStore:
         return inspect(self.engine).has_table(audit_events.name)
 
     def events(self, *, group: str | None = None, run_id: str | None = None) -> list[AuditEvent]:
-        """Events oldest first; a reader on a database without the audit table gets none."""
+        """Events oldest first; a reader on a database without the audit table gets none.
+
+        An unreadable row raises ``AuditRowUnreadable`` naming it; ``read_events`` reads past it.
+        """
+        events, problems = self.read_events(group=group, run_id=run_id)
+        if problems:
+            raise AuditRowUnreadable(problems[0])
+        return events
+
+    def read_events(self, *, group: str | None = None, run_id: str | None = None
+                    ) -> tuple[list[AuditEvent], list[str]]:
+        """The readable events oldest first, and one line for each row that cannot be read (it is skipped)."""
         if not self.create and not self.has_table():
-            return []
+            return [], []
         stmt = self._select().order_by(audit_events.c.seq)
         if group is not None:
             stmt = stmt.where(audit_events.c.group_name == group)
         if run_id is not None:
             stmt = stmt.where(audit_events.c.run_id == run_id)
+        events: list[AuditEvent] = []
+        problems: list[str] = []
         with self.engine.connect() as conn:
-            return [_row_to_event(r) for r in conn.execute(stmt)]
+            for row in conn.execute(stmt):
+                try:
+                    events.append(_row_to_event(row))
+                except AuditRowUnreadable as exc:
+                    problems.append(str(exc))
+        return events, problems
 
     def stage_of(self, group: str) -> Stage:
         """The group's current stage, replayed (and so checked) from its stage events."""
@@ -330,10 +365,12 @@ class AuditStore:
             rows = [r[0] for r in conn.execute(text("PRAGMA quick_check"))]
         return None if rows == ["ok"] else f"SQLite integrity check failed: {'; '.join(rows[:3])}"
 
-    def verify(self) -> ChainCheck:
+    def verify(self, *, allow_unanchored_tail: bool = False) -> ChainCheck:
         """The whole chain checked: hashes (HMAC with the key), links, schemes, and the anchored head.
 
-        Never raises for a database it cannot read: that is a broken chain with the reason.
+        Never raises for a database it cannot read: that is a broken chain with the reason. An audit table
+        whose anchor store is gone is broken (emptied table and deleted anchor is not "nothing happened");
+        events after the last anchored head are broken unless ``allow_unanchored_tail``.
         """
         def broken(reason: str) -> ChainCheck:
             return ChainCheck(ok=False, events=0, problems=(reason,))
@@ -343,12 +380,13 @@ class AuditStore:
             if corrupt:
                 return broken(f"the audit database {self.where} is corrupt: {corrupt}")
             table = self.has_table()
-            events = self.events() if table else []
+            events, unreadable = self.read_events() if table else ([], [])
         except SQLAlchemyError as exc:
             return broken(f"the audit database {self.where} is corrupt or unreadable: {short_error(exc)}")
         try:
             anchor = self.anchor
             point = anchor.latest()
+            anchor_exists = getattr(anchor, "exists", lambda: True)()
         except Exception as exc:  # noqa: BLE001 - any anchor failure means the head cannot be checked
             return broken(f"cannot read the anchored head: {exc}")
         try:
@@ -362,4 +400,14 @@ class AuditStore:
                     f"(head seq {point.seq}): it was dropped",))
             return broken(f"no audit table {audit_events.name} in {self.where} and no anchored head "
                           f"in {anchor.where}: nothing was ever recorded here")
-        return verify_chain(events, key=key, anchored=True, anchor=point)
+        if table and not events and not anchor_exists:
+            # A writer creates the anchor store with the table: an empty table without it was emptied, and its
+            # anchor deleted. (A legacy unkeyed chain, never anchored, still has its events and only gets a note.)
+            return broken(f"anchor missing for a chain that was anchored: the audit table in {self.where} is "
+                          f"empty and the anchor store {anchor.where} does not exist (deleted?)")
+        check = verify_chain(events, key=key, anchored=True, anchor=point,
+                             allow_unanchored_tail=allow_unanchored_tail)
+        if unreadable:
+            return replace(check, ok=False, events=check.events + len(unreadable),
+                           problems=(*unreadable, *check.problems))
+        return check

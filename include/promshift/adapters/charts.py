@@ -84,3 +84,24 @@ def latency_figure(windows: Sequence[Mapping[str, Any]], *, title: str) -> Any:
     ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def plan_cost_chart_png(groups: Sequence[Mapping[str, Any]], *, title: str) -> bytes:
+    """Monthly AMP cost per recommended group, before and after trimming (bars, USD), as PNG bytes."""
+    names = [g["name"] for g in groups] or ["(no group)"]
+    before = [g["cost_before"]["total_usd"] for g in groups] or [0.0]
+    after = [g["cost_after"]["total_usd"] for g in groups] or [0.0]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(names) + 2), 4.5), dpi=110)
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], before, 0.4, label="before (every metric of the family)", color="#9e9e9e")
+    ax.bar([x + 0.2 for x in xs], after, 0.4, label="after (read metrics only)", color="#1565c0")
+    ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("USD per month (AMP list prices)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()

@@ -35,7 +35,13 @@ from promshift.adapters.blobs import Blobs
 from promshift.adapters.deploy import write_atomically
 from promshift.adapters.snapshot_store import snapshot_key
 from promshift.core.catalog import MetricGroup
-from promshift.core.read_path import DashboardPlan, DatasourceRef, ReadPathError, plan_dashboard
+from promshift.core.read_path import (
+    DashboardPlan,
+    DatasourceRef,
+    ReadPathError,
+    plan_dashboard,
+    unmatched_source,
+)
 
 KIND = "grafana-files"
 
@@ -60,6 +66,18 @@ class DashboardFilesSwitch:
         self.variables = dict(variables or {})
         self.default_is_source = default_is_source
         self.root = Path(root) if root is not None else None
+
+    def unmatched_patterns(self) -> list[str]:
+        """One line per pattern that names no dashboard file (a typo, or a folder that moved)."""
+        return [f"read_path pattern {pattern!r} matches no dashboard file" for pattern in self.patterns
+                if not self._matches(pattern)]
+
+    def _matches(self, pattern: str) -> list[Path]:
+        base = Path(pattern)
+        if not base.is_absolute() and self.root is not None:
+            base = self.root / base
+        matches = [str(p) for p in base.glob("*.json")] if base.is_dir() else glob.glob(str(base), recursive=True)
+        return [Path(m) for m in matches if Path(m).is_file()]
 
     def files(self) -> list[Path]:
         """The dashboard files the patterns name (a folder means its ``*.json``), sorted, each once."""
@@ -104,9 +122,14 @@ class DashboardFilesSwitch:
     def plan(self) -> dict[str, Any]:
         """What a switch would do now, per file (no write): the evidence of a dry run."""
         dashboards: list[dict[str, Any]] = []
-        problems: list[str] = []
+        problems: list[str] = self.unmatched_patterns()
+        plans: list[DashboardPlan] = []
         for path, data, _text, p in self._planned(self.files(), problems):
+            plans.append(p)
             dashboards.append({"path": str(path), "sha256": sha256_bytes(data), **p.to_dict()})
+        unmatched = unmatched_source(plans, self.source)
+        if unmatched:
+            problems.append(unmatched)
         return {"mode": "files", "group": self.group.name, "from": self.source.to_dict(), "to": self.target.to_dict(),
                 "dashboards": dashboards, "problems": problems}
 
@@ -114,11 +137,14 @@ class DashboardFilesSwitch:
 
     def snapshot(self, run_id: str) -> dict[str, Any]:
         """Keep the bytes of every file the switch would change; return the (content-free) record."""
-        entries, record_files, problems, not_switched = [], [], [], []
+        entries, record_files, not_switched = [], [], []
+        problems = self.unmatched_patterns()
         paths = self.files()
         if not paths:
             raise ReadPathError(f"no dashboard file matches {', '.join(self.patterns)}")
+        plans: list[DashboardPlan] = []
         for path, data, text, p in self._planned(paths, problems):
+            plans.append(p)
             if p.not_switched() or p.library_panels:
                 not_switched.append({"path": str(path), "panels": p.not_switched(),
                                      "library_panels": list(p.library_panels)})
@@ -134,6 +160,9 @@ class DashboardFilesSwitch:
                                 for e in p.to_dict()["switched"]]}
             entries.append({**entry, "content": text})
             record_files.append(entry)
+        unmatched = unmatched_source(plans, self.source)
+        if unmatched:  # switching nothing now would leave these panels blank once the group leaves the source
+            raise ReadPathError(unmatched)
         blob = json.dumps({"kind": KIND, "group": self.group.name, "run_id": run_id, "from": self.source.to_dict(),
                            "to": self.target.to_dict(), "files": entries}, indent=1, ensure_ascii=False).encode()
         ref = self.blobs.put(snapshot_key(self.group.name, run_id, "dashboards.json"), blob)

@@ -36,9 +36,46 @@ RESTORE_RELOAD_TIMEOUT_S = 300.0
 # One exception for every deployer (core.deploy): a deploy, verify or restore not done, in one line;
 # for this file: the new config was not deployed and the source runs its previous config.
 __all__ = ["ConfigSnapshot", "DeployError", "FileConfigDeployer", "FileDeployOutcome", "promtool_on",
-           "write_atomically", "write_keeping"]
+           "restored_mode", "write_atomically", "write_keeping", "write_restoring"]
+
+# POSIX ACLs live in these extended attributes; a write-then-rename makes a new inode, so they are copied
+# from the file being replaced (an admin's ACL stays as it is now).
+_ACL_XATTRS = ("system.posix_acl_access", "system.posix_acl_default")
 
 
+def _copy_acls(src: Path, dst: str) -> None:
+    """Copy ``src``'s POSIX ACLs (if any, and if the filesystem has them) onto ``dst``."""
+    for name in _ACL_XATTRS:
+        try:
+            value = os.getxattr(src, name)
+        except OSError:  # ENODATA: no such ACL; ENOTSUP: the filesystem has none
+            continue
+        try:
+            os.setxattr(dst, name, value)
+        except PermissionError as exc:
+            raise DeployError(f"cannot keep the ACL of {src} as uid {os.getuid()}: {exc.strerror}; "
+                              "refusing to write") from None
+        except OSError:
+            continue
+
+
+def restored_mode(snapshot_mode: int | None, current_mode: int | None) -> int | None:
+    """The stricter of the snapshot's mode and the file's mode now: only bits both allow.
+
+    An admin who tightened the file after our snapshot (0644 -> 0600, it holds a password) keeps 0600; one
+    who loosened it gets the snapshot's mode back. A restore never widens a mode.
+    """
+    if snapshot_mode is None or current_mode is None:
+        return current_mode if snapshot_mode is None else snapshot_mode
+    return snapshot_mode & current_mode
+
+
+def write_restoring(path: Path, data: bytes, *, snapshot_mode: int | None) -> None:
+    """Write a snapshot's bytes back: mode the stricter of (snapshot, now); owner, group and ACLs as they are now."""
+    real = Path(os.path.realpath(path))
+    st = real.stat() if real.exists() else None
+    mode = restored_mode(snapshot_mode, stat.S_IMODE(st.st_mode) if st else None)
+    write_keeping(real, data, mode=0o644 if mode is None else mode)
 
 
 def write_atomically(path: Path, data: bytes, *, mode: int, uid: int = -1, gid: int = -1) -> None:
@@ -59,6 +96,8 @@ def write_atomically(path: Path, data: bytes, *, mode: int, uid: int = -1, gid: 
             except PermissionError as exc:
                 raise DeployError(f"cannot keep the owner of {path} (uid {uid}, gid {gid}) as uid {os.getuid()}: "
                                   f"{exc.strerror}; refusing to write") from None
+        if path.exists():
+            _copy_acls(path, tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -198,12 +237,14 @@ class FileConfigDeployer:
                             live_remote_writes=tuple(live))
 
     def restore(self, snapshot: ConfigSnapshot) -> bool:
-        """Write the snapshot's exact bytes (mode and owner too) back and reload.
+        """Write the snapshot's exact bytes back and reload; the mode is the stricter of (snapshot, now), the
+        owner, group and ACLs are as they are now (``write_restoring``): a restore never loosens what someone
+        set after our snapshot.
 
         True when the file is identical (see ``matches``). A symlinked config stays a symlink:
         the bytes go to its target.
         """
-        self._write(snapshot.data, mode=snapshot.mode, uid=snapshot.uid, gid=snapshot.gid)
+        write_restoring(self.real_path, snapshot.data, snapshot_mode=snapshot.mode)
         try:
             # Dropping our remote_write queue while its endpoint is down blocks the reload: measured 120 s with
             # Prometheus 2.42's default --storage.remote.flush-deadline=1m, just at the default client timeout.
@@ -214,10 +255,12 @@ class FileConfigDeployer:
         return self.matches(snapshot)
 
     def matches(self, snapshot: ConfigSnapshot) -> bool:
-        """Whether the file now holds the snapshot's bytes, with its mode and owner where known."""
+        """Whether the file now holds the snapshot's bytes with a mode no looser than the snapshot's (where known).
+
+        The owner is not compared: a restore keeps the owner someone set after the snapshot.
+        """
         real = self.real_path
         if not real.exists() or sha256_bytes(real.read_bytes()) != snapshot.sha256:
             return False
-        st = real.stat()
-        return all(want is None or want == have for want, have in
-                   ((snapshot.mode, stat.S_IMODE(st.st_mode)), (snapshot.uid, st.st_uid), (snapshot.gid, st.st_gid)))
+        have = stat.S_IMODE(real.stat().st_mode)
+        return snapshot.mode is None or have & ~snapshot.mode == 0

@@ -43,7 +43,14 @@ from typing import Any
 import requests
 
 from promshift.core.catalog import MetricGroup
-from promshift.core.read_path import DashboardPlan, DatasourceRef, ReadPathError, apply_to_model, plan_dashboard
+from promshift.core.read_path import (
+    DashboardPlan,
+    DatasourceRef,
+    ReadPathError,
+    apply_to_model,
+    plan_dashboard,
+    unmatched_source,
+)
 from promshift.core.redact import redact_text
 
 KIND = "grafana-api"
@@ -192,19 +199,32 @@ class GrafanaReadPathSwitch:
 
     def plan(self) -> dict[str, Any]:
         """What a switch would do now, per dashboard (nothing saved)."""
-        out = []
-        for uid in self.dashboard_uids():
+        out, plans = [], []
+        uids = self.dashboard_uids()
+        problems = [] if uids else [self._none_found()]
+        for uid in uids:
             got = self.client.get_dashboard(uid)
+            plans.append(self._plan(got))
             out.append({"uid": uid, "version": got["meta"].get("version"),
-                        "provisioned": bool(got["meta"].get("provisioned")), **self._plan(got).to_dict()})
-        return {**self._head(), "dashboards": out}
+                        "provisioned": bool(got["meta"].get("provisioned")), **plans[-1].to_dict()})
+        unmatched = unmatched_source(plans, self.source)
+        if unmatched:
+            problems.append(unmatched)
+        return {**self._head(), "dashboards": out, "problems": problems}
+
+    def _none_found(self) -> str:
+        return f"no Grafana dashboard matches the search {self.query!r}" if not self.uids else "no dashboard uids"
 
     def snapshot(self, run_id: str) -> dict[str, Any]:
         """The version of each dashboard the switch would change (Grafana keeps the content)."""
-        entries, not_switched = [], []
-        for uid in self.dashboard_uids():
+        entries, not_switched, plans = [], [], []
+        uids = self.dashboard_uids()
+        if not uids:
+            raise ReadPathError(self._none_found())
+        for uid in uids:
             got = self.client.get_dashboard(uid)
             p = self._plan(got)
+            plans.append(p)
             if p.not_switched() or p.library_panels:
                 not_switched.append({"uid": uid, "title": p.title, "panels": p.not_switched(),
                                      "library_panels": list(p.library_panels)})
@@ -216,6 +236,9 @@ class GrafanaReadPathSwitch:
             entries.append({"uid": uid, "title": p.title, "version": got["meta"].get("version"),
                             "folderUid": got["meta"].get("folderUid"), "sha256": canonical_sha256(got["dashboard"]),
                             "panels": [{"path": x["path"], "title": x["title"]} for x in p.to_dict()["switched"]]})
+        unmatched = unmatched_source(plans, self.source)
+        if unmatched:  # switching nothing now would leave these panels blank once the group leaves the source
+            raise ReadPathError(unmatched)
         return {**self._head(), "kind": KIND, "run_id": run_id, "marker": f"promshift:{self.group.name}:{run_id}",
                 "dashboards": entries, "not_switched": not_switched}
 

@@ -9,6 +9,7 @@ shard compares some hosts and returns totals a reducer merges). Memory stays bou
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -32,7 +33,10 @@ from promshift.core.golden import (
     DashboardQuery,
     WindowShortfall,
     dashboard_queries,
+    either_name_selectors,
     fit_window,
+    golden_names,
+    read_either_name,
 )
 from promshift.core.parity import (
     GoldenInventory,
@@ -51,12 +55,15 @@ from promshift.core.parity import (
     describe_label_drift,
     golden_comparison,
     golden_failure,
+    hosts_per_label,
+    independent_aggregate_measurement,
     label_drift,
     label_renames,
     metric_kinds,
     noise_allowance,
     normalize_labels,
     sample_hosts,
+    undeclared_rename_note,
 )
 from promshift.core.promql import (
     Analysis,
@@ -66,7 +73,6 @@ from promshift.core.promql import (
     grafana_builtins,
     metric_names,
     promql_string,
-    rename_labels_in,
     restrict_nameless,
     substitute,
 )
@@ -142,19 +148,22 @@ def lookback_span(analysis: Analysis, start: float, end: float) -> tuple[float, 
 
 
 def series_behind(source: PrometheusClient, target: PrometheusClient, selectors: Sequence[Selector],
-                  span: tuple[float, float], to_target: Mapping[str, str] | None = None) -> list[tuple[float, float]]:
+                  span: tuple[float, float], renames: Sequence[tuple[str, str]] = ()) -> list[tuple[float, float]]:
     """Per selector, ``(source, target)``: how many series it reads with a sample in ``span``.
 
     The evidence behind a golden or latency result: a query whose answer has none of the group's
-    series behind it (``sum(x) or vector(0)``, ``absent(x)``) proves nothing. ``to_target`` renames
-    matcher labels for the target (a declared rename: the target is asked with its own names).
+    series behind it (``sum(x) or vector(0)``, ``absent(x)``) proves nothing. ``renames`` (a group's
+    declared ``(new, old)`` label renames): a series counts under either name, on both sides, as the
+    golden query reads it (``core.golden.read_either_name``).
     """
-    rename = dict(to_target or {})
     counts = []
     for sel in selectors:
-        on_target = Selector(sel.name, tuple((rename.get(k, k), op, v) for k, op, v in sel.matchers))
-        counts.append(each_side(lambda s=sel: count_behind(source, s, span),
-                                lambda s=on_target: count_behind(target, s, span)))
+        parts = either_name_selectors(sel, renames)
+
+        def count(client: PrometheusClient, parts: list[Selector] = parts) -> float:
+            return sum(count_behind(client, p, span) for p in parts)
+
+        counts.append(each_side(lambda c=count: c(source), lambda c=count: c(target)))
     return counts
 
 
@@ -163,6 +172,35 @@ def count_behind(client: PrometheusClient, selector: Selector, span: tuple[float
     low, high = span
     res = client.query(f"count(last_over_time({selector.promql()}[{max(1, math.ceil(high - low))}s]))", at=high)
     return sum(s.points[0][1] for s in res.series)
+
+
+def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None) -> dict[str, float]:
+    """Each golden dashboard query that reads the group's metrics, by name, and how far back it reads (seconds).
+
+    Queries that do not parse, or name none of the group's metrics, are left out (the parity check reports
+    them); unreadable dashboards too.
+    """
+    policy = group.parity
+    found: dict[str, float] = {}
+    for entry in policy.golden_dashboards:
+        path = Path(entry) if Path(entry).is_absolute() or catalog_dir is None else catalog_dir / entry
+        files = sorted(path.glob("*.json")) if path.is_dir() else [path] if path.is_file() else []
+        for file in files:
+            try:
+                dashboard = json.loads(file.read_text())
+            except (OSError, ValueError):
+                continue
+            for q in dashboard_queries(dashboard, name=file.name):
+                sub = substitute(q.expr, dict(policy.golden_variables), builtins=grafana_builtins(policy.step_s,
+                                                                                           group.bake.parity_window_s))
+                try:
+                    analysis = analyse(sub.expr)
+                    names = metric_names(sub.expr)
+                except PromQLError:
+                    continue
+                if any(group.claims(n) for n in names):
+                    found[f"{file.name}/{q.panel}"] = analysis.lookback_s
+    return found
 
 
 @dataclass
@@ -182,6 +220,9 @@ class ParityCheck:
     # Per metric, its kind and where it came from (``core.parity.metric_kinds``): decided once per
     # check from the source's metadata, carried to the shards by the plan.
     _kinds: dict[str, dict[str, str]] | None = None
+    # Seen by coverage: per side, hosts per name of the host label, and hosts only under an undeclared name.
+    _hosts_per_name: dict[str, dict[str, int]] | None = None
+    _undeclared: tuple[dict[str, set[str]], dict[str, set[str]]] | None = None
 
     @property
     def policy(self) -> Any:
@@ -217,6 +258,8 @@ class ParityCheck:
         # Per side: undeclared name of the host label -> hosts found only under it, at any instant.
         under: tuple[dict[str, set[str]], dict[str, set[str]]] = ({}, {})
         in_use: tuple[set[str], set[str]] = (set(), set())
+        # Per side: every name of the host label -> the hosts sending it (a host mid-rename is under both).
+        per_name: tuple[dict[str, set[str]], dict[str, set[str]]] = ({}, {})
         # One range query per side evaluates every instant: each series is read once, not once per
         # instant (at 2,000 nodes x 4 metrics: 4.9-6.1 s of server time against 12.7-13.4 s for three instant queries).
         step = (instants[-1] - instants[0]) / (len(instants) - 1) if len(instants) > 1 else 1.0
@@ -234,6 +277,10 @@ class ParityCheck:
                         metric_sides[i][name] = metric_sides[i].get(name, 0.0) + n
                     host_sides[i], variants = count_hosts(rows, hosts)
                     in_use[i].update(n for n in hosts.declared if any(labels.get(n) for labels, _ in rows))
+                    for labels, _ in rows:
+                        for n in hosts.names:
+                            if labels.get(n):
+                                per_name[i].setdefault(n, set()).add(labels[n])
                     for variant, found in variants.items():
                         under[i].setdefault(variant, set()).update(found)
                 per_metric.append((t, metric_sides[0], metric_sides[1]))
@@ -244,11 +291,23 @@ class ParityCheck:
         self._hosts_at_end = [h for h in per_host[-1][1] if h]
         self._host_names_in_use = ([n for n in hosts.declared if n in in_use[0]] or [hosts.name],
                                    [n for n in hosts.declared if n in in_use[1]] or [hosts.name])
+        self._undeclared = under
+        self._hosts_per_name = {side: {n: len(found) for n, found in names.items()}
+                                for side, names in zip(("source", "target"), per_name, strict=True)}
         limit = self.policy.max_missing_series_ratio
+        host = coverage_measurement(per_host, max_missing_ratio=limit, queries=[expr], name="host_coverage",
+                                    key="host", key_label=hosts.name, under_variants=under)
         return [coverage_measurement(per_metric, max_missing_ratio=limit, queries=[expr], name="coverage",
                                      key="metric"),
-                coverage_measurement(per_host, max_missing_ratio=limit, queries=[expr], name="host_coverage",
-                                     key="host", key_label=hosts.name, under_variants=under)]
+                self._with_hosts_per_name(host)]
+
+    def _with_hosts_per_name(self, m: Measurement) -> Measurement:
+        """``m`` with how many hosts each side sends under each name of the host label (declared ones always)."""
+        if self._hosts_per_name is None:
+            return m
+        text = hosts_per_label(self._hosts_per_name, self.host_labels.declared)
+        return dataclasses.replace(m, reason=f"{m.reason} ({text})",
+                                   numbers={**m.numbers, "hosts_per_label": self._hosts_per_name})
 
     # -- layer 1b: per-host aggregates of every host --------------------------------------
     def aggregates(self, start: float, end: float, *, explained: Sequence[str] = ()) -> Measurement:
@@ -262,22 +321,56 @@ class ParityCheck:
         """
         hosts = self.host_labels
         span = f"{max(1, int(end - start))}s"
+        by = ", ".join(hosts.names)
+        independent = self.policy.mode != "dual_write"
         rows = []
         queries = []
+        # independent_scraper: per metric and host, the variance of the window aggregate each side's own samples
+        # give it (the source's, counted for both sides): the noise model's floor of expected difference.
+        model_var: dict[str, dict[str, float]] = {}
+        edge_share: dict[str, dict[str, float]] = {}
         try:
             for metric in self._metric_names(start, end):
                 fn = "sum_over_time"
-                if self.policy.mode != "dual_write":
-                    fn = "rate" if self.metric_kinds(start, end)[metric]["kind"] == "counter" else "avg_over_time"
-                expr = (f"sum by ({', '.join(hosts.names)}) "
-                        f"({fn}({{__name__={promql_string(metric)}}}[{span}]))")
+                sel = f"{{__name__={promql_string(metric)}}}"
+                noise_expr = None
+                if independent:
+                    step = max(1, int(self.policy.step_s))
+                    if self.metric_kinds(start, end)[metric]["kind"] == "counter":
+                        fn = "rate"
+                        # The window's rate moves with what each scraper's first and last samples hold: each
+                        # end is off by about one scrape's increment (its spread: idelta's), over the window.
+                        # A host's GPUs are read in one scrape, so their errors add up, not in quadrature.
+                        noise_expr = (f"(sum by ({by}) (stddev_over_time(idelta({sel}[{2 * step}s])[{span}:{step}s]))"
+                                      f" / {max(1, int(end - start))}) ^ 2")
+                    else:
+                        fn = "avg_over_time"
+                        noise_expr = (f"sum by ({by}) (stddev_over_time({sel}[{span}]) ^ 2 "
+                                      f"/ count_over_time({sel}[{span}]))")
+                expr = f"sum by ({by}) ({fn}({sel}[{span}]))"
                 queries.append(expr)
                 answers = on_both(self.source, self.target, lambda c, e=expr: c.query(e, at=end))
                 # A host under an undeclared name is left out: host_coverage names it as renamed.
                 sides = [count_hosts(((s.labels, s.points[0][1]) for s in a.series), hosts)[0] for a in answers]
                 rows.append((f"{fn} {metric}", sides[0], sides[1]))
+                if noise_expr is not None:
+                    queries.append(noise_expr)
+                    own = count_hosts(((s.labels, s.points[0][1]) for s in self.source.query(noise_expr, at=end)
+                                       .series), hosts)[0]
+                    model_var[f"{fn} {metric}"] = {h: 2 * v for h, v in own.items() if math.isfinite(v)}
+                if fn == "rate":
+                    count_expr = f"avg by ({by}) (count_over_time({sel}[{span}]))"
+                    queries.append(count_expr)
+                    counts = count_hosts(((s.labels, s.points[0][1]) for s in self.source.query(count_expr, at=end)
+                                          .series), hosts)[0]
+                    edge_share[f"{fn} {metric}"] = {h: 2 / c for h, c in counts.items() if c > 1}
         except PrometheusError as exc:
             return Measurement("aggregates", Verdict.ERROR, str(exc), tuple(queries))
+        if independent:
+            return independent_aggregate_measurement(rows, model_var=model_var, edge_share=edge_share,
+                                                     abs_tol=self.policy.abs_tolerance,
+                                                     rel_tol=self.policy.rel_tolerance, queries=queries,
+                                                     explained=explained)
         # Sums over thousands of series may add in a different order on each side: allow float noise.
         return aggregate_measurement(rows, abs_tol=self.policy.abs_tolerance,
                                      rel_tol=max(self.policy.rel_tolerance, 1e-9), queries=queries,
@@ -302,10 +395,8 @@ class ParityCheck:
                 measurements.append(Measurement("golden", Verdict.ERROR, f"dashboard {path.name} unreadable: {exc}"))
                 continue
             queries.extend(dashboard_queries(dashboard, name=path.name))
-        panels = Counter(q.panel for q in queries)
         names: dict[str, list[str]] = {}
-        for q in queries:
-            name = f"golden[{q.panel}]" if panels[q.panel] == 1 else f"golden[{q.panel}/{q.ref_id or '?'}]"
+        for q, name in zip(queries, golden_names(queries), strict=True):
             disposition, detail, m = self._golden_query(name, q, start, end, names)
             rows.append(GoldenRow(q.dashboard, q.panel, q.expr, disposition, detail, q.ref_id, m.name if m else None))
             if m is not None:
@@ -384,14 +475,15 @@ class ParityCheck:
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (raw,))
         if isinstance(fit, WindowShortfall):
             return Measurement(name, Verdict.INCONCLUSIVE, fit.reason, (raw,), {"wait_s": fit.wait_s})
-        # A declared rename (target label -> source label): the target is asked with its own label names.
-        to_target = {new: old for old, new in self.policy.rename_labels}
+        # A declared rename: a fleet may be part-way through it, so each side reads every series under either
+        # name, normalised to one (the dashboard's), and the same query is asked of both.
+        renames = tuple(self.policy.rename_labels)
         try:
             expr = restrict_nameless(fit.expr, self._group_matcher, restrict.__contains__) if restrict else fit.expr
-            target_expr = rename_labels_in(expr, to_target)
+            asked = read_either_name(expr, renames) if renames else expr
         except PromQLError as exc:
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (fit.expr,))
-        queries = expr if target_expr == expr else f"{expr} (target: {target_expr})"
+        queries = asked
 
         def answer(client: PrometheusClient, asked: str) -> GoldenSide:
             try:
@@ -403,7 +495,7 @@ class ParityCheck:
             return GoldenSide(series={normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename):
                                       s.points for s in res.series}, warnings=res.warnings)
 
-        source, target = each_side(lambda: answer(self.source, expr), lambda: answer(self.target, target_expr))
+        source, target = each_side(lambda: answer(self.source, asked), lambda: answer(self.target, asked))
         failed = golden_failure(name, queries, source, target)
         if failed is not None:
             return failed
@@ -413,7 +505,7 @@ class ParityCheck:
                                (queries,))
         try:
             counts = series_behind(self.source, self.target, [*group_selectors, *others],
-                                   lookback_span(fit.analysis, fit.start, fit.end), to_target)
+                                   lookback_span(fit.analysis, fit.start, fit.end), renames)
         except PrometheusError as exc:
             return Measurement(name, Verdict.ERROR, f"counting the series behind the query failed: {exc}", (queries,))
         behind = (sum(c[0] for c in counts[:len(group_selectors)]), sum(c[1] for c in counts[:len(group_selectors)]))
@@ -423,6 +515,13 @@ class ParityCheck:
                               numbers={"window": fit.to_dict(), "selectors": [s.promql() for s in group_selectors]})
         lacking = [sel.promql() for sel, (src, tgt) in zip(others, counts[len(group_selectors):], strict=True)
                    if src and not tgt]
+        note = undeclared_rename_note(self._undeclared, self.group.host_label) if self._undeclared else None
+        if m.verdict == Verdict.FAILED and note:
+            # The answers differ because hosts send the host label under another name: say so first.
+            m = dataclasses.replace(m, reason=f"{note}; {m.reason}",
+                                    numbers={**m.numbers, "undeclared_rename": {
+                                        side: {v: sorted(h) for v, h in found.items()}
+                                        for side, found in zip(("source", "target"), self._undeclared, strict=True)}})
         if m.verdict == Verdict.FAILED and lacking:
             # Another group's metrics the target was never sent: the difference says nothing about this group.
             return Measurement(name, Verdict.INCONCLUSIVE, f"answers differ, but the query also reads "
@@ -458,11 +557,12 @@ class ParityCheck:
                 return Measurement("labels", Verdict.ERROR, str(exc), tuple(queries), numbers)
             if hosts:
                 numbers["renamed_hosts"] = hosts
-            return Measurement("labels", Verdict.FAILED, "label drift: " + describe_label_drift(drift, hosts),
-                               tuple(queries), numbers)
-        return Measurement("labels", Verdict.SUCCESSFUL,
-                           f"label names of {len(metrics)} metrics match after normalization", tuple(queries),
-                           numbers)
+            return self._with_hosts_per_name(Measurement(
+                "labels", Verdict.FAILED, "label drift: " + describe_label_drift(drift, hosts), tuple(queries),
+                numbers))
+        return self._with_hosts_per_name(Measurement(
+            "labels", Verdict.SUCCESSFUL, f"label names of {len(metrics)} metrics match after normalization",
+            tuple(queries), numbers))
 
     def _hosts_under_renames(self, drift: dict[str, Any], start: float, end: float,
                              queries: list[str]) -> dict[str, list[str]]:
@@ -508,7 +608,7 @@ class ParityCheck:
         if host_names is None:
             host_names = (self.host_labels.declared, self.host_labels.declared)
         comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance,
-                                      noise_k=self.noise_k)
+                                      noise_k=self.noise_k, host_labels=self.host_labels.declared)
         rename = dict(self.policy.rename_labels)
         errors: list[str] = []
         consecutive = 0
@@ -625,7 +725,7 @@ class ParityCheck:
     def samples_measurement(self, shards: Sequence[dict[str, Any]], hosts_total: int) -> Measurement:
         """Merge shard totals into the samples measurement."""
         comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance,
-                                      noise_k=self.noise_k)
+                                      noise_k=self.noise_k, host_labels=self.host_labels.declared)
         errors: list[str] = []
         hosts: list[str] = []
         for shard in shards:

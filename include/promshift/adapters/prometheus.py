@@ -374,6 +374,13 @@ class PrometheusClient:
         """
         try:
             body = resp.json()
+        except UnicodeDecodeError as exc:
+            if resp.status_code == 200:
+                # JSON is UTF-8 (RFC 8259): an object with a stray byte is not an answer to read.
+                raise self._error(f"malformed answer for {what}: body is not valid UTF-8 (byte "
+                                  f"0x{resp.content[exc.start]:02x} at offset {exc.start})", ErrorKind.MALFORMED,
+                                  http_status=200) from exc
+            body = None
         except ValueError:
             body = None
         if resp.status_code == 200 and not isinstance(body, dict):
@@ -397,6 +404,12 @@ class PrometheusClient:
             raise self._error(f"malformed answer for {path}: 'data' must be a list, got {_describe(data)}",
                               ErrorKind.MALFORMED, http_status=200)
         return [str(v) for v in data]
+
+    def api_get(self, path: str, params: Any = None, *, timeout_s: float | None = None,
+                max_bytes: int | None = None) -> Any:
+        """The ``data`` of a successful GET on an API path (``/api/v1/status/tsdb``, ``/api/v1/rules``...)."""
+        answer = self._request("GET", path, params=params, timeout_s=timeout_s, max_bytes=max_bytes)
+        return self._success_body(answer, path).get("data")
 
     def label_names(self, match: str, *, start: float, end: float) -> list[str]:
         """Label names of the series matching ``match`` in [start, end] (``/api/v1/labels``)."""

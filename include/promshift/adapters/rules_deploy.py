@@ -53,9 +53,11 @@ from typing import Any, NoReturn
 
 from botocore.exceptions import ClientError
 
-from promshift.adapters.deploy import FileConfigDeployer, promtool_on, write_atomically, write_keeping
+from promshift.adapters.deploy import FileConfigDeployer, promtool_on, write_keeping, write_restoring
 from promshift.adapters.parity_check import each_side
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.core.alert_routes import AlertRoutesError, alert_route_problem, parse_definition
+from promshift.core.bake import parse_rfc3339
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import DeployError, DeployResult, DeploySnapshot, DeployState
 from promshift.core.errors import ErrorKind
@@ -65,6 +67,7 @@ from promshift.core.redact import redact_text
 from promshift.core.render import sha256_bytes
 from promshift.core.rules import (
     LoadedRule,
+    Rule,
     RuleKind,
     RulesError,
     Selection,
@@ -88,6 +91,8 @@ log = logging.getLogger(__name__)
 NAMESPACE_PREFIX = "promshift-"
 DEFAULT_TIMEOUT_S = 300.0
 FAILED_STATUSES = frozenset({"CREATION_FAILED", "UPDATE_FAILED"})
+# An alert manager definition in these states routes nothing (UPDATE_FAILED keeps the previous one working).
+DEFINITION_UNUSABLE = frozenset({"CREATING", "CREATION_FAILED", "DELETING"})
 
 
 def namespace_name(group_name: str) -> str:
@@ -117,6 +122,28 @@ def loaded_rules(client: PrometheusClient) -> list[LoadedRule]:
                        last_error=str(r.get("lastError") or ""), last_evaluation=str(r.get("lastEvaluation") or ""),
                        interval_s=_seconds(g.get("interval")))
             for g in groups for r in (g.get("rules") or [])]
+
+
+def firing_alerts(client: PrometheusClient) -> list[tuple[str, float]]:
+    """Every firing alert instance the backend evaluates (``/api/v1/rules?type=alert``): (alertname, when it
+    started firing: its ``activeAt`` plus its rule's ``for``, epoch seconds)."""
+    answer = client._request("GET", "/api/v1/rules", params={"type": "alert"})  # noqa: SLF001
+    body = client._success_body(answer, "rules")  # noqa: SLF001
+    groups = (body.get("data") or {}).get("groups")
+    if not isinstance(groups, list):
+        raise PrometheusError(client.base_url, "malformed answer for rules: no data.groups", kind=ErrorKind.MALFORMED,
+                              http_status=200)
+    out: list[tuple[str, float]] = []
+    for group in groups:
+        for rule in group.get("rules") or []:
+            if rule.get("type") != "alerting":
+                continue
+            hold = _seconds(rule.get("duration")) or 0.0
+            for alert in rule.get("alerts") or []:
+                since = parse_rfc3339(str(alert.get("activeAt") or ""))
+                if alert.get("state") == "firing" and since is not None:
+                    out.append((str(rule.get("name") or ""), since + hold))
+    return out
 
 
 def _seconds(value: Any) -> float | None:
@@ -379,10 +406,9 @@ class PrometheusRulesTarget:
         saved = json.loads(snapshot.content)
         config = str(saved["config"]).encode("utf-8")
         if self.config.real_path.read_bytes() != config:
-            meta = snapshot.meta
-            write_atomically(self.config.real_path, config, mode=meta.get("mode") or 0o644,
-                             uid=-1 if meta.get("uid") is None else int(meta["uid"]),
-                             gid=-1 if meta.get("gid") is None else int(meta["gid"]))
+            # The stricter of (snapshot, now) for the mode; owner and ACLs as they are now.
+            mode = snapshot.meta.get("mode")
+            write_restoring(self.config.real_path, config, snapshot_mode=None if mode is None else int(mode))
         if saved.get("rule_file") is None:
             self.rule_path.unlink(missing_ok=True)
         else:
@@ -425,6 +451,37 @@ class AmpRulesNamespace:
         message = str(err.get("Message") or "").splitlines()[0][:200] if err.get("Message") else ""
         return (f"{action} {self.name} on AMP workspace {self.workspace_id}: {err.get('Code') or 'error'}"
                 + (f": {message}" if message else ""))
+
+    def alert_delivery_problem(self, alerts: Sequence[Rule]) -> str | None:
+        """Why the moved ``alerts`` would page nobody on this workspace, or None.
+
+        ``DescribeAlertManagerDefinition``: none (or one that never became ACTIVE) routes nothing; a
+        definition whose route tree sends an alert only to receivers without an integration pages
+        nobody either (``core.alert_routes``). AWS errors other than not-found are one line too.
+        """
+        if not alerts:
+            return None
+        first = alerts[0].name
+        try:
+            found = self.amp.describe_alert_manager_definition(workspaceId=self.workspace_id)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+                return (f"AMP workspace {self.workspace_id} has no alert manager definition: moved alert {first} "
+                        f"would page nobody (create one with CreateAlertManagerDefinition, or keep the group's "
+                        f"alerts on the source)")
+            return self._aws(exc, "DescribeAlertManagerDefinition")
+        definition = found.get("alertManagerDefinition") or {}
+        status = str((definition.get("status") or {}).get("statusCode") or "UNKNOWN")
+        if status in DEFINITION_UNUSABLE:
+            return (f"AMP workspace {self.workspace_id}'s alert manager definition is {status}: moved alert "
+                    f"{first} would page nobody")
+        data = definition.get("data") or b""
+        try:
+            routing = parse_definition(data)
+        except AlertRoutesError as exc:
+            return f"AMP workspace {self.workspace_id}'s alert manager definition: {exc}"
+        problem = alert_route_problem(routing, [(r.name, r.body.get("labels")) for r in alerts])
+        return f"AMP workspace {self.workspace_id}: {problem}" if problem else None
 
     def snapshot(self) -> DeploySnapshot:
         desc = self.describe()
@@ -608,6 +665,13 @@ class RulesMove:
             raise DeployError(str(exc)) from None
         checks: dict[str, str] = {}
         edits: dict[str, bytes] = {}
+        # Before anything moves, and again at every step that rebuilds the plan: the moved alerts page someone.
+        delivery = getattr(self.target, "alert_delivery_problem", None)
+        if selection.alerts and delivery is not None:
+            problem = delivery(selection.alerts)
+            if problem:
+                raise DeployError(problem)
+            checks["alert_delivery"] = f"{len(selection.alerts)} moved alerts routed to a receiver"
         if selection.rules:
             name = f"{namespace_name(self.group_name)}.yml"
             checks["document"] = promtool_check_rules(document.encode(), name=name, promtool=self.source.promtool)

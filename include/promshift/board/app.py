@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.settings import default_catalog_path, default_profile, load_catalog
 from promshift.board import URL_PREFIX, evidence, pages
+from promshift.board.metrics import CONTENT_TYPE, exposition
 from promshift.core.catalog import Catalog, MetricGroup
 
 _chart_lock = threading.Lock()  # pyplot keeps global state; one chart at a time
@@ -145,6 +146,13 @@ def create_app(source: BoardSource | None = None) -> FastAPI:
     def api_group(request: Request, group: ReadableGroup) -> dict[str, Any]:
         """One group: audit timeline with chain status, last report pieces, config diff, DAG runs."""
         return detail(request, group)
+
+    @app.get("/metrics")
+    def metrics(request: Request, user: GetUserDep) -> Response:
+        """promshift's own metrics (board/metrics.py) for the groups the caller may read, for Prometheus."""
+        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+        groups = [(g.name, g.wave) for g in board.catalog().groups if g.dag_id in readable]
+        return Response(exposition(groups, board.audit.events()), media_type=CONTENT_TYPE)
 
     @app.get("/", response_class=HTMLResponse)
     def overview_page(request: Request, user: GetUserDep) -> HTMLResponse:

@@ -8,8 +8,10 @@ from functools import lru_cache
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2.runtime import Markup
 
 from promshift.core.report import source_failed_label
+from promshift.core.text import shown
 
 # Colours follow Airflow's own state colours where a stage has an obvious twin.
 STAGE_TONE = {
@@ -43,10 +45,16 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
+def _visible(value: Any) -> Any:
+    """Every text the board prints, with control, bidi-override and line-separator characters escaped (\u202e):
+    a reason or comment stored before the input check, or arriving another way, cannot read backwards here."""
+    return shown(value) if isinstance(value, str) and not isinstance(value, Markup) else value
+
+
 @lru_cache(maxsize=1)
 def _env() -> Environment:
     env = Environment(loader=PackageLoader("promshift.board", "templates"), autoescape=select_autoescape(["html"]),
-                      trim_blocks=True, lstrip_blocks=True)
+                      trim_blocks=True, lstrip_blocks=True, finalize=_visible)
     env.filters.update(seconds=_seconds, speedup=_speedup, when=_when, money=_money)
     env.globals.update(stage_tone=STAGE_TONE, verdict_tone=VERDICT_TONE, run_tone=RUN_TONE)
     return env

@@ -1,4 +1,4 @@
-"""The ``promshift`` command line: ``audit``, and the read-only ``check``, ``catalog check`` and ``render``.
+"""The ``promshift`` command line: ``audit``, and the read-only ``check``, ``catalog check``, ``render`` and ``plan``.
 
 The lab's ``stack`` commands are not here: ``python -m promshift.local`` adds them (``promshift.local.cli``).
 """
@@ -39,6 +39,10 @@ def build_parser(*more: Callable[[Commands], None], prog: str = "promshift") -> 
     from promshift.cli.checks import add_check_commands
 
     add_check_commands(commands)
+
+    from promshift.cli.plan import add_plan_command
+
+    add_plan_command(commands)
     return parser
 
 

@@ -8,28 +8,81 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
-from promshift.adapters.audit_store import AuditDatabaseMissing, AuditStore, short_error
-from promshift.core.audit import AuditKeyError, ChainCheck
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+from promshift.adapters.audit_store import AuditDatabaseMissing, AuditStore, redacted, short_error
+from promshift.core.audit import AuditEvent, AuditKeyError, ChainCheck
+from promshift.core.stages import Stage, current_stage
+from promshift.core.text import shown
 
 EXIT_BROKEN = 2
 EXIT_NO_DATABASE = 66
 
 
+class BadAuditUrl(ValueError):
+    """``--url`` (or ``PROMSHIFT_AUDIT_URL``) is no database URL promshift can open; one line, no password."""
+
+
+def _shown_url(url: str) -> str:
+    """The URL for a message: without its password, or, unparsable, cut short and without user:password@."""
+    shown_ = redacted(url)
+    if shown_ != "<unparsable database URL>":
+        return shown_
+    return re.sub(r"//[^/@\s]*@", "//***@", url[:80])
+
+
 def _open(args: argparse.Namespace) -> AuditStore:
-    return AuditStore(args.url, create=False)
+    try:
+        return AuditStore(args.url, create=False)
+    except ArgumentError:
+        raise BadAuditUrl(f"--url {_shown_url(args.url or '')!r} is not a database URL (sqlite:///PATH or "
+                          "postgresql://USER@HOST/DB)") from None
+    except (NoSuchModuleError, ModuleNotFoundError) as exc:
+        missing = getattr(exc, "name", None) or str(exc).rsplit(":", 1)[-1].strip()
+        raise BadAuditUrl(f"--url {_shown_url(args.url or '')}: no driver for it here ({missing}); the audit "
+                          "log runs on sqlite and postgresql") from None
+
+
+def _event_line(e: AuditEvent) -> str:
+    move = f"{e.stage_from or '-'} -> {e.stage_to}" if e.stage_to else ""
+    return (f"{e.seq:>5}  {e.at.strftime('%Y-%m-%d %H:%M:%S'):<20} {shown(e.kind):<22} {shown(move):<28} "
+            f"{shown(e.actor):<16} {e.hash[:12]}")
+
+
+def _evidence(e: AuditEvent, problems: list[str]) -> Any:
+    try:
+        return e.evidence_data
+    except ValueError as exc:
+        problems.append(f"event seq {e.seq}: evidence is not JSON ({exc.__class__.__name__}: {exc}; the row was "
+                        "edited)")
+        return None
+
+
+def _stage(events: list[AuditEvent], group: str, problems: list[str]) -> str | None:
+    """The group's stage replayed from the events shown; None (and a problem) when the replay is refused."""
+    try:
+        return current_stage(Stage(e.stage_to) for e in events if e.stage_to).value
+    except ValueError as exc:  # IllegalTransition, or a stage name that is no Stage
+        problems.append(f"cannot replay the stage of {group}: {shown(str(exc))}")
+        return None
 
 
 def _show(args: argparse.Namespace) -> int:
+    """The events that can be read, always; each tampered row or refused replay as one ``error:`` line, exit 2."""
     try:
         store = _open(args)
         corrupt = store.integrity_problem()
-        events = store.events(group=args.group, run_id=args.run_id)
+        events, problems = store.read_events(group=args.group, run_id=args.run_id)
     except AuditDatabaseMissing as exc:
         print(f"error: {exc}; nothing created")
         return EXIT_NO_DATABASE
+    except BadAuditUrl as exc:
+        print(f"error: {exc}")
+        return EXIT_BROKEN
     except Exception as exc:  # noqa: BLE001 - an unreadable database is a one-line error, not a traceback
         print(f"error: the audit database is corrupt or unreadable: {short_error(exc)}")
         return EXIT_BROKEN
@@ -39,19 +92,23 @@ def _show(args: argparse.Namespace) -> int:
         print(json.dumps([{
             "seq": e.seq, "group": e.group, "run_id": e.run_id, "kind": e.kind,
             "stage_from": e.stage_from, "stage_to": e.stage_to, "actor": e.actor,
-            "at": e.at.isoformat(), "evidence": e.evidence_data, "hash": e.hash, "scheme": e.scheme,
+            "at": e.at.isoformat(), "evidence": _evidence(e, problems), "hash": e.hash, "scheme": e.scheme,
         } for e in events], indent=2))
-        return 0
-    if not events:
+    elif not events and not problems:
         print(f"no audit events for group {args.group!r}")
         return 1
-    print(f"{'seq':>5}  {'at (UTC)':<20} {'kind':<22} {'stage':<28} {'actor':<16} hash")
-    for e in events:
-        move = f"{e.stage_from or '-'} -> {e.stage_to}" if e.stage_to else ""
-        print(f"{e.seq:>5}  {e.at.strftime('%Y-%m-%d %H:%M:%S'):<20} {e.kind:<22} {move:<28} "
-              f"{e.actor:<16} {e.hash[:12]}")
-    print(f"current stage of {args.group}: {store.stage_of(args.group).value}")
-    return 0
+    else:
+        print(f"{'seq':>5}  {'at (UTC)':<20} {'kind':<22} {'stage':<28} {'actor':<16} hash")
+        for e in events:
+            print(_event_line(e))
+        # The stage is the replay of all the group's events, not only the run shown.
+        history = events if args.run_id is None else store.read_events(group=args.group)[0]
+        stage = _stage(history, args.group, problems)
+        if stage is not None:
+            print(f"current stage of {args.group}: {stage}")
+    for problem in problems:
+        print(f"error: {problem}; run promshift audit verify", file=sys.stderr)
+    return EXIT_BROKEN if problems else 0
 
 
 def _print_check(check: ChainCheck, store: AuditStore) -> None:
@@ -76,10 +133,10 @@ def _verify(args: argparse.Namespace) -> int:
         message = f"{exc}; nothing created"
         print(json.dumps({"ok": False, "error": message}) if args.json else f"error: {message}")
         return EXIT_NO_DATABASE
-    except (AuditKeyError, ValueError) as exc:
+    except (AuditKeyError, ValueError) as exc:  # BadAuditUrl too
         print(json.dumps({"ok": False, "error": str(exc)}) if args.json else f"error: {exc}")
         return EXIT_BROKEN
-    check = store.verify()
+    check = store.verify(allow_unanchored_tail=args.allow_unanchored_tail)
     if args.json:
         anchor_where = None
         try:
@@ -109,4 +166,7 @@ def add_audit_commands(subparsers: Any) -> None:
                        "exit 2 if broken or unreadable, 66 if the database file does not exist")
     verify.add_argument("--url", default=None, help=url_help)
     verify.add_argument("--json", action="store_true", help="print the details as JSON")
+    verify.add_argument("--allow-unanchored-tail", action="store_true",
+                        help="accept events after the last anchored head (an anchor outage you have checked in "
+                             "the writer's log); without it they fail the check")
     verify.set_defaults(handler=_verify)

@@ -60,7 +60,29 @@ def parse_since(text: str, *, now: float) -> float:
             value = _rfc3339(text)
     if not math.isfinite(value) or value >= now:
         raise InputError(f"--since {text!r} is not in the past")
+    if value < 0:
+        raise InputError(f"--since {text[:40]!r} is before 1970: no dual-write started then (give a time, a unix "
+                         "timestamp or a duration such as 30m)")
     return value
+
+
+_SIGV4_SERVICE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def _sigv4_service(text: str) -> str:
+    """``--target-service``: an AWS signing name (``aps``); an empty one would sign for service ""."""
+    if not _SIGV4_SERVICE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an AWS service signing name (like aps)")
+    return text
+
+
+def _region(text: str) -> str:
+    """``--target-region``: an AWS region name; an empty one would silently skip signing."""
+    from promshift.adapters.amp import AWS_REGION_RE
+
+    if not AWS_REGION_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an AWS region (like us-east-1)")
+    return text
 
 
 def _rfc3339(text: str) -> float:
@@ -176,7 +198,7 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
             if parity.window:
                 head.append(f"compared window {_iso(parity.window.start)} .. {_iso(parity.window.end)}, "
                             f"step {parity.window.step:g}s")
-            body = parity_log_table(parity)
+            body = parity_log_table(parity) + _parity_evidence(parity, group)
             # The table gives each reason; the verdict line names the layers behind it.
             reason = ", ".join(f"{m.name} {m.verdict.value}" for m in parity.not_passed())
             verdict, result = parity.verdict, parity.to_dict()
@@ -199,6 +221,26 @@ def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[in
     return EXIT_BY_VERDICT[verdict], result, text
 
 
+def _parity_evidence(parity: Any, group: Any) -> str:
+    """Lines after the parity table: hosts per name of the host label, and the independent-scraper noise model."""
+    from promshift.core.parity import HostLabels, hosts_per_label
+    from promshift.core.verdicts import Layer
+
+    lines = []
+    host = parity.measurement(Layer.HOST_COVERAGE)
+    per_name = host.numbers.get("hosts_per_label") if host else None
+    if per_name:
+        declared = HostLabels.for_group(group.host_label, dict(group.parity.rename_labels)).declared
+        lines.append(hosts_per_label(per_name, declared))
+    samples = parity.measurement(Layer.SAMPLES)
+    model = samples.numbers.get("noise_model") if samples else None
+    if model:
+        shown = [f"{metric} {row['bias']:+.3g} (allowed {row['allowed']:.3g})"
+                 for metric, row in list(model["per_metric"].items())[:6]]
+        lines.append("independent scrapers, mean target-source difference per metric: " + "; ".join(shown))
+    return "".join(f"\n{line}" for line in lines)
+
+
 def _check(args: argparse.Namespace) -> int:
     code, result, text = run_check(args)
     if args.json:
@@ -206,6 +248,21 @@ def _check(args: argparse.Namespace) -> int:
     else:
         print(text)
     return code
+
+
+def _bake_window_problems(catalog: Any, catalog_dir: Path) -> list[str]:
+    """Groups whose golden queries look back further than their bake window: they could never bake."""
+    from promshift.adapters.parity_check import golden_lookbacks
+    from promshift.core.bake import bake_window_problem
+    from promshift.core.golden import MIN_POINTS
+
+    found = []
+    for group in catalog.groups:
+        problem = bake_window_problem(group.bake, step_s=group.parity.step_s,
+                                      lookbacks=golden_lookbacks(group, catalog_dir), min_points=MIN_POINTS)
+        if problem:
+            found.append(f"group {group.name!r}: {problem}")
+    return found
 
 
 def _catalog_check(args: argparse.Namespace) -> int:
@@ -219,10 +276,11 @@ def _catalog_check(args: argparse.Namespace) -> int:
     result = check_catalog_file(path, profile=profile, known_connections=known)
     if not result.readable:
         raise InputError(_unreadable_message(path, result.problems[0]))
-    if result.problems:
-        count = len(result.problems)
+    problems = [*result.problems, *_bake_window_problems(result.catalog, path.parent)]
+    if problems:
+        count = len(problems)
         print(f"{path}: {count} problem{'s' if count != 1 else ''}")
-        for problem in result.problems:
+        for problem in problems:
             print("  - " + " ".join(problem.split()))
         return 1
     catalog = result.catalog
@@ -302,11 +360,11 @@ def add_check_commands(subparsers: Any) -> None:
     check.add_argument("--group", required=True, help="metric group name in the catalog")
     check.add_argument("--source", required=True, help="self-hosted Prometheus base URL")
     check.add_argument("--target", required=True, help="target base URL (AMP workspace or Prometheus)")
-    check.add_argument("--target-region", metavar="REGION",
+    check.add_argument("--target-region", metavar="REGION", type=_region,
                        help="sign target requests with SigV4 for this AWS region (an AMP workspace); credentials "
                             "come from botocore's default chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                             "AWS_PROFILE, or an instance/container role")
-    check.add_argument("--target-service", default="aps", metavar="SERVICE",
+    check.add_argument("--target-service", default="aps", metavar="SERVICE", type=_sigv4_service,
                        help="SigV4 service name for the target (default: aps)")
     check.add_argument("--since", help="dual-write start: RFC 3339 time, unix timestamp, or duration ago (30m); "
                                        "default: the group's warmup.duration ago")

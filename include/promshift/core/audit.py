@@ -196,14 +196,15 @@ class ChainCheck:
 
 
 def verify_chain(events: Iterable[AuditEvent], *, key: bytes | None = None, anchored: bool = False,
-                 anchor: AnchorPoint | None = None) -> ChainCheck:
+                 anchor: AnchorPoint | None = None, allow_unanchored_tail: bool = False) -> ChainCheck:
     """Check sequence numbers, back-links, schemes and hashes of the whole chain, oldest first.
 
     An edited row no longer matches its hash; a deleted row leaves a gap in ``seq`` and a
     back-link that points at nothing; an unkeyed event after a keyed one is a downgrade (only
     someone without the key writes one). With ``anchored``, ``anchor`` is the latest head the
     anchor store holds (None: it holds none), and a chain that ends before it (truncated,
-    emptied) or differs from it there (replaced) is broken.
+    emptied) or differs from it there (replaced) is broken, and so is one that goes on past it (events
+    forged with the key, or an anchor outage) unless ``allow_unanchored_tail``, when that is a note.
     """
     problems: list[str] = []
     notes: list[str] = []
@@ -260,13 +261,14 @@ def verify_chain(events: Iterable[AuditEvent], *, key: bytes | None = None, anch
                      f"{SHA256_V1} scheme: anyone who could write the database could have recomputed them")
     head = AnchorPoint(last.seq, last.hash) if last else None
     if anchored:
-        problems.extend(_anchor_problems(head, anchor, hash_at_anchor, keyed=keyed_total > 0, notes=notes))
+        problems.extend(_anchor_problems(head, anchor, hash_at_anchor, keyed=keyed_total > 0, notes=notes,
+                                         allow_unanchored_tail=allow_unanchored_tail))
     return ChainCheck(ok=not problems, events=count, problems=tuple(problems), notes=tuple(notes),
                       schemes=tuple(runs), head=head, anchor=anchor)
 
 
 def _anchor_problems(head: AnchorPoint | None, anchor: AnchorPoint | None, hash_at_anchor: str | None, *,
-                     keyed: bool, notes: list[str]) -> list[str]:
+                     keyed: bool, notes: list[str], allow_unanchored_tail: bool = False) -> list[str]:
     """What the anchored head says about the chain's end: truncated, emptied, replaced, or fine."""
     if anchor is None:
         if keyed:
@@ -283,7 +285,11 @@ def _anchor_problems(head: AnchorPoint | None, anchor: AnchorPoint | None, hash_
     if hash_at_anchor != anchor.head:
         return [f"event seq {anchor.seq} does not match the anchored head: the chain was replaced"]
     if head.seq > anchor.seq:
-        notes.append(f"{head.seq - anchor.seq} events after the last anchored head (seq {anchor.seq}) are not "
-                     "protected against truncation")
+        tail = f"{head.seq - anchor.seq} events after the last anchored head (seq {anchor.seq})"
+        if allow_unanchored_tail:
+            notes.append(f"{tail} are not protected against truncation (accepted: --allow-unanchored-tail)")
+            return []
+        return [f"{tail} are not anchored: forged with the key, or the anchor store was down when they were "
+                "written (check the writer's log; --allow-unanchored-tail accepts them)"]
     return []
 

@@ -18,6 +18,11 @@ Each bake check looks at the target copy of a group that reads from the target:
   FAILS (the rule's name and ``lastError`` in the line: an alert that does not evaluate never pages); a
   rule not yet evaluated within that grace is INCONCLUSIVE. An empty observation (the handoff moved
   none) is SUCCESSFUL "no rules moved".
+- ``delivery``: only while a moved alert fires on the target (omitted otherwise: nothing to deliver, and a
+  quiet alert must not hold the bake): each firing moved alert is held active (not silenced or inhibited)
+  by the target's Alertmanager for at least one receiver. One that fires longer than ``DELIVERY_GRACE_S``
+  and is not held FAILS (it pages nobody); within that grace it is INCONCLUSIVE; a target whose
+  Alertmanager is not known is INCONCLUSIVE while an alert fires.
 
 The worst verdict wins (``core.verdicts.worst``). FAILED and ERROR fail the bake: a target the watch
 cannot read is a target the readers cannot read either, so reads go back to the source
@@ -30,7 +35,7 @@ bake a group by the clock alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -49,6 +54,9 @@ RULE_STALE_INTERVALS = 3.0
 RULE_GRACE_S = 30.0
 # Prometheus's default evaluation_interval, for a group whose interval the target did not report.
 DEFAULT_RULE_INTERVAL_S = 60.0
+# A firing alert reaches the Alertmanager at its next evaluation and re-send (AMP and Prometheus re-send every
+# minute by default): one not held after this long is not delivered.
+DELIVERY_GRACE_S = 120.0
 # How many rules one measurement line names (the rest are counted).
 _NAMED_RULES = 3
 
@@ -85,6 +93,25 @@ class RulesObservation:
 
 
 @dataclass(frozen=True)
+class AlertDelivery:
+    """One moved alert firing on the target, and what its Alertmanager holds for it."""
+
+    name: str
+    firing_s: float  # how long it has fired on the target (its longest-firing instance)
+    instances: int  # firing instances on the target
+    held: int  # instances the Alertmanager holds active
+    receivers: tuple[str, ...] = ()  # the receivers those are routed to
+
+
+@dataclass(frozen=True)
+class DeliveryObservation:
+    """The firing moved alerts (empty: none fires) and whether the target has a known Alertmanager."""
+
+    alerts: tuple[AlertDelivery, ...] = ()
+    alertmanager_known: bool = True
+
+
+@dataclass(frozen=True)
 class BakeObservation:
     """What one bake check saw (None: not observed)."""
 
@@ -99,6 +126,8 @@ class BakeObservation:
     queue_expected: bool = True
     # The moved rules on the target; None when the group moved no rules (no ``rules`` measurement then).
     rules: RulesObservation | None = None
+    # The moved alerts firing on the target and their delivery; None when no alert moved.
+    delivery: DeliveryObservation | None = None
     # Observations that could not be made: (what, one line), what being age, lag, source_series,
     # target_series, parity or rules. The measurement that needed it is ERROR, never judged on a missing value.
     errors: tuple[tuple[str, str], ...] = ()
@@ -138,7 +167,7 @@ class BakeCheckResult:
 
 # Which observations each measurement needs.
 _NEEDS = {"freshness": ("age",), "lag": ("lag",), "series": ("source_series", "target_series"),
-          "parity": ("parity",), "rules": ("rules",)}
+          "parity": ("parity",), "rules": ("rules",), "delivery": ("delivery",)}
 
 
 def judge(obs: BakeObservation, policy: BakePolicy) -> BakeCheckResult:
@@ -191,7 +220,52 @@ def _judge_observed(obs: BakeObservation, policy: BakePolicy) -> list[BakeMeasur
         out.append(BakeMeasurement("parity", obs.parity, obs.parity_reason or obs.parity.value))
     if obs.rules is not None:
         out.append(judge_rules(obs.rules))
+    if obs.delivery is not None and obs.delivery.alerts:
+        out.append(judge_delivery(obs.delivery))
     return out
+
+
+def judge_delivery(obs: DeliveryObservation) -> BakeMeasurement:
+    """The ``delivery`` measurement of the firing moved alerts (value: how many are behind the verdict)."""
+    if not obs.alertmanager_known:
+        names = [a.name for a in obs.alerts]
+        return BakeMeasurement("delivery", Verdict.INCONCLUSIVE, f"{_named(names)} fire on the target, but its "
+                               "Alertmanager is not known: delivery not checked", len(names))
+    failed: list[str] = []
+    pending: list[str] = []
+    delivered: list[str] = []
+    for alert in obs.alerts:
+        what = f"alert {alert.name}"
+        if alert.held and alert.receivers:
+            delivered.append(f"{what} to {', '.join(alert.receivers)}")
+        elif alert.firing_s > DELIVERY_GRACE_S:
+            failed.append(f"{what} fires on the target ({alert.instances} instances, "
+                          f"{format_duration(round(alert.firing_s))}) but its Alertmanager holds none: it pages nobody")
+        else:
+            pending.append(f"{what} fires on the target since {format_duration(round(alert.firing_s))}, not in its "
+                           "Alertmanager yet")
+    if failed:
+        return BakeMeasurement("delivery", Verdict.FAILED, _named(failed), len(failed))
+    if pending:
+        return BakeMeasurement("delivery", Verdict.INCONCLUSIVE, _named(pending), len(pending))
+    return BakeMeasurement("delivery", Verdict.SUCCESSFUL, f"{len(delivered)} firing moved alerts delivered: "
+                           + _named(delivered), len(delivered))
+
+
+def observe_delivery(moved_alerts: Sequence[str], firing: Sequence[tuple[str, float]],
+                     held: Mapping[str, Sequence[tuple[str, ...]]] | None, *, now: float) -> DeliveryObservation:
+    """The moved alerts that fire on the target (``firing``: (alertname, activeAt epoch s) of its firing
+    instances) and what the Alertmanager holds for each (``held``: alertname -> each held instance's
+    receivers; None: no Alertmanager known)."""
+    out: list[AlertDelivery] = []
+    for name in dict.fromkeys(moved_alerts):
+        since = [at for n, at in firing if n == name]
+        if not since:
+            continue
+        instances = list((held or {}).get(name) or [])
+        receivers = tuple(dict.fromkeys(r for inst in instances for r in inst))
+        out.append(AlertDelivery(name, max(0.0, now - min(since)), len(since), len(instances), receivers))
+    return DeliveryObservation(tuple(out), held is not None)
 
 
 def _named(items: Sequence[str]) -> str:
@@ -306,3 +380,21 @@ def baked(checks: Sequence[tuple[float, Verdict]], policy: BakePolicy, *, now: f
     if now - checks[-1][0] > MAX_GAP_INTERVALS * policy.interval_s:
         return False
     return checks[-1][0] - start >= policy.period_s
+
+
+def bake_window_problem(policy: BakePolicy, *, step_s: float, lookbacks: Mapping[str, float],
+                        min_points: int) -> str | None:
+    """Why a bake's parity window can never hold a golden query of the group (one line), or None.
+
+    Each bake check compares the last ``parity_window`` of data; a golden query that looks back further than
+    that window minus the points it needs never fits, so its measurement stays INCONCLUSIVE and the group
+    can never bake. ``lookbacks`` maps a golden query's name to its look-back in seconds.
+    """
+    needed = {name: back + (min_points - 1) * step_s for name, back in lookbacks.items()}
+    worst = max(needed, key=lambda name: needed[name], default=None)
+    if worst is None or needed[worst] <= policy.parity_window_s:
+        return None
+    return (f"golden query {worst} looks back {format_duration(lookbacks[worst])}, and needs "
+            f"{format_duration(needed[worst])} with {min_points} points at step {format_duration(step_s)}; "
+            f"bake.parity_window is {format_duration(policy.parity_window_s)}, so this group can never bake: set "
+            f"bake.parity_window to at least {format_duration(needed[worst])}")

@@ -159,22 +159,11 @@ def kubernetes_source_of(extra: Mapping[str, Any], *, conn_id: str = "promshift_
                             timeout_s=timeout_s)
 
 
-# Tolerances of independent_scraper parity when the deploy (not the catalog) chose that mode: two scrapers
-# read a noisy gauge at different instants, so per-step averages differ by the gauge's own noise. dcgm-exporter
-# values move by several percent between scrapes (the simulator's utilisation: +-6 points per second), so
-# 10 % relative, plus 0.05 absolute for values near zero (a 0..1 ratio stays checked). Looser catalog values win.
-INDEPENDENT_ABS_TOLERANCE = 0.05
-INDEPENDENT_REL_TOLERANCE = 0.10
-
-
 def group_for_deploy(group: MetricGroup, deploy: Deploy) -> MetricGroup:
     """The group as its deploy sees it: a managed collector scrapes on its own clock, so its parity is
-    ``independent_scraper`` (``dual_write`` parity needs both sides written by the same Prometheus), with
-    at least the independent tolerances (a catalog written for dual-write holds ~1e-9, meant for identical
-    samples)."""
+    ``independent_scraper`` (``dual_write`` parity needs both sides written by the same Prometheus). The
+    catalog's tolerances stay as written: independent parity judges the two scrapers against the noise
+    their own data shows (``core.parity.bias_findings``), with the catalog's tolerances as a floor only."""
     if deploy.own_writer and group.parity.mode == "dual_write":
-        parity = dataclasses.replace(group.parity, mode="independent_scraper",
-                                     abs_tolerance=max(group.parity.abs_tolerance, INDEPENDENT_ABS_TOLERANCE),
-                                     rel_tolerance=max(group.parity.rel_tolerance, INDEPENDENT_REL_TOLERANCE))
-        return dataclasses.replace(group, parity=parity)
+        return dataclasses.replace(group, parity=dataclasses.replace(group.parity, mode="independent_scraper"))
     return group

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from promshift.core.redact import redact_text
+from promshift.core.text import shown
 
 APPROVAL_NEEDED = "approval_needed"
 ROLLED_BACK = "rolled_back"
@@ -38,7 +39,8 @@ _CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
 def one_line(text: Any, limit: int) -> str:
     """``text`` on one line (runs of whitespace and control characters become one space), URL credentials
     redacted (a reason or a server's error may quote a URL), clipped with '…'."""
-    flat = _SPACE_RE.sub(" ", _CONTROL_RE.sub(" ", redact_text(str(text)))).strip()
+    # Bidirectional overrides and other format characters left after that are written as escapes (\u202e).
+    flat = shown(_SPACE_RE.sub(" ", _CONTROL_RE.sub(" ", redact_text(str(text)))).strip())
     return flat if len(flat) <= limit else flat[: max(limit - 1, 0)].rstrip() + "…"
 
 
@@ -77,6 +79,7 @@ def _build(kind: str, group: str, run_id: str, headline: str, facts: Sequence[tu
     if kind not in NOTICE_KINDS:
         raise ValueError(f"unknown notice kind {kind!r}; known: {', '.join(NOTICE_KINDS)}")
     subject = one_line(f"{SUBJECT_PREFIX} {group}: {headline}", MAX_SUBJECT_CHARS)
+    facts = [(label, shown(str(value))) for label, value in facts]  # free text of any origin, escaped
     shown_links = [(label, url) for label, url in ((label, _safe_link(url)) for label, url in links) if url]
     text_lines = [one_line(headline, MAX_REASON_CHARS), ""]
     text_lines += [f"{label}: {value}" for label, value in facts]

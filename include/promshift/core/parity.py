@@ -153,6 +153,38 @@ def rename_hint(from_label: str, to_label: str) -> str:
     return f"renamed? add `parity.rename_labels: {{{from_label}: {to_label}}}` if intended"
 
 
+def hosts_per_label(per_side: Mapping[str, Mapping[str, int]], declared: Sequence[str]) -> str:
+    """How many hosts each side has under each name of the host label, e.g.
+    ``hosts per label name: source Hostname 100; target Hostname 50, hostname 50``.
+
+    ``per_side`` maps ``source``/``target`` to name -> hosts; the ``declared`` names are always shown
+    (0 renamed is a fleet that has not started a declared rename), other names only when used.
+    """
+    parts = []
+    for side in ("source", "target"):
+        counts = per_side.get(side, {})
+        shown = [f"{n} {counts.get(n, 0)}" for n in declared]
+        shown += [f"{n} {c}" for n, c in sorted(counts.items()) if n not in declared and c]
+        parts.append(f"{side} {', '.join(shown)}")
+    return "hosts per label name: " + "; ".join(parts)
+
+
+def undeclared_rename_note(under: tuple[Mapping[str, Iterable[str]], Mapping[str, Iterable[str]]],
+                           label: str) -> str | None:
+    """Why a golden answer may differ: hosts found only under an undeclared name of the host label.
+
+    ``under`` (source, target) maps an undeclared name (``hostname``) to the hosts found only under it
+    on that side (the host coverage layer's finding); None when there are none.
+    """
+    parts = []
+    for side, found in zip(("source", "target"), under, strict=True):
+        for variant, hosts in sorted(found.items()):
+            if hosts:
+                parts.append(f"`{variant}` instead of `{label}` on {_some(sorted(hosts), 'host')} of the {side}: "
+                             f"{rename_hint(variant, label)}")
+    return "; ".join(parts) or None
+
+
 def values_equal(a: float, b: float, *, abs_tol: float, rel_tol: float) -> bool:
     """Equal within tolerance; NaN equals NaN, infinities equal only themselves."""
     if math.isnan(a) or math.isnan(b):
@@ -165,9 +197,18 @@ def values_equal(a: float, b: float, *, abs_tol: float, rel_tol: float) -> bool:
 # independent_scraper: two scrapers read a noisy gauge at different instants, so a point may differ by the
 # series' own scrape-to-scrape variation. Allowed on top of the tolerance: NOISE_K times the standard deviation
 # of the source series' successive differences in the window (for two independent reads of a process with
-# noise sigma, the difference has sigma*sqrt(2), as successive differences do). 4 leaves ~6e-5 of normal noise
-# flagged; a change of scale, a unit, an offset beyond the series' own jitter still fails.
+# noise sigma, the difference has sigma*sqrt(2), as successive differences do). Point by point that is a screen
+# for gross corruption only (OUTLIER_SHARE of the points may exceed it); what decides is the bias model below.
 INDEPENDENT_NOISE_K = 4.0
+# A share of points beyond NOISE_K spreads that two healthy scrapers may show (heavy-tailed jitter, a late
+# scrape at a bucket's edge); more is a finding.
+OUTLIER_SHARE = 0.05
+# The bias model: per metric (and per metric and host) the mean target-minus-source difference over every
+# compared series must stay within BIAS_K standard errors of what the data's own noise gives it, plus the
+# sampling-phase term, with the catalog tolerance as the floor. 6 standard errors: over ~100 tests per run
+# (metrics x hosts) a healthy scrape is flagged about once in 10^7 runs under normal noise, while a 5 %
+# bias on a metric of a 10-host sample (standard error ~0.2 % of the value) is 25 standard errors out.
+BIAS_K = 6.0
 
 
 def noise_allowance(mode: str) -> float:
@@ -186,6 +227,77 @@ def successive_spread(points: Points) -> float:
     return math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
 
 
+def _mean_step(points: Points) -> float:
+    """The series' mean change per step (its trend): what a sampling-phase shift of up to one step costs."""
+    values = [v for _, v in points if math.isfinite(v)]
+    return abs(values[-1] - values[0]) / (len(values) - 1) if len(values) > 1 else 0.0
+
+
+# Per key (a metric, or a metric and a host), sums over its series: count, sum and sum of squares of each
+# series' mean difference, the model variance of that mean, the phase term and the mean magnitude.
+_BIAS_FIELDS = ("series", "sum_d", "sum_d2", "sum_model_var", "sum_phase", "sum_scale")
+
+
+def bias_findings(stats: Mapping[str, Sequence[float]], *, abs_tol: float, rel_tol: float,
+                  k: float = BIAS_K) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Keys whose mean target-minus-source difference is beyond the two scrapers' own noise.
+
+    ``stats`` maps ``metric`` or ``metric\x00host`` to the ``_BIAS_FIELDS`` sums. The expected
+    difference of two independent scrapes is estimated from the data itself: the standard error
+    of the mean difference is the larger of the spread of the series' own mean differences
+    (between series) and the model one (each side's neighbouring-sample spread: the variance of
+    one read is half that of successive differences; a series' mean of P points has 1/P of it);
+    the sampling phase (the scrapers read at different instants of each step) adds the series'
+    trend over one step. The catalog tolerance is the floor. Returns the findings (metric-level
+    first; a host only for metrics not already named) and, per metric, the evidence.
+    """
+    findings: list[dict[str, Any]] = []
+    evidence: dict[str, Any] = {}
+    flagged: set[str] = set()
+    metric_var: dict[str, float] = {}
+    for key in sorted(stats, key=lambda k: ("\x00" in k, k)):
+        n, sum_d, sum_d2, sum_model, sum_phase, sum_scale = (float(x) for x in stats[key])
+        if n <= 0:
+            continue
+        metric, _, host = key.partition("\x00")
+        bias = sum_d / n
+        between = max(0.0, (sum_d2 - n * bias * bias) / (n - 1)) if n > 1 else 0.0
+        var = max(between, sum_model / n)
+        if not host:
+            metric_var[metric] = var
+        else:
+            # A host's few series say little about their own spread: the metric's (all hosts) stands in.
+            var = max(var, metric_var.get(metric, 0.0))
+        se = math.sqrt(var / n)
+        scale = sum_scale / n
+        allowed = abs_tol + rel_tol * scale + k * se + sum_phase / n
+        row = {"metric": metric, "series": int(n), "bias": bias, "allowed": allowed, "standard_error": se,
+               "relative": bias / scale if scale else None}
+        if host:
+            row["host"] = host
+        elif len(evidence) < 50:
+            evidence[metric] = json_safe({k: v for k, v in row.items() if k != "metric"})
+        if abs(bias) > allowed and (not host or metric not in flagged):
+            findings.append(json_safe(row))
+            if not host:
+                flagged.add(metric)
+    return findings, evidence
+
+
+def describe_bias(findings: Sequence[Mapping[str, Any]], limit: int = 3) -> str:
+    """E.g. ``DCGM_FI_DEV_POWER_USAGE:avg5s reads 5.0 % higher on the target (+17.4; noise allows 1.1)``."""
+    parts = []
+    for f in findings[:limit]:
+        rel = f.get("relative")
+        size = f"{abs(rel):.1%} {'higher' if f['bias'] > 0 else 'lower'}" if isinstance(rel, float) else (
+            f"{f['bias']:+.4g}")
+        where = f" on host {f['host']}" if f.get("host") else ""
+        parts.append(f"{f['metric'] or 'the answer'}{where} reads {size} on the target ({f['bias']:+.4g}; the "
+                     f"scrapers' own noise allows {f['allowed']:.3g})")
+    more = f" and {len(findings) - limit} more" if len(findings) > limit else ""
+    return "; ".join(parts) + more
+
+
 def format_labels(labels: LabelSet) -> str:
     name = dict(labels).get("__name__", "")
     rest = ",".join(f'{k}="{v}"' for k, v in labels if k != "__name__")
@@ -199,8 +311,11 @@ class SampleComparison:
     abs_tol: float
     rel_tol: float
     max_offenders: int = 10
-    # independent_scraper: each series may also differ by noise_k x its successive-difference spread (0: exact).
+    # independent_scraper: each series may also differ by noise_k x its successive-difference spread (0: exact),
+    # and the verdict comes from the bias model (``bias_findings``) over every series of a metric and host.
     noise_k: float = 0.0
+    # The names of the host label, to key the bias model per host (none: per metric only).
+    host_labels: tuple[str, ...] = ()
     series_compared: int = 0
     points_compared: int = 0
     mismatches: int = 0
@@ -208,6 +323,7 @@ class SampleComparison:
     missing_series: int = 0
     extra_series: int = 0
     offenders: list[dict[str, Any]] = field(default_factory=list)
+    bias_stats: dict[str, list[float]] = field(default_factory=dict)
 
     def _offend(self, labels: LabelSet, problem: str, **numbers: Any) -> None:
         if len(self.offenders) < self.max_offenders:
@@ -227,7 +343,8 @@ class SampleComparison:
             tgt_by_t = {round(t, 3): v for t, v in tgt_points}
             bad = missing = 0
             worst_delta = 0.0
-            noise = self.noise_k * successive_spread(src_points) if self.noise_k else 0.0
+            noise = (self.noise_k * max(successive_spread(src_points), successive_spread(tgt_points))
+                     if self.noise_k else 0.0)
             for t, v in src_points:
                 tv = tgt_by_t.get(round(t, 3))
                 if tv is None:
@@ -240,6 +357,8 @@ class SampleComparison:
                         worst_delta = max(worst_delta, abs(v - tv))
             self.mismatches += bad
             self.missing_points += missing
+            if self.noise_k:
+                self._add_bias(labels, src_points, tgt_points, tgt_by_t)
             if bad or missing:
                 self._offend(labels, "values differ" if bad else "points missing on target",
                              mismatched_points=bad, missing_points=missing, max_abs_delta=worst_delta)
@@ -247,12 +366,44 @@ class SampleComparison:
             self.extra_series += 1
             self._offend(labels, "only on target")
 
+    def _add_bias(self, labels: LabelSet, src_points: Points, tgt_points: Points,
+                  tgt_by_t: Mapping[float, float]) -> None:
+        diffs, scale = [], 0.0
+        for t, v in src_points:
+            tv = tgt_by_t.get(round(t, 3))
+            if tv is not None and math.isfinite(v) and math.isfinite(tv):
+                diffs.append(tv - v)
+                scale += abs(v)
+        if not diffs:
+            return
+        p = len(diffs)
+        d = sum(diffs) / p
+        # One read's variance is half the variance of successive differences; each side reads once per point.
+        model = (successive_spread(src_points) ** 2 + successive_spread(tgt_points) ** 2) / 2 / p
+        row = (1.0, d, d * d, model, max(_mean_step(src_points), _mean_step(tgt_points)), scale / p)
+        as_dict = dict(labels)
+        metric = as_dict.get("__name__", "")
+        host = next((as_dict[n] for n in self.host_labels if as_dict.get(n)), "")
+        for key in (metric, f"{metric}\x00{host}") if host else (metric,):
+            acc = self.bias_stats.setdefault(key, [0.0] * len(_BIAS_FIELDS))
+            for i, x in enumerate(row):
+                acc[i] += x
+
+    def findings(self) -> list[dict[str, Any]]:
+        """The bias model's findings (independent scrapers only; empty for exact comparisons)."""
+        if not self.noise_k:
+            return []
+        return bias_findings(self.bias_stats, abs_tol=self.abs_tol, rel_tol=self.rel_tol)[0]
+
     COUNTS = ("series_compared", "points_compared", "mismatches", "missing_points", "missing_series",
               "extra_series")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe totals, so shards (mapped tasks) can hand them to a reducer."""
-        return {**{k: getattr(self, k) for k in self.COUNTS}, "offenders": list(self.offenders)}
+        out = {**{k: getattr(self, k) for k in self.COUNTS}, "offenders": list(self.offenders)}
+        if self.bias_stats:
+            out["bias_stats"] = {k: list(v) for k, v in self.bias_stats.items()}
+        return out
 
     def merge(self, shard: Mapping[str, Any]) -> None:
         """Add one shard's totals (from ``to_dict``) into this comparison."""
@@ -260,9 +411,13 @@ class SampleComparison:
             setattr(self, k, getattr(self, k) + int(shard.get(k, 0)))
         room = self.max_offenders - len(self.offenders)
         self.offenders.extend(list(shard.get("offenders", []))[:max(0, room)])
+        for key, row in (shard.get("bias_stats") or {}).items():
+            acc = self.bias_stats.setdefault(key, [0.0] * len(_BIAS_FIELDS))
+            for i, x in enumerate(row):
+                acc[i] += float(x)
 
     def measurement(self, queries: Sequence[str]) -> Measurement:
-        numbers = {
+        numbers: dict[str, Any] = {
             "series_compared": self.series_compared,
             "points_compared": self.points_compared,
             "mismatches": self.mismatches,
@@ -271,13 +426,25 @@ class SampleComparison:
             "extra_series": self.extra_series,
             "worst": list(self.offenders),
         }
-        if self.missing_series or self.extra_series or self.mismatches or self.missing_points:
+        findings: list[dict[str, Any]] = []
+        # Independent scrapers: single points beyond the jitter are expected now and then (OUTLIER_SHARE);
+        # a systematic difference is the bias model's to find.
+        outliers = self.mismatches
+        if self.noise_k:
+            findings, evidence = bias_findings(self.bias_stats, abs_tol=self.abs_tol, rel_tol=self.rel_tol)
+            numbers["noise_model"] = {"per_metric": evidence, "bias_k": BIAS_K, "outlier_share": OUTLIER_SHARE,
+                                      "findings": findings[:20]}
+            if self.mismatches <= OUTLIER_SHARE * self.points_compared:
+                outliers = 0
+        if self.missing_series or self.extra_series or outliers or self.missing_points or findings:
             parts = []
+            if findings:
+                parts.append(describe_bias(findings))
             if self.missing_series:
                 parts.append(f"{self.missing_series} series missing on target")
             if self.extra_series:
                 parts.append(f"{self.extra_series} series only on target (label drift?)")
-            if self.mismatches:
+            if outliers:
                 parts.append(f"{self.mismatches} of {self.points_compared} points differ beyond tolerance")
             if self.missing_points:
                 parts.append(f"{self.missing_points} points missing on target")
@@ -285,6 +452,11 @@ class SampleComparison:
         if self.points_compared == 0:
             return Measurement("samples", Verdict.INCONCLUSIVE, "no points to compare in the window",
                                tuple(queries), numbers)
+        if self.noise_k:
+            return Measurement("samples", Verdict.SUCCESSFUL,
+                               f"{self.points_compared} points in {self.series_compared} series agree within the two "
+                               f"scrapers' own noise ({len(numbers['noise_model']['per_metric'])} metrics, no bias "
+                               f"beyond {BIAS_K:g} standard errors)", tuple(queries), numbers)
         return Measurement("samples", Verdict.SUCCESSFUL,
                            f"{self.points_compared} points in {self.series_compared} series identical "
                            f"within tolerance", tuple(queries), numbers)
@@ -787,3 +959,98 @@ class ParityPlan:
                    tuple(d.get("shards") or ()), int(d.get("hosts_total") or 0),
                    {k: number_from_json(v) for k, v in (d.get("cost") or {}).items()},
                    GoldenInventory.from_dict(d.get("golden")))
+
+
+def _robust_sd(values: Sequence[float]) -> float:
+    """1.4826 x the median absolute deviation: the spread of most values, untouched by a few outliers."""
+    if len(values) < 5:
+        return 0.0
+    ordered = sorted(values)
+    mid = ordered[len(ordered) // 2]
+    dev = sorted(abs(v - mid) for v in values)
+    return 1.4826 * dev[len(dev) // 2]
+
+
+def independent_aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, float], Mapping[str, float]]], *,
+                                      model_var: Mapping[str, Mapping[str, float]],
+                                      edge_share: Mapping[str, Mapping[str, float]] | None = None,
+                                      abs_tol: float, rel_tol: float, queries: Sequence[str],
+                                      explained: Iterable[str] = (), k: float = BIAS_K) -> Measurement:
+    """Per-host window aggregates of two independent scrapers, judged against their own noise.
+
+    For each metric (``rows``: what, source by host, target by host) and host, the difference
+    ``d = target - source`` is allowed the catalog floor plus ``k`` times its expected spread:
+    the larger of the model (``model_var[what][host]``: each side's variance of the window
+    mean from its own samples, both sides counted) and the spread of ``d`` across the hosts
+    (robust: a few biased hosts do not widen it); a host's own check also allows ``edge_share``
+    of its value (``edge_share[what][host]``; for a counter's window rate: each end may hold a
+    value up to one scrape older or newer than its timestamp, as an exporter that collects on its
+    own clock gives, 2 / samples in the window). A metric whose mean and median difference over the
+    hosts are beyond its standard error (the larger of the model's and the hosts' own spread over
+    the square root of their number) is named as biased; otherwise a host beyond its own
+    allowance is named with the metric.
+    """
+    edge_share = edge_share or {}
+    compared = 0
+    biased: list[dict[str, Any]] = []
+    hosts_off: dict[str, list[str]] = {}
+    worst: list[dict[str, Any]] = []
+    evidence: dict[str, Any] = {}
+    for what, src, tgt in rows:
+        common = [h for h in src if h in tgt and math.isfinite(src[h]) and math.isfinite(tgt[h])]
+        if not common:
+            continue
+        compared += len(common)
+        diffs = {h: tgt[h] - src[h] for h in common}
+        across = _robust_sd(list(diffs.values())) ** 2
+        allowed: dict[str, float] = {}
+        variances: dict[str, float] = {}
+        for h in common:
+            scale = max(abs(src[h]), abs(tgt[h]))
+            variances[h] = max(model_var.get(what, {}).get(h, 0.0), across)
+            edge = edge_share.get(what, {}).get(h, 0.0) * scale
+            allowed[h] = abs_tol + rel_tol * scale + edge + k * math.sqrt(variances[h])
+        n = len(common)
+        bias = sum(diffs.values()) / n
+        spread = (sum((d - bias) ** 2 for d in diffs.values()) / (n - 1)) if n > 1 else 0.0
+        se = max(math.sqrt(sum(variances.values())) / n, math.sqrt(spread / n))
+        scale = sum(abs(src[h]) for h in common) / n
+        metric_allowed = abs_tol + rel_tol * scale + k * se
+        evidence[what] = json_safe({"hosts": n, "bias": bias, "allowed": metric_allowed, "standard_error": se,
+                                    "relative": bias / scale if scale else None})
+        middle = sorted(diffs.values())[n // 2]
+        # The whole metric is biased when its mean and its median both are: a few hosts move the mean only.
+        if abs(bias) > metric_allowed and abs(middle) > metric_allowed and n > 1:
+            biased.append({"metric": what, "bias": bias, "allowed": metric_allowed,
+                           "relative": bias / scale if scale else None})
+            continue
+        for h in common:
+            if abs(diffs[h]) > allowed[h]:
+                hosts_off.setdefault(h, []).append(what)
+                if len(worst) < 10:
+                    worst.append(json_safe({"series": f"{what} {{host={h!r}}}", "problem": "aggregate differs",
+                                            "source": src[h], "target": tgt[h], "allowed": allowed[h]}))
+    numbers: dict[str, Any] = {"aggregates_compared": compared, "differing_keys": sorted(hosts_off),
+                               "biased_metrics": json_safe(biased), "worst": worst,
+                               "noise_model": {"per_metric": evidence, "bias_k": k}}
+    if compared == 0:
+        return Measurement("aggregates", Verdict.INCONCLUSIVE, "no aggregate present on both sides", tuple(queries),
+                           numbers)
+    if biased or hosts_off:
+        parts = []
+        if biased:
+            parts.append(describe_bias(biased))
+        known = set(explained)
+        new = sorted(h for h in hosts_off if h not in known)
+        if new:
+            metrics = sorted({m for h in new for m in hosts_off[h]})
+            parts.append(f"window aggregates differ beyond the scrapers' own noise for {_some(new, 'host')} "
+                         f"({', '.join(metrics[:3])})")
+        old = sorted(h for h in hosts_off if h in known)
+        if old:
+            parts.append(f"{_some(old, 'host')} differ where series are missing (see host_coverage)")
+        numbers["unexplained_keys"] = new
+        return Measurement("aggregates", Verdict.FAILED, "; ".join(parts), tuple(queries), numbers)
+    return Measurement("aggregates", Verdict.SUCCESSFUL,
+                       f"{compared} per-host window aggregates agree within the two scrapers' own noise",
+                       tuple(queries), numbers)

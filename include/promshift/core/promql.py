@@ -280,12 +280,25 @@ def substitute(expr: str, values: Mapping[str, str], *, builtins: Mapping[str, s
         if name.isdigit():
             return m.group(0)
         if name in known:
-            return known[name]
+            return known[name] + _unit_in_range(name, expr, m, builtins or {})
         if name not in unknown:
             unknown.append(name)
         return m.group(0)
 
     return Substitution(_GRAFANA_VARIABLE.sub(repl, expr), tuple(unknown))
+
+
+def _unit_in_range(name: str, expr: str, m: re.Match[str], builtins: Mapping[str, str]) -> str:
+    """The unit Grafana's ``$__interval_ms``, ``$__range_ms``, ``$__range_s`` count in, when one stands bare
+    in a range (``[$__interval_ms]``): Grafana puts a number there (milliseconds or seconds), which a
+    unit-less duration would read as seconds. Written with a unit (``[${__range_s}s]``), it stays as written."""
+    if name not in builtins or not name.endswith(("_ms", "_s")):
+        return ""
+    before, after = expr[:m.start()], expr[m.end():]
+    inside = before.rfind("[") > before.rfind("]")
+    if not inside or (after[:1].isalpha()):
+        return ""
+    return "ms" if name.endswith("_ms") else "s"
 
 
 def grafana_builtins(step_s: float, range_s: float) -> dict[str, str]:

@@ -408,6 +408,10 @@ class DashboardPlan:
     panels: tuple[PanelPlan, ...]
     variables_reading_group: tuple[str, ...] = ()
     library_panels: tuple[str, ...] = ()
+    # How many panel or target datasource values resolve to the source (its uid or name, a Prometheus variable,
+    # the default), and the explicit datasource names the dashboard uses: a source matching nothing shows here.
+    source_references: int = 0
+    datasources_named: tuple[str, ...] = ()
 
     @property
     def edits(self) -> tuple[Edit, ...]:
@@ -537,6 +541,8 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
     new_text = json.dumps(new_value, ensure_ascii=False)
     plans: list[PanelPlan] = []
     library: list[str] = []
+    source_references = 0
+    named: dict[str, None] = {}
     for path, panel in _panels(root, ()):
         targets = panel.get("targets")
         if panel.get("libraryPanel") is not None and (targets is None or not targets.items):
@@ -549,6 +555,8 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
         panel_ds_node = panel.get("datasource")
         panel_ds = panel_ds_node.py() if panel_ds_node is not None else None
         panel_kind = ds.classify(panel_ds, panel=True)
+        source_references += panel_kind == _SOURCE
+        _note_name(panel_ds, named)
         reads: list[TargetRead] = []
         target_kinds: list[tuple[int, Node, str, Node | None]] = []
         for i, t in enumerate(targets.elements()):
@@ -556,6 +564,8 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
                 continue
             t_ds_node = t.get("datasource")
             t_kind = ds.classify(t_ds_node.py() if t_ds_node is not None else None, panel=False)
+            source_references += t_kind == _SOURCE
+            _note_name(t_ds_node.py() if t_ds_node is not None else None, named)
             effective = panel_kind if t_kind == _INHERIT else t_kind
             if effective not in (_SOURCE, _TARGET):
                 continue  # another datasource: never touched, does not count
@@ -605,4 +615,27 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
                          title=str(title.value) if title is not None and title.value is not None else "",
                          source=source, target=target, panels=tuple(plans),
                          variables_reading_group=_variables_reading(root, group, values),
-                         library_panels=tuple(library))
+                         library_panels=tuple(library), source_references=source_references,
+                         datasources_named=tuple(named))
+
+
+def _note_name(value: Any, named: dict[str, None]) -> None:
+    """Remember an explicit datasource uid or name (not a variable, not the default) for messages."""
+    text = value.get("uid") if isinstance(value, Mapping) else value
+    if isinstance(text, str) and text and text not in ("default", MIXED_DATASOURCE) and not _VARIABLE_REF.match(text):
+        named.setdefault(text[:60], None)
+
+
+def unmatched_source(plans: Sequence[DashboardPlan], source: DatasourceRef) -> str | None:
+    """One line when the source datasource matches nothing in any of the dashboards (a wrong uid), or None.
+
+    Then the plan is empty not because no panel reads the group but because none reads through the source:
+    switching nothing while the group's data moves would leave every such panel blank later.
+    """
+    if not plans or any(p.source_references or p.panels for p in plans):
+        return None
+    seen = list(dict.fromkeys(n for p in plans for n in p.datasources_named))
+    names = " or ".join(repr(n) for n in sorted(source.names()))
+    return (f"source datasource {names} matches no panel or target datasource in {len(plans)} dashboard(s)"
+            + (f" (they name {', '.join(repr(n) for n in seen[:5])}{', ...' if len(seen) > 5 else ''})" if seen
+               else "") + ": check the read path's source datasource uid")

@@ -201,6 +201,13 @@ def parse_rule_file(path: str, data: str | bytes) -> RuleFile:
             if kind is None or ("record" in item and "alert" in item):
                 raise RulesError(f"{path}: group {name!r}, rule {ri + 1}: needs exactly one of `record` or `alert`")
             expr = str(item["expr"])
+            try:
+                analyse(expr)
+            except PromQLError as exc:
+                # Read off its identifiers, an invalid expr would claim to read metrics `sum`, `rate`, ...
+                shown = " ".join(str(exc).split())[:200]
+                raise RulesError(f"{path}: group {name!r}, rule {ri + 1} ({kind.value} "
+                                 f"{str(item[kind.value])[:80]!r}): expr is not valid PromQL: {shown}") from None
             rules.append(Rule(path, name, ri, kind, str(item[kind.value]), expr, dict(item),
                               tuple(dict.fromkeys(metric_names(expr))), _nameless(expr)))
     return RuleFile(path, tuple(groups), tuple(rules))

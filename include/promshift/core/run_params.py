@@ -13,6 +13,9 @@
   keeps the catalog's. At least one scrape interval, at most the catalog's ``warmup.timeout`` stretched by
   the same amount (the timeout keeps its margin over the duration).
 - ``reason``: why the run was started (free text, kept in the audit).
+
+Free text (``change_ticket``, ``reason``) with a control, bidirectional-override or line-separator character
+is refused naming the character (``core.text``): U+202E would make it read backwards on the board and in mails.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from promshift.core.durations import format_duration, parse_duration
+from promshift.core.text import unsafe_text
 
 # What the trigger form accepts for warmup_override (the JSON-schema pattern); the value is then
 # parsed by core.durations, which is the authority (units in order, each at most once).
@@ -30,7 +34,6 @@ WARMUP_OVERRIDE_PATTERN = r"^$|^([0-9]+(y|w|d|h|m|s|ms))+$"
 MAX_TICKET_CHARS = 200
 MAX_REASON_CHARS = 1000
 MAX_WARMUP_OVERRIDE_S = 7 * 86400.0
-_CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
 
 
 class RunParamsError(ValueError):
@@ -61,8 +64,9 @@ def _text(params: Mapping[str, Any], name: str, limit: int) -> str:
         return ""
     if not isinstance(value, str):
         raise RunParamsError(f"param {name!r} must be a string, got {type(value).__name__}")
-    if _CONTROL_RE.search(value):
-        raise RunParamsError(f"param {name!r} contains a control character")
+    unsafe = unsafe_text(f"param {name!r}", value)
+    if unsafe:
+        raise RunParamsError(unsafe)
     if len(value) > limit:
         raise RunParamsError(f"param {name!r} must be at most {limit} characters, got {len(value)}")
     return value.strip()

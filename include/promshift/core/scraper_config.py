@@ -19,7 +19,8 @@ Limits a blob is checked against before any API call (``validate_scraper_config`
   in ``GetDefaultScraperConfiguration``) and ``static_configs``; ``file_sd_configs`` and every
   other ``*_sd_configs`` are refused (a managed collector has no file system of ours to read);
 - scrape interval at least 30 s, global and per job (the managed collector's minimum, as
-  recorded in promshift's DESIGN.md "Managed-scraper configs: interval >= 30 s");
+  recorded in promshift's DESIGN.md "Managed-scraper configs: interval >= 30 s"), and at most 5 min
+  (a limit of ours: beyond Prometheus' 5-minute look-back every series is stale between scrapes);
 - at most ``max_blob_bytes`` bytes (default 64 KiB): a cap of our own. No size limit for the
   blob is in botocore's model (``Blob`` has no ``max``) or on the pages above; a group's blob
   is ~1 KiB, so anything near the cap is a rendering bug.
@@ -37,6 +38,8 @@ from promshift.core.deploy import DeployState
 from promshift.core.durations import parse_duration
 
 MIN_SCRAPE_INTERVAL_S = 30.0
+# Above Prometheus' 5-minute look-back a series goes stale between two scrapes: queries see gaps, not data.
+MAX_SCRAPE_INTERVAL_S = 300.0
 MAX_BLOB_BYTES = 64 * 1024
 ALLOWED_TOP_LEVEL = ("global", "scrape_configs")
 ALLOWED_SD = ("kubernetes_sd_configs", "static_configs")
@@ -67,6 +70,7 @@ class ScraperLimits:
     """The limits a blob is checked against (see the module docstring for where each comes from)."""
 
     min_scrape_interval_s: float = MIN_SCRAPE_INTERVAL_S
+    max_scrape_interval_s: float = MAX_SCRAPE_INTERVAL_S
     max_blob_bytes: int = MAX_BLOB_BYTES
 
 
@@ -163,6 +167,10 @@ def _interval(value: Any, where: str, limits: ScraperLimits) -> float:
     if seconds < limits.min_scrape_interval_s:
         raise ScraperConfigError(f"{where} scrape_interval {value} is below the managed collector's minimum of "
                                  f"{limits.min_scrape_interval_s:g}s")
+    if seconds > limits.max_scrape_interval_s:
+        raise ScraperConfigError(f"{where} scrape_interval {str(value)[:40]} is above "
+                                 f"{limits.max_scrape_interval_s:g}s: beyond Prometheus' 5-minute look-back every "
+                                 "series would be stale between scrapes")
     return seconds
 
 

@@ -73,8 +73,10 @@ from promshift.core.stages import Stage
 from promshift.local.airflow_lab import APPROVER_USERS, TRIGGER_USER, LocalAirflow
 from promshift.local.celery_lab import DB_ROLES, CeleryServices, ServiceUnavailable, database_name
 from promshift.local.demo_lifecycle import (
+    ALERT_FAULT_GPUS,
     LIFECYCLE_GROUP,
     LIFECYCLE_SCENARIOS,
+    MOVED_ALERT,
     follow_lifecycle,
     grafana_connection,
     lifecycle_choices,
@@ -218,9 +220,29 @@ def lifecycle_lines(report: dict[str, Any]) -> list[str]:
              f"back {bake.get('reads_rolled_back', False)}" + (f" ({bake['reason']})" if bake.get("reason") else ""),
              f"Decommission: performed {dec['performed']}, source series after {dec['source_series_after']}, freed "
              f"{dec.get('freed_series', 0)} series ({dec.get('freed_samples_per_s')} samples/s)"]
+    if report.get("alerts"):
+        al = report["alerts"]
+        lines.append(f"Alerts: {al['alert']} delivered {al['delivered']}"
+                     + (f", seen by {al['seen_by']}" if al.get("seen_by") else "")
+                     + (f": {al['reason']}" if al.get("reason") else "")
+                     + (f" ({al['instances']} instances to {', '.join(al['receivers'])})" if al.get("receivers")
+                        else ""))
     if report.get("source_rules"):
         lines.append(f"Source rules: {source_config_line(report['source_rules'])}")
     return lines
+
+
+def workspace_alerts(stack: LocalStack) -> Any:
+    """The local workspace's Alertmanager (ListAlerts through the front door, signed): alertname -> active alerts."""
+    from botocore.credentials import Credentials
+
+    from promshift.adapters.alertmanager import active_alerts
+    from promshift.adapters.sigv4 import AwsSigV4Auth
+
+    pair = stack.aws_credentials()
+    auth = AwsSigV4Auth(Credentials(pair.access_key, pair.secret_key, pair.session_token), stack.config.region)
+    base = stack.prometheus_endpoint() + "alertmanager"
+    return lambda name: active_alerts(base, name, auth=auth)
 
 
 def sigv4_counters(stack: LocalStack) -> dict[str, dict[str, Any]] | None:
@@ -459,7 +481,8 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
         services.require()  # before anything is reset: Redis and PostgreSQL answer
     log.info("resetting local state under %s (fresh stack, audit log and Airflow)", config.home)
     stack.reset()
-    for leftover in ("audit.db", "audit-anchor.db", "routing.json", "snapshots", shared_store(config.home).name):
+    for leftover in ("audit.db", "audit-anchor.db", "anchors", "routing.json", "snapshots",
+                     shared_store(config.home).name):
         path = config.home / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     if write_catalog is not None:
@@ -568,6 +591,9 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     log.info("source config %s sha256 %s before the run", stack.source_config_path, sha_before)
     rules_before = config_sha256(stack.source_rules_path)
     fault: TargetWriteGap | None = None
+    if scenario == "lifecycle":  # the moved alert fires: its delivery is checked after the handoff
+        stack.set_fleet_faults(fb_full_gpus=ALERT_FAULT_GPUS)
+        log.info("fleet fault: %s GPUs report a full framebuffer (%s fires)", ALERT_FAULT_GPUS, MOVED_ALERT)
     try:
         airflow.wait_for_dag(group.dag_id)
         run_id = airflow.trigger(group.dag_id)
@@ -614,11 +640,16 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
         if audit.stage_of(group_name) == Stage.CUT_OVER:
             extra["lifecycle"] = follow_lifecycle(
                 airflow=airflow, audit=audit, group=group, scenario=scenario, amp_dir=stack.amp_dir,
-                approver=APPROVER_USERS[1], answer_after_polls=APPROVAL_AFTER_POLLS)
+                approver=APPROVER_USERS[1], answer_after_polls=APPROVAL_AFTER_POLLS,
+                alerts=workspace_alerts(stack))
+            if "alerts" in extra["lifecycle"]:
+                extra["alerts"] = extra["lifecycle"]["alerts"]
         else:
             log.error("%s: the migration run ended %s, not cut_over: no bake watch or decommission", scenario,
                       audit.stage_of(group_name).value)
             extra["lifecycle"] = {"scenario": scenario, "runs": {}, "bake_stage": None}
+        if scenario == "lifecycle":
+            stack.set_fleet_faults(fb_full_gpus=0)
         rules_after = config_sha256(stack.source_rules_path)
         extra["source_rules"] = {"path": str(stack.source_rules_path), "sha256_before": rules_before,
                                  "sha256_after": rules_after, "identical": rules_before == rules_after}
@@ -700,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="promshift-demo", description=__doc__)
     parser.add_argument("--group", default=None,
                         help=f"default {DEFAULT_GROUP} ({LIFECYCLE_GROUP} for {', '.join(LIFECYCLE_SCENARIOS)})")
-    parser.add_argument("--scenario", choices=(*SCENARIOS, "fleet"), default="happy",
+    parser.add_argument("--scenario", choices=(*SCENARIOS, "plan", "fleet"), default="happy",
                         help=f"{', '.join(AMP_ONLY_SCENARIOS)}: --target amp only; {', '.join(LIFECYCLE_SCENARIOS)}: "
                              "--target amp --deploy scraper (their defaults)")
     parser.add_argument("--target", choices=TARGET_KINDS, default=None,
@@ -724,6 +755,11 @@ def main(argv: list[str] | None = None) -> int:
                              "into prometheus-operator's Prometheus resource on the stack's Kubernetes API contract "
                              "server (not a cluster), whose operator stand-in renders it onto the source")
     args = parser.parse_args(argv)
+    if args.scenario == "plan":  # no Airflow: the stack, a read load, and `promshift plan` (docs/plan.md)
+        from promshift.local.demo_plan import run_plan_demo
+
+        print(run_plan_demo(nodes=args.nodes, report_root=args.report_root))
+        return 0
     if args.scenario == "fleet":  # two clusters onto two workspaces, three groups in two waves (demo_fleet)
         if args.group or args.target not in (None, "prometheus") or args.deploy not in (None, REMOTE_WRITE) \
                 or args.history is not None or args.executor != "local":

@@ -15,6 +15,12 @@ unpaused and runs every ``bake.interval`` (1 min in the demo profile):
   triggered; its second approval is answered by the other on-call engineer through the REST API, and the
   group is dropped at the source's scrape, verified (the source returns none of its series; the target
   still receives them).
+  Before the migration run starts, a fleet fault fills the framebuffer of ``ALERT_FAULT_GPUS`` GPUs
+  (``LocalStack.set_fleet_faults``), so the moved alert ``GpuMemoryNearlyFull`` fires: on the source during the
+  run (its rules-parity line compares a firing alert, not a quiet one), on the workspace after the handoff,
+  and the bake watch's ``delivery`` measurement checks the workspace's Alertmanager holds it. After
+  ``baked`` the demo records where it was seen delivered (``alerts`` in the report): by a bake check, or,
+  when the alert fired after the last one, by the demo reading the workspace's Alertmanager itself.
 - ``bake-fail``: right after the cut-over the target stops receiving the group (the collector's process is
   stopped with SIGSTOP, as a hung collector would be); a bake check fails on freshness and the watch returns
   the reads (routing, dashboard, rules) to the source by itself. The collector is resumed at the end.
@@ -49,6 +55,44 @@ BAKE_WATCH_DAG_ID = "promshift__bake_watch"
 SOURCE_DATASOURCE = {"uid": "prometheus", "name": "Prometheus"}
 TARGET_DATASOURCE = {"uid": "amp-local", "name": "AMP (local workspace)"}
 POLL_S = 5.0
+# The lifecycle scenario's fleet fault: this many GPUs report a full framebuffer (gpu-memory's alert fires).
+ALERT_FAULT_GPUS = 3
+MOVED_ALERT = "GpuMemoryNearlyFull"
+# How long the demo waits, after baked, for the moved alert to be held by the workspace's Alertmanager.
+DELIVERY_WAIT_S = 240.0
+
+
+def alert_delivery(audit: AuditStore, group: str, alerts: Callable[[str], list[Any]] | None, *,
+                   timeout_s: float = DELIVERY_WAIT_S) -> dict[str, Any]:
+    """Where the moved alert was seen delivered: a bake check's SUCCESSFUL ``delivery``, else the workspace's
+    Alertmanager read by the demo (polled up to ``timeout_s``); ``delivered: False`` with why otherwise."""
+    for event in audit.events(group=group):
+        if event.kind != EventKind.BAKE_CHECK:
+            continue
+        found = [m for m in event.evidence_data.get("measurements") or [] if m.get("name") == "delivery"]
+        if found and found[0].get("verdict") == "SUCCESSFUL":
+            return {"alert": MOVED_ALERT, "delivered": True, "seen_by": "bake check", "at": event.at.isoformat(),
+                    "reason": found[0].get("reason")}
+    if alerts is None:
+        return {"alert": MOVED_ALERT, "delivered": False, "reason": "no bake check saw it delivered, and the "
+                "workspace's Alertmanager cannot be read here"}
+    deadline, last = time.time() + timeout_s, "not asked"
+    while True:
+        try:
+            held = [a for a in alerts(MOVED_ALERT) if a.receivers]
+        except Exception as exc:  # noqa: BLE001 - the demo reports what it saw
+            held, last = [], f"{type(exc).__name__}: {exc}"
+        if held:
+            receivers = sorted({r for a in held for r in a.receivers})
+            gpus = sorted(f"{a.labels.get('Hostname') or a.labels.get('hostname')}/{a.labels.get('gpu')}"
+                          for a in held)
+            return {"alert": MOVED_ALERT, "delivered": True, "seen_by": "the demo, reading the workspace's "
+                    "Alertmanager after baked", "instances": len(held), "receivers": receivers, "gpus": gpus}
+        if time.time() > deadline:
+            return {"alert": MOVED_ALERT, "delivered": False, "reason": f"not held by the workspace's Alertmanager "
+                    f"{timeout_s:.0f}s after baked ({last})"}
+        last = "no active alert"
+        time.sleep(POLL_S)
 
 
 def lifecycle_choices(scenario: str, group: str | None, target: str | None, deploy: str | None
@@ -117,7 +161,8 @@ def wait_for_stage(audit: AuditStore, group: str, wanted: AbstractSet[Stage], *,
 
 def follow_lifecycle(*, airflow: Any, audit: AuditStore, group: MetricGroup, scenario: str, amp_dir: Path,
                      approver: str, answer_after_polls: int,
-                     on_decommission_state: Callable[[dict[str, str]], None] | None = None) -> dict[str, Any]:
+                     on_decommission_state: Callable[[dict[str, str]], None] | None = None,
+                     alerts: Callable[[str], list[Any]] | None = None) -> dict[str, Any]:
     """After the migration run cut the group over: bake watch (and the fault), then the decommission.
     Returns what the demo did: the runs it followed and the stage each ended in."""
     bake, out = group.bake, {"scenario": scenario, "runs": {}}
@@ -140,6 +185,10 @@ def follow_lifecycle(*, airflow: Any, audit: AuditStore, group: MetricGroup, sce
         if out["bake_stage"] != Stage.BAKED.value:
             log.error("the bake failed: no decommission")
             return out
+        if scenario == "lifecycle":
+            out["alerts"] = alert_delivery(audit, group.name, alerts)
+            log.info("moved alert %s delivered: %s (%s)", MOVED_ALERT, out["alerts"]["delivered"],
+                     out["alerts"].get("seen_by") or out["alerts"].get("reason"))
     finally:
         if fault is not None:
             fault.stop()

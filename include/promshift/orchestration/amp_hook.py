@@ -16,6 +16,7 @@ from promshift.adapters.amp import (
     Workspace,
     active_workspace,
     amp_target_from_extra,
+    check_amp_extra,
     describe_workspace,
     workspace_problem,
     workspace_retention,
@@ -52,8 +53,10 @@ class AmpHook(AwsBaseHook):
         conn = self.get_connection(self.aws_conn_id) if self.aws_conn_id else None
         if conn is None:
             return super().conn_config
+        # Before the provider reads it: a list, or access keys in it, is a one-line AmpError naming the field.
+        extra = check_amp_extra(conn.extra_dejson, conn_id=str(conn.conn_id))
         aws = AwsConnectionWrapper.from_connection_metadata(conn_id=conn.conn_id, login=conn.login,
-                                                            password=conn.password, extra=conn.extra_dejson)
+                                                            password=conn.password, extra=extra)
         return AwsConnectionWrapper(conn=aws, region_name=self._region_name, botocore_config=self._config,
                                     verify=self._verify)
 
@@ -86,8 +89,17 @@ class AmpHook(AwsBaseHook):
         return self.workspace.query_url
 
     def prometheus_client(self, *, stats: bool = False) -> PrometheusClient:
-        timeout = self._timeout_s or float(self.conn_config.extra_config.get("timeout_s", 60))
+        timeout = self._timeout_s or self.target.timeout_s
         return PrometheusClient(self.base_url, timeout_s=timeout, auth=self.sigv4_auth(), always_stats=stats)
+
+    @property
+    def alert_reader(self) -> Callable[[str], list[Any]]:
+        """The workspace's own Alertmanager API (``<endpoint>alertmanager/api/v2/alerts``, signed): alertname ->
+        the alerts it holds active (``adapters.alertmanager.active_alerts``). Needs ``aps:ListAlerts``."""
+        from promshift.adapters.alertmanager import active_alerts
+
+        base, auth = self.base_url.rstrip("/") + "/alertmanager", self.sigv4_auth()
+        return lambda name: active_alerts(base, name, auth=auth)
 
     @property
     def remote_write_url(self) -> str:
@@ -140,7 +152,8 @@ class AmpHook(AwsBaseHook):
         from promshift.adapters.amp_scraper import DEFAULT_TIMEOUT_S, ScraperDeployer, scraper_source_from_extra
         from promshift.core.scraper_config import render_scraper_config
 
-        source = scraper_source_from_extra(self.conn_config.extra_config, conn_id=str(self.aws_conn_id))
+        source = scraper_source_from_extra(self.conn_config.extra_config, conn_id=str(self.aws_conn_id),
+                                           region=self.target.region)
         blob = render_scraper_config(name_regex=name_regex, scrape_interval_s=scrape_interval_s)
         return ScraperDeployer(self.conn, group_name=group_name, blob=blob, workspace_arn=self.workspace.arn,
                                source=source, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
@@ -193,7 +206,9 @@ class AmpHook(AwsBaseHook):
         try:
             problem = self.readiness_problem()
         except (AmpError, BotoCoreError) as exc:  # e.g. no region: the provider's client cannot be built
-            return False, str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+            # The whole reason on one line: botocore's ParamValidationError puts it after "Parameter validation
+            # failed:" on the next lines.
+            return False, " ".join(str(exc).split()) or exc.__class__.__name__
         if problem:
             return False, problem
         return True, (f"AMP workspace {self.target.workspace_ref} in {self.target.region} is ACTIVE "

@@ -85,6 +85,15 @@ class PrometheusHook(BaseHook):
         return None  # a self-hosted receiver takes unsigned writes
 
     @property
+    def alert_reader(self) -> Callable[[str], list[Any]] | None:
+        """A self-hosted target's Alertmanager (``extra.alertmanager_url``): alertname -> the alerts it holds
+        active; None when the connection names none."""
+        from promshift.adapters.alertmanager import active_alerts
+
+        url = self.extra.get("alertmanager_url")
+        return (lambda name: active_alerts(str(url), name)) if url else None
+
+    @property
     def retention_lookup(self) -> Callable[[], tuple[float | None, str]] | None:
         return None  # the server reports it (status/runtimeinfo); the catalog is the fallback
 

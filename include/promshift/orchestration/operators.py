@@ -13,6 +13,8 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import BaseOperator, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from promshift.core.approvers import team_of
+from promshift.core.text import shown as escaped_text
 from promshift.orchestration.hooks import backend_hook
 from promshift.orchestration.links import MigrationReportLink
 
@@ -227,6 +229,7 @@ class _GroupStep:
                 target_ready=target.readiness_problem,
                 target_retention=target.retention_lookup,
                 target_identity=target.identity(),
+                target_alerts=target.alert_reader,
             )
         except AmpError as exc:
             if exc.retryable:
@@ -877,10 +880,28 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         if "comment" not in params:
             params["comment"] = Param("", type="string", description="Why (kept in the audit)", source="task")
         kwargs["params"] = params
-        super().__init__(assigned_users=[{"id": a, "name": a} for a in approvers], **kwargs)
+        # The catalog's users and teams; a team is resolved when the question is asked (``ask_approvers``).
+        self.approver_entries = list(approvers)
+        super().__init__(assigned_users=[{"id": a, "name": a} for a in approvers if team_of(a) is None], **kwargs)
         self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
                          source_conn_id=source_conn_id, target_conn_id=target_conn_id)
         self.gate_evidence = gate_evidence
+
+    def ask_approvers(self, context: Any) -> list[str]:
+        """Resolve the approvers now (a team's members as they are now), without the run's trigger user, and
+        assign the request to them; their ids. Fails with one line when nobody is left to ask: Airflow would let
+        any user answer a request assigned to nobody."""
+        from promshift.core.approvers import ApproversError, resolve
+        from promshift.orchestration.approver_teams import team_directory
+
+        triggered_by = getattr(context.get("dag_run"), "triggering_user_name", None)
+        try:
+            directory = team_directory() if any(team_of(a) for a in self.approver_entries) else None
+            asked = resolve(self.approver_entries, directory, group=self.group_name, exclude=[triggered_by])
+        except ApproversError as exc:
+            raise AirflowFailException(str(exc)) from None
+        self.assigned_users = [{"id": a.id, "name": a.name} for a in asked]
+        return [a.id for a in asked]
 
     def evidence(self) -> dict[str, Any]:
         """What the approver decides on: the gate's whole evidence (verdict, parity, latency with cost), its XCom."""
@@ -909,7 +930,7 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         board = self.board_url()
         # Recorded before the question is asked: the answer is checked against this hash.
         self.migration(context).record_evidence_shown(
-            evidence_sha256=digest, approvers=[u["id"] for u in self.assigned_users or ()], now=_now(),
+            evidence_sha256=digest, approvers=self.ask_approvers(context), now=_now(),
             board_url=board)
         self.subject = f"[{gate.verdict.value}] Cut over metric group {self.group_name} to AMP?"
         self.body = approval_body(self.group_name, gate, shown.parity, shown.latency, evidence_sha256=digest,
@@ -954,7 +975,8 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
         by = field("id") or field("name") or "unknown"
         choice = (event.get("chosen_options") or ["?"])[0]
-        comment = str((event.get("params_input") or {}).get("comment", ""))
+        # Airflow's form took it as typed: kept and shown with control and bidi-override characters escaped.
+        comment = escaped_text(str((event.get("params_input") or {}).get("comment", "")))
         triggered_by = getattr(context.get("dag_run"), "triggering_user_name", None)
         # The evidence the approver was shown (its hash, recorded when the question was asked) and now.
         from promshift.core.evidence import evidence_sha256
@@ -1256,7 +1278,7 @@ class DecommissionApprovalOperator(MigrationApprovalOperator):
         evidence = self.evidence()
         digest = evidence_sha256(evidence)
         self.migration(context).record_evidence_shown(
-            evidence_sha256=digest, approvers=[u["id"] for u in self.assigned_users or ()], now=_now())
+            evidence_sha256=digest, approvers=self.ask_approvers(context), now=_now())
         prepare = evidence["prepare"]
         freed, bake = prepare.get("freed") or {}, prepare.get("bake") or {}
         self.subject = f"Decommission metric group {self.group_name} on the source?"

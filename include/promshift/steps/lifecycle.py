@@ -21,7 +21,16 @@ from datetime import datetime
 from typing import Any
 
 from promshift.adapters.prometheus import PrometheusError
-from promshift.core.bake import BakeObservation, MovedRule, baked, clean_streak_start, judge, observe_rules
+from promshift.core.bake import (
+    BakeObservation,
+    DeliveryObservation,
+    MovedRule,
+    baked,
+    clean_streak_start,
+    judge,
+    observe_delivery,
+    observe_rules,
+)
 from promshift.core.deploy_kinds import DEPLOYS, REMOTE_WRITE, Deploy
 from promshift.core.events import EventKind
 from promshift.core.promql import newest_sample_expr
@@ -139,6 +148,9 @@ class GroupLifecycle:
 
             attempt("rules", lambda: observe_rules(moved[0], loaded_rules(b.target), now=at,
                                                    loaded_at=moved[1].timestamp()))
+            alerts = [r.name for r in moved[0] if r.kind == "alert"]
+            if alerts:
+                attempt("delivery", lambda: self._delivery(alerts, at))
         errors = [("rules", why) if what == "moved_rules" else (what, why) for what, why in errors]
         lag, failed = values.get("lag") or (None, None)
         parity = values.get("parity")
@@ -147,12 +159,37 @@ class GroupLifecycle:
             source_series=None if values.get("source_series") is None else int(values["source_series"]),
             target_series=None if values.get("target_series") is None else int(values["target_series"]),
             parity=parity[0] if parity else None, parity_reason=parity[1] if parity else "",
-            queue_expected=queue, rules=values.get("rules"), errors=tuple(errors))
+            queue_expected=queue, rules=values.get("rules"), delivery=values.get("delivery"), errors=tuple(errors))
+
+    def _delivery(self, alerts: Sequence[str], at: float) -> DeliveryObservation:
+        """The moved alerts firing on the target, and what its Alertmanager holds for each."""
+        from promshift.adapters.alertmanager import AlertmanagerError
+        from promshift.adapters.rules_deploy import firing_alerts
+
+        b = self.migration.backends
+        firing = [(name, since) for name, since in firing_alerts(b.target) if name in alerts]
+        held = None
+        if b.target_alerts is not None:
+            try:
+                names = dict.fromkeys(n for n, _ in firing)
+                held = {name: [a.receivers for a in b.target_alerts(name)] for name in names}
+            except AlertmanagerError as exc:
+                raise ValueError(str(exc)) from None
+        return observe_delivery(alerts, firing, held, now=at)
 
     def _short_parity(self, window_start: float, now: float) -> tuple[Verdict, str]:
-        from promshift.adapters.parity_check import ParityCheck
+        from promshift.adapters.parity_check import ParityCheck, golden_lookbacks
+        from promshift.core.bake import bake_window_problem
         from promshift.core.deploy_kinds import group_for_deploy
+        from promshift.core.golden import MIN_POINTS
 
+        # A golden query that looks back further than the bake window never fits: say so (ERROR), rather than
+        # INCONCLUSIVE at every check, for ever.
+        never = bake_window_problem(self.group.bake, step_s=self.group.parity.step_s,
+                                    lookbacks=golden_lookbacks(self.group, self.migration.catalog_dir),
+                                    min_points=MIN_POINTS)
+        if never:
+            return Verdict.ERROR, never
         b = self.migration.backends
         result = ParityCheck(group_for_deploy(self.group, self.deploy), b.source, b.target,
                              catalog_dir=self.migration.catalog_dir).run(dual_write_since=window_start, now=now)

@@ -113,6 +113,9 @@ class Backends:
     target_retention: Callable[[], tuple[float | None, str]] | None = None
     # What the audit records about the target ({kind: amp, workspace_id, region}); never credentials.
     target_identity: Mapping[str, Any] = field(default_factory=dict)
+    # The target's Alertmanager: alertname -> the alerts it holds active for it (``adapters.alertmanager``);
+    # None: no Alertmanager known for the target (the bake's delivery check is then INCONCLUSIVE).
+    target_alerts: Callable[[str], Sequence[Any]] | None = None
 
     def target_problem(self) -> str | None:
         if self.target_ready is not None:

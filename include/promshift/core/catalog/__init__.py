@@ -265,6 +265,7 @@ def check_catalog(
     _check_overlaps(drafts, frozenset(known_metrics), problems, pairs=pairs, skip=duplicates)
     if known_connections is not None:
         _check_connections(drafts, groups, frozenset(known_connections), problems, defaults=defaults, waves=waves)
+    _check_paused_waves(defaults, drafts, problems)
 
     catalog_problems = tuple(dict.fromkeys(line for owner, line in problems.entries if owner is None))
     by_group: dict[int, list[str]] = {}
@@ -278,6 +279,15 @@ def check_catalog(
         catalog_problems=catalog_problems,
         group_problems=tuple((labels[index], tuple(lines)) for index, lines in sorted(by_group.items())),
     )
+
+
+def _check_paused_waves(defaults: _Layer, drafts: list[_Draft], problems: _Problems) -> None:
+    """A paused wave that no group is in holds nothing back: most likely a typo for a wave that then runs."""
+    waves = sorted({int(draft.layer.top.get("wave", 1)) for draft in drafts})
+    for index, wave in enumerate(defaults.top.get("paused_waves", ())):
+        if drafts and wave not in waves:
+            problems.add("defaults", f"paused_waves[{index}]", f"wave {wave} has no group (waves in this catalog: "
+                         f"{', '.join(map(str, waves))}): a pause that names no wave holds nothing back")
 
 
 @dataclass(frozen=True)

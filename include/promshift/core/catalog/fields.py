@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from promshift.core.approvers import team_name_problem
 from promshift.core.catalog.model import (
     _CONN_ID_RE,
     _GROUP_NAME_RE,
@@ -128,6 +129,15 @@ def _user_id(value: Any) -> str:
         _fail(f"contains whitespace: {_show(text)} (Airflow user ids are compared exactly)")
     if len(text) > MAX_USER_ID_LENGTH:
         _fail(f"must be at most {MAX_USER_ID_LENGTH} characters, got {len(text)}: {_show(text)}")
+    return text
+
+
+def _approver(value: Any) -> str:
+    """A user id, or ``team:<name>``: a team resolved to its members when the approval is asked."""
+    text = _user_id(value)
+    problem = team_name_problem(text)
+    if problem:
+        _fail(problem)
     return text
 
 
@@ -426,7 +436,7 @@ _GROUP_FIELDS: dict[str, _Field] = {
     "name": _Field("name", _pattern_string(_GROUP_NAME_RE, "group name", max_length=GROUP_NAME_MAX_LENGTH)),
     "description": _Field("description", _string(allow_empty=True)),
     "owners": _Field("owners", _unique_list(_user_id, what="owner", non_empty=True)),
-    "approvers": _Field("approvers", _unique_list(_user_id, what="approver", non_empty=True)),
+    "approvers": _Field("approvers", _unique_list(_approver, what="approver", non_empty=True)),
     "wave": _Field("wave", _integer(minimum=1)),
     "depends_on": _Field(
         "depends_on",

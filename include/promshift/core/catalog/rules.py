@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import re2
 
+from promshift.core.approvers import team_of
 from promshift.core.catalog.fields import _clip, _show
 from promshift.core.catalog.model import MetricGroup
 from promshift.core.catalog.regex import _compile_re2, _compile_re2_uncached
@@ -37,10 +38,17 @@ def _self_monitoring_matches(regex: str) -> tuple[str, ...]:
     return tuple(name for name in SELF_MONITORING_NAMES if compiled.fullmatch(name) is not None)
 
 
+# A warm-up is minutes to a day of dual-write before the first comparison; four weeks is the most that is still a
+# warm-up (longer holds a deferred run and the dual-write open for that long: a 1y warm-up is a typo or a stall).
+MAX_WARMUP_S = 28 * 86400.0
+
+
 def _group_rules(group: MetricGroup) -> list[tuple[str, str]]:
     """Rules on one assembled group: (field path, reason) for each problem."""
     issues: list[tuple[str, str]] = []
-    if group.approvers:  # empty: missing or invalid, reported already
+    # A team is resolved when the approval is asked (core/approvers.py): who is on it, and whether anyone but the
+    # trigger user is, is known only then.
+    if group.approvers and not any(team_of(a) for a in group.approvers):  # empty: missing or invalid, reported
         if len(group.approvers) < 2:
             issues.append(("approvers", f"lists one approver ({_show(group.approvers[0])}); list at least two: "
                                         "the user who triggers a run cannot approve it"))
@@ -51,6 +59,11 @@ def _group_rules(group: MetricGroup) -> list[tuple[str, str]]:
                                           f"({format_duration(group.scrape_interval_s)}), got "
                                           f"{format_duration(group.warmup.duration_s)}: parity would have no "
                                           "sample to compare (set scrape_interval if the source scrapes faster)"))
+    for field, seconds in (("warmup.duration", group.warmup.duration_s), ("warmup.timeout", group.warmup.timeout_s)):
+        if seconds > MAX_WARMUP_S:
+            issues.append((field, f"must be at most {format_duration(MAX_WARMUP_S)}, got {format_duration(seconds)}: "
+                                  "the run would dual-write and wait that long before any check (a longer "
+                                  "comparison belongs in bake)"))
     if group.metric_regex is not None and not group.allow_match_all:
         matched = _self_monitoring_matches(group.metric_regex)
         if matched:

@@ -18,6 +18,9 @@ answers the boto3 ``amp`` client pointed at ``http://127.0.0.1:P`` (``endpoint_u
   ``X-Amz-Target: ServiceQuotasV20190624.<Operation>``, signed for service ``servicequotas``;
   moto answers 500) are served here from ``faults.json``'s ``aps_quotas`` or AMP's defaults,
   validated against botocore's ``service-quotas`` model;
+- Create/Describe/Put/DeleteAlertManagerDefinition (moto answers 404) are served here, checked against
+  botocore's ``amp`` model; with ``--alertmanager-url`` and ``--alertmanager-config`` the workspace's
+  definition configures the stack's Alertmanager (``promshift.local.stack.alert_definitions``);
 - CloudWatch requests (signed for service ``monitoring``) go to moto's CloudWatch as they are;
 - with ``--target-url`` and ``--target-rules-dir``, rule-groups namespaces are evaluated: moto takes
   Create/Put/DeleteRuleGroupsNamespace as before, then the namespace's rules become a rule file of the
@@ -45,6 +48,7 @@ import logging
 import re
 import sys
 import threading
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,7 @@ from botocore.exceptions import ParamValidationError
 from botocore.model import OperationModel, ServiceModel
 from botocore.validate import ParamValidator
 
+from promshift.local.stack.alert_definitions import AlertDefinitions, DefinitionInvalid
 from promshift.local.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
 from promshift.local.stack.frontdoor import run_until_signalled
 from promshift.local.stack.local import find_free_ports
@@ -74,6 +79,9 @@ SERVED_HERE = ("DescribeWorkspaceConfiguration", "UpdateWorkspaceConfiguration")
 # Forwarded to moto, then evaluated on (or answered from) the target's rule files (``stack.rule_namespaces``).
 RULE_NAMESPACE_OPERATIONS = ("CreateRuleGroupsNamespace", "PutRuleGroupsNamespace", "DeleteRuleGroupsNamespace",
                              "DescribeRuleGroupsNamespace", "ListRuleGroupsNamespaces")
+# Served here (moto has none): the workspace's alert manager definition (``stack.alert_definitions``).
+ALERT_DEFINITION_OPERATIONS = ("CreateAlertManagerDefinition", "DescribeAlertManagerDefinition",
+                               "PutAlertManagerDefinition", "DeleteAlertManagerDefinition")
 SCRAPER_OPERATIONS = ("CreateScraper", "DescribeScraper", "UpdateScraper", "DeleteScraper", "ListScrapers",
                       "GetDefaultScraperConfiguration")
 _SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/[^/]+/([^/]+)/aws4_request")
@@ -212,6 +220,9 @@ class ControlPlaneHandler(SigV4Handler):
         if operation in SCRAPER_OPERATIONS:
             self._scraper(operation, params, query, body, faults)
             return
+        if operation in ALERT_DEFINITION_OPERATIONS:
+            self._alert_definition(operation, params["workspaceId"], body)
+            return
         url = f"{self.server.moto_url}{path}" + (f"?{query}" if query else "")
         # moto reads the region from the Authorization header's scope; it does not check the signature.
         response = self.forward(url, self.command, body, keep_signing_headers=True)
@@ -299,6 +310,61 @@ class ControlPlaneHandler(SigV4Handler):
         validate_shape(answer, operation, "output")
         self.send_json(status, answer)
 
+    def _alert_definition(self, name: str, workspace_id: str, body: bytes) -> None:
+        """Create/Describe/Put/DeleteAlertManagerDefinition, request and answer checked against the model."""
+        operation = amp_model().operation_model(name)
+        try:
+            params: dict[str, Any] = {**(json.loads(body) if body else {}), "workspaceId": workspace_id}
+        except ValueError:
+            self._modelled_error("ValidationException", "request body is not JSON", reason="CANNOT_PARSE")
+            return
+        if not self._validated_input(operation, params):
+            return
+        if not self._workspace_exists(workspace_id):
+            self._modelled_error("ResourceNotFoundException", f"Workspace {workspace_id} not found",
+                                 resourceId=workspace_id, resourceType="Workspace")
+            return
+        store = self.server.alert_definitions
+        existing = store.get(workspace_id)
+        if name == "DescribeAlertManagerDefinition" or name == "DeleteAlertManagerDefinition":
+            if existing is None:
+                self._modelled_error("ResourceNotFoundException",
+                                     f"Alert manager definition of workspace {workspace_id} not found",
+                                     resourceId=workspace_id, resourceType="AlertManagerDefinition")
+                return
+            if name == "DeleteAlertManagerDefinition":
+                store.delete(workspace_id)
+                self.send_body(202, b"")
+                return
+            described = {"status": {"statusCode": "ACTIVE"}, "data": base64.b64decode(existing["data"]),
+                         "createdAt": datetime.fromtimestamp(existing["createdAt"], UTC),
+                         "modifiedAt": datetime.fromtimestamp(existing["modifiedAt"], UTC)}
+            validate_shape({"alertManagerDefinition": described}, operation, "output")
+            self.send_json(200, {"alertManagerDefinition": {
+                **described, "data": existing["data"], "createdAt": existing["createdAt"],
+                "modifiedAt": existing["modifiedAt"]}})
+            return
+        if name == "CreateAlertManagerDefinition" and existing is not None:
+            self._modelled_error("ConflictException", f"workspace {workspace_id} already has an alert manager "
+                                 "definition", resourceId=workspace_id, resourceType="AlertManagerDefinition")
+            return
+        if name == "PutAlertManagerDefinition" and existing is None:
+            self._modelled_error("ResourceNotFoundException",
+                                 f"Alert manager definition of workspace {workspace_id} not found",
+                                 resourceId=workspace_id, resourceType="AlertManagerDefinition")
+            return
+        encoded = str(params.get("data") or "")
+        try:
+            data = base64.b64decode(encoded, validate=True)
+            store.check(data)
+        except (binascii.Error, ValueError) as exc:
+            reason = str(exc) if isinstance(exc, DefinitionInvalid) else "data is not base64"
+            self._modelled_error("ValidationException", reason, reason="FIELD_VALIDATION_FAILED")
+            return
+        store.put(workspace_id, data, encoded)
+        answer = {"status": {"statusCode": "CREATING" if name == "CreateAlertManagerDefinition" else "UPDATING"}}
+        validate_shape(answer, operation, "output")
+        self.send_json(202, answer)
 
     def _validated_input(self, operation: OperationModel, params: dict[str, Any]) -> bool:
         """Check a request against the model; answer ValidationException and return False when it does not fit."""
@@ -435,8 +501,12 @@ class ControlPlaneServer(SigV4Server):
 
     def __init__(self, port: int, *, moto_url: str, frontdoor_url: str, targets_file: str | None = None,
                  vmagent_bin: str = "/usr/bin/vmagent", target_url: str | None = None,
-                 target_rules_dir: Path | None = None, promtool: str = "promtool", **kwargs: Any) -> None:
+                 target_rules_dir: Path | None = None, promtool: str = "promtool",
+                 alertmanager_url: str | None = None, alertmanager_config: Path | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(port, ControlPlaneHandler, **kwargs)
+        self.alert_definitions = AlertDefinitions(self.state_dir, alertmanager_url=alertmanager_url,
+                                                  alertmanager_config=alertmanager_config)
         self.moto_url = moto_url.rstrip("/")
         self.frontdoor_url = frontdoor_url.rstrip("/")
         # Rule-groups namespaces evaluated by the target (both given), else only stored in moto.
@@ -482,12 +552,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="where each rule-groups namespace becomes amp-<workspaceId>-<name>.yml (the target's "
                              "rule_files glob)")
     parser.add_argument("--promtool", default="promtool")
+    parser.add_argument("--alertmanager-url", help="the local Alertmanager the workspace's definition configures")
+    parser.add_argument("--alertmanager-config", type=Path, help="that Alertmanager's configuration file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = ControlPlaneServer(args.port, moto_url=args.moto_url, frontdoor_url=args.frontdoor_url,
                                 targets_file=args.targets_file, vmagent_bin=args.vmagent_bin,
                                 target_url=args.target_url, target_rules_dir=args.target_rules_dir,
-                                promtool=args.promtool,
+                                promtool=args.promtool, alertmanager_url=args.alertmanager_url,
+                                alertmanager_config=args.alertmanager_config,
                                 state_dir=args.state_dir, credentials=credentials_from_env(), region=args.region)
     logger.info("control plane on 127.0.0.1:%s over moto at %s", args.port, args.moto_url)
     run_until_signalled(server)

@@ -23,12 +23,14 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from promshift.adapters.settings import dcgm_counters
 from promshift.core.dcgm import DcgmCounter as CounterSpec
@@ -216,8 +218,10 @@ def _clamp(x: float, lo: float, hi: float) -> float:
     return lo if x < lo else hi if x > hi else x
 
 
-def node_values(fleet: FleetSpec, node_index: int, t: float) -> dict[str, list[str]]:
-    """Rendered sample values for every metric of one node at time ``t``, one string per GPU."""
+def node_values(fleet: FleetSpec, node_index: int, t: float, *, fb_full: int = 0) -> dict[str, list[str]]:
+    """Rendered sample values for every metric of one node at time ``t``, one string per GPU.
+
+    ``fb_full``: that many of the node's first GPUs have their framebuffer full (a fault: 8 MiB free)."""
     node = _node(fleet, node_index)
     sec = math.floor(t)
     # One generator per (node, second) instead of hashing every sample: ~60 draws per node.
@@ -253,12 +257,14 @@ def node_values(fleet: FleetSpec, node_index: int, t: float) -> dict[str, list[s
     pcie_tx: list[str] = []
     pcie_rx: list[str] = []
     mean = node.load_mean + node.load_amp * swing
-    for gpu in node.gpus:
+    for slot, gpu in enumerate(node.gpus):
         smooth = mean + gpu.load_offset
         load = _clamp(smooth + 0.12 * (noise() - 0.5), 0.0, 1.0)
         watts = _clamp(70.0 + 610.0 * load + 20.0 * (noise() - 0.5), 60.0, 700.0)
         temp = _clamp(33.0 + 46.0 * smooth + gpu.temp_offset + 2.0 * noise(), 30.0, 85.0)
         used = int(gpu.fb_used_base + 160.0 * noise())
+        if slot < fb_full:
+            used = FB_TOTAL_MIB - 8
         load_integral = (node.load_mean + gpu.load_offset) * up + swing_integral
         dram_ratio = _clamp(0.45 * load + 0.04 * noise(), 0.0, 1.0)
 
@@ -318,11 +324,11 @@ def node_values(fleet: FleetSpec, node_index: int, t: float) -> dict[str, list[s
     }
 
 
-def render_node(fleet: FleetSpec, node_index: int, t: float) -> str:
+def render_node(fleet: FleetSpec, node_index: int, t: float, *, fb_full: int = 0) -> str:
     """Prometheus text exposition of one node's GPUs at time ``t``, like dcgm-exporter's /metrics."""
     node = _node(fleet, node_index)
     counters, headers = _headers()
-    values = node_values(fleet, node_index, t)
+    values = node_values(fleet, node_index, t, fb_full=fb_full)
     labels = [gpu.labels for gpu in node.gpus]
     parts: list[str] = []
     append = parts.append
@@ -375,7 +381,10 @@ class _FleetHandler(BaseHTTPRequestHandler):
         if len(parts) == 4 and parts[0] == "" and parts[1] == "nodes" and parts[3] == "metrics":
             index = self.server.fleet.node_index(parts[2])
             if index is not None:
-                body = render_node(self.server.fleet, index, self.server.clock()).encode()
+                full = self.server.fb_full_gpus()
+                gpus = self.server.fleet.gpus_per_node
+                body = render_node(self.server.fleet, index, self.server.clock(),
+                                   fb_full=max(0, min(gpus, full - index * gpus))).encode()
                 self._reply(200, body, CONTENT_TYPE)
                 return
         self._reply(404, b"not found\n", "text/plain; charset=utf-8")
@@ -405,10 +414,37 @@ class FleetServer(ThreadingHTTPServer):
         fleet: FleetSpec,
         address: tuple[str, int] = ("127.0.0.1", 0),
         clock: Callable[[], float] = time.time,
+        faults_file: Path | None = None,
     ) -> None:
         self.fleet = fleet
         self.clock = clock
+        self.faults_file = faults_file
+        self._faults: tuple[float, dict[str, Any]] = (0.0, {})
+        self._faults_lock = threading.Lock()
         super().__init__(address, _FleetHandler)
+
+    def faults(self) -> dict[str, Any]:
+        """``--faults-file``'s JSON, re-read at most once a second ({} when absent or unreadable)."""
+        if self.faults_file is None:
+            return {}
+        with self._faults_lock:
+            read_at, faults = self._faults
+            now = time.monotonic()
+            if now - read_at >= 1.0:
+                try:
+                    loaded = json.loads(self.faults_file.read_text()[:65_536])
+                    faults = loaded if isinstance(loaded, dict) else {}
+                except (OSError, ValueError):
+                    faults = {}
+                self._faults = (now, faults)
+            return faults
+
+    def fb_full_gpus(self) -> int:
+        """How many GPUs (the fleet's first, node by node) report a full framebuffer: ``{"fb_full_gpus": N}``."""
+        try:
+            return max(0, int(self.faults().get("fb_full_gpus") or 0))
+        except (TypeError, ValueError):
+            return 0
 
     @property
     def port(self) -> int:
@@ -427,10 +463,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
     parser.add_argument("--hostname-label", default="Hostname", help="'Hostname' (classic) or 'hostname'")
     parser.add_argument("--file-sd", type=Path, help="also write a file_sd JSON for this fleet here")
+    parser.add_argument("--faults-file", type=Path, help='faults to inject, re-read every second: {"fb_full_gpus": N}')
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     fleet = FleetSpec(nodes=args.nodes, seed=args.seed, hostname_label=args.hostname_label)
-    server = FleetServer(fleet, (args.host, args.port))
+    server = FleetServer(fleet, (args.host, args.port), faults_file=args.faults_file)
     # Build every node's label strings now, so the first round of scrapes is not slow.
     for i in range(fleet.nodes):
         _node(fleet, i)

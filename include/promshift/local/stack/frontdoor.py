@@ -8,6 +8,9 @@ request's signature is recomputed with botocore (service ``aps``, region R) from
 process's ``AWS_*`` environment; a refused one gets HTTP 403 and an AMP-style ``{"message": ...}``
 body. Verified requests are forwarded to the target Prometheus (``remote_write`` becomes its
 ``/api/v1/write``).
+``GET /workspaces/<ws-id>/alertmanager/api/v2/alerts`` (AMP's ListAlerts on the workspace's Alertmanager) is
+forwarded to the stack's Alertmanager (``--alertmanager-url``) while the workspace has an alert manager
+definition (``promshift.local.stack.alert_definitions``), else answered 404 ``ResourceNotFoundException``.
 ``GET /-/sigv4-stats`` (unsigned, local only) returns the counters.
 
 Measured with Debian's Prometheus 2.42 (`prometheus` 2.42.0+ds-5+deb12u1): see
@@ -48,10 +51,13 @@ _ENDPOINTS = {"query", "query_range", "series", "labels", "remote_write", "rules
 # The rules API is read-only (AMP's ListRules, ListAlerts).
 _GET_ONLY = {"rules", "alerts"}
 _LABEL_VALUES = re.compile(r"^label/[^/]+/values$")
+_ALERTMANAGER = re.compile(r"^/workspaces/(?P<ws>[A-Za-z0-9_-]+)/alertmanager/api/v2/alerts$")
 
 
 def api_kind(path: str) -> str:
     """The counter key of a front-door path: ``query``, ``query_range``, ..., ``label_values``, or ``other``."""
+    if _ALERTMANAGER.match(path):
+        return "alertmanager_alerts"
     match = _API.match(path)
     if match is None:
         return "other"
@@ -71,6 +77,9 @@ class FrontDoorHandler(SigV4Handler):
         return api_kind(path)
 
     def serve_verified(self, path: str, query: str, body: bytes) -> None:
+        if (alerts := _ALERTMANAGER.match(path)) is not None:
+            self._alertmanager(alerts["ws"], query)
+            return
         match = _API.match(path)
         kind = api_kind(path)
         if match is None or kind == "other":
@@ -94,13 +103,37 @@ class FrontDoorHandler(SigV4Handler):
         self.send_body(response.status, response.data, headers)
 
 
-class FrontDoorServer(SigV4Server):
-    """The front door: the target's URL and the workspace ids it serves."""
+    def _alertmanager(self, workspace: str, query: str) -> None:
+        """ListAlerts on the workspace's Alertmanager: the stack's, while the workspace has a definition."""
+        from promshift.local.stack.alert_definitions import AlertDefinitions
 
-    def __init__(self, port: int, *, target_url: str, workspace_ids: set[str], **kwargs: object) -> None:
+        if workspace not in self.server.workspace_ids:
+            self.send_aws_error(404, "ResourceNotFoundException", f"Workspace not found: {workspace}",
+                                resourceId=workspace, resourceType="Workspace")
+            return
+        if self.command != "GET":
+            self.send_aws_error(405, "ValidationException", f"{self.command} is not allowed here")
+            return
+        if self.server.alertmanager_url is None or AlertDefinitions(self.server.state_dir).get(workspace) is None:
+            self.send_aws_error(404, "ResourceNotFoundException",
+                                f"Alert manager definition of workspace {workspace} not found",
+                                resourceId=workspace, resourceType="AlertManagerDefinition")
+            return
+        response = self.forward(f"{self.server.alertmanager_url}/api/v2/alerts" + (f"?{query}" if query else ""),
+                                "GET", b"")
+        headers = {k: v for k, v in response.headers.items() if k.lower() == "content-type"}
+        self.send_body(response.status, response.data, headers)
+
+
+class FrontDoorServer(SigV4Server):
+    """The front door: the target's URL, the workspace ids it serves and the stack's Alertmanager."""
+
+    def __init__(self, port: int, *, target_url: str, workspace_ids: set[str], alertmanager_url: str | None = None,
+                 **kwargs: object) -> None:
         super().__init__(port, FrontDoorHandler, **kwargs)  # type: ignore[arg-type]
         self.target_url = target_url.rstrip("/")
         self.workspace_ids = set(workspace_ids)
+        self.alertmanager_url = alertmanager_url.rstrip("/") if alertmanager_url else None
 
 
 def serve_in_thread(server: SigV4Server) -> threading.Thread:
@@ -133,10 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workspace-id", action="append", required=True, help="a workspace id served (repeatable)")
     parser.add_argument("--state-dir", type=Path, help="where faults.json (clock_skew_s) is looked for")
     parser.add_argument("--credentials-fingerprint", help="digest of the pair, so a changed pair restarts it")
+    parser.add_argument("--alertmanager-url", help="the stack's Alertmanager")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = FrontDoorServer(args.port, target_url=args.target_url, workspace_ids=set(args.workspace_id),
-                             credentials=credentials_from_env(), region=args.region, state_dir=args.state_dir)
+                             credentials=credentials_from_env(), region=args.region, state_dir=args.state_dir,
+                             alertmanager_url=args.alertmanager_url)
     logger.info("front door on 127.0.0.1:%s for %s -> %s", args.port, ", ".join(args.workspace_id), args.target_url)
     run_until_signalled(server)
     return 0

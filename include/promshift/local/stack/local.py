@@ -88,9 +88,10 @@ groups:
       # share of each GPU's framebuffer in use
       - record: gpu:fb_used:ratio
         expr: DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)
+      # for: 1m, so the lifecycle demo's fleet fault (a few GPUs' framebuffer full) fires within its bake
       - alert: GpuMemoryNearlyFull
         expr: gpu:fb_used:ratio > 0.98
-        for: 5m
+        for: 1m
         labels:
           severity: warning
         annotations:
@@ -98,6 +99,10 @@ groups:
 """
 
 VMAGENT_BIN = "/usr/bin/vmagent"
+ALERTMANAGER_BIN = "/usr/bin/prometheus-alertmanager"
+ALERTMANAGER = "alertmanager"
+# The receiver of the stack's alert manager definition: where the demo's moved alerts are routed.
+LOCAL_ONCALL_RECEIVER = "promshift-local-oncall"
 FLEET, TARGET, SOURCE, MAIL = "fleet", "target", "source", "mail"
 # The provisioned dashboards a read-path switch edits: reset with the rest, or a switched copy outlives its stack.
 GRAFANA = "grafana"
@@ -122,7 +127,7 @@ CLUSTER_B_COMPONENTS = (FLEET_B, TARGET_B, SOURCE_B)
 CLUSTER_B_PREFIX = "/workspaces/ws-local-b"
 EXTERNAL_LABELS_B = {"cluster": "local-gpu-fleet-b", "prometheus_replica": "source-b-0"}
 # Every component ``down`` and ``reset`` look after, whichever started them.
-ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S,) + CLUSTER_B_COMPONENTS
+ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S, ALERTMANAGER) + CLUSTER_B_COMPONENTS
 TARGET_KINDS = ("prometheus", "amp")
 AMP_WORKSPACE_ALIAS = "promshift-local"
 # What stack.json records about the local AWS (never a secret; the fingerprint is a digest).
@@ -180,6 +185,9 @@ class StackConfig:
     # The Kubernetes API contract server over the source (the k8s component); 0: any free port.
     kubernetes: bool = False
     k8s_port: int = 0
+    # The target's Alertmanager (Debian's prometheus-alertmanager, when installed); 0: a free port, kept once chosen.
+    alertmanager_port: int = 0
+    alertmanager_bin: str = ALERTMANAGER_BIN
     region: str = DEFAULT_REGION
     workspace_alias: str = AMP_WORKSPACE_ALIAS
     # The target Prometheus keeps its default 15 days; the workspace says so.
@@ -210,6 +218,8 @@ class StackConfig:
             ports += (self.smtp_port,)
         if self.kubernetes and self.k8s_port:
             ports += (self.k8s_port,)
+        if self.alertmanager_port:
+            ports += (self.alertmanager_port,)
         if self.target_kind == "amp":
             ports += (self.aws_port, self.moto_port, self.frontdoor_port, self.relay_port)
         if len(set(ports)) != len(ports):
@@ -230,6 +240,7 @@ class StackConfig:
             "relay_port": _env_int("PROMSHIFT_RELAY_PORT", cls.relay_port),
             "smtp_port": _env_int("PROMSHIFT_SMTP_PORT", cls.smtp_port),
             "k8s_port": _env_int("PROMSHIFT_K8S_PORT", cls.k8s_port),
+            "alertmanager_port": _env_int("PROMSHIFT_ALERTMANAGER_PORT", cls.alertmanager_port),
             "fleet_b_port": _env_int("PROMSHIFT_FLEET_B_PORT", cls.fleet_b_port),
             "source_b_port": _env_int("PROMSHIFT_SOURCE_B_PORT", cls.source_b_port),
             "target_b_port": _env_int("PROMSHIFT_TARGET_B_PORT", cls.target_b_port),
@@ -432,6 +443,11 @@ class LocalStack:
         return self.home / SOURCE / "prometheus.yml"
 
     @property
+    def source_query_log_path(self) -> Path:
+        """The source's query log (``query_log_file``: JSON lines, one per query it answered)."""
+        return self.home / SOURCE / "query.log"
+
+    @property
     def target_config_path(self) -> Path:
         """The target Prometheus config (no scrape jobs)."""
         return self.home / TARGET / "prometheus.yml"
@@ -531,6 +547,65 @@ class LocalStack:
         return list(read_mail(self.mail_dir))
 
     # -- the Kubernetes API contract server (kubernetes=True) --------------------------------
+
+    @property
+    def fleet_faults_path(self) -> Path:
+        """The fleet's faults (``promshift.local.stack.fleet``), re-read every second."""
+        return self.home / "fleet-faults.json"
+
+    def set_fleet_faults(self, *, fb_full_gpus: int = 0) -> None:
+        """Inject (or, with 0, clear) the fleet's faults: the first ``fb_full_gpus`` GPUs report a full framebuffer,
+        so gpu-memory's ``GpuMemoryNearlyFull`` fires for them once its ``for:`` has passed."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        tmp = self.fleet_faults_path.with_name(".fleet-faults.json.tmp")
+        tmp.write_text(json.dumps({"fb_full_gpus": int(fb_full_gpus)}) + "\n")
+        os.replace(tmp, self.fleet_faults_path)
+
+    @property
+    def alertmanager_dir(self) -> Path:
+        """The Alertmanager's configuration, storage, port record and the target's file_sd of it."""
+        return self.home / ALERTMANAGER
+
+    @property
+    def alertmanager_config_path(self) -> Path:
+        return self.alertmanager_dir / "alertmanager.yml"
+
+    @property
+    def alertmanager_installed(self) -> bool:
+        binary = self.config.alertmanager_bin
+        return os.path.isfile(binary) and os.access(binary, os.X_OK)
+
+    @property
+    def alertmanager_port(self) -> int:
+        """``alertmanager_port`` when set, else the free port chosen at the first ``up`` (0 before)."""
+        if self.config.alertmanager_port:
+            return self.config.alertmanager_port
+        try:
+            return int((self.alertmanager_dir / "port").read_text().strip())
+        except (OSError, ValueError):
+            return 0
+
+    @property
+    def alertmanager_url(self) -> str:
+        return f"http://127.0.0.1:{self.alertmanager_port}"
+
+    def _prepare_alertmanager(self) -> None:
+        """Its port (chosen once), a configuration while none was written, and the target's file_sd of it."""
+        from promshift.local.stack.alert_definitions import NO_DEFINITION_CONFIG
+
+        self.alertmanager_dir.mkdir(parents=True, exist_ok=True)
+        if not self.alertmanager_port:
+            (self.alertmanager_dir / "port").write_text(f"{find_free_ports(1)[0]}\n")
+        if not self.alertmanager_config_path.exists():
+            self.alertmanager_config_path.write_text(
+                "# The target's Alertmanager; the local AMP control plane rewrites it from the workspace's alert "
+                "manager definition.\n" + yaml.safe_dump(NO_DEFINITION_CONFIG, sort_keys=False), encoding="utf-8")
+        targets = json.dumps([{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]) + "\n"
+        sd = self.alertmanager_dir / "targets.json"
+        if not sd.exists() or sd.read_text() != targets:
+            tmp = sd.with_name(".targets.json.tmp")
+            tmp.write_text(targets)
+            os.replace(tmp, sd)
 
     @property
     def kubernetes_dir(self) -> Path:
@@ -772,7 +847,43 @@ class LocalStack:
             logger.info("created local AMP workspace %s (%s)", workspace, alias)
         amp.get_waiter("workspace_active").wait(workspaceId=workspace, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
         amp.update_workspace_configuration(workspaceId=workspace, retentionPeriodInDays=self.config.retention_days)
+        self._ensure_alert_definition(amp, workspace)
         return workspace
+
+    def _ensure_alert_definition(self, amp: Any, workspace: str) -> None:
+        """The workspace routes its alerts, as a team's workspace that pages someone does: when it has no
+        alert manager definition, one whose every alert goes to an SNS receiver (not reachable from here:
+        the local Alertmanager holds the alerts for it, see ``promshift.local.stack.alert_definitions``)."""
+        try:
+            amp.describe_alert_manager_definition(workspaceId=workspace)
+            return
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+                raise
+        amp.create_alert_manager_definition(workspaceId=workspace, data=self.local_alert_definition())
+        logger.info("created the alert manager definition of local AMP workspace %s", workspace)
+
+    def local_alert_definition(self) -> bytes:
+        """The stack's alert manager definition: every alert to one SNS receiver, as AMP's documentation writes it."""
+        region = self.config.region
+        return (
+            "alertmanager_config: |\n"
+            "  route:\n"
+            f"    receiver: {LOCAL_ONCALL_RECEIVER}\n"
+            "    group_by: [alertname]\n"
+            "  receivers:\n"
+            f"    - name: {LOCAL_ONCALL_RECEIVER}\n"
+            "      sns_configs:\n"
+            f"        - topic_arn: arn:aws:sns:{region}:123456789012:promshift-local-oncall\n"
+            "          sigv4:\n"
+            f"            region: {region}\n"
+        ).encode()
+
+    def _reload_target(self) -> None:
+        try:
+            self._http.post(f"{self.target_url}/-/reload", timeout=30).raise_for_status()
+        except requests.RequestException as exc:
+            logger.warning("reloading the target after adding its alerting section failed: %s", exc)
 
     def data_dir(self, name: str) -> Path:
         """TSDB directory (``--storage.tsdb.path``) of the ``source`` or the ``target`` (or the second cluster's)."""
@@ -801,6 +912,7 @@ class LocalStack:
             str(cfg.fleet_port),
             "--seed",
             str(cfg.seed),
+            f"--faults-file={self.fleet_faults_path}",
         )
         source_data, target_data = self.data_dir(SOURCE), self.data_dir(TARGET)
         source_argv = prometheus_argv(
@@ -819,6 +931,9 @@ class LocalStack:
             "--web.enable-remote-write-receiver",
             "--web.enable-lifecycle",  # moved rules are loaded by a reload (POST /-/reload)
             "--web.enable-admin-api",
+            # firing alerts are re-sent to the Alertmanager every 5 s (default 1 min): one dropped while a reload
+            # re-discovers it (a moved rule's reload) is not missing for a minute
+            "--rules.alert.resend-delay=5s",
             f"--web.route-prefix={cfg.target_prefix}",
             f"--web.external-url={self.target_url}",
             binary=cfg.prometheus_bin,
@@ -864,6 +979,13 @@ class LocalStack:
         components[K8S] = _Component(K8S, cfg.k8s_port, k8s_argv, self.kubernetes_url, self.prometheus_cr_url,
                                      f"promshift.local.stack.k8s_api --state-dir {self.kubernetes_dir}",
                                      "PROMSHIFT_K8S_PORT")
+        am_data = self.alertmanager_dir / "data"
+        am_argv = (cfg.alertmanager_bin, f"--config.file={self.alertmanager_config_path}",
+                   f"--storage.path={am_data}", f"--web.listen-address=127.0.0.1:{self.alertmanager_port}",
+                   "--cluster.listen-address=", f"--web.external-url={self.alertmanager_url}")
+        components[ALERTMANAGER] = _Component(ALERTMANAGER, self.alertmanager_port, am_argv, self.alertmanager_url,
+                                              f"{self.alertmanager_url}/-/ready", f"--storage.path={am_data}",
+                                              "PROMSHIFT_ALERTMANAGER_PORT")
         components.update(self._cluster_b_components())
         return components
 
@@ -904,12 +1026,13 @@ class LocalStack:
             f"--targets-file={self.file_sd_path}", f"--vmagent-bin={cfg.vmagent_bin}",
             f"--target-url={self.target_url}", f"--target-rules-dir={self.amp_rules_dir}",
             f"--promtool={PROMTOOL_BIN}",
-        )
+        ) + ((f"--alertmanager-url={self.alertmanager_url}", f"--alertmanager-config={self.alertmanager_config_path}")
+             if self.alertmanager_installed else ())
         frontdoor_argv = (
             sys.executable, "-m", "promshift.local.stack.frontdoor", state_dir,
             "--port", str(cfg.frontdoor_port), "--target-url", self.target_url, "--region", cfg.region,
             "--workspace-id", workspace_id, f"--credentials-fingerprint={fingerprint}",
-        )
+        ) + ((f"--alertmanager-url={self.alertmanager_url}",) if self.alertmanager_installed else ())
         relay_data = self.home / RELAY
         # Credentials reach vmagent through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN) in its
         # environment, never its argv (`ps` shows argv; vmagent 1.79 reads those variables when the
@@ -946,7 +1069,8 @@ class LocalStack:
         k8s = (K8S,) if self.config.kubernetes or self.pid_path(K8S).exists() else ()
         cluster_b = tuple(name for name in CLUSTER_B_COMPONENTS
                           if self.config.clusters == 2 or self.pid_path(name).exists())
-        return COMPONENTS + amp + k8s + cluster_b
+        am = (ALERTMANAGER,) if self.alertmanager_installed or self.pid_path(ALERTMANAGER).exists() else ()
+        return COMPONENTS + am + amp + k8s + cluster_b
 
     # -- public operations ---------------------------------------------------------------
 
@@ -967,10 +1091,14 @@ class LocalStack:
                 credentials = self.aws_credentials()
                 fingerprint = credentials.fingerprint()
                 self._aws_child_env = self.aws_env()
+            alerting = self.alertmanager_installed
+            if alerting:
+                self._prepare_alertmanager()
             components = self._components(fingerprint=fingerprint)
-            self._write_configs()
+            target_edited = self._write_configs()
             # A plain `up` neither starts nor checks the local AWS (a running one is left alone).
-            names = COMPONENTS + (AMP_COMPONENTS if amp else ()) + ((K8S,) if self.config.kubernetes else ())
+            names = COMPONENTS + ((ALERTMANAGER,) if alerting else ()) + (AMP_COMPONENTS if amp else ()) \
+                + ((K8S,) if self.config.kubernetes else ())
             plans = {name: self._plan(components[name]) for name in names}
             # Check every port before starting anything, so a conflict leaves nothing half-started.
             for name, (action, _pid) in plans.items():
@@ -984,9 +1112,14 @@ class LocalStack:
                 )
             self._apply(components[FLEET], plans[FLEET])
             self._apply(components[MAIL], plans[MAIL])
-            self._wait_healthy([components[FLEET], components[MAIL]], deadline)
+            if alerting:
+                self._apply(components[ALERTMANAGER], plans[ALERTMANAGER])
+            self._wait_healthy([components[FLEET], components[MAIL]]
+                               + ([components[ALERTMANAGER]] if alerting else []), deadline)
             # Written only once the fleet answers, so the source never scrapes nodes it does not serve.
             write_file_sd(self.fleet, self.config.fleet_port, self.file_sd_path)
+            if target_edited and plans[TARGET][0] == "reuse":
+                self._reload_target()
             if not amp:
                 for name in (TARGET, SOURCE):
                     self._apply(components[name], plans[name])
@@ -1083,7 +1216,7 @@ class LocalStack:
             return
         with self._locked():
             self._down(30.0)
-            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA, *CLUSTER_B_COMPONENTS):
+            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA, ALERTMANAGER, *CLUSTER_B_COMPONENTS):
                 shutil.rmtree(self.home / directory, ignore_errors=True)
             for name in ALL_COMPONENTS:
                 self.log_path(name).unlink(missing_ok=True)
@@ -1321,13 +1454,17 @@ class LocalStack:
 
     # -- files ---------------------------------------------------------------------------
 
-    def _write_configs(self) -> None:
+    def _write_configs(self) -> bool:
+        """Write what is missing; True when the target's config was edited (a running target must reload)."""
         cfg = self.config
+        edited_target = False
         source = {
             "global": {
                 "scrape_interval": cfg.scrape_interval,
                 "evaluation_interval": cfg.scrape_interval,
                 "external_labels": dict(EXTERNAL_LABELS),
+                # Every query it answers, for `promshift plan` (docs/plan.md): real usage to read.
+                "query_log_file": str(self.source_query_log_path),
             },
             "rule_files": ["rules/*.yml"],
             "scrape_configs": [
@@ -1356,7 +1493,10 @@ class LocalStack:
             edited = add_rule_file(config, AMP_RULE_FILES)
             if edited != config:
                 write_keeping(self.target_config_path, edited)
+                edited_target = True
             self.amp_rules_dir.mkdir(parents=True, exist_ok=True)
+        if self.alertmanager_installed:
+            edited_target = self._add_alerting() or edited_target
         if not self.source_rules_path.exists():
             self.source_rules_path.parent.mkdir(parents=True, exist_ok=True)
             self.source_rules_path.write_text(SOURCE_RULES, encoding="utf-8")
@@ -1382,6 +1522,22 @@ class LocalStack:
                              {"global": {"evaluation_interval": "1m"}, "scrape_configs": []})
             for name in (SOURCE_B, TARGET_B):
                 self.data_dir(name).mkdir(parents=True, exist_ok=True)
+        return edited_target
+
+    def _add_alerting(self) -> bool:
+        """The target's ``alerting:`` names the Alertmanager (through a file_sd the stack keeps current); added
+        at the end of its config when it has none, every other byte kept. True when added."""
+        from promshift.adapters.deploy import write_keeping
+
+        config = self.target_config_path.read_bytes()
+        loaded = yaml.safe_load(config) or {}
+        if isinstance(loaded, dict) and "alerting" in loaded:
+            return False
+        block = ("# The target's Alertmanager (the local stack's prometheus-alertmanager).\n"
+                 "alerting:\n  alertmanagers:\n    - file_sd_configs:\n"
+                 f"        - files: [{json.dumps(str(self.alertmanager_dir / 'targets.json'))}]\n").encode()
+        write_keeping(self.target_config_path, config + (b"" if config.endswith(b"\n") else b"\n") + block)
+        return True
 
     @staticmethod
     def _write_once(path: Path, header: str, document: dict[str, Any]) -> None:

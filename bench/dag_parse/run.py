@@ -1,0 +1,109 @@
+"""How long Airflow's DAG processor spends on ``dags/promshift_groups.py`` at 200 and 1,000 groups.
+
+    .venv/bin/python bench/dag_parse/run.py [--groups 200 1000]
+
+For each size a catalog like bench/catalog/run.py's is generated, and a fresh Python process (cold: nothing
+imported, as a DAG processor's child parses a file) measures:
+
+- ``import_s``: importing Airflow's SDK and promshift's DAG factory;
+- ``build_s``: running the DAG file once (catalog parse, every DAG and task built);
+- ``cold_s``: the two together, what one parse of the file costs a fresh process;
+- ``warm_s``: running the file again in the same process (modules imported, caches warm);
+- ``dags``: how many DAGs the file made;
+- the baseline beside it, in the same process: building the same number of DAGs of one ``EmptyOperator`` each
+  with Airflow's own SDK (``baseline_build_s``), what Airflow charges for that many DAGs before promshift does
+  anything.
+
+Writes ``bench/results/dag-parse.json`` (``groups``, ``cold_s``, ``warm_s``, ``build_s``: lists in the same order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results" / "dag-parse.json"
+sys.path.insert(0, str(REPO / "bench" / "catalog"))
+
+CHILD = r"""
+import json, runpy, sys, time
+t0 = time.perf_counter()
+import airflow.sdk
+from airflow.providers.standard.operators.empty import EmptyOperator
+import promshift.orchestration.dag_factory
+t1 = time.perf_counter()
+first = runpy.run_path(sys.argv[1])
+t2 = time.perf_counter()
+runpy.run_path(sys.argv[1])
+t3 = time.perf_counter()
+dags = [v for v in first.values() if isinstance(v, airflow.sdk.DAG)]
+n = len(dags)
+t4 = time.perf_counter()
+for i in range(n):
+    with airflow.sdk.DAG(f"baseline_{i}", schedule=None):
+        EmptyOperator(task_id="t")
+t5 = time.perf_counter()
+tasks = sum(len(d.tasks) for d in dags)
+print(json.dumps({"import_s": t1 - t0, "build_s": t2 - t1, "warm_s": t3 - t2, "dags": n, "tasks": tasks,
+                  "baseline_build_s": t5 - t4}))
+"""
+
+
+def measure(groups: int, tmp: Path) -> dict[str, Any]:
+    from run import catalog_text  # bench/catalog/run.py
+
+    catalog = tmp / f"catalog-{groups}.yaml"
+    catalog.write_text(catalog_text(groups))
+    env = {**os.environ, "PROMSHIFT_CATALOG": str(catalog), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW_HOME": str(tmp / "airflow-home")}
+    env.pop("PROMSHIFT_PROFILE", None)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "dags" / "promshift_groups.py")], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{groups} groups: the parse failed: {done.stderr.strip().splitlines()[-1:]}")
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    row = {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+    row["groups"] = groups
+    row["cold_s"] = round(row["import_s"] + row["build_s"], 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--groups", type=int, nargs="+", default=[200, 1000])
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="promshift-dag-parse-") as tmp:
+        rows = [measure(groups, Path(tmp)) for groups in args.groups]
+    print(f"{'groups':>7} {'dags':>6} {'tasks':>7} {'import':>8} {'build':>8} {'cold':>8} {'warm':>8} "
+          f"{'baseline (empty DAGs)':>22}")
+    for r in rows:
+        print(f"{r['groups']:>7,} {r['dags']:>6,} {r['tasks']:>7,} {r['import_s']:>7.2f}s {r['build_s']:>7.2f}s "
+              f"{r['cold_s']:>7.2f}s {r['warm_s']:>7.2f}s {r['baseline_build_s']:>21.2f}s")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "benchmark": "DAG file parse time (cold: a fresh process; warm: the same process again)",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": "bench/dag_parse/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_average_1m": round(os.getloadavg()[0], 2)},
+        "groups": [r["groups"] for r in rows], "cold_s": [r["cold_s"] for r in rows],
+        "warm_s": [r["warm_s"] for r in rows], "build_s": [r["build_s"] for r in rows],
+        "import_s": [r["import_s"] for r in rows], "dags": [r["dags"] for r in rows],
+        "tasks": [r["tasks"] for r in rows], "baseline_build_s": [r["baseline_build_s"] for r in rows],
+        "budget_build_s_at_1000": 1.0,
+    }, indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
