@@ -107,3 +107,44 @@ def test_pages_render_the_tables_and_escape_what_people_typed(audit: AuditStore)
                                     "groups": list(rows(audit).values()),
                                     "waves": [{"wave": 1, "groups": list(rows(audit).values())}]}, base="/promshift")
     assert 'id="pending-approvals"' in overview and "required_actions" in overview
+
+
+def test_the_board_shows_which_cluster_and_workspace_each_group_is_on(tmp_path: Path) -> None:
+    import yaml
+
+    from promshift.core.catalog import parse_catalog
+    from tests.board.history import Recorder
+
+    doc = yaml.safe_load(default_catalog_text())
+    doc["waves"] = {2: {"source": "cluster_b", "target": "amp_b"}}
+    catalog = parse_catalog(yaml.safe_dump(doc, sort_keys=False))
+    store = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
+    thermal = catalog.get("gpu-power-thermal")
+    Recorder(store, thermal, "r1", START).record("validated", {
+        "stage": "planned", "selector": thermal.selector(), "source_series": 8, "source": "http://127.0.0.1:29090",
+        "target": "http://aps/ws-b", "connections": {"source": "cluster_b", "target": "amp_b"},
+        "target_backend": {"kind": "amp", "workspace_id": "ws-b", "region": "us-west-2"}})
+    chain = store.verify()
+    placed = {g.name: evidence.overview_row(g, store.events(group=g.name), evidence.GroupState("planned"), chain)
+              for g in catalog.groups}
+    assert placed["gpu-power-thermal"]["source"] == {"connection": "cluster_b", "url": "http://127.0.0.1:29090"}
+    assert placed["gpu-power-thermal"]["target"] == {"connection": "amp_b", "workspace": "ws-b (us-west-2)"}
+    # Not run yet: the catalog's pair, nothing recorded.
+    assert placed["gpu-utilization"]["source"] == {"connection": "promshift_source", "url": None}
+    assert placed["gpu-utilization"]["target"] == {"connection": "promshift_target", "workspace": None}
+    rows_ = list(placed.values())
+    html = pages.overview_html({"user": "u", "chain": {"ok": True, "events": chain.events, "problems": []},
+                                "waves": [{"wave": w, "groups": [r for r in rows_ if r["wave"] == w]} for w in (1, 2)],
+                                "groups": rows_}, base="/promshift")
+    assert html.count('class="source-conn"') == 4 and ">cluster_b</span>" in html and ">amp_b</span>" in html
+    assert "ws-b (us-west-2)" in html
+    # A run recorded under another pair (the catalog moved the group since) shows no stale workspace.
+    moved = dataclasses.replace(thermal, target="amp_c")
+    row = evidence.overview_row(moved, store.events(group=thermal.name), evidence.GroupState("planned"), chain)
+    assert row["target"] == {"connection": "amp_c", "workspace": None}
+
+
+def default_catalog_text() -> str:
+    from promshift.adapters.settings import default_catalog_path
+
+    return default_catalog_path().read_text()

@@ -5,6 +5,9 @@ Sessions and the scenarios that join them:
 
 - ``spine_session`` (make test, marker ``spine``): happy with 24 h history on gpu-memory, drift on gpu-utilization,
   overlapping (test_demo_e2e.py).
+- ``fleet_session`` (make e2e): the stack's second cluster and target, the fleet catalog (per-group connections),
+  and ``SCENARIO=fleet``'s two waves of three groups (test_fleet_demo_e2e.py); its reports are
+  ``runs["fleet:<group>"]``. It uses every group of its catalog: a scenario joining it brings a group of its own.
 
 Scenarios with an Airflow of their own (``run_demo``, as ``make demo``): the AMP ones. Happy on AMP, k8s-cr and
 lifecycle each need gpu-memory: lifecycle because only gpu-memory has rules on the source; happy and k8s-cr assert
@@ -221,6 +224,26 @@ def spine_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedSe
     left = [pid for pid in proc_pids() if "airflow standalone" in " ".join(proc_cmdline(pid))
             and str(tmp) in proc_environ(pid)]
     assert left == [], "stack down left Airflow running"
+
+
+@pytest.fixture(scope="module")
+def fleet_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedSession]:
+    """``make demo SCENARIO=fleet`` in a shared session: 12 + 6 nodes, two sources, two targets, one Airflow;
+    both waves run before the first test reads them (each group's ``ScenarioRun`` under ``fleet:<group>``)."""
+    from promshift.local.demo_fleet import run_waves, write_fleet_catalog
+
+    tmp = tmp_path_factory.mktemp("fleet")
+    with shared_session(tmp, env={}, nodes=12, clusters=2, catalog=write_fleet_catalog) as shared:
+        try:
+            with captured_output() as printed:
+                outs = run_waves(shared.session, report_root=tmp / "reports")
+            for group, out in outs.items():
+                shared.runs[f"fleet:{group}"] = ScenarioRun(json.loads((out / "report.json").read_text()), out,
+                                                            printed.getvalue(), "", {})
+        except BaseException as exc:  # noqa: BLE001 - every test of the module sees it (SharedSession.run)
+            for group in ("gpu-utilization", "gpu-memory", "gpu-power-thermal"):
+                shared.runs[f"fleet:{group}"] = exc
+        yield shared
 
 
 def proc_pids() -> list[int]:

@@ -169,7 +169,10 @@ def test_a_scraper_deploy_ends_dual_writing_warms_up_without_a_queue_and_rolls_b
     assert rolled["deploy"]["status_history"][-1]["status"] == "DELETED"
     assert run.deployer.snapshot().existed is False
     assert run.audit.stage_of(g.name) == Stage.ROLLED_BACK
-    assert run.kinds() == ["snapshot_taken", "dual_write_deployed", "warmup_started", "rolled_back"]
+    assert run.kinds() == ["snapshot_taken", "quota_reserved", "dual_write_deployed", "warmup_started", "rolled_back"]
+    # The passed pre-flight reserved the group's series on its workspace, for the pre-flights of other groups.
+    reserved = run.event("quota_reserved")
+    assert reserved["workspace_id"] and reserved["group_series"] > 0 and reserved["pending_series"] == 0
     assert run.audit.verify().ok
 
 
@@ -289,7 +292,8 @@ def test_the_dags_deploy_and_rollback_tasks_defer_on_the_scraper_and_record_it(
         evidence = rollback.execute_complete(context, event, **deferred.value.kwargs)
         assert evidence["deploy"]["status_history"][-1]["status"] == "DELETED" and evidence["restored_identical"]
         assert audit.stage_of(g.name) == Stage.ROLLED_BACK
-        assert [e.kind for e in audit.events(group=g.name)] == ["snapshot_taken", "dual_write_deployed", "rolled_back",
+        assert [e.kind for e in audit.events(group=g.name)] == ["snapshot_taken", "quota_reserved",
+                                                               "dual_write_deployed", "rolled_back",
                                                                "notified", "report_published"]
     finally:
         audit.engine.dispose()

@@ -322,7 +322,7 @@ def test_group_entry_must_be_a_mapping() -> None:
         (
             lambda d: d["defaults"].update(rollout={}),
             "defaults: field 'rollout': unknown field (known: approval_timeout, bake, host_label, latency, notify, "
-            "parity, paused_waves, scrape_interval, warmup)",
+            "parity, paused_waves, scrape_interval, source, target, warmup)",
         ),
         (
             lambda d: d["defaults"]["warmup"].update(length="10m"),

@@ -63,6 +63,8 @@ def catalog_text(case: dict[str, Any]) -> str:
         merge(doc["defaults"], expand(case["defaults"]))
     if "profile" in case:
         merge(doc["profiles"]["demo"], expand(case["profile"]))
+    if "top" in case:  # top-level keys (``waves:``)
+        merge(doc, expand(case["top"]))
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=10_000)
 
 

@@ -85,7 +85,22 @@ def test_catalog_check_passes_the_repo_catalog(capsys: pytest.CaptureFixture[str
     code, out, _ = run(["catalog", "check", str(CATALOG), "--profile", "demo"], capsys)
     assert code == 0
     assert out == (f"{CATALOG}: OK (4 groups: gpu-utilization, gpu-memory, gpu-power-thermal, gpu-clocks; "
-                   "every profile validated; profile demo applied)\n")
+                   "every profile validated; profile demo applied)\n"
+                   "  promshift_source -> promshift_target: "
+                   "gpu-utilization, gpu-memory, gpu-power-thermal, gpu-clocks\n"
+                   "  (connections not checked: pass --connections to check that each exists)\n")
+
+
+def test_catalog_check_refuses_a_connection_that_does_not_exist(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["catalog", "check", str(CATALOG), "--connections", "promshift_source,amp_b",
+                        "--connections", "cluster_b"], capsys)
+    assert code == 1
+    assert out.splitlines()[1:] == [
+        "  - catalog (the default of a group, wave and defaults that name none): field 'target': unknown connection "
+        "'promshift_target'; known connections: amp_b, cluster_b, promshift_source"]
+    code, out, _ = run(["catalog", "check", str(CATALOG), "--connections", "promshift_source,promshift_target"],
+                       capsys)
+    assert code == 0 and "connections not checked" not in out
 
 
 def test_catalog_check_prints_every_problem_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

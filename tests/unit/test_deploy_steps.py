@@ -47,7 +47,8 @@ def test_deploy_then_follow_then_evidence_in_the_report_shape(tmp_path: Path) ->
     assert evidence == {"kind": "scraper", "state": "done", "reason": "scraper is ACTIVE", "status_history": [
         {"status": "CREATING", "at": T0.isoformat()},
         {"status": "ACTIVE", "at": (T0 + timedelta(seconds=5)).isoformat()}],
-        "quota": {"group_series": 64, "workspace_series": 100, "limit": 1000.0, "share": 0.164}}
+        "quota": {"group_series": 64, "workspace_series": 100, "pending_series": 0, "pending_groups": [],
+                  "limit": 1000.0, "share": 0.164}}
     back = restore(deployer, store, info, now=T0)
     assert back.state is DeployState.DONE and deployer.live is None
 

@@ -86,6 +86,45 @@ def test_routes_read_back_in_the_old_manifests_shape_and_count_their_writes(url:
     assert store.read_from("gpu-memory") == "source"
 
 
+def test_a_route_keeps_the_groups_source_and_target(url: str) -> None:
+    store = RoutingStore(url)
+    route = store.route("gpu-memory", read_from="target", url="http://amp/ws-b", at=T0, run_id="r1",
+                        pair=("cluster_b", "amp_b"))
+    assert route == {"read_from": "target", "url": "http://amp/ws-b", "since": T0.isoformat(), "run_id": "r1",
+                     "source": "cluster_b", "target": "amp_b"}
+    store.route("gpu-utilization", read_from="target", url="http://amp/ws-a", at=T0, run_id="r2",
+                pair=("cluster_a", "amp_a"))
+    groups = RoutingStore(url).load()["groups"]
+    assert {name: (r["source"], r["target"]) for name, r in groups.items()} == {
+        "gpu-memory": ("cluster_b", "amp_b"), "gpu-utilization": ("cluster_a", "amp_a")}
+    # Back to the source: the pair stays with the route.
+    back = store.route("gpu-memory", read_from="source", url="http://prom-b", at=T0, run_id="r3",
+                       pair=("cluster_b", "amp_b"))
+    assert store.get("gpu-memory") == back and back["source"] == "cluster_b"
+
+
+def test_a_table_from_before_pairs_gains_the_columns_and_keeps_its_rows(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {routing_table.name} (group_name VARCHAR(128) PRIMARY KEY, "
+                          "read_from VARCHAR(16) NOT NULL, url VARCHAR(2048) NOT NULL, run_id VARCHAR(256) NOT NULL, "
+                          "since VARCHAR(40) NOT NULL, updated_at VARCHAR(40) NOT NULL, version INTEGER NOT NULL)"))
+        conn.execute(text(f"INSERT INTO {routing_table.name} VALUES ('gpu-memory', 'target', 'http://amp', 'old', "
+                          f"'{T0.isoformat()}', '{T0.isoformat()}', 1)"))
+    engine.dispose()
+    store = RoutingStore(url)
+    assert {"source_conn", "target_conn"} <= {c["name"] for c in inspect(store.engine).get_columns(
+        routing_table.name)}
+    assert store.get("gpu-memory") == {"read_from": "target", "url": "http://amp", "since": T0.isoformat(),
+                                       "run_id": "old"}
+    store.route("gpu-memory", read_from="source", url="http://prom", at=T0, run_id="new",
+                pair=("promshift_source", "promshift_target"))
+    assert store.get("gpu-memory")["target"] == "promshift_target" and store.version("gpu-memory") == 2
+
+
 def test_the_table_lives_beside_the_audit_events(url: str) -> None:
     audit = AuditStore(url)
     store = RoutingStore(audit.url, engine=audit.engine)

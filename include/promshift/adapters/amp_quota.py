@@ -31,7 +31,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from promshift.adapters.amp import CREDENTIAL_ERRORS
-from promshift.core.quota import DEFAULT_MAX_SHARE, QuotaAssessment, QuotaExceeded, assess_quota
+from promshift.core.quota import (
+    DEFAULT_MAX_SHARE,
+    NOTHING_PENDING,
+    PendingSeries,
+    QuotaAssessment,
+    QuotaExceeded,
+    assess_quota,
+)
 
 log = logging.getLogger(__name__)
 
@@ -160,14 +167,18 @@ class QuotaPreflight:
     max_share: float = DEFAULT_MAX_SHARE
     quota_codes: Mapping[str, str] = field(default_factory=dict)
 
-    def assess(self, *, group_series: int, scrape_interval_s: float, now: datetime) -> tuple[QuotaAssessment,
-                                                                                           dict[str, Any]]:
-        """The assessment and its evidence (quota codes, where each usage number came from)."""
+    def assess(self, *, group_series: int, scrape_interval_s: float, now: datetime,
+               pending: PendingSeries = NOTHING_PENDING) -> tuple[QuotaAssessment, dict[str, Any]]:
+        """The assessment and its evidence (quota codes, where each usage number came from).
+
+        ``pending``: what other groups reserved on this workspace (``core.quota.pending_on_workspace``).
+        """
         series_quota = read_quota(self.quotas, ACTIVE_SERIES, workspace_arn=self.workspace_arn,
                                   code=self.quota_codes.get("active_series"))
         ingestion_quota = read_quota(self.quotas, INGESTION_RATE, workspace_arn=self.workspace_arn,
                                      code=self.quota_codes.get("ingestion_rate"))
-        evidence: dict[str, Any] = {"quotas": [series_quota.to_dict(), ingestion_quota.to_dict()]}
+        evidence: dict[str, Any] = {"quotas": [series_quota.to_dict(), ingestion_quota.to_dict()],
+                                    "workspace_id": self.workspace_id}
         series = workspace_usage(self.cloudwatch, series_quota.usage, self.workspace_id, now) \
             if series_quota.usage else None
         evidence["workspace_series_from"] = "cloudwatch"
@@ -184,12 +195,14 @@ class QuotaPreflight:
         assessment = assess_quota(group_series=group_series, workspace_series=series,
                                   series_limit=series_quota.value, scrape_interval_s=scrape_interval_s,
                                   workspace_ingestion_rate=rate, ingestion_limit=ingestion_quota.value,
-                                  max_share=self.max_share)
+                                  max_share=self.max_share, pending=pending)
         return assessment, evidence
 
-    def require(self, *, group_series: int, scrape_interval_s: float, now: datetime) -> dict[str, Any]:
+    def require(self, *, group_series: int, scrape_interval_s: float, now: datetime,
+                pending: PendingSeries = NOTHING_PENDING) -> dict[str, Any]:
         """The audit's ``deploy.quota`` when the group fits; QuotaExceeded (nothing deployed) when it does not."""
-        assessment, evidence = self.assess(group_series=group_series, scrape_interval_s=scrape_interval_s, now=now)
+        assessment, evidence = self.assess(group_series=group_series, scrape_interval_s=scrape_interval_s, now=now,
+                                           pending=pending)
         if not assessment.ok:
             raise QuotaExceeded(assessment, evidence)
         return {**assessment.to_dict(), **evidence}

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, inspect, make_url, select
+from sqlalchemy import Column, Integer, MetaData, String, Table, inspect, make_url, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -46,7 +46,13 @@ routing_table = Table(
     Column("updated_at", String(40), nullable=False),
     # How many times the row was written: 1 on the first route.
     Column("version", Integer, nullable=False),
+    # The group's (source, target) connection ids when it was routed: with the group, the route's key.
+    # NULL in rows written before per-group connections (they were promshift_source/promshift_target).
+    Column("source_conn", String(256), nullable=True),
+    Column("target_conn", String(256), nullable=True),
 )
+# Columns added after the table's first release: an older table gets them when a store opens it.
+_ADDED_COLUMNS = ("source_conn", "target_conn")
 
 
 def legacy_manifest_path() -> Path:
@@ -59,11 +65,15 @@ class RoutingError(RuntimeError):
 
 
 def _route_of(row: Any) -> dict[str, Any]:
-    return {"read_from": row.read_from, "url": row.url, "since": row.since, "run_id": row.run_id}
+    """The route; ``source``/``target`` (connection ids) only when it was routed with its pair."""
+    route = {"read_from": row.read_from, "url": row.url, "since": row.since, "run_id": row.run_id}
+    if row.source_conn is not None or row.target_conn is not None:
+        route.update(source=row.source_conn, target=row.target_conn)
+    return route
 
 
 class RoutingStore:
-    """group -> {read_from, url, since, run_id}, one row per group in the audit database.
+    """group -> {read_from, url, since, run_id, source, target}, one row per group in the audit database.
 
     The table is created when the store is opened, never afterwards: if it disappears, every
     call raises ``RoutingError`` rather than starting over with no routes.
@@ -88,6 +98,21 @@ class RoutingStore:
             # Another worker created it between the check and the CREATE.
             if not inspect(self.engine).has_table(routing_table.name):
                 raise
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        """A table from before per-group connections gets ``source_conn``/``target_conn`` (NULL in old rows)."""
+        for column in _ADDED_COLUMNS:
+            if column in {c["name"] for c in inspect(self.engine).get_columns(routing_table.name)}:
+                continue
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(text(f"ALTER TABLE {routing_table.name} ADD COLUMN {column} VARCHAR(256)"))
+                log.info("routing table %s gained column %s", self.where, column)
+            except SQLAlchemyError:
+                # Another worker added it first.
+                if column not in {c["name"] for c in inspect(self.engine).get_columns(routing_table.name)}:
+                    raise
 
     def _fail(self, exc: SQLAlchemyError) -> RoutingError:
         return RoutingError(f"routing store {self.where} is unreadable or corrupt: {short_error(exc)}")
@@ -126,18 +151,25 @@ class RoutingStore:
         return int(v or 0)
 
     # -- the one write --------------------------------------------------------------------------
-    def route(self, group: str, *, read_from: str, url: str, at: datetime, run_id: str) -> dict[str, Any]:
-        """Point the group's reads at ``read_from`` in one transaction on its own row; returns the route."""
+    def route(self, group: str, *, read_from: str, url: str, at: datetime, run_id: str,
+              pair: tuple[str, str] | None = None) -> dict[str, Any]:
+        """Point the group's reads at ``read_from`` in one transaction on its own row; returns the route.
+
+        ``pair``: the group's (source, target) connection ids, kept with the route (its key with the group).
+        """
         if read_from not in READ_FROM:
             raise ValueError(f"read_from must be one of {', '.join(READ_FROM)}, got {read_from!r}")
+        source, target = pair if pair is not None else (None, None)
         values = {"group_name": group, "read_from": read_from, "url": url, "run_id": run_id,
-                  "since": at.isoformat(), "updated_at": datetime.now(UTC).isoformat()}
+                  "since": at.isoformat(), "updated_at": datetime.now(UTC).isoformat(),
+                  "source_conn": source, "target_conn": target}
         try:
             with self.engine.begin() as conn:
                 self._upsert(conn, values)
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
-        return {"read_from": read_from, "url": url, "since": values["since"], "run_id": run_id}
+        route = {"read_from": read_from, "url": url, "since": values["since"], "run_id": run_id}
+        return route if pair is None else {**route, "source": source, "target": target}
 
     def _upsert(self, conn: Connection, values: dict[str, Any]) -> None:
         """INSERT ... ON CONFLICT (group_name) DO UPDATE: one atomic statement on the group's row."""

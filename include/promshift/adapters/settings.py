@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -166,11 +166,12 @@ def catalog_dashboard_problem(catalog_dir: str | os.PathLike[str]) -> Callable[[
     return problem
 
 
-def check_catalog_file(path: str | os.PathLike[str] | None = None, *, profile: str | None = None) -> CatalogCheck:
+def check_catalog_file(path: str | os.PathLike[str] | None = None, *, profile: str | None = None,
+                       known_connections: Iterable[str] | None = None) -> CatalogCheck:
     """Read and check the catalog file without raising for bad input: the good groups and every problem.
 
     Metric overlap is checked against DCGM's counter names; golden dashboards must resolve inside
-    the catalog's folder.
+    the catalog's folder; with ``known_connections``, each group's source and target must be one of them.
     """
     catalog_path = Path(path) if path else default_catalog_path()
     try:
@@ -178,7 +179,8 @@ def check_catalog_file(path: str | os.PathLike[str] | None = None, *, profile: s
     except CatalogError as exc:
         return unreadable_catalog(exc.problems[0], profile)
     return check_catalog(text, profile=profile, known_metrics=[c.name for c in metrics(dcgm_counters())],
-                         dashboard_problem=catalog_dashboard_problem(catalog_path.parent))
+                         dashboard_problem=catalog_dashboard_problem(catalog_path.parent),
+                         known_connections=known_connections)
 
 
 def load_catalog(path: str | os.PathLike[str] | None = None, *, profile: str | None = None) -> Catalog:

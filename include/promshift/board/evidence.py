@@ -107,9 +107,25 @@ def _last(reports: Sequence[Mapping[str, Any]], has: str) -> Mapping[str, Any] |
     return None
 
 
+def placement(group: MetricGroup, reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Which cluster (source connection) and workspace (target connection) the group is on: the catalog's pair,
+    with what the last validated run recorded of each (the source URL; the AMP workspace or target URL)."""
+    validated = next((r for r in reversed(reports) if r["validation"].get("ok")), None)
+    source_url = ((validated or {}).get("source") or {}).get("url")
+    target = dict((validated or {}).get("target") or {})
+    workspace = (f"{target['workspace_id']} ({target.get('region')})" if target.get("kind") == "amp"
+                 else target.get("url"))
+    recorded = (validated or {}).get("connections") or {}
+    # A run recorded under another pair (the catalog moved the group since): its URLs are not this pair's.
+    same = not recorded.get("source") or (recorded.get("source"), recorded.get("target")) == group.pair
+    return {"source": {"connection": group.source, "url": source_url if same else None},
+            "target": {"connection": group.target, "workspace": workspace if same else None}}
+
+
 def overview_row(group: MetricGroup, events: Sequence[AuditEvent], state: GroupState, chain: ChainCheck, *,
                  root: str = "") -> dict[str, Any]:
-    """One line of the overview: stage, last verdicts with their time, who approved, what waits for whom."""
+    """One line of the overview: stage, where it moves from and to, last verdicts with their time, who approved,
+    what waits for whom."""
     reports = run_reports(group.name, events, state, chain)
     gated = _last(reports, "gate")
     approved = _last(reports, "approval")
@@ -121,6 +137,7 @@ def overview_row(group: MetricGroup, events: Sequence[AuditEvent], state: GroupS
         "owners": list(group.owners),
         "approvers": list(group.approvers),
         "dag_id": group.dag_id,
+        **placement(group, reports),
         "stage": state.stage,
         "stage_problem": state.problem,
         "runs": len(reports),

@@ -271,7 +271,10 @@ def _catalog_check(args: argparse.Namespace) -> int:
 
     path = Path(args.file) if args.file else default_catalog_path()
     profile = args.profile or default_profile()
-    result = check_catalog_file(path, profile=profile)
+    known = None
+    if args.connections is not None:
+        known = [conn_id.strip() for listed in args.connections for conn_id in listed.split(",") if conn_id.strip()]
+    result = check_catalog_file(path, profile=profile, known_connections=known)
     if not result.readable:
         raise InputError(_unreadable_message(path, result.problems[0]))
     problems = [*result.problems, *_bake_window_problems(result.catalog, path.parent)]
@@ -285,6 +288,13 @@ def _catalog_check(args: argparse.Namespace) -> int:
     names = ", ".join(catalog.names())
     print(f"{path}: OK ({len(catalog.groups)} groups: {names}; every profile validated"
           + (f"; profile {profile} applied" if profile else "") + ")")
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for group in catalog.groups:
+        pairs.setdefault(group.pair, []).append(group.name)
+    for (source, target), groups in pairs.items():
+        print(f"  {source} -> {target}: {', '.join(groups)}")
+    if known is None:
+        print("  (connections not checked: pass --connections to check that each exists)")
     return 0
 
 
@@ -372,6 +382,9 @@ def add_check_commands(subparsers: Any) -> None:
     cat_check = catalog_commands.add_parser("check", help="print every problem of a catalog; exit 1 if any")
     cat_check.add_argument("file", nargs="?", help="catalog file (default: $PROMSHIFT_CATALOG or the repo's)")
     cat_check.add_argument("--profile", default=None, help="also apply this profile (all are validated anyway)")
+    cat_check.add_argument("--connections", action="append", metavar="ID[,ID...]",
+                           help="the Airflow connection ids that exist; a group's source/target naming another "
+                                "is a problem (repeatable)")
     cat_check.set_defaults(handler=_guarded(_catalog_check))
 
     render = subparsers.add_parser("render", help="print the diff a dual-write deploy would make to a source config")

@@ -84,6 +84,7 @@ class EventKind(StrEnum):
     # -- added later (kept at the end: the order of the values above is pinned by a test) ----------
     # An Approve whose shown hash is not the hash of the gate evidence the audit log holds for this run.
     APPROVAL_REFUSED_EVIDENCE_UNVERIFIED = "approval_refused_evidence_unverified"
+    QUOTA_RESERVED = "quota_reserved"  # the pre-flight passed: the group's series count on its workspace from now
 
 
 # The warm-up's end, by the trigger's status (``ready``, ``timeout``, ``error``).

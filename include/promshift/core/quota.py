@@ -10,15 +10,31 @@ source) and, scraped every ``scrape_interval_s``, that many samples per interval
 
 A group is refused when either sum would exceed ``max_share`` of its quota (default 80 %),
 so the workspace keeps headroom for growth and for the churn of a rollout.
+
+Several groups (from several clusters) may move onto one workspace, in one wave, at once. The
+workspace's published usage lags (CloudWatch; a managed collector writes only once it is ACTIVE,
+minutes later), so each pre-flight also counts the groups whose pre-flight on the **same
+workspace** passed within ``RESERVATION_WINDOW_S`` (their ``quota_reserved`` audit events) and
+that have not failed or rolled back since: the sum is per target workspace, not per group. Until
+the window ends a reserved group may be counted twice (reserved, and in the usage once it writes):
+the error is on the refusing side.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from promshift.core.audit import AuditEvent
+from promshift.core.events import EventKind
+
 DEFAULT_MAX_SHARE = 0.8
+# How long a passed pre-flight keeps its series reserved on the workspace for the pre-flights after it.
+RESERVATION_WINDOW_S = 1800.0
+# A reservation ends early when its group's deploy failed or was rolled back after it.
+_RELEASES = (EventKind.DEPLOY_FAILED, EventKind.ROLLED_BACK, EventKind.ROLLBACK_NOT_NEEDED, EventKind.QUOTA_REFUSED)
 
 
 class QuotaExceeded(RuntimeError):
@@ -38,15 +54,17 @@ class QuotaUse:
     current: float
     added: float
     limit: float
+    # What other groups reserved on the workspace and its usage may not show yet.
+    pending: float = 0.0
 
     @property
     def share(self) -> float:
         """Share of the quota used once the group is added (0.85 = 85 %)."""
-        return (self.current + self.added) / self.limit
+        return (self.current + self.pending + self.added) / self.limit
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "current": self.current, "added": self.added, "limit": self.limit,
-                "share": round(self.share, 6)}
+        return {"name": self.name, "current": self.current, "pending": self.pending, "added": self.added,
+                "limit": self.limit, "share": round(self.share, 6)}
 
 
 @dataclass(frozen=True)
@@ -58,12 +76,14 @@ class QuotaAssessment:
     series: QuotaUse
     ingestion: QuotaUse | None
     max_share: float
+    pending_groups: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The audit's ``deploy.quota``: ``{group_series, workspace_series, limit, share, ...}``."""
+        """The audit's ``deploy.quota``: ``{group_series, workspace_series, pending_series, limit, share, ...}``."""
         data: dict[str, Any] = {
             "ok": self.ok, "reason": self.reason, "group_series": int(self.series.added),
-            "workspace_series": int(self.series.current), "limit": self.series.limit,
+            "workspace_series": int(self.series.current), "pending_series": int(self.series.pending),
+            "pending_groups": list(self.pending_groups), "limit": self.series.limit,
             "share": round(self.series.share, 6), "max_share": self.max_share,
         }
         if self.ingestion is not None:
@@ -71,13 +91,53 @@ class QuotaAssessment:
         return data
 
 
+@dataclass(frozen=True)
+class PendingSeries:
+    """What other groups reserved on one workspace: their series (in total) and their names."""
+
+    series: int = 0
+    groups: tuple[str, ...] = ()
+
+
+# Nothing reserved by other groups: the default of the pre-flights.
+NOTHING_PENDING = PendingSeries()
+
+
+def pending_on_workspace(events: Iterable[AuditEvent], *, workspace: str, group: str, now: datetime,
+                         window_s: float = RESERVATION_WINDOW_S) -> PendingSeries:
+    """The series other groups reserved on ``workspace`` (their last ``quota_reserved``) in the ``window_s``
+    before ``now``, unless their deploy failed or rolled back after it. ``events``: the audit log, any order."""
+    latest: dict[str, AuditEvent] = {}
+    released: dict[str, datetime] = {}
+    for event in events:
+        if event.group == group:
+            continue
+        if event.kind == EventKind.QUOTA_RESERVED:
+            data = event.evidence_data or {}
+            if data.get("workspace_id") != workspace:
+                continue
+            if event.group not in latest or event.at >= latest[event.group].at:
+                latest[event.group] = event
+        elif event.kind in _RELEASES:
+            released[event.group] = max(event.at, released.get(event.group, event.at))
+    total, names = 0, []
+    for name, event in sorted(latest.items()):
+        age_s = (now - event.at).total_seconds()
+        if age_s > window_s or (name in released and released[name] >= event.at):
+            continue
+        total += int((event.evidence_data or {}).get("group_series") or 0)
+        names.append(name)
+    return PendingSeries(total, tuple(names))
+
+
 def assess_quota(*, group_series: int, workspace_series: float, series_limit: float, scrape_interval_s: float,
                  workspace_ingestion_rate: float | None = None, ingestion_limit: float | None = None,
-                 max_share: float = DEFAULT_MAX_SHARE) -> QuotaAssessment:
+                 max_share: float = DEFAULT_MAX_SHARE, pending: PendingSeries = NOTHING_PENDING) -> QuotaAssessment:
     """Refuse the group when the workspace would use more than ``max_share`` of either quota.
 
-    Ingestion is checked only when both its current rate and its quota are known. A group
-    with no series is refused too: there is nothing to move, and a check without data never passes.
+    ``pending``: series other groups reserved on the same workspace (``pending_on_workspace``), added
+    to its current use. Ingestion is checked only when both its current rate and its quota are known.
+    A group with no series is refused too: there is nothing to move, and a check without data never passes.
     """
     if not 0 < max_share <= 1:
         raise ValueError(f"max_share must be in (0, 1], got {max_share}")
@@ -87,22 +147,29 @@ def assess_quota(*, group_series: int, workspace_series: float, series_limit: fl
         raise ValueError(f"scrape_interval_s must be > 0, got {scrape_interval_s}")
     if workspace_series < 0 or group_series < 0:
         raise ValueError("series counts cannot be negative")
-    series = QuotaUse("active series", float(workspace_series), float(group_series), float(series_limit))
+    if pending.series < 0:
+        raise ValueError("pending series cannot be negative")
+    series = QuotaUse("active series", float(workspace_series), float(group_series), float(series_limit),
+                      float(pending.series))
     ingestion = None
     if workspace_ingestion_rate is not None and ingestion_limit is not None:
         if ingestion_limit <= 0:
             raise ValueError(f"the ingestion-rate quota must be > 0, got {ingestion_limit}")
         ingestion = QuotaUse("ingestion rate (samples/s)", float(workspace_ingestion_rate),
-                             group_series / scrape_interval_s, float(ingestion_limit))
+                             group_series / scrape_interval_s, float(ingestion_limit),
+                             pending.series / scrape_interval_s)
     if group_series == 0:
         return QuotaAssessment(False, "the group has no active series on the source; nothing to check or move",
-                               series, ingestion, max_share)
+                               series, ingestion, max_share, pending.groups)
     for use in (series, ingestion):
         if use is not None and use.share > max_share:
+            others = (f" + {use.pending:,.0f} reserved by {', '.join(pending.groups)} on this workspace"
+                      if use.pending else "")
             reason = (f"quota pre-flight refused: {use.name} would reach {use.share:.1%} of the workspace quota "
-                      f"({use.current:,.0f} now + {use.added:,.0f} for the group > {max_share:.0%} of "
+                      f"({use.current:,.0f} now{others} + {use.added:,.0f} for the group > {max_share:.0%} of "
                       f"{use.limit:,.0f}); raise the quota or move a smaller group")
-            return QuotaAssessment(False, reason, series, ingestion, max_share)
+            return QuotaAssessment(False, reason, series, ingestion, max_share, pending.groups)
     parts = [f"{use.name} {use.share:.1%}" for use in (series, ingestion) if use is not None]
-    return QuotaAssessment(True, f"quota pre-flight passed: {', '.join(parts)} of quota (limit {max_share:.0%})",
-                           series, ingestion, max_share)
+    also = f", counting {', '.join(pending.groups)} reserved on this workspace" if pending.groups else ""
+    return QuotaAssessment(True, f"quota pre-flight passed: {', '.join(parts)} of quota (limit {max_share:.0%}"
+                                 f"{also})", series, ingestion, max_share, pending.groups)

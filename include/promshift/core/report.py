@@ -270,12 +270,17 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
     warmup: dict[str, Any] = {}
     validation: dict[str, Any] = {"ok": None, "reason": None}
     recorded_target: dict[str, Any] = {}
+    connections: dict[str, Any] = {"source": None, "target": None}
+    source: dict[str, Any] = {}
     moved = _moved_with_group(events)
     for e in events:
         data = e.evidence_data
         if e.kind == EventKind.VALIDATED:
             validation = {"ok": True, "reason": None}
             recorded_target = dict(data.get("target_backend") or {})
+            # The group's (source, target) connections; runs from before per-group connections have none.
+            connections = {**connections, **dict(data.get("connections") or {})}
+            source = {"connection": connections["source"], "url": data.get("source")}
         elif e.kind == EventKind.VALIDATION_FAILED:
             validation = {"ok": False, "reason": data.get("reason")}
         if e.kind in GATE_DECIDED:
@@ -329,6 +334,9 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
         "validation": validation,
         **moved,
         "target": {**recorded_target, **dict(target or {})},
+        # Which cluster (source connection, its URL) and which workspace (target connection) the run moved.
+        "source": source,
+        "connections": connections,
         "source_config": dict(source_config or {}),
         "audit": {"events": len(events), "chain_events": chain.events, "chain_ok": chain.ok,
                   "problems": list(chain.problems)},
@@ -341,6 +349,12 @@ def render_markdown(report: Mapping[str, Any], *, chart_file: str | None = None)
              f"- run: `{report['run_id']}`", f"- final stage: **{report['final_stage']}**", "",
              "## Stages", "", "| stage | at (UTC) |", "|---|---|"]
     lines += [f"| {s['stage']} | {s['at']} |" for s in report["stages"]]
+    connections = report.get("connections") or {}
+    if connections.get("source") or connections.get("target"):
+        source_url = (report.get("source") or {}).get("url")
+        lines += ["", "## Connections", "",
+                  f"source `{connections.get('source')}`" + (f" ({source_url})" if source_url else "")
+                  + f" → target `{connections.get('target')}`"]
     if report.get("target"):
         lines += ["", "## Target", "", target_line(report["target"])]
     validation = report.get("validation") or {}

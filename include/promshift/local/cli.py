@@ -43,6 +43,9 @@ def add_stack_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     up.add_argument("--git", action="store_true",
                     help="also a bare config repository (kube-prometheus-stack values), a reconciler stand-in that "
                          "syncs it onto the source like Argo CD / Flux, and a GitHub API contract server")
+    up.add_argument("--clusters", type=int, choices=(1, 2), default=1,
+                    help="2: also a second cluster (its own fleet of half the nodes and source Prometheus) and a "
+                         "second target, as a second workspace (ports PROMSHIFT_{FLEET,SOURCE,TARGET}_B_PORT or free)")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     up.set_defaults(handler=stack_up)
 
@@ -138,7 +141,8 @@ def stack_up(args: argparse.Namespace) -> int:
     target_kind = getattr(args, "target", None) or "prometheus"
     stack = LocalStack(StackConfig.from_env(nodes=getattr(args, "nodes", None), target_kind=target_kind,
                                             kubernetes=bool(getattr(args, "k8s", False)),
-                                            git=bool(getattr(args, "git", False))))
+                                            git=bool(getattr(args, "git", False)),
+                                            clusters=getattr(args, "clusters", None)))
     try:
         if getattr(args, "fresh", False):
             stack.reset()

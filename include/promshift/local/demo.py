@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -450,16 +451,21 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
                   git: bool = False,
                   history_s: float | None = None, history_groups: tuple[str, ...] = (),
                   history_interval_s: float = 300.0, executor: str = "local",
-                  bad_credentials: bool = False) -> DemoSession:
+                  bad_credentials: bool = False, clusters: int = 1,
+                  catalog: Callable[[Path], Path] | None = None) -> DemoSession:
     """Reset the local state, start the stack and one Airflow (left running: ``DemoSession.down`` stops both).
 
     With ``history_s`` the ``history_groups``' metrics get that much history on both sides first and the
     session's catalog profile is ``demo-history``; else ``demo``. ``kubernetes``: the stack's k8s component
     (``deploy="k8s-cr"`` needs it). ``bad_credentials`` (AMP only): Airflow signs with a secret the local AWS
-    does not accept (scenario ``bad-credentials``)."""
+    does not accept (scenario ``bad-credentials``). ``clusters=2``: the stack's second cluster and target too
+    (``SCENARIO=fleet``); ``catalog``: writes the session's catalog under the given PROMSHIFT_HOME (after the
+    reset) and returns its path, instead of the repository's."""
     started = time.time()
-    config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=kubernetes, git=git)
+    config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=kubernetes, git=git,
+                                  clusters=clusters)
     stack = LocalStack(config)
+    write_catalog = catalog
     profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
     catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
     catalog = load_catalog(catalog_path, profile=profile)
@@ -490,6 +496,9 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
                      shared_store(config.home).name):
         path = config.home / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    if write_catalog is not None:
+        catalog_path = write_catalog(config.home)
+        load_catalog(catalog_path, profile=profile)  # refused here, in one line, rather than in Airflow
     budget_from = started
     if history_s:
         longest = max((w.seconds for g in groups for w in g.latency.windows), default=0.0)
@@ -771,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="promshift-demo", description=__doc__)
     parser.add_argument("--group", default=None,
                         help=f"default {DEFAULT_GROUP} ({LIFECYCLE_GROUP} for {', '.join(LIFECYCLE_SCENARIOS)})")
-    parser.add_argument("--scenario", choices=(*SCENARIOS, "plan"), default="happy",
+    parser.add_argument("--scenario", choices=(*SCENARIOS, "plan", "fleet"), default="happy",
                         help=f"{', '.join(AMP_ONLY_SCENARIOS)}: --target amp only; {', '.join(LIFECYCLE_SCENARIOS)}: "
                              "--target amp --deploy scraper (their defaults)")
     parser.add_argument("--target", choices=TARGET_KINDS, default=None,
@@ -801,6 +810,17 @@ def main(argv: list[str] | None = None) -> int:
         from promshift.local.demo_plan import run_plan_demo
 
         print(run_plan_demo(nodes=args.nodes, report_root=args.report_root))
+        return 0
+    if args.scenario == "fleet":  # two clusters onto two workspaces, three groups in two waves (demo_fleet)
+        if args.group or args.target not in (None, "prometheus") or args.deploy not in (None, REMOTE_WRITE) \
+                or args.history is not None or args.executor != "local":
+            parser.error("--scenario fleet runs its own three groups on the prometheus target, remote_write, "
+                         "the local executor, without history")
+        from promshift.local.demo_fleet import run_fleet_demo
+
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        run_fleet_demo(nodes=args.nodes, airflow_port=args.airflow_port, report_root=args.report_root)
         return 0
     if args.scenario in LIFECYCLE_SCENARIOS:
         try:

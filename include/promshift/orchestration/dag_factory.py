@@ -44,6 +44,7 @@ def _doc(group: MetricGroup) -> str:
         f"# Migrate `{group.name}` to AMP\n\n{group.description}\n\n"
         f"- metrics: {metrics}\n- owners: {', '.join(group.owners)}\n"
         f"- approvers: {', '.join(group.approvers)}\n- wave: {group.wave}\n"
+        f"- source: connection `{group.source}` → target: connection `{group.target}`\n"
         f"- warm-up: {group.warmup.duration_s:g}s (timeout {group.warmup.timeout_s:g}s)\n"
         f"- latency windows: {windows}\n\n"
         "validate → snapshot → deploy dual-write → warm-up (deferred) → parity (plan → mapped shards → "
@@ -105,9 +106,21 @@ def read_from_further_up(consumer: BaseOperator, producer: BaseOperator) -> None
         raise ValueError(f"{consumer.task_id!r} reads {producer.task_id!r}'s output but does not run after it")
 
 
+def group_step_args(group: MetricGroup, *, catalog_path: str | Path, profile: str | None) -> dict[str, Any]:
+    """What every step operator of ``group`` is given: the group, the catalog, and the group's own
+    source and target connections (the catalog's ``source``/``target``: routes are keyed by them)."""
+    return dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile,
+                source_conn_id=group.source, target_conn_id=group.target)
+
+
+def pair_tags(group: MetricGroup) -> list[str]:
+    """DAG tags naming the group's cluster and workspace connections: the UI filters on them."""
+    return [f"source:{group.source}", f"target:{group.target}"]
+
+
 def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None) -> DAG:
     """The DAG of one group. Cheap: no network or database work happens here."""
-    common = dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile)
+    common = group_step_args(group, catalog_path=catalog_path, profile=profile)
     with DAG(
         dag_id=group.dag_id,
         description=f"Migrate metric group {group.name} to AMP",
@@ -117,7 +130,7 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,  # one migration of a group at a time: runs share its remote_write entry
-        tags=["promshift", f"group:{group.name}", f"wave:{group.wave}"],
+        tags=["promshift", f"group:{group.name}", f"wave:{group.wave}", *pair_tags(group)],
         default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)},
     ) as dag:
         validate = ValidateGroupOperator(task_id="validate", **common)
@@ -197,8 +210,8 @@ def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | P
         default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"},
     ) as dag:
         for group in groups:
-            check = BakeCheckOperator(task_id=f"bake_check__{_task_key(group)}", group_name=group.name,
-                                      catalog_path=str(catalog_path), profile=profile)
+            check = BakeCheckOperator(task_id=f"bake_check__{_task_key(group)}",
+                                      **group_step_args(group, catalog_path=catalog_path, profile=profile))
             # The check's output as an XComArg: Airflow makes the check its upstream (its only edge).
             BakedAssetOperator(task_id=f"baked__{_task_key(group)}", checked=check.output,
                                outlets=[baked_asset(group.name)])
@@ -225,7 +238,7 @@ def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, pro
     """``promshift__<group>__decommission`` (prepare -> second approval -> drop at scrape, verified),
     ``promshift__<group>__recommission`` (remove the drop; reads stay on the target) and
     ``promshift__<group>__rollback`` (a cut-over group all the way back). All by hand only."""
-    common = dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile)
+    common = group_step_args(group, catalog_path=catalog_path, profile=profile)
     args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)}
 
     def by_hand(dag_id: str, kind: str, description: str, doc_md: str, reason: str | None = None) -> DAG:
@@ -234,7 +247,8 @@ def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, pro
                   if reason else None)
         return DAG(dag_id=dag_id, description=description, doc_md=doc_md, schedule=None,
                    start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
-                   tags=["promshift", f"group:{group.name}", kind], default_args=args, params=params)
+                   tags=["promshift", f"group:{group.name}", kind, *pair_tags(group)], default_args=args,
+                   params=params)
 
     with by_hand(
         decommission_dag_id(group), "decommission",

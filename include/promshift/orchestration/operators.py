@@ -178,6 +178,14 @@ class _GroupStep:
     def target_hook(self) -> PrometheusHook | AmpHook:
         return backend_hook(self.target_conn_id)
 
+    def check_pair(self) -> None:
+        """The connections this task was built with are the group's in the catalog (its route's key):
+        a DAG parsed before the catalog moved the group would otherwise write to the old pair."""
+        if (self.source_conn_id, self.target_conn_id) != self.group.pair:
+            raise ValueError(f"group {self.group_name!r}: this DAG uses connections {self.source_conn_id!r} -> "
+                             f"{self.target_conn_id!r}, the catalog says {self.group.source!r} -> "
+                             f"{self.group.target!r}; wait for the DAG to be parsed again")
+
     # Whether the step needs the target at all: a rollback restores the source alone, so a target
     # whose control plane refuses us (bad credentials, a deleted workspace) must not block it.
     needs_target = True
@@ -276,10 +284,21 @@ class _GroupStep:
         except (DeployError, ValueError) as exc:
             raise AirflowFailException(str(exc)) from None
 
-        def quota(group_series: int, now: datetime) -> dict[str, Any]:
-            return hook.quota_preflight().require(group_series=group_series, scrape_interval_s=interval_s, now=now)
+        migration = self.migration(context)
 
-        return DeployStep(self.migration(context), deployer, BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
+        def quota(group_series: int, now: datetime) -> dict[str, Any]:
+            """The workspace's quotas against its use, what other groups reserved on it, and this group."""
+            from promshift.core.quota import RESERVATION_WINDOW_S, pending_on_workspace
+
+            preflight = hook.quota_preflight()
+            window_s = float((hook.conn_config.extra_config.get("quota") or {}).get("reservation_window_s")
+                             or RESERVATION_WINDOW_S)
+            pending = pending_on_workspace(migration.audit.events(), workspace=preflight.workspace_id,
+                                           group=self.group.name, now=now, window_s=window_s)
+            return preflight.require(group_series=group_series, scrape_interval_s=interval_s, now=now,
+                                     pending=pending)
+
+        return DeployStep(migration, deployer, BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
                           quota=quota if isinstance(hook, AmpHook) else None)
 
     def _kubernetes_deployer(self) -> Any:
@@ -498,7 +517,8 @@ class ValidateGroupOperator(GroupStepOperator):
 
         try:
             self.run_params(context, strict=True)
-        except RunParamsError as exc:
+            self.check_pair()
+        except (RunParamsError, ValueError) as exc:
             self._record_failure(context, exc)
             raise AirflowFailException(str(exc)) from None
         try:

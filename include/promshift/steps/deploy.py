@@ -56,7 +56,8 @@ def deploy_evidence(result: DeployResult | Mapping[str, Any], quota: Mapping[str
     if deployed.details.get("change"):  # a git deploy: repository, branch, commits, change request (no secret)
         evidence["change"] = dict(deployed.details["change"])
     if quota is not None:
-        evidence["quota"] = {key: quota[key] for key in ("group_series", "workspace_series", "limit", "share")
+        evidence["quota"] = {key: quota[key] for key in ("group_series", "workspace_series", "pending_series",
+                                                         "pending_groups", "workspace_id", "limit", "share")
                              if key in quota}
     return evidence
 
@@ -110,7 +111,13 @@ class DeployStep:
             series = int(m.backends.source.scalar(f"count({m.group.selector()})") or 0)
 
             def quota() -> dict[str, Any]:
-                return check(series, now)
+                evidence = check(series, now)
+                # The series now count on the workspace for the other groups' pre-flights (per workspace).
+                m.record(EventKind.QUOTA_RESERVED, now, {
+                    **{key: evidence[key] for key in ("workspace_id", "group_series", "workspace_series",
+                                                      "pending_series", "pending_groups", "share") if key in evidence},
+                    "connections": {"source": m.group.source, "target": m.group.target}})
+                return evidence
         try:
             return start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota)
         except QuotaExceeded as exc:
@@ -170,7 +177,7 @@ class DeployStep:
             raise DeployStepFailed(f"{self.deploy.kind} restore {event.get('status')}: {event.get('reason')}")
         if m.routing.read_from(m.group.name) != "source":
             m.routing.route(m.group.name, read_from="source", url=m.backends.source.base_url, at=now,
-                            run_id=m.run_id)
+                            run_id=m.run_id, pair=m.group.pair)
         evidence["restored_identical"] = self._live_is(snapshot_info)
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[m.stage()] else None
         m.record(EventKind.ROLLED_BACK, now, evidence, to=to)

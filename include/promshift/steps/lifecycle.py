@@ -80,7 +80,7 @@ def restore_routing(migration: GroupMigration, *, reason: str, now: datetime) ->
     if migration.routing.read_from(group) == "source":
         return {"routing": migration.routing.get(group), "changed": False}
     route = migration.routing.route(group, read_from="source", url=migration.backends.source.base_url, at=now,
-                                    run_id=migration.run_id)
+                                    run_id=migration.run_id, pair=migration.group.pair)
     return {"routing": route, "changed": True}
 
 

@@ -288,7 +288,9 @@ class GroupMigration:
             raise RuntimeError(redact_text("; ".join(problems)))
         series = self.backends.source.scalar(f"count({self.group.selector()})") or 0
         evidence = {"stage": stage.value, "selector": self.group.selector(), "source_series": int(series),
-                    "source": self.backends.source.base_url, "target": self.backends.target.base_url}
+                    "source": self.backends.source.base_url, "target": self.backends.target.base_url,
+                    # The group's (source, target) connections: with the group, the key of its route and quota.
+                    "connections": {"source": self.group.source, "target": self.group.target}}
         if self.backends.target_identity:
             evidence["target_backend"] = dict(self.backends.target_identity)
         if series == 0:
@@ -550,7 +552,7 @@ class GroupMigration:
         if done is not None and self.routing.read_from(self.group.name) == "target":
             return redact(done.evidence_data)
         route = self.routing.route(self.group.name, read_from="target", url=self.backends.target.base_url,
-                                   at=now, run_id=self.run_id)
+                                   at=now, run_id=self.run_id, pair=self.group.pair)
         evidence = {"routing": route, "manifest": self.routing.where}
         self.record(EventKind.CUT_OVER, now, evidence, to=Stage.CUT_OVER)
         return redact(evidence)
@@ -638,7 +640,7 @@ class GroupMigration:
         try:
             if self.routing.read_from(self.group.name) != "source":
                 self.routing.route(self.group.name, read_from="source", url=self.backends.source.base_url,
-                                   at=now, run_id=self.run_id)
+                                   at=now, run_id=self.run_id, pair=self.group.pair)
         except RoutingError as exc:
             routing_error = exc
             evidence["routing_error"] = str(exc)

@@ -30,8 +30,10 @@ from promshift.core.catalog.fields import (
     _DEFAULTS_TOP_FIELDS,
     _GROUP_FIELDS,
     _TOP_LEVEL_KEYS,
+    _WAVE_FIELDS,
     GROUP_NAME_MAX_LENGTH,
     MAX_DURATION_S,
+    _clip,
     _type_name,
     _unknown_field_reason,
 )
@@ -47,6 +49,8 @@ from promshift.core.catalog.layers import (
 from promshift.core.catalog.loader import MAX_ALIAS_NODES, MAX_DEPTH, MAX_SCALAR_CHARS, load_yaml
 from promshift.core.catalog.model import (
     CATALOG_VERSION,
+    DEFAULT_SOURCE_CONN,
+    DEFAULT_TARGET_CONN,
     GROUP_NAME_PATTERN,
     LABEL_NAME_PATTERN,
     METRIC_NAME_PATTERN,
@@ -65,11 +69,13 @@ from promshift.core.catalog.model import (
     WarmupPolicy,
 )
 from promshift.core.catalog.regex import _compile_re2, _re2_error
-from promshift.core.catalog.rules import _check_dependencies, _check_overlaps
+from promshift.core.catalog.rules import _check_dependencies, _check_overlaps, _check_pairings
 
 __all__ = [
     "CATALOG_ERRORS_DAG_ID",
     "CATALOG_VERSION",
+    "DEFAULT_SOURCE_CONN",
+    "DEFAULT_TARGET_CONN",
     "GROUP_NAME_MAX_LENGTH",
     "MAX_ALIAS_NODES",
     "MAX_CATALOG_CHARS",
@@ -142,6 +148,7 @@ def check_catalog(
     profile: str | None = None,
     known_metrics: Iterable[str] = (),
     dashboard_problem: Callable[[str], str | None] | None = None,
+    known_connections: Iterable[str] | None = None,
 ) -> CatalogCheck:
     """Parse and validate catalog YAML; never raise for bad input: report it.
 
@@ -151,6 +158,8 @@ def check_catalog(
     which ``metric_regex`` overlaps are detected. ``dashboard_problem`` (given
     by whoever read the file) says why a golden dashboard path is not
     acceptable where it resolves (outside the catalog's folder), or None.
+    ``known_connections``: the Airflow connection ids that exist (when the caller can list them);
+    a ``source``/``target`` naming another is refused. None: not checked.
     """
     if len(text) > MAX_CATALOG_CHARS:
         return unreadable_catalog(f"catalog: {len(text):,} characters, more than the {MAX_CATALOG_CHARS:,} allowed "
@@ -179,6 +188,7 @@ def check_catalog(
         group_level=False,
         problems=problems,
     )
+    waves = _parse_waves(document.get("waves"), problems)
     profiles = {
         name: _parse_layer(overrides, where=f"profile {name!r}", top_fields={}, group_level=False, problems=problems)
         for name, overrides in _iter_profiles(document.get("profiles"), problems)
@@ -225,13 +235,18 @@ def check_catalog(
 
     groups: dict[int, MetricGroup] = {}
     for draft in drafts:
-        group, issues = _assemble((defaults, draft.layer))
+        wave = waves.get(draft.layer.top.get("wave", 1))
+        base = (defaults, wave.layer) if wave is not None else (defaults,)
+        if wave is not None:
+            for line in wave.problems:  # the wave's problems keep its groups (only) out
+                problems.add(wave.where, None, line, group=draft.index)
+        group, issues = _assemble((*base, draft.layer))
         for path, reason in issues:
             problems.add(draft.where, path, reason, group=draft.index)
         # A profile can break cross-field rules (a short timeout under a long
         # SLO); report only what the profile adds.
         for profile_name, overrides in profiles.items():
-            profiled, profile_issues = _assemble((defaults, draft.layer, overrides))
+            profiled, profile_issues = _assemble((*base, draft.layer, overrides))
             for issue in profile_issues:
                 if issue not in issues:
                     problems.add(f"{draft.where} with profile {profile_name!r}", *issue, group=draft.index)
@@ -239,8 +254,17 @@ def check_catalog(
                 group = profiled
         groups[draft.index] = group
 
+    in_use = {draft.layer.top.get("wave", 1) for draft in drafts}
+    for number, wave in waves.items():
+        if number not in in_use:  # no group to file them under: the catalog's own
+            for line in wave.problems:
+                problems.add(wave.where, None, line)
     _check_dependencies(drafts, problems)
-    _check_overlaps(drafts, frozenset(known_metrics), problems)
+    pairs = {draft.index: groups[draft.index].pair for draft in drafts}
+    duplicates = _check_pairings(drafts, groups, problems)
+    _check_overlaps(drafts, frozenset(known_metrics), problems, pairs=pairs, skip=duplicates)
+    if known_connections is not None:
+        _check_connections(drafts, groups, frozenset(known_connections), problems, defaults=defaults, waves=waves)
     _check_paused_waves(defaults, drafts, problems)
 
     catalog_problems = tuple(dict.fromkeys(line for owner, line in problems.entries if owner is None))
@@ -264,6 +288,65 @@ def _check_paused_waves(defaults: _Layer, drafts: list[_Draft], problems: _Probl
         if drafts and wave not in waves:
             problems.add("defaults", f"paused_waves[{index}]", f"wave {wave} has no group (waves in this catalog: "
                          f"{', '.join(map(str, waves))}): a pause that names no wave holds nothing back")
+
+
+@dataclass(frozen=True)
+class _Wave:
+    """One ``waves:`` entry: the fields its groups inherit, and its problems (filed under those groups)."""
+
+    where: str
+    layer: _Layer
+    problems: tuple[str, ...]
+
+
+def _parse_waves(raw: object, problems: _Problems) -> dict[int, _Wave]:
+    """``waves: {<n>: {source: <conn>, target: <conn>}}``: what every group of wave n inherits over ``defaults``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.add("catalog", "waves",
+                     f"must be a mapping of wave number -> {{source, target}}, got {_type_name(raw)}")
+        return {}
+    waves: dict[int, _Wave] = {}
+    fields = {key: _GROUP_FIELDS[key] for key in _WAVE_FIELDS}
+    for number, entry in raw.items():
+        if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 1_000_000_000:
+            problems.add("catalog", f"waves.{_clip(str(number))}", "wave numbers must be integers >= 1")
+            continue
+        where = f"wave {number}"
+        found = _Problems()
+        if isinstance(entry, dict):
+            for key in entry:
+                if key not in fields:
+                    found.add(where, str(key), _unknown_field_reason(key, fields))
+            entry = {key: value for key, value in entry.items() if key in fields}
+        layer = _parse_layer(entry, where=where, top_fields=fields, group_level=False, problems=found)
+        waves[number] = _Wave(where=where, layer=layer,
+                              problems=tuple(line.removeprefix(f"{where}: ") for line in found.lines))
+    return waves
+
+
+def _check_connections(drafts: list[_Draft], groups: dict[int, MetricGroup], known: frozenset[str],
+                       problems: _Problems, *, defaults: _Layer, waves: dict[int, _Wave]) -> None:
+    """Every group's source and target name a connection that exists; each unknown one is one line, where it is
+    set (the group, its wave or ``defaults``), filed under every group that inherits it."""
+    listing = _clip(", ".join(sorted(known)) or "none", 200)
+    for draft in drafts:
+        group = groups[draft.index]
+        wave = waves.get(draft.layer.top.get("wave", 1))
+        for field_name, conn_id in (("source", group.source), ("target", group.target)):
+            if conn_id in known:
+                continue
+            if field_name in draft.layer.top:
+                where = draft.where
+            elif wave is not None and field_name in wave.layer.top:
+                where = wave.where
+            elif field_name in defaults.top:
+                where = "defaults"
+            else:
+                where = "catalog (the default of a group, wave and defaults that name none)"
+            problems.add(where, field_name, f"unknown connection {conn_id!r}; known connections: {listing}",
+                         group=draft.index)
 
 
 def _check_dashboards(

@@ -11,9 +11,11 @@ from typing import Any, NoReturn
 
 from promshift.core.approvers import team_name_problem
 from promshift.core.catalog.model import (
+    _CONN_ID_RE,
     _GROUP_NAME_RE,
     _LABEL_NAME_RE,
     _METRIC_NAME_RE,
+    CONN_ID_MAX_LENGTH,
     NOTIFY_CHANNELS,
     PARITY_MODES,
     PROBE_ENCODINGS,
@@ -451,6 +453,9 @@ _GROUP_FIELDS: dict[str, _Field] = {
     "scrape_interval": _Field("scrape_interval_s", _duration(positive=True)),
     "host_label": _Field("host_label", _pattern_string(_LABEL_NAME_RE, "label name")),
     "approval_timeout": _Field("approval_timeout_s", _duration(positive=True)),
+    # The Airflow connection ids of the group's source Prometheus and its target (AMP workspace).
+    "source": _Field("source", _pattern_string(_CONN_ID_RE, "connection id", max_length=CONN_ID_MAX_LENGTH)),
+    "target": _Field("target", _pattern_string(_CONN_ID_RE, "connection id", max_length=CONN_ID_MAX_LENGTH)),
 }
 
 _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
@@ -535,13 +540,15 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
 # Golden queries name one group's metrics; a shared list in defaults or a
 # profile would be wrong for every other group.
 _GROUP_ONLY_SECTION_KEYS = frozenset({("latency", "queries")})
-_DEFAULTS_TOP_FIELDS = ("host_label", "approval_timeout", "scrape_interval")
+_DEFAULTS_TOP_FIELDS = ("host_label", "approval_timeout", "scrape_interval", "source", "target")
+# What a ``waves:`` entry may set for every group of its wave (over ``defaults:``, under the group).
+_WAVE_FIELDS = ("source", "target")
 # Fields only ``defaults:`` may set: they concern the whole rollout, not one group.
 _DEFAULTS_ONLY_FIELDS: dict[str, _Field] = {
     # Waves held back: a group in a paused wave does not start (its validate step refuses, audited).
     "paused_waves": _Field("paused_waves", _unique_list(_integer(minimum=1), what="wave", non_empty=False)),
 }
-_TOP_LEVEL_KEYS = ("version", "defaults", "profiles", "groups")
+_TOP_LEVEL_KEYS = ("version", "defaults", "waves", "profiles", "groups")
 
 
 def _unknown_field_reason(key: Any, known: Iterable[str]) -> str:

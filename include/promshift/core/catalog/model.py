@@ -22,6 +22,14 @@ PROBE_ENCODINGS: tuple[str, ...] = ("identity", "gzip")
 NOTIFY_CHANNELS: tuple[str, ...] = ("none", "smtp", "sns")
 
 CATALOG_VERSION = 1
+# The Airflow connections a group reads from and writes to when the catalog names none: one source
+# Prometheus and one target workspace for every group, as before per-group connections.
+DEFAULT_SOURCE_CONN = "promshift_source"
+DEFAULT_TARGET_CONN = "promshift_target"
+# An Airflow connection id (airflow.utils.helpers.validate_key's characters); at most 90 characters so
+# the DAG tags ``source:<id>`` and ``target:<id>`` fit Airflow's 100-character tag limit.
+CONN_ID_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+CONN_ID_MAX_LENGTH = 100 - len("source:") - 3
 GROUP_NAME_PATTERN = r"[a-z][a-z0-9-]*"
 METRIC_NAME_PATTERN = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL_NAME_PATTERN = r"[a-zA-Z_][a-zA-Z0-9_]*"
@@ -29,6 +37,7 @@ LABEL_NAME_PATTERN = r"[a-zA-Z_][a-zA-Z0-9_]*"
 _GROUP_NAME_RE = re.compile(GROUP_NAME_PATTERN)
 _METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
 _LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
+_CONN_ID_RE = re.compile(CONN_ID_PATTERN)
 
 
 # --------------------------------------------------------------------------- models
@@ -215,6 +224,15 @@ class MetricGroup:
     bake: BakePolicy = BakePolicy()
     # Waves the catalog holds back (``defaults.paused_waves``): a group in one does not start.
     paused_waves: tuple[int, ...] = ()
+    # The Airflow connections of the group's source Prometheus (its cluster) and target (its workspace):
+    # from the group, else its wave (``waves:``), else ``defaults:``, else promshift_source/promshift_target.
+    source: str = DEFAULT_SOURCE_CONN
+    target: str = DEFAULT_TARGET_CONN
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        """(source connection id, target connection id): with the group's name, the key of its route."""
+        return (self.source, self.target)
 
     @property
     def wave_paused(self) -> bool:

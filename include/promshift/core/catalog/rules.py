@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import re2
@@ -178,12 +179,45 @@ class _RegexTree:
         return sorted(found)
 
 
-def _check_overlaps(drafts: list[_Draft], known_metrics: frozenset[str], problems: _Problems) -> None:
-    """No metric may be claimed by two groups: it would be cut over twice.
+def _check_pairings(drafts: list[_Draft], groups: dict[int, MetricGroup], problems: _Problems
+                    ) -> set[tuple[int, int]]:
+    """Two groups with the same keep-filter on the same (source, target) are one pairing named twice.
 
-    Regexes cannot be intersected in general, so they are tested against every
-    metric name we know of: the catalog's explicit names plus ``known_metrics``.
+    Returns the (earlier, later) draft indexes of each duplicate, so the overlap check does not
+    list every metric of the pair again: the duplicate is one line.
     """
+    first: dict[tuple[str, str, str, str], _Draft] = {}
+    duplicates: set[tuple[int, int]] = set()
+    for draft in drafts:
+        group = groups.get(draft.index)
+        if group is None or not (group.metrics or group.metric_regex is not None):
+            continue
+        key = (group.source, group.target, "|".join(sorted(group.metrics)), group.metric_regex or "")
+        if key in first and groups[first[key].index].name != group.name:  # a copied group: its name says so
+            earlier = first[key]
+            problems.add(draft.where, "metrics" if group.metrics else "metric_regex",
+                         f"duplicate pairing: {earlier.where} already moves the same metrics from "
+                         f"{group.source!r} to {group.target!r}", group=draft.index)
+            duplicates.add((earlier.index, draft.index))
+        else:
+            first[key] = draft
+    return duplicates
+
+
+def _check_overlaps(drafts: list[_Draft], known_metrics: frozenset[str], problems: _Problems, *,
+                    pairs: dict[int, tuple[str, str]] | None = None,
+                    skip: Collection[tuple[int, int]] = ()) -> None:
+    """No metric may be claimed by two groups on one source or one target: it would be cut over twice.
+
+    ``pairs`` (draft index -> (source, target) connection ids): groups on different sources *and*
+    different targets may claim the same name (each cluster has its own series of it); on one
+    source the keep-filters would dual-write the series twice, and onto one target the metric
+    would be moved twice (both clusters' series mixed in the group's counts). ``skip``: pairs of
+    drafts already reported as a duplicate pairing. Regexes cannot be intersected in general, so
+    they are tested against every metric name we know of: the catalog's explicit names plus
+    ``known_metrics``.
+    """
+    pairs = pairs or {}
     explicit = {metric for draft in drafts for metric in draft.layer.top.get("metrics", ())}
     universe = sorted(explicit | known_metrics)
     claimants: dict[str, list[tuple[int, str]]] = {}
@@ -199,17 +233,36 @@ def _check_overlaps(drafts: list[_Draft], known_metrics: frozenset[str], problem
             position = regex_positions[index]
             if metric not in drafts[position].layer.top.get("metrics", ()):
                 claimants.setdefault(metric, []).append((position, "metric_regex"))
+    def pair(position: int) -> tuple[str, str]:
+        return pairs.get(drafts[position].index, ("", ""))
+
     overlaps: list[tuple[int, str, str, int]] = []
     for metric, claims in claimants.items():
         claims.sort()
-        first_position = claims[0][0]
-        for position, field_name in claims[1:]:
-            overlaps.append((position, metric, field_name, first_position))
+        for at, (position, field_name) in enumerate(claims[1:], start=1):
+            # The first earlier claimant on the same source or the same target.
+            clash = next((earlier for earlier, _ in claims[:at]
+                          if (pair(earlier)[0] == pair(position)[0] or pair(earlier)[1] == pair(position)[1])
+                          and earlier != position), None)
+            if clash is not None and (drafts[clash].index, drafts[position].index) not in skip:
+                overlaps.append((position, metric, field_name, clash))
+    across: dict[tuple[int, int, str], list[str]] = {}  # one line per pair of groups on different pairings
     for position, metric, field_name, first_position in sorted(overlaps):
         first = drafts[first_position]
-        problems.add(
-            drafts[position].where,
-            field_name,
-            f"claims metric {metric!r}, which {first.where} also claims",
-            group=drafts[position].index,
-        )
+        if pair(position) == pair(first_position):
+            problems.add(drafts[position].where, field_name, f"claims metric {metric!r}, which {first.where} also "
+                         "claims", group=drafts[position].index)
+        else:
+            across.setdefault((position, first_position, field_name), []).append(metric)
+    for (position, first_position, field_name), metrics in across.items():
+        first = drafts[first_position]
+        (source, target), (first_source, first_target) = pair(position), pair(first_position)
+        shown = ", ".join(repr(m) for m in metrics[:3]) + (f" (+{len(metrics) - 3} more)" if len(metrics) > 3 else "")
+        what = f"claims metric{'s' if len(metrics) > 1 else ''} {shown}"
+        if target == first_target:
+            reason = (f"{what}, which {first.where} also moves to {target!r} (from {first_source!r}): "
+                      "a metric moved twice to one target")
+        else:
+            reason = (f"{what}, which {first.where} also claims on source {source!r} (to {first_target!r}): "
+                      "its series would be dual-written to two targets")
+        problems.add(drafts[position].where, field_name, reason, group=drafts[position].index)

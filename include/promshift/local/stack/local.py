@@ -121,8 +121,15 @@ K8S = "k8s"
 K8S_NAMESPACE, K8S_NAME = "monitoring", "k8s"
 # The config repository, its sync stand-in and the GitHub API contract server (``git=True``), after the source.
 GIT = "git"
+# A second cluster (``clusters=2``, ``make demo SCENARIO=fleet``): its own fleet, its own source Prometheus
+# scraping it, and a second target standing in for a second workspace. Ports: PROMSHIFT_FLEET_B_PORT,
+# PROMSHIFT_SOURCE_B_PORT, PROMSHIFT_TARGET_B_PORT, else free ones chosen at `up` (recorded in stack.json).
+FLEET_B, SOURCE_B, TARGET_B = "fleet-b", "source-b", "target-b"
+CLUSTER_B_COMPONENTS = (FLEET_B, TARGET_B, SOURCE_B)
+CLUSTER_B_PREFIX = "/workspaces/ws-local-b"
+EXTERNAL_LABELS_B = {"cluster": "local-gpu-fleet-b", "prometheus_replica": "source-b-0"}
 # Every component ``down`` and ``reset`` look after, whichever started them.
-ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S, ALERTMANAGER, GIT)
+ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S, ALERTMANAGER, GIT) + CLUSTER_B_COMPONENTS
 TARGET_KINDS = ("prometheus", "amp")
 AMP_WORKSPACE_ALIAS = "promshift-local"
 # What stack.json records about the local AWS (never a secret; the fingerprint is a digest).
@@ -192,6 +199,11 @@ class StackConfig:
     # The target Prometheus keeps its default 15 days; the workspace says so.
     retention_days: int = 15
     vmagent_bin: str = VMAGENT_BIN
+    # 2: a second cluster (fleet, source) and a second target (see CLUSTER_B_COMPONENTS); 0 ports: free ones.
+    clusters: int = 1
+    fleet_b_port: int = 0
+    source_b_port: int = 0
+    target_b_port: int = 0
 
     def __post_init__(self) -> None:
         # Prometheus runs with cwd=home but reads absolute paths from its config: resolve once here.
@@ -200,6 +212,11 @@ class StackConfig:
         object.__setattr__(self, "target_prefix", prefix)
         if self.nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {self.nodes}")
+        if self.clusters not in (1, 2):
+            raise ValueError(f"clusters must be 1 or 2, got {self.clusters}")
+        if self.clusters == 2 and self.target_kind != "prometheus":
+            raise ValueError("a second cluster runs with the prometheus target only (its second target is a "
+                             "second Prometheus, not a second AMP workspace)")
         if self.target_kind not in TARGET_KINDS:
             raise ValueError(f"target kind must be one of {', '.join(TARGET_KINDS)}, got {self.target_kind!r}")
         ports = (self.fleet_port, self.source_port, self.target_port)
@@ -235,6 +252,9 @@ class StackConfig:
             "k8s_port": _env_int("PROMSHIFT_K8S_PORT", cls.k8s_port),
             "alertmanager_port": _env_int("PROMSHIFT_ALERTMANAGER_PORT", cls.alertmanager_port),
             "github_port": _env_int("PROMSHIFT_GITHUB_PORT", cls.github_port),
+            "fleet_b_port": _env_int("PROMSHIFT_FLEET_B_PORT", cls.fleet_b_port),
+            "source_b_port": _env_int("PROMSHIFT_SOURCE_B_PORT", cls.source_b_port),
+            "target_b_port": _env_int("PROMSHIFT_TARGET_B_PORT", cls.target_b_port),
             "region": os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
@@ -393,6 +413,8 @@ class LocalStack:
         self._log_offsets: dict[str, int] = {}
         # AWS_* variables given to the local AWS's processes (set by up() for target_kind="amp").
         self._aws_child_env: dict[str, str] = {}
+        # The second cluster's free ports, chosen by up() when no PROMSHIFT_*_B_PORT names them.
+        self._cluster_b_chosen: dict[str, int] = {}
 
     # -- addresses and paths -------------------------------------------------------------
 
@@ -465,6 +487,42 @@ class LocalStack:
     def state_path(self) -> Path:
         """JSON record of what the stack last started."""
         return self.home / "stack.json"
+
+    # -- the second cluster (clusters=2) ----------------------------------------------------------
+
+    def cluster_b_ports(self) -> dict[str, int]:
+        """The second cluster's ports: PROMSHIFT_*_B_PORT, else the free ones `up` chose (stack.json); 0 unknown."""
+        cfg = self.config
+        recorded = self._read_state().get("cluster_b", {}).get("ports", {})
+        given = {FLEET_B: cfg.fleet_b_port, SOURCE_B: cfg.source_b_port, TARGET_B: cfg.target_b_port}
+        return {name: port or self._cluster_b_chosen.get(name) or int(recorded.get(name) or 0)
+                for name, port in given.items()}
+
+    @property
+    def fleet_b(self) -> FleetSpec:
+        """The second cluster's fleet: half the nodes (at least one), another seed."""
+        return FleetSpec(nodes=max(1, self.config.nodes // 2), seed=self.config.seed + 1)
+
+    @property
+    def source_b_url(self) -> str:
+        return f"http://127.0.0.1:{self.cluster_b_ports()[SOURCE_B]}"
+
+    @property
+    def target_b_url(self) -> str:
+        """The second workspace's stand-in, its API under a workspace-like prefix as the first one's."""
+        return f"http://127.0.0.1:{self.cluster_b_ports()[TARGET_B]}{CLUSTER_B_PREFIX}"
+
+    @property
+    def target_b_remote_write_url(self) -> str:
+        return f"{self.target_b_url}/api/v1/write"
+
+    @property
+    def source_b_config_path(self) -> Path:
+        return self.home / SOURCE_B / "prometheus.yml"
+
+    @property
+    def file_sd_b_path(self) -> Path:
+        return self.home / SOURCE_B / "targets" / f"{SCRAPE_JOB}.json"
 
     # -- the SMTP sink ----------------------------------------------------------------------
 
@@ -874,8 +932,8 @@ class LocalStack:
             logger.warning("reloading the target after adding its alerting section failed: %s", exc)
 
     def data_dir(self, name: str) -> Path:
-        """TSDB directory (``--storage.tsdb.path``) of the ``source`` or the ``target``."""
-        if name not in (SOURCE, TARGET):
+        """TSDB directory (``--storage.tsdb.path``) of the ``source`` or the ``target`` (or the second cluster's)."""
+        if name not in (SOURCE, TARGET, SOURCE_B, TARGET_B):
             raise ValueError(f"only the source and the target have a TSDB, not {name!r}")
         return self.home / name / "data"
 
@@ -980,7 +1038,34 @@ class LocalStack:
         components[GIT] = _Component(GIT, cfg.github_port, git_argv, self.github_url, self.github_url,
                                      f"promshift.local.stack.reconciler --state-dir {self.git_dir}",
                                      "PROMSHIFT_GITHUB_PORT")
+        components.update(self._cluster_b_components())
         return components
+
+    def _cluster_b_components(self) -> dict[str, _Component]:
+        ports, cfg = self.cluster_b_ports(), self.config
+        fleet_b_url = f"http://127.0.0.1:{ports[FLEET_B]}"
+        fleet_argv = (sys.executable, "-m", "promshift.local.stack.fleet", "--nodes", str(self.fleet_b.nodes),
+                      "--port", str(ports[FLEET_B]), "--seed", str(self.fleet_b.seed))
+        source_data, target_data = self.data_dir(SOURCE_B), self.data_dir(TARGET_B)
+        source_argv = prometheus_argv(self.source_b_config_path, source_data, ports[SOURCE_B], "--web.enable-lifecycle",
+                                      f"--storage.tsdb.retention.time={SOURCE_RETENTION}", binary=cfg.prometheus_bin)
+        target_argv = prometheus_argv(self.home / TARGET_B / "prometheus.yml", target_data, ports[TARGET_B],
+                                      "--web.enable-remote-write-receiver", "--web.enable-lifecycle",
+                                      f"--web.route-prefix={CLUSTER_B_PREFIX}",
+                                      f"--web.external-url={self.target_b_url}", binary=cfg.prometheus_bin)
+        # The fleet's marker is the module's, as the first fleet's: not its size (`stack down` knows no NODES) nor its
+        # port (a free one an earlier `up` chose is not the environment's); its own pid file tells the two apart.
+        return {
+            FLEET_B: _Component(FLEET_B, ports[FLEET_B], fleet_argv, fleet_b_url, f"{fleet_b_url}/healthz",
+                                "promshift.local.stack.fleet",
+                                "PROMSHIFT_FLEET_B_PORT"),
+            TARGET_B: _Component(TARGET_B, ports[TARGET_B], target_argv, self.target_b_url,
+                                 f"{self.target_b_url}/-/ready", f"--storage.tsdb.path={target_data}",
+                                 "PROMSHIFT_TARGET_B_PORT"),
+            SOURCE_B: _Component(SOURCE_B, ports[SOURCE_B], source_argv, self.source_b_url,
+                                 f"{self.source_b_url}/-/ready", f"--storage.tsdb.path={source_data}",
+                                 "PROMSHIFT_SOURCE_B_PORT"),
+        }
 
     def _amp_components(self, workspace_id: str, fingerprint: str) -> dict[str, _Component]:
         cfg = self.config
@@ -1034,9 +1119,11 @@ class LocalStack:
             if self.config.target_kind == "amp" or self.pid_path(name).exists()
         )
         k8s = (K8S,) if self.config.kubernetes or self.pid_path(K8S).exists() else ()
+        cluster_b = tuple(name for name in CLUSTER_B_COMPONENTS
+                          if self.config.clusters == 2 or self.pid_path(name).exists())
         am = (ALERTMANAGER,) if self.alertmanager_installed or self.pid_path(ALERTMANAGER).exists() else ()
         git = (GIT,) if self.config.git or self.pid_path(GIT).exists() else ()
-        return COMPONENTS + am + amp + k8s + git
+        return COMPONENTS + am + amp + k8s + git + cluster_b
 
     # -- public operations ---------------------------------------------------------------
 
@@ -1092,6 +1179,8 @@ class LocalStack:
                 self._wait_healthy([components[TARGET], components[SOURCE]], deadline)
                 self._start_kubernetes(components, plans, deadline)
                 self._start_git(components, plans, deadline)
+                if self.config.clusters == 2:
+                    components = self._start_cluster_b(deadline)
                 self._write_state(components)
             else:
                 for name in (TARGET, MOTO):
@@ -1121,7 +1210,22 @@ class LocalStack:
                 self._start_git(components, plans, deadline)
                 self._write_state(components, workspace_id=workspace_id, fingerprint=fingerprint)
             self._wait_scraped(deadline)
+            if self.config.clusters == 2:
+                self._wait_scraped(deadline, url=self.source_b_url, expected=self.fleet_b.nodes)
         return self.status()
+
+    def _start_cluster_b(self, deadline: float) -> dict[str, _Component]:
+        """The second cluster's fleet, target and source (in that order), on their ports or free ones."""
+        missing = [name for name, port in self.cluster_b_ports().items() if port == 0]
+        self._cluster_b_chosen.update(zip(missing, find_free_ports(len(missing)), strict=True))
+        components = self._components()
+        self._apply(components[FLEET_B], self._plan(components[FLEET_B]))
+        self._wait_healthy([components[FLEET_B]], deadline)
+        write_file_sd(self.fleet_b, components[FLEET_B].port, self.file_sd_b_path)
+        for name in (TARGET_B, SOURCE_B):
+            self._apply(components[name], self._plan(components[name]))
+        self._wait_healthy([components[TARGET_B], components[SOURCE_B]], deadline)
+        return components
 
     def _start_kubernetes(self, components: dict[str, _Component], plans: dict[str, tuple[str, int | None]],
                           deadline: float) -> None:
@@ -1178,7 +1282,7 @@ class LocalStack:
             return
         with self._locked():
             self._down(30.0)
-            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA, ALERTMANAGER, GIT):
+            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA, ALERTMANAGER, GIT, *CLUSTER_B_COMPONENTS):
                 shutil.rmtree(self.home / directory, ignore_errors=True)
             for name in ALL_COMPONENTS:
                 self.log_path(name).unlink(missing_ok=True)
@@ -1356,10 +1460,10 @@ class LocalStack:
                 raise StackError(f"not healthy before the deadline: {', '.join(pending)}\n{tails}")
             time.sleep(0.2)
 
-    def _scraped_targets(self) -> int:
+    def _scraped_targets(self, url: str | None = None) -> int:
         query = f'count(up{{job="{SCRAPE_JOB}"}} == 1)'
         try:
-            response = self._http.get(f"{self.source_url}/api/v1/query", params={"query": query}, timeout=5)
+            response = self._http.get(f"{url or self.source_url}/api/v1/query", params={"query": query}, timeout=5)
             response.raise_for_status()
             result = response.json()["data"]["result"]
         except (requests.RequestException, ValueError, KeyError) as exc:
@@ -1367,11 +1471,11 @@ class LocalStack:
             return 0
         return int(float(result[0]["value"][1])) if result else 0
 
-    def _wait_scraped(self, deadline: float) -> None:
-        expected = self.config.nodes
+    def _wait_scraped(self, deadline: float, *, url: str | None = None, expected: int | None = None) -> None:
+        expected = self.config.nodes if expected is None else expected
         last, logged_at = -1, 0.0
         while True:
-            scraped = self._scraped_targets()
+            scraped = self._scraped_targets(url)
             # At most one progress line every 2 s: a 2,000-node fleet fills in over a whole interval.
             if scraped != last and (scraped == expected or time.monotonic() - logged_at >= 2.0):
                 logger.info("source sees %s/%s fleet targets up", scraped, expected)
@@ -1381,7 +1485,7 @@ class LocalStack:
             if time.monotonic() > deadline:
                 raise StackError(
                     f"the source scraped {scraped} of {expected} fleet targets before the deadline; "
-                    f"see {self.source_url}/targets and {self.log_path(FLEET)}"
+                    f"see {url or self.source_url}/targets and {self.log_path(FLEET)}"
                 )
             time.sleep(0.5)
 
@@ -1478,6 +1582,20 @@ class LocalStack:
             shutil.copyfile(dashboard, self.dashboards_dir / dashboard.name)
         for name in (SOURCE, TARGET):
             self.data_dir(name).mkdir(parents=True, exist_ok=True)
+        if cfg.clusters == 2:
+            self._write_once(self.source_b_config_path,
+                             "# The second cluster's source Prometheus (clusters=2). Written once; deployers add "
+                             "remote_write.\n",
+                             {"global": {"scrape_interval": cfg.scrape_interval,
+                                         "evaluation_interval": cfg.scrape_interval,
+                                         "external_labels": dict(EXTERNAL_LABELS_B)},
+                              "scrape_configs": [{"job_name": SCRAPE_JOB,
+                                                  "file_sd_configs": [{"files": [str(self.file_sd_b_path)]}]}]})
+            self._write_once(self.home / TARGET_B / "prometheus.yml",
+                             "# Stand-in for the second workspace: receives remote write, scrapes nothing.\n",
+                             {"global": {"evaluation_interval": "1m"}, "scrape_configs": []})
+            for name in (SOURCE_B, TARGET_B):
+                self.data_dir(name).mkdir(parents=True, exist_ok=True)
         return edited_target
 
     def _add_alerting(self) -> bool:
@@ -1528,6 +1646,12 @@ class LocalStack:
             },
             "target_kind": cfg.target_kind,
         }
+        if cfg.clusters == 2:
+            state["cluster_b"] = {
+                "ports": self.cluster_b_ports(),
+                "source": {"url": self.source_b_url, "config": str(self.source_b_config_path)},
+                "target": {"url": self.target_b_url, "remote_write_url": self.target_b_remote_write_url},
+                "fleet": {"nodes": self.fleet_b.nodes, "seed": self.fleet_b.seed}}
         previous = self._read_state()
         if workspace_id is None and previous.get("workspace_id"):
             # A plain `up` leaves a running local AWS alone: keep its record and its components'.
