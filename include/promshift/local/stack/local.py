@@ -1282,7 +1282,8 @@ class LocalStack:
             return
         with self._locked():
             self._down(30.0)
-            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA, ALERTMANAGER, GIT, *CLUSTER_B_COMPONENTS):
+            for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA, ALERTMANAGER, GIT,
+                              *CLUSTER_B_COMPONENTS):
                 shutil.rmtree(self.home / directory, ignore_errors=True)
             for name in ALL_COMPONENTS:
                 self.log_path(name).unlink(missing_ok=True)
