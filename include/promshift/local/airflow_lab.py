@@ -397,9 +397,10 @@ class LocalAirflow:
         """Let the scheduler run the DAG on its schedule (the demo creates every DAG paused)."""
         self.api(user, "PATCH", f"/dags/{dag_id}", json={"is_paused": False})
 
-    def trigger(self, dag_id: str, *, user: str = TRIGGER_USER) -> str:
+    def trigger(self, dag_id: str, *, user: str = TRIGGER_USER, conf: dict[str, Any] | None = None) -> str:
+        """``conf``: the trigger form's values (e.g. ``{"group": ...}`` for a by-hand DAG of every group)."""
         self.unpause(dag_id, user=user)
-        run = self.api(user, "POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
+        run = self.api(user, "POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}})
         log.info("triggered %s run %s as %s", dag_id, run["dag_run_id"], user)
         return str(run["dag_run_id"])
 

@@ -51,8 +51,8 @@ def _doc(group: MetricGroup) -> str:
         "rollback (restores the snapshot byte for byte).\n\n"
         f"Starts {starts}by hand. The form: `dry_run` (read only: nothing deployed, cut over or rolled back; "
         "the stage never moves), `change_ticket`, `warmup_override` (e.g. `10m`), `reason`. Then "
-        f"`promshift__bake_watch` bakes it, and `{group.dag_id}__decommission` (a second approval) retires it "
-        "on the source."
+        f"`promshift__bake_watch` bakes it, and `promshift__decommission` (a second approval; choose "
+        f"`{group.name}` in its form) retires it on the source."
     )
 
 
@@ -208,66 +208,73 @@ def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | P
 # --------------------------------------------------------------------------- decommission (second approval)
 
 
-def decommission_dag_id(group: MetricGroup) -> str:
-    return f"{group.dag_id}__decommission"
+# One DAG per action for every group: the group is chosen in the trigger form (a DAG per group and action made a
+# 1,000-group catalog 4,001 DAGs). The operators read it from ``params.group`` and check it against the catalog.
+DECOMMISSION_DAG_ID = "promshift__decommission"
+RECOMMISSION_DAG_ID = "promshift__recommission"
+FULL_ROLLBACK_DAG_ID = "promshift__rollback"
 
 
-def recommission_dag_id(group: MetricGroup) -> str:
-    return f"{group.dag_id}__recommission"
+def group_param(groups: Sequence[MetricGroup]) -> Param:
+    """The form's ``group`` field: one of the catalog's groups (Airflow refuses any other at trigger time; the
+    first task checks it again against the catalog as it is when the run starts)."""
+    return Param(type="string", enum=[g.name for g in groups], title="Metric group",
+                 description="The catalog group this run acts on.")
 
 
-def rollback_dag_id(group: MetricGroup) -> str:
-    return f"{group.dag_id}__rollback"
-
-
-def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None
-                            ) -> tuple[DAG, DAG, DAG]:
-    """``promshift__<group>__decommission`` (prepare -> second approval -> drop at scrape, verified),
-    ``promshift__<group>__recommission`` (remove the drop; reads stay on the target) and
-    ``promshift__<group>__rollback`` (a cut-over group all the way back). All by hand only."""
-    common = dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile)
-    args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)}
+def build_by_hand_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Path, profile: str | None = None
+                       ) -> tuple[DAG, DAG, DAG]:
+    """``promshift__decommission`` (prepare -> second approval -> drop at scrape, verified),
+    ``promshift__recommission`` (remove the drop; reads stay on the target) and ``promshift__rollback`` (a
+    cut-over group all the way back). By hand only; the group is the trigger form's ``group``."""
+    common = dict(group_name=None, catalog_path=str(catalog_path), profile=profile)
+    args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"}
+    listed = ", ".join(f"`{g.name}`" for g in groups[:20]) + (f" ... ({len(groups):,} in all)" if len(groups) > 20
+                                                              else "")
 
     def by_hand(dag_id: str, kind: str, description: str, doc_md: str, reason: str | None = None) -> DAG:
-        """A DAG of this group that only a person starts; ``reason``: the form's Reason field's description."""
-        params = ({"reason": Param("", type="string", maxLength=1000, title="Reason", description=reason)}
-                  if reason else None)
-        return DAG(dag_id=dag_id, description=description, doc_md=doc_md, schedule=None,
-                   start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
-                   tags=["promshift", f"group:{group.name}", kind], default_args=args, params=params)
+        """A DAG that only a person starts, for the group chosen in its form; ``reason``: the form's Reason
+        field's description."""
+        params: dict[str, Param] = {"group": group_param(groups)}
+        if reason:
+            params["reason"] = Param("", type="string", maxLength=1000, title="Reason", description=reason)
+        return DAG(dag_id=dag_id, description=description, doc_md=f"{doc_md}\n\nGroups: {listed}.",
+                   schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+                   # One run at a time, as the DAG per group had: two runs of one group must not race. A
+                   # decommission waiting for its approval holds the next one back.
+                   max_active_runs=1, tags=["promshift", kind], default_args=args, params=params)
 
     with by_hand(
-        decommission_dag_id(group), "decommission",
-        f"Decommission metric group {group.name} on the source (after its bake)",
-        (f"# Decommission `{group.name}` on the source\n\nAfter a clean bake (`baked`), a second approval "
-                "(the bake evidence and what the drop frees), then a `metric_relabel_configs` drop of the group in "
-                "each scrape job that carries it: snapshot, promtool check, reload, verified live; undone at once "
-                "if the target stops receiving the group. Refused on the remote_write path (the source is then the "
-                "target's only writer). Undo with the `__recommission` DAG."),
+        DECOMMISSION_DAG_ID, "decommission", "Decommission a metric group on the source (after its bake)",
+        ("# Decommission a group on the source\n\nChoose the group in the form. After a clean bake (`baked`), a "
+         "second approval (the bake evidence and what the drop frees; the group's own approvers and "
+         "`approval_timeout`), then a `metric_relabel_configs` drop of the group in each scrape job that carries "
+         "it: snapshot, promtool check, reload, verified live; undone at once if the target stops receiving the "
+         "group. Refused on the remote_write path (the source is then the target's only writer). Undo with "
+         f"`{RECOMMISSION_DAG_ID}`."),
     ) as decommission:
         prepare = DecommissionPrepareOperator(task_id="prepare", retries=0, **common)
+        longest = max((g.approval_timeout_s for g in groups), default=3600.0)
         approval = DecommissionApprovalOperator(
-            task_id="approval", prepared=prepare.output, approvers=list(group.approvers),
-            response_timeout=timedelta(seconds=group.approval_timeout_s), retries=1,
-            retry_delay=timedelta(seconds=5), **common)
+            task_id="approval", prepared=prepare.output, approvers=None,
+            # Replaced by the chosen group's approval_timeout when the question is asked.
+            response_timeout=timedelta(seconds=longest), retries=1, retry_delay=timedelta(seconds=5), **common)
         decommission_step = DecommissionOperator(task_id="decommission", approval=approval.output, **common)
         prepare >> approval >> decommission_step
     with by_hand(
-        recommission_dag_id(group), "recommission",
-        f"Undo the decommission of metric group {group.name} (the source scrapes it again)",
-        (f"# Recommission `{group.name}`\n\nRemoves the decommission's drop: the source scrapes and stores "
-                "the group again; reads stay on the target. The source never stored the group while it was "
-                "decommissioned (the gap is recorded); the target holds that history."),
+        RECOMMISSION_DAG_ID, "recommission", "Undo the decommission of a metric group (the source scrapes it again)",
+        ("# Recommission a group\n\nChoose the group in the form. Removes the decommission's drop: the source "
+         "scrapes and stores the group again; reads stay on the target. The source never stored the group while "
+         "it was decommissioned (the gap is recorded); the target holds that history."),
         reason="Why the decommission is undone (kept in the audit).",
     ) as recommission:
         RecommissionOperator(task_id="recommission", **common)
     with by_hand(
-        rollback_dag_id(group), "rollback",
-        f"Roll metric group {group.name} all the way back after its cut-over (by hand)",
-        (f"# Roll `{group.name}` back after its cut-over\n\nFrom `cut_over`, `baking`, `baked`, "
-                "`rolled_back_reads` or `recommissioned`: reads back to the source (every read-path restorer), then "
-                "the group's own remote_write entry removed by name (never a whole-file restore: other groups' "
-                "entries stay), promtool-checked, reloaded, verified gone; `rolled_back`."),
+        FULL_ROLLBACK_DAG_ID, "rollback", "Roll a metric group all the way back after its cut-over (by hand)",
+        ("# Roll a group back after its cut-over\n\nChoose the group in the form. From `cut_over`, `baking`, "
+         "`baked`, `rolled_back_reads` or `recommissioned`: reads back to the source (every read-path restorer), "
+         "then the group's own remote_write entry removed by name (never a whole-file restore: other groups' "
+         "entries stay), promtool-checked, reloaded, verified gone; `rolled_back`."),
         reason="Why the group goes back to the source (kept in the audit).",
     ) as rollback:
         FullRollbackOperator(task_id="rollback", **common)
