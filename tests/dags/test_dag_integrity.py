@@ -264,3 +264,42 @@ def test_one_decommission_recommission_and_rollback_dag_for_every_group(dagbag) 
         assert schema["enum"] == names and schema["type"] == "string", dag.dag_id
         with pytest.raises(ParamValidationError):  # Airflow refuses an unknown group at trigger time
             dag.params.get_param("group").resolve("no-such-group")
+
+
+def test_every_task_of_every_dag_has_an_execution_timeout_with_a_stated_reason(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """A hung worker ends: every task has a backstop, each from the reasoned table (or the plan DAG's own)."""
+    from datetime import timedelta
+
+    from promshift.orchestration.dag_factory import EXECUTION_TIMEOUTS, build_catalog_errors_dag
+
+    source = (REPO / "include" / "promshift" / "orchestration" / "dag_factory.py").read_text()
+    seen = set()
+    errors = build_catalog_errors_dag(problems=["x"], catalog_path="c.yaml")  # only with a bad catalog
+    for dag_id, dag in {**dagbag.dags, errors.dag_id: errors}.items():
+        for task in dag.tasks:
+            timeout = task.execution_timeout if not hasattr(task, "partial_kwargs") else \
+                task.partial_kwargs.get("execution_timeout")
+            assert isinstance(timeout, timedelta) and timeout > timedelta(0), (dag_id, task.task_id)
+            kind = task.task_id.split("__", 1)[0]
+            if dag_id != "promshift__plan":
+                assert timeout == EXECUTION_TIMEOUTS[kind], (dag_id, task.task_id)
+                seen.add(kind)
+    # Every value in the table is used, and each has its reason: a comment line right above it.
+    assert seen == set(EXECUTION_TIMEOUTS)
+    lines = source.splitlines()
+    for kind in EXECUTION_TIMEOUTS:
+        [at] = [i for i, line in enumerate(lines) if line.strip().startswith(f'"{kind}": timedelta(')]
+        assert lines[at - 1].strip().startswith("#") and len(lines[at - 1].strip()) > 20, kind
+
+
+def test_every_latency_probe_runs_in_its_target_workspaces_pool(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from promshift.adapters.settings import load_catalog
+    from promshift.orchestration.dag_factory import latency_pool
+
+    for group in load_catalog().groups:
+        dag = dagbag.dags[group.dag_id]
+        latency = dag.get_task("latency")
+        assert latency.pool == latency_pool(latency.target_conn_id) == f"promshift_latency__{latency.target_conn_id}"
+        # Only the probe is bounded: the other steps keep Airflow's default pool.
+        assert {t.pool for t in dag.tasks if t.task_id != "latency" and not hasattr(t, "partial_kwargs")} == {
+            "default_pool"}
