@@ -285,7 +285,8 @@ def _catalog_check(args: argparse.Namespace) -> int:
     if len(catalog.groups) <= LISTED_GROUPS:
         print(f"{path}: OK ({len(catalog.groups)} groups: {', '.join(catalog.names())}; {applied})")
         return 0
-    print(f"{path}: OK ({len(catalog.groups):,} groups in {len({g.wave for g in catalog.groups}):,} waves; {applied})")
+    waves = len({g.wave for g in catalog.groups})
+    print(f"{path}: OK ({len(catalog.groups):,} groups in {waves:,} wave{'s' if waves != 1 else ''}; {applied})")
     for line in wave_summary(catalog.groups):
         print("  " + line)
     return 0
