@@ -5,7 +5,8 @@ Generated from the reviewed catalog (`catalog/metric_groups.yaml`, or `PROMSHIFT
 Trigger a group's DAG from the UI to move it forward (its form: dry_run, change_ticket,
 warmup_override, reason); the on-call approval appears in the UI as a required action. A group
 that depends on others is also started when they have all cut over (their `cut_over` assets).
-`promshift__bake_watch` checks cut-over groups until they are baked. `PROMSHIFT_PROFILE=demo`
+`promshift__bake_watch` checks cut-over groups until they are baked; `promshift__decommission`,
+`promshift__recommission` and `promshift__rollback` act on the group chosen in their form. `PROMSHIFT_PROFILE=demo`
 selects the catalog's short demo timings. Parsing reads only the catalog file: no network, no database.
 
 A group with problems gets no DAG: the `promshift__catalog_errors` DAG lists every problem
@@ -21,11 +22,15 @@ from promshift.adapters.settings import check_catalog_file, default_catalog_path
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, unreadable_catalog
 from promshift.orchestration.dag_factory import (
     BAKE_WATCH_DAG_ID,
+    DECOMMISSION_DAG_ID,
+    FULL_ROLLBACK_DAG_ID,
+    RECOMMISSION_DAG_ID,
     build_bake_watch_dag,
+    build_by_hand_dags,
     build_catalog_errors_dag,
-    build_decommission_dags,
     build_group_dag,
 )
+from promshift.orchestration.plan_dag import PLAN_DAG_ID
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +50,28 @@ except Exception as _exc:  # a bug in the checker must not take every DAG down w
 _problems = list(_check.problems)
 # Problems in the YAML, defaults or profiles reach every group.
 _missing = ["every group"] if _check.catalog_problems else [label for label, _ in _check.group_problems]
+# promshift's own DAGs: a group whose DAG id is one of them would replace it.
+_OWN_DAG_IDS = {BAKE_WATCH_DAG_ID, DECOMMISSION_DAG_ID, RECOMMISSION_DAG_ID, FULL_ROLLBACK_DAG_ID,
+                CATALOG_ERRORS_DAG_ID, PLAN_DAG_ID}
 for _group in _check.catalog.groups:
+    if _group.dag_id in _OWN_DAG_IDS:
+        _problems.append(f"group {_group.name!r}: its DAG id {_group.dag_id} is one of promshift's own: rename it")
+        _missing.append(f"group {_group.name!r}")
+        continue
     try:
         globals()[_group.dag_id] = build_group_dag(_group, catalog_path=CATALOG_PATH, profile=PROFILE)
-        for _dag in build_decommission_dags(_group, catalog_path=CATALOG_PATH, profile=PROFILE):
-            globals()[_dag.dag_id] = _dag
     except Exception as _exc:  # Airflow refused what the catalog check let through: that group only
         _problems.append(f"group {_group.name!r}: Airflow refused its DAG: {_one_line(_exc)}")
         _missing.append(f"group {_group.name!r}")
 
-# One bake watch for every good group (it skips groups that are not cut over).
+# One bake watch for every good group (it skips groups that are not cut over), and one DAG per by-hand action
+# (decommission, recommission, full rollback) with the group chosen in its form.
 if _check.catalog.groups:
+    try:
+        for _dag in build_by_hand_dags(_check.catalog.groups, catalog_path=CATALOG_PATH, profile=PROFILE):
+            globals()[_dag.dag_id] = _dag
+    except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad by-hand DAG
+        _problems.append(f"the by-hand DAGs: Airflow refused them: {_one_line(_exc)}")
     try:
         globals()[BAKE_WATCH_DAG_ID] = build_bake_watch_dag(_check.catalog.groups, catalog_path=CATALOG_PATH,
                                                             profile=PROFILE)

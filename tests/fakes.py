@@ -34,6 +34,7 @@ def fed(dag: Any, task_id: str, **inputs: Any) -> Any:
         wiring = {"group_name": op.group_name, "catalog_path": op.catalog_path, "profile": op.profile,
                   "source_conn_id": op.source_conn_id, "target_conn_id": op.target_conn_id}
     if isinstance(op, MigrationApprovalOperator):
-        wiring["approvers"] = list(op.approver_entries)
+        # None: a by-hand DAG of every group (the chosen group's approvers are read when the task runs).
+        wiring["approvers"] = None if op.approver_entries is None else list(op.approver_entries)
     with DAG(dag.dag_id, schedule=None):
         return type(op)(task_id=task_id, outlets=list(op.outlets), **wiring, **inputs)

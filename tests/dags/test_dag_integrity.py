@@ -33,7 +33,7 @@ def test_one_dag_per_catalog_group(dagbag) -> None:  # type: ignore[no-untyped-d
 
     expected = {g.dag_id for g in load_catalog().groups}
     assert len(expected) >= 3
-    lifecycle = {f"{dag_id}__{step}" for dag_id in expected for step in ("decommission", "recommission", "rollback")}
+    lifecycle = {"promshift__decommission", "promshift__recommission", "promshift__rollback"}  # one each, every group
     assert set(dagbag.dag_ids) == expected | lifecycle | {"promshift__bake_watch", "promshift__plan"}
 
 
@@ -41,7 +41,9 @@ def test_every_dag_has_tags_retries_and_docs(dagbag) -> None:  # type: ignore[no
     for dag_id, dag in dagbag.dags.items():
         assert "promshift" in dag.tags, dag_id
         assert dag.default_args.get("retries", 0) >= 1, dag_id
-        migration = dag_id.count("__") == 1 and dag_id not in ("promshift__bake_watch", "promshift__plan")
+        migration = dag_id.count("__") == 1 and dag_id not in (
+            "promshift__bake_watch", "promshift__plan", "promshift__decommission", "promshift__recommission",
+            "promshift__rollback")
         assert dag.doc_md and ("Migrate" in dag.doc_md or not migration), dag_id
         assert dag.max_active_runs == 1, dag_id
 
@@ -121,7 +123,7 @@ def test_one_bad_group_keeps_the_other_dags_and_shows_its_problems(
     assert dagbag.import_errors == {}
     good = {"promshift__gpu_utilization", "promshift__gpu_power_thermal"}
     steps = ("decommission", "recommission", "rollback")
-    assert set(dagbag.dag_ids) == good | {f"{d}__{s}" for d in good for s in steps} | {
+    assert set(dagbag.dag_ids) == good | {f"promshift__{s}" for s in steps} | {
         "promshift__catalog_errors", "promshift__bake_watch", "promshift__plan"}
     # The bake watch watches the good groups only.
     watched = {t.task_id for t in dagbag.dags["promshift__bake_watch"].tasks if t.task_id.startswith("bake_check__")}
@@ -236,20 +238,68 @@ def test_the_bake_watch_checks_every_group_on_the_catalogs_interval(dagbag) -> N
     assert len(watch.tasks) == 2 * len(groups)
 
 
-def test_each_group_has_a_decommission_with_a_second_approval_and_a_recommission(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_one_decommission_recommission_and_rollback_dag_for_every_group(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.definitions.param import ParamValidationError
+
     from promshift.adapters.settings import load_catalog
 
+    names = [group.name for group in load_catalog().groups]
+    by_hand = {d for d in dagbag.dags if d.endswith(("__decommission", "__recommission", "__rollback"))}
+    assert by_hand == {"promshift__decommission", "promshift__recommission", "promshift__rollback"}
+    decommission = dagbag.dags["promshift__decommission"]
+    assert decommission.timetable.__class__.__name__ == "NullTimetable"  # by hand only
+    assert decommission.get_task("approval").downstream_task_ids == {"decommission"}
+    assert decommission.get_task("prepare").downstream_task_ids == {"approval"}
+    approval = decommission.get_task("approval")
+    assert type(approval).__name__ == "DecommissionApprovalOperator"
+    assert approval.assigned_users == []  # the chosen group's approvers, resolved when the question is asked
+    assert set(approval.serialized_params) == {"comment"}  # the form's group is not the approver's to change
+    recommission = dagbag.dags["promshift__recommission"]
+    assert [t.task_id for t in recommission.tasks] == ["recommission"]
+    assert set(recommission.params) == {"group", "reason"}
+    rollback = dagbag.dags["promshift__rollback"]
+    assert [t.task_id for t in rollback.tasks] == ["rollback"] and set(rollback.params) == {"group", "reason"}
+    for dag in (decommission, recommission, rollback):
+        schema = dag.params.get_param("group").schema
+        assert schema["enum"] == names and schema["type"] == "string", dag.dag_id
+        with pytest.raises(ParamValidationError):  # Airflow refuses an unknown group at trigger time
+            dag.params.get_param("group").resolve("no-such-group")
+
+
+def test_every_task_of_every_dag_has_an_execution_timeout_with_a_stated_reason(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """A hung worker ends: every task has a backstop, each from the reasoned table (or the plan DAG's own)."""
+    from datetime import timedelta
+
+    from promshift.orchestration.dag_factory import EXECUTION_TIMEOUTS, build_catalog_errors_dag
+
+    source = (REPO / "include" / "promshift" / "orchestration" / "dag_factory.py").read_text()
+    seen = set()
+    errors = build_catalog_errors_dag(problems=["x"], catalog_path="c.yaml")  # only with a bad catalog
+    for dag_id, dag in {**dagbag.dags, errors.dag_id: errors}.items():
+        for task in dag.tasks:
+            timeout = task.execution_timeout if not hasattr(task, "partial_kwargs") else \
+                task.partial_kwargs.get("execution_timeout")
+            assert isinstance(timeout, timedelta) and timeout > timedelta(0), (dag_id, task.task_id)
+            kind = task.task_id.split("__", 1)[0]
+            if dag_id != "promshift__plan":
+                assert timeout == EXECUTION_TIMEOUTS[kind], (dag_id, task.task_id)
+                seen.add(kind)
+    # Every value in the table is used, and each has its reason: a comment line right above it.
+    assert seen == set(EXECUTION_TIMEOUTS)
+    lines = source.splitlines()
+    for kind in EXECUTION_TIMEOUTS:
+        [at] = [i for i, line in enumerate(lines) if line.strip().startswith(f'"{kind}": timedelta(')]
+        assert lines[at - 1].strip().startswith("#") and len(lines[at - 1].strip()) > 20, kind
+
+
+def test_every_latency_probe_runs_in_its_target_workspaces_pool(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from promshift.adapters.settings import load_catalog
+    from promshift.orchestration.dag_factory import latency_pool
+
     for group in load_catalog().groups:
-        decommission = dagbag.dags[f"{group.dag_id}__decommission"]
-        assert decommission.timetable.__class__.__name__ == "NullTimetable"  # by hand only
-        assert decommission.get_task("approval").downstream_task_ids == {"decommission"}
-        assert decommission.get_task("prepare").downstream_task_ids == {"approval"}
-        approval = decommission.get_task("approval")
-        assert type(approval).__name__ == "DecommissionApprovalOperator"
-        assert {u["id"] for u in approval.assigned_users} == set(group.approvers)
-        assert set(approval.serialized_params) == {"comment"}
-        recommission = dagbag.dags[f"{group.dag_id}__recommission"]
-        assert [t.task_id for t in recommission.tasks] == ["recommission"]
-        assert set(recommission.params) == {"reason"}
-        rollback = dagbag.dags[f"{group.dag_id}__rollback"]
-        assert [t.task_id for t in rollback.tasks] == ["rollback"] and set(rollback.params) == {"reason"}
+        dag = dagbag.dags[group.dag_id]
+        latency = dag.get_task("latency")
+        assert latency.pool == latency_pool(latency.target_conn_id) == f"promshift_latency__{latency.target_conn_id}"
+        # Only the probe is bounded: the other steps keep Airflow's default pool.
+        assert {t.pool for t in dag.tasks if t.task_id != "latency" and not hasattr(t, "partial_kwargs")} == {
+            "default_pool"}

@@ -1,14 +1,16 @@
-"""Each group's DAGs use the group's own source and target connections (the catalog's ``source``/``target``)."""
+"""Each group's DAGs use the group's own source and target connections (the catalog's ``source``/``target``);
+the by-hand DAGs of every group (decommission, recommission, rollback) take them from the group chosen in the form."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
 import yaml
 
 from promshift.core.catalog import parse_catalog
-from promshift.orchestration.dag_factory import build_bake_watch_dag, build_decommission_dags, build_group_dag
+from promshift.orchestration.dag_factory import build_bake_watch_dag, build_by_hand_dags, build_group_dag
 from promshift.orchestration.operators import ValidateGroupOperator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,13 +35,19 @@ def test_every_task_of_a_group_uses_its_pair(catalog_path: Path) -> None:
                 "gpu-memory": ("promshift_source", "amp_c"),
                 "gpu-power-thermal": ("cluster_b", "amp_b"), "gpu-clocks": ("cluster_b", "amp_b")}
     for group in catalog.groups:
-        dags = [build_group_dag(group, catalog_path=catalog_path),
-                *build_decommission_dags(group, catalog_path=catalog_path)]
-        for dag in dags:
-            steps = [t for t in dag.tasks if hasattr(t, "source_conn_id")]
-            assert steps, dag.dag_id
-            assert {(t.source_conn_id, t.target_conn_id) for t in steps} == {expected[group.name]}, dag.dag_id
-            assert {f"source:{expected[group.name][0]}", f"target:{expected[group.name][1]}"} <= set(dag.tags)
+        dag = build_group_dag(group, catalog_path=catalog_path)
+        steps = [t for t in dag.tasks if hasattr(t, "source_conn_id")]
+        assert steps, dag.dag_id
+        assert {(t.source_conn_id, t.target_conn_id) for t in steps} == {expected[group.name]}, dag.dag_id
+        assert {f"source:{expected[group.name][0]}", f"target:{expected[group.name][1]}"} <= set(dag.tags)
+    for dag in build_by_hand_dags(catalog.groups, catalog_path=catalog_path):
+        steps = [t for t in dag.tasks if hasattr(t, "choose_group")]
+        assert steps, dag.dag_id
+        for name, pair in expected.items():
+            chosen = [copy.copy(t) for t in steps]
+            for task in chosen:
+                task.choose_group({"params": {"group": name}})
+            assert {(t.source_conn_id, t.target_conn_id) for t in chosen} == {pair}, (dag.dag_id, name)
     watch = build_bake_watch_dag(catalog.groups, catalog_path=catalog_path)
     checks = {t.group_name: (t.source_conn_id, t.target_conn_id) for t in watch.tasks if hasattr(t, "group_name")}
     assert checks == expected

@@ -127,16 +127,16 @@ def test_rules_and_dashboard_move_at_cutover_and_the_rollback_restores_every_byt
 
 def test_the_full_rollback_by_hand_in_another_run_restores_rules_and_dashboard_too(
         stack: LocalStack, wired: Path) -> None:
-    """The ``__rollback`` DAG's run finds the cut-over run's snapshots through the audit."""
-    from promshift.orchestration.dag_factory import build_decommission_dags
+    """The ``promshift__rollback`` DAG's run finds the cut-over run's snapshots through the audit."""
+    from promshift.orchestration.dag_factory import build_by_hand_dags
 
     source, target = PrometheusClient(stack.source_url), PrometheusClient(stack.target_url)
     audit = AuditStore()
     try:
         _dag, _snap, before = cut_over(stack, audit)
-        group = load_catalog(CATALOG, profile="demo").get(GROUP)
-        rollback = build_decommission_dags(group, catalog_path=CATALOG, profile="demo")[2]
-        ctx = {**context(), "run_id": "manual__full-rollback", "params": {"reason": "test"}}
+        rollback = build_by_hand_dags(load_catalog(CATALOG, profile="demo").groups, catalog_path=CATALOG,
+                                      profile="demo")[2]
+        ctx = {**context(), "run_id": "manual__full-rollback", "params": {"group": GROUP, "reason": "test"}}
         result = rollback.get_task("rollback").execute(ctx)
         assert set(result["restored"]) == {"routing", "read_path", "rules"}
         assert result["restored"]["rules"]["restored_identical"] is True

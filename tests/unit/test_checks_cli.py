@@ -103,6 +103,31 @@ def test_catalog_check_refuses_a_connection_that_does_not_exist(capsys: pytest.C
     assert code == 0 and "connections not checked" not in out
 
 
+def test_catalog_check_summarises_a_large_catalog_per_wave(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """1,000 names on one line help nobody: counts per wave and the first names; the problems stay in full."""
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "bench" / "catalog"))
+    try:
+        from run import catalog_text  # bench/catalog/run.py: the benchmarks' generated fleet
+    finally:
+        sys.path.remove(str(REPO_ROOT / "bench" / "catalog"))
+    big = tmp_path / "catalog.yaml"
+    big.write_text(catalog_text(1000))
+    code, out, _ = run(["catalog", "check", str(big)], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{big}: OK (1,000 groups in ") and lines[0].endswith("; every profile validated)")
+    waves = [line for line in lines[1:] if line.startswith("  wave ")]
+    assert waves and sum(int(line.split(": ")[1].split()[0].replace(",", "")) for line in waves) == 1000
+    assert all(line.count(", ") <= 5 for line in waves)  # five names at most, then a count
+    assert len(out) < 4000
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(catalog_text(1000).replace("sample_hosts: 40", "sample_hosts: 0"))
+    code, out, _ = run(["catalog", "check", str(broken)], capsys)
+    assert code == 1 and out.count("\n  - ") >= 1 and "problem" in out.splitlines()[0]
+
+
 def test_catalog_check_prints_every_problem_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "catalog.yaml"
     text = CATALOG.read_text()

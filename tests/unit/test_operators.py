@@ -1126,10 +1126,13 @@ PREPARED = {"freed": {"series": 240, "series_by_job": {"fleet": 240}, "samples_p
 
 @pytest.fixture
 def decommission_dag() -> Any:
-    from promshift.orchestration.dag_factory import build_decommission_dags
+    from promshift.orchestration.dag_factory import build_by_hand_dags
 
-    return build_decommission_dags(load_catalog(CATALOG, profile=PROFILE).get(GROUP), catalog_path=CATALOG,
-                                   profile=PROFILE)[0]
+    return build_by_hand_dags(load_catalog(CATALOG, profile=PROFILE).groups, catalog_path=CATALOG,
+                              profile=PROFILE)[0]
+
+
+CHOSEN = {"group": GROUP}  # the by-hand DAGs' form: the group chosen
 
 
 @pytest.mark.parametrize(("history", "message"), [
@@ -1140,7 +1143,7 @@ def test_decommission_prepare_refuses_in_one_line_audited(
         decommission_dag: Any, audit: AuditStore, history: list[Stage], message: str) -> None:
     seed(audit, history)
     with pytest.raises(AirflowFailException, match=message):
-        task(decommission_dag, "prepare").execute(make_context())
+        task(decommission_dag, "prepare").execute(make_context(params=CHOSEN))
     [ev] = new_events(audit, history)
     assert (ev.kind, ev.stage_to) == ("decommission_refused", None) and message in ev.evidence_data["reason"]
     assert audit.stage_of(GROUP) == history[-1]
@@ -1156,7 +1159,7 @@ def seed_decommission_request(audit: AuditStore) -> None:
 def test_the_second_approval_is_recorded_without_moving_the_stage(decommission_dag: Any, audit: AuditStore) -> None:
     seed_decommission_request(audit)
     result = fed(decommission_dag, "approval", prepared=PREPARED).execute_complete(
-        make_context(), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}, "bake is clean"))
+        make_context(params=CHOSEN), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}, "bake is clean"))
     assert result["by"] == APPROVER
     [ev] = new_events(audit, UP_TO_BAKED)
     assert (ev.kind, ev.stage_to, ev.actor) == ("decommission_approved", None, APPROVER)
@@ -1167,25 +1170,25 @@ def test_the_second_approval_keeps_four_eyes_and_the_evidence_binding(decommissi
     seed_decommission_request(audit)
     with pytest.raises(AirflowFailException, match="four-eyes"):
         fed(decommission_dag, "approval", prepared=PREPARED).execute_complete(
-            make_context(), hitl_event("Approve", {"id": TRIGGERED_BY, "name": TRIGGERED_BY}))
+            make_context(params=CHOSEN), hitl_event("Approve", {"id": TRIGGERED_BY, "name": TRIGGERED_BY}))
     changed = {**PREPARED, "freed": {"series": 1}}
     with pytest.raises(AirflowFailException, match="changed after it was shown"):
         fed(decommission_dag, "approval", prepared=changed).execute_complete(
-            make_context(), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
+            make_context(params=CHOSEN), hitl_event("Approve", {"id": APPROVER, "name": APPROVER}))
     kinds = [e.kind for e in new_events(audit, UP_TO_BAKED)]
     assert kinds == ["decommission_approval_refused_four_eyes", "decommission_approval_refused_evidence_changed"]
     assert audit.stage_of(GROUP) == Stage.BAKED
 
 
 def test_the_full_rollback_dag_refuses_a_group_that_was_never_cut_over(audit: AuditStore) -> None:
-    from promshift.orchestration.dag_factory import build_decommission_dags
+    from promshift.orchestration.dag_factory import build_by_hand_dags
 
-    rollback = build_decommission_dags(load_catalog(CATALOG, profile=PROFILE).get(GROUP), catalog_path=CATALOG,
-                                       profile=PROFILE)[2]
+    rollback = build_by_hand_dags(load_catalog(CATALOG, profile=PROFILE).groups, catalog_path=CATALOG,
+                                  profile=PROFILE)[2]
     seed(audit, UP_TO_VERIFIED)
     with pytest.raises(AirflowFailException, match="'gpu-memory' is verified; a full rollback by hand starts only "
                                                    "from baked, baking, cut_over, recommissioned, rolled_back_reads"):
-        task(rollback, "rollback").execute(make_context(params={"reason": "test"}))
+        task(rollback, "rollback").execute(make_context(params={**CHOSEN, "reason": "test"}))
     assert new_events(audit, UP_TO_VERIFIED) == []
 
 
@@ -1204,3 +1207,27 @@ def test_a_rollback_that_kept_another_writers_change_fails_only_if_our_entry_sta
     else:
         with pytest.raises(AirflowFailException, match="did not restore"):
             rollback.execute(ctx)
+
+
+@pytest.mark.parametrize("chosen", ["no-such-group", "", None, "gpu-memory\n"])
+def test_a_by_hand_dag_refuses_an_unknown_group_in_one_line_touching_nothing(
+        decommission_dag: Any, audit: AuditStore, chosen: Any) -> None:
+    """The form's list was the catalog's at parse time; the run checks the group against the catalog now."""
+    from promshift.orchestration.dag_factory import build_by_hand_dags
+
+    seed(audit, UP_TO_BAKED)
+    _, recommission, rollback = build_by_hand_dags(load_catalog(CATALOG, profile=PROFILE).groups,
+                                                   catalog_path=CATALOG, profile=PROFILE)
+    for dag, task_id in ((decommission_dag, "prepare"), (recommission, "recommission"), (rollback, "rollback")):
+        with pytest.raises(AirflowFailException, match=r"^unknown metric group .*: the catalog .* has ") as caught:
+            task(dag, task_id).execute(make_context(params={"group": chosen, "reason": "test"}))
+        assert "\n" not in str(caught.value)
+    assert new_events(audit, UP_TO_BAKED) == []
+
+
+def test_the_chosen_groups_approvers_and_wait_are_read_when_the_task_runs(decommission_dag: Any) -> None:
+    approval = task(decommission_dag, "approval")
+    assert approval.assigned_users == [] and approval.approver_entries is None  # nobody before a group is chosen
+    approval.choose_group(make_context(params=CHOSEN))
+    group = load_catalog(CATALOG, profile=PROFILE).get(GROUP)
+    assert approval.group_name == GROUP and list(approval.group.approvers) == list(group.approvers)

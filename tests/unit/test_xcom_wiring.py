@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from promshift.adapters.settings import REPO_ROOT, load_catalog
-from promshift.orchestration.dag_factory import build_bake_watch_dag, build_decommission_dags, build_group_dag
+from promshift.orchestration.dag_factory import build_bake_watch_dag, build_by_hand_dags, build_group_dag
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
 PROFILE = "demo"
@@ -91,12 +91,11 @@ def test_every_group_dag_keeps_its_edges(catalog: Any) -> None:
 
 
 def test_the_lifecycle_dags_keep_their_edges(catalog: Any) -> None:
-    for group in catalog.groups:
-        decommission, recommission, rollback = build_decommission_dags(group, catalog_path=CATALOG, profile=PROFILE)
-        assert upstream_of(decommission) == DECOMMISSION_EDGES, group.name
-        assert downstream_of(decommission) == reversed_edges(DECOMMISSION_EDGES), group.name
-        assert upstream_of(recommission) == {"recommission": set()}
-        assert upstream_of(rollback) == {"rollback": set()}
+    decommission, recommission, rollback = build_by_hand_dags(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
+    assert upstream_of(decommission) == DECOMMISSION_EDGES
+    assert downstream_of(decommission) == reversed_edges(DECOMMISSION_EDGES)
+    assert upstream_of(recommission) == {"recommission": set()}
+    assert upstream_of(rollback) == {"rollback": set()}
     watch = build_bake_watch_dag(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
     keys = [g.name.replace("-", "_") for g in catalog.groups]
     expected = {**{f"bake_check__{k}": set() for k in keys}, **{f"baked__{k}": {f"bake_check__{k}"} for k in keys}}
@@ -140,8 +139,8 @@ def test_every_input_is_an_xcomarg_of_the_right_upstream_task(catalog: Any) -> N
     for group in catalog.groups:
         dag = build_group_dag(group, catalog_path=CATALOG, profile=PROFILE)
         assert xcom_inputs(dag) == GROUP_INPUTS, group.name
-        decommission, _, _ = build_decommission_dags(group, catalog_path=CATALOG, profile=PROFILE)
-        assert xcom_inputs(decommission) == DECOMMISSION_INPUTS, group.name
+    decommission, _, _ = build_by_hand_dags(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
+    assert xcom_inputs(decommission) == DECOMMISSION_INPUTS
     watch = build_bake_watch_dag(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
     keys = [g.name.replace("-", "_") for g in catalog.groups]
     assert xcom_inputs(watch) == {(f"baked__{k}", "checked"): (f"bake_check__{k}", "return_value") for k in keys}

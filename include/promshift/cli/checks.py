@@ -285,17 +285,49 @@ def _catalog_check(args: argparse.Namespace) -> int:
             print("  - " + " ".join(problem.split()))
         return 1
     catalog = result.catalog
-    names = ", ".join(catalog.names())
-    print(f"{path}: OK ({len(catalog.groups)} groups: {names}; every profile validated"
-          + (f"; profile {profile} applied" if profile else "") + ")")
+    applied = "every profile validated" + (f"; profile {profile} applied" if profile else "")
+    many = len(catalog.groups) > LISTED_GROUPS
+    if not many:
+        print(f"{path}: OK ({len(catalog.groups)} groups: {', '.join(catalog.names())}; {applied})")
+    else:
+        waves = len({g.wave for g in catalog.groups})
+        print(f"{path}: OK ({len(catalog.groups):,} groups in {waves:,} wave{'s' if waves != 1 else ''}; {applied})")
+        for line in wave_summary(catalog.groups):
+            print("  " + line)
     pairs: dict[tuple[str, str], list[str]] = {}
     for group in catalog.groups:
         pairs.setdefault(group.pair, []).append(group.name)
     for (source, target), groups in pairs.items():
-        print(f"  {source} -> {target}: {', '.join(groups)}")
+        shown = ", ".join(groups[:NAMES_PER_WAVE]) + (f", ... ({len(groups):,} in all)"
+                                                      if len(groups) > NAMES_PER_WAVE else "")
+        print(f"  {source} -> {target}: {shown if many else ', '.join(groups)}")
     if known is None:
         print("  (connections not checked: pass --connections to check that each exists)")
     return 0
+
+
+# A catalog of up to this many groups is listed on one line; a larger one is summarised per wave.
+LISTED_GROUPS = 20
+# Per wave, the first names shown; and the waves shown (the rest counted).
+NAMES_PER_WAVE = 5
+WAVES_SHOWN = 20
+
+
+def wave_summary(groups: Any) -> list[str]:
+    """One line per wave (lowest first): how many groups, the first few names. Problems are never summarised."""
+    waves: dict[int, list[str]] = {}
+    for group in groups:
+        waves.setdefault(group.wave, []).append(group.name)
+    lines = []
+    for wave in sorted(waves)[:WAVES_SHOWN]:
+        names = waves[wave]
+        more = f", ... (+{len(names) - NAMES_PER_WAVE:,} more)" if len(names) > NAMES_PER_WAVE else ""
+        lines.append(f"wave {wave}: {len(names):,} group{'s' if len(names) != 1 else ''}: "
+                     f"{', '.join(names[:NAMES_PER_WAVE])}{more}")
+    if len(waves) > WAVES_SHOWN:
+        rest = sorted(waves)[WAVES_SHOWN:]
+        lines.append(f"... and {len(rest):,} more waves ({sum(len(waves[w]) for w in rest):,} groups)")
+    return lines
 
 
 def render_diff(config_text: str, *, group: Any, target_url: str, config_name: str) -> str:

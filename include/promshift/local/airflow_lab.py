@@ -201,6 +201,7 @@ class LocalAirflow:
                 log.info("starting airflow standalone on %s (log %s)", self.base_url, self.log_path("standalone"))
                 self._spawn("standalone", [self._airflow_bin, "standalone"])
             self._wait_healthy(deadline, timeout_s)
+            self.ensure_latency_pool()
         except BaseException:
             self.stop(term_wait_s=15.0)  # what did start must not outlive a failed start
             raise
@@ -383,6 +384,25 @@ class LocalAirflow:
             self.api(user, "POST", "/connections", json=body)
             log.info("connection %s created in Airflow's database", conn_id)
 
+    def ensure_latency_pool(self, *, user: str = TRIGGER_USER) -> None:
+        """The pool bounding concurrent latency probes on the target (``PROMSHIFT_LATENCY_POOL_SLOTS``, default 1):
+        Airflow would never schedule a latency task whose pool does not exist. In production: ``airflow pools
+        set`` (docs/lifecycle.md)."""
+        from promshift.orchestration.dag_factory import DEFAULT_LATENCY_POOL_SLOTS, latency_pool
+        from promshift.orchestration.operators import TARGET_CONN
+
+        name = latency_pool(TARGET_CONN)
+        slots = int(os.environ.get("PROMSHIFT_LATENCY_POOL_SLOTS") or DEFAULT_LATENCY_POOL_SLOTS)
+        body = {"name": name, "slots": slots, "description": "promshift latency probes on one target workspace"}
+        try:
+            self.api(user, "GET", f"/pools/{name}")
+        except RuntimeError:
+            self.api(user, "POST", "/pools", json=body)
+        else:
+            self.api(user, "PATCH", f"/pools/{name}", params={"update_mask": ["slots", "description"]},
+                     json={"slots": slots, "description": body["description"]})
+        log.info("pool %s: %d slot(s)", name, slots)
+
     def connection_exists(self, conn_id: str, *, user: str = TRIGGER_USER) -> bool:
         listed = self.api(user, "GET", "/connections", params={"connection_id_pattern": conn_id, "limit": 100})
         return any(c["connection_id"] == conn_id for c in listed["connections"])
@@ -397,9 +417,10 @@ class LocalAirflow:
         """Let the scheduler run the DAG on its schedule (the demo creates every DAG paused)."""
         self.api(user, "PATCH", f"/dags/{dag_id}", json={"is_paused": False})
 
-    def trigger(self, dag_id: str, *, user: str = TRIGGER_USER) -> str:
+    def trigger(self, dag_id: str, *, user: str = TRIGGER_USER, conf: dict[str, Any] | None = None) -> str:
+        """``conf``: the trigger form's values (e.g. ``{"group": ...}`` for a by-hand DAG of every group)."""
         self.unpause(dag_id, user=user)
-        run = self.api(user, "POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
+        run = self.api(user, "POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}})
         log.info("triggered %s run %s as %s", dag_id, run["dag_run_id"], user)
         return str(run["dag_run_id"])
 

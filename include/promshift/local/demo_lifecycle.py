@@ -192,8 +192,10 @@ def follow_lifecycle(*, airflow: Any, audit: AuditStore, group: MetricGroup, sce
     finally:
         if fault is not None:
             fault.stop()
-    dag_id = f"{group.dag_id}__decommission"
-    run_id = airflow.trigger(dag_id)
+    from promshift.orchestration.dag_factory import DECOMMISSION_DAG_ID
+
+    dag_id = DECOMMISSION_DAG_ID  # one DAG for every group: the group is chosen in the trigger form
+    run_id = airflow.trigger(dag_id, conf={"group": group.name})
     polls = 0
 
     def on_state(states: dict[str, str]) -> None:

@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup
 from promshift.orchestration.operators import (
+    TARGET_CONN,
     BakeCheckOperator,
     BakedAssetOperator,
     CompleteRunOperator,
@@ -34,6 +35,74 @@ from promshift.orchestration.operators import (
     WarmupOperator,
 )
 
+# ``execution_timeout`` of every task: a backstop for a worker stuck in one call (a socket that never answers,
+# a held lock), never the step's own budget. Each step ends well before it through its own budgets (HTTP
+# timeouts, the latency policy's per-query ``timeout_s``, the decommission's ``verify_s``). Waits do not count:
+# the warm-up and a scraper's creation are deferred (the trigger's timeout bounds them) and an approval waits
+# for its ``response_timeout``; Airflow applies ``execution_timeout`` to each worker phase (execute, then
+# execute_complete). A timed-out task fails like any failure: the migration DAG rolls back. Why each value:
+EXECUTION_TIMEOUTS: dict[str, timedelta] = {
+    # Reads the catalog and the audit, one request to each backend.
+    "validate": timedelta(minutes=10),
+    # Copies the source config (and the rules/dashboard to move) to the snapshot store.
+    "snapshot": timedelta(minutes=10),
+    # Edit, promtool check, reload and verify of one config; the managed collector's creation is deferred.
+    "deploy_dual_write": timedelta(minutes=20),
+    # The worker part only: read the policy and defer (the wait is the trigger's, warm-up timeout + 5 min).
+    "warm_up": timedelta(minutes=10),
+    # Lists the group's series on both sides to cut them into host shards.
+    "parity_plan": timedelta(minutes=15),
+    # One shard's samples on both sides: a large shard is the slowest read of a migration.
+    "parity_samples": timedelta(minutes=30),
+    # Reduces the shards' results (no backend calls) and records the verdict.
+    "parity": timedelta(minutes=15),
+    # Every window's queries × repeats, each at most the policy's timeout_s (60 s by default), run one probe at a
+    # time per workspace (the latency pool): queued time in the pool does not count.
+    "latency": timedelta(minutes=60),
+    # Pure computation over the two verdicts and one audit write.
+    "gate": timedelta(minutes=5),
+    # Records the evidence shown and asks; the wait for the answer is response_timeout (approval_timeout).
+    "approval": timedelta(minutes=10),
+    # Routes reads (routing, dashboards, rules) to the target, each verified.
+    "cutover": timedelta(minutes=20),
+    # Records the end of the run and publishes the report.
+    "done": timedelta(minutes=10),
+    # Restores the snapshot (or removes our entry) on the source and verifies it: cut short only if truly hung.
+    "rollback": timedelta(minutes=60),
+    # One bake check (freshness, lag, series count, a short parity window); a hung one would hold the next run.
+    "bake_check": timedelta(minutes=15),
+    # Emits the baked asset from the check's output.
+    "baked": timedelta(minutes=5),
+    # Measures what the drop frees (series per job) and gathers the bake evidence.
+    "prepare": timedelta(minutes=15),
+    # The drop, promtool check, reload, and up to verify_s (2 scrape intervals + bake.max_lag) for both proofs.
+    "decommission": timedelta(hours=2),
+    # Removes the drop, promtool check, reload, verified.
+    "recommission": timedelta(minutes=30),
+    # Fails with the catalog's problems: no IO.
+    "catalog_problems": timedelta(minutes=5),
+}
+
+
+def _limit(task_id: str) -> timedelta:
+    """The backstop of a task (``EXECUTION_TIMEOUTS``; ``bake_check__<group>`` by its kind)."""
+    return EXECUTION_TIMEOUTS[task_id.split("__", 1)[0]]
+
+
+# Latency probes of groups that share a target workspace would skew each other's p95 and share its query quota:
+# each group's ``latency`` task runs in the pool of its target connection, which holds at most that many at once.
+LATENCY_POOL_PREFIX = "promshift_latency__"
+DEFAULT_LATENCY_POOL_SLOTS = 1
+
+
+def latency_pool(target_conn_id: str) -> str:
+    """The pool bounding concurrent latency probes against the workspace of connection ``target_conn_id``.
+
+    The DAG file creates nothing (parsing touches no database): create it once per target connection,
+    ``airflow pools set promshift_latency__<conn id> 1 "promshift latency probes"`` (more slots: more probes at
+    once). Airflow does not schedule a task whose pool does not exist."""
+    return f"{LATENCY_POOL_PREFIX}{target_conn_id}"
+
 
 def _doc(group: MetricGroup) -> str:
     metrics = ", ".join(f"`{m}`" for m in group.metrics) or f"regex `{group.metric_regex}`"
@@ -52,8 +121,8 @@ def _doc(group: MetricGroup) -> str:
         "rollback (restores the snapshot byte for byte).\n\n"
         f"Starts {starts}by hand. The form: `dry_run` (read only: nothing deployed, cut over or rolled back; "
         "the stage never moves), `change_ticket`, `warmup_override` (e.g. `10m`), `reason`. Then "
-        f"`promshift__bake_watch` bakes it, and `{group.dag_id}__decommission` (a second approval) retires it "
-        "on the source."
+        f"`promshift__bake_watch` bakes it, and `promshift__decommission` (a second approval; choose "
+        f"`{group.name}` in its form) retires it on the source."
     )
 
 
@@ -133,22 +202,29 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         tags=["promshift", f"group:{group.name}", f"wave:{group.wave}", *pair_tags(group)],
         default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)},
     ) as dag:
-        validate = ValidateGroupOperator(task_id="validate", **common)
+        validate = ValidateGroupOperator(task_id="validate", execution_timeout=_limit("validate"), **common)
         # Each task's inputs are upstream outputs as XComArgs (``task.output``), resolved when Airflow renders it.
-        snapshot = SnapshotConfigOperator(task_id="snapshot", **common)
-        deploy = DeployDualWriteOperator(task_id="deploy_dual_write", snapshot=snapshot.output, **common)
-        warm_up = WarmupOperator(task_id="warm_up", deployed=deploy.output, **common)
-        parity_plan = ParityPlanOperator(task_id="parity_plan", deployed=deploy.output, **common)
+        snapshot = SnapshotConfigOperator(task_id="snapshot", execution_timeout=_limit("snapshot"), **common)
+        deploy = DeployDualWriteOperator(task_id="deploy_dual_write", execution_timeout=_limit("deploy_dual_write"),
+                                         snapshot=snapshot.output, **common)
+        warm_up = WarmupOperator(task_id="warm_up", execution_timeout=_limit("warm_up"), deployed=deploy.output,
+                                 **common)
+        parity_plan = ParityPlanOperator(task_id="parity_plan", execution_timeout=_limit("parity_plan"),
+                                         deployed=deploy.output, **common)
         # Dynamic task mapping: one task per host shard, so more workers share a large check.
-        parity_samples = ParitySamplesOperator.partial(task_id="parity_samples", **common).expand(
+        parity_samples = ParitySamplesOperator.partial(
+            task_id="parity_samples", execution_timeout=_limit("parity_samples"), **common).expand(
             shard=parity_plan.output)
         # none_failed: with zero shards the mapped task is skipped, and the reducer still runs.
-        parity = ParityOperator(task_id="parity", trigger_rule=TriggerRule.NONE_FAILED,
+        parity = ParityOperator(task_id="parity", execution_timeout=_limit("parity"),
+                                trigger_rule=TriggerRule.NONE_FAILED,
                                 plan=parity_plan.output["plan"], shards=parity_samples.output, **common)
-        latency = LatencyOperator(task_id="latency", deployed=deploy.output, **common)
-        gate = GateOperator(task_id="gate", retries=0, parity=parity.output, latency=latency.output, **common)
+        latency = LatencyOperator(task_id="latency", execution_timeout=_limit("latency"), deployed=deploy.output,
+                                  pool=latency_pool(str(common.get("target_conn_id") or TARGET_CONN)), **common)
+        gate = GateOperator(task_id="gate", execution_timeout=_limit("gate"), retries=0, parity=parity.output,
+                            latency=latency.output, **common)
         approval = MigrationApprovalOperator(
-            task_id="approval",
+            task_id="approval", execution_timeout=_limit("approval"),
             gate_evidence=gate.output,
             approvers=list(group.approvers),
             response_timeout=timedelta(seconds=group.approval_timeout_s),
@@ -161,10 +237,11 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
             retry_delay=timedelta(seconds=5),
             **common,
         )
-        cutover = CutoverOperator(task_id="cutover", outlets=[cut_over_asset(group.name)], **common)
-        done = CompleteRunOperator(task_id="done", **common)
-        rollback = RollbackOperator(task_id="rollback", trigger_rule=TriggerRule.ONE_FAILED, snapshot=snapshot.output,
-                                    **common)
+        cutover = CutoverOperator(task_id="cutover", execution_timeout=_limit("cutover"),
+                                  outlets=[cut_over_asset(group.name)], **common)
+        done = CompleteRunOperator(task_id="done", execution_timeout=_limit("done"), **common)
+        rollback = RollbackOperator(task_id="rollback", execution_timeout=_limit("rollback"),
+                                    trigger_rule=TriggerRule.ONE_FAILED, snapshot=snapshot.output, **common)
         validate >> snapshot >> deploy >> warm_up >> parity_plan >> parity_samples >> parity
         parity >> latency >> gate >> approval >> cutover >> done
         [deploy, warm_up, parity_plan, parity_samples, parity, latency, gate, approval, cutover] >> rollback
@@ -210,10 +287,11 @@ def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | P
         default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"},
     ) as dag:
         for group in groups:
-            check = BakeCheckOperator(task_id=f"bake_check__{_task_key(group)}",
+            check = BakeCheckOperator(task_id=f"bake_check__{_task_key(group)}", execution_timeout=_limit("bake_check"),
                                       **group_step_args(group, catalog_path=catalog_path, profile=profile))
             # The check's output as an XComArg: Airflow makes the check its upstream (its only edge).
             BakedAssetOperator(task_id=f"baked__{_task_key(group)}", checked=check.output,
+                               execution_timeout=_limit("baked"),
                                outlets=[baked_asset(group.name)])
     return dag
 
@@ -221,70 +299,78 @@ def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | P
 # --------------------------------------------------------------------------- decommission (second approval)
 
 
-def decommission_dag_id(group: MetricGroup) -> str:
-    return f"{group.dag_id}__decommission"
+# One DAG per action for every group: the group is chosen in the trigger form (a DAG per group and action made a
+# 1,000-group catalog 4,001 DAGs). The operators read it from ``params.group`` and check it against the catalog.
+DECOMMISSION_DAG_ID = "promshift__decommission"
+RECOMMISSION_DAG_ID = "promshift__recommission"
+FULL_ROLLBACK_DAG_ID = "promshift__rollback"
 
 
-def recommission_dag_id(group: MetricGroup) -> str:
-    return f"{group.dag_id}__recommission"
+def group_param(groups: Sequence[MetricGroup]) -> Param:
+    """The form's ``group`` field: one of the catalog's groups (Airflow refuses any other at trigger time; the
+    first task checks it again against the catalog as it is when the run starts)."""
+    return Param(type="string", enum=[g.name for g in groups], title="Metric group",
+                 description="The catalog group this run acts on.")
 
 
-def rollback_dag_id(group: MetricGroup) -> str:
-    return f"{group.dag_id}__rollback"
-
-
-def build_decommission_dags(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None
-                            ) -> tuple[DAG, DAG, DAG]:
-    """``promshift__<group>__decommission`` (prepare -> second approval -> drop at scrape, verified),
-    ``promshift__<group>__recommission`` (remove the drop; reads stay on the target) and
-    ``promshift__<group>__rollback`` (a cut-over group all the way back). All by hand only."""
-    common = group_step_args(group, catalog_path=catalog_path, profile=profile)
-    args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)}
+def build_by_hand_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Path, profile: str | None = None
+                       ) -> tuple[DAG, DAG, DAG]:
+    """``promshift__decommission`` (prepare -> second approval -> drop at scrape, verified),
+    ``promshift__recommission`` (remove the drop; reads stay on the target) and ``promshift__rollback`` (a
+    cut-over group all the way back). By hand only; the group is the trigger form's ``group``."""
+    common = dict(group_name=None, catalog_path=str(catalog_path), profile=profile)
+    args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"}
+    listed = ", ".join(f"`{g.name}`" for g in groups[:20]) + (f" ... ({len(groups):,} in all)" if len(groups) > 20
+                                                              else "")
 
     def by_hand(dag_id: str, kind: str, description: str, doc_md: str, reason: str | None = None) -> DAG:
-        """A DAG of this group that only a person starts; ``reason``: the form's Reason field's description."""
-        params = ({"reason": Param("", type="string", maxLength=1000, title="Reason", description=reason)}
-                  if reason else None)
-        return DAG(dag_id=dag_id, description=description, doc_md=doc_md, schedule=None,
-                   start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
-                   tags=["promshift", f"group:{group.name}", kind, *pair_tags(group)], default_args=args,
-                   params=params)
+        """A DAG that only a person starts, for the group chosen in its form; ``reason``: the form's Reason
+        field's description."""
+        params: dict[str, Param] = {"group": group_param(groups)}
+        if reason:
+            params["reason"] = Param("", type="string", maxLength=1000, title="Reason", description=reason)
+        return DAG(dag_id=dag_id, description=description, doc_md=f"{doc_md}\n\nGroups: {listed}.",
+                   schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+                   # One run at a time, as the DAG per group had: two runs of one group must not race. A
+                   # decommission waiting for its approval holds the next one back.
+                   max_active_runs=1, tags=["promshift", kind], default_args=args, params=params)
 
     with by_hand(
-        decommission_dag_id(group), "decommission",
-        f"Decommission metric group {group.name} on the source (after its bake)",
-        (f"# Decommission `{group.name}` on the source\n\nAfter a clean bake (`baked`), a second approval "
-                "(the bake evidence and what the drop frees), then a `metric_relabel_configs` drop of the group in "
-                "each scrape job that carries it: snapshot, promtool check, reload, verified live; undone at once "
-                "if the target stops receiving the group. Refused on the remote_write path (the source is then the "
-                "target's only writer). Undo with the `__recommission` DAG."),
+        DECOMMISSION_DAG_ID, "decommission", "Decommission a metric group on the source (after its bake)",
+        ("# Decommission a group on the source\n\nChoose the group in the form. After a clean bake (`baked`), a "
+         "second approval (the bake evidence and what the drop frees; the group's own approvers and "
+         "`approval_timeout`), then a `metric_relabel_configs` drop of the group in each scrape job that carries "
+         "it: snapshot, promtool check, reload, verified live; undone at once if the target stops receiving the "
+         "group. Refused on the remote_write path (the source is then the target's only writer). Undo with "
+         f"`{RECOMMISSION_DAG_ID}`."),
     ) as decommission:
-        prepare = DecommissionPrepareOperator(task_id="prepare", retries=0, **common)
+        prepare = DecommissionPrepareOperator(task_id="prepare", execution_timeout=_limit("prepare"), retries=0,
+                                              **common)
+        longest = max((g.approval_timeout_s for g in groups), default=3600.0)
         approval = DecommissionApprovalOperator(
-            task_id="approval", prepared=prepare.output, approvers=list(group.approvers),
-            response_timeout=timedelta(seconds=group.approval_timeout_s), retries=1,
-            retry_delay=timedelta(seconds=5), **common)
-        decommission_step = DecommissionOperator(task_id="decommission", approval=approval.output, **common)
+            task_id="approval", execution_timeout=_limit("approval"), prepared=prepare.output, approvers=None,
+            # Replaced by the chosen group's approval_timeout when the question is asked.
+            response_timeout=timedelta(seconds=longest), retries=1, retry_delay=timedelta(seconds=5), **common)
+        decommission_step = DecommissionOperator(task_id="decommission", execution_timeout=_limit("decommission"),
+                                                 approval=approval.output, **common)
         prepare >> approval >> decommission_step
     with by_hand(
-        recommission_dag_id(group), "recommission",
-        f"Undo the decommission of metric group {group.name} (the source scrapes it again)",
-        (f"# Recommission `{group.name}`\n\nRemoves the decommission's drop: the source scrapes and stores "
-                "the group again; reads stay on the target. The source never stored the group while it was "
-                "decommissioned (the gap is recorded); the target holds that history."),
+        RECOMMISSION_DAG_ID, "recommission", "Undo the decommission of a metric group (the source scrapes it again)",
+        ("# Recommission a group\n\nChoose the group in the form. Removes the decommission's drop: the source "
+         "scrapes and stores the group again; reads stay on the target. The source never stored the group while "
+         "it was decommissioned (the gap is recorded); the target holds that history."),
         reason="Why the decommission is undone (kept in the audit).",
     ) as recommission:
-        RecommissionOperator(task_id="recommission", **common)
+        RecommissionOperator(task_id="recommission", execution_timeout=_limit("recommission"), **common)
     with by_hand(
-        rollback_dag_id(group), "rollback",
-        f"Roll metric group {group.name} all the way back after its cut-over (by hand)",
-        (f"# Roll `{group.name}` back after its cut-over\n\nFrom `cut_over`, `baking`, `baked`, "
-                "`rolled_back_reads` or `recommissioned`: reads back to the source (every read-path restorer), then "
-                "the group's own remote_write entry removed by name (never a whole-file restore: other groups' "
-                "entries stay), promtool-checked, reloaded, verified gone; `rolled_back`."),
+        FULL_ROLLBACK_DAG_ID, "rollback", "Roll a metric group all the way back after its cut-over (by hand)",
+        ("# Roll a group back after its cut-over\n\nChoose the group in the form. From `cut_over`, `baking`, "
+         "`baked`, `rolled_back_reads` or `recommissioned`: reads back to the source (every read-path restorer), "
+         "then the group's own remote_write entry removed by name (never a whole-file restore: other groups' "
+         "entries stay), promtool-checked, reloaded, verified gone; `rolled_back`."),
         reason="Why the group goes back to the source (kept in the audit).",
     ) as rollback:
-        FullRollbackOperator(task_id="rollback", **common)
+        FullRollbackOperator(task_id="rollback", execution_timeout=_limit("rollback"), **common)
     return decommission, recommission, rollback
 
 
@@ -347,5 +433,6 @@ def build_catalog_errors_dag(
         # Retrying cannot fix the catalog.
         default_args={"retries": 0, "owner": "promshift"},
     ) as dag:
-        CatalogErrorsOperator(task_id="catalog_problems", problems=problems, catalog_path=str(catalog_path))
+        CatalogErrorsOperator(task_id="catalog_problems", execution_timeout=_limit("catalog_problems"),
+                              problems=problems, catalog_path=str(catalog_path))
     return dag

@@ -31,6 +31,8 @@ SOURCE_CONN = "promshift_source"
 # The trigger form of a group's DAG (``core.run_params``; the schema is in ``dag_factory.run_params_schema``).
 RUN_PARAMS = ("dry_run", "change_ticket", "warmup_override", "reason")
 TARGET_CONN = "promshift_target"
+# The trigger form field naming the group in a by-hand DAG of every group (decommission, recommission, rollback).
+GROUP_PARAM = "group"
 # The audit HMAC key lives in this connection's password (or the secrets backend behind it),
 # never in the audit database.
 AUDIT_CONN = "promshift_audit"
@@ -156,9 +158,10 @@ class _GroupStep:
     source_conn_id: str
     target_conn_id: str
 
-    def _init_group(self, *, group_name: str, catalog_path: str, profile: str | None,
+    def _init_group(self, *, group_name: str | None, catalog_path: str, profile: str | None,
                     source_conn_id: str, target_conn_id: str) -> None:
-        self.group_name = group_name
+        # None: a by-hand DAG of every group; the group is the trigger form's ``group`` (``choose_group``).
+        self.group_name = group_name or ""
         self.catalog_path = catalog_path
         self.profile = profile
         self.source_conn_id = source_conn_id
@@ -168,7 +171,34 @@ class _GroupStep:
     def group(self) -> Any:
         from promshift.adapters.settings import load_catalog
 
+        if not self.group_name:
+            raise AirflowFailException("no metric group chosen: this task runs only after choose_group(context)")
         return load_catalog(self.catalog_path, profile=self.profile).get(self.group_name)
+
+    def choose_group(self, context: Any) -> None:
+        """In a by-hand DAG of every group (decommission, recommission, full rollback), take the group from the
+        trigger form's ``group`` and check it against the catalog now: the form's list was the catalog's when
+        the DAG file was parsed. An unknown group fails the task with one line; nothing is touched. A task built
+        for one group (the migration DAG's) keeps its own."""
+        if self.group_name:
+            return
+        from promshift.adapters.settings import load_catalog
+
+        chosen = (context.get("params") or {}).get(GROUP_PARAM)
+        name = chosen if isinstance(chosen, str) else ""
+        groups = {g.name: g for g in load_catalog(self.catalog_path, profile=self.profile).groups}
+        names = list(groups)
+        if name not in groups:
+            shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+            raise AirflowFailException(f"unknown metric group {escaped_text(str(chosen))[:100]!r}: the catalog "
+                                       f"{self.catalog_path} has {shown or 'no groups'}")
+        self.group_name = name
+        # The chosen group's own cluster and workspace connections (its route's key), as its migration DAG has.
+        self.source_conn_id, self.target_conn_id = groups[name].source, groups[name].target
+
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        self.choose_group(context)  # before anything reads the group (every try and every resume renders)
+        super().render_template_fields(context, jinja_env)  # type: ignore[misc]
 
     @cached_property
     def source_hook(self) -> PrometheusHook | AmpHook:
@@ -496,7 +526,7 @@ class GroupStepOperator(_GroupStep, BaseOperator):
     template_fields: Sequence[str] = ("group_name",)
     ui_color = "#e8f0fe"
 
-    def __init__(self, *, group_name: str, catalog_path: str, profile: str | None = None,
+    def __init__(self, *, group_name: str | None, catalog_path: str, profile: str | None = None,
                  source_conn_id: str = SOURCE_CONN, target_conn_id: str = TARGET_CONN, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
@@ -887,10 +917,12 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
     def _answer(self, migration: Any, **answer: Any) -> None:
         migration.record_approval(prefix=self.approval_prefix, **answer)
 
-    def __init__(self, *, group_name: str, catalog_path: str, approvers: Sequence[str],
+    def __init__(self, *, group_name: str | None, catalog_path: str, approvers: Sequence[str] | None,
                  profile: str | None = None, source_conn_id: str = SOURCE_CONN,
                  target_conn_id: str = TARGET_CONN, gate_evidence: Output = None, **kwargs: Any) -> None:
-        kwargs.setdefault("subject", f"Cut over metric group {group_name} to AMP?")
+        """``group_name`` and ``approvers`` None: a by-hand DAG of every group; the chosen group's approvers
+        (and its ``approval_timeout``) are read from the catalog when the task runs."""
+        kwargs.setdefault("subject", f"Cut over metric group {group_name or '(chosen in the form)'} to AMP?")
         kwargs.setdefault("body", "Evidence is filled in when the task runs.")
         # The approver's form: its own comment field only. Airflow hands a task the DAG's params (the trigger
         # form) merged with its own; HITL keeps only params whose source is "task", so the comment is marked so
@@ -902,8 +934,9 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
             params["comment"] = Param("", type="string", description="Why (kept in the audit)", source="task")
         kwargs["params"] = params
         # The catalog's users and teams; a team is resolved when the question is asked (``ask_approvers``).
-        self.approver_entries = list(approvers)
-        super().__init__(assigned_users=[{"id": a, "name": a} for a in approvers if team_of(a) is None], **kwargs)
+        self.approver_entries = list(approvers) if approvers is not None else None
+        super().__init__(assigned_users=[{"id": a, "name": a} for a in approvers or () if team_of(a) is None],
+                         **kwargs)
         self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
                          source_conn_id=source_conn_id, target_conn_id=target_conn_id)
         self.gate_evidence = gate_evidence
@@ -916,9 +949,10 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         from promshift.orchestration.approver_teams import team_directory
 
         triggered_by = getattr(context.get("dag_run"), "triggering_user_name", None)
+        entries = self.approver_entries if self.approver_entries is not None else list(self.group.approvers)
         try:
-            directory = team_directory() if any(team_of(a) for a in self.approver_entries) else None
-            asked = resolve(self.approver_entries, directory, group=self.group_name, exclude=[triggered_by])
+            directory = team_directory() if any(team_of(a) for a in entries) else None
+            asked = resolve(entries, directory, group=self.group_name, exclude=[triggered_by])
         except ApproversError as exc:
             raise AirflowFailException(str(exc)) from None
         self.assigned_users = [{"id": a.id, "name": a.name} for a in asked]
@@ -978,6 +1012,7 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         raise AirflowSkipException(f"dry run: gate {gate.get('verdict')}; no approval asked, nothing cut over")
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        self.choose_group(context)
         migration = self.migration(context)
         responder = event.get("responded_by_user") or {}
 
@@ -1263,6 +1298,7 @@ class DecommissionPrepareOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.events import EventKind
 
+        self.choose_group(context)
         d = _decommission(self, context)
         m = d.migration
         why = d.refusal()
@@ -1296,6 +1332,9 @@ class DecommissionApprovalOperator(MigrationApprovalOperator):
     def execute(self, context: Any) -> Any:
         from promshift.core.evidence import evidence_sha256
 
+        self.choose_group(context)
+        if self.approver_entries is None:  # the chosen group's own wait, as its migration approval has
+            self.response_timeout = timedelta(seconds=self.group.approval_timeout_s)
         evidence = self.evidence()
         digest = evidence_sha256(evidence)
         self.migration(context).record_evidence_shown(
@@ -1328,6 +1367,7 @@ class DecommissionOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.steps.lifecycle import DecommissionFailed, DecommissionRefused
 
+        self.choose_group(context)
         approval = given(self, "approval") or {}
         try:
             return _decommission(self, context).decommission(_now(), approval=approval)
@@ -1341,6 +1381,7 @@ class RecommissionOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.steps.lifecycle import DecommissionRefused
 
+        self.choose_group(context)
         reason = str((context.get("params") or {}).get("reason") or "manual recommission")
         try:
             return _decommission(self, context).recommission(_now(), reason=reason)
@@ -1358,6 +1399,7 @@ class FullRollbackOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.steps.lifecycle import DEFAULT_READ_RESTORERS, DecommissionRefused, full_rollback
 
+        self.choose_group(context)
         if self.deploy.via_deployer:
             raise AirflowFailException(f"a full rollback by hand is wired for the remote_write path only, not "
                                        f"{self.deploy_kind!r}: roll the group's {self.deploy_kind} back by hand")

@@ -95,7 +95,9 @@ def build_plan_dag() -> DAG:
         tags=["promshift", "plan"],
         default_args={"retries": 1, "retry_delay": timedelta(seconds=30), "owner": "promshift"},
     ) as dag:
-        PlanOperator(task_id="plan")
+        # A backstop for a hung worker: the plan's reads of the source (TSDB status, series, rules, metadata)
+        # each have their own budget and end well before it.
+        PlanOperator(task_id="plan", execution_timeout=timedelta(minutes=30))
     return dag
 
 
