@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -384,24 +384,25 @@ class LocalAirflow:
             self.api(user, "POST", "/connections", json=body)
             log.info("connection %s created in Airflow's database", conn_id)
 
-    def ensure_latency_pool(self, *, user: str = TRIGGER_USER) -> None:
-        """The pool bounding concurrent latency probes on the target (``PROMSHIFT_LATENCY_POOL_SLOTS``, default 1):
-        Airflow would never schedule a latency task whose pool does not exist. In production: ``airflow pools
-        set`` (docs/lifecycle.md)."""
+    def ensure_latency_pool(self, *, user: str = TRIGGER_USER, target_conn_ids: Sequence[str] = ()) -> None:
+        """The pool bounding concurrent latency probes on each target (``PROMSHIFT_LATENCY_POOL_SLOTS``, default
+        1; the default target's, and each of ``target_conn_ids``): Airflow would never schedule a latency task
+        whose pool does not exist. In production: ``airflow pools set`` (docs/lifecycle.md)."""
         from promshift.orchestration.dag_factory import DEFAULT_LATENCY_POOL_SLOTS, latency_pool
         from promshift.orchestration.operators import TARGET_CONN
 
-        name = latency_pool(TARGET_CONN)
         slots = int(os.environ.get("PROMSHIFT_LATENCY_POOL_SLOTS") or DEFAULT_LATENCY_POOL_SLOTS)
-        body = {"name": name, "slots": slots, "description": "promshift latency probes on one target workspace"}
-        try:
-            self.api(user, "GET", f"/pools/{name}")
-        except RuntimeError:
-            self.api(user, "POST", "/pools", json=body)
-        else:
-            self.api(user, "PATCH", f"/pools/{name}", params={"update_mask": ["slots", "description"]},
-                     json={"slots": slots, "description": body["description"]})
-        log.info("pool %s: %d slot(s)", name, slots)
+        for conn_id in dict.fromkeys((TARGET_CONN, *target_conn_ids)):
+            name = latency_pool(conn_id)
+            body = {"name": name, "slots": slots, "description": "promshift latency probes on one target workspace"}
+            try:
+                self.api(user, "GET", f"/pools/{name}")
+            except RuntimeError:
+                self.api(user, "POST", "/pools", json=body)
+            else:
+                self.api(user, "PATCH", f"/pools/{name}", params={"update_mask": ["slots", "description"]},
+                         json={"slots": slots, "description": body["description"]})
+            log.info("pool %s: %d slot(s)", name, slots)
 
     def connection_exists(self, conn_id: str, *, user: str = TRIGGER_USER) -> bool:
         listed = self.api(user, "GET", "/connections", params={"connection_id_pattern": conn_id, "limit": 100})

@@ -104,6 +104,7 @@ def run_waves(session: DemoSession, *, report_root: Path, timeout_s: float = WAV
     """Wave 1's groups at once, then wave 2's; each approved through the REST API; a report per group."""
     stack, airflow = session.stack, session.airflow
     session.set_connections(fleet_connections(stack))
+    airflow.ensure_latency_pool(target_conn_ids=[TARGET_B])  # the second workspace's probes have their own pool
     config_of = {SOURCE_A: stack.source_config_path, SOURCE_B: stack.source_b_config_path}
     wave_starts = session.budget_from
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
