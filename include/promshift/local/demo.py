@@ -440,7 +440,7 @@ class DemoSession:
 def start_session(*, nodes: int, airflow_port: int, target_kind: str = "prometheus", kubernetes: bool = False,
                   history_s: float | None = None, history_groups: tuple[str, ...] = (),
                   history_interval_s: float = 300.0, executor: str = "local",
-                  bad_credentials: bool = False) -> DemoSession:
+                  bad_credentials: bool = False, catalog_path: Path | None = None) -> DemoSession:
     """Reset the local state, start the stack and one Airflow (left running: ``DemoSession.down`` stops both).
 
     With ``history_s`` the ``history_groups``' metrics get that much history on both sides first and the
@@ -451,7 +451,7 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
     config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=kubernetes)
     stack = LocalStack(config)
     profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
-    catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
+    catalog_path = catalog_path or REPO_ROOT / "catalog" / "metric_groups.yaml"  # the plan demo writes its own
     catalog = load_catalog(catalog_path, profile=profile)
     groups = [catalog.get(name) for name in history_groups]
     metrics: list[str] = []
@@ -750,7 +750,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario == "plan":  # no Airflow: the stack, a read load, and `promshift plan` (docs/plan.md)
         from promshift.local.demo_plan import run_plan_demo
 
-        print(run_plan_demo(nodes=args.nodes, report_root=args.report_root))
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        print(run_plan_demo(nodes=args.nodes, report_root=args.report_root, airflow_port=args.airflow_port))
         return 0
     if args.scenario in LIFECYCLE_SCENARIOS:
         try:
