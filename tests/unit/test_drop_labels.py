@@ -147,3 +147,24 @@ def test_the_plans_catalog_draft_declares_its_safe_drops_and_passes_the_check() 
     assert not result.problems, result.problems
     for g in plan["groups"]:
         assert result.catalog.get(g["name"]).drop_labels == tuple(d for d in g["labeldrop"] if d != "Hostname")
+
+
+def test_the_plan_demo_writes_a_catalog_with_the_first_droppable_group(tmp_path) -> None:
+    from pathlib import Path
+
+    from promshift.adapters.settings import check_catalog_file
+    from promshift.local.demo_plan import demo_catalog
+
+    base = Path(__file__).resolve().parents[2] / "catalog" / "metric_groups.yaml"
+    plan = {"groups": [
+        {"name": "no-drops", "metrics": ["DCGM_FI_DEV_FB_USED"], "labeldrop": ["Hostname"], "series": 8,
+         "golden_queries": []},
+        {"name": "with-drops", "metrics": ["DCGM_FI_DEV_GPU_UTIL"], "labeldrop": ["UUID", "Hostname"], "series": 8,
+         "golden_queries": ["avg(DCGM_FI_DEV_GPU_UTIL)"]}]}
+    path, name = demo_catalog(plan, base=base, out_dir=tmp_path / "cat")
+    checked = check_catalog_file(path, profile="demo")
+    assert not checked.problems, checked.problems
+    assert name == "with-drops" and checked.catalog.names() == ("with-drops",)
+    group = checked.catalog.get(name)
+    assert group.drop_labels == ("UUID",) and group.latency.queries == ("avg(DCGM_FI_DEV_GPU_UTIL)",)
+    assert (tmp_path / "cat" / "dashboards").is_dir()  # the golden dashboards resolve beside the catalog
