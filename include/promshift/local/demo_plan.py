@@ -81,7 +81,7 @@ def run_plan_demo(*, nodes: int, report_root: Path, rounds: int = 3, airflow_por
     code = promshift(["plan", "--source", stack.source_url, "--query-log", str(stack.source_query_log_path),
                       "--dashboards", str(dashboards), "--period", "1h", "--out", str(out)])
     text = f"=== promshift plan on the local stack ({answered} queries replayed; exit {code}) ===\n{out}"
-    if airflow_port is None or code not in (0,):
+    if airflow_port is None or code != 0:
         return text
     from promshift.adapters.settings import check_catalog_file
     from promshift.local.demo import run_scenario, start_session
