@@ -34,6 +34,7 @@ from promshift.core.golden import (
     DashboardQuery,
     WindowShortfall,
     dashboard_queries,
+    dropped_labels_read,
     either_name_selectors,
     fit_window,
     golden_names,
@@ -66,6 +67,7 @@ from promshift.core.parity import (
     normalize_labels,
     sample_hosts,
     undeclared_rename_note,
+    without_dropped,
 )
 from promshift.core.promql import (
     Analysis,
@@ -477,6 +479,11 @@ class ParityCheck:
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (raw,))
         if isinstance(fit, WindowShortfall):
             return Measurement(name, Verdict.INCONCLUSIVE, fit.reason, (raw,), {"wait_s": fit.wait_s})
+        read = dropped_labels_read(fit.expr, self.group.drop_labels)
+        if read:
+            return Measurement(name, Verdict.FAILED, f"reads {', '.join(read)}, which the group drops (drop_labels): "
+                               f"the target has no such label, so this query cannot answer as on the source",
+                               (fit.expr,), {"dropped_labels_read": read})
         # A declared rename: a fleet may be part-way through it, so each side reads every series under either
         # name, normalised to one (the dashboard's), and the same query is asked of both.
         renames = tuple(self.policy.rename_labels)
@@ -494,8 +501,11 @@ class ParityCheck:
                 text = str(exc).removeprefix(f"{exc.base_url}: ")
                 return GoldenSide(error=text, http_status=exc.http_status, kind=exc.kind)
             rename = dict(self.policy.rename_labels)
-            return GoldenSide(series={normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename):
-                                      s.points for s in res.series}, warnings=res.warnings)
+            series = {normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename): s.points
+                      for s in res.series}
+            if client is self.source:  # declared drops: the target's answer has the source's without them
+                series = without_dropped(series, self.group.drop_labels)
+            return GoldenSide(series=series, warnings=res.warnings)
 
         source, target = each_side(lambda: answer(self.source, asked), lambda: answer(self.target, asked))
         failed = golden_failure(name, queries, source, target)
@@ -549,7 +559,7 @@ class ParityCheck:
             return Measurement("labels", Verdict.INCONCLUSIVE, "the source has no metric of this group in the window",
                                tuple(queries))
         drift = label_drift(names[0], names[1], ignore=self.policy.ignore_labels,
-                            rename=dict(self.policy.rename_labels))
+                            rename=dict(self.policy.rename_labels), dropped=self.group.drop_labels)
         numbers: dict[str, Any] = {"metrics": len(metrics), "drift": drift,
                                    "labels": sorted({n for ns in names[0].values() for n in ns})}
         if drift:
@@ -655,7 +665,8 @@ class ParityCheck:
             return side
 
         source, target = on_each(lambda: fetch(self.source, queries[0]), lambda: fetch(self.target, queries[1]))
-        comparison.add(source, target)
+        # Declared drops: the target holds the source's series without those labels (summed where two would merge).
+        comparison.add(without_dropped(source, self.group.drop_labels), target)
 
     def host_queries(self, hosts: str | Sequence[str], start: float, end: float,
                      host_names: Sequence[str] | None = None) -> list[str]:

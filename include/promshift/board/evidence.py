@@ -163,7 +163,7 @@ def config_diff(group: str, deploy: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     try:
         entry = remote_write_entry(group_name=group, name_regex=deploy["keep_regex"], url=deploy["url"],
-                                   sigv4=deploy.get("sigv4"))
+                                   sigv4=deploy.get("sigv4"), drop_labels=tuple(deploy.get("drop_labels") or ()))
     except (KeyError, RenderError) as exc:
         return {"error": f"deploy evidence cannot be rendered: {exc}", "lines": []}
     problem = None

@@ -356,6 +356,14 @@ def _render(items: list[Any], new: str, old: str, forced: Mapping[int, bool]) ->
     return "".join(out)
 
 
+def dropped_labels_read(expr: str, dropped: Sequence[str]) -> list[str]:
+    """The group's declared drops that ``expr`` names (matcher, ``by``/``without``, ``on``/``ignoring``, ...).
+
+    The target has no such label, so a query reading one cannot give the source's answer there.
+    """
+    return [n for n in dropped if rename_labels_in(expr, {n: "__promshift_probe"}) != expr]
+
+
 def read_either_name(expr: str, renames: Sequence[tuple[str, str]]) -> str:
     """``expr`` reading each series under either name of a renamed label, as if all had the old one.
 

@@ -58,6 +58,34 @@ def normalize_labels(labels: Mapping[str, str], *, ignore: Iterable[str] = (),
     return tuple(sorted(out.items()))
 
 
+def without_dropped(series: Mapping[LabelSet, Points], dropped: Iterable[str]) -> dict[LabelSet, Points]:
+    """The source's series as the target should hold them after the group's declared ``labeldrop``.
+
+    Each label set loses ``dropped``; series that then share a label set are summed point by point
+    (``sum without (dropped)``). Where the drop is safe (the plan's uniqueness check) every series
+    stays apart and this is a plain strip; where two collide, the target (which received both under
+    one label set) cannot equal their sum, so the comparison fails rather than passing on one of them.
+    """
+    gone = set(dropped)
+    if not gone:
+        return dict(series)
+    out: dict[LabelSet, Points] = {}
+    merged: dict[LabelSet, dict[float, float]] = {}
+    for labels, points in series.items():
+        key = tuple((k, v) for k, v in labels if k not in gone)
+        if key not in out:
+            out[key] = points
+            continue
+        acc = merged.get(key)
+        if acc is None:
+            acc = merged[key] = {t: v for t, v in out[key]}
+        for t, v in points:
+            acc[t] = acc.get(t, 0.0) + v
+    for key, acc in merged.items():
+        out[key] = sorted(acc.items())
+    return out
+
+
 KIND_FROM_METADATA = "source_metadata"
 KIND_FROM_DCGM = "dcgm_list"
 KIND_DEFAULT = "default"
@@ -545,19 +573,22 @@ def _some(keys: Sequence[str], key: str) -> str:
 
 
 def label_drift(source: Mapping[str, Iterable[str]], target: Mapping[str, Iterable[str]], *,
-                ignore: Iterable[str] = (), rename: Mapping[str, str] | None = None) -> dict[str, Any]:
+                ignore: Iterable[str] = (), rename: Mapping[str, str] | None = None,
+                dropped: Iterable[str] = ()) -> dict[str, Any]:
     """Compare label names per metric after normalization; name what differs on each side.
 
     ``source``/``target`` map metric -> label names. Renames apply to both sides (the
-    group's rules say how the target's labels map to the source's). A metric's entry has
+    group's rules say how the target's labels map to the source's). ``dropped`` (the group's
+    declared ``drop_labels``) leave the source's side only: a target that still has one is drift. A metric's entry has
     ``only_source``, ``only_target`` and, when a name on one side only is a case variant of
     one the other side has (``hostname`` vs ``Hostname``), ``renamed``: ``{that name: the other}``.
     """
     skip = set(ignore) | {"__name__"}
+    gone = set(dropped)
     rename = rename or {}
     drift: dict[str, Any] = {}
     for metric in sorted(set(source) | set(target)):
-        src = {rename.get(n, n) for n in source.get(metric, ()) if n not in skip}
+        src = {rename.get(n, n) for n in source.get(metric, ()) if n not in skip and n not in gone}
         tgt = {rename.get(n, n) for n in target.get(metric, ()) if n not in skip}
         if src != tgt:
             drift[metric] = {"only_source": sorted(src - tgt), "only_target": sorted(tgt - src)}

@@ -85,7 +85,7 @@ def catalog_draft(plan: Mapping[str, Any], *, host_label: str, scrape_interval_s
     """A catalog with one group per recommended group, in wave order, for a human to finish.
 
     Owners and approvers are placeholders a reviewer must replace. The recommended label drops
-    are written as comments: the catalog declares no drops yet (see docs/plan.md).
+    are declared (``drop_labels``), except the host label, which parity needs.
     """
     q = json.dumps
     lines = ["# Draft written by `promshift plan`: review it like code before use.",
@@ -105,8 +105,14 @@ def catalog_draft(plan: Mapping[str, Any], *, host_label: str, scrape_interval_s
                   f"    wave: {g['wave']}"]
         if previous is not None:
             lines.append(f"    depends_on: [{previous}]")
-        if g["labeldrop"]:
-            lines.append(f"    # recommended labeldrop (never read, series stay unique): {', '.join(g['labeldrop'])}")
+        # Declared drops: never the host label (parity samples hosts by it) nor a reserved name.
+        drops = [d for d in g["labeldrop"] if d != host_label and not d.startswith("__")]
+        kept = [d for d in g["labeldrop"] if d not in drops]
+        if drops:
+            lines.append("    # never read, and every series stays unique without them (checked on the source)")
+            lines.append(f"    drop_labels: [{', '.join(q(d) for d in drops)}]")
+        if kept:
+            lines.append(f"    # also never read, kept (host label or reserved): {', '.join(kept)}")
         if g["left_behind"]:
             lines.append(f"    # left behind, nobody read them: {', '.join(g['left_behind'][:20])}"
                          + (" ..." if len(g["left_behind"]) > 20 else ""))

@@ -103,8 +103,12 @@ def remote_write_entry(
     url: str,
     queue_config: Mapping[str, Any] | None = None,
     sigv4: Mapping[str, str] | None = None,
+    drop_labels: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The remote_write entry that dual-writes exactly the group's metrics to ``url``.
+
+    ``drop_labels`` (the group's declared drops) add one ``labeldrop`` after the keep filter,
+    its regex the names' exact alternation; none, no rule (the entry is as before).
 
     Prometheus anchors relabel regexes, so ``name_regex`` must match whole names. With
     ``sigv4`` (``{region, role_arn?}``, an AMP target) the entry signs its writes and, unless
@@ -117,6 +121,9 @@ def remote_write_entry(
             {"source_labels": ["__name__"], "regex": name_regex, "action": "keep"},
         ],
     }
+    if drop_labels:
+        # Label names ([a-zA-Z_][a-zA-Z0-9_]*) need no escaping in a regex.
+        entry["write_relabel_configs"].append({"regex": "|".join(drop_labels), "action": "labeldrop"})
     if sigv4 is not None:
         if not sigv4.get("region"):
             raise RenderError("a sigv4 remote_write needs a region")

@@ -81,8 +81,11 @@ def _meta_label(name: str) -> str:
 
 
 def render_scraper_config(*, name_regex: str, scrape_interval_s: float, job: ScraperJob = ScraperJob(),
-                          external_labels: Mapping[str, str] | None = None) -> str:
-    """The group's scrape configuration blob (YAML text): dcgm-exporter pods, the group's metrics only."""
+                          external_labels: Mapping[str, str] | None = None, drop_labels: tuple[str, ...] = ()) -> str:
+    """The group's scrape configuration blob (YAML text): dcgm-exporter pods, the group's metrics only.
+
+    ``drop_labels`` (the group's declared drops) add a ``labeldrop`` after the keep filter, as on remote_write.
+    """
     interval = _duration_text(scrape_interval_s)
     sd: dict[str, Any] = {"role": "pod"}
     if job.namespace:
@@ -100,6 +103,8 @@ def render_scraper_config(*, name_regex: str, scrape_interval_s: float, job: Scr
         ],
         "metric_relabel_configs": [{"source_labels": ["__name__"], "regex": name_regex, "action": "keep"}],
     }
+    if drop_labels:
+        scrape_job["metric_relabel_configs"].append({"regex": "|".join(drop_labels), "action": "labeldrop"})
     document: dict[str, Any] = {"global": {"scrape_interval": interval}, "scrape_configs": [scrape_job]}
     if external_labels:
         document["global"]["external_labels"] = dict(external_labels)

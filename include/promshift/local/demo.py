@@ -452,7 +452,8 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
                   history_s: float | None = None, history_groups: tuple[str, ...] = (),
                   history_interval_s: float = 300.0, executor: str = "local",
                   bad_credentials: bool = False, clusters: int = 1,
-                  catalog: Callable[[Path], Path] | None = None) -> DemoSession:
+                  catalog: Callable[[Path], Path] | None = None,
+                  catalog_path: Path | None = None) -> DemoSession:
     """Reset the local state, start the stack and one Airflow (left running: ``DemoSession.down`` stops both).
 
     With ``history_s`` the ``history_groups``' metrics get that much history on both sides first and the
@@ -467,7 +468,7 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
     stack = LocalStack(config)
     write_catalog = catalog
     profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
-    catalog_path = REPO_ROOT / "catalog" / "metric_groups.yaml"
+    catalog_path = catalog_path or REPO_ROOT / "catalog" / "metric_groups.yaml"  # the plan demo writes its own
     catalog = load_catalog(catalog_path, profile=profile)
     groups = [catalog.get(name) for name in history_groups]
     metrics: list[str] = []
@@ -809,7 +810,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario == "plan":  # no Airflow: the stack, a read load, and `promshift plan` (docs/plan.md)
         from promshift.local.demo_plan import run_plan_demo
 
-        print(run_plan_demo(nodes=args.nodes, report_root=args.report_root))
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        print(run_plan_demo(nodes=args.nodes, report_root=args.report_root, airflow_port=args.airflow_port))
         return 0
     if args.scenario == "fleet":  # two clusters onto two workspaces, three groups in two waves (demo_fleet)
         if args.group or args.target not in (None, "prometheus") or args.deploy not in (None, REMOTE_WRITE) \

@@ -144,7 +144,7 @@ class AmpHook(AwsBaseHook):
 
     # -- the managed-collector path (DEPLOY=scraper) --------------------------------------------
     def scraper_deployer(self, group_name: str, name_regex: str, *, scrape_interval_s: float = 30.0,
-                         timeout_s: float | None = None) -> Any:
+                         timeout_s: float | None = None, drop_labels: tuple[str, ...] = ()) -> Any:
         """A ``ScraperDeployer`` for the group: its blob, this workspace as destination, ``extra.scraper`` as source.
 
         The blob is checked against the managed collector's limits when ``deploy`` is called, before any API call.
@@ -154,7 +154,8 @@ class AmpHook(AwsBaseHook):
 
         source = scraper_source_from_extra(self.conn_config.extra_config, conn_id=str(self.aws_conn_id),
                                            region=self.target.region)
-        blob = render_scraper_config(name_regex=name_regex, scrape_interval_s=scrape_interval_s)
+        blob = render_scraper_config(name_regex=name_regex, scrape_interval_s=scrape_interval_s,
+                                     drop_labels=drop_labels)
         return ScraperDeployer(self.conn, group_name=group_name, blob=blob, workspace_arn=self.workspace.arn,
                                source=source, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
 

@@ -306,7 +306,7 @@ class _GroupStep:
         try:
             if self.deploy.own_writer:  # the managed collector: the target's own writer is the deployed thing
                 deployer = hook.scraper_deployer(self.group.name, self.group.name_regex(),
-                                                 scrape_interval_s=interval_s)
+                                                 scrape_interval_s=interval_s, drop_labels=self.group.drop_labels)
             elif self.deploy.change_request:  # a commit in the team's config repository
                 deployer = self._git_deployer(context)
             else:
@@ -343,6 +343,7 @@ class _GroupStep:
             raise ValueError(f"connection {self.source_conn_id!r} names no Kubernetes source")
         backends = self.backends()
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
+                                   drop_labels=self.group.drop_labels,
                                    url=backends.target_remote_write_url, sigv4=backends.target_sigv4)
         return kubernetes_deployer(source.kind, kubernetes_hook(source), namespace=source.namespace,
                                    name=source.name, entry=entry, prometheus=self.source_hook.prometheus_client(),
@@ -360,6 +361,7 @@ class _GroupStep:
         token = connection_secret(source.conn_id) if source.conn_id else None
         backends = self.backends()
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
+                                   drop_labels=self.group.drop_labels,
                                    url=backends.target_remote_write_url, sigv4=backends.target_sigv4)
         return GitDeployment(source, entry=entry, prometheus=self.source_hook.prometheus_client(),
                              backend=change_backend(source, token), group=self.group.name,

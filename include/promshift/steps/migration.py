@@ -346,6 +346,7 @@ class GroupMigration:
         """
         snap = self._load_snapshot(snapshot_info)
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
+                                   drop_labels=self.group.drop_labels,
                                    url=self.backends.target_remote_write_url, sigv4=self.backends.target_sigv4)
         new_data = add_remote_write(snap.data, entry)
         done = self.recorded(EventKind.DUAL_WRITE_DEPLOYED, Stage.DUAL_WRITING)
@@ -375,6 +376,8 @@ class GroupMigration:
                     "dual_write_since": now.timestamp()}
         if "sigv4" in entry:
             evidence["sigv4"] = entry["sigv4"]
+        if self.group.drop_labels:
+            evidence["drop_labels"] = list(self.group.drop_labels)
         if resumed:
             evidence["resumed"] = "the config already held this entry from an earlier attempt; verified live"
         try:

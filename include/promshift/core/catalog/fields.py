@@ -452,6 +452,11 @@ _GROUP_FIELDS: dict[str, _Field] = {
     # How often the source scrapes: a warm-up shorter than one scrape has nothing to compare.
     "scrape_interval": _Field("scrape_interval_s", _duration(positive=True)),
     "host_label": _Field("host_label", _pattern_string(_LABEL_NAME_RE, "label name")),
+    # Labels the remote_write entry drops (labeldrop); checked against host_label and renames in layers.py.
+    "drop_labels": _Field(
+        "drop_labels",
+        _unique_list(_pattern_string(_LABEL_NAME_RE, "label name"), what="label", non_empty=False),
+    ),
     "approval_timeout": _Field("approval_timeout_s", _duration(positive=True)),
     # The Airflow connection ids of the group's source Prometheus and its target (AMP workspace).
     "source": _Field("source", _pattern_string(_CONN_ID_RE, "connection id", max_length=CONN_ID_MAX_LENGTH)),

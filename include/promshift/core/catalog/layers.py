@@ -209,6 +209,16 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
         if label in renamed:
             issues.append(("parity.rename_labels", f"label {label!r} is both ignored and renamed"))
 
+    # A dropped label must not be one parity keys hosts or renames on, nor one the sample needs.
+    renamed_any = renamed | {target for _, target in group.parity.rename_labels}
+    for label in group.drop_labels:
+        if label == group.host_label:
+            issues.append(("drop_labels", f"label {label!r} is the group's host_label: parity needs it"))
+        elif label.startswith("__"):
+            issues.append(("drop_labels", f"label {label!r} is reserved (names starting with '__')"))
+        elif label in renamed_any:
+            issues.append(("drop_labels", f"label {label!r} is both dropped and renamed (parity.rename_labels)"))
+
     latency = group.latency
     if not latency.windows and not given("latency.windows"):
         issues.append(("latency.windows", "is required (set it in defaults or in the group)"))

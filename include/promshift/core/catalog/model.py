@@ -200,6 +200,7 @@ class MetricGroup:
     A group claims the explicit ``metrics`` plus every name ``metric_regex``
     matches (RE2, fully anchored as in Prometheus relabelling). ``host_label``
     is the label that identifies a node, used to sample hosts for parity.
+    ``drop_labels`` are removed on the write path (``labeldrop``), never the host label.
     """
 
     name: str
@@ -211,6 +212,9 @@ class MetricGroup:
     metrics: tuple[str, ...] = ()
     metric_regex: str | None = None
     host_label: str = "Hostname"
+    # Labels the group's remote_write entry removes (a ``labeldrop`` after the keep filter): the target
+    # holds each series without them, and parity compares it with the source's series stripped of them.
+    drop_labels: tuple[str, ...] = ()
     # An unanswered approval fails (and so rolls back) after this long.
     approval_timeout_s: float = 86400.0
     # The source's scrape interval: a warm-up must last at least one scrape.
