@@ -312,15 +312,24 @@ def test_a_target_that_fails_the_handoff_puts_the_alerts_back_on_the_source(fres
                                                             "GpuMemoryExhausted", "TooHot"}
 
 
-def test_promtool_refuses_a_broken_source_edit_before_anything_is_deployed(fresh: Rig) -> None:
-    # An extra rule whose expression does not parse: the edited file would be refused by promtool.
+def test_a_broken_source_edit_is_refused_before_anything_is_deployed(fresh: Rig) -> None:
+    # An extra rule whose expression does not parse: our own PromQL check names the rule, before promtool runs.
     broken = RULES.replace("  - name: node\r\n", "  - name: broken\r\n    rules:\r\n      - alert: Bad\r\n"
                            "        expr: sum(\r\n  - name: node\r\n")
     fresh.rule_file.write_bytes(broken.encode())
-    with pytest.raises(DeployError, match="promtool rejected the rules of .*gpu.yml"):
+    with pytest.raises(DeployError, match=r"gpu.yml: group 'broken', rule 1 \(alert 'Bad'\): expr is not valid PromQL"):
         move = fresh.move()
         move.plan(move.snapshot())
     assert fresh.rule_file.read_bytes() == broken.encode()
+    # Valid PromQL, but an annotation template promtool cannot parse: promtool refuses the edited file.
+    templated = RULES.replace("  - name: node\r\n", "  - name: broken\r\n    rules:\r\n      - alert: Bad\r\n"
+                              "        expr: vector(1)\r\n        annotations:\r\n"
+                              "          summary: '{{ $labels.x '\r\n  - name: node\r\n")
+    fresh.rule_file.write_bytes(templated.encode())
+    with pytest.raises(DeployError, match="promtool rejected the rules of .*gpu.yml"):
+        move = fresh.move()
+        move.plan(move.snapshot())
+    assert fresh.rule_file.read_bytes() == templated.encode()
 
 
 # --------------------------------------------------------------------------- AMP (moto server)

@@ -138,7 +138,8 @@ def test_a_scraper_deploy_ends_dual_writing_warms_up_without_a_queue_and_rolls_b
     deploy = out["deploy"]
     assert deploy["kind"] == "scraper" and deploy["state"] == "done"
     assert [c["status"] for c in deploy["status_history"]] == ["CREATING", "ACTIVE"]
-    assert set(deploy["quota"]) == {"group_series", "workspace_series", "limit", "share"}
+    assert set(deploy["quota"]) == {"group_series", "workspace_series", "limit", "share", "workspace_id",
+                                    "pending_groups", "pending_series"}
     assert 0 < deploy["quota"]["share"] < 0.8
     active_at = datetime.fromisoformat(deploy["status_history"][-1]["at"]).timestamp()
     assert out["dual_write_since"] == active_at
@@ -211,7 +212,7 @@ def test_update_failed_ends_rolled_back_with_the_aws_reason_in_the_audit(stack: 
         assert rolled["deploy"]["status_history"][-1]["status"] == "ACTIVE"
         assert run.deployer.snapshot().content == old_blob
         assert run.event("rolled_back")["reason"] == why
-        assert run.kinds() == ["snapshot_taken", "deploy_failed", "rolled_back"]
+        assert run.kinds() == ["snapshot_taken", "quota_reserved", "deploy_failed", "rolled_back"]
         assert run.audit.verify().ok
     finally:
         stack.set_aws_faults(scraper=FAST)
