@@ -28,7 +28,6 @@ writes, so a trigger may call it as often as it likes.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,6 +38,7 @@ from urllib3.exceptions import HTTPError
 
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.deploy import DeployError, DeployKind, DeployResult, DeploySnapshot, DeployState
+from promshift.core.git_render import config_entry, operator_entry
 from promshift.core.inputs import CONFIG, InputRefused, check_size
 from promshift.core.redact import redact_text
 from promshift.core.render import (
@@ -57,8 +57,6 @@ CR_GROUP, CR_VERSION, CR_PLURAL = "monitoring.coreos.com", "v1", "prometheuses"
 DEFAULT_TIMEOUT_S = 300.0
 MERGE_PATCH = "application/merge-patch+json"
 RESTORE_ATTEMPTS = 5
-# Maps whose keys are user data, not field names: never renamed between the two spellings.
-_DATA_MAPS = frozenset({"headers", "proxy_connect_header", "proxyConnectHeader"})
 
 
 def api_client_of(api: Any) -> ApiClient:
@@ -85,37 +83,20 @@ def _api_reason(exc: ApiException) -> str:
     return redact_text(" ".join(text.split()))[:400]
 
 
-def _camel(key: str) -> str:
-    head, *rest = key.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-def _snake(key: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])([A-Z])", lambda m: "_" + m.group(1).lower(), key)
-
-
-def _rename(value: Any, rename: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {rename(str(k)): (dict(v) if str(k) in _DATA_MAPS and isinstance(v, Mapping) else _rename(v, rename))
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rename(item, rename) for item in value]
-    return value
-
-
 def cr_remote_write_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
     """Our Prometheus-config ``remote_write`` entry as a prometheus-operator ``RemoteWriteSpec``.
 
     ``write_relabel_configs`` -> ``writeRelabelConfigs`` (``source_labels`` -> ``sourceLabels``),
     ``sigv4.role_arn`` -> ``sigv4.roleArn``, ``queue_config`` -> ``queueConfig`` (``max_samples_per_send``
-    -> ``maxSamplesPerSend``): the operator's field names for the same Prometheus settings.
+    -> ``maxSamplesPerSend``): the operator's field names for the same Prometheus settings
+    (``core.git_render.operator_entry``, which the git path's manifests use too).
     """
-    return _rename(dict(entry), _camel)
+    return operator_entry(entry)
 
 
 def config_remote_write_entry(spec: Mapping[str, Any]) -> dict[str, Any]:
     """A ``RemoteWriteSpec`` back in Prometheus-config spelling (what the operator writes into the config)."""
-    return _rename(dict(spec), _snake)
+    return config_entry(spec)
 
 
 class _StatusConfigVerify:

@@ -37,6 +37,7 @@ import yaml
 
 from promshift.adapters.deploy import write_keeping
 from promshift.core.alert_routes import AlertRoutesError, parse_definition
+from promshift.local.stack.records import JsonRecords
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def local_config(data: bytes | None) -> dict[str, Any]:
     return out
 
 
-class AlertDefinitions:
+class AlertDefinitions(JsonRecords):
     """Each workspace's alert manager definition, and the local Alertmanager configured from it."""
 
     def __init__(self, state_dir: Path | None, *, alertmanager_url: str | None = None,
@@ -87,22 +88,6 @@ class AlertDefinitions:
         self.lock = threading.Lock()
         self._memory: dict[str, dict[str, Any]] = {}
         self.http = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=5, read=30))
-
-    def _read(self) -> dict[str, dict[str, Any]]:
-        if self.state_path is None:
-            return dict(self._memory)
-        try:
-            document = json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return document if isinstance(document, dict) else {}
-
-    def _write(self, records: dict[str, dict[str, Any]]) -> None:
-        if self.state_path is None:
-            self._memory = dict(records)
-            return
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        write_keeping(self.state_path, (json.dumps(records, indent=2, sort_keys=True) + "\n").encode())
 
     @staticmethod
     def check(data: bytes) -> None:

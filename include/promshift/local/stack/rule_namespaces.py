@@ -23,7 +23,6 @@ previous moto stay under the rules directory until ``stack reset``.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import subprocess
@@ -35,6 +34,7 @@ import urllib3
 
 from promshift.adapters.deploy import DeployError, promtool_on, write_keeping
 from promshift.core.notify import one_line
+from promshift.local.stack.records import JsonRecords
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def _one_line(text: str) -> str:
     return one_line(text, _REASON_LIMIT)
 
 
-class RuleNamespaces:
+class RuleNamespaces(JsonRecords):
     """Rule-groups namespaces as rule files of the target Prometheus, and the status each reached."""
 
     def __init__(self, rules_dir: Path, target_url: str, *, state_dir: Path | None = None,
@@ -72,22 +72,6 @@ class RuleNamespaces:
         return f"{workspace_id}/{name}"
 
     # -- the status record ----------------------------------------------------------------------
-
-    def _read(self) -> dict[str, dict[str, str]]:
-        if self.state_path is None:
-            return dict(self._memory)
-        try:
-            document = json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return document if isinstance(document, dict) else {}
-
-    def _write(self, records: dict[str, dict[str, str]]) -> None:
-        if self.state_path is None:
-            self._memory = dict(records)
-            return
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        write_keeping(self.state_path, (json.dumps(records, indent=2, sort_keys=True) + "\n").encode())
 
     def status(self, workspace_id: str, name: str) -> dict[str, str] | None:
         """The status this namespace reached here (``{"statusCode": ..., "statusReason"?: ...}``), None if unknown."""
