@@ -396,12 +396,13 @@ class LocalAirflow:
             name = latency_pool(conn_id)
             body = {"name": name, "slots": slots, "description": "promshift latency probes on one target workspace"}
             try:
-                self.api(user, "GET", f"/pools/{name}")
+                found = self.api(user, "GET", f"/pools/{name}")
             except RuntimeError:
                 self.api(user, "POST", "/pools", json=body)
             else:
-                self.api(user, "PATCH", f"/pools/{name}", params={"update_mask": ["slots", "description"]},
-                         json={"slots": slots, "description": body["description"]})
+                if found.get("slots") != slots:  # Airflow's PoolPatchBody names the pool ("pool") as well
+                    self.api(user, "PATCH", f"/pools/{name}", params={"update_mask": ["slots", "description"]},
+                             json={"pool": name, "slots": slots, "description": body["description"]})
             log.info("pool %s: %d slot(s)", name, slots)
 
     def connection_exists(self, conn_id: str, *, user: str = TRIGGER_USER) -> bool:
