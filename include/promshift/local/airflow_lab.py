@@ -402,7 +402,8 @@ class LocalAirflow:
             else:
                 if found.get("slots") != slots:  # Airflow's PoolPatchBody names the pool ("pool") as well
                     self.api(user, "PATCH", f"/pools/{name}", params={"update_mask": ["slots", "description"]},
-                             json={"pool": name, "slots": slots, "description": body["description"]})
+                             json={"pool": name, "slots": slots, "description": body["description"],
+                                   "include_deferred": bool(found.get("include_deferred"))})
             log.info("pool %s: %d slot(s)", name, slots)
 
     def connection_exists(self, conn_id: str, *, user: str = TRIGGER_USER) -> bool:
