@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 import traceback
@@ -30,11 +29,11 @@ import promshift.adapters.settings  # noqa: E402, F401
 import promshift.cli  # noqa: E402, F401
 import promshift.local.stack.k8s_api  # noqa: E402, F401
 from promshift.core.render import RenderError
+from tests.unit.test_catalog_bad_inputs import expand
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "data" / "bad_inputs.yaml"
 CASES: list[dict[str, Any]] = yaml.safe_load(CORPUS.read_text(encoding="utf-8"))
-REPEAT = re.compile(r"<<(.+?)\*(\d+)>>", re.DOTALL)
 DEFAULT_SECONDS = 2.0
 HANG_S = 60.0
 MAX_LINE_CHARS = 600
@@ -46,17 +45,6 @@ class Outcome:
 
     refused: bool
     lines: list[str]
-
-
-def expand(value: Any) -> Any:
-    """Replace ``<<S*N>>`` with S repeated N times, in strings and mapping keys."""
-    if isinstance(value, str):
-        return REPEAT.sub(lambda m: m.group(1) * int(m.group(2)), value)
-    if isinstance(value, list):
-        return [expand(item) for item in value]
-    if isinstance(value, dict):
-        return {expand(key): expand(item) for key, item in value.items()}
-    return value
 
 
 def input_path(case: dict[str, Any], tmp_path: Path, name: str = "input.yml") -> Path:

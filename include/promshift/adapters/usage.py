@@ -43,6 +43,17 @@ class ReadNotes:
     caveats: list[str] = field(default_factory=list)
 
 
+def _one_more_read(acc: list[Any], points: float, seen: float | None) -> None:
+    """Another read of an expression already counted: ``[count, points, last seen, reader, first seen]``."""
+    acc[0] += 1
+    acc[1] += points
+    if seen is not None:
+        if acc[2] is None or seen > acc[2]:
+            acc[2] = seen
+        if acc[4] is None or seen < acc[4]:
+            acc[4] = seen
+
+
 def _ts(text: Any) -> float | None:
     if not isinstance(text, str):
         return None
@@ -131,12 +142,7 @@ def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNot
         if a is None:
             acc[key] = [1, points, seen, reader or api, seen]  # count, points, last seen, reader, first seen
         else:
-            a[0] += 1
-            a[1] += points
-            if seen is not None and (a[2] is None or seen > a[2]):
-                a[2] = seen
-            if seen is not None and (a[4] is None or seen < a[4]):
-                a[4] = seen
+            _one_more_read(a, points, seen)
         summary.read += 1
 
     def block(part: bytes) -> bool:
@@ -176,12 +182,7 @@ def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNot
                     key = (expr, id(reader))
                     acc_line = acc.get(key)
                     if acc_line is not None:  # seen before: it parsed
-                        acc_line[0] += 1
-                        acc_line[1] += points
-                        if seen is not None and (acc_line[2] is None or seen > acc_line[2]):
-                            acc_line[2] = seen
-                        if seen is not None and (acc_line[4] is None or seen < acc_line[4]):
-                            acc_line[4] = seen
+                        _one_more_read(acc_line, points, seen)
                         summary.read += 1
                     else:
                         count(expr, seen, points, reader)
