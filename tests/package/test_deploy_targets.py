@@ -115,7 +115,10 @@ def test_the_values_run_our_image_with_a_triggerer() -> None:
 
 
 def test_the_service_accounts_assume_the_airflow_role_of_deploy_iam() -> None:
-    v = values()
+    check_service_accounts(values())
+
+
+def check_service_accounts(v: dict[str, Any]) -> None:
     features = yaml.safe_load((IAM / "features.yaml").read_text())
     policy = features["roles"]["airflow"]["policy"]
     assert (IAM / policy).is_file()
@@ -132,6 +135,26 @@ def test_the_service_accounts_assume_the_airflow_role_of_deploy_iam() -> None:
     for placeholder in ("WorkerServiceAccount", "TriggererServiceAccount", "ApiServerServiceAccount"):
         assert f"${{{placeholder}}}" in trust and f"${{{placeholder}}}" in VALUES.read_text(), placeholder
     assert len({a["name"] for a in accounts.values()}) == len(accounts)
+
+
+def test_what_the_schema_lets_through_our_own_checks_catch(validator: jsonschema.protocols.Validator) -> None:
+    """The chart's schema is lax at the top level and inside serviceAccount: a typo there would silently drop
+    the triggerer or the IRSA annotation. Our checks catch both."""
+    typo_sa = copy.deepcopy(values())
+    account = typo_sa["triggerer"]["serviceAccount"]
+    account["annotatons"] = account.pop("annotations")
+    typo_top = copy.deepcopy(values())
+    typo_top["trigerer"] = typo_top.pop("triggerer")
+    for wrong in (typo_sa, typo_top):
+        assert not list(validator.iter_errors(wrong)), "the schema got stricter: this test can go"
+    with pytest.raises((AssertionError, KeyError)):
+        check_service_accounts(typo_sa)
+    assert unknown_top_level_keys(typo_top, validator.schema) == ["trigerer"]
+    assert unknown_top_level_keys(values(), validator.schema) == []
+
+
+def unknown_top_level_keys(v: dict[str, Any], schema: Any) -> list[str]:
+    return sorted(set(v) - set(schema["properties"]))
 
 
 def test_connections_come_from_a_secrets_backend_the_image_has() -> None:
