@@ -5,6 +5,7 @@
 # No container engine runs in CI: tests/package/test_wheel.py builds the same wheel from the same two inputs
 # (pyproject.toml, include/), installs it with --no-deps over requirements.txt in a fresh venv, and loads the
 # provider, the DAGs and the CLI there; it also reads this file, so the two cannot drift apart silently.
+# tests/package/test_image_layer.py carries out this file's own COPY/ENV/pip steps, stage by stage, in fresh venvs.
 
 # Stage 1: the wheel, built as the test builds it (setuptools at requirements.txt's pin, no build isolation).
 FROM apache/airflow:3.3.2-python3.11 AS wheel
