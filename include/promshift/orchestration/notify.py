@@ -4,8 +4,9 @@ The channel is the catalog's (``notify:`` in ``catalog/metric_groups.yaml``): ``
 SMTP provider's ``SmtpNotifier``, ``sns`` with the amazon provider's ``SnsNotifier``, ``ses`` with its
 ``SesNotifier`` (``ses:SendRawEmail``), ``slack`` with the Slack provider's ``SlackWebhookNotifier`` (an
 incoming webhook: text plus Block Kit blocks); ``none`` (the default) sends nothing. The text is built
-in the pure core (``promshift.core.notify``); the links come from Airflow: ``HITLOperator.generate_link_to_ui_from_context`` for the approval's required
-action, the task instance's ``log_url`` otherwise (both need ``[api] base_url``).
+in the pure core (``promshift.core.notify``); the links come from Airflow:
+``HITLOperator.generate_link_to_ui_from_context`` for the approval's required action, the task
+instance's ``log_url`` otherwise (both need ``[api] base_url``).
 
 Deployment settings, never catalog data and never a secret in a record:
 
