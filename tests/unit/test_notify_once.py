@@ -28,6 +28,7 @@ from promshift.core.catalog import MetricGroup, NotifyPolicy
 from promshift.core.events import EventKind
 from promshift.orchestration.notify import tell_owners
 from tests.slack_webhook import SlackWebhook, slack_conn, slack_webhook
+from tests.unit.test_audit_store import pg_schemas  # noqa: F401 - the fixture: throwaway schemas on local PostgreSQL
 
 RUN_ID = "scheduled__2026-12-05T00:00:00+00:00"
 RESULT = {"performed": True, "restored_identical": True, "method": "reload"}
@@ -177,6 +178,44 @@ def test_another_tasks_claim_holds_until_its_lease_runs_out(audit: AuditStore) -
     assert late.owned and late.attempts == 2
     assert ledger.finish("k", late, sent=True, now=now + timedelta(seconds=602)) is True
     assert not ledger.claim("k", **args, holder=Holder("d/rollback/-1", 2), now=now + timedelta(days=1)).owned
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'audit.db'}"
+    return request.getfixturevalue("pg_schemas")()  # type: ignore[no-any-return]
+
+
+def test_of_many_claims_at_once_one_wins_and_a_failure_is_claimed_again(ledger_url: str) -> None:
+    """The production audit database is PostgreSQL: the insert-if-absent and the conditional take-over hold on
+    both dialects."""
+    ledger = DeliveryLedger(ledger_url)
+    now = datetime(2026, 12, 5, 6, 0, tzinfo=UTC)
+    args = {"group": "gpu-memory", "run_id": RUN_ID, "kind": "approval_needed", "channel": "ses"}
+    claims: list[Any] = []
+    barrier = threading.Barrier(6)
+
+    def claim(i: int) -> None:
+        barrier.wait()
+        claims.append(ledger.claim("k", **args, holder=Holder(f"d/task{i}/-1", 1), now=now))
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    [winner] = [c for c in claims if c.owned]
+    assert len(claims) == 6
+    assert ledger.finish("k", winner, sent=False, now=now, error="MessageRejected: " + "x" * 1000) is True
+    row = ledger.get("k")
+    assert row is not None and row["state"] == FAILED and len(row["error"]) == 300
+    retry = ledger.claim("k", **args, holder=Holder("d/task0/-1", 2), now=now + timedelta(seconds=20))
+    assert retry.owned and retry.attempts == 2
+    assert not ledger.claim("k", **args, holder=Holder("d/task1/-1", 1), now=now + timedelta(seconds=21)).owned
+    assert ledger.finish("k", retry, sent=True, now=now + timedelta(seconds=22)) is True
+    assert ledger.get("k")["state"] == SENT  # type: ignore[index]
+    ledger.engine.dispose()
 
 
 def test_two_workers_asking_at_once_send_once(audit: AuditStore, slack: SlackWebhook) -> None:

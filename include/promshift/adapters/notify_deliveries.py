@@ -123,7 +123,10 @@ class DeliveryLedger:
             with self.engine.begin() as conn:
                 stmt = self._insert(conn.dialect.name, {"delivery_key": key, "group_name": group, "run_id": run_id,
                                                         "kind": kind, "channel": channel, "attempts": 1, **mine})
-                if conn.execute(stmt.on_conflict_do_nothing(index_elements=[t.c.delivery_key])).rowcount == 1:
+                # RETURNING, not rowcount: through SQLAlchemy and psycopg this INSERT reports rowcount -1 (measured).
+                inserted = conn.execute(stmt.on_conflict_do_nothing(index_elements=[t.c.delivery_key])
+                                        .returning(t.c.delivery_key)).first()
+                if inserted is not None:
                     return Claim(True, SENDING, 1, token, holder.task)
                 row = conn.execute(select(t).where(t.c.delivery_key == key)).one()
                 if not self._may_take_over(row, holder, now):
