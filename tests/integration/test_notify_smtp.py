@@ -155,9 +155,17 @@ def test_approval_request_is_mailed_to_the_owners_with_the_required_action_link(
     [event] = notified(audit)
     assert event.stage_to is None and event.actor == "promshift"
     assert event.evidence_data == {"notice": "approval_needed", "channel": "smtp", "recipients": 1,
-                                   "subject": mail.subject, "link": link, "sent": True}
+                                   "subject": mail.subject, "link": link, "sent": True, "attempt": 1}
     assert notifier.evidence == event.evidence_data
     assert OWNERS_MAIL not in json.dumps(event.evidence_data)
+
+    # The approval task's next try (Airflow retried it) runs its notifiers again: the owners are not mailed twice.
+    retried = context_for(op)
+    retried["ti"].try_number = retried["task_instance"].try_number = 2
+    again = op.owners_notifier("approval_needed", gate=GATE)
+    again(retried)
+    assert again.evidence is None
+    assert len(read_mail(sink)) == 1 and len(notified(audit)) == 1
 
 
 def test_rollback_mails_why_and_the_task_log_link_verbatim(

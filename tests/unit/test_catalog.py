@@ -1080,6 +1080,19 @@ def test_notify_smtp_and_sns_per_group_over_defaults() -> None:
     assert (clocks.channel, clocks.recipients) == ("sns", ("arn:aws:sns:eu-west-1:123456789012:gpu-clocks",))
 
 
+def test_notify_slack_and_ses_per_group() -> None:
+    doc = base_doc()
+    doc["defaults"]["notify"] = {"channel": "ses", "to": ["gpu-platform@example.com"]}
+    group(doc, "gpu-clocks")["notify"] = {"channel": "slack", "slack_conn": "gpu_oncall_slack"}
+    catalog = parse(doc)
+    memory, clocks = catalog.get("gpu-memory").notify, catalog.get("gpu-clocks").notify
+    assert (memory.channel, memory.recipients, memory.slack_conn) == ("ses", ("gpu-platform@example.com",), None)
+    # Slack posts to one webhook (one Slack channel): it counts as one recipient; `to` from the defaults is ignored.
+    assert (clocks.channel, clocks.recipients, clocks.enabled) == ("slack", ("slack:gpu_oncall_slack",), True)
+    doc["defaults"]["notify"] = {"channel": "slack"}
+    assert parse(doc).get("gpu-memory").notify.recipients == ("slack:default",)
+
+
 def test_a_profile_can_turn_notifications_off() -> None:
     doc = base_doc()
     group(doc, "gpu-memory")["notify"] = {"channel": "smtp", "to": ["a@example.com"]}
@@ -1091,7 +1104,17 @@ def test_a_profile_can_turn_notifications_off() -> None:
 @pytest.mark.parametrize(
     ("notify", "expected"),
     [
-        ({"channel": "slack"}, "field 'notify.channel': must be one of 'none', 'smtp', 'sns', got 'slack'"),
+        ({"channel": "teams"},
+         "field 'notify.channel': must be one of 'none', 'smtp', 'sns', 'slack', 'ses', got 'teams'"),
+        ({"channel": "ses"}, "field 'notify.to': is required with channel 'ses': list the owners' email addresses"),
+        ({"channel": "ses", "to": []},
+         "field 'notify.to': is empty: channel 'ses' would mail nobody (use channel 'none' for off)"),
+        ({"channel": "slack", "slack_conn": "slack webhook"},
+         "field 'notify.slack_conn': must be a connection id matching [A-Za-z0-9_][A-Za-z0-9_.-]*, got "
+         "'slack webhook'"),
+        ({"slack_conn": "gpu_oncall_slack"}, "field 'notify.channel': is required when 'to', 'topic_arn' or "
+                                             "'slack_conn' is set: choose 'smtp', 'ses', 'sns' or 'slack' ('none' "
+                                             "keeps notifications off)"),
         ({"channel": "smtp"}, "field 'notify.to': is required with channel 'smtp': list the owners' email addresses"),
         ({"channel": "smtp", "to": []},
          "field 'notify.to': is empty: channel 'smtp' would mail nobody (use channel 'none' for off)"),
@@ -1112,10 +1135,10 @@ def test_a_profile_can_turn_notifications_off() -> None:
         ({"channel": "sns", "topic_arn": "arn:aws:sqs:us-east-1:123456789012:q"},
          "field 'notify.topic_arn': must be an SNS topic ARN like arn:aws:sns:us-east-1:123456789012:team-alerts, "
          "got 'arn:aws:sqs:us-east-1:123456789012:q'"),
-        ({"to": ["a@example.com"]}, "field 'notify.channel': is required when 'to' or 'topic_arn' is set: choose "
-                                    "'smtp' or 'sns' ('none' keeps notifications off)"),
+        ({"to": ["a@example.com"]}, "field 'notify.channel': is required when 'to', 'topic_arn' or 'slack_conn' is "
+                                    "set: choose 'smtp', 'ses', 'sns' or 'slack' ('none' keeps notifications off)"),
         ({"channel": "smtp", "to": ["a@example.com"], "cc": ["b@example.com"]},
-         "field 'notify.cc': unknown field (known: channel, to, topic_arn)"),
+         "field 'notify.cc': unknown field (known: channel, slack_conn, to, topic_arn)"),
         ("smtp", "field 'notify': must be a mapping, got 'smtp'"),
     ],
 )

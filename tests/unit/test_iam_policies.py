@@ -46,6 +46,7 @@ EXAMPLE_VALUES = {
     "OidcProvider": "oidc.eks.us-west-2.amazonaws.com/id/EXAMPLED539D4633E53DE1B71EXAMPLE",
     "Namespace": "airflow", "WorkerServiceAccount": "airflow-worker",
     "TriggererServiceAccount": "airflow-triggerer", "ApiServerServiceAccount": "airflow-api-server",
+    "SesIdentity": "example.com",
 }
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
@@ -104,6 +105,8 @@ SOURCE_ONLY_IN = {
 # Calls a provider or the SDK makes for us: (text that shows the code uses it, role, actions).
 PROVIDER_CALLS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("orchestration/notify.py", "SnsNotifier", "airflow", ("sns:Publish",)),
+    # SesHook.send_email is send_raw_email (amazon provider 9.39).
+    ("orchestration/notify.py", "SesNotifier", "airflow", ("ses:SendRawEmail",)),
     ("orchestration/report_store.py", "ObjectStoragePath", "airflow",
      ("s3:PutObject", "s3:GetObject", "s3:ListBucket")),
     ("orchestration/amp_hook.py", "role_arn", "airflow", ("sts:AssumeRole",)),
@@ -322,7 +325,8 @@ def test_every_aws_call_the_code_makes_is_allowed():
     needed, problems = aws_calls(production_modules())
     assert not problems, "\n".join(problems)
     assert {"aps:DescribeWorkspace", "aps:QueryMetrics", "aps:CreateScraper", "servicequotas:GetServiceQuota",
-            "cloudwatch:GetMetricData", "s3:PutObjectRetention", "sns:Publish"} <= needed["airflow"]
+            "cloudwatch:GetMetricData", "s3:PutObjectRetention", "sns:Publish",
+            "ses:SendRawEmail"} <= needed["airflow"]
     assert needed["source-writer"] == {"aps:RemoteWrite"}
     assert uncovered(needed) == []
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from promshift.core import notify as n
@@ -108,3 +110,35 @@ def test_url_credentials_in_a_reason_or_error_never_reach_a_message() -> None:
     for text in (failed.subject, failed.text, failed.html, str(evidence)):
         assert "s3cret" not in text and "hunter2" not in text and "pa55" not in text
     assert "http://REDACTED@prom:9090" in failed.text
+
+
+# -- Slack's layout and the delivery key (issue 27) --------------------------------------------------------------
+
+
+def test_the_slack_message_fits_block_kit_limits_even_with_the_longest_subject() -> None:
+    from tests.slack_webhook import blocks_problem
+
+    group = "g" * 94  # the longest group name the catalog accepts
+    notice = n.bake_failed(group=group, run_id="r" * 250, check="c" * 500, reason="<!here> " * 2000,
+                                 log_url="http://airflow.test/x|y>z", run_url="javascript:alert(1)")
+    message = n.slack_message(notice)
+    assert len(notice.subject) > n.SLACK_HEADER_CHARS  # the header clips what a mail subject keeps
+    assert blocks_problem(message["blocks"]) is None
+    assert len(message["blocks"][0]["text"]["text"]) == n.SLACK_HEADER_CHARS
+    assert len(message["text"]) <= n.SLACK_SECTION_CHARS
+    sections = " ".join(b["text"]["text"] for b in message["blocks"][1:] if b["type"] == "section")
+    assert "<!here>" not in sections and "&lt;!here&gt;" in sections
+    assert "<http://airflow.test/x%7Cy%3Ez|The check's log>" in sections  # '|' and '>' cannot end the link early
+    assert "javascript:" not in json.dumps(message)
+
+
+def test_the_delivery_key_names_one_event_on_one_channel() -> None:
+    key = n.delivery_key(group="gpu-memory", run_id="r1", kind="rolled_back", channel="slack")
+    assert key == n.delivery_key(group="gpu-memory", run_id="r1", kind="rolled_back", channel="slack")
+    assert len(key) == 64
+    others = {n.delivery_key(group=g, run_id=r, kind=k, channel=c) for g, r, k, c in (
+        ("gpu-clocks", "r1", "rolled_back", "slack"), ("gpu-memory", "r2", "rolled_back", "slack"),
+        ("gpu-memory", "r1", "rollback_failed", "slack"), ("gpu-memory", "r1", "rolled_back", "ses"),
+        # no separator trick makes two events one key
+        ("gpu-memory\", \"r1", "", "rolled_back", "slack"))}
+    assert key not in others and len(others) == 5

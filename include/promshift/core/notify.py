@@ -10,7 +10,9 @@ a server's error); the HTML body escapes every value and links only http(s) URLs
 
 from __future__ import annotations
 
+import hashlib
 import html
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +74,11 @@ class Notice:
     text: str
     html: str
     link: str | None = None
+    # The parts the text and HTML were made of, for channels that lay a message out themselves (Slack).
+    headline: str = ""
+    facts: tuple[tuple[str, str], ...] = ()
+    links: tuple[tuple[str, str], ...] = ()
+    closing: str = ""
 
 
 def _build(kind: str, group: str, run_id: str, headline: str, facts: Sequence[tuple[str, str]],
@@ -96,7 +103,9 @@ def _build(kind: str, group: str, run_id: str, headline: str, facts: Sequence[tu
             + (f"<ul>{anchors}</ul>" if anchors else "<p>(no link: Airflow's [api] base_url is not set)</p>")
             + f"<p>{html.escape(closing)}</p>")
     return Notice(kind=kind, group=group, run_id=run_id, subject=subject, text="\n".join(text_lines) + "\n",
-                  html=body, link=shown_links[0][1] if shown_links else None)
+                  html=body, link=shown_links[0][1] if shown_links else None,
+                  headline=one_line(headline, MAX_REASON_CHARS), facts=tuple(facts),
+                  links=tuple((label, url) for label, url in shown_links), closing=closing)
 
 
 def approval_needed(*, group: str, run_id: str, verdict: str, reason: str, approvers: Sequence[str],
@@ -151,6 +160,63 @@ def bake_failed(*, group: str, run_id: str, check: str, reason: str, log_url: st
     return _build(BAKE_FAILED, group, run_id, f"bake check {one_line(check, 60)} failed", facts,
                   [("The check's log", log_url), ("The DAG run", run_url)],
                   "Reads are served by AMP: decide whether to route them back to the source.")
+
+
+# Slack's Block Kit limits: a header's plain text at most 150 characters, a section's text at most 3,000, at most
+# 50 blocks in a message; the top-level ``text`` (the notification's fallback) is clipped to the same 3,000.
+SLACK_HEADER_CHARS = 150
+SLACK_SECTION_CHARS = 3000
+SLACK_MAX_BLOCKS = 50
+
+
+def slack_escape(text: str) -> str:
+    """Text as Slack's mrkdwn takes it literally: ``&``, ``<`` and ``>`` are its only control characters."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def slack_message(notice: Notice) -> dict[str, Any]:
+    """The notice as an incoming webhook's JSON body: a fallback ``text`` and Block Kit ``blocks``.
+
+    Every value is escaped (a reason may quote ``<!channel>`` or ``<https://evil|click>``, which Slack would
+    otherwise render as a mention or a link); links are the notice's http(s) ones, written ``<url|label>``.
+    """
+    facts = "\n".join(f"*{slack_escape(label)}:* {slack_escape(value)}" for label, value in notice.facts)
+    links = "\n".join(f"<{_slack_url(url)}|{slack_escape(label).replace('|', '¦')}>" for label, url in notice.links)
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": _clip(notice.subject, SLACK_HEADER_CHARS)}},
+        {"type": "section", "text": {"type": "mrkdwn",
+                                     "text": _clip(slack_escape(notice.headline) or "-", SLACK_SECTION_CHARS)}},
+    ]
+    if facts:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _clip(facts, SLACK_SECTION_CHARS)}})
+    if links:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _clip(links, SLACK_SECTION_CHARS)}})
+    if notice.closing:
+        blocks.append({"type": "context", "elements": [
+            {"type": "mrkdwn", "text": _clip(slack_escape(notice.closing), SLACK_SECTION_CHARS)}]})
+    # The fallback (what a phone's notification shows): the subject, then the text below its headline.
+    fallback = "\n".join([notice.subject, *notice.text.splitlines()[1:]]).strip()
+    return {"text": _clip(slack_escape(fallback), SLACK_SECTION_CHARS), "blocks": blocks}
+
+
+def _slack_url(url: str) -> str:
+    """A link target Slack cannot misread: ``|``, ``<`` and ``>`` end or split ``<url|label>``."""
+    return url.replace("|", "%7C").replace("<", "%3C").replace(">", "%3E").replace("&", "&amp;")
+
+
+def delivery_key(*, group: str, run_id: str, kind: str, channel: str, detail: str = "") -> str:
+    """The identity of one event's notification on one channel: the same in every try of a task.
+
+    A retried task (or one re-run after its worker died) asks again with the same group, run, kind and
+    channel, and finds the key already delivered. ``detail`` separates events of one kind in one run
+    (none today). A hash, so that any run id fits a key column.
+    """
+    parts = json.dumps([group, run_id, kind, channel, detail], ensure_ascii=True)
+    return hashlib.sha256(parts.encode()).hexdigest()
 
 
 def notice_evidence(notice: Notice, *, channel: str, recipients: int, sent: bool,

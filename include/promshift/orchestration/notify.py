@@ -1,17 +1,24 @@
 """Tell a group's owners, through Airflow's notifiers, that an approval waits or that a run rolled back.
 
 The channel is the catalog's (``notify:`` in ``catalog/metric_groups.yaml``): ``smtp`` sends with the
-SMTP provider's ``SmtpNotifier``, ``sns`` with the amazon provider's ``SnsNotifier``; ``none`` (the
-default) sends nothing. The text is built in the pure core (``promshift.core.notify``); the links
-come from Airflow: ``HITLOperator.generate_link_to_ui_from_context`` for the approval's required
-action, the task instance's ``log_url`` otherwise (both need ``[api] base_url``).
+SMTP provider's ``SmtpNotifier``, ``sns`` with the amazon provider's ``SnsNotifier``, ``ses`` with its
+``SesNotifier`` (``ses:SendRawEmail``), ``slack`` with the Slack provider's ``SlackWebhookNotifier`` (an
+incoming webhook: text plus Block Kit blocks); ``none`` (the default) sends nothing. The text is built
+in the pure core (``promshift.core.notify``); the links come from Airflow:
+``HITLOperator.generate_link_to_ui_from_context`` for the approval's required action, the task
+instance's ``log_url`` otherwise (both need ``[api] base_url``).
 
 Deployment settings, never catalog data and never a secret in a record:
 
 - ``PROMSHIFT_SMTP_CONN_ID`` (default ``smtp_default``): the SMTP connection (host, port, login,
   password, ``extra.from_email``; TLS as the provider reads it);
 - ``PROMSHIFT_SNS_CONN_ID`` (default ``aws_default``): the AWS connection that publishes;
-- ``PROMSHIFT_NOTIFY_FROM``: the sender, else the SMTP connection's ``from_email``;
+- ``PROMSHIFT_SES_CONN_ID`` (default ``aws_default``) and ``PROMSHIFT_SES_REGION`` (default: the
+  connection's region): the AWS connection that sends through SES;
+- ``PROMSHIFT_SLACK_CONN_ID`` (default ``slack_default``, conn type ``slackwebhook``): the incoming
+  webhook of groups whose catalog names no ``notify.slack_conn``;
+- ``PROMSHIFT_NOTIFY_FROM``: the sender, else the SMTP connection's ``from_email``; required for
+  ``ses`` (an identity SES has verified);
 - ``PROMSHIFT_NOTIFY_TIMEOUT`` (default 30 s): the longest a step waits for the channel.
 
 A notification never fails or blocks the step that sends it: any error (no connection, a server
@@ -19,11 +26,17 @@ that refuses or does not answer, a bad topic) and a send that outlives the timeo
 warning line in the task log and a ``notified`` audit event with ``sent: false`` and the reason.
 The audit event holds the notice kind, channel, number of recipients, subject, link and outcome;
 no address, body or credential.
+
+An event is sent once per channel however often its task is retried: ``tell_owners`` claims the
+event's delivery key (group, run, kind, channel) in the audit database before sending
+(``adapters.notify_deliveries``); a try that finds it sent sends and records nothing, a failed send is
+sent again by the next ask.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -34,6 +47,7 @@ from urllib.parse import quote
 
 from airflow.sdk.bases.notifier import BaseNotifier
 
+from promshift.adapters.notify_deliveries import DeliveryLedger, Holder
 from promshift.core import notify as notices
 from promshift.core.catalog import NotifyPolicy
 from promshift.core.durations import format_duration
@@ -45,11 +59,19 @@ log = logging.getLogger(__name__)
 
 SMTP_CONN_ENV = "PROMSHIFT_SMTP_CONN_ID"
 SNS_CONN_ENV = "PROMSHIFT_SNS_CONN_ID"
+SES_CONN_ENV = "PROMSHIFT_SES_CONN_ID"
+SES_REGION_ENV = "PROMSHIFT_SES_REGION"
+SLACK_CONN_ENV = "PROMSHIFT_SLACK_CONN_ID"
 FROM_ENV = "PROMSHIFT_NOTIFY_FROM"
 TIMEOUT_ENV = "PROMSHIFT_NOTIFY_TIMEOUT"
 DEFAULT_SMTP_CONN = "smtp_default"
 DEFAULT_SNS_CONN = "aws_default"
+DEFAULT_SES_CONN = "aws_default"
+DEFAULT_SLACK_CONN = "slack_default"
 DEFAULT_TIMEOUT_S = 30.0
+# Slack answers 429 with Retry-After: a wait this short is waited once within the send; a longer one fails the
+# send (the delivery stays unsent, so the next ask sends it) rather than hold the step.
+MAX_SLACK_RETRY_AFTER_S = 5
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,9 @@ class NotifySettings:
     sns_conn_id: str = DEFAULT_SNS_CONN
     from_email: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    ses_conn_id: str = DEFAULT_SES_CONN
+    ses_region: str | None = None
+    slack_conn_id: str = DEFAULT_SLACK_CONN
 
     @classmethod
     def from_env(cls) -> NotifySettings:
@@ -72,7 +97,10 @@ class NotifySettings:
         return cls(smtp_conn_id=os.environ.get(SMTP_CONN_ENV) or DEFAULT_SMTP_CONN,
                    sns_conn_id=os.environ.get(SNS_CONN_ENV) or DEFAULT_SNS_CONN,
                    from_email=os.environ.get(FROM_ENV) or None,
-                   timeout_s=timeout if timeout > 0 else DEFAULT_TIMEOUT_S)
+                   timeout_s=timeout if timeout > 0 else DEFAULT_TIMEOUT_S,
+                   ses_conn_id=os.environ.get(SES_CONN_ENV) or DEFAULT_SES_CONN,
+                   ses_region=os.environ.get(SES_REGION_ENV) or None,
+                   slack_conn_id=os.environ.get(SLACK_CONN_ENV) or DEFAULT_SLACK_CONN)
 
 
 # --------------------------------------------------------------------------- links into the Airflow UI
@@ -164,7 +192,44 @@ def channel_notifier(policy: NotifyPolicy, notice: notices.Notice, settings: Not
         region = arn.split(":")[3] if arn.count(":") >= 5 else None
         return SnsNotifier(aws_conn_id=settings.sns_conn_id, target_arn=arn, message=notice.text,
                            subject=notices.sns_subject(notice.subject), region_name=region)
+    if policy.channel == "ses":
+        from airflow.providers.amazon.aws.notifications.ses import SesNotifier
+
+        if not settings.from_email:
+            raise ValueError(f"channel 'ses' needs a sender: set {FROM_ENV} to an identity SES has verified")
+        return SesNotifier(aws_conn_id=settings.ses_conn_id, region_name=settings.ses_region,
+                           mail_from=settings.from_email, to=list(policy.to), subject=notice.subject,
+                           html_content=notice.html)
+    if policy.channel == "slack":
+        from airflow.providers.slack.notifications.slack_webhook import SlackWebhookNotifier
+
+        message = notices.slack_message(notice)
+        return SlackWebhookNotifier(slack_webhook_conn_id=policy.slack_conn or settings.slack_conn_id,
+                                    text=message["text"], blocks=message["blocks"], unfurl_links=False,
+                                    unfurl_media=False, timeout=max(1, math.ceil(settings.timeout_s)),
+                                    retry_handlers=slack_retry_handlers())
     raise ValueError(f"channel {policy.channel!r} sends nothing")
+
+
+def slack_retry_handlers(max_wait_s: float = MAX_SLACK_RETRY_AFTER_S) -> list[Any]:
+    """One more try after a 429 whose Retry-After is at most ``max_wait_s``; nothing else is retried in the send.
+
+    slack_sdk's default retries a refused connection and logs the webhook's URL (its secret path) while
+    doing so: a refused send fails here, and the delivery's next ask sends it.
+    """
+    from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
+
+    class ShortRateLimitRetry(RateLimitErrorRetryHandler):
+        def _can_retry(self, *, state: Any, request: Any, response: Any = None, error: Any = None) -> bool:
+            if response is None or response.status_code != 429:
+                return False
+            waits = [v for k, vs in response.headers.items() if k.lower() == "retry-after" for v in vs]
+            try:
+                return bool(waits) and 0 <= int(waits[0]) <= max_wait_s
+            except ValueError:
+                return False
+
+    return [ShortRateLimitRetry(max_retry_count=1)]
 
 
 def _within(timeout_s: float, work: Callable[[], None]) -> None:
@@ -208,22 +273,42 @@ def send(policy: NotifyPolicy, notice: notices.Notice, context: Mapping[str, Any
     return notices.notice_evidence(notice, channel=policy.channel, recipients=recipients, sent=True)
 
 
-def _record(step: Any, context: Mapping[str, Any], evidence: Mapping[str, Any]) -> None:
-    from promshift.core.events import EventKind
+def _audit(step: Any, context: Mapping[str, Any]) -> Any:
     from promshift.orchestration.operators import audit_store
-    from promshift.steps.migration import record_event
 
     publish = getattr(step, "_publish_audit_head", None)
-    audit = audit_store(on_head=(lambda head: publish(context, head)) if publish else None)
+    return audit_store(on_head=(lambda head: publish(context, head)) if publish else None)
+
+
+def _record(audit: Any, step: Any, context: Mapping[str, Any], evidence: Mapping[str, Any]) -> None:
+    from promshift.core.events import EventKind
+    from promshift.steps.migration import record_event
+
     record_event(audit, group_name=step.group.name, run_id=str(context["run_id"]), kind=EventKind.NOTIFIED,
                  evidence=evidence, now=datetime.now(UTC))
 
 
+def holder_of(context: Mapping[str, Any]) -> Holder:
+    """This task instance (``dag/task/map_index``) and its try: who claims a delivery."""
+    ti = context.get("ti") or context.get("task_instance")
+    if ti is None:
+        return Holder("unknown", 0)
+    task = "/".join(str(getattr(ti, name, "?")) for name in ("dag_id", "task_id", "map_index"))
+    try:
+        return Holder(task, int(getattr(ti, "try_number", 0) or 0))
+    except (TypeError, ValueError):
+        return Holder(task, 0)
+
+
 def tell_owners(step: Any, context: Mapping[str, Any], kind: str, **details: Any) -> dict[str, Any] | None:
-    """Notify a step's group's owners of ``kind`` on the catalog's channel and record ``notified``.
+    """Notify a step's group's owners of ``kind`` on the catalog's channel and record ``notified``; once.
 
     Returns the recorded evidence, or None when the group's channel is ``none`` (nothing is sent
-    or recorded) or something failed before sending. Never raises.
+    or recorded), when an earlier try already delivered this event on this channel (nothing is sent
+    or recorded again), or something failed before sending. Never raises.
+
+    With the delivery table unreachable the notice is still sent (a lost approval request costs more
+    than a repeated one); the warning says a retry may repeat it.
     """
     logger = getattr(step, "log", log)
     try:
@@ -231,12 +316,35 @@ def tell_owners(step: Any, context: Mapping[str, Any], kind: str, **details: Any
         if not group.notify.enabled:
             logger.info("group %s has no notify channel; no %s notification", group.name, kind)
             return None
-        evidence = send(group.notify, build_notice(group, context, kind, details), context, logger=logger)
+        notice = build_notice(group, context, kind, details)
     except Exception as exc:  # noqa: BLE001 - a notification must never fail the step
         logger.warning("%s notification not built: %s: %s", kind, type(exc).__name__, notices.one_line(exc, 240))
         return None
+    policy = group.notify
+    key = notices.delivery_key(group=group.name, run_id=notice.run_id, kind=kind, channel=policy.channel)
+    audit = ledger = claim = None
     try:
-        _record(step, context, evidence)
+        audit = _audit(step, context)
+        ledger = DeliveryLedger(audit.url, engine=audit.engine)
+        claim = ledger.claim(key, group=group.name, run_id=notice.run_id, kind=kind, channel=policy.channel,
+                             holder=holder_of(context), now=datetime.now(UTC))
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("%s notification via %s not claimed in the delivery table (%s: %s): sending it anyway; a "
+                       "retry may send it again", kind, policy.channel, type(exc).__name__, notices.one_line(exc, 240))
+    if claim is not None and not claim.owned:
+        logger.info("%s notification via %s is already %s (%s): not sent again", kind, policy.channel, claim.state,
+                    claim.holder or "another task")
+        return None
+    evidence = send(policy, notice, context, logger=logger)
+    if claim is not None and ledger is not None:
+        evidence["attempt"] = claim.attempts
+        try:
+            ledger.finish(key, claim, sent=evidence["sent"], now=datetime.now(UTC), error=evidence.get("error"))
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("%s notification (sent=%s) not marked in the delivery table: %s: %s", kind,
+                           evidence["sent"], type(exc).__name__, notices.one_line(exc, 240))
+    try:
+        _record(audit if audit is not None else _audit(step, context), step, context, evidence)
     except Exception as exc:  # noqa: BLE001
         logger.warning("%s notification (sent=%s) not recorded in the audit: %s: %s", kind, evidence["sent"],
                        type(exc).__name__, notices.one_line(exc, 240))

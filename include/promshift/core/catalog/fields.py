@@ -538,6 +538,8 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
             "channel": _Field("channel", _choice(NOTIFY_CHANNELS)),
             "to": _Field("to", _unique_list(_email, what="address", non_empty=False)),
             "topic_arn": _Field("topic_arn", _sns_topic_arn),
+            "slack_conn": _Field("slack_conn",
+                                 _pattern_string(_CONN_ID_RE, "connection id", max_length=CONN_ID_MAX_LENGTH)),
         },
     ),
 }

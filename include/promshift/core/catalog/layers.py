@@ -251,15 +251,17 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
                     )
                 )
     notify = group.notify
-    if notify.channel == "smtp" and not notify.to and not given("notify.to"):
-        issues.append(("notify.to", "is required with channel 'smtp': list the owners' email addresses"))
-    elif notify.channel == "smtp" and not notify.to and "notify.to" not in invalid:
-        issues.append(("notify.to", "is empty: channel 'smtp' would mail nobody (use channel 'none' for off)"))
+    mails = notify.channel in ("smtp", "ses")
+    if mails and not notify.to and not given("notify.to"):
+        issues.append(("notify.to", f"is required with channel {notify.channel!r}: list the owners' email addresses"))
+    elif mails and not notify.to and "notify.to" not in invalid:
+        issues.append(("notify.to", f"is empty: channel {notify.channel!r} would mail nobody "
+                                    "(use channel 'none' for off)"))
     if notify.channel == "sns" and notify.topic_arn is None and not given("notify.topic_arn"):
         issues.append(("notify.topic_arn", "is required with channel 'sns'"))
-    if not given("notify.channel") and (notify.to or notify.topic_arn is not None):
-        issues.append(("notify.channel", "is required when 'to' or 'topic_arn' is set: choose 'smtp' or 'sns' "
-                                         "('none' keeps notifications off)"))
+    if not given("notify.channel") and (notify.to or notify.topic_arn is not None or notify.slack_conn is not None):
+        issues.append(("notify.channel", "is required when 'to', 'topic_arn' or 'slack_conn' is set: choose "
+                                         "'smtp', 'ses', 'sns' or 'slack' ('none' keeps notifications off)"))
     issues.extend(_group_rules(group))
     return group, issues
 

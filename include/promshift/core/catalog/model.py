@@ -18,8 +18,9 @@ PARITY_MODES: tuple[str, ...] = ("dual_write", "independent_scraper")
 # JSON, transfer) and not the server's gzip; "gzip" times what Grafana sees, compression included.
 PROBE_ENCODINGS: tuple[str, ...] = ("identity", "gzip")
 # How a group's owners are told that a human is needed (approval) or that a run rolled back.
-# "none" (the default) sends nothing; "smtp" mails ``to``; "sns" publishes to ``topic_arn``.
-NOTIFY_CHANNELS: tuple[str, ...] = ("none", "smtp", "sns")
+# "none" (the default) sends nothing; "smtp" and "ses" mail ``to``; "sns" publishes to ``topic_arn``;
+# "slack" posts to the incoming webhook of ``slack_conn`` (an Airflow connection, else the deployment's).
+NOTIFY_CHANNELS: tuple[str, ...] = ("none", "smtp", "sns", "slack", "ses")
 
 CATALOG_VERSION = 1
 # The Airflow connections a group reads from and writes to when the catalog names none: one source
@@ -169,15 +170,18 @@ class BakePolicy:
 class NotifyPolicy:
     """Where a group's notifications go (approval needed, rolled back): the channel and its address.
 
-    ``channel`` "none" is off. ``to`` (email addresses) is what "smtp" sends to; ``topic_arn``
-    (an SNS topic) is what "sns" publishes to. The other channel's key, if a layer set it, is
-    ignored, so a group can switch channel over a default without unsetting anything. Which
-    SMTP server or AWS account sends is deployment configuration (Airflow connections), not catalog.
+    ``channel`` "none" is off. ``to`` (email addresses) is what "smtp" and "ses" send to; ``topic_arn``
+    (an SNS topic) is what "sns" publishes to; ``slack_conn`` (an Airflow connection id of conn type
+    ``slackwebhook``: one incoming webhook, one Slack channel) is where "slack" posts, None for the
+    deployment's default. The other channels' keys, if a layer set them, are ignored, so a group can
+    switch channel over a default without unsetting anything. Which SMTP server, AWS account or Slack
+    webhook sends is deployment configuration (Airflow connections), not catalog.
     """
 
     channel: str = "none"
     to: tuple[str, ...] = ()
     topic_arn: str | None = None
+    slack_conn: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -186,10 +190,12 @@ class NotifyPolicy:
     @property
     def recipients(self) -> tuple[str, ...]:
         """Who receives a message on the chosen channel (the topic counts as one)."""
-        if self.channel == "smtp":
+        if self.channel in ("smtp", "ses"):
             return self.to
         if self.channel == "sns" and self.topic_arn:
             return (self.topic_arn,)
+        if self.channel == "slack":
+            return (f"slack:{self.slack_conn or 'default'}",)  # the webhook's channel counts as one
         return ()
 
 
