@@ -111,6 +111,10 @@ PROVIDER_CALLS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
      ("s3:PutObject", "s3:GetObject", "s3:ListBucket")),
     ("orchestration/amp_hook.py", "role_arn", "airflow", ("sts:AssumeRole",)),
 )
+# What the deployment files make Airflow call with the same role (repository path, marker, role, actions).
+DEPLOY_CALLS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("deploy/helm/values.yaml", "SecretsManagerBackend", "airflow", ("secretsmanager:GetSecretValue",)),
+)
 # Actions AWS performs on our behalf during CreateScraper (aws:CalledVia aps), never called by our code.
 ON_OUR_BEHALF = {"eks:DescribeCluster", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups",
                  "iam:CreateServiceLinkedRole"}
@@ -232,6 +236,11 @@ def aws_calls(modules: list[tuple[str, ast.Module, str]]) -> tuple[dict[str, set
                 role, action = HTTP_ACTIONS[key]
                 needed[role].add(action)
     texts = {rel: text for rel, _, text in modules}
+    for rel, marker, role, actions in DEPLOY_CALLS:
+        if marker in (ROOT / rel).read_text():
+            needed[role] |= set(actions)
+        else:
+            problems.append(f"{rel} no longer uses {marker}: update DEPLOY_CALLS")
     for rel, marker, role, actions in PROVIDER_CALLS:
         if marker in texts.get(rel, ""):
             needed[role] |= set(actions)
@@ -326,7 +335,7 @@ def test_every_aws_call_the_code_makes_is_allowed():
     assert not problems, "\n".join(problems)
     assert {"aps:DescribeWorkspace", "aps:QueryMetrics", "aps:CreateScraper", "servicequotas:GetServiceQuota",
             "cloudwatch:GetMetricData", "s3:PutObjectRetention", "sns:Publish",
-            "ses:SendRawEmail"} <= needed["airflow"]
+            "ses:SendRawEmail", "secretsmanager:GetSecretValue"} <= needed["airflow"]
     assert needed["source-writer"] == {"aps:RemoteWrite"}
     assert uncovered(needed) == []
 
@@ -357,3 +366,14 @@ def test_policies_allow_nothing_the_code_does_not_need():
 def test_on_our_behalf_reads_are_only_through_aps(sid):
     st = next(s for s in statements(role_policy("airflow")) if s["Sid"] == sid)
     assert st["Condition"] == {"ForAnyValue:StringEquals": {"aws:CalledVia": ["aps.amazonaws.com"]}}
+
+
+def test_the_secrets_backend_reads_only_the_prefixes_the_helm_values_name():
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "values.yaml").read_text())
+    kwargs = json.loads(values["config"]["secrets"]["backend_kwargs"])
+    prefixes = {kwargs["connections_prefix"], kwargs["variables_prefix"]}
+    st = next(s for s in statements(json.loads((IAM / "promshift-airflow.json").read_text()))
+              if s["Sid"] == "SecretsBackendRead")
+    assert as_list(st["Action"]) == ["secretsmanager:GetSecretValue"]
+    assert sorted(as_list(st["Resource"])) == sorted(
+        f"arn:aws:secretsmanager:${{Region}}:${{Account}}:secret:{prefix}/*" for prefix in prefixes)
