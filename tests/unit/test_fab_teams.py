@@ -10,6 +10,8 @@ user's exclusion work on them, and FAB's auth manager lets exactly the asked use
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 from airflow.providers.fab.auth_manager.fab_auth_manager import FabAuthManager
 from airflow.providers.fab.auth_manager.models import Group, Model, Role, User
 from airflow.sdk.exceptions import AirflowFailException, TaskAwaitingInput
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from promshift.adapters.audit_store import AuditStore
@@ -29,6 +31,7 @@ from promshift.adapters.fab_teams import (
     AB_USER_GROUP,
     AB_USER_ROLE,
     MAX_TEAM_MEMBERS,
+    STATEMENT_TIMEOUT_S,
     FabTeams,
     fab_database_url,
     fab_engine,
@@ -46,6 +49,7 @@ from tests.unit.test_operators import (  # noqa: F401 - fixtures
 )
 
 FAB_AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"  # the machine's PostgreSQL, trust on 127.0.0.1
 
 
 def _user(db: Session, name: str, *, roles: list[Role] = (), groups: list[Group] = (),  # type: ignore[assignment]
@@ -57,11 +61,29 @@ def _user(db: Session, name: str, *, roles: list[Role] = (), groups: list[Group]
     return user
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fab_conn(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """An Airflow connection's fields naming an empty database: a SQLite file, or a throwaway PostgreSQL database."""
+    if request.param == "sqlite":
+        yield {"conn_type": "sqlite", "host": str(tmp_path / "fab.db")}
+        return
+    name = f"promshift_fab_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {name}"))
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        pytest.fail(f"local PostgreSQL at {PG_ADMIN_URL} is required for this test: {exc}")
+    yield {"conn_type": "postgres", "host": "127.0.0.1", "port": 5432, "login": "postgres", "schema": name}
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    admin.dispose()
+
+
 @pytest.fixture
-def fab_db(tmp_path: Path) -> dict[str, Any]:
+def fab_db(fab_conn: dict[str, Any]) -> dict[str, Any]:
     """FAB's tables created from its models, and its users, roles and groups added through them."""
-    path = tmp_path / "fab.db"
-    engine = create_engine(f"sqlite:///{path}")
+    engine = create_engine(fab_database_url(fab_conn))
     Model.metadata.create_all(engine)
     with Session(engine, expire_on_commit=False) as db:
         oncall, viewer = Role(name="gpu-oncall"), Role(name="Viewer")
@@ -75,12 +97,11 @@ def fab_db(tmp_path: Path) -> dict[str, Any]:
                  "erin": _user(db, "erin", roles=[oncall], active=False)}
         db.commit()
     engine.dispose()
-    return {"path": path, "users": users}
+    return {"conn": fab_conn, "users": users}
 
 
 def _teams(fab_db: dict[str, Any]) -> FabTeams:
-    return FabTeams(fab_engine(fab_database_url({"conn_type": "sqlite", "host": str(fab_db["path"])})),
-                    source="FAB's user database")
+    return FabTeams(fab_engine(fab_database_url(fab_db["conn"])), source="FAB's user database")
 
 
 def test_promshifts_tables_are_fabs_own() -> None:
@@ -102,6 +123,9 @@ def test_a_role_resolves_to_its_active_holders_direct_or_through_a_group_by_fab_
     assert users["erin"].get_id() not in {m.id for m in members}  # inactive: cannot log in to answer
     # A group's name is a team too (when no role has it): its members.
     assert _teams(fab_db).members("night-shift") == [Approver(users["bob"].get_id(), "bob")]
+    if fab_db["conn"]["conn_type"] == "postgres":  # a slow database fails the ask, it does not hang it
+        with _teams(fab_db).engine.connect() as db:
+            assert db.execute(text("SHOW statement_timeout")).scalar() == f"{STATEMENT_TIMEOUT_S}s"
 
 
 def test_the_trigger_user_is_left_out_by_name_and_fabs_auth_manager_lets_only_the_asked_answer(
@@ -129,7 +153,7 @@ def test_an_unknown_team_an_unreadable_database_and_a_huge_role_fail_in_one_line
     with pytest.raises(ApproversError, match="could not be read: no such table: ab_role") as err:
         broken.members("gpu-oncall")
     assert "\n" not in str(err.value)
-    engine = create_engine(f"sqlite:///{fab_db['path']}")
+    engine = create_engine(fab_database_url(fab_db["conn"]))
     with Session(engine) as db:
         viewer = db.query(Role).filter_by(name="Viewer").one()
         for i in range(MAX_TEAM_MEMBERS):
@@ -158,8 +182,7 @@ def fab_env(fab_db: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str
     from airflow.providers.standard.operators import hitl
 
     monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", FAB_AUTH_MANAGER)
-    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_FAB_USERS", json.dumps({"conn_type": "sqlite",
-                                                                       "host": str(fab_db["path"])}))
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_FAB_USERS", json.dumps(fab_db["conn"]))
     monkeypatch.delenv("AIRFLOW_VAR_PROMSHIFT_TEAMS", raising=False)
     captured: dict[str, Any] = {}
     monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: captured.update(kwargs))
