@@ -174,6 +174,9 @@ def test_connection_fields_become_a_url_without_printing_the_password() -> None:
         fab_database_url({"conn_type": "http", "host": "x"})
     with pytest.raises(ApproversError, match="names its file as host"):
         fab_database_url({"conn_type": "sqlite"})
+    # mysqlclient is in no requirements file: a worker without the driver is told so in one line.
+    with pytest.raises(ApproversError, match=r"no driver for mysql\+mysqldb here \(MySQLdb\)"):
+        fab_engine(fab_database_url({"conn_type": "mysql", "host": "db.internal", "schema": "airflow"}))
 
 
 @pytest.fixture

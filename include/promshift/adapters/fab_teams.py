@@ -71,7 +71,10 @@ def fab_engine(url: URL) -> Engine:
         args = {"connect_timeout": CONNECT_TIMEOUT_S, "options": f"-c statement_timeout={STATEMENT_TIMEOUT_S}s"}
     else:
         args = {"connect_timeout": CONNECT_TIMEOUT_S}
-    return create_engine(url, poolclass=NullPool, connect_args=args)
+    try:
+        return create_engine(url, poolclass=NullPool, connect_args=args)
+    except ImportError as exc:  # the driver is not installed on this worker
+        raise ApproversError(f"FAB's user database: no driver for {url.drivername} here ({exc.name})") from None
 
 
 class FabTeams:
