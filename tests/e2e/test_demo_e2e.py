@@ -12,6 +12,8 @@ its latency windows are not what the drift is about).
 from __future__ import annotations
 
 import re
+import stat
+import time
 from typing import Any
 
 import pytest
@@ -36,6 +38,7 @@ def test_happy_path_with_history_times_production_windows_and_cuts_over(spine_se
     report, out = run.report, run.out
     # The demo leaves Airflow running with the stack: the board and the HITL record are there to open.
     left_running_airflow_serves_the_board_and_the_shown_evidence(spine_session, report)
+    the_source_prometheus_scrapes_promshift_itself(spine_session, report)
     assert report["final_stage"] == "cut_over", report["summary"]
     assert [s["stage"] for s in report["stages"]] == ["dual_writing", "warming", "verified", "approved", "cut_over"]
     assert report["parity"]["verdict"] == "SUCCESSFUL"
@@ -122,3 +125,31 @@ def left_running_airflow_serves_the_board_and_the_shown_evidence(shared: SharedS
     assert "gpu-memory" in mail[0].subject
     assert f"{base}/dags/promshift__gpu_memory/runs/" in mail[0].body()
     assert "/tasks/approval/required_actions" in mail[0].body()
+
+
+def the_source_prometheus_scrapes_promshift_itself(shared: SharedSession, report: dict[str, Any]) -> None:
+    """The local source Prometheus scrapes the board's /metrics on the session's Airflow (job ``promshift``), with
+    the metrics user's token from a 0600 file; the report said so, and the source holds the series now."""
+    block = report["self_metrics"]
+    assert block["up"] == 1 and block["groups_series"] > 0, block
+    assert block["target"] == f"127.0.0.1:{shared.session.airflow.port}"
+    stack = shared.stack
+    assert stat.S_IMODE(stack.promshift_token_path.stat().st_mode) == 0o600
+    source = stack.source_url
+
+    def query(promql: str) -> list[dict[str, Any]]:
+        resp = requests.get(f"{source}/api/v1/query", params={"query": promql}, timeout=30)
+        resp.raise_for_status()
+        return resp.json()["data"]["result"]
+
+    up = query('up{job="promshift"} == 1')
+    assert len(up) == 1, up
+    # The migrated group stands cut over in what the source scraped (a scrape every 5 s: at most a few to wait).
+    deadline, cut_over = time.monotonic() + 60, []
+    while time.monotonic() < deadline and not cut_over:
+        cut_over = query('promshift_group_stage{job="promshift",group="gpu-memory",stage="cut_over"} == 1')
+        time.sleep(0 if cut_over else 2)
+    assert cut_over, query('promshift_group_stage{job="promshift",group="gpu-memory"}')
+    groups = query('sum(promshift_groups{job="promshift"})')
+    catalog = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile=HISTORY_PROFILE)
+    assert groups and int(float(groups[0]["value"][1])) == len(catalog.groups), groups

@@ -47,11 +47,13 @@ EXAMPLE_VALUES = {
     "Namespace": "airflow", "WorkerServiceAccount": "airflow-worker",
     "TriggererServiceAccount": "airflow-triggerer", "ApiServerServiceAccount": "airflow-api-server",
     "SesIdentity": "example.com",
+    "IdentityStoreAccount": "777788889999", "IdentityStoreId": "d-9067642ac7",
 }
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
 # botocore service name -> IAM action prefix (the signing name is not always it: CloudWatch signs as "monitoring").
-IAM_PREFIX = {"amp": "aps", "service-quotas": "servicequotas", "cloudwatch": "cloudwatch", "s3": "s3"}
+IAM_PREFIX = {"amp": "aps", "service-quotas": "servicequotas", "cloudwatch": "cloudwatch", "s3": "s3",
+              "identitystore": "identitystore"}
 # Production modules that call AWS through botocore clients, and the services of those clients.
 AWS_MODULES: dict[str, tuple[str, ...]] = {
     "adapters/amp.py": ("amp",),
@@ -59,6 +61,7 @@ AWS_MODULES: dict[str, tuple[str, ...]] = {
     "adapters/rules_deploy.py": ("amp",),
     "adapters/amp_quota.py": ("service-quotas", "cloudwatch"),
     "adapters/audit_anchor.py": ("s3",),
+    "adapters/identity_store_teams.py": ("identitystore",),
 }
 # Method names elsewhere that happen to be an AWS operation's name, and what they really are.
 NOT_AWS: dict[tuple[str, str], str] = {

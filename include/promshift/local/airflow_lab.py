@@ -42,6 +42,9 @@ EXECUTORS = ("local", "celery")
 CELERY_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 API_ATTEMPTS = 3
 APPROVER_USERS = ("oncall-alice", "oncall-bob")
+# The source Prometheus' login for promshift's own /metrics (promshift.local.self_scrape): a viewer reads every
+# group's DAG, and can neither trigger nor approve.
+METRICS_USER = "prometheus"
 
 
 def last_error(log_file: Path) -> str:
@@ -86,7 +89,7 @@ class LocalAirflow:
 
     def env(self, component: str | None = None) -> dict[str, str]:
         """The environment of every Airflow process; with ``component`` (celery), that process's own additions."""
-        users = ",".join([f"{TRIGGER_USER}:op"] + [f"{u}:user" for u in APPROVER_USERS])
+        users = ",".join([f"{TRIGGER_USER}:op"] + [f"{u}:user" for u in APPROVER_USERS] + [f"{METRICS_USER}:viewer"])
         env = dict(os.environ)
         env.update({
             "AIRFLOW_HOME": str(self.home),
@@ -189,7 +192,8 @@ class LocalAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
         pw_file = self.home / "passwords.json"
         if not pw_file.exists():
-            pw_file.write_text(json.dumps({u: secrets.token_urlsafe(12) for u in (TRIGGER_USER, *APPROVER_USERS)}))
+            pw_file.write_text(json.dumps({u: secrets.token_urlsafe(12)
+                                           for u in (TRIGGER_USER, *APPROVER_USERS, METRICS_USER)}))
             pw_file.chmod(0o600)
         self.passwords = json.loads(pw_file.read_text())
         self._tokens.clear()
@@ -337,10 +341,10 @@ class LocalAirflow:
         self.passwords = json.loads((self.home / "passwords.json").read_text())
         return self.passwords
 
-    def token(self, user: str) -> str:
+    def token(self, user: str, *, fresh: bool = False) -> str:
         """A bearer token for ``user``, asked for once per user and kept (Airflow's tokens last hours):
-        a login per REST call took over 15 s on a loaded 2-core machine."""
-        if user not in self._tokens:
+        a login per REST call took over 15 s on a loaded 2-core machine. ``fresh``: a new one (one expiring)."""
+        if fresh or user not in self._tokens:
             resp = self._retrying("POST /auth/token", lambda: requests.post(
                 f"{self.base_url}/auth/token", json={"username": user, "password": self.passwords[user]},
                 timeout=self.request_timeout_s))

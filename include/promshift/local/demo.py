@@ -82,6 +82,7 @@ from promshift.local.demo_lifecycle import (
     grafana_connection,
     lifecycle_choices,
 )
+from promshift.local.self_scrape import keep_scraped, self_metrics_line, self_metrics_report
 from promshift.local.stack.backfill import backfill_stack, check_history, fleet_metrics
 from promshift.local.stack.local import AIRFLOW, AWS, FRONTDOOR, SOURCE_RETENTION, TARGET_KINDS, LocalStack, StackConfig
 from promshift.local.stack.sigv4 import make_up_credentials
@@ -183,6 +184,8 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"Source config: {source_config_line(report['source_config'])}")
     if report.get("executor"):
         print(f"Executor: {executor_line(report['executor'])}")
+    if report.get("self_metrics"):
+        print(f"promshift's own metrics: {self_metrics_line(report['self_metrics'])}")
     print("\nStages:")
     for s in report["stages"]:
         print(f"  {s['at'][:19]}  {s['stage']}")
@@ -547,6 +550,7 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
     airflow = LocalAirflow(home=airflow_home, port=airflow_port, pid_file=stack.pid_path(AIRFLOW),
                            extra_env=extra_env, executor=executor, celery=services, component_env=component_env)
     airflow.start(timeout_s=AIRFLOW_START_TIMEOUT_S)
+    keep_scraped(stack, airflow, now=time.time())  # the source scrapes promshift's own /metrics from now on
     return DemoSession(config=config, stack=stack, airflow=airflow, profile=profile, catalog_path=catalog_path,
                        audit_url=audit_url, anchor_url=anchor_url, key_env=key_env, services=services,
                        executor=executor, history_s=history_s, bad_credentials=bad_credentials, started=started,
@@ -598,6 +602,7 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     # The SigV4 counters are the stack's since it started: a later scenario reports its own share only.
     baseline = None if first else sigv4_counters(stack)
     session.set_connections(scenario_connections(session, scenario, deploy))
+    keep_scraped(stack, airflow, now=time.time())  # a new token when the one in use is about to expire
     if deploy == SCRAPER:
         # The demo's short timings, as for its latency windows: the local collector scrapes at the source's
         # interval instead of the blob's 30 s, or the demo's minute-long parity window holds one or two points.
@@ -674,6 +679,7 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
                                  "sha256_after": rules_after, "identical": rules_before == rules_after}
     if repository_before is not None:
         extra["config_repository"] = config_repository_report(stack, repository_before)
+    extra["self_metrics"] = self_metrics_report(stack)
     sha_after = config_sha256(stack.source_config_path)
     source_config = {"path": str(stack.source_config_path), "sha256_before": sha_before, "sha256_after": sha_after,
                      "identical": sha_before == sha_after}

@@ -145,6 +145,10 @@ LOCAL_SCRAPER_SOURCE = {"cluster_arn": "arn:aws:eks:us-east-1:123456789012:clust
                         "subnet_ids": ["subnet-0local0000000000a"], "security_group_ids": ["sg-0local0000000000a"]}
 EXTERNAL_LABELS = {"cluster": "local-gpu-fleet", "prometheus_replica": "source-0"}
 SCRAPE_JOB = "dcgm"
+# The source also scrapes promshift itself: the board's /metrics on the local Airflow's API server, with a bearer
+# token from a file (LocalStack.scrape_promshift). Its target list stays empty until an Airflow is there.
+PROMSHIFT_JOB = "promshift"
+PROMSHIFT_METRICS_PATH = "/promshift/metrics"
 SOURCE_RETENTION = "2d"  # the source's --storage.tsdb.retention.time
 LOG_TAIL_LINES = 30
 
@@ -482,6 +486,38 @@ class LocalStack:
     def file_sd_path(self) -> Path:
         """The file_sd JSON listing one target per fleet node."""
         return self.home / SOURCE / "targets" / f"{SCRAPE_JOB}.json"
+
+    @property
+    def promshift_sd_path(self) -> Path:
+        """The file_sd JSON naming the Airflow API server whose board the source scrapes (job ``promshift``)."""
+        return self.home / SOURCE / "targets" / f"{PROMSHIFT_JOB}.json"
+
+    @property
+    def promshift_token_path(self) -> Path:
+        """The bearer token the source sends to promshift's ``/metrics`` (0600; ``scrape_promshift`` writes it)."""
+        return self.home / SOURCE / "promshift.token"
+
+    def scrape_promshift(self, address: str, token: str) -> None:
+        """Have the source scrape promshift's own metrics at ``address`` (``host:port`` of an Airflow API server)
+        with ``token``: the token file first (0600, replaced whole: a scrape never reads half of one), then the
+        target. Prometheus reads both files as they change, so a refreshed token needs no reload."""
+        if not token or any(c.isspace() for c in token):
+            raise StackError("the token for promshift's /metrics is empty or not one word")
+        path = self.promshift_token_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        os.chmod(tmp, 0o600)  # an existing tmp keeps its old mode through O_CREAT
+        os.replace(tmp, path)
+        targets = [{"targets": [address], "labels": {}}]
+        sd = self.promshift_sd_path
+        sd.parent.mkdir(parents=True, exist_ok=True)
+        if not sd.exists() or json.loads(sd.read_text() or "[]") != targets:
+            sd_tmp = sd.with_name(f".{sd.name}.tmp")
+            sd_tmp.write_text(json.dumps(targets))
+            os.replace(sd_tmp, sd)
 
     @property
     def state_path(self) -> Path:
@@ -1544,6 +1580,9 @@ class LocalStack:
             "rule_files": ["rules/*.yml"],
             "scrape_configs": [
                 {"job_name": SCRAPE_JOB, "file_sd_configs": [{"files": [str(self.file_sd_path)]}]},
+                {"job_name": PROMSHIFT_JOB, "metrics_path": PROMSHIFT_METRICS_PATH,
+                 "authorization": {"credentials_file": str(self.promshift_token_path)},
+                 "file_sd_configs": [{"files": [str(self.promshift_sd_path)]}]},
             ],
         }
         target: dict[str, Any] = {"global": {"evaluation_interval": "1m"}, "scrape_configs": []}
@@ -1555,6 +1594,9 @@ class LocalStack:
             "# Source Prometheus of promshift's local stack. Written once; deployers add remote_write.\n",
             source,
         )
+        if not self.promshift_sd_path.exists():  # no Airflow yet: job promshift has no target (scrape_promshift)
+            self.promshift_sd_path.parent.mkdir(parents=True, exist_ok=True)
+            self.promshift_sd_path.write_text("[]")
         self._write_once(
             self.target_config_path,
             "# Stand-in for the AMP workspace: receives remote write, scrapes nothing.\n",
