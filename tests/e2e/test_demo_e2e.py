@@ -116,6 +116,9 @@ def left_running_airflow_serves_the_board_and_the_shown_evidence(shared: SharedS
     # The approval audit event carries the evidence hash the HITL body showed the approver.
     detail = airflow.api(TRIGGER_USER, "GET", f"/dags/promshift__gpu_memory/dagRuns/{report['run_id']}"
                                               "/taskInstances/approval/-1/hitlDetails")
+    # gpu-memory's approvers are team:gpu-oncall (the Variable promshift_teams: oncall-alice, oncall-bob and
+    # sre-carol): resolved when the question was asked, without sre-carol, who triggered the run.
+    assert sorted(u["id"] for u in detail["assigned_users"]) == ["oncall-alice", "oncall-bob"], detail
     shown = re.search(r"Evidence sha256 `([0-9a-f]{64})`", detail["body"])
     assert shown, detail["body"][:500]
     assert report["approval"]["evidence_sha256"] == shown.group(1)

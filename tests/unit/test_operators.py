@@ -29,6 +29,7 @@ from promshift.core.events import EventKind
 from promshift.core.evidence import evidence_sha256
 from promshift.core.latency import ProbeRun
 from promshift.core.stages import Stage
+from promshift.local.airflow_lab import DEMO_TEAMS
 from promshift.orchestration.dag_factory import build_group_dag
 from promshift.orchestration.operators import (
     GateOperator,
@@ -85,6 +86,10 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
         "conn_type": "prometheus", "host": "http://127.0.0.1:1",
         "extra": {"config_path": str(config), "remote_write_url": "http://127.0.0.1:1/api/v1/write"}}))
+    # The shipped catalog's gpu-memory asks team:gpu-oncall: the demo's teams, as the Airflow Variable.
+    monkeypatch.setenv("AIRFLOW_VAR_PROMSHIFT_TEAMS", json.dumps(DEMO_TEAMS))
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS",
+                       ",".join(f"{user}:user" for team in DEMO_TEAMS.values() for user in team))
     return tmp_path
 
 
@@ -163,7 +168,8 @@ def test_operators_come_from_the_group_dag(dag: Any) -> None:
         assert (op.group_name, op.profile, op.catalog_path) == (GROUP, PROFILE, str(CATALOG))
     approval = dag.get_task("approval")
     assert approval.options == [approval.APPROVE, approval.REJECT]
-    assert {u["id"] for u in approval.assigned_users} == {"oncall-alice", "oncall-bob"}
+    # A team is resolved when the question is asked, not when the DAG is parsed.
+    assert approval.approver_entries == ["team:gpu-oncall"] and approval.assigned_users == []
 
 
 # -- MigrationApprovalOperator.execute_complete ---------------------------------------------------

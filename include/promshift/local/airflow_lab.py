@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 from promshift.adapters.settings import REPO_ROOT
+from promshift.orchestration.approver_teams import TEAMS_VARIABLE
 
 if TYPE_CHECKING:
     from promshift.local.celery_lab import CeleryServices
@@ -45,6 +46,10 @@ APPROVER_USERS = ("oncall-alice", "oncall-bob")
 # The source Prometheus' login for promshift's own /metrics (promshift.local.self_scrape): a viewer reads every
 # group's DAG, and can neither trigger nor approve.
 METRICS_USER = "prometheus"
+# The demo's on-call rotation (catalog: gpu-memory's ``approvers: ["team:gpu-oncall"]``), as the Airflow Variable
+# ``promshift_teams`` an on-call tool would keep current. It names the trigger user too: the approval leaves
+# whoever triggered the run out, so only oncall-alice and oncall-bob are asked.
+DEMO_TEAMS = {"gpu-oncall": [*APPROVER_USERS, TRIGGER_USER]}
 
 
 def last_error(log_file: Path) -> str:
@@ -206,6 +211,7 @@ class LocalAirflow:
                 self._spawn("standalone", [self._airflow_bin, "standalone"])
             self._wait_healthy(deadline, timeout_s)
             self.ensure_latency_pool()
+            self.set_variable(TEAMS_VARIABLE, json.dumps(DEMO_TEAMS))
         except BaseException:
             self.stop(term_wait_s=15.0)  # what did start must not outlive a failed start
             raise
@@ -387,6 +393,17 @@ class LocalAirflow:
         else:
             self.api(user, "POST", "/connections", json=body)
             log.info("connection %s created in Airflow's database", conn_id)
+
+    def set_variable(self, key: str, value: str, *, user: str = TRIGGER_USER) -> None:
+        """Create or replace Airflow Variable ``key`` in Airflow's metadata database (REST API)."""
+        body = {"key": key, "value": value}
+        try:
+            self.api(user, "GET", f"/variables/{key}")
+        except RuntimeError:
+            self.api(user, "POST", "/variables", json=body)
+        else:
+            self.api(user, "PATCH", f"/variables/{key}", json=body)
+        log.info("variable %s set in Airflow's database", key)
 
     def ensure_latency_pool(self, *, user: str = TRIGGER_USER, target_conn_ids: Sequence[str] = ()) -> None:
         """The pool bounding concurrent latency probes on each target (``PROMSHIFT_LATENCY_POOL_SLOTS``, default
