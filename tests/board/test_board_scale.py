@@ -163,20 +163,37 @@ def test_an_edit_to_a_verified_event_is_found_by_the_next_whole_verification(sto
     from sqlalchemy import text
 
     now = [0.0]
-    watch = ChainWatch(store, full_every_s=300.0, clock=lambda: now[0])
+    watch = ChainWatch(store, full_every_s=300.0, clock=lambda: now[0], wall=lambda: 1e9 + now[0])
     assert watch.check(wait_s=None).ok is True  # type: ignore[union-attr]
     with store.engine.begin() as conn:
         conn.execute(text("DROP TRIGGER promshift_audit_no_update"))
         conn.execute(text("UPDATE promshift_audit_events SET actor = 'mallory' WHERE seq = 3"))
     assert watch.check(wait_s=None).ok is True  # type: ignore[union-attr]  # verified once, not read again
     now[0] = 301.0
-    watch.check(wait_s=None)  # starts the whole verification in the background
+    watch.check(wait_s=None)  # the checkpoint is 301 s old: starts the whole verification in the background
     thread = watch._thread
-    if thread is not None:
-        thread.join(30)
+    assert thread is not None
+    thread.join(30)
     check = watch.check(wait_s=None)
     assert check is not None and check.ok is False
     assert any(p.startswith("event seq 3:") for p in check.problems)
+
+
+def test_a_new_watch_goes_on_from_the_checkpoint_and_ignores_a_forged_one(
+        store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlalchemy import text
+
+    assert ChainWatch(store).check(wait_s=None).ok is True  # type: ignore[union-attr]  # saves a checkpoint
+    bake(store, 5, first=START + timedelta(days=1))
+    count = RowCount(monkeypatch)
+    check = ChainWatch(store).check(wait_s=0)  # another server, started later
+    assert check is not None and check.ok and check.events == 22 + 6
+    assert count.rows == 6 and count.whole_history_reads == 0  # only the events after the checkpoint
+    with store.engine.begin() as conn:  # someone without the key claims a verification further on
+        conn.execute(text("UPDATE promshift_audit_checkpoints SET mac = :m"), {"m": "0" * 64})
+    assert store.checkpoint() is None
+    assert ChainWatch(store).check(wait_s=None).ok is True  # type: ignore[union-attr]  # read whole again
+    assert count.whole_history_reads == 1
 
 
 def test_the_first_check_is_pending_not_passed_while_the_whole_verification_runs(

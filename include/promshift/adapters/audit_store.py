@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import sqlite3
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import (
     DDL,
     Column,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -42,6 +44,8 @@ from promshift.core.audit import (
     AuditKeyError,
     ChainCheck,
     ChainVerifier,
+    canonical_json,
+    checkpoint_mac,
     new_event,
 )
 from promshift.core.stages import Stage, current_stage
@@ -94,6 +98,18 @@ AUDIT_INDEXES = (
     # Stage moves only (a few per run): the stage of every group without reading its other events.
     Index("ix_promshift_audit_stage_moves", audit_events.c.group_name, audit_events.c.seq,
           sqlite_where=audit_events.c.stage_to.isnot(None), postgresql_where=audit_events.c.stage_to.isnot(None)),
+)
+
+
+# Where a whole verification of the chain found it clean, keyed with the audit HMAC (``checkpoint_mac``): a board
+# process that starts goes on from the latest one instead of reading the whole chain again (``ChainWatch``).
+audit_checkpoints = Table(
+    "promshift_audit_checkpoints",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("state", Text, nullable=False),
+    Column("mac", String(64), nullable=False),
+    Column("verified_at", Float, nullable=False),
 )
 
 
@@ -463,6 +479,44 @@ class AuditStore:
             count, last = conn.execute(select(func.count(), func.max(audit_events.c.at))).one()
         return int(count), datetime.fromisoformat(last) if last else None
 
+    def save_checkpoint(self, verifier: ChainVerifier, *, verified_at: float) -> None:
+        """Record that a whole verification found the chain clean up to ``verifier.head`` (keyed)."""
+        key, head = self.key, verifier.head
+        if key is None or head is None or not verifier.clean:
+            return
+        state = verifier.state()
+        row = dict(seq=head.seq, state=canonical_json(state), mac=checkpoint_mac(state, key=key),
+                   verified_at=verified_at)
+        with self.engine.begin() as conn:
+            done = conn.execute(audit_checkpoints.update().where(audit_checkpoints.c.seq == head.seq)
+                                .values(verified_at=verified_at))
+            if done.rowcount == 0:
+                conn.execute(audit_checkpoints.insert().values(**row))
+
+    def checkpoint(self) -> tuple[dict[str, Any], float] | None:
+        """The latest checkpoint (state, when verified) whose HMAC holds and whose head is still the hash of the
+        event at its ``seq``; None if there is none (or it does not hold: then everything is read again)."""
+        import json
+
+        key = self.key
+        if key is None or not inspect(self.engine).has_table(audit_checkpoints.name):
+            return None
+        c = audit_checkpoints.c
+        with self.engine.connect() as conn:
+            row = conn.execute(select(c.state, c.mac, c.verified_at).order_by(c.seq.desc()).limit(1)).first()
+            if row is None:
+                return None
+            state = json.loads(row.state)
+            if not hmac.compare_digest(checkpoint_mac(state, key=key), row.mac):
+                log.warning("audit checkpoint at seq %s does not match its HMAC: ignored", state.get("head"))
+                return None
+            head = state.get("head") or {}
+            now_hash = conn.execute(select(audit_events.c.hash).where(audit_events.c.seq == head.get("seq"))
+                                    ).scalar_one_or_none()
+        if now_hash != head.get("head"):
+            return None
+        return state, float(row.verified_at)
+
     def stage_of(self, group: str) -> Stage:
         """The group's current stage, replayed (and so checked) from its stage events."""
         return current_stage(Stage(e.stage_to) for e in self.events(group=group) if e.stage_to)
@@ -534,18 +588,21 @@ class AuditStore:
 class ChainWatch:
     """The audit chain's check kept current for a long-lived reader (the board), without reading it all each time.
 
-    The first ``check`` starts a whole verification (``AuditStore.verified``) on a thread and waits for it up to
-    ``wait_s``; until it ends, ``check`` returns None (not verified yet: never a pass). After that each ``check``
+    The first ``check`` goes on from the latest checkpoint (``AuditStore.checkpoint``: where a whole verification,
+    in any process, found the chain clean; keyed, and its head still in the table), else starts a whole
+    verification (``AuditStore.verified``) on a thread and waits for it up to ``wait_s``; until that ends, ``check``
+    returns None (not verified yet: never a pass). After that each ``check``
     verifies only the events appended since (``ChainVerifier``) against the current anchored head. An edit to an
-    event already verified is found by the next whole verification, started in the background once the last is
-    ``full_every_s`` old (its result replaces the running one when it ends).
+    event already verified is found by the next whole verification, started in the background once the last (this
+    process's, or a checkpoint another saved) is ``full_every_s`` old; its result replaces the running one.
     """
 
-    def __init__(self, store: AuditStore, *, full_every_s: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: AuditStore, *, full_every_s: float = 900.0,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.store = store
         self.full_every_s = full_every_s
         self.clock = clock
+        self.wall = wall
         self._lock = threading.Lock()
         self._verifier: ChainVerifier | None = None
         self._check: ChainCheck | None = None  # the last whole verification's, where no verifier can go on
@@ -553,12 +610,17 @@ class ChainWatch:
         self._thread: threading.Thread | None = None
 
     def _full(self) -> None:
-        started = self.clock()
+        started, verified_at = self.clock(), self.wall()
         try:
             check, verifier = self.store.verified(keep_hashes=1024)
         except Exception as exc:  # noqa: BLE001 - a verification that could not run is a broken chain, said why
             check, verifier = ChainCheck(ok=False, events=0, problems=(f"the chain could not be verified: "
                                                                         f"{short_error(exc)}",)), None
+        if verifier is not None and check.ok:
+            try:
+                self.store.save_checkpoint(verifier, verified_at=verified_at)
+            except Exception as exc:  # noqa: BLE001 - a reader may not write: the next process reads it all again
+                log.info("audit checkpoint not saved: %s", short_error(exc))
         with self._lock:
             self._verifier, self._check, self._full_at = verifier, check, started
             self._thread = None
@@ -569,9 +631,36 @@ class ChainWatch:
             self._thread.start()
         return self._thread
 
+    def _resume(self) -> bool:
+        """Go on from the latest checkpoint (lock held); its age counts toward the next whole verification."""
+        try:
+            found = self.store.checkpoint()
+        except Exception as exc:  # noqa: BLE001 - no usable checkpoint: verify it all
+            log.info("audit checkpoint unreadable: %s", short_error(exc))
+            return False
+        if found is None:
+            return False
+        state, verified_at = found
+        self._verifier = ChainVerifier.resume(state, key=self.store.key)
+        self._full_at = self.clock() - max(0.0, self.wall() - verified_at)
+        return True
+
+    def _due(self) -> bool:
+        """A whole verification is due: this process's last is old, and no other process saved a newer one."""
+        if self._full_at is None or self.clock() - self._full_at <= self.full_every_s:
+            return False
+        try:
+            found = self.store.checkpoint()
+        except Exception:  # noqa: BLE001 - then verify here
+            found = None
+        if found is not None and self.wall() - found[1] <= self.full_every_s:
+            self._full_at = self.clock() - max(0.0, self.wall() - found[1])
+            return False
+        return True
+
     def _current(self) -> ChainCheck | None:
         """The check as of now (lock held): the verifier caught up with the table, or the last whole check."""
-        if self._full_at is not None and self.clock() - self._full_at > self.full_every_s:
+        if self._due():
             self._start_full()
         verifier = self._verifier
         if verifier is None:
@@ -594,7 +683,7 @@ class ChainWatch:
         """The chain's check, or None while the first whole verification runs (after waiting ``wait_s``; None:
         as long as it takes)."""
         with self._lock:
-            if self._full_at is not None:
+            if self._full_at is not None or self._resume():
                 return self._current()
             thread = self._start_full()
         thread.join(wait_s)

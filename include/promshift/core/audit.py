@@ -236,7 +236,7 @@ class ChainVerifier:
         self.unverifiable: list[int] = []
         self.keyed_mismatch = 0
         self.keyed_total = 0
-        self.last: AuditEvent | None = None
+        self._head: AnchorPoint | None = None
         self.unkeyed = 0
         self._recent: dict[int, str] = {}
         self._watched: dict[int, str | None] = {}
@@ -250,7 +250,7 @@ class ChainVerifier:
         key = self.key
         for ev in events:
             self.count += 1
-            self.last = ev
+            self._head = AnchorPoint(ev.seq, ev.hash)
             if ev.seq != self.expected_seq:
                 self.problems.append(f"event seq {ev.seq}: expected seq {self.expected_seq} (a row is missing)")
             if ev.prev_hash != self.prev_hash:
@@ -290,7 +290,37 @@ class ChainVerifier:
 
     @property
     def head(self) -> AnchorPoint | None:
-        return AnchorPoint(self.last.seq, self.last.hash) if self.last else None
+        return self._head
+
+    @property
+    def clean(self) -> bool:
+        """Nothing wrong so far: every event fed verified (what a checkpoint may record)."""
+        return not self.problems and not self.unverifiable and self.keyed_mismatch == 0
+
+    def state(self) -> dict[str, Any]:
+        """What ``resume`` needs to go on from here, as JSON (for a checkpoint; only of a ``clean`` verifier)."""
+        if not self.clean:
+            raise ValueError("only a chain verified clean so far can be resumed")
+        return {"count": self.count, "head": self._head.to_dict() if self._head else None,
+                "keyed_seen": self.keyed_seen, "keyed_total": self.keyed_total, "unkeyed": self.unkeyed,
+                "runs": [r.to_dict() for r in self.runs]}
+
+    @classmethod
+    def resume(cls, state: Mapping[str, Any], *, key: bytes | None, keep_hashes: int = 1024) -> ChainVerifier:
+        """A verifier that goes on after the events a clean ``state`` covers, without reading them again."""
+        v = cls(key=key, keep_hashes=keep_hashes)
+        v.count, v.keyed_seen = int(state["count"]), state["keyed_seen"]
+        v.keyed_total, v.unkeyed = int(state["keyed_total"]), int(state["unkeyed"])
+        v.runs = [SchemeRun(r["scheme"], int(r["first_seq"]), int(r["last_seq"]), int(r["events"]))
+                  for r in state["runs"]]
+        head = state.get("head")
+        if head:
+            v._head = AnchorPoint(int(head["seq"]), str(head["head"]))
+            v.prev_hash, v.expected_seq = v._head.head, v._head.seq + 1
+            if keep_hashes:
+                v._recent[v._head.seq] = v._head.head
+        return v
+
 
     def check(self, *, anchored: bool = False, anchor: AnchorPoint | None = None,
               allow_unanchored_tail: bool = False) -> ChainCheck:
@@ -319,6 +349,13 @@ class ChainVerifier:
                                              allow_unanchored_tail=allow_unanchored_tail))
         return ChainCheck(ok=not problems, events=self.count, problems=tuple(problems), notes=tuple(notes),
                           schemes=tuple(self.runs), head=head, anchor=anchor)
+
+
+def checkpoint_mac(state: Mapping[str, Any], *, key: bytes) -> str:
+    """The HMAC a verification checkpoint carries: whoever can write the database but lacks the key cannot
+    claim a chain was verified."""
+    message = canonical_json({"kind": "promshift-audit-checkpoint-v1", "state": dict(state)}).encode()
+    return hmac.new(check_key(key), message, hashlib.sha256).hexdigest()
 
 
 def _anchor_problems(head: AnchorPoint | None, anchor: AnchorPoint | None, hash_at_anchor: str | None, *,
