@@ -31,7 +31,6 @@ from sqlalchemy import (
     make_url,
     select,
     text,
-    tuple_,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -453,11 +452,19 @@ class AuditStore:
                     keys.add((group, run_id))
                     if last.get(group) == seq:
                         digests[group].last_event_at = datetime.fromisoformat(at)
-            pairs = sorted(keys)
-            for i in range(0, len(pairs), chunk):
-                stmt = self._select().where(tuple_(c.group_name, c.run_id).in_(pairs[i:i + chunk]))
+            # By group, then run id: both IN lists seek the (group_name, run_id) index (a row-value IN scans it
+            # whole on SQLite); a row of another wanted group's run id (bake-watch runs share ids) is dropped.
+            runs_of: dict[str, set[str]] = {}
+            for group, run_id in keys:
+                runs_of.setdefault(group, set()).add(run_id)
+            groups = sorted(runs_of)
+            for i in range(0, len(groups), chunk // 4):
+                part = groups[i:i + chunk // 4]
+                run_ids = sorted({r for g in part for r in runs_of[g]})
+                stmt = self._select().where(c.group_name.in_(part), c.run_id.in_(run_ids))
                 for row in conn.execute(stmt):
-                    digests[row.group_name].events.append(_row_to_event(row))
+                    if row.run_id in runs_of[row.group_name]:
+                        digests[row.group_name].events.append(_row_to_event(row))
         for digest in digests.values():
             digest.events.sort(key=lambda e: e.seq)
         return digests
