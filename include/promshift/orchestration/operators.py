@@ -225,7 +225,7 @@ class _GroupStep:
 
         hook = self.target_hook
         extra = hook.extra if isinstance(hook, PrometheusHook) else hook.conn_config.extra_config
-        run_key = f"{context['dag'].dag_id}/{context['run_id']}" if context else self.group_name
+        run_key = f"{self.group.dag_id}/{context['run_id'] if context else 'no-run'}"
         client.before_query = query_gate(dict(extra or {}), workspace=self.target_conn_id, run_key=run_key)
         return client
 
