@@ -21,6 +21,7 @@ from promshift.core.query_budget import (
 )
 from promshift.core.verdicts import Verdict
 from tests.unit.test_latency_probe import ok_matrix, policy, servers  # noqa: F401 - servers is a fixture
+from tests.unit.test_operators import dag, env, make_context  # noqa: F401 - fixtures
 
 T = 1_800_000_000.0  # a minute's start
 assert T % 60 == 0
@@ -158,3 +159,28 @@ def test_a_parity_shard_that_meets_the_budget_makes_the_samples_layer_inconclusi
     whole = check.plan(dual_write_since=T - 7200, now=T)
     assert whole.window is None and whole.measurements[0].verdict == Verdict.INCONCLUSIVE
     assert "5 of 5 queries per check run used" in whole.measurements[0].reason
+
+
+# -- the wiring: the target connection's extra.query_budget in front of the parity and latency clients ---------
+
+
+def test_the_target_connection_extra_puts_the_budget_in_front_of_the_parity_client(
+        env: Any, dag: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    import json
+
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+        "conn_type": "prometheus", "host": "http://127.0.0.1:1",
+        "extra": {"remote_write_url": "http://127.0.0.1:1/api/v1/write",
+                  "query_budget": {"per_run": 1, "max_wait": "0s"}}}))
+    op = dag.get_task("parity_plan")
+    check = op.parity_check(make_context())
+    gate = check.target.before_query
+    assert isinstance(gate, WorkspaceQueryGate) and check.source.before_query is None
+    assert gate.workspace == "promshift_target" and gate.run_key == f"{op.group.dag_id}/{make_context()['run_id']}"
+    gate()
+    with pytest.raises(QueryBudgetExhausted, match="1 of 1 queries per check run used"):
+        check.target.query("up")  # refused before anything is sent (the port would refuse it otherwise)
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+        "conn_type": "prometheus", "host": "http://127.0.0.1:1", "extra": {"query_budget": {"per_run": 0}}}))
+    with pytest.raises(ValueError, match="extra.query_budget.per_run must be an integer"):
+        op.parity_check(make_context())
