@@ -85,6 +85,14 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def cpu_timed(call: Callable[[], Any]) -> tuple[float, float, Any]:
+    """Wall and CPU seconds of ``call`` (CPU: the whole process, app thread included; the wall time on 2 shared
+    cores grows with the machine's load, the CPU time much less)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = call()
+    return time.perf_counter() - t0, time.process_time() - c0, out
+
+
 def measure(catalog_path: Path, audit_url: str, anchor_url: str, *, warm_repeats: int = 5) -> dict[str, Any]:
     from airflow.api_fastapi import app as airflow_app
     from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
@@ -124,9 +132,9 @@ def measure(catalog_path: Path, audit_url: str, anchor_url: str, *, warm_repeats
         app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer-vic", role="viewer")
         client = TestClient(app)
         started = time.perf_counter()
-        cold, response = timed(lambda path=path, client=client: client.get(path))
+        cold, cold_cpu, response = cpu_timed(lambda path=path, client=client: client.get(path))
         assert response.status_code == 200, (path, response.status_code, response.text[:300])
-        row: dict[str, Any] = {"cold_s": round(cold, 3)}
+        row: dict[str, Any] = {"cold_s": round(cold, 3), "cold_cpu_s": round(cold_cpu, 3)}
         watch = app.state.board._chain
         if watch is not None:
             # The first whole verification runs on a thread (the cold request waited for it at most 1 s): wait for
@@ -137,9 +145,10 @@ def measure(catalog_path: Path, audit_url: str, anchor_url: str, *, warm_repeats
             if thread is not None:
                 thread.join()
             row["chain_first_verify_s"] = round(time.perf_counter() - started, 3)
-        warm = [timed(lambda path=path, client=client: client.get(path))[0] for _ in range(warm_repeats)]
+        warm = [cpu_timed(lambda path=path, client=client: client.get(path))[:2] for _ in range(warm_repeats)]
         response = client.get(path)
-        row.update({"warm_s": round(statistics.median(warm), 3), "bytes": len(response.content)})
+        row.update({"warm_s": round(statistics.median(w for w, _ in warm), 3),
+                    "warm_cpu_s": round(statistics.median(c for _, c in warm), 3), "bytes": len(response.content)})
         if path == "/api/groups":
             data = response.json()
             row["chain_ok"] = data["chain"]["ok"]
@@ -179,10 +188,12 @@ def one(backend: str, tmp: Path, name: str, groups: int, shape: Any) -> dict[str
         store.engine.dispose()
         timings = measure(catalog_path, audit_url, anchor_url)
     print(f"{backend:>10} {name:>6} groups={groups:>5} events={events:>8} write={write_s:6.1f}s "
-          + " ".join(f"{p} cold={t['cold_s']:.3f}s warm={t['warm_s']:.3f}s" for p, t in timings.items()), flush=True)
+          f"load={os.getloadavg()[0]:.1f} "
+          + " ".join(f"{p} cold={t['cold_s']:.3f}s ({t['cold_cpu_s']:.3f} cpu) warm={t['warm_s']:.3f}s "
+                     f"({t['warm_cpu_s']:.3f} cpu)" for p, t in timings.items()), flush=True)
     return {"backend": backend, "scale": name, "groups": groups, "days": shape.days, "events": events,
             "events_by_kind": dict(sorted(by_kind.items())), "plan_s": round(plan_s, 2),
-            "write_s": round(write_s, 2), "timings": timings}
+            "write_s": round(write_s, 2), "load_avg_1m": round(os.getloadavg()[0], 2), "timings": timings}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         "budget_s": 2.0,
         "shape": {"days": args.days, "bake_interval_s": shape.bake_interval_s, "bake_period_s": shape.bake_period_s},
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "note": "2 cores shared with other sessions"},
+                    "note": "2 cores shared with other sessions: wall times grow with load_avg_1m; *_cpu_s is the "
+                            "process's CPU time for the request (the app runs in the same process)"},
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "runs": rows,
     }
