@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import (
     DDL,
     Column,
+    Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -22,6 +26,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    func,
     inspect,
     make_url,
     select,
@@ -37,8 +42,10 @@ from promshift.core.audit import (
     AuditEvent,
     AuditKeyError,
     ChainCheck,
+    ChainVerifier,
+    canonical_json,
+    checkpoint_mac,
     new_event,
-    verify_chain,
 )
 from promshift.core.stages import Stage, current_stage
 
@@ -79,6 +86,29 @@ audit_events = Table(
     Column("hash", String(64), nullable=False, unique=True),
     # NULL: written before schemes were recorded, i.e. sha256-v1.
     Column("scheme", String(32)),
+)
+
+
+# Readers that need a group's latest state read these instead of its whole history (the board's overview: one
+# row per group and kind, then a few runs' events): a year of bake checks must not cost the overview anything.
+AUDIT_INDEXES = (
+    Index("ix_promshift_audit_group_run", audit_events.c.group_name, audit_events.c.run_id),
+    Index("ix_promshift_audit_kind_group_seq", audit_events.c.kind, audit_events.c.group_name, audit_events.c.seq),
+    # Stage moves only (a few per run): the stage of every group without reading its other events.
+    Index("ix_promshift_audit_stage_moves", audit_events.c.group_name, audit_events.c.seq,
+          sqlite_where=audit_events.c.stage_to.isnot(None), postgresql_where=audit_events.c.stage_to.isnot(None)),
+)
+
+
+# Where a whole verification of the chain found it clean, keyed with the audit HMAC (``checkpoint_mac``): a board
+# process that starts goes on from the latest one instead of reading the whole chain again (``ChainWatch``).
+audit_checkpoints = Table(
+    "promshift_audit_checkpoints",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("state", Text, nullable=False),
+    Column("mac", String(64), nullable=False),
+    Column("verified_at", Float, nullable=False),
 )
 
 
@@ -200,6 +230,15 @@ def event_row(ev: AuditEvent) -> dict[str, Any]:
 _UNSET: Any = object()
 
 
+@dataclass
+class GroupDigest:
+    """What ``AuditStore.latest_runs`` reads of one group: runs, the last event's time, a few runs' events."""
+
+    runs: int = 0
+    last_event_at: datetime | None = None
+    events: list[AuditEvent] = field(default_factory=list)
+
+
 class AuditStore:
     """Append and read hash-chained audit events. There is no update or delete.
 
@@ -223,6 +262,7 @@ class AuditStore:
             try:
                 metadata.create_all(self.engine)
                 self._add_scheme_column()
+                self._add_indexes()
             except SQLAlchemyError as exc:
                 raise AuditDatabaseUnreadable(f"cannot open the audit database {self.where}: "
                                               f"{short_error(exc)}") from None
@@ -269,6 +309,16 @@ class AuditStore:
             # Another writer added it first.
             if "scheme" not in {c["name"] for c in inspect(self.engine).get_columns(audit_events.name)}:
                 raise
+
+    def _add_indexes(self) -> None:
+        """Databases from before ``AUDIT_INDEXES`` get them (a new table has them from ``create_all``)."""
+        for index in AUDIT_INDEXES:
+            try:
+                index.create(self.engine, checkfirst=True)
+            except SQLAlchemyError:
+                # Another writer created it first.
+                if index.name not in {i["name"] for i in inspect(self.engine).get_indexes(audit_events.name)}:
+                    raise
 
     def _select(self) -> Any:
         """SELECT of the table's columns as they exist (an old table has no ``scheme``)."""
@@ -353,6 +403,127 @@ class AuditStore:
                     problems.append(str(exc))
         return events, problems
 
+    def events_after(self, seq: int) -> Iterator[AuditEvent]:
+        """The events after ``seq``, oldest first, read as they stream (the primary key: nothing before is read)."""
+        stmt = self._select().where(audit_events.c.seq > seq).order_by(audit_events.c.seq)
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=2000).execute(stmt):
+                yield _row_to_event(row)
+
+    def stage_moves(self) -> dict[str, list[str]]:
+        """Every group's stages entered, oldest first (the stage moves' own index: no other event is read)."""
+        if not self.create and not self.has_table():
+            return {}
+        c = audit_events.c
+        stmt = select(c.group_name, c.stage_to).where(c.stage_to.isnot(None)).order_by(c.group_name, c.seq)
+        moves: dict[str, list[str]] = {}
+        with self.engine.connect() as conn:
+            for group, stage in conn.execute(stmt):
+                moves.setdefault(group, []).append(stage)
+        return moves
+
+    def latest_runs(self, kind_sets: Iterable[Collection[str]], *, chunk: int = 400) -> dict[str, GroupDigest]:
+        """Per group: how many runs, its last event's time, and the events of the few runs that say where it
+        stands: its latest run, and the latest run with an event of each of ``kind_sets``, oldest first.
+
+        Reads one row per group (and kind set), then only those runs' events: O(groups x runs kept), not
+        O(events), however many bake checks a year added.
+        """
+        if not self.create and not self.has_table():
+            return {}
+        c = audit_events.c
+        digests: dict[str, GroupDigest] = {}
+        wanted: set[int] = set()
+        with self.engine.connect() as conn:
+            last: dict[str, int] = {}
+            for group, runs, seq in conn.execute(select(c.group_name, func.count(c.run_id.distinct()),
+                                                        func.max(c.seq)).group_by(c.group_name)):
+                last[group] = seq
+                digests[group] = GroupDigest(runs=runs)
+                wanted.add(seq)
+            for kinds in kind_sets:
+                stmt = select(func.max(c.seq)).where(c.kind.in_(sorted(kinds))).group_by(c.group_name)
+                wanted.update(seq for (seq,) in conn.execute(stmt))
+            keys: set[tuple[str, str]] = set()
+            seqs = sorted(wanted)
+            for i in range(0, len(seqs), chunk):
+                for seq, group, run_id, at in conn.execute(select(c.seq, c.group_name, c.run_id, c.at)
+                                                           .where(c.seq.in_(seqs[i:i + chunk]))):
+                    keys.add((group, run_id))
+                    if last.get(group) == seq:
+                        digests[group].last_event_at = datetime.fromisoformat(at)
+            # By group, then run id: both IN lists seek the (group_name, run_id) index (a row-value IN scans it
+            # whole on SQLite); a row of another wanted group's run id (bake-watch runs share ids) is dropped.
+            runs_of: dict[str, set[str]] = {}
+            for group, run_id in keys:
+                runs_of.setdefault(group, set()).add(run_id)
+            groups = sorted(runs_of)
+            for i in range(0, len(groups), chunk // 4):
+                part = groups[i:i + chunk // 4]
+                run_ids = sorted({r for g in part for r in runs_of[g]})
+                stmt = self._select().where(c.group_name.in_(part), c.run_id.in_(run_ids))
+                for row in conn.execute(stmt):
+                    if row.run_id in runs_of[row.group_name]:
+                        digests[row.group_name].events.append(_row_to_event(row))
+        for digest in digests.values():
+            digest.events.sort(key=lambda e: e.seq)
+        return digests
+
+    def events_of_kinds(self, kinds: Collection[str]) -> list[AuditEvent]:
+        """Events of ``kinds`` and every stage move, oldest first (the kind index: other events are not read)."""
+        if not self.create and not self.has_table():
+            return []
+        c = audit_events.c
+        stmt = self._select().where(c.kind.in_(sorted(kinds)) | c.stage_to.isnot(None)).order_by(c.seq)
+        with self.engine.connect() as conn:
+            return [_row_to_event(row) for row in conn.execute(stmt)]
+
+    def totals(self) -> tuple[int, datetime | None]:
+        """How many events, and the latest ``at`` (ISO text compared as text: every writer stores UTC)."""
+        if not self.create and not self.has_table():
+            return 0, None
+        with self.engine.connect() as conn:
+            count, last = conn.execute(select(func.count(), func.max(audit_events.c.at))).one()
+        return int(count), datetime.fromisoformat(last) if last else None
+
+    def save_checkpoint(self, verifier: ChainVerifier, *, verified_at: float) -> None:
+        """Record that a whole verification found the chain clean up to ``verifier.head`` (keyed)."""
+        key, head = self.key, verifier.head
+        if key is None or head is None or not verifier.clean:
+            return
+        state = verifier.state()
+        row = dict(seq=head.seq, state=canonical_json(state), mac=checkpoint_mac(state, key=key),
+                   verified_at=verified_at)
+        with self.engine.begin() as conn:
+            done = conn.execute(audit_checkpoints.update().where(audit_checkpoints.c.seq == head.seq)
+                                .values(verified_at=verified_at))
+            if done.rowcount == 0:
+                conn.execute(audit_checkpoints.insert().values(**row))
+
+    def checkpoint(self) -> tuple[dict[str, Any], float] | None:
+        """The latest checkpoint (state, when verified) whose HMAC holds and whose head is still the hash of the
+        event at its ``seq``; None if there is none (or it does not hold: then everything is read again)."""
+        import json
+
+        key = self.key
+        if key is None or not inspect(self.engine).has_table(audit_checkpoints.name):
+            return None
+        c = audit_checkpoints.c
+        with self.engine.connect() as conn:
+            row = conn.execute(select(c.state, c.mac, c.verified_at).order_by(c.seq.desc()).limit(1)).first()
+            if row is None:
+                return None
+            state = json.loads(row.state)
+            if not hmac.compare_digest(checkpoint_mac(state, key=key), row.mac):
+                log.warning("audit checkpoint at seq %s does not match its HMAC: ignored", state.get("head"))
+                return None
+            head = state.get("head") or {}
+            now_hash = conn.execute(select(audit_events.c.hash).where(audit_events.c.seq == head.get("seq"))
+                                    ).scalar_one_or_none()
+        if now_hash != head.get("head"):
+            return None
+        return state, float(row.verified_at)
+
     def stage_of(self, group: str) -> Stage:
         """The group's current stage, replayed (and so checked) from its stage events."""
         return current_stage(Stage(e.stage_to) for e in self.events(group=group) if e.stage_to)
@@ -372,8 +543,14 @@ class AuditStore:
         whose anchor store is gone is broken (emptied table and deleted anchor is not "nothing happened");
         events after the last anchored head are broken unless ``allow_unanchored_tail``.
         """
-        def broken(reason: str) -> ChainCheck:
-            return ChainCheck(ok=False, events=0, problems=(reason,))
+        return self.verified(allow_unanchored_tail=allow_unanchored_tail)[0]
+
+    def verified(self, *, allow_unanchored_tail: bool = False, keep_hashes: int = 0
+                 ) -> tuple[ChainCheck, ChainVerifier | None]:
+        """``verify``, and the verifier that read the chain (None where no chain was read) to feed later events
+        to (``ChainWatch``)."""
+        def broken(reason: str) -> tuple[ChainCheck, None]:
+            return ChainCheck(ok=False, events=0, problems=(reason,)), None
 
         try:
             corrupt = self.integrity_problem()
@@ -397,7 +574,7 @@ class AuditStore:
             if point is not None:
                 return ChainCheck(ok=False, events=0, anchor=point, problems=(
                     f"the audit table {audit_events.name} is missing but {point.seq} events were anchored "
-                    f"(head seq {point.seq}): it was dropped",))
+                    f"(head seq {point.seq}): it was dropped",)), None
             return broken(f"no audit table {audit_events.name} in {self.where} and no anchored head "
                           f"in {anchor.where}: nothing was ever recorded here")
         if table and not events and not anchor_exists:
@@ -405,9 +582,117 @@ class AuditStore:
             # anchor deleted. (A legacy unkeyed chain, never anchored, still has its events and only gets a note.)
             return broken(f"anchor missing for a chain that was anchored: the audit table in {self.where} is "
                           f"empty and the anchor store {anchor.where} does not exist (deleted?)")
-        check = verify_chain(events, key=key, anchored=True, anchor=point,
-                             allow_unanchored_tail=allow_unanchored_tail)
+        verifier = ChainVerifier(key=key, keep_hashes=keep_hashes)
+        verifier.watch(point)
+        verifier.feed(events)
+        check = verifier.check(anchored=True, anchor=point, allow_unanchored_tail=allow_unanchored_tail)
         if unreadable:
             return replace(check, ok=False, events=check.events + len(unreadable),
-                           problems=(*unreadable, *check.problems))
-        return check
+                           problems=(*unreadable, *check.problems)), None
+        return check, verifier
+
+
+class ChainWatch:
+    """The audit chain's check kept current for a long-lived reader (the board), without reading it all each time.
+
+    The first ``check`` goes on from the latest checkpoint (``AuditStore.checkpoint``: where a whole verification,
+    in any process, found the chain clean; keyed, and its head still in the table), else starts a whole
+    verification (``AuditStore.verified``) on a thread and waits for it up to ``wait_s``; until that ends, ``check``
+    returns None (not verified yet: never a pass). After that each ``check``
+    verifies only the events appended since (``ChainVerifier``) against the current anchored head. An edit to an
+    event already verified is found by the next whole verification, started in the background once the last (this
+    process's, or a checkpoint another saved) is ``full_every_s`` old; its result replaces the running one.
+    """
+
+    def __init__(self, store: AuditStore, *, full_every_s: float = 900.0,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.full_every_s = full_every_s
+        self.clock = clock
+        self.wall = wall
+        self._lock = threading.Lock()
+        self._verifier: ChainVerifier | None = None
+        self._check: ChainCheck | None = None  # the last whole verification's, where no verifier can go on
+        self._full_at: float | None = None
+        self._thread: threading.Thread | None = None
+
+    def _full(self) -> None:
+        started, verified_at = self.clock(), self.wall()
+        try:
+            check, verifier = self.store.verified(keep_hashes=1024)
+        except Exception as exc:  # noqa: BLE001 - a verification that could not run is a broken chain, said why
+            check, verifier = ChainCheck(ok=False, events=0, problems=(f"the chain could not be verified: "
+                                                                        f"{short_error(exc)}",)), None
+        if verifier is not None and check.ok:
+            try:
+                self.store.save_checkpoint(verifier, verified_at=verified_at)
+            except Exception as exc:  # noqa: BLE001 - a reader may not write: the next process reads it all again
+                log.info("audit checkpoint not saved: %s", short_error(exc))
+        with self._lock:
+            self._verifier, self._check, self._full_at = verifier, check, started
+            self._thread = None
+
+    def _start_full(self) -> threading.Thread:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._full, name="promshift-chain-verify", daemon=True)
+            self._thread.start()
+        return self._thread
+
+    def _resume(self) -> bool:
+        """Go on from the latest checkpoint (lock held); its age counts toward the next whole verification."""
+        try:
+            found = self.store.checkpoint()
+        except Exception as exc:  # noqa: BLE001 - no usable checkpoint: verify it all
+            log.info("audit checkpoint unreadable: %s", short_error(exc))
+            return False
+        if found is None:
+            return False
+        state, verified_at = found
+        self._verifier = ChainVerifier.resume(state, key=self.store.key)
+        self._full_at = self.clock() - max(0.0, self.wall() - verified_at)
+        return True
+
+    def _due(self) -> bool:
+        """A whole verification is due: this process's last is old, and no other process saved a newer one."""
+        if self._full_at is None or self.clock() - self._full_at <= self.full_every_s:
+            return False
+        try:
+            found = self.store.checkpoint()
+        except Exception:  # noqa: BLE001 - then verify here
+            found = None
+        if found is not None and self.wall() - found[1] <= self.full_every_s:
+            self._full_at = self.clock() - max(0.0, self.wall() - found[1])
+            return False
+        return True
+
+    def _current(self) -> ChainCheck | None:
+        """The check as of now (lock held): the verifier caught up with the table, or the last whole check."""
+        if self._due():
+            self._start_full()
+        verifier = self._verifier
+        if verifier is None:
+            return self._check
+        try:
+            point = self.store.anchor.latest()
+            head = verifier.head
+            verifier.feed(self.store.events_after(head.seq if head else 0))
+            return verifier.check(anchored=True, anchor=point)
+        except LookupError:
+            # An anchor on an event this verifier no longer holds: only a whole verification can judge it.
+            self._verifier, self._check = None, None
+            self._start_full()
+            return None
+        except Exception as exc:  # noqa: BLE001 - an unreadable tail or anchor is a broken chain, said why
+            return ChainCheck(ok=False, events=verifier.count, problems=(f"the chain's newest events could not be "
+                                                                         f"verified: {short_error(exc)}",))
+
+    def check(self, *, wait_s: float | None = 1.0) -> ChainCheck | None:
+        """The chain's check, or None while the first whole verification runs (after waiting ``wait_s``; None:
+        as long as it takes)."""
+        with self._lock:
+            if self._full_at is not None or self._resume():
+                return self._current()
+            thread = self._start_full()
+        thread.join(wait_s)
+        with self._lock:
+            return self._current() if self._full_at is not None else None

@@ -37,6 +37,7 @@ from promshift.core.latency import (
     target_span_problem,
 )
 from promshift.core.promql import PromQLError, analyse
+from promshift.core.query_budget import QueryBudgetExhausted
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,24 @@ class LatencyProbe:
 
     def run(self, *, now: float, queries: Sequence[str], dual_write_since: float | None,
             history_selector: str | None = None, group: MetricGroup | None = None) -> LatencyResult:
+        """``measure``; a workspace query budget spent on the way (``QueryBudgetExhausted``) ends the probe with
+        every window INCONCLUSIVE and the budget named: nothing measured counts as a pass or a failure."""
+        try:
+            return self.measure(now=now, queries=queries, dual_write_since=dual_write_since,
+                                history_selector=history_selector, group=group)
+        except QueryBudgetExhausted as exc:
+            log.warning("latency: %s", exc)
+            tables = tuple(judge_window(w.name, [], slo_p95_s=w.slo_p95_s,
+                                        max_slowdown_ratio=self.policy.max_slowdown_ratio,
+                                        slowdown_floor_s=self.policy.slowdown_floor_s, min_successes=1,
+                                        not_comparable=str(exc), behind={}, confidence=self.policy.confidence,
+                                        looks=self.policy.max_rounds, rounds=0) for w in self.policy.windows)
+            m = latency_measurement(list(tables), queries)
+            return LatencyResult(m.verdict, m, tables, (), 0, {}, self.policy.max_concurrency,
+                                 self.policy.accept_encoding)
+
+    def measure(self, *, now: float, queries: Sequence[str], dual_write_since: float | None,
+                history_selector: str | None = None, group: MetricGroup | None = None) -> LatencyResult:
         """Every window x query in rounds of ``repeats`` pairs, within the policy's deadline; returns
         table, runs and verdict.
 

@@ -80,6 +80,7 @@ from promshift.core.promql import (
     restrict_nameless,
     substitute,
 )
+from promshift.core.query_budget import QueryBudgetExhausted
 from promshift.core.verdicts import Layer, Measurement, Verdict
 
 log = logging.getLogger(__name__)
@@ -758,9 +759,21 @@ class ParityCheck:
 
     # -- all layers ----------------------------------------------------------------------
     def plan(self, *, dual_write_since: float, now: float) -> ParityPlan:
-        """Window, the count and label layers, and the host shards for the samples layer."""
+        """Window, the count and label layers, and the host shards for the samples layer.
+
+        A workspace query budget spent on the way (``QueryBudgetExhausted``) ends the plan INCONCLUSIVE with the
+        budget named (no window: no layer is judged on half its queries)."""
         started = time.perf_counter()
         before = [c.ledger.snapshot() for c in (self.source, self.target)]
+        try:
+            return self._plan(dual_write_since=dual_write_since, now=now, started=started, before=before)
+        except QueryBudgetExhausted as exc:
+            log.warning("parity: %s", exc)
+            return ParityPlan(None, (Measurement("window", Verdict.INCONCLUSIVE, str(exc)),),
+                              cost=self._cost(started, before))
+
+    def _plan(self, *, dual_write_since: float, now: float, started: float, before: list[dict[str, float]]
+              ) -> ParityPlan:
         window = self.window(dual_write_since=dual_write_since, now=now)
         if window is None:
             m = Measurement("window", Verdict.INCONCLUSIVE,
@@ -805,7 +818,11 @@ class ParityCheck:
         before = [c.ledger.snapshot() for c in (self.source, self.target)]
         if shard.get("metric_kinds"):
             self._kinds = {name: dict(kind) for name, kind in shard["metric_kinds"].items()}
-        out = self.compare_hosts(shard["hosts"], shard["start"], shard["end"], shard.get("host_names"))
+        try:
+            out = self.compare_hosts(shard["hosts"], shard["start"], shard["end"], shard.get("host_names"))
+        except QueryBudgetExhausted as exc:
+            log.warning("parity shard: %s", exc)
+            out = {"budget_spent": str(exc)}  # ``reduce`` makes the samples layer INCONCLUSIVE with it
         out["cost"] = self._cost(started, before)
         return out
 
@@ -816,7 +833,10 @@ class ParityCheck:
         if not isinstance(plan, ParityPlan):
             plan = ParityPlan.from_dict(plan)
         measurements = [*plan.measurements, *extra]
-        if plan.window is not None and not any(m.layer == Layer.SAMPLES for m in measurements):
+        spent = next((str(s["budget_spent"]) for s in shards if s.get("budget_spent")), None)
+        if plan.window is not None and spent and not any(m.layer == Layer.SAMPLES for m in measurements):
+            measurements.append(Measurement("samples", Verdict.INCONCLUSIVE, f"samples not compared: {spent}"))
+        elif plan.window is not None and not any(m.layer == Layer.SAMPLES for m in measurements):
             measurements.append(self.samples_measurement(shards, hosts_total=plan.hosts_total))
         costs = [plan.cost, *(s.get("cost", {}) for s in shards)]
         return self.result(measurements, plan.window, costs, shards=len(shards), golden=plan.golden)

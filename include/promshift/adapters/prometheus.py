@@ -7,6 +7,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,6 +254,9 @@ class PrometheusClient:
         self.max_answer_bytes = max_answer_bytes
         self.auth = auth
         self.session = session or requests.Session()
+        # Called before each query is sent (``adapters.query_budget.WorkspaceQueryGate``): it may wait, or raise
+        # ``QueryBudgetExhausted`` so the query is never sent.
+        self.before_query: Callable[[], None] | None = None
 
     def _error(self, message: str, kind: ErrorKind, *, http_status: int | None = None,
                error_type: str | None = None) -> PrometheusError:
@@ -262,6 +266,8 @@ class PrometheusClient:
                  timeout_s: float | None = None, accept_encoding: str | None = None,
                  max_bytes: int | None = None) -> Answer:
         """One call, its body read whole before ``timeout_s`` ends and refused above ``max_bytes``."""
+        if self.before_query is not None:
+            self.before_query()  # the workspace's query budget: may wait, or refuse before anything is sent
         url = f"{self.base_url}{path}"
         budget = timeout_s or self.timeout_s
         limit = max_bytes or self.max_answer_bytes

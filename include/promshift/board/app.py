@@ -20,13 +20,19 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.audit_store import AuditStore, ChainWatch
 from promshift.adapters.settings import default_catalog_path, default_profile, load_catalog
 from promshift.board import URL_PREFIX, evidence, pages
-from promshift.board.metrics import CONTENT_TYPE, exposition
+from promshift.board.metrics import CONTENT_TYPE, FOLDED_KINDS, exposition
+from promshift.core.audit import ChainCheck
 from promshift.core.catalog import Catalog, MetricGroup
+from promshift.core.stages import Stage, current_stage
 
 _chart_lock = threading.Lock()  # pyplot keeps global state; one chart at a time
+# How long the overview waits for the first whole chain verification of a process (then it shows "being verified"
+# and the next request has the answer); a group's page waits for it.
+OVERVIEW_CHAIN_WAIT_S = 1.0
+CHAIN_PENDING = "the audit chain is being verified (the first check since the board started); reload in a moment"
 
 
 class BoardSource:
@@ -40,6 +46,7 @@ class BoardSource:
         self.profile = profile if profile is not None else default_profile()
         self.audit_url = audit_url
         self._audit: AuditStore | None = None
+        self._chain: ChainWatch | None = None
         self._catalog: tuple[float, Catalog] | None = None
         self._lock = threading.Lock()
 
@@ -49,6 +56,16 @@ class BoardSource:
             if self._audit is None:
                 self._audit = AuditStore(self.audit_url)
             return self._audit
+
+    def chain(self, *, wait_s: float | None = None) -> ChainCheck | None:
+        """The chain's check, kept current (``ChainWatch``); None while its first whole verification runs longer
+        than ``wait_s``."""
+        audit = self.audit
+        with self._lock:
+            if self._chain is None:
+                self._chain = ChainWatch(audit)
+            watch = self._chain
+        return watch.check(wait_s=wait_s)
 
     def catalog(self) -> Catalog:
         mtime = self.catalog_path.stat().st_mtime
@@ -62,6 +79,16 @@ class BoardSource:
             return evidence.GroupState(self.audit.stage_of(group).value)
         except ValueError as exc:  # an illegal replay (IllegalTransition) or an unknown stage
             return evidence.GroupState(None, f"the audit history does not replay: {exc}")
+
+    def states(self) -> dict[str, evidence.GroupState]:
+        """Every group's ``state`` from one read of the stage moves (a group with none is planned)."""
+        out = {}
+        for group, moves in self.audit.stage_moves().items():
+            try:
+                out[group] = evidence.GroupState(current_stage(Stage(m) for m in moves).value)
+            except ValueError as exc:
+                out[group] = evidence.GroupState(None, f"the audit history does not replay: {exc}")
+        return out
 
 
 def airflow_root(request: Request) -> str:
@@ -107,27 +134,35 @@ def create_app(source: BoardSource | None = None) -> FastAPI:
     app.state.board = board
 
     def overview(request: Request, user: Any) -> dict[str, Any]:
+        """One row per readable group from O(groups) rows of the audit log (``AuditStore.latest_runs``,
+        ``stage_moves``), never a group's whole history; the chain as ``ChainWatch`` keeps it."""
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
         root = airflow_root(request)
-        chain = board.audit.verify()
+        checked = board.chain(wait_s=OVERVIEW_CHAIN_WAIT_S)
+        chain = checked or ChainCheck(ok=False, events=0, problems=(CHAIN_PENDING,))
+        digests = board.audit.latest_runs(evidence.OVERVIEW_KINDS)
+        states = board.states()
+        planned = evidence.GroupState(Stage.PLANNED.value)
         rows = []
         for group in board.catalog().groups:
             if group.dag_id not in readable:
                 continue
-            row = evidence.overview_row(group, board.audit.events(group=group.name), board.state(group.name),
-                                        chain, root=root)
+            digest = digests.get(group.name)
+            row = evidence.overview_row(group, digest.events if digest else [], states.get(group.name, planned),
+                                        chain, root=root, runs=digest.runs if digest else 0,
+                                        last_event_at=digest.last_event_at if digest else None)
             if row["pending_approval"]:
                 run_id = row["pending_approval"]["run_id"]
                 row["pending_approval"]["airflow_state"] = board.run_states(group.dag_id, [run_id]).get(run_id)
             rows.append(row)
         waves = sorted({r["wave"] for r in rows})
         return {"user": user.get_name(), "chain": {"ok": chain.ok, "events": chain.events,
-                                                   "problems": list(chain.problems)},
+                                                   "problems": list(chain.problems), "pending": checked is None},
                 "waves": [{"wave": w, "groups": [r for r in rows if r["wave"] == w]} for w in waves],
                 "groups": rows}
 
     def detail(request: Request, group: MetricGroup) -> dict[str, Any]:
-        chain = board.audit.verify()
+        chain = board.chain(wait_s=None) or ChainCheck(ok=False, events=0, problems=(CHAIN_PENDING,))
         data = evidence.group_detail(group, board.audit.events(group=group.name), board.state(group.name), chain,
                                      root=airflow_root(request))
         states = board.run_states(group.dag_id, [r["run_id"] for r in data["dag_runs"]])
@@ -152,7 +187,10 @@ def create_app(source: BoardSource | None = None) -> FastAPI:
         """promshift's own metrics (board/metrics.py) for the groups the caller may read, for Prometheus."""
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
         groups = [(g.name, g.wave) for g in board.catalog().groups if g.dag_id in readable]
-        return Response(exposition(groups, board.audit.events()), media_type=CONTENT_TYPE)
+        # Only the kinds the exposition folds (and stage moves): not a year of bake checks; totals by SQL.
+        count, last = board.audit.totals()
+        return Response(exposition(groups, board.audit.events_of_kinds(FOLDED_KINDS), totals=(count, last)),
+                        media_type=CONTENT_TYPE)
 
     @app.get("/", response_class=HTMLResponse)
     def overview_page(request: Request, user: GetUserDep) -> HTMLResponse:
@@ -169,7 +207,7 @@ def create_app(source: BoardSource | None = None) -> FastAPI:
         from promshift.adapters.charts import latency_chart
 
         found = evidence.latency_windows(group, board.audit.events(group=group.name), board.state(group.name),
-                                         board.audit.verify())
+                                         board.chain(wait_s=None) or ChainCheck(ok=False, events=0, problems=()))
         if not found:
             raise HTTPException(404, f"group {group.name!r} has no latency evidence yet")
         run_id, windows = found

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -26,6 +27,10 @@ _ASKS_APPROVAL = (EventKind.GATE_PASSED, EventKind.GATE_INCONCLUSIVE)
 # ... and one of these answers or ends that request.
 _CLOSES_APPROVAL = APPROVAL_ANSWERS | {EventKind.ROLLED_BACK, EventKind.ROLLBACK_NOT_NEEDED, EventKind.RUN_COMPLETE,
                                        EventKind.CUT_OVER}
+# Besides a group's latest run, the overview reads the latest run with an event of each of these: where the
+# placement, the verdicts and the approval columns come from (``AuditStore.latest_runs``). Nothing else of the
+# history is read, so a year of bake checks costs the overview nothing.
+OVERVIEW_KINDS = (frozenset({EventKind.VALIDATED}), GATE_DECIDED, APPROVAL_ANSWERS)
 
 
 @dataclass(frozen=True)
@@ -123,10 +128,15 @@ def placement(group: MetricGroup, reports: Sequence[Mapping[str, Any]]) -> dict[
 
 
 def overview_row(group: MetricGroup, events: Sequence[AuditEvent], state: GroupState, chain: ChainCheck, *,
-                 root: str = "") -> dict[str, Any]:
+                 root: str = "", runs: int | None = None, last_event_at: datetime | None = None) -> dict[str, Any]:
     """One line of the overview: stage, where it moves from and to, last verdicts with their time, who approved,
-    what waits for whom."""
+    what waits for whom.
+
+    ``events`` may be the group's whole history, or only its latest run and the runs ``OVERVIEW_KINDS`` pick (then
+    ``runs`` and ``last_event_at`` say what the whole history holds)."""
     reports = run_reports(group.name, events, state, chain)
+    if last_event_at is None and events:
+        last_event_at = events[-1].at
     gated = _last(reports, "gate")
     approved = _last(reports, "approval")
     return {
@@ -140,8 +150,8 @@ def overview_row(group: MetricGroup, events: Sequence[AuditEvent], state: GroupS
         **placement(group, reports),
         "stage": state.stage,
         "stage_problem": state.problem,
-        "runs": len(reports),
-        "last_event_at": events[-1].at.isoformat() if events else None,
+        "runs": len(reports) if runs is None else runs,
+        "last_event_at": last_event_at.isoformat() if last_event_at else None,
         "parity": {"verdict": gated["parity"].get("verdict"), "at": gated["gate_at"],
                    "run_id": gated["run_id"]} if gated else None,
         "latency": {"verdict": gated["latency"].get("verdict"), "at": gated["gate_at"],

@@ -15,6 +15,9 @@ so the exporter needs no clock.
   ``promshift_rollbacks_total{group,outcome}`` (``rolled_back``, ``failed``), and
   ``promshift_rollback_failed{group}`` = 1 while the group's last rollback is one that failed.
 - ``promshift_audit_events`` and ``promshift_audit_last_event_timestamp_seconds``.
+
+The board reads only the stage moves and the events of ``FOLDED_KINDS`` (and the log's totals by SQL), not the
+whole log: bake checks, most of a year's events, change none of these.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from promshift.board.evidence import _ASKS_APPROVAL, _CLOSES_APPROVAL
 from promshift.core.audit import AuditEvent
@@ -32,6 +36,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _VERDICT = {EventKind.GATE_PASSED: "passed", EventKind.GATE_INCONCLUSIVE: "inconclusive",
             EventKind.GATE_FAILED: "failed"}
 _ROLLBACK = {EventKind.ROLLED_BACK: "rolled_back", EventKind.ROLLBACK_FAILED: "failed"}
+_WARMUP_ENDS = (EventKind.WARMUP_READY, EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR)
+# Every kind ``_fold`` reads besides stage moves: a reader may pass only these (and every event with a ``stage_to``),
+# with the log's totals beside them (``exposition(totals=...)``); a bake check, the bulk of a year, is none of them.
+FOLDED_KINDS = frozenset({*_WARMUP_ENDS, *GATE_DECIDED, *_ASKS_APPROVAL, *_CLOSES_APPROVAL,
+                          EventKind.READS_ROLLED_BACK, *_ROLLBACK})
 
 
 @dataclass
@@ -70,7 +79,7 @@ def _fold(groups: dict[str, _Group], events: Iterable[AuditEvent]) -> tuple[int,
         kind = ev.kind
         if ev.stage_to:
             g.stage, g.entered = ev.stage_to, at
-        if kind in (EventKind.WARMUP_READY, EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR):
+        if kind in _WARMUP_ENDS:
             g.warmup_end[ev.run_id] = at
         if kind in GATE_DECIDED:
             g.verdicts[_VERDICT[EventKind(kind)]] += 1
@@ -90,11 +99,17 @@ def _fold(groups: dict[str, _Group], events: Iterable[AuditEvent]) -> tuple[int,
     return count, last
 
 
-def exposition(groups: Sequence[tuple[str, int]], events: Iterable[AuditEvent]) -> str:
-    """The text exposition for ``groups`` (name, wave) from the audit ``events`` (oldest first, any groups)."""
+def exposition(groups: Sequence[tuple[str, int]], events: Iterable[AuditEvent], *,
+               totals: tuple[int, datetime | None] | None = None) -> str:
+    """The text exposition for ``groups`` (name, wave) from the audit ``events`` (oldest first, any groups).
+
+    ``totals`` (the log's event count and latest time): ``events`` may then be only the stage moves and the events
+    of ``FOLDED_KINDS``; without it they must be the whole log."""
     state = {name: _Group() for name, _ in groups}
     waves = dict(groups)
     count, last = _fold(state, events)
+    if totals is not None:
+        count, last = totals[0], (totals[1].timestamp() if totals[1] else None)
     out: list[str] = []
 
     def family(name: str, kind: str, help_text: str) -> None:

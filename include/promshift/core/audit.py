@@ -206,65 +206,156 @@ def verify_chain(events: Iterable[AuditEvent], *, key: bytes | None = None, anch
     emptied) or differs from it there (replaced) is broken, and so is one that goes on past it (events
     forged with the key, or an anchor outage) unless ``allow_unanchored_tail``, when that is a note.
     """
-    problems: list[str] = []
-    notes: list[str] = []
-    runs: list[SchemeRun] = []
-    prev_hash = GENESIS_HASH
-    expected_seq = 1
-    count = 0
-    keyed_seen: int | None = None
-    unverifiable: list[int] = []
-    keyed_mismatch: list[int] = []
-    keyed_total = 0
-    hash_at_anchor: str | None = None
-    last: AuditEvent | None = None
-    for ev in events:
-        count += 1
-        last = ev
-        if ev.seq != expected_seq:
-            problems.append(f"event seq {ev.seq}: expected seq {expected_seq} (a row is missing)")
-        if ev.prev_hash != prev_hash:
-            problems.append(f"event seq {ev.seq}: prev_hash does not match the hash of the event before it")
-        if runs and runs[-1].scheme == ev.scheme:
-            r = runs[-1]
-            runs[-1] = SchemeRun(r.scheme, r.first_seq, ev.seq, r.events + 1)
-        else:
-            runs.append(SchemeRun(ev.scheme, ev.seq, ev.seq, 1))
-        if ev.scheme not in SCHEMES:
-            problems.append(f"event seq {ev.seq}: unknown hash scheme {ev.scheme!r}")
-        elif ev.scheme == HMAC_SHA256_V2:
-            keyed_total += 1
-            keyed_seen = keyed_seen or ev.seq
-            if key is None:
-                unverifiable.append(ev.seq)
-            elif not ev.hash_matches(key):
-                keyed_mismatch.append(ev.seq)
-                problems.append(f"event seq {ev.seq}: content does not match its HMAC (edited, or forged "
-                                "without the audit key)")
-        else:
-            if keyed_seen is not None:
-                problems.append(f"event seq {ev.seq}: unkeyed ({SHA256_V1}) after keyed events (from seq "
-                                f"{keyed_seen}): written without the audit key")
-            if not ev.hash_matches(None):
-                problems.append(f"event seq {ev.seq}: content does not match its hash (edited)")
-        if anchor is not None and ev.seq == anchor.seq:
-            hash_at_anchor = ev.hash
-        prev_hash = ev.hash
-        expected_seq = ev.seq + 1
-    if unverifiable:
-        problems.append(f"{len(unverifiable)} keyed ({HMAC_SHA256_V2}) events (seq {unverifiable[0]}.."
-                        f"{unverifiable[-1]}) cannot be checked: no audit key was given")
-    if keyed_total > 1 and len(keyed_mismatch) == keyed_total:
-        notes.append("every keyed event fails its HMAC: is this the key the chain was written with?")
-    if any(r.scheme == SHA256_V1 for r in runs):
-        notes.append(f"{sum(r.events for r in runs if r.scheme == SHA256_V1)} events use the unkeyed "
-                     f"{SHA256_V1} scheme: anyone who could write the database could have recomputed them")
-    head = AnchorPoint(last.seq, last.hash) if last else None
-    if anchored:
-        problems.extend(_anchor_problems(head, anchor, hash_at_anchor, keyed=keyed_total > 0, notes=notes,
-                                         allow_unanchored_tail=allow_unanchored_tail))
-    return ChainCheck(ok=not problems, events=count, problems=tuple(problems), notes=tuple(notes),
-                      schemes=tuple(runs), head=head, anchor=anchor)
+    verifier = ChainVerifier(key=key, keep_hashes=0)
+    verifier.watch(anchor)
+    verifier.feed(events)
+    return verifier.check(anchored=anchored, anchor=anchor, allow_unanchored_tail=allow_unanchored_tail)
+
+
+class ChainVerifier:
+    """``verify_chain`` in steps: feed the chain's events oldest first, in as many calls as they arrive, and
+    ``check`` at any point. Fed once, an event is never read again, so a reader that keeps a verifier checks
+    only the events appended since (the board). An edit to an event already fed is not seen by this verifier:
+    a fresh one over the whole chain sees it.
+
+    The anchored head is compared with the hash of the event at its ``seq``: the hashes of the last
+    ``keep_hashes`` events are kept for that (an anchor trails the head by at most the writers in flight), and
+    the one ``watch``ed before feeding is kept whatever its age. ``check`` raises ``LookupError`` for an anchor
+    on an event neither kept: verify afresh.
+    """
+
+    def __init__(self, *, key: bytes | None, keep_hashes: int = 1024) -> None:
+        self.key = key
+        self.keep_hashes = keep_hashes
+        self.problems: list[str] = []
+        self.runs: list[SchemeRun] = []
+        self.prev_hash = GENESIS_HASH
+        self.expected_seq = 1
+        self.count = 0
+        self.keyed_seen: int | None = None
+        self.unverifiable: list[int] = []
+        self.keyed_mismatch = 0
+        self.keyed_total = 0
+        self._head: AnchorPoint | None = None
+        self.unkeyed = 0
+        self._recent: dict[int, str] = {}
+        self._watched: dict[int, str | None] = {}
+
+    def watch(self, anchor: AnchorPoint | None) -> None:
+        """Keep the hash of the event at ``anchor.seq`` when it is fed."""
+        if anchor is not None:
+            self._watched.setdefault(anchor.seq, None)
+
+    def feed(self, events: Iterable[AuditEvent]) -> None:
+        key = self.key
+        for ev in events:
+            self.count += 1
+            self._head = AnchorPoint(ev.seq, ev.hash)
+            if ev.seq != self.expected_seq:
+                self.problems.append(f"event seq {ev.seq}: expected seq {self.expected_seq} (a row is missing)")
+            if ev.prev_hash != self.prev_hash:
+                self.problems.append(f"event seq {ev.seq}: prev_hash does not match the hash of the event before it")
+            runs = self.runs
+            if runs and runs[-1].scheme == ev.scheme:
+                r = runs[-1]
+                runs[-1] = SchemeRun(r.scheme, r.first_seq, ev.seq, r.events + 1)
+            else:
+                runs.append(SchemeRun(ev.scheme, ev.seq, ev.seq, 1))
+            if ev.scheme not in SCHEMES:
+                self.problems.append(f"event seq {ev.seq}: unknown hash scheme {ev.scheme!r}")
+            elif ev.scheme == HMAC_SHA256_V2:
+                self.keyed_total += 1
+                self.keyed_seen = self.keyed_seen or ev.seq
+                if key is None:
+                    self.unverifiable.append(ev.seq)
+                elif not ev.hash_matches(key):
+                    self.keyed_mismatch += 1
+                    self.problems.append(f"event seq {ev.seq}: content does not match its HMAC (edited, or forged "
+                                         "without the audit key)")
+            else:
+                self.unkeyed += 1
+                if self.keyed_seen is not None:
+                    self.problems.append(f"event seq {ev.seq}: unkeyed ({SHA256_V1}) after keyed events (from seq "
+                                         f"{self.keyed_seen}): written without the audit key")
+                if not ev.hash_matches(None):
+                    self.problems.append(f"event seq {ev.seq}: content does not match its hash (edited)")
+            if ev.seq in self._watched:
+                self._watched[ev.seq] = ev.hash
+            if self.keep_hashes:
+                self._recent[ev.seq] = ev.hash
+                if len(self._recent) > self.keep_hashes:
+                    del self._recent[next(iter(self._recent))]
+            self.prev_hash = ev.hash
+            self.expected_seq = ev.seq + 1
+
+    @property
+    def head(self) -> AnchorPoint | None:
+        return self._head
+
+    @property
+    def clean(self) -> bool:
+        """Nothing wrong so far: every event fed verified (what a checkpoint may record)."""
+        return not self.problems and not self.unverifiable and self.keyed_mismatch == 0
+
+    def state(self) -> dict[str, Any]:
+        """What ``resume`` needs to go on from here, as JSON (for a checkpoint; only of a ``clean`` verifier)."""
+        if not self.clean:
+            raise ValueError("only a chain verified clean so far can be resumed")
+        return {"count": self.count, "head": self._head.to_dict() if self._head else None,
+                "keyed_seen": self.keyed_seen, "keyed_total": self.keyed_total, "unkeyed": self.unkeyed,
+                "runs": [r.to_dict() for r in self.runs]}
+
+    @classmethod
+    def resume(cls, state: Mapping[str, Any], *, key: bytes | None, keep_hashes: int = 1024) -> ChainVerifier:
+        """A verifier that goes on after the events a clean ``state`` covers, without reading them again."""
+        v = cls(key=key, keep_hashes=keep_hashes)
+        v.count, v.keyed_seen = int(state["count"]), state["keyed_seen"]
+        v.keyed_total, v.unkeyed = int(state["keyed_total"]), int(state["unkeyed"])
+        v.runs = [SchemeRun(r["scheme"], int(r["first_seq"]), int(r["last_seq"]), int(r["events"]))
+                  for r in state["runs"]]
+        head = state.get("head")
+        if head:
+            v._head = AnchorPoint(int(head["seq"]), str(head["head"]))
+            v.prev_hash, v.expected_seq = v._head.head, v._head.seq + 1
+            if keep_hashes:
+                v._recent[v._head.seq] = v._head.head
+        return v
+
+
+    def check(self, *, anchored: bool = False, anchor: AnchorPoint | None = None,
+              allow_unanchored_tail: bool = False) -> ChainCheck:
+        """The chain fed so far, as ``verify_chain`` judges it."""
+        problems = list(self.problems)
+        notes: list[str] = []
+        if self.unverifiable:
+            problems.append(f"{len(self.unverifiable)} keyed ({HMAC_SHA256_V2}) events (seq {self.unverifiable[0]}.."
+                            f"{self.unverifiable[-1]}) cannot be checked: no audit key was given")
+        if self.keyed_total > 1 and self.keyed_mismatch == self.keyed_total:
+            notes.append("every keyed event fails its HMAC: is this the key the chain was written with?")
+        if self.unkeyed:
+            notes.append(f"{self.unkeyed} events use the unkeyed {SHA256_V1} scheme: anyone who could write the "
+                         "database could have recomputed them")
+        head = self.head
+        if anchored:
+            hash_at_anchor = None
+            if anchor is not None and head is not None and anchor.seq <= head.seq:
+                if anchor.seq in self._watched:
+                    hash_at_anchor = self._watched[anchor.seq]
+                elif anchor.seq in self._recent:
+                    hash_at_anchor = self._recent[anchor.seq]
+                elif self.keep_hashes:
+                    raise LookupError(f"anchored seq {anchor.seq} is older than the {self.keep_hashes} hashes kept")
+            problems.extend(_anchor_problems(head, anchor, hash_at_anchor, keyed=self.keyed_total > 0, notes=notes,
+                                             allow_unanchored_tail=allow_unanchored_tail))
+        return ChainCheck(ok=not problems, events=self.count, problems=tuple(problems), notes=tuple(notes),
+                          schemes=tuple(self.runs), head=head, anchor=anchor)
+
+
+def checkpoint_mac(state: Mapping[str, Any], *, key: bytes) -> str:
+    """The HMAC a verification checkpoint carries: whoever can write the database but lacks the key cannot
+    claim a chain was verified."""
+    message = canonical_json({"kind": "promshift-audit-checkpoint-v1", "state": dict(state)}).encode()
+    return hmac.new(check_key(key), message, hashlib.sha256).hexdigest()
 
 
 def _anchor_problems(head: AnchorPoint | None, anchor: AnchorPoint | None, hash_at_anchor: str | None, *,

@@ -216,6 +216,19 @@ class _GroupStep:
                              f"{self.target_conn_id!r}, the catalog says {self.group.source!r} -> "
                              f"{self.group.target!r}; wait for the DAG to be parsed again")
 
+    def gated(self, client: Any, context: Any) -> Any:
+        """``client`` (to the target) with the workspace's query budget in front of it, when the target connection's
+        ``extra.query_budget`` sets one: every worker of this DAG run takes from the same ledger rows
+        (``adapters.query_budget``), keyed by the connection (the workspace) and the run."""
+        from promshift.adapters.query_budget import query_gate
+        from promshift.orchestration.hooks import PrometheusHook
+
+        hook = self.target_hook
+        extra = hook.extra if isinstance(hook, PrometheusHook) else hook.conn_config.extra_config
+        run_key = f"{self.group.dag_id}/{context['run_id'] if context else 'no-run'}"
+        client.before_query = query_gate(dict(extra or {}), workspace=self.target_conn_id, run_key=run_key)
+        return client
+
     # Whether the step needs the target at all: a rollback restores the source alone, so a target
     # whose control plane refuses us (bad credentials, a deleted workspace) must not block it.
     needs_target = True
@@ -732,14 +745,14 @@ class WarmupOperator(GroupStepOperator):
 
 
 class _ParityStep(GroupStepOperator):
-    def parity_check(self) -> Any:
+    def parity_check(self, context: Any = None) -> Any:
         from promshift.adapters.parity_check import ParityCheck
         from promshift.core.deploy_kinds import group_for_deploy
 
         # stats=all on every parity query: the result reports the backends' own query time.
         group = group_for_deploy(self.group, self.deploy)  # independent_scraper on the scraper path
         return ParityCheck(group, self.source_hook.prometheus_client(stats=True),
-                           self.target_hook.prometheus_client(stats=True),
+                           self.gated(self.target_hook.prometheus_client(stats=True), context),
                            catalog_dir=Path(self.catalog_path).parent)
 
 
@@ -768,7 +781,7 @@ class ParityPlanOperator(_ParityStep):
             context["ti"].xcom_push(key="plan", value=ParityPlan(None, (Measurement("window", Verdict.INCONCLUSIVE,
                                                                                       why),)).to_dict())
             return []
-        plan = self.parity_check().plan(dual_write_since=float(deployed["dual_write_since"]),
+        plan = self.parity_check(context).plan(dual_write_since=float(deployed["dual_write_since"]),
                                         now=_now().timestamp())
         for m in plan.measurements:
             self.log.info("parity %s: %s %s", m.name, m.verdict.value, m.reason)
@@ -789,10 +802,10 @@ class ParitySamplesOperator(_ParityStep):
     def execute(self, context: Any) -> dict[str, Any]:
         if not self.shard:
             raise AirflowFailException("no shard given; this task is meant to be mapped over parity_plan")
-        result = self.parity_check().compare_shard(self.shard)
-        self.log.info("hosts %s: %s series, %s points, %s mismatches, %s missing series", self.shard["hosts"],
-                      result["series_compared"], result["points_compared"], result["mismatches"],
-                      result["missing_series"])
+        result = self.parity_check(context).compare_shard(self.shard)
+        self.log.info("hosts %s: %s series, %s points, %s mismatches, %s missing series%s", self.shard["hosts"],
+                      result.get("series_compared"), result.get("points_compared"), result.get("mismatches"),
+                      result.get("missing_series"), f"; {result['budget_spent']}" if result.get("budget_spent") else "")
         return result
 
 
@@ -866,7 +879,9 @@ class LatencyOperator(GroupStepOperator):
         from promshift.core.report import cost_table, latency_table
 
         deployed = given(self, "deployed") or {}
-        result = self.migration(context).latency(_now(), dual_write_since=deployed.get("dual_write_since"))
+        migration = self.migration(context)
+        self.gated(migration.backends.target, context)  # the workspace's query budget, for the probe's queries
+        result = migration.latency(_now(), dual_write_since=deployed.get("dual_write_since"))
         self.log.info("latency %s\n%s", result.verdict.value, latency_table(result.windows))
         if result.cost is not None:
             self.log.info("projected monthly AMP cost\n%s", cost_table(result.cost))
