@@ -16,6 +16,7 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.settings import amp_prices
 from promshift.core.catalog import Catalog, MetricGroup
 from promshift.core.cost import QueryCost, project_monthly_cost
+from promshift.core.evidence import evidence_sha256
 from promshift.core.gate import decide
 from promshift.core.latency import WindowLatency
 from promshift.core.render import remote_write_name
@@ -118,6 +119,10 @@ def migrate(audit: AuditStore, group: MetricGroup, run_id: str, start: datetime,
                                    "remote_write_still_live": False}, to=Stage.ROLLED_BACK)
         return
     rec.record("gate_passed", evidence, to=Stage.VERIFIED, after_s=40)
+    # As MigrationApprovalOperator records it: who was asked (the group's users, or its team as resolved then,
+    # without the run's trigger user) and the hash of what they were shown.
+    rec.record("evidence_shown", {"evidence_sha256": evidence_sha256(evidence),
+                                  "approvers": ["oncall-alice", "oncall-bob"]})
     if until == "approval":
         return
     rec.record("approved", {"decision": "Approve", "by": "oncall-alice",

@@ -69,6 +69,9 @@ def run_reports(group: str, events: Sequence[AuditEvent], state: GroupState,
                                  None)
         report["approval_at"] = next((e.at.isoformat() for e in reversed(run_events)
                                       if e.kind in APPROVAL_ANSWERS), None)
+        # Who the approval asked, as resolved then (a team's members, without the trigger user).
+        report["asked"] = next((list(e.evidence_data.get("approvers") or []) for e in reversed(run_events)
+                                if e.kind == EventKind.EVIDENCE_SHOWN), None)
         out.append(report)
     return out
 
@@ -95,7 +98,7 @@ def pending_approval(group: MetricGroup, report: Mapping[str, Any] | None, *, ro
     if any(k in _CLOSES_APPROVAL for k in after):
         return None
     return {"run_id": report["run_id"], "since": report["gate_at"], "gate": report["gate"].get("verdict"),
-            "reason": report["gate"].get("reason"), "waiting_for": list(group.approvers),
+            "reason": report["gate"].get("reason"), "waiting_for": report.get("asked") or list(group.approvers),
             "link": airflow_links(group.dag_id, report["run_id"], root=root)["required_action"]}
 
 
