@@ -198,3 +198,29 @@ def test_the_quota_preflight_reads_each_workspaces_own_usage_and_quota(
         assert evidence["limit"] == limit_b
     finally:
         stack.set_aws_faults()
+
+
+def test_each_workspaces_rule_namespaces_are_evaluated_by_its_own_prometheus(stack: LocalStack) -> None:
+    ws_a, ws_b = str(stack.workspace_id), str(stack.workspace_b_id)
+    amp = stack.amp_client()
+    data = (b"groups:\n  - name: only-b\n    interval: 1s\n    rules:\n"
+            b"      - record: promshift:workspace_b:one\n        expr: vector(1)\n")
+    created = amp.create_rule_groups_namespace(workspaceId=ws_b, name="only-b", data=data)
+    assert created["status"]["statusCode"] == "ACTIVE"
+    try:
+        assert (stack.home / "target-b" / "amp-rules" / f"amp-{ws_b}-only-b.yml").read_bytes() == data
+        assert not (stack.amp_rules_dir / f"amp-{ws_b}-only-b.yml").exists()
+
+        def rule_groups(workspace: str) -> set[str]:
+            url = stack.prometheus_endpoint(workspace) + "api/v1/rules"
+            response = signed_get(stack, url)
+            assert response.status_code == 200, response.text
+            return {g["name"] for g in response.json()["data"]["groups"]}
+
+        assert "only-b" in rule_groups(ws_b) and "only-b" not in rule_groups(ws_a)
+        eventually(lambda: series(stack, ws_b, "promshift:workspace_b:one"), timeout=30,
+                   message="workspace B's Prometheus never evaluated its namespace")
+        assert series(stack, ws_a, "promshift:workspace_b:one") == []
+    finally:
+        amp.delete_rule_groups_namespace(workspaceId=ws_b, name="only-b")
+    assert not (stack.home / "target-b" / "amp-rules" / f"amp-{ws_b}-only-b.yml").exists()

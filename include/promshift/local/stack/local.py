@@ -421,6 +421,8 @@ class LocalStack:
         self._aws_child_env: dict[str, str] = {}
         # The second cluster's free ports, chosen by up() when no PROMSHIFT_*_B_PORT names them.
         self._cluster_b_chosen: dict[str, int] = {}
+        # Set by _write_configs when target-b's config gained the AMP rules glob (a running target-b must reload).
+        self._target_b_edited = False
 
     # -- addresses and paths -------------------------------------------------------------
 
@@ -952,6 +954,16 @@ class LocalStack:
             f"            region: {region}\n"
         ).encode()
 
+    def _write_workspace_targets(self, targets: dict[str, dict[str, str]]) -> None:
+        """``amp/workspace-targets.json``: the Prometheus and rules directory of each workspace but the first."""
+        from promshift.local.stack.rule_namespaces import WORKSPACE_TARGETS_FILE
+
+        path = self.amp_dir / WORKSPACE_TARGETS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(targets, indent=2) + "\n")
+        os.replace(tmp, path)
+
     def _reload_target(self) -> None:
         try:
             self._http.post(f"{self.target_url}/-/reload", timeout=30).raise_for_status()
@@ -1243,6 +1255,9 @@ class LocalStack:
                         workspace_b_id = self._ensure_workspace(AMP_WORKSPACE_ALIAS_B, alert_definition=False)
                 except (BotoCoreError, ClientError) as exc:
                     raise StackError(f"the local control plane did not provide the workspace: {exc}") from None
+                if workspace_b_id:  # its rule-groups namespaces: target-b's rule files (rule_namespaces)
+                    self._write_workspace_targets({workspace_b_id: {
+                        "target_url": self.target_b_url, "rules_dir": str(self.home / TARGET_B / AMP_RULES_DIR)}})
                 # The front door and the relays name the workspaces: plan them again now that they are known.
                 components = self._components(workspace_id=workspace_id, fingerprint=fingerprint,
                                               workspace_b_id=workspace_b_id)
@@ -1276,12 +1291,19 @@ class LocalStack:
         self._apply(components[FLEET_B], self._plan(components[FLEET_B]))
         self._wait_healthy([components[FLEET_B]], deadline)
         write_file_sd(self.fleet_b, components[FLEET_B].port, self.file_sd_b_path)
+        reload_target = False
         for name in (TARGET_B, SOURCE_B):
             action, pid = self._plan(components[name])
             if name == SOURCE_B and action == "reuse" and restart_source:
                 action = "restart"
+            reload_target = reload_target or (name == TARGET_B and action == "reuse" and self._target_b_edited)
             self._apply(components[name], (action, pid))
         self._wait_healthy([components[TARGET_B], components[SOURCE_B]], deadline)
+        if reload_target:
+            try:
+                self._http.post(f"{self.target_b_url}/-/reload", timeout=30).raise_for_status()
+            except requests.RequestException as exc:
+                logger.warning("reloading target-b after adding its rule files failed: %s", exc)
         return components
 
     def _start_kubernetes(self, components: dict[str, _Component], plans: dict[str, tuple[str, int | None]],
@@ -1654,6 +1676,17 @@ class LocalStack:
                              {"global": {"evaluation_interval": "1m"}, "scrape_configs": []})
             for name in (SOURCE_B, TARGET_B):
                 self.data_dir(name).mkdir(parents=True, exist_ok=True)
+            if amp:  # the second workspace's rule-groups namespaces are evaluated by target-b (rule_namespaces)
+                from promshift.adapters.deploy import write_keeping
+                from promshift.core.rules import add_rule_file
+
+                path = self.home / TARGET_B / "prometheus.yml"
+                config = path.read_bytes()
+                edited = add_rule_file(config, AMP_RULE_FILES)
+                if edited != config:
+                    write_keeping(path, edited)
+                    self._target_b_edited = True
+                (path.parent / AMP_RULES_DIR).mkdir(parents=True, exist_ok=True)
         return edited_target
 
     def _add_alerting(self) -> bool:
