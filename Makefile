@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 NODES ?= 200
 SCENARIO ?= happy
 # GROUP, TARGET, DEPLOY: empty = the scenario's own (gpu-utilization, prometheus, remote_write; the
-# lifecycle scenarios: gpu-memory, amp, scraper).
+# lifecycle scenarios: gpu-memory, amp, scraper; fleet: its three groups onto two local AMP workspaces, amp).
 GROUP ?=
 # TARGET=amp: migrate onto the local AWS's AMP workspace (SigV4 front door, moto control plane, signing relay).
 TARGET ?=

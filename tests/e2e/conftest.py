@@ -5,8 +5,9 @@ Sessions and the scenarios that join them:
 
 - ``spine_session`` (make test, marker ``spine``): happy with 24 h history on gpu-memory, drift on gpu-utilization,
   overlapping (test_demo_e2e.py).
-- ``fleet_session`` (make e2e): the stack's second cluster and target, the fleet catalog (per-group connections),
-  and ``SCENARIO=fleet``'s two waves of three groups (test_fleet_demo_e2e.py); its reports are
+- ``fleet_session`` (make e2e): the stack's second cluster, two AMP workspaces of the local AWS (each over its own
+  target Prometheus), the fleet catalog (per-group connections), and ``SCENARIO=fleet``'s two waves of three
+  groups (test_fleet_demo_e2e.py); its reports are
   ``runs["fleet:<group>"]``. It uses every group of its catalog: a scenario joining it brings a group of its own.
 
 Scenarios with an Airflow of their own (``run_demo``, as ``make demo``): the AMP ones. Happy on AMP, k8s-cr and
@@ -228,12 +229,14 @@ def spine_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedSe
 
 @pytest.fixture(scope="module")
 def fleet_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedSession]:
-    """``make demo SCENARIO=fleet`` in a shared session: 12 + 6 nodes, two sources, two targets, one Airflow;
-    both waves run before the first test reads them (each group's ``ScenarioRun`` under ``fleet:<group>``)."""
+    """``make demo SCENARIO=fleet`` in a shared session: 12 + 6 nodes, two sources, two AMP workspaces (the local
+    AWS: one front door, a target Prometheus and a signing relay per workspace), one Airflow; both waves run before
+    the first test reads them (each group's ``ScenarioRun`` under ``fleet:<group>``)."""
     from promshift.local.demo_fleet import run_waves, write_fleet_catalog
 
     tmp = tmp_path_factory.mktemp("fleet")
-    with shared_session(tmp, env={}, nodes=12, clusters=2, catalog=write_fleet_catalog) as shared:
+    with shared_session(tmp, env={}, unset=("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
+                        nodes=12, clusters=2, catalog=write_fleet_catalog, target_kind="amp") as shared:
         try:
             with captured_output() as printed:
                 outs = run_waves(shared.session, report_root=tmp / "reports")

@@ -1,37 +1,49 @@
-"""End to end, ``make demo SCENARIO=fleet``: three groups from two clusters onto two workspaces, in two waves.
+"""End to end, ``make demo SCENARIO=fleet``: three groups from two clusters onto two AMP workspaces, in two waves.
 
 Joins ``fleet_session`` (tests/e2e/conftest.py): the stack with its second cluster (its own fleet and source
-Prometheus) and second target, one Airflow reading the fleet catalog (per-group connections). Each group's
-report names its source and target; each target holds only what was moved to it, from the cluster it came from;
-the routes and the board say which cluster and workspace each group is on.
+Prometheus) and two workspaces of the local AWS (``stack up --target amp --clusters 2``: one SigV4-checking front
+door, each workspace backed by its own Prometheus and written through its own signing relay), one Airflow reading
+the fleet catalog (per-group connections, two ``amp`` connections). Each group's report names its source and its
+workspace; each workspace holds only what was moved to it, from the cluster it came from; the routes and the board
+say which cluster and workspace each group is on.
 """
 
 from __future__ import annotations
 
 import pytest
 import requests
+from botocore.credentials import Credentials
 
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
+from promshift.adapters.sigv4 import AwsSigV4Auth
 from promshift.local.airflow_lab import TRIGGER_USER, LocalAirflow
 from promshift.local.demo_fleet import FLEET_PLAN, SOURCE_A, SOURCE_B, TARGET_A, TARGET_B
-from promshift.local.stack.local import EXTERNAL_LABELS, EXTERNAL_LABELS_B
+from promshift.local.stack.local import EXTERNAL_LABELS, EXTERNAL_LABELS_B, LocalStack
 from tests.e2e.conftest import SharedSession
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 
+def workspaces(stack: LocalStack) -> dict[str, str]:
+    """Target connection -> the AMP workspace id it names."""
+    ws_a, ws_b = stack.workspace_id, stack.workspace_b_id
+    assert ws_a and ws_b and ws_a != ws_b
+    return {TARGET_A: ws_a, TARGET_B: ws_b}
+
+
 def test_each_group_cut_over_from_its_cluster_to_its_workspace(fleet_session: SharedSession) -> None:
     stack = fleet_session.stack
-    urls = {SOURCE_A: stack.source_url, SOURCE_B: stack.source_b_url,
-            TARGET_A: stack.target_url, TARGET_B: stack.target_b_url}
+    assert stack.config.target_kind == "amp"
+    urls = {SOURCE_A: stack.source_url, SOURCE_B: stack.source_b_url}
+    ws = workspaces(stack)
     for group, (wave, source, target) in FLEET_PLAN.items():
         report = fleet_session.run(f"fleet:{group}").report
         assert report["final_stage"] == "cut_over", (group, report["summary"])
         assert report["wave"] == wave
         assert report["connections"] == {"source": source, "target": target}
         assert report["source"] == {"connection": source, "url": urls[source]}
-        assert report["target"] == {"kind": "prometheus", "url": urls[target]}
+        assert report["target"] == {"kind": "amp", "workspace_id": ws[target], "region": stack.config.region}
         assert report["parity"]["verdict"] == "SUCCESSFUL" and report["parity"]["series_compared"] > 0
         assert report["approval"]["by"] == "oncall-alice"
         # The group's entry went into its own cluster's source config only.
@@ -39,23 +51,35 @@ def test_each_group_cut_over_from_its_cluster_to_its_workspace(fleet_session: Sh
     a_config, b_config = stack.source_config_path.read_text(), stack.source_b_config_path.read_text()
     assert "promshift-gpu-utilization" in a_config and "promshift-gpu-memory" not in a_config
     assert "promshift-gpu-memory" in b_config and "promshift-gpu-power-thermal" in b_config
-    assert stack.target_b_remote_write_url in b_config and stack.target_remote_write_url in b_config
+    # Each entry writes through its workspace's signing relay: the second cluster into both workspaces.
+    assert stack.relay_b_remote_write_url in b_config and stack.relay_remote_write_url in b_config
+    assert stack.relay_b_remote_write_url not in a_config
+    # Every write and query reached the workspaces through the front door, signed.
+    counters = stack.sigv4_stats()
+    assert counters["verified_by_kind"].get("remote_write", 0) > 0 and counters["verified_by_kind"].get("query", 0) > 0
 
 
 def test_each_workspace_holds_only_what_was_moved_to_it_from_its_cluster(fleet_session: SharedSession) -> None:
     for group in FLEET_PLAN:
         fleet_session.run(f"fleet:{group}")
     stack = fleet_session.stack
-    ws_a, ws_b = PrometheusClient(stack.target_url), PrometheusClient(stack.target_b_url)
+    pair = stack.aws_credentials()
+    auth = AwsSigV4Auth(Credentials(pair.access_key, pair.secret_key, pair.session_token), stack.config.region)
+    ids = workspaces(stack)
+    # Through the front door, signed, by workspace id; and the Prometheus behind each workspace, directly.
+    through_front_door = (PrometheusClient(stack.prometheus_endpoint(ids[TARGET_A]), auth=auth),
+                          PrometheusClient(stack.prometheus_endpoint(ids[TARGET_B]), auth=auth))
+    backing = (PrometheusClient(stack.target_url), PrometheusClient(stack.target_b_url))
 
     def clusters(client: PrometheusClient, metric: str) -> set[str]:
         return {s.labels.get("cluster", "") for s in client.query(f"count by (cluster) ({metric})").series}
 
-    assert clusters(ws_a, "DCGM_FI_DEV_GPU_UTIL") == {EXTERNAL_LABELS["cluster"]}
-    assert clusters(ws_a, "DCGM_FI_DEV_POWER_USAGE") == {EXTERNAL_LABELS_B["cluster"]}
-    assert clusters(ws_a, "DCGM_FI_DEV_FB_USED") == set()
-    assert clusters(ws_b, "DCGM_FI_DEV_FB_USED") == {EXTERNAL_LABELS_B["cluster"]}
-    assert clusters(ws_b, "DCGM_FI_DEV_GPU_UTIL") == clusters(ws_b, "DCGM_FI_DEV_POWER_USAGE") == set()
+    for ws_a, ws_b in (through_front_door, backing):
+        assert clusters(ws_a, "DCGM_FI_DEV_GPU_UTIL") == {EXTERNAL_LABELS["cluster"]}
+        assert clusters(ws_a, "DCGM_FI_DEV_POWER_USAGE") == {EXTERNAL_LABELS_B["cluster"]}
+        assert clusters(ws_a, "DCGM_FI_DEV_FB_USED") == set()
+        assert clusters(ws_b, "DCGM_FI_DEV_FB_USED") == {EXTERNAL_LABELS_B["cluster"]}
+        assert clusters(ws_b, "DCGM_FI_DEV_GPU_UTIL") == clusters(ws_b, "DCGM_FI_DEV_POWER_USAGE") == set()
     # The second cluster is its own fleet: half the nodes.
     assert PrometheusClient(stack.source_b_url).scalar('count(up{job="dcgm"} == 1)') == stack.fleet_b.nodes
 
@@ -75,7 +99,9 @@ def test_routes_and_the_board_name_each_groups_cluster_and_workspace(fleet_sessi
     rows = {row["name"]: row for row in body.json()["groups"]}
     assert {g: (r["source"]["connection"], r["target"]["connection"], r["wave"]) for g, r in rows.items()} == {
         g: (source, target, wave) for g, (wave, source, target) in FLEET_PLAN.items()}
-    assert rows["gpu-memory"]["target"]["workspace"] == fleet_session.stack.target_b_url
+    stack = fleet_session.stack
+    assert rows["gpu-memory"]["target"]["workspace"] == f"{stack.workspace_b_id} ({stack.config.region})"
+    assert rows["gpu-utilization"]["target"]["workspace"] == f"{stack.workspace_id} ({stack.config.region})"
     page = requests.get(f"{airflow.base_url}/promshift/", headers=auth, timeout=30)
     page.raise_for_status()
     assert page.text.count('class="source-conn"') == 3 and ">promshift_target_b</span>" in page.text

@@ -66,14 +66,16 @@ AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "A
 
 @contextlib.contextmanager
 def running_amp_stack(stack_config_factory: Callable[..., StackConfig],
-                      aws_env: Mapping[str, str] | None = None) -> Iterator[LocalStack]:
+                      aws_env: Mapping[str, str] | None = None, **overrides: Any) -> Iterator[LocalStack]:
     """A 2-node AMP stack (1 s scrapes) on free ports, with exactly ``aws_env`` of the AWS_* variables set.
 
-    Without ``aws_env`` no pair is in the environment, so the stack makes its own up.
+    Without ``aws_env`` no pair is in the environment, so the stack makes its own up. ``overrides``: more
+    StackConfig fields (``clusters=2``: the second cluster and a second workspace over target-b).
     """
     aws_port, moto_port, frontdoor_port, relay_port = find_free_ports(4)
     config = stack_config_factory(nodes=2, scrape_interval="1s", target_kind="amp", aws_port=aws_port,
-                                  moto_port=moto_port, frontdoor_port=frontdoor_port, relay_port=relay_port)
+                                  moto_port=moto_port, frontdoor_port=frontdoor_port, relay_port=relay_port,
+                                  **overrides)
     with pytest.MonkeyPatch.context() as patch:
         for name in AWS_ENV:
             patch.delenv(name, raising=False)

@@ -45,7 +45,9 @@ def add_stack_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
                          "syncs it onto the source like Argo CD / Flux, and a GitHub API contract server")
     up.add_argument("--clusters", type=int, choices=(1, 2), default=1,
                     help="2: also a second cluster (its own fleet of half the nodes and source Prometheus) and a "
-                         "second target, as a second workspace (ports PROMSHIFT_{FLEET,SOURCE,TARGET}_B_PORT or free)")
+                         "second target, as a second workspace (ports PROMSHIFT_{FLEET,SOURCE,TARGET}_B_PORT or free); "
+                         "with --target amp the second target backs a second AMP workspace behind the same front "
+                         "door, with its own signing relay (PROMSHIFT_RELAY_B_PORT or free)")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     up.set_defaults(handler=stack_up)
 
@@ -169,6 +171,10 @@ def stack_up(args: argparse.Namespace) -> int:
         print(f"AMP workspace:     {stack.workspace_id}")
         print(f"AMP endpoint:      {stack.prometheus_endpoint()}")
         print(f"signed relay:      {stack.relay_remote_write_url}")
+        if stack.workspace_b_id:
+            print(f"AMP workspace B:   {stack.workspace_b_id}  (over {stack.target_b_url})")
+            print(f"AMP endpoint B:    {stack.prometheus_endpoint(stack.workspace_b_id)}")
+            print(f"signed relay B:    {stack.relay_b_remote_write_url}")
         print(f"SigV4 counters:    {stack.frontdoor_url}/-/sigv4-stats")
     return 0
 

@@ -821,15 +821,19 @@ def main(argv: list[str] | None = None) -> int:
         print(run_plan_demo(nodes=args.nodes, report_root=args.report_root, airflow_port=args.airflow_port))
         return 0
     if args.scenario == "fleet":  # two clusters onto two workspaces, three groups in two waves (demo_fleet)
-        if args.group or args.target not in (None, "prometheus") or args.deploy not in (None, REMOTE_WRITE) \
-                or args.history is not None or args.executor != "local":
-            parser.error("--scenario fleet runs its own three groups on the prometheus target, remote_write, "
-                         "the local executor, without history")
+        if args.group or args.deploy not in (None, REMOTE_WRITE) or args.history is not None \
+                or args.executor != "local":
+            parser.error("--scenario fleet runs its own three groups with remote_write, the local executor, "
+                         "without history")
+        fleet_target = args.target or "amp"  # two AMP workspaces of the local AWS; prometheus: two stand-ins
+        if fleet_target == "amp" and (problem := local_amp_credentials_problem()):
+            parser.error(problem)
         from promshift.local.demo_fleet import run_fleet_demo
 
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        run_fleet_demo(nodes=args.nodes, airflow_port=args.airflow_port, report_root=args.report_root)
+        run_fleet_demo(nodes=args.nodes, airflow_port=args.airflow_port, report_root=args.report_root,
+                       target_kind=fleet_target)
         return 0
     if args.scenario in LIFECYCLE_SCENARIOS:
         try:

@@ -1,8 +1,11 @@
 """``make demo SCENARIO=fleet``: three groups from two clusters onto two workspaces, in two waves, one Airflow.
 
-The stack runs a second cluster (its own fleet and source Prometheus) and a second target (a second
-workspace's stand-in: a Prometheus receiving remote write, as the first; two AMP workspaces are not
-built locally). The session's catalog is the repository's with per-group connections:
+The stack runs a second cluster (its own fleet and source Prometheus) and a second target. By default
+(``TARGET=amp``) the two targets back two AMP workspaces of the local AWS (``stack up --target amp --clusters 2``):
+one control plane, one SigV4-checking front door routing ``/workspaces/<id>/...`` to each workspace's own
+Prometheus, and a signing relay per workspace; ``promshift_target`` and ``promshift_target_b`` are two ``amp``
+connections, one per workspace. With ``TARGET=prometheus`` the two targets are two plain Prometheus servers
+standing in for the workspaces. The session's catalog is the repository's with per-group connections:
 
 ======================  ====  =====================================  =====================================
 group                   wave  source (cluster)                       target (workspace)
@@ -81,7 +84,8 @@ def write_fleet_catalog(home: Path) -> Path:
 
 
 def fleet_connections(stack: LocalStack) -> dict[str, dict[str, Any]]:
-    """The four connections: two clusters' source Prometheus, two workspaces' stand-ins."""
+    """The four connections: two clusters' source Prometheus, two workspaces (``amp`` connections, no
+    credential: Airflow signs with the ``AWS_*`` pair of its environment) or their Prometheus stand-ins."""
     def source(url: str, config: Path) -> dict[str, Any]:
         return {"conn_type": "prometheus", "host": url, "extra": {"config_path": str(config)}}
 
@@ -89,15 +93,28 @@ def fleet_connections(stack: LocalStack) -> dict[str, dict[str, Any]]:
         return {"conn_type": "prometheus", "host": url,
                 "extra": {"base_url": url, "remote_write_url": remote_write_url}}
 
-    return {SOURCE_A: source(stack.source_url, stack.source_config_path),
-            SOURCE_B: source(stack.source_b_url, stack.source_b_config_path),
-            TARGET_A: target(stack.target_url, stack.target_remote_write_url),
+    sources = {SOURCE_A: source(stack.source_url, stack.source_config_path),
+               SOURCE_B: source(stack.source_b_url, stack.source_b_config_path)}
+    if stack.config.target_kind == "amp":
+        return {**sources, TARGET_A: {"conn_type": "amp", "extra": stack.amp_connection_extra()},
+                TARGET_B: {"conn_type": "amp", "extra": stack.amp_connection_extra(second=True)}}
+    return {**sources, TARGET_A: target(stack.target_url, stack.target_remote_write_url),
             TARGET_B: target(stack.target_b_url, stack.target_b_remote_write_url)}
 
 
-def start_fleet_session(*, nodes: int, airflow_port: int) -> DemoSession:
-    """A fresh stack with its second cluster and target, and one Airflow reading the fleet catalog."""
-    return start_session(nodes=nodes, airflow_port=airflow_port, clusters=2, catalog=write_fleet_catalog)
+def target_name(report: dict[str, Any]) -> str:
+    """Where a group's report says it went: the AMP workspace (id, region) or the target's URL."""
+    target = report.get("target") or {}
+    if target.get("kind") == "amp":
+        return f"AMP workspace {target.get('workspace_id')} ({target.get('region')})"
+    return str(target.get("url"))
+
+
+def start_fleet_session(*, nodes: int, airflow_port: int, target_kind: str = "amp") -> DemoSession:
+    """A fresh stack with its second cluster and target (``amp``: two workspaces of the local AWS), and one
+    Airflow reading the fleet catalog."""
+    return start_session(nodes=nodes, airflow_port=airflow_port, clusters=2, catalog=write_fleet_catalog,
+                         target_kind=target_kind)
 
 
 def run_waves(session: DemoSession, *, report_root: Path, timeout_s: float = WAVE_TIMEOUT_S) -> dict[str, Path]:
@@ -134,7 +151,7 @@ def run_waves(session: DemoSession, *, report_root: Path, timeout_s: float = WAV
                                   extra={"wave": wave, "dag_run_state": finals[name]})
             print_report(report)
             print(f"Connections: {report['connections']['source']} ({report['source'].get('url')}) -> "
-                  f"{report['connections']['target']} ({report['target'].get('url')})")
+                  f"{report['connections']['target']} ({target_name(report)})")
             out[name] = out_dir
     print(f"\nwall time {time.time() - session.started:.0f}s")
     print("\n".join(f"  wave {FLEET_PLAN[name][0]}  {name:<18} {FLEET_PLAN[name][1]} -> {FLEET_PLAN[name][2]}:  "
@@ -175,7 +192,7 @@ def follow_runs(session: DemoSession, runs: dict[str, tuple[str, str]], *, deadl
     return finals
 
 
-def run_fleet_demo(*, nodes: int, airflow_port: int, report_root: Path) -> dict[str, Path]:
+def run_fleet_demo(*, nodes: int, airflow_port: int, report_root: Path, target_kind: str = "amp") -> dict[str, Path]:
     """``make demo SCENARIO=fleet``: the session and both waves; Airflow is left running with the stack."""
-    session = start_fleet_session(nodes=nodes, airflow_port=airflow_port)
+    session = start_fleet_session(nodes=nodes, airflow_port=airflow_port, target_kind=target_kind)
     return run_waves(session, report_root=report_root)

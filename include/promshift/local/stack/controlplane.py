@@ -31,7 +31,9 @@ answers the boto3 ``amp`` client pointed at ``http://127.0.0.1:P`` (``endpoint_u
   demo scenario needs: ``{"errors": {"DescribeWorkspace": "ThrottlingException"},
   "workspace_status": {"ws-...": "CREATING"}, "clock_skew_s": 600}`` (the skew applies to the
   front door too: both then refuse every signature as expired), ``"scraper": {...}`` (see
-  ``promshift.local.stack.scrapers``) and ``"aps_quotas": {"active_series": N, "ingestion_rate": N}``.
+  ``promshift.local.stack.scrapers``), ``"aps_quotas": {"active_series": N, "ingestion_rate": N}`` and
+  ``"aps_quotas_by_workspace": {"ws-...": {"active_series": N}}`` (what GetServiceQuota answers for a
+  ``ContextId`` naming that workspace's ARN: AMP's quotas are per workspace).
 
 Where it differs from AWS: one region and one credential pair (no IAM policies: a verified
 request may do anything); moto keeps workspaces in memory (a restart forgets them); an
@@ -466,7 +468,9 @@ class ControlPlaneHandler(SigV4Handler):
             self.send_aws_error(400, "NoSuchResourceException",
                                 f"the local AWS serves quotas for aps only, not {params.get('ServiceCode')!r}")
             return
-        quotas = [self._quota(key) for key in APS_QUOTAS]
+        # GetServiceQuota's ContextId (a workspace ARN): that workspace's own values, when faults.json sets them.
+        context = str(params.get("ContextId") or "").rsplit("/", 1)[-1] if name == "GetServiceQuota" else ""
+        quotas = [self._quota(key, context) for key in APS_QUOTAS]
         if name == "ListServiceQuotas":
             answer: dict[str, Any] = {"Quotas": quotas}
         else:
@@ -480,9 +484,11 @@ class ControlPlaneHandler(SigV4Handler):
             raise ParamValidationError(report=report.generate_report())
         self.send_body(200, json.dumps(answer).encode(), content_type="application/x-amz-json-1.1")
 
-    def _quota(self, key: str) -> dict[str, Any]:
+    def _quota(self, key: str, workspace: str = "") -> dict[str, Any]:
         code, name, default, resource = APS_QUOTAS[key]
-        value = float((self.server.faults().get("aps_quotas") or {}).get(key, default))
+        faults = self.server.faults()
+        value = float((faults.get("aps_quotas") or {}).get(key, default))
+        value = float(((faults.get("aps_quotas_by_workspace") or {}).get(workspace) or {}).get(key, value))
         region = self.server.region
         return {
             "ServiceCode": "aps", "ServiceName": "Amazon Managed Service for Prometheus", "QuotaCode": code,

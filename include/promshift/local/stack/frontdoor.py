@@ -1,13 +1,17 @@
 """The local AMP front door: a workspace's query and remote-write API, SigV4-checked, over the target Prometheus.
 
-``python -m promshift.local.stack.frontdoor --port P --target-url URL --region R --workspace-id ws-...``
-serves ``/workspaces/<ws-id>/api/v1/{query,query_range,series,labels,label/<name>/values,remote_write}``
+``python -m promshift.local.stack.frontdoor --port P --target-url URL --region R --workspace-id ws-...
+[--workspace-target ws-...=URL ...]`` serves
+``/workspaces/<ws-id>/api/v1/{query,query_range,series,labels,label/<name>/values,remote_write}``
 (GET and POST, as AMP does) and ``/workspaces/<ws-id>/api/v1/{rules,alerts}`` (GET: what the workspace's
 rule-groups namespaces evaluate, see ``promshift.local.stack.rule_namespaces``) on 127.0.0.1:P. Every
 request's signature is recomputed with botocore (service ``aps``, region R) from the pair in the
 process's ``AWS_*`` environment; a refused one gets HTTP 403 and an AMP-style ``{"message": ...}``
-body. Verified requests are forwarded to the target Prometheus (``remote_write`` becomes its
-``/api/v1/write``).
+body. Verified requests are forwarded to the Prometheus backing the workspace named in the path
+(``remote_write`` becomes its ``/api/v1/write``): ``--target-url`` for the ``--workspace-id`` ones, the URL of
+a ``--workspace-target`` for each of those (a second workspace, ``stack up --target amp --clusters 2``). One
+front door for every workspace, as AMP has one endpoint per region; a workspace it does not serve is answered
+404 ``ResourceNotFoundException`` once the signature has passed (AMP checks the signature first too).
 ``GET /workspaces/<ws-id>/alertmanager/api/v2/alerts`` (AMP's ListAlerts on the workspace's Alertmanager) is
 forwarded to the stack's Alertmanager (``--alertmanager-url``) while the workspace has an alert manager
 definition (``promshift.local.stack.alert_definitions``), else answered 404 ``ResourceNotFoundException``.
@@ -85,7 +89,8 @@ class FrontDoorHandler(SigV4Handler):
         if match is None or kind == "other":
             self.send_aws_error(404, "ResourceNotFoundException", "Not Found")
             return
-        if match["ws"] not in self.server.workspace_ids:
+        target_url = self.server.targets.get(match["ws"])
+        if target_url is None:
             self.send_aws_error(404, "ResourceNotFoundException", f"Workspace not found: {match['ws']}",
                                 resourceId=match["ws"], resourceType="Workspace")
             return
@@ -94,7 +99,7 @@ class FrontDoorHandler(SigV4Handler):
             self.send_aws_error(405, "ValidationException", f"{self.command} is not allowed here")
             return
         rest = "write" if kind == "remote_write" else match["rest"]
-        url = f"{self.server.target_url}/api/v1/{rest}" + (f"?{query}" if query else "")
+        url = f"{target_url}/api/v1/{rest}" + (f"?{query}" if query else "")
         response = self.forward(url, self.command, body)
         headers = {
             key: value for key, value in response.headers.items()
@@ -107,7 +112,7 @@ class FrontDoorHandler(SigV4Handler):
         """ListAlerts on the workspace's Alertmanager: the stack's, while the workspace has a definition."""
         from promshift.local.stack.alert_definitions import AlertDefinitions
 
-        if workspace not in self.server.workspace_ids:
+        if workspace not in self.server.targets:
             self.send_aws_error(404, "ResourceNotFoundException", f"Workspace not found: {workspace}",
                                 resourceId=workspace, resourceType="Workspace")
             return
@@ -126,13 +131,16 @@ class FrontDoorHandler(SigV4Handler):
 
 
 class FrontDoorServer(SigV4Server):
-    """The front door: the target's URL, the workspace ids it serves and the stack's Alertmanager."""
+    """The front door: the workspace ids it serves, the Prometheus behind each, and the stack's Alertmanager."""
 
     def __init__(self, port: int, *, target_url: str, workspace_ids: set[str], alertmanager_url: str | None = None,
-                 **kwargs: object) -> None:
+                 workspace_targets: dict[str, str] | None = None, **kwargs: object) -> None:
         super().__init__(port, FrontDoorHandler, **kwargs)  # type: ignore[arg-type]
         self.target_url = target_url.rstrip("/")
-        self.workspace_ids = set(workspace_ids)
+        # workspace id -> the base URL of the Prometheus standing in for it
+        self.targets = {ws: self.target_url for ws in workspace_ids}
+        self.targets.update({ws: url.rstrip("/") for ws, url in (workspace_targets or {}).items()})
+        self.workspace_ids = set(self.targets)
         self.alertmanager_url = alertmanager_url.rstrip("/") if alertmanager_url else None
 
 
@@ -164,15 +172,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-url", required=True, help="base URL of the target Prometheus's API")
     parser.add_argument("--region", required=True)
     parser.add_argument("--workspace-id", action="append", required=True, help="a workspace id served (repeatable)")
+    parser.add_argument("--workspace-target", action="append", default=[], metavar="WS=URL",
+                        help="another workspace id served, and the base URL of the Prometheus behind it (repeatable)")
     parser.add_argument("--state-dir", type=Path, help="where faults.json (clock_skew_s) is looked for")
     parser.add_argument("--credentials-fingerprint", help="digest of the pair, so a changed pair restarts it")
     parser.add_argument("--alertmanager-url", help="the stack's Alertmanager")
     args = parser.parse_args(argv)
+    others: dict[str, str] = {}
+    for spec in args.workspace_target:
+        workspace, sep, url = spec.partition("=")
+        if not sep or not workspace or not url.startswith("http"):
+            parser.error(f"--workspace-target must be WS=URL, got {spec!r}")
+        others[workspace] = url
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = FrontDoorServer(args.port, target_url=args.target_url, workspace_ids=set(args.workspace_id),
-                             credentials=credentials_from_env(), region=args.region, state_dir=args.state_dir,
-                             alertmanager_url=args.alertmanager_url)
-    logger.info("front door on 127.0.0.1:%s for %s -> %s", args.port, ", ".join(args.workspace_id), args.target_url)
+                             workspace_targets=others, credentials=credentials_from_env(), region=args.region,
+                             state_dir=args.state_dir, alertmanager_url=args.alertmanager_url)
+    for workspace, url in sorted(server.targets.items()):
+        logger.info("front door on 127.0.0.1:%s: %s -> %s", args.port, workspace, url)
     run_until_signalled(server)
     return 0
 

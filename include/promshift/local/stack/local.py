@@ -128,14 +128,20 @@ FLEET_B, SOURCE_B, TARGET_B = "fleet-b", "source-b", "target-b"
 CLUSTER_B_COMPONENTS = (FLEET_B, TARGET_B, SOURCE_B)
 CLUSTER_B_PREFIX = "/workspaces/ws-local-b"
 EXTERNAL_LABELS_B = {"cluster": "local-gpu-fleet-b", "prometheus_replica": "source-b-0"}
+# With target_kind="amp" too (``stack up --target amp --clusters 2``): target-b backs a second AMP workspace (alias
+# AMP_WORKSPACE_ALIAS_B) behind the one front door, and a second signing relay (vmagent) writes into it. Its port:
+# PROMSHIFT_RELAY_B_PORT, else a free one chosen at `up` (recorded in stack.json with the second cluster's).
+RELAY_B = "relay-b"
+AMP_WORKSPACE_ALIAS_B = "promshift-local-b"
 # Every component ``down`` and ``reset`` look after, whichever started them.
-ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S, ALERTMANAGER, GIT) + CLUSTER_B_COMPONENTS
+ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S, ALERTMANAGER, GIT) + CLUSTER_B_COMPONENTS + (RELAY_B,)
 TARGET_KINDS = ("prometheus", "amp")
 AMP_WORKSPACE_ALIAS = "promshift-local"
 # What stack.json records about the local AWS (never a secret; the fingerprint is a digest).
 AMP_STATE_KEYS = (
     "aws_port", "frontdoor_port", "relay_port", "region", "workspace_id", "workspace_alias", "retention_days",
     "aws_url", "prometheus_endpoint", "relay_remote_write_url", "credentials", "credentials_fingerprint",
+    "workspace_b_id", "workspace_b_alias", "prometheus_endpoint_b", "relay_b_remote_write_url",
 )
 DEFAULT_REGION = "us-east-1"
 # The target's rule_files glob (relative to its config's folder) for the local AMP's rule-groups namespaces.
@@ -208,6 +214,8 @@ class StackConfig:
     fleet_b_port: int = 0
     source_b_port: int = 0
     target_b_port: int = 0
+    # clusters=2 with target_kind="amp": the second workspace's signing relay.
+    relay_b_port: int = 0
 
     def __post_init__(self) -> None:
         # Prometheus runs with cwd=home but reads absolute paths from its config: resolve once here.
@@ -218,9 +226,6 @@ class StackConfig:
             raise ValueError(f"nodes must be >= 1, got {self.nodes}")
         if self.clusters not in (1, 2):
             raise ValueError(f"clusters must be 1 or 2, got {self.clusters}")
-        if self.clusters == 2 and self.target_kind != "prometheus":
-            raise ValueError("a second cluster runs with the prometheus target only (its second target is a "
-                             "second Prometheus, not a second AMP workspace)")
         if self.target_kind not in TARGET_KINDS:
             raise ValueError(f"target kind must be one of {', '.join(TARGET_KINDS)}, got {self.target_kind!r}")
         ports = (self.fleet_port, self.source_port, self.target_port)
@@ -259,6 +264,7 @@ class StackConfig:
             "fleet_b_port": _env_int("PROMSHIFT_FLEET_B_PORT", cls.fleet_b_port),
             "source_b_port": _env_int("PROMSHIFT_SOURCE_B_PORT", cls.source_b_port),
             "target_b_port": _env_int("PROMSHIFT_TARGET_B_PORT", cls.target_b_port),
+            "relay_b_port": _env_int("PROMSHIFT_RELAY_B_PORT", cls.relay_b_port),
             "region": os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
@@ -419,6 +425,8 @@ class LocalStack:
         self._aws_child_env: dict[str, str] = {}
         # The second cluster's free ports, chosen by up() when no PROMSHIFT_*_B_PORT names them.
         self._cluster_b_chosen: dict[str, int] = {}
+        # Set by _write_configs when target-b's config gained the AMP rules glob (a running target-b must reload).
+        self._target_b_edited = False
 
     # -- addresses and paths -------------------------------------------------------------
 
@@ -530,7 +538,8 @@ class LocalStack:
         """The second cluster's ports: PROMSHIFT_*_B_PORT, else the free ones `up` chose (stack.json); 0 unknown."""
         cfg = self.config
         recorded = self._read_state().get("cluster_b", {}).get("ports", {})
-        given = {FLEET_B: cfg.fleet_b_port, SOURCE_B: cfg.source_b_port, TARGET_B: cfg.target_b_port}
+        given = {FLEET_B: cfg.fleet_b_port, SOURCE_B: cfg.source_b_port, TARGET_B: cfg.target_b_port,
+                 RELAY_B: cfg.relay_b_port}
         return {name: port or self._cluster_b_chosen.get(name) or int(recorded.get(name) or 0)
                 for name, port in given.items()}
 
@@ -780,6 +789,17 @@ class LocalStack:
         value = self._read_state().get("workspace_id")
         return str(value) if value else None
 
+    @property
+    def workspace_b_id(self) -> str | None:
+        """The second workspace's id (``up --target amp --clusters 2``; target-b backs it), else None."""
+        value = self._read_state().get("workspace_b_id")
+        return str(value) if value else None
+
+    @property
+    def relay_b_remote_write_url(self) -> str:
+        """The second workspace's signing relay: a source remote-writes here to reach that workspace."""
+        return f"http://127.0.0.1:{self.cluster_b_ports()[RELAY_B]}/api/v1/write"
+
     def prometheus_endpoint(self, workspace_id: str | None = None) -> str:
         """The workspace's ``prometheusEndpoint`` as DescribeWorkspace answers it (ends with ``/``)."""
         workspace = workspace_id or self.workspace_id
@@ -843,16 +863,18 @@ class LocalStack:
             config=BotocoreConfig(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=30),
         )
 
-    def amp_connection_extra(self) -> dict[str, str]:
-        """The ``extra`` of the Airflow ``amp`` connection for this stack (see AMP_CONTRACT): no credentials."""
-        workspace = self.workspace_id
+    def amp_connection_extra(self, *, second: bool = False) -> dict[str, str]:
+        """The ``extra`` of the Airflow ``amp`` connection for this stack (see AMP_CONTRACT): no credentials.
+        ``second``: the second workspace's (``up --target amp --clusters 2``), written through its own relay."""
+        workspace = self.workspace_b_id if second else self.workspace_id
         if not workspace:
-            raise StackError("no local AMP workspace yet: run `python -m promshift.local stack up --target amp`")
+            flags = "--target amp --clusters 2" if second else "--target amp"
+            raise StackError(f"no local AMP workspace yet: run `python -m promshift.local stack up {flags}`")
         return {
             "region_name": self.config.region,
             "workspace_id": workspace,
             "endpoint_url": self.aws_url,
-            "remote_write_url": self.relay_remote_write_url,
+            "remote_write_url": self.relay_b_remote_write_url if second else self.relay_remote_write_url,
         }
 
     def scraper_extra(self) -> dict[str, Any]:
@@ -861,12 +883,13 @@ class LocalStack:
         control plane only checks the shape of; its collector scrapes the local fleet instead."""
         return dict(LOCAL_SCRAPER_SOURCE)
 
-    def publish_usage(self) -> dict[str, float]:
+    def publish_usage(self, workspace_id: str | None = None) -> dict[str, float]:
         """Seed CloudWatch as AMP vends usage: the workspace's active series now, as ``AWS/Usage`` ``ResourceCount``
         (``Service=Prometheus, Type=Resource, Resource=ActiveSeries, Class=None, ResourceId=<ws>``), through the
         local AWS into moto's CloudWatch. AWS publishes this on its own; locally it is a step (the demo's, a test's)
-        so what the quota pre-flight reads is known. Returns ``{"active_series": N}``."""
-        workspace = self.workspace_id
+        so what the quota pre-flight reads is known. ``workspace_id``: another workspace than the first (its own
+        series, its own datapoint). Returns ``{"active_series": N}``."""
+        workspace = workspace_id or self.workspace_id
         if not workspace:
             raise StackError("no local AMP workspace yet: run `python -m promshift.local stack up --target amp`")
         pair = self.aws_credentials()
@@ -897,25 +920,30 @@ class LocalStack:
 
     def set_aws_faults(self, *, errors: dict[str, str] | None = None, workspace_status: dict[str, str] | None = None,
                        clock_skew_s: float = 0.0, scraper: dict[str, Any] | None = None,
-                       aps_quotas: dict[str, float] | None = None) -> None:
+                       aps_quotas: dict[str, float] | None = None,
+                       aps_quotas_by_workspace: dict[str, dict[str, float]] | None = None) -> None:
         """From now on, make the control plane fail operations (``{"DescribeWorkspace": "ThrottlingException"}``)
         or report a workspace status (``{"ws-...": "CREATING"}``), and shift the control plane's and the front
         door's clocks by ``clock_skew_s`` (over 300 s: every signature is refused). ``scraper`` sets how local
         scrapers move (``{"fail_update": "reason", "stuck": True, "delay_s": 1, ...}``, see
         ``promshift.local.stack.scrapers``), ``aps_quotas`` the Service Quotas values
-        (``{"active_series": N, "ingestion_rate": N}``). No arguments: clear them all."""
+        (``{"active_series": N, "ingestion_rate": N}``), ``aps_quotas_by_workspace`` one workspace's own
+        (``{"ws-...": {"active_series": N}}``). No arguments: clear them all."""
         path = self.amp_dir / "faults.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(".faults.json.tmp")
         tmp.write_text(json.dumps({"errors": errors or {}, "workspace_status": workspace_status or {},
                                    "clock_skew_s": clock_skew_s, "scraper": scraper or {},
-                                   "aps_quotas": aps_quotas or {}}))
+                                   "aps_quotas": aps_quotas or {},
+                                   "aps_quotas_by_workspace": aps_quotas_by_workspace or {}}))
         os.replace(tmp, path)
 
-    def _ensure_workspace(self) -> str:
-        """Find the ACTIVE workspace with the stack's alias, or create it; set its retention either way."""
+    def _ensure_workspace(self, alias: str | None = None, *, alert_definition: bool = True) -> str:
+        """Find the ACTIVE workspace with the stack's alias (or ``alias``), or create it; set its retention either
+        way. ``alert_definition``: give it the stack's alert manager definition when it has none (the second
+        workspace gets none: the one Alertmanager is the first workspace's)."""
         amp = self.amp_client()
-        alias = self.config.workspace_alias
+        alias = alias or self.config.workspace_alias
         found = [
             item["workspaceId"] for item in amp.list_workspaces(alias=alias)["workspaces"]
             if item.get("alias") == alias and item["status"]["statusCode"] == "ACTIVE"
@@ -929,7 +957,8 @@ class LocalStack:
             logger.info("created local AMP workspace %s (%s)", workspace, alias)
         amp.get_waiter("workspace_active").wait(workspaceId=workspace, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
         amp.update_workspace_configuration(workspaceId=workspace, retentionPeriodInDays=self.config.retention_days)
-        self._ensure_alert_definition(amp, workspace)
+        if alert_definition:
+            self._ensure_alert_definition(amp, workspace)
         return workspace
 
     def _ensure_alert_definition(self, amp: Any, workspace: str) -> None:
@@ -961,6 +990,16 @@ class LocalStack:
             f"            region: {region}\n"
         ).encode()
 
+    def _write_workspace_targets(self, targets: dict[str, dict[str, str]]) -> None:
+        """``amp/workspace-targets.json``: the Prometheus and rules directory of each workspace but the first."""
+        from promshift.local.stack.rule_namespaces import WORKSPACE_TARGETS_FILE
+
+        path = self.amp_dir / WORKSPACE_TARGETS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(targets, indent=2) + "\n")
+        os.replace(tmp, path)
+
     def _reload_target(self) -> None:
         try:
             self._http.post(f"{self.target_url}/-/reload", timeout=30).raise_for_status()
@@ -981,7 +1020,8 @@ class LocalStack:
         """PID file of component ``name``."""
         return self.home / f"{name}.pid"
 
-    def _components(self, *, workspace_id: str | None = None, fingerprint: str = "") -> dict[str, _Component]:
+    def _components(self, *, workspace_id: str | None = None, fingerprint: str = "",
+                    workspace_b_id: str | None = None) -> dict[str, _Component]:
         """Every component; the local AWS's argv carry the workspace id and the pair's fingerprint (not the pair)."""
         cfg = self.config
         fleet_argv = (
@@ -1054,7 +1094,8 @@ class LocalStack:
                 "PROMSHIFT_SOURCE_PORT",
             ),
         }
-        components.update(self._amp_components(workspace_id or self.workspace_id or "ws-none", fingerprint))
+        components.update(self._amp_components(workspace_id or self.workspace_id or "ws-none", fingerprint,
+                                               workspace_b_id or self.workspace_b_id))
         k8s_argv = (sys.executable, "-m", "promshift.local.stack.k8s_api", "--state-dir", str(self.kubernetes_dir),
                     "--port", str(cfg.k8s_port), "--config", str(self.source_config_path),
                     "--prometheus", self.source_url, "--namespace", K8S_NAMESPACE, "--name", K8S_NAME)
@@ -1103,8 +1144,11 @@ class LocalStack:
                                  "PROMSHIFT_SOURCE_B_PORT"),
         }
 
-    def _amp_components(self, workspace_id: str, fingerprint: str) -> dict[str, _Component]:
+    def _amp_components(self, workspace_id: str, fingerprint: str,
+                        workspace_b_id: str | None = None) -> dict[str, _Component]:
         cfg = self.config
+        # The second workspace (clusters=2): the front door serves it too, over target-b; relay-b writes into it.
+        second = cfg.clusters == 2 and workspace_b_id is not None
         state_dir = f"--state-dir={self.amp_dir}"
         moto_argv = (sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(cfg.moto_port))
         aws_argv = (
@@ -1120,22 +1164,31 @@ class LocalStack:
             sys.executable, "-m", "promshift.local.stack.frontdoor", state_dir,
             "--port", str(cfg.frontdoor_port), "--target-url", self.target_url, "--region", cfg.region,
             "--workspace-id", workspace_id, f"--credentials-fingerprint={fingerprint}",
-        ) + ((f"--alertmanager-url={self.alertmanager_url}",) if self.alertmanager_installed else ())
-        relay_data = self.home / RELAY
+        ) + ((f"--alertmanager-url={self.alertmanager_url}",) if self.alertmanager_installed else ()) \
+            + ((f"--workspace-target={workspace_b_id}={self.target_b_url}",) if second else ())
+        relay_data, relay_b_data = self.home / RELAY, self.home / RELAY_B
+
         # Credentials reach vmagent through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN) in its
         # environment, never its argv (`ps` shows argv; vmagent 1.79 reads those variables when the
         # -remoteWrite.aws.accessKey/secretKey flags are unset).
-        relay_argv = (
-            cfg.vmagent_bin,
-            f"-remoteWrite.tmpDataPath={relay_data}",
-            f"-httpListenAddr=127.0.0.1:{cfg.relay_port}",
-            f"-remoteWrite.url={self.prometheus_endpoint(workspace_id)}api/v1/remote_write",
-            "-remoteWrite.aws.useSigv4=true",
-            f"-remoteWrite.aws.region={cfg.region}",
-            "-remoteWrite.aws.service=aps",
-            "-remoteWrite.flushInterval=1s",
-        )
+        def relay_argv(data: Path, port: int, workspace: str) -> tuple[str, ...]:
+            return (
+                cfg.vmagent_bin,
+                f"-remoteWrite.tmpDataPath={data}",
+                f"-httpListenAddr=127.0.0.1:{port}",
+                f"-remoteWrite.url={self.prometheus_endpoint(workspace)}api/v1/remote_write",
+                "-remoteWrite.aws.useSigv4=true",
+                f"-remoteWrite.aws.region={cfg.region}",
+                "-remoteWrite.aws.service=aps",
+                "-remoteWrite.flushInterval=1s",
+            )
+
+        relay_b_port = self.cluster_b_ports()[RELAY_B]
         return {
+            RELAY_B: _Component(RELAY_B, relay_b_port,
+                                relay_argv(relay_b_data, relay_b_port, workspace_b_id or "ws-none"),
+                                self.relay_b_remote_write_url, f"http://127.0.0.1:{relay_b_port}/health",
+                                f"-remoteWrite.tmpDataPath={relay_b_data}", "PROMSHIFT_RELAY_B_PORT"),
             MOTO: _Component(MOTO, cfg.moto_port, moto_argv, self.moto_url, f"{self.moto_url}/moto-api/data.json",
                              f"moto.server -H 127.0.0.1 -p {cfg.moto_port}", "PROMSHIFT_MOTO_PORT"),
             AWS: _Component(AWS, cfg.aws_port, aws_argv, self.aws_url, f"{self.aws_url}/-/healthy",
@@ -1143,7 +1196,8 @@ class LocalStack:
             FRONTDOOR: _Component(FRONTDOOR, cfg.frontdoor_port, frontdoor_argv, self.frontdoor_url,
                                   f"{self.frontdoor_url}/-/healthy", f"promshift.local.stack.frontdoor {state_dir}",
                                   "PROMSHIFT_FRONTDOOR_PORT"),
-            RELAY: _Component(RELAY, cfg.relay_port, relay_argv, self.relay_remote_write_url,
+            RELAY: _Component(RELAY, cfg.relay_port, relay_argv(relay_data, cfg.relay_port, workspace_id),
+                              self.relay_remote_write_url,
                               f"http://127.0.0.1:{cfg.relay_port}/health", f"-remoteWrite.tmpDataPath={relay_data}",
                               "PROMSHIFT_RELAY_PORT"),
         }
@@ -1157,6 +1211,8 @@ class LocalStack:
         k8s = (K8S,) if self.config.kubernetes or self.pid_path(K8S).exists() else ()
         cluster_b = tuple(name for name in CLUSTER_B_COMPONENTS
                           if self.config.clusters == 2 or self.pid_path(name).exists())
+        if (self.config.clusters == 2 and self.config.target_kind == "amp") or self.pid_path(RELAY_B).exists():
+            cluster_b += (RELAY_B,)
         am = (ALERTMANAGER,) if self.alertmanager_installed or self.pid_path(ALERTMANAGER).exists() else ()
         git = (GIT,) if self.config.git or self.pid_path(GIT).exists() else ()
         return COMPONENTS + am + amp + k8s + git + cluster_b
@@ -1224,19 +1280,30 @@ class LocalStack:
                 self._wait_healthy([components[TARGET], components[MOTO]], deadline)
                 self._apply(components[AWS], plans[AWS])
                 self._wait_healthy([components[AWS]], deadline)
+                previous = self._read_state().get("credentials_fingerprint")
+                two = self.config.clusters == 2
+                if two:  # the second cluster first: the front door routes the second workspace to target-b
+                    self._start_cluster_b(deadline, restart_source=previous != fingerprint)
+                workspace_b_id: str | None = None
                 try:
                     workspace_id = self._ensure_workspace()
+                    if two:
+                        workspace_b_id = self._ensure_workspace(AMP_WORKSPACE_ALIAS_B, alert_definition=False)
                 except (BotoCoreError, ClientError) as exc:
                     raise StackError(f"the local control plane did not provide the workspace: {exc}") from None
-                # The front door and the relay name the workspace: plan them again now that it is known.
-                components = self._components(workspace_id=workspace_id, fingerprint=fingerprint)
-                previous = self._read_state().get("credentials_fingerprint")
-                for name in (FRONTDOOR, RELAY):
+                if workspace_b_id:  # its rule-groups namespaces: target-b's rule files (rule_namespaces)
+                    self._write_workspace_targets({workspace_b_id: {
+                        "target_url": self.target_b_url, "rules_dir": str(self.home / TARGET_B / AMP_RULES_DIR)}})
+                # The front door and the relays name the workspaces: plan them again now that they are known.
+                components = self._components(workspace_id=workspace_id, fingerprint=fingerprint,
+                                              workspace_b_id=workspace_b_id)
+                relays = (RELAY, RELAY_B) if two else (RELAY,)
+                for name in (FRONTDOOR, *relays):
                     action, pid = self._plan(components[name])
-                    if name == RELAY and action == "reuse" and previous != fingerprint:
+                    if name in relays and action == "reuse" and previous != fingerprint:
                         action = "restart"  # vmagent's argv cannot carry the fingerprint: the state does
                     self._apply(components[name], (action, pid))
-                self._wait_healthy([components[FRONTDOOR], components[RELAY]], deadline)
+                self._wait_healthy([components[name] for name in (FRONTDOOR, *relays)], deadline)
                 action, pid = plans[SOURCE]
                 if action == "reuse" and previous != fingerprint:
                     action = "restart"  # started without this pair in its environment (see _start)
@@ -1244,23 +1311,35 @@ class LocalStack:
                 self._wait_healthy([components[SOURCE]], deadline)
                 self._start_kubernetes(components, plans, deadline)
                 self._start_git(components, plans, deadline)
-                self._write_state(components, workspace_id=workspace_id, fingerprint=fingerprint)
+                self._write_state(components, workspace_id=workspace_id, fingerprint=fingerprint,
+                                  workspace_b_id=workspace_b_id)
             self._wait_scraped(deadline)
             if self.config.clusters == 2:
                 self._wait_scraped(deadline, url=self.source_b_url, expected=self.fleet_b.nodes)
         return self.status()
 
-    def _start_cluster_b(self, deadline: float) -> dict[str, _Component]:
-        """The second cluster's fleet, target and source (in that order), on their ports or free ones."""
+    def _start_cluster_b(self, deadline: float, *, restart_source: bool = False) -> dict[str, _Component]:
+        """The second cluster's fleet, target and source (in that order), on their ports or free ones.
+        ``restart_source``: a running source-b is restarted (another AWS pair for its environment)."""
         missing = [name for name, port in self.cluster_b_ports().items() if port == 0]
         self._cluster_b_chosen.update(zip(missing, find_free_ports(len(missing)), strict=True))
         components = self._components()
         self._apply(components[FLEET_B], self._plan(components[FLEET_B]))
         self._wait_healthy([components[FLEET_B]], deadline)
         write_file_sd(self.fleet_b, components[FLEET_B].port, self.file_sd_b_path)
+        reload_target = False
         for name in (TARGET_B, SOURCE_B):
-            self._apply(components[name], self._plan(components[name]))
+            action, pid = self._plan(components[name])
+            if name == SOURCE_B and action == "reuse" and restart_source:
+                action = "restart"
+            reload_target = reload_target or (name == TARGET_B and action == "reuse" and self._target_b_edited)
+            self._apply(components[name], (action, pid))
         self._wait_healthy([components[TARGET_B], components[SOURCE_B]], deadline)
+        if reload_target:
+            try:
+                self._http.post(f"{self.target_b_url}/-/reload", timeout=30).raise_for_status()
+            except requests.RequestException as exc:
+                logger.warning("reloading target-b after adding its rule files failed: %s", exc)
         return components
 
     def _start_kubernetes(self, components: dict[str, _Component], plans: dict[str, tuple[str, int | None]],
@@ -1319,7 +1398,7 @@ class LocalStack:
         with self._locked():
             self._down(30.0)
             for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA, ALERTMANAGER, GIT,
-                              *CLUSTER_B_COMPONENTS):
+                              *CLUSTER_B_COMPONENTS, RELAY_B):
                 shutil.rmtree(self.home / directory, ignore_errors=True)
             for name in ALL_COMPONENTS:
                 self.log_path(name).unlink(missing_ok=True)
@@ -1453,7 +1532,7 @@ class LocalStack:
         # The fleet runs as `python -m promshift.local.stack.fleet`: make sure it imports this very package.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
-        if component.name in (AWS, FRONTDOOR, RELAY, SOURCE):
+        if component.name in (AWS, FRONTDOOR, RELAY, SOURCE, RELAY_B, SOURCE_B):
             # The source gets the pair too, as a Prometheus on EKS gets one from its role: Debian's 2.42
             # refuses to load a `sigv4:` remote_write entry without credentials (it never signs with them).
             env.update(self._aws_child_env)
@@ -1541,7 +1620,7 @@ class LocalStack:
         }
         # The operator stand-in first (it rewrites and reloads the source); then the source: it may be flushing
         # remote-write queues into the relay or the target; then the relay, which may be flushing into the front door.
-        for first in (K8S, SOURCE, RELAY):
+        for first in (K8S, SOURCE, SOURCE_B, RELAY, RELAY_B):
             if first in running:
                 self._stop({first: running.pop(first)}, timeout)
         self._stop(running, timeout)
@@ -1639,6 +1718,17 @@ class LocalStack:
                              {"global": {"evaluation_interval": "1m"}, "scrape_configs": []})
             for name in (SOURCE_B, TARGET_B):
                 self.data_dir(name).mkdir(parents=True, exist_ok=True)
+            if amp:  # the second workspace's rule-groups namespaces are evaluated by target-b (rule_namespaces)
+                from promshift.adapters.deploy import write_keeping
+                from promshift.core.rules import add_rule_file
+
+                path = self.home / TARGET_B / "prometheus.yml"
+                config = path.read_bytes()
+                edited = add_rule_file(config, AMP_RULE_FILES)
+                if edited != config:
+                    write_keeping(path, edited)
+                    self._target_b_edited = True
+                (path.parent / AMP_RULES_DIR).mkdir(parents=True, exist_ok=True)
         return edited_target
 
     def _add_alerting(self) -> bool:
@@ -1674,7 +1764,7 @@ class LocalStack:
         return state if isinstance(state, dict) else {}
 
     def _write_state(self, components: dict[str, _Component], *, workspace_id: str | None = None,
-                     fingerprint: str = "") -> None:
+                     fingerprint: str = "", workspace_b_id: str | None = None) -> None:
         cfg = self.config
         state: dict[str, Any] = {
             "updated_at": datetime.now(UTC).isoformat(),
@@ -1702,7 +1792,7 @@ class LocalStack:
             if any((pid := self._read_pid(name)) is not None and self._owns(pid, amp[name]) for name in AMP_COMPONENTS):
                 state["target_kind"] = previous.get("target_kind", "amp")
                 state["components"].update({k: v for k, v in previous.get("components", {}).items()
-                                            if k in AMP_COMPONENTS})
+                                            if k in (*AMP_COMPONENTS, RELAY_B)})
                 state.update({key: previous[key] for key in AMP_STATE_KEYS if key in previous})
         if workspace_id:
             # What the demo builds the Airflow `amp` connection from (AMP_CONTRACT); never a secret.
@@ -1723,6 +1813,10 @@ class LocalStack:
                 ),
                 "credentials_fingerprint": fingerprint,
             })
+        if workspace_id and workspace_b_id:  # the second workspace, over target-b (keys: AMP_STATE_KEYS)
+            state.update({"workspace_b_id": workspace_b_id, "workspace_b_alias": AMP_WORKSPACE_ALIAS_B,
+                          "prometheus_endpoint_b": self.prometheus_endpoint(workspace_b_id),
+                          "relay_b_remote_write_url": self.relay_b_remote_write_url})
         tmp = self.state_path.with_name(".stack.json.tmp")
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         os.replace(tmp, self.state_path)

@@ -11,6 +11,10 @@ CreateRuleGroupsNamespace, PutRuleGroupsNamespace or DeleteRuleGroupsNamespace:
   again), so the target keeps evaluating the last good rules, as AMP does;
 - delete: the file removed, the target reloaded.
 
+A workspace listed in ``<state-dir>/workspace-targets.json`` (``{"<ws-id>": {"target_url": ..., "rules_dir": ...}}``,
+written by ``LocalStack.up`` for a second workspace, re-read per operation) has its rules written to its own
+directory and evaluated by its own Prometheus; every other workspace's go to the default ones.
+
 The status each namespace reached is kept in ``<state-dir>/rule-namespaces.json`` (so a restarted
 control plane still answers it); DescribeRuleGroupsNamespace and ListRuleGroupsNamespaces answer it
 instead of moto's (moto says ACTIVE to everything).
@@ -23,6 +27,7 @@ previous moto stay under the rules directory until ``stack reset``.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import subprocess
@@ -39,6 +44,8 @@ from promshift.local.stack.records import JsonRecords
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "rule-namespaces.json"
+# A second workspace's own Prometheus and rules directory (``LocalStack.up``, ``--target amp --clusters 2``).
+WORKSPACE_TARGETS_FILE = "workspace-targets.json"
 FILE_PREFIX = "amp-"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _REASON_LIMIT = 600
@@ -56,6 +63,7 @@ class RuleNamespaces(JsonRecords):
         self.rules_dir = Path(rules_dir)
         self.target_url = target_url.rstrip("/")
         self.state_path = (state_dir / STATE_FILE) if state_dir is not None else None
+        self.targets_path = (state_dir / WORKSPACE_TARGETS_FILE) if state_dir is not None else None
         self.promtool = promtool
         self.http = http or urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=5, read=60))
         self.lock = threading.Lock()
@@ -63,9 +71,21 @@ class RuleNamespaces(JsonRecords):
 
     # -- where -----------------------------------------------------------------------------
 
+    def where(self, workspace_id: str) -> tuple[Path, str]:
+        """The rules directory and the Prometheus that evaluate this workspace's namespaces."""
+        if self.targets_path is not None:
+            try:
+                found = json.loads(self.targets_path.read_text()).get(workspace_id)
+            except (OSError, ValueError, AttributeError):
+                found = None
+            if isinstance(found, dict) and found.get("rules_dir") and found.get("target_url"):
+                return Path(found["rules_dir"]), str(found["target_url"]).rstrip("/")
+        return self.rules_dir, self.target_url
+
     def path(self, workspace_id: str, name: str) -> Path:
         """``<rules-dir>/amp-<workspaceId>-<name>.yml`` (characters a file name should not hold become ``_``)."""
-        return self.rules_dir / f"{FILE_PREFIX}{_SAFE.sub('_', workspace_id)}-{_SAFE.sub('_', name)}.yml"
+        rules_dir = self.where(workspace_id)[0]
+        return rules_dir / f"{FILE_PREFIX}{_SAFE.sub('_', workspace_id)}-{_SAFE.sub('_', name)}.yml"
 
     @staticmethod
     def _key(workspace_id: str, name: str) -> str:
@@ -101,13 +121,13 @@ class RuleNamespaces(JsonRecords):
             if problem is None:
                 previous = path.read_bytes() if path.exists() else None
                 self._put_file(path, data)
-                problem = self._reload()
+                problem = self._reload(workspace_id)
                 if problem is not None:
                     if previous is None:
                         path.unlink(missing_ok=True)
                     else:
                         self._put_file(path, previous)
-                    again = self._reload()
+                    again = self._reload(workspace_id)
                     if again is not None:
                         logger.error("reloading the target onto the previous rules of %s failed too: %s", name, again)
             status = {"statusCode": "ACTIVE"} if problem is None else {"statusCode": failed, "statusReason": problem}
@@ -123,7 +143,7 @@ class RuleNamespaces(JsonRecords):
             existed = path.exists()
             path.unlink(missing_ok=True)
             self._record(workspace_id, name, None)
-            if existed and (problem := self._reload()) is not None:
+            if existed and (problem := self._reload(workspace_id)) is not None:
                 logger.error("reload after deleting namespace %s failed: %s", name, problem)
 
     # -- the target -----------------------------------------------------------------------------
@@ -144,10 +164,10 @@ class RuleNamespaces(JsonRecords):
         path.parent.mkdir(parents=True, exist_ok=True)
         write_keeping(path, data)  # atomic; its temporary name is outside the *.yml glob until it is complete
 
-    def _reload(self) -> str | None:
-        """POST ``/-/reload`` to the target: None when it took the config and rules, else why (one line)."""
+    def _reload(self, workspace_id: str) -> str | None:
+        """POST ``/-/reload`` to the workspace's Prometheus: None when it took the config and rules, else why."""
         try:
-            response = self.http.request("POST", f"{self.target_url}/-/reload")
+            response = self.http.request("POST", f"{self.where(workspace_id)[1]}/-/reload")
         except urllib3.exceptions.HTTPError as exc:
             return f"the workspace could not load the rules: {type(exc).__name__}"
         if response.status == 200:
