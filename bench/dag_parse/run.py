@@ -12,7 +12,9 @@ imported, as a DAG processor's child parses a file) measures:
 - ``dags``: how many DAGs the file made;
 - the baseline beside it, in the same process: building the same number of DAGs of one ``EmptyOperator`` each
   with Airflow's own SDK (``baseline_build_s``), what Airflow charges for that many DAGs before promshift does
-  anything.
+  anything; and ``shape_build_s``: the same DAGs' shape in Airflow's own terms (as many DAGs, each with its
+  task ids as ``EmptyOperator``s with their ``execution_timeout``, the same edges, default_args and tags; no
+  params, schedule, docs or XComArgs), Airflow's floor for that many tasks and edges.
 
 Writes ``bench/results/dag-parse.json`` (``groups``, ``cold_s``, ``warm_s``, ``build_s``: lists in the same order).
 """
@@ -52,9 +54,18 @@ for i in range(n):
     with airflow.sdk.DAG(f"baseline_{i}", schedule=None):
         EmptyOperator(task_id="t")
 t5 = time.perf_counter()
+for i, dag in enumerate(dags):
+    with airflow.sdk.DAG(f"shape_{i}", schedule=None, start_date=dag.start_date, catchup=False,
+                         max_active_runs=1, tags=list(dag.tags), default_args=dict(dag.default_args)):
+        ops = {t.task_id: EmptyOperator(task_id=t.task_id, execution_timeout=t.execution_timeout)
+               for t in dag.tasks}
+        for t in dag.tasks:
+            for down in sorted(t.downstream_task_ids):
+                ops[t.task_id] >> ops[down]
+t6 = time.perf_counter()
 tasks = sum(len(d.tasks) for d in dags)
 print(json.dumps({"import_s": t1 - t0, "build_s": t2 - t1, "warm_s": t3 - t2, "dags": n, "tasks": tasks,
-                  "baseline_build_s": t5 - t4}))
+                  "baseline_build_s": t5 - t4, "shape_build_s": t6 - t5}))
 """
 
 
@@ -84,10 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="promshift-dag-parse-") as tmp:
         rows = [measure(groups, Path(tmp)) for groups in args.groups]
     print(f"{'groups':>7} {'dags':>6} {'tasks':>7} {'import':>8} {'build':>8} {'cold':>8} {'warm':>8} "
-          f"{'baseline (empty DAGs)':>22}")
+          f"{'baseline (empty DAGs)':>22} {'same shape (EmptyOperators)':>28}")
     for r in rows:
         print(f"{r['groups']:>7,} {r['dags']:>6,} {r['tasks']:>7,} {r['import_s']:>7.2f}s {r['build_s']:>7.2f}s "
-              f"{r['cold_s']:>7.2f}s {r['warm_s']:>7.2f}s {r['baseline_build_s']:>21.2f}s")
+              f"{r['cold_s']:>7.2f}s {r['warm_s']:>7.2f}s {r['baseline_build_s']:>21.2f}s "
+              f"{r['shape_build_s']:>27.2f}s")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "benchmark": "DAG file parse time (cold: a fresh process; warm: the same process again)",
@@ -99,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "warm_s": [r["warm_s"] for r in rows], "build_s": [r["build_s"] for r in rows],
         "import_s": [r["import_s"] for r in rows], "dags": [r["dags"] for r in rows],
         "tasks": [r["tasks"] for r in rows], "baseline_build_s": [r["baseline_build_s"] for r in rows],
+        "shape_build_s": [r["shape_build_s"] for r in rows],
         "budget_build_s_at_1000": 1.0,
     }, indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(REPO)}")
