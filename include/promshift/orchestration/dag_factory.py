@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, Asset, BaseOperator, Param, TriggerRule
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.definitions._internal.types import NOTSET
+from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
 
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup
 from promshift.orchestration.operators import (
@@ -156,11 +158,15 @@ def baked_asset(group_name: str) -> Asset:
     return Asset(f"promshift://group/{group_name}/baked")
 
 
+# (schema, default) pairs of form fields whose default jsonschema has accepted, as JSON: the check is pure.
+_VALID_DEFAULTS: set[tuple[str, str]] = set()
+
+
 class _FormFieldCopy:
     """``copy.deepcopy`` of one trigger-form Param: a new Param with a copy of its flat schema.
 
     Airflow deep-copies a DAG's Params into every task, once for each ``__init__`` in the operator's class
-    hierarchy (``get_merged_defaults``): 13 tasks × 2–4 copies × the four form fields per group DAG, through
+    hierarchy (``get_merged_defaults``): 13 tasks × 2–3 copies × the four form fields per group DAG, through
     ``copy``'s generic reduce-and-rebuild, was the largest part of the file's parse. ``copy.deepcopy`` looks
     ``__deepcopy__`` up on the instance, so the DAG's own fields carry this (a module-level class: the Param
     stays picklable). The schema's values are strings, numbers and booleans, so a plain copy of it is a deep
@@ -178,9 +184,41 @@ class _FormFieldCopy:
         return Param(field.value, field.description, schema=dict(field.schema), source=field.source)
 
 
+class _FormFieldResolve:
+    """``Param.resolve`` of one trigger-form Param of a DAG, its default checked once per process.
+
+    A DAG with a schedule (a dependent group's assets) checks every Param's default when it is built, and
+    jsonschema checks the schema itself against its metaschema each time: four times per DAG, the same four
+    schemas and defaults in every group's DAG. The first check of a (schema, default) pair is jsonschema's; a
+    pair it accepted is not checked again. A value to check (a run's own) is always checked by jsonschema."""
+
+    __slots__ = ("field",)
+
+    def __init__(self, field: Param) -> None:
+        self.field = field
+
+    def __call__(self, value: Any = NOTSET, suppress_exception: bool = False) -> Any:
+        field = self.field
+        if value is not NOTSET:
+            return Param.resolve(field, value, suppress_exception)
+        key = (json.dumps(field.schema, sort_keys=True), json.dumps(field.value, sort_keys=True))
+        if key in _VALID_DEFAULTS:
+            return field.value
+        try:
+            resolved = Param.resolve(field)
+        except ParamValidationError:
+            if suppress_exception:
+                return None
+            raise
+        _VALID_DEFAULTS.add(key)
+        return resolved
+
+
 def _form_field(default: Any, *, description: str, **schema: str | int | bool) -> Param:
     field = Param(default, description=description, **schema)
+    # Looked up on the instance before the class (copy.deepcopy; ParamsDict calls param.resolve()).
     field.__deepcopy__ = _FormFieldCopy(field)  # type: ignore[attr-defined]
+    field.resolve = _FormFieldResolve(field)  # type: ignore[method-assign]
     return field
 
 
