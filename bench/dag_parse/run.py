@@ -46,6 +46,7 @@ w0, c0 = clock(), cpu()
 import airflow.sdk
 from airflow.providers.standard.operators.empty import EmptyOperator
 import promshift.orchestration.dag_factory
+from shape import build_same_shape  # bench/dag_parse/shape.py
 w1, c1 = clock(), cpu()
 first = runpy.run_path(sys.argv[1])
 w2, c2 = clock(), cpu()
@@ -57,14 +58,7 @@ for i in range(n):
     with airflow.sdk.DAG(f"baseline_{i}", schedule=None):
         EmptyOperator(task_id="t")
 w4, c4 = clock(), cpu()
-for i, dag in enumerate(dags):
-    with airflow.sdk.DAG(f"shape_{i}", schedule=None, start_date=dag.start_date, catchup=False,
-                         max_active_runs=1, tags=list(dag.tags), default_args=dict(dag.default_args)):
-        ops = {t.task_id: EmptyOperator(task_id=t.task_id, execution_timeout=t.execution_timeout)
-               for t in dag.tasks}
-        for t in dag.tasks:
-            for down in sorted(t.downstream_task_ids):
-                ops[t.task_id] >> ops[down]
+build_same_shape(dags)
 w5, c5 = clock(), cpu()
 tasks = sum(len(d.tasks) for d in dags)
 print(json.dumps({"import_s": w1 - w0, "build_s": w2 - w1, "warm_s": w3 - w2, "dags": n, "tasks": tasks,
@@ -82,6 +76,8 @@ def measure(groups: int, tmp: Path) -> dict[str, Any]:
     env = {**os.environ, "PROMSHIFT_CATALOG": str(catalog), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
            "AIRFLOW_HOME": str(tmp / "airflow-home")}
     env.pop("PROMSHIFT_PROFILE", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent), env.get("PYTHONPATH"))
+                                        if p)
     done = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "dags" / "promshift_groups.py")], env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
