@@ -164,3 +164,32 @@ def test_the_build_stays_within_a_few_times_airflows_own_cost_for_the_same_shape
     print(f"300 groups: build {row['build_s']:.2f}s CPU, Airflow's same shape {row['shape_s']:.2f}s: {ratio:.1f}x "
           f"(load {os.getloadavg()[0]:.1f})")
     assert ratio < 4.0
+
+
+def test_the_collector_is_paused_inside_and_as_it_was_after_even_on_an_error() -> None:
+    import gc
+
+    from promshift.orchestration.dag_factory import cyclic_gc_paused
+
+    assert gc.isenabled()
+    with cyclic_gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), cyclic_gc_paused():
+        raise RuntimeError("a DAG failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
+
+
+def test_parsing_the_file_leaves_the_collector_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    assert gc.isenabled()
+    assert _parse(monkeypatch)
+    assert gc.isenabled()

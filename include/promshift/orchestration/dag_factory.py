@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -246,6 +248,22 @@ def group_schedule(group: MetricGroup) -> list[Asset] | None:
     """Waves at run time: a group with dependencies starts when all of them have cut over (their assets);
     a group without dependencies is started by hand. ``validate`` still checks the dependencies' stages."""
     return [cut_over_asset(dependency) for dependency in group.depends_on] or None
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, as it was after (also on an error).
+
+    Building 1,000 DAGs makes about a million objects that all stay alive, and the collector's full passes walk
+    every one of them again as the heap grows: a quarter of the build's CPU, for about 200 objects freed.
+    Reference counting still frees everything else at once; cycles made inside are collected after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def link(*tasks: BaseOperator | MappedOperator) -> None:
