@@ -172,7 +172,7 @@ class _FormFieldCopy:
     ``copy``'s generic reduce-and-rebuild, was the largest part of the file's parse. ``copy.deepcopy`` looks
     ``__deepcopy__`` up on the instance, so the DAG's own fields carry this (a module-level class: the Param
     stays picklable). The schema's values are strings, numbers and booleans, so a plain copy of it is a deep
-    copy; the copy is an ordinary Param, serialized exactly as before."""
+    copy; the copy is a Param like the original, serialized exactly as before."""
 
     __slots__ = ("field",)
 
@@ -183,7 +183,7 @@ class _FormFieldCopy:
 
     def __call__(self, memo: dict[int, Any]) -> Param:
         field = self.field
-        return Param(field.value, field.description, schema=dict(field.schema), source=field.source)
+        return _as_form_field(Param(field.value, field.description, schema=dict(field.schema), source=field.source))
 
 
 class _FormFieldResolve:
@@ -216,12 +216,17 @@ class _FormFieldResolve:
         return resolved
 
 
-def _form_field(default: Any, *, description: str, **schema: str | int | bool) -> Param:
-    field = Param(default, description=description, **schema)
-    # Looked up on the instance before the class (copy.deepcopy; ParamsDict calls param.resolve()).
+def _as_form_field(field: Param) -> Param:
+    """``field`` with the two above, looked up on the instance before the class (``copy.deepcopy``; ParamsDict
+    calls ``param.resolve()``). Its copies (each task's) carry them too: serializing a task compares and prints
+    its Params, which resolves each one again, and that was five sixths of serializing a group's DAG."""
     field.__deepcopy__ = _FormFieldCopy(field)  # type: ignore[attr-defined]
     field.resolve = _FormFieldResolve(field)  # type: ignore[method-assign]
     return field
+
+
+def _form_field(default: Any, *, description: str, **schema: str | int | bool) -> Param:
+    return _as_form_field(Param(default, description=description, **schema))
 
 
 def run_params_schema() -> dict[str, Param]:
