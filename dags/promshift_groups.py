@@ -48,7 +48,8 @@ _ONLY_DAG_ID = get_parsing_context().dag_id
 
 
 def _wanted(dag_id: str) -> bool:
-    return _ONLY_DAG_ID is None or _ONLY_DAG_ID == dag_id
+    # The catalog-errors DAG lists what building the others found: it needs them all built.
+    return _ONLY_DAG_ID in (None, dag_id, CATALOG_ERRORS_DAG_ID)
 
 
 def _one_line(exc: Exception) -> str:

@@ -193,3 +193,10 @@ def test_parsing_the_file_leaves_the_collector_on(monkeypatch: pytest.MonkeyPatc
     assert gc.isenabled()
     assert _parse(monkeypatch)
     assert gc.isenabled()
+
+
+def test_a_worker_of_the_catalog_errors_dag_builds_everything_it_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    from promshift.core.catalog import CATALOG_ERRORS_DAG_ID
+
+    # Its problems include what building the other DAGs found, so nothing is skipped for it.
+    assert set(_parse(monkeypatch, only=CATALOG_ERRORS_DAG_ID)) == set(_parse(monkeypatch))
