@@ -9,6 +9,9 @@ that depends on others is also started when they have all cut over (their `cut_o
 `promshift__recommission` and `promshift__rollback` act on the group chosen in their form. `PROMSHIFT_PROFILE=demo`
 selects the catalog's short demo timings. Parsing reads only the catalog file: no network, no database.
 
+A worker that parses this file to run one task builds only that task's DAG (Airflow's parsing context);
+the DAG processor builds them all.
+
 A group with problems gets no DAG: the `promshift__catalog_errors` DAG lists every problem
 (in its docs, and one task that fails with them) and the other groups keep their DAGs. A
 catalog that cannot be read at all gives that DAG alone, with a one-line reason.
@@ -17,6 +20,8 @@ catalog that cannot be read at all gives that DAG alone, with a one-line reason.
 from __future__ import annotations
 
 import logging
+
+from airflow.sdk import get_parsing_context
 
 from promshift.adapters.settings import check_catalog_file, default_catalog_path, default_profile
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, unreadable_catalog
@@ -29,6 +34,7 @@ from promshift.orchestration.dag_factory import (
     build_by_hand_dags,
     build_catalog_errors_dag,
     build_group_dag,
+    cyclic_gc_paused,
 )
 from promshift.orchestration.plan_dag import PLAN_DAG_ID
 
@@ -36,52 +42,66 @@ log = logging.getLogger(__name__)
 
 CATALOG_PATH = default_catalog_path()
 PROFILE = default_profile()
+# Set when a worker parses the file to run a task of one DAG: every other DAG of a 1,000-group catalog would be
+# built for nothing (seconds per task). None for the DAG processor, which needs them all.
+_ONLY_DAG_ID = get_parsing_context().dag_id
+
+
+def _wanted(dag_id: str) -> bool:
+    # The catalog-errors DAG lists what building the others found: it needs them all built.
+    return _ONLY_DAG_ID in (None, dag_id, CATALOG_ERRORS_DAG_ID)
 
 
 def _one_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
 
-try:
-    _check = check_catalog_file(CATALOG_PATH, profile=PROFILE)
-except Exception as _exc:  # a bug in the checker must not take every DAG down with a traceback
-    _check = unreadable_catalog(f"catalog check failed: {_one_line(_exc)}")
-
-_problems = list(_check.problems)
-# Problems in the YAML, defaults or profiles reach every group.
-_missing = ["every group"] if _check.catalog_problems else [label for label, _ in _check.group_problems]
-# promshift's own DAGs: a group whose DAG id is one of them would replace it.
-_OWN_DAG_IDS = {BAKE_WATCH_DAG_ID, DECOMMISSION_DAG_ID, RECOMMISSION_DAG_ID, FULL_ROLLBACK_DAG_ID,
-                CATALOG_ERRORS_DAG_ID, PLAN_DAG_ID}
-for _group in _check.catalog.groups:
-    if _group.dag_id in _OWN_DAG_IDS:
-        _problems.append(f"group {_group.name!r}: its DAG id {_group.dag_id} is one of promshift's own: rename it")
-        _missing.append(f"group {_group.name!r}")
-        continue
+# Airflow's objects are all alive until the file is done, so the cyclic collector finds nothing to free, yet its
+# full passes walk every object made so far: a quarter of the build at 1,000 groups.
+with cyclic_gc_paused():
     try:
-        globals()[_group.dag_id] = build_group_dag(_group, catalog_path=CATALOG_PATH, profile=PROFILE)
-    except Exception as _exc:  # Airflow refused what the catalog check let through: that group only
-        _problems.append(f"group {_group.name!r}: Airflow refused its DAG: {_one_line(_exc)}")
-        _missing.append(f"group {_group.name!r}")
+        _check = check_catalog_file(CATALOG_PATH, profile=PROFILE)
+    except Exception as _exc:  # a bug in the checker must not take every DAG down with a traceback
+        _check = unreadable_catalog(f"catalog check failed: {_one_line(_exc)}")
 
-# One bake watch for every good group (it skips groups that are not cut over), and one DAG per by-hand action
-# (decommission, recommission, full rollback) with the group chosen in its form.
-if _check.catalog.groups:
-    try:
-        for _dag in build_by_hand_dags(_check.catalog.groups, catalog_path=CATALOG_PATH, profile=PROFILE):
-            globals()[_dag.dag_id] = _dag
-    except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad by-hand DAG
-        _problems.append(f"the by-hand DAGs: Airflow refused them: {_one_line(_exc)}")
-    try:
-        globals()[BAKE_WATCH_DAG_ID] = build_bake_watch_dag(_check.catalog.groups, catalog_path=CATALOG_PATH,
-                                                            profile=PROFILE)
-    except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad bake watch
-        _problems.append(f"the bake watch: Airflow refused its DAG: {_one_line(_exc)}")
+    _problems = list(_check.problems)
+    # Problems in the YAML, defaults or profiles reach every group.
+    _missing = ["every group"] if _check.catalog_problems else [label for label, _ in _check.group_problems]
+    # promshift's own DAGs: a group whose DAG id is one of them would replace it.
+    _OWN_DAG_IDS = {BAKE_WATCH_DAG_ID, DECOMMISSION_DAG_ID, RECOMMISSION_DAG_ID, FULL_ROLLBACK_DAG_ID,
+                    CATALOG_ERRORS_DAG_ID, PLAN_DAG_ID}
+    for _group in _check.catalog.groups:
+        if _group.dag_id in _OWN_DAG_IDS:
+            _problems.append(f"group {_group.name!r}: its DAG id {_group.dag_id} is one of promshift's own: rename it")
+            _missing.append(f"group {_group.name!r}")
+            continue
+        if not _wanted(_group.dag_id):
+            continue
+        try:
+            globals()[_group.dag_id] = build_group_dag(_group, catalog_path=CATALOG_PATH, profile=PROFILE)
+        except Exception as _exc:  # Airflow refused what the catalog check let through: that group only
+            _problems.append(f"group {_group.name!r}: Airflow refused its DAG: {_one_line(_exc)}")
+            _missing.append(f"group {_group.name!r}")
 
-if _problems:
-    for _problem in _problems:
-        log.error("promshift catalog %s: %s", CATALOG_PATH, _problem)
-    log.error("promshift catalog %s: %d problem(s), listed in DAG %s; groups without a DAG: %s",
-              CATALOG_PATH, len(_problems), CATALOG_ERRORS_DAG_ID, ", ".join(_missing) or "none")
-    globals()[CATALOG_ERRORS_DAG_ID] = build_catalog_errors_dag(
-        problems=_problems, catalog_path=CATALOG_PATH, missing_groups=_missing)
+    # One bake watch for every good group (it skips groups that are not cut over), and one DAG per by-hand action
+    # (decommission, recommission, full rollback) with the group chosen in its form.
+    if _check.catalog.groups and any(map(_wanted, (DECOMMISSION_DAG_ID, RECOMMISSION_DAG_ID, FULL_ROLLBACK_DAG_ID))):
+        try:
+            for _dag in build_by_hand_dags(_check.catalog.groups, catalog_path=CATALOG_PATH, profile=PROFILE):
+                globals()[_dag.dag_id] = _dag
+        except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad by-hand DAG
+            _problems.append(f"the by-hand DAGs: Airflow refused them: {_one_line(_exc)}")
+    if _check.catalog.groups and _wanted(BAKE_WATCH_DAG_ID):
+        try:
+            globals()[BAKE_WATCH_DAG_ID] = build_bake_watch_dag(_check.catalog.groups, catalog_path=CATALOG_PATH,
+                                                                profile=PROFILE)
+        except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad bake watch
+            _problems.append(f"the bake watch: Airflow refused its DAG: {_one_line(_exc)}")
+
+    if _problems:
+        for _problem in _problems:
+            log.error("promshift catalog %s: %s", CATALOG_PATH, _problem)
+        log.error("promshift catalog %s: %d problem(s), listed in DAG %s; groups without a DAG: %s",
+                  CATALOG_PATH, len(_problems), CATALOG_ERRORS_DAG_ID, ", ".join(_missing) or "none")
+        globals()[CATALOG_ERRORS_DAG_ID] = build_catalog_errors_dag(
+            problems=_problems, catalog_path=CATALOG_PATH, missing_groups=_missing)

@@ -10,9 +10,16 @@ imported, as a DAG processor's child parses a file) measures:
 - ``cold_s``: the two together, what one parse of the file costs a fresh process;
 - ``warm_s``: running the file again in the same process (modules imported, caches warm);
 - ``dags``: how many DAGs the file made;
+- ``collect_s``: one full ``gc.collect()`` after the two runs: the DAG file pauses Python's cyclic collector
+  while it builds, and this is the pass it leaves for later (timed on its own, so the baselines below are
+  not charged for it);
+- each phase's CPU seconds beside its wall-clock seconds (``build_cpu_s`` ...): on a shared machine the
+  wall clock counts other processes' work too;
 - the baseline beside it, in the same process: building the same number of DAGs of one ``EmptyOperator`` each
   with Airflow's own SDK (``baseline_build_s``), what Airflow charges for that many DAGs before promshift does
-  anything.
+  anything; and ``shape_build_s``: the same DAGs' shape in Airflow's own terms (as many DAGs, each with its
+  task ids as ``EmptyOperator``s with their ``execution_timeout``, the same edges, default_args and tags; no
+  params, schedule, docs or XComArgs), Airflow's floor for that many tasks and edges.
 
 Writes ``bench/results/dag-parse.json`` (``groups``, ``cold_s``, ``warm_s``, ``build_s``: lists in the same order).
 """
@@ -35,26 +42,34 @@ RESULTS = REPO / "bench" / "results" / "dag-parse.json"
 sys.path.insert(0, str(REPO / "bench" / "catalog"))
 
 CHILD = r"""
-import json, runpy, sys, time
-t0 = time.perf_counter()
+import gc, json, runpy, sys, time
+clock = time.perf_counter
+cpu = time.process_time
+w0, c0 = clock(), cpu()
 import airflow.sdk
 from airflow.providers.standard.operators.empty import EmptyOperator
 import promshift.orchestration.dag_factory
-t1 = time.perf_counter()
+from shape import build_same_shape  # bench/dag_parse/shape.py
+w1, c1 = clock(), cpu()
 first = runpy.run_path(sys.argv[1])
-t2 = time.perf_counter()
+w2, c2 = clock(), cpu()
 runpy.run_path(sys.argv[1])
-t3 = time.perf_counter()
+w3, c3 = clock(), cpu()
+gc.collect()  # the full collection the file's paused collector left for later, timed on its own
+wg, cg = clock(), cpu()
 dags = [v for v in first.values() if isinstance(v, airflow.sdk.DAG)]
 n = len(dags)
-t4 = time.perf_counter()
 for i in range(n):
     with airflow.sdk.DAG(f"baseline_{i}", schedule=None):
         EmptyOperator(task_id="t")
-t5 = time.perf_counter()
+w4, c4 = clock(), cpu()
+build_same_shape(dags)
+w5, c5 = clock(), cpu()
 tasks = sum(len(d.tasks) for d in dags)
-print(json.dumps({"import_s": t1 - t0, "build_s": t2 - t1, "warm_s": t3 - t2, "dags": n, "tasks": tasks,
-                  "baseline_build_s": t5 - t4}))
+print(json.dumps({"import_s": w1 - w0, "build_s": w2 - w1, "warm_s": w3 - w2, "dags": n, "tasks": tasks,
+                  "collect_s": wg - w3, "baseline_build_s": w4 - wg, "shape_build_s": w5 - w4,
+                  "import_cpu_s": c1 - c0, "build_cpu_s": c2 - c1, "warm_cpu_s": c3 - c2,
+                  "collect_cpu_s": cg - c3, "baseline_build_cpu_s": c4 - cg, "shape_build_cpu_s": c5 - c4}))
 """
 
 
@@ -66,6 +81,8 @@ def measure(groups: int, tmp: Path) -> dict[str, Any]:
     env = {**os.environ, "PROMSHIFT_CATALOG": str(catalog), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
            "AIRFLOW_HOME": str(tmp / "airflow-home")}
     env.pop("PROMSHIFT_PROFILE", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent), env.get("PYTHONPATH"))
+                                        if p)
     done = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "dags" / "promshift_groups.py")], env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
@@ -74,6 +91,7 @@ def measure(groups: int, tmp: Path) -> dict[str, Any]:
     row = {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
     row["groups"] = groups
     row["cold_s"] = round(row["import_s"] + row["build_s"], 3)
+    row["cold_cpu_s"] = round(row["import_cpu_s"] + row["build_cpu_s"], 3)
     return row
 
 
@@ -84,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="promshift-dag-parse-") as tmp:
         rows = [measure(groups, Path(tmp)) for groups in args.groups]
     print(f"{'groups':>7} {'dags':>6} {'tasks':>7} {'import':>8} {'build':>8} {'cold':>8} {'warm':>8} "
-          f"{'baseline (empty DAGs)':>22}")
+          f"{'baseline (empty DAGs)':>22} {'same shape (EmptyOperators)':>28} {'build CPU':>10} {'shape CPU':>10}")
     for r in rows:
         print(f"{r['groups']:>7,} {r['dags']:>6,} {r['tasks']:>7,} {r['import_s']:>7.2f}s {r['build_s']:>7.2f}s "
-              f"{r['cold_s']:>7.2f}s {r['warm_s']:>7.2f}s {r['baseline_build_s']:>21.2f}s")
+              f"{r['cold_s']:>7.2f}s {r['warm_s']:>7.2f}s {r['baseline_build_s']:>21.2f}s "
+              f"{r['shape_build_s']:>27.2f}s {r['build_cpu_s']:>9.2f}s {r['shape_build_cpu_s']:>9.2f}s")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "benchmark": "DAG file parse time (cold: a fresh process; warm: the same process again)",
@@ -98,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         "groups": [r["groups"] for r in rows], "cold_s": [r["cold_s"] for r in rows],
         "warm_s": [r["warm_s"] for r in rows], "build_s": [r["build_s"] for r in rows],
         "import_s": [r["import_s"] for r in rows], "dags": [r["dags"] for r in rows],
-        "tasks": [r["tasks"] for r in rows], "baseline_build_s": [r["baseline_build_s"] for r in rows],
+        "tasks": [r["tasks"] for r in rows], "collect_s": [r["collect_s"] for r in rows],
+        "baseline_build_s": [r["baseline_build_s"] for r in rows],
+        "shape_build_s": [r["shape_build_s"] for r in rows],
+        # CPU seconds of the same phases (time.process_time): what the DAG processor spends, less bent by the
+        # machine's other work than the wall-clock figures above.
+        **{f"{phase}_cpu_s": [r[f"{phase}_cpu_s"] for r in rows]
+           for phase in ("import", "build", "cold", "warm", "collect", "baseline_build", "shape_build")},
         "budget_build_s_at_1000": 1.0,
     }, indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(REPO)}")

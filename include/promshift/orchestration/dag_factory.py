@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gc
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import DAG, Asset, BaseOperator, Param, TriggerRule
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.definitions._internal.types import NOTSET
+from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
 
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup
 from promshift.orchestration.operators import (
@@ -34,6 +38,9 @@ from promshift.orchestration.operators import (
     ValidateGroupOperator,
     WarmupOperator,
 )
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
 
 # ``execution_timeout`` of every task: a backstop for a worker stuck in one call (a socket that never answers,
 # a held lock), never the step's own budget. Each step ends well before it through its own budgets (HTTP
@@ -126,9 +133,26 @@ def _doc(group: MetricGroup) -> str:
     )
 
 
+class _HashedOnceAsset(Asset):
+    """An ``Asset`` that computes its hash once; equal to, and serialized as, the plain ``Asset`` it is.
+
+    Airflow hashes a DAG for every task on either side of every edge it adds (each XComArg input adds one), and
+    a DAG's hash hashes each asset of its schedule, which ``Asset.__hash__`` does through ``attrs.asdict`` and
+    JSON every time: a tenth of the parse at 1,000 groups. Its fields are never changed after it is made."""
+
+    __slots__ = ("_hash",)
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash  # type: ignore[no-any-return]
+        except AttributeError:
+            object.__setattr__(self, "_hash", super().__hash__())
+            return self._hash  # type: ignore[no-any-return]
+
+
 def cut_over_asset(group_name: str) -> Asset:
     """Emitted when the group is cut over (the ``cutover`` task's outlet); its dependents are scheduled on it."""
-    return Asset(f"promshift://group/{group_name}/cut_over")
+    return _HashedOnceAsset(f"promshift://group/{group_name}/cut_over")
 
 
 def baked_asset(group_name: str) -> Asset:
@@ -136,22 +160,92 @@ def baked_asset(group_name: str) -> Asset:
     return Asset(f"promshift://group/{group_name}/baked")
 
 
+# (schema, default) pairs of form fields whose default jsonschema has accepted, as JSON: the check is pure.
+_VALID_DEFAULTS: set[tuple[str, str]] = set()
+
+
+class _FormFieldCopy:
+    """``copy.deepcopy`` of one trigger-form Param: a new Param with a copy of its flat schema.
+
+    Airflow deep-copies a DAG's Params into every task, once for each ``__init__`` in the operator's class
+    hierarchy (``get_merged_defaults``): 13 tasks × 2–3 copies × the four form fields per group DAG, through
+    ``copy``'s generic reduce-and-rebuild, was the largest part of the file's parse. ``copy.deepcopy`` looks
+    ``__deepcopy__`` up on the instance, so the DAG's own fields carry this (a module-level class: the Param
+    stays picklable). The schema's values are strings, numbers and booleans, so a plain copy of it is a deep
+    copy; the copy is a Param like the original, serialized exactly as before."""
+
+    __slots__ = ("field",)
+
+    def __init__(self, field: Param) -> None:
+        if not all(isinstance(v, str | int | float | bool) for v in field.schema.values()):
+            raise TypeError(f"a form field's schema must be flat: {field.schema!r}")
+        self.field = field
+
+    def __call__(self, memo: dict[int, Any]) -> Param:
+        field = self.field
+        return _as_form_field(Param(field.value, field.description, schema=dict(field.schema), source=field.source))
+
+
+class _FormFieldResolve:
+    """``Param.resolve`` of one trigger-form Param of a DAG, its default checked once per process.
+
+    A DAG with a schedule (a dependent group's assets) checks every Param's default when it is built, and
+    jsonschema checks the schema itself against its metaschema each time: four times per DAG, the same four
+    schemas and defaults in every group's DAG. The first check of a (schema, default) pair is jsonschema's; a
+    pair it accepted is not checked again. A value to check (a run's own) is always checked by jsonschema."""
+
+    __slots__ = ("field",)
+
+    def __init__(self, field: Param) -> None:
+        self.field = field
+
+    def __call__(self, value: Any = NOTSET, suppress_exception: bool = False) -> Any:
+        field = self.field
+        if value is not NOTSET:
+            return Param.resolve(field, value, suppress_exception)
+        key = (json.dumps(field.schema, sort_keys=True), json.dumps(field.value, sort_keys=True))
+        if key in _VALID_DEFAULTS:
+            return field.value
+        try:
+            resolved = Param.resolve(field)
+        except ParamValidationError:
+            if suppress_exception:
+                return None
+            raise
+        _VALID_DEFAULTS.add(key)
+        return resolved
+
+
+def _as_form_field(field: Param) -> Param:
+    """``field`` with the two above, looked up on the instance before the class (``copy.deepcopy``; ParamsDict
+    calls ``param.resolve()``). Its copies (each task's) carry them too: serializing a task compares and prints
+    its Params, which resolves each one again, and that was five sixths of serializing a group's DAG."""
+    field.__deepcopy__ = _FormFieldCopy(field)  # type: ignore[attr-defined]
+    field.resolve = _FormFieldResolve(field)  # type: ignore[method-assign]
+    return field
+
+
+def _form_field(default: Any, *, description: str, **schema: str | int | bool) -> Param:
+    return _as_form_field(Param(default, description=description, **schema))
+
+
 def run_params_schema() -> dict[str, Param]:
     """The trigger form of every group DAG (checked again, with ``core.durations``, by ``validate``)."""
     from promshift.core.run_params import MAX_REASON_CHARS, MAX_TICKET_CHARS, WARMUP_OVERRIDE_PATTERN
 
     return {
-        "dry_run": Param(False, type="boolean", title="Dry run",
-                         description="Read only: validate, parity and latency on what both sides already hold; "
-                                     "nothing deployed, cut over, routed or rolled back; the stage never moves."),
-        "change_ticket": Param("", type="string", maxLength=MAX_TICKET_CHARS, title="Change ticket",
-                               description="The change record this run belongs to (kept in the audit)."),
-        "warmup_override": Param("", type="string", pattern=WARMUP_OVERRIDE_PATTERN, maxLength=64,
-                                 title="Warm-up override",
-                                 description="A duration like 10m replacing the catalog's warm-up for this run "
-                                             "(at least one scrape interval); empty keeps the catalog's."),
-        "reason": Param("", type="string", maxLength=MAX_REASON_CHARS, title="Reason",
-                        description="Why this run was started (kept in the audit)."),
+        "dry_run": _form_field(False, type="boolean", title="Dry run",
+                               description="Read only: validate, parity and latency on what both sides already "
+                                           "hold; nothing deployed, cut over, routed or rolled back; the stage "
+                                           "never moves."),
+        "change_ticket": _form_field("", type="string", maxLength=MAX_TICKET_CHARS, title="Change ticket",
+                                     description="The change record this run belongs to (kept in the audit)."),
+        "warmup_override": _form_field("", type="string", pattern=WARMUP_OVERRIDE_PATTERN, maxLength=64,
+                                       title="Warm-up override",
+                                       description="A duration like 10m replacing the catalog's warm-up for this "
+                                                   "run (at least one scrape interval); empty keeps the catalog's."),
+        "reason": _form_field("", type="string", maxLength=MAX_REASON_CHARS, title="Reason",
+                              description="Why this run was started (kept in the audit)."),
     }
 
 
@@ -161,12 +255,41 @@ def group_schedule(group: MetricGroup) -> list[Asset] | None:
     return [cut_over_asset(dependency) for dependency in group.depends_on] or None
 
 
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, as it was after (also on an error).
+
+    Building 1,000 DAGs makes about a million objects that all stay alive, and the collector's full passes walk
+    every one of them again as the heap grows: a quarter of the build's CPU, for about 200 objects freed.
+    Reference counting still frees everything else at once; cycles made inside are collected after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def link(*tasks: BaseOperator | MappedOperator) -> None:
+    """``tasks[0] >> tasks[1] >> ...`` for tasks built in the same ``with DAG(...)`` block.
+
+    The edge sets ``>>`` fills, without its checks: Airflow's ``>>`` hashes the DAG for every task on either
+    side to check that they share one, and a DAG's hash hashes each of its schedule's assets through JSON; at
+    1,000 groups that was a tenth of the file's parse. The check is kept once, here, on the DAG."""
+    for upstream, downstream in zip(tasks, tasks[1:], strict=False):
+        if not (upstream.has_dag() and downstream.has_dag()) or upstream.dag is not downstream.dag:
+            raise ValueError(f"{upstream.task_id!r} and {downstream.task_id!r} are not tasks of one DAG")
+        upstream.downstream_task_ids.add(downstream.task_id)
+        downstream.upstream_task_ids.add(upstream.task_id)
+
+
 def read_from_further_up(consumer: BaseOperator, producer: BaseOperator) -> None:
     """``consumer`` takes ``producer``'s output as an XComArg argument, but its edge from it is through the chain.
 
     Airflow adds a direct edge for every XComArg in a template field. A direct edge from a task already upstream
     through the chain changes no order, but it does change the graph, and the trigger rules' inputs (the
-    rollback's ``one_failed`` would watch the snapshot too): the chain's ``>>`` lines stay the only edges.
+    rollback's ``one_failed`` would watch the snapshot too): the chain's ``link`` lines stay the only edges.
     Called after them; refuses to remove an edge the chain does not cover.
     """
     consumer.upstream_task_ids.discard(producer.task_id)
@@ -242,9 +365,10 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
         done = CompleteRunOperator(task_id="done", execution_timeout=_limit("done"), **common)
         rollback = RollbackOperator(task_id="rollback", execution_timeout=_limit("rollback"),
                                     trigger_rule=TriggerRule.ONE_FAILED, snapshot=snapshot.output, **common)
-        validate >> snapshot >> deploy >> warm_up >> parity_plan >> parity_samples >> parity
-        parity >> latency >> gate >> approval >> cutover >> done
-        [deploy, warm_up, parity_plan, parity_samples, parity, latency, gate, approval, cutover] >> rollback
+        link(validate, snapshot, deploy, warm_up, parity_plan, parity_samples, parity, latency, gate, approval,
+             cutover, done)
+        for step in (deploy, warm_up, parity_plan, parity_samples, parity, latency, gate, approval, cutover):
+            link(step, rollback)
         for consumer, producer in ((parity_plan, deploy), (parity, parity_plan), (latency, deploy), (gate, parity),
                                    (rollback, snapshot)):
             read_from_further_up(consumer, producer)

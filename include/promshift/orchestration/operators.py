@@ -543,9 +543,15 @@ class GroupStepOperator(_GroupStep, BaseOperator):
 
     def __init__(self, *, group_name: str | None, catalog_path: str, profile: str | None = None,
                  source_conn_id: str = SOURCE_CONN, target_conn_id: str = TARGET_CONN, **kwargs: Any) -> None:
+        # A step's template fields besides ``group_name`` are its inputs: upstream outputs (XComArgs) given as
+        # keyword arguments, None when not given. Taken here, not in an ``__init__`` of each step: Airflow wraps
+        # every ``__init__`` of an operator's classes, and each wrapper deep-copies the DAG's Params again.
+        inputs = {name: kwargs.pop(name, None) for name in self.template_fields if name != "group_name"}
         super().__init__(**kwargs)
         self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
                          source_conn_id=source_conn_id, target_conn_id=target_conn_id)
+        for name, value in inputs.items():
+            setattr(self, name, value)
 
 
 class ValidateGroupOperator(GroupStepOperator):
@@ -631,9 +637,7 @@ class DeployDualWriteOperator(GroupStepOperator):
 
     template_fields: Sequence[str] = ("group_name", "snapshot")
 
-    def __init__(self, *, snapshot: Output = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.snapshot = snapshot
+    snapshot: Output
 
     def execute(self, context: Any) -> dict[str, Any]:
         if self.run_params(context).dry_run:
@@ -692,9 +696,7 @@ class WarmupOperator(GroupStepOperator):
 
     template_fields: Sequence[str] = ("group_name", "deployed")
 
-    def __init__(self, *, deployed: Output = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.deployed = deployed
+    deployed: Output
 
     def execute(self, context: Any) -> None:
         from promshift.orchestration.triggers import WarmupTrigger
@@ -764,9 +766,7 @@ class ParityPlanOperator(_ParityStep):
 
     template_fields: Sequence[str] = ("group_name", "deployed")
 
-    def __init__(self, *, deployed: Output = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.deployed = deployed
+    deployed: Output
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         deployed = given(self, "deployed")
@@ -818,10 +818,8 @@ class ParityOperator(_ParityStep):
 
     template_fields: Sequence[str] = ("group_name", "plan", "shards")
 
-    def __init__(self, *, plan: Output = None, shards: Output = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.plan = plan
-        self.shards = shards
+    plan: Output
+    shards: Output
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.report import parity_log_table
@@ -871,9 +869,7 @@ class LatencyOperator(GroupStepOperator):
 
     template_fields: Sequence[str] = ("group_name", "deployed")
 
-    def __init__(self, *, deployed: Output = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.deployed = deployed
+    deployed: Output
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.report import cost_table, latency_table
@@ -898,10 +894,8 @@ class GateOperator(GroupStepOperator):
 
     template_fields: Sequence[str] = ("group_name", "parity", "latency")
 
-    def __init__(self, *, parity: Output = None, latency: Output = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.parity = parity
-        self.latency = latency
+    parity: Output
+    latency: Output
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.gate import GateAction
@@ -1143,9 +1137,7 @@ class RollbackOperator(GroupStepOperator):
     operator_extra_links = (MigrationReportLink(),)
     template_fields: Sequence[str] = ("group_name", "snapshot")
 
-    def __init__(self, *, snapshot: Output = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.snapshot = snapshot
+    snapshot: Output
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.steps.moves import move_failure_reason
