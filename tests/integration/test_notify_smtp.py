@@ -33,6 +33,7 @@ from promshift.board import URL_PREFIX
 from promshift.core.audit import AuditEvent
 from promshift.core.events import EventKind
 from promshift.core.stages import Stage
+from promshift.local.airflow_lab import DEMO_TEAMS
 from promshift.local.stack.local import find_free_ports
 from promshift.local.stack.smtp_sink import ReceivedMail, answers, read_mail, sink_address
 from promshift.orchestration.dag_factory import build_group_dag
@@ -105,6 +106,10 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             "conn_type": "prometheus", "host": "http://127.0.0.1:1",
             "extra": {"config_path": str(config), "remote_write_url": "http://127.0.0.1:1/api/v1/write"}}))
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", UI)
+    # The shipped catalog's gpu-memory asks team:gpu-oncall: the demo's teams, as the Airflow Variable.
+    monkeypatch.setenv("AIRFLOW_VAR_PROMSHIFT_TEAMS", json.dumps(DEMO_TEAMS))
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS",
+                       ",".join(f"{user}:user" for team in DEMO_TEAMS.values() for user in team))
     for name in ("PROMSHIFT_SMTP_CONN_ID", "PROMSHIFT_NOTIFY_FROM", "PROMSHIFT_NOTIFY_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
     return tmp_path
@@ -140,7 +145,8 @@ def test_approval_request_is_mailed_to_the_owners_with_the_required_action_link(
         dag: Any, audit: AuditStore, sink: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEFAULT", smtp_conn(sink_address(sink)[1]))  # type: ignore[index]
     op = dag.get_task("approval")
-    notifier = op.owners_notifier("approval_needed", gate=GATE)
+    # The approval hands its notifier who it asked (team:gpu-oncall resolved, the trigger user left out).
+    notifier = op.owners_notifier("approval_needed", gate=GATE, approvers=["oncall-alice", "oncall-bob"])
     notifier(context_for(op))  # as HITLOperator.execute calls its notifiers, once the request exists
 
     mail = only_mail(sink)

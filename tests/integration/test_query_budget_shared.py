@@ -73,7 +73,8 @@ def test_two_workers_of_two_runs_share_the_minute_and_never_exceed_it(url: str) 
         rows = {r.scope: r.used for r in conn.execute(select(query_budget_counts))}
     engine.dispose()
     assert rows["minute:promshift_target"] == PER_MINUTE
-    assert rows["run:promshift_target:dag_a/run1"] + rows["run:promshift_target:dag_b/run1"] == PER_MINUTE
+    # however they interleave (one worker may take the whole minute before the other starts: no row for it)
+    assert rows.get("run:promshift_target:dag_a/run1", 0) + rows.get("run:promshift_target:dag_b/run1", 0) == PER_MINUTE
 
 
 def test_two_workers_of_one_run_share_its_budget(url: str) -> None:

@@ -157,7 +157,8 @@ def build_notice(group: MetricGroup, context: Mapping[str, Any], kind: str, deta
     if kind == notices.APPROVAL_NEEDED:
         verdict, reason = notices.gate_summary(details.get("gate") or {})
         return notices.approval_needed(group=group.name, run_id=run_id, verdict=verdict, reason=reason,
-                                       approvers=group.approvers, required_action_url=required_action_url(context),
+                                       approvers=details.get("approvers") or group.approvers,
+                                       required_action_url=required_action_url(context),
                                        run_url=run, timeout=format_duration(group.approval_timeout_s),
                                        board_url=details.get("board_url"))
     if kind == notices.ROLLED_BACK:

@@ -995,15 +995,15 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         gate = shown.gate
         board = self.board_url()
         # Recorded before the question is asked: the answer is checked against this hash.
+        asked = self.ask_approvers(context)
         self.migration(context).record_evidence_shown(
-            evidence_sha256=digest, approvers=self.ask_approvers(context), now=_now(),
-            board_url=board)
+            evidence_sha256=digest, approvers=asked, now=_now(), board_url=board)
         self.subject = f"[{gate.verdict.value}] Cut over metric group {self.group_name} to AMP?"
         self.body = approval_body(self.group_name, gate, shown.parity, shown.latency, evidence_sha256=digest,
                                   board_url=board)
         # HITL runs its notifiers once the request exists, just before the task waits for an answer.
         self.notifiers = [*self.notifiers, self.owners_notifier("approval_needed", gate=gate.to_dict(),
-                                                                board_url=board)]
+                                                                board_url=board, approvers=asked)]
         return super().execute(context)
 
     def _end_dry_run(self, context: Any, evidence: dict[str, Any]) -> None:

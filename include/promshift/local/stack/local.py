@@ -1676,6 +1676,8 @@ class LocalStack:
         if not self.promshift_sd_path.exists():  # no Airflow yet: job promshift has no target (scrape_promshift)
             self.promshift_sd_path.parent.mkdir(parents=True, exist_ok=True)
             self.promshift_sd_path.write_text("[]")
+        if not self.promshift_token_path.exists():  # promtool (every deployer's check) stats the credentials file
+            os.close(os.open(self.promshift_token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self._write_once(
             self.target_config_path,
             "# Stand-in for the AMP workspace: receives remote write, scrapes nothing.\n",
