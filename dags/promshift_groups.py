@@ -25,6 +25,7 @@ from airflow.sdk import get_parsing_context
 
 from promshift.adapters.settings import check_catalog_file, default_catalog_path, default_profile
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, unreadable_catalog
+from promshift.core.memory import cyclic_gc_paused
 from promshift.orchestration.dag_factory import (
     BAKE_WATCH_DAG_ID,
     DECOMMISSION_DAG_ID,
@@ -34,7 +35,6 @@ from promshift.orchestration.dag_factory import (
     build_by_hand_dags,
     build_catalog_errors_dag,
     build_group_dag,
-    cyclic_gc_paused,
 )
 from promshift.orchestration.plan_dag import PLAN_DAG_ID
 

@@ -169,7 +169,7 @@ def test_the_build_stays_within_a_few_times_airflows_own_cost_for_the_same_shape
 def test_the_collector_is_paused_inside_and_as_it_was_after_even_on_an_error() -> None:
     import gc
 
-    from promshift.orchestration.dag_factory import cyclic_gc_paused
+    from promshift.core.memory import cyclic_gc_paused
 
     assert gc.isenabled()
     with cyclic_gc_paused():

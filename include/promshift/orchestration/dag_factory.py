@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import gc
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -255,20 +253,6 @@ def group_schedule(group: MetricGroup) -> list[Asset] | None:
     return [cut_over_asset(dependency) for dependency in group.depends_on] or None
 
 
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off inside, as it was after (also on an error).
-
-    Building 1,000 DAGs makes about a million objects that all stay alive, and the collector's full passes walk
-    every one of them again as the heap grows: a quarter of the build's CPU, for about 200 objects freed.
-    Reference counting still frees everything else at once; cycles made inside are collected after."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def link(*tasks: BaseOperator | MappedOperator) -> None:
