@@ -229,3 +229,42 @@ def test_an_audit_table_from_before_the_indexes_gets_them(tmp_path: Path) -> Non
     assert {i.name for i in AUDIT_INDEXES} <= {i["name"] for i in inspect(new.engine).get_indexes(
         "promshift_audit_events")}
     assert [e.kind for e in new.events()] == ["validated"] and new.verify().ok
+
+
+OVERVIEW_KEYS = ("run_id", "kinds", "source", "target", "connections", "gate", "approval", "gate_at", "approval_at",
+                 "asked")
+
+
+def test_the_overview_runs_are_the_pieces_of_each_runs_report_the_overview_shows(store: AuditStore) -> None:
+    """``overview_runs`` decodes only validations, gates and approvals; what it gives equals ``build_report``'s
+    (via ``run_reports``), for every run of a history with a cut-over, a rollback, a waiting approval, a refusal,
+    a failed validation and a run under other connections."""
+    at = START + timedelta(days=2)
+    store.append(group="gpu-memory", run_id="r3", kind="approval_reject", actor="oncall-bob", at=at,
+                 evidence={"decision": "Reject", "by": "oncall-bob", "comment": "not \u202etoday",
+                           "evidence_sha256": "c3" * 32}, stage_from=Stage.VERIFIED, stage_to=Stage.ROLLED_BACK)
+    store.append(group="gpu-power-thermal", run_id="r4", kind="validation_failed", actor="promshift",
+                 at=at + timedelta(hours=1), evidence={"reason": "target unreachable"})
+    store.append(group="gpu-power-thermal", run_id="r5", kind="validated", actor="promshift",
+                 at=at + timedelta(hours=2), evidence={"source": "http://other:9090",
+                                                       "target_backend": {"kind": "amp", "workspace_id": "ws-1",
+                                                                          "region": "eu-west-1"},
+                                                       "connections": {"source": "prom_b", "target": "amp_b"}})
+    bake(store, 3, first=at + timedelta(hours=3))
+    chain = store.verify()
+    compared = kinds = 0
+    for group in load_catalog().groups:
+        events = store.events(group=group.name)
+        state = evidence.GroupState(store.stage_of(group.name).value)
+        full = evidence.run_reports(group.name, events, state, chain)
+        light = evidence.overview_runs(events)
+        assert len(light) == len(full), group.name
+        for lite, report in zip(light, full, strict=True):
+            assert {k: lite[k] for k in OVERVIEW_KEYS} == {k: report[k] for k in OVERVIEW_KEYS}, report["run_id"]
+            assert lite["validation"]["ok"] == report["validation"]["ok"]
+            assert lite["parity"]["verdict"] == report["parity"]["verdict"]
+            assert lite["latency"]["verdict"] == report["latency"]["verdict"]
+            compared += 1
+            kinds |= bool(report["gate"]) << 0 | bool(report["approval"]["decision"]) << 1 \
+                | (report["validation"]["ok"] is False) << 2 | bool(report["asked"]) << 3
+    assert compared == 8 and kinds == 0b1111  # every piece was compared with data in it somewhere
