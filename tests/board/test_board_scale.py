@@ -7,6 +7,7 @@ overview and /metrics read nor what they show, and neither reads a group's whole
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,8 +23,9 @@ from promshift.adapters import audit_store
 from promshift.adapters.audit_store import AUDIT_INDEXES, AuditStore, ChainWatch
 from promshift.adapters.settings import default_catalog_path, load_catalog
 from promshift.board import evidence
-from promshift.board.app import BoardSource, create_app
+from promshift.board.app import BoardSource, create_app, no_cyclic_gc
 from promshift.board.metrics import exposition
+from promshift.core.audit import AuditEvent
 from promshift.core.stages import Stage
 from tests.board.auth_manager import GroupScopedAuthManager
 from tests.board.history import write_history
@@ -268,3 +270,58 @@ def test_the_overview_runs_are_the_pieces_of_each_runs_report_the_overview_shows
             kinds |= bool(report["gate"]) << 0 | bool(report["approval"]["decision"]) << 1 \
                 | (report["validation"]["ok"] is False) << 2 | bool(report["asked"]) << 3
     assert compared == 8 and kinds == 0b1111  # every piece was compared with data in it somewhere
+
+
+def test_the_overview_builds_no_report_and_decodes_only_the_evidence_it_shows(
+        client: TestClient, store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per request: no ``build_report``, and one JSON decode per validation, gate, approval and approval request of
+    the runs ``latest_runs`` picks; no bake check's, deploy's or warm-up's evidence."""
+    bake(store, 20, first=START + timedelta(days=1))
+    client.get("/api/groups")  # the chain watch's first check
+    monkeypatch.setattr(evidence, "build_report", lambda **kw: pytest.fail("the overview built a whole report"))
+    decoded: list[str] = []
+    real = AuditEvent.evidence_data
+
+    def counted(ev: AuditEvent) -> Any:
+        decoded.append(ev.kind)
+        return real.fget(ev)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(AuditEvent, "evidence_data", property(counted))
+    shown = {"validated", "gate_passed", "gate_failed", "gate_inconclusive", "approved", "approval_reject",
+             "approval_timeout", "evidence_shown"}
+    expected = sorted(e.kind for d in store.latest_runs(evidence.OVERVIEW_KINDS).values() for e in d.events
+                      if e.kind in shown)
+    assert len(expected) >= 8  # validations, gates, approvals and approval requests of three groups
+    for path in ("/api/groups", "/"):
+        decoded.clear()
+        assert client.get(path).status_code == 200
+        assert sorted(decoded) == expected, path
+
+
+def test_the_overview_pauses_the_cyclic_collector_and_gives_it_back(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+    real = evidence.overview_row
+
+    def row(*args: Any, **kw: Any) -> Any:
+        seen.append(gc.isenabled())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(evidence, "overview_row", row)
+    assert gc.isenabled()
+    for path in ("/", "/api/groups"):
+        assert client.get(path).status_code == 200
+        assert gc.isenabled(), path
+    assert seen and not any(seen)
+    # Nested (two overviews at once): the collector comes back when the last ends; off before stays off.
+    with no_cyclic_gc():
+        with no_cyclic_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert client.get("/api/groups").status_code == 200
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
