@@ -7,6 +7,7 @@ overview and /metrics read nor what they show, and neither reads a group's whole
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,8 +23,9 @@ from promshift.adapters import audit_store
 from promshift.adapters.audit_store import AUDIT_INDEXES, AuditStore, ChainWatch
 from promshift.adapters.settings import default_catalog_path, load_catalog
 from promshift.board import evidence
-from promshift.board.app import BoardSource, create_app
+from promshift.board.app import BoardSource, create_app, no_cyclic_gc
 from promshift.board.metrics import exposition
+from promshift.core.audit import AuditEvent
 from promshift.core.stages import Stage
 from tests.board.auth_manager import GroupScopedAuthManager
 from tests.board.history import write_history
@@ -229,3 +231,97 @@ def test_an_audit_table_from_before_the_indexes_gets_them(tmp_path: Path) -> Non
     assert {i.name for i in AUDIT_INDEXES} <= {i["name"] for i in inspect(new.engine).get_indexes(
         "promshift_audit_events")}
     assert [e.kind for e in new.events()] == ["validated"] and new.verify().ok
+
+
+OVERVIEW_KEYS = ("run_id", "kinds", "source", "target", "connections", "gate", "approval", "gate_at", "approval_at",
+                 "asked")
+
+
+def test_the_overview_runs_are_the_pieces_of_each_runs_report_the_overview_shows(store: AuditStore) -> None:
+    """``overview_runs`` decodes only validations, gates and approvals; what it gives equals ``build_report``'s
+    (via ``run_reports``), for every run of a history with a cut-over, a rollback, a waiting approval, a refusal,
+    a failed validation and a run under other connections."""
+    at = START + timedelta(days=2)
+    store.append(group="gpu-memory", run_id="r3", kind="approval_reject", actor="oncall-bob", at=at,
+                 evidence={"decision": "Reject", "by": "oncall-bob", "comment": "not \u202etoday",
+                           "evidence_sha256": "c3" * 32}, stage_from=Stage.VERIFIED, stage_to=Stage.ROLLED_BACK)
+    store.append(group="gpu-power-thermal", run_id="r4", kind="validation_failed", actor="promshift",
+                 at=at + timedelta(hours=1), evidence={"reason": "target unreachable"})
+    store.append(group="gpu-power-thermal", run_id="r5", kind="validated", actor="promshift",
+                 at=at + timedelta(hours=2), evidence={"source": "http://other:9090",
+                                                       "target_backend": {"kind": "amp", "workspace_id": "ws-1",
+                                                                          "region": "eu-west-1"},
+                                                       "connections": {"source": "prom_b", "target": "amp_b"}})
+    bake(store, 3, first=at + timedelta(hours=3))
+    chain = store.verify()
+    compared = kinds = 0
+    for group in load_catalog().groups:
+        events = store.events(group=group.name)
+        state = evidence.GroupState(store.stage_of(group.name).value)
+        full = evidence.run_reports(group.name, events, state, chain)
+        light = evidence.overview_runs(events)
+        assert len(light) == len(full), group.name
+        for lite, report in zip(light, full, strict=True):
+            assert {k: lite[k] for k in OVERVIEW_KEYS} == {k: report[k] for k in OVERVIEW_KEYS}, report["run_id"]
+            assert lite["validation"]["ok"] == report["validation"]["ok"]
+            assert lite["parity"]["verdict"] == report["parity"]["verdict"]
+            assert lite["latency"]["verdict"] == report["latency"]["verdict"]
+            compared += 1
+            kinds |= bool(report["gate"]) << 0 | bool(report["approval"]["decision"]) << 1 \
+                | (report["validation"]["ok"] is False) << 2 | bool(report["asked"]) << 3
+    assert compared == 8 and kinds == 0b1111  # every piece was compared with data in it somewhere
+
+
+def test_the_overview_builds_no_report_and_decodes_only_the_evidence_it_shows(
+        client: TestClient, store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per request: no ``build_report``, and one JSON decode per validation, gate, approval and approval request of
+    the runs ``latest_runs`` picks; no bake check's, deploy's or warm-up's evidence."""
+    bake(store, 20, first=START + timedelta(days=1))
+    client.get("/api/groups")  # the chain watch's first check
+    monkeypatch.setattr(evidence, "build_report", lambda **kw: pytest.fail("the overview built a whole report"))
+    decoded: list[str] = []
+    real = AuditEvent.evidence_data
+
+    def counted(ev: AuditEvent) -> Any:
+        decoded.append(ev.kind)
+        return real.fget(ev)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(AuditEvent, "evidence_data", property(counted))
+    shown = {"validated", "gate_passed", "gate_failed", "gate_inconclusive", "approved", "approval_reject",
+             "approval_timeout", "evidence_shown"}
+    expected = sorted(e.kind for d in store.latest_runs(evidence.OVERVIEW_KINDS).values() for e in d.events
+                      if e.kind in shown)
+    assert len(expected) >= 8  # validations, gates, approvals and approval requests of three groups
+    for path in ("/api/groups", "/"):
+        decoded.clear()
+        assert client.get(path).status_code == 200
+        assert sorted(decoded) == expected, path
+
+
+def test_the_overview_pauses_the_cyclic_collector_and_gives_it_back(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+    real = evidence.overview_row
+
+    def row(*args: Any, **kw: Any) -> Any:
+        seen.append(gc.isenabled())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(evidence, "overview_row", row)
+    assert gc.isenabled()
+    for path in ("/", "/api/groups"):
+        assert client.get(path).status_code == 200
+        assert gc.isenabled(), path
+    assert seen and not any(seen)
+    # Nested (two overviews at once): the collector comes back when the last ends; off before stays off.
+    with no_cyclic_gc():
+        with no_cyclic_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert client.get("/api/groups").status_code == 200
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

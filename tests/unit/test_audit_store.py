@@ -459,3 +459,27 @@ def test_an_anchor_outage_is_logged_and_verify_names_the_unprotected_events(
     check = store.verify(allow_unanchored_tail=True)
     assert check.ok and check.anchor is not None and check.anchor.seq == 2
     assert any("2 events after the last anchored head (seq 2)" in n for n in check.notes)
+
+
+def test_latest_runs_reads_the_runs_that_say_where_each_group_stands_on_both_databases(backend: Backend) -> None:
+    """The latest run, and the latest run with a validation / gate, per group, oldest first; runs that share an id
+    across groups (bake-watch runs) are each group's own; nothing of the other runs. SQLite seeks two IN lists,
+    PostgreSQL the (group, run id) pairs: the same answer."""
+    store = AuditStore(backend.url)
+    at = T0
+    plan = [("g-a", "r1", "validated"), ("g-b", "r1", "validated"), ("g-a", "r1", "gate_passed"),
+            ("g-a", "r2", "validated"), ("g-a", "shared", "bake_check"), ("g-b", "shared", "bake_check"),
+            ("g-b", "r3", "notified"), ("g-a", "r4", "notified"), ("g-a", "shared", "bake_check")]
+    for group, run_id, kind in plan:
+        at += timedelta(minutes=1)
+        store.append(group=group, run_id=run_id, kind=kind, actor="promshift", at=at, evidence={"n": 1})
+    digests = store.latest_runs([frozenset({"validated"}), frozenset({"gate_passed"})])
+    assert {g: [(e.run_id, e.kind) for e in d.events] for g, d in digests.items()} == {
+        # g-a: its gate's run r1, its last validation's run r2, its latest run "shared" (both checks); not r4.
+        "g-a": [("r1", "validated"), ("r1", "gate_passed"), ("r2", "validated"), ("shared", "bake_check"),
+                ("shared", "bake_check")],
+        # g-b: r1 (validated) and r3 (its latest event); not g-a's events of "shared", nor its own.
+        "g-b": [("r1", "validated"), ("r3", "notified")],
+    }
+    assert {g: d.runs for g, d in digests.items()} == {"g-a": 4, "g-b": 3}
+    assert digests["g-a"].last_event_at == at

@@ -31,6 +31,7 @@ from sqlalchemy import (
     make_url,
     select,
     text,
+    tuple_,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -452,16 +453,23 @@ class AuditStore:
                     keys.add((group, run_id))
                     if last.get(group) == seq:
                         digests[group].last_event_at = datetime.fromisoformat(at)
-            # By group, then run id: both IN lists seek the (group_name, run_id) index (a row-value IN scans it
-            # whole on SQLite); a row of another wanted group's run id (bake-watch runs share ids) is dropped.
+            # SQLite: by group, then run id: both IN lists seek the (group_name, run_id) index (a row-value IN
+            # scans it whole there); a row of another wanted group's run id (bake-watch runs share ids) is dropped.
+            # PostgreSQL: the (group_name, run_id) pairs themselves, which it seeks in that index whether or not the
+            # table was analyzed (two IN lists on a table without statistics are a whole scan each).
+            pairs = self.engine.dialect.name == "postgresql"
             runs_of: dict[str, set[str]] = {}
             for group, run_id in keys:
                 runs_of.setdefault(group, set()).add(run_id)
             groups = sorted(runs_of)
             for i in range(0, len(groups), chunk // 4):
                 part = groups[i:i + chunk // 4]
-                run_ids = sorted({r for g in part for r in runs_of[g]})
-                stmt = self._select().where(c.group_name.in_(part), c.run_id.in_(run_ids))
+                if pairs:
+                    stmt = self._select().where(tuple_(c.group_name, c.run_id).in_(
+                        sorted((g, r) for g in part for r in runs_of[g])))
+                else:
+                    run_ids = sorted({r for g in part for r in runs_of[g]})
+                    stmt = self._select().where(c.group_name.in_(part), c.run_id.in_(run_ids))
                 for row in conn.execute(stmt):
                     if row.run_id in runs_of[row.group_name]:
                         digests[row.group_name].events.append(_row_to_event(row))

@@ -17,6 +17,7 @@ import yaml
 from promshift.core.audit import AuditEvent, ChainCheck
 from promshift.core.catalog import MetricGroup
 from promshift.core.events import APPROVAL_ANSWERS, GATE_DECIDED, EventKind
+from promshift.core.gate import GateEvidence
 from promshift.core.render import RenderError, remote_write_entry
 from promshift.core.report import build_report
 
@@ -73,6 +74,60 @@ def run_reports(group: str, events: Sequence[AuditEvent], state: GroupState,
         report["asked"] = next((list(e.evidence_data.get("approvers") or []) for e in reversed(run_events)
                                 if e.kind == EventKind.EVIDENCE_SHOWN), None)
         out.append(report)
+    return out
+
+
+# The kinds whose evidence the overview reads (the rest only count as "a kind the run reached").
+_OVERVIEW_EVIDENCE = GATE_DECIDED | APPROVAL_ANSWERS | {EventKind.VALIDATED, EventKind.EVIDENCE_SHOWN}
+
+
+def overview_runs(events: Sequence[AuditEvent]) -> list[dict[str, Any]]:
+    """Per run, oldest first, only the pieces of its ``build_report`` (and ``run_reports``) that the overview shows:
+    ``run_id``, ``kinds``, ``validation`` (its ``ok``), ``source``, ``target``, ``connections``, ``gate``,
+    ``parity`` and ``latency`` (their ``verdict``), ``approval``, ``gate_at``, ``approval_at``, ``asked``; each
+    read the way ``build_report`` reads it (tests/board pin them equal). Only the evidence of validations, gates,
+    approvals and approval requests is decoded: no latency windows, parity tables or moved rules are built.
+    """
+    out = []
+    for run_id, run_events in runs_of(events):
+        validation_ok: bool | None = None
+        target: dict[str, Any] = {}
+        connections: dict[str, Any] = {"source": None, "target": None}
+        source: dict[str, Any] = {}
+        gate: dict[str, Any] = {}
+        parity: str | None = None
+        latency: str | None = None
+        approval: dict[str, Any] = {"decision": None, "by": None, "comment": None}
+        gate_at = approval_at = None
+        asked = None
+        for e in run_events:
+            if e.kind == EventKind.VALIDATION_FAILED:
+                validation_ok = False
+            if e.kind not in _OVERVIEW_EVIDENCE:
+                continue
+            data = e.evidence_data
+            if e.kind == EventKind.VALIDATED:
+                validation_ok = True
+                target = dict(data.get("target_backend") or {})
+                connections = {**connections, **dict(data.get("connections") or {})}
+                source = {"connection": connections["source"], "url": data.get("source")}
+            elif e.kind in GATE_DECIDED:
+                found = GateEvidence.from_dict(data)
+                gate = found.gate.to_dict()
+                parity = found.parity.verdict.value
+                latency = found.latency.verdict.value
+                gate_at = e.at.isoformat()
+            elif e.kind in APPROVAL_ANSWERS:
+                approval = {"decision": data["decision"], "by": data["by"], "comment": data.get("comment")}
+                if data.get("evidence_sha256"):
+                    approval["evidence_sha256"] = data["evidence_sha256"]
+                approval_at = e.at.isoformat()
+            elif e.kind == EventKind.EVIDENCE_SHOWN:
+                asked = list(data.get("approvers") or [])
+        out.append({"run_id": run_id, "kinds": [e.kind for e in run_events], "validation": {"ok": validation_ok},
+                    "source": source, "target": target, "connections": connections, "gate": gate,
+                    "parity": {"verdict": parity}, "latency": {"verdict": latency}, "approval": approval,
+                    "gate_at": gate_at, "approval_at": approval_at, "asked": asked})
     return out
 
 
@@ -137,7 +192,7 @@ def overview_row(group: MetricGroup, events: Sequence[AuditEvent], state: GroupS
 
     ``events`` may be the group's whole history, or only its latest run and the runs ``OVERVIEW_KINDS`` pick (then
     ``runs`` and ``last_event_at`` say what the whole history holds)."""
-    reports = run_reports(group.name, events, state, chain)
+    reports = overview_runs(events)
     if last_event_at is None and events:
         last_event_at = events[-1].at
     gated = _last(reports, "gate")

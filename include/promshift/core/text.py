@@ -27,7 +27,8 @@ def _escape(ch: str) -> str:
 
 def shown(value: str) -> str:
     """``value`` with every control, format (bidi) and separator character written as its escape (``\\u202e``)."""
-    if not any(_unsafe(ch) for ch in value):
+    # Every unsafe category is one ``str.isprintable`` refuses (Other, Separator): the common case in one C call.
+    if value.isprintable() or not any(_unsafe(ch) for ch in value):
         return value
     return "".join(_escape(ch) if _unsafe(ch) else ch for ch in value)
 
