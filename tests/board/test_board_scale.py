@@ -23,9 +23,10 @@ from promshift.adapters import audit_store
 from promshift.adapters.audit_store import AUDIT_INDEXES, AuditStore, ChainWatch
 from promshift.adapters.settings import default_catalog_path, load_catalog
 from promshift.board import evidence
-from promshift.board.app import BoardSource, create_app, no_cyclic_gc
+from promshift.board.app import BoardSource, create_app
 from promshift.board.metrics import exposition
 from promshift.core.audit import AuditEvent
+from promshift.core.memory import cyclic_gc_paused
 from promshift.core.stages import Stage
 from tests.board.auth_manager import GroupScopedAuthManager
 from tests.board.history import write_history
@@ -314,8 +315,8 @@ def test_the_overview_pauses_the_cyclic_collector_and_gives_it_back(
         assert gc.isenabled(), path
     assert seen and not any(seen)
     # Nested (two overviews at once): the collector comes back when the last ends; off before stays off.
-    with no_cyclic_gc():
-        with no_cyclic_gc():
+    with cyclic_gc_paused():
+        with cyclic_gc_paused():
             assert not gc.isenabled()
         assert not gc.isenabled()
     assert gc.isenabled()
