@@ -76,5 +76,6 @@ def test_k8s_cr_demo_cuts_over_through_the_prometheus_resource(amp_env: Path, ca
     assert ours["writeRelabelConfigs"][0]["sourceLabels"] == ["__name__"]
     # ... and the operator stand-in rendered it onto the source's own config, which still scrapes the fleet.
     assert remote_write_names(source_config) == [OURS]
-    assert [job["job_name"] for job in yaml.safe_load(source_config)["scrape_configs"]] == ["dcgm"]
+    # (and promshift's own /metrics, job promshift: the lab's source scrapes the demo's Airflow)
+    assert [job["job_name"] for job in yaml.safe_load(source_config)["scrape_configs"]] == ["dcgm", "promshift"]
     assert kubeconfig["clusters"][0]["cluster"]["server"] == api_url != "http://127.0.0.1:0"
