@@ -25,11 +25,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, inspect, select
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError
 
 from promshift.adapters.audit_store import (
     AuditDatabaseMissing,
     append_only,
+    create_tables,
     open_engine,
     redacted,
     sqlite_file,
@@ -75,12 +76,7 @@ class SqlAuditAnchor:
             # A reader finding no anchor file: nothing was anchored (and nothing is created).
             self.engine = None
         if create and self.engine is not None:
-            try:
-                anchor_metadata.create_all(self.engine)
-            except SQLAlchemyError:
-                # Another writer created it between the check and the CREATE.
-                if not inspect(self.engine).has_table(audit_anchors.name):
-                    raise
+            create_tables(anchor_metadata, self.engine, audit_anchors)
 
     def exists(self) -> bool:
         """Whether the anchor store is there at all (a writer creates it with the audit table)."""

@@ -179,6 +179,35 @@ def open_engine(url: str, *, create: bool) -> Engine:
                          future=True)
 
 
+# Databases with INSERT ... ON CONFLICT, the one statement an upsert or a claim is (routing, notify deliveries).
+UPSERT_DIALECTS = ("postgresql", "sqlite")
+
+
+def unsupported_upsert_backend(url: str) -> str | None:
+    """Why ``url``'s database cannot hold an upsert table ("<backend> is not supported (use ...)"), else None."""
+    backend = make_url(url).get_backend_name()
+    return None if backend in UPSERT_DIALECTS else f"{backend} is not supported (use {' or '.join(UPSERT_DIALECTS)})"
+
+
+def dialect_insert(table: Table, dialect: str) -> Any:
+    """``INSERT`` into ``table`` in ``dialect``'s own construct (it has ``on_conflict_do_*``)."""
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert
+    return insert(table)
+
+
+def create_tables(metadata: MetaData, engine: Engine, table: Table) -> None:
+    """``metadata``'s tables in ``engine``'s database; another worker creating ``table`` between the check and the
+    CREATE is fine."""
+    try:
+        metadata.create_all(engine)
+    except SQLAlchemyError:
+        if not inspect(engine).has_table(table.name):
+            raise
+
+
 def short_error(exc: BaseException) -> str:
     """The driver's first line, without SQL or parameters."""
     orig = getattr(exc, "orig", None) or exc

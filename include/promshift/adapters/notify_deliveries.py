@@ -25,15 +25,22 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, inspect, make_url, select, update
+from sqlalchemy import Column, Integer, MetaData, String, Table, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from promshift.adapters.audit_store import default_audit_url, open_engine, redacted, short_error
+from promshift.adapters.audit_store import (
+    create_tables,
+    default_audit_url,
+    dialect_insert,
+    open_engine,
+    redacted,
+    short_error,
+    unsupported_upsert_backend,
+)
 
 log = logging.getLogger(__name__)
 
-DIALECTS = ("postgresql", "sqlite")
 SENDING, SENT, FAILED = "sending", "sent", "failed"
 # Far longer than a send may take (PROMSHIFT_NOTIFY_TIMEOUT, 30 s by default): a claim of another task
 # that is older than this belongs to a worker that died.
@@ -95,17 +102,11 @@ class DeliveryLedger:
         self.url = url or default_audit_url()
         self.lease = timedelta(seconds=lease_s)
         self.where = f"{redacted(self.url)} table {deliveries_table.name}"
-        if (backend := make_url(self.url).get_backend_name()) not in DIALECTS:
-            raise DeliveryError(f"delivery table {self.where}: {backend} is not supported "
-                                f"(use {' or '.join(DIALECTS)})")
+        if refused := unsupported_upsert_backend(self.url):
+            raise DeliveryError(f"delivery table {self.where}: {refused}")
         try:
             self.engine = engine or open_engine(self.url, create=True)
-            try:
-                metadata.create_all(self.engine)
-            except SQLAlchemyError:
-                # Another worker created it between the check and the CREATE.
-                if not inspect(self.engine).has_table(deliveries_table.name):
-                    raise
+            create_tables(metadata, self.engine, deliveries_table)
         except SQLAlchemyError as exc:
             raise DeliveryError(f"delivery table {self.where} cannot be opened: {short_error(exc)}") from None
 
@@ -121,8 +122,8 @@ class DeliveryLedger:
                 "claim_token": token, "claimed_at": now.isoformat(), "finished_at": None, "error": None}
         try:
             with self.engine.begin() as conn:
-                stmt = self._insert(conn.dialect.name, {"delivery_key": key, "group_name": group, "run_id": run_id,
-                                                        "kind": kind, "channel": channel, "attempts": 1, **mine})
+                stmt = dialect_insert(t, conn.dialect.name).values(
+                    delivery_key=key, group_name=group, run_id=run_id, kind=kind, channel=channel, attempts=1, **mine)
                 # RETURNING, not rowcount: through SQLAlchemy and psycopg this INSERT reports rowcount -1 (measured).
                 inserted = conn.execute(stmt.on_conflict_do_nothing(index_elements=[t.c.delivery_key])
                                         .returning(t.c.delivery_key)).first()
@@ -179,11 +180,3 @@ class DeliveryLedger:
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
         return dict(row._mapping) if row else None
-
-    @staticmethod
-    def _insert(dialect: str, values: dict[str, Any]) -> Any:
-        if dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:
-            from sqlalchemy.dialects.postgresql import insert
-        return insert(deliveries_table).values(**values)

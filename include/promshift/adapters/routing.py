@@ -19,18 +19,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, inspect, make_url, select, text
+from sqlalchemy import Column, Integer, MetaData, String, Table, inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from promshift.adapters.audit_store import default_audit_url, open_engine, redacted, short_error
+from promshift.adapters.audit_store import (
+    create_tables,
+    default_audit_url,
+    dialect_insert,
+    open_engine,
+    redacted,
+    short_error,
+    unsupported_upsert_backend,
+)
 from promshift.adapters.settings import state_home
 
 log = logging.getLogger(__name__)
 
 READ_FROM = ("source", "target")
-# Both have INSERT ... ON CONFLICT DO UPDATE, the one statement each change is.
-DIALECTS = ("postgresql", "sqlite")
 
 metadata = MetaData()
 
@@ -82,9 +88,8 @@ class RoutingStore:
     def __init__(self, url: str | None = None, *, engine: Engine | None = None) -> None:
         self.url = url or default_audit_url()
         self.where = f"{redacted(self.url)} table {routing_table.name}"
-        if (backend := make_url(self.url).get_backend_name()) not in DIALECTS:
-            raise RoutingError(f"routing store {self.where}: {backend} is not supported "
-                               f"(use {' or '.join(DIALECTS)})")
+        if refused := unsupported_upsert_backend(self.url):
+            raise RoutingError(f"routing store {self.where}: {refused}")
         try:
             self.engine = engine or open_engine(self.url, create=True)
             self._create_table()
@@ -92,12 +97,7 @@ class RoutingStore:
             raise RoutingError(f"routing store {self.where} cannot be opened: {short_error(exc)}") from None
 
     def _create_table(self) -> None:
-        try:
-            metadata.create_all(self.engine)
-        except SQLAlchemyError:
-            # Another worker created it between the check and the CREATE.
-            if not inspect(self.engine).has_table(routing_table.name):
-                raise
+        create_tables(metadata, self.engine, routing_table)
         self._add_columns()
 
     def _add_columns(self) -> None:
@@ -174,18 +174,10 @@ class RoutingStore:
     def _upsert(self, conn: Connection, values: dict[str, Any]) -> None:
         """INSERT ... ON CONFLICT (group_name) DO UPDATE: one atomic statement on the group's row."""
         t = routing_table
-        stmt = self._insert(conn.dialect.name, {**values, "version": 1})
+        stmt = dialect_insert(t, conn.dialect.name).values(**values, version=1)
         changed = {k: stmt.excluded[k] for k in values if k != "group_name"}
         conn.execute(stmt.on_conflict_do_update(index_elements=[t.c.group_name],
                                                 set_={**changed, "version": t.c.version + 1}))
-
-    @staticmethod
-    def _insert(dialect: str, values: dict[str, Any]) -> Any:
-        if dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:
-            from sqlalchemy.dialects.postgresql import insert
-        return insert(routing_table).values(**values)
 
     # -- the old JSON manifest ------------------------------------------------------------------
     def import_manifest(self, path: str | os.PathLike[str] | None = None) -> list[str]:
@@ -213,9 +205,9 @@ class RoutingStore:
                 with self.engine.begin() as conn:
                     # A row already there (routed, or imported by another worker first) wins.
                     # (RETURNING: the driver's rowcount is not reliable here; a skipped row returns nothing.)
-                    if conn.execute(self._insert(conn.dialect.name, values).on_conflict_do_nothing(
-                            index_elements=[routing_table.c.group_name])
-                            .returning(routing_table.c.group_name)).first() is not None:
+                    insert = dialect_insert(routing_table, conn.dialect.name).values(**values)
+                    if conn.execute(insert.on_conflict_do_nothing(index_elements=[routing_table.c.group_name])
+                                    .returning(routing_table.c.group_name)).first() is not None:
                         taken.append(group)
         except SQLAlchemyError as exc:
             raise self._fail(exc) from None
