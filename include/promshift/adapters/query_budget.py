@@ -18,7 +18,7 @@ from sqlalchemy import Column, Float, Integer, MetaData, String, Table, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from promshift.adapters.audit_store import default_audit_url, open_engine
+from promshift.adapters.audit_store import create_tables, default_audit_url, open_engine
 from promshift.core.query_budget import BudgetCount, Grant, QueryBudget, QueryBudgetExhausted, take
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class QueryBudgetLedger:
     def __init__(self, url: str | None = None, *, engine: Engine | None = None) -> None:
         self.url = url or default_audit_url()
         self.engine = engine or open_engine(self.url, create=True)
-        budget_metadata.create_all(self.engine)
+        create_tables(budget_metadata, self.engine, query_budget_counts)
 
     def _read(self, conn: Connection, scope: str) -> tuple[BudgetCount | None, int | None]:
         row = conn.execute(select(query_budget_counts).where(query_budget_counts.c.scope == scope)).first()
