@@ -1,19 +1,20 @@
 """
-### promshift: one Airflow migration DAG per metric group
+### promshift: the migration DAGs of the catalog's metric groups
 
 Generated from the reviewed catalog (`catalog/metric_groups.yaml`, or `PROMSHIFT_CATALOG`).
-Trigger a group's DAG from the UI to move it forward (its form: dry_run, change_ticket,
-warmup_override, reason); the on-call approval appears in the UI as a required action. A group
-that depends on others is also started when they have all cut over (their `cut_over` assets).
-`promshift__bake_watch` checks cut-over groups until they are baked; `promshift__decommission`,
-`promshift__recommission` and `promshift__rollback` act on the group chosen in their form. `PROMSHIFT_PROFILE=demo`
-selects the catalog's short demo timings. Parsing reads only the catalog file: no network, no database.
+One migration DAG per target workspace, `promshift__migrate__<target connection>`: trigger it from
+the UI and choose the group in its form (with dry_run, change_ticket, warmup_override, reason); the
+on-call approval appears in the UI as a required action. `promshift__waves` starts a group that
+depends on others when they have all cut over (their `cut_over` assets). `promshift__bake_watch`
+checks cut-over groups until they are baked; `promshift__decommission`, `promshift__recommission`
+and `promshift__rollback` act on the group chosen in their form. `PROMSHIFT_PROFILE=demo` selects
+the catalog's short demo timings. Parsing reads only the catalog file: no network, no database.
 
 A worker that parses this file to run one task builds only that task's DAG (Airflow's parsing context);
-the DAG processor builds them all.
+the DAG processor builds them all, a fixed handful however many groups the catalog has.
 
-A group with problems gets no DAG: the `promshift__catalog_errors` DAG lists every problem
-(in its docs, and one task that fails with them) and the other groups keep their DAGs. A
+A group with problems is left out of the forms: the `promshift__catalog_errors` DAG lists every
+problem (in its docs, and one task that fails with them) and the other groups keep their DAGs. A
 catalog that cannot be read at all gives that DAG alone, with a one-line reason.
 """
 
@@ -24,19 +25,21 @@ import logging
 from airflow.sdk import get_parsing_context
 
 from promshift.adapters.settings import check_catalog_file, default_catalog_path, default_profile
-from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, unreadable_catalog
+from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, migration_dag_id, unreadable_catalog
 from promshift.core.memory import cyclic_gc_paused
 from promshift.orchestration.dag_factory import (
     BAKE_WATCH_DAG_ID,
     DECOMMISSION_DAG_ID,
     FULL_ROLLBACK_DAG_ID,
     RECOMMISSION_DAG_ID,
+    WAVES_DAG_ID,
     build_bake_watch_dag,
     build_by_hand_dags,
     build_catalog_errors_dag,
-    build_group_dag,
+    build_migration_dag,
+    build_waves_dag,
+    migration_targets,
 )
-from promshift.orchestration.plan_dag import PLAN_DAG_ID
 
 log = logging.getLogger(__name__)
 
@@ -67,23 +70,26 @@ with cyclic_gc_paused():
     _problems = list(_check.problems)
     # Problems in the YAML, defaults or profiles reach every group.
     _missing = ["every group"] if _check.catalog_problems else [label for label, _ in _check.group_problems]
-    # promshift's own DAGs: a group whose DAG id is one of them would replace it.
-    _OWN_DAG_IDS = {BAKE_WATCH_DAG_ID, DECOMMISSION_DAG_ID, RECOMMISSION_DAG_ID, FULL_ROLLBACK_DAG_ID,
-                    CATALOG_ERRORS_DAG_ID, PLAN_DAG_ID}
-    for _group in _check.catalog.groups:
-        if _group.dag_id in _OWN_DAG_IDS:
-            _problems.append(f"group {_group.name!r}: its DAG id {_group.dag_id} is one of promshift's own: rename it")
-            _missing.append(f"group {_group.name!r}")
-            continue
-        if not _wanted(_group.dag_id):
+    # One migration DAG per target workspace connection, the group chosen in its form. Airflow refusing one (what
+    # the catalog check let through) leaves that target's groups without a DAG; the other targets keep theirs.
+    for _target, _members in migration_targets(_check.catalog.groups).items():
+        _dag_id = migration_dag_id(_target)
+        if not _wanted(_dag_id):
             continue
         try:
-            globals()[_group.dag_id] = build_group_dag(_group, catalog_path=CATALOG_PATH, profile=PROFILE)
-        except Exception as _exc:  # Airflow refused what the catalog check let through: that group only
-            _problems.append(f"group {_group.name!r}: Airflow refused its DAG: {_one_line(_exc)}")
-            _missing.append(f"group {_group.name!r}")
+            globals()[_dag_id] = build_migration_dag(_members, target=_target, catalog_path=CATALOG_PATH,
+                                                     profile=PROFILE)
+        except Exception as _exc:  # noqa: BLE001
+            _problems.append(f"target {_target!r}: Airflow refused its migration DAG: {_one_line(_exc)}")
+            _missing.extend(f"group {_g.name!r}" for _g in _members)
+    if _check.catalog.groups and _wanted(WAVES_DAG_ID):
+        try:
+            globals()[WAVES_DAG_ID] = build_waves_dag(_check.catalog.groups, catalog_path=CATALOG_PATH,
+                                                      profile=PROFILE)
+        except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad waves DAG
+            _problems.append(f"the waves DAG: Airflow refused it: {_one_line(_exc)}")
 
-    # One bake watch for every good group (it skips groups that are not cut over), and one DAG per by-hand action
+    # One bake watch for every good group (it checks those cut over or baking), and one DAG per by-hand action
     # (decommission, recommission, full rollback) with the group chosen in its form.
     if _check.catalog.groups and any(map(_wanted, (DECOMMISSION_DAG_ID, RECOMMISSION_DAG_ID, FULL_ROLLBACK_DAG_ID))):
         try:

@@ -1,4 +1,9 @@
-"""Build one migration DAG per metric group from the reviewed catalog."""
+"""Build promshift's DAGs from the reviewed catalog: one migration DAG per target workspace (the group is chosen
+in its trigger form), the waves that start dependent groups, the bake watch, and one DAG per by-hand action.
+
+A DAG per group made a 1,000-group catalog 1,000 DAGs of 13 tasks: Airflow alone needs more than two CPU-seconds
+to build that many tasks on every parse of the file. The DAGs here do not grow with the catalog: only the trigger
+forms' list of groups does."""
 
 from __future__ import annotations
 
@@ -8,15 +13,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import DAG, Asset, BaseOperator, Param, TriggerRule
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Asset, AssetAlias, AssetAny, BaseOperator, Param, TriggerRule
 from airflow.sdk.definitions._internal.types import NOTSET
 from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
 
-from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup
+from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup, migration_dag_id
 from promshift.orchestration.operators import (
-    TARGET_CONN,
     BakeCheckOperator,
-    BakedAssetOperator,
+    BakeWatchListOperator,
     CompleteRunOperator,
     CutoverOperator,
     DecommissionApprovalOperator,
@@ -35,6 +40,7 @@ from promshift.orchestration.operators import (
     SnapshotConfigOperator,
     ValidateGroupOperator,
     WarmupOperator,
+    WavesReadyOperator,
 )
 
 if TYPE_CHECKING:
@@ -76,8 +82,12 @@ EXECUTION_TIMEOUTS: dict[str, timedelta] = {
     "rollback": timedelta(minutes=60),
     # One bake check (freshness, lag, series count, a short parity window); a hung one would hold the next run.
     "bake_check": timedelta(minutes=15),
-    # Emits the baked asset from the check's output.
-    "baked": timedelta(minutes=5),
+    # Lists the groups the bake watch checks (one read of the audit's stage moves).
+    "watched": timedelta(minutes=10),
+    # Reads the audit's stage moves and names the dependent groups to start (no backend calls).
+    "ready": timedelta(minutes=10),
+    # Asks Airflow to start one group's migration run (one API call).
+    "start": timedelta(minutes=5),
     # Measures what the drop frees (series per job) and gathers the bake evidence.
     "prepare": timedelta(minutes=15),
     # The drop, promtool check, reload, and up to verify_s (2 scrape intervals + bake.max_lag) for both proofs.
@@ -90,8 +100,8 @@ EXECUTION_TIMEOUTS: dict[str, timedelta] = {
 
 
 def _limit(task_id: str) -> timedelta:
-    """The backstop of a task (``EXECUTION_TIMEOUTS``; ``bake_check__<group>`` by its kind)."""
-    return EXECUTION_TIMEOUTS[task_id.split("__", 1)[0]]
+    """The backstop of a task (``EXECUTION_TIMEOUTS``)."""
+    return EXECUTION_TIMEOUTS[task_id]
 
 
 # Latency probes of groups that share a target workspace would skew each other's p95 and share its query quota:
@@ -109,25 +119,28 @@ def latency_pool(target_conn_id: str) -> str:
     return f"{LATENCY_POOL_PREFIX}{target_conn_id}"
 
 
-def _doc(group: MetricGroup) -> str:
-    metrics = ", ".join(f"`{m}`" for m in group.metrics) or f"regex `{group.metric_regex}`"
-    windows = ", ".join(f"{w.name} (p95 ≤ {w.slo_p95_s:g}s)" for w in group.latency.windows)
-    deps = ", ".join(f"`{d}`" for d in group.depends_on)
-    starts = f"when {deps} {'has' if len(group.depends_on) == 1 else 'have'} cut over (asset), or " if deps else ""
+def _listed(groups: Sequence[MetricGroup], limit: int = 20) -> str:
+    """The first ``limit`` group names, then how many in all: a DAG's docs stay short at 1,000 groups."""
+    shown = ", ".join(f"`{g.name}`" for g in groups[:limit])
+    return shown + (f" ... ({len(groups):,} in all)" if len(groups) > limit else "")
+
+
+def _migration_doc(target: str, groups: Sequence[MetricGroup]) -> str:
+    dependents = [g for g in groups if g.depends_on]
     return (
-        f"# Migrate `{group.name}` to AMP\n\n{group.description}\n\n"
-        f"- metrics: {metrics}\n- owners: {', '.join(group.owners)}\n"
-        f"- approvers: {', '.join(group.approvers)}\n- wave: {group.wave}\n"
-        f"- source: connection `{group.source}` → target: connection `{group.target}`\n"
-        f"- warm-up: {group.warmup.duration_s:g}s (timeout {group.warmup.timeout_s:g}s)\n"
-        f"- latency windows: {windows}\n\n"
-        "validate → snapshot → deploy dual-write → warm-up (deferred) → parity (plan → mapped shards → "
-        "reduce) → latency → gate → on-call approval → cutover → done. Any failure, failed gate or rejection → "
-        "rollback (restores the snapshot byte for byte).\n\n"
-        f"Starts {starts}by hand. The form: `dry_run` (read only: nothing deployed, cut over or rolled back; "
-        "the stage never moves), `change_ticket`, `warmup_override` (e.g. `10m`), `reason`. Then "
-        f"`promshift__bake_watch` bakes it, and `promshift__decommission` (a second approval; choose "
-        f"`{group.name}` in its form) retires it on the source."
+        f"# Migrate metric groups to the AMP workspace of connection `{target}`\n\n"
+        "Choose the group in the form. validate → snapshot → deploy dual-write → warm-up (deferred) → parity "
+        "(plan → mapped shards → reduce) → latency (pool `" + latency_pool(target) + "`) → gate → on-call "
+        "approval → cutover → done. Any failure, failed gate or rejection → rollback (restores the snapshot byte "
+        "for byte).\n\n"
+        "The form: `group`, `dry_run` (read only: nothing deployed, cut over or rolled back; the stage never "
+        "moves), `change_ticket`, `warmup_override` (e.g. `10m`), `reason`. One run holds a group at a time: a "
+        "second run of a group another run holds is refused by `validate` (skipped, recorded). "
+        f"`{WAVES_DAG_ID}` starts a group with dependencies when they have all cut over"
+        f"{' (' + str(len(dependents)) + ' here)' if dependents else ''}. Then `{BAKE_WATCH_DAG_ID}` bakes "
+        f"it, and `promshift__decommission` (a second approval) retires it on the source. Each group's page on "
+        "the migration board lists its runs here.\n\n"
+        f"Groups: {_listed(groups)}."
     )
 
 
@@ -149,13 +162,19 @@ class _HashedOnceAsset(Asset):
 
 
 def cut_over_asset(group_name: str) -> Asset:
-    """Emitted when the group is cut over (the ``cutover`` task's outlet); its dependents are scheduled on it."""
+    """Emitted when the group is cut over (through the ``cutover`` task's alias, ``CUT_OVER_ALIAS``); the waves
+    DAG is scheduled on those of groups that others depend on, and anyone's DAG may be."""
     return _HashedOnceAsset(f"promshift://group/{group_name}/cut_over")
 
 
 def baked_asset(group_name: str) -> Asset:
-    """Emitted when the group's bake finished clean (the bake watch's ``baked__<group>`` task)."""
+    """Emitted when the group's bake finished clean (the bake watch's ``bake_check``, through ``BAKED_ALIAS``)."""
     return Asset(f"promshift://group/{group_name}/baked")
+
+
+# A shared task emits each group's own asset through an alias: which asset is known only when the task runs.
+CUT_OVER_ALIAS = "promshift-cut-over"
+BAKED_ALIAS = "promshift-baked"
 
 
 # (schema, default) pairs of form fields whose default jsonschema has accepted, as JSON: the check is pure.
@@ -247,14 +266,6 @@ def run_params_schema() -> dict[str, Param]:
     }
 
 
-def group_schedule(group: MetricGroup) -> list[Asset] | None:
-    """Waves at run time: a group with dependencies starts when all of them have cut over (their assets);
-    a group without dependencies is started by hand. ``validate`` still checks the dependencies' stages."""
-    return [cut_over_asset(dependency) for dependency in group.depends_on] or None
-
-
-
-
 def link(*tasks: BaseOperator | MappedOperator) -> None:
     """``tasks[0] >> tasks[1] >> ...`` for tasks built in the same ``with DAG(...)`` block.
 
@@ -282,32 +293,45 @@ def read_from_further_up(consumer: BaseOperator, producer: BaseOperator) -> None
         raise ValueError(f"{consumer.task_id!r} reads {producer.task_id!r}'s output but does not run after it")
 
 
-def group_step_args(group: MetricGroup, *, catalog_path: str | Path, profile: str | None) -> dict[str, Any]:
-    """What every step operator of ``group`` is given: the group, the catalog, and the group's own
-    source and target connections (the catalog's ``source``/``target``: routes are keyed by them)."""
-    return dict(group_name=group.name, catalog_path=str(catalog_path), profile=profile,
-                source_conn_id=group.source, target_conn_id=group.target)
+def pair_tags(sources: Sequence[str], target: str) -> list[str]:
+    """DAG tags naming the clusters and the workspace connection of a migration DAG: the UI filters on them."""
+    return [*(f"source:{source}" for source in sorted(set(sources))), f"target:{target}"]
 
 
-def pair_tags(group: MetricGroup) -> list[str]:
-    """DAG tags naming the group's cluster and workspace connections: the UI filters on them."""
-    return [f"source:{group.source}", f"target:{group.target}"]
+def migration_targets(groups: Sequence[MetricGroup]) -> dict[str, list[MetricGroup]]:
+    """The catalog's groups by target connection, in catalog order: one migration DAG each."""
+    by_target: dict[str, list[MetricGroup]] = {}
+    for group in groups:
+        by_target.setdefault(group.target, []).append(group)
+    return by_target
 
 
-def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: str | None = None) -> DAG:
-    """The DAG of one group. Cheap: no network or database work happens here."""
-    common = group_step_args(group, catalog_path=catalog_path, profile=profile)
+# Runs of different groups at once in one migration DAG (each group is held by one run at a time through the
+# audit log, not by Airflow): a wave of this many groups migrates side by side; more wait queued.
+MIN_ACTIVE_MIGRATIONS = 16
+
+
+def build_migration_dag(groups: Sequence[MetricGroup], *, target: str, catalog_path: str | Path,
+                        profile: str | None = None) -> DAG:
+    """``promshift__migrate__<target>``: the migration of any of ``groups`` (all with that target), the group
+    chosen in the trigger form. Cheap: no network or database work happens here."""
+    if not groups or any(g.target != target for g in groups):
+        raise ValueError(f"a migration DAG is built for groups of target {target!r} only")
+    # The group (and so its source connection) is the form's: each task takes it when it renders (choose_group),
+    # and refuses a group the catalog now sends to another workspace (its pool and connection are this DAG's).
+    common = dict(group_name=None, catalog_path=str(catalog_path), profile=profile, target_conn_id=target,
+                  dag_target=target)
     with DAG(
-        dag_id=group.dag_id,
-        description=f"Migrate metric group {group.name} to AMP",
-        doc_md=_doc(group),
-        schedule=group_schedule(group),
-        params=run_params_schema(),
+        dag_id=migration_dag_id(target),
+        description=f"Migrate a metric group to the AMP workspace of connection {target}",
+        doc_md=_migration_doc(target, groups),
+        schedule=None,
+        params={"group": group_param(groups), **run_params_schema()},
         start_date=datetime(2026, 1, 1),
         catchup=False,
-        max_active_runs=1,  # one migration of a group at a time: runs share its remote_write entry
-        tags=["promshift", f"group:{group.name}", f"wave:{group.wave}", *pair_tags(group)],
-        default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": ",".join(group.owners)},
+        max_active_runs=max(MIN_ACTIVE_MIGRATIONS, len(groups)),
+        tags=["promshift", "migration", *pair_tags([g.source for g in groups], target)],
+        default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"},
     ) as dag:
         validate = ValidateGroupOperator(task_id="validate", execution_timeout=_limit("validate"), **common)
         # Each task's inputs are upstream outputs as XComArgs (``task.output``), resolved when Airflow renders it.
@@ -327,14 +351,15 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
                                 trigger_rule=TriggerRule.NONE_FAILED,
                                 plan=parity_plan.output["plan"], shards=parity_samples.output, **common)
         latency = LatencyOperator(task_id="latency", execution_timeout=_limit("latency"), deployed=deploy.output,
-                                  pool=latency_pool(str(common.get("target_conn_id") or TARGET_CONN)), **common)
+                                  pool=latency_pool(target), **common)
         gate = GateOperator(task_id="gate", execution_timeout=_limit("gate"), retries=0, parity=parity.output,
                             latency=latency.output, **common)
         approval = MigrationApprovalOperator(
             task_id="approval", execution_timeout=_limit("approval"),
             gate_evidence=gate.output,
-            approvers=list(group.approvers),
-            response_timeout=timedelta(seconds=group.approval_timeout_s),
+            approvers=None,  # the chosen group's (users and teams), resolved when the question is asked
+            # Replaced by the chosen group's approval_timeout when the question is asked.
+            response_timeout=timedelta(seconds=max(g.approval_timeout_s for g in groups)),
             # Reject, timeout and the four-eyes refusal raise AirflowFailException: never retried.
             # The retry is for Airflow failing the task by itself: in 3.3.2 an answer that resumes the
             # task before the scheduler has processed the pausing worker's exit can find the resumed
@@ -345,7 +370,7 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
             **common,
         )
         cutover = CutoverOperator(task_id="cutover", execution_timeout=_limit("cutover"),
-                                  outlets=[cut_over_asset(group.name)], **common)
+                                  outlets=[AssetAlias(CUT_OVER_ALIAS)], **common)
         done = CompleteRunOperator(task_id="done", execution_timeout=_limit("done"), **common)
         rollback = RollbackOperator(task_id="rollback", execution_timeout=_limit("rollback"),
                                     trigger_rule=TriggerRule.ONE_FAILED, snapshot=snapshot.output, **common)
@@ -359,27 +384,72 @@ def build_group_dag(group: MetricGroup, *, catalog_path: str | Path, profile: st
     return dag
 
 
+def build_migration_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Path,
+                         profile: str | None = None) -> list[DAG]:
+    """One migration DAG per target connection of ``groups``."""
+    return [build_migration_dag(members, target=target, catalog_path=catalog_path, profile=profile)
+            for target, members in migration_targets(groups).items()]
+
+
+# --------------------------------------------------------------------------- waves
+
+WAVES_DAG_ID = "promshift__waves"
+
+
+def build_waves_dag(groups: Sequence[MetricGroup], *, catalog_path: str | Path, profile: str | None = None) -> DAG:
+    """``promshift__waves``: on any cut-over of a group others depend on, start each dependent group whose
+    dependencies have all cut over (``core.waves``), in its target's migration DAG.
+
+    The cut-over assets are what each dependent group's own DAG was scheduled on; a start's run id is the same
+    for every worker that sees the same cut-overs, so a group is started once (a second start of that run id is
+    skipped), and ``validate`` still checks the dependencies' stages when the run starts."""
+    dependencies = sorted({dep for group in groups for dep in group.depends_on})
+    dependents = [g for g in groups if g.depends_on]
+    listing = "\n".join(f"- `{g.name}` after {', '.join(f'`{d}`' for d in g.depends_on)}" for g in dependents[:50])
+    more = f"\n- ... {len(dependents) - 50:,} more" if len(dependents) > 50 else ""
+    with DAG(
+        dag_id=WAVES_DAG_ID,
+        description="Start metric groups whose dependencies have all cut over",
+        doc_md=("# Waves: start dependent groups\n\nRuns when a group that others depend on cuts over (its "
+                "`cut_over` asset). Reads every group's stage from the audit log and starts, in its target's "
+                "migration DAG, each group whose dependencies are all cut over and which is not running or "
+                "done.\n\n" + (listing + more if dependents else "No group of the catalog depends on another.")),
+        schedule=AssetAny(*(cut_over_asset(dep) for dep in dependencies)) if dependencies else None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=["promshift", "waves"],
+        default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"},
+    ) as dag:
+        ready = WavesReadyOperator(task_id="ready", execution_timeout=_limit("ready"),
+                                   catalog_path=str(catalog_path), profile=profile)
+        # One start per ready group (none: skipped). A run id that exists already was started by an earlier
+        # wave run or try: skipped, not failed.
+        TriggerDagRunOperator.partial(
+            task_id="start", execution_timeout=_limit("start"), skip_when_already_exists=True,
+            wait_for_completion=False, map_index_template="{{ task.conf['group'] }}",
+        ).expand_kwargs(ready.output)
+    return dag
+
+
 # --------------------------------------------------------------------------- the bake watch
 
 BAKE_WATCH_DAG_ID = "promshift__bake_watch"
 
 
-def _task_key(group: MetricGroup) -> str:
-    return group.name.replace("-", "_")
-
-
 def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | Path,
                          profile: str | None = None) -> DAG:
-    """``promshift__bake_watch``: every ``bake.interval`` (the shortest of any group), one check per group.
+    """``promshift__bake_watch``: every ``bake.interval`` (the shortest of any group), one check per group that
+    is cut over or baking.
 
-    ``bake_check__<group>`` skips a group that is not cut over or baking; for one that is, it checks the
-    target copy (freshness, remote-write lag, series count, a short parity window), records ``bake_check``,
-    and moves it to ``baked`` after a clean ``bake.period`` or back to ``rolled_back_reads`` on a failed
-    check. ``baked__<group>`` then emits ``promshift://group/<name>/baked`` only when the group was baked.
+    ``watched`` lists those groups from the audit's stage moves; ``bake_check`` (mapped, one per group, named by
+    it) checks the target copy (freshness, remote-write lag, series count, a short parity window), records
+    ``bake_check``, and moves the group to ``baked`` after a clean ``bake.period`` (emitting
+    ``promshift://group/<name>/baked``) or back to ``rolled_back_reads`` on a failed check.
     """
     interval_s = min(group.bake.interval_s for group in groups)
     listing = "\n".join(f"- `{g.name}`: every {g.bake.interval_s:g}s, baked after {g.bake.period_s:g}s clean"
-                         for g in groups)
+                         for g in groups[:50]) + (f"\n- ... {len(groups) - 50:,} more" if len(groups) > 50 else "")
     with DAG(
         dag_id=BAKE_WATCH_DAG_ID,
         description="Watch cut-over metric groups until they are baked (or roll their reads back)",
@@ -394,13 +464,13 @@ def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | P
         tags=["promshift", "bake-watch"],
         default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"},
     ) as dag:
-        for group in groups:
-            check = BakeCheckOperator(task_id=f"bake_check__{_task_key(group)}", execution_timeout=_limit("bake_check"),
-                                      **group_step_args(group, catalog_path=catalog_path, profile=profile))
-            # The check's output as an XComArg: Airflow makes the check its upstream (its only edge).
-            BakedAssetOperator(task_id=f"baked__{_task_key(group)}", checked=check.output,
-                               execution_timeout=_limit("baked"),
-                               outlets=[baked_asset(group.name)])
+        watched = BakeWatchListOperator(task_id="watched", execution_timeout=_limit("watched"),
+                                        catalog_path=str(catalog_path), profile=profile)
+        # One check per watched group (none: skipped), each with the group's own connections.
+        BakeCheckOperator.partial(
+            task_id="bake_check", execution_timeout=_limit("bake_check"), catalog_path=str(catalog_path),
+            profile=profile, outlets=[AssetAlias(BAKED_ALIAS)], map_index_template="{{ task.group_name }}",
+        ).expand_kwargs(watched.output)
     return dag
 
 
@@ -428,8 +498,7 @@ def build_by_hand_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Pat
     cut-over group all the way back). By hand only; the group is the trigger form's ``group``."""
     common = dict(group_name=None, catalog_path=str(catalog_path), profile=profile)
     args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"}
-    listed = ", ".join(f"`{g.name}`" for g in groups[:20]) + (f" ... ({len(groups):,} in all)" if len(groups) > 20
-                                                              else "")
+    listed = _listed(groups)
 
     def by_hand(dag_id: str, kind: str, description: str, doc_md: str, reason: str | None = None) -> DAG:
         """A DAG that only a person starts, for the group chosen in its form; ``reason``: the form's Reason

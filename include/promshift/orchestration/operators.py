@@ -159,9 +159,11 @@ class _GroupStep:
     target_conn_id: str
 
     def _init_group(self, *, group_name: str | None, catalog_path: str, profile: str | None,
-                    source_conn_id: str, target_conn_id: str) -> None:
-        # None: a by-hand DAG of every group; the group is the trigger form's ``group`` (``choose_group``).
+                    source_conn_id: str, target_conn_id: str, dag_target: str | None = None) -> None:
+        # None: a DAG of every group (a migration DAG, a by-hand one); the group is the trigger form's ``group``
+        # (``choose_group``). ``dag_target``: a migration DAG's workspace connection, which the group must have.
         self.group_name = group_name or ""
+        self.dag_target = dag_target
         self.catalog_path = catalog_path
         self.profile = profile
         self.source_conn_id = source_conn_id
@@ -176,10 +178,11 @@ class _GroupStep:
         return load_catalog(self.catalog_path, profile=self.profile).get(self.group_name)
 
     def choose_group(self, context: Any) -> None:
-        """In a by-hand DAG of every group (decommission, recommission, full rollback), take the group from the
-        trigger form's ``group`` and check it against the catalog now: the form's list was the catalog's when
-        the DAG file was parsed. An unknown group fails the task with one line; nothing is touched. A task built
-        for one group (the migration DAG's) keeps its own."""
+        """In a DAG of every group (a target's migration DAG; decommission, recommission, full rollback), take
+        the group from the trigger form's ``group`` and check it against the catalog now: the form's list was
+        the catalog's when the DAG file was parsed. An unknown group, or one the catalog now sends to another
+        workspace than this migration DAG's, fails the task with one line; nothing is touched. A task given its
+        group (a bake check, mapped over groups) keeps it."""
         if self.group_name:
             return
         from promshift.adapters.settings import load_catalog
@@ -192,9 +195,13 @@ class _GroupStep:
             shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
             raise AirflowFailException(f"unknown metric group {escaped_text(str(chosen))[:100]!r}: the catalog "
                                        f"{self.catalog_path} has {shown or 'no groups'}")
+        group = groups[name]
+        if self.dag_target is not None and group.target != self.dag_target:
+            raise AirflowFailException(f"group {name!r} migrates to connection {group.target!r}, not this DAG's "
+                                       f"{self.dag_target!r}: trigger {group.dag_id}")
         self.group_name = name
-        # The chosen group's own cluster and workspace connections (its route's key), as its migration DAG has.
-        self.source_conn_id, self.target_conn_id = groups[name].source, groups[name].target
+        # The chosen group's own cluster and workspace connections (its route's key).
+        self.source_conn_id, self.target_conn_id = group.source, group.target
 
     def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
         self.choose_group(context)  # before anything reads the group (every try and every resume renders)
@@ -542,14 +549,15 @@ class GroupStepOperator(_GroupStep, BaseOperator):
     ui_color = "#e8f0fe"
 
     def __init__(self, *, group_name: str | None, catalog_path: str, profile: str | None = None,
-                 source_conn_id: str = SOURCE_CONN, target_conn_id: str = TARGET_CONN, **kwargs: Any) -> None:
+                 source_conn_id: str = SOURCE_CONN, target_conn_id: str = TARGET_CONN, dag_target: str | None = None,
+                 **kwargs: Any) -> None:
         # A step's template fields besides ``group_name`` are its inputs: upstream outputs (XComArgs) given as
         # keyword arguments, None when not given. Taken here, not in an ``__init__`` of each step: Airflow wraps
         # every ``__init__`` of an operator's classes, and each wrapper deep-copies the DAG's Params again.
         inputs = {name: kwargs.pop(name, None) for name in self.template_fields if name != "group_name"}
         super().__init__(**kwargs)
         self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
-                         source_conn_id=source_conn_id, target_conn_id=target_conn_id)
+                         source_conn_id=source_conn_id, target_conn_id=target_conn_id, dag_target=dag_target)
         for name, value in inputs.items():
             setattr(self, name, value)
 
@@ -930,9 +938,10 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
 
     def __init__(self, *, group_name: str | None, catalog_path: str, approvers: Sequence[str] | None,
                  profile: str | None = None, source_conn_id: str = SOURCE_CONN,
-                 target_conn_id: str = TARGET_CONN, gate_evidence: Output = None, **kwargs: Any) -> None:
-        """``group_name`` and ``approvers`` None: a by-hand DAG of every group; the chosen group's approvers
-        (and its ``approval_timeout``) are read from the catalog when the task runs."""
+                 target_conn_id: str = TARGET_CONN, dag_target: str | None = None, gate_evidence: Output = None,
+                 **kwargs: Any) -> None:
+        """``group_name`` and ``approvers`` None: a DAG of every group; the chosen group's approvers (and its
+        ``approval_timeout``) are read from the catalog when the task runs."""
         kwargs.setdefault("subject", f"Cut over metric group {group_name or '(chosen in the form)'} to AMP?")
         kwargs.setdefault("body", "Evidence is filled in when the task runs.")
         # The approver's form: its own comment field only. Airflow hands a task the DAG's params (the trigger
@@ -949,8 +958,14 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         super().__init__(assigned_users=[{"id": a, "name": a} for a in approvers or () if team_of(a) is None],
                          **kwargs)
         self._init_group(group_name=group_name, catalog_path=catalog_path, profile=profile,
-                         source_conn_id=source_conn_id, target_conn_id=target_conn_id)
+                         source_conn_id=source_conn_id, target_conn_id=target_conn_id, dag_target=dag_target)
         self.gate_evidence = gate_evidence
+
+    def ask_within_group_timeout(self) -> None:
+        """In a DAG of every group, wait for the chosen group's own ``approval_timeout`` (the DAG was built with
+        the longest of its groups')."""
+        if self.approver_entries is None:
+            self.response_timeout = timedelta(seconds=self.group.approval_timeout_s)
 
     def ask_approvers(self, context: Any) -> list[str]:
         """Resolve the approvers now (a team's members as they are now), without the run's trigger user, and
@@ -990,6 +1005,7 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         evidence = self.evidence()
         if self.run_params(context).dry_run:
             self._end_dry_run(context, evidence)
+        self.ask_within_group_timeout()
         digest = evidence_sha256(evidence)
         shown = GateEvidence.from_dict(evidence)
         gate = shown.gate
@@ -1081,8 +1097,18 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         return {"decision": choice, "by": by, "comment": comment}
 
 
+def emit_group_asset(op: BaseOperator, context: Any, asset: Any, extra: dict[str, Any]) -> None:
+    """Emit ``asset`` (one group's) through the task's asset alias, its only outlet: a task shared by every group
+    knows which group's asset only when it runs. A task built without the alias (a test's) emits nothing."""
+    from airflow.sdk import AssetAlias
+
+    for outlet in op.outlets or ():
+        if isinstance(outlet, AssetAlias):
+            context["outlet_events"][outlet].add(asset, extra=extra)
+
+
 class CutoverOperator(GroupStepOperator):
-    """Route the group's reads to the target; emits the group's ``cut_over`` asset (its ``outlets``)."""
+    """Route the group's reads to the target; emits the group's ``cut_over`` asset (through its alias)."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         if self.run_params(context).dry_run:  # never reached (the approval skips first); a skip emits no asset
@@ -1110,7 +1136,12 @@ class CutoverOperator(GroupStepOperator):
                 raise
             self.log.info("read path switched: %s dashboard(s), %s panel(s)", switched["dashboards"],
                           switched["panels"])
-        return migration.cutover(_now())
+        result = migration.cutover(_now())
+        from promshift.orchestration.dag_factory import cut_over_asset
+
+        emit_group_asset(self, context, cut_over_asset(self.group_name), {"group": self.group_name,
+                                                                           "run_id": context["run_id"]})
+        return result
 
 
 class CompleteRunOperator(GroupStepOperator):
@@ -1270,25 +1301,65 @@ class BakeCheckOperator(GroupStepOperator):
             failed = [m["name"] for m in check.get("measurements", []) if m["verdict"] in ("FAILED", "ERROR")]
             self.tell_owners(context, "bake_failed", check=", ".join(failed) or "bake", reason=out["reason"])
             raise AirflowFailException(f"{out['reason']}; reads returned to the source, dual-write stays on")
+        if out["outcome"] == "baked":
+            from promshift.orchestration.dag_factory import baked_asset
+
+            emit_group_asset(self, context, baked_asset(self.group_name), {"group": self.group_name,
+                                                                            "clean_since": out.get("clean_since")})
         return out
 
 
-class BakedAssetOperator(BaseOperator):
-    """Emits the group's ``baked`` asset (its ``outlets``) when the check before it baked the group; else skips
-    (a skipped task emits nothing). ``checked``: that bake check's output."""
+class BakeWatchListOperator(BaseOperator):
+    """The groups the bake watch checks now (cut over or baking), each with its connections: the mapped
+    ``bake_check``'s arguments. One read of the audit's stage moves; a group no longer in the catalog is left
+    out (its DAG-file list is the catalog's)."""
 
     ui_color = "#e6f4ea"
-    template_fields: Sequence[str] = ("checked",)
 
-    def __init__(self, *, checked: Output = None, **kwargs: Any) -> None:
+    def __init__(self, *, catalog_path: str, profile: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.checked = checked
+        self.catalog_path = catalog_path
+        self.profile = profile
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        out = given(self, "checked") or {}
-        if out.get("outcome") != "baked":
-            raise AirflowSkipException(f"not baked yet ({out.get('outcome') or 'no check'})")
-        return {"baked": True, "clean_since": out.get("clean_since")}
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        from promshift.adapters.settings import load_catalog
+        from promshift.core.stages import BAKE_WATCHED, Stage, current_stage
+
+        moves = audit_store().stage_moves()
+        watched = []
+        for group in load_catalog(self.catalog_path, profile=self.profile).groups:
+            history = moves.get(group.name)
+            if history and current_stage(Stage(s) for s in history) in BAKE_WATCHED:
+                watched.append({"group_name": group.name, "source_conn_id": group.source,
+                                "target_conn_id": group.target})
+        self.log.info("bake watch: %s group(s) cut over or baking: %s", len(watched),
+                      ", ".join(w["group_name"] for w in watched[:20]) or "none")
+        return watched
+
+
+class WavesReadyOperator(BaseOperator):
+    """The dependent groups to start now (``core.waves.ready_to_start``), as the mapped start's arguments: each
+    group's target migration DAG, the run id every worker names for the same cut-overs, and its form."""
+
+    ui_color = "#e6f4ea"
+
+    def __init__(self, *, catalog_path: str, profile: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.catalog_path = catalog_path
+        self.profile = profile
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        from promshift.adapters.settings import load_catalog
+        from promshift.core.waves import ready_to_start
+
+        catalog = load_catalog(self.catalog_path, profile=self.profile)
+        groups = {g.name: g for g in catalog.groups}
+        starts = ready_to_start(catalog.groups, audit_store().stage_moves())
+        for start in starts:
+            self.log.info("starting %s (%s cut over) as run %s", start.group, ", ".join(start.after), start.run_id)
+        return [{"trigger_dag_id": groups[s.group].dag_id, "trigger_run_id": s.run_id,
+                 "conf": {GROUP_PARAM: s.group, "reason": f"wave: {', '.join(s.after)} cut over"}}
+                for s in starts]
 
 
 # --------------------------------------------------------------------------- decommission (second approval)
@@ -1342,8 +1413,7 @@ class DecommissionApprovalOperator(MigrationApprovalOperator):
         from promshift.core.evidence import evidence_sha256
 
         self.choose_group(context)
-        if self.approver_entries is None:  # the chosen group's own wait, as its migration approval has
-            self.response_timeout = timedelta(seconds=self.group.approval_timeout_s)
+        self.ask_within_group_timeout()
         evidence = self.evidence()
         digest = evidence_sha256(evidence)
         self.migration(context).record_evidence_shown(

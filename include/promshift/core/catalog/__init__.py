@@ -54,6 +54,7 @@ from promshift.core.catalog.model import (
     GROUP_NAME_PATTERN,
     LABEL_NAME_PATTERN,
     METRIC_NAME_PATTERN,
+    MIGRATION_DAG_PREFIX,
     NOTIFY_CHANNELS,
     PARITY_MODES,
     PROBE_ENCODINGS,
@@ -67,6 +68,7 @@ from promshift.core.catalog.model import (
     ParityMode,
     ParityPolicy,
     WarmupPolicy,
+    migration_dag_id,
 )
 from promshift.core.catalog.regex import _compile_re2, _re2_error
 from promshift.core.catalog.rules import _check_dependencies, _check_overlaps, _check_pairings
@@ -87,6 +89,7 @@ __all__ = [
     "GROUP_NAME_PATTERN",
     "LABEL_NAME_PATTERN",
     "METRIC_NAME_PATTERN",
+    "MIGRATION_DAG_PREFIX",
     "NOTIFY_CHANNELS",
     "PARITY_MODES",
     "PROBE_ENCODINGS",
@@ -102,6 +105,7 @@ __all__ = [
     "_compile_re2",
     "_re2_error",
     "check_catalog",
+    "migration_dag_id",
     "unreadable_catalog",
     "parse_catalog",
 ]

@@ -31,6 +31,16 @@ DEFAULT_TARGET_CONN = "promshift_target"
 # the DAG tags ``source:<id>`` and ``target:<id>`` fit Airflow's 100-character tag limit.
 CONN_ID_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
 CONN_ID_MAX_LENGTH = 100 - len("source:") - 3
+# One migration DAG per target workspace connection: its latency probes share that workspace's pool.
+MIGRATION_DAG_PREFIX = "promshift__migrate__"
+
+
+def migration_dag_id(target_conn_id: str) -> str:
+    """The DAG migrating every group whose target is connection ``target_conn_id`` (its characters are a DAG
+    id's: ``CONN_ID_PATTERN``)."""
+    return MIGRATION_DAG_PREFIX + target_conn_id
+
+
 GROUP_NAME_PATTERN = r"[a-z][a-z0-9-]*"
 METRIC_NAME_PATTERN = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL_NAME_PATTERN = r"[a-zA-Z_][a-zA-Z0-9_]*"
@@ -274,8 +284,9 @@ class MetricGroup:
 
     @property
     def dag_id(self) -> str:
-        """The Airflow DAG id that migrates this group, e.g. ``promshift__gpu_memory``."""
-        return "promshift__" + self.name.replace("-", "_")
+        """The Airflow DAG that migrates this group: its target workspace's, e.g. ``promshift__migrate__amp``
+        (the group is chosen in that DAG's trigger form)."""
+        return migration_dag_id(self.target)
 
 
 @dataclass(frozen=True)
