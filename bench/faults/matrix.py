@@ -698,7 +698,7 @@ class OperatorRun:
 
     @staticmethod
     def fresh() -> Any:
-        from promshift.orchestration.dag_factory import build_group_dag
+        from promshift.local.group_dag import build_group_dag
 
         return build_group_dag(load_catalog(CATALOG, profile=PROFILE).get(GROUP), catalog_path=CATALOG,
                                profile=PROFILE)
@@ -1029,7 +1029,7 @@ def fault_two_runs_one_group(env: FaultEnv) -> FaultResult:
         m.deploy_dual_write(snap, now())
         results[winners[0]] = rollback(m, snap)
     audit = env.audit(url, "f12")
-    from promshift.orchestration.dag_factory import build_group_dag
+    from promshift.local.group_dag import build_group_dag
 
     max_active = build_group_dag(load_catalog(CATALOG, profile=PROFILE).get(GROUP), catalog_path=CATALOG,
                                  profile=PROFILE).max_active_runs

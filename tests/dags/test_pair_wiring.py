@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from promshift.core.catalog import parse_catalog
-from promshift.orchestration.dag_factory import build_bake_watch_dag, build_by_hand_dags, build_group_dag
+from promshift.local.group_dag import build_group_dag
+from promshift.orchestration.dag_factory import build_bake_watch_dag, build_by_hand_dags
 from promshift.orchestration.operators import ValidateGroupOperator
 
 REPO = Path(__file__).resolve().parents[2]

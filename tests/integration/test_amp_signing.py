@@ -22,9 +22,9 @@ from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.routing import RoutingStore
 from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.adapters.sigv4 import AwsSigV4Auth
+from promshift.local.group_dag import build_group_dag
 from promshift.local.stack.local import LocalStack
 from promshift.local.stack.sigv4 import SIGNATURE_MISMATCH
-from promshift.orchestration.dag_factory import build_group_dag
 from promshift.steps.migration import GroupMigration
 from tests.integration.sigv4_verifier import SigV4Verifier, VerifyingServer
 

@@ -24,9 +24,9 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.render import remote_write_name, remote_write_names, sha256_text
+from promshift.local.group_dag import build_group_dag
 from promshift.local.stack.local import AWS, FRONTDOOR, LocalStack, StackConfig
 from promshift.local.stack.sigv4 import make_up_credentials
-from promshift.orchestration.dag_factory import build_group_dag
 from tests.fakes import FakeTI, fed
 from tests.integration.conftest import running_amp_stack
 

@@ -487,7 +487,7 @@ def test_the_dags_tasks_deploy_through_the_cr_and_roll_back_deferring_on_the_loa
     from promshift.adapters.audit_store import AuditStore
     from promshift.adapters.settings import default_catalog_path, load_catalog
     from promshift.core.stages import Stage
-    from promshift.orchestration.dag_factory import build_group_dag
+    from promshift.local.group_dag import build_group_dag
     from promshift.orchestration.triggers import LoadedConfigTrigger
     from tests.fakes import FakeTI, fed
 

@@ -23,8 +23,8 @@ from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.rules_deploy import loaded_rules
 from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.stages import Stage
+from promshift.local.group_dag import build_group_dag
 from promshift.local.stack.local import LocalStack, StackConfig
-from promshift.orchestration.dag_factory import build_group_dag
 from tests.fakes import FakeTI, fed
 
 pytestmark = pytest.mark.integration

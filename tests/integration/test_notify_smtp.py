@@ -34,9 +34,9 @@ from promshift.core.audit import AuditEvent
 from promshift.core.events import EventKind
 from promshift.core.stages import Stage
 from promshift.local.airflow_lab import DEMO_TEAMS
+from promshift.local.group_dag import build_group_dag
 from promshift.local.stack.local import find_free_ports
 from promshift.local.stack.smtp_sink import ReceivedMail, answers, read_mail, sink_address
-from promshift.orchestration.dag_factory import build_group_dag
 from tests.fakes import FakeTI, fed
 
 pytestmark = pytest.mark.integration

@@ -254,7 +254,7 @@ def test_the_dags_deploy_and_rollback_tasks_defer_on_the_scraper_and_record_it(
         stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from promshift.orchestration.dag_factory import build_group_dag
+    from promshift.local.group_dag import build_group_dag
 
     monkeypatch.setenv("PROMSHIFT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PROMSHIFT_AUDIT_URL", f"sqlite:///{tmp_path / 'audit.db'}")

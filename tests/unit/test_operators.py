@@ -30,7 +30,7 @@ from promshift.core.evidence import evidence_sha256
 from promshift.core.latency import ProbeRun
 from promshift.core.stages import Stage
 from promshift.local.airflow_lab import DEMO_TEAMS
-from promshift.orchestration.dag_factory import build_group_dag
+from promshift.local.group_dag import build_group_dag
 from promshift.orchestration.operators import (
     GateOperator,
     MigrationApprovalOperator,

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from promshift.adapters.settings import REPO_ROOT, load_catalog
-from promshift.orchestration.dag_factory import build_bake_watch_dag, build_by_hand_dags, build_group_dag
+from promshift.local.group_dag import build_group_dag
+from promshift.orchestration.dag_factory import build_bake_watch_dag, build_by_hand_dags
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
 PROFILE = "demo"
