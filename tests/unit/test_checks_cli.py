@@ -88,6 +88,7 @@ def test_catalog_check_passes_the_repo_catalog(capsys: pytest.CaptureFixture[str
                    "every profile validated; profile demo applied)\n"
                    "  promshift_source -> promshift_target: "
                    "gpu-utilization, gpu-memory, gpu-power-thermal, gpu-clocks\n"
+                   "  migration DAGs: promshift__migrate__promshift_target (4 groups)\n"
                    "  (connections not checked: pass --connections to check that each exists)\n")
 
 
@@ -121,6 +122,8 @@ def test_catalog_check_summarises_a_large_catalog_per_wave(tmp_path: Path, capsy
     waves = [line for line in lines[1:] if line.startswith("  wave ")]
     assert waves and sum(int(line.split(": ")[1].split()[0].replace(",", "")) for line in waves) == 1000
     assert all(line.count(", ") <= 5 for line in waves)  # five names at most, then a count
+    # Where they run: one migration DAG per target, with how many groups, never the 1,000 names.
+    assert "  migration DAGs: promshift__migrate__promshift_target (1,000 groups)" in lines
     assert len(out) < 4000
     broken = tmp_path / "broken.yaml"
     broken.write_text(catalog_text(1000).replace("sample_hosts: 40", "sample_hosts: 0"))

@@ -301,6 +301,11 @@ def _catalog_check(args: argparse.Namespace) -> int:
         shown = ", ".join(groups[:NAMES_PER_WAVE]) + (f", ... ({len(groups):,} in all)"
                                                       if len(groups) > NAMES_PER_WAVE else "")
         print(f"  {source} -> {target}: {shown if many else ', '.join(groups)}")
+    dags: dict[str, int] = {}
+    for group in catalog.groups:
+        dags[group.dag_id] = dags.get(group.dag_id, 0) + 1
+    print("  migration DAGs: " + ", ".join(f"{dag_id} ({count:,} group{'s' if count != 1 else ''})"
+                                         for dag_id, count in dags.items()))
     if known is None:
         print("  (connections not checked: pass --connections to check that each exists)")
     return 0
