@@ -82,27 +82,22 @@ with cyclic_gc_paused():
         except Exception as _exc:  # noqa: BLE001
             _problems.append(f"target {_target!r}: Airflow refused its migration DAG: {_one_line(_exc)}")
             _missing.extend(f"group {_g.name!r}" for _g in _members)
-    if _check.catalog.groups and _wanted(WAVES_DAG_ID):
-        try:
-            globals()[WAVES_DAG_ID] = build_waves_dag(_check.catalog.groups, catalog_path=CATALOG_PATH,
-                                                      profile=PROFILE)
-        except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad waves DAG
-            _problems.append(f"the waves DAG: Airflow refused it: {_one_line(_exc)}")
-
-    # One bake watch for every good group (it checks those cut over or baking), and one DAG per by-hand action
-    # (decommission, recommission, full rollback) with the group chosen in its form.
+    # One DAG per by-hand action (decommission, recommission, full rollback), the group chosen in its form.
     if _check.catalog.groups and any(map(_wanted, (DECOMMISSION_DAG_ID, RECOMMISSION_DAG_ID, FULL_ROLLBACK_DAG_ID))):
         try:
             for _dag in build_by_hand_dags(_check.catalog.groups, catalog_path=CATALOG_PATH, profile=PROFILE):
                 globals()[_dag.dag_id] = _dag
         except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad by-hand DAG
             _problems.append(f"the by-hand DAGs: Airflow refused them: {_one_line(_exc)}")
-    if _check.catalog.groups and _wanted(BAKE_WATCH_DAG_ID):
+    # The waves and the bake watch, each over every good group.
+    for _dag_id, _build, _label in ((WAVES_DAG_ID, build_waves_dag, "the waves DAG"),
+                                    (BAKE_WATCH_DAG_ID, build_bake_watch_dag, "the bake watch")):
+        if not (_check.catalog.groups and _wanted(_dag_id)):
+            continue
         try:
-            globals()[BAKE_WATCH_DAG_ID] = build_bake_watch_dag(_check.catalog.groups, catalog_path=CATALOG_PATH,
-                                                                profile=PROFILE)
-        except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad bake watch
-            _problems.append(f"the bake watch: Airflow refused its DAG: {_one_line(_exc)}")
+            globals()[_dag_id] = _build(_check.catalog.groups, catalog_path=CATALOG_PATH, profile=PROFILE)
+        except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad one
+            _problems.append(f"{_label}: Airflow refused its DAG: {_one_line(_exc)}")
 
     if _problems:
         for _problem in _problems:

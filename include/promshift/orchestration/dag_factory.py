@@ -298,6 +298,20 @@ def pair_tags(sources: Sequence[str], target: str) -> list[str]:
     return [*(f"source:{source}" for source in sorted(set(sources))), f"target:{target}"]
 
 
+# Every DAG's retries: a task fails once before its run does (a retry resumes from what the audit log holds).
+DEFAULT_ARGS = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"}
+
+
+def promshift_dag(dag_id: str, *, description: str, doc_md: str, schedule: Any, tags: Sequence[str],
+                  **more: Any) -> DAG:
+    """One of promshift's DAGs: its own start date, no catch-up, one run at a time (``more`` may say otherwise)
+    and ``DEFAULT_ARGS``."""
+    settings: dict[str, Any] = {"start_date": datetime(2026, 1, 1), "catchup": False, "max_active_runs": 1,
+                                "default_args": dict(DEFAULT_ARGS), **more}
+    return DAG(dag_id=dag_id, description=description, doc_md=doc_md, schedule=schedule,
+               tags=["promshift", *tags], **settings)
+
+
 def migration_targets(groups: Sequence[MetricGroup]) -> dict[str, list[MetricGroup]]:
     """The catalog's groups by target connection, in catalog order: one migration DAG each."""
     by_target: dict[str, list[MetricGroup]] = {}
@@ -321,17 +335,14 @@ def build_migration_dag(groups: Sequence[MetricGroup], *, target: str, catalog_p
     # and refuses a group the catalog now sends to another workspace (its pool and connection are this DAG's).
     common = dict(group_name=None, catalog_path=str(catalog_path), profile=profile, target_conn_id=target,
                   dag_target=target)
-    with DAG(
-        dag_id=migration_dag_id(target),
+    with promshift_dag(
+        migration_dag_id(target),
         description=f"Migrate a metric group to the AMP workspace of connection {target}",
         doc_md=_migration_doc(target, groups),
         schedule=None,
         params={"group": group_param(groups), **run_params_schema()},
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
         max_active_runs=max(MIN_ACTIVE_MIGRATIONS, len(groups)),
-        tags=["promshift", "migration", *pair_tags([g.source for g in groups], target)],
-        default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"},
+        tags=["migration", *pair_tags([g.source for g in groups], target)],
     ) as dag:
         validate = ValidateGroupOperator(task_id="validate", execution_timeout=_limit("validate"), **common)
         # Each task's inputs are upstream outputs as XComArgs (``task.output``), resolved when Airflow renders it.
@@ -407,19 +418,15 @@ def build_waves_dag(groups: Sequence[MetricGroup], *, catalog_path: str | Path, 
     dependents = [g for g in groups if g.depends_on]
     listing = "\n".join(f"- `{g.name}` after {', '.join(f'`{d}`' for d in g.depends_on)}" for g in dependents[:50])
     more = f"\n- ... {len(dependents) - 50:,} more" if len(dependents) > 50 else ""
-    with DAG(
-        dag_id=WAVES_DAG_ID,
+    with promshift_dag(
+        WAVES_DAG_ID,
         description="Start metric groups whose dependencies have all cut over",
         doc_md=("# Waves: start dependent groups\n\nRuns when a group that others depend on cuts over (its "
                 "`cut_over` asset). Reads every group's stage from the audit log and starts, in its target's "
                 "migration DAG, each group whose dependencies are all cut over and which is not running or "
                 "done.\n\n" + (listing + more if dependents else "No group of the catalog depends on another.")),
         schedule=AssetAny(*(cut_over_asset(dep) for dep in dependencies)) if dependencies else None,
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        tags=["promshift", "waves"],
-        default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"},
+        tags=["waves"],
     ) as dag:
         ready = WavesReadyOperator(task_id="ready", execution_timeout=_limit("ready"),
                                    catalog_path=str(catalog_path), profile=profile)
@@ -450,19 +457,15 @@ def build_bake_watch_dag(groups: Sequence[MetricGroup], *, catalog_path: str | P
     interval_s = min(group.bake.interval_s for group in groups)
     listing = "\n".join(f"- `{g.name}`: every {g.bake.interval_s:g}s, baked after {g.bake.period_s:g}s clean"
                          for g in groups[:50]) + (f"\n- ... {len(groups) - 50:,} more" if len(groups) > 50 else "")
-    with DAG(
-        dag_id=BAKE_WATCH_DAG_ID,
+    with promshift_dag(
+        BAKE_WATCH_DAG_ID,
         description="Watch cut-over metric groups until they are baked (or roll their reads back)",
         doc_md=("# Bake watch of migrated metric groups\n\nChecks each cut-over group's target copy: freshness, "
                 "remote-write lag, series count, a short parity window. A failed check returns the group's reads "
                 "to the source (dual-write stays on) and tells its owners; a clean bake period makes it `baked` "
                 "and emits its `baked` asset.\n\n" + listing),
         schedule=timedelta(seconds=interval_s),
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        tags=["promshift", "bake-watch"],
-        default_args={"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"},
+        tags=["bake-watch"],
     ) as dag:
         watched = BakeWatchListOperator(task_id="watched", execution_timeout=_limit("watched"),
                                         catalog_path=str(catalog_path), profile=profile)
@@ -497,7 +500,6 @@ def build_by_hand_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Pat
     ``promshift__recommission`` (remove the drop; reads stay on the target) and ``promshift__rollback`` (a
     cut-over group all the way back). By hand only; the group is the trigger form's ``group``."""
     common = dict(group_name=None, catalog_path=str(catalog_path), profile=profile)
-    args = {"retries": 1, "retry_delay": timedelta(seconds=15), "owner": "promshift"}
     listed = _listed(groups)
 
     def by_hand(dag_id: str, kind: str, description: str, doc_md: str, reason: str | None = None) -> DAG:
@@ -506,11 +508,10 @@ def build_by_hand_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Pat
         params: dict[str, Param] = {"group": group_param(groups)}
         if reason:
             params["reason"] = Param("", type="string", maxLength=1000, title="Reason", description=reason)
-        return DAG(dag_id=dag_id, description=description, doc_md=f"{doc_md}\n\nGroups: {listed}.",
-                   schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
-                   # One run at a time, as the DAG per group had: two runs of one group must not race. A
-                   # decommission waiting for its approval holds the next one back.
-                   max_active_runs=1, tags=["promshift", kind], default_args=args, params=params)
+        # One run at a time (promshift_dag's): two runs of one group must not race. A decommission waiting for
+        # its approval holds the next one back.
+        return promshift_dag(dag_id, description=description, doc_md=f"{doc_md}\n\nGroups: {listed}.",
+                             schedule=None, tags=[kind], params=params)
 
     with by_hand(
         DECOMMISSION_DAG_ID, "decommission", "Decommission a metric group on the source (after its bake)",

@@ -1309,10 +1309,9 @@ class BakeCheckOperator(GroupStepOperator):
         return out
 
 
-class BakeWatchListOperator(BaseOperator):
-    """The groups the bake watch checks now (cut over or baking), each with its connections: the mapped
-    ``bake_check``'s arguments. One read of the audit's stage moves; a group no longer in the catalog is left
-    out (its DAG-file list is the catalog's)."""
+class _EveryGroupTask(BaseOperator):
+    """A task about every group of the catalog (the mapped tasks' arguments): the catalog as it is when the
+    task runs, and every group's stage moves from the audit log in one read."""
 
     ui_color = "#e6f4ea"
 
@@ -1321,13 +1320,23 @@ class BakeWatchListOperator(BaseOperator):
         self.catalog_path = catalog_path
         self.profile = profile
 
-    def execute(self, context: Any) -> list[dict[str, Any]]:
+    def catalog_and_moves(self) -> tuple[Any, dict[str, list[str]]]:
         from promshift.adapters.settings import load_catalog
+
+        return load_catalog(self.catalog_path, profile=self.profile), audit_store().stage_moves()
+
+
+class BakeWatchListOperator(_EveryGroupTask):
+    """The groups the bake watch checks now (cut over or baking), each with its connections: the mapped
+    ``bake_check``'s arguments. A group no longer in the catalog is left out (its DAG-file list is the
+    catalog's)."""
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
         from promshift.core.stages import BAKE_WATCHED, Stage, current_stage
 
-        moves = audit_store().stage_moves()
+        catalog, moves = self.catalog_and_moves()
         watched = []
-        for group in load_catalog(self.catalog_path, profile=self.profile).groups:
+        for group in catalog.groups:
             history = moves.get(group.name)
             if history and current_stage(Stage(s) for s in history) in BAKE_WATCHED:
                 watched.append({"group_name": group.name, "source_conn_id": group.source,
@@ -1337,24 +1346,16 @@ class BakeWatchListOperator(BaseOperator):
         return watched
 
 
-class WavesReadyOperator(BaseOperator):
+class WavesReadyOperator(_EveryGroupTask):
     """The dependent groups to start now (``core.waves.ready_to_start``), as the mapped start's arguments: each
     group's target migration DAG, the run id every worker names for the same cut-overs, and its form."""
 
-    ui_color = "#e6f4ea"
-
-    def __init__(self, *, catalog_path: str, profile: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.catalog_path = catalog_path
-        self.profile = profile
-
     def execute(self, context: Any) -> list[dict[str, Any]]:
-        from promshift.adapters.settings import load_catalog
         from promshift.core.waves import ready_to_start
 
-        catalog = load_catalog(self.catalog_path, profile=self.profile)
+        catalog, moves = self.catalog_and_moves()
         groups = {g.name: g for g in catalog.groups}
-        starts = ready_to_start(catalog.groups, audit_store().stage_moves())
+        starts = ready_to_start(catalog.groups, moves)
         for start in starts:
             self.log.info("starting %s (%s cut over) as run %s", start.group, ", ".join(start.after), start.run_id)
         return [{"trigger_dag_id": groups[s.group].dag_id, "trigger_run_id": s.run_id,
