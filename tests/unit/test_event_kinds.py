@@ -33,7 +33,7 @@ STORED_VALUES = [
     "reads_rolled_back", "restore_reads_failed", "decommission_approved", "decommission_approval_reject",
     "decommission_approval_timeout", "decommission_approval_refused_four_eyes",
     "decommission_approval_refused_evidence_changed", "decommission_refused", "decommission_failed",
-    "decommissioned", "recommissioned", "approval_refused_evidence_unverified", "quota_reserved",
+    "decommissioned", "recommissioned", "approval_refused_evidence_unverified", "quota_reserved", "run_overdue",
 ]
 # Modules whose constants share words with event kinds in another vocabulary: the owners' notices.
 _OTHER_VOCABULARIES = {PACKAGE / "core" / "notify.py"}

@@ -85,6 +85,9 @@ class EventKind(StrEnum):
     # An Approve whose shown hash is not the hash of the gate evidence the audit log holds for this run.
     APPROVAL_REFUSED_EVIDENCE_UNVERIFIED = "approval_refused_evidence_unverified"
     QUOTA_RESERVED = "quota_reserved"  # the pre-flight passed: the group's series count on its workspace from now
+    # The run passed its DAG's deadline alert (warm-up and approval timeouts plus a margin) and has not ended: a
+    # side event recorded by the deadline's callback on the triggerer (``orchestration.deadlines``); no stage move.
+    RUN_OVERDUE = "run_overdue"
 
 
 # The warm-up's end, by the trigger's status (``ready``, ``timeout``, ``error``).
@@ -102,8 +105,9 @@ APPROVAL_REFUSALS = APPROVAL_ANSWERS - {EventKind.APPROVED}
 MOVE_FAILED = {"rules": EventKind.RULES_MOVE_FAILED, "read_path": EventKind.READ_PATH_SWITCH_FAILED}
 # The rollback could not restore what moved, by what moves.
 RESTORE_FAILED = {"rules": EventKind.RULES_RESTORE_FAILED, "read_path": EventKind.READ_PATH_RESTORE_FAILED}
-# Steps that resume from "this run's last event" look past these (a notice, the report a step publishes).
-SIDE_EVENTS = frozenset({EventKind.NOTIFIED, EventKind.REPORT_PUBLISHED})
+# Steps that resume from "this run's last event" look past these (a notice, the report a step publishes, the
+# deadline's overdue mark, recorded by the triggerer while a step may still be running).
+SIDE_EVENTS = frozenset({EventKind.NOTIFIED, EventKind.REPORT_PUBLISHED, EventKind.RUN_OVERDUE})
 # A run holds its group from its ``validated`` event until one of these (its end: refused at validate, rolled
 # back, nothing to roll back, or complete). ``rollback_failed`` keeps holding it: nobody verified the source.
 RELEASES_GROUP = frozenset({EventKind.VALIDATION_FAILED, EventKind.ROLLED_BACK, EventKind.ROLLBACK_NOT_NEEDED,

@@ -1,4 +1,5 @@
-"""What a group's owners are told, as text: an approval waits for them, a run rolled back, a bake check failed.
+"""What a group's owners are told, as text: an approval waits for them, a run rolled back, a bake check failed,
+a run is overdue.
 
 Pure: no Airflow, no I/O. The orchestration shell (``promshift.orchestration.notify``) finds the
 links (Airflow's own helpers), sends the ``Notice`` through the channel's Airflow notifier and
@@ -25,7 +26,8 @@ APPROVAL_NEEDED = "approval_needed"
 ROLLED_BACK = "rolled_back"
 ROLLBACK_FAILED = "rollback_failed"
 BAKE_FAILED = "bake_failed"
-NOTICE_KINDS = (APPROVAL_NEEDED, ROLLED_BACK, ROLLBACK_FAILED, BAKE_FAILED)
+RUN_OVERDUE = "run_overdue"
+NOTICE_KINDS = (APPROVAL_NEEDED, ROLLED_BACK, ROLLBACK_FAILED, BAKE_FAILED, RUN_OVERDUE)
 
 SUBJECT_PREFIX = "[promshift]"
 # Long enough for a group name and a short reason; mail clients cut subjects anyway.
@@ -161,6 +163,32 @@ def bake_failed(*, group: str, run_id: str, check: str, reason: str, log_url: st
                   [("The check's log", log_url), ("The DAG run", run_url)],
                   "Reads are served by AMP: decide whether to route them back to the source.")
 
+
+
+def run_overdue(*, group: str, run_id: str, stage: str, running_for: str, deadline_after: str,
+                last_step: str | None, last_at: str | None, queued_at: str, dry_run: bool = False,
+                warmup_override: str = "", run_url: str | None = None) -> Notice:
+    """A migration run passed its DAG's deadline alert and has not ended: it is stuck beyond both of its waits.
+
+    ``running_for``: how long since the run was queued; ``deadline_after``: the deadline's interval (the longest
+    warm-up timeout plus approval timeout of the DAG's groups, plus the margin for the steps' own work)."""
+    last = f"{last_step} at {last_at}" if last_step else "nothing recorded yet (it never got past validate)"
+    facts = [("Group", group), ("Run", run_id), ("Stage", stage), ("Last step recorded", last),
+             ("Queued at", queued_at), ("Running for", running_for), ("Deadline", f"{deadline_after} after queued")]
+    if dry_run:
+        facts.append(("Dry run", "yes: it waits for no warm-up and no approval"))
+    if warmup_override:
+        facts.append(("Warm-up override", f"{warmup_override}: the deadline counts the catalog's warm-up, so a "
+                                          "longer override can reach it while still warming up"))
+    paragraph = (f"The migration run {one_line(run_id, 200)} of group {one_line(group, 100)} was queued "
+                 f"{running_for} ago and has not ended: the group is at stage {stage}, and the run's last recorded "
+                 f"step is {last}. That is past its deadline of {deadline_after}, longer than its warm-up and its "
+                 "approval could both have waited plus the steps' own work, so a task is stuck (a worker hung in a "
+                 "call, a deferred task its triggerer lost, a task queued behind others in the latency pool or "
+                 "for a worker slot). Nothing was stopped: look at the run's running task, and fail it to roll the "
+                 "group back if it cannot finish.")
+    return _build(RUN_OVERDUE, group, run_id, f"run overdue: still going {running_for} after it was queued", facts,
+                  [("The DAG run", run_url)], paragraph)
 
 # Slack's Block Kit limits: a header's plain text at most 150 characters, a section's text at most 3,000, at most
 # 50 blocks in a message; the top-level ``text`` (the notification's fallback) is clipped to the same 3,000.

@@ -19,6 +19,7 @@ from airflow.sdk.definitions._internal.types import NOTSET
 from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
 
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup, migration_dag_id
+from promshift.orchestration.deadlines import migration_deadline
 from promshift.orchestration.operators import (
     BakeCheckOperator,
     BakeWatchListOperator,
@@ -343,6 +344,9 @@ def build_migration_dag(groups: Sequence[MetricGroup], *, target: str, catalog_p
         params={"group": group_param(groups), **run_params_schema()},
         max_active_runs=max(MIN_ACTIVE_MIGRATIONS, len(groups)),
         tags=["migration", *pair_tags([g.source for g in groups], target)],
+        # A run still going past its groups' longest warm-up + approval timeouts plus a margin for the steps'
+        # work: recorded (run_overdue) and its owners told, from the triggerer (``orchestration.deadlines``).
+        deadline=migration_deadline(groups, catalog_path=catalog_path, profile=profile),
     ) as dag:
         validate = ValidateGroupOperator(task_id="validate", execution_timeout=_limit("validate"), **common)
         # Each task's inputs are upstream outputs as XComArgs (``task.output``), resolved when Airflow renders it.

@@ -1,4 +1,5 @@
-"""Tell a group's owners, through Airflow's notifiers, that an approval waits or that a run rolled back.
+"""Tell a group's owners, through Airflow's notifiers, that an approval waits, that a run rolled back or is
+overdue (``orchestration.deadlines``).
 
 The channel is the catalog's (``notify:`` in ``catalog/metric_groups.yaml``): ``smtp`` sends with the
 SMTP provider's ``SmtpNotifier``, ``sns`` with the amazon provider's ``SnsNotifier``, ``ses`` with its
@@ -176,6 +177,14 @@ def build_notice(group: MetricGroup, context: Mapping[str, Any], kind: str, deta
         return notices.bake_failed(group=group.name, run_id=run_id, check=str(details.get("check") or "?"),
                                    reason=str(details.get("reason") or ""), log_url=task_log_url(context),
                                    run_url=run)
+    if kind == notices.RUN_OVERDUE:
+        return notices.run_overdue(group=group.name, run_id=run_id, stage=str(details.get("stage") or "?"),
+                                   running_for=str(details.get("running_for") or "?"),
+                                   deadline_after=str(details.get("deadline_after") or "?"),
+                                   last_step=details.get("last_step"), last_at=details.get("last_at"),
+                                   queued_at=str(details.get("queued_at") or "?"),
+                                   dry_run=bool(details.get("dry_run")),
+                                   warmup_override=str(details.get("warmup_override") or ""), run_url=run)
     raise ValueError(f"unknown notice kind {kind!r}")
 
 
