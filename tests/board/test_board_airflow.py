@@ -8,8 +8,11 @@ tests/e2e/conftest.py: its users, catalog profile and audit history are its own.
 
 Users (Simple auth manager): sre-carol (op), oncall-alice / oncall-bob (user), viewer-vic (viewer),
 and nobody-nina with no role: signed in, but the auth manager grants her nothing. The Simple auth
-manager's roles read every DAG or none (and ``airflow standalone`` insists on it), so one group
-denied while others are readable is tested at the dependency level (test_board_access.py).
+manager's roles read every DAG or none (and ``airflow standalone`` insists on it), so one target's
+migration DAG denied while others are readable is tested at the dependency level (test_board_access.py).
+
+The shipped catalog sends every group to one workspace: the three runs are runs of its one migration DAG,
+``promshift__migrate__promshift_target``, each with its group chosen in the trigger form (conf ``group``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ pytestmark = pytest.mark.e2e
 
 VIEWER = "viewer-vic"
 NO_ROLE = "nobody-nina"
+MIGRATION_DAG = "promshift__migrate__promshift_target"
 ARTIFACTS = Path(os.environ.get("PROMSHIFT_TEST_ARTIFACTS", REPO_ROOT / "test-artifacts")) / "board"
 
 
@@ -75,14 +79,14 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
     catalog = load_catalog()
     try:
         airflow.start(timeout_s=480)  # 2 shared cores: standalone can take minutes to become healthy
-        for group in catalog.groups:
-            airflow.wait_for_dag(group.dag_id)
+        assert {g.dag_id for g in catalog.groups} == {MIGRATION_DAG}
+        airflow.wait_for_dag(MIGRATION_DAG)
         start = datetime.now(UTC) - timedelta(hours=4)
         run_ids = {}
         for i, name in enumerate(("gpu-utilization", "gpu-power-thermal", "gpu-memory")):
             run_id = f"manual__{(start + timedelta(hours=i)).isoformat()}"
             airflow.api(TRIGGER_USER, "POST", f"/dags/{catalog.get(name).dag_id}/dagRuns",
-                        json={"dag_run_id": run_id, "logical_date": None, "conf": {}})
+                        json={"dag_run_id": run_id, "logical_date": None, "conf": {"group": name}})
             run_ids[name] = run_id
         write_history(AuditStore(audit_url), catalog, start, run_ids)
         yield Board(airflow, run_ids)
@@ -124,7 +128,7 @@ def test_with_a_token_every_group_with_its_stage_by_wave(board: Board) -> None:
     pending = by_name["gpu-memory"]["pending_approval"]
     assert pending["waiting_for"] == ["oncall-alice", "oncall-bob"]
     assert pending["airflow_state"] == "queued"  # the run exists in Airflow
-    assert pending["link"] == (f"/dags/promshift__gpu_memory/runs/{quote(board.run_ids['gpu-memory'], safe='')}"
+    assert pending["link"] == (f"/dags/{MIGRATION_DAG}/runs/{quote(board.run_ids['gpu-memory'], safe='')}"
                                "/tasks/approval/required_actions")
     assert data["chain"]["ok"] is True
 
@@ -152,7 +156,7 @@ def test_group_detail_and_chart_for_a_reader(board: Board) -> None:
 def test_a_user_without_dag_read_access_gets_403_and_an_empty_overview(board: Board) -> None:
     token = board.airflow.token(NO_ROLE)
     # Airflow itself refuses her the DAG: she is the "no read access" case, not a broken login.
-    assert board.get("/api/v2/dags/promshift__gpu_memory", token=token).status_code == 403
+    assert board.get(f"/api/v2/dags/{MIGRATION_DAG}", token=token).status_code == 403
     for path in ("/promshift/api/groups/gpu-memory", "/promshift/groups/gpu-memory",
                  "/promshift/groups/gpu-memory/latency.png", "/promshift/api/groups/no-such-group"):
         resp = board.get(path, token=token)
@@ -224,10 +228,10 @@ def test_chromium_signs_in_opens_the_board_follows_the_approval_and_loads_the_ch
         assert "oncall-alice or oncall-bob" in callout
         browser.screenshot(shots / "05-group-pending-approval.png")
         browser.click(browser.find("#pending-approval a.required-action"))
-        expected = (f"/dags/promshift__gpu_memory/runs/{quote(board.run_ids['gpu-memory'], safe='')}"
+        expected = (f"/dags/{MIGRATION_DAG}/runs/{quote(board.run_ids['gpu-memory'], safe='')}"
                     "/tasks/approval/required_actions")
         browser.wait_for("return location.pathname === arguments[0]", expected, what="the required action page")
-        browser.wait_for("return document.body.innerText.includes('promshift__gpu_memory')",
+        browser.wait_for("return document.body.innerText.includes(arguments[0])", MIGRATION_DAG,
                          what="Airflow's run page to render", timeout_s=40)
         browser.screenshot(shots / "06-required-action.png")
 
@@ -248,7 +252,7 @@ def test_chromium_signs_in_opens_the_board_follows_the_approval_and_loads_the_ch
         browser.wait_for("return location.pathname === arguments[0]", expected, what="the UI to follow the link")
         browser.wait_for("return !document.querySelector(\"iframe[title='Migration board']\")",
                          what="Airflow to leave the board's iframe")
-        browser.wait_for("return document.body.innerText.includes('promshift__gpu_memory')",
+        browser.wait_for("return document.body.innerText.includes(arguments[0])", MIGRATION_DAG,
                          what="Airflow's run page to render", timeout_s=40)
         browser.screenshot(shots / "08-required-action-from-iframe.png")
     except Exception:

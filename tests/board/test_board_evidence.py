@@ -56,8 +56,10 @@ def test_a_gate_without_an_answer_is_a_pending_approval_with_a_link_to_the_requi
     assert pending["run_id"] == RUNS["gpu-memory"]
     assert pending["waiting_for"] == ["oncall-alice", "oncall-bob"]
     assert pending["gate"] == "SUCCESSFUL"
-    assert pending["link"] == ("/base/dags/promshift__gpu_memory/runs/manual__2026-12-01T11%3A00%3A00%2B00%3A00"
-                               "/tasks/approval/required_actions")
+    # The run is in the group's target migration DAG (the shipped catalog's one target: every group's).
+    assert load_catalog().get("gpu-memory").dag_id == "promshift__migrate__promshift_target"
+    assert pending["link"] == ("/base/dags/promshift__migrate__promshift_target/runs/"
+                               "manual__2026-12-01T11%3A00%3A00%2B00%3A00/tasks/approval/required_actions")
 
 
 def test_group_detail_has_report_pieces_config_diff_runs_and_a_verified_timeline(audit: AuditStore) -> None:

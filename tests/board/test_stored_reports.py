@@ -29,7 +29,8 @@ GROUP, RUN = "gpu-utilization", RUNS["gpu-utilization"]
 
 
 @pytest.fixture
-def audit(tmp_path: Path) -> AuditStore:
+def audit(tmp_path: Path, board_catalog: Path) -> AuditStore:
+    """The board tests' history over ``scoped_catalog`` (gpu-memory alone on the target whose DAG is denied)."""
     store = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
     write_history(store, load_catalog(), datetime(2026, 12, 1, tzinfo=UTC), RUNS)
     return store
@@ -109,9 +110,10 @@ def test_stored_reports_are_not_served_to_anonymous_or_denied_callers(client_as)
     path = f"/groups/{GROUP}/runs/{RUN}/report/report.json"
     anonymous = client_as(None).get(path)
     assert anonymous.status_code == 401 and "cut_over" not in anonymous.text
-    assert DENIED_DAG == load_catalog().get("gpu-memory").dag_id
+    assert DENIED_DAG == load_catalog().get("gpu-memory").dag_id != load_catalog().get(GROUP).dag_id
     denied = client_as(SCOPED_USER).get("/groups/gpu-memory/runs/r3/report/report.json")
     assert denied.status_code == 403
+    assert client_as(SCOPED_USER).get(path).status_code == 200  # her other target's DAG stays readable
 
 
 def test_the_tasks_extra_link_points_at_the_boards_stored_report(published: dict[str, Any],
@@ -126,7 +128,7 @@ def test_the_tasks_extra_link_points_at_the_boards_stored_report(published: dict
 
     monkeypatch.setattr(xcom.XCom, "get_value", staticmethod(get_value))
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "http://127.0.0.1:28080")
-    ti_key = type("Key", (), {"run_id": RUN, "dag_id": "promshift__gpu_utilization", "task_id": "done"})()
+    ti_key = type("Key", (), {"run_id": RUN, "dag_id": "promshift__migrate__promshift_target", "task_id": "done"})()
     link = MigrationReportLink().get_link(None, ti_key=ti_key)
     assert link == ("http://127.0.0.1:28080/promshift/groups/gpu-utilization/runs/"
                     "manual__2026-12-01T09%3A00%3A00%2B00%3A00/report/report.md")

@@ -1,16 +1,29 @@
-"""The DagBag parses cleanly, one DAG per catalog group, each with tags, retries and the full task chain."""
+"""The DagBag parses cleanly: one migration DAG per target connection (the group chosen in its form), the waves,
+the bake watch and the by-hand DAGs, each with tags, retries, docs and the full task chain."""
 
 from __future__ import annotations
 
+import copy
 import os
+import shutil
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+MIGRATION_CHAIN = ["validate", "snapshot", "deploy_dual_write", "warm_up", "parity_plan", "parity_samples", "parity",
+                   "latency", "gate", "approval", "cutover", "done"]
+BY_HAND = {"promshift__decommission", "promshift__recommission", "promshift__rollback"}
+FIXED = BY_HAND | {"promshift__bake_watch", "promshift__plan", "promshift__waves"}
+# The multi-target catalog below: each group's target connection.
+TARGETS = {"gpu-utilization": "promshift_target", "gpu-memory": "amp_c", "gpu-power-thermal": "amp_b",
+           "gpu-clocks": "amp_b"}
 
 
 @pytest.fixture(scope="module")
@@ -24,47 +37,142 @@ def dagbag():  # type: ignore[no-untyped-def]
     return DagBag(dag_folder=str(REPO / "dags"))
 
 
-def test_no_import_errors(dagbag) -> None:  # type: ignore[no-untyped-def]
-    assert dagbag.import_errors == {}
+def multi_target_catalog(folder: Path, edit: Any = None) -> Path:
+    """The shipped catalog with wave 2 moved to the pair cluster_b -> amp_b and gpu-memory to amp_c (three target
+    connections: three migration DAGs); gpu-clocks asks within 2h (its DAG-mate gpu-power-thermal within 24h).
+    ``edit``: changes the document further."""
+    doc = yaml.safe_load((REPO / "catalog" / "metric_groups.yaml").read_text())
+    doc["waves"] = {2: {"source": "cluster_b", "target": "amp_b"}}
+    groups = {g["name"]: g for g in doc["groups"]}
+    groups["gpu-memory"]["target"] = "amp_c"
+    groups["gpu-clocks"]["approval_timeout"] = "2h"
+    if edit is not None:
+        edit(groups)
+    path = folder / "metric_groups.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    shutil.copytree(REPO / "catalog" / "dashboards", folder / "dashboards")
+    return path
 
 
-def test_one_dag_per_catalog_group(dagbag) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The DagBag of the multi-target catalog (its tasks keep the catalog's path; the environment is restored)."""
+    catalog = multi_target_catalog(tmp_path_factory.mktemp("multi"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PROMSHIFT_CATALOG", str(catalog))
+        mp.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+        from airflow.dag_processing.dagbag import DagBag
+
+        bag = DagBag(dag_folder=str(REPO / "dags"))
+    bag.catalog_path = catalog  # type: ignore[attr-defined]
+    return bag
+
+
+def _groups(bag: Any) -> list[Any]:
     from promshift.adapters.settings import load_catalog
 
-    expected = {g.dag_id for g in load_catalog().groups}
-    assert len(expected) >= 3
-    lifecycle = {"promshift__decommission", "promshift__recommission", "promshift__rollback"}  # one each, every group
-    assert set(dagbag.dag_ids) == expected | lifecycle | {"promshift__bake_watch", "promshift__plan"}
+    return list(load_catalog(getattr(bag, "catalog_path", None)).groups)
 
 
-def test_every_dag_has_tags_retries_and_docs(dagbag) -> None:  # type: ignore[no-untyped-def]
-    for dag_id, dag in dagbag.dags.items():
-        assert "promshift" in dag.tags, dag_id
-        assert dag.default_args.get("retries", 0) >= 1, dag_id
-        migration = dag_id.count("__") == 1 and dag_id not in (
-            "promshift__bake_watch", "promshift__plan", "promshift__decommission", "promshift__recommission",
-            "promshift__rollback")
-        assert dag.doc_md and ("Migrate" in dag.doc_md or not migration), dag_id
-        assert dag.max_active_runs == 1, dag_id
+def _migration_dags(bag: Any) -> dict[str, Any]:
+    return {dag_id: dag for dag_id, dag in bag.dags.items() if dag_id.startswith("promshift__migrate__")}
 
 
-def test_task_chain_and_rollback_wiring(dagbag) -> None:  # type: ignore[no-untyped-def]
-    dag = dagbag.dags["promshift__gpu_utilization"]
-    chain = ["validate", "snapshot", "deploy_dual_write", "warm_up", "parity_plan", "parity_samples", "parity",
-             "latency", "gate", "approval",
-             "cutover", "done"]
-    for upstream, downstream in zip(chain, chain[1:], strict=False):
-        assert downstream in dag.get_task(upstream).downstream_task_ids
-    rollback = dag.get_task("rollback")
-    assert rollback.trigger_rule == "one_failed"
-    assert {"deploy_dual_write", "warm_up", "parity_plan", "parity_samples", "parity", "gate", "approval",
-            "cutover"} <= rollback.upstream_task_ids
-    assert dag.get_task("parity").trigger_rule == "none_failed"
-    approval = dag.get_task("approval")
-    # The gate never retries; the approval retries once, only for Airflow's own failures (a Reject,
-    # timeout or four-eyes refusal raises AirflowFailException, which is never retried).
-    assert approval.retries == 1 and dag.get_task("gate").retries == 0
-    assert {u["id"] for u in approval.assigned_users} == {"oncall-alice", "oncall-bob"}
+def test_no_import_errors(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
+    assert dagbag.import_errors == {} and multi.import_errors == {}
+
+
+def test_one_migration_dag_per_target_connection(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
+    from promshift.core.catalog import migration_dag_id
+
+    # The shipped catalog sends every group to one workspace: one migration DAG, its form listing all four.
+    names = [g.name for g in _groups(dagbag)]
+    assert len(names) >= 3 and {g.dag_id for g in _groups(dagbag)} == {"promshift__migrate__promshift_target"}
+    assert set(dagbag.dag_ids) == FIXED | {"promshift__migrate__promshift_target"}
+    shipped = dagbag.dags["promshift__migrate__promshift_target"].params.get_param("group").schema
+    assert shipped["enum"] == names
+    # Three target connections: three migration DAGs, each form listing its own target's groups in catalog order.
+    assert set(multi.dag_ids) == FIXED | {migration_dag_id(t) for t in set(TARGETS.values())}
+    for target in set(TARGETS.values()):
+        dag = multi.dags[migration_dag_id(target)]
+        assert dag.params.get_param("group").schema["enum"] == [g for g in names if TARGETS[g] == target], target
+        assert {t.task_id for t in dag.tasks} == {*MIGRATION_CHAIN, "rollback"}, target
+        assert f"target:{target}" in dag.tags
+    assert {g.name: g.dag_id for g in _groups(multi)} == {n: migration_dag_id(t) for n, t in TARGETS.items()}
+
+
+def test_every_dag_has_tags_retries_and_docs(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
+    from promshift.orchestration.dag_factory import MIN_ACTIVE_MIGRATIONS
+
+    for bag in (dagbag, multi):
+        migrations = _migration_dags(bag)
+        assert migrations
+        for dag_id, dag in bag.dags.items():
+            assert "promshift" in dag.tags, dag_id
+            assert dag.default_args.get("retries", 0) >= 1, dag_id
+            assert dag.doc_md and ("Migrate" in dag.doc_md or dag_id not in migrations), dag_id
+            if dag_id in migrations:
+                # Runs of different groups side by side (validate's audit claim holds one run per group).
+                groups = dag.params.get_param("group").schema["enum"]
+                assert dag.max_active_runs == max(MIN_ACTIVE_MIGRATIONS, len(groups)), dag_id
+                assert "migration" in dag.tags and all(f"`{g}`" in dag.doc_md for g in groups), dag_id
+            else:
+                assert dag.max_active_runs == 1, dag_id
+
+
+def _chosen(task: Any, group: str) -> Any:
+    """A copy of ``task`` with ``group`` chosen in the form, as a run's rendering does."""
+    chosen = copy.copy(task)
+    chosen.choose_group({"params": {"group": group}})
+    return chosen
+
+
+def test_task_chain_and_rollback_wiring(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
+    for dag in (*_migration_dags(dagbag).values(), *_migration_dags(multi).values()):
+        assert {t.task_id for t in dag.tasks} == {*MIGRATION_CHAIN, "rollback"}, dag.dag_id
+        for upstream, downstream in zip(MIGRATION_CHAIN, MIGRATION_CHAIN[1:], strict=False):
+            assert downstream in dag.get_task(upstream).downstream_task_ids, (dag.dag_id, upstream)
+        assert dag.get_task("validate").upstream_task_ids == set(), dag.dag_id
+        rollback = dag.get_task("rollback")
+        assert rollback.trigger_rule == "one_failed"
+        assert rollback.upstream_task_ids == {"deploy_dual_write", "warm_up", "parity_plan", "parity_samples",
+                                              "parity", "latency", "gate", "approval", "cutover"}, dag.dag_id
+        assert dag.get_task("parity").trigger_rule == "none_failed"
+        assert type(dag.get_task("parity_samples")).__name__ == "MappedOperator"
+        approval = dag.get_task("approval")
+        # The gate never retries; the approval retries once, only for Airflow's own failures (a Reject,
+        # timeout or four-eyes refusal raises AirflowFailException, which is never retried).
+        assert approval.retries == 1 and dag.get_task("gate").retries == 0
+        # Nobody is assigned when the DAG is built: the chosen group's approvers are, when the question is asked.
+        assert approval.assigned_users == [] and approval.approver_entries is None
+    dag = dagbag.dags["promshift__migrate__promshift_target"]
+    assert _chosen(dag.get_task("approval"), "gpu-utilization").group.approvers == ("oncall-alice", "oncall-bob")
+    assert _chosen(dag.get_task("approval"), "gpu-memory").group.approvers == ("team:gpu-oncall",)
+
+
+def test_the_approval_waits_for_the_chosen_groups_own_timeout(multi) -> None:  # type: ignore[no-untyped-def]
+    approval = multi.dags["promshift__migrate__amp_b"].get_task("approval")
+    assert approval.response_timeout == timedelta(hours=24)  # the longest of its groups' (gpu-power-thermal's)
+    for group, wait in (("gpu-clocks", timedelta(hours=2)), ("gpu-power-thermal", timedelta(hours=24))):
+        chosen = _chosen(approval, group)
+        chosen.ask_within_group_timeout()
+        assert chosen.response_timeout == wait, group
+
+
+def test_a_migration_dag_refuses_a_group_of_another_target_or_none(multi) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.exceptions import AirflowFailException
+
+    dag = multi.dags["promshift__migrate__amp_b"]
+    for task_id in ("validate", "cutover", "rollback", "approval"):
+        task = dag.get_task(task_id)
+        assert task.group_name == "" and task.dag_target == "amp_b", task_id
+        with pytest.raises(AirflowFailException, match="migrates to connection 'amp_c', not this DAG's 'amp_b': "
+                                                       "trigger promshift__migrate__amp_c"):
+            _chosen(task, "gpu-memory")
+        with pytest.raises(AirflowFailException, match="unknown metric group 'gpu-nothing'"):
+            _chosen(task, "gpu-nothing")
+        assert _chosen(task, "gpu-clocks").group_name == "gpu-clocks"
+        assert task.group_name == "", task_id  # the DAG's own task is never changed by a run's choice
 
 
 @pytest.mark.integration  # a fresh interpreter
@@ -98,6 +206,8 @@ def _dagbag_for(catalog: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore
 
 def test_one_bad_group_keeps_the_other_dags_and_shows_its_problems(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad group is left out of its target's migration DAG form (and the by-hand forms, the waves): the good
+    groups of the same target keep that DAG; the problems are listed in ``promshift__catalog_errors``."""
     import logging
 
     from airflow.sdk.exceptions import AirflowFailException
@@ -121,13 +231,19 @@ def test_one_bad_group_keeps_the_other_dags_and_shows_its_problems(
     monkeypatch.setattr(logging.Logger, "error", record_error)
     dagbag = _dagbag_for(catalog, monkeypatch)
     assert dagbag.import_errors == {}
-    good = {"promshift__gpu_utilization", "promshift__gpu_power_thermal"}
-    steps = ("decommission", "recommission", "rollback")
-    assert set(dagbag.dag_ids) == good | {f"promshift__{s}" for s in steps} | {
-        "promshift__catalog_errors", "promshift__bake_watch", "promshift__plan"}
-    # The bake watch watches the good groups only.
-    watched = {t.task_id for t in dagbag.dags["promshift__bake_watch"].tasks if t.task_id.startswith("bake_check__")}
-    assert watched == {"bake_check__gpu_utilization", "bake_check__gpu_power_thermal"}
+    good = ["gpu-utilization", "gpu-power-thermal"]
+    assert set(dagbag.dag_ids) == FIXED | {"promshift__migrate__promshift_target", "promshift__catalog_errors"}
+    # The good groups keep their target's DAG; the bad ones are not in any form.
+    migration = dagbag.dags["promshift__migrate__promshift_target"]
+    assert migration.params.get_param("group").schema["enum"] == good
+    for dag_id in BY_HAND:
+        assert dagbag.dags[dag_id].params.get_param("group").schema["enum"] == good, dag_id
+    # The waves wait on the good groups' dependencies only (gpu-clocks, which waited on gpu-power-thermal, is out).
+    waves = dagbag.dags["promshift__waves"].timetable.asset_condition
+    assert [a.uri for a in waves.objects] == ["promshift://group/gpu-utilization/cut_over"]
+    # The bake watch lists the good groups only.
+    watch_doc = dagbag.dags["promshift__bake_watch"].doc_md
+    assert all(f"`{g}`" in watch_doc for g in good) and "gpu-memory" not in watch_doc and "gpu-clocks" not in watch_doc
     errors = dagbag.dags["promshift__catalog_errors"]
     assert "promshift" in errors.tags and errors.max_active_runs == 1
     assert "group 'gpu-memory': field 'approval_timeout': must be at most 10y" in errors.doc_md
@@ -139,6 +255,27 @@ def test_one_bad_group_keeps_the_other_dags_and_shows_its_problems(
     with pytest.raises(AirflowFailException, match="2 problem") as excinfo:
         task.execute({})
     assert "approval_timeout" in str(excinfo.value) and r"\C" in str(excinfo.value)
+
+
+def test_a_bad_group_alone_on_its_target_takes_only_that_targets_dag(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With gpu-memory the only group of connection amp_c, its problem leaves amp_c without a migration DAG; the
+    other targets keep theirs, with their full forms."""
+
+    def break_memory(groups: dict[str, Any]) -> None:
+        groups["gpu-memory"]["approval_timeout"] = "10000000y"
+
+    dagbag = _dagbag_for(multi_target_catalog(tmp_path, break_memory), monkeypatch)
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == FIXED | {"promshift__catalog_errors", "promshift__migrate__promshift_target",
+                                           "promshift__migrate__amp_b"}
+    assert dagbag.dags["promshift__migrate__amp_b"].params.get_param("group").schema["enum"] == [
+        "gpu-power-thermal", "gpu-clocks"]
+    assert dagbag.dags["promshift__migrate__promshift_target"].params.get_param("group").schema["enum"] == [
+        "gpu-utilization"]
+    doc = dagbag.dags["promshift__catalog_errors"].doc_md
+    assert "group 'gpu-memory': field 'approval_timeout'" in doc
+    assert "Without a DAG until this is fixed: group 'gpu-memory'." in doc
 
 
 @pytest.mark.parametrize("kind", ["missing", "directory", "not-utf8", "yaml-syntax"])
@@ -166,76 +303,120 @@ def test_an_unreadable_catalog_gives_one_errors_dag_with_one_line(
 # --------------------------------------------------------------------------- the trigger form and the waves
 
 
-def test_every_group_dag_has_the_trigger_form(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from promshift.adapters.settings import load_catalog
+def test_every_migration_dag_has_the_trigger_form(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.definitions.param import ParamValidationError
+
     from promshift.core.run_params import WARMUP_OVERRIDE_PATTERN
 
-    for dag_id in (g.dag_id for g in load_catalog().groups):
-        dag = dagbag.dags[dag_id]
-        params = {name: dag.params.get_param(name) for name in dag.params}
-        assert set(params) == {"dry_run", "change_ticket", "warmup_override", "reason"}, dag_id
-        assert (params["dry_run"].value, params["dry_run"].schema["type"]) == (False, "boolean")
-        assert params["change_ticket"].schema["type"] == "string" and params["change_ticket"].value == ""
-        assert params["reason"].schema["type"] == "string"
-        assert params["warmup_override"].schema["pattern"] == WARMUP_OVERRIDE_PATTERN
-        # The approver's form is the comment alone, never the trigger form.
-        assert set(dag.get_task("approval").serialized_params) == {"comment"}, dag_id
+    for bag in (dagbag, multi):
+        names = [g.name for g in _groups(bag)]
+        for dag_id, dag in _migration_dags(bag).items():
+            target = dag_id.removeprefix("promshift__migrate__")
+            params = {name: dag.params.get_param(name) for name in dag.params}
+            assert set(params) == {"group", "dry_run", "change_ticket", "warmup_override", "reason"}, dag_id
+            # The group: one of this target's groups, in catalog order; Airflow refuses any other at trigger time.
+            schema = params["group"].schema
+            assert schema["type"] == "string", dag_id
+            assert schema["enum"] == [g.name for g in _groups(bag) if g.target == target] != [], dag_id
+            for other in (n for n in names if n not in schema["enum"]):
+                with pytest.raises(ParamValidationError):
+                    params["group"].resolve(value=other)
+            with pytest.raises(ParamValidationError):
+                params["group"].resolve(value="no-such-group")
+            assert params["group"].resolve(value=schema["enum"][-1]) == schema["enum"][-1]
+            assert (params["dry_run"].value, params["dry_run"].schema["type"]) == (False, "boolean")
+            assert params["change_ticket"].schema["type"] == "string" and params["change_ticket"].value == ""
+            assert params["reason"].schema["type"] == "string"
+            assert params["warmup_override"].schema["pattern"] == WARMUP_OVERRIDE_PATTERN
+            # The approver's form is the comment alone, never the trigger form.
+            assert set(dag.get_task("approval").serialized_params) == {"comment"}, dag_id
+    # The multi-target catalog really has a DAG whose form leaves groups out.
+    assert multi.dags["promshift__migrate__amp_b"].params.get_param("group").schema["enum"] == [
+        "gpu-power-thermal", "gpu-clocks"]
 
 
 def test_the_warmup_override_schema_accepts_durations_only(dagbag) -> None:  # type: ignore[no-untyped-def]
     from airflow.sdk.definitions.param import ParamValidationError
 
-    param = dagbag.dags["promshift__gpu_memory"].params.get_param("warmup_override")
+    dag = dagbag.dags["promshift__migrate__promshift_target"]
+    param = dag.params.get_param("warmup_override")
     for good in ("", "10m", "1h30m", "90s"):
         assert param.resolve(value=good) == good
     for bad in ("ten minutes", "10", "-5m", "1.5h"):
         with pytest.raises(ParamValidationError):
             param.resolve(value=bad)
     with pytest.raises(ParamValidationError):
-        dagbag.dags["promshift__gpu_memory"].params.get_param("dry_run").resolve(value="yes")
+        dag.params.get_param("dry_run").resolve(value="yes")
 
 
-def test_dependents_are_scheduled_on_their_dependencies_cut_over_assets(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from airflow.sdk import Asset
+def test_the_waves_start_dependents_on_their_dependencies_cut_over_assets(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk import AssetAlias
 
-    from promshift.adapters.settings import load_catalog
+    for bag in (dagbag, multi):
+        groups = _groups(bag)
+        for dag_id, dag in _migration_dags(bag).items():
+            # Started by hand or by the waves, never by a schedule; the cutover emits the chosen group's asset.
+            assert type(dag.timetable).__name__ == "NullTimetable", dag_id
+            assert dag.get_task("cutover").outlets == [AssetAlias("promshift-cut-over")], dag_id
+        waves = bag.dags["promshift__waves"]
+        assert type(waves.timetable).__name__ == "AssetTriggeredTimetable"
+        condition = waves.timetable.asset_condition  # type: ignore[attr-defined]
+        # Any cut-over of a group some group depends on (ready then checks that all of a dependent's have).
+        assert type(condition).__name__ == "AssetAny"
+        depended_on = {dep for g in groups for dep in g.depends_on}
+        assert {a.uri for a in condition.objects} == {f"promshift://group/{d}/cut_over" for d in depended_on}
+        assert len(condition.objects) == len(depended_on)
+        assert {t.task_id for t in waves.tasks} == {"ready", "start"}
+        ready, start = waves.get_task("ready"), waves.get_task("start")
+        assert type(ready).__name__ == "WavesReadyOperator" and ready.upstream_task_ids == set()
+        assert type(start).__name__ == "MappedOperator" and start.operator_class.__name__ == "TriggerDagRunOperator"
+        assert start.upstream_task_ids == {"ready"}
+        assert type(start.expand_input).__name__ == "ListOfDictsExpandInput"  # expand_kwargs(ready.output)
+        assert start.expand_input.value.operator is ready
+        # A start whose run id exists already (another worker's, an earlier try's) is skipped, not failed.
+        assert start.partial_kwargs["skip_when_already_exists"] is True
+        assert start.partial_kwargs["wait_for_completion"] is False
+    # The shipped catalog: power after utilisation, clocks after power: two assets, no group depends on memory.
+    shipped = dagbag.dags["promshift__waves"].timetable.asset_condition
+    assert sorted(a.uri for a in shipped.objects) == ["promshift://group/gpu-power-thermal/cut_over",
+                                                      "promshift://group/gpu-utilization/cut_over"]
 
-    for group in load_catalog().groups:
-        dag = dagbag.dags[group.dag_id]
-        assert dag.get_task("cutover").outlets == [Asset(f"promshift://group/{group.name}/cut_over")], group.name
-        if group.depends_on:
-            assert type(dag.timetable).__name__ == "AssetTriggeredTimetable", group.name
-            wanted = {f"promshift://group/{dependency}/cut_over" for dependency in group.depends_on}
-            condition = dag.timetable.asset_condition  # type: ignore[attr-defined]
-            assert type(condition).__name__ == "AssetAll", group.name  # every dependency, not any of them
-            assert {a.uri for a in condition.objects} == wanted, group.name
-        else:
-            assert type(dag.timetable).__name__ == "NullTimetable", group.name
-    # The shipped catalog's waves: utilisation and memory start by hand; power after utilisation; clocks after power.
-    power = dagbag.dags["promshift__gpu_power_thermal"].timetable.asset_condition
-    assert [a.uri for a in power.objects] == ["promshift://group/gpu-utilization/cut_over"]
+
+def test_without_dependencies_the_waves_dag_has_no_schedule(tmp_path: Path) -> None:
+    from promshift.core.catalog import parse_catalog
+    from promshift.orchestration.dag_factory import build_waves_dag
+
+    def independent(groups: dict[str, Any]) -> None:
+        for group in groups.values():
+            group.pop("depends_on", None)
+
+    path = multi_target_catalog(tmp_path, independent)
+    waves = build_waves_dag(parse_catalog(path.read_text()).groups, catalog_path=path)
+    assert type(waves.timetable).__name__ == "NullTimetable"
+    assert "No group of the catalog depends on another." in waves.doc_md
 
 
-def test_the_bake_watch_checks_every_group_on_the_catalogs_interval(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from datetime import timedelta
+def test_the_bake_watch_checks_every_group_on_the_catalogs_interval(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk import AssetAlias
 
-    from airflow.sdk import Asset
-
-    from promshift.adapters.settings import load_catalog
-
-    groups = load_catalog().groups
-    watch = dagbag.dags["promshift__bake_watch"]
-    # A timedelta schedule (Airflow's config picks the delta timetable's flavour).
-    assert type(watch.timetable).__name__ in ("DeltaTriggerTimetable", "DeltaDataIntervalTimetable")
-    assert watch.timetable.delta == timedelta(minutes=15)  # type: ignore[attr-defined]  # defaults.bake.interval
-    assert watch.max_active_runs == 1 and not watch.catchup
-    for group in groups:
-        key = group.name.replace("-", "_")
-        check, emit = watch.get_task(f"bake_check__{key}"), watch.get_task(f"baked__{key}")
-        assert check.group_name == group.name and emit.upstream_task_ids == {check.task_id}
-        assert emit.outlets == [Asset(f"promshift://group/{group.name}/baked")]
-        assert not check.outlets  # a check that did not bake the group emits nothing
-    assert len(watch.tasks) == 2 * len(groups)
+    for bag in (dagbag, multi):
+        watch = bag.dags["promshift__bake_watch"]
+        # A timedelta schedule (Airflow's config picks the delta timetable's flavour).
+        assert type(watch.timetable).__name__ in ("DeltaTriggerTimetable", "DeltaDataIntervalTimetable")
+        assert watch.timetable.delta == timedelta(minutes=15)  # type: ignore[attr-defined]  # defaults.bake.interval
+        assert watch.max_active_runs == 1 and not watch.catchup
+        # Two tasks however many groups: the watched list, then one mapped check per watched group.
+        assert [t.task_id for t in watch.tasks] == ["watched", "bake_check"]
+        watched, check = watch.get_task("watched"), watch.get_task("bake_check")
+        assert type(watched).__name__ == "BakeWatchListOperator" and watched.upstream_task_ids == set()
+        assert type(check).__name__ == "MappedOperator" and check.operator_class.__name__ == "BakeCheckOperator"
+        assert check.upstream_task_ids == {"watched"}
+        assert type(check.expand_input).__name__ == "ListOfDictsExpandInput"  # expand_kwargs(watched.output)
+        assert check.expand_input.value.operator is watched
+        # The baked asset of the checked group is emitted through the alias; each map index named by its group.
+        assert check.partial_kwargs["outlets"] == [AssetAlias("promshift-baked")]
+        assert check.partial_kwargs["map_index_template"] == "{{ task.group_name }}"
+        assert all(f"`{g.name}`" in watch.doc_md for g in _groups(bag))
 
 
 def test_one_decommission_recommission_and_rollback_dag_for_every_group(dagbag) -> None:  # type: ignore[no-untyped-def]
@@ -292,14 +473,18 @@ def test_every_task_of_every_dag_has_an_execution_timeout_with_a_stated_reason(d
         assert lines[at - 1].strip().startswith("#") and len(lines[at - 1].strip()) > 20, kind
 
 
-def test_every_latency_probe_runs_in_its_target_workspaces_pool(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from promshift.adapters.settings import load_catalog
+def test_every_latency_probe_runs_in_its_target_workspaces_pool(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
     from promshift.orchestration.dag_factory import latency_pool
 
-    for group in load_catalog().groups:
-        dag = dagbag.dags[group.dag_id]
-        latency = dag.get_task("latency")
-        assert latency.pool == latency_pool(latency.target_conn_id) == f"promshift_latency__{latency.target_conn_id}"
-        # Only the probe is bounded: the other steps keep Airflow's default pool.
-        assert {t.pool for t in dag.tasks if t.task_id != "latency" and not hasattr(t, "partial_kwargs")} == {
-            "default_pool"}
+    pools = set()
+    for bag in (dagbag, multi):
+        for dag_id, dag in _migration_dags(bag).items():
+            target = dag_id.removeprefix("promshift__migrate__")
+            latency = dag.get_task("latency")
+            assert latency.target_conn_id == latency.dag_target == target, dag_id
+            assert latency.pool == latency_pool(target) == f"promshift_latency__{target}", dag_id
+            pools.add(latency.pool)
+            # Only the probe is bounded: the other steps keep Airflow's default pool.
+            assert {t.pool for t in dag.tasks if t.task_id != "latency" and not hasattr(t, "partial_kwargs")} == {
+                "default_pool"}
+    assert pools == {f"promshift_latency__{t}" for t in set(TARGETS.values())}
