@@ -9,6 +9,7 @@ a real SQLite audit log (``PROMSHIFT_AUDIT_URL``, the ``env`` fixture of ``test_
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from collections.abc import Callable
@@ -337,3 +338,42 @@ def test_the_bake_check_emits_the_groups_baked_asset_only_through_its_alias_afte
     assert check.execute(ctx) == {"outcome": outcome, "clean_since": 5.0}
     expected = [(AssetAlias(BAKED_ALIAS), uri, {"group": GROUP, "clean_since": 5.0})]
     assert events.added == (expected if outlets == "alias" and outcome == "baked" else [])
+
+
+# -- the DAG itself ----------------------------------------------------------------------------------------------
+
+
+def test_one_dag_per_target_with_its_groups_in_the_form(tmp_path: Path) -> None:
+    path = catalog_copy(tmp_path, lambda doc: entry(doc, "gpu-memory").update(target="amp_b"))
+    groups = load_catalog(path, profile=PROFILE).groups
+    dag = migration_dag(path)
+    assert dag.dag_id == "promshift__migrate__promshift_target"
+    assert dag.params.get_param("group").schema["enum"] == ["gpu-utilization", "gpu-power-thermal", "gpu-clocks"]
+    assert set(dag.params) == {"group", "dry_run", "change_ticket", "warmup_override", "reason"}
+    # Runs of different groups side by side (validate's audit claim holds each group to one run).
+    assert dag.max_active_runs == 16
+    assert dag.get_task("latency").pool == "promshift_latency__promshift_target"
+    assert {t.dag_target for t in dag.tasks if hasattr(t, "dag_target")} == {TARGET}
+    other = migration_dag(path, "amp_b")
+    assert (other.dag_id, other.params.get_param("group").schema["enum"]) == ("promshift__migrate__amp_b",
+                                                                             ["gpu-memory"])
+    assert other.get_task("latency").pool == "promshift_latency__amp_b"
+    with pytest.raises(ValueError, match="for groups of target 'promshift_target' only"):
+        build_migration_dag(groups, target=TARGET, catalog_path=path, profile=PROFILE)
+    many = [dataclasses.replace(groups[0], name=f"g-{i}") for i in range(20)]
+    assert build_migration_dag(many, target=TARGET, catalog_path=path, profile=PROFILE).max_active_runs == 20
+
+
+def test_build_group_dag_chooses_the_group_of_every_unmapped_task(dag: Any) -> None:
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    assert dag.dag_id == "promshift__migrate__promshift_target"
+    for task in dag.tasks:
+        if isinstance(task, MappedOperator):
+            continue  # parity_samples: unmapped per shard when it runs, and chooses then
+        assert (task.group_name, task.dag_target) == (GROUP, TARGET), task.task_id
+    # What Airflow does with a shard of the mapped task when it runs: the form's group is chosen as it renders.
+    shard = dag.get_task("parity_samples").unmap({"shard": {"hosts": []}})
+    assert shard.group_name == ""
+    shard.choose_group({"params": {"group": GROUP}})
+    assert shard.group_name == GROUP
