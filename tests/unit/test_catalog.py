@@ -19,6 +19,7 @@ import re2
 import yaml
 
 from promshift.core.catalog import (
+    MIGRATION_DAG_PREFIX,
     Catalog,
     CatalogError,
     LatencyPolicy,
@@ -27,6 +28,7 @@ from promshift.core.catalog import (
     ParityPolicy,
     WarmupPolicy,
     check_catalog,
+    migration_dag_id,
     parse_catalog,
 )
 from promshift.core.catalog import loader as loader_module
@@ -441,8 +443,13 @@ def test_duplicate_group_names() -> None:
     )
 
 
-def test_dag_id_replaces_dashes() -> None:
-    assert MetricGroup(name="gpu-power-thermal").dag_id == "promshift__gpu_power_thermal"
+def test_dag_id_is_the_migration_dag_of_the_groups_target() -> None:
+    assert MetricGroup(name="gpu-power-thermal").dag_id == "promshift__migrate__promshift_target"
+    assert MetricGroup(name="gpu-power-thermal", target="amp-prod.eu").dag_id == "promshift__migrate__amp-prod.eu"
+    # Groups of one target share its DAG (chosen in its form); another target is another DAG.
+    assert MetricGroup(name="a", target="t1").dag_id == MetricGroup(name="b", target="t1").dag_id
+    assert MetricGroup(name="a", target="t1").dag_id != MetricGroup(name="a", target="t2").dag_id
+    assert migration_dag_id("t1") == MIGRATION_DAG_PREFIX + "t1" == MetricGroup(name="a", target="t1").dag_id
 
 
 # --------------------------------------------------------------------------- metrics and regexes
@@ -820,7 +827,9 @@ def test_dcgm_counter_list_is_read_correctly() -> None:
 def test_shipped_catalog_parses(shipped_text: str, profile: str | None) -> None:
     catalog = parse_catalog(shipped_text, profile=profile, known_metrics=KNOWN)
     assert {"gpu-utilization", "gpu-memory", "gpu-power-thermal"} <= set(catalog.names())
-    assert len({g.dag_id for g in catalog.groups}) == len(catalog.groups)
+    # One form entry per group, in its target's migration DAG.
+    assert len(set(catalog.names())) == len(catalog.groups)
+    assert all(g.dag_id == migration_dag_id(g.target) for g in catalog.groups)
     for metric_group in catalog.groups:
         users = [m for a in metric_group.approvers for m in DEMO_TEAMS.get(a.removeprefix("team:"), [a])]
         assert set(users) - {TRIGGER_USER} >= {"oncall-alice", "oncall-bob"}, metric_group.name

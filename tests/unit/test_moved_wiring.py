@@ -29,6 +29,7 @@ from tests.unit.test_operators import (  # noqa: F401 - fixtures
     RUN_ID,
     UP_TO_CUT_OVER,
     audit,
+    bake_check,
     bake_dag,
     dag,
     env,
@@ -238,8 +239,9 @@ def test_a_failed_bake_check_returns_dashboards_and_rules_with_the_reads(
     cut_over(dag, audit)
     assert RoutingStore(audit.url).read_from(GROUP) == "target"
     ctx = {**make_context(), "run_id": "scheduled__bake"}
+    [watched] = task(bake_dag, "watched").execute(ctx)  # the cut-over group, with its connections
     with pytest.raises(AirflowFailException, match="reads returned to the source"):
-        task(bake_dag, "bake_check__gpu_memory").execute(ctx)  # closed ports: the check is ERROR
+        bake_check(bake_dag, watched).execute(ctx)  # closed ports: the check is ERROR
     assert dashboards.read_bytes() == before
     assert rules.names()[-1] == "rollback"
     restored = next(e for e in audit.events(group=GROUP) if e.kind == "reads_rolled_back").evidence_data["restored"]

@@ -19,7 +19,7 @@ from promshift.orchestration.notify import NotifySettings, channel_notifier, sen
 
 NOTICE = notices.rolled_back(group="gpu-memory", run_id="r1", reason="parity FAILED (coverage: 2 hosts missing)",
                              performed=True, restored_identical=True,
-                             log_url="http://airflow.test/dags/promshift__gpu_memory/runs/r1/tasks/rollback")
+                             log_url="http://airflow.test/dags/promshift__migrate__promshift_target/runs/r1/tasks/rollback")
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from promshift.core import notify as n
 
-LINK = "http://airflow.example:8080/dags/promshift__gpu_memory/runs/r1/tasks/approval/required_actions?map_index=-1"
+LINK = "http://airflow.example:8080/dags/promshift__migrate__promshift_target/runs/r1/tasks/approval/required_actions?map_index=-1"
 
 
 def approval(**overrides: object) -> n.Notice:

@@ -36,7 +36,7 @@ RESULT = {"performed": True, "restored_identical": True, "method": "reload"}
 
 @dataclass
 class TI:
-    dag_id: str = "promshift__gpu_memory"
+    dag_id: str = "promshift__migrate__promshift_target"
     task_id: str = "rollback"
     map_index: int = -1
     try_number: int = 1
@@ -112,7 +112,7 @@ def test_a_retried_task_sends_the_same_event_once(audit: AuditStore, slack: Slac
     row = DeliveryLedger(audit.url, engine=audit.engine).get(key("slack"))
     assert row is not None
     assert (row["state"], row["attempts"], row["holder_task"], row["holder_try"]) == (
-        SENT, 1, "promshift__gpu_memory/rollback/-1", 1)
+        SENT, 1, "promshift__migrate__promshift_target/rollback/-1", 1)
     assert "s3cr3tW3bh00kT0k3n" not in json.dumps(row, default=str)
     # Another event of the same run is another delivery.
     other = tell_owners(step("slack"), context(try_number=2), "rollback_failed", reason="x", error="boom")
@@ -157,7 +157,7 @@ def test_a_try_whose_worker_died_mid_send_is_taken_over_by_the_next_try(audit: A
     ledger = DeliveryLedger(audit.url, engine=audit.engine)
     # Try 1 claimed the delivery and its worker died before it marked the outcome.
     claim = ledger.claim(key("slack"), group="gpu-memory", run_id=RUN_ID, kind="rolled_back", channel="slack",
-                         holder=Holder("promshift__gpu_memory/rollback/-1", 1), now=datetime.now(UTC))
+                         holder=Holder("promshift__migrate__promshift_target/rollback/-1", 1), now=datetime.now(UTC))
     assert claim.owned
     evidence = tell_owners(step("slack"), context(2), "rolled_back", reason="r", result=RESULT)
     assert evidence is not None and evidence["sent"] is True and evidence["attempt"] == 2

@@ -31,7 +31,7 @@ from tests.slack_webhook import SlackWebhook, blocks_problem, slack_conn, slack_
 
 NOTICE = notices.rolled_back(group="gpu-memory", run_id="r1", reason="parity FAILED <!channel> & <https://x|click>",
                              performed=True, restored_identical=True,
-                             log_url="http://airflow.test/dags/promshift__gpu_memory/runs/r1/tasks/rollback?a=1&b=2")
+                             log_url="http://airflow.test/dags/promshift__migrate__promshift_target/runs/r1/tasks/rollback?a=1&b=2")
 SETTINGS = NotifySettings(timeout_s=20, from_email="promshift@example.com")
 
 

@@ -45,6 +45,8 @@ PROFILE = "demo"
 GROUP = "gpu-memory"
 RUN_ID = "manual__2026-01-01T00:00:00+00:00"
 TRIGGERED_BY = "sre-carol"
+# The shipped catalog's groups all migrate to connection promshift_target: one DAG, the group chosen in its form.
+MIGRATION_DAG = "promshift__migrate__promshift_target"
 APPROVER = "oncall-alice"
 
 # Legal histories (stages entered, oldest first) a run has made before the step under test.
@@ -63,9 +65,20 @@ class FakeDagRun:
 
 
 def make_context(*, triggered_by: str | None = TRIGGERED_BY, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``params``: the trigger form's values as Airflow hands them to a task (``context["params"]``)."""
+    """``params``: the trigger form's values as Airflow hands them to a task (``context["params"]``).
+    ``outlet_events``: Airflow's own accessors, where a task emits an asset through its alias."""
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
     return {"run_id": RUN_ID, "ti": FakeTI(), "dag_run": FakeDagRun(triggered_by),
-            "params": dict(params or {})}
+            "params": dict(params or {}), "outlet_events": OutletEventAccessors()}
+
+
+def alias_events(context: dict[str, Any], alias: str) -> list[tuple[str, dict[str, Any]]]:
+    """(asset uri, extra) of each asset a task emitted through asset alias ``alias`` in ``context``."""
+    from airflow.sdk import AssetAlias
+
+    events = context["outlet_events"][AssetAlias(alias)].asset_alias_events
+    return [(e.dest_asset_key.uri, e.extra) for e in events]
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -159,17 +172,20 @@ def hitl_event(choice: str, responder: Any, comment: str = "") -> dict[str, Any]
 
 
 def test_operators_come_from_the_group_dag(dag: Any) -> None:
-    assert dag.dag_id == "promshift__gpu_memory"
+    # The group's target's migration DAG, the group chosen (as the trigger form's ``group`` is when a run renders).
+    assert dag.dag_id == MIGRATION_DAG == load_catalog(CATALOG, profile=PROFILE).get(GROUP).dag_id
     expected = {"approval": MigrationApprovalOperator, "warm_up": WarmupOperator, "gate": GateOperator,
                 "rollback": RollbackOperator, "validate": ValidateGroupOperator}
     for task_id, cls in expected.items():
         op = dag.get_task(task_id)
         assert isinstance(op, cls), task_id
         assert (op.group_name, op.profile, op.catalog_path) == (GROUP, PROFILE, str(CATALOG))
+        assert (op.dag_target, op.target_conn_id) == ("promshift_target", "promshift_target"), task_id
     approval = dag.get_task("approval")
     assert approval.options == [approval.APPROVE, approval.REJECT]
-    # A team is resolved when the question is asked, not when the DAG is parsed.
-    assert approval.approver_entries == ["team:gpu-oncall"] and approval.assigned_users == []
+    # The approvers are the chosen group's: read from the catalog (a team resolved) when the question is asked,
+    # never when the DAG is parsed.
+    assert approval.approver_entries is None and approval.assigned_users == []
 
 
 # -- MigrationApprovalOperator.execute_complete ---------------------------------------------------
@@ -188,7 +204,7 @@ def test_approval_error_event_fails_and_records_timeout(dag: Any, audit: AuditSt
     assert ev.run_id == RUN_ID
     assert (ev.stage_from, ev.stage_to) == (None, None)
     assert decision_of(ev) == {"decision": "timeout", "by": "nobody", "comment": event["error"]}
-    assert ev.evidence_data["hitl"] == {"dag_id": "promshift__gpu_memory", "run_id": RUN_ID, "task_id": "approval",
+    assert ev.evidence_data["hitl"] == {"dag_id": MIGRATION_DAG, "run_id": RUN_ID, "task_id": "approval",
                                         "map_index": -1, "responder_id": None, "responded_at": None}
     assert audit.stage_of(GROUP) == Stage.VERIFIED
     assert audit.verify().ok
@@ -304,7 +320,7 @@ def test_an_approval_names_the_hitl_record_it_came_from(dag: Any, audit: AuditSt
     ctx["ti"].map_index = 3
     fed(dag, "approval").execute_complete(ctx, event)
     [ev] = new_events(audit, UP_TO_VERIFIED)
-    assert ev.evidence_data["hitl"] == {"dag_id": "promshift__gpu_memory", "run_id": RUN_ID, "task_id": "approval",
+    assert ev.evidence_data["hitl"] == {"dag_id": MIGRATION_DAG, "run_id": RUN_ID, "task_id": "approval",
                                         "map_index": 3, "responder_id": APPROVER,
                                         "responded_at": event["responded_at"].isoformat()}
 
@@ -623,7 +639,11 @@ def test_cutover_routes_in_the_database_the_audit_connection_names(
     (env / "home" / "routing.json").write_text(json.dumps({"groups": {"gpu-ecc": old}}))
     audit = AuditStore(url, key=b"key-from-the-promshift_audit-connection")
     seed(audit, UP_TO_CUT_OVER[:-1])
-    result = task(dag, "cutover").execute(make_context())
+    ctx = make_context()
+    result = task(dag, "cutover").execute(ctx)
+    # The group's own cut_over asset, through the task's alias (the waves DAG is scheduled on it).
+    assert alias_events(ctx, "promshift-cut-over") == [("promshift://group/gpu-memory/cut_over",
+                                                        {"group": GROUP, "run_id": RUN_ID})]
     routing = RoutingStore(url).load()["groups"]
     assert routing == {"gpu-ecc": old, GROUP: result["routing"]}
     assert routing[GROUP]["read_from"] == "target" and routing[GROUP]["url"] == "http://127.0.0.1:1"
@@ -1073,14 +1093,25 @@ def bake_dag() -> Any:
     return build_bake_watch_dag(load_catalog(CATALOG, profile=PROFILE).groups, catalog_path=CATALOG, profile=PROFILE)
 
 
+def bake_check(bake_dag: Any, watched: dict[str, Any]) -> Any:
+    """The mapped ``bake_check`` for one entry of ``watched``'s output, unmapped as Airflow does when it runs it."""
+    return bake_dag.get_task("bake_check").unmap(watched)
+
+
+GROUP_WATCHED = {"group_name": GROUP, "source_conn_id": "promshift_source", "target_conn_id": "promshift_target"}
+
+
 def test_the_bake_watch_skips_a_group_that_is_not_cut_over(bake_dag: Any, audit: AuditStore) -> None:
     seed(audit, UP_TO_VERIFIED)
+    # The watch list leaves it out: no check is mapped for it.
+    assert task(bake_dag, "watched").execute(make_context()) == []
+    # A check of it all the same (its stage moved after the list was made) skips, records nothing, emits nothing.
+    ctx = make_context()
     with pytest.raises(AirflowSkipException, match="'gpu-memory' is verified: the bake watch checks only baking, "
                                                    "cut_over"):
-        task(bake_dag, "bake_check__gpu_memory").execute(make_context())
+        bake_check(bake_dag, GROUP_WATCHED).execute(ctx)
     assert new_events(audit, UP_TO_VERIFIED) == []
-    with pytest.raises(AirflowSkipException, match=r"not baked yet \(no check\)"):
-        fed(bake_dag, "baked__gpu_memory").execute(make_context())  # the check skipped: no output
+    assert alias_events(ctx, "promshift-baked") == []
 
 
 def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owners(
@@ -1091,9 +1122,13 @@ def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owner
     seed(audit, UP_TO_CUT_OVER)
     RoutingStore(audit.url).route(GROUP, read_from="target", url="http://amp.example", at=datetime.now(UTC),
                                   run_id=RUN_ID)
+    [watched] = task(bake_dag, "watched").execute(make_context())
+    assert watched == GROUP_WATCHED
+    ctx = make_context()
     with pytest.raises(AirflowFailException, match=r"^bake check ERROR: .*reads returned to the source, dual-write "
                                                    r"stays on$"):
-        task(bake_dag, "bake_check__gpu_memory").execute(make_context())
+        bake_check(bake_dag, watched).execute(ctx)
+    assert alias_events(ctx, "promshift-baked") == []
     kinds = [e.kind for e in new_events(audit, UP_TO_CUT_OVER)]
     assert kinds == ["bake_started", "bake_check", "reads_rolled_back", EventKind.NOTIFIED]
     check = next(e for e in audit.events(group=GROUP) if e.kind == "bake_check").evidence_data
@@ -1111,15 +1146,26 @@ def test_a_target_the_watch_cannot_read_rolls_the_reads_back_and_tells_the_owner
     assert RoutingStore(audit.url).read_from(GROUP) == "source"
 
 
-def test_the_baked_asset_is_emitted_only_after_a_bake(bake_dag: Any) -> None:
-    from airflow.sdk import Asset
+@pytest.mark.parametrize("outcome", ["baked", "baking"])
+def test_the_baked_asset_is_emitted_only_after_a_bake(bake_dag: Any, audit: AuditStore,
+                                                      monkeypatch: pytest.MonkeyPatch, outcome: str) -> None:
+    """The check's outcome (``GroupLifecycle.bake_check``, tested in test_lifecycle) decides: the group's ``baked``
+    asset goes out through the check's alias after a clean bake period only."""
+    from airflow.sdk import AssetAlias
 
-    assert task(bake_dag, "baked__gpu_memory").outlets == [Asset("promshift://group/gpu-memory/baked")]
-    emit = fed(bake_dag, "baked__gpu_memory", checked={"outcome": "baked", "clean_since": 1.0})
-    assert emit.outlets == [Asset("promshift://group/gpu-memory/baked")]
-    assert emit.execute(make_context()) == {"baked": True, "clean_since": 1.0}
-    with pytest.raises(AirflowSkipException, match=r"not baked yet \(baking\)"):
-        fed(bake_dag, "baked__gpu_memory", checked={"outcome": "baking"}).execute(make_context())
+    from promshift.steps.lifecycle import GroupLifecycle
+
+    seed(audit, [*UP_TO_CUT_OVER, Stage.BAKING])
+    checked = {"outcome": outcome, "clean_since": 1.0}
+    monkeypatch.setattr(GroupLifecycle, "bake_check", lambda self, now: checked)
+    assert bake_dag.get_task("bake_check").outlets == [AssetAlias("promshift-baked")]
+    check = bake_check(bake_dag, GROUP_WATCHED)
+    assert check.outlets == [AssetAlias("promshift-baked")] and check.group_name == GROUP
+    ctx = make_context()
+    assert check.execute(ctx) == checked
+    expected = [("promshift://group/gpu-memory/baked", {"group": GROUP, "clean_since": 1.0})]
+    assert alias_events(ctx, "promshift-baked") == (expected if outcome == "baked" else [])
+    assert alias_events(ctx, "promshift-cut-over") == []
 
 
 # -- decommission: the second approval ------------------------------------------------------------------

@@ -16,7 +16,12 @@ import pytest
 
 from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.local.group_dag import build_group_dag
-from promshift.orchestration.dag_factory import build_bake_watch_dag, build_by_hand_dags
+from promshift.orchestration.dag_factory import (
+    build_bake_watch_dag,
+    build_by_hand_dags,
+    build_migration_dags,
+    build_waves_dag,
+)
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
 PROFILE = "demo"
@@ -32,6 +37,9 @@ GROUP_EDGES: dict[str, set[str]] = {
     "rollback": _ROLLBACK_UPSTREAM,
 }
 DECOMMISSION_EDGES: dict[str, set[str]] = {"prepare": set(), "approval": {"prepare"}, "decommission": {"approval"}}
+# The bake watch and the waves: a list, then one mapped task per entry of it.
+BAKE_WATCH_EDGES: dict[str, set[str]] = {"watched": set(), "bake_check": {"watched"}}
+WAVES_EDGES: dict[str, set[str]] = {"ready": set(), "start": {"ready"}}
 
 # (class.method, task_ids) of every xcom_pull by task id still in orchestration/; empty is the goal.
 REMAINING_PULLS: set[tuple[str, str]] = set()
@@ -89,6 +97,11 @@ def test_every_group_dag_keeps_its_edges(catalog: Any) -> None:
         dag = build_group_dag(group, catalog_path=CATALOG, profile=PROFILE)
         assert upstream_of(dag) == GROUP_EDGES, group.name
         assert downstream_of(dag) == reversed_edges(GROUP_EDGES), group.name
+    # The DAG a run of any group of a target runs in: the same tasks and edges, whatever the number of groups.
+    [dag] = build_migration_dags(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
+    assert dag.dag_id == "promshift__migrate__promshift_target"
+    assert upstream_of(dag) == GROUP_EDGES
+    assert downstream_of(dag) == reversed_edges(GROUP_EDGES)
 
 
 def test_the_lifecycle_dags_keep_their_edges(catalog: Any) -> None:
@@ -98,10 +111,11 @@ def test_the_lifecycle_dags_keep_their_edges(catalog: Any) -> None:
     assert upstream_of(recommission) == {"recommission": set()}
     assert upstream_of(rollback) == {"rollback": set()}
     watch = build_bake_watch_dag(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
-    keys = [g.name.replace("-", "_") for g in catalog.groups]
-    expected = {**{f"bake_check__{k}": set() for k in keys}, **{f"baked__{k}": {f"bake_check__{k}"} for k in keys}}
-    assert upstream_of(watch) == expected
-    assert downstream_of(watch) == reversed_edges(expected)
+    assert upstream_of(watch) == BAKE_WATCH_EDGES
+    assert downstream_of(watch) == reversed_edges(BAKE_WATCH_EDGES)
+    waves = build_waves_dag(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
+    assert upstream_of(waves) == WAVES_EDGES
+    assert downstream_of(waves) == reversed_edges(WAVES_EDGES)
 
 
 # (task id, input) -> (the upstream task id, the XCom key) its XComArg reads; "return_value": the task's output.
@@ -136,15 +150,35 @@ def xcom_inputs(dag: Any) -> dict[tuple[str, str], tuple[str, str]]:
     return found
 
 
+def mapped_inputs(dag: Any) -> dict[str, tuple[str, str]]:
+    """Every mapped task's expansion: task -> (the task whose output it is mapped over, the key)."""
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+    from airflow.sdk.definitions.xcom_arg import PlainXComArg
+
+    found = {}
+    for task in dag.tasks:
+        if isinstance(task, MappedOperator):
+            value = task._get_specified_expand_input().value
+            [arg] = value.values() if isinstance(value, dict) else [value]  # expand(name=...) or expand_kwargs(...)
+            assert isinstance(arg, PlainXComArg), task.task_id
+            found[task.task_id] = (arg.operator.task_id, arg.key)
+    return found
+
+
 def test_every_input_is_an_xcomarg_of_the_right_upstream_task(catalog: Any) -> None:
     for group in catalog.groups:
         dag = build_group_dag(group, catalog_path=CATALOG, profile=PROFILE)
         assert xcom_inputs(dag) == GROUP_INPUTS, group.name
+        assert mapped_inputs(dag) == {"parity_samples": ("parity_plan", "return_value")}, group.name
     decommission, _, _ = build_by_hand_dags(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
     assert xcom_inputs(decommission) == DECOMMISSION_INPUTS
+    # The bake watch's check and the waves' start take their arguments from the list before them (expand_kwargs).
     watch = build_bake_watch_dag(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
-    keys = [g.name.replace("-", "_") for g in catalog.groups]
-    assert xcom_inputs(watch) == {(f"baked__{k}", "checked"): (f"bake_check__{k}", "return_value") for k in keys}
+    assert xcom_inputs(watch) == {}
+    assert mapped_inputs(watch) == {"bake_check": ("watched", "return_value")}
+    waves = build_waves_dag(catalog.groups, catalog_path=CATALOG, profile=PROFILE)
+    assert xcom_inputs(waves) == {}
+    assert mapped_inputs(waves) == {"start": ("ready", "return_value")}
     for group in catalog.groups:
         dag = build_group_dag(group, catalog_path=CATALOG, profile=PROFILE)
         # Each input is read from a task that runs before it (directly or through the chain).
@@ -156,7 +190,7 @@ class RenderTI:
     """What ``XComArg.resolve`` asks of a task instance when Airflow renders a task: ``xcom_pull`` by task id and
     key, ``default`` when there is none (Airflow's own side of the interface; the operators never pull)."""
 
-    dag_id = "promshift__gpu_memory"
+    dag_id = "promshift__migrate__promshift_target"
 
     def __init__(self, xcoms: dict[tuple[str, str], Any]) -> None:
         self.xcoms = xcoms
