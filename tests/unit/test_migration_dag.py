@@ -125,7 +125,7 @@ def test_an_unknown_group_is_refused_in_one_line_and_nothing_is_touched(env: Pat
         validate.render_template_fields(run_context("gpu-nope"))
     assert str(err.value) == (f"unknown metric group 'gpu-nope': the catalog {path} has gpu-utilization, gpu-memory, "
                               "gpu-power-thermal, gpu-clocks")
-    with pytest.raises(AirflowFailException, match="^unknown metric group 'None': "):
+    with pytest.raises(AirflowFailException, match="^no metric group chosen \\(the form's 'group'\\): the catalog "):
         validate.render_template_fields(make_context())  # no group in the form (Airflow's form requires one)
     # A group removed from the catalog since the DAG file was parsed (the form still listed it).
     path.write_text(path.read_text().replace("name: gpu-clocks", "name: gpu-clocks-v2"))

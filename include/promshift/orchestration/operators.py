@@ -193,8 +193,9 @@ class _GroupStep:
         names = list(groups)
         if name not in groups:
             shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
-            raise AirflowFailException(f"unknown metric group {escaped_text(str(chosen))[:100]!r}: the catalog "
-                                       f"{self.catalog_path} has {shown or 'no groups'}")
+            what = (f"unknown metric group {escaped_text(str(chosen))[:100]!r}" if chosen is not None
+                    else f"no metric group chosen (the form's {GROUP_PARAM!r})")
+            raise AirflowFailException(f"{what}: the catalog {self.catalog_path} has {shown or 'no groups'}")
         group = groups[name]
         if self.dag_target is not None and group.target != self.dag_target:
             raise AirflowFailException(f"group {name!r} migrates to connection {group.target!r}, not this DAG's "
