@@ -26,12 +26,13 @@ def fed(dag: Any, task_id: str, **inputs: Any) -> Any:
     resolves to these values when it renders the task; an input left out is None (that upstream returned nothing)."""
     from airflow.sdk import DAG
 
-    from promshift.orchestration.operators import MigrationApprovalOperator
+    from promshift.orchestration.operators import MigrationApprovalOperator, _GroupStep
 
     op = dag.get_task(task_id)
-    wiring: dict[str, Any] = {"group_name": op.group_name, "catalog_path": op.catalog_path, "profile": op.profile,
-                              "source_conn_id": op.source_conn_id, "target_conn_id": op.target_conn_id,
-                              "dag_target": op.dag_target}
+    wiring: dict[str, Any] = {"catalog_path": op.catalog_path, "profile": op.profile}  # bake watch list, waves
+    if isinstance(op, _GroupStep):
+        wiring |= {"group_name": op.group_name, "source_conn_id": op.source_conn_id,
+                   "target_conn_id": op.target_conn_id, "dag_target": op.dag_target}
     if isinstance(op, MigrationApprovalOperator):
         # None: a DAG of every group (the chosen group's approvers are read when the task runs).
         wiring["approvers"] = None if op.approver_entries is None else list(op.approver_entries)

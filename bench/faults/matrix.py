@@ -1029,22 +1029,26 @@ def fault_two_runs_one_group(env: FaultEnv) -> FaultResult:
         m.deploy_dual_write(snap, now())
         results[winners[0]] = rollback(m, snap)
     audit = env.audit(url, "f12")
-    from promshift.local.group_dag import build_group_dag
+    from promshift.orchestration.dag_factory import build_migration_dag, migration_targets
 
-    max_active = build_group_dag(load_catalog(CATALOG, profile=PROFILE).get(GROUP), catalog_path=CATALOG,
-                                 profile=PROFILE).max_active_runs
-    f.details.update(validate=outcome, results=results, dag_max_active_runs=max_active)
+    # The group's migration DAG as the DAG file builds it: one per target connection, shared by its groups.
+    catalog = load_catalog(CATALOG, profile=PROFILE)
+    target = catalog.get(GROUP).target
+    members = migration_targets(catalog.groups)[target]
+    max_active = build_migration_dag(members, target=target, catalog_path=CATALOG, profile=PROFILE).max_active_runs
+    f.details.update(validate=outcome, results=results, dag_max_active_runs=max_active, dag_groups=len(members))
     won = results.get(winners[0], {}) if winners else {}
     return f.finish(outcome=f"{len(winners)} run validated, {len(losers)} refused (GroupNotStartable: the group "
                             f"is held by the first claim in the audit chain); late run {results.get('late', '-')[:8]}; "
                             f"winner rolled back identical={won.get('restored_identical')}",
                     notes="two GroupMigration runs (own audit-store engines, one SQLite file) validated at once from "
                           "two threads behind a barrier; FIXED in migration.py: a run now holds its group from its "
-                          "validated event until it completes or rolls back; the DAG's max_active_runs is "
-                          f"{max_active} as well",
+                          "validated event until it completes or rolls back. That claim is the only guard: the "
+                          f"group's migration DAG is its target's, shared by {len(members)} group(s), and lets "
+                          f"{max_active} runs at once (room for a run of every group)",
                     audit=audit, must_have=("validated", "validation_failed", "rollback_not_needed", "rolled_back"),
-                    extra_ok=len(winners) == 1 and max_active == 1 and str(results.get("late", "")).startswith(
-                        "refused") and won.get("restored_identical") is True)
+                    extra_ok=len(winners) == 1 and max_active >= len(members) and str(
+                        results.get("late", "")).startswith("refused") and won.get("restored_identical") is True)
 
 
 # -- 13: two groups cutting over at once --------------------------------------------------------------------------

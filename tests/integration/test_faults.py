@@ -163,7 +163,8 @@ def test_12_two_runs_of_one_group_at_once(fault_env: Any) -> None:
     d = result.details
     assert sorted(v.split(":")[0] for v in d["validate"].values()) == ["refused", "validated"]
     assert d["results"]["late"].startswith("refused")
-    assert d["dag_max_active_runs"] == 1
+    # The target's migration DAG runs every group of it at once: the audit claim alone holds one group's runs apart.
+    assert d["dag_groups"] >= 2 and d["dag_max_active_runs"] >= d["dag_groups"]
 
 
 def test_13_two_groups_cut_over_at_once(fault_env: Any) -> None:

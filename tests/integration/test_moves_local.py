@@ -64,7 +64,10 @@ def wired(stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def context() -> dict[str, Any]:
-    return {"run_id": RUN_ID, "ti": FakeTI(), "dag_run": None, "params": {}}
+    """What the tasks read from a run's context; ``outlet_events`` is Airflow's own (the cut-over emits through it)."""
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    return {"run_id": RUN_ID, "ti": FakeTI(), "dag_run": None, "params": {}, "outlet_events": OutletEventAccessors()}
 
 
 def files(stack: LocalStack) -> dict[str, bytes | None]:
@@ -96,7 +99,11 @@ def cut_over(stack: LocalStack, audit: AuditStore) -> tuple[Any, dict[str, Any],
     for stage in (Stage.VERIFIED, Stage.APPROVED):  # the gate and the approval, as those tasks record them
         audit.append(group=GROUP, run_id=RUN_ID, kind=f"test_{stage.value}", actor="test", at=datetime.now(UTC),
                      evidence={}, stage_from=audit.stage_of(GROUP), stage_to=stage)
-    dag.get_task("cutover").execute(context())
+    ctx = context()
+    dag.get_task("cutover").execute(ctx)
+    emitted = [e for accessor in ctx["outlet_events"].values() for e in accessor.asset_alias_events]
+    assert [(e.source_alias_name, e.dest_asset_key.name, e.extra["group"]) for e in emitted] == [
+        ("promshift-cut-over", f"promshift://group/{GROUP}/cut_over", GROUP)]  # the group's asset, via the alias
     after = files(stack)
     assert {"gpu:fb_used:ratio", "GpuMemoryNearlyFull"} <= names(target)
     assert not {"gpu:fb_used:ratio", "GpuMemoryNearlyFull"} & names(source)

@@ -46,13 +46,14 @@ GROUP = "gpu-memory"
 OWNERS_MAIL = "gpu-platform@example.com"  # the shipped catalog's notify.to for gpu-memory
 RUN_ID = "manual__2026-01-01T00:00:00+00:00"
 UI = "http://airflow.test:28080"
+DAG_ID = "promshift__migrate__promshift_target"  # gpu-memory's target's migration DAG: its runs' links name it
 
 
 @dataclass
 class LinkedTI(FakeTI):
     """A task instance as far as links need one: its ids and Airflow 3's ``log_url``."""
 
-    dag_id: str = "promshift__gpu_memory"
+    dag_id: str = DAG_ID
     run_id: str = RUN_ID
     task_id: str = "approval"
     try_number: int = 1
@@ -124,7 +125,9 @@ def audit(env: Path) -> Iterator[AuditStore]:
 
 @pytest.fixture
 def dag() -> Any:
-    return build_group_dag(load_catalog(CATALOG, profile="demo").get(GROUP), catalog_path=CATALOG, profile="demo")
+    dag = build_group_dag(load_catalog(CATALOG, profile="demo").get(GROUP), catalog_path=CATALOG, profile="demo")
+    assert dag.dag_id == DAG_ID
+    return dag
 
 
 def notified(audit: AuditStore) -> list[AuditEvent]:
@@ -152,7 +155,7 @@ def test_approval_request_is_mailed_to_the_owners_with_the_required_action_link(
     mail = only_mail(sink)
     assert mail.rcpt_tos == (OWNERS_MAIL,) and mail.mail_from == "promshift@localhost"
     assert mail.subject == "[promshift] gpu-memory: approval needed to cut over to AMP (gate INCONCLUSIVE)"
-    link = f"{UI}/dags/promshift__gpu_memory/runs/{RUN_ID}/tasks/approval/required_actions?map_index=-1"
+    link = f"{UI}/dags/{DAG_ID}/runs/{RUN_ID}/tasks/approval/required_actions?map_index=-1"
     body = mail.body()
     assert f'href="{link}"' in body
     assert "parity INCONCLUSIVE (golden: no data behind 2 queries)" in body
@@ -188,7 +191,7 @@ def test_rollback_mails_why_and_the_task_log_link_verbatim(
     assert mail.subject == "[promshift] gpu-memory: rolled back: validation failed: source {{ 7 * 7 }} <down>"
     body = mail.body()
     assert "nothing to restore: nothing was deployed" in body
-    assert f'href="{UI}/dags/promshift__gpu_memory/runs/{quote(RUN_ID)}/tasks/rollback?try_number=1"' in body
+    assert f'href="{UI}/dags/{DAG_ID}/runs/{quote(RUN_ID)}/tasks/rollback?try_number=1"' in body
     assert "source {{ 7 * 7 }} &lt;down&gt;" in body and "49" not in mail.subject
     assert [e.kind for e in audit.events(group=GROUP)] == ["validation_failed", "rollback_not_needed",
                                                            EventKind.NOTIFIED, "report_published"]

@@ -184,7 +184,9 @@ def test_the_wheel_is_the_production_package_and_nothing_of_the_lab(wheel: Path)
         assert any(n.startswith(f"promshift/{layer}/") and n.endswith(".py") for n in package), layer
     assert {"promshift/py.typed", "promshift/data/dcgm_default_counters.csv",
             "promshift/board/templates/base.html", "promshift/cli/__init__.py",
-            "promshift/orchestration/provider_info.py"} <= package
+            "promshift/orchestration/provider_info.py", "promshift/core/waves.py"} <= package
+    # The tests' and benches' migration DAG with its group chosen is lab-only: in the checkout, not in the wheel.
+    assert (PACKAGE / "local" / "group_dag.py").is_file() and "promshift/local/group_dag.py" not in names
     assert {n.split("/")[0] for n in names} == {"promshift", wheel.name.split("-py3")[0] + ".dist-info"}
 
 
@@ -221,11 +223,15 @@ def test_the_provider_entry_point_registers_the_connection_types(probe: dict[str
 def test_the_dagbag_imports_every_dag_file(probe: dict[str, Any]) -> None:
     from promshift.adapters.settings import load_catalog
 
-    groups = {g.dag_id for g in load_catalog(CATALOG).groups}
+    groups = load_catalog(CATALOG).groups
     assert len(groups) >= 3
+    # One migration DAG per target connection (the group chosen in its form), not one per group.
+    migrations = {f"promshift__migrate__{g.target}" for g in groups}
+    assert {g.dag_id for g in groups} == migrations
     by_hand = {f"promshift__{action}" for action in ("decommission", "recommission", "rollback")}
     assert probe["dagbag"]["import_errors"] == {}
-    assert set(probe["dagbag"]["dag_ids"]) == groups | by_hand | {"promshift__bake_watch", "promshift__plan"}
+    assert set(probe["dagbag"]["dag_ids"]) == migrations | by_hand | {"promshift__bake_watch", "promshift__plan",
+                                                                     "promshift__waves"}
 
 
 def test_package_data_is_read_back(probe: dict[str, Any]) -> None:
