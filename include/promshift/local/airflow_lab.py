@@ -33,6 +33,7 @@ from promshift.adapters.settings import REPO_ROOT
 from promshift.orchestration.approver_teams import TEAMS_VARIABLE
 
 if TYPE_CHECKING:
+    from promshift.core.catalog import MetricGroup
     from promshift.local.celery_lab import CeleryServices
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class LocalAirflow:
     # Where the process group leader's pid is written, so `python -m promshift.local stack down` can stop it.
     pid_file: Path | None = None
     _tokens: dict[str, str] = field(default_factory=dict, repr=False)
+    # DAGs this lab unpaused (each once: trigger() of a shared migration DAG does not ask again).
+    _unpaused: set[str] = field(default_factory=set, repr=False)
     # On a loaded machine the API server can miss a deadline now and then: a token request or a
     # GET (safe to repeat) is tried API_ATTEMPTS times; a POST or PATCH (a trigger, an answer) never twice.
     request_timeout_s: float = 15.0
@@ -101,8 +104,9 @@ class LocalAirflow:
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            # Paused until the demo asks: the bake watch (every minute in the demo profile) and groups scheduled
-            # on another group's cut-over asset must not start on their own; trigger() unpauses its DAG.
+            # Paused until the demo asks: the bake watch (every minute in the demo profile) and the waves DAG
+            # (scheduled on the cut-over assets of groups others depend on) must not start on their own;
+            # trigger() unpauses its DAG.
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": users,
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
@@ -202,6 +206,7 @@ class LocalAirflow:
             pw_file.chmod(0o600)
         self.passwords = json.loads(pw_file.read_text())
         self._tokens.clear()
+        self._unpaused.clear()
         deadline = time.time() + timeout_s
         try:
             if self.executor == "celery":
@@ -440,13 +445,39 @@ class LocalAirflow:
     def unpause(self, dag_id: str, *, user: str = TRIGGER_USER) -> None:
         """Let the scheduler run the DAG on its schedule (the demo creates every DAG paused)."""
         self.api(user, "PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        self._unpaused.add(dag_id)
 
     def trigger(self, dag_id: str, *, user: str = TRIGGER_USER, conf: dict[str, Any] | None = None) -> str:
-        """``conf``: the trigger form's values (e.g. ``{"group": ...}`` for a by-hand DAG of every group)."""
-        self.unpause(dag_id, user=user)
+        """``conf``: the trigger form's values (e.g. ``{"group": ...}`` for a DAG of every group). Unpauses the
+        DAG the first time this lab triggers it: a migration DAG is shared by the groups of one target, and
+        runs of them (the waves DAG's too) may be under way."""
+        if dag_id not in self._unpaused:
+            self.unpause(dag_id, user=user)
         run = self.api(user, "POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}})
-        log.info("triggered %s run %s as %s", dag_id, run["dag_run_id"], user)
+        log.info("triggered %s run %s as %s%s", dag_id, run["dag_run_id"], user,
+                 f" (group {conf['group']})" if conf and "group" in conf else "")
         return str(run["dag_run_id"])
+
+    def trigger_group(self, group: MetricGroup, *, user: str = TRIGGER_USER,
+                      conf: dict[str, Any] | None = None) -> str:
+        """Start ``group``'s migration: a run of its target's migration DAG (``group.dag_id``) with the group
+        chosen in the form (``conf``: the form's other fields, e.g. ``dry_run``, ``reason``)."""
+        return self.trigger(group.dag_id, user=user, conf={**(conf or {}), "group": group.name})
+
+    def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
+        """Every run of ``dag_id`` Airflow has (run id, run type, state, conf...), oldest first."""
+        data = self.api(TRIGGER_USER, "GET", f"/dags/{dag_id}/dagRuns", params={"limit": 1000,
+                                                                                  "order_by": "id"})
+        return list(data["dag_runs"])
+
+    def asset_events(self, uri: str) -> list[dict[str, Any]]:
+        """The asset events Airflow recorded for the asset ``uri`` (source DAG, task, run, map index; extra)."""
+        assets = self.api(TRIGGER_USER, "GET", "/assets", params={"uri_pattern": uri, "limit": 100})["assets"]
+        found = [a for a in assets if a["uri"] == uri]
+        if not found:
+            return []
+        data = self.api(TRIGGER_USER, "GET", "/assets/events", params={"asset_id": found[0]["id"], "limit": 1000})
+        return list(data["asset_events"])
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         """Airflow's record of every task instance of the run (mapped ones each), hostname and pid included."""

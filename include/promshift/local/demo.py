@@ -620,7 +620,7 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
         log.info("fleet fault: %s GPUs report a full framebuffer (%s fires)", ALERT_FAULT_GPUS, MOVED_ALERT)
     try:
         airflow.wait_for_dag(group.dag_id)
-        run_id = airflow.trigger(group.dag_id)
+        run_id = airflow.trigger_group(group)  # its target's migration DAG, the group chosen in the form
         approver = APPROVER_USERS[0]
         answers = 0
         awaiting_polls = 0
