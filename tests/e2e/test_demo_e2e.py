@@ -21,6 +21,7 @@ import requests
 
 from promshift.adapters.routing import RoutingStore
 from promshift.adapters.settings import REPO_ROOT, load_catalog
+from promshift.core.catalog import migration_dag_id
 from promshift.local.airflow_lab import TRIGGER_USER, LocalAirflow
 from promshift.local.demo import HISTORY_PROFILE
 from promshift.local.stack.local import LocalStack, StackConfig
@@ -114,7 +115,9 @@ def left_running_airflow_serves_the_board_and_the_shown_evidence(shared: SharedS
     chart = requests.get(f"{base}/promshift/groups/gpu-memory/latency.png", headers=auth, timeout=120)
     assert chart.status_code == 200 and chart.content[:8] == b"\x89PNG\r\n\x1a\n"
     # The approval audit event carries the evidence hash the HITL body showed the approver.
-    detail = airflow.api(TRIGGER_USER, "GET", f"/dags/promshift__gpu_memory/dagRuns/{report['run_id']}"
+    dag_id = migration_dag_id(catalog.get("gpu-memory").target)  # the target's DAG, shared by its groups
+    assert dag_id == "promshift__migrate__promshift_target"
+    detail = airflow.api(TRIGGER_USER, "GET", f"/dags/{dag_id}/dagRuns/{report['run_id']}"
                                               "/taskInstances/approval/-1/hitlDetails")
     # gpu-memory's approvers are team:gpu-oncall (the Variable promshift_teams: oncall-alice, oncall-bob and
     # sre-carol): resolved when the question was asked, without sre-carol, who triggered the run.
@@ -122,11 +125,16 @@ def left_running_airflow_serves_the_board_and_the_shown_evidence(shared: SharedS
     shown = re.search(r"Evidence sha256 `([0-9a-f]{64})`", detail["body"])
     assert shown, detail["body"][:500]
     assert report["approval"]["evidence_sha256"] == shown.group(1)
+    # The shared cutover task emitted the group's own cut_over asset through its alias, from this run.
+    events = airflow.asset_events("promshift://group/gpu-memory/cut_over")
+    assert [(e["source_dag_id"], e["source_task_id"], e["source_run_id"]) for e in events] == [
+        (dag_id, "cutover", report["run_id"])], events
+    assert events[0]["extra"]["group"] == "gpu-memory", events[0]
     # The owners were told an approval was needed: the mail is in the stack's SMTP sink, with a link into the UI.
     mail = [m for m in LocalStack(StackConfig.from_env()).mail() if "approval needed" in m.subject]
     assert mail, [m.subject for m in LocalStack(StackConfig.from_env()).mail()]
     assert "gpu-memory" in mail[0].subject
-    assert f"{base}/dags/promshift__gpu_memory/runs/" in mail[0].body()
+    assert f"{base}/dags/{dag_id}/runs/" in mail[0].body()
     assert "/tasks/approval/required_actions" in mail[0].body()
 
 
