@@ -208,6 +208,15 @@ class _GroupStep:
         self.choose_group(context)  # before anything reads the group (every try and every resume renders)
         super().render_template_fields(context, jinja_env)  # type: ignore[misc]
 
+    def _do_render_template_fields(self, parent: Any, template_fields: Any, context: Any, jinja_env: Any,
+                                   seen_oids: set[int]) -> None:
+        # A mapped task (parity_samples) never calls the method above: Airflow's MappedOperator builds the
+        # task of one map index and renders it through this one (airflow.sdk MappedOperator.render_template_fields).
+        if parent is self:
+            self.choose_group(context)
+        super()._do_render_template_fields(parent, template_fields, context, jinja_env,  # type: ignore[misc]
+                                           seen_oids)
+
     @cached_property
     def source_hook(self) -> PrometheusHook | AmpHook:
         return backend_hook(self.source_conn_id)
