@@ -2,7 +2,10 @@
 
 The migration run moves gpu-memory's recording rule and alert to the local AMP workspace (which evaluates
 them), re-points the provisioned dashboard, cuts over; the scheduled bake watch checks it until it is
-baked; the decommission DAG's second approval is answered and the source stops storing the group.
+baked; the decommission DAG's second approval is answered and the source stops storing the group. Airflow's own
+record shows the shared mechanics: the cut_over asset emitted through the cutover task's alias, the bake watch's
+``bake_check`` mapped over ``watched``'s groups (each map index named by its group) emitting ``baked`` through
+its alias.
 
 Session: an Airflow of its own (``run_demo``, as ``make demo``); tests/e2e/conftest.py says why.
 """
@@ -16,8 +19,10 @@ import pytest
 import yaml
 
 from promshift.adapters.audit_store import AuditStore
+from promshift.core.catalog import migration_dag_id
+from promshift.local.airflow_lab import LocalAirflow
 from promshift.local.demo import run_demo
-from promshift.local.demo_lifecycle import TARGET_DATASOURCE
+from promshift.local.demo_lifecycle import BAKE_WATCH_DAG_ID, TARGET_DATASOURCE
 from promshift.local.stack.local import LocalStack, StackConfig
 from tests.e2e.conftest import free_port, stop_stack
 
@@ -47,10 +52,18 @@ def datasource_uids(dashboard: Path) -> set[str]:
 
 def test_lifecycle_moves_rules_and_reads_bakes_and_decommissions(small_stack_env: Path) -> None:
     stack = LocalStack(StackConfig.from_env(target_kind="amp"))
+    port = free_port()
     try:
-        out = run_demo(group_name="gpu-memory", scenario="lifecycle", nodes=12, airflow_port=free_port(),
+        out = run_demo(group_name="gpu-memory", scenario="lifecycle", nodes=12, airflow_port=port,
                        report_root=small_stack_env / "reports", target_kind="amp", deploy="scraper",
                        timeout_s=RUN_TIMEOUT_S)
+        # Airflow's own record of the bake watch's runs and the assets emitted, read before it stops.
+        airflow = LocalAirflow(home=small_stack_env / "state" / "airflow", port=port, extra_env={})
+        airflow.load_passwords()
+        watch = {run["dag_run_id"]: airflow.task_instances(BAKE_WATCH_DAG_ID, run["dag_run_id"])
+                 for run in airflow.dag_runs(BAKE_WATCH_DAG_ID) if run["state"] in ("success", "failed")}
+        baked_events = airflow.asset_events("promshift://group/gpu-memory/baked")
+        cut_over_events = airflow.asset_events("promshift://group/gpu-memory/cut_over")
         # What the target evaluates and what the source still has, read before the stack stops.
         target_rule_files = sorted((stack.home / "target" / "amp-rules").glob("*.yml"))
         source_rules = yaml.safe_load(stack.source_rules_path.read_text())
@@ -60,6 +73,21 @@ def test_lifecycle_moves_rules_and_reads_bakes_and_decommissions(small_stack_env
         stop_stack()
     report = json.loads((out / "report.json").read_text())
     assert report["final_stage"] == "decommissioned", report["summary"]
+    # The migration ran in its target's shared DAG; its cutover task emitted the group's cut_over through the alias.
+    dag_id = migration_dag_id("promshift_target")
+    assert [(e["source_dag_id"], e["source_task_id"], e["source_run_id"], e["extra"]["group"])
+            for e in cut_over_events] == [(dag_id, "cutover", report["run_id"], "gpu-memory")], cut_over_events
+    # Each bake watch run: ``watched`` listed the groups to check, and ``bake_check`` was mapped over them, each
+    # map index named by its group; once the group was baked nothing was left to watch (the mapped task skipped).
+    assert watch and all(t["state"] == "success" for tis in watch.values() for t in tis
+                         if t["task_id"] == "watched"), watch
+    checks = [t for tis in watch.values() for t in tis if t["task_id"] == "bake_check" and t["state"] != "skipped"]
+    assert len(checks) >= 2 and {(t["map_index"], t["rendered_map_index"]) for t in checks} == {(0, "gpu-memory")}
+    assert all(t["state"] == "success" for t in checks), [(t["dag_run_id"], t["state"]) for t in checks]
+    # The check that baked the group emitted its baked asset through the watch's alias, once.
+    assert [(e["source_dag_id"], e["source_task_id"], e["source_map_index"], e["extra"]["group"])
+            for e in baked_events] == [(BAKE_WATCH_DAG_ID, "bake_check", 0, "gpu-memory")], baked_events
+    assert baked_events[0]["source_run_id"] in {t["dag_run_id"] for t in checks}
     assert report["rules"]["moved"] > 0 and report["rules"]["alerts"] >= 1 and report["rules"]["records"] >= 1
     assert report["read_path"]["switched"] is True and report["read_path"]["panels"] > 0
     assert report["bake"]["checks"] >= 2 and report["bake"]["baked"] is True
