@@ -5,7 +5,7 @@ Prometheus) and two workspaces of the local AWS (``stack up --target amp --clust
 door, each workspace backed by its own Prometheus and written through its own signing relay), one Airflow reading
 the fleet catalog (per-group connections, two ``amp`` connections). Each group's report names its source and its
 workspace; each workspace holds only what was moved to it, from the cluster it came from; the routes and the board
-say which cluster and workspace each group is on.
+say which cluster and workspace each group is on. Wave 2 is started by ``promshift__waves`` on wave 1's cut-over.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from botocore.credentials import Credentials
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
 from promshift.adapters.sigv4 import AwsSigV4Auth
+from promshift.core.catalog import migration_dag_id
 from promshift.local.airflow_lab import TRIGGER_USER, LocalAirflow
 from promshift.local.demo_fleet import FLEET_PLAN, SOURCE_A, SOURCE_B, TARGET_A, TARGET_B
 from promshift.local.stack.local import EXTERNAL_LABELS, EXTERNAL_LABELS_B, LocalStack
+from promshift.orchestration.dag_factory import WAVES_DAG_ID
 from tests.e2e.conftest import SharedSession
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
@@ -105,3 +107,39 @@ def test_routes_and_the_board_name_each_groups_cluster_and_workspace(fleet_sessi
     page = requests.get(f"{airflow.base_url}/promshift/", headers=auth, timeout=30)
     page.raise_for_status()
     assert page.text.count('class="source-conn"') == 3 and ">promshift_target_b</span>" in page.text
+
+
+def test_the_waves_dag_starts_wave_2_when_its_dependency_cuts_over(fleet_session: SharedSession) -> None:
+    """gpu-power-thermal (depends_on gpu-utilization) was never triggered by hand: gpu-utilization's cutover task
+    emitted its ``cut_over`` asset through the alias, that event created a ``promshift__waves`` run, whose mapped
+    ``start`` (named by the group) triggered gpu-power-thermal in the shared migration DAG of its target."""
+    util, thermal = (fleet_session.run(f"fleet:{g}").report for g in ("gpu-utilization", "gpu-power-thermal"))
+    shared_dag = migration_dag_id(TARGET_A)
+    assert util["started"] == {"by": "hand", "dag_id": shared_dag, "run_id": util["run_id"]}
+    started = thermal["started"]
+    assert started["by"] == WAVES_DAG_ID and started["dag_id"] == shared_dag, started
+    assert started["run_id"] == thermal["run_id"] and thermal["run_id"].startswith("wave__gpu-power-thermal__")
+    assert (started["waves_run_type"], started["start_state"], started["start_map_index"]) == (
+        "asset_triggered", "success", "gpu-power-thermal"), started
+    airflow = LocalAirflow(home=fleet_session.home / "airflow", port=fleet_session.session.airflow.port,
+                           extra_env={})
+    airflow.load_passwords()
+    # The one cut_over event of gpu-utilization: from its run's shared cutover task, through the alias; it created
+    # the waves run that started gpu-power-thermal.
+    events = airflow.asset_events("promshift://group/gpu-utilization/cut_over")
+    assert [(e["source_dag_id"], e["source_task_id"], e["source_run_id"]) for e in events] == [
+        (shared_dag, "cutover", util["run_id"])], events
+    assert events[0]["extra"]["group"] == "gpu-utilization"
+    assert started["waves_run_id"] in {r["run_id"] for r in events[0]["created_dagruns"]}, events[0]
+    upstream = airflow.api(TRIGGER_USER, "GET", f"/dags/{WAVES_DAG_ID}/dagRuns/{started['waves_run_id']}"
+                                                "/upstreamAssetEvents")["asset_events"]
+    assert [e["id"] for e in upstream] == [events[0]["id"]], upstream
+    # The started run chose its group in the form; it began after its dependency was cut over.
+    run = airflow.api(TRIGGER_USER, "GET", f"/dags/{shared_dag}/dagRuns/{thermal['run_id']}")
+    assert run["conf"] == {"group": "gpu-power-thermal", "reason": "wave: gpu-utilization cut over"}, run["conf"]
+    assert (run["run_type"], run["triggered_by"]) == ("operator_triggered", "operator"), run
+    cut_over_at = next(s["at"] for s in util["stages"] if s["stage"] == "cut_over")
+    assert thermal["stages"][0]["at"] > cut_over_at
+    # gpu-utilization and gpu-power-thermal migrated in one DAG (their target's); gpu-memory in the other's.
+    assert {r["dag_run_id"] for r in airflow.dag_runs(shared_dag)} == {util["run_id"], thermal["run_id"]}
+    assert fleet_session.run("fleet:gpu-memory").report["started"]["dag_id"] == migration_dag_id(TARGET_B)

@@ -15,10 +15,14 @@ gpu-memory              1     ``promshift_source_b`` (cluster b)     ``promshift
 gpu-power-thermal       2     ``promshift_source_b`` (its wave's)    ``promshift_target`` (workspace a)
 ======================  ====  =====================================  =====================================
 
-(gpu-clocks is left out, and gpu-power-thermal's ``depends_on`` too: wave 2 starts when wave 1 has
-ended, by the demo's hand, not by the dependency's asset.) Wave 1's two groups run at once; each run
-is approved through the REST API by an on-call engineer, as in ``make demo``. Each group's report
-names its source and target connections and URLs.
+(gpu-clocks is left out.) Wave 1's two groups are started by hand and run at once, in their two targets'
+migration DAGs (``promshift__migrate__<target>``, the group chosen in the form). gpu-power-thermal keeps its
+``depends_on: [gpu-utilization]``: when gpu-utilization cuts over, its cutover task emits
+``promshift://group/gpu-utilization/cut_over`` through the ``promshift-cut-over`` alias, the ``promshift__waves``
+DAG (unpaused by the demo, scheduled on that asset) runs, and its mapped ``start`` triggers gpu-power-thermal in
+``promshift__migrate__promshift_target`` as run ``wave__gpu-power-thermal__<digest>``, while gpu-memory may still
+be running. Each run is approved through the REST API by an on-call engineer, as in ``make demo``. Each group's
+report names its source and target connections and URLs, and how its run was started (``started``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 import yaml
 
 from promshift.adapters.settings import REPO_ROOT
+from promshift.core.waves import WAVE_RUN_PREFIX
 from promshift.local.airflow_lab import APPROVER_USERS
 from promshift.local.demo import (
     APPROVAL_AFTER_POLLS,
@@ -45,6 +50,7 @@ from promshift.local.demo import (
     write_report,
 )
 from promshift.local.stack.local import LocalStack
+from promshift.orchestration.dag_factory import WAVES_DAG_ID
 
 log = logging.getLogger("promshift.local.demo_fleet")
 
@@ -60,17 +66,21 @@ FLEET_PLAN: dict[str, tuple[int, str, str]] = {
 # Each wave (its groups at once) gets this long, the first counted from the session's start (Airflow's start-up
 # included): measured on 2 loaded cores, a wave of two groups took about 10 minutes.
 WAVE_TIMEOUT_S = 2 * DEFAULT_TIMEOUT_S
+# How long the waves DAG may take to start a dependent group once the runs before it have ended.
+WAVES_START_WAIT_S = 300.0
 
 
 def write_fleet_catalog(home: Path) -> Path:
     """The fleet scenario's catalog under ``home``: the repository's, with each group's connections (gpu-memory's
-    in the group, gpu-power-thermal's source from its wave), its golden dashboards and AMP prices beside it."""
+    in the group, gpu-power-thermal's source from its wave; its ``depends_on`` kept), its golden dashboards and
+    AMP prices beside it."""
     doc = yaml.safe_load((REPO_ROOT / "catalog" / "metric_groups.yaml").read_text(encoding="utf-8"))
     doc["waves"] = {2: {"source": SOURCE_B}}
     groups = {g["name"]: g for g in doc["groups"]}
     memory = groups["gpu-memory"]
     memory["source"], memory["target"] = SOURCE_B, TARGET_B
-    groups["gpu-power-thermal"].pop("depends_on", None)
+    # Started by the waves DAG when gpu-utilization has cut over (the repository's dependency, kept).
+    assert groups["gpu-power-thermal"].get("depends_on") == ["gpu-utilization"], groups["gpu-power-thermal"]
     doc["groups"] = [groups[name] for name in FLEET_PLAN]
     folder = home / "fleet-catalog"
     shutil.rmtree(folder, ignore_errors=True)
@@ -118,60 +128,113 @@ def start_fleet_session(*, nodes: int, airflow_port: int, target_kind: str = "am
 
 
 def run_waves(session: DemoSession, *, report_root: Path, timeout_s: float = WAVE_TIMEOUT_S) -> dict[str, Path]:
-    """Wave 1's groups at once, then wave 2's; each approved through the REST API; a report per group."""
+    """Wave 1's groups started by hand, at once; each later group started by ``promshift__waves`` once its
+    dependencies have cut over; each approved through the REST API; a report per group."""
     stack, airflow = session.stack, session.airflow
     session.set_connections(fleet_connections(stack))
     airflow.ensure_latency_pool(target_conn_ids=[TARGET_B])  # the second workspace's probes have their own pool
     config_of = {SOURCE_A: stack.source_config_path, SOURCE_B: stack.source_b_config_path}
-    wave_starts = session.budget_from
+    groups = {name: session.group(name) for name in FLEET_PLAN}
+    for name, group in groups.items():  # the session's catalog says what the plan says
+        assert group.pair == FLEET_PLAN[name][1:], (name, group.pair)
+        assert (FLEET_PLAN[name][0] > 1) == bool(group.depends_on), (name, group.depends_on)
+    by_hand = [name for name, (wave, _, _) in FLEET_PLAN.items() if wave == 1]
+    before = {name: config_sha256(config_of[group.source]) for name, group in groups.items()}
+    # Scheduled on the cut_over assets of the groups others depend on: it must run when gpu-utilization cuts over.
+    airflow.wait_for_dag(WAVES_DAG_ID)
+    airflow.unpause(WAVES_DAG_ID)
+    runs: dict[str, tuple[str, str]] = {}
+    for name in by_hand:
+        airflow.wait_for_dag(groups[name].dag_id)
+        runs[name] = (groups[name].dag_id, airflow.trigger_group(groups[name]))
+    log.info("wave 1, by hand: %s; then %s: %s", ", ".join(f"{n} ({groups[n].source} -> {groups[n].target})"
+                                                           for n in by_hand), WAVES_DAG_ID,
+             ", ".join(f"{n} after {', '.join(groups[n].depends_on)}" for n in groups if n not in by_hand))
+    finals = follow_runs(session, runs, deadline=session.budget_from + timeout_s,
+                         started_by_waves={n: groups[n].dag_id for n in groups if n not in by_hand},
+                         wave_timeout_s=timeout_s)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    audit = session.audit()
     out: dict[str, Path] = {}
-    for wave in sorted({wave for wave, _, _ in FLEET_PLAN.values()}):
-        names = [name for name, (w, _, _) in FLEET_PLAN.items() if w == wave]
-        groups = {name: session.group(name) for name in names}
-        for name, group in groups.items():  # the session's catalog says what the plan says
-            assert group.pair == FLEET_PLAN[name][1:], (name, group.pair)
-        before = {name: config_sha256(config_of[groups[name].source]) for name in names}
-        runs = {}
-        for name in names:
-            airflow.wait_for_dag(groups[name].dag_id)
-            runs[name] = airflow.trigger(groups[name].dag_id)
-        log.info("wave %s: %s", wave, ", ".join(f"{n} ({groups[n].source} -> {groups[n].target})" for n in names))
-        finals = follow_runs(session, {name: (groups[name].dag_id, run_id) for name, run_id in runs.items()},
-                             deadline=wave_starts + timeout_s)
-        wave_starts = time.time()
-        audit = session.audit()
-        for name in names:
-            path = config_of[groups[name].source]
-            after = config_sha256(path)
-            out_dir = (report_root / f"{stamp}-{name}-{FLEET_SCENARIO}").resolve()
-            report = write_report(audit=audit, group=name, run_id=runs[name], out_dir=out_dir,
-                                  source_config={"path": str(path), "sha256_before": before[name],
-                                                 "sha256_after": after, "identical": before[name] == after},
-                                  extra={"wave": wave, "dag_run_state": finals[name]})
-            print_report(report)
-            print(f"Connections: {report['connections']['source']} ({report['source'].get('url')}) -> "
-                  f"{report['connections']['target']} ({target_name(report)})")
-            out[name] = out_dir
+    for name, group in groups.items():
+        path = config_of[group.source]
+        after = config_sha256(path)
+        dag_id, run_id = runs[name]
+        started = {"by": "hand" if name in by_hand else WAVES_DAG_ID, "dag_id": dag_id, "run_id": run_id}
+        if name not in by_hand:
+            started.update(waves_start(airflow, name))
+        out_dir = (report_root / f"{stamp}-{name}-{FLEET_SCENARIO}").resolve()
+        report = write_report(audit=audit, group=name, run_id=run_id, out_dir=out_dir,
+                              source_config={"path": str(path), "sha256_before": before[name],
+                                             "sha256_after": after, "identical": before[name] == after},
+                              extra={"wave": FLEET_PLAN[name][0], "dag_run_state": finals[name], "started": started})
+        print_report(report)
+        print(f"Connections: {report['connections']['source']} ({report['source'].get('url')}) -> "
+              f"{report['connections']['target']} ({target_name(report)}); started by {started['by']}")
+        out[name] = out_dir
     print(f"\nwall time {time.time() - session.started:.0f}s")
     print("\n".join(f"  wave {FLEET_PLAN[name][0]}  {name:<18} {FLEET_PLAN[name][1]} -> {FLEET_PLAN[name][2]}:  "
                     f"{path}" for name, path in out.items()))
     last = list(FLEET_PLAN)[-1]
-    print_logins(airflow, session.group(last).dag_id, runs[last], mail=f"{len(stack.mail())} message(s)")
+    print_logins(airflow, runs[last][0], runs[last][1], mail=f"{len(stack.mail())} message(s)")
     return out
 
 
-def follow_runs(session: DemoSession, runs: dict[str, tuple[str, str]], *, deadline: float) -> dict[str, str]:
-    """Poll every run until it ends, answering each approval once it has waited a few polls; the final states."""
+def waves_start(airflow: Any, group: str) -> dict[str, Any]:
+    """How ``promshift__waves`` started ``group``: its run (and what started it) whose mapped ``start`` task
+    instance is named by the group (``map_index_template``)."""
+    for run in reversed(airflow.dag_runs(WAVES_DAG_ID)):
+        for ti in airflow.task_instances(WAVES_DAG_ID, run["dag_run_id"]):
+            if ti["task_id"] == "start" and ti.get("rendered_map_index") == group:
+                return {"waves_run_id": run["dag_run_id"], "waves_run_type": run.get("run_type"),
+                        "waves_run_state": run.get("state"), "start_state": ti.get("state"),
+                        "start_map_index": ti.get("rendered_map_index")}
+    return {"waves_run_id": None}
+
+
+def wave_run(airflow: Any, dag_id: str, group: str) -> str | None:
+    """The run of ``dag_id`` the waves DAG started for ``group`` (run id ``wave__<group>__...``), if any yet."""
+    prefix = f"{WAVE_RUN_PREFIX}{group}__"
+    found = [r["dag_run_id"] for r in airflow.dag_runs(dag_id) if str(r["dag_run_id"]).startswith(prefix)]
+    return found[-1] if found else None
+
+
+def follow_runs(session: DemoSession, runs: dict[str, tuple[str, str]], *, deadline: float,
+                started_by_waves: dict[str, str] | None = None, wave_timeout_s: float = WAVE_TIMEOUT_S
+                ) -> dict[str, str]:
+    """Poll every run until it ends, answering each approval once it has waited a few polls; the final states.
+
+    ``started_by_waves``: group -> migration DAG of groups the waves DAG starts; each is looked for (and added to
+    ``runs``) until found, and gets ``wave_timeout_s`` from then. The first deadline is the by-hand runs'."""
     airflow = session.airflow
     approver = APPROVER_USERS[0]
+    pending = dict(started_by_waves or {})
+    deadlines = dict.fromkeys(runs, deadline)
     waiting = dict.fromkeys(runs, 0)
     seen: dict[str, dict[str, str]] = {name: {} for name in runs}
     finals: dict[str, str] = {}
-    while len(finals) < len(runs):
-        if time.time() > deadline:
-            raise RuntimeError(f"the fleet's runs did not finish in time: {sorted(set(runs) - set(finals))} still "
-                               f"running; states {seen}")
+    idle_since: float | None = None
+    while len(finals) < len(runs) + len(pending):
+        for name, dag_id in list(pending.items()):
+            run_id = wave_run(airflow, dag_id, name)
+            if run_id is not None:
+                log.info("%s started %s: %s run %s", WAVES_DAG_ID, name, dag_id, run_id)
+                runs[name] = (dag_id, run_id)
+                deadlines[name], waiting[name], seen[name] = time.time() + wave_timeout_s, 0, {}
+                del pending[name]
+        if pending and len(finals) == len(runs):
+            # Every run followed has ended: the waves DAG has this long to start the rest (its run follows the
+            # cut-over's asset event by a scheduler loop or two), else it never will.
+            idle_since = idle_since or time.time()
+            if time.time() - idle_since > WAVES_START_WAIT_S:
+                raise RuntimeError(f"{WAVES_DAG_ID} started no run for {sorted(pending)} in "
+                                   f"{WAVES_START_WAIT_S:.0f}s after the runs before ended ({finals})")
+        else:
+            idle_since = None
+        late = [name for name in runs if name not in finals and time.time() > deadlines[name]]
+        if late:
+            raise RuntimeError(f"the fleet's runs did not finish in time: {sorted(late)} still running; "
+                               f"states {seen}")
         for name, (dag_id, run_id) in runs.items():
             if name in finals:
                 continue
