@@ -45,7 +45,7 @@ CELERY_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 API_ATTEMPTS = 3
 APPROVER_USERS = ("oncall-alice", "oncall-bob")
 # The source Prometheus' login for promshift's own /metrics (promshift.local.self_scrape): a viewer reads every
-# group's DAG, and can neither trigger nor approve.
+# group's migration DAG, and can neither trigger nor approve.
 METRICS_USER = "prometheus"
 # The demo's on-call rotation (catalog: gpu-memory's ``approvers: ["team:gpu-oncall"]``), as the Airflow Variable
 # ``promshift_teams`` an on-call tool would keep current. It names the trigger user too: the approval leaves

@@ -575,9 +575,10 @@ def scenario_connections(session: DemoSession, scenario: str, deploy: str) -> di
 def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report_root: Path,
                  deploy: str = REMOTE_WRITE, timeout_s: float | None = None) -> Path:
     """Run one scenario on ``group_name`` in a running session: point Airflow's connections at the stack (for
-    ``deploy``), trigger the group's DAG, plant the scenario's fault, answer the approval through the REST
-    API as an on-call engineer, follow the run (and for the lifecycle scenarios the bake watch and the
-    decommission), write and print the report; return the report directory.
+    ``deploy``), trigger the group's migration (its target's DAG, the group chosen in the form), plant the
+    scenario's fault, answer the approval through the REST API as an on-call engineer, follow the run (and for
+    the lifecycle scenarios the bake watch and the decommission), write and print the report; return the report
+    directory.
 
     A group migrates once per session: scenarios of one session take different groups (their audit events,
     config entries and reports are told apart by group). The first scenario's wall time counts from the
