@@ -471,13 +471,12 @@ class LocalAirflow:
         return list(data["dag_runs"])
 
     def asset_events(self, uri: str) -> list[dict[str, Any]]:
-        """The asset events Airflow recorded for the asset ``uri`` (source DAG, task, run, map index; extra)."""
-        assets = self.api(TRIGGER_USER, "GET", "/assets", params={"uri_pattern": uri, "limit": 100})["assets"]
-        found = [a for a in assets if a["uri"] == uri]
-        if not found:
-            return []
-        data = self.api(TRIGGER_USER, "GET", "/assets/events", params={"asset_id": found[0]["id"], "limit": 1000})
-        return list(data["asset_events"])
+        """The asset events Airflow recorded for the asset ``uri`` (source DAG, task, run, map index; extra), oldest
+        first. Asked by name (a group's asset is named by its URI): ``/assets`` lists only assets some DAG
+        references, and a group's asset emitted through an alias alone (no DAG scheduled on it) is not one."""
+        data = self.api(TRIGGER_USER, "GET", "/assets/events", params={"name_pattern": uri, "limit": 1000,
+                                                                        "order_by": "timestamp"})
+        return [e for e in data["asset_events"] if e["uri"] == uri]
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         """Airflow's record of every task instance of the run (mapped ones each), hostname and pid included."""
