@@ -78,6 +78,18 @@ def _migration_dags(bag: Any) -> dict[str, Any]:
     return {dag_id: dag for dag_id, dag in bag.dags.items() if dag_id.startswith("promshift__migrate__")}
 
 
+
+def mapped_over(dag: Any, lister_id: str, lister_class: str, mapped_id: str, mapped_class: str) -> Any:
+    """``mapped_id`` is ``mapped_class`` mapped (``expand_kwargs``) over the list ``lister_id`` returns, its only
+    upstream; ``lister_id`` (a ``lister_class``) has none. Returns the mapped task."""
+    lister, mapped = dag.get_task(lister_id), dag.get_task(mapped_id)
+    assert type(lister).__name__ == lister_class and lister.upstream_task_ids == set()
+    assert type(mapped).__name__ == "MappedOperator" and mapped.operator_class.__name__ == mapped_class
+    assert mapped.upstream_task_ids == {lister_id}
+    assert type(mapped.expand_input).__name__ == "ListOfDictsExpandInput"  # expand_kwargs(lister.output)
+    assert mapped.expand_input.value.operator is lister
+    return mapped
+
 def test_no_import_errors(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
     assert dagbag.import_errors == {} and multi.import_errors == {}
 
@@ -367,12 +379,7 @@ def test_the_waves_start_dependents_on_their_dependencies_cut_over_assets(dagbag
         assert {a.uri for a in condition.objects} == {f"promshift://group/{d}/cut_over" for d in depended_on}
         assert len(condition.objects) == len(depended_on)
         assert {t.task_id for t in waves.tasks} == {"ready", "start"}
-        ready, start = waves.get_task("ready"), waves.get_task("start")
-        assert type(ready).__name__ == "WavesReadyOperator" and ready.upstream_task_ids == set()
-        assert type(start).__name__ == "MappedOperator" and start.operator_class.__name__ == "TriggerDagRunOperator"
-        assert start.upstream_task_ids == {"ready"}
-        assert type(start.expand_input).__name__ == "ListOfDictsExpandInput"  # expand_kwargs(ready.output)
-        assert start.expand_input.value.operator is ready
+        start = mapped_over(waves, "ready", "WavesReadyOperator", "start", "TriggerDagRunOperator")
         # A start whose run id exists already (another worker's, an earlier try's) is skipped, not failed.
         assert start.partial_kwargs["skip_when_already_exists"] is True
         assert start.partial_kwargs["wait_for_completion"] is False
@@ -407,12 +414,7 @@ def test_the_bake_watch_checks_every_group_on_the_catalogs_interval(dagbag, mult
         assert watch.max_active_runs == 1 and not watch.catchup
         # Two tasks however many groups: the watched list, then one mapped check per watched group.
         assert [t.task_id for t in watch.tasks] == ["watched", "bake_check"]
-        watched, check = watch.get_task("watched"), watch.get_task("bake_check")
-        assert type(watched).__name__ == "BakeWatchListOperator" and watched.upstream_task_ids == set()
-        assert type(check).__name__ == "MappedOperator" and check.operator_class.__name__ == "BakeCheckOperator"
-        assert check.upstream_task_ids == {"watched"}
-        assert type(check.expand_input).__name__ == "ListOfDictsExpandInput"  # expand_kwargs(watched.output)
-        assert check.expand_input.value.operator is watched
+        check = mapped_over(watch, "watched", "BakeWatchListOperator", "bake_check", "BakeCheckOperator")
         # The baked asset of the checked group is emitted through the alias; each map index named by its group.
         assert check.partial_kwargs["outlets"] == [AssetAlias("promshift-baked")]
         assert check.partial_kwargs["map_index_template"] == "{{ task.group_name }}"

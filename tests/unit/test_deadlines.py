@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - the slack fixture is test_notify_once's, imported by name (it uses this module's audit)
 """The migration DAGs' deadline alert: what each DAG carries, and what its callback does when Airflow runs it.
 
 The callback is run by Airflow's own ``CallbackTrigger`` (what the triggerer awaits), built the way Airflow builds
@@ -37,7 +38,8 @@ from promshift.core.stages import Stage
 from promshift.orchestration import deadlines
 from promshift.orchestration.dag_factory import EXECUTION_TIMEOUTS, build_migration_dags
 from promshift.steps.migration import steps_of
-from tests.slack_webhook import SlackWebhook, slack_conn, slack_webhook
+from tests.slack_webhook import SlackWebhook
+from tests.unit.test_notify_once import slack  # noqa: F401 - fixture
 
 CATALOG_TEXT = """\
 version: 1
@@ -98,13 +100,6 @@ def audit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AuditStor
     store = AuditStore()
     yield store
     store.engine.dispose()
-
-
-@pytest.fixture
-def slack(audit: AuditStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlackWebhook]:
-    with slack_webhook() as hook:
-        monkeypatch.setenv("AIRFLOW_CONN_SLACK_DEFAULT", slack_conn(hook))
-        yield hook
 
 
 # -- the alert each migration DAG carries ------------------------------------------------------------------
