@@ -27,7 +27,7 @@ from promshift.board.metrics import CONTENT_TYPE, FOLDED_KINDS, exposition
 from promshift.core.audit import ChainCheck
 from promshift.core.catalog import Catalog, MetricGroup
 from promshift.core.memory import cyclic_gc_paused
-from promshift.core.stages import Stage, current_stage
+from promshift.core.stages import Stage, stage_from_moves
 
 _chart_lock = threading.Lock()  # pyplot keeps global state; one chart at a time
 # How long the overview waits for the first whole chain verification of a process (then it shows "being verified"
@@ -88,7 +88,7 @@ class BoardSource:
         out = {}
         for group, moves in self.audit.stage_moves().items():
             try:
-                out[group] = evidence.GroupState(current_stage(Stage(m) for m in moves).value)
+                out[group] = evidence.GroupState(stage_from_moves(moves).value)
             except ValueError as exc:
                 out[group] = evidence.GroupState(None, f"the audit history does not replay: {exc}")
         return out

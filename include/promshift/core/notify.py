@@ -164,7 +164,6 @@ def bake_failed(*, group: str, run_id: str, check: str, reason: str, log_url: st
                   "Reads are served by AMP: decide whether to route them back to the source.")
 
 
-
 def run_overdue(*, group: str, run_id: str, stage: str, running_for: str, deadline_after: str,
                 last_step: str | None, last_at: str | None, queued_at: str, dry_run: bool = False,
                 warmup_override: str = "", run_url: str | None = None) -> Notice:
@@ -189,6 +188,7 @@ def run_overdue(*, group: str, run_id: str, stage: str, running_for: str, deadli
                  "group back if it cannot finish.")
     return _build(RUN_OVERDUE, group, run_id, f"run overdue: still going {running_for} after it was queued", facts,
                   [("The DAG run", run_url)], paragraph)
+
 
 # Slack's Block Kit limits: a header's plain text at most 150 characters, a section's text at most 3,000, at most
 # 50 blocks in a message; the top-level ``text`` (the notification's fallback) is clipped to the same 3,000.

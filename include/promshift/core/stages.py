@@ -118,3 +118,9 @@ def current_stage(history: Iterable[Stage]) -> Stage:
     for entered in history:
         stage = transition("history", stage, entered)
     return stage
+
+
+def stage_from_moves(moves: Iterable[str]) -> Stage:
+    """``current_stage`` of a group's stage moves as the audit stores them (``AuditStore.stage_moves``: the
+    stages' values, oldest first); ValueError for an unknown stage or an illegal move."""
+    return current_stage(Stage(move) for move in moves)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from promshift.core.catalog.model import MetricGroup
-from promshift.core.stages import CUT_OVER_OR_LATER, STARTABLE, Stage, current_stage
+from promshift.core.stages import CUT_OVER_OR_LATER, STARTABLE, Stage, stage_from_moves
 
 WAVE_RUN_PREFIX = "wave__"
 
@@ -40,7 +40,7 @@ def ready_to_start(groups: Sequence[MetricGroup], moves: Mapping[str, Sequence[s
     it is startable (planned, rolled back or failed) and every group it depends on is cut over or later. A
     group without dependencies is started by hand and is never returned. ``validate`` checks all of it again
     when the run starts (another run may hold the group by then)."""
-    stages = {name: current_stage(Stage(s) for s in history) for name, history in moves.items()}
+    stages = {name: stage_from_moves(history) for name, history in moves.items()}
     ready: list[WaveStart] = []
     for group in groups:
         if not group.depends_on or stages.get(group.name, Stage.PLANNED) not in STARTABLE:

@@ -165,7 +165,8 @@ def report_overdue(*, catalog_path: str, profile: str | None, context: Mapping[s
     try:
         stage = audit.stage_of(run.group).value
         events = audit.events(group=run.group, run_id=run.run_id)
-        last = steps_of(events)[-1] if steps_of(events) else None
+        steps = steps_of(events)
+        last = steps[-1] if steps else None
         queued_at = run.queued_at
         evidence = {
             "dag_id": run.dag_id, "stage": stage, "last_event": last.kind if last else None,

@@ -204,14 +204,12 @@ class _GroupStep:
         # The chosen group's own cluster and workspace connections (its route's key).
         self.source_conn_id, self.target_conn_id = group.source, group.target
 
-    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
-        self.choose_group(context)  # before anything reads the group (every try and every resume renders)
-        super().render_template_fields(context, jinja_env)  # type: ignore[misc]
-
     def _do_render_template_fields(self, parent: Any, template_fields: Any, context: Any, jinja_env: Any,
                                    seen_oids: set[int]) -> None:
-        # A mapped task (parity_samples) never calls the method above: Airflow's MappedOperator builds the
-        # task of one map index and renders it through this one (airflow.sdk MappedOperator.render_template_fields).
+        # The group is chosen before anything reads it, on every try and every resume (each renders). Here, not in
+        # ``render_template_fields``: a task renders through this (BaseOperator.render_template_fields calls it),
+        # and so does one map index of a mapped task (parity_samples), which never calls render_template_fields
+        # (airflow.sdk MappedOperator.render_template_fields unmaps the task and calls this on it).
         if parent is self:
             self.choose_group(context)
         super()._do_render_template_fields(parent, template_fields, context, jinja_env,  # type: ignore[misc]
@@ -1342,13 +1340,13 @@ class BakeWatchListOperator(_EveryGroupTask):
     catalog's)."""
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
-        from promshift.core.stages import BAKE_WATCHED, Stage, current_stage
+        from promshift.core.stages import BAKE_WATCHED, stage_from_moves
 
         catalog, moves = self.catalog_and_moves()
         watched = []
         for group in catalog.groups:
-            history = moves.get(group.name)
-            if history and current_stage(Stage(s) for s in history) in BAKE_WATCHED:
+            history = moves.get(group.name)  # none: planned, never watched
+            if history and stage_from_moves(history) in BAKE_WATCHED:
                 watched.append({"group_name": group.name, "source_conn_id": group.source,
                                 "target_conn_id": group.target})
         self.log.info("bake watch: %s group(s) cut over or baking: %s", len(watched),
