@@ -296,3 +296,19 @@ def test_a_gap_just_before_the_window_is_seen() -> None:
                               span=(START, END), edge_s=7.0)
     beyond.add({a: [*source, (END + 5, 1.0)]}, {a: [*source, (END + 5, 9.0)]})
     assert beyond.points_compared == 41 and beyond.mismatches == 0
+
+
+def test_a_doubled_write_still_fails() -> None:
+    """Both replicas of an HA pair written to the target: every host's window aggregate doubles. The edge
+    allowance and the few-reads variance change nothing there."""
+    from promshift.core.parity import independent_aggregate_measurement
+
+    src = {f"h{i}": 4000.0 + 10 * i for i in range(16)}
+    model = {"avg P": {h: 2 * 60.0 ** 2 / 17 for h in src}}
+    reads = {"avg P": {h: (1.0 if h == "h0" else 17.0) for h in src}}
+    m = independent_aggregate_measurement([("avg P", src, {h: 2 * v for h, v in src.items()})], model_var=model,
+                                          reads=reads, abs_tol=1e-9, rel_tol=1e-9, queries=["q"])
+    assert m.verdict == Verdict.FAILED and "reads 100.0% higher on the target" in m.reason, m.reason
+    # Coverage: the doubled target is never credited down, nor the source up beyond its own wide count.
+    s, g, credited = credit_edges(({"h": 8.0}, {"h": 16.0}), ({"h": 8.0}, {"h": 16.0}))
+    assert (s, g, credited) == ({"h": 8.0}, {"h": 16.0}, 0)

@@ -26,6 +26,7 @@ import re2
 from promshift.adapters.files import read_user_file
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
+from promshift.core.errors import ErrorKind
 from promshift.core.golden import (
     COMPARED,
     NEEDS_VARIABLE,
@@ -268,15 +269,23 @@ class ParityCheck:
     def source_scrape_interval(self, start: float, end: float) -> tuple[float, str]:
         """The source's configured scrape interval for the jobs of the group's series, and where it came from.
 
-        Its loaded config (``/api/v1/status/config``) and the ``job`` values of the group's series; when either
-        cannot be read, the catalog's ``scrape_interval`` (said so)."""
+        Its loaded config (``/api/v1/status/config``) and the ``job`` values of the group's series; when the
+        source answers but not with them (no status API, a config it will not show), the catalog's
+        ``scrape_interval`` (said so). A source that does not answer at all raises: parity is an ERROR then."""
         try:
             jobs = self.source.label_values("job", self.group.selector(), start=start, end=end)
             return scrape_interval_of(self.source.config_text(), jobs)
-        except (PrometheusError, ValueError) as exc:
-            log.warning("parity %s: source config not read (%s); the catalog's scrape_interval", self.group.name, exc)
-            return self.group.scrape_interval_s, (f"the catalog's scrape_interval {self.group.scrape_interval_s:g}s "
-                                                  f"(source config not read: {str(exc)[:160]})")
+        except PrometheusError as exc:
+            if exc.kind in (ErrorKind.UNREACHABLE, ErrorKind.TIMEOUT):
+                raise
+            return self._catalog_interval(exc)
+        except ValueError as exc:
+            return self._catalog_interval(exc)
+
+    def _catalog_interval(self, exc: Exception) -> tuple[float, str]:
+        log.warning("parity %s: source config not read (%s); the catalog's scrape_interval", self.group.name, exc)
+        return self.group.scrape_interval_s, (f"the catalog's scrape_interval {self.group.scrape_interval_s:g}s "
+                                              f"(source config not read: {str(exc)[:160]})")
 
     def _use_step(self, step: float) -> None:
         if step != self.policy.step_s:
@@ -853,7 +862,11 @@ class ParityCheck:
 
     def _plan(self, *, dual_write_since: float, now: float, started: float, before: list[dict[str, float]]
               ) -> ParityPlan:
-        interval, interval_from = self.source_scrape_interval(dual_write_since, now)
+        try:
+            interval, interval_from = self.source_scrape_interval(dual_write_since, now)
+        except PrometheusError as exc:
+            return ParityPlan(None, (Measurement("window", Verdict.ERROR, f"the source's scrape interval: {exc}"),),
+                              cost=self._cost(started, before))
         self._scrape_interval = interval
         step, step_note = comparison_step(self.policy.step_s, interval)
         self._use_step(step)
