@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -499,19 +499,15 @@ def labels_depended_on(expr: str) -> dict[str, str]:
     def note(label: str, how: str) -> None:
         found.setdefault(label, how)
 
-    def visit(node: Any) -> None:
+    for node in _nodes(parse(expr)):
         if isinstance(node, promql_parser.MatrixSelector):
             node = node.vector_selector
         if isinstance(node, promql_parser.VectorSelector):
-            for m in node.matchers.matchers:
-                if m.name != "__name__":
-                    note(m.name, "matched")
-            for group in node.matchers.or_matchers or ():
+            for group in (node.matchers.matchers, *(node.matchers.or_matchers or ())):
                 for m in group:
                     if m.name != "__name__":
                         note(m.name, "matched")
-            return
-        if isinstance(node, promql_parser.AggregateExpr):
+        elif isinstance(node, promql_parser.AggregateExpr):
             modifier = node.modifier
             if modifier is not None and modifier.type == promql_parser.AggModifierType.By:
                 for label in modifier.labels:
@@ -531,13 +527,16 @@ def labels_depended_on(expr: str) -> dict[str, str]:
             for i, arg in enumerate(node.args):
                 if i in positions and isinstance(arg, promql_parser.StringLiteral) and arg.val:
                     note(arg.val, f"named by {node.func.name}")
-        if isinstance(node, promql_parser.SubqueryExpr):
-            visit(node.expr)
-        for child in _children(node):
-            visit(child)
-
-    visit(parse(expr))
     return found
+
+
+def _nodes(node: Any) -> Iterator[Any]:
+    """``node`` and every node under it (a subquery's expression included)."""
+    yield node
+    if isinstance(node, promql_parser.SubqueryExpr):
+        yield from _nodes(node.expr)
+    for child in _children(node):
+        yield from _nodes(child)
 
 
 def functions_used(expr: str) -> set[str]:
@@ -546,16 +545,9 @@ def functions_used(expr: str) -> set[str]:
     An expression that does not parse raises PromQLError.
     """
     found: set[str] = set()
-
-    def visit(node: Any) -> None:
+    for node in _nodes(parse(expr)):
         if isinstance(node, promql_parser.Call):
             found.add(node.func.name)
         elif isinstance(node, promql_parser.AggregateExpr):
             found.add(str(node.op))
-        if isinstance(node, promql_parser.SubqueryExpr):
-            visit(node.expr)
-        for child in _children(node):
-            visit(child)
-
-    visit(parse(expr))
     return found
