@@ -205,8 +205,7 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
                 for name in (TARGET, SOURCE):
                     self._apply(components[name], plans[name])
                 self._wait_healthy([components[TARGET], components[SOURCE]], deadline)
-                self._start_kubernetes(components, plans, deadline)
-                self._start_git(components, plans, deadline)
+                self._start_stand_ins(components, plans, deadline)
                 if self.config.clusters == 2:
                     components = self._start_cluster_b(deadline)
                 self._write_state(components)
@@ -218,8 +217,7 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
                     action = "restart"  # started without this pair in its environment (see _child_env)
                 self._apply(components[SOURCE], (action, pid))
                 self._wait_healthy([components[SOURCE]], deadline)
-                self._start_kubernetes(components, plans, deadline)
-                self._start_git(components, plans, deadline)
+                self._start_stand_ins(components, plans, deadline)
                 self._write_state(components, workspace_id=workspace_id, fingerprint=fingerprint,
                                   workspace_b_id=workspace_b_id)
             self._wait_scraped(deadline)

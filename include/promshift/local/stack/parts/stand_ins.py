@@ -136,27 +136,18 @@ class StandInsPart(PrometheusPart):
                            "PROMSHIFT_GITHUB_PORT"),
         }
 
-    def _start_kubernetes(self, components: dict[str, Component], plans: dict[str, tuple[str, int | None]],
-                          deadline: float) -> None:
-        """The k8s component, once the source it renders onto answers (kubernetes=True only)."""
-        if not self.config.kubernetes:
-            return
-        action, pid = plans[K8S]
-        if action == "reuse" and plans[SOURCE][0] != "reuse":
-            action = "restart"  # the operator renders onto the source's file: take it over again
-        self._apply(components[K8S], (action, pid))
-        self._wait_healthy([components[K8S]], deadline)
-
-    def _start_git(self, components: dict[str, Component], plans: dict[str, tuple[str, int | None]],
-                   deadline: float) -> None:
-        """The git component, once the source it syncs onto answers (git=True only)."""
-        if not self.config.git:
-            return
-        action, pid = plans[GIT]
-        if action == "reuse" and plans[SOURCE][0] != "reuse":
-            action = "restart"  # the sync renders onto the source's file: take it over again
-        self._apply(components[GIT], (action, pid))
-        self._wait_healthy([components[GIT]], deadline)
+    def _start_stand_ins(self, components: dict[str, Component], plans: dict[str, tuple[str, int | None]],
+                         deadline: float) -> None:
+        """The k8s component (kubernetes=True) or the git component (git=True), once the source it renders or
+        syncs onto answers; a reused one is restarted when the source was not reused (it takes the file over)."""
+        for name, wanted in ((K8S, self.config.kubernetes), (GIT, self.config.git)):
+            if not wanted:
+                continue
+            action, pid = plans[name]
+            if action == "reuse" and plans[SOURCE][0] != "reuse":
+                action = "restart"  # the operator or the sync renders onto the source's file: take it over again
+            self._apply(components[name], (action, pid))
+            self._wait_healthy([components[name]], deadline)
 
     def _k8s_healthy(self) -> bool:
         # Written once the server listens and the operator has rendered the resource onto the source.
