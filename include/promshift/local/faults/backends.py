@@ -10,6 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from promshift.core.events import EventKind
 from promshift.core.render import remote_write_name
 from promshift.local.faults.env import (
     GROUP,
@@ -173,7 +174,7 @@ def fault_reload_rejected(env: FaultEnv) -> FaultResult:
     except Exception as exc:  # noqa: BLE001 - the step fails; its rollback runs next
         error = f"{type(exc).__name__}: {str(exc)[:200]}"
     rolled = rollback(m, snap)
-    failed = [e for e in audit.events() if e.kind == "deploy_failed"]
+    failed = [e for e in audit.events() if e.kind == EventKind.DEPLOY_FAILED]
     f.details.update(error=error, deploy_failed=failed[0].evidence_data if failed else None, rollback=rolled)
     return f.finish(outcome=f"deploy refused at reload ({error[:120]}); deployer restored the snapshot; "
                             f"deploy_failed audited; rollback restored_identical={rolled['restored_identical']}",

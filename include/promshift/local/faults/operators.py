@@ -188,7 +188,7 @@ def fault_restart_triggerer(env: FaultEnv) -> FaultResult:
     return fault_restart_during_warmup(env, who="triggerer")
 
 
-def fault_approval(env: FaultEnv, *, kind: str) -> FaultResult:
+def fault_approval(env: FaultEnv, kind: str) -> FaultResult:
     from airflow.sdk.exceptions import AirflowFailException
 
     number = 10 if kind == "timeout" else 11
@@ -222,8 +222,8 @@ def fault_approval(env: FaultEnv, *, kind: str) -> FaultResult:
 
 
 def fault_approval_timeout(env: FaultEnv) -> FaultResult:
-    return fault_approval(env, kind="timeout")
+    return fault_approval(env, "timeout")
 
 
 def fault_self_approval(env: FaultEnv) -> FaultResult:
-    return fault_approval(env, kind="four-eyes")
+    return fault_approval(env, "four-eyes")
