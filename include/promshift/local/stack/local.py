@@ -136,23 +136,6 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
         git = (GIT,) if self.config.git or self.pid_path(GIT).exists() else ()
         return COMPONENTS + am + amp + k8s + git + cluster_b
 
-    # -- what differs by family ------------------------------------------------------------
-
-    def _healthy(self, component: Component) -> bool:
-        if component.name == MAIL:
-            return self._mail_healthy()
-        if component.name == GIT:
-            return self._git_healthy()
-        if component.name == K8S:
-            return self._k8s_healthy()
-        return super()._healthy(component)
-
-    def _before_start(self, component: Component) -> None:
-        if component.name == MAIL:
-            self._forget_mail_address()
-        if component.name in (K8S, GIT):
-            self._forget_stand_in_address(component.name)
-
     # -- public operations ---------------------------------------------------------------
 
     def up(self, timeout: float = 180.0) -> dict[str, dict[str, Any]]:

@@ -2,8 +2,8 @@
 
 ``StackProcesses`` is the base of every component family (``promshift.local.stack.parts``): each family
 describes its processes as ``Component``s and this starts, probes and stops them alike. A family whose health
-is not one HTTP answer, or which must clear a file before a start or pass variables to its process, says so
-through ``_healthy``, ``_before_start`` and ``_child_env`` (``LocalStack`` dispatches them by name).
+is not one HTTP answer, or which must clear a file before a start or pass variables to its process, overrides
+``_healthy``, ``_before_start`` or ``_child_env`` for its own components and hands the rest to ``super()``.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ class StackProcesses:
         raise NotImplementedError
 
     def _healthy(self, component: Component) -> bool:
-        """Whether ``component`` answers its health URL (families with another notion override it)."""
+        """Whether ``component`` answers its health URL (a family with another notion overrides it for its own)."""
         try:
             return self._http.get(component.health_url, timeout=2).status_code == 200
         except requests.RequestException:

@@ -131,12 +131,16 @@ class AlertingPart(PrometheusPart):
                                     "PROMSHIFT_ALERTMANAGER_PORT"),
         }
 
-    def _mail_healthy(self) -> bool:
+    def _healthy(self, component: Component) -> bool:
+        if component.name != MAIL:
+            return super()._healthy(component)
         # The port the sink bound (written once it listens), and the sink must be the one the pid file names.
         address = sink_address(self.mail_dir)
         if address is None or (self.config.smtp_port and address[1] != self.config.smtp_port):
             return False
         return address[2] == self._read_pid(MAIL) and smtp_answers(address[0], address[1])
 
-    def _forget_mail_address(self) -> None:
-        (self.mail_dir / "sink.json").unlink(missing_ok=True)  # a dead sink's port must not pass for the new one's
+    def _before_start(self, component: Component) -> None:
+        if component.name == MAIL:
+            (self.mail_dir / "sink.json").unlink(missing_ok=True)  # a dead sink's port must not pass for the new one's
+        super()._before_start(component)

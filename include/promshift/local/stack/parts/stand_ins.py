@@ -149,28 +149,31 @@ class StandInsPart(PrometheusPart):
             self._apply(components[name], (action, pid))
             self._wait_healthy([components[name]], deadline)
 
-    def _k8s_healthy(self) -> bool:
-        # Written once the server listens and the operator has rendered the resource onto the source.
-        address = self.kubernetes_address()
-        if address is None or address.get("pid") != self._read_pid(K8S):
-            return False
-        if self.config.k8s_port and address.get("port") != self.config.k8s_port:
-            return False
-        try:
-            return self._http.get(self.prometheus_cr_url, timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
+    def _healthy(self, component: Component) -> bool:
+        if component.name == K8S:
+            # Written once the server listens and the operator has rendered the resource onto the source.
+            address = self.kubernetes_address()
+            if address is None or address.get("pid") != self._read_pid(K8S):
+                return False
+            if self.config.k8s_port and address.get("port") != self.config.k8s_port:
+                return False
+            try:
+                return self._http.get(self.prometheus_cr_url, timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
+        if component.name == GIT:
+            # Written once the API listens and the first sync has been loaded by the source.
+            address = self.git_address()
+            if address is None or address.get("pid") != self._read_pid(GIT):
+                return False
+            return not self.config.github_port or address.get("port") == self.config.github_port
+        return super()._healthy(component)
 
-    def _git_healthy(self) -> bool:
-        # Written once the API listens and the first sync has been loaded by the source.
-        address = self.git_address()
-        if address is None or address.get("pid") != self._read_pid(GIT):
-            return False
-        return not self.config.github_port or address.get("port") == self.config.github_port
-
-    def _forget_stand_in_address(self, name: str) -> None:
-        """A dead contract server's ``api.json`` must not pass for the new one's."""
-        (self.kubernetes_dir if name == K8S else self.git_dir).joinpath("api.json").unlink(missing_ok=True)
+    def _before_start(self, component: Component) -> None:
+        if component.name in (K8S, GIT):  # a dead contract server's api.json must not pass for the new one's
+            (self.kubernetes_dir if component.name == K8S else self.git_dir).joinpath("api.json").unlink(
+                missing_ok=True)
+        super()._before_start(component)
 
     def _copy_dashboards(self) -> None:
         from promshift.adapters.settings import REPO_ROOT
