@@ -3,6 +3,7 @@
 - ``core/`` is pure: no framework, network, clock, environment or process, and no other layer;
 - ``steps/`` is framework-free: no Airflow, and never the Airflow shell, the CLI, the board or the lab;
 - ``adapters/`` talk to one outside system each and never reach up into steps or the Airflow shell;
+- ``orchestration/`` (the Airflow shell) never reaches up into the board, the CLI or the lab;
 - nothing outside ``local/`` (the package, ``dags/``, ``plugins/``) imports the lab;
 - ``include/promshift/`` has no loose modules beyond package plumbing.
 """
@@ -24,6 +25,7 @@ FORBIDDEN = {
     "steps": {"airflow", "promshift.orchestration", "promshift.board", "promshift.cli", "promshift.local"},
     "adapters": {"promshift.steps", "promshift.orchestration", "promshift.board", "promshift.cli",
                  "promshift.local"},
+    "orchestration": {"promshift.board", "promshift.cli", "promshift.local"},
 }
 PRODUCTION = [p for p in sorted(PACKAGE.rglob("*.py")) if "local" not in p.relative_to(PACKAGE).parts[:1]]
 PRODUCTION += sorted((REPO / "dags").glob("*.py")) + sorted((REPO / "plugins").glob("*.py"))
