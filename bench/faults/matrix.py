@@ -56,6 +56,7 @@ from promshift.core.durations import parse_duration  # noqa: E402
 from promshift.core.render import remote_write_name, remote_write_names, sha256_bytes  # noqa: E402
 from promshift.core.sample_loss import sample_loss  # noqa: E402
 from promshift.local.stack.local import PROMETHEUS_BIN, SCRAPE_JOB, SOURCE, TARGET, LocalStack  # noqa: E402
+from promshift.orchestration.compose import compose_migration  # noqa: E402
 from promshift.steps.migration import Backends, GroupMigration, observe_warmup  # noqa: E402
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
@@ -188,10 +189,12 @@ class FaultEnv:
         return AuditStore(url, anchor=anchor) if anchor is not None else AuditStore(url)
 
     def migration(self, audit: AuditStore, run_id: str, *, group: MetricGroup | None = None,
-                  backends: Backends | None = None, cls: type[GroupMigration] = GroupMigration) -> GroupMigration:
-        return cls(group or small_group(), backends or self.backends(), audit=audit,
-                   routing=RoutingStore(audit.url, engine=audit.engine), snapshots_dir=self.work / "snapshots",
-                   run_id=run_id, catalog_dir=CATALOG.parent)
+                  backends: Backends | None = None, cls: type[GroupMigration] = GroupMigration,
+                  **ports: Any) -> GroupMigration:
+        return compose_migration(group or small_group(), backends or self.backends(), audit=audit,
+                                 routing=RoutingStore(audit.url, engine=audit.engine),
+                                 snapshots_dir=self.work / "snapshots", run_id=run_id, catalog_dir=CATALOG.parent,
+                                 cls=cls, **ports)
 
     # the stack's processes
     def stop(self, name: str) -> None:
@@ -568,7 +571,7 @@ def child_main(argv: list[str]) -> None:
                         target=PrometheusClient(stack.target_url, timeout_s=30),
                         source_config_path=spec["config_path"], target_remote_write_url=spec["remote_write_url"])
     audit = AuditStore(spec["audit_url"])
-    m = GroupMigration(small_group(), backends, audit=audit, routing=RoutingStore(audit.url, engine=audit.engine),
+    m = compose_migration(small_group(), backends, audit=audit, routing=RoutingStore(audit.url, engine=audit.engine),
                        snapshots_dir=spec["snapshots_dir"], run_id=spec["run_id"], catalog_dir=CATALOG.parent)
     if step == "deploy":
         m.deploy_dual_write(spec["snapshot"], now())
@@ -947,13 +950,14 @@ def fault_audit_unreachable(env: FaultEnv) -> FaultResult:
                 proxy.cut()  # the file is written, reloaded and verified live; the audit database goes away
                 return outcome
 
-        class Migration(GroupMigration):
-            @property
-            def deployer(self) -> FileConfigDeployer:
-                return CutAfterWrite(self.backends.source_config_path, self.backends.source,
-                                     promtool=self.backends.promtool)
+        from promshift.adapters.file_deployment import FileDeployment
+        from promshift.core.deploy import group_entry, group_entry_record
 
-        m = env.migration(audit, "manual__fault-9", cls=Migration)
+        b, g = env.backends(), small_group()
+        m = env.migration(audit, "manual__fault-9", group=g, backends=b, deployer=FileDeployment(
+            CutAfterWrite(b.source_config_path, b.source, promtool=b.promtool),
+            group_entry(g, b.target_remote_write_url, b.target_sigv4),
+            record=group_entry_record(g, b.target_remote_write_url, b.target_sigv4), keep_others=True))
         m.validate(now())
         snap = m.snapshot(now())
         try:

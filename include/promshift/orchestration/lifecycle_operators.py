@@ -4,6 +4,7 @@ with its second approval in ``approval_operators``, recommission, full rollback)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -167,27 +168,58 @@ class RecommissionOperator(GroupStepOperator):
 
 class FullRollbackOperator(GroupStepOperator):
     """By hand, from a cut-over group (e.g. after ``rolled_back_reads``): reads back to the source and the group's
-    own remote_write entry removed by name (``lifecycle.full_rollback``); the owners are told."""
+    own dual-write undone through the deploy driver, for every deploy kind (``lifecycle.full_rollback``); a
+    restore that must be followed (an object, a commit, a scraper) defers; the owners are told."""
 
     ui_color = "#fde8e8"
     needs_target = False
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from promshift.steps.lifecycle import DEFAULT_READ_RESTORERS, DecommissionRefused, full_rollback
+        from promshift.steps.lifecycle import DEFAULT_READ_RESTORERS, full_rollback
 
         self.choose_group(context)
-        if self.deploy.via_deployer:
-            raise AirflowFailException(f"a full rollback by hand is wired for the remote_write path only, not "
-                                       f"{self.deploy_kind!r}: roll the group's {self.deploy_kind} back by hand")
-        reason = str((context.get("params") or {}).get("reason") or "") or "full rollback by hand"
+        reason = self._reason(context)
         migration = self.migration(context)
+        result = self._rolled_back(context, reason, lambda: full_rollback(
+            migration, _now(), reason=reason,
+            read_restorers=[*DEFAULT_READ_RESTORERS, *self.moved_restorers(migration)]))
+        if "waiting" in result:
+            self.defer(trigger=self.deploy_trigger(result["waiting"]), method_name="execute_complete",
+                       kwargs={"snapshot": result["snapshot"], "extra": result["extra"]},
+                       timeout=timedelta(seconds=float(result["waiting"]["details"].get("timeout_s") or 900) + 300))
+        return self._told(context, reason, result)
+
+    def execute_complete(self, context: Any, event: dict[str, Any], snapshot: dict[str, Any] | None = None,
+                         extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        from promshift.steps.lifecycle import finish_full_rollback
+
+        self.choose_group(context)
+        reason = self._reason(context)
+        migration = self.migration(context)
+        result = self._rolled_back(context, reason, lambda: finish_full_rollback(
+            migration, event, snapshot, reason=reason, now=_now(), extra=extra or {}))
+        return self._told(context, reason, result)
+
+    @staticmethod
+    def _reason(context: Any) -> str:
+        return str((context.get("params") or {}).get("reason") or "") or "full rollback by hand"
+
+    def _rolled_back(self, context: Any, reason: str, rollback: Any) -> dict[str, Any]:
+        from promshift.steps.deploy import DeployStepFailed
+        from promshift.steps.lifecycle import DecommissionRefused
+
         try:
-            result = full_rollback(migration, _now(), reason=reason,
-                                   read_restorers=[*DEFAULT_READ_RESTORERS, *self.moved_restorers(migration)])
+            return rollback()
         except DecommissionRefused as exc:
             raise AirflowFailException(str(exc)) from None
+        except DeployStepFailed as exc:
+            failure = AirflowFailException(str(exc))
+            self.tell_owners(context, "rollback_failed", reason=reason, error=failure)
+            raise failure from None
         except Exception as exc:
             self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
             raise
-        self.tell_owners(context, "rolled_back", reason=reason, result={**result, "restored_identical": None})
+
+    def _told(self, context: Any, reason: str, result: dict[str, Any]) -> dict[str, Any]:
+        self.tell_owners(context, "rolled_back", reason=reason, result=result)
         return result

@@ -75,10 +75,7 @@ class SnapshotConfigOperator(GroupStepOperator):
         if self.run_params(context).dry_run:
             return self.migration(context).record_dry_run(
                 "snapshot", _now(), would=f"keep the group's {self.deploy_kind} config for rollback")
-        if self.deploy.via_deployer:
-            out = self.deploy_step(context).snapshot(_now())
-        else:
-            out = self.migration(context).snapshot(_now())
+        out = self.migration(context).snapshot(_now())
         self._snapshot_moved(context)
         return out
 
@@ -112,10 +109,19 @@ class DeployDualWriteOperator(GroupStepOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         if self.run_params(context).dry_run:
             return self._dry_run(context)
+        from promshift.steps.deploy import DeployStepFailed
+
         snap = given(self, "snapshot")
-        if self.deploy.via_deployer:
-            return self._deploy_through_deployer(context, snap)
-        return self.migration(context).deploy_dual_write(snap, _now())
+        try:
+            out = self.migration(context).deploy_dual_write(snap, _now())
+        except DeployStepFailed as exc:
+            raise AirflowFailException(str(exc)) from None
+        if "waiting" not in out:
+            return self._deployed(out)
+        # Not live yet (a scraper, an object, a commit): defer until it is live (or failed).
+        self.defer(trigger=self.deploy_trigger(out["waiting"]), method_name="execute_complete",
+                   kwargs={"quota": out["quota"]},
+                   timeout=timedelta(seconds=float(out["waiting"]["details"].get("timeout_s") or 900) + 300))
 
     def _dry_run(self, context: Any) -> dict[str, Any]:
         """Deploy nothing; hand parity and latency the live dual-write's start, if the group has one."""
@@ -129,32 +135,20 @@ class DeployDualWriteOperator(GroupStepOperator):
             existing_dual_write_since=since)
         return {**evidence, "dual_write_since": since}
 
-    def _deploy_through_deployer(self, context: Any, snap: dict[str, Any]) -> dict[str, Any]:
-        """Quota pre-flight and the deploy (scraper or Kubernetes object), then defer until it is live (or failed)."""
-        from promshift.core.deploy import DeployResult
-        from promshift.steps.deploy import DeployStepFailed, final_event
-
-        try:
-            out = self.deploy_step(context).start(snap, _now())
-        except DeployStepFailed as exc:
-            raise AirflowFailException(str(exc)) from None
-        result = DeployResult.from_dict(out["deploy"])
-        if result.state.final:
-            return self.execute_complete(context, final_event(result), quota=out["quota"])
-        self.defer(trigger=self.deploy_trigger(out["deploy"]),
-                   method_name="execute_complete", kwargs={"quota": out["quota"]},
-                   timeout=timedelta(seconds=float(result.details.get("timeout_s") or 900) + 300))
-
     def execute_complete(self, context: Any, event: dict[str, Any], quota: dict[str, Any] | None = None
                          ) -> dict[str, Any]:
         from promshift.steps.deploy import DeployStepFailed
 
         try:
-            out = self.deploy_step(context).finish(event, quota, _now())
+            out = self.migration(context).finish_deploy(event, quota, _now(), snapshot_info=given(self, "snapshot"))
         except DeployStepFailed as exc:
             raise AirflowFailException(str(exc)) from None
-        self.log.info("%s live (%s); status history %s", self.deploy_kind, out.get("scraper_id") or "-",
-                      [c["status"] for c in out["deploy"]["status_history"]])
+        return self._deployed(out)
+
+    def _deployed(self, out: dict[str, Any]) -> dict[str, Any]:
+        self.log.info("%s live (%s); status history %s", self.deploy_kind, out.get("scraper_id") or
+                      out.get("remote_write") or "-",
+                      [c["status"] for c in (out.get("deploy") or {}).get("status_history") or ()])
         return out
 
 
@@ -455,13 +449,40 @@ class RollbackOperator(GroupStepOperator):
             return result
         snap = given(self, "snapshot")
         moved_errors = self._restore_moved(context, migration, reason)
-        if snap and self.deploy.via_deployer:
-            return self._restore_through_deployer(context, snap, reason, moved_errors)
+        result = self._rolled_back(context, lambda: migration.rollback(snap, reason=reason, now=_now()), reason)
+        if "waiting" in result:  # the restore must be followed: defer until it is live (or failed)
+            self.defer(trigger=self.deploy_trigger(result["waiting"]), method_name="execute_complete",
+                       kwargs={"reason": reason, "moved_errors": list(moved_errors)},
+                       timeout=timedelta(seconds=float(result["waiting"]["details"].get("timeout_s") or 900) + 300))
+        return self._finish(context, result, reason, moved_errors)
+
+    def execute_complete(self, context: Any, event: dict[str, Any], reason: str = "",
+                         moved_errors: Sequence[str] = ()) -> dict[str, Any]:
+        migration = self.migration(context)
+        result = self._rolled_back(context, lambda: migration.finish_rollback(
+            event, given(self, "snapshot"), reason=reason, now=_now()), reason)
+        return self._finish(context, result, reason, moved_errors)
+
+    def _rolled_back(self, context: Any, rollback: Any, reason: str) -> dict[str, Any]:
+        """Run the rollback; a failure tells the owners (a deploy refusal fails the task, anything else is
+        retried)."""
+        from promshift.steps.deploy import DeployStepFailed
+
         try:
-            result = migration.rollback(snap, reason=reason, now=_now())
+            return rollback()
+        except DeployStepFailed as exc:
+            failure = AirflowFailException(str(exc))
+            self.tell_owners(context, "rollback_failed", reason=reason, error=failure)
+            raise failure from None
         except Exception as exc:
             self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
             raise
+
+    def _finish(self, context: Any, result: dict[str, Any], reason: str, moved_errors: Sequence[str]
+                ) -> dict[str, Any]:
+        """The rollback's outcome, the same for every deploy kind: tell the owners, publish the report, fail when
+        what moved with the group or the deploy itself was not restored."""
+        migration = self.migration(context)
         if moved_errors:
             self.tell_owners(context, "rollback_failed", reason=reason, error="; ".join(moved_errors))
             publish_report(self, context, migration)
@@ -471,7 +492,8 @@ class RollbackOperator(GroupStepOperator):
                       result["restored_identical"])
         publish_report(self, context, migration)
         if result["performed"] and not result["restored_identical"] and not result.get("own_entry_removed"):
-            raise AirflowFailException("rollback did not restore the source config identically")
+            raise AirflowFailException(f"rollback did not restore the source config identically "
+                                       f"({self.deploy_kind}, {result.get('method')})")
         if result.get("own_entry_removed"):
             self.log.info("the source changed since the snapshot (%s kept); only our entry was removed",
                           result.get("kept_changes_since_snapshot"))
@@ -501,39 +523,3 @@ class RollbackOperator(GroupStepOperator):
                                                                     "evidence": getattr(exc, "evidence", None)})
                 errors.append(error)
         return errors
-
-    def _restore_through_deployer(self, context: Any, snap: dict[str, Any], reason: str,
-                         moved_errors: Sequence[str] = ()) -> dict[str, Any]:
-        """The snapshot back (the previous blob or object; a created scraper deleted); defer until it is live."""
-        from promshift.steps.deploy import DeployStepFailed, final_event
-
-        try:
-            result = self.deploy_step(context).restore(snap, reason=reason, now=_now())
-        except DeployStepFailed as exc:
-            self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
-            raise AirflowFailException(str(exc)) from None
-        if result.state.final:
-            return self.execute_complete(context, final_event(result), reason=reason, moved_errors=list(moved_errors))
-        self.defer(trigger=self.deploy_trigger(result.to_dict()),
-                   method_name="execute_complete", kwargs={"reason": reason, "moved_errors": list(moved_errors)},
-                   timeout=timedelta(seconds=float(result.details.get("timeout_s") or 900) + 300))
-
-    def execute_complete(self, context: Any, event: dict[str, Any], reason: str = "",
-                         moved_errors: Sequence[str] = ()) -> dict[str, Any]:
-        from promshift.steps.deploy import DeployStepFailed
-
-        try:
-            evidence = self.deploy_step(context).finish_rollback(
-                event, given(self, "snapshot"), reason=reason, now=_now())
-        except DeployStepFailed as exc:
-            self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
-            raise AirflowFailException(str(exc)) from None
-        self.tell_owners(context, "rolled_back", reason=reason, result=evidence)
-        self.log.info("rollback because %s: scraper %s restored_identical=%s", reason,
-                      event["result"]["status_history"][-1:], evidence["restored_identical"])
-        publish_report(self, context, self.migration(context))
-        if not evidence["restored_identical"]:
-            raise AirflowFailException("rollback did not restore the group's scraper as snapshotted")
-        if moved_errors:
-            raise AirflowFailException("rollback did not restore what moved with the group: " + "; ".join(moved_errors))
-        return evidence

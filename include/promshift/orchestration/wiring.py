@@ -295,30 +295,57 @@ class GroupWiring:
         return deploy_of(self.deploy_kind)
 
     def deploy_step(self, context: Any) -> Any:
-        """The steps of a deploy through a ``ConfigDeployer``: the managed collector (the group's scraper) or
-        the source's Kubernetes object (ConfigMap or ``Prometheus`` CR); snapshots in the object store; the
-        quota pre-flight when the target is an AMP workspace."""
-        from promshift.adapters.settings import snapshots_url
-        from promshift.adapters.snapshot_store import BlobSnapshotStore
-        from promshift.core.deploy import DeployError
-        from promshift.orchestration.amp_hook import AmpHook
-        from promshift.orchestration.object_blobs import ObjectStorageBlobs
-        from promshift.steps.deploy import DeployStep
+        """The run's deploy driver (``steps.deploy.DeployStep``) over the deployer ``deployer`` chose."""
+        return self.migration(context).deploy_step
 
-        hook = self.target_hook
-        interval_s = self.deploy.writer_interval_s or self.group.scrape_interval_s
+    def deployer(self, context: Any, backends: Any) -> Any:
+        """The group's ``ConfigDeployer``: the one switch on the deploy kind. The source's config file
+        (``remote_write``), the managed collector (the group's scraper), the team's config repository (``git``) or
+        the source's Kubernetes object (ConfigMap or ``Prometheus`` CR). One line for a deployer that cannot be
+        built (nothing is deployed)."""
+        from promshift.core.deploy import DeployError
+
         try:
             if self.deploy.own_writer:  # the managed collector: the target's own writer is the deployed thing
-                deployer = hook.scraper_deployer(self.group.name, self.group.name_regex(),
-                                                 scrape_interval_s=interval_s, drop_labels=self.group.drop_labels)
-            elif self.deploy.change_request:  # a commit in the team's config repository
-                deployer = self._git_deployer(context)
-            else:
-                deployer = self._kubernetes_deployer()
+                interval_s = self.deploy.writer_interval_s or self.group.scrape_interval_s
+                return self.target_hook.scraper_deployer(self.group.name, self.group.name_regex(),
+                                                         scrape_interval_s=interval_s,
+                                                         drop_labels=self.group.drop_labels)
+            if self.deploy.change_request:  # a commit in the team's config repository
+                return self._git_deployer(context)
+            if self.deploy.config_by_api:
+                return self._kubernetes_deployer()
+            return self._file_deployer(backends)
         except (DeployError, ValueError) as exc:
             raise AirflowFailException(str(exc)) from None
 
-        migration = self.migration(context)
+    def _file_deployer(self, backends: Any) -> Any:
+        """The source's config file on this worker (``extra.config_path``) and the server that loads it."""
+        from promshift.orchestration.compose import file_deployer
+
+        return file_deployer(self.group, backends)
+
+    def snapshot_store(self) -> Any:
+        """Where snapshots go: the object store every worker reads (``PROMSHIFT_SNAPSHOTS_URL``); the file path's
+        as the config's own bytes."""
+        from promshift.adapters.file_deployment import FileBytesSnapshotStore
+        from promshift.adapters.settings import snapshots_url
+        from promshift.adapters.snapshot_store import BlobSnapshotStore
+        from promshift.orchestration.object_blobs import ObjectStorageBlobs
+
+        blobs = ObjectStorageBlobs(snapshots_url())
+        return BlobSnapshotStore(blobs) if self.deploy.config_by_api or self.deploy.own_writer else \
+            FileBytesSnapshotStore(blobs)
+
+    def quota_check(self, audit: Any) -> Any:
+        """The AMP workspace's quota pre-flight for a deploy through the API (None: a self-hosted target, or the
+        file path, which has none yet)."""
+        from promshift.orchestration.amp_hook import AmpHook
+
+        hook = self.target_hook
+        if not isinstance(hook, AmpHook) or not (self.deploy.config_by_api or self.deploy.own_writer):
+            return None
+        interval_s = self.deploy.writer_interval_s or self.group.scrape_interval_s
 
         def quota(group_series: int, now: datetime) -> dict[str, Any]:
             """The workspace's quotas against its use, what other groups reserved on it, and this group."""
@@ -327,13 +354,12 @@ class GroupWiring:
             preflight = hook.quota_preflight()
             window_s = float((hook.conn_config.extra_config.get("quota") or {}).get("reservation_window_s")
                              or RESERVATION_WINDOW_S)
-            pending = pending_on_workspace(migration.audit.events(), workspace=preflight.workspace_id,
+            pending = pending_on_workspace(audit.events(), workspace=preflight.workspace_id,
                                            group=self.group.name, now=now, window_s=window_s)
             return preflight.require(group_series=group_series, scrape_interval_s=interval_s, now=now,
                                      pending=pending)
 
-        return DeployStep(migration, deployer, BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
-                          quota=quota if isinstance(hook, AmpHook) else None)
+        return quota
 
     def _kubernetes_deployer(self) -> Any:
         """The source's ConfigMap or ``Prometheus`` CR deployer, through the cncf-kubernetes ``KubernetesHook``."""
@@ -406,17 +432,19 @@ class GroupWiring:
         return migration
 
     def _build_migration(self, context: Any) -> Any:
-        from promshift.adapters.settings import snapshots_dir, snapshots_url
+        from promshift.adapters.settings import snapshots_url
+        from promshift.orchestration.compose import compose_migration
         from promshift.orchestration.object_blobs import ObjectStorageBlobs
-        from promshift.steps.migration import GroupMigration
 
         backends = self.backends()
         audit = audit_store(on_head=lambda head: self._publish_audit_head(context, head))
-        return GroupMigration(self.group, backends, audit=audit, routing=routing_store(audit),
-                              snapshots_dir=snapshots_dir(), run_id=context["run_id"],
-                              catalog_dir=Path(self.catalog_path).parent,
-                              snapshot_blobs=ObjectStorageBlobs(snapshots_url()),
-                              run_params=self.run_params(context))
+        return compose_migration(self.group, backends, audit=audit, routing=routing_store(audit),
+                                 run_id=context["run_id"], catalog_dir=Path(self.catalog_path).parent,
+                                 snapshot_blobs=ObjectStorageBlobs(snapshots_url()),
+                                 run_params=self.run_params(context),
+                                 # Built when a step first deploys or restores (a validate builds none).
+                                 deployer=lambda: self.deployer(context, backends),
+                                 snapshots=self.snapshot_store(), quota=self.quota_check(audit))
 
     def rules_step(self, migration: Any) -> Any:
         """The group's rules move (``moves.RulesStep``) when the source connection's ``extra.rules`` is true,
