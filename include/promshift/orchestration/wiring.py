@@ -431,6 +431,14 @@ class GroupWiring:
         self._task_run = (context, migration)
         return migration
 
+    def effects(self, context: Any) -> Any:
+        """What the run's steps do to the world (``steps.effects``): a dry run's record what they would have done.
+        The one place the shell chooses by ``dry_run``."""
+        from promshift.steps.effects import DryRunEffects, LiveEffects
+
+        migration = self.migration(context)
+        return (DryRunEffects if migration.dry_run else LiveEffects)(migration, self.deploy_kind)
+
     def _build_migration(self, context: Any) -> Any:
         from promshift.adapters.settings import snapshots_url
         from promshift.orchestration.compose import compose_migration
