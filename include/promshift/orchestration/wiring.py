@@ -395,7 +395,12 @@ class GroupWiring:
                                    url=backends.target_remote_write_url, sigv4=backends.target_sigv4)
         return GitDeployment(source, entry=entry, prometheus=self.source_hook.prometheus_client(),
                              backend=change_backend(source, token), group=self.group.name,
-                             run_id=str(context["run_id"]), token=token)
+                             run_id=self.deploying_run_id(context), token=token)
+
+    def deploying_run_id(self, context: Any) -> str:
+        """The run whose change the deployer makes and undoes: this run (a by-hand full rollback: the run that
+        deployed the group's dual-write, ``FullRollbackOperator``)."""
+        return str(context["run_id"])
 
     def deploy_trigger(self, result: dict[str, Any]) -> Any:
         """What waits for a deploy or restore to be live: the scraper's status, or the source's loaded config."""
