@@ -257,10 +257,10 @@ def _bake_window_problems(catalog: Any, catalog_dir: Path) -> list[str]:
     from promshift.core.bake import bake_window_problem
     from promshift.core.golden import MIN_POINTS
 
-    found = []
+    found: list[str] = []
     for group in catalog.groups:
         problem = bake_window_problem(group.bake, step_s=group.parity.step_s,
-                                      lookbacks=golden_lookbacks(group, catalog_dir), min_points=MIN_POINTS)
+                                      lookbacks=golden_lookbacks(group, catalog_dir, found), min_points=MIN_POINTS)
         if problem:
             found.append(f"group {group.name!r}: {problem}")
     return found
