@@ -224,6 +224,106 @@ def scraper_blob(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFix
     return refusal(lambda: validate_scraper_config(str(expand(case["input"]["text"]))), ScraperConfigError)
 
 
+# --------------------------------------------------------------------------- plan: a source that answers
+
+
+SOURCE_CONFIG = "global:\n  scrape_interval: 15s\nscrape_configs:\n  - job_name: dcgm\n"
+GOOD_RULE_FILE = ("groups:\n  - name: gpu\n    rules:\n      - record: gpu:util:avg\n"
+                  "        expr: avg(DCGM_FI_DEV_GPU_UTIL)\n")
+GOOD_LOG_LINE = ('{"params":{"end":"2026-12-05T01:00:00.000Z","query":"DCGM_FI_DEV_GPU_UTIL","start":'
+                 '"2026-12-05T01:00:00.000Z","step":0},"ts":"2026-12-05T01:00:00.000Z"}\n')
+PLAN_NOW = datetime(2026, 12, 5, 2, 0, tzinfo=UTC).timestamp()
+
+
+class _Source:
+    """A Prometheus API for ``plan``: one metric of two series; ``answers`` replaces an endpoint's raw body."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        series = [{"__name__": "DCGM_FI_DEV_GPU_UTIL", "job": "dcgm", "Hostname": f"h{i}", "gpu": "0"}
+                  for i in range(2)]
+        canned = {"/api/v1/status/runtimeinfo": {"storageRetention": "15d"},
+                  "/api/v1/status/tsdb": {"seriesCountByMetricName": [{"name": "DCGM_FI_DEV_GPU_UTIL", "value": 2}]},
+                  "/api/v1/metadata": {"DCGM_FI_DEV_GPU_UTIL": [{"type": "gauge", "help": "", "unit": ""}]},
+                  "/api/v1/status/config": {"yaml": SOURCE_CONFIG},
+                  "/api/v1/label/__name__/values": ["DCGM_FI_DEV_GPU_UTIL"],
+                  "/api/v1/series": series, "/api/v1/rules": {"groups": []}}
+        bodies = {path: json.dumps({"status": "success", "data": data}) for path, data in canned.items()}
+        bodies.update(answers)
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server interface
+                body = bodies.get(self.path.split("?")[0])
+                data = (body if body is not None else '{"status":"error","error":"not found"}').encode()
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@surface("plan")
+def plan_cli(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """``promshift plan`` against a source answering as ``_Source`` (``answers``: path -> raw body), with
+    ``query_log`` (the file's keys: text, file), ``dashboard`` and ``rule_file`` (text or file) and ``args``.
+    ``out``: ``existing-file`` or a path instead of a fresh folder. A partial plan (exit 2) is refused: its
+    stderr is the lines, and all four files must be written with plan.md saying PARTIAL; nothing else is
+    written anywhere in the case's folder."""
+    given = case["input"]
+    source = _Source({path: str(expand(body)) for path, body in (given.get("answers") or {}).items()})
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    argv = ["plan", "--source", source.url, "--prices", str(REPO / "catalog" / "amp_prices.yaml"),
+            "--no-rules-api", "--period", "7d"]
+    for key, flag, name in (("query_log", "--query-log", "q.log"), ("dashboard", "--dashboards", "d.json"),
+                            ("rule_file", "--rule-file", "r.yml")):
+        # By default a good query log and a good rule file, so each row's one bad input is the only problem.
+        spec = given.get(key, {"query_log": {"text": GOOD_LOG_LINE}, "rule_file": {"text": GOOD_RULE_FILE}}.get(key))
+        if spec is not None:
+            argv += [flag, str(input_path({"id": case["id"], "input": spec}, inputs, name))]
+    out = tmp_path / "plan"
+    if given.get("out") == "existing-file":
+        out.write_text("keep me\n")
+    elif given.get("out"):
+        out = Path(given["out"])
+    argv += ["--out", str(out), *[str(expand(a)) for a in given.get("args", [])]]
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    import promshift.adapters.usage as usage
+
+    real_build = usage.build_plan
+    try:
+        usage.build_plan = lambda client, inputs, *, prices, now: real_build(client, inputs, prices=prices,
+                                                                             now=PLAN_NOW)
+        from promshift.cli import main
+
+        code = main(argv)
+    finally:
+        usage.build_plan = real_build
+        source.close()
+    out_text, err = capsys.readouterr()
+    changed = {p for p in tmp_path.rglob("*") if before.get(p) != p.stat().st_mtime_ns}
+    written = {out / name for name in usage.PLAN_FILES} | {out}
+    assert changed <= written, f"{case['id']}: written outside the plan: {sorted(changed - written)}"
+    if code == 2:
+        assert written <= changed, f"{case['id']}: a partial plan must still be written whole"
+        assert "PARTIAL" in (out / "plan.md").read_text()
+    if code not in (0, 2):
+        assert not changed & written, f"{case['id']}: refused, yet wrote {sorted(changed & written)}"
+    return Outcome(code != 0, err.splitlines() if code != 0 else [*err.splitlines(), *out_text.splitlines()])
+
+
 # --------------------------------------------------------------------------- the harness
 
 
@@ -287,6 +387,8 @@ def test_bad_input(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureF
     result = outcome[0]
     if case.get("expect", "refused") == "accepted":
         assert not result.refused, f"{case['id']}: refused: {result.lines}"
+        if "contains" in case:  # a note the accepted input must still give
+            assert [line for line in result.lines if case["contains"] in line], (case["id"], result.lines[:8])
         return
     assert result.refused, f"{case['id']}: accepted silently: {result.lines[:5]}"
     assert len(result.lines) == 1, f"{case['id']}: {len(result.lines)} lines: {result.lines[:5]}"
