@@ -224,6 +224,64 @@ def scraper_blob(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFix
     return refusal(lambda: validate_scraper_config(str(expand(case["input"]["text"]))), ScraperConfigError)
 
 
+# --------------------------------------------------------------------------- git deploy: the team's repository
+
+GOOD_GIT_EXTRA = {"url": "https://git.example/acme/monitoring.git", "path": "clusters/prod/values.yaml",
+                  "shape": "helm-values", "backend": "github", "conn_id": "promshift_git",
+                  "github": {"repository": "acme/monitoring", "api_url": "https://api.github.example"}}
+
+
+@surface("git-deploy")
+def git_deploy(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """``extra``: merged over a good ``extra.git`` and read by ``git_source_of`` (refused: its one line). Else a
+    clone's work tree (laid out as git checks it out; the unit tier runs no git) whose
+    ``clusters/prod/values.yaml`` is ``values`` (or, with ``symlinked_dir``, whose ``clusters`` is a symlink to a
+    folder outside the clone holding that file): the deployer finds the file, edits it (``add_entry``) and writes
+    it back, as ``deploy`` does before ``git add``. Nothing outside the clone may change.
+    tests/integration/test_git_deploy.py runs the same symlink through a real clone and push."""
+    from promshift.adapters.git_deploy import DirectPush, GitDeployment
+    from promshift.adapters.prometheus import PrometheusClient
+    from promshift.core.deploy import DeployError
+    from promshift.core.git_render import GitRenderError, add_entry
+    from promshift.core.git_source import git_source_of
+    from promshift.core.render import remote_write_entry
+
+    given = case["input"]
+    if "extra" in given:
+        extra = {**GOOD_GIT_EXTRA, **expand(given["extra"])}
+        return refusal(lambda: git_source_of({"git": extra}), ValueError)
+    values = str(expand(given.get("values", "prometheus:\n  prometheusSpec:\n    retention: 15d\n")))
+    clone, outside = tmp_path / "clone", tmp_path / "outside"
+    (outside / "prod").mkdir(parents=True)
+    clone.mkdir()
+    if given.get("symlinked_dir"):
+        (outside / "prod" / "values.yaml").write_text(values)
+        (clone / "clusters").symlink_to(outside)
+    else:
+        (clone / "clusters" / "prod").mkdir(parents=True)
+        (clone / "clusters" / "prod" / "values.yaml").write_text(values)
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    source = git_source_of({"git": {"url": str(tmp_path / "repo.git"), "path": "clusters/prod/values.yaml",
+                                    "shape": "helm-values"}})
+    entry = remote_write_entry(group_name="gpu-memory", name_regex="DCGM_FI_DEV_FB_.*",
+                               url="https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write")
+    deployer = GitDeployment(source, entry=entry, prometheus=PrometheusClient("http://127.0.0.1:1"),
+                             backend=DirectPush(), group="gpu-memory", run_id="manual__1")
+
+    def edit() -> None:
+        path = deployer._inside(clone)
+        try:
+            edited = add_entry(source.shape, path.read_bytes(), entry)
+        except GitRenderError as exc:
+            raise DeployError(f"{deployer.where}: {exc}") from None
+        path.write_bytes(edited)
+
+    outcome = refusal(edit, DeployError)
+    after = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    assert after == before, f"{case['id']}: a file outside the clone changed"
+    return outcome
+
+
 # --------------------------------------------------------------------------- plan: a source that answers
 
 

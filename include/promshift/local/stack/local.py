@@ -748,7 +748,7 @@ class LocalStack:
                                  "branch": address["branch"], "backend": backend, "timeout_s": timeout_s}
         if backend == "github":
             extra.update(github={"repository": address["repository"], "api_url": address["url"]},
-                         conn_id="promshift_git")
+                         conn_id="promshift_git", http_loopback=True)  # the contract server: plain http on 127.0.0.1
         return extra
 
     # -- the local AWS (target_kind="amp") ------------------------------------------------
