@@ -28,6 +28,7 @@ from promshift.adapters.files import open_user_file, read_user_file
 from promshift.core.inputs import CONFIG, DASHBOARD, RULES, InputRefused, parse_json_bounded, parse_yaml_bounded
 from promshift.core.plan import LabelReads, MetricStats, Reader, UsageCollector, metric_stats
 from promshift.core.promql import grafana_builtins
+from promshift.core.redact import redact, redact_text
 
 log = logging.getLogger(__name__)
 
@@ -590,10 +591,15 @@ PLAN_FILES = ("metric_groups.draft.yaml", "plan.md", "plan.json", "plan-cost.png
 
 def plan_files(plan: Mapping[str, Any], *, caveats: Sequence[str], diff: Sequence[str] | None, source: str,
                host_label: str, scrape_interval_s: float) -> dict[str, bytes]:
-    """The plan's four outputs as bytes (``PLAN_FILES``), for a folder or an object store."""
+    """The plan's four outputs as bytes (``PLAN_FILES``), for a folder or an object store.
+
+    Redacted on entry (``core.redact``): the source URL may carry ``user:password@``, and the plan's notes quote
+    servers' error texts; no secret reaches a file that is uploaded as a report."""
     from promshift.adapters.charts import plan_cost_chart_png
     from promshift.core.plan_render import catalog_draft, plan_markdown
 
+    plan, caveats, source = redact(dict(plan)), redact(list(caveats)), redact_text(source)
+    diff = None if diff is None else redact(list(diff))
     body = {**plan, "caveats": list(caveats), "diff": None if diff is None else list(diff)}
     return {
         "metric_groups.draft.yaml": catalog_draft(plan, host_label=host_label,

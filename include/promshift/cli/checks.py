@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from promshift.core.durations import format_duration, parse_duration
+from promshift.core.redact import redact_text
 from promshift.core.verdicts import Verdict
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,6 @@ def _client(role: str, url: str, auth: Any = None) -> Any:
 def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[int, dict[str, Any], str]:
     """Run ``check parity|latency``: (exit code, JSON result, the human-readable report)."""
     from promshift.adapters.prometheus import PrometheusError
-    from promshift.core.redact import redact_text
     from promshift.core.report import latency_noise_lines, latency_table, parity_log_table
 
     now = time.time() if now is None else now
@@ -382,11 +382,11 @@ def _guarded(handler: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             return int(handler(args))
-        except InputError as exc:
-            print(f"promshift: {exc}", file=sys.stderr)
+        except InputError as exc:  # redacted: a bad URL given on the command line may carry a password
+            print(f"promshift: {redact_text(str(exc))}", file=sys.stderr)
             return EX_USAGE
         except BackendUnavailable as exc:
-            print(f"promshift: {exc}", file=sys.stderr)
+            print(f"promshift: {redact_text(str(exc))}", file=sys.stderr)
             return EX_UNAVAILABLE
 
     return run

@@ -21,6 +21,7 @@ from typing import Any
 from promshift.cli.checks import EX_UNAVAILABLE, BackendUnavailable, InputError, _guarded
 from promshift.core.durations import parse_duration
 from promshift.core.inputs import InputBudget, InputRefused, MiB, parse_json_bounded
+from promshift.core.redact import redact
 
 EX_PARTIAL = 2
 # No period, window or retention a plan reads is longer (Prometheus keeps weeks; AMP at most 1,095 days).
@@ -154,7 +155,8 @@ def _plan(args: argparse.Namespace) -> int:
         outcome = build_plan(client, inputs, prices=prices, now=time.time())
     except PrometheusError as exc:
         raise BackendUnavailable(f"source {args.source}: {exc}") from None
-    plan = outcome.plan.to_dict()
+    plan = redact(outcome.plan.to_dict())  # its notes quote servers' errors: redacted before anything shows them
+    outcome.caveats[:] = redact(outcome.caveats)
     diff = diff_plans(previous, plan) if previous is not None else None
     written = write_outputs(out, plan, caveats=outcome.caveats, diff=diff, source=args.source,
                             host_label=args.host_label, scrape_interval_s=outcome.default_interval_s)

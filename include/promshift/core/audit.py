@@ -23,6 +23,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Protocol
 
+from promshift.core.redact import redact
+
 GENESIS_HASH = "0" * 64
 SHA256_V1 = "sha256-v1"
 HMAC_SHA256_V2 = "hmac-sha256-v2"
@@ -155,7 +157,7 @@ def new_event(
         stage_to=stage_to,
         actor=actor,
         at=at,
-        evidence=canonical_json(dict(evidence)),
+        evidence=canonical_json(redact(dict(evidence))),  # redacted on entry: no secret is ever hashed in
         prev_hash=prev.hash if prev else GENESIS_HASH,
         scheme=scheme,
     )

@@ -72,6 +72,7 @@ from promshift.core.catalog.model import (
 )
 from promshift.core.catalog.regex import _compile_re2, _re2_error
 from promshift.core.catalog.rules import _check_dependencies, _check_overlaps, _check_pairings
+from promshift.core.redact import redact_text
 
 __all__ = [
     "CATALOG_ERRORS_DAG_ID",
@@ -135,6 +136,14 @@ class CatalogCheck:
     # False when nothing could be read as a catalog (no file, not UTF-8, not YAML, not a mapping):
     # then ``problems`` is one line saying why.
     readable: bool = True
+
+    def __post_init__(self) -> None:
+        # Redacted on entry: a problem quotes the bad value, and a webhook URL typed where a connection id
+        # belongs would otherwise reach the catalog_errors DAG's docs, the log and the terminal.
+        for name in ("problems", "catalog_problems"):
+            object.__setattr__(self, name, tuple(redact_text(p) for p in getattr(self, name)))
+        object.__setattr__(self, "group_problems", tuple((redact_text(label), tuple(redact_text(p) for p in ps))
+                                                         for label, ps in self.group_problems))
 
     @property
     def ok(self) -> bool:
