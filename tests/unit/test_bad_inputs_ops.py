@@ -134,6 +134,16 @@ def audit_surface(command: str) -> Callable[[Any, Path, pytest.MonkeyPatch], Out
                 shutil.rmtree(tmp / "anchors")
             elif how == "forge-with-key":
                 _forge_with_key(db)
+            elif how == "anchor-dir-0777":
+                (tmp / "anchors").chmod(0o777)
+            elif how == "rewrite-past-the-anchor":  # the writer goes on after the table was emptied
+                store = AuditStore(f"sqlite:///{db}")
+                for i in range(5):
+                    with contextlib.suppress(Exception):  # anchoring the new chain's heads conflicts: not our point
+                        store.append(group="gpu-memory", run_id="r2", kind="stage", actor="promshift",
+                                     at=T0 + timedelta(hours=2, minutes=i), evidence={"i": i},
+                                     stage_from=None if i == 0 else Stage.DUAL_WRITING, stage_to=Stage.DUAL_WRITING)
+                store.engine.dispose()
             else:
                 _tamper(db, how)
         url = spec.get("url", f"sqlite:///{db}")
