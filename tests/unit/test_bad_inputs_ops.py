@@ -206,13 +206,14 @@ def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
 
 
 def catalog_check(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
-    """``promshift catalog check`` on the shipped catalog with ``spec.group`` merged into gpu-memory and
-    ``spec.defaults`` into its defaults; ``spec.dashboard`` ({panel title: expr}) becomes gpu-memory's only
-    golden dashboard."""
+    """``promshift catalog check`` on the shipped catalog with ``spec.group`` merged into gpu-memory,
+    ``spec.defaults`` into its defaults and ``spec.top`` into the document; ``spec.dashboard`` ({panel title:
+    expr}) becomes gpu-memory's only golden dashboard."""
     doc = yaml.safe_load((REPO / "catalog" / "metric_groups.yaml").read_text())
     victim = next(g for g in doc["groups"] if g["name"] == "gpu-memory")
     _merge(victim, spec.get("group", {}))
     _merge(doc.setdefault("defaults", {}), spec.get("defaults", {}))
+    _merge(doc, spec.get("top", {}))
     if "dashboard" in spec:
         panels = [{"title": title, "type": "timeseries", "targets": [{"expr": expr, "refId": "A"}]}
                   for title, expr in spec["dashboard"].items()]
@@ -258,6 +259,20 @@ def read_path(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) 
     return Outcome("\n".join([*lines, "snapshot taken"]), 0)
 
 
+# -- the approvers' teams (the Airflow Variable promshift_teams) --------------------------------------------------
+
+def teams(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    """``spec.text`` as the Variable ``promshift_teams`` holds it, read as the approval step reads it."""
+    from promshift.core.approvers import ApproversError, parse_teams, teams_json
+
+    source = "the Airflow Variable promshift_teams"
+    try:
+        parsed = parse_teams(teams_json(spec["text"], source=source), source=source)
+    except ApproversError as exc:
+        return Outcome(str(exc), 1)
+    return Outcome(f"teams: {sorted(parsed)}", 0)
+
+
 # -- free text: refused at input, escaped wherever shown --------------------------------------------------------
 
 def free_text(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
@@ -289,6 +304,7 @@ SURFACES: dict[str, Callable[[Any, Path, pytest.MonkeyPatch], Outcome]] = {
     "rules": rule_file,
     "read-path": read_path,
     "free-text": free_text,
+    "teams": teams,
 }
 
 

@@ -321,6 +321,32 @@ def _answers_without_series(node: Any) -> bool:
     return False
 
 
+def labels_relied_on(expr: str) -> frozenset[str]:
+    """The labels ``expr`` selects on (matchers), groups by (``by``) or matches on (``on``, ``group_left/right``):
+    a label dropped from the series changes what such a query answers. Labels only named in ``without`` or
+    ``ignoring`` are not counted (dropping them changes nothing there). PromQLError when it does not parse."""
+    found: set[str] = set()
+    stack = [parse(expr)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, promql_parser.MatrixSelector):
+            node = node.vector_selector
+        if isinstance(node, promql_parser.VectorSelector):
+            found.update(m.name for m in node.matchers.matchers if m.name != "__name__")
+        elif isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            if node.modifier.type == promql_parser.AggModifierType.By:
+                found.update(node.modifier.labels)
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            matching = node.modifier.matching
+            if matching is not None and matching.type == promql_parser.LabelModifierType.Include:
+                found.update(matching.labels)
+            found.update(node.modifier.group_labels or ())
+        if isinstance(node, promql_parser.SubqueryExpr):
+            stack.append(node.expr)
+        stack.extend(_children(node))
+    return frozenset(found)
+
+
 def lookback_s(expr: str) -> float | None:
     """The longest look-back of ``expr`` in seconds (range selectors, subqueries, offsets), None for none.
 

@@ -272,6 +272,10 @@ def check_catalog(
         if number not in in_use:  # no group to file them under: the catalog's own
             for line in wave.problems:
                 problems.add(wave.where, None, line)
+            if drafts:  # settings for a wave nobody is in: most likely a typo in a group's wave, which then
+                # runs with the defaults instead
+                in_use_shown = ", ".join(str(n) for n in sorted(in_use, key=str)[:10])
+                problems.add(wave.where, None, f"no group is in wave {number} (groups' waves: {in_use_shown})")
     _check_dependencies(drafts, problems)
     pairs = {draft.index: groups[draft.index].pair for draft in drafts}
     duplicates = _check_pairings(drafts, groups, problems)

@@ -13,6 +13,7 @@ from promshift.core.catalog.fields import _clip, _show
 from promshift.core.catalog.model import MetricGroup
 from promshift.core.catalog.regex import _compile_re2, _compile_re2_uncached
 from promshift.core.durations import format_duration
+from promshift.core.promql import PromQLError, labels_relied_on
 
 if TYPE_CHECKING:
     from promshift.core.catalog.layers import _Draft, _Problems
@@ -64,6 +65,19 @@ def _group_rules(group: MetricGroup) -> list[tuple[str, str]]:
             issues.append((field, f"must be at most {format_duration(MAX_WARMUP_S)}, got {format_duration(seconds)}: "
                                   "the run would dual-write and wait that long before any check (a longer "
                                   "comparison belongs in bake)"))
+    for index, query in enumerate(group.latency.queries):
+        try:
+            read = labels_relied_on(query)
+        except PromQLError:
+            continue  # reported where the query is checked
+        dropped = sorted(read & set(group.drop_labels))
+        if dropped:
+            issues.append(("drop_labels", f"drops {', '.join(map(repr, dropped))}, which latency.queries[{index}] "
+                                          "selects, groups or matches on: on the target it would answer something "
+                                          "else (or nothing)"))
+    if group.source == group.target:
+        issues.append(("target", f"is the group's own source ({group.source!r}): the migration would write the "
+                                 "metrics back into where they come from"))
     if group.metric_regex is not None and not group.allow_match_all:
         matched = _self_monitoring_matches(group.metric_regex)
         if matched:
