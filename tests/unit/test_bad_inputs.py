@@ -96,7 +96,8 @@ def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Outcome:
 @surface("render-cli")
 def render_cli(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
     """``promshift render gpu-memory --config FILE``; input keys: the file's, plus ``target_url``."""
-    argv = ["render", "gpu-memory", "--config", str(input_path(case, tmp_path))]
+    # The unit tier starts no process: promtool's check of the result runs in tests/integration/test_render_promtool.py.
+    argv = ["render", "gpu-memory", "--config", str(input_path(case, tmp_path)), "--promtool", "/nonexistent/promtool"]
     if "target_url" in case["input"]:
         argv += ["--target-url", str(expand(case["input"]["target_url"]))]
     return cli(argv, capsys)
