@@ -231,3 +231,14 @@ def test_an_entry_list_loads_as_yaml_12_and_11_alike() -> None:
     assert swap is not None
     text = with_added(config, swap).decode()
     assert yaml.safe_load(text)["remote_write"][-1] == swap.add
+
+
+def test_the_entry_carrying_a_group_is_its_own_then_the_merged_one() -> None:
+    from promshift.core.queues import carrying_entry
+
+    config = with_groups("a", "b")
+    assert carrying_entry(config, "a") == "promshift-a" and carrying_entry(config, "z") is None
+    swap = plan_merge(config, url=URL, cut_over=["a", "b"])
+    assert swap is not None
+    assert carrying_entry(with_added(config, swap), "a") == swap.added_name  # mid-swap: the one that stays
+    assert carrying_entry(with_removed(with_added(config, swap), swap), "b") == swap.added_name

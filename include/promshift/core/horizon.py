@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from promshift.core.audit import AuditEvent
+from promshift.core.events import EventKind
 from promshift.core.promql import PromQLError, analyse, grafana_builtins, substitute
 
 GRAFANA_DEFAULT_RANGE_S = 6 * 3600.0  # a dashboard without ``time`` opens on the last 6 hours
@@ -191,6 +193,25 @@ def rule_reach(expr: str, *, for_: Any = None, name: str, now: datetime | None =
 
 
 @dataclass(frozen=True)
+class Horizon:
+    """What a split needs of one group at one moment: when its dual-write began, now, and its acceptance."""
+
+    dual_write_since: datetime
+    now: datetime
+    accept_short_history: bool = False
+    scrape_interval_s: float = 15.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dual_write_since": self.dual_write_since.isoformat(), "now": self.now.isoformat(),
+                "accept_short_history": self.accept_short_history, "scrape_interval_s": self.scrape_interval_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Horizon:
+        return cls(datetime.fromisoformat(str(data["dual_write_since"])), datetime.fromisoformat(str(data["now"])),
+                   bool(data.get("accept_short_history")), float(data.get("scrape_interval_s") or 15.0))
+
+
+@dataclass(frozen=True)
 class Waiting:
     """A panel or rule held back: what it reaches, how much the target holds, and when it will be ready."""
 
@@ -252,3 +273,15 @@ def decommission_short_by(longest_s: float | None, *, dual_write_since: datetime
     if longest_s is None:
         return None
     return max(0.0, longest_s - max(0.0, (now - dual_write_since).total_seconds()))
+
+
+def dual_write_since(events: Sequence[AuditEvent]) -> datetime | None:
+    """When the group's current dual-write began: its latest ``dual_write_deployed`` not undone by a rollback
+    since (a rollback of reads keeps dual-write on; a full rollback ends it). None: not dual-writing."""
+    since = None
+    for e in events:
+        if e.kind == EventKind.DUAL_WRITE_DEPLOYED:
+            since = since or e.at
+        elif e.kind == EventKind.ROLLED_BACK:
+            since = None
+    return since

@@ -91,6 +91,15 @@ def promshift_queues(config: str | bytes) -> tuple[QueueEntry, ...]:
     return tuple(found)
 
 
+def carrying_entry(config: str | bytes, group: str) -> str | None:
+    """The name of the promshift entry that writes ``group`` now (its own or a merged one), None when none does.
+
+    The bake watch reads the group's queue health (lag, failed samples) from this queue: once merged, the
+    group has no queue of its own."""
+    found = [q.name for q in promshift_queues(config) if group in q.groups()]
+    return found[-1] if found else None  # mid-swap both carry it: the newer (later in the file) is the one that stays
+
+
 def _raw(config: str | bytes, name: str) -> dict[str, Any]:
     return next(e for e in remote_write_entries(config) if e.get("name") == name)
 
