@@ -649,9 +649,9 @@ def _group_exprs(targets: Node, reads: Sequence[TargetRead]) -> list[str]:
     for i, t in enumerate(targets.elements()):
         if t.kind != "object":
             continue
-        ref = t.get("refId")
-        expr = t.get("expr")
-        if (str(ref.value) if ref is not None else str(i)) in wanted and expr is not None and isinstance(expr.value, str):
+        ref, expr = t.get("refId"), t.get("expr")
+        ref_id = str(ref.value) if ref is not None else str(i)
+        if ref_id in wanted and expr is not None and isinstance(expr.value, str):
             out.append(expr.value)
     return out
 
