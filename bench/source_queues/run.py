@@ -47,12 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.queue_probe import PrometheusQueueProbe
 from promshift.core.queues import (
-    fresh_series_query,
     plan_merge,
     promshift_queues,
-    queue_sent_samples,
-    series_query,
     swap_proof,
     with_added,
     with_removed,
@@ -133,26 +131,24 @@ class Source:
         return at
 
 
-def count(client: PrometheusClient, expr: str, at: float | None = None) -> float:
+def count(client: PrometheusClient, expr: str, at: float) -> float:
     result = client.query(expr, at=at)
     return sum(s.points[-1][1] for s in result.series) if result.series else 0.0
 
 
 def prove(source: Source, receiver: PrometheusClient, swap: Any, since: float, scrape_s: float,
           deadline_s: float) -> dict[str, Any]:
-    """Measure the swap's overlap until ``swap_proof`` passes (or the deadline: the bench then stops)."""
-    until = time.monotonic() + deadline_s
-    extra = f',bench_run="{source.run}"'
+    """Measure the swap's overlap (``QueueSwap.prove``'s probe) until it passes; past the deadline the bench stops."""
+    probe = PrometheusQueueProbe(source.client, receiver, target_matchers=f',bench_run="{source.run}"')
+    started = time.monotonic()
     while True:
-        src = {m.group: int(count(source.client, series_query(m))) for m in swap.prove}
-        tgt = {m.group: int(count(receiver, fresh_series_query(m, since=since, extra_matchers=extra)))
-               for m in swap.prove}
-        sent = queue_sent_samples(source.client.metrics_text(), swap.added_name)
+        src = {m.group: probe.source_series(m) for m in swap.prove}
+        tgt = {m.group: probe.target_fresh(m, since) for m in swap.prove}
         proof = swap_proof([m.group for m in swap.prove], source_series=src, target_fresh=tgt,
-                           merged_sent=sent, expected_sent=sum(src.values()))
+                           merged_sent=probe.queue_sent(swap.added_name), expected_sent=sum(src.values()))
         if proof.verdict is Verdict.SUCCESSFUL:
-            return {"verdict": proof.verdict.value, "wait_s": round(time.monotonic() - (until - deadline_s), 1)}
-        if time.monotonic() > until:
+            return {"verdict": proof.verdict.value, "wait_s": round(time.monotonic() - started, 1)}
+        if time.monotonic() - started > deadline_s:
             raise SystemExit(f"swap {swap.added_name} not proven after {deadline_s:.0f}s: {proof.reason}")
         time.sleep(min(2.0, scrape_s / 4))
 

@@ -285,3 +285,40 @@ def dual_write_since(events: Sequence[AuditEvent]) -> datetime | None:
         elif e.kind == EventKind.ROLLED_BACK:
             since = None
     return since
+
+
+# What ends a wait besides a switch, by what waits: the move done some other way, or a rollback.
+_ENDS_WAIT = {"read_path": (EventKind.READ_PATH_RESTORED,), "rules": (EventKind.RULES_MOVED, EventKind.RULES_RESTORED)}
+
+
+def held_back(events: Sequence[AuditEvent]) -> dict[str, AuditEvent]:
+    """What the horizon still holds back for a group (``read_path``, ``rules``): each one's latest
+    ``horizon_waiting``, unless a later event ended it (a ``horizon_switched`` of it that left nothing waiting,
+    its move done, or a rollback)."""
+    held: dict[str, AuditEvent] = {}
+    for e in events:
+        what = e.evidence_data.get("what") if e.kind in (EventKind.HORIZON_WAITING, EventKind.HORIZON_SWITCHED) \
+            else None
+        if e.kind == EventKind.HORIZON_WAITING and what in _ENDS_WAIT:
+            held[str(what)] = e
+        for name, ends in _ENDS_WAIT.items():
+            if e.kind in ends or (e.kind == EventKind.HORIZON_SWITCHED and what == name):
+                held.pop(name, None)
+    return held
+
+
+def waiting_list(events: Sequence[AuditEvent]) -> list[dict[str, Any]]:
+    """Every panel and rule still waiting for the target's history, with its ready time (the board's list)."""
+    out: list[dict[str, Any]] = []
+    for what, event in held_back(events).items():
+        for item in event.evidence_data.get("waiting") or ():
+            if what == "read_path":
+                horizon = item.get("horizon") or {}
+                out.append({"kind": "panel", "name": f"{item.get('title') or item.get('path')}",
+                            "where": str(horizon.get("name") or ""), "ready_at": horizon.get("ready_at"),
+                            "reach_s": horizon.get("reach_s"), "since_run": event.run_id})
+            else:
+                out.append({"kind": "rule", "name": str(item.get("name")), "where": "",
+                            "ready_at": item.get("ready_at"), "reach_s": item.get("reach_s"),
+                            "since_run": event.run_id})
+    return sorted(out, key=lambda w: (w["ready_at"] is None, str(w["ready_at"]), w["name"]))

@@ -28,7 +28,7 @@ from promshift.adapters.blobs import Blobs
 from promshift.adapters.snapshot_store import snapshot_key
 from promshift.core.audit import AuditEvent
 from promshift.core.events import MOVE_FAILED, EventKind
-from promshift.core.horizon import Horizon, rule_reach, split_by_horizon
+from promshift.core.horizon import Horizon, held_back, rule_reach, split_by_horizon
 from promshift.core.rules import RuleKind
 from promshift.steps.migration import GroupMigration
 
@@ -174,7 +174,8 @@ class RulesStep:
     def waiting(self, migration: GroupMigration | None = None) -> AuditEvent | None:
         """The group's rules still held back by the horizon: its latest ``horizon_waiting`` for rules, unless
         they moved or were restored since (then None)."""
-        return _still_waiting(migration or self.migration, "rules", (EventKind.RULES_MOVED, EventKind.RULES_RESTORED))
+        m = migration or self.migration
+        return held_back(m.audit.events(group=m.group.name)).get("rules")
 
     def handoff_when_ready(self, migration: GroupMigration, horizon: Horizon, now: datetime) -> dict[str, Any] | None:
         """The bake watch's turn: hand off rules the horizon held back, once the target holds their reach."""
@@ -257,7 +258,8 @@ class ReadPathStep:
     def waiting(self, migration: GroupMigration | None = None) -> AuditEvent | None:
         """The group's panels still held back by the horizon (its latest ``horizon_waiting`` for dashboards),
         unless a switch since left none waiting or the dashboards were restored."""
-        return _still_waiting(migration or self.migration, "read_path", (EventKind.READ_PATH_RESTORED,))
+        m = migration or self.migration
+        return held_back(m.audit.events(group=m.group.name)).get("read_path")
 
     def switch_when_ready(self, migration: GroupMigration, horizon: Horizon, now: datetime) -> dict[str, Any] | None:
         """The bake watch's turn: switch the panels the horizon held back whose ready time has passed."""
@@ -291,20 +293,6 @@ class ReadPathStep:
 
 def _boards(out: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list(out.get("files") if "files" in out else out.get("dashboards") or [])
-
-
-def _still_waiting(migration: GroupMigration, what: str, ended_by: tuple[EventKind, ...]) -> AuditEvent | None:
-    """The group's latest ``horizon_waiting`` for ``what``, unless a later event ended it: one of ``ended_by``,
-    or a ``horizon_switched`` for ``what`` not followed by another wait."""
-    events = migration.audit.events(group=migration.group.name)
-    latest = None
-    for e in events:
-        data = e.evidence_data if e.kind in (EventKind.HORIZON_WAITING, EventKind.HORIZON_SWITCHED) else {}
-        if e.kind == EventKind.HORIZON_WAITING and data.get("what") == what:
-            latest = e
-        elif e.kind in ended_by or (e.kind == EventKind.HORIZON_SWITCHED and data.get("what") == what):
-            latest = None
-    return latest
 
 
 def read_restorers(rules: RulesStep | None, read_path: ReadPathStep | None
