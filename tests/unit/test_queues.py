@@ -242,3 +242,22 @@ def test_the_entry_carrying_a_group_is_its_own_then_the_merged_one() -> None:
     assert swap is not None
     assert carrying_entry(with_added(config, swap), "a") == swap.added_name  # mid-swap: the one that stays
     assert carrying_entry(with_removed(with_added(config, swap), swap), "b") == swap.added_name
+
+
+def test_the_carrying_entry_is_found_in_the_config_a_server_reports_too() -> None:
+    from promshift.core.queues import carrying_entry
+
+    config = with_groups("a", "b")
+    swap = plan_merge(config, url=URL, cut_over=["a", "b"])
+    assert swap is not None
+    loaded = yaml.safe_load(with_removed(with_added(config, swap), swap))
+    # What /api/v1/status/config shows: defaults filled in, the empty replacement left out.
+    for entry in loaded["remote_write"]:
+        entry["remote_timeout"] = "30s"
+        for rule in entry.get("write_relabel_configs", []):
+            rule.setdefault("separator", ";")
+            if rule.get("replacement") == "":
+                del rule["replacement"]
+    text = yaml.safe_dump(loaded)
+    assert carrying_entry(text, "b") == swap.added_name
+    assert carrying_entry(text, "z") is None

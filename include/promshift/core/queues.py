@@ -31,6 +31,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from promshift.core.promql import promql_string
 from promshift.core.render import (
+    ENTRY_PREFIX,
+    MEMBER_LABEL,
     QueueMember,
     RenderError,
     add_remote_write,
@@ -96,8 +98,22 @@ def carrying_entry(config: str | bytes, group: str) -> str | None:
 
     The bake watch reads the group's queue health (lag, failed samples) from this queue: once merged, the
     group has no queue of its own."""
-    found = [q.name for q in promshift_queues(config) if group in q.groups()]
+    found = [str(e.get("name")) for e in remote_write_entries(config) if group in entry_groups(e)]
     return found[-1] if found else None  # mid-swap both carry it: the newer (later in the file) is the one that stays
+
+
+def entry_groups(entry: Mapping[str, Any]) -> tuple[str, ...]:
+    """The groups a promshift entry writes, by name only: readable also from the config a server reports
+    (``/api/v1/status/config`` adds defaults and leaves out ``replacement: ""``, prometheus/prometheus#18652),
+    where ``queue_members``' exact shape check would refuse it. Not a promshift entry: ()."""
+    name = str(entry.get("name", ""))
+    if not is_promshift_name(name):
+        return ()
+    if not is_merged_name(name):
+        return (name[len(ENTRY_PREFIX):],)
+    rules = entry.get("write_relabel_configs") or []
+    return tuple(str(r.get("replacement")) for r in rules
+                 if isinstance(r, Mapping) and r.get("target_label") == MEMBER_LABEL and r.get("action") == "replace")
 
 
 def _raw(config: str | bytes, name: str) -> dict[str, Any]:
