@@ -111,3 +111,29 @@ def test_decommission_waits_for_the_longest_read() -> None:
     assert decommission_short_by(24 * H, dual_write_since=since, now=NOW) == 22 * H
     assert decommission_short_by(H, dual_write_since=since, now=NOW) == 0
     assert decommission_short_by(None, dual_write_since=since, now=NOW) is None
+
+
+def test_the_run_form_accepts_short_history_only_as_a_boolean() -> None:
+    from promshift.core.run_params import RunParamsError, parse_run_params
+
+    assert parse_run_params({}, scrape_interval_s=15).accept_short_history is False
+    assert parse_run_params({"accept_short_history": True}, scrape_interval_s=15).to_dict()["accept_short_history"]
+    with pytest.raises(RunParamsError, match="'accept_short_history' must be true or false"):
+        parse_run_params({"accept_short_history": "yes"}, scrape_interval_s=15)
+
+
+def test_dual_write_starts_at_its_deploy_and_ends_at_a_full_rollback() -> None:
+    from promshift.core.audit import new_event
+    from promshift.core.horizon import dual_write_since
+
+    def event(kind: str, at: datetime) -> object:
+        return new_event(prev=None, group="g", run_id="r", kind=kind, stage_from=None, stage_to=None, actor="a",
+                         at=at, evidence={}, key=None)
+
+    first, second = NOW - timedelta(days=2), NOW - timedelta(hours=1)
+    assert dual_write_since([]) is None
+    assert dual_write_since([event("dual_write_deployed", first)]) == first
+    assert dual_write_since([event("dual_write_deployed", first), event("reads_rolled_back", second)]) == first
+    assert dual_write_since([event("dual_write_deployed", first), event("rolled_back", second)]) is None
+    assert dual_write_since([event("dual_write_deployed", first), event("rolled_back", second),
+                             event("dual_write_deployed", NOW)]) == NOW
