@@ -172,3 +172,19 @@ def test_nothing_is_removed_on_a_proof_short_of_successful() -> None:
     with pytest.raises(ValueError, match="removes nothing on a INCONCLUSIVE proof"):
         swaps.remove(swap, proof, clock())
     assert {q.name for q in promshift_queues(source.data)} >= {"promshift-a", "promshift-b"}
+
+
+def test_the_pre_flight_merges_first_or_refuses_with_the_count() -> None:
+    from promshift.core.queues import QueueCapError
+
+    source, events, clock = FakeSource(config_with("a", "b", "c", "d")), [], Clock()
+    swaps = step(source, FakeProbe({g: 2 for g in "abcd"}), events)
+    with pytest.raises(QueueCapError, match=r"carries 4 promshift remote_write queues \(cap 4\)"):
+        swaps.admit(group="e", url=URL, cap=4, cut_over=["a"], clock=clock, wait=clock.wait)
+    assert events[-1][0] is EventKind.QUEUE_CAP_REFUSED and events[-1][1]["count"] == 4
+    admission = swaps.admit(group="e", url=URL, cap=4, cut_over=["a", "b", "c"], clock=clock, wait=clock.wait)
+    assert admission.allowed and admission.merge_first is not None
+    assert [q.groups() for q in promshift_queues(source.data)] == [("d",), ("a", "b", "c")]
+    assert swaps.leave(group="d", clock=clock, wait=clock.wait) is None  # not merged: nothing to leave
+    assert swaps.leave(group="b", clock=clock, wait=clock.wait) is not None
+    assert [q.groups() for q in promshift_queues(source.data)] == [("d",), ("a", "c")]

@@ -2,8 +2,8 @@
 
 Every ``remote_write`` entry keeps its own queue tailing the source's WAL, and memory grows with each
 filtered destination (prometheus/prometheus#13174; measured here in ``bench/results/source-queues.json``).
-So a source carries at most ``cap`` promshift queues (catalog ``queues.max_per_source`` or the source
-connection's ``max_queues``; default ``DEFAULT_QUEUE_CAP``). Groups that have cut over share one merged
+So a source carries at most ``cap`` promshift queues (the source connection's ``extra.max_queues``; default
+``DEFAULT_QUEUE_CAP``). Groups that have cut over share one merged
 entry per (source, target) (``core.render.merged_remote_write_entry``), reached by a *swap* that loses
 nothing:
 
@@ -55,7 +55,7 @@ class QueueCapError(ValueError):
     """A new dual-write would take the source past its queue cap and nothing can be merged."""
 
 
-def check_queue_cap(value: Any, what: str = "queues.max_per_source") -> int:
+def check_queue_cap(value: Any, what: str = "max_queues") -> int:
     """A queue cap from a catalog or a connection: an integer 1..MAX_QUEUE_CAP (one clear line otherwise)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_QUEUE_CAP:
         raise ValueError(f"{what} must be an integer from 1 to {MAX_QUEUE_CAP}, got {value!r}")

@@ -23,10 +23,13 @@ from typing import Any
 from promshift.core.deploy import ConfigDeployer, DeployError, DeployResult, DeploySnapshot, DeployState
 from promshift.core.events import EventKind
 from promshift.core.queues import (
+    Admission,
     ConfigChange,
+    QueueCapError,
     QueueProbe,
     Swap,
     SwapProof,
+    admit_dual_write,
     plan_leave,
     plan_merge,
     promshift_queues,
@@ -171,3 +174,22 @@ class QueueSwap:
             proof = self.prove(swap, since=since)
         self.remove(swap, proof, clock(), wait)
         return SwapOutcome(swap, "done", proof)
+
+    # -- where the migration calls it ----------------------------------------------------------
+    def admit(self, *, group: str, url: str, cap: int, cut_over: Iterable[str], clock: Callable[[], datetime],
+              wait: Callable[[float], None]) -> Admission:
+        """The pre-flight of a new dual-write: room under the cap, made by merging the cut-over groups first when
+        that frees some; refused in one line with the count (``queue_cap_refused``) when nothing can be merged."""
+        admission = admit_dual_write(self.live(), group=group, url=url, cap=cap, cut_over=cut_over)
+        if not admission.allowed:
+            self.record(EventKind.QUEUE_CAP_REFUSED, clock(), {"group": group, "count": admission.count,
+                                                               "cap": cap, "reason": admission.reason})
+            raise QueueCapError(admission.reason)
+        if admission.merge_first is not None:
+            self.run(admission.merge_first, clock=clock, wait=wait)
+        return admission
+
+    def leave(self, *, group: str, clock: Callable[[], datetime], wait: Callable[[float], None]) -> SwapOutcome | None:
+        """A rollback's first move for a merged group: out of the merged entry by one more swap (None: not merged)."""
+        swap = self.plan_leave(group=group)
+        return None if swap is None else self.run(swap, clock=clock, wait=wait)
