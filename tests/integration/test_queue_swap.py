@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
+from promshift.adapters.deploy import FileConfigDeployer
+from promshift.adapters.file_edits import FileEditDeployment
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.queue_probe import PrometheusQueueProbe
-from promshift.core.deploy import DeployResult, DeploySnapshot, DeployState
-from promshift.core.queues import ConfigChange, plan_merge, promshift_queues, with_added
+from promshift.core.queues import plan_merge, promshift_queues, with_added
 from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names
 from promshift.local.stack.local import LocalStack, StackConfig
 from promshift.steps.queues import QueueSwap, SwapFailed
@@ -32,38 +32,6 @@ GROUPS = {"gpu-util": ("DCGM_FI_DEV_GPU_UTIL",), "fb": ("DCGM_FI_DEV_FB_USED", "
           "power": ("DCGM_FI_DEV_POWER_USAGE",)}
 DROPS = {"fb": ("modelName",)}
 BATCH_DEADLINE_S = 5  # Prometheus' remote_write queue_config.batch_send_deadline default
-
-
-class ChangeDeployment:
-    """A ConfigDeployer putting one ``ConfigChange`` live through the file deployer (write, reload, verify)."""
-
-    kind = "file"
-
-    def __init__(self, deployer: FileConfigDeployer, change: ConfigChange) -> None:
-        self.deployer, self.change = deployer, change
-
-    def snapshot(self) -> DeploySnapshot:
-        snap = self.deployer.snapshot()
-        return DeploySnapshot("file", snap.path, snap.data.decode(), {"mode": snap.mode, "uid": snap.uid,
-                                                                      "gid": snap.gid})
-
-    def _file(self, snapshot: DeploySnapshot) -> ConfigSnapshot:
-        return ConfigSnapshot.of(str(snapshot.ref), snapshot.content.encode(), mode=snapshot.meta.get("mode"),
-                                 uid=snapshot.meta.get("uid"), gid=snapshot.meta.get("gid"))
-
-    def deploy(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
-        new = self.change.apply(snapshot.content.encode())
-        self.deployer.deploy(new, snapshot=self._file(snapshot), expect_remote_writes=set(self.change.live),
-                             expect_absent=set(self.change.gone))
-        return DeployResult("file", "deploy", DeployState.WAITING).observed("LIVE", now, state=DeployState.DONE)
-
-    def verify(self, result: DeployResult, now: datetime) -> DeployResult:
-        return result
-
-    def restore(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
-        same = self.deployer.restore(self._file(snapshot))
-        return DeployResult("file", "restore", DeployState.WAITING).observed(
-            "RESTORED", now, state=DeployState.DONE if same else DeployState.FAILED)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +80,7 @@ def assert_no_gap(source: PrometheusClient, target: PrometheusClient, groups: li
 def swap_step(stack: LocalStack, deployer: FileConfigDeployer, events: list[tuple[Any, ...]],
               *, target_matchers: str = "", deadline_s: float = 60.0) -> QueueSwap:
     source, target = clients(stack)
-    return QueueSwap(deployer_for=lambda change: ChangeDeployment(deployer, change),
+    return QueueSwap(deployer_for=lambda change: FileEditDeployment(deployer, change),
                      probe=PrometheusQueueProbe(source, target, target_matchers=target_matchers),
                      record=lambda kind, now, evidence: events.append((kind, dict(evidence))),
                      proof_deadline_s=deadline_s, poll_s=1.0)
