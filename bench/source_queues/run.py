@@ -103,7 +103,8 @@ def measure(proc: PrometheusProcess, seconds: float) -> dict[str, float]:
             rss.append(value)
         time.sleep(2.0)
     cpu = (cpu_ticks(proc.pid) - c0) / CLK_TCK / (time.monotonic() - t0)
-    return {"rss_mb": round(statistics.median(rss), 1), "rss_peak_mb": round(max(rss), 1), "cpu": round(cpu, 4)}
+    return {"rss_mb": round(statistics.median(rss), 1), "rss_peak_mb": round(max(rss), 1), "cpu": round(cpu, 4),
+            "rss_every_10s_mb": rss[::5]}
 
 
 class Source:
@@ -205,6 +206,8 @@ def main() -> int:
     parser.add_argument("--scrape", type=float, default=15.0, help="scrape interval (s)")
     parser.add_argument("--settle", type=float, default=90.0, help="seconds before measuring")
     parser.add_argument("--measure", type=float, default=60.0, help="seconds measured")
+    parser.add_argument("--modes", default="per_group,bounded",
+                        help="which runs besides the baselines (comma-separated: per_group, bounded)")
     parser.add_argument("--out", default=str(REPO / "bench/results/source-queues.json"))
     args = parser.parse_args()
     ns = [int(n) for n in args.groups.split(",")]
@@ -250,8 +253,12 @@ def main() -> int:
 
             results["runs"]["no_entry"] = run("no_entry", [], bounded=False)
             results["runs"]["single_entry"] = run("single_entry", groups_of(names, 1), bounded=False)
+            modes = set(args.modes.split(","))
             for n in ns:
-                results["runs"][f"per_group_{n}"] = run(f"per_group_{n}", groups_of(names, n), bounded=False)
+                if "per_group" in modes:
+                    results["runs"][f"per_group_{n}"] = run(f"per_group_{n}", groups_of(names, n), bounded=False)
+                if "bounded" not in modes:
+                    continue
                 results["runs"][f"bounded_{n}"] = run(f"bounded_{n}", groups_of(names, n), bounded=True)
                 bounded_source = bounded_sources[-1][0]
                 # Count losses now (the source is still up), then free it before the next run.
@@ -282,17 +289,16 @@ def main() -> int:
         "no_entry_cpu": runs["no_entry"]["cpu"],
         "single_entry_rss_mb": single,
         "single_entry_cpu": runs["single_entry"]["cpu"],
-        "per_group_rss_mb": [runs[f"per_group_{n}"]["rss_mb"] for n in ns],
-        "per_group_rss_peak_mb": [runs[f"per_group_{n}"]["rss_peak_mb"] for n in ns],
-        "bounded_rss_mb": [runs[f"bounded_{n}"]["rss_mb"] for n in ns],
-        "bounded_rss_peak_mb": [runs[f"bounded_{n}"]["rss_peak_mb"] for n in ns],
-        "per_group_cpu": [runs[f"per_group_{n}"]["cpu"] for n in ns],
-        "bounded_cpu": [runs[f"bounded_{n}"]["cpu"] for n in ns],
-        "bounded_entries": [runs[f"bounded_{n}"]["entries"] for n in ns],
-        "swaps": [runs[f"bounded_{n}"]["swaps"] for n in ns],
-        "samples_lost": sum(runs[f"bounded_{n}"]["samples_lost"] for n in ns),
-        "bounded_over_single_rss_at_max": round(runs[f"bounded_{ns[-1]}"]["rss_mb"] / single, 3),
-        "per_group_over_single_rss_at_max": round(runs[f"per_group_{ns[-1]}"]["rss_mb"] / single, 3),
+        **{f"{mode}_{key}": [runs[f"{mode}_{n}"][field] for n in ns]
+           for mode in ("per_group", "bounded") if f"{mode}_{ns[-1]}" in runs
+           for key, field in (("rss_mb", "rss_mb"), ("rss_peak_mb", "rss_peak_mb"), ("cpu", "cpu"),
+                              ("entries", "entries"))},
+        **({"swaps": [runs[f"bounded_{n}"]["swaps"] for n in ns],
+            "samples_lost": sum(runs[f"bounded_{n}"]["samples_lost"] for n in ns),
+            "bounded_over_single_rss_at_max": round(runs[f"bounded_{ns[-1]}"]["rss_mb"] / single, 3)}
+           if f"bounded_{ns[-1]}" in runs else {}),
+        **({"per_group_over_single_rss_at_max": round(runs[f"per_group_{ns[-1]}"]["rss_mb"] / single, 3)}
+           if f"per_group_{ns[-1]}" in runs else {}),
         "prometheus": subprocess.run(["prometheus", "--version"], capture_output=True, text=True,
                                      check=False).stdout.splitlines()[0],
         "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), nice {os.nice(0)}",
