@@ -144,11 +144,16 @@ class GroupLifecycle:
         name = remote_write_name(self.group.name)
         if queue:
             # Once merged (bounded write queues) the group is written by the merged entry, not its own.
-            attempt("queue", lambda: carrying_entry(b.source.config_text(), self.group.name))
-            name = values.get("queue") or name
-            attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(), name))
+            carrier: dict[str, str | None] = {}
+
+            def carrying() -> str | None:
+                if "name" not in carrier:
+                    carrier["name"] = carrying_entry(b.source.config_text(), self.group.name)
+                return carrier["name"]
+
+            attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(), carrying() or name))
             # Still deployed? A sync from git (or a helm upgrade) that dropped our entry says so here.
-            attempt("entry", lambda: name in remote_write_names(b.source.config_text()))
+            attempt("entry", lambda: carrying() is not None)
         since = self.migration.existing_dual_write_since()
         window_start = at - self.group.parity.skip_recent_s - self.group.bake.parity_window_s
         if since is not None:
@@ -362,7 +367,7 @@ class Decommission:
         return {"waiting": waiting, "short_by_s": short, "accepted": self.accept_history_loss}
 
     def decommission(self, now: datetime, *, approval: Mapping[str, Any]) -> dict[str, Any]:
-        from promshift.core.render import remote_write_names, sha256_bytes
+        from promshift.core.render import sha256_bytes
         from promshift.core.scrape_drop import add_scrape_drop, drop_is_loaded, drop_rule
 
         m = self.migration
@@ -432,7 +437,7 @@ class Decommission:
     def recommission(self, now: datetime, *, reason: str) -> dict[str, Any]:
         """Undo the decommission: remove the drop (the source scrapes and stores the group again); reads stay
         on the target. The source never stored the group's samples between the decommission and now."""
-        from promshift.core.render import remote_write_names, sha256_bytes
+        from promshift.core.render import sha256_bytes
         from promshift.core.scrape_drop import remove_scrape_drop
 
         m = self.migration
