@@ -288,6 +288,7 @@ class _GroupStep:
                 target_retention=target.retention_lookup,
                 target_identity=target.identity(),
                 target_alerts=target.alert_reader,
+                target_discards=getattr(target, "discards_reader", None),
             )
         except AmpError as exc:
             if exc.retryable:

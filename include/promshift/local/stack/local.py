@@ -1164,6 +1164,7 @@ class LocalStack:
             sys.executable, "-m", "promshift.local.stack.frontdoor", state_dir,
             "--port", str(cfg.frontdoor_port), "--target-url", self.target_url, "--region", cfg.region,
             "--workspace-id", workspace_id, f"--credentials-fingerprint={fingerprint}",
+            "--strict", f"--cloudwatch-url={self.aws_url}",  # AMP's limits and DiscardedSamples (amp_strict)
         ) + ((f"--alertmanager-url={self.alertmanager_url}",) if self.alertmanager_installed else ()) \
             + ((f"--workspace-target={workspace_b_id}={self.target_b_url}",) if second else ())
         relay_data, relay_b_data = self.home / RELAY, self.home / RELAY_B
