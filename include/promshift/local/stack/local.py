@@ -921,21 +921,24 @@ class LocalStack:
     def set_aws_faults(self, *, errors: dict[str, str] | None = None, workspace_status: dict[str, str] | None = None,
                        clock_skew_s: float = 0.0, scraper: dict[str, Any] | None = None,
                        aps_quotas: dict[str, float] | None = None,
-                       aps_quotas_by_workspace: dict[str, dict[str, float]] | None = None) -> None:
+                       aps_quotas_by_workspace: dict[str, dict[str, float]] | None = None,
+                       aps_limits: dict[str, float] | None = None) -> None:
         """From now on, make the control plane fail operations (``{"DescribeWorkspace": "ThrottlingException"}``)
         or report a workspace status (``{"ws-...": "CREATING"}``), and shift the control plane's and the front
         door's clocks by ``clock_skew_s`` (over 300 s: every signature is refused). ``scraper`` sets how local
         scrapers move (``{"fail_update": "reason", "stuck": True, "delay_s": 1, ...}``, see
         ``promshift.local.stack.scrapers``), ``aps_quotas`` the Service Quotas values
         (``{"active_series": N, "ingestion_rate": N}``), ``aps_quotas_by_workspace`` one workspace's own
-        (``{"ws-...": {"active_series": N}}``). No arguments: clear them all."""
+        (``{"ws-...": {"active_series": N}}``), ``aps_limits`` the strict workspace's other limits
+        (``promshift.local.stack.amp_limits``). No arguments: clear them all."""
         path = self.amp_dir / "faults.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(".faults.json.tmp")
         tmp.write_text(json.dumps({"errors": errors or {}, "workspace_status": workspace_status or {},
                                    "clock_skew_s": clock_skew_s, "scraper": scraper or {},
                                    "aps_quotas": aps_quotas or {},
-                                   "aps_quotas_by_workspace": aps_quotas_by_workspace or {}}))
+                                   "aps_quotas_by_workspace": aps_quotas_by_workspace or {},
+                                   "aps_limits": aps_limits or {}}))
         os.replace(tmp, path)
 
     def _ensure_workspace(self, alias: str | None = None, *, alert_definition: bool = True) -> str:
@@ -1669,6 +1672,8 @@ class LocalStack:
         amp = cfg.target_kind == "amp"
         if amp:  # the control plane writes each rule-groups namespace there (promshift.local.stack.rule_namespaces)
             target["rule_files"] = [AMP_RULE_FILES]
+            # The strict front door judges sample order (amp_ingest); the TSDB behind takes what it accepted.
+            target["storage"] = {"tsdb": {"out_of_order_time_window": "1h"}}
         self._write_once(
             self.source_config_path,
             "# Source Prometheus of promshift's local stack. Written once; deployers add remote_write.\n",
