@@ -197,7 +197,7 @@ class AmpHook(AwsBaseHook):
             workspace_id=workspace.workspace_id, workspace_arn=workspace.arn,
             workspace_series_query=lambda: self.prometheus_client().scalar('count({__name__=~".+"})'),
             max_share=float(max_share or settings.get("max_share") or DEFAULT_MAX_SHARE),
-            quota_codes=dict(settings.get("codes") or {}))
+            quota_codes=dict(settings.get("codes") or {}), check_capacity=True)
 
     @property
     def discards_reader(self) -> Callable[[datetime, datetime], dict[str, float]]:
