@@ -252,3 +252,42 @@ def test_query_too_large_is_422_and_parity_is_not_successful(stack: LocalStack) 
         assert any("too many samples" in r or "422" in r for r in reasons), reasons
     finally:
         undo()
+
+
+def test_the_file_path_runs_the_quota_preflight_and_refuses_past_the_capacity(
+        stack: LocalStack, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy_dual_write on the remote_write (file) path, through the group's DAG: the workspace's current capacity
+    (2 series here) is under the group's series, so nothing is deployed and the audit says why, with the numbers."""
+    import json
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from promshift.adapters.audit_store import AuditStore
+    from promshift.adapters.settings import default_catalog_path
+    from promshift.local.group_dag import build_group_dag
+    from tests.fakes import FakeTI, fed
+
+    pair = stack.aws_credentials()
+    monkeypatch.setenv("PROMSHIFT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PROMSHIFT_AUDIT_URL", f"sqlite:///{tmp_path / 'audit.db'}")
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+        "conn_type": "prometheus", "host": stack.source_url, "extra": {"config_path": str(stack.source_config_path)}}))
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+        "conn_type": "amp", "login": pair.access_key, "password": pair.secret_key,
+        "extra": stack.amp_connection_extra()}))
+    stack.publish_usage()
+    stack.set_aws_faults(aps_quotas={"active_series": 2})
+    config_before = stack.source_config_path.read_bytes()
+    g = load_catalog(profile="demo").get("gpu-clocks")
+    dag = build_group_dag(g, catalog_path=default_catalog_path(), profile="demo")
+    context = {"run_id": "manual__strict-file-path", "ti": FakeTI()}
+    snap = dag.get_task("snapshot").execute(context)
+    with pytest.raises(AirflowFailException, match=r"^quota pre-flight refused: ") as refused:
+        fed(dag, "deploy_dual_write", snapshot=snap).execute(context)
+    print(refused.value)
+    assert stack.source_config_path.read_bytes() == config_before  # nothing deployed
+    events = [e for e in AuditStore().events() if e.group == g.name and e.run_id == context["run_id"]]
+    assert [e.kind for e in events] == ["snapshot_taken", "quota_refused"]
+    quota = (events[-1].evidence_data or {})["deploy"]["quota"]
+    assert quota["limit"] == 2 and quota["group_series"] > 2 and quota["capacity"] == 2
+    assert quota["labels_per_series"]["limit"] == 70 and quota["labels_per_series"]["group"] > 5
