@@ -99,8 +99,8 @@ def test_query_limits() -> None:
     assert "query time range exceeds the limit" in query_range_problem(0, 33 * 86400, LIMITS).message  # type: ignore[union-attr]
     assert query_samples_problem(50_000_000, LIMITS) is None
     assert "too many samples" in query_samples_problem(50_000_001, LIMITS).message  # type: ignore[union-attr]
-    assert query_timeout_problem(121, LIMITS).message == "query timed out in query execution"  # type: ignore[union-attr]
-    assert query_timeout_problem(119, LIMITS) is None
+    assert query_timeout_problem(61, LIMITS).message == "query timed out in query execution"  # type: ignore[union-attr]
+    assert query_timeout_problem(59, LIMITS) is None
 
 
 def test_describe_discards_orders_by_count_and_names_a_series() -> None:
