@@ -195,3 +195,30 @@ def test_a_request_over_the_size_limit_is_refused_whole() -> None:
     assert (out.status, out.accepted) == (400, [])
     assert out.message.startswith("received message larger than max (")
     assert ws.discards.counts == {REQUEST_TOO_LARGE: 100}
+
+
+def test_ha_pairs_keep_one_replica_without_its_label_and_fail_over_after_30s() -> None:
+    from promshift.core.ingest_limits import HaTracker, ha_judge
+
+    tracker = HaTracker()
+    a = (("__name__", "m"), ("__replica__", "a"), ("cluster", "c1"))
+    b = (("__name__", "m"), ("__replica__", "b"), ("cluster", "c1"))
+    assert ha_judge(a, tracker, 0.0, LIMITS) == ("keep", (("__name__", "m"), ("cluster", "c1")))
+    assert ha_judge(b, tracker, 10.0, LIMITS)[0] == "dedupe"
+    assert ha_judge(a, tracker, 20.0, LIMITS)[0] == "keep"
+    assert ha_judge(b, tracker, 49.0, LIMITS)[0] == "dedupe"  # a sent 29 s ago
+    assert ha_judge(b, tracker, 51.0, LIMITS)[0] == "keep"  # a silent 31 s: b leads
+    assert ha_judge(a, tracker, 52.0, LIMITS)[0] == "dedupe"
+    assert ha_judge((("__name__", "m"), ("cluster", "c1")), tracker, 53.0, LIMITS)[0] == "keep"  # not an HA series
+    one = WorkspaceLimits(ha_clusters=1)
+    assert ha_judge((("__replica__", "a"), ("cluster", "c2")), tracker, 54.0, one)[0] == "too_many"
+
+
+def test_the_workspace_stores_an_ha_pair_once() -> None:
+    ws = WorkspaceIngest()
+    pair = [Series((("__name__", "m"), ("__replica__", r), ("cluster", "c1"), ("gpu", "0")), [(T0, 1.0)])
+            for r in ("a", "b")]
+    out = ws.ingest(body(pair), LIMITS, 0.0)
+    assert out.status == 200
+    assert [s.labels for s in out.accepted] == [(("__name__", "m"), ("cluster", "c1"), ("gpu", "0"))]
+    assert ws.deduped == 1 and ws.discards.total() == 0

@@ -28,6 +28,7 @@ RATE_LIMITED = "rate_limited"
 SERIES_LIMIT = "per_user_series_limit"
 LABEL_SET_LIMIT = "per_labelset_series_limit"
 REQUEST_TOO_LARGE = "request_too_large"
+TOO_MANY_HA_CLUSTERS = "too_many_ha_clusters"
 REASONS = {
     TOO_OLD: "too old (older than the newest sample by more than the out-of-order window and the 1 h head)",
     OUT_OF_ORDER: "out of order",
@@ -39,7 +40,14 @@ REASONS = {
     SERIES_LIMIT: "active series limit",
     LABEL_SET_LIMIT: "label-set series limit",
     REQUEST_TOO_LARGE: "request too large",
+    TOO_MANY_HA_CLUSTERS: "too many HA clusters",
 }
+# HA pairs ("Deduplicating high availability metrics sent to Amazon Managed Service for Prometheus", AMP user
+# guide): series labelled ``cluster`` + ``__replica__`` are deduplicated; one replica per cluster is kept (the
+# leader), the others' samples dropped (not discarded: accepted and not stored), and another replica takes over
+# once the leader has sent nothing for HA_FAILOVER_S. ``__replica__`` is not stored.
+HA_CLUSTER_LABEL, HA_REPLICA_LABEL = "cluster", "__replica__"
+HA_FAILOVER_S = 30.0
 
 MB = 1024 * 1024
 # How far behind the workspace's newest sample an in-order sample may still be appended (the TSDB head's
@@ -69,6 +77,7 @@ class WorkspaceLimits:
     query_series: int = 12_000_000  # series fetched per query
     query_range_s: float = 32 * 86400.0  # "Query time range"
     query_timeout_s: float = 60.0  # "a query past about a minute answered 422" (issue 35; AMP-troubleshooting, 422)
+    ha_clusters: int = 500  # "Maximum HA clusters" (AMP_quotas), not adjustable
     # The adaptive capacity's floor: "from 2M" (AMP_quotas); tests set a small one.
     series_floor: float = 2_000_000.0
     # The workspace configuration's limitsPerLabelSet: ((label set, maxSeries), ...); maxSeries 0 = no limit.
@@ -124,6 +133,32 @@ def label_problem(labels: Sequence[tuple[str, str]], limits: WorkspaceLimits) ->
             return LABEL_VALUE_TOO_LONG, (f"label value too long: {value[:200]!r} label: {name[:200]!r} "
                                           f"metric: {metric[:200]!r}")
     return None
+
+
+@dataclass
+class HaTracker:
+    """The elected replica per HA cluster and when it last sent (``ha_judge``)."""
+
+    leaders: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+
+def ha_judge(labels: Sequence[tuple[str, str]], tracker: HaTracker, now: float, limits: WorkspaceLimits
+             ) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """(``keep`` | ``dedupe`` | ``too_many``, the labels to store) of a series: series without both HA labels are
+    kept as they are; the leader's are kept without ``__replica__``; another replica's are dropped while the leader
+    sends, and take over once it has been silent for HA_FAILOVER_S."""
+    have = dict(labels)
+    cluster, replica = have.get(HA_CLUSTER_LABEL), have.get(HA_REPLICA_LABEL)
+    if cluster is None or replica is None:
+        return "keep", tuple(labels)
+    stored = tuple(kv for kv in labels if kv[0] != HA_REPLICA_LABEL)
+    leader = tracker.leaders.get(cluster)
+    if leader is None and len(tracker.leaders) >= limits.ha_clusters:
+        return "too_many", stored
+    if leader is None or leader[0] == replica or now - leader[1] > HA_FAILOVER_S:
+        tracker.leaders[cluster] = (replica, now)
+        return "keep", stored
+    return "dedupe", stored
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,13 @@ from promshift.core.ingest_limits import (
     RATE_LIMITED,
     REQUEST_TOO_LARGE,
     SERIES_LIMIT,
+    TOO_MANY_HA_CLUSTERS,
     DiscardCounts,
+    HaTracker,
     TokenBucket,
     WorkspaceLimits,
     adaptive_capacity,
+    ha_judge,
     judge_sample,
     label_problem,
     label_set_limit_message,
@@ -254,6 +257,8 @@ class WorkspaceIngest:
         self.bucket: TokenBucket | None = None
         self.history: deque[tuple[float, int]] = deque()  # (when, active series) for the adaptive capacity
         self.discards = DiscardCounts()
+        self.ha = HaTracker()
+        self.deduped = 0  # samples of a non-leading HA replica: accepted, not stored
         self.unpublished: dict[str, float] = {}
         self._pruned_at = 0.0
 
@@ -274,6 +279,7 @@ class WorkspaceIngest:
     def snapshot(self, limits: WorkspaceLimits, now: float) -> dict[str, Any]:
         with self.lock:
             return {"active_series": len(self.active), "capacity": self.capacity(limits, now),
+                    "deduplicated_samples": self.deduped, "ha_leaders": {c: r for c, (r, _) in self.ha.leaders.items()},
                     "discarded": dict(self.discards.counts), "examples": dict(self.discards.examples)}
 
     def _discard(self, out: DiscardCounts, reason: str, n: int, labels: Labels) -> None:
@@ -312,6 +318,15 @@ class WorkspaceIngest:
             first_400 = first_429 = ""
             accepted: list[Series] = []
             for one in series:
+                verdict_ha, stored = ha_judge(one.labels, self.ha, now, limits)
+                if verdict_ha == "too_many":
+                    self._discard(counts, TOO_MANY_HA_CLUSTERS, len(one.samples), one.labels)
+                    first_400 = first_400 or f"too many HA clusters (limit: {limits.ha_clusters})"
+                    continue
+                if verdict_ha == "dedupe":
+                    self.deduped += len(one.samples)
+                    continue
+                one = Series(stored, one.samples)
                 problem = label_problem(one.labels, limits)
                 if problem is not None:
                     self._discard(counts, problem[0], len(one.samples), one.labels)
