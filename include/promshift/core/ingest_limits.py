@@ -74,7 +74,7 @@ class WorkspaceLimits:
     request_bytes: int = MB  # "Remote write request size" (the uncompressed WriteRequest)
     out_of_order_window_s: float = 60.0  # workspace configuration outOfOrderTimeWindowInSeconds (default 60 s)
     query_samples: int = 50_000_000  # "Query samples" per query
-    query_series: int = 12_000_000  # series fetched per query
+    query_series: int = 12_000_000  # series fetched per query (documented; not enforced locally, docs/local-stack.md)
     query_range_s: float = 32 * 86400.0  # "Query time range"
     query_timeout_s: float = 60.0  # "a query past about a minute answered 422" (issue 35; AMP-troubleshooting, 422)
     ha_clusters: int = 500  # "Maximum HA clusters" (AMP_quotas), not adjustable
@@ -249,13 +249,6 @@ def query_samples_problem(samples: float, limits: WorkspaceLimits) -> QueryProbl
     if samples > limits.query_samples:
         return QueryProblem("query_samples", "query processing would load too many samples into memory in query "
                                              f"execution ({samples:.0f} samples, limit {limits.query_samples})")
-    return None
-
-
-def query_series_problem(series: int, limits: WorkspaceLimits) -> QueryProblem | None:
-    if series > limits.query_series:
-        return QueryProblem("query_series", f"the query hit the max number of series limit (limit: "
-                                            f"{limits.query_series} series)")
     return None
 
 
