@@ -680,7 +680,7 @@ class DeployDualWriteOperator(GroupStepOperator):
 
             try:
                 quota_preflight(self.migration(context), self.quota_check(context, self.group.scrape_interval_s),
-                                kind="remote_write", now=_now())
+                                deploy_kind=self.deploy_kind, now=_now())
             except DeployStepFailed as exc:
                 raise AirflowFailException(str(exc)) from None
         return self.migration(context).deploy_dual_write(snap, _now())

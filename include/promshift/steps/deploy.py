@@ -72,7 +72,7 @@ class DeployStepFailed(RuntimeError):
     """A deploy step ended without the group deployed (recorded in the audit first); one line."""
 
 
-def quota_preflight(m: Any, check: QuotaCheck, *, kind: str, now: datetime) -> dict[str, Any]:
+def quota_preflight(m: Any, check: QuotaCheck, *, deploy_kind: str, now: datetime) -> dict[str, Any]:
     """The quota pre-flight of every deploy path (a deployer's, the source file's): the group's series on the source
     against ``check``; ``quota_reserved`` when it fits (its series now count on the workspace for the other groups'
     pre-flights), else ``quota_refused`` and DeployStepFailed with nothing deployed."""
@@ -81,7 +81,7 @@ def quota_preflight(m: Any, check: QuotaCheck, *, kind: str, now: datetime) -> d
         evidence = check(series, now)
     except QuotaExceeded as exc:
         m.record(EventKind.QUOTA_REFUSED, now, {"reason": str(exc), "deploy": {
-            "kind": kind, "status_history": [], "quota": exc.evidence}})
+            "kind": deploy_kind, "status_history": [], "quota": exc.evidence}})
         raise DeployStepFailed(str(exc)) from None
     m.record(EventKind.QUOTA_RESERVED, now, {
         **{key: evidence[key] for key in ("workspace_id", "group_series", "workspace_series",
@@ -128,7 +128,7 @@ class DeployStep:
             check = self.quota
 
             def quota() -> dict[str, Any]:
-                return quota_preflight(m, check, kind=self.deployer.kind, now=now)
+                return quota_preflight(m, check, deploy_kind=self.deployer.kind, now=now)
         try:
             return start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota)
         except DeployError as exc:

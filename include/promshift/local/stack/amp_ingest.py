@@ -381,3 +381,4 @@ class WorkspaceIngest:
         stale = [labels for labels, at in self.active.items() if at < now - ACTIVE_SERIES_WINDOW_S]
         for labels in stale:
             del self.active[labels]
+            self.last.pop(labels, None)
