@@ -6,9 +6,9 @@
   A workspace that discarded nothing has no such metric: an answered ListMetrics with none is "no discards";
   a refused or failed read raises ``DiscardsUnavailable`` (a check without data never passes).
 - A sample series: CloudWatch names no series, so one series of the group that the source holds and the target
-  lacks is found with bounded queries (``count by (__name__, instance)`` on both sides, then the series of the
-  first short (metric, instance) on both). Refused samples of series the target does hold (out of order,
-  duplicates) leave none to name.
+  lacks is found with bounded instant queries (``count by (__name__, instance)`` on both sides, then the
+  series of the first short (metric, instance) on both, by ``last_over_time``). Refused samples of series the
+  target does hold (out of order, duplicates) leave none to name.
 """
 
 from __future__ import annotations
@@ -82,13 +82,14 @@ def missing_series_example(source: PrometheusClient, target: PrometheusClient, s
             return ""
         name, instance = sorted(short)[0]
         match = _with_matchers(selector, f'__name__="{name}",instance="{instance}"')
-        params = {"match[]": match, "start": f"{at - lookback_s:.3f}", "end": f"{at:.3f}",
-                  "limit": str(MAX_EXAMPLE_SERIES)}
-        on_target = {tuple(sorted(s.items())) for s in target.api_get("/api/v1/series", params) or []}
-        for labels in source.api_get("/api/v1/series", params) or []:
-            if tuple(sorted(labels.items())) not in on_target:
-                rest = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
-                return f"{labels.get('__name__', '')}{{{rest}}}"
+        # The series of that metric and instance on each side, by an instant query (AMP's QueryMetrics: no other
+        # permission than the checks' own), at most MAX_EXAMPLE_SERIES of them.
+        expr = f"topk({MAX_EXAMPLE_SERIES}, last_over_time({match}[{int(lookback_s)}s]))"
+        on_target = {tuple(sorted(s.labels.items())) for s in target.query(expr, at=at).series}
+        for found in source.query(expr, at=at).series:
+            if tuple(sorted(found.labels.items())) not in on_target:  # last_over_time dropped __name__ on both
+                rest = ", ".join(f'{k}="{v}"' for k, v in sorted(found.labels.items()) if k != "__name__")
+                return f"{name}{{{rest}}}"
     except (PrometheusError, ValueError, TypeError, AttributeError):
         return ""
     return ""
