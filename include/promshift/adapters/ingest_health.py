@@ -16,11 +16,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.core.warmup import missing_series_example
 
 NAMESPACE, METRIC = "AWS/Prometheus", "DiscardedSamples"
-# Series of one (metric, instance) read on each side to name a missing one.
-MAX_EXAMPLE_SERIES = 1000
 
 
 class DiscardsUnavailable(ValueError):
@@ -59,40 +58,6 @@ def workspace_discards(cloudwatch: Any, workspace_id: str, *, since: datetime, n
         if total > 0:
             out[reason] = out.get(reason, 0.0) + total
     return out
-
-
-def _with_matchers(selector: str, matchers: str) -> str:
-    """``{a="b"}`` + ``c="d"`` -> ``{a="b",c="d"}`` (the group's selectors end with ``}``)."""
-    return selector[:-1] + ("," if selector[:-1].strip().endswith(("\"", "'", "`")) else "") + matchers + "}"
-
-
-def missing_series_example(source: PrometheusClient, target: PrometheusClient, selector: str, *, at: float,
-                           lookback_s: float = 300.0) -> str:
-    """A series of the group on the source that the target lacks (``name{labels}``), or "" when none is found."""
-    if not selector.endswith("}"):
-        return ""
-    by = f"count by (__name__, instance) ({selector})"
-    try:
-        have = {(s.labels.get("__name__", ""), s.labels.get("instance", "")): s.points[-1][1]
-                for s in target.query(by, at=at).series if s.points}
-        short = [(s.labels.get("__name__", ""), s.labels.get("instance", "")) for s in source.query(by, at=at).series
-                 if s.points and have.get((s.labels.get("__name__", ""), s.labels.get("instance", "")), 0)
-                 < s.points[-1][1]]
-        if not short:
-            return ""
-        name, instance = sorted(short)[0]
-        match = _with_matchers(selector, f'__name__="{name}",instance="{instance}"')
-        # The series of that metric and instance on each side, by an instant query (AMP's QueryMetrics: no other
-        # permission than the checks' own), at most MAX_EXAMPLE_SERIES of them.
-        expr = f"topk({MAX_EXAMPLE_SERIES}, last_over_time({match}[{int(lookback_s)}s]))"
-        on_target = {tuple(sorted(s.labels.items())) for s in target.query(expr, at=at).series}
-        for found in source.query(expr, at=at).series:
-            if tuple(sorted(found.labels.items())) not in on_target:  # last_over_time dropped __name__ on both
-                rest = ", ".join(f'{k}="{v}"' for k, v in sorted(found.labels.items()) if k != "__name__")
-                return f"{name}{{{rest}}}"
-    except (PrometheusError, ValueError, TypeError, AttributeError):
-        return ""
-    return ""
 
 
 def with_ingestion_health(obs: Any, *, read_discards: Any, source: PrometheusClient, target: PrometheusClient,
