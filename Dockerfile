@@ -43,3 +43,5 @@ COPY --chown=airflow:root catalog /opt/airflow/catalog
 COPY --chown=airflow:root dags /opt/airflow/dags
 COPY --chown=airflow:root plugins /opt/airflow/plugins
 ENV PROMSHIFT_CATALOG=/opt/airflow/catalog/metric_groups.yaml
+# Fail closed: every store named, none defaulted (docs/deployment.md#production-fails-closed)
+ENV PROMSHIFT_ENV=production

@@ -114,6 +114,33 @@ def test_the_values_run_our_image_with_a_triggerer() -> None:
     assert f"ENV PROMSHIFT_CATALOG={env['PROMSHIFT_CATALOG']}" in dockerfile
 
 
+def test_every_store_comes_from_one_secret_into_every_component() -> None:
+    """Issue 37: the chart's ``secret:`` reaches every Airflow container it makes (API server, scheduler, DAG
+    processor, Celery workers, triggerer, KubernetesExecutor pods); each store promshift's own production check
+    asks for is there, from the one Secret deploy/helm/promshift-settings.yaml defines, with s3:// stores."""
+    from promshift.adapters.settings import production_problems, require_production_settings
+
+    v = values()
+    env = {e["name"]: e["value"] for e in v["env"]}
+    assert env["PROMSHIFT_ENV"] == "production"
+    assert "ENV PROMSHIFT_ENV=production" in (REPO / "Dockerfile").read_text()
+    secret = yaml.safe_load((REPO / "deploy" / "helm" / "promshift-settings.yaml").read_text())
+    assert (secret["apiVersion"], secret["kind"]) == ("v1", "Secret")
+    assert {s["secretName"] for s in v["secret"]} == {secret["metadata"]["name"]}
+    from_secret = {s["envName"]: secret["stringData"][s["secretKey"]] for s in v["secret"]}
+    assert len(from_secret) == len(v["secret"]) == len(secret["stringData"])
+    assert production_problems({"PROMSHIFT_ENV": "production"}) != []  # the check can fail
+    require_production_settings("helm values", {**env, **from_secret})  # nothing missing, nothing on a disk
+    assert from_secret["PROMSHIFT_SNAPSHOTS_URL"].startswith("s3://")
+    assert from_secret["PROMSHIFT_REPORTS_URL"].startswith("s3://")
+    assert from_secret["PROMSHIFT_AUDIT_ANCHOR_URL"].startswith("s3://")
+    # no component shadows them with an env of its own (the chart appends a component's env after the common one)
+    for component in (v["workers"], v["triggerer"], v["apiServer"], v.get("scheduler", {}), v.get("dagProcessor", {})):
+        names = {e.get("name") for e in component.get("env", [])} | {e.get("envName") for e in component.get("secret", [])}
+        assert not names & (set(from_secret) | {"PROMSHIFT_ENV"})
+    assert not {e["name"] for e in v["env"]} & set(from_secret)  # a store is never a plain value
+
+
 def test_the_service_accounts_assume_the_airflow_role_of_deploy_iam() -> None:
     check_service_accounts(values())
 

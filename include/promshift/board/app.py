@@ -8,6 +8,7 @@ overview lists only groups whose DAG the caller may read.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -21,7 +22,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from promshift.adapters.audit_store import AuditStore, ChainWatch
-from promshift.adapters.settings import default_catalog_path, default_profile, load_catalog
+from promshift.adapters.settings import (
+    ProductionSettingsMissing,
+    default_catalog_path,
+    default_profile,
+    load_catalog,
+    require_production_settings,
+)
 from promshift.board import URL_PREFIX, evidence, pages
 from promshift.board.metrics import CONTENT_TYPE, FOLDED_KINDS, exposition
 from promshift.core.audit import ChainCheck
@@ -29,6 +36,7 @@ from promshift.core.catalog import Catalog, MetricGroup
 from promshift.core.memory import cyclic_gc_paused
 from promshift.core.stages import Stage, stage_from_moves
 
+log = logging.getLogger(__name__)
 _chart_lock = threading.Lock()  # pyplot keeps global state; one chart at a time
 # How long the overview waits for the first whole chain verification of a process (then it shows "being verified"
 # and the next request has the answer); a group's page waits for it.
@@ -130,8 +138,28 @@ def readable_group(name: str, request: Request, user: GetUserDep) -> MetricGroup
 ReadableGroup = Annotated[MetricGroup, Depends(readable_group)]
 
 
+def refusing_app(line: str) -> FastAPI:
+    """A board that serves nothing: every path is 503 with ``line`` (why it refused to start)."""
+    app = FastAPI(title="promshift migration board (refused)", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.api_route("/{path:path}", methods=["GET", "HEAD", "POST"])
+    def refused(path: str) -> Response:
+        return Response(line + "\n", status_code=503, media_type="text/plain; charset=utf-8")
+
+    return app
+
+
 def create_app(source: BoardSource | None = None) -> FastAPI:
-    """The board's FastAPI app; ``source`` defaults to the environment's catalog and audit store."""
+    """The board's FastAPI app; ``source`` defaults to the environment's catalog and audit store.
+
+    Under ``PROMSHIFT_ENV=production`` a store missing from the environment refuses the board as it starts: one
+    line in the API server's log, and every route answers 503 with that line; nothing is opened or created."""
+    if source is None:
+        try:
+            require_production_settings("the migration board")
+        except ProductionSettingsMissing as exc:
+            log.error("%s", exc)
+            return refusing_app(str(exc))
     board = source or BoardSource()
     app = FastAPI(title="promshift migration board", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.board = board

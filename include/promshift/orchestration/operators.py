@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -72,7 +73,6 @@ def audit_url() -> str:
     password is the audit HMAC key, which must never be a database password. The URL's password
     is registered with Airflow's secrets masker and every log line shows the URL redacted.
     """
-    import os
 
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
@@ -104,9 +104,39 @@ def audit_url() -> str:
         if not isinstance(url, str) or not url:
             raise AirflowFailException(f"connection {AUDIT_CONN!r}: extra.url must be a SQLAlchemy URL string")
         return masked(url, f"connection {AUDIT_CONN!r} extra.url")
-    url = default_audit_url()
+    from promshift.adapters.settings import ProductionSettingsMissing
+
+    try:
+        url = default_audit_url()  # refuses under PROMSHIFT_ENV=production
+    except ProductionSettingsMissing as exc:
+        raise AirflowFailException(f"{exc}; or connection {AUDIT_CONN!r}'s extra.url") from None
     log.info("audit database (default, SQLite under PROMSHIFT_HOME): %s", redacted(url))
     return url
+
+
+def require_production_settings(where: str) -> None:
+    """Under ``PROMSHIFT_ENV=production``, fail the task in one line unless every store is named (the audit
+    database, key and anchor, snapshots, reports), before anything is opened or created; in the lab, nothing."""
+    from promshift.adapters import settings
+
+    try:
+        if not settings.is_production():
+            return
+        url = os.environ.get("PROMSHIFT_AUDIT_URL") or _connection_audit_url()
+        settings.require_production_settings(where, audit_url=url, audit_key_given=audit_key() is not None)
+    except settings.ProductionSettingsMissing as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def _connection_audit_url() -> str | None:
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        url = BaseHook.get_connection(AUDIT_CONN).extra_dejson.get("url")
+    except AirflowNotFoundException:
+        return None
+    return url if isinstance(url, str) and url else None
 
 
 def audit_store(on_head: Any = None) -> Any:
@@ -582,6 +612,7 @@ class ValidateGroupOperator(GroupStepOperator):
         from promshift.core.run_params import RunParamsError
         from promshift.steps.migration import GroupNotStartable
 
+        require_production_settings(f"validate {self.task_id}")  # before the audit store is even opened
         try:
             self.run_params(context, strict=True)
             self.check_pair()
