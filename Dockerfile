@@ -10,7 +10,7 @@
 # Stage 1: the wheel, built as the test builds it (setuptools at requirements.txt's pin, no build isolation).
 FROM apache/airflow:3.3.2-python3.11 AS wheel
 WORKDIR /tmp/promshift
-COPY requirements.txt pyproject.toml ./
+COPY requirements.txt pyproject.toml README.md LICENSE ./
 COPY include ./include
 RUN pip install --no-cache-dir "$(grep -E '^setuptools==' requirements.txt)" \
  && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /tmp/dist .

@@ -136,7 +136,8 @@ def test_every_store_comes_from_one_secret_into_every_component() -> None:
     assert from_secret["PROMSHIFT_AUDIT_ANCHOR_URL"].startswith("s3://")
     # no component shadows them with an env of its own (the chart appends a component's env after the common one)
     for component in (v["workers"], v["triggerer"], v["apiServer"], v.get("scheduler", {}), v.get("dagProcessor", {})):
-        names = {e.get("name") for e in component.get("env", [])} | {e.get("envName") for e in component.get("secret", [])}
+        names = {e.get("name") for e in component.get("env", [])}
+        names |= {e.get("envName") for e in component.get("secret", [])}
         assert not names & (set(from_secret) | {"PROMSHIFT_ENV"})
     assert not {e["name"] for e in v["env"]} & set(from_secret)  # a store is never a plain value
 

@@ -195,12 +195,16 @@ def test_the_wheel_declares_pyprojects_dependencies_and_entry_points(wheel: Path
         dist_info = next(n.split("/")[0] for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         meta = email.message_from_string(zf.read(f"{dist_info}/METADATA").decode())
         entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
+        licence = zf.read(f"{dist_info}/licenses/LICENSE").decode()
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     declared = {str(Requirement(r)) for r in project["dependencies"]}
     requires = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
     assert {str(r) for r in requires if r.marker is None} == declared
     assert set(meta.get_all("Provides-Extra") or []) == set(project["optional-dependencies"])
     assert "promshift = promshift.cli:main" in entry_points
+    # released as Apache-2.0 with its license text, its README as the description, its version
+    assert meta["License-Expression"] == "Apache-2.0" and meta["Version"] == project["version"]
+    assert "Apache License" in licence and "# promshift" in meta.get_payload()
     assert "provider_info = promshift.orchestration.provider_info:get_provider_info" in entry_points
 
 
@@ -272,7 +276,7 @@ def test_the_dockerfile_installs_this_wheel(stages: list[Stage]) -> None:
     tag = f"apache/airflow:{pinned('apache-airflow')}-python{sys.version_info.major}.{sys.version_info.minor}"
     assert builder.base == image.base == tag
     # the builder copies what the wheel fixture builds from, and builds it the same way
-    assert sorted(copy_sources(builder)) == ["include", "pyproject.toml", "requirements.txt"]
+    assert sorted(copy_sources(builder)) == ["LICENSE", "README.md", "include", "pyproject.toml", "requirements.txt"]
     build = " ".join(builder.args("RUN"))
     assert "pip wheel" in build and "--no-deps" in build and "--no-build-isolation" in build
     assert "^setuptools==" in build and pinned("setuptools")  # setuptools at requirements.txt's pin
