@@ -31,16 +31,6 @@ def install_lines() -> list[list[str]]:
     return lines
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([uv(), "build", "-q", "--wheel", "--out-dir", str(folder), str(REPO)], capture_output=True,
-                          text=True, timeout=300, env=clean_env())
-    assert done.returncode == 0, done.stderr[-2000:]
-    (built,) = folder.glob("promshift-*.whl")
-    return built
-
-
 def venv(path: Path) -> Path:
     done = subprocess.run([uv(), "venv", "-q", "--python", "3.11", str(path)], capture_output=True, text=True,
                           timeout=120, env=clean_env())
