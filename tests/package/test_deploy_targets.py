@@ -259,14 +259,12 @@ def test_airflow_settings_hold_what_the_code_reads() -> None:
     from promshift.adapters.amp import amp_target_from_extra
     from promshift.adapters.settings import load_catalog
     from promshift.orchestration.approver_teams import TEAMS_VARIABLE
-    from promshift.orchestration.dag_factory import latency_pool
 
     settings = yaml.safe_load((ASTRO / "airflow_settings.yaml").read_text())["airflow"]
     conns = {c["conn_id"]: c for c in settings["connections"]}
     assert set(conns) == code_conn_ids()
     targets = {g.target for g in load_catalog(REPO / "catalog" / "metric_groups.yaml").groups}
-    assert {p["pool_name"] for p in settings["pools"]} == {latency_pool(t) for t in targets}
-    assert all(p["pool_slot"] >= 1 for p in settings["pools"])
+    assert "pools" not in settings  # the latency bound needs none (max_active_tis_per_dag)
     variables = {v["variable_name"]: v["variable_value"] for v in settings["variables"]}
     assert set(variables) == {TEAMS_VARIABLE}
     teams = json.loads(variables[TEAMS_VARIABLE])
@@ -279,19 +277,18 @@ def test_airflow_settings_hold_what_the_code_reads() -> None:
     assert conns["promshift_audit"]["conn_extra"]["url"].startswith("postgresql+psycopg://")
 
 
-def test_every_variable_and_pool_name_in_the_code_is_known() -> None:
-    """A new ``Variable.get("...")`` or pool prefix in production code must show up in airflow_settings.yaml."""
+def test_every_variable_name_in_the_code_is_known_and_no_pool_is_asked_for() -> None:
+    """A new ``Variable.get("...")`` in production code must show up in airflow_settings.yaml; no task may ask for a
+    pool someone must create (a missing pool leaves the task waiting in silence)."""
     text = "\n".join(p.read_text() for p in (REPO / "include" / "promshift").rglob("*.py")
                      if "local" not in p.relative_to(REPO / "include" / "promshift").parts)
     settings = (ASTRO / "airflow_settings.yaml").read_text()
     literal_gets = re.findall(r"Variable\.get\(\s*[\"']([\w.-]+)[\"']", text)
     variable_consts = re.findall(r"^\w*VARIABLE\w* = [\"']([\w.-]+)[\"']", text, re.M)
-    pool_prefixes = re.findall(r"^\w*POOL\w*PREFIX = [\"']([\w.-]+)[\"']", text, re.M)
-    assert variable_consts and pool_prefixes, "the scan found nothing: it would prove nothing"
+    assert variable_consts, "the scan found nothing: it would prove nothing"
     for name in literal_gets + variable_consts:
         assert f"variable_name: {name}" in settings, name
-    for prefix in pool_prefixes:
-        assert f"pool_name: {prefix}" in settings, prefix
+    assert not re.findall(r"\bpool\s*=", text), "a task asks for a pool: create it in code or bound it otherwise"
 
 
 # --- MWAA: supported versions and the startup script --------------------------------------------------------------
