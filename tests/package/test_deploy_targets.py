@@ -146,23 +146,39 @@ def test_the_service_accounts_assume_the_airflow_role_of_deploy_iam() -> None:
     check_service_accounts(values())
 
 
+# Every service account the values create: (where in the values, the IAM role of deploy/iam/features.yaml it assumes,
+# the placeholder its trust policies name it by). The API server is read only: a role of its own.
+SERVICE_ACCOUNTS = {"worker": (("workers", "celery"), "airflow", "WorkerServiceAccount"),
+                    "worker pod": (("workers", "kubernetes"), "airflow", "WorkerPodServiceAccount"),
+                    "triggerer": (("triggerer",), "airflow", "TriggererServiceAccount"),
+                    "api server": (("apiServer",), "api-server", "ApiServerServiceAccount")}
+
+
 def check_service_accounts(v: dict[str, Any]) -> None:
     features = yaml.safe_load((IAM / "features.yaml").read_text())
-    policy = features["roles"]["airflow"]["policy"]
-    assert (IAM / policy).is_file()
-    accounts = {"worker": v["workers"]["celery"]["serviceAccount"],
-                "worker pod": v["workers"]["kubernetes"]["serviceAccount"],
-                "triggerer": v["triggerer"]["serviceAccount"], "api server": v["apiServer"]["serviceAccount"]}
-    for who, account in accounts.items():
+    accounts = {}
+    for who, (where, role, placeholder) in SERVICE_ACCOUNTS.items():
+        node = v
+        for key in where:
+            node = node[key]
+        account = accounts[who] = node["serviceAccount"]
+        policy = features["roles"][role]["policy"]
+        assert (IAM / policy).is_file()
         arn = account["annotations"].get(IRSA, "")
         assert re.fullmatch(r"arn:aws:iam::\$\{Account\}:role/[\w+=,.@-]+", arn), (who, arn)
         assert arn.rsplit("/", 1)[1] == Path(policy).stem, f"{who} assumes {arn}, not the role of {policy}"
         assert account["create"] is True and account["name"], who
-    # the trust policy names the three service accounts by placeholder; values.yaml says which fills which
-    trust = (IAM / "trust-irsa.json").read_text()
-    for placeholder in ("WorkerServiceAccount", "TriggererServiceAccount", "ApiServerServiceAccount"):
-        assert f"${{{placeholder}}}" in trust and f"${{{placeholder}}}" in VALUES.read_text(), placeholder
+        # every trust policy of its role names it (IRSA and Pod Identity), and values.yaml says which fills which
+        for trust in features["roles"][role]["trust"]:
+            assert f"${{{placeholder}}}" in (IAM / trust).read_text(), (who, trust)
+        assert f"${{{placeholder}}}" in VALUES.read_text(), placeholder
     assert len({a["name"] for a in accounts.values()}) == len(accounts)
+    # and no role trusts a service account of another's: the API server cannot act as a worker
+    for role, spec in features["roles"].items():
+        for trust in spec["trust"]:
+            named = set(re.findall(r"\$\{(\w+ServiceAccount)\}", (IAM / trust).read_text()))
+            own = {p for (_, r, p) in SERVICE_ACCOUNTS.values() if r == role}
+            assert named <= (own if role != "source-writer" else {"WriterServiceAccount"}), trust
 
 
 def test_what_the_schema_lets_through_our_own_checks_catch(validator: jsonschema.protocols.Validator) -> None:
