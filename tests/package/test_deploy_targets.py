@@ -253,8 +253,12 @@ def test_mwaa_requirements_install_the_wheel_under_our_constraints() -> None:
 
 
 def test_the_astro_project_installs_promtool_and_the_wheel() -> None:
-    assert (ASTRO / "packages.txt").read_text().split() == ["prometheus"]  # as the repository's Dockerfile
+    assert (ASTRO / "packages.txt").read_text().split() == []  # no Debian promtool: the fleet's, as the Dockerfile
     dockerfile = (ASTRO / "Dockerfile").read_text()
+    ours = re.search(r"^ARG PROMETHEUS_VERSION=(\S+)$", (REPO / "Dockerfile").read_text(), re.M)
+    assert ours and f"ARG PROMETHEUS_VERSION={ours.group(1)}" in dockerfile
+    assert "FROM prom/prometheus:v${PROMETHEUS_VERSION} AS promtool" in dockerfile
+    assert "COPY --from=promtool /bin/promtool /usr/local/bin/promtool" in dockerfile
     (base,) = re.findall(r"^FROM (\S+)$", dockerfile, re.M)
     assert re.fullmatch(r"astrocrpublic\.azurecr\.io/runtime:3\.3-\d+-python-3\.11", base), base
     assert "pip install --no-cache-dir --no-deps /usr/local/airflow/dist/promshift-*.whl" in dockerfile
