@@ -477,9 +477,11 @@ class _GroupStep:
         if not isinstance(source, PrometheusHook) or not source.extra.get("rules"):
             return None
         promtool = str(source.extra.get("promtool", "promtool"))
+        source_rules = self._prometheus_rule_source(source, promtool)  # rules in PrometheusRule objects
         config_path = source.extra.get("config_path")
-        if not config_path:
-            raise AirflowFailException(f"connection {self.source_conn_id!r}: extra.rules needs extra.config_path")
+        if not config_path and source_rules is None:
+            raise AirflowFailException(f"connection {self.source_conn_id!r}: extra.rules needs extra.config_path "
+                                       "(or extra.kubernetes.prometheus_rules)")
         target = self.target_hook
         if isinstance(target, AmpHook):
             rules_target: Any = target.rules_namespace(self.group.name)
@@ -490,9 +492,21 @@ class _GroupStep:
                                            f"{self.target_conn_id!r} needs extra.config_path")
             rules_target = PrometheusRulesTarget(target_config, target.prometheus_client(), group_name=self.group.name,
                                                  rules_dir=target.extra.get("rules_dir"), promtool=promtool)
-        move = RulesMove.for_group(SourceRules(config_path, source.prometheus_client(), promtool=promtool),
-                                   rules_target, self.group)
+        source_rules = source_rules or SourceRules(config_path, source.prometheus_client(), promtool=promtool)
+        move = RulesMove.for_group(source_rules, rules_target, self.group)
         return RulesStep(migration, move, ObjectStorageBlobs(snapshots_url()))
+
+    def _prometheus_rule_source(self, source: Any, promtool: str) -> Any:
+        """``adapters.k8s_rules.PrometheusRuleSource`` over ``extra.kubernetes.prometheus_rules``, else None."""
+        from promshift.adapters.k8s_rules import PrometheusRuleSource
+        from promshift.core.deploy_kinds import kubernetes_source_of
+        from promshift.orchestration.hooks import kubernetes_hook
+
+        k8s = kubernetes_source_of(source.extra, conn_id=self.source_conn_id)
+        if k8s is None or not k8s.prometheus_rules:
+            return None
+        return PrometheusRuleSource(kubernetes_hook(k8s), k8s.prometheus_rules, source.prometheus_client(),
+                                    promtool=promtool, timeout_s=k8s.timeout_s)
 
     def read_path_step(self, migration: Any) -> Any:
         """The group's dashboards switch (``moves.ReadPathStep``) when connection ``grafana_default`` exists
