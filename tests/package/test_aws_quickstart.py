@@ -139,7 +139,8 @@ def test_the_filled_secret_and_values_name_every_store(walked: Path) -> None:
     stores = {s["envName"]: secret["stringData"][s["secretKey"]] for s in values["secret"]}
     require_production_settings("quickstart", {**env, **stores})
     assert stores["PROMSHIFT_SNAPSHOTS_URL"] == "s3://promshift-state-111122223333/promshift/snapshots"
-    assert len(stores["PROMSHIFT_AUDIT_KEY"]) == 64  # openssl rand -hex 32
+    assert len(stores["PROMSHIFT_AUDIT_KEY"]) == len(stores["PROMSHIFT_METRICS_TOKEN"]) == 64  # openssl rand -hex 32
+    assert stores["PROMSHIFT_AUDIT_KEY"] != stores["PROMSHIFT_METRICS_TOKEN"]
 
 
 def test_the_connections_handed_to_secrets_manager_pass_promshifts_checks() -> None:

@@ -159,6 +159,27 @@ def local_audit_key_env(home: Path) -> dict[str, str]:
     return {"PROMSHIFT_AUDIT_KEY_FILE": str(path)}
 
 
+def metrics_token(environ: Mapping[str, str] | None = None) -> bytes | None:
+    """The static token a scraper reads ``/promshift/scrape/metrics`` with: ``PROMSHIFT_METRICS_TOKEN`` (from a
+    Secret) or ``PROMSHIFT_METRICS_TOKEN_FILE``; None when neither is set (the route then answers 404). At least 32
+    characters: a shorter one is refused in one line rather than guessed."""
+    env = os.environ if environ is None else environ
+    text, path = env.get("PROMSHIFT_METRICS_TOKEN"), env.get("PROMSHIFT_METRICS_TOKEN_FILE")
+    if text and path:
+        raise ValueError("set PROMSHIFT_METRICS_TOKEN or PROMSHIFT_METRICS_TOKEN_FILE, not both")
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"cannot read PROMSHIFT_METRICS_TOKEN_FILE {path}: {exc.strerror}") from None
+    if not text:
+        return None
+    token = text.strip().encode("utf-8")
+    if len(token) < 32:
+        raise ValueError(f"the metrics token is {len(token)} characters; it needs at least 32 (openssl rand -hex 32)")
+    return token
+
+
 def audit_anchor_url() -> str | None:
     """``PROMSHIFT_AUDIT_ANCHOR_URL``: where chain heads are anchored (SQLAlchemy URL or ``s3://bucket/prefix``)."""
     return os.environ.get("PROMSHIFT_AUDIT_ANCHOR_URL") or None

@@ -8,6 +8,7 @@ overview lists only groups whose DAG the caller may read.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import tempfile
 import threading
@@ -27,6 +28,7 @@ from promshift.adapters.settings import (
     default_catalog_path,
     default_profile,
     load_catalog,
+    metrics_token,
     require_production_settings,
 )
 from promshift.board import URL_PREFIX, evidence, pages
@@ -222,11 +224,26 @@ def create_app(source: BoardSource | None = None) -> FastAPI:
     def metrics(request: Request, user: GetUserDep) -> Response:
         """promshift's own metrics (board/metrics.py) for the groups the caller may read, for Prometheus."""
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
-        groups = [(g.name, g.wave) for g in board.catalog().groups if g.dag_id in readable]
+        return exposed([(g.name, g.wave) for g in board.catalog().groups if g.dag_id in readable])
+
+    def exposed(groups: list[tuple[str, int]]) -> Response:
         # Only the kinds the exposition folds (and stage moves): not a year of bake checks; totals by SQL.
         count, last = board.audit.totals()
         return Response(exposition(groups, board.audit.events_of_kinds(FOLDED_KINDS), totals=(count, last)),
                         media_type=CONTENT_TYPE)
+
+    @app.get("/scrape/metrics")
+    def scrape_metrics(request: Request) -> Response:
+        """The same metrics for every group, for a scraper holding the static token (``PROMSHIFT_METRICS_TOKEN``,
+        from a Secret): no Airflow login, no JWT that expires daily. The token opens this one read-only route
+        and nothing else; without a token configured the route does not exist (404)."""
+        token = metrics_token()
+        if token is None:
+            raise HTTPException(404, "no metrics token is configured (PROMSHIFT_METRICS_TOKEN)")
+        scheme, _, sent = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(sent.strip().encode("utf-8"), token):
+            raise HTTPException(401, "a bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+        return exposed([(g.name, g.wave) for g in board.catalog().groups])
 
     @app.get("/", response_class=HTMLResponse)
     def overview_page(request: Request, user: GetUserDep) -> HTMLResponse:
