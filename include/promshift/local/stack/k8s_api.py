@@ -265,21 +265,29 @@ def _check_fields(value: Any, allowed: frozenset[str], path: str) -> None:
             raise _unknown(f"{path}.", key)
 
 
-def validate_prometheus(obj: Mapping[str, Any], ns: str, name: str) -> None:
-    """A ``Prometheus`` CR: metadata by ``V1ObjectMeta``, ``spec.remoteWrite`` by prometheus-operator's field names."""
+def _custom_resource_spec(kind: str, obj: Mapping[str, Any], ns: str, name: str,
+                          top: tuple[str, ...]) -> dict[str, Any] | None:
+    """A custom resource's envelope checked (its top-level keys ``top``, metadata by ``V1ObjectMeta``); its spec,
+    or None when it has none."""
     if not isinstance(obj, dict):
-        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal body into a Prometheus (not an object)")
+        raise ApiRefusal(400, "BadRequest", f"json: cannot unmarshal body into a {_KIND[kind]} (not an object)")
     for key in obj:
-        if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
+        if key not in top:
             raise _unknown("", key)
     check_model(obj.get("metadata"), "V1ObjectMeta", "metadata.")
-    _check_metadata(PROMETHEUSES, obj, ns, name)
+    _check_metadata(kind, obj, ns, name)
     deserialize(obj.get("metadata") or {}, "V1ObjectMeta")
     spec = obj.get("spec")
+    if spec is not None and not isinstance(spec, dict):
+        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal spec of type object")
+    return spec
+
+
+def validate_prometheus(obj: Mapping[str, Any], ns: str, name: str) -> None:
+    """A ``Prometheus`` CR: metadata by ``V1ObjectMeta``, ``spec.remoteWrite`` by prometheus-operator's field names."""
+    spec = _custom_resource_spec(PROMETHEUSES, obj, ns, name, ("apiVersion", "kind", "metadata", "spec", "status"))
     if spec is None:
         return
-    if not isinstance(spec, dict):
-        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal spec of type object")
     entries = spec.get("remoteWrite")
     if entries is None:
         return
@@ -317,15 +325,7 @@ def validate_prometheus(obj: Mapping[str, Any], ns: str, name: str) -> None:
 def validate_prometheusrule(obj: Mapping[str, Any], ns: str, name: str) -> None:
     """A ``PrometheusRule``: metadata by ``V1ObjectMeta``, ``spec.groups`` by prometheus-operator's field names and
     its CRD's checks (a group needs a unique name; a rule exactly one of record/alert, and an expr)."""
-    if not isinstance(obj, dict):
-        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal body into a PrometheusRule (not an object)")
-    for key in obj:
-        if key not in ("apiVersion", "kind", "metadata", "spec"):
-            raise _unknown("", key)
-    check_model(obj.get("metadata"), "V1ObjectMeta", "metadata.")
-    _check_metadata(PROMETHEUSRULES, obj, ns, name)
-    deserialize(obj.get("metadata") or {}, "V1ObjectMeta")
-    spec = obj.get("spec")
+    spec = _custom_resource_spec(PROMETHEUSRULES, obj, ns, name, ("apiVersion", "kind", "metadata", "spec"))
     if spec is None:
         return
     _check_fields(spec, frozenset({"groups"}), "spec")
