@@ -100,6 +100,7 @@ SOURCE_ONLY_PATHS = {
     "/api/v1/status/runtimeinfo": "a self-hosted server's retention (AMP's is read from the catalog)",
     "/api/v1/admin/tsdb/delete_series": "a self-hosted server's admin API",
     "/api/v1/status/tsdb": "the plan's inventory of the source (AMP has no status API)",
+    "/api/v1/status/buildinfo": "the source Prometheus's version, for validate's promtool check (AMP has none)",
 }
 # Paths a module sends only to the source, whatever the workspace would need for them.
 SOURCE_ONLY_IN = {
