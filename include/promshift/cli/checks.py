@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from promshift.core.durations import format_duration, parse_duration
+from promshift.core.redact import redact_text
 from promshift.core.verdicts import Verdict
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,6 @@ def _client(role: str, url: str, auth: Any = None) -> Any:
 def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[int, dict[str, Any], str]:
     """Run ``check parity|latency``: (exit code, JSON result, the human-readable report)."""
     from promshift.adapters.prometheus import PrometheusError
-    from promshift.core.redact import redact_text
     from promshift.core.report import latency_noise_lines, latency_table, parity_log_table
 
     now = time.time() if now is None else now
@@ -257,10 +257,10 @@ def _bake_window_problems(catalog: Any, catalog_dir: Path) -> list[str]:
     from promshift.core.bake import bake_window_problem
     from promshift.core.golden import MIN_POINTS
 
-    found = []
+    found: list[str] = []
     for group in catalog.groups:
         problem = bake_window_problem(group.bake, step_s=group.parity.step_s,
-                                      lookbacks=golden_lookbacks(group, catalog_dir), min_points=MIN_POINTS)
+                                      lookbacks=golden_lookbacks(group, catalog_dir, found), min_points=MIN_POINTS)
         if problem:
             found.append(f"group {group.name!r}: {problem}")
     return found
@@ -350,9 +350,12 @@ def rendered_config(config_text: str, *, group: Any, target_url: str, sigv4: dic
 
 
 def render_diff(config_text: str, *, group: Any, target_url: str, config_name: str,
-                sigv4: dict[str, str] | None = None) -> str:
-    """The unified diff a dual-write deploy of ``group`` makes to ``config_text`` ('' when none)."""
+                sigv4: dict[str, str] | None = None, edited: list[str] | None = None) -> str:
+    """The unified diff a dual-write deploy of ``group`` makes to ``config_text`` ('' when none); ``edited``, when
+    given, gets the edited text."""
     new_text = rendered_config(config_text, group=group, target_url=target_url, sigv4=sigv4)
+    if edited is not None:
+        edited.append(new_text)
     return "".join(difflib.unified_diff(config_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
                                         fromfile=f"{config_name} (now)",
                                         tofile=f"{config_name} (after dual-writing {group.name})"))
@@ -385,21 +388,53 @@ def _render(args: argparse.Namespace) -> int:
         raise InputError(str(exc)) from None
     target_url = args.target_url or PLACEHOLDER_REMOTE_WRITE_URL
     sigv4 = render_sigv4(target_url, args.target_region, args.writer_role_arn)
+    edited: list[str] = []
     try:
-        new_text = rendered_config(text, group=group, target_url=target_url, sigv4=sigv4)
-        diff = render_diff(text, group=group, target_url=target_url, config_name=str(path), sigv4=sigv4)
+        diff = render_diff(text, group=group, target_url=target_url, config_name=str(path), sigv4=sigv4,
+                           edited=edited)
     except RenderError as exc:  # one line: the placeholder notice would only hide it
         print(f"promshift render: the deploy would refuse {path}: {exc}", file=sys.stderr)
+        return 1
+    refused = _promtool_refusal(edited[0], path, args.promtool)
+    if refused:
+        print(f"promshift render: the deploy would refuse {path}: {refused}", file=sys.stderr)
         return 1
     if not args.target_url:
         print(f"promshift render: no --target-url; the output shows the placeholder {target_url}", file=sys.stderr)
     if args.output == "config":  # exactly the bytes the deploy writes
         sys.stdout.flush()
-        sys.stdout.buffer.write(new_text.encode("utf-8"))
+        sys.stdout.buffer.write(edited[0].encode("utf-8"))
         sys.stdout.buffer.flush()
         return 0
     print(diff.rstrip("\n") if diff else f"no change: {path} already dual-writes {group.name} this way")
     return 0
+
+
+def _promtool_refusal(config_text: str, path: Path, promtool: str) -> str | None:
+    """What ``promtool check config`` says against the edited config, as the file deploy checks it first (one
+    line), or None when it passes. Run beside the file (relative rule files resolve), the copy removed after."""
+    import shutil
+
+    from promshift.adapters.deploy import promtool_on
+
+    if shutil.which(promtool) is None:
+        print(f"promshift render: {promtool!r} not found: the edited config was not checked by promtool",
+              file=sys.stderr)
+        return None
+    try:
+        proc, tmp = promtool_on(config_text.encode("utf-8"), "config", promtool=promtool, prefix=".promshift-render-",
+                                folder=path.resolve().parent)
+    except OSError as exc:  # a folder we may not write in: check in the system's temporary folder
+        try:
+            proc, tmp = promtool_on(config_text.encode("utf-8"), "config", promtool=promtool, prefix="promshift-")
+        except OSError:
+            print(f"promshift render: promtool could not run: {exc.strerror or exc}", file=sys.stderr)
+            return None
+    if proc.returncode == 0:
+        return None
+    said = [line.strip() for line in (proc.stdout + proc.stderr).replace(tmp, str(path)).splitlines()
+            if line.strip() and not line.startswith("Checking ")]
+    return "promtool check config: " + " ".join(said)[:300]
 
 
 def _guarded(handler: Any) -> Any:
@@ -408,11 +443,11 @@ def _guarded(handler: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             return int(handler(args))
-        except InputError as exc:
-            print(f"promshift: {exc}", file=sys.stderr)
+        except InputError as exc:  # redacted: a bad URL given on the command line may carry a password
+            print(f"promshift: {redact_text(str(exc))}", file=sys.stderr)
             return EX_USAGE
         except BackendUnavailable as exc:
-            print(f"promshift: {exc}", file=sys.stderr)
+            print(f"promshift: {redact_text(str(exc))}", file=sys.stderr)
             return EX_UNAVAILABLE
 
     return run
@@ -464,4 +499,6 @@ def add_check_commands(subparsers: Any) -> None:
                         help="the amp connection's writer_role_arn: the role the source assumes to write")
     render.add_argument("--output", choices=("diff", "config"), default="diff",
                         help="diff (default), or config: the whole file exactly as the deploy writes it")
+    render.add_argument("--promtool", default="promtool",
+                        help="promtool that checks the edited config, as the deploy does (default: promtool on PATH)")
     render.set_defaults(handler=_guarded(_render))

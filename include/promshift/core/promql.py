@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -118,12 +118,90 @@ class Analysis:
         return tuple(r for r in self.reads if r.anchor != "t")
 
 
+# --------------------------------------------------------------------------- the budget before the parser
+#
+# The Rust parser's memory and time grow with the square of the syntax tree's depth (4,000 nested
+# parentheses: 290 MB; 4,000 `+` terms, left-nested: 630 MB; 10,000: an abort at 2.8 GB), and the walks
+# below recurse once per level. Every expression is measured first, in one linear pass over its text:
+# its length, how deeply its brackets nest and how many operators it has (a chain of binary operators
+# nests as deep as it is long). At these limits the parser takes milliseconds and a few MB; no
+# dashboard, rule or golden query we have seen comes near them.
+MAX_QUERY_CHARS = 65_536
+MAX_NESTING = 64
+MAX_OPERATORS = 256
+_OPERATOR_WORDS = frozenset({"and", "or", "unless", "atan2"})
+# One step of the scan: a quote or comment start (handled by hand), a bracket, an operator, a word.
+_SCAN = re.compile(r"""["'`#]|[(\[{]|[)\]}]|[-+*/%^]|[=!<>]=|[<>]|[A-Za-z_][A-Za-z0-9_:]*""")
+
+
+class PromQLBudgetError(PromQLError):
+    """An expression over the size budget: refused before the parser sees it."""
+
+
+def _string_end(expr: str, start: int) -> int:
+    """The index after the string literal opened at ``start``; -1 when it is never closed."""
+    quote = expr[start]
+    index = start + 1
+    while True:
+        index = expr.find(quote, index)
+        if index < 0:
+            return -1
+        if quote != "`":
+            backslashes = 0
+            while expr[index - 1 - backslashes] == "\\":
+                backslashes += 1
+            if backslashes % 2:
+                index += 1
+                continue
+        return index + 1
+
+
+def check_budget(expr: str) -> None:
+    """Refuse ``expr`` (PromQLBudgetError, one line) when it is longer, nests deeper or has more operators than
+    the parser is given; linear in its length, without recursion."""
+    if not isinstance(expr, str):
+        raise PromQLBudgetError(f"a query must be text, not {type(expr).__name__}")
+    if len(expr) > MAX_QUERY_CHARS:
+        raise PromQLBudgetError(f"query of {len(expr):,} characters (at most {MAX_QUERY_CHARS:,})")
+    depth = deepest = operators = 0
+    index, end = 0, len(expr)
+    while index < end:
+        match = _SCAN.search(expr, index)
+        if match is None:
+            break
+        token = match.group()
+        index = match.end()
+        first = token[0]
+        if first in "\"'`":
+            index = _string_end(expr, match.start())
+            if index < 0:  # never closed: the parser says so, in its words
+                break
+        elif first == "#":
+            newline = expr.find("\n", index)
+            index = end if newline < 0 else newline
+        elif first in "([{":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise PromQLBudgetError(f"query nests deeper than {MAX_NESTING} brackets")
+            deepest = max(deepest, depth)
+        elif first in ")]}":
+            depth = max(0, depth - 1)
+        elif first.isalpha() or first == "_":
+            if token.lower() in _OPERATOR_WORDS:
+                operators += 1
+        else:
+            operators += 1
+        if operators > MAX_OPERATORS:
+            raise PromQLBudgetError(f"query has more than {MAX_OPERATORS} operators")
+
+
 def parse(expr: str) -> Any:
-    """The parser's AST; a clear PromQLError when the expression does not parse.
+    """The parser's AST; a clear PromQLError when the expression does not parse or is over the budget.
 
     Backtick strings are raw in PromQL (`n\\d` is a regex), but promql_parser 0.12.0 reads
     escapes in them: they are handed to it as the equivalent double-quoted strings.
     """
+    check_budget(expr)
     if "`" in expr:
         expr = "".join(promql_string(tok[1:-1]) if tok.startswith("`") else tok for tok in _TOKEN.findall(expr))
     try:
@@ -243,6 +321,32 @@ def _answers_without_series(node: Any) -> bool:
     return False
 
 
+def labels_relied_on(expr: str) -> frozenset[str]:
+    """The labels ``expr`` selects on (matchers), groups by (``by``) or matches on (``on``, ``group_left/right``):
+    a label dropped from the series changes what such a query answers. Labels only named in ``without`` or
+    ``ignoring`` are not counted (dropping them changes nothing there). PromQLError when it does not parse."""
+    found: set[str] = set()
+    stack = [parse(expr)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, promql_parser.MatrixSelector):
+            node = node.vector_selector
+        if isinstance(node, promql_parser.VectorSelector):
+            found.update(m.name for m in node.matchers.matchers if m.name != "__name__")
+        elif isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            if node.modifier.type == promql_parser.AggModifierType.By:
+                found.update(node.modifier.labels)
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            matching = node.modifier.matching
+            if matching is not None and matching.type == promql_parser.LabelModifierType.Include:
+                found.update(matching.labels)
+            found.update(node.modifier.group_labels or ())
+        if isinstance(node, promql_parser.SubqueryExpr):
+            stack.append(node.expr)
+        stack.extend(_children(node))
+    return frozenset(found)
+
+
 def lookback_s(expr: str) -> float | None:
     """The longest look-back of ``expr`` in seconds (range selectors, subqueries, offsets), None for none.
 
@@ -338,6 +442,8 @@ def metric_names(expr: str) -> list[str]:
     """
     try:
         return [s.name for s in analyse(expr).selectors if s.name]
+    except PromQLBudgetError:
+        return []  # over the budget: not read at all, not even by the fallback
     except PromQLError:
         return re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", re.sub(r'"(?:[^"\\]|\\.)*"', "", expr))
 
@@ -476,3 +582,78 @@ def restrict_nameless(expr: str, matcher: tuple[str, str, str], which: Any) -> s
     if analyse(rewritten).selectors != wanted:
         raise PromQLError(f"cannot restrict the selectors without a metric name in {expr!r}")
     return rewritten
+
+
+# --------------------------------------------------------------------------- which labels an answer depends on
+
+# Functions whose string arguments at these positions (0-based) name labels they read or write.
+_LABEL_NAME_ARGS = {"label_replace": (1, 3), "label_join": (1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+                    "sort_by_label": (1, 2, 3, 4, 5, 6, 7, 8), "sort_by_label_desc": (1, 2, 3, 4, 5, 6, 7, 8)}
+
+
+def labels_depended_on(expr: str) -> dict[str, str]:
+    """The label names ``expr``'s answer could depend on, each with how it is used.
+
+    A label is depended on when a selector matches on it, an aggregation groups ``by`` it, a binary
+    operator joins ``on``/``ignoring`` it or copies it with ``group_left``/``group_right``, ``count_values``
+    writes it, or ``label_replace``/``label_join`` (and ``sort_by_label``) name it. A label only removed
+    (``without``, or an aggregation without grouping, which drops every label) is not: the answer is the
+    same whether the series carried it or not. An expression that does not parse raises PromQLError.
+    """
+    found: dict[str, str] = {}
+
+    def note(label: str, how: str) -> None:
+        found.setdefault(label, how)
+
+    for node in _nodes(parse(expr)):
+        if isinstance(node, promql_parser.MatrixSelector):
+            node = node.vector_selector
+        if isinstance(node, promql_parser.VectorSelector):
+            for group in (node.matchers.matchers, *(node.matchers.or_matchers or ())):
+                for m in group:
+                    if m.name != "__name__":
+                        note(m.name, "matched")
+        elif isinstance(node, promql_parser.AggregateExpr):
+            modifier = node.modifier
+            if modifier is not None and modifier.type == promql_parser.AggModifierType.By:
+                for label in modifier.labels:
+                    note(label, "grouped by")
+            if str(node.op) == "count_values" and isinstance(node.param, promql_parser.StringLiteral):
+                note(node.param.val, "written by count_values")
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            matching = node.modifier.matching
+            if matching is not None:
+                way = "joined on" if matching.type == promql_parser.LabelModifierType.Include else "joined ignoring"
+                for label in matching.labels:
+                    note(label, way)
+            for label in node.modifier.group_labels or ():
+                note(label, "copied by group_left/group_right")
+        elif isinstance(node, promql_parser.Call) and node.func.name in _LABEL_NAME_ARGS:
+            positions = _LABEL_NAME_ARGS[node.func.name]
+            for i, arg in enumerate(node.args):
+                if i in positions and isinstance(arg, promql_parser.StringLiteral) and arg.val:
+                    note(arg.val, f"named by {node.func.name}")
+    return found
+
+
+def _nodes(node: Any) -> Iterator[Any]:
+    """``node`` and every node under it (a subquery's expression included)."""
+    yield node
+    if isinstance(node, promql_parser.SubqueryExpr):
+        yield from _nodes(node.expr)
+    for child in _children(node):
+        yield from _nodes(child)
+
+
+def functions_used(expr: str) -> set[str]:
+    """Every function and aggregation operator ``expr`` calls (``rate``, ``sum``, ``deriv``...).
+
+    An expression that does not parse raises PromQLError.
+    """
+    found: set[str] = set()
+    for node in _nodes(parse(expr)):
+        if isinstance(node, promql_parser.Call):
+            found.add(node.func.name)
+        elif isinstance(node, promql_parser.AggregateExpr):
+            found.add(str(node.op))
+    return found

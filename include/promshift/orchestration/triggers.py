@@ -11,8 +11,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.core.warmup import assess_warmup
-from promshift.steps.migration import observe_warmup
+from promshift.core.warmup import assess_warmup, observe_warmup
 
 
 class WarmupTrigger(BaseTrigger):
@@ -218,7 +217,8 @@ class GitChangeTrigger(LoadedConfigTrigger):
         pulls = None
         if source.backend == "github":
             token = connection_secret(source.conn_id) if source.conn_id else None
-            pulls = GitHubPullRequests(source.api_url, str(source.repository), token)
+            pulls = GitHubPullRequests(source.api_url, str(source.repository), token,
+                                       http_loopback=source.http_loopback)
         return GitObserver(hook.prometheus_client(), pulls)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from promshift.core.approvers import team_name_problem
+from promshift.core.approvers import TEAM_PREFIX, team_name_problem
 from promshift.core.catalog.model import (
     _CONN_ID_RE,
     _GROUP_NAME_RE,
@@ -17,6 +17,7 @@ from promshift.core.catalog.model import (
     _METRIC_NAME_RE,
     CONN_ID_MAX_LENGTH,
     NOTIFY_CHANNELS,
+    PARITY_ENGINES,
     PARITY_MODES,
     PROBE_ENCODINGS,
     BakePolicy,
@@ -135,6 +136,8 @@ def _user_id(value: Any) -> str:
 def _approver(value: Any) -> str:
     """A user id, or ``team:<name>``: a team resolved to its members when the approval is asked."""
     text = _user_id(value)
+    if text[:len(TEAM_PREFIX)].lower() == TEAM_PREFIX and not text.startswith(TEAM_PREFIX):
+        _fail(f"{_show(text)}: write the team prefix in lower case ({TEAM_PREFIX!r}); as written it is a user id")
     problem = team_name_problem(text)
     if problem:
         _fail(problem)
@@ -477,6 +480,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
         ParityPolicy,
         {
             "mode": _Field("mode", _choice(PARITY_MODES)),
+            "engines": _Field("engines", _choice(PARITY_ENGINES)),
             "sample_hosts": _Field("sample_hosts", _integer(minimum=1)),
             "hosts_per_shard": _Field("hosts_per_shard", _integer(minimum=1)),
             "seed": _Field("seed", _optional_string),
