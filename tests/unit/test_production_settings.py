@@ -75,7 +75,7 @@ def test_a_worker_refuses_at_validate_in_one_line_and_creates_no_file(production
 
 def test_every_other_step_refuses_too_never_a_sqlite_default(production: Path) -> None:
     """A step that skips validate (a retry, a by-hand run) still opens no lab default."""
-    from promshift.orchestration.operators import audit_url
+    from promshift.orchestration.wiring import audit_url
 
     with pytest.raises(AirflowFailException, match=r"^PROMSHIFT_ENV=production: no audit database .*extra.url"):
         audit_url()
@@ -122,7 +122,7 @@ def test_all_named_passes_and_the_connection_counts() -> None:
 
 
 def test_the_connection_satisfies_a_worker(production: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from promshift.orchestration.operators import require_production_settings as worker_check
+    from promshift.orchestration.wiring import require_production_settings as worker_check
 
     for var in ("PROMSHIFT_AUDIT_ANCHOR_URL", "PROMSHIFT_SNAPSHOTS_URL", "PROMSHIFT_REPORTS_URL"):
         monkeypatch.setenv(var, NAMED[var])
