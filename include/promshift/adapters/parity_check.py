@@ -46,6 +46,7 @@ from promshift.core.parity import (
 )
 from promshift.core.promql import promql_string
 from promshift.core.query_budget import QueryBudgetExhausted
+from promshift.core.query_limits import UNLIMITED, QueryLimits
 from promshift.core.verdicts import Layer, Measurement, Verdict
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,14 @@ class ParityCheck:
     target: PrometheusClient
     # Relative dashboard paths in the catalog resolve against the catalog's folder.
     catalog_dir: Path | None = None
+    # The target's per-query limits (``adapters.query_limits``, read once per run): every layer's queries are
+    # planned against them and carried to the shards by the plan. None: not limited (a refusal still splits).
+    limits: QueryLimits | None = None
     ctx: ParityContext = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.ctx = ParityContext(self.group, self.source, self.target, self.catalog_dir)
+        self.ctx = ParityContext(self.group, self.source, self.target, self.catalog_dir,
+                                 limits=self.limits or UNLIMITED)
 
     # The layers, each over the shared context (what coverage saw, the others use).
     @property
@@ -199,6 +204,11 @@ class ParityCheck:
                 shard["host_names"] = [list(names[0]), list(names[1])]
             if kinds is not None:
                 shard["metric_kinds"] = kinds
+            if self.ctx.limits.limited:
+                shard["limits"] = self.ctx.limits.to_dict()
+                per_host = self.ctx.series_per_host()
+                if per_host is not None:
+                    shard["series_per_host"] = per_host
             shards.append(shard)
         return ParityPlan(ParityWindow(start, end, self.policy.step_s), tuple(measurements), tuple(shards),
                           len(hosts), self._cost(started, before), golden_inventory)
@@ -209,6 +219,10 @@ class ParityCheck:
         before = [c.ledger.snapshot() for c in (self.source, self.target)]
         if shard.get("metric_kinds"):
             self.ctx.kinds = {name: dict(kind) for name, kind in shard["metric_kinds"].items()}
+        if shard.get("limits"):
+            self.ctx.limits = QueryLimits.from_dict(shard["limits"])
+        if shard.get("series_per_host"):
+            self.ctx.per_host = float(shard["series_per_host"])
         try:
             out = self.compare_hosts(shard["hosts"], shard["start"], shard["end"], shard.get("host_names"))
         except QueryBudgetExhausted as exc:

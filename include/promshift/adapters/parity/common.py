@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from promshift.adapters.parity.sized import Partition, SizedQueries, host_partition
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
 from promshift.core.golden import either_name_selectors
 from promshift.core.parity import HostLabels, hosts_per_label, metric_kinds, noise_allowance
 from promshift.core.promql import Analysis, Selector
-from promshift.core.verdicts import Measurement
+from promshift.core.query_limits import UNLIMITED, QueryLimits
+from promshift.core.verdicts import Measurement, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -93,31 +95,45 @@ def lookback_span(analysis: Analysis, start: float, end: float) -> tuple[float, 
 
 
 def series_behind(source: PrometheusClient, target: PrometheusClient, selectors: Sequence[Selector],
-                  span: tuple[float, float], renames: Sequence[tuple[str, str]] = ()) -> list[tuple[float, float]]:
+                  span: tuple[float, float], renames: Sequence[tuple[str, str]] = (), *,
+                  sized: SizedQueries | None = None, partition: Partition | None = None) -> list[tuple[float, float]]:
     """Per selector, ``(source, target)``: how many series it reads with a sample in ``span``.
 
     The evidence behind a golden or latency result: a query whose answer has none of the group's
     series behind it (``sum(x) or vector(0)``, ``absent(x)``) proves nothing. ``renames`` (a group's
     declared ``(new, old)`` label renames): a series counts under either name, on both sides, as the
-    golden query reads it (``core.golden.read_either_name``).
+    golden query reads it (``core.golden.read_either_name``). ``sized``: counted in shards of the series
+    (``partition``) when the workspace refuses the whole count for size; the shards' counts add up.
     """
     counts = []
     for sel in selectors:
         parts = either_name_selectors(sel, renames)
 
         def count(client: PrometheusClient, parts: list[Selector] = parts) -> float:
-            return sum(count_behind(client, p, span) for p in parts)
+            return sum(count_behind(client, p, span, sized=sized, partition=partition) for p in parts)
 
         counts.append(each_side(lambda c=count: c(source), lambda c=count: c(target)))
     return counts
 
 
-def count_behind(client: PrometheusClient, selector: Selector, span: tuple[float, float]) -> float:
+def count_behind(client: PrometheusClient, selector: Selector, span: tuple[float, float], *,
+                 sized: SizedQueries | None = None, partition: Partition | None = None) -> float:
     """How many series ``selector`` reads on one backend with a sample in ``span``."""
     low, high = span
-    res = client.query(f"count(last_over_time({selector.promql()}[{max(1, math.ceil(high - low))}s]))", at=high)
-    return sum(s.points[0][1] for s in res.series)
+    seconds = max(1, math.ceil(high - low))
+    if sized is None:
+        res = client.query(f"count(last_over_time({selector.promql()}[{seconds}s]))", at=high)
+        return sum(s.points[0][1] for s in res.series)
+    text = selector.promql()
 
+    def build(duration: str, extra: str) -> str:
+        shard = f"{text[:-1]}{extra}}}" if text.endswith("}") else f"{text}{{{extra.removeprefix(', ')}}}"
+        return f"count(last_over_time({shard if extra else text}[{duration}]))"
+
+    # A series is counted once however many samples it has: shards of the series add up, parts of time do not.
+    rows = sized.window(client, build, end=high, span_s=seconds, op="sum", series=None, samples_per_series=1,
+                        partition=partition, time_split=False)
+    return sum(v for _, v in rows)
 
 
 @dataclass
@@ -141,6 +157,40 @@ class ParityContext:
     # Seen by coverage: per side, hosts per name of the host label, and hosts only under an undeclared name.
     hosts_per_name: dict[str, dict[str, int]] | None = None
     undeclared: tuple[dict[str, set[str]], dict[str, set[str]]] | None = None
+    # The target's per-query limits (read once per run); every layer's queries are sized to them.
+    limits: QueryLimits = UNLIMITED
+    # Seen by coverage: per metric, the most series either side had at any instant (sizes the other layers).
+    series_per_metric: dict[str, float] | None = None
+    # Set on a shard from its plan (the shard runs where coverage did not).
+    per_host: float | None = None
+
+    def sizer(self) -> SizedQueries:
+        """A fresh counter of one layer's splits and refusals, sized to the target's limits."""
+        return SizedQueries(self.limits)
+
+    def samples_per_series(self, span_s: float) -> int:
+        """Samples one series holds over ``span_s``: the step is at least the scrape interval (the estimate is
+        low for a faster scrape; a refusal then splits further)."""
+        return int(span_s / max(1.0, float(self.policy.step_s))) + 1
+
+    def series_per_host(self) -> float | None:
+        """The group's series per host (coverage's count over its hosts), carried to the shards by the plan."""
+        if self.per_host is not None:
+            return self.per_host
+        total, hosts = self.series_of(), len(self.hosts_at_end or ())
+        return None if total is None or not hosts else total / hosts
+
+    def series_of(self, metric: str | None = None) -> int | None:
+        """Series of one metric (or of the group) coverage saw, or None before coverage ran."""
+        if self.series_per_metric is None:
+            return None
+        if metric is None:
+            return int(sum(self.series_per_metric.values()))
+        return int(self.series_per_metric.get(metric, 0))
+
+    def host_partition(self) -> Partition | None:
+        """Shards of the group's series by host (the hosts coverage saw at the window's end), or None."""
+        return host_partition(self.host_labels.name, self.hosts_at_end) if self.hosts_at_end else None
 
     @property
     def policy(self) -> Any:
@@ -215,3 +265,15 @@ class ParityLayer:
     @property
     def target(self) -> PrometheusClient:
         return self.ctx.target
+
+
+def with_sizing(m: Measurement, sized: SizedQueries) -> Measurement:
+    """``m`` with what sizing its queries to the workspace took (nothing added when nothing was split)."""
+    evidence = sized.evidence()
+    return dataclasses.replace(m, numbers={**m.numbers, "query_sizing": evidence}) if evidence else m
+
+
+def refused_for_size(name: str, exc: Exception, queries: Sequence[str] = ()) -> Measurement:
+    """A layer whose query no split keeps inside the workspace's limits: INCONCLUSIVE, never a difference."""
+    return Measurement(name, Verdict.INCONCLUSIVE, f"not compared: the workspace refuses its queries for size "
+                       f"and no split fits ({exc})", tuple(queries))

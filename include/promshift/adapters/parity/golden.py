@@ -15,8 +15,11 @@ from promshift.adapters.parity.common import (
     group_matcher,
     group_selectors_of,
     lookback_span,
+    refused_for_size,
     series_behind,
+    with_sizing,
 )
+from promshift.adapters.parity.sized import RefusedForSize
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
 from promshift.core.golden import (
@@ -200,21 +203,27 @@ class GoldenLayer(ParityLayer):
         except PromQLError as exc:
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (fit.expr,))
         queries = asked
+        sized = self.ctx.sizer()
 
         def answer(client: PrometheusClient, asked: str) -> GoldenSide:
             try:
-                res = client.query_range(asked, start=fit.start, end=fit.end, step=step)
+                # Asked in step-aligned parts when the workspace refuses it whole (exact: each step is its own).
+                answered, warnings = sized.range_query(client, asked, start=fit.start, end=fit.end, step=step,
+                                                       series=None)
             except PrometheusError as exc:
                 text = str(exc).removeprefix(f"{exc.base_url}: ")
                 return GoldenSide(error=text, http_status=exc.http_status, kind=exc.kind)
             rename = dict(self.policy.rename_labels)
             series = {normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename): s.points
-                      for s in res.series}
+                      for s in answered}
             if client is self.source:  # declared drops: the target's answer has the source's without them
                 series = without_dropped(series, self.group.drop_labels)
-            return GoldenSide(series=series, warnings=res.warnings)
+            return GoldenSide(series=series, warnings=warnings)
 
-        source, target = each_side(lambda: answer(self.source, asked), lambda: answer(self.target, asked))
+        try:
+            source, target = each_side(lambda: answer(self.source, asked), lambda: answer(self.target, asked))
+        except RefusedForSize as exc:
+            return refused_for_size(name, exc, (queries,))
         failed = golden_failure(name, queries, source, target)
         if failed is not None:
             return failed
@@ -224,7 +233,10 @@ class GoldenLayer(ParityLayer):
                                (queries,))
         try:
             counts = series_behind(self.source, self.target, [*group_selectors, *others],
-                                   lookback_span(fit.analysis, fit.start, fit.end), renames)
+                                   lookback_span(fit.analysis, fit.start, fit.end), renames,
+                                   sized=sized, partition=self.ctx.host_partition())
+        except RefusedForSize as exc:
+            return refused_for_size(name, exc, (queries,))
         except PrometheusError as exc:
             return Measurement(name, Verdict.ERROR, f"counting the series behind the query failed: {exc}", (queries,))
         behind = (sum(c[0] for c in counts[:len(group_selectors)]), sum(c[1] for c in counts[:len(group_selectors)]))
@@ -247,4 +259,4 @@ class GoldenLayer(ParityLayer):
             return Measurement(name, Verdict.INCONCLUSIVE, f"answers differ, but the query also reads "
                                f"{', '.join(lacking)} (not this group's metrics), which the target does not have",
                                m.queries, {**m.numbers, "not_on_target": lacking})
-        return m
+        return with_sizing(m, sized)

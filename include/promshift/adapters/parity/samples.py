@@ -10,6 +10,7 @@ from typing import Any
 import re2
 
 from promshift.adapters.parity.common import ParityLayer, on_each
+from promshift.adapters.parity.sized import RefusedForSize, SizedQueries
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.parity import SampleComparison, count_hosts, normalize_labels, sample_hosts, without_dropped
 from promshift.core.promql import promql_string
@@ -52,15 +53,22 @@ class SamplesLayer(ParityLayer):
         # One range query per side for the whole shard (memory stays bounded by the shard size);
         # if it fails, each host is tried on its own so one bad host does not sink the shard.
         hosts_left = list(hosts)
+        sized = self.ctx.sizer()
+        refused: str | None = None
         if len(hosts_left) > 1:
             try:
-                self._compare_batch(hosts_left, start, end, step, rename, host_names, comparison)
+                self._compare_batch(hosts_left, start, end, step, rename, host_names, comparison, sized)
                 hosts_left = []
             except PrometheusError as exc:
                 errors.append(f"shard {list(hosts)}: {exc}")
+            except RefusedForSize as exc:
+                refused, hosts_left = str(exc), []
         for host in hosts_left:
             try:
-                self._compare_batch([host], start, end, step, rename, host_names, comparison)
+                self._compare_batch([host], start, end, step, rename, host_names, comparison, sized)
+            except RefusedForSize as exc:
+                refused = str(exc)
+                break
             except PrometheusError as exc:
                 consecutive += 1
                 errors.append(f"{host}: {exc}")
@@ -74,19 +82,30 @@ class SamplesLayer(ParityLayer):
                "error_limit_hit": consecutive >= self.policy.consecutive_error_limit > 0}
         if self.policy.mode != "dual_write" and self.ctx.kinds is not None:
             out["metric_kinds"] = dict(self.ctx.kinds)
+        if sized.evidence():
+            out["query_sizing"] = sized.evidence()
+        if refused is not None:
+            out["refused_for_size"] = refused
         return out
 
     def _compare_batch(self, hosts: list[str], start: float, end: float, step: float, rename: dict[str, str],
-                       host_names: Sequence[Sequence[str]], comparison: SampleComparison) -> None:
+                       host_names: Sequence[Sequence[str]], comparison: SampleComparison,
+                       sized: SizedQueries | None = None) -> None:
         # Each side gets its own queries (its own names of the host label), normalized as they arrive.
         queries = [self.host_queries(hosts, start, end, names) for names in host_names]
+
+        sized = sized or self.ctx.sizer()
+        # The shard's share of the group's series (coverage saw both), for sizing the range queries.
+        per_host = self.ctx.series_per_host()
+        estimate = None if per_host is None else int(per_host * len(hosts)) + 1
 
         def fetch(client: PrometheusClient, exprs: list[str]) -> dict[Any, Any]:
             side: dict[Any, Any] = {}
             for expr in exprs:
-                res = client.query_range(expr, start=start, end=end, step=step)
+                answer, _warnings = sized.range_query(client, expr, start=start, end=end, step=step,
+                                                      series=estimate)
                 side.update({normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename): s.points
-                             for s in res.series})
+                             for s in answer})
             return side
 
         source, target = on_each(lambda: fetch(self.source, queries[0]), lambda: fetch(self.target, queries[1]))
@@ -141,12 +160,21 @@ class SamplesLayer(ParityLayer):
             comparison.merge(shard)
             errors.extend(shard.get("errors", []))
             hosts.extend(shard.get("hosts", []))
+        refused = [str(s["refused_for_size"]) for s in shards if s.get("refused_for_size")]
+        if refused:
+            return Measurement("samples", Verdict.INCONCLUSIVE, "samples not compared: the workspace refuses their "
+                               f"queries for size and no split fits ({refused[0]})", (), {"refused": refused})
         if any(s.get("error_limit_hit") for s in shards):
             return Measurement("samples", Verdict.ERROR,
                                f"{len(errors)} query errors, {self.policy.consecutive_error_limit} in a row: "
                                + "; ".join(errors[:3]), (), {"errors": errors})
         m = comparison.measurement([f"range query per sampled host ({len(hosts)} hosts)"])
         m.numbers.update({"hosts_sampled": sorted(hosts), "hosts_total": hosts_total, "errors": errors})
+        sizing = [s["query_sizing"] for s in shards if s.get("query_sizing")]
+        if sizing:
+            m.numbers["query_sizing"] = {
+                **{k: sum(int(z[k]) for z in sizing) for k in ("split_queries", "parts", "refused_for_size")},
+                "limits": sizing[0]["limits"], "why": sorted({w for z in sizing for w in z["why"]})[:5]}
         kinds = next((s["metric_kinds"] for s in shards if s.get("metric_kinds")), None)
         if kinds:
             m.numbers["metric_kinds"] = kinds
