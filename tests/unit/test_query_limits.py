@@ -155,3 +155,63 @@ def test_sum_count_min_max_and_avg_combine_exactly() -> None:
 ])
 def test_size_refusals_are_told_from_other_errors(status: int | None, message: str, reason: str | None) -> None:
     assert size_refusal(status, message) == reason
+
+
+def test_latency_names_a_refusal_for_size_as_a_refusal_not_a_slow_answer() -> None:
+    from promshift.adapters.latency_probe import classify_error
+    from promshift.adapters.prometheus import PrometheusError
+    from promshift.core.errors import ErrorKind
+    from promshift.core.latency import ProbeRun, failure_kind
+
+    refused = PrometheusError("http://amp", "query processing would load too many samples into memory in query "
+                              "execution", http_status=422, error_type="execution")
+    kind, reason = classify_error(refused, 60)
+    assert kind == ErrorKind.QUERY_TOO_EXPENSIVE and reason.startswith("refused by the workspace (samples limit)")
+    timed_out = PrometheusError("http://amp", "query timed out in expression evaluation", http_status=422)
+    assert classify_error(timed_out, 60)[1].startswith("HTTP 422: query timed out")
+    run = ProbeRun(backend="target", window="1h", query="q", wall_s=0.2, ok=False, http_status=422, error=reason,
+                   kind=kind)
+    assert failure_kind([run]) == "refused the query (HTTP 422: too large or too slow)"
+
+
+class _Quotas:
+    """Service Quotas' ``list_service_quotas`` paginator over a fixed listing, or refusing."""
+
+    def __init__(self, quotas: list[dict[str, object]] | None) -> None:
+        self.quotas = quotas
+
+    def get_paginator(self, name: str) -> _Quotas:
+        assert name == "list_service_quotas"
+        return self
+
+    def paginate(self, **params: object) -> list[dict[str, object]]:
+        assert params == {"ServiceCode": "aps"}
+        if self.quotas is None:
+            raise PermissionError("AccessDenied")
+        return [{"Quotas": self.quotas}]
+
+
+def test_query_limits_come_from_configuration_then_service_quotas_then_amp_defaults() -> None:
+    from promshift.adapters.amp_quota import AMP_QUERY_DEFAULTS, QUERY_LIMIT_QUOTAS, read_query_limits
+
+    listing = [{"QuotaName": QUERY_LIMIT_QUOTAS["max_samples"], "QuotaCode": "L-1", "Value": 20_000_000.0},
+               {"QuotaName": QUERY_LIMIT_QUOTAS["max_series"], "QuotaCode": "L-2", "Value": 1_000_000.0},
+               {"QuotaName": "Active series per workspace", "QuotaCode": "L-3", "Value": 10_000_000.0}]
+    limits = read_query_limits(_Quotas(listing), configured={"max_samples": 500_000})
+    assert (limits.max_samples, limits.max_series, limits.max_chunks) == (500_000, 1_000_000, 20_000_000)
+    assert limits.max_range_s == AMP_QUERY_DEFAULTS["max_range_s"] and limits.timeout_s == 60.0
+    assert limits.source == {"max_samples": "configuration", "max_series": "service quotas",
+                             "max_chunks": "AMP default", "max_range_s": "AMP default", "timeout_s": "AMP default"}
+    unread = read_query_limits(_Quotas(None))
+    assert unread.max_samples == 50_000_000 and unread.source["max_samples"].startswith("AMP default (Service Quotas")
+    with pytest.raises(ValueError, match="unknown keys"):
+        read_query_limits(None, configured={"max_samplez": 1})
+
+
+def test_a_latency_window_past_the_query_time_range_is_named_as_refused() -> None:
+    from promshift.adapters.latency_probe import range_refusal
+
+    limits = QueryLimits(max_range_s=32 * 86_400.0, source={"max_range_s": "service quotas"})
+    assert range_refusal(7 * 86_400, limits) is None and range_refusal(40 * 86_400, None) is None
+    text = range_refusal(40 * 86_400, limits)
+    assert text is not None and text.startswith("refused by the workspace's limits") and "service quotas" in text

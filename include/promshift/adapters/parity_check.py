@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,14 +66,15 @@ class ParityCheck:
     target: PrometheusClient
     # Relative dashboard paths in the catalog resolve against the catalog's folder.
     catalog_dir: Path | None = None
-    # The target's per-query limits (``adapters.query_limits``, read once per run): every layer's queries are
-    # planned against them and carried to the shards by the plan. None: not limited (a refusal still splits).
-    limits: QueryLimits | None = None
+    # The target's per-query limits (``core.query_limits``; a callable is asked once, by the plan, which carries
+    # them to its shards: read once per run): every layer's queries are planned against them. None: none known
+    # (a refusal for size is still split and asked again).
+    limits: QueryLimits | Callable[[], QueryLimits] | None = None
     ctx: ParityContext = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.ctx = ParityContext(self.group, self.source, self.target, self.catalog_dir,
-                                 limits=self.limits or UNLIMITED)
+                                 limits=self.limits if isinstance(self.limits, QueryLimits) else UNLIMITED)
 
     # The layers, each over the shared context (what coverage saw, the others use).
     @property
@@ -161,6 +162,9 @@ class ParityCheck:
         budget named (no window: no layer is judged on half its queries)."""
         started = time.perf_counter()
         before = [c.ledger.snapshot() for c in (self.source, self.target)]
+        if callable(self.limits):
+            self.ctx.limits = self.limits()
+            log.info("parity %s: target query limits %s", self.group.name, self.ctx.limits.to_dict())
         try:
             return self._plan(dual_write_since=dual_write_since, now=now, started=started, before=before)
         except QueryBudgetExhausted as exc:

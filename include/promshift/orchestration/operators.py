@@ -286,6 +286,7 @@ class _GroupStep:
                 target_sigv4=target.sigv4,
                 target_ready=target.readiness_problem,
                 target_retention=target.retention_lookup,
+                target_limits=getattr(target, "query_limits", None),
                 target_identity=target.identity(),
                 target_alerts=target.alert_reader,
             )
@@ -771,7 +772,8 @@ class _ParityStep(GroupStepOperator):
         group = group_for_deploy(self.group, self.deploy)  # independent_scraper on the scraper path
         return ParityCheck(group, self.source_hook.prometheus_client(stats=True),
                            self.gated(self.target_hook.prometheus_client(stats=True), context),
-                           catalog_dir=Path(self.catalog_path).parent)
+                           catalog_dir=Path(self.catalog_path).parent,
+                           limits=getattr(self.target_hook, "query_limits", None))
 
 
 class ParityPlanOperator(_ParityStep):
