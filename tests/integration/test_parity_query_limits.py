@@ -142,3 +142,23 @@ def test_limits_too_small_for_any_split_are_inconclusive_not_error(pairs: Pairs,
     assert layers["aggregates"]["verdict"] == Verdict.INCONCLUSIVE.value
     assert "no split fits" in layers["aggregates"]["reason"]
     assert not any(m["verdict"] in (Verdict.ERROR.value, Verdict.FAILED.value) for m in result["measurements"])
+
+
+@pytest.mark.parametrize(("max_samples", "by_host", "slices", "shards"),
+                         [(5000, False, 5, 1), (3750, False, 7, 1), (6250, True, 1, 4), (3750, True, 1, 7)])
+def test_split_window_sums_equal_the_unsplit_answer_exactly(pairs: Pairs, max_samples: int, by_host: bool,
+                                                            slices: int, shards: int) -> None:
+    """On the unlimited source: parts of the window (720 s slices of 30 s samples: their edges fall on sample
+    timestamps) or shards of the hosts add up to the whole-window count, exactly, for every host."""
+    from promshift.adapters.parity.sized import SizedQueries, host_partition
+
+    hosts = [f"gpu-node-{i:04d}" for i in range(20)]
+    whole = {s.labels["Hostname"]: s.points[0][1] for s in pairs.source.query(
+        'sum by (Hostname) (count_over_time({__name__="DCGM_FI_DEV_POWER_USAGE"}[3600s]))', at=pairs.end).series}
+    assert set(whole.values()) == {8 * 121}
+    sized = SizedQueries(QueryLimits(max_samples=max_samples))
+    rows = sized.window(pairs.source, lambda d, x: f'sum by (Hostname) (count_over_time({{__name__='
+                        f'"DCGM_FI_DEV_POWER_USAGE"{x}}}[{d}]))', end=pairs.end, span_s=3600, op="sum", series=160,
+                        samples_per_series=121, partition=host_partition("Hostname", hosts) if by_host else None)
+    assert {labels["Hostname"]: v for labels, v in rows} == whole
+    assert sized.parts == slices * (shards + 1 if shards > 1 else 1) and sized.refused == 0

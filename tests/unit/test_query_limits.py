@@ -37,6 +37,16 @@ def test_the_bench_query_splits_by_time_under_the_limit() -> None:
     assert "samples" in split.reason
 
 
+def test_with_shardable_series_the_bench_query_shards_by_host_first() -> None:
+    split = plan_split(series=16_000, samples_per_series=121, span_s=3600, limits=QueryLimits(max_samples=500_000),
+                       shard_first=True)
+    assert (split.time_slices, split.host_shards) == (1, 5) and split.samples_per_query == 3200 * 121
+    # One series' samples over the limit: time is split too.
+    long = plan_split(series=10, samples_per_series=1_000_000, span_s=86_400, limits=QueryLimits(max_samples=500_000),
+                      shard_first=True)
+    assert long.host_shards == 10 and long.samples_per_query <= 400_000
+
+
 def test_a_24h_window_against_amp_sized_limits_splits_by_time() -> None:
     # 16,000 GPUs x 4 metrics for 24 h at 30 s against 50M samples per query.
     split = plan_split(series=64_000, samples_per_series=2881, span_s=86_400,
@@ -76,6 +86,10 @@ def test_split_more_halves_time_then_series() -> None:
     assert [(s.time_slices, s.host_shards) for s in steps] == [(1, 1), (2, 1), (4, 1), (4, 2), (4, 4)]
     with pytest.raises(TooLargeToSplit):
         split_more(QuerySplit(4, 8, 1), series=8, samples_per_series=4)
+    sharded = [QuerySplit(1, 1, 0)]
+    for _ in range(4):
+        sharded.append(split_more(sharded[-1], series=4, samples_per_series=4, shard_first=True))
+    assert [(s.time_slices, s.host_shards) for s in sharded] == [(1, 1), (1, 2), (1, 4), (2, 4), (4, 4)]
     with pytest.raises(TooLargeToSplit):
         split_more(QuerySplit(MAX_PARTS, 1, 1), series=10, samples_per_series=10 * MAX_PARTS)
 

@@ -95,14 +95,17 @@ class TooLargeToSplit(ValueError):
 
 
 def plan_split(*, series: int, samples_per_series: int, span_s: float, limits: QueryLimits,
-               headroom: float = HEADROOM) -> QuerySplit:
+               headroom: float = HEADROOM, shard_first: bool = False) -> QuerySplit:
     """The fewest parts so that none loads more than ``headroom`` of the limits.
 
     ``series``: how many series the query reads; ``samples_per_series``: how many samples it loads from each
     (a range-vector function over a window: window / scrape interval + 1; a range query over raw series: its
-    points); ``span_s``: the time range it covers. Time is split first (every part still reads every series
-    once, which is what the aggregate needs); series are sharded only when one sample per series per part is
-    still too many, or a series or chunks limit asks for it.
+    points); ``span_s``: the time range it covers. By default time is split first (every part still reads every
+    series once); series are sharded only when one sample per series per part is still too many, or a series or
+    chunks limit asks for it. ``shard_first`` (the caller can shard the series, e.g. by host): series are
+    sharded first and time split only when one series' samples are too many: each part then reads its series'
+    chunks once, where time slices would each read (and decode, and count against a chunks limit) the chunks
+    that straddle their edges.
     """
     if series < 0 or samples_per_series < 0 or span_s < 0:
         raise ValueError("series, samples per series and span must be >= 0")
@@ -120,8 +123,12 @@ def plan_split(*, series: int, samples_per_series: int, span_s: float, limits: Q
         budget = max(1, int(limits.max_samples * headroom))
         if total > budget:
             reasons.append(f"~{total:,} samples > {headroom:.0%} of {limits.max_samples:,}")
-            slices = max(slices, min(per_series, math.ceil(total / budget)))
-            shards = max(shards, math.ceil(series * math.ceil(per_series / slices) / budget))
+            if shard_first:
+                shards = max(shards, min(series, math.ceil(total / budget)))
+                slices = max(slices, math.ceil(math.ceil(series / shards) * per_series / budget))
+            else:
+                slices = max(slices, min(per_series, math.ceil(total / budget)))
+                shards = max(shards, math.ceil(series * math.ceil(per_series / slices) / budget))
     if limits.max_series is not None and series > 0:
         budget = max(1, int(limits.max_series * headroom))
         if series > budget:
@@ -147,11 +154,13 @@ def plan_split(*, series: int, samples_per_series: int, span_s: float, limits: Q
     return QuerySplit(slices, shards, per_query, "; ".join(reasons))
 
 
-def split_more(split: QuerySplit, *, series: int, samples_per_series: int) -> QuerySplit:
+def split_more(split: QuerySplit, *, series: int, samples_per_series: int, shard_first: bool = False) -> QuerySplit:
     """The next split after a refusal for size: twice the time slices while a part still holds more than one
-    sample per series, then twice the host shards."""
+    sample per series, then twice the host shards (``shard_first``: the shards first, then time)."""
     per_series = max(1, samples_per_series)
-    if split.time_slices < per_series:
+    if shard_first and split.host_shards < max(1, series):
+        slices, shards = split.time_slices, min(max(1, series), split.host_shards * 2)
+    elif split.time_slices < per_series:
         slices, shards = min(per_series, split.time_slices * 2), split.host_shards
     elif split.host_shards < max(1, series):
         slices, shards = split.time_slices, min(max(1, series), split.host_shards * 2)

@@ -90,12 +90,12 @@ class CoverageLayer(ParityLayer):
                 self.ctx.with_hosts_per_name(host)]
 
     def _by_metric(self, start: float, end: float) -> Partition:
-        """Shards of the group's series by metric name (the source's names in the window; any other in the last)."""
+        """Shards of the group's series by metric name (the source's names in the window; any other in one more)."""
         def shards(n: int) -> list[str] | None:
             names = sorted(self.ctx.metric_names(start, end))
             if n < 2 or not names:
                 return None
-            groups = [names[i::n - 1] for i in range(n - 1)]
+            groups = [names[i::n] for i in range(n)]
             out = [f", __name__=~{promql_string('|'.join(re2.escape(m) for m in g))}" for g in groups if g]
             return [*out, f", __name__!~{promql_string('|'.join(re2.escape(m) for m in names))}"]
 

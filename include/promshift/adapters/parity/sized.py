@@ -68,10 +68,11 @@ class SizedQueries:
         return {"split_queries": self.split_queries, "parts": self.parts, "refused_for_size": self.refused,
                 "limits": self.limits.to_dict(), "why": sorted(set(self.reasons))[:5]}
 
-    def _plan(self, series: int | None, samples_per_series: int, span_s: float) -> QuerySplit:
+    def _plan(self, series: int | None, samples_per_series: int, span_s: float,
+              shard_first: bool = False) -> QuerySplit:
         try:
             return plan_split(series=series or 0, samples_per_series=samples_per_series, span_s=span_s,
-                              limits=self.limits)
+                              limits=self.limits, shard_first=shard_first and bool(series))
         except TooLargeToSplit as exc:
             raise RefusedForSize(str(exc)) from None
 
@@ -84,7 +85,7 @@ class SizedQueries:
                     self.reasons.append(split.reason)
 
     def _refusal(self, exc: PrometheusError, split: QuerySplit, series: int | None,
-                 samples_per_series: int, can_shard: bool) -> QuerySplit:
+                 samples_per_series: int, can_shard: bool, shard_first: bool = False) -> QuerySplit:
         """The next split after a refusal for size, or the error raised again when it is not one."""
         reason = size_refusal(exc.http_status, str(exc))
         if reason is None:
@@ -94,7 +95,7 @@ class SizedQueries:
         log.info("refused for size (%s) in %d part(s): splitting again", reason, split.queries)
         try:
             more = split_more(split, series=max(1, series or 0) if can_shard else 1,
-                              samples_per_series=samples_per_series)
+                              samples_per_series=samples_per_series, shard_first=shard_first and can_shard)
         except TooLargeToSplit as stop:
             raise RefusedForSize(f"refused for size ({reason}) even in {split.queries} parts: {stop}") from None
         return more
@@ -125,7 +126,9 @@ class SizedQueries:
                time_split: bool = True, queries: list[str] | None = None) -> list[tuple[dict[str, str], float]]:
         """An aggregate over the window ``[end - span_s, end]`` read at ``end``, as ``(labels, value)`` rows:
         asked in parts (disjoint pieces of the window, and shards of the series) combined with ``op``."""
-        split = self._plan(series, samples_per_series if time_split else 1, span_s)
+        # Shards of the series first when they can be made: each part reads its series' chunks once.
+        shard_first = partition is not None
+        split = self._plan(series, samples_per_series if time_split else 1, span_s, shard_first)
         if not time_split and split.time_slices > 1:
             split = QuerySplit(1, max(split.host_shards, split.time_slices), split.samples_per_query, split.reason)
         while True:
@@ -145,7 +148,7 @@ class SizedQueries:
                         parts.append({_key(s.labels): s.points[0][1] for s in res.series if s.points})
             except PrometheusError as exc:
                 split = self._refusal(exc, split, series, samples_per_series if time_split else 1,
-                                      partition is not None)
+                                      partition is not None, shard_first)
                 continue
             self._note(split, len(asked))
             if queries is not None:
@@ -170,7 +173,9 @@ class SizedQueries:
                 labels: dict[Any, dict[str, str]] = {}
                 warnings: list[str] = []
                 asked = 0
-                for low, high in range_slices(start, end, step, split.time_slices):
+                slices = [(start, end)] if split.time_slices == 1 else range_slices(start, end, step,
+                                                                                     split.time_slices)
+                for low, high in slices:
                     for extra in shards:
                         text = build("", extra) if build is not None else expr
                         res = client.query_range(text, start=low, end=high, step=step)
@@ -190,8 +195,8 @@ class SizedQueries:
 
 
 def host_partition(label: str, hosts: Sequence[str]) -> Partition:
-    """Shards of a group's series by ``label``: ``n - 1`` groups of the known hosts, and every other series
-    (another host, or none under ``label``) in the last, so each series is in exactly one shard."""
+    """Shards of a group's series by ``label``: ``n`` groups of the known hosts, and every other series
+    (another host, or none under ``label``: usually none) in one more, so each series is in exactly one shard."""
     import re2
 
     from promshift.core.promql import promql_string
@@ -201,7 +206,7 @@ def host_partition(label: str, hosts: Sequence[str]) -> Partition:
     def shards(n: int) -> list[str] | None:
         if not known or n < 2:
             return None
-        groups = [known[i::n - 1] for i in range(n - 1)]
+        groups = [known[i::n] for i in range(n)]
         alt = "|".join(re2.escape(h) for h in known)
         out = [f", {label}=~{promql_string('|'.join(re2.escape(h) for h in g))}" for g in groups if g]
         return [*out, f", {label}!~{promql_string(alt)}"]
