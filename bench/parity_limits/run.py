@@ -145,7 +145,8 @@ def main() -> int:
 
         base = {"group": "gpu-power-thermal", "dual_write_since": start_t - 2 * pb.STEP_S,
                 "now": end_t + group.parity.skip_recent_s, "source": servers["source"].url}
-        limits = {"max_samples": args.max_samples, "source": {"max_samples": "bench: the limited target's samples_limit"}}
+        limits = {"max_samples": args.max_samples,
+                  "source": {"max_samples": "bench: the limited target's samples_limit"}}
         unlimited = runs_of("unlimited (unsplit)", {**base, "target": servers["target"].url}, workdir,
                             args.repeats, plan)
         limited = runs_of("limited, limit known (planned)", {**base, "target": limited_url,
