@@ -1,14 +1,14 @@
 """Run the fault matrix (issue 12 part 4) on a fresh local stack; print a table, write ``bench/results/faults.json``.
 
-Each fault is a function of ``bench/faults/matrix.py`` (the integration tests in ``tests/integration/
-test_faults.py`` call the same ones). ``faults.json`` is a list with one object per fault:
+Each fault is a function of the lab's fault harness, ``promshift.local.faults`` (the integration tests in
+``tests/integration/test_faults.py`` call the same ones). ``faults.json`` is a list with one object per fault:
 ``{fault, stage, outcome, safe, source_config_identical, source_samples_lost, audit_events, notes}`` plus
 ``number``, ``duration_s`` and ``details`` (the measurement behind each field); ``faults-run.json`` says when,
 where and how long.
 
 The stack: 4 simulated nodes (8 GPUs each), source and target Prometheus (Debian's 2.42) scraping every 2 s,
 under a throwaway directory, on free ports of 127.0.0.1; Prometheus runs with a 5 s
-``--storage.remote.flush-deadline`` (see ``matrix.FLUSH_DEADLINE``). Faults 9 and 13 need the local
+``--storage.remote.flush-deadline`` (see ``promshift.local.faults.FLUSH_DEADLINE``). Faults 9 and 13 need the local
 PostgreSQL (127.0.0.1:5432, trust auth, user postgres): each creates and drops its own database.
 
 Run: ``PYTHONPATH=include .venv/bin/python bench/faults/run.py`` (about 4 minutes on 2 cores);
@@ -37,11 +37,9 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="promshift-faults-
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 os.environ.setdefault("PROMSHIFT_AUDIT_KEY", uuid.uuid4().hex * 2)
-sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO_ROOT / "include"))
 
-import matrix  # noqa: E402
-
+import promshift.local.faults as matrix  # noqa: E402
 from promshift.local.stack.local import LocalStack, StackConfig, find_free_ports  # noqa: E402
 
 COLUMNS = ("#", "fault", "stage", "safe", "identical", "lost", "s")

@@ -1,7 +1,7 @@
 """The fault matrix (issue 12 part 4) on the real local stack: each fault ends in a safe, audited state.
 
-The faults are ``bench/faults/matrix.py``'s functions (``bench/faults/run.py`` runs the same ones and writes
-``bench/results/faults.json``); here each one runs once against a 4-node stack scraped every 2 s, and the
+The faults are the lab's fault harness, ``promshift.local.faults`` (``bench/faults/run.py`` runs the same ones and
+writes ``bench/results/faults.json``); here each one runs once against a 4-node stack scraped every 2 s, and the
 test asserts what its result says: the source config identical, the audit chain intact with the fault's own
 events, reads on the source, and no sample lost on the source (measured with ``core.sample_loss``) except
 where the fault is the source's own restart.
@@ -9,33 +9,16 @@ where the fault is the source's own restart.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from promshift.local import faults as matrix
 from promshift.local.stack.local import LocalStack, StackConfig
 
 # The whole matrix takes ~3 min: make e2e runs it (bench/faults/run.py writes bench/results/faults.json).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-MATRIX_PY = Path(__file__).resolve().parents[2] / "bench" / "faults" / "matrix.py"
-
-
-def load_matrix() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_faults_matrix", MATRIX_PY)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-matrix = load_matrix()
-
 
 @pytest.fixture(scope="module")
 def fault_env(stack_config_factory: Callable[..., StackConfig], tmp_path_factory: pytest.TempPathFactory

@@ -10,6 +10,7 @@ plan (window, the count/label/golden layers, the host shards), compare a shard, 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +36,7 @@ from promshift.adapters.parity.labels import LabelsLayer
 from promshift.adapters.parity.samples import SamplesLayer
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
+from promshift.core.errors import ErrorKind
 from promshift.core.parity import (
     GoldenInventory,
     HostLabels,
@@ -42,7 +44,10 @@ from promshift.core.parity import (
     ParityResult,
     ParityWindow,
     assess,
+    comparison_step,
     comparison_window,
+    scrape_interval_of,
+    settle_time,
 )
 from promshift.core.promql import promql_string
 from promshift.core.query_budget import QueryBudgetExhausted
@@ -117,10 +122,38 @@ class ParityCheck:
     def _kinds(self, kinds: dict[str, dict[str, str]] | None) -> None:
         self.ctx.kinds = kinds
 
-    def window(self, *, dual_write_since: float, now: float) -> tuple[float, float] | None:
-        # The step is at least the scrape interval, so two steps cover the first full scrape after the reload.
+    def window(self, *, dual_write_since: float, now: float,
+               scrape_interval_s: float | None = None) -> tuple[float, float] | None:
+        # Two steps, and at least one scrape interval and a step: the first instant reads a sample scraped after
+        # dual-write began on both sides (``core.parity.settle_time``).
         return comparison_window(dual_write_since=dual_write_since, now=now, skip_recent_s=self.policy.skip_recent_s,
-                                 step=self.policy.step_s, settle_s=2 * self.policy.step_s)
+                                 step=self.policy.step_s, settle_s=settle_time(self.policy.step_s, scrape_interval_s))
+
+    def source_scrape_interval(self, start: float, end: float) -> tuple[float, str]:
+        """The source's configured scrape interval for the jobs of the group's series, and where it came from.
+
+        Its loaded config (``/api/v1/status/config``) and the ``job`` values of the group's series; when the
+        source answers but not with them (no status API, a config it will not show), the catalog's
+        ``scrape_interval`` (said so). A source that does not answer at all raises: parity is an ERROR then."""
+        try:
+            jobs = self.source.label_values("job", self.group.selector(), start=start, end=end)
+            return scrape_interval_of(self.source.config_text(), jobs)
+        except PrometheusError as exc:
+            if exc.kind in (ErrorKind.UNREACHABLE, ErrorKind.TIMEOUT):
+                raise
+            return self._catalog_interval(exc)
+        except ValueError as exc:
+            return self._catalog_interval(exc)
+
+    def _catalog_interval(self, exc: Exception) -> tuple[float, str]:
+        log.warning("parity %s: source config not read (%s); the catalog's scrape_interval", self.group.name, exc)
+        return self.group.scrape_interval_s, (f"the catalog's scrape_interval {self.group.scrape_interval_s:g}s "
+                                              f"(source config not read: {str(exc)[:160]})")
+
+    def _use_step(self, step: float) -> None:
+        if step != self.policy.step_s:
+            self.group = dataclasses.replace(self.group, parity=dataclasses.replace(self.policy, step_s=step))
+            self.ctx.group = self.group  # every layer reads the group (and its step) from the context
 
     def coverage(self, start: float, end: float) -> list[Measurement]:
         return self.coverage_layer.measure(start, end)
@@ -174,7 +207,15 @@ class ParityCheck:
 
     def _plan(self, *, dual_write_since: float, now: float, started: float, before: list[dict[str, float]]
               ) -> ParityPlan:
-        window = self.window(dual_write_since=dual_write_since, now=now)
+        try:
+            interval, interval_from = self.source_scrape_interval(dual_write_since, now)
+        except PrometheusError as exc:
+            return ParityPlan(None, (Measurement("window", Verdict.ERROR, f"the source's scrape interval: {exc}"),),
+                              cost=self._cost(started, before))
+        self.ctx.scrape_interval = interval
+        step, step_note = comparison_step(self.policy.step_s, interval)
+        self._use_step(step)
+        window = self.window(dual_write_since=dual_write_since, now=now, scrape_interval_s=interval)
         if window is None:
             m = Measurement("window", Verdict.INCONCLUSIVE,
                             f"dual-write too short: nothing older than {self.policy.skip_recent_s:.0f}s to compare")
@@ -203,7 +244,8 @@ class ParityCheck:
                 measurements.append(Measurement("samples", Verdict.ERROR, str(exc)))
                 hosts = []
         for i in range(0, len(hosts), size):
-            shard: dict[str, Any] = {"hosts": hosts[i:i + size], "start": start, "end": end}
+            shard: dict[str, Any] = {"hosts": hosts[i:i + size], "start": start, "end": end, "step": step,
+                                     "scrape_interval_s": interval}
             if names is not None:
                 shard["host_names"] = [list(names[0]), list(names[1])]
             if kinds is not None:
@@ -214,13 +256,18 @@ class ParityCheck:
                 if per_host is not None:
                     shard["series_per_host"] = per_host
             shards.append(shard)
-        return ParityPlan(ParityWindow(start, end, self.policy.step_s), tuple(measurements), tuple(shards),
+        return ParityPlan(ParityWindow(start, end, step, interval, interval_from, step_note), tuple(measurements),
+                          tuple(shards),
                           len(hosts), self._cost(started, before), golden_inventory)
 
     def compare_shard(self, shard: dict[str, Any]) -> dict[str, Any]:
         """One mapped task's work: compare the shard's hosts; returns totals and what it cost."""
         started = time.perf_counter()
         before = [c.ledger.snapshot() for c in (self.source, self.target)]
+        if shard.get("step"):
+            self._use_step(float(shard["step"]))
+        if shard.get("scrape_interval_s"):
+            self.ctx.scrape_interval = float(shard["scrape_interval_s"])
         if shard.get("metric_kinds"):
             self.ctx.kinds = {name: dict(kind) for name, kind in shard["metric_kinds"].items()}
         if shard.get("limits"):

@@ -18,6 +18,7 @@ from promshift.core.audit import AuditEvent, ChainCheck
 from promshift.core.catalog import MetricGroup
 from promshift.core.events import APPROVAL_ANSWERS, GATE_DECIDED, EventKind
 from promshift.core.gate import GateEvidence
+from promshift.core.move_evidence import DeployEvidence
 from promshift.core.render import RenderError, remote_write_entry
 from promshift.core.report import build_report
 
@@ -229,21 +230,26 @@ def config_diff(group: str, deploy: Mapping[str, Any]) -> dict[str, Any] | None:
     """
     if not deploy:
         return None
+    found = DeployEvidence.from_dict(deploy)
+    if found.keep_regex is None or found.url is None:  # a deploy path's record: no entry to render
+        missing = "keep_regex" if found.keep_regex is None else "url"
+        return {"error": f"deploy evidence cannot be rendered: {missing!r}", "lines": []}
     try:
-        entry = remote_write_entry(group_name=group, name_regex=deploy["keep_regex"], url=deploy["url"],
-                                   sigv4=deploy.get("sigv4"), drop_labels=tuple(deploy.get("drop_labels") or ()))
-    except (KeyError, RenderError) as exc:
+        entry = remote_write_entry(group_name=group, name_regex=found.keep_regex, url=found.url,
+                                   sigv4=found.sigv4, drop_labels=found.drop_labels or ())
+    except RenderError as exc:
         return {"error": f"deploy evidence cannot be rendered: {exc}", "lines": []}
     problem = None
-    if entry["name"] != deploy.get("remote_write"):
-        problem = f"evidence names entry {deploy.get('remote_write')!r}, rendering gives {entry['name']!r}"
+    if entry["name"] != found.remote_write:
+        problem = f"evidence names entry {found.remote_write!r}, rendering gives {entry['name']!r}"
     added = yaml.safe_dump([entry], sort_keys=False, default_flow_style=False).splitlines()
-    lines = [f"--- source config sha256:{deploy.get('config_before_sha256', '?')}",
-             f"+++ source config sha256:{deploy.get('config_after_sha256', '?')}",
+    live = list(found.live_remote_writes or ())
+    lines = [f"--- source config sha256:{found.config_before_sha256 or '?'}",
+             f"+++ source config sha256:{found.config_after_sha256 or '?'}",
              "@@ remote_write @@", " remote_write:"]
-    lines += [" - name: " + name for name in deploy.get("live_remote_writes", []) if name != entry["name"]]
+    lines += [" - name: " + name for name in live if name != entry["name"]]
     lines += ["+" + line for line in added]
-    return {"lines": lines, "error": problem, "live_remote_writes": list(deploy.get("live_remote_writes", []))}
+    return {"lines": lines, "error": problem, "live_remote_writes": live}
 
 
 def timeline(events: Sequence[AuditEvent], *, problems: Sequence[str]) -> list[dict[str, Any]]:

@@ -12,6 +12,14 @@ from promshift.core.events import APPROVAL_ANSWERS, GATE_DECIDED, WARMUP_ENDED, 
 from promshift.core.evidence import json_safe
 from promshift.core.gate import GateEvidence, GateVerdict
 from promshift.core.latency import LatencyResult, WindowLatency
+from promshift.core.move_evidence import (
+    BakeEvidence,
+    DecommissionEvidence,
+    DeployEvidence,
+    MovedEvidence,
+    ReadPathEvidence,
+    RulesEvidence,
+)
 from promshift.core.parity import GoldenInventory, ParityResult
 from promshift.core.verdicts import Verdict
 
@@ -175,79 +183,30 @@ def source_config_line(source_config: Mapping[str, Any]) -> str:
     return f"sha256 before {before}, after {after} ({same})"
 
 
-def _moved_with_group(events: Sequence[AuditEvent]) -> dict[str, Any]:
-    """``rules``, ``read_path``, ``bake`` and ``decommission`` of the report: every field present, false or 0
-    when it did not happen (``configured: false`` / ``reason: not configured`` when nothing was set up)."""
-    # ``moved``: how many rules the cut-over handed to the target (0 when none were).
-    rules: dict[str, Any] = {"configured": False, "moved": 0, "rules": 0, "records": 0, "alerts": 0,
-                             "records_added": False, "gap_s": None, "restored": False, "restored_identical": None,
-                             "reason": "not configured"}
-    read_path: dict[str, Any] = {"configured": False, "switched": False, "dashboards": 0, "panels": 0,
-                                 "restored": False, "reason": "not configured"}
-    bake: dict[str, Any] = {"checks": 0, "failed_checks": 0, "baked": False, "clean_since": None,
-                            "reads_rolled_back": False, "reason": None}
-    decommission: dict[str, Any] = {"performed": False, "source_series_after": None, "freed_series": 0,
-                                    "freed_samples_per_s": 0, "reason": None}
-    for e in events:
-        data = e.evidence_data
-        if e.kind == EventKind.RULES_SNAPSHOT:
-            rules.update(configured=True, reason=None, rules=data.get("rules", 0), records=data.get("records", 0),
-                         alerts=data.get("alerts", 0))
-        elif e.kind == EventKind.RULES_RECORDS_ADDED:
-            rules["records_added"] = True
-        elif e.kind == EventKind.RULES_MOVED:
-            moved = int(data.get("rules", rules["rules"]) or 0) if data.get("moved") else 0
-            rules.update(moved=moved, gap_s=data.get("gap_s"))
-        elif e.kind == EventKind.RULES_RESTORED and data.get("changed"):
-            rules.update(restored=True, restored_identical=data.get("restored_identical"))
-        elif e.kind == EventKind.READ_PATH_SNAPSHOT:
-            snap = data.get("snapshot") or {}
-            read_path.update(configured=True, reason=None, kind=data.get("kind"),
-                             dashboards=len(snap.get("files") or snap.get("dashboards") or []))
-        elif e.kind == EventKind.READ_PATH_SWITCHED:
-            read_path.update(switched=True, dashboards=data.get("dashboards", 0), panels=data.get("panels", 0))
-        elif e.kind == EventKind.READ_PATH_RESTORED and data.get("changed"):
-            read_path["restored"] = True
-        elif e.kind == EventKind.BAKE_CHECK:
-            bake["checks"] += 1
-            if data.get("verdict") in ("FAILED", "ERROR"):
-                bake["failed_checks"] += 1
-        elif e.kind == EventKind.BAKED:
-            bake.update(baked=True, clean_since=data.get("clean_since"))
-        elif e.kind == EventKind.READS_ROLLED_BACK:
-            bake.update(reads_rolled_back=True, reason=data.get("reason"))
-        elif e.kind == EventKind.DECOMMISSIONED:
-            freed = data.get("freed") or {}
-            decommission.update(performed=True, source_series_after=data.get("source_series_after"),
-                                freed_series=freed.get("series", 0),
-                                freed_samples_per_s=freed.get("samples_per_s") or 0, reason=None)
-        elif e.kind in (EventKind.DECOMMISSION_REFUSED, EventKind.DECOMMISSION_FAILED):
-            decommission["reason"] = data.get("reason") or e.kind.replace("_", " ")
-    return {"rules": rules, "read_path": read_path, "bake": bake, "decommission": decommission}
-
-
 def moved_markdown(report: Mapping[str, Any]) -> list[str]:
     """The report's rules, dashboards, bake and decommission lines (older reports without them: none)."""
     lines: list[str] = []
-    rules, reads = report.get("rules"), report.get("read_path")
-    if rules:
-        lines += ["", "## Rules", "", (f"{rules['rules']} rule(s) ({rules['records']} recording, {rules['alerts']} "
-                                       f"alerting): {rules['moved']} moved, restored {rules['restored']}"
-                                       if rules.get("configured") else f"{rules.get('reason') or 'not moved'}")]
-    if reads:
-        lines += ["", "## Read path (dashboards)", "", (f"switched {reads['switched']}: {reads['dashboards']} "
-                                                         f"dashboard(s), {reads['panels']} panel(s); restored "
-                                                         f"{reads['restored']}" if reads.get("configured")
-                                                         else f"{reads.get('reason') or 'not switched'}")]
-    bake, dec = report.get("bake"), report.get("decommission")
-    if bake and bake.get("checks"):
-        lines += ["", "## Bake", "", f"{bake['checks']} check(s), {bake['failed_checks']} failed; baked "
-                  f"{bake['baked']}; reads rolled back {bake['reads_rolled_back']}"
-                  + (f" ({bake['reason']})" if bake.get("reason") else "")]
-    if dec and (dec.get("performed") or dec.get("reason")):
-        lines += ["", "## Decommission", "", f"performed {dec['performed']}: freed {dec['freed_series']} series, "
-                  f"{dec['freed_samples_per_s']} samples/s; source series after: {dec['source_series_after']}"
-                  + (f"; {dec['reason']}" if dec.get("reason") else "")]
+    if report.get("rules"):
+        rules = RulesEvidence.from_dict(report["rules"])
+        lines += ["", "## Rules", "", (f"{rules.rules} rule(s) ({rules.records} recording, {rules.alerts} "
+                                       f"alerting): {rules.moved} moved, restored {rules.restored}"
+                                       if rules.configured else f"{rules.reason or 'not moved'}")]
+    if report.get("read_path"):
+        reads = ReadPathEvidence.from_dict(report["read_path"])
+        lines += ["", "## Read path (dashboards)", "", (f"switched {reads.switched}: {reads.dashboards} "
+                                                         f"dashboard(s), {reads.panels} panel(s); restored "
+                                                         f"{reads.restored}" if reads.configured
+                                                         else f"{reads.reason or 'not switched'}")]
+    bake = BakeEvidence.from_dict(report.get("bake") or {})
+    if bake.checks:
+        lines += ["", "## Bake", "", f"{bake.checks} check(s), {bake.failed_checks} failed; baked "
+                  f"{bake.baked}; reads rolled back {bake.reads_rolled_back}"
+                  + (f" ({bake.reason})" if bake.reason else "")]
+    dec = DecommissionEvidence.from_dict(report.get("decommission") or {})
+    if dec.performed or dec.reason:
+        lines += ["", "## Decommission", "", f"performed {dec.performed}: freed {dec.freed_series} series, "
+                  f"{dec.freed_samples_per_s} samples/s; source series after: {dec.source_series_after}"
+                  + (f"; {dec.reason}" if dec.reason else "")]
     return lines
 
 
@@ -266,13 +225,13 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
     approval: dict[str, Any] = {"decision": None, "by": None, "comment": None}
     rollback: dict[str, Any] = {"performed": False, "restored_identical": None, "reason": None}
     gate: dict[str, Any] = {}
-    deploy: dict[str, Any] = {}
+    deploy: DeployEvidence | None = None
     warmup: dict[str, Any] = {}
     validation: dict[str, Any] = {"ok": None, "reason": None}
     recorded_target: dict[str, Any] = {}
     connections: dict[str, Any] = {"source": None, "target": None}
     source: dict[str, Any] = {}
-    moved = _moved_with_group(events)
+    moved = MovedEvidence.from_events((e.kind, e.evidence_data) for e in events)
     for e in events:
         data = e.evidence_data
         if e.kind == EventKind.VALIDATED:
@@ -300,15 +259,13 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
         elif e.kind in (EventKind.ROLLED_BACK, EventKind.ROLLBACK_NOT_NEEDED):
             rollback = {"performed": data["performed"], "restored_identical": data["restored_identical"],
                         "reason": data["reason"]}
-            if (data.get("deploy") or {}).get("change"):  # a git deploy's revert: its commits, change request
-                rollback["change"] = data["deploy"]["change"]
-        elif e.kind == EventKind.DUAL_WRITE_DEPLOYED:
-            deploy = data
-        deployed = (EventKind.DUAL_WRITE_DEPLOYED, EventKind.DEPLOY_FAILED, EventKind.QUOTA_REFUSED)
-        if e.kind in deployed and "deploy" in data:
-            # A deploy path's evidence (scraper): {kind, state, status_history, reason, quota} at the top.
-            deploy = {**{k: v for k, v in data.items() if k != "deploy"}, **data["deploy"]}
-        elif e.kind in WARMUP_ENDED.values():
+            change = DeployEvidence.from_dict(data.get("deploy") or {}).change
+            if change:  # a git deploy's revert: its commits, change request
+                rollback["change"] = dict(change)
+        deployed = DeployEvidence.from_event(e.kind, data)
+        if deployed is not None:
+            deploy = deployed
+        if e.kind in WARMUP_ENDED.values():
             warmup = data
     if rollback["performed"]:
         summary = f"Rolled back: {rollback['reason']}."
@@ -324,7 +281,7 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
         "final_stage": final_stage,
         "summary": summary,
         "stages": stages,
-        "deploy": deploy,
+        "deploy": deploy.to_dict() if deploy is not None else {},
         "warmup": warmup,
         "gate": gate,
         "parity": parity,
@@ -332,7 +289,7 @@ def build_report(*, group: str, run_id: str, events: Sequence[AuditEvent], final
         "approval": approval,
         "rollback": rollback,
         "validation": validation,
-        **moved,
+        **moved.to_dict(),
         "target": {**recorded_target, **dict(target or {})},
         # Which cluster (source connection, its URL) and which workspace (target connection) the run moved.
         "source": source,

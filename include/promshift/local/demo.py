@@ -60,6 +60,7 @@ from promshift.core.deploy_kinds import DEPLOY_KINDS, GIT, K8S_CR, REMOTE_WRITE,
 from promshift.core.durations import format_duration, parse_duration
 from promshift.core.executor_report import EXECUTOR_KINDS, executor_block, executor_line
 from promshift.core.latency import WindowLatency
+from promshift.core.move_evidence import MovedEvidence
 from promshift.core.parity import ParityResult
 from promshift.core.render import sha256_bytes
 from promshift.core.report import (
@@ -219,15 +220,16 @@ def lifecycle_lines(report: dict[str, Any]) -> list[str]:
     """What moved with the group and what happened after its cut-over (reports of a lifecycle scenario)."""
     if "lifecycle" not in report:
         return []
-    rules, reads, bake, dec = report["rules"], report["read_path"], report["bake"], report["decommission"]
-    lines = [f"Rules: {rules['rules']} ({rules['records']} recording, {rules['alerts']} alerting), moved "
-             f"{rules['moved']}, restored {rules.get('restored', False)}",
-             f"Dashboards: {reads['dashboards']} dashboard(s), {reads['panels']} panel(s) switched "
-             f"{reads['switched']}, restored {reads.get('restored', False)}",
-             f"Bake: {bake['checks']} check(s), {bake['failed_checks']} failed; baked {bake['baked']}; reads rolled "
-             f"back {bake.get('reads_rolled_back', False)}" + (f" ({bake['reason']})" if bake.get("reason") else ""),
-             f"Decommission: performed {dec['performed']}, source series after {dec['source_series_after']}, freed "
-             f"{dec.get('freed_series', 0)} series ({dec.get('freed_samples_per_s')} samples/s)"]
+    moved = MovedEvidence.from_dict(report)
+    rules, reads, bake, dec = moved.rules, moved.read_path, moved.bake, moved.decommission
+    lines = [f"Rules: {rules.rules} ({rules.records} recording, {rules.alerts} alerting), moved "
+             f"{rules.moved}, restored {rules.restored}",
+             f"Dashboards: {reads.dashboards} dashboard(s), {reads.panels} panel(s) switched "
+             f"{reads.switched}, restored {reads.restored}",
+             f"Bake: {bake.checks} check(s), {bake.failed_checks} failed; baked {bake.baked}; reads rolled "
+             f"back {bake.reads_rolled_back}" + (f" ({bake.reason})" if bake.reason else ""),
+             f"Decommission: performed {dec.performed}, source series after {dec.source_series_after}, freed "
+             f"{dec.freed_series} series ({dec.freed_samples_per_s} samples/s)"]
     if report.get("alerts"):
         al = report["alerts"]
         lines.append(f"Alerts: {al['alert']} delivered {al['delivered']}"

@@ -38,6 +38,7 @@ class AggregatesLayer(ParityLayer):
         # give it (the source's, counted for both sides): the noise model's floor of expected difference.
         model_var: dict[str, dict[str, float]] = {}
         edge_share: dict[str, dict[str, float]] = {}
+        reads: dict[str, dict[str, float]] = {}
         sized = self.ctx.sizer()
         seconds = max(1, int(end - start))
         per_series = self.ctx.samples_per_series(seconds)
@@ -91,19 +92,21 @@ class AggregatesLayer(ParityLayer):
                     own = count_hosts(((s.labels, s.points[0][1]) for s in sized.whole(self.source, noise_expr,
                                                                                         at=end)), hosts)[0]
                     model_var[f"{fn} {metric}"] = {h: 2 * v for h, v in own.items() if math.isfinite(v)}
-                if fn == "rate":
+                if independent:
                     count_expr = f"avg by ({by}) (count_over_time({sel}[{span}]))"
                     queries.append(count_expr)
                     counts = count_hosts(((s.labels, s.points[0][1]) for s in sized.whole(self.source, count_expr,
                                                                                            at=end)), hosts)[0]
-                    edge_share[f"{fn} {metric}"] = {h: 2 / c for h, c in counts.items() if c > 1}
+                    reads[f"{fn} {metric}"] = counts
+                    if fn == "rate":
+                        edge_share[f"{fn} {metric}"] = {h: 2 / c for h, c in counts.items() if c > 1}
         except RefusedForSize as exc:
             return refused_for_size("aggregates", exc, queries)
         except PrometheusError as exc:
             return Measurement("aggregates", Verdict.ERROR, str(exc), tuple(queries))
         if independent:
             return with_sizing(independent_aggregate_measurement(
-                rows, model_var=model_var, edge_share=edge_share, abs_tol=self.policy.abs_tolerance,
+                rows, model_var=model_var, edge_share=edge_share, reads=reads, abs_tol=self.policy.abs_tolerance,
                 rel_tol=self.policy.rel_tolerance, queries=queries, explained=explained), sized)
         # Sums over thousands of series may add in a different order on each side: allow float noise.
         return with_sizing(aggregate_measurement(rows, abs_tol=self.policy.abs_tolerance,

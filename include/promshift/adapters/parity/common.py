@@ -20,7 +20,7 @@ from promshift.adapters.parity.sized import Partition, SizedQueries, host_partit
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
 from promshift.core.golden import either_name_selectors
-from promshift.core.parity import HostLabels, hosts_per_label, metric_kinds, noise_allowance
+from promshift.core.parity import HostLabels, edge_allowance, hosts_per_label, metric_kinds, noise_allowance
 from promshift.core.promql import Analysis, Selector
 from promshift.core.query_limits import UNLIMITED, QueryLimits
 from promshift.core.verdicts import Measurement, Verdict
@@ -163,15 +163,26 @@ class ParityContext:
     series_per_metric: dict[str, float] | None = None
     # Set on a shard from its plan (the shard runs where coverage did not).
     per_host: float | None = None
+    # The source's scrape interval for the group's jobs (read by the plan, carried to the shards).
+    scrape_interval: float | None = None
 
     def sizer(self) -> SizedQueries:
         """A fresh counter of one layer's splits and refusals, sized to the target's limits."""
         return SizedQueries(self.limits)
 
     def samples_per_series(self, span_s: float) -> int:
-        """Samples one series holds over ``span_s``: the step is at least the scrape interval (the estimate is
-        low for a faster scrape; a refusal then splits further)."""
-        return int(span_s / max(1.0, float(self.policy.step_s))) + 1
+        """Samples one series holds over ``span_s`` at the source's scrape interval (else the step, which is at
+        least the interval: the estimate is then low for a faster scrape, and a refusal splits further)."""
+        return int(span_s / max(1.0, float(self.scrape_interval or self.policy.step_s))) + 1
+
+    def edges(self, start: float, end: float) -> dict[str, Any]:
+        """independent_scraper: the window's grid and how near a gap a point may be missing on the other side."""
+        if self.policy.mode == "dual_write":
+            return {}
+        step = self.policy.step_s
+        edge = edge_allowance(self.scrape_interval or step, step)
+        pad = math.ceil(edge / step) * step
+        return {"grid": (start - pad, end + pad, step), "span": (start, end), "edge_s": edge}
 
     def series_per_host(self) -> float | None:
         """The group's series per host (coverage's count over its hosts), carried to the shards by the plan."""

@@ -30,7 +30,7 @@ from promshift.core.golden import (
     DashboardQuery,
     WindowShortfall,
     dashboard_queries,
-    dropped_labels_read,
+    dropped_label_uses,
     fit_window,
     golden_names,
     read_either_name,
@@ -40,6 +40,7 @@ from promshift.core.parity import (
     GoldenInventory,
     GoldenRow,
     GoldenSide,
+    engine_tolerance,
     golden_comparison,
     golden_failure,
     normalize_labels,
@@ -50,6 +51,7 @@ from promshift.core.promql import (
     PromQLError,
     Selector,
     analyse,
+    functions_used,
     grafana_builtins,
     metric_names,
     restrict_nameless,
@@ -188,11 +190,12 @@ class GoldenLayer(ParityLayer):
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (raw,))
         if isinstance(fit, WindowShortfall):
             return Measurement(name, Verdict.INCONCLUSIVE, fit.reason, (raw,), {"wait_s": fit.wait_s})
-        read = dropped_labels_read(fit.expr, self.group.drop_labels)
+        read = dropped_label_uses(fit.expr, self.group.drop_labels)
         if read:
-            return Measurement(name, Verdict.FAILED, f"reads {', '.join(read)}, which the group drops (drop_labels): "
+            how = ", ".join(f"{label} ({use})" for label, use in read.items())
+            return Measurement(name, Verdict.FAILED, f"reads {how}, which the group drops (drop_labels): "
                                f"the target has no such label, so this query cannot answer as on the source",
-                               (fit.expr,), {"dropped_labels_read": read})
+                               (fit.expr,), {"dropped_labels_read": list(read)})
         # A declared rename: a fleet may be part-way through it, so each side reads every series under either
         # name, normalised to one (the dashboard's), and the same query is asked of both.
         renames = tuple(self.policy.rename_labels)
@@ -204,12 +207,13 @@ class GoldenLayer(ParityLayer):
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (fit.expr,))
         queries = asked
         sized = self.ctx.sizer()
+        edges = self.ctx.edges(fit.start, fit.end)  # independent_scraper: read past the window to see its gaps
+        low, high = edges["grid"][:2] if edges else (fit.start, fit.end)
 
         def answer(client: PrometheusClient, asked: str) -> GoldenSide:
             try:
                 # Asked in step-aligned parts when the workspace refuses it whole (exact: each step is its own).
-                answered, warnings = sized.range_query(client, asked, start=fit.start, end=fit.end, step=step,
-                                                       series=None)
+                answered, warnings = sized.range_query(client, asked, start=low, end=high, step=step, series=None)
             except PrometheusError as exc:
                 text = str(exc).removeprefix(f"{exc.base_url}: ")
                 return GoldenSide(error=text, http_status=exc.http_status, kind=exc.kind)
@@ -240,10 +244,15 @@ class GoldenLayer(ParityLayer):
         except PrometheusError as exc:
             return Measurement(name, Verdict.ERROR, f"counting the series behind the query failed: {exc}", (queries,))
         behind = (sum(c[0] for c in counts[:len(group_selectors)]), sum(c[1] for c in counts[:len(group_selectors)]))
+        # A pair declared as different engines: the query's function family may round differently (said so).
+        rel_tol, widened = engine_tolerance(functions_used(fit.expr), engines=self.policy.engines,
+                                            rel_tol=max(self.policy.rel_tolerance, 1e-9))
         m = golden_comparison(name, queries, source.series or {}, target.series or {}, behind=behind,
-                              abs_tol=self.policy.abs_tolerance, rel_tol=max(self.policy.rel_tolerance, 1e-9),
+                              abs_tol=self.policy.abs_tolerance, rel_tol=rel_tol,
                               answers_without_series=fit.analysis.answers_without_series, noise_k=self.ctx.noise_k,
-                              numbers={"window": fit.to_dict(), "selectors": [s.promql() for s in group_selectors]})
+                              **edges,
+                              numbers={"window": fit.to_dict(), "selectors": [s.promql() for s in group_selectors],
+                                       **({"tolerance": widened} if widened else {})})
         lacking = [sel.promql() for sel, (src, tgt) in zip(others, counts[len(group_selectors):], strict=True)
                    if src and not tgt]
         note = undeclared_rename_note(self.ctx.undeclared, self.group.host_label) if self.ctx.undeclared else None

@@ -46,7 +46,8 @@ class SamplesLayer(ParityLayer):
         if host_names is None:
             host_names = (self.ctx.host_labels.declared, self.ctx.host_labels.declared)
         comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance,
-                                      noise_k=self.ctx.noise_k, host_labels=self.ctx.host_labels.declared)
+                                      noise_k=self.ctx.noise_k, host_labels=self.ctx.host_labels.declared,
+                                      **self.ctx.edges(start, end))
         rename = dict(self.policy.rename_labels)
         errors: list[str] = []
         consecutive = 0
@@ -101,8 +102,10 @@ class SamplesLayer(ParityLayer):
 
         def fetch(client: PrometheusClient, exprs: list[str]) -> dict[Any, Any]:
             side: dict[Any, Any] = {}
+            # independent_scraper: read past the window by the edge allowance, so a gap just outside it is seen.
+            low, high = comparison.grid[:2] if comparison.grid else (start, end)
             for expr in exprs:
-                answer, _warnings = sized.range_query(client, expr, start=start, end=end, step=step,
+                answer, _warnings = sized.range_query(client, expr, start=low, end=high, step=step,
                                                       series=estimate)
                 side.update({normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename): s.points
                              for s in answer})
