@@ -42,7 +42,7 @@ MAX_SAMPLES = 500_000
 
 
 def start(name: str, data_dir: Path, port: int, max_samples: int) -> Any:
-    return pb.PrometheusProcess(name, data_dir.parent, port=port, config="global:\n  scrape_interval: 1m\n",
+    return pb.PrometheusProcess(name, data_dir.parent, port=port, config="global:\n  scrape_interval: 30s\n",
                                 data_dir=data_dir, binary=pb.PROMETHEUS,
                                 flags=("--storage.tsdb.retention.time=3650d", f"--query.max-samples={max_samples}"))
 

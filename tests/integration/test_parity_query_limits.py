@@ -70,7 +70,8 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pairs]:
     try:
         for name, port in zip(dirs, find_free_ports(3), strict=True):
             limit = "100000000" if name == "source" else str(MAX_SAMPLES)
-            servers.append(PrometheusProcess(name, tmp, port=port, config="global:\n  scrape_interval: 1m\n",
+            # The backfilled data's interval: parity reads the step and its sample estimates from the config.
+            servers.append(PrometheusProcess(name, tmp, port=port, config="global:\n  scrape_interval: 30s\n",
                                              data_dir=dirs[name], flags=("--storage.tsdb.retention.time=3650d",
                                                                          f"--query.max-samples={limit}")))
         for server in servers:
