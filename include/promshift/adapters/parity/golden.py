@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +34,7 @@ from promshift.core.golden import (
     golden_names,
     read_either_name,
 )
-from promshift.core.inputs import DASHBOARD, parse_json_bounded
+from promshift.core.inputs import DASHBOARD, InputRefused, parse_json_bounded
 from promshift.core.parity import (
     GoldenInventory,
     GoldenRow,
@@ -48,6 +47,7 @@ from promshift.core.parity import (
     without_dropped,
 )
 from promshift.core.promql import (
+    PromQLBudgetError,
     PromQLError,
     Selector,
     analyse,
@@ -60,11 +60,13 @@ from promshift.core.promql import (
 from promshift.core.verdicts import Layer, Measurement, Verdict
 
 
-def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None) -> dict[str, float]:
+def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None,
+                     problems: list[str] | None = None) -> dict[str, float]:
     """Each golden dashboard query that reads the group's metrics, by name, and how far back it reads (seconds).
 
     Queries that do not parse, or name none of the group's metrics, are left out (the parity check reports
-    them); unreadable dashboards too.
+    them); unreadable dashboards too. ``problems``, when given, gets one line per dashboard outside its input
+    budget and per query outside the PromQL budget (``core.promql.check_budget``).
     """
     policy = group.parity
     found: dict[str, float] = {}
@@ -73,8 +75,12 @@ def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None) -> dict[str, 
         files = sorted(path.glob("*.json")) if path.is_dir() else [path] if path.is_file() else []
         for file in files:
             try:
-                dashboard = json.loads(file.read_text())
-            except (OSError, ValueError):
+                dashboard = parse_json_bounded(read_user_file(file, DASHBOARD), DASHBOARD)
+            except InputRefused as exc:
+                if problems is not None:
+                    problems.append(f"group {group.name!r}: golden dashboard {file.name}: {exc}")
+                continue
+            if not isinstance(dashboard, dict):
                 continue
             for q in dashboard_queries(dashboard, name=file.name):
                 sub = substitute(q.expr, dict(policy.golden_variables), builtins=grafana_builtins(policy.step_s,
@@ -82,6 +88,10 @@ def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None) -> dict[str, 
                 try:
                     analysis = analyse(sub.expr)
                     names = metric_names(sub.expr)
+                except PromQLBudgetError as exc:
+                    if problems is not None:
+                        problems.append(f"group {group.name!r}: golden query {file.name}/{q.panel}: {exc}")
+                    continue
                 except PromQLError:
                     continue
                 if any(group.claims(n) for n in names):
