@@ -47,6 +47,7 @@ class AmpHook(AwsBaseHook):
         kwargs["client_type"] = "amp"
         super().__init__(aws_conn_id=aws_conn_id, **kwargs)
         self._timeout_s = timeout_s
+        self._query_limits: Any = None
 
     @cached_property
     def conn_config(self) -> AwsConnectionWrapper:
@@ -214,6 +215,17 @@ class AmpHook(AwsBaseHook):
     @cached_property
     def _cloudwatch(self) -> Any:
         return self.service_client("cloudwatch")
+
+    def query_limits(self) -> Any:
+        """The workspace's per-query limits (``adapters.amp_quota.read_query_limits``): ``extra.query_limits``,
+        else Service Quotas, else AMP's documented defaults. Read once per hook (one task); the parity plan
+        carries them to its shards."""
+        if self._query_limits is None:
+            from promshift.adapters.amp_quota import read_query_limits
+
+            self._query_limits = read_query_limits(self.service_client("service-quotas"),
+                                                   configured=self.conn_config.extra_config.get("query_limits"))
+        return self._query_limits
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:

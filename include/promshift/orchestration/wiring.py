@@ -262,6 +262,7 @@ class GroupWiring:
                 target_sigv4=target.sigv4,
                 target_ready=target.readiness_problem,
                 target_retention=target.retention_lookup,
+                target_limits=getattr(target, "query_limits", None),
                 target_identity=target.identity(),
                 target_alerts=target.alert_reader,
                 target_discards=getattr(target, "discards_reader", None),
