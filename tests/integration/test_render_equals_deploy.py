@@ -23,7 +23,8 @@ from promshift.adapters.settings import REPO_ROOT, default_catalog_path, load_ca
 from promshift.cli import main
 from promshift.local.stack.local import find_free_ports
 from promshift.local.stack.prometheus import PrometheusProcess
-from promshift.steps.migration import Backends, GroupMigration
+from promshift.orchestration.compose import compose_migration
+from promshift.steps.migration import Backends
 
 pytestmark = pytest.mark.integration
 
@@ -72,9 +73,9 @@ def test_render_prints_the_bytes_the_amp_deploy_writes(prometheus: tuple[Prometh
     backends = Backends(source=client, target=PrometheusClient("http://127.0.0.1:1"), source_config_path=str(cfg),
                         target_remote_write_url=WRITE_URL, target_sigv4={"region": REGION})
     audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
-    migration = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url),
-                               snapshots_dir=tmp_path / "snapshots", run_id="manual__render",
-                               catalog_dir=default_catalog_path().parent)
+    migration = compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url),
+                                  snapshots_dir=tmp_path / "snapshots", run_id="manual__render",
+                                  catalog_dir=default_catalog_path().parent)
     now = datetime.now(UTC)
     migration.deploy_dual_write(migration.snapshot(now), now)
     assert cfg.read_bytes() == printed  # byte for byte what render printed

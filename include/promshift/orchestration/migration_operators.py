@@ -247,7 +247,8 @@ class _ParityStep(GroupStepOperator):
         group = group_for_deploy(self.group, self.deploy)  # independent_scraper on the scraper path
         return ParityCheck(group, self.source_hook.prometheus_client(stats=True),
                            self.gated(self.target_hook.prometheus_client(stats=True), context),
-                           catalog_dir=Path(self.catalog_path).parent)
+                           catalog_dir=Path(self.catalog_path).parent,
+                           limits=getattr(self.target_hook, "query_limits", None))
 
 
 class ParityPlanOperator(_ParityStep):
