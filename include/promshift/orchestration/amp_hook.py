@@ -110,10 +110,12 @@ class AmpHook(AwsBaseHook):
 
     @property
     def sigv4(self) -> dict[str, str]:
-        """The remote_write ``sigv4:`` block: the workspace's region, and the role when one is assumed."""
+        """The remote_write ``sigv4:`` block: the workspace's region, and ``writer_role_arn`` when the writer assumes
+        one. Never the connection's ``role_arn``: that is promshift's control-plane role (CreateScraper, rule
+        namespaces, Secrets Manager reads), which the source Prometheus must not hold (docs/aws-setup.md)."""
         block = {"region": self.target.region}
-        if self.target.role_arn:
-            block["role_arn"] = self.target.role_arn
+        if self.target.writer_role_arn:
+            block["role_arn"] = self.target.writer_role_arn
         return block
 
     @property
