@@ -325,7 +325,10 @@ def test_every_migration_dag_has_the_trigger_form(dagbag, multi) -> None:  # typ
         for dag_id, dag in _migration_dags(bag).items():
             target = dag_id.removeprefix("promshift__migrate__")
             params = {name: dag.params.get_param(name) for name in dag.params}
-            assert set(params) == {"group", "dry_run", "change_ticket", "warmup_override", "reason"}, dag_id
+            assert set(params) == {"group", "dry_run", "change_ticket", "warmup_override", "reason",
+                                   "accept_short_history"}, dag_id
+            assert params["accept_short_history"].value is False
+            assert params["accept_short_history"].schema["type"] == "boolean"
             # The group: one of this target's groups, in catalog order; Airflow refuses any other at trigger time.
             schema = params["group"].schema
             assert schema["type"] == "string", dag_id

@@ -562,6 +562,30 @@ class GroupWiring:
             out.append(("rules", restorer(self.rules_step)))
         return out
 
+    def horizon(self, migration: Any, context: Any, now: datetime) -> Any:
+        """The group's history horizon at ``now`` (``core.horizon.Horizon``): when its dual-write began and whether
+        this run accepts short history; None when it is not dual-writing (nothing to hold back)."""
+        from promshift.core.horizon import Horizon, dual_write_since
+
+        since = dual_write_since(migration.audit.events(group=self.group_name))
+        if since is None:
+            return None
+        return Horizon(since, now, accept_short_history=self.run_params(context).accept_short_history,
+                       scrape_interval_s=self.group.scrape_interval_s)
+
+    def horizon_moves(self) -> list[Any]:
+        """The bake watch's movers of what the horizon held back (dashboards, then rules), for what is configured;
+        each builds its move only when something waits (``GroupLifecycle.move_when_ready``)."""
+        from promshift.orchestration.hooks import PrometheusHook
+
+        out: list[Any] = []
+        if self._grafana_read_path() is not None:
+            out.append(lambda m, horizon, now: self.read_path_step(m).switch_when_ready(m, horizon, now))
+        source = self.source_hook
+        if isinstance(source, PrometheusHook) and source.extra.get("rules"):
+            out.append(lambda m, horizon, now: self.rules_step(m).handoff_when_ready(m, horizon, now))
+        return out
+
     @staticmethod
     def _grafana_read_path() -> Any:
         """``grafana_default``'s ``extra.read_path``, or None (no connection, or no read path in it)."""
