@@ -389,6 +389,9 @@ class PrometheusClient:
             body = None
         except ValueError:
             body = None
+        except RecursionError:
+            raise self._error(f"malformed answer for {what}: JSON nested too deeply", ErrorKind.MALFORMED,
+                              http_status=resp.status_code) from None
         if resp.status_code == 200 and not isinstance(body, dict):
             first = (resp.text.strip().splitlines() or [""])[0][:80]
             raise self._error(f"malformed answer for {what}: body is not a JSON object: {first!r}",

@@ -218,7 +218,8 @@ class GitChangeTrigger(LoadedConfigTrigger):
         pulls = None
         if source.backend == "github":
             token = connection_secret(source.conn_id) if source.conn_id else None
-            pulls = GitHubPullRequests(source.api_url, str(source.repository), token)
+            pulls = GitHubPullRequests(source.api_url, str(source.repository), token,
+                                       http_loopback=source.http_loopback)
         return GitObserver(hook.prometheus_client(), pulls)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
