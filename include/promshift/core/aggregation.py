@@ -53,6 +53,7 @@ __all__ = [
     "decide",
     "level_series",
     "read_shapes",
+    "rewrite_expression",
     "rewrite_read",
     "rule_name",
 ]
@@ -205,6 +206,7 @@ class Aggregation:
     rules: tuple[RecordingRule, ...] = ()
     blockers: tuple[Blocker, ...] = ()
     rewrites: tuple[tuple[str, str, str], ...] = ()  # (reader, original aggregation, rewritten)
+    reads: tuple[tuple[str, str, str], ...] = ()  # (reader, whole read, the whole read rewritten)
 
     @property
     def recommended(self) -> bool:
@@ -214,7 +216,8 @@ class Aggregation:
         return {"metric": self.metric, "recommended": self.recommended, "family": self.family,
                 "level": list(self.level), "function": self.function, "window_s": self.window_s,
                 "rules": [r.to_dict() for r in self.rules], "blocked_by": [b.to_dict() for b in self.blockers],
-                "rewrites": [{"reader": r, "original": o, "rewritten": w} for r, o, w in self.rewrites]}
+                "rewrites": [{"reader": r, "original": o, "rewritten": w} for r, o, w in self.rewrites],
+                "reads": [{"reader": r, "read": o, "rewritten": w} for r, o, w in self.reads]}
 
 
 def _window(seconds: float) -> str:
@@ -274,6 +277,77 @@ def rewrite_read(shape: ReadShape, level: Sequence[str], labels: Iterable[str], 
     return f"({text}{scale})" if scale else text
 
 
+def _aggregation_spans(expr: str, op: str) -> list[tuple[int, int]]:
+    """Where ``op(...)`` with its ``by``/``without`` clause (before or after the body) stands in ``expr``'s text."""
+    from promshift.core.promql import _TOKEN
+
+    tokens = [(m.start(), m.end(), m.group()) for m in _TOKEN.finditer(expr)]
+    solid = [t for t in tokens if not t[2][0].isspace() and not t[2].startswith("#")]
+
+    def group_end(i: int) -> int:
+        """Index after the parenthesised group opening at solid[i] (-1 when unbalanced)."""
+        depth = 0
+        for k in range(i, len(solid)):
+            depth += {"(": 1, ")": -1}.get(solid[k][2], 0)
+            if depth == 0:
+                return k + 1
+        return -1
+
+    spans = []
+    for i, (start, _, text) in enumerate(solid):
+        if text.lower() != op:
+            continue
+        j = i + 1
+        if j < len(solid) and solid[j][2].lower() in ("by", "without"):
+            j = group_end(j + 1) if j + 1 < len(solid) and solid[j + 1][2] == "(" else -1
+        if j < 0 or j >= len(solid) or solid[j][2] != "(":
+            continue
+        j = group_end(j)
+        if j < 0:
+            continue
+        if j + 1 < len(solid) and solid[j][2].lower() in ("by", "without") and solid[j + 1][2] == "(":
+            j = group_end(j + 1)
+            if j < 0:
+                continue
+        spans.append((start, solid[j - 1][1]))
+    return spans
+
+
+def rewrite_expression(expr: str, agg: Aggregation, labels: Iterable[str]) -> str:
+    """``expr`` reading ``agg``'s recorded series instead of its metric: each aggregation of the metric replaced
+    by its rewrite, every other byte as written. PromQLError when a read of the metric in it needs the raw
+    series, or when the result would not read the recorded series only."""
+    shapes = [s for s in read_shapes(expr) if s.metric == agg.metric]
+    if not agg.recommended or not shapes:
+        raise PromQLError(f"nothing of {agg.metric} to rewrite in {expr[:120]!r}")
+    blocked = next((s for s in shapes if s.blocked), None)
+    if blocked is not None:
+        raise PromQLError(f"{expr[:120]!r} needs the raw series of {agg.metric}: {blocked.blocked}")
+    level = set(agg.level)
+    for s in shapes:  # a read the recommendation was not made from must still be served by it
+        if (FAMILY[s.op] != agg.family or ("rate" if s.function else "") != agg.function
+                or (s.function and s.window_s != agg.window_s) or not s.keeps(labels) <= level
+                or any(label not in level for label, _, _ in s.matchers)):
+            raise PromQLError(f"{expr[:120]!r} reads {agg.metric} in a way its recording does not serve")
+    wanted = {s.fragment: rewrite_read(s, agg.level, labels, agg.function, agg.window_s) for s in shapes}
+    edits: list[tuple[int, int, str]] = []
+    for op in {s.op for s in shapes}:
+        for start, end in _aggregation_spans(expr, op):
+            try:
+                printed = str(parse(expr[start:end]))
+            except PromQLError:
+                continue
+            if printed in wanted:
+                edits.append((start, end, wanted[printed]))
+    out = expr
+    for start, end, text in sorted(edits, reverse=True):
+        out = out[:start] + text + out[end:]
+    left = [s for s in read_shapes(out) if s.metric == agg.metric]
+    if left:
+        raise PromQLError(f"cannot rewrite every read of {agg.metric} in {expr[:120]!r}")
+    return out
+
+
 def decide(metric: str, shapes: Sequence[tuple[str, ReadShape]], labels: Iterable[str], *, type_: str = "unknown",
            extra_blockers: Sequence[Blocker] = ()) -> Aggregation:
     """One metric's aggregation from every read of it (``(reader, shape)`` pairs; see the module docstring)."""
@@ -321,8 +395,16 @@ def decide(metric: str, shapes: Sequence[tuple[str, ReadShape]], labels: Iterabl
                                 f"{op} {_by(level)}({_inner(metric, function, window)})") for op in ops)
     rewrites = tuple(dict.fromkeys((r, s.fragment, rewrite_read(s, level, labels, function, window))
                                    for r, s in clean))
-    return Aggregation(metric, family=family, level=level, function=function, window_s=window, rules=rules,
-                       rewrites=rewrites)
+    agg = Aggregation(metric, family=family, level=level, function=function, window_s=window, rules=rules,
+                      rewrites=rewrites)
+    whole = []
+    for r, e in dict.fromkeys((r, s.expr) for r, s in clean):
+        try:
+            whole.append((r, e, rewrite_expression(e, agg, labels)))
+        except PromQLError as exc:  # a read that cannot be pointed at the recording keeps its raw series
+            return Aggregation(metric, blockers=(Blocker(r, e, f"cannot be rewritten to the recorded series: "
+                                                               f"{str(exc)[:160]}"),))
+    return dataclasses.replace(agg, reads=tuple(whole))
 
 
 def _what(shape: ReadShape) -> str:

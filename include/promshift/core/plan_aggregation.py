@@ -119,6 +119,6 @@ def _one(m: MetricStats, index: ShapeIndex, prices: AmpPrices, retention_days: f
 
 
 def _not(entry: dict[str, Any], agg: Aggregation, why: str) -> dict[str, Any]:
-    entry.update(recommended=False, rules=[], rewrites=[],
+    entry.update(recommended=False, rules=[], rewrites=[], reads=[],
                  blocked_by=[{"reader": "-", "expr": "", "why": why}], level=list(agg.level))
     return entry

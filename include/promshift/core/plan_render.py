@@ -130,8 +130,8 @@ def _aggregations(plan: Mapping[str, Any]) -> list[str]:
             for r in a["rules"]:
                 out += [f"    - record: {r['record']}", f"      expr: {json.dumps(r['expr'])}"]
             out += ["```", "", "| read | reads today | reads the recorded series |", "|---|---|---|"]
-            out += [f"| {_cell(w['reader'])} | `{_cell(w['original'])}` | `{_cell(w['rewritten'])}` |"
-                    for w in a["rewrites"][:20]]
+            out += [f"| {_cell(w['reader'])} | `{_cell(w['read'])}` | `{_cell(w['rewritten'])}` |"
+                    for w in a["reads"][:20]]
             out.append("")
     else:
         out += ["No metric can be aggregated: each has a read that needs its raw series (below).", ""]
