@@ -1,4 +1,4 @@
-"""Independent scrapers: healthy runs, a planted 5 % bias on one metric, a target missing 3 hosts.
+"""Independent scrapers: healthy runs, a planted 5 % bias on one metric, a target missing 3 hosts, reboots.
 
 Issue 24, item 3. A managed collector (``DEPLOY=scraper``) scrapes the fleet on its own clock, so parity is
 ``independent_scraper``: the two sides never hold the same samples. This bench runs that case on 127.0.0.1
@@ -17,7 +17,13 @@ runs per case use 20 windows of ``--window`` seconds, one every ``--every`` seco
 sees other scrapes and other noise). Baseline, on the same windows: the blanket tolerance this replaces
 (10 % relative / 0.05 absolute as the floor, what ``deploy_kinds.INDEPENDENT_*`` set).
 
-Run: ``.venv/bin/python bench/independent_scrapers/run.py`` (about 6 minutes on 2 cores); writes
+Reboots (issue 39, item 1): a second fleet of 16 nodes, 5 of which reboot in turn (60 s down answering 503,
+then their counters restart from 0), scraped by two more Prometheus servers on their own phases (the source and
+the target of that case): each sees an outage begin and end at its own instant, up to one scrape apart. Healthy
+pairs must stay SUCCESSFUL; the baseline is the same check without the edge allowance (``edge_s`` 0 and no
+coverage credit), the rule this replaces.
+
+Run: ``.venv/bin/python bench/independent_scrapers/run.py`` (about 7 minutes on 2 cores); writes
 ``bench/results/independent-scrapers.json``.
 """
 
@@ -37,7 +43,15 @@ from promshift.adapters.parity_check import ParityCheck
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.settings import load_catalog
 from promshift.core.deploy_kinds import deploy_of, group_for_deploy
-from promshift.local.stack.fleet import FleetServer, FleetSpec, _FleetHandler, file_sd_groups, render_node
+from promshift.local.stack.fleet import (
+    FleetServer,
+    FleetSpec,
+    _FleetHandler,
+    file_sd_groups,
+    load_counters,
+    node_values,
+    render_node,
+)
 from promshift.local.stack.local import find_free_ports
 from promshift.local.stack.prometheus import PrometheusProcess
 
@@ -46,6 +60,10 @@ GROUP = "gpu-power-thermal"
 BIASED_METRIC = "DCGM_FI_DEV_POWER_USAGE"
 BIAS = 1.05
 MISSING = 3
+REBOOT_NODES = 16
+REBOOTING = 5  # of REBOOT_NODES, one after another
+DOWN_S = 60.0
+REBOOT_PERIOD_S = 120.0  # each rebooting node: down DOWN_S, up the rest, its turn staggered by PERIOD / REBOOTING
 
 
 class BiasedHandler(_FleetHandler):
@@ -63,18 +81,63 @@ class BiasedHandler(_FleetHandler):
         self._reply(200, body, "text/plain; version=0.0.4; charset=utf-8")
 
 
+class RebootHandler(_FleetHandler):
+    """The fleet's answer, but the first ``REBOOTING`` nodes reboot in turn: down (HTTP 503) for ``DOWN_S`` once
+    every ``REBOOT_PERIOD_S``, and after each reboot their counters restart from 0."""
+
+    def do_GET(self) -> None:
+        parts = self.path.split("?", 1)[0].split("/")
+        index = self.server.fleet.node_index(parts[2]) if len(parts) == 4 else None
+        if index is None or index >= REBOOTING:
+            super().do_GET()
+            return
+        now = self.server.clock()
+        phase = (now - index * REBOOT_PERIOD_S / REBOOTING) % REBOOT_PERIOD_S
+        if phase < DOWN_S:
+            self._reply(503, b"rebooting\n", "text/plain; charset=utf-8")
+            return
+        booted = now - (phase - DOWN_S)
+        counters = {c.name for c in load_counters() if c.kind == "counter"}
+        at_boot = node_values(self.server.fleet, index, booted)
+        seen: dict[str, int] = {}
+
+        def restart(m: re.Match[str]) -> str:
+            name, value = m.group(1), m.group(3)
+            if name not in counters:
+                return m.group(0)
+            i = seen[name] = seen.get(name, -1) + 1
+            return f"{name}{m.group(2)} {max(0.0, float(value) - float(at_boot[name][i])):.0f}"
+
+        text = render_node(self.server.fleet, index, now)
+        body = re.sub(r"^(\w+)(\{[^}]*\}) (\S+)$", restart, text, flags=re.M).encode()
+        self._reply(200, body, "text/plain; version=0.0.4; charset=utf-8")
+
+
 def serve(server: FleetServer) -> FleetServer:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
 
-def scraper(tmp: Path, name: str, targets: list[dict[str, Any]], interval_s: float) -> PrometheusProcess:
+def scraper(tmp: Path, name: str, targets: list[dict[str, Any]], interval_s: float,
+            own_phase: bool = False) -> PrometheusProcess:
+    """A Prometheus scraping ``targets``. Prometheus places each target's scrapes at an offset hashed from the
+    target and a seed made of the host name and the server's external labels: two servers on one machine without
+    external labels scrape every target at the same instants. ``own_phase`` gives this one an external label of
+    its own, so its scrapes fall elsewhere in the interval, as an independent collector's do."""
     sd = tmp / f"{name}.json"
     sd.write_text(json.dumps(targets))
-    config = (f"global: {{scrape_interval: {interval_s:g}s}}\nscrape_configs:\n- job_name: dcgm\n"
+    labels = f", external_labels: {{scraper: {name}}}" if own_phase else ""
+    config = (f"global: {{scrape_interval: {interval_s:g}s{labels}}}\nscrape_configs:\n- job_name: dcgm\n"
               f"  file_sd_configs: [{{files: ['{sd}']}}]\n")
     (port,) = find_free_ports(1)
     return PrometheusProcess(name, tmp, port=port, config=config, data_dir=tmp / name)
+
+
+class WithoutEdges(ParityCheck):
+    """The check before issue 39: a point or a host one side lacks next to an outage's edge counts as missing."""
+
+    def _edges(self, start: float, end: float) -> dict[str, Any]:
+        return {}
 
 
 def judge(result: dict[str, Any], case: str, missing_hosts: list[str]) -> dict[str, Any]:
@@ -97,7 +160,9 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=10.0, help="seconds between run windows")
     parser.add_argument("--scrape", type=float, default=2.0, help="scrape interval of every scraper (s)")
     parser.add_argument("--out", default=str(REPO / "bench/results/independent-scrapers.json"))
+    parser.add_argument("--cases", default="healthy,bias,missing_hosts,reboot", help="comma-separated subset")
     args = parser.parse_args()
+    wanted = args.cases.split(",")
 
     fleet = FleetSpec(nodes=args.nodes)
     catalog = load_catalog(profile="demo")
@@ -110,6 +175,12 @@ def main() -> int:
     healthy_fleet = serve(FleetServer(fleet))
     biased_fleet = serve(FleetServer(fleet))
     biased_fleet.RequestHandlerClass = BiasedHandler
+    reboot_spec = FleetSpec(nodes=REBOOT_NODES)
+    reboot_fleet = serve(FleetServer(reboot_spec))
+    reboot_fleet.RequestHandlerClass = RebootHandler
+    rebooting = [reboot_spec.hostname(i) for i in range(REBOOTING)]
+    reboot_group = dataclasses.replace(group, parity=dataclasses.replace(
+        policy, sample_hosts=REBOOT_NODES, hosts_per_shard=REBOOT_NODES // 2))
     all_targets = file_sd_groups(fleet, healthy_fleet.port)
     missing_hosts = [g["labels"]["instance"] for g in all_targets[-MISSING:]]
     with tempfile.TemporaryDirectory(prefix="promshift-indep-") as tmp_name:
@@ -119,6 +190,10 @@ def main() -> int:
             "healthy": scraper(tmp, "healthy", all_targets, args.scrape),
             "bias": scraper(tmp, "bias", file_sd_groups(fleet, biased_fleet.port), args.scrape),
             "missing_hosts": scraper(tmp, "missing", all_targets[:-MISSING], args.scrape),
+            "reboot_source": scraper(tmp, "reboot-source", file_sd_groups(reboot_spec, reboot_fleet.port), args.scrape,
+                                     own_phase=True),
+            "reboot": scraper(tmp, "reboot-target", file_sd_groups(reboot_spec, reboot_fleet.port), args.scrape,
+                              own_phase=True),
         }
         try:
             for s in servers.values():
@@ -127,12 +202,15 @@ def main() -> int:
             deadline = time.time() + 60
             for name, client in clients.items():
                 want = args.nodes - (MISSING if name == "missing_hosts" else 0)
+                if name.startswith("reboot"):
+                    want = 1
                 while (client.scalar('count(up{job="dcgm"} == 1)') or 0) < want:
                     assert time.time() < deadline, f"{name} did not scrape the fleet"
                     time.sleep(0.5)
             since = time.time()  # "dual-write" (here: both scrapers) starts now
             first_end = since + 2 * step + args.window + step
-            cases: dict[str, list[dict[str, Any]]] = {k: [] for k in ("healthy", "bias", "missing_hosts")}
+            cases: dict[str, list[dict[str, Any]]] = {
+                k: [] for k in ("healthy", "bias", "missing_hosts", "reboot") if k in wanted}
             baseline: dict[str, list[dict[str, Any]]] = {k: [] for k in cases}
             started = time.time()
             for i in range(args.runs):
@@ -140,50 +218,65 @@ def main() -> int:
                 time.sleep(max(0.0, end + 3 - time.time()))  # ingested on every side
                 start = end - args.window
                 for case in cases:
-                    for grp, into in ((group, cases), (blanket, baseline)):
-                        check = ParityCheck(grp, clients["source"], clients[case], catalog_dir=REPO / "catalog")
+                    pairs = ((ParityCheck, group, cases), (ParityCheck, blanket, baseline))
+                    source = clients["source"]
+                    if case == "reboot":  # its own pair of scrapers; the baseline: no edge allowance
+                        pairs, source = ((ParityCheck, reboot_group, cases), (WithoutEdges, reboot_group, baseline)), \
+                            clients["reboot_source"]
+                    for kind, grp, into in pairs:
+                        check = kind(grp, source, clients[case], catalog_dir=REPO / "catalog")
                         result = check.run(dual_write_since=start - 2 * step,
                                            now=end + policy.skip_recent_s).to_dict()
                         into[case].append(judge(result, case, missing_hosts))
                 print(f"run {i + 1}/{args.runs}: " + ", ".join(
-                    f"{c} {cases[c][-1]['verdict']} (blanket {baseline[c][-1]['verdict']})" for c in cases),
+                    f"{c} {cases[c][-1]['verdict']} (baseline {baseline[c][-1]['verdict']})" for c in cases),
                     flush=True)
         finally:
             for s in servers.values():
                 s.stop(20)
             healthy_fleet.shutdown()
             biased_fleet.shutdown()
+            reboot_fleet.shutdown()
 
-    def counts(runs: dict[str, list[dict[str, Any]]]) -> dict[str, int]:
-        return {
-            "healthy_runs": len(runs["healthy"]),
-            "healthy_failed": sum(r["verdict"] == "FAILED" for r in runs["healthy"]),
-            "healthy_inconclusive": sum(r["verdict"] == "INCONCLUSIVE" for r in runs["healthy"]),
-            "bias_runs": len(runs["bias"]),
-            "bias_failed": sum(r["verdict"] == "FAILED" and r["named"] for r in runs["bias"]),
-            "missing_hosts_runs": len(runs["missing_hosts"]),
-            "missing_hosts_failed": sum(r["verdict"] == "FAILED" and r["named"] for r in runs["missing_hosts"]),
-        }
+    def counts(runs: dict[str, list[dict[str, Any]]], which: tuple[str, ...]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for case in (c for c in which if c in runs):
+            out[f"{case}_runs"] = len(runs[case])
+            if case in ("healthy", "reboot"):
+                out[f"{case}_failed"] = sum(r["verdict"] == "FAILED" for r in runs[case])
+                out[f"{case}_inconclusive"] = sum(r["verdict"] == "INCONCLUSIVE" for r in runs[case])
+            else:
+                out[f"{case}_failed"] = sum(r["verdict"] == "FAILED" and r["named"] for r in runs[case])
+        return out
 
-    ours, blanket_counts = counts(cases), counts(baseline)
+    ours = counts(cases, ("healthy", "bias", "missing_hosts", "reboot"))
+    blanket_counts = counts(baseline, ("healthy", "bias", "missing_hosts"))
     out = {
         **ours,
-        "goals": {"healthy_failed": 0, "bias_failed": ">= 19", "missing_hosts_failed": ">= 19"},
+        "goals": {"healthy_failed": 0, "bias_failed": ">= 19", "missing_hosts_failed": ">= 19", "reboot_failed": 0},
         "baseline_blanket_tolerance": blanket_counts,
+        "baseline_without_edge_allowance": counts(baseline, ("reboot",)),
         "setup": {"nodes": args.nodes, "group": GROUP, "metrics": list(group.metrics), "scrape_interval_s": args.scrape,
                   "step_s": step, "window_s": args.window, "windows_every_s": args.every,
                   "bias": f"{BIASED_METRIC} x {BIAS}", "missing_hosts": missing_hosts,
                   "catalog_floor": {"abs": policy.abs_tolerance, "rel": policy.rel_tolerance},
                   "counted_as_failed": "verdict FAILED with the biased metric (or every missing host) named",
+                  "reboot": {"nodes": REBOOT_NODES, "rebooting": rebooting, "down_s": DOWN_S,
+                             "period_s": REBOOT_PERIOD_S, "counters": "restart from 0 after each reboot",
+                             "down_answer": "HTTP 503"},
                   "bench_wall_s": round(time.time() - started, 1)},
         "examples": {c: next((r for r in runs if r["verdict"] == "FAILED"), runs[0]) for c, runs in cases.items()},
         "runs": cases,
     }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{'':22}{'noise model':>14}{'blanket 10 %':>14}")
-    for k in ("healthy_failed", "bias_failed", "missing_hosts_failed"):
-        print(f"{k:22}{ours[k]:>11}/{ours[k.replace('failed', 'runs')]:<2}{blanket_counts[k]:>11}/"
-              f"{blanket_counts[k.replace('failed', 'runs')]:<2}")
+    print(f"{'':22}{'noise model':>14}{'baseline':>14}")
+    edges = out["baseline_without_edge_allowance"]
+    for k in ("healthy_failed", "bias_failed", "missing_hosts_failed", "reboot_failed"):
+        if k not in ours:
+            continue
+        other = blanket_counts if k in blanket_counts else edges
+        print(f"{k:22}{ours[k]:>11}/{ours[k.replace('failed', 'runs')]:<2}{other[k]:>11}/"
+              f"{other[k.replace('failed', 'runs')]:<2}")
     print(f"wrote {args.out}")
     return 0
 

@@ -133,3 +133,28 @@ def test_a_planted_value_difference_fails_on_the_samples(dual: Dual) -> None:
     assert offenders and all(f'Hostname="{HOST}"' in o["series"] and o["problem"] == "values differ"
                              for o in offenders), offenders
     assert not any(label in o["series"] for o in offenders for label in DROPS)
+
+
+def test_golden_without_a_dropped_label_passes_and_one_that_selects_it_fails(dual: Dual, tmp_path: Any) -> None:
+    """Issue 39, item 3: ``max without (UUID, pci_bus_id) (...)`` with those dropped read nothing the target lacks
+    (it FAILED as "reads UUID, pci_bus_id" although both sides answered alike); a query grouping by, or matching
+    on, a dropped label still FAILS."""
+    import json
+
+    exprs = {"without": "max without (UUID, pci_bus_id) (DCGM_FI_DEV_GPU_UTIL)",
+             "by": "sum by (UUID) (DCGM_FI_DEV_GPU_UTIL)",
+             "matched": 'avg(DCGM_FI_DEV_GPU_UTIL{pci_bus_id=~".+"})'}
+    (tmp_path / "d.json").write_text(json.dumps({"panels": [{"title": k, "targets": [{"expr": e}]}
+                                                            for k, e in exprs.items()]}))
+    group = _group("gpu-utilization")
+    group = dataclasses.replace(group, parity=dataclasses.replace(group.parity, golden_dashboards=(str(tmp_path),)))
+    check = ParityCheck(group, dual.source, dual.target)
+    window = check.window(dual_write_since=dual.since[group.name], now=time.time())
+    assert window is not None
+    by = {m.name: m for m in check.golden(*window)[0]}
+    assert by["golden[without]"].verdict.value == "SUCCESSFUL", by["golden[without]"].reason
+    assert by["golden[without]"].numbers["series_compared"] == 16
+    assert by["golden[by]"].verdict.value == "FAILED"
+    assert by["golden[by]"].reason.startswith("reads UUID (grouped by), which the group drops")
+    assert by["golden[matched]"].verdict.value == "FAILED"
+    assert by["golden[matched]"].reason.startswith("reads pci_bus_id (matched), which the group drops")

@@ -168,3 +168,26 @@ def test_the_plan_demo_writes_a_catalog_with_the_first_droppable_group(tmp_path)
     group = checked.catalog.get(name)
     assert group.drop_labels == ("UUID",) and group.latency.queries == ("avg(DCGM_FI_DEV_GPU_UTIL)",)
     assert (tmp_path / "cat" / "dashboards").is_dir()  # the golden dashboards resolve beside the catalog
+
+
+def test_a_label_only_removed_is_not_read() -> None:
+    """Issue 39, item 3: refused only where the answer could depend on the label."""
+    drops = ["UUID", "pci_bus_id"]
+    assert dropped_labels_read("max without (UUID, pci_bus_id) (DCGM_FI_DEV_GPU_UTIL)", drops) == []
+    assert dropped_labels_read("max(DCGM_FI_DEV_GPU_UTIL)", drops) == []
+    assert dropped_labels_read("rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])", drops) == []
+    assert dropped_labels_read("sum without (UUID) (rate(x[5m])) / on(Hostname) group_left y", drops) == []
+    read = {
+        'x{UUID="GPU-1"}': ["UUID"],
+        "sum by (pci_bus_id) (x)": ["pci_bus_id"],
+        "x * on(UUID) y": ["UUID"],
+        "x / ignoring(pci_bus_id) y": ["pci_bus_id"],
+        "x * on(Hostname) group_left(UUID) y": ["UUID"],
+        'label_replace(x, "bus", "$1", "pci_bus_id", "(.*)")': ["pci_bus_id"],
+        'label_join(x, "id", "-", "Hostname", "UUID")': ["UUID"],
+        'count_values("UUID", x)': ["UUID"],
+        'max_over_time(x{UUID=~".+"}[5m:1m])': ["UUID"],
+        "max without (UUID) (x{pci_bus_id!=\"\"})": ["pci_bus_id"],
+    }
+    for expr, wanted in read.items():
+        assert dropped_labels_read(expr, drops) == wanted, expr

@@ -25,6 +25,7 @@ import re2
 from promshift.adapters.files import read_user_file
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
+from promshift.core.errors import ErrorKind
 from promshift.core.golden import (
     COMPARED,
     NEEDS_VARIABLE,
@@ -33,7 +34,7 @@ from promshift.core.golden import (
     DashboardQuery,
     WindowShortfall,
     dashboard_queries,
-    dropped_labels_read,
+    dropped_label_uses,
     either_name_selectors,
     fit_window,
     golden_names,
@@ -51,10 +52,14 @@ from promshift.core.parity import (
     SampleComparison,
     aggregate_measurement,
     assess,
+    comparison_step,
     comparison_window,
     count_hosts,
     coverage_measurement,
+    credit_edges,
     describe_label_drift,
+    edge_allowance,
+    engine_tolerance,
     golden_comparison,
     golden_failure,
     hosts_per_label,
@@ -65,6 +70,8 @@ from promshift.core.parity import (
     noise_allowance,
     normalize_labels,
     sample_hosts,
+    scrape_interval_of,
+    settle_time,
     undeclared_rename_note,
     without_dropped,
 )
@@ -74,6 +81,7 @@ from promshift.core.promql import (
     PromQLError,
     Selector,
     analyse,
+    functions_used,
     grafana_builtins,
     metric_names,
     promql_string,
@@ -108,6 +116,12 @@ def each_side(source_call: Callable[[], T], target_call: Callable[[], T]) -> tup
     """Two different calls, one per backend, concurrently (e.g. each side asked with its own label names)."""
     futures = [_BOTH.submit(source_call), _BOTH.submit(target_call)]
     return futures[0].result(), futures[1].result()
+
+
+def _rows_at(answer: Any, first: float, step: float, k: int) -> dict[tuple[tuple[str, str], ...], float]:
+    """A ``count by`` range answer's rows at its ``k``-th instant, keyed by their sorted labels."""
+    return {tuple(sorted(series.labels.items())): v for series in answer.series for ts, v in series.points
+            if round((ts - first) / step) == k}
 
 
 def group_matcher(group: MetricGroup) -> tuple[str, str, str]:
@@ -238,6 +252,8 @@ class ParityCheck:
     # Seen by coverage: per side, hosts per name of the host label, and hosts only under an undeclared name.
     _hosts_per_name: dict[str, dict[str, int]] | None = None
     _undeclared: tuple[dict[str, set[str]], dict[str, set[str]]] | None = None
+    # The source's scrape interval for the group's jobs (read by the plan, carried to the shards).
+    _scrape_interval: float | None = None
 
     @property
     def policy(self) -> Any:
@@ -253,10 +269,37 @@ class ParityCheck:
         """
         return HostLabels.for_group(self.group.host_label, dict(self.policy.rename_labels))
 
-    def window(self, *, dual_write_since: float, now: float) -> tuple[float, float] | None:
-        # The step is at least the scrape interval, so two steps cover the first full scrape after the reload.
+    def window(self, *, dual_write_since: float, now: float,
+               scrape_interval_s: float | None = None) -> tuple[float, float] | None:
+        # Two steps, and at least one scrape interval and a step: the first instant reads a sample scraped after
+        # dual-write began on both sides (``core.parity.settle_time``).
         return comparison_window(dual_write_since=dual_write_since, now=now, skip_recent_s=self.policy.skip_recent_s,
-                                 step=self.policy.step_s, settle_s=2 * self.policy.step_s)
+                                 step=self.policy.step_s, settle_s=settle_time(self.policy.step_s, scrape_interval_s))
+
+    def source_scrape_interval(self, start: float, end: float) -> tuple[float, str]:
+        """The source's configured scrape interval for the jobs of the group's series, and where it came from.
+
+        Its loaded config (``/api/v1/status/config``) and the ``job`` values of the group's series; when the
+        source answers but not with them (no status API, a config it will not show), the catalog's
+        ``scrape_interval`` (said so). A source that does not answer at all raises: parity is an ERROR then."""
+        try:
+            jobs = self.source.label_values("job", self.group.selector(), start=start, end=end)
+            return scrape_interval_of(self.source.config_text(), jobs)
+        except PrometheusError as exc:
+            if exc.kind in (ErrorKind.UNREACHABLE, ErrorKind.TIMEOUT):
+                raise
+            return self._catalog_interval(exc)
+        except ValueError as exc:
+            return self._catalog_interval(exc)
+
+    def _catalog_interval(self, exc: Exception) -> tuple[float, str]:
+        log.warning("parity %s: source config not read (%s); the catalog's scrape_interval", self.group.name, exc)
+        return self.group.scrape_interval_s, (f"the catalog's scrape_interval {self.group.scrape_interval_s:g}s "
+                                              f"(source config not read: {str(exc)[:160]})")
+
+    def _use_step(self, step: float) -> None:
+        if step != self.policy.step_s:
+            self.group = dataclasses.replace(self.group, parity=dataclasses.replace(self.policy, step_s=step))
 
     # -- layer 1: coverage ---------------------------------------------------------------
     def coverage(self, start: float, end: float) -> list[Measurement]:
@@ -278,15 +321,33 @@ class ParityCheck:
         # One range query per side evaluates every instant: each series is read once, not once per
         # instant (at 2,000 nodes x 4 metrics: 4.9-6.1 s of server time against 12.7-13.4 s for three instant queries).
         step = (instants[-1] - instants[0]) / (len(instants) - 1) if len(instants) > 1 else 1.0
+        queries = [expr]
+        credited = 0
         try:
             ranged = on_both(self.source, self.target,
                              lambda c: c.query_range(expr, start=instants[0], end=instants[-1], step=step))
+            edges = self._edges(start, end)
+            wide = None
+            if edges:
+                # independent_scraper: also the series with a sample within the edge allowance of each instant
+                # (``last_over_time`` keeps the metric name), so an outage's edge seen apart is not a missing host.
+                reach = edges["edge_s"]
+                wide_expr = (f"count by (__name__, {', '.join(hosts.names)}) (last_over_time({self.group.selector()}"
+                             f"[{math.ceil((self._scrape_interval or self.policy.step_s) + 2 * reach)}s]))")
+                queries.append(f"{wide_expr} at each instant + {reach:g}s")
+                wide = on_both(self.source, self.target, lambda c: c.query_range(
+                    wide_expr, start=instants[0] + reach, end=instants[-1] + reach, step=step))
             for k, t in enumerate(instants):
                 metric_sides: list[dict[str, float]] = [{}, {}]
                 host_sides: list[dict[str, float]] = [{}, {}]
-                for i, answer in enumerate(ranged):
-                    rows = [(series.labels, v) for series in answer.series for ts, v in series.points
-                            if round((ts - instants[0]) / step) == k]
+                at_k = [_rows_at(answer, instants[0], step, k) for answer in ranged]
+                if wide is not None:
+                    src_rows, tgt_rows, gained = credit_edges((at_k[0], at_k[1]),
+                                                              (_rows_at(wide[0], instants[0] + reach, step, k),
+                                                               _rows_at(wide[1], instants[0] + reach, step, k)))
+                    at_k, credited = [src_rows, tgt_rows], credited + gained
+                for i in range(2):
+                    rows = [(dict(key), v) for key, v in at_k[i].items() if v]
                     for labels, n in rows:
                         name = labels.get("__name__", "")
                         metric_sides[i][name] = metric_sides[i].get(name, 0.0) + n
@@ -301,7 +362,8 @@ class ParityCheck:
                 per_metric.append((t, metric_sides[0], metric_sides[1]))
                 per_host.append((t, host_sides[0], host_sides[1]))
         except PrometheusError as exc:
-            return [Measurement(name, Verdict.ERROR, str(exc), (expr,)) for name in ("coverage", "host_coverage")]
+            return [Measurement(name, Verdict.ERROR, str(exc), tuple(queries))
+                    for name in ("coverage", "host_coverage")]
         # The source's hosts at the window's end are also the population the sample is drawn from.
         self._hosts_at_end = [h for h in per_host[-1][1] if h]
         self._host_names_in_use = ([n for n in hosts.declared if n in in_use[0]] or [hosts.name],
@@ -310,11 +372,14 @@ class ParityCheck:
         self._hosts_per_name = {side: {n: len(found) for n, found in names.items()}
                                 for side, names in zip(("source", "target"), per_name, strict=True)}
         limit = self.policy.max_missing_series_ratio
-        host = coverage_measurement(per_host, max_missing_ratio=limit, queries=[expr], name="host_coverage",
+        host = coverage_measurement(per_host, max_missing_ratio=limit, queries=queries, name="host_coverage",
                                     key="host", key_label=hosts.name, under_variants=under)
-        return [coverage_measurement(per_metric, max_missing_ratio=limit, queries=[expr], name="coverage",
-                                     key="metric"),
-                self._with_hosts_per_name(host)]
+        both = [coverage_measurement(per_metric, max_missing_ratio=limit, queries=queries, name="coverage",
+                                     key="metric"), self._with_hosts_per_name(host)]
+        if wide is not None:
+            for m in both:
+                m.numbers["edge_credited_series"] = credited
+        return both
 
     def _with_hosts_per_name(self, m: Measurement) -> Measurement:
         """``m`` with how many hosts each side sends under each name of the host label (declared ones always)."""
@@ -344,6 +409,7 @@ class ParityCheck:
         # give it (the source's, counted for both sides): the noise model's floor of expected difference.
         model_var: dict[str, dict[str, float]] = {}
         edge_share: dict[str, dict[str, float]] = {}
+        reads: dict[str, dict[str, float]] = {}
         try:
             for metric in self._metric_names(start, end):
                 fn = "sum_over_time"
@@ -373,16 +439,18 @@ class ParityCheck:
                     own = count_hosts(((s.labels, s.points[0][1]) for s in self.source.query(noise_expr, at=end)
                                        .series), hosts)[0]
                     model_var[f"{fn} {metric}"] = {h: 2 * v for h, v in own.items() if math.isfinite(v)}
-                if fn == "rate":
+                if independent:
                     count_expr = f"avg by ({by}) (count_over_time({sel}[{span}]))"
                     queries.append(count_expr)
                     counts = count_hosts(((s.labels, s.points[0][1]) for s in self.source.query(count_expr, at=end)
                                           .series), hosts)[0]
-                    edge_share[f"{fn} {metric}"] = {h: 2 / c for h, c in counts.items() if c > 1}
+                    reads[f"{fn} {metric}"] = counts
+                    if fn == "rate":
+                        edge_share[f"{fn} {metric}"] = {h: 2 / c for h, c in counts.items() if c > 1}
         except PrometheusError as exc:
             return Measurement("aggregates", Verdict.ERROR, str(exc), tuple(queries))
         if independent:
-            return independent_aggregate_measurement(rows, model_var=model_var, edge_share=edge_share,
+            return independent_aggregate_measurement(rows, model_var=model_var, edge_share=edge_share, reads=reads,
                                                      abs_tol=self.policy.abs_tolerance,
                                                      rel_tol=self.policy.rel_tolerance, queries=queries,
                                                      explained=explained)
@@ -490,11 +558,12 @@ class ParityCheck:
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (raw,))
         if isinstance(fit, WindowShortfall):
             return Measurement(name, Verdict.INCONCLUSIVE, fit.reason, (raw,), {"wait_s": fit.wait_s})
-        read = dropped_labels_read(fit.expr, self.group.drop_labels)
+        read = dropped_label_uses(fit.expr, self.group.drop_labels)
         if read:
-            return Measurement(name, Verdict.FAILED, f"reads {', '.join(read)}, which the group drops (drop_labels): "
+            how = ", ".join(f"{label} ({use})" for label, use in read.items())
+            return Measurement(name, Verdict.FAILED, f"reads {how}, which the group drops (drop_labels): "
                                f"the target has no such label, so this query cannot answer as on the source",
-                               (fit.expr,), {"dropped_labels_read": read})
+                               (fit.expr,), {"dropped_labels_read": list(read)})
         # A declared rename: a fleet may be part-way through it, so each side reads every series under either
         # name, normalised to one (the dashboard's), and the same query is asked of both.
         renames = tuple(self.policy.rename_labels)
@@ -504,10 +573,12 @@ class ParityCheck:
         except PromQLError as exc:
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (fit.expr,))
         queries = asked
+        edges = self._edges(fit.start, fit.end)  # independent_scraper: read past the window to see its gaps
+        low, high = edges["grid"][:2] if edges else (fit.start, fit.end)
 
         def answer(client: PrometheusClient, asked: str) -> GoldenSide:
             try:
-                res = client.query_range(asked, start=fit.start, end=fit.end, step=step)
+                res = client.query_range(asked, start=low, end=high, step=step)
             except PrometheusError as exc:
                 text = str(exc).removeprefix(f"{exc.base_url}: ")
                 return GoldenSide(error=text, http_status=exc.http_status, kind=exc.kind)
@@ -532,10 +603,15 @@ class ParityCheck:
         except PrometheusError as exc:
             return Measurement(name, Verdict.ERROR, f"counting the series behind the query failed: {exc}", (queries,))
         behind = (sum(c[0] for c in counts[:len(group_selectors)]), sum(c[1] for c in counts[:len(group_selectors)]))
+        # A pair declared as different engines: the query's function family may round differently (said so).
+        rel_tol, widened = engine_tolerance(functions_used(fit.expr), engines=self.policy.engines,
+                                            rel_tol=max(self.policy.rel_tolerance, 1e-9))
         m = golden_comparison(name, queries, source.series or {}, target.series or {}, behind=behind,
-                              abs_tol=self.policy.abs_tolerance, rel_tol=max(self.policy.rel_tolerance, 1e-9),
+                              abs_tol=self.policy.abs_tolerance, rel_tol=rel_tol,
                               answers_without_series=fit.analysis.answers_without_series, noise_k=self.noise_k,
-                              numbers={"window": fit.to_dict(), "selectors": [s.promql() for s in group_selectors]})
+                              **edges,
+                              numbers={"window": fit.to_dict(), "selectors": [s.promql() for s in group_selectors],
+                                       **({"tolerance": widened} if widened else {})})
         lacking = [sel.promql() for sel, (src, tgt) in zip(others, counts[len(group_selectors):], strict=True)
                    if src and not tgt]
         note = undeclared_rename_note(self._undeclared, self.group.host_label) if self._undeclared else None
@@ -631,7 +707,8 @@ class ParityCheck:
         if host_names is None:
             host_names = (self.host_labels.declared, self.host_labels.declared)
         comparison = SampleComparison(abs_tol=self.policy.abs_tolerance, rel_tol=self.policy.rel_tolerance,
-                                      noise_k=self.noise_k, host_labels=self.host_labels.declared)
+                                      noise_k=self.noise_k, host_labels=self.host_labels.declared,
+                                      **self._edges(start, end))
         rename = dict(self.policy.rename_labels)
         errors: list[str] = []
         consecutive = 0
@@ -669,8 +746,10 @@ class ParityCheck:
 
         def fetch(client: PrometheusClient, exprs: list[str]) -> dict[Any, Any]:
             side: dict[Any, Any] = {}
+            # independent_scraper: read past the window by the edge allowance, so a gap just outside it is seen.
+            low, high = comparison.grid[:2] if comparison.grid else (start, end)
             for expr in exprs:
-                res = client.query_range(expr, start=start, end=end, step=step)
+                res = client.query_range(expr, start=low, end=high, step=step)
                 side.update({normalize_labels(s.labels, ignore=self.policy.ignore_labels, rename=rename): s.points
                              for s in res.series})
             return side
@@ -716,6 +795,15 @@ class ParityCheck:
                 # The functions drop the metric name; put a tagged one back so series stay distinct.
                 out.append(f'label_replace({inner}, "__name__", {promql_string(tag)}, "", "")')
         return out
+
+    def _edges(self, start: float, end: float) -> dict[str, Any]:
+        """independent_scraper: the window's grid and how near a gap a point may be missing on the other side."""
+        if self.policy.mode == "dual_write":
+            return {}
+        step = self.policy.step_s
+        edge = edge_allowance(self._scrape_interval or step, step)
+        pad = math.ceil(edge / step) * step
+        return {"grid": (start - pad, end + pad, step), "span": (start, end), "edge_s": edge}
 
     @property
     def noise_k(self) -> float:
@@ -784,7 +872,15 @@ class ParityCheck:
 
     def _plan(self, *, dual_write_since: float, now: float, started: float, before: list[dict[str, float]]
               ) -> ParityPlan:
-        window = self.window(dual_write_since=dual_write_since, now=now)
+        try:
+            interval, interval_from = self.source_scrape_interval(dual_write_since, now)
+        except PrometheusError as exc:
+            return ParityPlan(None, (Measurement("window", Verdict.ERROR, f"the source's scrape interval: {exc}"),),
+                              cost=self._cost(started, before))
+        self._scrape_interval = interval
+        step, step_note = comparison_step(self.policy.step_s, interval)
+        self._use_step(step)
+        window = self.window(dual_write_since=dual_write_since, now=now, scrape_interval_s=interval)
         if window is None:
             m = Measurement("window", Verdict.INCONCLUSIVE,
                             f"dual-write too short: nothing older than {self.policy.skip_recent_s:.0f}s to compare")
@@ -813,19 +909,25 @@ class ParityCheck:
                 measurements.append(Measurement("samples", Verdict.ERROR, str(exc)))
                 hosts = []
         for i in range(0, len(hosts), size):
-            shard: dict[str, Any] = {"hosts": hosts[i:i + size], "start": start, "end": end}
+            shard: dict[str, Any] = {"hosts": hosts[i:i + size], "start": start, "end": end, "step": step,
+                                     "scrape_interval_s": interval}
             if names is not None:
                 shard["host_names"] = [list(names[0]), list(names[1])]
             if kinds is not None:
                 shard["metric_kinds"] = kinds
             shards.append(shard)
-        return ParityPlan(ParityWindow(start, end, self.policy.step_s), tuple(measurements), tuple(shards),
+        return ParityPlan(ParityWindow(start, end, step, interval, interval_from, step_note), tuple(measurements),
+                          tuple(shards),
                           len(hosts), self._cost(started, before), golden_inventory)
 
     def compare_shard(self, shard: dict[str, Any]) -> dict[str, Any]:
         """One mapped task's work: compare the shard's hosts; returns totals and what it cost."""
         started = time.perf_counter()
         before = [c.ledger.snapshot() for c in (self.source, self.target)]
+        if shard.get("step"):
+            self._use_step(float(shard["step"]))
+        if shard.get("scrape_interval_s"):
+            self._scrape_interval = float(shard["scrape_interval_s"])
         if shard.get("metric_kinds"):
             self._kinds = {name: dict(kind) for name, kind in shard["metric_kinds"].items()}
         try:

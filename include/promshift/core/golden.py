@@ -23,6 +23,7 @@ from promshift.core.promql import (
     Selector,
     analyse,
     grafana_builtins,
+    labels_depended_on,
     promql_string,
     rename_labels_in,
     substitute,
@@ -357,11 +358,21 @@ def _render(items: list[Any], new: str, old: str, forced: Mapping[int, bool]) ->
 
 
 def dropped_labels_read(expr: str, dropped: Sequence[str]) -> list[str]:
-    """The group's declared drops that ``expr`` names (matcher, ``by``/``without``, ``on``/``ignoring``, ...).
+    """The group's declared drops that ``expr``'s answer could depend on (``core.promql.labels_depended_on``).
 
-    The target has no such label, so a query reading one cannot give the source's answer there.
+    Matched in a selector, grouped ``by``, joined ``on``/``ignoring``, copied by ``group_left``/``group_right``,
+    written by ``count_values`` or named by ``label_replace``/``label_join``: the target has no such label, so
+    the query cannot answer there as on the source. A drop only removed (``max without (UUID) (...)``, or an
+    aggregation without grouping) reads nothing the target lacks: both sides answer without it.
     """
-    return [n for n in dropped if rename_labels_in(expr, {n: "__promshift_probe"}) != expr]
+    used = labels_depended_on(expr)
+    return [n for n in dropped if n in used]
+
+
+def dropped_label_uses(expr: str, dropped: Sequence[str]) -> dict[str, str]:
+    """Each declared drop ``expr`` depends on, with how (``"grouped by"``, ``"matched"``, ...)."""
+    used = labels_depended_on(expr)
+    return {n: used[n] for n in dropped if n in used}
 
 
 def read_either_name(expr: str, renames: Sequence[tuple[str, str]]) -> str:

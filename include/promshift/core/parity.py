@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from promshift.core.durations import parse_duration
 from promshift.core.errors import ErrorKind
 from promshift.core.evidence import json_number, json_safe, number_from_json
+from promshift.core.inputs import CONFIG, parse_yaml_bounded
 from promshift.core.verdicts import Layer, Measurement, Verdict
 
 LabelSet = tuple[tuple[str, str], ...]
@@ -37,6 +40,51 @@ def comparison_window(*, dual_write_since: float, now: float, skip_recent_s: flo
     """
     start, end = align_window(dual_write_since + settle_s, now - skip_recent_s, step)
     return (start, end) if end > start else None
+
+
+def scrape_interval_of(config_text: str, jobs: Iterable[str]) -> tuple[float, str]:
+    """The longest scrape interval of ``jobs`` in a Prometheus config, and where it came from.
+
+    A job's own ``scrape_interval``, else the config's global one, else Prometheus' default (1 m). A job the
+    config does not name (federated, or renamed by relabelling) counts with the global interval. No job at
+    all: the global interval. Raises ``InputRefused``/``ValueError`` on a config that cannot be read.
+    """
+    doc = parse_yaml_bounded(config_text, CONFIG) or {}
+    if not isinstance(doc, dict):
+        raise ValueError("the source's config is not a mapping")
+    glob = doc.get("global") if isinstance(doc.get("global"), dict) else {}
+    default = parse_duration(str(glob.get("scrape_interval") or "1m"))
+    per_job: dict[str, float] = {}
+    for job in doc.get("scrape_configs") or []:
+        if isinstance(job, dict) and job.get("job_name"):
+            own = job.get("scrape_interval")
+            per_job[str(job["job_name"])] = parse_duration(str(own)) if own else default
+    wanted = sorted(set(jobs))
+    if not wanted:
+        return default, f"global scrape_interval {default:g}s (no job label on the group's series)"
+    found = {j: per_job.get(j, default) for j in wanted}
+    job = max(found, key=lambda j: (found[j], j))
+    where = f"job {job!r}" if job in per_job else f"global (job {job!r} not in the config)"
+    return found[job], f"scrape_interval {found[job]:g}s of {where}"
+
+
+def comparison_step(step_s: float, scrape_interval_s: float | None) -> tuple[float, str | None]:
+    """The step parity compares at: the catalog's, raised to the source's scrape interval when below it.
+
+    Below one scrape interval an instant can fall where the source answers from a sample older than the
+    step, which the target (or the other scraper) may not hold: a step is never below the interval.
+    Returns the step and, when raised, the sentence that says so in the evidence.
+    """
+    if scrape_interval_s is None or step_s >= scrape_interval_s:
+        return step_s, None
+    return scrape_interval_s, (f"step raised from {step_s:g}s to {scrape_interval_s:g}s: below the source's scrape "
+                               f"interval an instant can read a sample the other side does not hold")
+
+
+def settle_time(step_s: float, scrape_interval_s: float | None = None) -> float:
+    """How long after dual-write began the first compared instant may be: two steps, and at least one scrape
+    interval plus a step (the source's newest sample at that instant was scraped after dual-write began)."""
+    return max(2 * step_s, (scrape_interval_s or 0.0) + step_s)
 
 
 def sample_hosts(hosts: Iterable[str], k: int, seed: str) -> list[str]:
@@ -213,6 +261,42 @@ def undeclared_rename_note(under: tuple[Mapping[str, Iterable[str]], Mapping[str
     return "; ".join(parts) or None
 
 
+# The relative tolerance of a compared query per function family, when the pair is declared as different engines
+# (``parity.engines: different``). The same engine (dual-write from one Prometheus into Prometheus or AMP, which
+# runs Prometheus' engine) computes the same floats: the catalog's tolerance (1e-9 by default) stands. Different
+# engines agree on these functions only to the rounding of their arithmetic: measured on VictoriaMetrics, ``deriv``
+# differed from Prometheus by 1.9e-9 relative (issue 39); least squares, variances, quantile interpolation and
+# smoothing all sum products in an order of their own. 1e-6 is a thousand times that and still a millionth of the
+# value: a real difference (a lost sample, a 0.1 % drift) stays far beyond it. Functions whose meaning differs
+# between engines (VictoriaMetrics' ``rate`` does not extrapolate) are not rounding: no tolerance makes them agree.
+ENGINE_ROUNDING: dict[str, tuple[frozenset[str], float]] = {
+    "regression": (frozenset({"deriv", "predict_linear"}), 1e-6),
+    "variance": (frozenset({"stddev", "stdvar", "stddev_over_time", "stdvar_over_time"}), 1e-6),
+    "quantile": (frozenset({"quantile", "quantile_over_time", "histogram_quantile"}), 1e-6),
+    "smoothing": (frozenset({"holt_winters", "double_exponential_smoothing"}), 1e-6),
+    "summation": (frozenset({"sum", "avg", "sum_over_time", "avg_over_time"}), 1e-8),
+}
+
+
+def engine_tolerance(functions: Iterable[str], *, engines: str, rel_tol: float) -> tuple[float, dict[str, Any] | None]:
+    """The relative tolerance a query calling ``functions`` is compared with, and why when it is not ``rel_tol``.
+
+    Same engines: ``rel_tol``. Different engines: the widest of ``ENGINE_ROUNDING``'s families the query calls (never
+    below ``rel_tol``), recorded with the functions and the reason.
+    """
+    if engines != "different":
+        return rel_tol, None
+    used = set(functions)
+    hits = {family: (sorted(names & used), tol) for family, (names, tol) in ENGINE_ROUNDING.items() if names & used}
+    widest = max((tol for _, tol in hits.values()), default=0.0)
+    if widest <= rel_tol:
+        return rel_tol, None
+    family = next(f for f, (_, tol) in hits.items() if tol == widest)
+    return widest, {"rel_tolerance": widest, "family": family, "functions": hits[family][0],
+                    "reason": f"parity.engines: different: {', '.join(hits[family][0])} ({family}) round differently "
+                              f"between engines; {widest:g} relative instead of {rel_tol:g}"}
+
+
 def values_equal(a: float, b: float, *, abs_tol: float, rel_tol: float) -> bool:
     """Equal within tolerance; NaN equals NaN, infinities equal only themselves."""
     if math.isnan(a) or math.isnan(b):
@@ -253,6 +337,33 @@ def successive_spread(points: Points) -> float:
         return 0.0
     mean = sum(diffs) / len(diffs)
     return math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+
+
+def _either(a: Callable[[float], bool], b: Callable[[float], bool]) -> Callable[[float], bool]:
+    return lambda t: a(t) or b(t)
+
+
+def pooled_spreads(source: Mapping[LabelSet, Points], target: Mapping[LabelSet, Points]) -> dict[str, float]:
+    """Per metric, the median successive-difference spread of the batch's series that have one (three values or
+    more, on the side with the larger): the noise of a series too short to show its own (a host that was down for
+    most of the window), as its siblings read on the same scrapers show it."""
+    per_metric: dict[str, list[float]] = {}
+    for labels, points in source.items():
+        other = target.get(labels, ())
+        own = [successive_spread(p) for p in (points, other) if _finite_count(p) >= 3]
+        if own:
+            per_metric.setdefault(dict(labels).get("__name__", ""), []).append(max(own))
+    return {m: sorted(v)[len(v) // 2] for m, v in per_metric.items()}
+
+
+def _finite_count(points: Points) -> int:
+    return sum(1 for _, v in points if math.isfinite(v))
+
+
+def _own_spread(src: Points, tgt: Points, pooled: float) -> tuple[float, float]:
+    """Each side's successive-difference spread; a side with fewer than three values has none of its own and
+    takes ``pooled`` (its metric's, from ``pooled_spreads``)."""
+    return tuple(successive_spread(p) if _finite_count(p) >= 3 else pooled for p in (src, tgt))  # type: ignore[return-value]
 
 
 def _mean_step(points: Points) -> float:
@@ -326,6 +437,30 @@ def describe_bias(findings: Sequence[Mapping[str, Any]], limit: int = 3) -> str:
     return "; ".join(parts) + more
 
 
+def edge_allowance(scrape_interval_s: float, step_s: float) -> float:
+    """How far from a gap in one side's series a point may be missing on the other, for two independent scrapers.
+
+    Their phases differ by less than one scrape interval, so each sees an outage begin and end up to one
+    interval apart; a sample counts in the step bucket it falls in, which rounds that to the grid (one step).
+    """
+    return scrape_interval_s + step_s
+
+
+def near_gap(points: Points, grid: tuple[float, float, float], within_s: float) -> Callable[[float], bool]:
+    """A test: is an instant within ``within_s`` of an instant of ``grid`` (start, end, step) where ``points``
+    has no value? Points off the grid count as present where they fall."""
+    start, end, step = grid
+    have = {round(t, 3) for t, _ in points}
+    n = int(round((end - start) / step)) if step > 0 else -1
+    gaps = [start + k * step for k in range(n + 1) if round(start + k * step, 3) not in have]
+
+    def test(t: float) -> bool:
+        i = bisect.bisect_left(gaps, t - within_s - 1e-6)
+        return i < len(gaps) and gaps[i] <= t + within_s + 1e-6
+
+    return test
+
+
 def format_labels(labels: LabelSet) -> str:
     name = dict(labels).get("__name__", "")
     rest = ",".join(f'{k}="{v}"' for k, v in labels if k != "__name__")
@@ -344,14 +479,40 @@ class SampleComparison:
     noise_k: float = 0.0
     # The names of the host label, to key the bias model per host (none: per metric only).
     host_labels: tuple[str, ...] = ()
+    # independent_scraper: the window's grid (start, end, step) and how far from a gap in a series a point may be
+    # missing on the other side (``edge_allowance``: one scrape interval, the most two scrapers' phases differ,
+    # and a step, the bucket a sample rounds into). 0: every missing point counts.
+    grid: tuple[float, float, float] | None = None
+    edge_s: float = 0.0
+    # The compared window inside ``grid`` (None: all of it): points beyond it only show where a gap is.
+    span: tuple[float, float] | None = None
     series_compared: int = 0
     points_compared: int = 0
     mismatches: int = 0
     missing_points: int = 0
     missing_series: int = 0
     extra_series: int = 0
+    # Points (and whole series) one side lacks next to a gap in the other side's series: the scrapers' noise.
+    edge_points: int = 0
+    edge_series: int = 0
     offenders: list[dict[str, Any]] = field(default_factory=list)
     bias_stats: dict[str, list[float]] = field(default_factory=dict)
+
+    def _inside(self, side: Mapping[LabelSet, Points]) -> dict[LabelSet, Points]:
+        assert self.span is not None
+        low, high = self.span
+        out = {labels: [p for p in points if low - 1e-6 <= p[0] <= high + 1e-6] for labels, points in side.items()}
+        return {labels: points for labels, points in out.items() if points}
+
+    @property
+    def judges_edges(self) -> bool:
+        return bool(self.noise_k and self.edge_s > 0 and self.grid)
+
+    def _at_edge(self, points: Points) -> Callable[[float], bool]:
+        """Whether an instant is within ``edge_s`` of a grid instant where ``points`` has no value (a scrape gap,
+        a staleness marker, a restart: whatever left the series without a sample there)."""
+        assert self.grid is not None
+        return near_gap(points, self.grid, self.edge_s)
 
     def _offend(self, labels: LabelSet, problem: str, **numbers: Any) -> None:
         if len(self.offenders) < self.max_offenders:
@@ -360,8 +521,21 @@ class SampleComparison:
 
     def add(self, source: Mapping[LabelSet, Points], target: Mapping[LabelSet, Points]) -> None:
         """Compare one batch (e.g. one host) of normalized series from both sides."""
+        pooled = pooled_spreads(source, target) if self.noise_k else {}
+        # Each side's gaps, read on the whole grid; points are compared only inside the window (``span``).
+        src_gaps = {labels: self._at_edge(points) for labels, points in source.items()} if self.judges_edges else {}
+        tgt_gaps = {labels: self._at_edge(points) for labels, points in target.items()} if self.judges_edges else {}
+        if self.span is not None and self.judges_edges:
+            source, target = self._inside(source), self._inside(target)
         for labels, src_points in source.items():
             tgt_points = target.get(labels)
+            at_edge = src_gaps.get(labels)
+            if tgt_points is None and at_edge is not None and all(at_edge(t) for t, _ in src_points):
+                # The source holds this series only next to its own gaps (a host going down or coming back):
+                # the other scraper saw that edge a little earlier or later.
+                self.edge_series += 1
+                self.edge_points += len(src_points)
+                continue
             if tgt_points is None:
                 self.missing_series += 1
                 self.missing_points += len(src_points)
@@ -369,14 +543,18 @@ class SampleComparison:
                 continue
             self.series_compared += 1
             tgt_by_t = {round(t, 3): v for t, v in tgt_points}
-            bad = missing = 0
+            bad = missing = edge = 0
             worst_delta = 0.0
-            noise = (self.noise_k * max(successive_spread(src_points), successive_spread(tgt_points))
-                     if self.noise_k else 0.0)
+            spreads = (_own_spread(src_points, tgt_points, pooled.get(dict(labels).get("__name__", ""), 0.0))
+                       if self.noise_k else (0.0, 0.0))
+            noise = self.noise_k * max(spreads)
             for t, v in src_points:
                 tv = tgt_by_t.get(round(t, 3))
                 if tv is None:
-                    missing += 1
+                    if at_edge is not None and at_edge(t):
+                        edge += 1
+                    else:
+                        missing += 1
                     continue
                 self.points_compared += 1
                 if not values_equal(v, tv, abs_tol=self.abs_tol + noise, rel_tol=self.rel_tol):
@@ -385,20 +563,32 @@ class SampleComparison:
                         worst_delta = max(worst_delta, abs(v - tv))
             self.mismatches += bad
             self.missing_points += missing
+            self.edge_points += edge
             if self.noise_k:
-                self._add_bias(labels, src_points, tgt_points, tgt_by_t)
+                edge_test = _either(at_edge, tgt_gaps[labels]) if at_edge is not None else None
+                self._add_bias(labels, src_points, tgt_points, tgt_by_t, spreads, edge_test)
             if bad or missing:
                 self._offend(labels, "values differ" if bad else "points missing on target",
                              mismatched_points=bad, missing_points=missing, max_abs_delta=worst_delta)
         for labels in target.keys() - source.keys():
+            own = tgt_gaps.get(labels)
+            if own is not None and all(map(own, (t for t, _ in target[labels]))):
+                self.edge_series += 1  # only next to the target's own gaps: the source saw the edge apart
+                continue
             self.extra_series += 1
             self._offend(labels, "only on target")
 
     def _add_bias(self, labels: LabelSet, src_points: Points, tgt_points: Points,
-                  tgt_by_t: Mapping[float, float]) -> None:
+                  tgt_by_t: Mapping[float, float], spreads: tuple[float, float],
+                  at_edge: Callable[[float], bool] | None = None) -> None:
+        """Add one series to the bias model. A point next to a gap on either side (``at_edge``) is left out of
+        the mean: its step bucket holds fewer samples than the others (as few as one read, or a rate over two),
+        so its value is as noisy as its existence; the point screen still judges it."""
         diffs, scale = [], 0.0
         for t, v in src_points:
             tv = tgt_by_t.get(round(t, 3))
+            if at_edge is not None and at_edge(t):
+                continue
             if tv is not None and math.isfinite(v) and math.isfinite(tv):
                 diffs.append(tv - v)
                 scale += abs(v)
@@ -407,7 +597,7 @@ class SampleComparison:
         p = len(diffs)
         d = sum(diffs) / p
         # One read's variance is half the variance of successive differences; each side reads once per point.
-        model = (successive_spread(src_points) ** 2 + successive_spread(tgt_points) ** 2) / 2 / p
+        model = (spreads[0] ** 2 + spreads[1] ** 2) / 2 / p
         row = (1.0, d, d * d, model, max(_mean_step(src_points), _mean_step(tgt_points)), scale / p)
         as_dict = dict(labels)
         metric = as_dict.get("__name__", "")
@@ -424,11 +614,13 @@ class SampleComparison:
         return bias_findings(self.bias_stats, abs_tol=self.abs_tol, rel_tol=self.rel_tol)[0]
 
     COUNTS = ("series_compared", "points_compared", "mismatches", "missing_points", "missing_series",
-              "extra_series")
+              "extra_series", "edge_points", "edge_series")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe totals, so shards (mapped tasks) can hand them to a reducer."""
         out = {**{k: getattr(self, k) for k in self.COUNTS}, "offenders": list(self.offenders)}
+        if self.judges_edges:
+            out["edge_s"] = self.edge_s
         if self.bias_stats:
             out["bias_stats"] = {k: list(v) for k, v in self.bias_stats.items()}
         return out
@@ -437,6 +629,8 @@ class SampleComparison:
         """Add one shard's totals (from ``to_dict``) into this comparison."""
         for k in self.COUNTS:
             setattr(self, k, getattr(self, k) + int(shard.get(k, 0)))
+        if shard.get("edge_s") and not self.edge_s:
+            self.edge_s = float(shard["edge_s"])
         room = self.max_offenders - len(self.offenders)
         self.offenders.extend(list(shard.get("offenders", []))[:max(0, room)])
         for key, row in (shard.get("bias_stats") or {}).items():
@@ -454,6 +648,8 @@ class SampleComparison:
             "extra_series": self.extra_series,
             "worst": list(self.offenders),
         }
+        if self.noise_k and self.edge_s > 0:
+            numbers["edges"] = {"points": self.edge_points, "series": self.edge_series, "within_s": self.edge_s}
         findings: list[dict[str, Any]] = []
         # Independent scrapers: single points beyond the jitter are expected now and then (OUTLIER_SHARE);
         # a systematic difference is the bias model's to find.
@@ -481,10 +677,12 @@ class SampleComparison:
             return Measurement("samples", Verdict.INCONCLUSIVE, "no points to compare in the window",
                                tuple(queries), numbers)
         if self.noise_k:
+            edges = (f"; {self.edge_points} points missing on one side within {self.edge_s:g}s of a gap on the "
+                     f"other (a scrape the other scraper missed at an outage's edge)" if self.edge_points else "")
             return Measurement("samples", Verdict.SUCCESSFUL,
                                f"{self.points_compared} points in {self.series_compared} series agree within the two "
                                f"scrapers' own noise ({len(numbers['noise_model']['per_metric'])} metrics, no bias "
-                               f"beyond {BIAS_K:g} standard errors)", tuple(queries), numbers)
+                               f"beyond {BIAS_K:g} standard errors){edges}", tuple(queries), numbers)
         return Measurement("samples", Verdict.SUCCESSFUL,
                            f"{self.points_compared} points in {self.series_compared} series identical "
                            f"within tolerance", tuple(queries), numbers)
@@ -565,6 +763,32 @@ def coverage_measurement(counts: Sequence[tuple[float, Mapping[str, float], Mapp
     return Measurement(name, Verdict.SUCCESSFUL,
                        f"series counts of {numbers['keys']} {key}s match at {len(counts)} instants",
                        tuple(queries), numbers)
+
+
+Counts = Mapping[Any, float]
+
+
+def credit_edges(narrow: tuple[Counts, Counts], wide: tuple[Counts, Counts]
+                 ) -> tuple[dict[Any, float], dict[Any, float], int]:
+    """Series counts at one instant of two independent scrapers, with their outages' edges counted as noise.
+
+    ``narrow`` (source, target) are the counts at the instant, ``wide`` the series with a sample within the
+    edge allowance around it (``edge_allowance``: the other scraper saw the same outage begin or end up to one
+    scrape interval apart). A side short at the instant is credited from its wide count up to the other side's
+    count at the instant: a host missing on the target for longer than the allowance stays missing, and one only
+    on the target stays extra. Returns both sides' counts and how many series were credited.
+    """
+    (src, tgt), (src_wide, tgt_wide) = narrow, wide
+    out_src, out_tgt, credited = dict(src), dict(tgt), 0
+    for key in set(src) | set(tgt):
+        s, g = src.get(key, 0.0), tgt.get(key, 0.0)
+        if g < s:
+            out_tgt[key] = max(g, min(tgt_wide.get(key, 0.0), s))
+            credited += int(out_tgt[key] - g)
+        elif s < g:
+            out_src[key] = max(s, min(src_wide.get(key, 0.0), g))
+            credited += int(out_src[key] - s)
+    return out_src, out_tgt, credited
 
 
 def _some(keys: Sequence[str], key: str) -> str:
@@ -786,13 +1010,16 @@ def _clip(text: str | None, limit: int = 400) -> str | None:
 def golden_comparison(name: str, expr: str, source: Mapping[LabelSet, Points], target: Mapping[LabelSet, Points],
                       *, behind: tuple[float, float], abs_tol: float, rel_tol: float,
                       answers_without_series: bool = False, numbers: Mapping[str, Any] | None = None,
-                      noise_k: float = 0.0) -> Measurement:
+                      noise_k: float = 0.0, grid: tuple[float, float, float] | None = None,
+                      span: tuple[float, float] | None = None, edge_s: float = 0.0) -> Measurement:
     """Compare a golden query's answers, counting them only with the group's series behind them.
 
     ``behind`` is (source, target) series of the group that the query's selectors read in its
     window. Nothing behind it on the source: INCONCLUSIVE ("no data behind this query"). Nothing
     on the target: a different answer FAILS, the same answer is INCONCLUSIVE (it cannot tell).
-    A difference only in ``__name__`` (kept by one backend, dropped by the other) is named.
+    A difference only in ``__name__`` (kept by one backend, dropped by the other) is named. ``grid``, ``span``
+    and ``edge_s`` (independent scrapers, ``SampleComparison``'s): a point one side lacks next to a gap on the
+    other is their noise.
     """
     queries = (expr,)
     extra = {**(numbers or {}), "behind_source": behind[0], "behind_target": behind[1],
@@ -802,12 +1029,14 @@ def golden_comparison(name: str, expr: str, source: Mapping[LabelSet, Points], t
                            "this group's series on the source in its window", queries, extra)
     if not source and not target:
         return Measurement(name, Verdict.INCONCLUSIVE, "matches nothing on either side", queries, extra)
-    comparison = SampleComparison(abs_tol=abs_tol, rel_tol=rel_tol, noise_k=noise_k)
+    comparison = SampleComparison(abs_tol=abs_tol, rel_tol=rel_tol, noise_k=noise_k, grid=grid, span=span,
+                                  edge_s=edge_s)
     comparison.add(source, target)
     m = comparison.measurement([expr])
     numbers_out = {**m.numbers, **extra}
     if m.verdict == Verdict.FAILED and (comparison.missing_series or comparison.extra_series):
-        unnamed = SampleComparison(abs_tol=abs_tol, rel_tol=rel_tol, noise_k=noise_k)
+        unnamed = SampleComparison(abs_tol=abs_tol, rel_tol=rel_tol, noise_k=noise_k, grid=grid, span=span,
+                                  edge_s=edge_s)
         unnamed.add(_without_name(source), _without_name(target))
         if unnamed.measurement([expr]).verdict == Verdict.SUCCESSFUL and len(source) == len(target):
             keeps = "source" if any(dict(k).get("__name__") for k in source) else "target"
@@ -841,15 +1070,26 @@ class ParityWindow:
     start: float
     end: float
     step: float
+    # The source's scrape interval for the group's jobs (its config; None: not read) and where it came from,
+    # and why the step differs from the catalog's when it was raised to it.
+    scrape_interval_s: float | None = None
+    interval_from: str | None = None
+    step_note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "end": self.end, "step": self.step}
+        out: dict[str, Any] = {"start": self.start, "end": self.end, "step": self.step}
+        for key in ("scrape_interval_s", "interval_from", "step_note"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> ParityWindow | None:
         if not d:
             return None
-        return cls(float(d["start"]), float(d["end"]), float(d["step"]))
+        interval = d.get("scrape_interval_s")
+        return cls(float(d["start"]), float(d["end"]), float(d["step"]),
+                   float(interval) if interval is not None else None, d.get("interval_from"), d.get("step_note"))
 
 
 @dataclass(frozen=True)
@@ -1002,9 +1242,19 @@ def _robust_sd(values: Sequence[float]) -> float:
     return 1.4826 * dev[len(dev) // 2]
 
 
+def _few_reads_variance(model_var: Mapping[str, float], reads: Mapping[str, float]) -> dict[str, float]:
+    """Per host with fewer than three reads in the window, the pooled per-read variance over its reads."""
+    per_read = sorted(v * reads[h] for h, v in model_var.items() if reads.get(h, 0.0) >= 3)
+    if not per_read:
+        return {}
+    pooled = per_read[len(per_read) // 2]
+    return {h: pooled / max(n, 1.0) for h, n in reads.items() if n < 3}
+
+
 def independent_aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, float], Mapping[str, float]]], *,
                                       model_var: Mapping[str, Mapping[str, float]],
                                       edge_share: Mapping[str, Mapping[str, float]] | None = None,
+                                      reads: Mapping[str, Mapping[str, float]] | None = None,
                                       abs_tol: float, rel_tol: float, queries: Sequence[str],
                                       explained: Iterable[str] = (), k: float = BIAS_K) -> Measurement:
     """Per-host window aggregates of two independent scrapers, judged against their own noise.
@@ -1019,9 +1269,13 @@ def independent_aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, flo
     own clock gives, 2 / samples in the window). A metric whose mean and median difference over the
     hosts are beyond its standard error (the larger of the model's and the hosts' own spread over
     the square root of their number) is named as biased; otherwise a host beyond its own
-    allowance is named with the metric.
+    allowance is named with the metric. ``reads`` (``reads[what][host]``: the source's samples per series
+    in the window): a host with fewer than three (down for most of the window, at an outage's edge) cannot
+    show its own spread, so its model variance is at least its siblings' per-read variance (the median over
+    the hosts that can) over its own reads.
     """
     edge_share = edge_share or {}
+    reads = reads or {}
     compared = 0
     biased: list[dict[str, Any]] = []
     hosts_off: dict[str, list[str]] = {}
@@ -1034,11 +1288,12 @@ def independent_aggregate_measurement(rows: Sequence[tuple[str, Mapping[str, flo
         compared += len(common)
         diffs = {h: tgt[h] - src[h] for h in common}
         across = _robust_sd(list(diffs.values())) ** 2
+        few = _few_reads_variance(model_var.get(what, {}), reads.get(what, {}))
         allowed: dict[str, float] = {}
         variances: dict[str, float] = {}
         for h in common:
             scale = max(abs(src[h]), abs(tgt[h]))
-            variances[h] = max(model_var.get(what, {}).get(h, 0.0), across)
+            variances[h] = max(model_var.get(what, {}).get(h, 0.0), across, few.get(h, 0.0))
             edge = edge_share.get(what, {}).get(h, 0.0) * scale
             allowed[h] = abs_tol + rel_tol * scale + edge + k * math.sqrt(variances[h])
         n = len(common)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -582,3 +582,78 @@ def restrict_nameless(expr: str, matcher: tuple[str, str, str], which: Any) -> s
     if analyse(rewritten).selectors != wanted:
         raise PromQLError(f"cannot restrict the selectors without a metric name in {expr!r}")
     return rewritten
+
+
+# --------------------------------------------------------------------------- which labels an answer depends on
+
+# Functions whose string arguments at these positions (0-based) name labels they read or write.
+_LABEL_NAME_ARGS = {"label_replace": (1, 3), "label_join": (1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+                    "sort_by_label": (1, 2, 3, 4, 5, 6, 7, 8), "sort_by_label_desc": (1, 2, 3, 4, 5, 6, 7, 8)}
+
+
+def labels_depended_on(expr: str) -> dict[str, str]:
+    """The label names ``expr``'s answer could depend on, each with how it is used.
+
+    A label is depended on when a selector matches on it, an aggregation groups ``by`` it, a binary
+    operator joins ``on``/``ignoring`` it or copies it with ``group_left``/``group_right``, ``count_values``
+    writes it, or ``label_replace``/``label_join`` (and ``sort_by_label``) name it. A label only removed
+    (``without``, or an aggregation without grouping, which drops every label) is not: the answer is the
+    same whether the series carried it or not. An expression that does not parse raises PromQLError.
+    """
+    found: dict[str, str] = {}
+
+    def note(label: str, how: str) -> None:
+        found.setdefault(label, how)
+
+    for node in _nodes(parse(expr)):
+        if isinstance(node, promql_parser.MatrixSelector):
+            node = node.vector_selector
+        if isinstance(node, promql_parser.VectorSelector):
+            for group in (node.matchers.matchers, *(node.matchers.or_matchers or ())):
+                for m in group:
+                    if m.name != "__name__":
+                        note(m.name, "matched")
+        elif isinstance(node, promql_parser.AggregateExpr):
+            modifier = node.modifier
+            if modifier is not None and modifier.type == promql_parser.AggModifierType.By:
+                for label in modifier.labels:
+                    note(label, "grouped by")
+            if str(node.op) == "count_values" and isinstance(node.param, promql_parser.StringLiteral):
+                note(node.param.val, "written by count_values")
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            matching = node.modifier.matching
+            if matching is not None:
+                way = "joined on" if matching.type == promql_parser.LabelModifierType.Include else "joined ignoring"
+                for label in matching.labels:
+                    note(label, way)
+            for label in node.modifier.group_labels or ():
+                note(label, "copied by group_left/group_right")
+        elif isinstance(node, promql_parser.Call) and node.func.name in _LABEL_NAME_ARGS:
+            positions = _LABEL_NAME_ARGS[node.func.name]
+            for i, arg in enumerate(node.args):
+                if i in positions and isinstance(arg, promql_parser.StringLiteral) and arg.val:
+                    note(arg.val, f"named by {node.func.name}")
+    return found
+
+
+def _nodes(node: Any) -> Iterator[Any]:
+    """``node`` and every node under it (a subquery's expression included)."""
+    yield node
+    if isinstance(node, promql_parser.SubqueryExpr):
+        yield from _nodes(node.expr)
+    for child in _children(node):
+        yield from _nodes(child)
+
+
+def functions_used(expr: str) -> set[str]:
+    """Every function and aggregation operator ``expr`` calls (``rate``, ``sum``, ``deriv``...).
+
+    An expression that does not parse raises PromQLError.
+    """
+    found: set[str] = set()
+    for node in _nodes(parse(expr)):
+        if isinstance(node, promql_parser.Call):
+            found.add(node.func.name)
+        elif isinstance(node, promql_parser.AggregateExpr):
+            found.add(str(node.op))
+    return found

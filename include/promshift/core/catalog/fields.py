@@ -17,6 +17,7 @@ from promshift.core.catalog.model import (
     _METRIC_NAME_RE,
     CONN_ID_MAX_LENGTH,
     NOTIFY_CHANNELS,
+    PARITY_ENGINES,
     PARITY_MODES,
     PROBE_ENCODINGS,
     BakePolicy,
@@ -479,6 +480,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
         ParityPolicy,
         {
             "mode": _Field("mode", _choice(PARITY_MODES)),
+            "engines": _Field("engines", _choice(PARITY_ENGINES)),
             "sample_hosts": _Field("sample_hosts", _integer(minimum=1)),
             "hosts_per_shard": _Field("hosts_per_shard", _integer(minimum=1)),
             "seed": _Field("seed", _optional_string),

@@ -14,6 +14,9 @@ from promshift.core.promql import promql_string
 
 ParityMode = Literal["dual_write", "independent_scraper"]
 PARITY_MODES: tuple[str, ...] = ("dual_write", "independent_scraper")
+# Whether the source and the target compute PromQL with the same engine (Prometheus and AMP, which runs
+# Prometheus' engine) or not (e.g. VictoriaMetrics): different engines round some functions differently.
+PARITY_ENGINES: tuple[str, ...] = ("same", "different")
 # What the latency probe asks for in Accept-Encoding: "identity" times the query (engine,
 # JSON, transfer) and not the server's gzip; "gzip" times what Grafana sees, compression included.
 PROBE_ENCODINGS: tuple[str, ...] = ("identity", "gzip")
@@ -87,6 +90,8 @@ class ParityPolicy:
     """
 
     mode: ParityMode = "dual_write"
+    # "different": the pair's engines round some function families differently (``core.parity.ENGINE_ROUNDING``).
+    engines: str = "same"
     sample_hosts: int = 5
     # Hosts compared per mapped task: more workers share a large check.
     hosts_per_shard: int = 8
