@@ -24,6 +24,7 @@ from promshift.local.stack.github_api import GitHubContractServer
 from promshift.local.stack.local import PROMETHEUS_BIN, find_free_ports
 from promshift.local.stack.prometheus import PrometheusProcess
 from promshift.local.stack.reconciler import REPOSITORY, VALUES_PATH, Reconciler, init_repository
+from promshift.orchestration.compose import compose_migration
 
 pytestmark = pytest.mark.integration
 
@@ -212,7 +213,7 @@ def test_a_sync_that_drops_our_entry_during_the_bake_is_reported_by_the_next_che
     from promshift.core.deploy_kinds import deploy_of
     from promshift.core.stages import Stage
     from promshift.steps.lifecycle import GroupLifecycle
-    from promshift.steps.migration import Backends, GroupMigration
+    from promshift.steps.migration import Backends
 
     d = deployer(env, "direct")
     before = tip_file(env.repo)
@@ -228,7 +229,7 @@ def test_a_sync_that_drops_our_entry_during_the_bake_is_reported_by_the_next_che
                         target_remote_write_url="")
 
     def bake() -> GroupLifecycle:
-        m = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
+        m = compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
                            run_id=f"scheduled__{time.monotonic_ns()}")
         return GroupLifecycle(m, deploy=deploy_of("git"), parity_check=lambda start, now: (Verdict.SUCCESSFUL, "ok"))
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from promshift.core.render import remote_write_name
+
+if TYPE_CHECKING:
+    from promshift.core.ports import PrometheusProbe
 
 
 @dataclass(frozen=True)
@@ -74,3 +79,14 @@ def parse_remote_write_lag(metrics_text: str, remote_name: str) -> tuple[float |
     if highest is None or sent is None or sent <= 0:
         return None, failed
     return max(0.0, highest - sent), failed
+
+
+def observe_warmup(*, group_name: str, selector: str, source: PrometheusProbe, target: PrometheusProbe,
+                   elapsed_s: float) -> WarmupObservation:
+    """Poll both sides once: series counts of the group and the group's remote-write queue lag."""
+    count = f"count({selector})"
+    src = source.scalar(count) or 0.0
+    tgt = target.scalar(count) or 0.0
+    lag, failed = parse_remote_write_lag(source.metrics_text(), remote_write_name(group_name))
+    return WarmupObservation(elapsed_s=elapsed_s, source_series=int(src), target_series=int(tgt),
+                             lag_s=lag, failed_samples=failed)

@@ -11,8 +11,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.core.warmup import assess_warmup
-from promshift.steps.migration import observe_warmup
+from promshift.core.warmup import assess_warmup, observe_warmup
 
 
 class WarmupTrigger(BaseTrigger):

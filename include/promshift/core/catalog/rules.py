@@ -70,8 +70,7 @@ def _group_rules(group: MetricGroup) -> list[tuple[str, str]]:
             read = labels_relied_on(query)
         except PromQLError:
             continue  # reported where the query is checked
-        # The host label is refused as a drop on its own (layers.py): said once, not again here.
-        dropped = sorted(read & set(group.drop_labels) - {group.host_label})
+        dropped = sorted(read & (set(group.drop_labels) - {group.host_label}))  # the host label: refused already
         if dropped:
             issues.append(("drop_labels", f"drops {', '.join(map(repr, dropped))}, which latency.queries[{index}] "
                                           "selects, groups or matches on: on the target it would answer something "
