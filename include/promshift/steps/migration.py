@@ -102,11 +102,16 @@ class Backends:
     target_ready: Callable[[], str | None] | None = None
     # (seconds, origin) of the target's retention from its control plane; None: ask the server, then the catalog.
     target_retention: Callable[[], tuple[float | None, str]] | None = None
+    # The target's per-query limits (``core.query_limits``), read when parity or latency first needs them.
+    target_limits: Callable[[], Any] | None = None
     # What the audit records about the target ({kind: amp, workspace_id, region}); never credentials.
     target_identity: Mapping[str, Any] = field(default_factory=dict)
     # The target's Alertmanager: alertname -> the alerts it holds active for it (``adapters.alertmanager``);
     # None: no Alertmanager known for the target (the bake's delivery check is then INCONCLUSIVE).
     target_alerts: Callable[[str], Sequence[Any]] | None = None
+    # The target's discarded samples by reason: (since, now) -> {reason: n} (an AMP workspace's DiscardedSamples,
+    # ``adapters.ingest_health``); None: the target publishes none (a self-hosted Prometheus).
+    target_discards: Callable[[datetime, datetime], Mapping[str, float]] | None = None
 
     def target_problem(self) -> str | None:
         if self.target_ready is not None:
@@ -397,14 +402,15 @@ class GroupMigration:
     def parity(self, *, dual_write_since: float, now: datetime) -> ParityResult:
         """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck)."""
         return self.probes.parity(self.group, self.backends.source, self.backends.target,
-                                  catalog_dir=self.catalog_dir).run(
+                                  catalog_dir=self.catalog_dir, limits=self.backends.target_limits).run(
             dual_write_since=dual_write_since, now=now.timestamp())
 
     def latency(self, now: datetime, *, dual_write_since: float | None = None) -> LatencyResult:
         """Each window's golden queries on both backends (see LatencyProbe), plus the cost projection."""
         probe = self.probes.latency(self.backends.source, self.backends.target, self.group.latency,
                                     min_step_s=self.group.parity.step_s,
-                                    target_retention=self.backends.target_retention)
+                                    target_retention=self.backends.target_retention,
+                                    target_limits=self.backends.target_limits)
         queries = list(self.group.latency.queries) or [f"count({self.group.selector()})"]
         result = probe.run(now=now.timestamp(), queries=queries, dual_write_since=dual_write_since,
                            history_selector=self.group.selector(), group=self.group)
@@ -551,7 +557,7 @@ class GroupMigration:
             # The deploy path's own refusal (AWS's reason).
             if ev.kind in (EventKind.DEPLOY_FAILED, EventKind.QUOTA_REFUSED):
                 return f"{ev.kind.replace('_', ' ')}: {data.get('reason')}"
-            if ev.kind in (EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR):
+            if ev.kind in (EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR, EventKind.WARMUP_FAILED):
                 return f"warm-up {data.get('status')}: {data.get('reason')}"
             if ev.kind == EventKind.VALIDATION_FAILED:
                 return f"validation failed: {data.get('reason')}"
