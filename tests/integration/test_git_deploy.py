@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -250,6 +251,62 @@ def test_a_sync_that_drops_our_entry_during_the_bake_is_reported_by_the_next_che
     assert entry["reason"].startswith("remote_write promshift-gpu-memory is no longer in the source's loaded config")
     assert out["outcome"] == "rolled_back_reads" and "entry FAILED: remote_write promshift-gpu-memory" in out["reason"]
     audit.engine.dispose()
+
+
+def test_a_full_rollback_by_hand_reverts_the_deploying_runs_commit_byte_for_byte(env: Env, tmp_path: Path) -> None:
+    """promshift__rollback's run committed nothing: its deployer acts for the run that deployed the dual-write
+    (``lifecycle.deploying_run``, as the wiring builds it), so that run's commit is found by its trailer and
+    reverted, and the file is the snapshot's bytes again; the by-hand run's own id finds no commit of its own."""
+    from promshift.adapters.audit_store import AuditStore
+    from promshift.adapters.blobs import LocalBlobs
+    from promshift.adapters.routing import RoutingStore
+    from promshift.adapters.settings import REPO_ROOT, load_catalog
+    from promshift.adapters.snapshot_store import BlobSnapshotStore
+    from promshift.core.stages import Stage
+    from promshift.steps.deploy import final_event
+    from promshift.steps.lifecycle import deploying_run, finish_full_rollback, full_rollback
+    from promshift.steps.migration import Backends
+
+    group = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get("gpu-memory")
+    audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
+    routing = RoutingStore(audit.url, engine=audit.engine)
+    blobs = LocalBlobs(tmp_path / "snapshots")
+    backends = Backends(env.prometheus, env.prometheus, "", "http://127.0.0.1:1/api/v1/write")
+
+    def run(run_id: str, build: Any) -> Any:
+        return compose_migration(group, backends, audit=audit, routing=routing, run_id=run_id, snapshot_blobs=blobs,
+                                 deployer=build, snapshots=BlobSnapshotStore(blobs))
+
+    before = tip_file(env.repo)
+    deploying = "manual__2026-12-06T01:00:00+00:00"
+    d = deployer(env, "direct", run_id=deploying)
+    m = run(deploying, d)
+    snap = m.snapshot(datetime.now(UTC))
+    out = m.deploy_dual_write(snap, datetime.now(UTC))
+    m.finish_deploy(final_event(follow(d, DeployResult.from_dict(out["waiting"]))), None, datetime.now(UTC),
+                    snapshot_info=snap)
+    current = Stage.DUAL_WRITING
+    for stage in (Stage.WARMING, Stage.VERIFIED, Stage.APPROVED, Stage.CUT_OVER):
+        audit.append(group="gpu-memory", run_id=deploying, kind=f"seed_{stage.value}", actor="test",
+                     at=datetime.now(UTC), evidence={}, stage_from=current, stage_to=stage)
+        current = stage
+    assert NAME in remote_write_names(env.prometheus.config_text())
+
+    by_hand = "manual__2026-12-06T02:00:00+00:00"
+    assert not subprocess.run(["git", "--git-dir", str(env.repo), "log", "--format=%H", "-F",
+                               f"--grep=dual-write gpu-memory {by_hand}", "main"], capture_output=True, text=True,
+                              check=True).stdout.strip()  # nothing of the by-hand run's to revert
+    rollback: Any = None
+    rollback = run(by_hand, lambda: deployer(env, "direct", run_id=deploying_run(rollback) or by_hand))
+    waiting = full_rollback(rollback, datetime.now(UTC), reason="bake failed twice")
+    restored = follow(rollback.deploy_step.deployer, DeployResult.from_dict(waiting["waiting"]))
+    result = finish_full_rollback(rollback, final_event(restored), waiting["snapshot"], reason="bake failed twice",
+                                  now=datetime.now(UTC), extra=waiting["extra"])
+    assert restored.details["change"]["method"] == "revert"
+    assert result["restored_identical"] is True and tip_file(env.repo) == before
+    assert log(env.repo)[0] == 'promshift|Revert "promshift: dual-write gpu-memory (promshift-gpu-memory)"'
+    assert NAME not in remote_write_names(env.prometheus.config_text())
+    assert audit.stage_of("gpu-memory") == Stage.ROLLED_BACK and routing.read_from("gpu-memory") == "source"
 
 
 def test_a_symlinked_directory_in_the_repository_is_refused_before_any_write(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ vocabulary; a notice sent is recorded here as ``notified``.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 
 class EventKind(StrEnum):
@@ -132,3 +133,9 @@ def approval_kind(decision: str, *, prefix: str = "") -> EventKind:
     ``<prefix>approval_<decision>``; ``prefix`` names another approval than the cut-over's
     (``decommission_``). ValueError for a decision no member records."""
     return EventKind(prefix + ("approved" if decision == "Approve" else "approval_" + decision.lower()))
+
+
+def claims_group(event: Any) -> bool:
+    """Whether ``event`` claims its group for its run: a ``validated`` event of a real run (a dry run changes
+    nothing, so it never holds the group)."""
+    return bool(event.kind == EventKind.VALIDATED and not event.evidence_data.get("dry_run"))

@@ -201,6 +201,13 @@ class FullRollbackOperator(GroupStepOperator):
             migration, event, snapshot, reason=reason, now=_now(), extra=extra or {}))
         return self._told(context, reason, result)
 
+    def deploying_run_id(self, context: Any) -> str:
+        """The run that deployed the group's dual-write: its change is what this rollback undoes (the git deploy
+        reverts that run's own commit, byte for byte, rather than removing the entry by name)."""
+        from promshift.steps.lifecycle import deploying_run
+
+        return deploying_run(self.migration(context)) or str(context["run_id"])
+
     @staticmethod
     def _reason(context: Any) -> str:
         return str((context.get("params") or {}).get("reason") or "") or "full rollback by hand"

@@ -100,12 +100,7 @@ class SnapshotConfigOperator(GroupStepOperator):
     """Keep the source config's exact bytes for rollback."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        if self.run_params(context).dry_run:
-            return self.migration(context).record_dry_run(
-                "snapshot", _now(), would=f"keep the group's {self.deploy_kind} config for rollback")
-        out = self.migration(context).snapshot(_now())
-        self._snapshot_moved(context)
-        return out
+        return self.effects(context).snapshot(_now(), keep_moves=lambda: self._snapshot_moved(context))
 
     def _snapshot_moved(self, context: Any) -> None:
         """The group's rules (and their plan, promtool-checked) and dashboards, when configured, kept for rollback."""
@@ -135,13 +130,11 @@ class DeployDualWriteOperator(GroupStepOperator):
     snapshot: Output
 
     def execute(self, context: Any) -> dict[str, Any]:
-        if self.run_params(context).dry_run:
-            return self._dry_run(context)
         from promshift.steps.deploy import DeployStepFailed
 
         snap = given(self, "snapshot")
         try:
-            out = self.migration(context).deploy_dual_write(snap, _now())
+            out = self.effects(context).deploy(snap, _now())
         except DeployStepFailed as exc:
             raise AirflowFailException(str(exc)) from None
         if "waiting" not in out:
@@ -150,18 +143,6 @@ class DeployDualWriteOperator(GroupStepOperator):
         self.defer(trigger=self.deploy_trigger(out["waiting"]), method_name="execute_complete",
                    kwargs={"quota": out["quota"]},
                    timeout=timedelta(seconds=float(out["waiting"]["details"].get("timeout_s") or 900) + 300))
-
-    def _dry_run(self, context: Any) -> dict[str, Any]:
-        """Deploy nothing; hand parity and latency the live dual-write's start, if the group has one."""
-        from promshift.core.render import remote_write_name
-
-        migration = self.migration(context)
-        since = migration.existing_dual_write_since()
-        evidence = migration.record_dry_run(
-            "deploy_dual_write", _now(), would=f"deploy the group's dual-write ({self.deploy_kind}, "
-            f"remote_write {remote_write_name(self.group_name)})", stage=migration.stage().value,
-            existing_dual_write_since=since)
-        return {**evidence, "dual_write_since": since}
 
     def execute_complete(self, context: Any, event: dict[str, Any], quota: dict[str, Any] | None = None
                          ) -> dict[str, Any]:
@@ -197,12 +178,9 @@ class WarmupOperator(GroupStepOperator):
         params = self.run_params(context)
         policy = self.group.warmup
         duration_s, timeout_s = params.warmup(policy.duration_s, policy.timeout_s)
-        if params.dry_run:
-            self.migration(context).record_dry_run(
-                "warm_up", _now(), would=f"dual-write {duration_s:g}s and wait (at most {timeout_s:g}s) for the "
-                "target to catch up", existing_dual_write_since=(deployed or {}).get("dual_write_since"))
-            return
-        self.migration(context).start_warmup(_now())
+        if not self.effects(context).start_warmup(_now(), duration_s=duration_s, timeout_s=timeout_s,
+                                                  deployed=deployed):
+            return  # nothing to wait for (a dry run)
         self.defer(
             trigger=WarmupTrigger(
                 group_name=self.group.name,
@@ -263,13 +241,13 @@ class ParityPlanOperator(_ParityStep):
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         deployed = given(self, "deployed")
-        if deployed.get("dual_write_since") is None and self.run_params(context).dry_run:
+        if deployed.get("dual_write_since") is None:  # a dry run of a group that is not dual-writing
             from promshift.core.parity import Measurement, ParityPlan
             from promshift.core.verdicts import Verdict
 
             # A check without data never passes: nothing of the group is on the target to compare.
-            why = (f"dry run: the group is not dual-writing ({self.migration(context).stage().value}), so the "
-                   "target holds nothing of it to compare")
+            why = (f"{self.effects(context).label}the group is not dual-writing "
+                   f"({self.migration(context).stage().value}), so the target holds nothing of it to compare")
             self.log.info("parity window: INCONCLUSIVE %s", why)
             context["ti"].xcom_push(key="plan", value=ParityPlan(None, (Measurement("window", Verdict.INCONCLUSIVE,
                                                                                       why),)).to_dict())
@@ -339,10 +317,7 @@ class ParityOperator(_ParityStep):
         if step is None or not window:
             return []
         try:
-            if migration.dry_run:  # read only: what the move would take now, kept nowhere
-                rules_plan = step.move.plan(step.move.snapshot())
-            else:
-                _snap, rules_plan = step.this_run()
+            rules_plan = self.effects(context).rules_plan(step)  # a dry run's: read now, kept nowhere
             # The samples layer's policy and noise allowance: the deploy path's mode (independent on the scraper).
             policy = group_for_deploy(self.group, self.deploy).parity
             return rules_parity(self.source_hook.prometheus_client(), self.target_hook.prometheus_client(),
@@ -395,11 +370,11 @@ class GateOperator(GroupStepOperator):
 
         parity, latency = given(self, "parity"), given(self, "latency")
         migration = self.migration(context)
-        verdict = migration.gate(parity, latency, _now())
+        effects = self.effects(context)
+        verdict = effects.gate(parity, latency, _now())
         self.log.info("gate: %s", verdict.reason)
         if verdict.action == GateAction.ROLL_BACK:
-            dry = "dry run (nothing to roll back): " if self.run_params(context).dry_run else ""
-            raise AirflowFailException(f"{dry}gate {verdict.verdict.value}: {verdict.reason}")
+            raise AirflowFailException(f"{effects.refusal_label}gate {verdict.verdict.value}: {verdict.reason}")
         recorded = migration.gate_event()
         return dict(recorded.evidence_data)
 
@@ -407,8 +382,9 @@ class CutoverOperator(GroupStepOperator):
     """Route the group's reads to the target; emits the group's ``cut_over`` asset (through its alias)."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        if self.run_params(context).dry_run:  # never reached (the approval skips first); a skip emits no asset
-            raise AirflowSkipException("dry run: no cut-over")
+        skipped = self.effects(context).skipped("cut-over")
+        if skipped:  # never reached in a dry run (the approval skips first); a skip emits no asset
+            raise AirflowSkipException(skipped)
         from promshift.steps.moves import record_move_failure
 
         migration = self.migration(context)
@@ -476,11 +452,10 @@ class RollbackOperator(GroupStepOperator):
 
         migration = self.migration(context)
         reason = move_failure_reason(migration) or migration.failure_reason()
-        if migration.dry_run:  # nothing was deployed: restore nothing, route nothing, tell nobody
-            result = migration.record_dry_run("rollback", _now(), would="restore the snapshot and route reads "
-                                              "to the source", reason=reason, performed=False)
+        recorded = self.effects(context).rollback_recorded(reason, _now())
+        if recorded is not None:  # a dry run: nothing was deployed, so nothing is restored, routed or told
             publish_report(self, context, migration)
-            return result
+            return recorded
         snap = given(self, "snapshot")
         moved_errors = self._restore_moved(context, migration, reason)
         result = self._rolled_back(context, lambda: migration.rollback(snap, reason=reason, now=_now()), reason)

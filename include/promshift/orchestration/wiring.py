@@ -433,7 +433,12 @@ class GroupWiring:
                                    url=backends.target_remote_write_url, sigv4=backends.target_sigv4)
         return GitDeployment(source, entry=entry, prometheus=self.source_hook.prometheus_client(),
                              backend=change_backend(source, token), group=self.group.name,
-                             run_id=str(context["run_id"]), token=token)
+                             run_id=self.deploying_run_id(context), token=token)
+
+    def deploying_run_id(self, context: Any) -> str:
+        """The run whose change the deployer makes and undoes: this run (a by-hand full rollback: the run that
+        deployed the group's dual-write, ``FullRollbackOperator``)."""
+        return str(context["run_id"])
 
     def deploy_trigger(self, result: dict[str, Any]) -> Any:
         """What waits for a deploy or restore to be live: the scraper's status, or the source's loaded config."""
@@ -468,6 +473,14 @@ class GroupWiring:
         migration = self._build_migration(context)
         self._task_run = (context, migration)
         return migration
+
+    def effects(self, context: Any) -> Any:
+        """What the run's steps do to the world (``steps.effects``): a dry run's record what they would have done.
+        The one place the shell chooses by ``dry_run``."""
+        from promshift.steps.effects import DryRunEffects, LiveEffects
+
+        migration = self.migration(context)
+        return (DryRunEffects if migration.dry_run else LiveEffects)(migration, self.deploy_kind)
 
     def _build_migration(self, context: Any) -> Any:
         from promshift.adapters.settings import snapshots_url

@@ -480,14 +480,23 @@ FULL_ROLLBACK_FROM = frozenset({Stage.CUT_OVER, Stage.BAKING, Stage.BAKED, Stage
                                 Stage.RECOMMISSIONED})
 
 
+def deploying_run(migration: GroupMigration) -> str | None:
+    """The run that deployed the group's live dual-write: the one that recorded its latest ``dual_write_deployed``
+    (None when none is recorded). A by-hand full rollback undoes that run's change (the git deploy reverts that
+    run's own commit, found by its trailer), never one of its own."""
+    deployed = [e for e in migration.audit.events(group=migration.group.name)
+                if e.kind == EventKind.DUAL_WRITE_DEPLOYED]
+    return deployed[-1].run_id if deployed else None
+
+
 def deployed_snapshot(migration: GroupMigration) -> dict[str, Any] | None:
     """The snapshot the group's live dual-write was deployed from: the ``snapshot_taken`` of the run that recorded
-    the group's latest ``dual_write_deployed`` (None when none is recorded)."""
-    events = migration.audit.events(group=migration.group.name)
-    deployed = [e for e in events if e.kind == EventKind.DUAL_WRITE_DEPLOYED]
-    if not deployed:
+    the group's latest ``dual_write_deployed`` (``deploying_run``; None when none is recorded)."""
+    run_id = deploying_run(migration)
+    if run_id is None:
         return None
-    taken = [e for e in events if e.kind == EventKind.SNAPSHOT_TAKEN and e.run_id == deployed[-1].run_id]
+    taken = [e for e in migration.audit.events(group=migration.group.name, run_id=run_id)
+             if e.kind == EventKind.SNAPSHOT_TAKEN]
     return dict(taken[-1].evidence_data) if taken else None
 
 

@@ -35,6 +35,7 @@ from promshift.core.events import (
     WARMUP_ENDED,
     EventKind,
     approval_kind,
+    claims_group,
 )
 from promshift.core.evidence import json_safe
 from promshift.core.gate import GateAction, GateEvidence, GateVerdict
@@ -74,9 +75,8 @@ def holding_runs(events: Sequence[AuditEvent], *, before_seq: int | None = None)
     """
     claims: dict[str, AuditEvent] = {}
     for ev in events:
-        # A dry run changes nothing, so it never holds the group.
-        if (ev.kind == EventKind.VALIDATED and not ev.evidence_data.get("dry_run")
-                and (before_seq is None or ev.seq < before_seq)):
+        # A dry run changes nothing, so it never holds the group (``core.events.claims_group``).
+        if claims_group(ev) and (before_seq is None or ev.seq < before_seq):
             claims.setdefault(ev.run_id, ev)
         elif ev.kind in RELEASES_GROUP:
             claims.pop(ev.run_id, None)
@@ -255,23 +255,37 @@ class GroupMigration:
         """
         stage = self.stage()
         blockers = self.start_blockers(stage)
-        if blockers and not self.dry_run:
-            self.record(EventKind.START_REFUSED, now, {
-                "reason": blockers[0], "blockers": blockers, "stage": stage.value, "wave": self.group.wave,
-                "depends_on": {d: self.audit.stage_of(d).value for d in self.group.depends_on},
-                "run_params": self.run_params.to_dict()})
-            raise GroupNotStartable("; ".join(blockers))
+        if self.dry_run:  # the claim: a dry run changes nothing, so it claims nothing and may run beside one
+            return self._failure_recorded(now, lambda: self._validate(
+                stage, now, dry_run={"dry_run": True, "would_refuse": blockers}))
+        self._refuse_to_start(stage, now, blockers)
+        return self._failure_recorded(now, lambda: self._claim(stage, now))
+
+    def _claim(self, stage: Stage, now: datetime) -> dict[str, Any]:
+        """Validate and claim the group for this run (its ``validated`` event), unless another run holds it."""
+        self._refuse_if_held()
+        evidence = self._validate(stage, now)
+        # Two runs that validated at once: the chain orders their claims, and the earlier one wins.
+        self._refuse_if_held(before_seq=self._my_claim_seq())
+        return evidence
+
+    def _failure_recorded(self, now: datetime, check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``check()``; whatever it raises is recorded as ``validation_failed`` first."""
         try:
-            if not self.dry_run:  # a dry run changes nothing: it may run beside a run that holds the group
-                self._refuse_if_held()
-            evidence = self._validate(stage, now, would_refuse=blockers)
-            # Two runs that validated at once: the chain orders their claims, and the earlier one wins.
-            if not self.dry_run:
-                self._refuse_if_held(before_seq=self._my_claim_seq())
-            return evidence
+            return check()
         except Exception as exc:
             self.record_validation_failed(exc, now)
             raise
+
+    def _refuse_to_start(self, stage: Stage, now: datetime, blockers: Sequence[str]) -> None:
+        """Record a refusal to start (``start_refused``) and raise GroupNotStartable, when anything blocks it."""
+        if not blockers:
+            return
+        self.record(EventKind.START_REFUSED, now, {
+            "reason": blockers[0], "blockers": list(blockers), "stage": stage.value, "wave": self.group.wave,
+            "depends_on": {d: self.audit.stage_of(d).value for d in self.group.depends_on},
+            "run_params": self.run_params.to_dict()})
+        raise GroupNotStartable("; ".join(blockers))
 
     def existing_dual_write_since(self) -> float | None:
         """When the group's live dual-write began (its latest ``dual_write_deployed``), if it is live now."""
@@ -302,7 +316,7 @@ class GroupMigration:
                                     f"{held.at.isoformat()}, audit seq {held.seq}); a second run starts only "
                                     "after that run completes or rolls back")
 
-    def _validate(self, stage: Stage, now: datetime, *, would_refuse: Sequence[str] = ()) -> dict[str, Any]:
+    def _validate(self, stage: Stage, now: datetime, *, dry_run: Mapping[str, Any] | None = None) -> dict[str, Any]:
         problems = []
         if not self.backends.source.ready():
             problems.append(f"source {self.backends.source.base_url} is unreachable or not ready")
@@ -323,8 +337,7 @@ class GroupMigration:
         if series == 0:
             raise RuntimeError(f"the source has no series for {self.group.selector()}; nothing to migrate")
         evidence["run_params"] = self.run_params.to_dict()
-        if self.dry_run:
-            evidence.update(dry_run=True, would_refuse=list(would_refuse))
+        evidence.update(dry_run or {})  # a dry run's validated event: what would refuse a real run
         self.record(EventKind.VALIDATED, now, evidence)
         return redact(evidence)
 
@@ -441,22 +454,27 @@ class GroupMigration:
 
     def gate(self, parity: ParityResult | Mapping[str, Any], latency: LatencyResult | Mapping[str, Any],
              now: datetime) -> GateVerdict:
-        """Decide and record the gate; ``parity``/``latency`` are the results or their XCom (``to_dict``) form."""
-        if not isinstance(parity, ParityResult):
-            parity = ParityResult.from_dict(parity)
-        if not isinstance(latency, LatencyResult):
-            latency = LatencyResult.from_dict(latency)
-        decided = GateEvidence.decide(parity, latency)
+        """Decide and record the gate (a real run's: ``steps.effects`` records a dry run's); ``parity``/``latency``
+        are the results or their XCom (``to_dict``) form."""
+        decided = self.decide_gate(parity, latency)
         verdict, evidence = decided.gate, decided.to_dict()
-        if self.dry_run:  # the verdict, recorded; the stage never moves in a dry run
-            self.record(EventKind.DRY_RUN_GATE, now, {**evidence, "dry_run": True})
-        elif verdict.verdict == Verdict.SUCCESSFUL:
+        if verdict.verdict == Verdict.SUCCESSFUL:
             self.record(EventKind.GATE_PASSED, now, evidence, to=Stage.VERIFIED)
         elif verdict.action == GateAction.ASK_APPROVAL:
             self.record(EventKind.GATE_INCONCLUSIVE, now, evidence)
         else:
             self.record(EventKind.GATE_FAILED, now, evidence)
         return verdict
+
+    @staticmethod
+    def decide_gate(parity: ParityResult | Mapping[str, Any], latency: LatencyResult | Mapping[str, Any]
+                    ) -> GateEvidence:
+        """The gate's decision on the results or their XCom (``to_dict``) form; nothing recorded."""
+        if not isinstance(parity, ParityResult):
+            parity = ParityResult.from_dict(parity)
+        if not isinstance(latency, LatencyResult):
+            latency = LatencyResult.from_dict(latency)
+        return GateEvidence.decide(parity, latency)
 
     def gate_event(self) -> AuditEvent | None:
         """This run's latest gate decision as the audit log holds it (``gate_*``, or a dry run's ``dry_run_gate``):

@@ -1245,6 +1245,34 @@ def test_the_full_rollback_dag_refuses_a_group_that_was_never_cut_over(audit: Au
     assert new_events(audit, UP_TO_VERIFIED) == []
 
 
+def test_a_full_rollback_by_hand_of_a_git_group_undoes_the_deploying_runs_change(
+        audit: AuditStore, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The git deployer the by-hand rollback gets acts for the run that deployed the dual-write (its commit is
+    found by that run's trailer and reverted), not for the by-hand run, which committed nothing."""
+    from promshift.orchestration.dag_factory import build_by_hand_dags
+
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+        "conn_type": "prometheus", "host": "http://127.0.0.1:1",
+        "extra": {"deploy": "git", "git": {"url": str(env / "config.git"), "path": "prometheus.yml",
+                                           "shape": "prometheus-yml"}}}))
+    deploying = "manual__2025-12-31T00:00:00+00:00"
+    current = Stage.PLANNED
+    for stage in UP_TO_CUT_OVER:
+        kind = EventKind.DUAL_WRITE_DEPLOYED if stage == Stage.DUAL_WRITING else f"seed_{stage.value}"
+        audit.append(group=GROUP, run_id=deploying, kind=kind, actor="test", at=datetime.now(UTC), evidence={},
+                     stage_from=current, stage_to=stage)
+        current = stage
+    rollback = build_by_hand_dags(load_catalog(CATALOG, profile=PROFILE).groups, catalog_path=CATALOG,
+                                  profile=PROFILE)[2]
+    op, ctx = task(rollback, "rollback"), make_context(params={**CHOSEN, "reason": "test"})
+    op.choose_group(ctx)
+    deployer = op.migration(ctx).deploy_step.deployer
+    assert (deployer.kind, deployer.run_id) == ("git", deploying) and RUN_ID != deploying
+    # A migration run's own deploy acts for itself.
+    migrate = task(group_dag(GROUP), "deploy_dual_write")
+    assert migrate.migration(make_context()).deploy_step.deployer.run_id == RUN_ID
+
+
 @pytest.mark.parametrize("own_entry_removed", [True, False])
 def test_a_rollback_that_kept_another_writers_change_fails_only_if_our_entry_stayed(
         dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch, own_entry_removed: bool) -> None:
