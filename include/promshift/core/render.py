@@ -37,29 +37,29 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from promshift.core.inputs import clip
+from promshift.core.memory import cyclic_gc_paused
 from promshift.core.redact import redact_text
-from promshift.core.render_yaml import (  # noqa: F401 - the machinery's names stay importable from here
+from promshift.core.render_yaml import (
     _BREAK_CHARS,
     ADDED_KEY_COMMENT,
-    BlockScalarAtEnd,
+    BlockScalarAtEnd,  # noqa: F401 - raised by the edits; callers catch it from here
     Config,
     RenderError,
-    _append_item,
+    _append_splice,
     _both_loads,
     _break_before,
     _canon,
     _column,
-    _cut_flow_item,
     _dash_before,
+    _decode,
     _Doc,
-    _edit,
-    _first_line,
+    _flow_cut,
     _line_start,
     _load,
     _next_line,
@@ -68,6 +68,7 @@ from promshift.core.render_yaml import (  # noqa: F401 - the machinery's names s
     _parse,
     _root_mapping,
     _schema,
+    _Splice,
     _spliced,
     _take_nodes,
     _value,
@@ -343,7 +344,7 @@ def add_remote_write(config: Config, entry: Mapping[str, Any]) -> Config:
     retried deploy); with different content it is refused, because editing a live queue
     loses samples.
     """
-    return _edit(config, lambda text: _add(text, entry))
+    return _spliced_edit(config, lambda text: _add(text, entry))
 
 
 def remove_remote_write(config: Config, name: str) -> Config:
@@ -352,7 +353,7 @@ def remove_remote_write(config: Config, name: str) -> Config:
     Removes exactly the entry's lines (and the ``remote_write:`` key promshift added, once it
     is empty), so it undoes ``add_remote_write`` byte for byte.
     """
-    return _edit(config, lambda text: _remove(text, name))
+    return _spliced_edit(config, lambda text: _remove(text, name))
 
 
 def replace_remote_write(config: Config, entry: Mapping[str, Any]) -> Config:
@@ -366,6 +367,36 @@ def replace_remote_write(config: Config, entry: Mapping[str, Any]) -> Config:
     if entry["name"] not in remote_write_names(config):
         raise RenderError(f"no remote_write entry {entry['name']!r} to replace")
     return add_remote_write(remove_remote_write(config, entry["name"]), entry)
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """An edit before it is made: its splice, its event-by-event proof (False: the full check decides) and its
+    full check, each given the old and the new config (as bytes when the caller gave bytes)."""
+
+    splice: _Splice
+    fast: Callable[[str | bytes, str | bytes], bool]
+    full: Callable[[str, str], str]
+
+
+def _spliced_edit(config: Config, plan: Callable[[str], _Planned | None]) -> Config:
+    """``config`` with ``plan``'s splice made and proven (``plan`` None: unchanged). A bytes config is spliced
+    and proven as bytes, so its text is never copied whole as characters again (four bytes each, when the
+    file holds one character outside the BMP)."""
+    with cyclic_gc_paused():
+        text = _decode(config) if isinstance(config, bytes) else config
+        planned = plan(text)
+        if planned is None:
+            return config
+        if isinstance(config, bytes):
+            data = planned.splice.apply_bytes(config, text)
+            if not planned.fast(config, data):
+                planned.full(text, data.decode("utf-8"))
+            return data
+        new = planned.splice.apply(text)
+        if not planned.fast(text, new):
+            planned.full(text, new)
+        return new
 
 
 def _loaded(doc: _Doc) -> dict[str, Any]:
@@ -383,7 +414,7 @@ def _loaded(doc: _Doc) -> dict[str, Any]:
     return {KEY: _value(found[0], _schema("YAML 1.2"))} if found else {}
 
 
-def _add(text: str, entry: Mapping[str, Any]) -> str:
+def _add(text: str, entry: Mapping[str, Any]) -> _Planned | None:
     check_remote_write_url(entry.get("url"))  # checked where an entry is written (a rollback needs only its name)
     doc = _parse(text, keep=KEY)
     before = _loaded(doc)
@@ -391,25 +422,24 @@ def _add(text: str, entry: Mapping[str, Any]) -> str:
     for existing in entries:
         if isinstance(existing, dict) and existing.get("name") == entry["name"]:
             if existing == dict(entry):
-                return text
+                return None
             raise RenderError(
                 f"remote_write entry {entry['name']!r} already exists with different settings; "
                 "promshift never edits a live entry — roll the group back first"
             )
     found = _remote_write(doc)
-    new = _append_item(doc, found, _root_mapping(doc), KEY, entry)
-    if _fast_check_add(doc, found, new, entry):
-        return new
-    return _checked_add(text, None, new, entry)
+    return _Planned(_append_splice(doc, found, _root_mapping(doc), KEY, entry),
+                    lambda old, new: _fast_check_add(doc, found, old, new, entry),
+                    lambda old, new: _checked_add(old, None, new, entry))
 
 
-def _remove(text: str, name: str) -> str:
+def _remove(text: str, name: str) -> _Planned | None:
     doc = _parse(text, keep=KEY)
     before = _loaded(doc)
     entries = _entries(before)
     matches = [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("name") == name]
     if not matches:
-        return text
+        return None
     if len(matches) > 1:
         raise RenderError(f"source config has {len(matches)} remote_write entries named {name!r}")
     found = _remote_write(doc)
@@ -424,7 +454,7 @@ def _remove(text: str, name: str) -> str:
         # An alias elsewhere may stand for it (or for an anchor it redefines): removing it changes that value.
         raise RenderError(f"{KEY} entry {name!r} defines an anchor (&); remove it by hand")
     if seq.flow:
-        return _checked_remove_of(doc, key, seq, item, _cut_flow_item(text, seq, index, name), name)
+        return _removal(doc, key, seq, item, _flow_cut(text, seq, index, name), name)
     dash = _dash_before(doc, item.start, name)
     start, end = _line_start(doc, dash), _next_line(doc, item.end)
     if text[start:dash].strip(" "):
@@ -436,13 +466,12 @@ def _remove(text: str, name: str) -> str:
             start = key_start
     if end == len(text) and _break_before(text, end) == 0:
         start -= _break_before(text, start)  # the entry was the last line: take the break before it
-    return _checked_remove_of(doc, key, seq, item, text[:start] + text[end:], name)
+    return _removal(doc, key, seq, item, _Splice(start, end), name)
 
 
-def _checked_remove_of(doc: _Doc, key: _Node, seq: _Node, item: _Node, new: str, name: str) -> str:
-    if _fast_check_remove(doc, key, seq, item, new, name):
-        return new
-    return _checked_remove(doc.text, None, new, name)
+def _removal(doc: _Doc, key: _Node, seq: _Node, item: _Node, splice: _Splice, name: str) -> _Planned:
+    return _Planned(splice, lambda old, new: _fast_check_remove(doc, key, seq, item, old, new, name),
+                    lambda old, new: _checked_remove(old, None, new, name))
 
 
 # -- proof of each edit ---------------------------------------------------------------------------
@@ -457,7 +486,8 @@ def _fast_ready(doc: _Doc) -> bool:
     return doc.fast and not doc.exotic and doc.root is not None and doc.root.kind == "map"
 
 
-def _fast_check_add(doc: _Doc, found: tuple[_Node, _Node] | None, new: str, entry: Mapping[str, Any]) -> bool:
+def _fast_check_add(doc: _Doc, found: tuple[_Node, _Node] | None, old: str | bytes, new: str | bytes,
+                    entry: Mapping[str, Any]) -> bool:
     """Check an add event by event: the edited text's events are the original's with exactly our entry's
     events at the end of ``remote_write`` (so every other value is the same under any schema), and those
     events read as YAML 1.2 and as YAML 1.1 give exactly ``entry``. False when the full check must decide."""
@@ -471,7 +501,7 @@ def _fast_check_add(doc: _Doc, found: tuple[_Node, _Node] | None, new: str, entr
         start = stop = found[1].last  # before the list's end
     else:
         start, stop = found[1].first, found[1].first + 1  # `remote_write:` (null) becomes a list
-    inserted = _spliced(doc.text, new, start, stop, _take_nodes(1 if found is not None else 2))
+    inserted = _spliced(old, new, start, stop, _take_nodes(1 if found is not None else 2))
     what = f"adding {entry['name']!r}"
     if inserted is None:
         raise RenderError(f"internal error: {what} would change more than its entry; the config was left untouched")
@@ -489,15 +519,16 @@ def _fast_check_add(doc: _Doc, found: tuple[_Node, _Node] | None, new: str, entr
     return True
 
 
-def _fast_check_remove(doc: _Doc, key: _Node, seq: _Node, item: _Node, new: str, name: str) -> bool:
+def _fast_check_remove(doc: _Doc, key: _Node, seq: _Node, item: _Node, old: str | bytes, new: str | bytes,
+                       name: str) -> bool:
     """Check a remove event by event: the edited text's events are the original's without exactly the entry's
     (and without the ``remote_write`` key it leaves empty). False when the full check must decide."""
     if not _fast_ready(doc):
         return False
     spans = [(item.first, item.last + 1)] + ([(key.first, seq.last + 1)] if len(seq.children) == 1 else [])
-    if any(_spliced(doc.text, new, start, stop, _take_nodes(0)) == [] for start, stop in spans):
+    if any(_spliced(old, new, start, stop, _take_nodes(0)) == [] for start, stop in spans):
         return True
-    if len(seq.children) == 1 and _spliced(doc.text, new, seq.first, seq.last + 1, _take_nodes(1)) \
+    if len(seq.children) == 1 and _spliced(old, new, seq.first, seq.last + 1, _take_nodes(1)) \
             == [("S", "", None, None, None, (True, False))]:
         return True  # `remote_write:` with nothing after it again, as before the add
     if doc.pairs == 1:

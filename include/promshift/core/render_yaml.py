@@ -669,8 +669,46 @@ class BlockScalarAtEnd(RenderError):
     """The text ends in a block scalar (| or >) without a final line break: nothing can be added after it."""
 
 
+@dataclass(frozen=True)
+class _Splice:
+    """An edit as a splice: the text's characters ``start:end`` become ``insert``."""
+
+    start: int
+    end: int
+    insert: str = ""
+
+    def apply(self, text: str) -> str:
+        return "".join((text[:self.start], self.insert, text[self.end:]))
+
+    def apply_bytes(self, data: bytes, text: str) -> bytes:
+        """The same splice on ``text``'s UTF-8 bytes ``data`` (no second copy of the text as characters)."""
+        start, end = _byte_offset(data, text, self.start), _byte_offset(data, text, self.end)
+        return b"".join((data[:start], self.insert.encode("utf-8"), data[end:]))
+
+
+_CONTINUATION = re.compile(rb"[\x80-\xbf]+")  # UTF-8's continuation bytes: every other byte starts a character
+
+
+def _byte_offset(data: bytes, text: str, i: int) -> int:
+    """Where character ``i`` of ``text`` starts in its UTF-8 bytes ``data``."""
+    if text.isascii():
+        return i
+    extra = 0
+    for run in _CONTINUATION.finditer(data):
+        if run.start() - extra > i:  # the run's character (its lead byte is just before it) is at or after i
+            break
+        extra += run.end() - run.start()
+    return i + extra
+
+
 def _append_item(doc: _Doc, found: tuple[_Node, _Node] | None, mapping: _Node | None, key: str, item: Any) -> str:
-    """``doc``'s text with ``item`` appended to a list, every other byte kept.
+    """``doc``'s text with ``item`` appended to a list, every other byte kept (``_append_splice``)."""
+    return _append_splice(doc, found, mapping, key, item).apply(doc.text)
+
+
+def _append_splice(doc: _Doc, found: tuple[_Node, _Node] | None, mapping: _Node | None, key: str,
+                   item: Any) -> _Splice:
+    """The splice that appends ``item`` to a list of ``doc``, every other byte kept.
 
     ``found`` is the list's key and value nodes in ``mapping`` (a flow list, a block list, or no
     value yet: ``key:`` alone); when None, a new ``key:`` (marked ``ADDED_KEY_COMMENT``) holding
@@ -686,7 +724,7 @@ def _append_item(doc: _Doc, found: tuple[_Node, _Node] | None, mapping: _Node | 
         else:
             assert seq.close is not None
             at, insert = seq.close, _flow(item)
-        return text[:at] + insert + text[at:]
+        return _Splice(at, at, insert)
     if found is not None:
         key_node, value = found
         if value.kind == "seq":  # a block list
@@ -706,12 +744,17 @@ def _append_item(doc: _Doc, found: tuple[_Node, _Node] | None, mapping: _Node | 
         insert = nl + nl.join(lines)  # no final line break: keep it that way
     else:
         insert = "".join(line + nl for line in lines)
-    return text[:at] + insert + text[at:]
+    return _Splice(at, at, insert)
 
 
 def _cut_flow_item(text: str, seq: _Node, index: int, name: str) -> str:
-    """``text`` without item ``index`` of the flow list ``seq`` and one comma beside it (only a comma may be
-    between them: else RenderError naming ``name``)."""
+    """``text`` without item ``index`` of the flow list ``seq`` (``_flow_cut``)."""
+    return _flow_cut(text, seq, index, name).apply(text)
+
+
+def _flow_cut(text: str, seq: _Node, index: int, name: str) -> _Splice:
+    """The splice that removes item ``index`` of the flow list ``seq`` and one comma beside it (only a comma
+    may be between them: else RenderError naming ``name``)."""
     item = seq.children[index]
     if index > 0:
         start, end = seq.children[index - 1].end, item.end
@@ -721,7 +764,7 @@ def _cut_flow_item(text: str, seq: _Node, index: int, name: str) -> str:
         _only(text[item.end:end], ",", name)
     else:
         start, end = item.start, item.end
-    return text[:start] + text[end:]
+    return _Splice(start, end)
 
 
 def _dash_before(doc: _Doc, start: int, name: str) -> int:
@@ -771,8 +814,8 @@ _MAX_INSERTED = 1_000_000  # events one edit may insert (an entry has tens; a me
 Keys = list[tuple[Any, ...]]
 
 
-def _event_keys(text: str) -> Iterator[tuple[Any, ...]]:
-    """Every LibYAML event of ``text`` without its marks, as it streams (nothing is stored)."""
+def _event_keys(text: str | bytes) -> Iterator[tuple[Any, ...]]:
+    """Every LibYAML event of ``text`` (or its UTF-8 bytes) without its marks, as it streams (nothing stored)."""
     for ev in yaml.parse(text, Loader=yaml.CSafeLoader):
         cls = type(ev)
         if cls is yaml.ScalarEvent:
@@ -810,7 +853,7 @@ def _take_nodes(count: int) -> Callable[[Iterator[tuple[Any, ...]]], Keys | None
     return take
 
 
-def _spliced(old: str, new: str, start: int, stop: int,
+def _spliced(old: str | bytes, new: str | bytes, start: int, stop: int,
              take: Callable[[Iterator[tuple[Any, ...]]], Keys | None]) -> Keys | None:
     """The events ``new`` holds in place of ``old``'s events ``start:stop`` (read from ``new``'s stream by
     ``take``), if every other event is the same; else None. The two texts' events stream side by side and
