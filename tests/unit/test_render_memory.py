@@ -16,9 +16,12 @@ import pytest
 
 from promshift.core.render import (
     KEY,
+    WHOLE_DOCUMENT_MAX,
+    RenderError,
     add_remote_write,
     remote_write_entries,
     remote_write_entry,
+    remote_write_names,
     remove_remote_write,
 )
 from promshift.core.render_yaml import _column, _Doc, _Node, _parse
@@ -167,3 +170,36 @@ def test_an_edit_of_a_large_config_allocates_a_few_times_its_size() -> None:
     assert removed == data
     assert add_peak < 10 * len(data), f"add peaked at {add_peak / len(data):.1f}x the file"
     assert remove_peak < 10 * len(data), f"remove peaked at {remove_peak / len(data):.1f}x the file"
+
+
+def test_reading_the_entries_of_a_large_config_allocates_a_few_times_its_size() -> None:
+    data = large_config(400_000)
+    remote_write_names(b"global: {}\n")
+    tracemalloc.start()
+    try:
+        names = remote_write_names(data)
+        entries = remote_write_entries(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert names == ["thanos"] and entries == [{"url": "http://thanos:19291/api/v1/receive", "name": "thanos"}]
+    assert peak < 10 * len(data), f"reading the entries peaked at {peak / len(data):.1f}x the file"
+
+
+def test_a_large_config_that_must_be_read_whole_is_refused_with_one_line() -> None:
+    """Tags other than YAML's own, or a top-level merge key, need the whole-document path (a tree of the file,
+    about a hundred times its size): above WHOLE_DOCUMENT_MAX that is one line, nothing built."""
+    data = large_config(WHOLE_DOCUMENT_MAX + 100_000)
+    tagged = data.replace(b"global:\n", b"built: !!timestamp 2001-12-14\nglobal:\n", 1)
+    line = (r"^source config is 2\.\d MiB and it has tags other than YAML's standard ones: promshift reads such a "
+            r"file whole only up to 2 MiB; edit it by hand$")
+    with pytest.raises(RenderError, match=line):
+        add_remote_write(tagged, ENTRY)
+    merged = b"base: &b {x: 1}\n<<: *b\n" + data
+    for edit in (lambda: add_remote_write(merged, ENTRY), lambda: remove_remote_write(merged, "thanos"),
+                 lambda: remote_write_names(merged)):
+        with pytest.raises(RenderError, match=r"and merges keys into its top level \(<<\)"):
+            edit()
+    # under the line: checked whole
+    small = large_config(20_000).replace(b"global:\n", b"built: !!timestamp 2001-12-14\nglobal:\n", 1)
+    assert remove_remote_write(add_remote_write(small, ENTRY), ENTRY["name"]) == small

@@ -263,7 +263,7 @@ def queue_members(entry: Mapping[str, Any]) -> tuple[QueueMember, ...]:
 
 def remote_write_entries(config: str | bytes) -> list[dict[str, Any]]:
     """Every ``remote_write`` entry of a config as loaded (YAML 1.2), in order; a non-mapping item is refused."""
-    entries = _entries(_load(config))
+    entries = _read_entries(config)
     if not all(isinstance(e, dict) for e in entries):
         raise RenderError(f"every {KEY} item must be a mapping")
     return entries
@@ -307,7 +307,14 @@ def _entries(data: Mapping[str, Any]) -> list[Any]:
 
 def remote_write_names(config: str | bytes) -> list[str]:
     """Names of all remote_write entries in a config (unnamed entries show as '')."""
-    return [str(e.get("name", "")) if isinstance(e, dict) else "" for e in _entries(_load(config))]
+    return [str(e.get("name", "")) if isinstance(e, dict) else "" for e in _read_entries(config)]
+
+
+def _read_entries(config: str | bytes) -> list[Any]:
+    """The top-level ``remote_write`` list as an edit reads it (only that key's nodes kept, ``_loaded``)."""
+    text = _decode(config)
+    with cyclic_gc_paused():
+        return _entries(_loaded(_parse(text, keep=KEY)))
 
 
 def _remote_write(doc: _Doc) -> tuple[_Node, _Node] | None:
@@ -369,6 +376,18 @@ def replace_remote_write(config: Config, entry: Mapping[str, Any]) -> Config:
     return add_remote_write(remove_remote_write(config, entry["name"]), entry)
 
 
+# A config read or checked as a whole document (its tree, loaded under two YAML versions) costs about a hundred
+# times its size; above this, such a config is refused with one line, so every edit stays within a fixed
+# memory budget (docs/troubleshooting.md, "Input budgets"). The LibYAML path needs no whole document.
+WHOLE_DOCUMENT_MAX = 2 * 1024 * 1024
+
+
+def _whole_document(text: str, why: str) -> None:
+    if len(text) > WHOLE_DOCUMENT_MAX:
+        raise RenderError(f"source config is {len(text) / 1024 / 1024:.1f} MiB and {why}: promshift reads such a "
+                          f"file whole only up to {WHOLE_DOCUMENT_MAX // 1024 // 1024} MiB; edit it by hand")
+
+
 @dataclass(frozen=True)
 class _Planned:
     """An edit before it is made: its splice, its event-by-event proof (False: the full check decides) and its
@@ -391,10 +410,12 @@ def _spliced_edit(config: Config, plan: Callable[[str], _Planned | None]) -> Con
         if isinstance(config, bytes):
             data = planned.splice.apply_bytes(config, text)
             if not planned.fast(config, data):
+                _whole_document(text, "its edit must be checked on the whole document")
                 planned.full(text, data.decode("utf-8"))
             return data
         new = planned.splice.apply(text)
         if not planned.fast(text, new):
+            _whole_document(text, "its edit must be checked on the whole document")
             planned.full(text, new)
         return new
 
@@ -404,6 +425,15 @@ def _loaded(doc: _Doc) -> dict[str, Any]:
     ``remote_write`` (the rest is checked event by event, never built as values; ``_parse(text, keep=KEY)``
     keeps the top-level pairs this reads)."""
     root = doc.root
+    if root is not None and root.kind == "map" and any(k.kind == "scalar" and k.value == "<<"
+                                                       for k in root.children[::2]):
+        _whole_document(doc.text, "merges keys into its top level (<<)")
+    elif not doc.fast:
+        _whole_document(doc.text, "LibYAML cannot read it (or PyYAML has no LibYAML)")
+    elif doc.exotic:
+        _whole_document(doc.text, "it has tags other than YAML's standard ones")
+    elif root is not None and root.kind != "map" and len(doc.text) > WHOLE_DOCUMENT_MAX:
+        raise RenderError("source config must be a YAML mapping at the top level")
     if not (doc.fast and not doc.exotic) or root is None or root.kind != "map" or any(
             k.kind == "scalar" and k.value == "<<" for k in root.children[::2]):
         return _load(doc.text)
