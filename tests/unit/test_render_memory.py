@@ -8,7 +8,6 @@ few times the file's size (the bench, ``bench/render_scale``, records RSS up to 
 from __future__ import annotations
 
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +24,13 @@ from promshift.core.render import (
     remove_remote_write,
 )
 from promshift.core.render_yaml import _column, _Doc, _Node, _parse
+from promshift.core.render_yaml import _walk as walk
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "configs"
 CORPUS_FILES = sorted(p for p in CORPUS.glob("*.yml"))
 ENTRY = remote_write_entry(group_name="gpu-memory", name_regex="DCGM_FI_DEV_FB_(FREE|USED)",
                            url="https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write",
                            sigv4={"region": "us-east-1"})
-
-
-def walk(node: _Node | None) -> Iterator[_Node]:
-    if node is None:
-        return
-    yield node
-    for child in node.children:
-        yield from walk(child)
 
 
 def walked_style(doc: _Doc) -> tuple[int | None, int | None, bool]:
