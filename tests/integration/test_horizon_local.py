@@ -28,7 +28,8 @@ from promshift.core.events import EventKind
 from promshift.core.horizon import Horizon, dual_write_since
 from promshift.core.read_path import DatasourceRef
 from promshift.local.stack.local import LocalStack, StackConfig
-from promshift.steps.migration import Backends, GroupMigration
+from promshift.orchestration.compose import compose_migration
+from promshift.steps.migration import Backends
 from promshift.steps.moves import ReadPathStep, RulesStep
 
 pytestmark = pytest.mark.integration
@@ -76,7 +77,7 @@ def test_short_panels_switch_the_day_panel_and_the_2h_rule_wait_then_go(stack: L
     group = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP)
     backends = Backends(source=source, target=target, source_config_path=str(stack.source_config_path),
                         target_remote_write_url=stack.target_remote_write_url)
-    m = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
+    m = compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
                        run_id="manual__horizon")
     boards = tmp_path / "dashboards"
     boards.mkdir()
@@ -149,7 +150,7 @@ def test_accepting_short_history_switches_everything_at_once(stack: LocalStack, 
     audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
     group = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP)
     client = PrometheusClient(stack.source_url)
-    m = GroupMigration(group, Backends(client, client, str(stack.source_config_path), ""), audit=audit,
+    m = compose_migration(group, Backends(client, client, str(stack.source_config_path), ""), audit=audit,
                        routing=RoutingStore(audit.url), snapshots_dir=tmp_path, run_id="manual__short")
     board = tmp_path / "fb.json"
     board.write_bytes(json.dumps(DASHBOARD, indent=2).encode())

@@ -17,6 +17,7 @@ from promshift.core.deploy_kinds import deploy_of
 from promshift.core.events import EventKind
 from promshift.core.horizon import Horizon
 from promshift.core.stages import Stage
+from promshift.orchestration.compose import compose_migration
 from promshift.steps.lifecycle import Decommission, GroupLifecycle
 from promshift.steps.migration import Backends, GroupMigration
 
@@ -35,7 +36,7 @@ def audit(tmp_path: Path) -> Iterator[AuditStore]:
 def migration(tmp_path: Path, audit: AuditStore) -> GroupMigration:
     group = load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP)
     refused = PrometheusClient("http://127.0.0.1:9", timeout_s=2)
-    return GroupMigration(group, Backends(refused, refused, str(tmp_path / "prometheus.yml"), ""), audit=audit,
+    return compose_migration(group, Backends(refused, refused, str(tmp_path / "prometheus.yml"), ""), audit=audit,
                           routing=RoutingStore(audit.url), snapshots_dir=tmp_path, run_id="scheduled__bake")
 
 

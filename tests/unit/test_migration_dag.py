@@ -350,7 +350,8 @@ def test_one_dag_per_target_with_its_groups_in_the_form(tmp_path: Path) -> None:
     dag = migration_dag(path)
     assert dag.dag_id == "promshift__migrate__promshift_target"
     assert dag.params.get_param("group").schema["enum"] == ["gpu-utilization", "gpu-power-thermal", "gpu-clocks"]
-    assert set(dag.params) == {"group", "dry_run", "change_ticket", "warmup_override", "reason"}
+    assert set(dag.params) == {"group", "dry_run", "change_ticket", "warmup_override", "reason",
+                               "accept_short_history"}
     # Runs of different groups side by side (validate's audit claim holds each group to one run).
     assert dag.max_active_runs == 16
     assert dag.get_task("latency").pool == "promshift_latency__promshift_target"

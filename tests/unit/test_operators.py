@@ -918,7 +918,7 @@ def test_a_dry_run_moves_no_stage_deploys_routes_and_tells_nothing(
     ctx = make_context(params=DRY)
 
     validated = task(dag, "validate").execute(ctx)
-    assert validated["run_params"] == {**DRY, "warmup_override_s": None}
+    assert validated["run_params"] == {**DRY, "warmup_override_s": None, "accept_short_history": False}
     assert validated["dry_run"] is True
     # What would refuse a real run is said, not enforced: a dry run changes nothing.
     assert validated["would_refuse"][0].startswith("group 'gpu-memory' is dual_writing")

@@ -238,6 +238,12 @@ def run_params_schema() -> dict[str, Param]:
                                                    "run (at least one scrape interval); empty keeps the catalog's."),
         "reason": _form_field("", type="string", maxLength=MAX_REASON_CHARS, title="Reason",
                               description="Why this run was started (kept in the audit)."),
+        "accept_short_history": _form_field(False, type="boolean", title="Accept short history",
+                                            description="Switch every panel and move every rule at the cut-over "
+                                                        "even when they read further back than the target holds "
+                                                        "(from the dual-write on); kept in the audit and shown to "
+                                                        "the approver. Off: those wait until the target covers "
+                                                        "them."),
     }
 
 

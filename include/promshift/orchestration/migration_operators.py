@@ -383,21 +383,26 @@ class CutoverOperator(GroupStepOperator):
         from promshift.steps.moves import record_move_failure
 
         migration = self.migration(context)
+        # What the target can answer in full moves now; the rest waits for its history (core.horizon).
+        horizon = self.horizon(migration, context, _now())
         # The rules first (the source drops them, the target loads them), then the dashboards, then routing;
         # each is audited and done once per run, so a retry resumes where the first attempt stopped.
         rules = self.rules_step(migration)
         if rules is not None:
             try:
-                moved = rules.handoff(_now())
+                moved = rules.handoff(_now(), horizon)
             except Exception as exc:
                 record_move_failure(migration, "rules", "handoff", exc, _now())
                 raise
-            self.log.info("rules moved: %s (%s recording, %s alerting)", moved["rules"], moved["records"],
-                          moved["alerts"])
+            if "waiting" in moved:
+                self.log.info("rules wait for the target's history (first ready at %s)", moved.get("next_ready_at"))
+            else:
+                self.log.info("rules moved: %s (%s recording, %s alerting)", moved["rules"], moved["records"],
+                              moved["alerts"])
         read_path = self.read_path_step(migration)
         if read_path is not None:
             try:
-                switched = read_path.switch(_now())
+                switched = read_path.switch(_now(), horizon)
             except Exception as exc:
                 record_move_failure(migration, "read_path", "switch", exc, _now())
                 raise

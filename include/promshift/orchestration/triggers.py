@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -30,6 +30,7 @@ class WarmupTrigger(BaseTrigger):
         self.source_conn_id = source_conn_id
         self.target_conn_id = target_conn_id
         self._clients: tuple[PrometheusClient, PrometheusClient] | None = None
+        self._read_discards: Callable[[datetime, datetime], Any] | None = None
         self.started_at = started_at
         self.min_duration_s = min_duration_s
         self.timeout_s = timeout_s
@@ -61,14 +62,22 @@ class WarmupTrigger(BaseTrigger):
         if self._clients is None:
             from promshift.orchestration.hooks import backend_hook
 
-            self._clients = (backend_hook(self.source_conn_id).prometheus_client(),
-                             backend_hook(self.target_conn_id).prometheus_client())
+            target = backend_hook(self.target_conn_id)
+            self._clients = (backend_hook(self.source_conn_id).prometheus_client(), target.prometheus_client())
+            # An AMP workspace publishes its discarded samples (CloudWatch DiscardedSamples): warm-up judges them.
+            self._read_discards = getattr(target, "discards_reader", None)
         return self._clients
 
     def _observe(self) -> dict[str, Any]:
         source, target = self.clients()
+        from promshift.adapters.ingest_health import with_ingestion_health
+
+        now = datetime.now(UTC)
         obs = observe_warmup(group_name=self.group_name, selector=self.selector, source=source, target=target,
                              elapsed_s=time.time() - self.started_at)
+        # The target's refusals: the writer's failed samples, and an AMP workspace's DiscardedSamples.
+        obs = with_ingestion_health(obs, read_discards=self._read_discards, source=source, target=target,
+                                    selector=self.selector, since=now - timedelta(seconds=obs.elapsed_s), now=now)
         status = assess_warmup(obs, min_duration_s=self.min_duration_s, timeout_s=self.timeout_s,
                                max_lag_s=self.max_lag_s)
         return {"state": status.state, "reason": status.reason, "observation": obs.to_dict()}

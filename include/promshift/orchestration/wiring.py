@@ -264,6 +264,7 @@ class GroupWiring:
                 target_retention=target.retention_lookup,
                 target_identity=target.identity(),
                 target_alerts=target.alert_reader,
+                target_discards=getattr(target, "discards_reader", None),
             )
         except AmpError as exc:
             if exc.retryable:
@@ -338,17 +339,18 @@ class GroupWiring:
             FileBytesSnapshotStore(blobs)
 
     def quota_check(self, audit: Any) -> Any:
-        """The AMP workspace's quota pre-flight for a deploy through the API (None: a self-hosted target, or the
-        file path, which has none yet)."""
+        """The AMP workspace's quota pre-flight, on every deploy path (the source file's too): its quotas, current
+        adaptive capacity and labels per series against its use (None: a self-hosted target)."""
         from promshift.orchestration.amp_hook import AmpHook
 
         hook = self.target_hook
-        if not isinstance(hook, AmpHook) or not (self.deploy.config_by_api or self.deploy.own_writer):
+        if not isinstance(hook, AmpHook):
             return None
         interval_s = self.deploy.writer_interval_s or self.group.scrape_interval_s
 
         def quota(group_series: int, now: datetime) -> dict[str, Any]:
             """The workspace's quotas against its use, what other groups reserved on it, and this group."""
+            from promshift.adapters.amp_quota import external_labels, group_label_count
             from promshift.core.quota import RESERVATION_WINDOW_S, pending_on_workspace
 
             preflight = hook.quota_preflight()
@@ -356,8 +358,11 @@ class GroupWiring:
                              or RESERVATION_WINDOW_S)
             pending = pending_on_workspace(audit.events(), workspace=preflight.workspace_id,
                                            group=self.group.name, now=now, window_s=window_s)
+            source, at = self.source_hook.prometheus_client(), now.timestamp()
+            labels = group_label_count(source.label_names(self.group.selector(), start=at - 300, end=at),
+                                       external_labels(source.config_text()), tuple(self.group.drop_labels))
             return preflight.require(group_series=group_series, scrape_interval_s=interval_s, now=now,
-                                     pending=pending)
+                                     pending=pending, group_labels=labels)
 
         return quota
 
@@ -508,6 +513,30 @@ class GroupWiring:
         source = self.source_hook
         if isinstance(source, PrometheusHook) and source.extra.get("rules"):
             out.append(("rules", restorer(self.rules_step)))
+        return out
+
+    def horizon(self, migration: Any, context: Any, now: datetime) -> Any:
+        """The group's history horizon at ``now`` (``core.horizon.Horizon``): when its dual-write began and whether
+        this run accepts short history; None when it is not dual-writing (nothing to hold back)."""
+        from promshift.core.horizon import Horizon, dual_write_since
+
+        since = dual_write_since(migration.audit.events(group=self.group_name))
+        if since is None:
+            return None
+        return Horizon(since, now, accept_short_history=self.run_params(context).accept_short_history,
+                       scrape_interval_s=self.group.scrape_interval_s)
+
+    def horizon_moves(self) -> list[Any]:
+        """The bake watch's movers of what the horizon held back (dashboards, then rules), for what is configured;
+        each builds its move only when something waits (``GroupLifecycle.move_when_ready``)."""
+        from promshift.orchestration.hooks import PrometheusHook
+
+        out: list[Any] = []
+        if self._grafana_read_path() is not None:
+            out.append(lambda m, horizon, now: self.read_path_step(m).switch_when_ready(m, horizon, now))
+        source = self.source_hook
+        if isinstance(source, PrometheusHook) and source.extra.get("rules"):
+            out.append(lambda m, horizon, now: self.rules_step(m).handoff_when_ready(m, horizon, now))
         return out
 
     @staticmethod

@@ -85,6 +85,19 @@ class DeployStepFailed(DeployError):
     """A deploy step ended without the group deployed (recorded in the audit first); one line."""
 
 
+def quota_preflight(m: Any, check: QuotaCheck, *, now: datetime) -> dict[str, Any]:
+    """The quota pre-flight of every deploy path: the group's series on the source against ``check``;
+    ``quota_reserved`` when it fits (its series now count on the workspace for the other groups' pre-flights).
+    ``QuotaExceeded`` (nothing deployed) when it does not: the caller records ``quota_refused``."""
+    series = int(m.backends.source.scalar(f"count({m.group.selector()})") or 0)
+    evidence = check(series, now)
+    m.record(EventKind.QUOTA_RESERVED, now, {
+        **{key: evidence[key] for key in ("workspace_id", "group_series", "workspace_series",
+                                          "pending_series", "pending_groups", "share") if key in evidence},
+        "connections": {"source": m.group.source, "target": m.group.target}})
+    return evidence
+
+
 class SnapshotLost(DeployError):
     """A recorded snapshot is missing, unreadable or no longer matches its hash."""
 
@@ -155,16 +168,9 @@ class DeployStep:
         quota = None
         if self.quota is not None:
             check = self.quota
-            series = int(m.backends.source.scalar(f"count({m.group.selector()})") or 0)
 
             def quota() -> dict[str, Any]:
-                evidence = check(series, now)
-                # The series now count on the workspace for the other groups' pre-flights (per workspace).
-                m.record(EventKind.QUOTA_RESERVED, now, {
-                    **{key: evidence[key] for key in ("workspace_id", "group_series", "workspace_series",
-                                                      "pending_series", "pending_groups", "share") if key in evidence},
-                    "connections": {"source": m.group.source, "target": m.group.target}})
-                return evidence
+                return quota_preflight(m, check, now=now)
         try:
             return start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota,
                                 snapshot=self.load(snapshot_info))

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from promshift.core.bake import (
@@ -144,16 +144,23 @@ class GroupLifecycle:
         name = remote_write_name(self.group.name)
         if queue:
             # Once merged (bounded write queues) the group is written by the merged entry, not its own.
-            attempt("queue", lambda: carrying_entry(b.source.config_text(), self.group.name))
-            name = values.get("queue") or name
-            attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(), name))
+            carrier: dict[str, str | None] = {}
+
+            def carrying() -> str | None:
+                if "name" not in carrier:
+                    carrier["name"] = carrying_entry(b.source.config_text(), self.group.name)
+                return carrier["name"]
+
+            attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(), carrying() or name))
             # Still deployed? A sync from git (or a helm upgrade) that dropped our entry says so here.
-            attempt("entry", lambda: name in remote_write_names(b.source.config_text()))
+            attempt("entry", lambda: carrying() is not None)
         since = self.migration.existing_dual_write_since()
         window_start = at - self.group.parity.skip_recent_s - self.group.bake.parity_window_s
         if since is not None:
             window_start = max(window_start, since)
         attempt("parity", lambda: self._parity(window_start, at))
+        if b.target_discards is not None:  # the workspace's discards in the bake window (adapters.ingest_health)
+            attempt("discards", lambda: b.target_discards(datetime.fromtimestamp(window_start, UTC), now))
         attempt("moved_rules", lambda: moved_rules(self.migration))
         moved = values.get("moved_rules")
         if moved is not None:  # only a group whose rules are on the target has a rules measurement
@@ -166,13 +173,20 @@ class GroupLifecycle:
         errors = [("rules", why) if what == "moved_rules" else (what, why) for what, why in errors]
         lag, failed = values.get("lag") or (None, None)
         parity = values.get("parity")
+        discarded = values.get("discards")
+        example = ""
+        if failed or (discarded and any(n > 0 for n in discarded.values())):
+            from promshift.core.warmup import missing_series_example
+
+            example = missing_series_example(b.source, b.target, selector, at=at)
         return BakeObservation(
             target_newest_age_s=values.get("age"), lag_s=lag, failed_samples=failed,
             source_series=None if values.get("source_series") is None else int(values["source_series"]),
             target_series=None if values.get("target_series") is None else int(values["target_series"]),
             parity=parity[0] if parity else None, parity_reason=parity[1] if parity else "",
             queue_expected=queue, rules=values.get("rules"), delivery=values.get("delivery"),
-            entry_loaded=values.get("entry"), entry_name=name if queue else "", errors=tuple(errors))
+            entry_loaded=values.get("entry"), entry_name=name if queue else "", errors=tuple(errors),
+            discarded=discarded, discards_expected=b.target_discards is not None, example_series=example)
 
     def _delivery(self, alerts: Sequence[str], at: float) -> DeliveryObservation:
         """The moved alerts firing on the target, and what its Alertmanager holds for each."""
@@ -362,7 +376,7 @@ class Decommission:
         return {"waiting": waiting, "short_by_s": short, "accepted": self.accept_history_loss}
 
     def decommission(self, now: datetime, *, approval: Mapping[str, Any]) -> dict[str, Any]:
-        from promshift.core.render import remote_write_names, sha256_bytes
+        from promshift.core.render import sha256_bytes
         from promshift.core.scrape_drop import add_scrape_drop, drop_is_loaded, drop_rule
 
         m = self.migration
@@ -432,7 +446,7 @@ class Decommission:
     def recommission(self, now: datetime, *, reason: str) -> dict[str, Any]:
         """Undo the decommission: remove the drop (the source scrapes and stores the group again); reads stay
         on the target. The source never stored the group's samples between the decommission and now."""
-        from promshift.core.render import remote_write_names, sha256_bytes
+        from promshift.core.render import sha256_bytes
         from promshift.core.scrape_drop import remove_scrape_drop
 
         m = self.migration

@@ -107,6 +107,9 @@ class Backends:
     # The target's Alertmanager: alertname -> the alerts it holds active for it (``adapters.alertmanager``);
     # None: no Alertmanager known for the target (the bake's delivery check is then INCONCLUSIVE).
     target_alerts: Callable[[str], Sequence[Any]] | None = None
+    # The target's discarded samples by reason: (since, now) -> {reason: n} (an AMP workspace's DiscardedSamples,
+    # ``adapters.ingest_health``); None: the target publishes none (a self-hosted Prometheus).
+    target_discards: Callable[[datetime, datetime], Mapping[str, float]] | None = None
 
     def target_problem(self) -> str | None:
         if self.target_ready is not None:
@@ -533,7 +536,7 @@ class GroupMigration:
             # The deploy path's own refusal (AWS's reason).
             if ev.kind in (EventKind.DEPLOY_FAILED, EventKind.QUOTA_REFUSED):
                 return f"{ev.kind.replace('_', ' ')}: {data.get('reason')}"
-            if ev.kind in (EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR):
+            if ev.kind in (EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR, EventKind.WARMUP_FAILED):
                 return f"warm-up {data.get('status')}: {data.get('reason')}"
             if ev.kind == EventKind.VALIDATION_FAILED:
                 return f"validation failed: {data.get('reason')}"
