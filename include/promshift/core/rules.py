@@ -34,12 +34,12 @@ from typing import Any, TypeVar
 import yaml
 from ruamel.yaml.error import YAMLError
 
-from promshift.core import render
+from promshift.core import render_yaml
 from promshift.core.catalog.regex import _compile_re2
 from promshift.core.durations import parse_duration
 from promshift.core.parity import LabelSet, Points, SampleComparison
 from promshift.core.promql import _TOKEN, PromQLError, analyse, metric_names, promql_string
-from promshift.core.render import RenderError
+from promshift.core.render_yaml import RenderError
 from promshift.core.verdicts import Measurement, Verdict, worst
 
 RULE_FILES = "rule_files"
@@ -152,16 +152,16 @@ class Selection:
 
 def _text(data: str | bytes, what: str) -> str:
     try:
-        return render._decode(data)
+        return render_yaml._decode(data)
     except RenderError as exc:
         raise RulesError(f"{what}: {exc}") from None
 
 
 def _load(text: str, what: str) -> Any:
     try:
-        return render._load12(text)
+        return render_yaml._load12(text)
     except YAMLError as exc:
-        raise RulesError(f"{what} is not valid YAML: {render._first_line(exc)}") from None
+        raise RulesError(f"{what} is not valid YAML: {render_yaml._first_line(exc)}") from None
     except RenderError as exc:  # the input budget, or one of its own refusals
         raise RulesError(f"{what}: {str(exc).removeprefix('source config: ')}") from None
 
@@ -359,14 +359,14 @@ def remove_rules(data: Text, path: str, selection: Selection) -> Text:
     return _remove_rules(data, path, selection)
 
 
-def _map_get(node: render._Node, key: str) -> render._Node | None:
+def _map_get(node: render_yaml._Node, key: str) -> render_yaml._Node | None:
     for k, v in zip(node.children[::2], node.children[1::2], strict=True):
         if k.kind == "scalar" and k.value == key:
             return v
     return None
 
 
-def _seq_items(node: render._Node | None, what: str, path: str) -> list[render._Node]:
+def _seq_items(node: render_yaml._Node | None, what: str, path: str) -> list[render_yaml._Node]:
     if node is None or (node.kind == "scalar" and node.empty):
         return []
     if node.kind == "alias" or node.anchor is not None:
@@ -386,7 +386,7 @@ def _remove_rules(text: str, path: str, selection: Selection) -> str:
     if {r.key: r.expr for r in before.rules if r.key in {c.key for c in chosen}} != {c.key: c.expr for c in chosen}:
         raise RulesError(f"{path} changed since its rules were selected; select again")
     try:
-        doc = render._parse(text)
+        doc = render_yaml._parse(text)
     except RenderError as exc:
         raise RulesError(f"{path}: {exc}") from None
     root = doc.root
@@ -416,33 +416,33 @@ def _remove_rules(text: str, path: str, selection: Selection) -> str:
     return new
 
 
-def _item_span(doc: render._Doc, item: render._Node, what: str, path: str) -> tuple[int, int]:
+def _item_span(doc: render_yaml._Doc, item: render_yaml._Node, what: str, path: str) -> tuple[int, int]:
     """The lines of a block-list item: from its dash's line to the line after its content."""
     text = doc.text
     i = item.start
-    while i > 0 and text[i - 1] in " \t" + render._BREAK_CHARS:
+    while i > 0 and text[i - 1] in " \t" + render_yaml._BREAK_CHARS:
         i -= 1
     if i == 0 or text[i - 1] != "-":
         raise RulesError(f"{path}: cannot find the '-' of {what}; edit it by hand")
     dash = i - 1
-    start = render._line_start(doc, dash)
+    start = render_yaml._line_start(doc, dash)
     if text[start:dash].strip(" "):
         raise RulesError(f"{path}: {what} does not start its own line; edit it by hand")
     try:
-        end = render._next_line(doc, item.end)
+        end = render_yaml._next_line(doc, item.end)
     except RenderError as exc:
         raise RulesError(f"{path}: {exc}") from None
-    if end == len(text) and render._break_before(text, end) == 0:
-        start -= render._break_before(text, start)  # the last line: take the break before it
+    if end == len(text) and render_yaml._break_before(text, end) == 0:
+        start -= render_yaml._break_before(text, start)  # the last line: take the break before it
     return start, end
 
 
 def _check_removed(old: str, new: str, path: str, selection: Selection) -> None:
     """The edited file must load as the old one minus the selected rules (and emptied groups)."""
     try:
-        loaded_old, loaded_new = render._load12(old), render._load12(new)
+        loaded_old, loaded_new = render_yaml._load12(old), render_yaml._load12(new)
     except (YAMLError, RenderError) as exc:
-        raise RulesError(f"{path}: removing the rules would break the file ({render._first_line(exc)}); "
+        raise RulesError(f"{path}: removing the rules would break the file ({render_yaml._first_line(exc)}); "
                          "does a removed rule define an anchor another rule uses? Edit it by hand") from None
     keys = {r.key for r in selection.in_file(path)}
     whole = set(selection.whole_groups(path))
@@ -456,7 +456,7 @@ def _check_removed(old: str, new: str, path: str, selection: Selection) -> None:
     want["groups"] = groups
     have = dict(loaded_new or {})
     have["groups"] = have.get("groups") or []
-    if render._canon(want) != render._canon(have):
+    if render_yaml._canon(want) != render_yaml._canon(have):
         raise RulesError(f"internal error: removing the rules from {path} would change more than those rules; "
                          "the file was left untouched")
 
@@ -469,17 +469,17 @@ def add_rule_file(config: Text, rule_path: str) -> Text:
 
     A no-op when the path is already listed. Every other byte stays.
     """
-    return render._edit(config, lambda text: _add_rule_file(text, rule_path))
+    return render_yaml._edit(config, lambda text: _add_rule_file(text, rule_path))
 
 
 def remove_rule_file(config: Text, rule_path: str) -> Text:
     """The config without the ``rule_files`` entry ``rule_path`` (and the key, if promshift added it)."""
-    return render._edit(config, lambda text: _remove_rule_file(text, rule_path))
+    return render_yaml._edit(config, lambda text: _remove_rule_file(text, rule_path))
 
 
-def _rule_files(doc: render._Doc) -> tuple[render._Node, render._Node] | None:
+def _rule_files(doc: render_yaml._Doc) -> tuple[render_yaml._Node, render_yaml._Node] | None:
     try:
-        root = render._root_mapping(doc)
+        root = render_yaml._root_mapping(doc)
     except RenderError as exc:
         raise RulesError(str(exc)) from None
     if root is None:
@@ -500,13 +500,13 @@ def _add_rule_file(text: str, rule_path: str) -> str:
     if rule_path in patterns:
         return text
     try:
-        doc = render._parse(text)
+        doc = render_yaml._parse(text)
     except RenderError as exc:
         raise RulesError(str(exc)) from None
     found = _rule_files(doc)  # a block list (flow lists are refused), ``rule_files:`` alone, or None
     try:
-        new = render._append_item(doc, found, render._root_mapping(doc), RULE_FILES, rule_path)
-    except render.BlockScalarAtEnd:
+        new = render_yaml._append_item(doc, found, render_yaml._root_mapping(doc), RULE_FILES, rule_path)
+    except render_yaml.BlockScalarAtEnd:
         raise RulesError("the config ends in a block scalar (| or >) without a final line break; add one") from None
     _check_rule_files(text, new, [*patterns, rule_path])
     return new
@@ -516,16 +516,16 @@ def _remove_rule_file(text: str, rule_path: str) -> str:
     patterns = rule_file_patterns(text)
     if rule_path not in patterns:
         return text
-    doc = render._parse(text)
+    doc = render_yaml._parse(text)
     found = _rule_files(doc)
     assert found is not None
     key, value = found
     index = patterns.index(rule_path)
     start, end = _item_span(doc, value.children[index], f"{RULE_FILES} entry {rule_path!r}", "the config")
     if len(value.children) == 1:
-        key_start = render._line_start(doc, key.start)
-        key_line = text[key_start:start].rstrip(render._BREAK_CHARS)
-        if key_line == f"{' ' * render._column(doc, key.start)}{RULE_FILES}:  {render.ADDED_KEY_COMMENT}":
+        key_start = render_yaml._line_start(doc, key.start)
+        key_line = text[key_start:start].rstrip(render_yaml._BREAK_CHARS)
+        if key_line == f"{' ' * render_yaml._column(doc, key.start)}{RULE_FILES}:  {render_yaml.ADDED_KEY_COMMENT}":
             start = key_start
     new = text[:start] + text[end:]
     _check_rule_files(text, new, [p for p in patterns if p != rule_path])
@@ -533,10 +533,10 @@ def _remove_rule_file(text: str, rule_path: str) -> str:
 
 
 def _check_rule_files(old: str, new: str, want: Sequence[str]) -> None:
-    before, after = dict(render._load12(old) or {}), dict(render._load12(new) or {})
+    before, after = dict(render_yaml._load12(old) or {}), dict(render_yaml._load12(new) or {})
     before.pop(RULE_FILES, None)
     got = after.pop(RULE_FILES, None) or []
-    if render._canon(before) != render._canon(after) or list(got) != list(want):
+    if render_yaml._canon(before) != render_yaml._canon(after) or list(got) != list(want):
         raise RulesError(f"internal error: editing {RULE_FILES} would change more than that list; "
                          "the config was left untouched")
 

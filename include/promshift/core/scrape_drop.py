@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from promshift.core.render import (
+from promshift.core.render_yaml import (
     ADDED_KEY_COMMENT,
     Config,
     RenderError,

@@ -99,11 +99,11 @@ def test_corpus_add_then_remove_gives_back_the_original_bytes(path: Path, kind: 
 @pytest.mark.parametrize("path", CORPUS_FILES, ids=lambda p: p.name)
 def test_the_pure_path_gives_the_same_edits(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without LibYAML (ruamel.yaml's parser, full-document checks) the corpus round-trips to the same bytes."""
-    from promshift.core import render
+    from promshift.core import render_yaml
 
     data = path.read_bytes()
     fast = add_remote_write(data, ENTRIES["tricky"])
-    monkeypatch.setattr(render, "_FAST", False)
+    monkeypatch.setattr(render_yaml, "_FAST", False)
     assert check_round_trip(data, ENTRIES["tricky"]) == fast
 
 
@@ -118,7 +118,7 @@ def shape(node: Any) -> Any:
 
 @pytest.mark.parametrize("path", CORPUS_FILES, ids=lambda p: p.name)
 def test_libyaml_and_ruamel_find_the_same_positions(path: Path) -> None:
-    from promshift.core.render import _parse
+    from promshift.core.render_yaml import _parse
 
     text = path.read_bytes().decode("utf-8")
     fast, pure = _parse(text), _parse(text, fast=False)
