@@ -26,7 +26,7 @@ from promshift.core.render import (
 from promshift.core.render_yaml import _column, _Doc, _Node, _parse
 from promshift.core.render_yaml import _walk as walk
 
-CORPUS = Path(__file__).resolve().parents[1] / "data" / "configs"
+CORPUS = Path(__file__).resolve().parents[2] / "data" / "configs"
 CORPUS_FILES = sorted(p for p in CORPUS.glob("*.yml"))
 ENTRY = remote_write_entry(group_name="gpu-memory", name_regex="DCGM_FI_DEV_FB_(FREE|USED)",
                            url="https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write",
