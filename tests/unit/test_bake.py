@@ -23,7 +23,7 @@ def test_a_clean_observation_passes_every_check() -> None:
     result = judge(CLEAN, POLICY)
     assert result.verdict == S and not result.failed
     assert verdicts(CLEAN) == {"freshness": "SUCCESSFUL", "lag": "SUCCESSFUL", "series": "SUCCESSFUL",
-                               "parity": "SUCCESSFUL"}
+                               "parity": "SUCCESSFUL", "ingestion": "SUCCESSFUL"}
     assert result.reason() == "every bake check passed"
 
 
@@ -57,7 +57,7 @@ def test_an_observation_that_could_not_be_made_is_an_error_and_fails_the_bake() 
     result = judge(obs, POLICY)
     assert result.verdict == Verdict.ERROR and result.failed
     assert result.reason() == "freshness ERROR: age: http://amp: unreachable"
-    assert [m.name for m in result.measurements] == ["freshness", "lag", "series", "parity"]
+    assert [m.name for m in result.measurements] == ["freshness", "lag", "series", "parity", "ingestion"]
 
 
 def test_the_scraper_path_has_no_queue_and_its_lag_does_not_apply() -> None:

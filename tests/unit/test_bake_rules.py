@@ -98,10 +98,11 @@ def test_failed_beats_inconclusive_and_the_line_names_three_then_counts() -> Non
 
 
 def test_judge_adds_rules_last_only_when_rules_moved() -> None:
-    assert [m.name for m in judge(CLEAN, POLICY).measurements] == ["freshness", "lag", "series", "parity"]
+    assert [m.name for m in judge(CLEAN, POLICY).measurements] == ["freshness", "lag", "series", "parity",
+                                                                    "ingestion"]
     obs = BakeObservation(**{**CLEAN.__dict__, "rules": RulesObservation((RECORD,), 10)})
     result = judge(obs, POLICY)
-    assert [m.name for m in result.measurements] == ["freshness", "lag", "series", "parity", "rules"]
+    assert [m.name for m in result.measurements] == ["freshness", "lag", "series", "parity", "ingestion", "rules"]
     assert result.verdict == Verdict.SUCCESSFUL
 
 

@@ -34,6 +34,7 @@ STORED_VALUES = [
     "decommission_approval_timeout", "decommission_approval_refused_four_eyes",
     "decommission_approval_refused_evidence_changed", "decommission_refused", "decommission_failed",
     "decommissioned", "recommissioned", "approval_refused_evidence_unverified", "quota_reserved", "run_overdue",
+    "warmup_failed",
 ]
 # Modules whose constants share words with event kinds in another vocabulary: the owners' notices.
 _OTHER_VOCABULARIES = {PACKAGE / "core" / "notify.py"}

@@ -18,6 +18,16 @@ Where each number comes from:
   periods, the latest point of the last 15 minutes). With no datapoint, active series fall back
   to ``count({__name__=~".+"})`` on the workspace itself; ingestion rate is then unknown and not checked.
 
+With ``check_capacity`` (what the AMP hook sets), two more checks (``core.quota``):
+
+- the workspace's **current adaptive capacity**: ``core.ingest_limits.adaptive_capacity`` of the quota and the
+  active series' average over the last 30 minutes (the same usage metric, ``Average`` over one 30-min period);
+  with no datapoint the workspace's current series stand for that average (evidence ``capacity_from`` says so),
+  so a fresh, empty workspace takes 2M;
+- **Labels per metric series** (found by name like the others; when Service Quotas lists no such quota, AMP's
+  documented 70, said so in the evidence) against the group's labels per series at most (the caller's count,
+  ``group_label_count``: the label names of the group's series on the source plus the writer's external labels).
+
 The verdict is ``core.quota.assess_quota``. Nothing is deployed when it refuses; an unreadable
 quota refuses too (a check without data never passes).
 """
@@ -31,6 +41,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from promshift.adapters.amp import CREDENTIAL_ERRORS
+from promshift.core.ingest_limits import ADAPTIVE_WINDOW_S, WorkspaceLimits, adaptive_capacity
 from promshift.core.quota import (
     DEFAULT_MAX_SHARE,
     NOTHING_PENDING,
@@ -45,6 +56,7 @@ log = logging.getLogger(__name__)
 SERVICE_CODE = "aps"
 ACTIVE_SERIES = "Active series per workspace"
 INGESTION_RATE = "Ingestion rate per workspace"
+LABELS_PER_SERIES = "Labels per metric series"
 USAGE_LOOKBACK = timedelta(minutes=15)
 
 
@@ -154,6 +166,44 @@ def workspace_usage(cloudwatch: Any, metric: UsageMetric, workspace_id: str, now
     return None
 
 
+def workspace_usage_average(cloudwatch: Any, metric: UsageMetric, workspace_id: str, now: datetime) -> float | None:
+    """The usage metric's average for this workspace over the last 30 minutes, or None without a datapoint."""
+    if workspace_usage(cloudwatch, metric, workspace_id, now) is None:
+        return None  # also finds the metric's dimensions; no point at all: nothing to average
+    filters = [{"Name": k, "Value": v} for k, v in metric.dimensions.items()]
+    try:
+        found = [list(m.get("Dimensions") or []) for page in cloudwatch.get_paginator("list_metrics").paginate(
+            Namespace=metric.namespace, MetricName=metric.name, Dimensions=filters) for m in page.get("Metrics") or []]
+        ours = [dims for dims in found if any(d["Value"] == workspace_id for d in dims)] or found
+        answer = cloudwatch.get_metric_data(
+            MetricDataQueries=[{"Id": "avg", "ReturnData": True, "MetricStat": {
+                "Metric": {"Namespace": metric.namespace, "MetricName": metric.name, "Dimensions": ours[0]},
+                "Period": 60, "Stat": "Average"}}],
+            StartTime=now - timedelta(seconds=ADAPTIVE_WINDOW_S), EndTime=now + timedelta(minutes=1))
+    except Exception as exc:
+        raise _unavailable(exc, f"GetMetricData({metric.namespace}/{metric.name}, Average)") from None
+    values = [float(v) for result in answer.get("MetricDataResults") or [] for v in result.get("Values") or []]
+    # Minutes with no point count as none: the average over the whole 30 min, as AMP's baseline.
+    return sum(values) / (ADAPTIVE_WINDOW_S / 60) if values else None
+
+
+def external_labels(config_text: str) -> dict[str, str]:
+    """The writer's ``global.external_labels`` (Prometheus adds them to every remote-written series)."""
+    from promshift.core.inputs import CONFIG, parse_yaml_bounded
+
+    document = parse_yaml_bounded(config_text, CONFIG) or {}
+    labels = ((document.get("global") or {}) if isinstance(document, dict) else {}).get("external_labels") or {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+def group_label_count(label_names: list[str], external_labels: Mapping[str, str], drop_labels: tuple[str, ...] = ()
+                      ) -> int:
+    """Labels per series at most that the group's writes carry: the label names of its series on the source (their
+    union: an upper bound) less the dropped ones, plus the writer's external labels it does not already have."""
+    names = {n for n in label_names if n not in drop_labels} | set(external_labels)
+    return len(names)
+
+
 @dataclass
 class QuotaPreflight:
     """Reads the numbers (see the module docstring) and asks ``core.quota.assess_quota``."""
@@ -166,9 +216,35 @@ class QuotaPreflight:
     workspace_series_query: Callable[[], float | None] | None = None
     max_share: float = DEFAULT_MAX_SHARE
     quota_codes: Mapping[str, str] = field(default_factory=dict)
+    # The workspace's current adaptive capacity and labels per series are checked too (module docstring).
+    check_capacity: bool = False
+
+    def _labels_limit(self, evidence: dict[str, Any]) -> int:
+        try:
+            quota = read_quota(self.quotas, LABELS_PER_SERIES, workspace_arn=self.workspace_arn,
+                               code=self.quota_codes.get("labels_per_series"))
+        except QuotaUnavailable as exc:
+            if "has no aps quota named" not in str(exc):
+                raise
+            evidence["labels_limit_from"] = "AMP's documented default (Service Quotas lists no such quota)"
+            return WorkspaceLimits().labels_per_series
+        evidence["quotas"].append(quota.to_dict())
+        evidence["labels_limit_from"] = "service quotas"
+        return int(quota.value)
+
+    def _capacity(self, quota: QuotaValue, current: float, now: datetime, evidence: dict[str, Any]) -> float:
+        average = workspace_usage_average(self.cloudwatch, quota.usage, self.workspace_id, now) \
+            if quota.usage else None
+        evidence["capacity_from"] = "cloudwatch 30-min average"
+        if average is None:
+            average = current
+            evidence["capacity_from"] = "no CloudWatch average: the workspace's current series taken as its average"
+        evidence["series_average_30min"] = average
+        return adaptive_capacity(quota.value, average)
 
     def assess(self, *, group_series: int, scrape_interval_s: float, now: datetime,
-               pending: PendingSeries = NOTHING_PENDING) -> tuple[QuotaAssessment, dict[str, Any]]:
+               pending: PendingSeries = NOTHING_PENDING, group_labels: int | None = None
+               ) -> tuple[QuotaAssessment, dict[str, Any]]:
         """The assessment and its evidence (quota codes, where each usage number came from).
 
         ``pending``: what other groups reserved on this workspace (``core.quota.pending_on_workspace``).
@@ -192,17 +268,20 @@ class QuotaPreflight:
         rate = workspace_usage(self.cloudwatch, ingestion_quota.usage, self.workspace_id, now) \
             if ingestion_quota.usage else None
         evidence["workspace_ingestion_rate_from"] = "cloudwatch" if rate is not None else "unknown (not checked)"
+        capacity = self._capacity(series_quota, series, now, evidence) if self.check_capacity else None
+        labels = (group_labels, self._labels_limit(evidence)) \
+            if self.check_capacity and group_labels is not None else None
         assessment = assess_quota(group_series=group_series, workspace_series=series,
                                   series_limit=series_quota.value, scrape_interval_s=scrape_interval_s,
                                   workspace_ingestion_rate=rate, ingestion_limit=ingestion_quota.value,
-                                  max_share=self.max_share, pending=pending)
+                                  max_share=self.max_share, pending=pending, series_capacity=capacity, labels=labels)
         return assessment, evidence
 
     def require(self, *, group_series: int, scrape_interval_s: float, now: datetime,
-                pending: PendingSeries = NOTHING_PENDING) -> dict[str, Any]:
+                pending: PendingSeries = NOTHING_PENDING, group_labels: int | None = None) -> dict[str, Any]:
         """The audit's ``deploy.quota`` when the group fits; QuotaExceeded (nothing deployed) when it does not."""
         assessment, evidence = self.assess(group_series=group_series, scrape_interval_s=scrape_interval_s, now=now,
-                                           pending=pending)
+                                           pending=pending, group_labels=group_labels)
         if not assessment.ok:
             raise QuotaExceeded(assessment, evidence)
         return {**assessment.to_dict(), **evidence}

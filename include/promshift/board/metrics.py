@@ -36,7 +36,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _VERDICT = {EventKind.GATE_PASSED: "passed", EventKind.GATE_INCONCLUSIVE: "inconclusive",
             EventKind.GATE_FAILED: "failed"}
 _ROLLBACK = {EventKind.ROLLED_BACK: "rolled_back", EventKind.ROLLBACK_FAILED: "failed"}
-_WARMUP_ENDS = (EventKind.WARMUP_READY, EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR)
+_WARMUP_ENDS = (EventKind.WARMUP_READY, EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR, EventKind.WARMUP_FAILED)
 # Every kind ``_fold`` reads besides stage moves: a reader may pass only these (and every event with a ``stage_to``),
 # with the log's totals beside them (``exposition(totals=...)``); a bake check, the bulk of a year, is none of them.
 FOLDED_KINDS = frozenset({*_WARMUP_ENDS, *GATE_DECIDED, *_ASKS_APPROVAL, *_CLOSES_APPROVAL,

@@ -134,6 +134,11 @@ class BakeObservation:
     # Whether the group's remote_write entry (``entry_name``) is in the source's loaded config; None: not observed.
     entry_loaded: bool | None = None
     entry_name: str = ""
+    # The workspace's discarded samples by reason in the bake window (AMP's DiscardedSamples); None: not read.
+    # ``discards_expected``: the target publishes them (an AMP workspace), so None is never "no discards".
+    discarded: Mapping[str, float] | None = None
+    discards_expected: bool = False
+    example_series: str = ""
     # Observations that could not be made: (what, one line), what being age, lag, source_series,
     # target_series, parity or rules. The measurement that needed it is ERROR, never judged on a missing value.
     errors: tuple[tuple[str, str], ...] = ()
@@ -173,7 +178,8 @@ class BakeCheckResult:
 
 # Which observations each measurement needs.
 _NEEDS = {"freshness": ("age",), "lag": ("lag",), "series": ("source_series", "target_series"),
-          "parity": ("parity",), "rules": ("rules",), "delivery": ("delivery",), "entry": ("entry",)}
+          "parity": ("parity",), "ingestion": ("discards",), "rules": ("rules",), "delivery": ("delivery",),
+          "entry": ("entry",)}
 
 
 def judge(obs: BakeObservation, policy: BakePolicy) -> BakeCheckResult:
@@ -228,6 +234,9 @@ def _judge_observed(obs: BakeObservation, policy: BakePolicy) -> list[BakeMeasur
         out.append(judge_rules(obs.rules))
     if obs.delivery is not None and obs.delivery.alerts:
         out.append(judge_delivery(obs.delivery))
+    ingestion = judge_ingestion(obs)
+    if ingestion is not None:
+        out.append(ingestion)
     if obs.entry_loaded is True:
         out.append(BakeMeasurement("entry", Verdict.SUCCESSFUL, f"remote_write {obs.entry_name} is in the source's "
                                                                 "loaded config"))
@@ -237,6 +246,27 @@ def _judge_observed(obs: BakeObservation, policy: BakePolicy) -> list[BakeMeasur
                                    "sync (Argo CD, Flux, helm upgrade) or an edit removed it, so the target gets "
                                    "nothing new of the group"))
     return out
+
+
+def judge_ingestion(obs: BakeObservation) -> BakeMeasurement | None:
+    """The ``ingestion`` measurement: FAILED when the target refused samples of the group (the writer's failed
+    samples, the workspace's discards by reason); None when neither is a source on this path."""
+    from promshift.core.warmup import WarmupObservation, ingestion_refusal
+
+    if not obs.discards_expected and (not obs.queue_expected or (obs.lag_s is None and obs.failed_samples is None)):
+        return None  # no source of refusals on this path, or the queue was not found (``lag`` says so)
+    refused = ingestion_refusal(WarmupObservation(0, 0, 0, obs.lag_s, obs.failed_samples, obs.discarded,
+                                                  obs.discards_expected, obs.example_series))
+    if refused:
+        return BakeMeasurement("ingestion", Verdict.FAILED, refused,
+                               (obs.failed_samples or 0) + sum((obs.discarded or {}).values()))
+    if obs.discards_expected and obs.discarded is None:
+        return BakeMeasurement("ingestion", Verdict.INCONCLUSIVE, "the workspace's discarded samples were not read")
+    if obs.queue_expected and obs.failed_samples is None and not obs.discards_expected:
+        return BakeMeasurement("ingestion", Verdict.INCONCLUSIVE, "the group's queue reports no failed-sample count")
+    sources = (["no failed samples in the group's queue"] if obs.failed_samples is not None else []) + (
+        ["no samples discarded by the workspace"] if obs.discards_expected else [])
+    return BakeMeasurement("ingestion", Verdict.SUCCESSFUL, "; ".join(sources), 0.0)
 
 
 def judge_delivery(obs: DeliveryObservation) -> BakeMeasurement:

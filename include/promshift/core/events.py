@@ -88,11 +88,14 @@ class EventKind(StrEnum):
     # The run passed its DAG's deadline alert (warm-up and approval timeouts plus a margin) and has not ended: a
     # side event recorded by the deadline's callback on the triggerer (``orchestration.deadlines``); no stage move.
     RUN_OVERDUE = "run_overdue"
+    # The warm-up saw the target refuse samples while the group warmed up (the writer's failed samples, the
+    # workspace's DiscardedSamples by reason): FAILED, naming the reason (``core.warmup``).
+    WARMUP_FAILED = "warmup_failed"
 
 
-# The warm-up's end, by the trigger's status (``ready``, ``timeout``, ``error``).
+# The warm-up's end, by the trigger's status (``ready``, ``timeout``, ``error``, ``failed``).
 WARMUP_ENDED = {"ready": EventKind.WARMUP_READY, "timeout": EventKind.WARMUP_TIMEOUT,
-                "error": EventKind.WARMUP_ERROR}
+                "error": EventKind.WARMUP_ERROR, "failed": EventKind.WARMUP_FAILED}
 # The gate decided (a dry run's verdict is ``dry_run_gate``, not one of these).
 GATE_DECIDED = frozenset({EventKind.GATE_PASSED, EventKind.GATE_INCONCLUSIVE, EventKind.GATE_FAILED})
 # An answer to the cut-over's approval (or the end of waiting for one): the decision, who, why.

@@ -9,7 +9,12 @@ resources", AMP user guide). The group adds its own active series (``count(<sele
 source) and, scraped every ``scrape_interval_s``, that many samples per interval.
 
 A group is refused when either sum would exceed ``max_share`` of its quota (default 80 %),
-so the workspace keeps headroom for growth and for the churn of a rollout.
+so the workspace keeps headroom for growth and for the churn of a rollout. It is refused too when the
+active series would outrun the workspace's **current capacity** (AMP's adaptive rule, ``core.ingest_limits.
+adaptive_capacity``: double its average of the last 30 min, from 2M up to the quota; a first wave of more
+than 2M series onto a fresh workspace is throttled even under its quota), and when the group's series carry
+more labels than **Labels per metric series** allows (every such series would be refused). The refusal names
+the numbers and how many series the workspace takes now, so a wave can start its groups in steps.
 
 Several groups (from several clusters) may move onto one workspace, in one wave, at once. The
 workspace's published usage lags (CloudWatch; a managed collector writes only once it is ACTIVE,
@@ -77,6 +82,10 @@ class QuotaAssessment:
     ingestion: QuotaUse | None
     max_share: float
     pending_groups: tuple[str, ...] = ()
+    # The workspace's current adaptive capacity (active series), when known.
+    capacity: float | None = None
+    # (the group's labels per series at most, the workspace's limit), when known.
+    labels: tuple[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The audit's ``deploy.quota``: ``{group_series, workspace_series, pending_series, limit, share, ...}``."""
@@ -88,6 +97,10 @@ class QuotaAssessment:
         }
         if self.ingestion is not None:
             data["ingestion"] = self.ingestion.to_dict()
+        if self.capacity is not None:
+            data["capacity"] = self.capacity
+        if self.labels is not None:
+            data["labels_per_series"] = {"group": self.labels[0], "limit": self.labels[1]}
         return data
 
 
@@ -132,12 +145,15 @@ def pending_on_workspace(events: Iterable[AuditEvent], *, workspace: str, group:
 
 def assess_quota(*, group_series: int, workspace_series: float, series_limit: float, scrape_interval_s: float,
                  workspace_ingestion_rate: float | None = None, ingestion_limit: float | None = None,
-                 max_share: float = DEFAULT_MAX_SHARE, pending: PendingSeries = NOTHING_PENDING) -> QuotaAssessment:
+                 max_share: float = DEFAULT_MAX_SHARE, pending: PendingSeries = NOTHING_PENDING,
+                 series_capacity: float | None = None, labels: tuple[int, int] | None = None) -> QuotaAssessment:
     """Refuse the group when the workspace would use more than ``max_share`` of either quota.
 
     ``pending``: series other groups reserved on the same workspace (``pending_on_workspace``), added
     to its current use. Ingestion is checked only when both its current rate and its quota are known.
     A group with no series is refused too: there is nothing to move, and a check without data never passes.
+    ``series_capacity``: the active series the workspace takes now (``adaptive_capacity``); ``labels``: the
+    group's labels per series at most and the workspace's limit. Each is checked when given.
     """
     if not 0 < max_share <= 1:
         raise ValueError(f"max_share must be in (0, 1], got {max_share}")
@@ -158,9 +174,24 @@ def assess_quota(*, group_series: int, workspace_series: float, series_limit: fl
         ingestion = QuotaUse("ingestion rate (samples/s)", float(workspace_ingestion_rate),
                              group_series / scrape_interval_s, float(ingestion_limit),
                              pending.series / scrape_interval_s)
+    extra = {"capacity": series_capacity, "labels": labels}
     if group_series == 0:
         return QuotaAssessment(False, "the group has no active series on the source; nothing to check or move",
-                               series, ingestion, max_share, pending.groups)
+                               series, ingestion, max_share, pending.groups, **extra)
+    if labels is not None and labels[0] > labels[1]:
+        return QuotaAssessment(False, f"quota pre-flight refused: the group's series carry up to {labels[0]} labels "
+                                      f"(with the writer's external labels), over the workspace's {labels[1]} labels "
+                                      "per series: AMP would refuse every such series; drop labels or raise the quota",
+                               series, ingestion, max_share, pending.groups, **extra)
+    total = series.current + series.pending + series.added
+    if series_capacity is not None and total > series_capacity:
+        room = max(0.0, series_capacity - series.current - series.pending)
+        return QuotaAssessment(False, f"quota pre-flight refused: active series would reach {total:,.0f}, past the "
+                                      f"workspace's current capacity of {series_capacity:,.0f} (AMP's adaptive "
+                                      f"capacity: double its 30-min average, from 2M up to the quota of "
+                                      f"{series.limit:,.0f}); it takes {room:,.0f} more series now: start the "
+                                      "wave's groups in steps, or wait for the capacity to grow",
+                               series, ingestion, max_share, pending.groups, **extra)
     for use in (series, ingestion):
         if use is not None and use.share > max_share:
             others = (f" + {use.pending:,.0f} reserved by {', '.join(pending.groups)} on this workspace"
@@ -168,8 +199,12 @@ def assess_quota(*, group_series: int, workspace_series: float, series_limit: fl
             reason = (f"quota pre-flight refused: {use.name} would reach {use.share:.1%} of the workspace quota "
                       f"({use.current:,.0f} now{others} + {use.added:,.0f} for the group > {max_share:.0%} of "
                       f"{use.limit:,.0f}); raise the quota or move a smaller group")
-            return QuotaAssessment(False, reason, series, ingestion, max_share, pending.groups)
+            return QuotaAssessment(False, reason, series, ingestion, max_share, pending.groups, **extra)
     parts = [f"{use.name} {use.share:.1%}" for use in (series, ingestion) if use is not None]
     also = f", counting {', '.join(pending.groups)} reserved on this workspace" if pending.groups else ""
-    return QuotaAssessment(True, f"quota pre-flight passed: {', '.join(parts)} of quota (limit {max_share:.0%}"
-                                 f"{also})", series, ingestion, max_share, pending.groups)
+    text = f"quota pre-flight passed: {', '.join(parts)} of quota (limit {max_share:.0%}{also})"
+    if series_capacity is not None:
+        text += f"; {total:,.0f} of a current capacity of {series_capacity:,.0f} series"
+    if labels is not None:
+        text += f"; up to {labels[0]} of {labels[1]} labels per series"
+    return QuotaAssessment(True, text, series, ingestion, max_share, pending.groups, **extra)

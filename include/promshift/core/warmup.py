@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from promshift.core.ingest_limits import describe_discards
 
 
 @dataclass(frozen=True)
@@ -15,14 +18,24 @@ class WarmupObservation:
     target_series: int
     lag_s: float | None
     failed_samples: float | None
+    # The workspace's discarded samples by reason since the dual-write began (AMP's DiscardedSamples); None:
+    # not read. ``discards_expected``: the target publishes them (an AMP workspace), so None is not "none".
+    discarded: Mapping[str, float] | None = None
+    discards_expected: bool = False
+    # A series of the group the source holds and the target lacks (found once samples were refused), or "".
+    example_series: str = ""
+    # Why the discards could not be read (one line), when they could not.
+    discards_error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["discarded"] = dict(self.discarded) if self.discarded is not None else None
+        return data
 
 
 @dataclass(frozen=True)
 class WarmupStatus:
-    """``waiting``, ``ready`` or ``timeout``, with the reason in plain words."""
+    """``waiting``, ``ready``, ``timeout`` or ``failed`` (the target refused samples), with the reason."""
 
     state: str
     reason: str
@@ -34,7 +47,15 @@ def assess_warmup(obs: WarmupObservation, *, min_duration_s: float, timeout_s: f
     group's series as the source (and some), and remote-write lag is under the bound.
 
     ``max_lag_s=None``: the path has no source remote-write queue (a managed collector scrapes
-    the group itself), so lag is not part of the check; the series counts still are."""
+    the group itself), so lag is not part of the check; the series counts still are.
+
+    Any refusal ends the warm-up ``failed`` at once, naming it: failed samples of the group's remote-write queue
+    (``prometheus_remote_storage_samples_failed_total``: only non-recoverable answers, i.e. refusals) or samples
+    the workspace discarded (by reason, with a series of the group the target lacks). Discards the target should
+    publish but that could not be read are a problem, never "no discards"."""
+    refused = ingestion_refusal(obs)
+    if refused:
+        return WarmupStatus("failed", refused)
     problems = []
     if obs.elapsed_s < min_duration_s:
         problems.append(f"warm-up {obs.elapsed_s:.0f}s of {min_duration_s:.0f}s")
@@ -46,6 +67,11 @@ def assess_warmup(obs: WarmupObservation, *, min_duration_s: float, timeout_s: f
         problems.append("remote-write lag unknown (queue not reporting yet)")
     elif max_lag_s is not None and obs.lag_s is not None and obs.lag_s > max_lag_s:
         problems.append(f"remote-write lag {obs.lag_s:.1f}s > {max_lag_s:.1f}s")
+    if max_lag_s is not None and obs.lag_s is not None and obs.failed_samples is None:
+        problems.append("the queue's failed-sample count unknown (prometheus_remote_storage_samples_failed_total)")
+    if obs.discards_expected and obs.discarded is None:
+        problems.append("the workspace's discarded samples unknown"
+                        + (f" ({obs.discards_error})" if obs.discards_error else ""))
     if not problems:
         lag = "no remote-write queue" if max_lag_s is None else f"lag {obs.lag_s:.1f}s"
         return WarmupStatus("ready", f"target holds {obs.target_series}/{obs.source_series} series, "
@@ -53,6 +79,20 @@ def assess_warmup(obs: WarmupObservation, *, min_duration_s: float, timeout_s: f
     if obs.elapsed_s >= timeout_s:
         return WarmupStatus("timeout", f"not ready after {timeout_s:.0f}s: " + "; ".join(problems))
     return WarmupStatus("waiting", "; ".join(problems))
+
+
+def ingestion_refusal(obs: WarmupObservation) -> str:
+    """One line naming what the target refused of the group (empty: nothing seen refused)."""
+    parts = []
+    if obs.failed_samples:
+        parts.append(f"the writer failed {obs.failed_samples:,.0f} samples (prometheus_remote_storage_samples_"
+                     "failed_total: the target refused them)")
+    if obs.discarded and any(n > 0 for n in obs.discarded.values()):
+        parts.append(f"the workspace discarded {describe_discards(obs.discarded)} (DiscardedSamples)")
+    if not parts:
+        return ""
+    example = f"; e.g. series {obs.example_series}" if obs.example_series else ""
+    return "ingestion refused: " + "; ".join(parts) + example
 
 
 def parse_remote_write_lag(metrics_text: str, remote_name: str) -> tuple[float | None, float | None]:

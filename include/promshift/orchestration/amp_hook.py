@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 
@@ -196,7 +197,23 @@ class AmpHook(AwsBaseHook):
             workspace_id=workspace.workspace_id, workspace_arn=workspace.arn,
             workspace_series_query=lambda: self.prometheus_client().scalar('count({__name__=~".+"})'),
             max_share=float(max_share or settings.get("max_share") or DEFAULT_MAX_SHARE),
-            quota_codes=dict(settings.get("codes") or {}))
+            quota_codes=dict(settings.get("codes") or {}), check_capacity=True)
+
+    @property
+    def discards_reader(self) -> Callable[[datetime, datetime], dict[str, float]]:
+        """``(since, now) -> {reason: samples}``: what the workspace discarded (CloudWatch ``DiscardedSamples``)."""
+        return self.read_discards
+
+    def read_discards(self, since: datetime, now: datetime) -> dict[str, float]:
+        """The workspace's discarded samples by reason between ``since`` and ``now`` (``adapters.ingest_health``),
+        through this connection's CloudWatch."""
+        from promshift.adapters.ingest_health import workspace_discards
+
+        return workspace_discards(self._cloudwatch, self.workspace.workspace_id, since=since, now=now)
+
+    @cached_property
+    def _cloudwatch(self) -> Any:
+        return self.service_client("cloudwatch")
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:

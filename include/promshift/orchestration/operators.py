@@ -288,6 +288,7 @@ class _GroupStep:
                 target_retention=target.retention_lookup,
                 target_identity=target.identity(),
                 target_alerts=target.alert_reader,
+                target_discards=getattr(target, "discards_reader", None),
             )
         except AmpError as exc:
             if exc.retryable:
@@ -343,9 +344,17 @@ class _GroupStep:
             raise AirflowFailException(str(exc)) from None
 
         migration = self.migration(context)
+        return DeployStep(migration, deployer, BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
+                          quota=self.quota_check(context, interval_s) if isinstance(hook, AmpHook) else None)
+
+    def quota_check(self, context: Any, interval_s: float) -> Any:
+        """``(group_series, now) -> deploy.quota``: the AMP workspace's quotas, current capacity and labels per
+        series against its use, what other groups reserved on it, and this group (``adapters.amp_quota``)."""
+        hook = self.target_hook
+        migration = self.migration(context)
 
         def quota(group_series: int, now: datetime) -> dict[str, Any]:
-            """The workspace's quotas against its use, what other groups reserved on it, and this group."""
+            from promshift.adapters.amp_quota import external_labels, group_label_count
             from promshift.core.quota import RESERVATION_WINDOW_S, pending_on_workspace
 
             preflight = hook.quota_preflight()
@@ -353,11 +362,14 @@ class _GroupStep:
                              or RESERVATION_WINDOW_S)
             pending = pending_on_workspace(migration.audit.events(), workspace=preflight.workspace_id,
                                            group=self.group.name, now=now, window_s=window_s)
+            source = migration.backends.source
+            at = now.timestamp()
+            labels = group_label_count(source.label_names(self.group.selector(), start=at - 300, end=at),
+                                       external_labels(source.config_text()), tuple(self.group.drop_labels))
             return preflight.require(group_series=group_series, scrape_interval_s=interval_s, now=now,
-                                     pending=pending)
+                                     pending=pending, group_labels=labels)
 
-        return DeployStep(migration, deployer, BlobSnapshotStore(ObjectStorageBlobs(snapshots_url())),
-                          quota=quota if isinstance(hook, AmpHook) else None)
+        return quota
 
     def _kubernetes_deployer(self) -> Any:
         """The source's ConfigMap or ``Prometheus`` CR deployer, through the cncf-kubernetes ``KubernetesHook``."""
@@ -661,6 +673,16 @@ class DeployDualWriteOperator(GroupStepOperator):
         snap = given(self, "snapshot")
         if self.deploy.via_deployer:
             return self._deploy_through_deployer(context, snap)
+        from promshift.orchestration.amp_hook import AmpHook
+
+        if isinstance(self.target_hook, AmpHook):  # the file path's quota pre-flight, as every deployer's
+            from promshift.steps.deploy import DeployStepFailed, quota_preflight
+
+            try:
+                quota_preflight(self.migration(context), self.quota_check(context, self.group.scrape_interval_s),
+                                deploy_kind=self.deploy_kind, now=_now())
+            except DeployStepFailed as exc:
+                raise AirflowFailException(str(exc)) from None
         return self.migration(context).deploy_dual_write(snap, _now())
 
     def _dry_run(self, context: Any) -> dict[str, Any]:

@@ -31,6 +31,7 @@ class WarmupTrigger(BaseTrigger):
         self.source_conn_id = source_conn_id
         self.target_conn_id = target_conn_id
         self._clients: tuple[PrometheusClient, PrometheusClient] | None = None
+        self._read_discards: Callable[[datetime, datetime], Any] | None = None
         self.started_at = started_at
         self.min_duration_s = min_duration_s
         self.timeout_s = timeout_s
@@ -62,14 +63,17 @@ class WarmupTrigger(BaseTrigger):
         if self._clients is None:
             from promshift.orchestration.hooks import backend_hook
 
-            self._clients = (backend_hook(self.source_conn_id).prometheus_client(),
-                             backend_hook(self.target_conn_id).prometheus_client())
+            target = backend_hook(self.target_conn_id)
+            self._clients = (backend_hook(self.source_conn_id).prometheus_client(), target.prometheus_client())
+            # An AMP workspace publishes its discarded samples (CloudWatch DiscardedSamples): warm-up judges them.
+            self._read_discards = getattr(target, "discards_reader", None)
         return self._clients
 
     def _observe(self) -> dict[str, Any]:
         source, target = self.clients()
         obs = observe_warmup(group_name=self.group_name, selector=self.selector, source=source, target=target,
-                             elapsed_s=time.time() - self.started_at)
+                             elapsed_s=time.time() - self.started_at, read_discards=self._read_discards,
+                             now=datetime.now(UTC))
         status = assess_warmup(obs, min_duration_s=self.min_duration_s, timeout_s=self.timeout_s,
                                max_lag_s=self.max_lag_s)
         return {"state": status.state, "reason": status.reason, "observation": obs.to_dict()}

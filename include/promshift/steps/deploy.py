@@ -72,6 +72,24 @@ class DeployStepFailed(RuntimeError):
     """A deploy step ended without the group deployed (recorded in the audit first); one line."""
 
 
+def quota_preflight(m: Any, check: QuotaCheck, *, deploy_kind: str, now: datetime) -> dict[str, Any]:
+    """The quota pre-flight of every deploy path (a deployer's, the source file's): the group's series on the source
+    against ``check``; ``quota_reserved`` when it fits (its series now count on the workspace for the other groups'
+    pre-flights), else ``quota_refused`` and DeployStepFailed with nothing deployed."""
+    series = int(m.backends.source.scalar(f"count({m.group.selector()})") or 0)
+    try:
+        evidence = check(series, now)
+    except QuotaExceeded as exc:
+        m.record(EventKind.QUOTA_REFUSED, now, {"reason": str(exc), "deploy": {
+            "kind": deploy_kind, "status_history": [], "quota": exc.evidence}})
+        raise DeployStepFailed(str(exc)) from None
+    m.record(EventKind.QUOTA_RESERVED, now, {
+        **{key: evidence[key] for key in ("workspace_id", "group_series", "workspace_series",
+                                          "pending_series", "pending_groups", "share") if key in evidence},
+        "connections": {"source": m.group.source, "target": m.group.target}})
+    return evidence
+
+
 def active_since(result: Mapping[str, Any], deploy: Deploy) -> float:
     """When the deploy was first seen live (its ``live_status``: ACTIVE for a scraper, the start of dual-write on
     that path), epoch s."""
@@ -108,22 +126,11 @@ class DeployStep:
         quota = None
         if self.quota is not None:
             check = self.quota
-            series = int(m.backends.source.scalar(f"count({m.group.selector()})") or 0)
 
             def quota() -> dict[str, Any]:
-                evidence = check(series, now)
-                # The series now count on the workspace for the other groups' pre-flights (per workspace).
-                m.record(EventKind.QUOTA_RESERVED, now, {
-                    **{key: evidence[key] for key in ("workspace_id", "group_series", "workspace_series",
-                                                      "pending_series", "pending_groups", "share") if key in evidence},
-                    "connections": {"source": m.group.source, "target": m.group.target}})
-                return evidence
+                return quota_preflight(m, check, deploy_kind=self.deployer.kind, now=now)
         try:
             return start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota)
-        except QuotaExceeded as exc:
-            m.record(EventKind.QUOTA_REFUSED, now, {"reason": str(exc), "deploy": {
-                "kind": self.deployer.kind, "status_history": [], "quota": exc.evidence}})
-            raise DeployStepFailed(str(exc)) from None
         except DeployError as exc:
             m.record(EventKind.DEPLOY_FAILED, now, {"reason": str(exc), "deploy": {
                 "kind": self.deployer.kind, "status_history": [], "reason": str(exc)}})

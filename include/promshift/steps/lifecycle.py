@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from promshift.adapters.prometheus import PrometheusError
@@ -143,6 +143,8 @@ class GroupLifecycle:
         if since is not None:
             window_start = max(window_start, since)
         attempt("parity", lambda: self._parity(window_start, at))
+        if b.target_discards is not None:  # the workspace's discards in the bake window (adapters.ingest_health)
+            attempt("discards", lambda: b.target_discards(datetime.fromtimestamp(window_start, UTC), now))
         attempt("moved_rules", lambda: moved_rules(self.migration))
         moved = values.get("moved_rules")
         if moved is not None:  # only a group whose rules are on the target has a rules measurement
@@ -156,13 +158,20 @@ class GroupLifecycle:
         errors = [("rules", why) if what == "moved_rules" else (what, why) for what, why in errors]
         lag, failed = values.get("lag") or (None, None)
         parity = values.get("parity")
+        discarded = values.get("discards")
+        example = ""
+        if failed or (discarded and any(n > 0 for n in discarded.values())):
+            from promshift.adapters.ingest_health import missing_series_example
+
+            example = missing_series_example(b.source, b.target, selector, at=at)
         return BakeObservation(
             target_newest_age_s=values.get("age"), lag_s=lag, failed_samples=failed,
             source_series=None if values.get("source_series") is None else int(values["source_series"]),
             target_series=None if values.get("target_series") is None else int(values["target_series"]),
             parity=parity[0] if parity else None, parity_reason=parity[1] if parity else "",
             queue_expected=queue, rules=values.get("rules"), delivery=values.get("delivery"),
-            entry_loaded=values.get("entry"), entry_name=name if queue else "", errors=tuple(errors))
+            entry_loaded=values.get("entry"), entry_name=name if queue else "", errors=tuple(errors),
+            discarded=discarded, discards_expected=b.target_discards is not None, example_series=example)
 
     def _delivery(self, alerts: Sequence[str], at: float) -> DeliveryObservation:
         """The moved alerts firing on the target, and what its Alertmanager holds for each."""

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,9 @@ class Backends:
     # The target's Alertmanager: alertname -> the alerts it holds active for it (``adapters.alertmanager``);
     # None: no Alertmanager known for the target (the bake's delivery check is then INCONCLUSIVE).
     target_alerts: Callable[[str], Sequence[Any]] | None = None
+    # The target's discarded samples by reason: (since, now) -> {reason: n} (an AMP workspace's DiscardedSamples,
+    # ``adapters.ingest_health``); None: the target publishes none (a self-hosted Prometheus).
+    target_discards: Callable[[datetime, datetime], Mapping[str, float]] | None = None
 
     def target_problem(self) -> str | None:
         if self.target_ready is not None:
@@ -123,14 +126,22 @@ class Backends:
 
 
 def observe_warmup(*, group_name: str, selector: str, source: PrometheusClient, target: PrometheusClient,
-                   elapsed_s: float) -> WarmupObservation:
-    """Poll both sides once: series counts of the group and the group's remote-write queue lag."""
+                   elapsed_s: float, read_discards: Callable[[datetime, datetime], Any] | None = None,
+                   now: datetime | None = None) -> WarmupObservation:
+    """Poll both sides once: series counts of the group, the group's remote-write queue lag and failed samples,
+    and (``read_discards``: an AMP target) the workspace's discarded samples since the dual-write began."""
+    from promshift.adapters.ingest_health import with_ingestion_health
+
     count = f"count({selector})"
     src = source.scalar(count) or 0.0
     tgt = target.scalar(count) or 0.0
     lag, failed = parse_remote_write_lag(source.metrics_text(), remote_write_name(group_name))
-    return WarmupObservation(elapsed_s=elapsed_s, source_series=int(src), target_series=int(tgt),
-                             lag_s=lag, failed_samples=failed)
+    obs = WarmupObservation(elapsed_s=elapsed_s, source_series=int(src), target_series=int(tgt),
+                            lag_s=lag, failed_samples=failed)
+    if now is None:
+        return obs
+    return with_ingestion_health(obs, read_discards=read_discards, source=source, target=target, selector=selector,
+                                 since=now - timedelta(seconds=elapsed_s), now=now)
 
 
 class GroupMigration:
@@ -582,7 +593,7 @@ class GroupMigration:
             # The deploy path's own refusal (AWS's reason).
             if ev.kind in (EventKind.DEPLOY_FAILED, EventKind.QUOTA_REFUSED):
                 return f"{ev.kind.replace('_', ' ')}: {data.get('reason')}"
-            if ev.kind in (EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR):
+            if ev.kind in (EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR, EventKind.WARMUP_FAILED):
                 return f"warm-up {data.get('status')}: {data.get('reason')}"
             if ev.kind == EventKind.VALIDATION_FAILED:
                 return f"validation failed: {data.get('reason')}"

@@ -63,6 +63,13 @@ from botocore.model import OperationModel, ServiceModel
 from botocore.validate import ParamValidator
 
 from promshift.local.stack.alert_definitions import AlertDefinitions, DefinitionInvalid
+from promshift.local.stack.amp_limits import (
+    APS_QUOTAS,
+    DEFAULT_OUT_OF_ORDER_WINDOW_S,
+    quota_value,
+    read_configurations,
+    write_configurations,
+)
 from promshift.local.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
 from promshift.local.stack.frontdoor import run_until_signalled
 from promshift.local.stack.local import find_free_ports
@@ -90,16 +97,8 @@ _SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/[^/]+/([^/]+)/aws4_request")
 QUOTAS_TARGET_PREFIX = "ServiceQuotasV20190624."
 # Services a request may be signed for here besides ``aps``: Service Quotas and CloudWatch.
 OTHER_SERVICES = ("servicequotas", "monitoring")
-# The two AMP quotas the quota pre-flight reads ("Amazon Managed Service for Prometheus service quotas",
-# AMP user guide), with the CloudWatch usage metric AMP publishes for each. The codes are the stand-in's
-# own: callers find a quota by its name, as they must when AWS's codes are not pinned.
-APS_QUOTAS = {
-    "active_series": ("L-PROMSHIFT-LOCAL-ACTIVE-SERIES", "Active series per workspace", 10_000_000.0, "ActiveSeries"),
-    "ingestion_rate": ("L-PROMSHIFT-LOCAL-INGESTION-RATE", "Ingestion rate per workspace", 170_000.0,
-                       "IngestionRate"),
-}
-
-
+# The AMP quotas Service Quotas answers here, and their defaults: ``promshift.local.stack.amp_limits`` (the front
+# door enforces the same values).
 @cache
 def amp_model() -> ServiceModel:
     """botocore's own ``amp`` service model."""
@@ -298,12 +297,15 @@ class ControlPlaneHandler(SigV4Handler):
             return
         with self.server.lock:
             stored = self.server.configurations.setdefault(
-                workspace_id, {"retentionPeriodInDays": DEFAULT_RETENTION_DAYS}
+                workspace_id, {"retentionPeriodInDays": DEFAULT_RETENTION_DAYS,
+                               "outOfOrderTimeWindowInSeconds": DEFAULT_OUT_OF_ORDER_WINDOW_S}
             )
             if operation_name == "UpdateWorkspaceConfiguration":
-                for key in ("retentionPeriodInDays", "limitsPerLabelSet"):
+                for key in ("retentionPeriodInDays", "limitsPerLabelSet", "outOfOrderTimeWindowInSeconds"):
                     if key in params:
                         stored[key] = params[key]
+                # The front door enforces what is stored (out-of-order window, limitsPerLabelSet).
+                write_configurations(self.server.state_dir, self.server.configurations)
                 answer: dict[str, Any] = {"status": {"statusCode": "UPDATING"}}
                 status = 202
             else:
@@ -485,10 +487,8 @@ class ControlPlaneHandler(SigV4Handler):
         self.send_body(200, json.dumps(answer).encode(), content_type="application/x-amz-json-1.1")
 
     def _quota(self, key: str, workspace: str = "") -> dict[str, Any]:
-        code, name, default, resource = APS_QUOTAS[key]
-        faults = self.server.faults()
-        value = float((faults.get("aps_quotas") or {}).get(key, default))
-        value = float(((faults.get("aps_quotas_by_workspace") or {}).get(workspace) or {}).get(key, value))
+        code, name, _default, resource = APS_QUOTAS[key]
+        value = quota_value(self.server.faults(), key, workspace)
         region = self.server.region
         return {
             "ServiceCode": "aps", "ServiceName": "Amazon Managed Service for Prometheus", "QuotaCode": code,
@@ -520,7 +520,8 @@ class ControlPlaneServer(SigV4Server):
             RuleNamespaces(Path(target_rules_dir), target_url, state_dir=self.state_dir, promtool=promtool)
             if target_url and target_rules_dir else None)
         self.lock = threading.Lock()
-        self.configurations: dict[str, dict[str, Any]] = {}
+        # What UpdateWorkspaceConfiguration stored (kept in the state dir for the front door, and across restarts).
+        self.configurations: dict[str, dict[str, Any]] = read_configurations(self.state_dir)
         self.scrapers = ScraperRegistry(
             region=self.region, frontdoor_url=self.frontdoor_url,
             state_dir=self.state_dir or Path(f"/tmp/promshift-controlplane-{port}"), targets_file=targets_file,

@@ -17,6 +17,11 @@ forwarded to the stack's Alertmanager (``--alertmanager-url``) while the workspa
 definition (``promshift.local.stack.alert_definitions``), else answered 404 ``ResourceNotFoundException``.
 ``GET /-/sigv4-stats`` (unsigned, local only) returns the counters.
 
+Strict (``--strict``, what ``stack up --target amp`` runs): ``remote_write``, ``query`` and ``query_range`` go
+through ``promshift.local.stack.amp_strict`` first, which refuses what AMP refuses with AMP's status codes and
+words (limits from the control plane's Service Quotas and workspace configuration answers) and counts every
+discard by reason (``GET /-/discarded-samples``; with ``--cloudwatch-url`` also CloudWatch ``DiscardedSamples``).
+
 Measured with Debian's Prometheus 2.42 (`prometheus` 2.42.0+ds-5+deb12u1): see
 ``DEBIAN_PROMETHEUS_SIGV4`` below.
 """
@@ -31,6 +36,7 @@ import sys
 import threading
 from pathlib import Path
 
+from promshift.local.stack.amp_strict import DISCARDS_PATH, StrictWorkspaces
 from promshift.local.stack.aws_http import SigV4Handler, SigV4Server, credentials_from_env
 
 logger = logging.getLogger(__name__)
@@ -98,6 +104,13 @@ class FrontDoorHandler(SigV4Handler):
                 or (kind in _GET_ONLY and self.command != "GET"):
             self.send_aws_error(405, "ValidationException", f"{self.command} is not allowed here")
             return
+        strict = self.server.strict
+        if strict is not None and kind == "remote_write":
+            strict.remote_write(self, match["ws"], target_url, body)
+            return
+        if strict is not None and kind in ("query", "query_range"):
+            strict.query(self, match["ws"], target_url, kind, query, body)
+            return
         rest = "write" if kind == "remote_write" else match["rest"]
         url = f"{target_url}/api/v1/{rest}" + (f"?{query}" if query else "")
         response = self.forward(url, self.command, body)
@@ -107,6 +120,15 @@ class FrontDoorHandler(SigV4Handler):
         }
         self.send_body(response.status, response.data, headers)
 
+
+    def _handle(self) -> None:
+        if self.command == "GET" and self.path.partition("?")[0] == DISCARDS_PATH and self.server.strict:
+            self._read_body()
+            self.send_json(200, self.server.strict.snapshot())
+            return
+        super()._handle()
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
 
     def _alertmanager(self, workspace: str, query: str) -> None:
         """ListAlerts on the workspace's Alertmanager: the stack's, while the workspace has a definition."""
@@ -134,14 +156,25 @@ class FrontDoorServer(SigV4Server):
     """The front door: the workspace ids it serves, the Prometheus behind each, and the stack's Alertmanager."""
 
     def __init__(self, port: int, *, target_url: str, workspace_ids: set[str], alertmanager_url: str | None = None,
-                 workspace_targets: dict[str, str] | None = None, **kwargs: object) -> None:
+                 workspace_targets: dict[str, str] | None = None, strict: bool = False,
+                 cloudwatch: object | None = None, **kwargs: object) -> None:
         super().__init__(port, FrontDoorHandler, **kwargs)  # type: ignore[arg-type]
+        # AMP's data-plane limits and DiscardedSamples (``amp_strict``); None: forwards everything as it comes.
+        self.strict = StrictWorkspaces(self.state_dir) if strict else None
+        self._publishing = threading.Event()
+        if self.strict is not None and cloudwatch is not None:
+            threading.Thread(target=self.strict.publish_forever, args=(cloudwatch, self._publishing), daemon=True,
+                             name="discarded-samples").start()
         self.target_url = target_url.rstrip("/")
         # workspace id -> the base URL of the Prometheus standing in for it
         self.targets = {ws: self.target_url for ws in workspace_ids}
         self.targets.update({ws: url.rstrip("/") for ws, url in (workspace_targets or {}).items()})
         self.workspace_ids = set(self.targets)
         self.alertmanager_url = alertmanager_url.rstrip("/") if alertmanager_url else None
+
+    def server_close(self) -> None:
+        self._publishing.set()
+        super().server_close()
 
 
 def serve_in_thread(server: SigV4Server) -> threading.Thread:
@@ -177,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, help="where faults.json (clock_skew_s) is looked for")
     parser.add_argument("--credentials-fingerprint", help="digest of the pair, so a changed pair restarts it")
     parser.add_argument("--alertmanager-url", help="the stack's Alertmanager")
+    parser.add_argument("--strict", action="store_true", help="enforce AMP's data-plane limits (amp_strict)")
+    parser.add_argument("--cloudwatch-url", help="the local AWS, where DiscardedSamples is put (with --strict)")
     args = parser.parse_args(argv)
     others: dict[str, str] = {}
     for spec in args.workspace_target:
@@ -185,9 +220,19 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--workspace-target must be WS=URL, got {spec!r}")
         others[workspace] = url
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    credentials = credentials_from_env()
+    cloudwatch = None
+    if args.strict and args.cloudwatch_url:
+        import boto3
+
+        cloudwatch = boto3.client("cloudwatch", region_name=args.region, endpoint_url=args.cloudwatch_url,
+                                  aws_access_key_id=credentials.access_key,
+                                  aws_secret_access_key=credentials.secret_key,
+                                  aws_session_token=credentials.session_token)
     server = FrontDoorServer(args.port, target_url=args.target_url, workspace_ids=set(args.workspace_id),
-                             workspace_targets=others, credentials=credentials_from_env(), region=args.region,
-                             state_dir=args.state_dir, alertmanager_url=args.alertmanager_url)
+                             workspace_targets=others, credentials=credentials, region=args.region,
+                             state_dir=args.state_dir, alertmanager_url=args.alertmanager_url, strict=args.strict,
+                             cloudwatch=cloudwatch)
     for workspace, url in sorted(server.targets.items()):
         logger.info("front door on 127.0.0.1:%s: %s -> %s", args.port, workspace, url)
     run_until_signalled(server)

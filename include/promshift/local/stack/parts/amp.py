@@ -235,21 +235,24 @@ class AmpPart(ClusterBPart, AlertingPart):
     def set_aws_faults(self, *, errors: dict[str, str] | None = None, workspace_status: dict[str, str] | None = None,
                        clock_skew_s: float = 0.0, scraper: dict[str, Any] | None = None,
                        aps_quotas: dict[str, float] | None = None,
-                       aps_quotas_by_workspace: dict[str, dict[str, float]] | None = None) -> None:
+                       aps_quotas_by_workspace: dict[str, dict[str, float]] | None = None,
+                       aps_limits: dict[str, float] | None = None) -> None:
         """From now on, make the control plane fail operations (``{"DescribeWorkspace": "ThrottlingException"}``)
         or report a workspace status (``{"ws-...": "CREATING"}``), and shift the control plane's and the front
         door's clocks by ``clock_skew_s`` (over 300 s: every signature is refused). ``scraper`` sets how local
         scrapers move (``{"fail_update": "reason", "stuck": True, "delay_s": 1, ...}``, see
         ``promshift.local.stack.scrapers``), ``aps_quotas`` the Service Quotas values
         (``{"active_series": N, "ingestion_rate": N}``), ``aps_quotas_by_workspace`` one workspace's own
-        (``{"ws-...": {"active_series": N}}``). No arguments: clear them all."""
+        (``{"ws-...": {"active_series": N}}``), ``aps_limits`` the strict workspace's other limits
+        (``promshift.local.stack.amp_limits``). No arguments: clear them all."""
         path = self.amp_dir / "faults.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(".faults.json.tmp")
         tmp.write_text(json.dumps({"errors": errors or {}, "workspace_status": workspace_status or {},
                                    "clock_skew_s": clock_skew_s, "scraper": scraper or {},
                                    "aps_quotas": aps_quotas or {},
-                                   "aps_quotas_by_workspace": aps_quotas_by_workspace or {}}))
+                                   "aps_quotas_by_workspace": aps_quotas_by_workspace or {},
+                                   "aps_limits": aps_limits or {}}))
         os.replace(tmp, path)
 
     def _ensure_workspace(self, alias: str | None = None, *, alert_definition: bool = True) -> str:
@@ -334,6 +337,7 @@ class AmpPart(ClusterBPart, AlertingPart):
             sys.executable, "-m", "promshift.local.stack.frontdoor", state_dir,
             "--port", str(cfg.frontdoor_port), "--target-url", self.target_url, "--region", cfg.region,
             "--workspace-id", workspace_id, f"--credentials-fingerprint={fingerprint}",
+            "--strict", f"--cloudwatch-url={self.aws_url}",  # AMP's limits and DiscardedSamples (amp_strict)
         ) + ((f"--alertmanager-url={self.alertmanager_url}",) if self.alertmanager_installed else ()) \
             + ((f"--workspace-target={workspace_b_id}={self.target_b_url}",) if second else ())
         relay_data, relay_b_data = self.home / RELAY, self.home / RELAY_B

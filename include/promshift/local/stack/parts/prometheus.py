@@ -195,6 +195,8 @@ class PrometheusPart(StackProcesses):
         amp = cfg.target_kind == "amp"
         if amp:  # the control plane writes each rule-groups namespace there (promshift.local.stack.rule_namespaces)
             target["rule_files"] = [AMP_RULE_FILES]
+            # The strict front door judges sample order (amp_ingest); the TSDB behind takes what it accepted.
+            target["storage"] = {"tsdb": {"out_of_order_time_window": "1h"}}
         self._write_once(
             self.source_config_path,
             "# Source Prometheus of promshift's local stack. Written once; deployers add remote_write.\n",
