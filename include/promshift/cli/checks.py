@@ -344,7 +344,7 @@ def render_diff(config_text: str, *, group: Any, target_url: str, config_name: s
     from promshift.core.render import add_remote_write, remote_write_entry
 
     entry = remote_write_entry(group_name=group.name, name_regex=group.name_regex(), url=target_url,
-                               drop_labels=group.drop_labels)
+                               drop_labels=group.drop_labels, replicas=group.replicas)
     new_text = add_remote_write(config_text, entry)
     return "".join(difflib.unified_diff(config_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
                                         fromfile=f"{config_name} (now)",

@@ -58,6 +58,8 @@ from ruamel.yaml.events import (
 )
 from ruamel.yaml.nodes import ScalarNode as RuamelScalarNode
 
+from promshift.core.catalog import ReplicaPolicy
+from promshift.core.ha import dedup_relabel
 from promshift.core.inputs import CONFIG, InputBudget, InputRefused, YamlBudgetCounter, clip, decode_utf8
 from promshift.core.memory import cyclic_gc_paused
 from promshift.core.redact import redact_text
@@ -103,8 +105,12 @@ def remote_write_entry(
     queue_config: Mapping[str, Any] | None = None,
     sigv4: Mapping[str, str] | None = None,
     drop_labels: tuple[str, ...] = (),
+    replicas: ReplicaPolicy | None = None,
 ) -> dict[str, Any]:
     """The remote_write entry that dual-writes exactly the group's metrics to ``url``.
+
+    ``replicas`` (a source declared as an HA pair) add AMP's dedup labels after them (``core.ha.dedup_relabel``:
+    the replica label becomes ``__replica__``, the cluster label ``cluster``), so the workspace keeps one replica.
 
     ``drop_labels`` (the group's declared drops) add one ``labeldrop`` after the keep filter,
     its regex the names' exact alternation; none, no rule (the entry is as before).
@@ -123,6 +129,8 @@ def remote_write_entry(
     if drop_labels:
         # Label names ([a-zA-Z_][a-zA-Z0-9_]*) need no escaping in a regex.
         entry["write_relabel_configs"].append({"regex": "|".join(drop_labels), "action": "labeldrop"})
+    if replicas is not None:
+        entry["write_relabel_configs"].extend(dedup_relabel(replicas))
     if sigv4 is not None:
         if not sigv4.get("region"):
             raise RenderError("a sigv4 remote_write needs a region")

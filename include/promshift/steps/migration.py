@@ -118,6 +118,9 @@ class Backends:
     # The target's discarded samples by reason: (since, now) -> {reason: n} (an AMP workspace's DiscardedSamples,
     # ``adapters.ingest_health``); None: the target publishes none (a self-hosted Prometheus).
     target_discards: Callable[[datetime, datetime], Mapping[str, float]] | None = None
+    # A source that runs as replicas (the group's ``replicas.sources``): (replica, its Prometheus) in catalog order;
+    # parity compares the target with the one its dedup kept (``adapters.parity_ha``). None: the one source.
+    replica_sources: Callable[[], Sequence[tuple[str, PrometheusClient]]] | None = None
 
     def target_problem(self) -> str | None:
         if self.target_ready is not None:
@@ -357,7 +360,7 @@ class GroupMigration:
         """
         snap = self._load_snapshot(snapshot_info)
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
-                                   drop_labels=self.group.drop_labels,
+                                   drop_labels=self.group.drop_labels, replicas=self.group.replicas,
                                    url=self.backends.target_remote_write_url, sigv4=self.backends.target_sigv4)
         new_data = add_remote_write(snap.data, entry)
         done = self.recorded(EventKind.DUAL_WRITE_DEPLOYED, Stage.DUAL_WRITING)
@@ -440,6 +443,12 @@ class GroupMigration:
         """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck)."""
         from promshift.adapters.parity_check import ParityCheck
 
+        if self.group.replicas.enabled and self.backends.replica_sources is not None:
+            from promshift.adapters.parity_ha import HaParityCheck
+
+            return HaParityCheck(self.group, self.backends.replica_sources(), self.backends.target,
+                                 catalog_dir=self.catalog_dir).run(dual_write_since=dual_write_since,
+                                                                   now=now.timestamp())
         return ParityCheck(self.group, self.backends.source, self.backends.target,
                            catalog_dir=self.catalog_dir).run(
             dual_write_since=dual_write_since, now=now.timestamp())

@@ -68,6 +68,8 @@ from promshift.core.catalog.model import (
     NotifyPolicy,
     ParityMode,
     ParityPolicy,
+    ReplicaPolicy,
+    TenantPolicy,
     WarmupPolicy,
     migration_dag_id,
 )
@@ -101,6 +103,8 @@ __all__ = [
     "LatencyWindow",
     "MetricGroup",
     "NotifyPolicy",
+    "ReplicaPolicy",
+    "TenantPolicy",
     "ParityMode",
     "ParityPolicy",
     "WarmupPolicy",
