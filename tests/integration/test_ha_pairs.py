@@ -113,7 +113,8 @@ def test_an_ha_pair_with_dedup_labels_is_held_once_and_passes_parity_whichever_r
         assert [s.labels for s in by_replica] == [{}]
         result, note = ha_parity(stack, group, started)
         assert result.verdict == Verdict.SUCCESSFUL, [m.reason for m in result.not_passed()]
-        assert note.numbers["replicas"][kept] == Verdict.SUCCESSFUL.value  # the kept replica matches, whatever else does
+        # the kept replica matches (the other may too, when both scraped the same second)
+        assert note.numbers["replicas"][kept] == Verdict.SUCCESSFUL.value
         assert elected_replica(result) in stack.source_urls()
 
         # the kept replica stops writing: after the HA timeout the workspace takes the other one

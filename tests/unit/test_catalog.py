@@ -206,7 +206,8 @@ def test_profile_may_only_override_policy_sections() -> None:
     doc = base_doc()
     doc["profiles"]["demo"]["owners"] = ["someone"]
     assert problems_of(doc) == (
-        "profile 'demo': field 'owners': unknown field (known: bake, latency, notify, parity, replicas, tenant, warmup)",
+        "profile 'demo': field 'owners': unknown field (known: bake, latency, notify, parity, replicas, tenant, "
+        "warmup)",
     )
 
 
