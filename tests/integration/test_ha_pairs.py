@@ -1,4 +1,5 @@
-"""An HA pair against the strict local AMP: two source replicas (``stack up --replicas 2``) dual-write one group.
+"""An HA pair (and a tenant) against the strict local AMP: two source replicas (``stack up --replicas 2``)
+dual-write one group.
 
 With the group declared as replicas, each replica's remote_write carries AMP's dedup labels: the workspace keeps
 one replica's samples per cluster (each series once, no replica label stored), parity compares the target with
@@ -20,16 +21,21 @@ import requests
 import yaml
 from botocore.credentials import Credentials
 
+from promshift.adapters.amp import AmpTarget
+from promshift.adapters.amp_tenants import AmpWorkspaceConfiguration
 from promshift.adapters.parity_ha import HaParityCheck
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.settings import load_catalog
 from promshift.adapters.sigv4 import AwsSigV4Auth
-from promshift.core.catalog import MetricGroup, ReplicaPolicy
+from promshift.core.catalog import MetricGroup, ReplicaPolicy, TenantPolicy
 from promshift.core.ha import REPLICAS_MEASUREMENT, elected_replica
-from promshift.core.ingest_limits import HA_FAILOVER_S
+from promshift.core.ingest_limits import HA_FAILOVER_S, LABEL_SET_LIMIT
 from promshift.core.render import remote_write_entry
+from promshift.core.tenants import merged_limits, tenant_entry
 from promshift.core.verdicts import Verdict
+from promshift.local.stack.amp_ingest import Series, encode_write_request, snappy_compress
 from promshift.local.stack.local import LocalStack, StackConfig
+from promshift.local.stack.sigv4 import sign_request
 from tests.integration.conftest import eventually, running_amp_stack
 
 pytestmark = pytest.mark.integration
@@ -153,3 +159,40 @@ def test_an_ha_pair_written_without_dedup_labels_fails_on_coverage_naming_the_re
     finally:
         for one in undo:
             one()
+
+
+def signed_write(stack: LocalStack, series: list[Series]) -> requests.Response:
+    """A remote write signed as the relay signs it."""
+    body = snappy_compress(encode_write_request(series))
+    url = stack.prometheus_endpoint() + "api/v1/remote_write"
+    headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
+               "X-Prometheus-Remote-Write-Version": "0.1.0"}
+    signed = sign_request("POST", url, credentials=stack.aws_credentials(), region=stack.config.region, body=body,
+                          headers=headers)
+    return http().post(url, data=body, headers={**headers, **signed}, timeout=30)
+
+
+def test_a_tenants_limit_set_through_the_control_plane_throttles_only_that_tenant(stack: LocalStack) -> None:
+    """The migration's adapter writes the group's limitsPerLabelSet entry (keeping the workspace's others); the
+    strict workspace then refuses that label set's series past the limit, and only those."""
+    assert stack.workspace_id
+    configuration = AmpWorkspaceConfiguration(stack.amp_client(), AmpTarget(region=stack.config.region,
+                                                                            workspace_id=stack.workspace_id),
+                                              stack.workspace_id)
+    other = {"labelSet": {"team": "infra"}, "limits": {"maxSeries": 1000}}
+    configuration.set_label_set_limits([other])
+    tenant = TenantPolicy((("team", "ml"),), 3)
+    configuration.set_label_set_limits(merged_limits(configuration.label_set_limits(), tenant))
+    assert configuration.label_set_limits() == [other, tenant_entry(tenant)]
+    time.sleep(1.5)  # the front door re-reads the workspace's limits at most once a second
+    t = int(time.time() * 1000)
+    spike = [Series((("__name__", "tenant_spike"), ("gpu", str(i)), ("team", "ml")), [(t, 1.0)]) for i in range(6)]
+    calm = [Series((("__name__", "tenant_spike"), ("gpu", str(i)), ("team", "infra")), [(t, 1.0)]) for i in range(6)]
+    answer = signed_write(stack, spike + calm)
+    print(f"write answered {answer.status_code}: {answer.text.strip()}")
+    assert answer.status_code == 429 and "per-labelset series limit of 3 exceeded" in answer.text
+    target = workspace(stack)
+    eventually(lambda: target.scalar('count(tenant_spike{team="infra"})') == 6, timeout=20)
+    assert target.scalar('count(tenant_spike{team="ml"})') == 3
+    discards = http().get(f"{stack.frontdoor_url}/-/discarded-samples", timeout=10).json()[stack.workspace_id]
+    assert discards["discarded"].get(LABEL_SET_LIMIT) == 3

@@ -302,6 +302,8 @@ class _GroupStep:
                 target_alerts=target.alert_reader,
                 target_discards=getattr(target, "discards_reader", None),
                 replica_sources=self._replica_sources if self.group.replicas.sources else None,
+                workspace_configuration=(target.workspace_configuration() if self.group.tenant.enabled
+                                         and hasattr(target, "workspace_configuration") else None),
             )
         except AmpError as exc:
             if exc.retryable:

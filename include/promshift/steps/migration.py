@@ -121,6 +121,9 @@ class Backends:
     # A source that runs as replicas (the group's ``replicas.sources``): (replica, its Prometheus) in catalog order;
     # parity compares the target with the one its dedup kept (``adapters.parity_ha``). None: the one source.
     replica_sources: Callable[[], Sequence[tuple[str, PrometheusClient]]] | None = None
+    # The target workspace's configuration (``core.tenants.WorkspaceConfigurationPort``): where a group's tenant
+    # limit is set. None: the target has none (a self-hosted Prometheus), and a group with a tenant is refused.
+    workspace_configuration: Any = None
 
     def target_problem(self) -> str | None:
         if self.target_ready is not None:
@@ -359,6 +362,7 @@ class GroupMigration:
         did not), it is verified live (reloaded if need be) and recorded once, not redeployed.
         """
         snap = self._load_snapshot(snapshot_info)
+        tenant = self.set_tenant_limit()  # before any edit: a refused tenant leaves nothing deployed
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
                                    drop_labels=self.group.drop_labels, replicas=self.group.replicas,
                                    url=self.backends.target_remote_write_url, sigv4=self.backends.target_sigv4)
@@ -392,6 +396,11 @@ class GroupMigration:
             evidence["sigv4"] = entry["sigv4"]
         if self.group.drop_labels:
             evidence["drop_labels"] = list(self.group.drop_labels)
+        if tenant:
+            evidence["tenant"] = tenant
+        if self.group.replicas.enabled:
+            evidence["replicas"] = {"replica_label": self.group.replicas.replica_label,
+                                    "cluster_label": self.group.replicas.cluster_label}
         if resumed:
             evidence["resumed"] = "the config already held this entry from an earlier attempt; verified live"
         try:
@@ -425,6 +434,27 @@ class GroupMigration:
             raise DeployError(f"remote_write {name} is in {self.backends.source_config_path} but not in the "
                               f"loaded config of {redact_text(client.base_url)}")
         return tuple(live)
+
+    def set_tenant_limit(self) -> dict[str, Any]:
+        """The group's tenant (``tenant:``) pre-flighted and set in the workspace's ``limitsPerLabelSet``
+        (``steps.tenants``); ``{}`` without one. Raises DeployError when refused, or when the target has no
+        workspace configuration to hold it (fail closed: the limit the catalog asks for is never skipped)."""
+        from promshift.steps.tenants import TenantRefused, apply_tenant
+
+        if not self.group.tenant.enabled:
+            return {}
+        if self.backends.workspace_configuration is None:
+            raise DeployError(f"group {self.group.name} declares a tenant, but its target has no workspace "
+                              "configuration to hold the label-set limit (an AMP target has)")
+
+        def count(client: PrometheusClient) -> Callable[[str], float]:
+            return lambda selector: float(client.scalar(f"count({selector})") or 0.0)
+
+        try:
+            return apply_tenant(self.group, self.backends.workspace_configuration,
+                                source_count=count(self.backends.source), target_count=count(self.backends.target))
+        except TenantRefused as exc:
+            raise DeployError(str(exc)) from None
 
     def start_warmup(self, now: datetime) -> None:
         policy = self.group.warmup
