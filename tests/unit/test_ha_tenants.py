@@ -91,7 +91,9 @@ def test_elect_keeps_the_replica_the_target_matches_and_records_it() -> None:
     assert note.name == REPLICAS_MEASUREMENT and note.numbers["replicas"] == {"source-0": "FAILED",
                                                                               "source-1": "SUCCESSFUL"}
     both = elect({"source-0": result(Verdict.SUCCESSFUL), "source-1": result(Verdict.SUCCESSFUL)})
-    assert elected_replica(both) == "source-0"  # the first in catalog order when both match
+    assert both.verdict == Verdict.SUCCESSFUL and elected_replica(both) is None  # they agree: not told apart
+    assert both.measurements[0].numbers["matching"] == ["source-0", "source-1"]
+    assert "cannot be told apart" in both.measurements[0].reason
 
 
 def test_a_target_matching_no_replica_fails_naming_each() -> None:

@@ -71,20 +71,27 @@ def doubled_replicas(series_per_replica: Mapping[str, float], *, replica_label: 
 def elect(results: Mapping[str, ParityResult], *, doubled: Measurement | None = None) -> ParityResult:
     """One parity result from the target compared with each replica (``{replica: result}``, in preference order).
 
-    The target's dedup kept one replica: the first SUCCESSFUL comparison is the verdict, its replica recorded as
-    elected (every replica's verdict beside it). None SUCCESSFUL: the best one's result (the least severe verdict,
+    The target's dedup kept one replica: a SUCCESSFUL comparison is the verdict, its replica recorded as elected
+    when it is the only one matching (several matching: their samples agree, all are recorded as ``matching``, none
+    as elected); every replica's verdict beside it. None SUCCESSFUL: the best one's result (the least severe verdict,
     then the fewest mismatches) with a coverage measurement naming every replica and how each compared. A
     ``doubled`` measurement (``doubled_replicas``) is added either way, and fails the result."""
     if not results:
         raise ValueError("no replica to compare the target with")
     verdicts = {name: r.verdict.value for name, r in results.items()}
-    elected = next((name for name, r in results.items() if r.verdict == Verdict.SUCCESSFUL), None)
-    if elected is not None:
-        chosen = results[elected]
+    matching = [name for name, r in results.items() if r.verdict == Verdict.SUCCESSFUL]
+    if matching:
+        chosen = results[matching[0]]
+        if len(matching) == 1:
+            elected: str | None = matching[0]
+            said = f"the target matches replica {elected} (its dedup elected it)"
+        else:  # the replicas agree over the window: the one kept cannot be told apart, and either passes
+            elected = None
+            said = (f"the target matches replicas {', '.join(matching)}: they agree over the window, so the one its "
+                    "dedup kept cannot be told apart")
         note = Measurement(REPLICAS_MEASUREMENT, Verdict.SUCCESSFUL,
-                           f"the target matches replica {elected} (its dedup elected it); "
-                           + ", ".join(f"{n}: {v}" for n, v in verdicts.items()),
-                           numbers={"elected": elected, "replicas": verdicts})
+                           said + "; " + ", ".join(f"{n}: {v}" for n, v in verdicts.items()),
+                           numbers={"elected": elected, "matching": matching, "replicas": verdicts})
     else:
         elected, chosen = min(results.items(), key=lambda kv: (kv[1].verdict.severity, kv[1].mismatches))
         reasons = []
@@ -100,6 +107,6 @@ def elect(results: Mapping[str, ParityResult], *, doubled: Measurement | None = 
 
 
 def elected_replica(result: ParityResult) -> str | None:
-    """The replica ``elect`` recorded as kept by the target (None: none matched, or not an HA check)."""
+    """The replica ``elect`` recorded as kept by the target (None: none or several matched, or not an HA check)."""
     note = next((m for m in result.measurements if m.name == REPLICAS_MEASUREMENT), None)
     return None if note is None else note.numbers.get("elected")
