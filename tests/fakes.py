@@ -26,7 +26,8 @@ def fed(dag: Any, task_id: str, **inputs: Any) -> Any:
     resolves to these values when it renders the task; an input left out is None (that upstream returned nothing)."""
     from airflow.sdk import DAG
 
-    from promshift.orchestration.operators import MigrationApprovalOperator, _GroupStep
+    from promshift.orchestration.approval_operators import MigrationApprovalOperator
+    from promshift.orchestration.operators import _GroupStep
 
     op = dag.get_task(task_id)
     wiring: dict[str, Any] = {"catalog_path": op.catalog_path, "profile": op.profile}  # bake watch list, waves

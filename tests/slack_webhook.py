@@ -12,7 +12,8 @@ What it holds a request to (Slack's documented webhook contract, https://api.sla
 
 A good request is answered ``200 ok`` (``text/html``, as Slack does). ``script`` queues answers to give
 instead, in order (e.g. ``(429, "rate_limited", {"Retry-After": "1"})`` or ``(500, "rollup_error", {})``);
-every request, accepted or not, is kept in ``received`` with its path, headers, and parsed body.
+every request, accepted or not, is kept in ``received`` with its path, headers, and parsed body. ``echo_path``
+makes every refusal quote the request's path, as a careless error page does (the secret in it).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class SlackWebhook:
     received: list[Received] = field(default_factory=list)
     script: list[tuple[int, str, dict[str, str]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # A careless error page: every answer but 200 quotes the request's path (the webhook's secret with it).
+    echo_path: bool = False
 
     @property
     def accepted(self) -> list[Any]:
@@ -146,6 +149,8 @@ def _handler(hook: SlackWebhook) -> type[BaseHTTPRequestHandler]:
                 if status == 200 and hook.script:
                     status, answer, extra = hook.script.pop(0)
                 hook.received.append(Received(self.path, headers, body, status, answer))
+            if hook.echo_path and status != 200:
+                answer = f"{answer} (POST {self.path})"
             self._answer(status, answer, extra)
 
     return Handler

@@ -22,7 +22,7 @@ from promshift.orchestration.dag_factory import (
     build_migration_dags,
     build_waves_dag,
 )
-from promshift.orchestration.operators import ValidateGroupOperator
+from promshift.orchestration.migration_operators import ValidateGroupOperator
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = {"gpu-utilization": ("promshift_source", "promshift_target"),

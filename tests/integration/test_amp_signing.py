@@ -25,7 +25,7 @@ from promshift.adapters.sigv4 import AwsSigV4Auth
 from promshift.local.group_dag import build_group_dag
 from promshift.local.stack.local import LocalStack
 from promshift.local.stack.sigv4 import SIGNATURE_MISMATCH
-from promshift.steps.migration import GroupMigration
+from promshift.orchestration.compose import compose_migration
 from tests.integration.sigv4_verifier import SigV4Verifier, VerifyingServer
 
 pytestmark = pytest.mark.integration
@@ -166,7 +166,7 @@ def test_amp_hook_test_connection_and_validate_through_the_verifier(amp_env: Pat
         assert backends.target_sigv4 == {"region": REGION}
         assert backends.target_remote_write_url == "http://127.0.0.1:1/api/v1/write"  # the local relay
         audit = AuditStore()
-        migration = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url),
+        migration = compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url),
                                    snapshots_dir=amp_env / "snapshots", run_id="manual__amp")
         evidence = migration.validate(datetime.now(UTC))
         stubber.assert_no_pending_responses()

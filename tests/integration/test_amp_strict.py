@@ -20,7 +20,7 @@ import requests
 import yaml
 from botocore.credentials import Credentials
 
-from promshift.adapters.ingest_health import workspace_discards
+from promshift.adapters.ingest_health import with_ingestion_health, workspace_discards
 from promshift.adapters.parity_check import ParityCheck
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.adapters.settings import load_catalog
@@ -35,11 +35,10 @@ from promshift.core.ingest_limits import (
 )
 from promshift.core.render import remote_write_entry
 from promshift.core.verdicts import Verdict
-from promshift.core.warmup import assess_warmup
+from promshift.core.warmup import assess_warmup, observe_warmup
 from promshift.local.stack.amp_ingest import Series, encode_write_request, snappy_compress
 from promshift.local.stack.local import LocalStack, StackConfig
 from promshift.local.stack.sigv4 import sign_request
-from promshift.steps.migration import observe_warmup
 from tests.integration.conftest import eventually, running_amp_stack
 
 pytestmark = pytest.mark.integration
@@ -108,7 +107,9 @@ def warmup_verdict(stack: LocalStack, *, group_name: str, selector: str, since: 
     def failed() -> Any:
         now = datetime.now(UTC)
         obs = observe_warmup(group_name=group_name, selector=selector, source=source, target=target,
-                             elapsed_s=(now - since).total_seconds(), read_discards=read, now=now)
+                             elapsed_s=(now - since).total_seconds())
+        obs = with_ingestion_health(obs, read_discards=read, source=source, target=target, selector=selector,
+                                    since=since, now=now)
         status = assess_warmup(obs, min_duration_s=3600, timeout_s=7200, max_lag_s=None)
         return status if status.state == "failed" and reason in status.reason else None
 

@@ -20,8 +20,8 @@ from promshift.core.deploy_kinds import deploy_of
 from promshift.core.scrape_drop import drop_is_loaded, drop_rule
 from promshift.core.stages import Stage
 from promshift.local.stack.local import LocalStack, StackConfig
+from promshift.orchestration.compose import compose_migration
 from promshift.steps.lifecycle import Decommission, DecommissionFailed
-from promshift.steps.migration import GroupMigration
 from tests.integration.test_migration_steps import backends_for, small_group
 
 pytestmark = pytest.mark.integration
@@ -59,7 +59,7 @@ def test_a_decommission_the_target_does_not_survive_is_undone_byte_for_byte(
                      at=datetime.now(UTC), evidence={}, stage_from=current, stage_to=stage)
         current = stage
     group = small_group()
-    migration = GroupMigration(group, backends_for(local_stack), audit=audit, routing=RoutingStore(audit.url),
+    migration = compose_migration(group, backends_for(local_stack), audit=audit, routing=RoutingStore(audit.url),
                                snapshots_dir=tmp_path / "snapshots", run_id="manual__decommission")
     # Claimed independent writer (deploy 'scraper'), but nothing else writes the local target.
     decommission = Decommission(migration, deploy=deploy_of("scraper"), verify_s=20, poll_s=1)

@@ -25,6 +25,7 @@ from promshift.core.render import (
 )
 from promshift.local.stack.local import find_free_ports
 from promshift.local.stack.prometheus import PrometheusProcess
+from promshift.orchestration.compose import compose_migration
 
 pytestmark = pytest.mark.integration
 
@@ -291,7 +292,7 @@ def self_group() -> Any:
 def migration_for(client: PrometheusClient, cfg: Path, tmp_path: Path, *, secret_urls: bool = False) -> Any:
     from promshift.adapters.audit_store import AuditStore
     from promshift.adapters.routing import RoutingStore
-    from promshift.steps.migration import Backends, GroupMigration
+    from promshift.steps.migration import Backends
 
     source_url = identity_url = client.base_url
     remote_write = f"{source_url}/api/v1/write"
@@ -304,7 +305,7 @@ def migration_for(client: PrometheusClient, cfg: Path, tmp_path: Path, *, secret
                         source_config_path=str(cfg), target_remote_write_url=remote_write,
                         target_identity={"kind": "prometheus", "url": identity_url})
     audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
-    return GroupMigration(self_group(), backends, audit=audit,
+    return compose_migration(self_group(), backends, audit=audit,
                           routing=RoutingStore(audit.url), snapshots_dir=tmp_path / "snapshots",
                           run_id="manual__deploy-test")
 

@@ -24,6 +24,7 @@ from promshift.local.stack.github_api import GitHubContractServer
 from promshift.local.stack.local import PROMETHEUS_BIN, find_free_ports
 from promshift.local.stack.prometheus import PrometheusProcess
 from promshift.local.stack.reconciler import REPOSITORY, VALUES_PATH, Reconciler, init_repository
+from promshift.orchestration.compose import compose_migration
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +70,8 @@ def deployer(env: Env, backend: str, *, run_id: str = "manual__t1", token: str =
                        timeout_s=30)
     entry = remote_write_entry(group_name="gpu-memory", name_regex="DCGM_FI_DEV_FB_.*",
                                url="http://127.0.0.1:1/api/v1/write")
-    change = GitHubPullRequests(env.github.base_url, REPOSITORY, token) if backend == "github" else DirectPush()
+    change = (GitHubPullRequests(env.github.base_url, REPOSITORY, token, http_loopback=True) if backend == "github"
+              else DirectPush())
     return GitDeployment(source, entry=entry, prometheus=env.prometheus, backend=change, group="gpu-memory",
                          run_id=run_id, token=token)
 
@@ -169,18 +171,19 @@ def test_a_pull_request_closed_without_merging_fails_the_wait(env: Env) -> None:
     result = d.deploy(d.snapshot(), datetime.now(UTC))
     result = d.verify(result, datetime.now(UTC))
     assert result.state is DeployState.WAITING and result.reason.startswith("waiting for the review of pull request #1")
-    GitHubPullRequests(env.github.base_url, REPOSITORY, TOKEN).request("PATCH", "/pulls/1", json={"state": "closed"})
+    GitHubPullRequests(env.github.base_url, REPOSITORY, TOKEN, http_loopback=True).request(
+        "PATCH", "/pulls/1", json={"state": "closed"})
     failed = d.verify(result, datetime.now(UTC))
     assert failed.state is DeployState.FAILED and failed.status == "CLOSED_UNMERGED"
     assert failed.reason.endswith("was closed without merging")
 
 
 def test_the_contract_server_refuses_a_bad_token_and_a_missing_branch_in_one_line(env: Env) -> None:
-    bad = GitHubPullRequests(env.github.base_url, REPOSITORY, "ghp_wrong")
+    bad = GitHubPullRequests(env.github.base_url, REPOSITORY, "ghp_wrong", http_loopback=True)
     with pytest.raises(GitHubError, match=r"HTTP 401 Bad credentials$") as caught:
         bad.request("POST", "/pulls", json={"title": "t", "head": "main", "base": "main"})
     assert "ghp_wrong" not in str(caught.value)
-    good = GitHubPullRequests(env.github.base_url, REPOSITORY, TOKEN)
+    good = GitHubPullRequests(env.github.base_url, REPOSITORY, TOKEN, http_loopback=True)
     with pytest.raises(GitHubError, match="HTTP 422 Validation Failed"):
         good.request("POST", "/pulls", json={"title": "t", "head": "no-such-branch", "base": "main"})
     with pytest.raises(GitHubError, match="HTTP 422 Validation Failed"):
@@ -210,7 +213,7 @@ def test_a_sync_that_drops_our_entry_during_the_bake_is_reported_by_the_next_che
     from promshift.core.deploy_kinds import deploy_of
     from promshift.core.stages import Stage
     from promshift.steps.lifecycle import GroupLifecycle
-    from promshift.steps.migration import Backends, GroupMigration
+    from promshift.steps.migration import Backends
 
     d = deployer(env, "direct")
     before = tip_file(env.repo)
@@ -226,7 +229,7 @@ def test_a_sync_that_drops_our_entry_during_the_bake_is_reported_by_the_next_che
                         target_remote_write_url="")
 
     def bake() -> GroupLifecycle:
-        m = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
+        m = compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
                            run_id=f"scheduled__{time.monotonic_ns()}")
         return GroupLifecycle(m, deploy=deploy_of("git"), parity_check=lambda start, now: (Verdict.SUCCESSFUL, "ok"))
 
@@ -247,3 +250,30 @@ def test_a_sync_that_drops_our_entry_during_the_bake_is_reported_by_the_next_che
     assert entry["reason"].startswith("remote_write promshift-gpu-memory is no longer in the source's loaded config")
     assert out["outcome"] == "rolled_back_reads" and "entry FAILED: remote_write promshift-gpu-memory" in out["reason"]
     audit.engine.dispose()
+
+
+def test_a_symlinked_directory_in_the_repository_is_refused_before_any_write(tmp_path: Path) -> None:
+    """``clusters -> /elsewhere`` committed in the team's repository: the clone's path to the values file leads
+    outside the clone; the deploy refuses in one line and the file outside keeps its bytes."""
+    outside = tmp_path / "elsewhere"
+    (outside / "prod").mkdir(parents=True)
+    values = outside / "prod" / "values.yaml"
+    values.write_text("prometheus:\n  prometheusSpec:\n    retention: 15d\n")
+    before = values.read_bytes()
+    git = ["git", "-c", "user.name=someone", "-c", "user.email=s@x"]
+    repo, work = tmp_path / "repo.git", tmp_path / "work"
+    subprocess.run(["git", "init", "--quiet", "--bare", "--initial-branch", "main", str(repo)], check=True)
+    subprocess.run(["git", "clone", "--quiet", str(repo), str(work)], check=True, capture_output=True)
+    (work / "clusters").symlink_to(outside)
+    subprocess.run([*git, "add", "clusters"], cwd=work, check=True)
+    subprocess.run([*git, "commit", "--quiet", "-m", "clusters elsewhere"], cwd=work, check=True)
+    subprocess.run([*git, "push", "--quiet", "origin", "HEAD:refs/heads/main"], cwd=work, check=True)
+    source = GitSource(url=str(repo), path="clusters/prod/values.yaml", shape="helm-values")
+    entry = remote_write_entry(group_name="gpu-memory", name_regex="DCGM_FI_DEV_FB_.*",
+                               url="http://127.0.0.1:1/api/v1/write")
+    d = GitDeployment(source, entry=entry, prometheus=PrometheusClient("http://127.0.0.1:1"), backend=DirectPush(),
+                      group="gpu-memory", run_id="manual__t1")
+    with pytest.raises(DeployError, match="clusters is a symbolic link in the repository") as refused:
+        d.snapshot()
+    assert "\n" not in str(refused.value)
+    assert values.read_bytes() == before

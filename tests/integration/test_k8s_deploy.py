@@ -36,6 +36,7 @@ from promshift.core.render import add_remote_write, remote_write_entry, remote_w
 from promshift.local.stack.k8s_api import CONFIGMAPS, PROMETHEUSES, ConfigReloader, K8sApiServer, OperatorStandIn
 from promshift.local.stack.local import PROMETHEUS_BIN, find_free_ports
 from promshift.local.stack.prometheus import PrometheusProcess
+from promshift.orchestration.compose import compose_migration
 
 pytestmark = pytest.mark.integration
 
@@ -400,7 +401,7 @@ def cr_steps(env: Env, tmp_path: Path) -> Iterator[tuple[Any, Any, Any, Any]]:
     from promshift.core.deploy_kinds import deploy_kind_of, kubernetes_source_of
     from promshift.orchestration.hooks import kubernetes_hook
     from promshift.steps.deploy import DeployStep
-    from promshift.steps.migration import Backends, GroupMigration
+    from promshift.steps.migration import Backends
 
     kubeconfig = tmp_path / "kubeconfig.json"
     kubeconfig.write_text(json.dumps({
@@ -423,7 +424,7 @@ def cr_steps(env: Env, tmp_path: Path) -> Iterator[tuple[Any, Any, Any, Any]]:
     try:
         backends = Backends(source=env.prometheus, target=PrometheusClient("http://127.0.0.1:1"),
                             source_config_path=str(env.config), target_remote_write_url="")
-        migration = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url),
+        migration = compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url),
                                    snapshots_dir=tmp_path, run_id="manual__k8s")
         yield DeployStep(migration, deployer, InMemorySnapshotStore(), quota=None), deployer, migration, audit
     finally:

@@ -50,6 +50,7 @@ from promshift.local.stack.prometheus import PrometheusProcess
 
 # Imported here, in the parent: every forked attempt inherits them instead of importing Airflow again.
 from promshift.orchestration.amp_hook import AmpHook
+from promshift.orchestration.compose import compose_migration
 from promshift.orchestration.hooks import kubernetes_hook
 from promshift.steps.deploy import DeployStep, final_event
 from promshift.steps.migration import Backends, GroupMigration
@@ -144,7 +145,7 @@ class FileRun:
                             target=PrometheusClient(stack.target_url, timeout_s=30),
                             source_config_path=str(stack.source_config_path),
                             target_remote_write_url=stack.target_remote_write_url)
-        self.migration = GroupMigration(group(FILE_GROUP), backends, audit=self.audit,
+        self.migration = compose_migration(group(FILE_GROUP), backends, audit=self.audit,
                                         routing=RoutingStore(self.audit.url), snapshots_dir=tmp_path / "snapshots",
                                         run_id=FILE_RUN_ID, catalog_dir=default_catalog_path().parent)
 
@@ -381,7 +382,7 @@ class StepRun:
                                        url=env.target_remote_write_url)
             self.deployer = kubernetes_deployer(k8s.kind, kubernetes_hook(k8s), namespace=k8s.namespace,
                                                 name=k8s.name, entry=entry, prometheus=source, timeout_s=60)
-        self.migration = GroupMigration(self.group, backends, audit=self.audit, routing=RoutingStore(self.audit.url),
+        self.migration = compose_migration(self.group, backends, audit=self.audit, routing=RoutingStore(self.audit.url),
                                         snapshots_dir=tmp_path / "snapshots", run_id=run_id,
                                         catalog_dir=default_catalog_path().parent)
         self.step = DeployStep(self.migration, self.deployer, FileSnapshotStore(tmp_path / "snapshots"),

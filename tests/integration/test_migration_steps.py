@@ -35,6 +35,7 @@ from promshift.core.stages import Stage
 from promshift.core.verdicts import Layer, Verdict
 from promshift.core.warmup import WarmupObservation
 from promshift.local.stack.local import LocalStack
+from promshift.orchestration.compose import compose_migration
 from promshift.orchestration.triggers import WarmupTrigger
 from promshift.steps.migration import Backends, GroupMigration, observe_warmup
 
@@ -60,7 +61,7 @@ def backends_for(stack: LocalStack, *, target_url: str | None = None) -> Backend
 
 def make_migration(stack: LocalStack, tmp_path: Path, audit: AuditStore, *,
                    target_url: str | None = None) -> GroupMigration:
-    return GroupMigration(small_group(), backends_for(stack, target_url=target_url), audit=audit,
+    return compose_migration(small_group(), backends_for(stack, target_url=target_url), audit=audit,
                           routing=RoutingStore(audit.url), snapshots_dir=tmp_path / "snapshots",
                           run_id=RUN_ID, catalog_dir=default_catalog_path().parent)
 
@@ -225,7 +226,7 @@ def test_rollback_is_identical_while_a_prefix_named_group_keeps_dual_writing(
     # An earlier wave's group, cut over and still dual-writing (a keep-filter matching nothing scraped).
     other_group = dataclasses.replace(small_group(), name=f"{GROUP}-ecc", metrics=("promshift_test_unscraped",),
                                       metric_regex=None)
-    other = GroupMigration(other_group, backends_for(local_stack), audit=audit,
+    other = compose_migration(other_group, backends_for(local_stack), audit=audit,
                            routing=RoutingStore(audit.url), snapshots_dir=tmp_path / "snapshots",
                            run_id="manual__earlier-wave")
     other.deploy_dual_write(other.snapshot(now()), now())

@@ -32,9 +32,10 @@ from promshift.core.stages import Stage
 from promshift.core.warmup import assess_warmup
 from promshift.local.stack.local import LocalStack, StackConfig, find_free_ports
 from promshift.orchestration.amp_hook import AmpHook
+from promshift.orchestration.compose import compose_migration
 from promshift.orchestration.triggers import ScraperStatusTrigger
 from promshift.steps.deploy import DeployStep, DeployStepFailed
-from promshift.steps.migration import Backends, GroupMigration, observe_warmup
+from promshift.steps.migration import Backends, observe_warmup
 from tests.fakes import FakeTI, fed
 
 pytestmark = pytest.mark.integration
@@ -90,7 +91,7 @@ class Run:
         backends = Backends(source=PrometheusClient(stack.source_url, timeout_s=30),
                             target=self.hook.prometheus_client(), source_config_path=str(stack.source_config_path),
                             target_remote_write_url=self.hook.remote_write_url, target_sigv4=self.hook.sigv4)
-        self.migration = GroupMigration(self.group, backends, audit=self.audit,
+        self.migration = compose_migration(self.group, backends, audit=self.audit,
                                         routing=RoutingStore(self.audit.url),
                                         snapshots_dir=tmp_path / "snapshots", run_id=RUN_ID,
                                         catalog_dir=default_catalog_path().parent)

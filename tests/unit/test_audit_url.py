@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from promshift.orchestration.operators import audit_url
+from promshift.orchestration.wiring import audit_url
 
 KEY = "key-from-the-promshift_audit-connection"
 PW = "db-pw-7f3a9c"

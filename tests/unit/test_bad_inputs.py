@@ -96,7 +96,8 @@ def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Outcome:
 @surface("render-cli")
 def render_cli(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
     """``promshift render gpu-memory --config FILE``; input keys: the file's, plus ``target_url``."""
-    argv = ["render", "gpu-memory", "--config", str(input_path(case, tmp_path))]
+    # The unit tier starts no process: promtool's check of the result runs in tests/integration/test_render_promtool.py.
+    argv = ["render", "gpu-memory", "--config", str(input_path(case, tmp_path)), "--promtool", "/nonexistent/promtool"]
     if "target_url" in case["input"]:
         argv += ["--target-url", str(expand(case["input"]["target_url"]))]
     return cli(argv, capsys)
@@ -224,6 +225,164 @@ def scraper_blob(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFix
     return refusal(lambda: validate_scraper_config(str(expand(case["input"]["text"]))), ScraperConfigError)
 
 
+# --------------------------------------------------------------------------- git deploy: the team's repository
+
+GOOD_GIT_EXTRA = {"url": "https://git.example/acme/monitoring.git", "path": "clusters/prod/values.yaml",
+                  "shape": "helm-values", "backend": "github", "conn_id": "promshift_git",
+                  "github": {"repository": "acme/monitoring", "api_url": "https://api.github.example"}}
+
+
+@surface("git-deploy")
+def git_deploy(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """``extra``: merged over a good ``extra.git`` and read by ``git_source_of`` (refused: its one line). Else a
+    clone's work tree (laid out as git checks it out; the unit tier runs no git) whose
+    ``clusters/prod/values.yaml`` is ``values`` (or, with ``symlinked_dir``, whose ``clusters`` is a symlink to a
+    folder outside the clone holding that file): the deployer finds the file, edits it (``add_entry``) and writes
+    it back, as ``deploy`` does before ``git add``. Nothing outside the clone may change.
+    tests/integration/test_git_deploy.py runs the same symlink through a real clone and push."""
+    from promshift.adapters.git_deploy import DirectPush, GitDeployment
+    from promshift.adapters.prometheus import PrometheusClient
+    from promshift.core.deploy import DeployError
+    from promshift.core.git_render import GitRenderError, add_entry
+    from promshift.core.git_source import git_source_of
+    from promshift.core.render import remote_write_entry
+
+    given = case["input"]
+    if "extra" in given:
+        extra = {**GOOD_GIT_EXTRA, **expand(given["extra"])}
+        return refusal(lambda: git_source_of({"git": extra}), ValueError)
+    values = str(expand(given.get("values", "prometheus:\n  prometheusSpec:\n    retention: 15d\n")))
+    clone, outside = tmp_path / "clone", tmp_path / "outside"
+    (outside / "prod").mkdir(parents=True)
+    clone.mkdir()
+    if given.get("symlinked_dir"):
+        (outside / "prod" / "values.yaml").write_text(values)
+        (clone / "clusters").symlink_to(outside)
+    else:
+        (clone / "clusters" / "prod").mkdir(parents=True)
+        (clone / "clusters" / "prod" / "values.yaml").write_text(values)
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    source = git_source_of({"git": {"url": str(tmp_path / "repo.git"), "path": "clusters/prod/values.yaml",
+                                    "shape": "helm-values"}})
+    entry = remote_write_entry(group_name="gpu-memory", name_regex="DCGM_FI_DEV_FB_.*",
+                               url="https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write")
+    deployer = GitDeployment(source, entry=entry, prometheus=PrometheusClient("http://127.0.0.1:1"),
+                             backend=DirectPush(), group="gpu-memory", run_id="manual__1")
+
+    def edit() -> None:
+        path = deployer._inside(clone)
+        try:
+            edited = add_entry(source.shape, path.read_bytes(), entry)
+        except GitRenderError as exc:
+            raise DeployError(f"{deployer.where}: {exc}") from None
+        path.write_bytes(edited)
+
+    outcome = refusal(edit, DeployError)
+    after = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    assert after == before, f"{case['id']}: a file outside the clone changed"
+    return outcome
+
+
+# --------------------------------------------------------------------------- plan: a source that answers
+
+
+SOURCE_CONFIG = "global:\n  scrape_interval: 15s\nscrape_configs:\n  - job_name: dcgm\n"
+GOOD_RULE_FILE = ("groups:\n  - name: gpu\n    rules:\n      - record: gpu:util:avg\n"
+                  "        expr: avg(DCGM_FI_DEV_GPU_UTIL)\n")
+GOOD_LOG_LINE = ('{"params":{"end":"2026-12-05T01:00:00.000Z","query":"DCGM_FI_DEV_GPU_UTIL","start":'
+                 '"2026-12-05T01:00:00.000Z","step":0},"ts":"2026-12-05T01:00:00.000Z"}\n')
+PLAN_NOW = datetime(2026, 12, 5, 2, 0, tzinfo=UTC).timestamp()
+
+
+class _Source:
+    """A Prometheus API for ``plan``: one metric of two series; ``answers`` replaces an endpoint's raw body."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        series = [{"__name__": "DCGM_FI_DEV_GPU_UTIL", "job": "dcgm", "Hostname": f"h{i}", "gpu": "0"}
+                  for i in range(2)]
+        canned = {"/api/v1/status/runtimeinfo": {"storageRetention": "15d"},
+                  "/api/v1/status/tsdb": {"seriesCountByMetricName": [{"name": "DCGM_FI_DEV_GPU_UTIL", "value": 2}]},
+                  "/api/v1/metadata": {"DCGM_FI_DEV_GPU_UTIL": [{"type": "gauge", "help": "", "unit": ""}]},
+                  "/api/v1/status/config": {"yaml": SOURCE_CONFIG},
+                  "/api/v1/label/__name__/values": ["DCGM_FI_DEV_GPU_UTIL"],
+                  "/api/v1/series": series, "/api/v1/rules": {"groups": []}}
+        bodies = {path: json.dumps({"status": "success", "data": data}) for path, data in canned.items()}
+        bodies.update(answers)
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server interface
+                body = bodies.get(self.path.split("?")[0])
+                data = (body if body is not None else '{"status":"error","error":"not found"}').encode()
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@surface("plan")
+def plan_cli(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """``promshift plan`` against a source answering as ``_Source`` (``answers``: path -> raw body), with
+    ``query_log`` (the file's keys: text, file), ``dashboard`` and ``rule_file`` (text or file) and ``args``.
+    ``out``: ``existing-file`` or a path instead of a fresh folder. A partial plan (exit 2) is refused: its
+    stderr is the lines, and all four files must be written with plan.md saying PARTIAL; nothing else is
+    written anywhere in the case's folder."""
+    given = case["input"]
+    source = _Source({path: str(expand(body)) for path, body in (given.get("answers") or {}).items()})
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    argv = ["plan", "--source", source.url, "--prices", str(REPO / "catalog" / "amp_prices.yaml"),
+            "--no-rules-api", "--period", "7d"]
+    for key, flag, name in (("query_log", "--query-log", "q.log"), ("dashboard", "--dashboards", "d.json"),
+                            ("rule_file", "--rule-file", "r.yml")):
+        # By default a good query log and a good rule file, so each row's one bad input is the only problem.
+        spec = given.get(key, {"query_log": {"text": GOOD_LOG_LINE}, "rule_file": {"text": GOOD_RULE_FILE}}.get(key))
+        if spec is not None:
+            argv += [flag, str(input_path({"id": case["id"], "input": spec}, inputs, name))]
+    out = tmp_path / "plan"
+    if given.get("out") == "existing-file":
+        out.write_text("keep me\n")
+    elif given.get("out"):
+        out = Path(given["out"])
+    argv += ["--out", str(out), *[str(expand(a)) for a in given.get("args", [])]]
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    import promshift.adapters.usage as usage
+
+    real_build = usage.build_plan
+    try:
+        usage.build_plan = lambda client, inputs, *, prices, now: real_build(client, inputs, prices=prices,
+                                                                             now=PLAN_NOW)
+        from promshift.cli import main
+
+        code = main(argv)
+    finally:
+        usage.build_plan = real_build
+        source.close()
+    out_text, err = capsys.readouterr()
+    changed = {p for p in tmp_path.rglob("*") if before.get(p) != p.stat().st_mtime_ns}
+    written = {out / name for name in usage.PLAN_FILES} | {out}
+    assert changed <= written, f"{case['id']}: written outside the plan: {sorted(changed - written)}"
+    if code == 2:
+        assert written <= changed, f"{case['id']}: a partial plan must still be written whole"
+        assert "PARTIAL" in (out / "plan.md").read_text()
+    if code not in (0, 2):
+        assert not changed & written, f"{case['id']}: refused, yet wrote {sorted(changed & written)}"
+    return Outcome(code != 0, err.splitlines() if code != 0 else [*err.splitlines(), *out_text.splitlines()])
+
+
 # --------------------------------------------------------------------------- the harness
 
 
@@ -287,6 +446,8 @@ def test_bad_input(case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureF
     result = outcome[0]
     if case.get("expect", "refused") == "accepted":
         assert not result.refused, f"{case['id']}: refused: {result.lines}"
+        if "contains" in case:  # a note the accepted input must still give
+            assert [line for line in result.lines if case["contains"] in line], (case["id"], result.lines[:8])
         return
     assert result.refused, f"{case['id']}: accepted silently: {result.lines[:5]}"
     assert len(result.lines) == 1, f"{case['id']}: {len(result.lines)} lines: {result.lines[:5]}"

@@ -17,6 +17,7 @@ from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.bake import MovedRule, judge
 from promshift.core.rules import LoadedRule, RuleKind
 from promshift.core.verdicts import Verdict
+from promshift.orchestration.compose import compose_migration
 from promshift.steps.lifecycle import GroupLifecycle, moved_rules
 from promshift.steps.migration import Backends, GroupMigration
 
@@ -40,7 +41,7 @@ def migration(tmp_path: Path, audit: AuditStore) -> GroupMigration:
     refused = PrometheusClient("http://127.0.0.1:9", timeout_s=2)  # nothing listens: every read is an error
     backends = Backends(source=refused, target=refused, source_config_path=str(tmp_path / "prometheus.yml"),
                         target_remote_write_url="")
-    return GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
+    return compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
                           run_id="scheduled__bake")
 
 

@@ -524,7 +524,10 @@ def test_overlap_between_two_regex_groups_is_found_through_known_metrics() -> No
             "latency": {"queries": ["avg(DCGM_FI_DEV_SM_CLOCK)"]},
         }
     )
-    assert parse(doc)  # without the fleet's names the two regexes share nothing known
+    expected = ("group 'gpu-sm': field 'metric_regex': claims metric 'DCGM_FI_DEV_SM_CLOCK', "
+                "which group 'gpu-clocks' also claims",)
+    # Without the fleet's names too: gpu-clocks' regex names DCGM_FI_DEV_SM_CLOCK itself (regex_examples).
+    assert problems_of(doc) == expected
     assert problems_of(doc, known_metrics=KNOWN) == (
         "group 'gpu-sm': field 'metric_regex': claims metric 'DCGM_FI_DEV_SM_CLOCK', "
         "which group 'gpu-clocks' also claims",
@@ -1176,3 +1179,25 @@ def test_shipped_catalog_notifies_every_groups_owners_by_mail() -> None:
     for metric_group in catalog.groups:
         assert metric_group.notify.channel == "smtp", metric_group.name
         assert metric_group.notify.to, metric_group.name
+
+
+@pytest.mark.parametrize("second_target", ["promshift_target", "promshift_target_b"])
+def test_two_regexes_over_names_no_list_knows_overlap(second_target: str) -> None:
+    doc = base_doc()
+    for name, regex, target in (("node-all", "node_.*", "promshift_target"),
+                                ("node-cpu", "node_cpu_.*", second_target)):
+        doc["groups"].append({"name": name, "owners": ["gpu-platform"], "approvers": ["oncall-bob", "oncall-carol"],
+                              "metric_regex": regex, "target": target,
+                              "latency": {"queries": [f"avg({regex.replace('.*', 'seconds_total')})"]}})
+    found = [p for p in problems_of(doc) if "node_cpu_" in p]
+    assert len(found) == 1 and found[0].startswith(
+        "group 'node-cpu': field 'metric_regex': claims metric 'node_cpu_', which group 'node-all' also claims")
+
+
+def test_regex_examples_are_names_the_regex_matches() -> None:
+    from promshift.core.catalog.rules import regex_examples
+
+    assert regex_examples("node_cpu_.*") == ["node_cpu_"]
+    assert regex_examples("DCGM_FI_DEV_(SM|MEM)_CLOCK") == ["DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK"]
+    assert regex_examples("a[0-9]+b") == ["a0b"]
+    assert regex_examples("(?<") == []  # unreadable here: no example, and the regex check reports it

@@ -155,34 +155,6 @@ def test_catalog_check_of_a_missing_file_is_bad_input(tmp_path: Path, capsys: py
 # -- render ------------------------------------------------------------------------------------------
 
 
-def test_render_prints_the_deploys_diff_and_leaves_the_config_byte_for_byte(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = tmp_path / "prometheus.yml"
-    config.write_text(SOURCE_CONFIG)
-    before = (config.read_bytes(), config.stat().st_mtime_ns)
-    url = "https://aps-workspaces.eu-west-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write"
-    code, out, err = run(["render", "gpu-memory", "--config", str(config), "--catalog", str(CATALOG),
-                          "--target-url", url], capsys)
-    assert code == 0 and err == ""
-    assert out.startswith(f"--- {config} (now)\n+++ {config} (after dual-writing gpu-memory)\n")
-    added = [line[1:] for line in out.splitlines() if line.startswith("+") and not line.startswith("+++")]
-    # The editor double-quotes every string it writes (YAML 1.1 and 1.2 then read the same value).
-    name = remote_write_name("gpu-memory")
-    assert f'- name: "{name}"' in added
-    assert f'  url: "{url}"' in added
-    assert any('regex: "DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_RESERVED"' in line for line in added)
-    assert (config.read_bytes(), config.stat().st_mtime_ns) == before
-    assert list(tmp_path.iterdir()) == [config]  # no temp or backup file either
-
-
-def test_render_without_a_target_url_shows_a_placeholder_and_says_so(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = tmp_path / "prometheus.yml"
-    config.write_text(SOURCE_CONFIG)
-    code, out, err = run(["render", "gpu-memory", "--config", str(config), "--catalog", str(CATALOG)], capsys)
-    assert code == 0 and "WORKSPACE_ID" in out and "placeholder" in err
-
-
 def test_render_names_an_edit_the_deploy_would_refuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "prometheus.yml"
     config.write_text(SOURCE_CONFIG + f"- name: {remote_write_name('gpu-memory')}\n  url: http://elsewhere/write\n")

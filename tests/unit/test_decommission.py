@@ -15,8 +15,9 @@ from promshift.adapters.routing import RoutingStore
 from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.deploy_kinds import deploy_of
 from promshift.core.stages import Stage
+from promshift.orchestration.compose import compose_migration
 from promshift.steps.lifecycle import Decommission, DecommissionRefused
-from promshift.steps.migration import Backends, GroupMigration
+from promshift.steps.migration import Backends
 
 GROUP = "gpu-memory"
 UP_TO_BAKING = [Stage.DUAL_WRITING, Stage.WARMING, Stage.VERIFIED, Stage.APPROVED, Stage.CUT_OVER, Stage.BAKING]
@@ -38,7 +39,7 @@ def decommission(tmp_path: Path, audit: AuditStore, history: list[Stage], deploy
     config = tmp_path / "prometheus.yml"
     config.write_text("scrape_configs:\n  - job_name: fleet\n")
     unused = PrometheusClient("http://127.0.0.1:9")  # nothing listens: a refusal must not need it
-    m = GroupMigration(load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP),
+    m = compose_migration(load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile="demo").get(GROUP),
                        Backends(unused, unused, str(config), ""), audit=audit, routing=RoutingStore(audit.url),
                        snapshots_dir=tmp_path / "snapshots", run_id="manual__decommission")
     return Decommission(m, deploy=deploy_of(deploy_kind))
@@ -152,7 +153,7 @@ def test_decommission_then_recommission_on_a_source_that_drops_what_its_config_s
                          at=datetime.now(UTC), evidence={}, stage_from=current, stage_to=stage)
             current = stage
         client = PrometheusClient(fake.url)
-        m = GroupMigration(group, Backends(client, client, str(config), ""), audit=audit,
+        m = compose_migration(group, Backends(client, client, str(config), ""), audit=audit,
                            routing=RoutingStore(audit.url), snapshots_dir=tmp_path / "snapshots",
                            run_id="manual__decommission")
         d = Decommission(m, deploy=deploy_of("scraper"), verify_s=5, poll_s=0.2)
@@ -204,7 +205,7 @@ def test_a_full_rollback_by_hand_removes_only_the_groups_own_entry_and_routes_re
         client = PrometheusClient(fake.url)
         routing = RoutingStore(audit.url)
         routing.route(GROUP, read_from="target", url="http://amp.example", at=datetime.now(UTC), run_id="x")
-        m = GroupMigration(group, Backends(client, client, str(config), ""), audit=audit, routing=routing,
+        m = compose_migration(group, Backends(client, client, str(config), ""), audit=audit, routing=routing,
                            snapshots_dir=tmp_path / "snapshots", run_id="manual__rollback")
         result = full_rollback(m, datetime.now(UTC), reason="bake failed twice; back to the source")
         assert remote_write_names(config.read_bytes()) == ["promshift-gpu-clocks"]

@@ -23,6 +23,7 @@ from promshift.core.quota import QuotaExceeded, assess_quota
 from promshift.core.report import build_report
 from promshift.core.stages import Stage
 from promshift.core.warmup import WarmupObservation, assess_warmup
+from promshift.orchestration.compose import compose_migration
 from promshift.steps.deploy import DeployStep, DeployStepFailed, active_since, final_event
 from promshift.steps.migration import Backends, GroupMigration
 
@@ -67,7 +68,7 @@ def migration(tmp_path: Path) -> Iterator[GroupMigration]:
     dead = PrometheusClient("http://127.0.0.1:1")  # never asked: these steps run without a quota check
     backends = Backends(source=dead, target=dead, source_config_path=str(tmp_path / "none.yml"),
                         target_remote_write_url="")
-    yield GroupMigration(load_catalog(profile="demo").get(GROUP), backends, audit=audit,
+    yield compose_migration(load_catalog(profile="demo").get(GROUP), backends, audit=audit,
                          routing=RoutingStore(audit.url), snapshots_dir=tmp_path, run_id=RUN)
     audit.engine.dispose()
 
@@ -306,17 +307,19 @@ def test_every_deploy_kind_says_what_it_does() -> None:
 
     assert set(DEPLOYS) == set(DEPLOY_KINDS) | set(K8S_KINDS) | {GIT}
     rw, scraper = deploy_of("remote_write"), deploy_of("scraper")
-    assert (rw.source_queue, rw.own_writer, rw.via_deployer) == (True, False, False)
-    assert (scraper.source_queue, scraper.own_writer, scraper.via_deployer) == (False, True, True)
+    assert (rw.source_queue, rw.own_writer) == (True, False)
+    assert (scraper.source_queue, scraper.own_writer) == (False, True)
+    # One driver (steps.deploy.DeployStep) for every kind: nothing says which kinds take another road.
+    assert not any(hasattr(deploy, "via_deployer") for deploy in DEPLOYS.values())
     assert scraper.live_status == "ACTIVE" and scraper.waits_for_scraper and scraper.writer_interval_s == 30.0
     for kind in K8S_KINDS:  # the same remote_write entry, written through the Kubernetes API
         k8s = deploy_of(kind)
-        assert (k8s.source_queue, k8s.own_writer, k8s.via_deployer, k8s.live_status) == (True, False, True, "LIVE")
+        assert (k8s.source_queue, k8s.own_writer, k8s.live_status) == (True, False, "LIVE")
         assert k8s.config_by_api and not rw.config_by_api and not scraper.config_by_api
     assert isinstance(rw, Deploy)
     git = deploy_of(GIT)  # the same entry, as a commit in the team's config repository
-    assert (git.source_queue, git.own_writer, git.via_deployer, git.config_by_api, git.change_request) == (
-        True, False, True, True, True)
+    assert (git.source_queue, git.own_writer, git.config_by_api, git.change_request) == (
+        True, False, True, True)
     assert not any(deploy_of(kind).change_request for kind in (*DEPLOY_KINDS, *K8S_KINDS))
     with pytest.raises(ValueError, match="unknown deploy 'helm'"):
         deploy_of("helm")

@@ -25,6 +25,7 @@ from promshift.core.parity import (
     aggregate_measurement,
 )
 from promshift.core.verdicts import Layer, Measurement, Verdict
+from promshift.orchestration.compose import compose_migration
 
 NAN, INF = float("nan"), float("inf")
 A = (("__name__", "m"), ("Hostname", "h1"))
@@ -169,13 +170,13 @@ def test_a_nan_and_inf_parity_result_goes_through_gate_audit_and_report(tmp_path
     from promshift.adapters.settings import load_catalog
     from promshift.core.audit import verify_chain
     from promshift.core.report import build_report, render_markdown
-    from promshift.steps.migration import Backends, GroupMigration
+    from promshift.steps.migration import Backends
 
     audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
     unused = PrometheusClient("http://127.0.0.1:9")  # the gate asks no backend
-    migration = GroupMigration(load_catalog().get("gpu-memory"), Backends(unused, unused, str(tmp_path / "p.yml"), ""),
-                               audit=audit, routing=RoutingStore(audit.url),
-                               snapshots_dir=tmp_path, run_id="r1")
+    migration = compose_migration(load_catalog().get("gpu-memory"),
+                                  Backends(unused, unused, str(tmp_path / "p.yml"), ""),
+                                  audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path, run_id="r1")
     at = datetime(2026, 12, 3, 8, tzinfo=UTC)
     # As the gate task gets them: the XCom (to_dict) form.
     verdict = migration.gate(parity_result().to_dict(), latency_result(cost_evidence()).to_dict(), at)

@@ -23,7 +23,7 @@ GIT = {"url": "https://github.com/acme/monitoring.git", "path": "clusters/east/v
 def test_the_source_connection_chooses_git_and_a_bad_extra_is_one_line_at_validate() -> None:
     assert deploy_kind_of({}, conn_id="t", is_amp=True, source_extra={"deploy": "git", "git": GIT}) == "git"
     deploy = deploy_of("git")
-    assert deploy.change_request and deploy.via_deployer and deploy.source_queue and deploy.config_by_api
+    assert deploy.change_request and deploy.source_queue and deploy.config_by_api
     assert not deploy_of("k8s-cr").change_request
     with pytest.raises(ValueError, match="asks for git: choose one"):
         deploy_kind_of({"deploy": "scraper"}, conn_id="t", is_amp=True, source_extra={"deploy": "git", "git": GIT})

@@ -1,8 +1,11 @@
 """The architecture as a test: one folder per layer, each importing only what its layer may.
 
 - ``core/`` is pure: no framework, network, clock, environment or process, and no other layer;
-- ``steps/`` is framework-free: no Airflow, and never the Airflow shell, the CLI, the board or the lab;
+- ``steps/`` is framework-free: no Airflow, and never an adapter (steps see ``core.ports`` only), the Airflow shell,
+  the CLI, the board or the lab;
+- ``orchestration/triggers.py`` (the triggerer's) imports no step, so no SQLAlchemy or audit store;
 - ``adapters/`` talk to one outside system each and never reach up into steps or the Airflow shell;
+- ``orchestration/`` (the Airflow shell) never reaches up into the board, the CLI or the lab;
 - nothing outside ``local/`` (the package, ``dags/``, ``plugins/``) imports the lab;
 - ``include/promshift/`` has no loose modules beyond package plumbing.
 """
@@ -21,9 +24,11 @@ FORBIDDEN = {
     "core": {"airflow", "boto3", "botocore", "requests", "sqlalchemy", "os", "time", "subprocess", "socket",
              "promshift.adapters", "promshift.steps", "promshift.orchestration", "promshift.board", "promshift.cli",
              "promshift.local"},
-    "steps": {"airflow", "promshift.orchestration", "promshift.board", "promshift.cli", "promshift.local"},
+    "steps": {"airflow", "promshift.adapters", "promshift.orchestration", "promshift.board", "promshift.cli",
+              "promshift.local"},
     "adapters": {"promshift.steps", "promshift.orchestration", "promshift.board", "promshift.cli",
                  "promshift.local"},
+    "orchestration": {"promshift.board", "promshift.cli", "promshift.local"},
 }
 PRODUCTION = [p for p in sorted(PACKAGE.rglob("*.py")) if "local" not in p.relative_to(PACKAGE).parts[:1]]
 PRODUCTION += sorted((REPO / "dags").glob("*.py")) + sorted((REPO / "plugins").glob("*.py"))
@@ -55,6 +60,13 @@ def test_layer_imports_only_what_it_may(layer: str) -> None:
     bad = {str(p.relative_to(PACKAGE)): found for p in layer_modules(layer)
            if (found := hits(imported(p), FORBIDDEN[layer]))}
     assert not bad, f"{layer}/ imports what its layer may not: {bad}"
+
+
+def test_the_triggerer_imports_no_step() -> None:
+    """``orchestration/triggers.py`` runs on the triggerer: no step (and so no SQLAlchemy or audit store) with it."""
+    found = hits(imported(PACKAGE / "orchestration" / "triggers.py"),
+                 {"promshift.steps", "promshift.adapters.audit_store", "promshift.adapters.routing", "sqlalchemy"})
+    assert not found, f"orchestration/triggers.py imports {found}"
 
 
 def test_core_reads_no_clock() -> None:

@@ -21,6 +21,7 @@ from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.bake import BakeObservation
 from promshift.core.stages import Stage
 from promshift.core.verdicts import Verdict
+from promshift.orchestration.compose import compose_migration
 from promshift.steps.lifecycle import DEFAULT_READ_RESTORERS, GroupLifecycle, RestoreReadsFailed
 from promshift.steps.migration import Backends, GroupMigration
 
@@ -43,7 +44,7 @@ def lifecycle(tmp_path: Path, audit: AuditStore, run_id: str = "scheduled__bake"
     unused = PrometheusClient("http://127.0.0.1:9")
     backends = Backends(source=PrometheusClient("http://source.example:9090"), target=unused,
                         source_config_path=str(tmp_path / "prometheus.yml"), target_remote_write_url="")
-    m = GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
+    m = compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url), snapshots_dir=tmp_path,
                        run_id=run_id)
     return GroupLifecycle(m, **kw)
 

@@ -34,7 +34,8 @@ from promshift.orchestration.dag_factory import (
     build_migration_dag,
     build_waves_dag,
 )
-from promshift.orchestration.operators import BakeCheckOperator, CutoverOperator
+from promshift.orchestration.lifecycle_operators import BakeCheckOperator
+from promshift.orchestration.migration_operators import CutoverOperator
 from tests.fakes import FakeTI
 from tests.unit.test_approvers import teams_env  # noqa: F401 - fixture
 from tests.unit.test_operators import (  # noqa: F401 - fixtures

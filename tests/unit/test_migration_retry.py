@@ -19,6 +19,7 @@ from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.routing import RoutingStore
 from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.stages import IllegalTransition, Stage
+from promshift.orchestration.compose import compose_migration
 from promshift.steps.migration import Backends, GroupMigration
 
 GROUP = "gpu-memory"
@@ -43,7 +44,7 @@ def migration(tmp_path: Path, audit: AuditStore, run_id: str = RUN_ID) -> GroupM
     backends = Backends(source=PrometheusClient("http://127.0.0.1:9"), target=PrometheusClient("http://127.0.0.1:9"),
                         source_config_path=str(tmp_path / "prometheus.yml"),
                         target_remote_write_url="http://127.0.0.1:9/api/v1/write")
-    return GroupMigration(group, backends, audit=audit, routing=RoutingStore(audit.url),
+    return compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url),
                           snapshots_dir=tmp_path / "snapshots", run_id=run_id)
 
 

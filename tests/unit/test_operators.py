@@ -31,9 +31,9 @@ from promshift.core.latency import ProbeRun
 from promshift.core.stages import Stage
 from promshift.local.airflow_lab import DEMO_TEAMS
 from promshift.local.group_dag import build_group_dag
-from promshift.orchestration.operators import (
+from promshift.orchestration.approval_operators import MigrationApprovalOperator
+from promshift.orchestration.migration_operators import (
     GateOperator,
-    MigrationApprovalOperator,
     RollbackOperator,
     ValidateGroupOperator,
     WarmupOperator,

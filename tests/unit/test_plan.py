@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from promshift.adapters.usage import ReadNotes, read_dashboard_files, read_query_log
+from promshift.adapters.usage import ReadNotes, read_dashboard_files, read_query_log, scrape_intervals
 from promshift.cli import main
 from promshift.core.catalog import check_catalog
 from promshift.core.cost import MONTH_S, AmpPrices
@@ -362,3 +362,9 @@ def test_query_log_first_and_last_seen(tmp_path: Path) -> None:
     assert s.first_ts == pytest.approx(datetime(2026, 12, 5, 2, 57, 22, 774000, tzinfo=UTC).timestamp())
     assert s.last_ts == pytest.approx(datetime(2026, 12, 5, 2, 57, 28, 985000, tzinfo=UTC).timestamp())
     assert (s.lines, s.read) == (3, 3)
+
+
+def test_a_job_without_its_own_interval_scrapes_at_the_global_one() -> None:
+    config = ("global: {scrape_interval: 15s}\nscrape_configs:\n  - job_name: a\n"
+              "  - job_name: b\n    scrape_interval: 1m\n")
+    assert scrape_intervals(config) == ({"a": 15.0, "b": 60.0}, 15.0)

@@ -65,6 +65,8 @@ def test_minutes_are_clock_minutes() -> None:
     ({"per_run": True}, "per_run must be an integer"),
     ({"per_minute": 10, "max_wait": "2h"}, "max_wait must be from 0s to 1h"),
     ({"max_wait": "soon"}, "max_wait"),
+    ({"max_wait": 30}, "max_wait must be a duration with its unit (such as '30s'), got 30"),
+    ({"max_wait": "30"}, "max_wait must be a duration with its unit"),
     ({"per_minuet": 5}, "unknown key(s) per_minuet"),
     ([1], "must be a mapping"),
 ])

@@ -69,3 +69,23 @@ def test_prometheus_errors_never_carry_url_credentials() -> None:
     assert f"http://{REDACTED}@127.0.0.1:{port}" in str(excinfo.value)
     direct = PrometheusError(f"https://u:{SECRET}@aps/ws", f"HTTP 403 for /api/v1/query?X-Amz-Signature={SECRET}")
     assert SECRET not in str(direct)
+
+
+@pytest.mark.parametrize(("text", "kept"), [
+    (f"404 no_service (POST /services/T0ABC/B0DEF/{SECRET})", "404 no_service (POST /services/REDACTED)"),
+    (f"https://hooks.slack.com/services/T0ABC/B0DEF/{SECRET}", "https://hooks.slack.com/services/REDACTED"),
+    (f"https://hooks.slack.com/workflows/T0ABC/{SECRET}", "https://hooks.slack.com/workflows/REDACTED"),
+    (f"https://discord.example/api/webhooks/123/{SECRET}", "https://discord.example/api/webhooks/REDACTED"),
+    ("token ghp_A1b2C3d4E5f6G7h8I9j0", "token REDACTED"),
+    (f"Authorization: Bearer {SECRET}", "Authorization: Bearer REDACTED"),
+    (f"Authorization: token {SECRET}", "Authorization: token REDACTED"),
+    (f"xoxb-{SECRET}", "REDACTED"),
+])
+def test_webhook_paths_and_tokens_are_redacted(text: str, kept: str) -> None:
+    assert redact_text(text) == kept
+
+
+@pytest.mark.parametrize("text", ["the token rotation is fine", "GET /api/v1/status/config", "service T0 is up",
+                                  "Bearer of bad news"])
+def test_prose_that_looks_near_a_secret_stays(text: str) -> None:
+    assert redact_text(text) == text

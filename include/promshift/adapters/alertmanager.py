@@ -19,12 +19,10 @@ from typing import Any
 
 import requests
 
+from promshift.core.errors import AlertmanagerError
+
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 MAX_ALERTS = 10_000
-
-
-class AlertmanagerError(RuntimeError):
-    """The Alertmanager could not be read; one line."""
 
 
 @dataclass(frozen=True)

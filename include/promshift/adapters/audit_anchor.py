@@ -102,9 +102,35 @@ class SqlAuditAnchor:
             row = conn.execute(select(audit_anchors).order_by(audit_anchors.c.seq.desc()).limit(1)).first()
         return AnchorPoint(row.seq, row.head) if row else None
 
+    def heads(self) -> list[AnchorPoint]:
+        """Every anchored head, oldest first: ``verify`` checks each against the chain, not only the latest."""
+        if self.engine is None or not inspect(self.engine).has_table(audit_anchors.name):
+            return []
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(audit_anchors.c.seq, audit_anchors.c.head).order_by(audit_anchors.c.seq))
+            return [AnchorPoint(int(seq), str(head)) for seq, head in rows]
+
+    def permission_problem(self) -> str | None:
+        """For a SQLite anchor file: its directory or file writable by group or others (one line), else None."""
+        path = sqlite_file(self.url)
+        if path is None:
+            return None
+        for item in (path.parent, path):
+            try:
+                have = stat.S_IMODE(item.stat().st_mode)
+            except OSError:
+                continue
+            if have & 0o022:
+                return (f"the anchor {'directory' if item.is_dir() else 'file'} {item} is writable by group or "
+                        f"others (mode {have:o}): anyone who can write it can rewrite the anchored heads; chmod "
+                        f"{ANCHOR_DIR_MODE if item.is_dir() else ANCHOR_FILE_MODE:o} {item}")
+        return None
+
 
 # Keys count down, so the newest head is the first key S3 lists: one request, however long the chain.
 _SEQ_SPACE = 10**12
+# How many of the newest S3 heads ``verify`` reads (one GET each).
+HEADS_CHECKED = 256
 
 
 class S3ObjectLockAnchor:
@@ -143,7 +169,15 @@ class S3ObjectLockAnchor:
         contents = listing.get("Contents") or []
         if not contents:
             return None
-        key = contents[0]["Key"]
+        return self._read(contents[0]["Key"])
+
+    def heads(self, newest: int = HEADS_CHECKED) -> list[AnchorPoint]:
+        """The ``newest`` anchored heads, oldest first (one GET each: the newest are where a replaced chain shows;
+        Object Lock keeps every one, so an older copy cannot be put back)."""
+        listing = self.client.list_objects_v2(Bucket=self.bucket, Prefix=f"{self.prefix}heads/", MaxKeys=newest)
+        return [self._read(item["Key"]) for item in reversed(listing.get("Contents") or [])]
+
+    def _read(self, key: str) -> AnchorPoint:
         versions = [v for v in self.client.list_object_versions(Bucket=self.bucket, Prefix=key).get("Versions", [])
                     if v["Key"] == key]
         if len(versions) > 1:

@@ -619,10 +619,21 @@ class AuditStore:
             # anchor deleted. (A legacy unkeyed chain, never anchored, still has its events and only gets a note.)
             return broken(f"anchor missing for a chain that was anchored: the audit table in {self.where} is "
                           f"empty and the anchor store {anchor.where} does not exist (deleted?)")
+        try:  # every head the store holds, not only the latest: a chain replaced past the old head shows here
+            heads = list(getattr(anchor, "heads", lambda: [])())
+            permission = getattr(anchor, "permission_problem", lambda: None)()
+        except Exception as exc:  # noqa: BLE001
+            return broken(f"cannot read the anchored heads: {exc}")
         verifier = ChainVerifier(key=key, keep_hashes=keep_hashes)
         verifier.watch(point)
+        for head in heads:
+            verifier.watch(head)
         verifier.feed(events)
         check = verifier.check(anchored=True, anchor=point, allow_unanchored_tail=allow_unanchored_tail)
+        earlier = verifier.anchored_heads_problems(heads)
+        if earlier or permission:
+            check = replace(check, ok=check.ok and not earlier, problems=(*check.problems, *earlier),
+                            notes=(*check.notes, *([f"warning: {permission}"] if permission else [])))
         if unreadable:
             return replace(check, ok=False, events=check.events + len(unreadable),
                            problems=(*unreadable, *check.problems)), None

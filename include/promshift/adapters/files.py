@@ -14,6 +14,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from promshift.core.inputs import InputBudget, InputRefused, decode_utf8
 
@@ -26,17 +27,32 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def read_user_file(path: str | os.PathLike[str], budget: InputBudget) -> bytes:
-    """The bytes of the regular file at ``path`` (symlinks followed); InputRefused with one line otherwise."""
-    where = f"{budget.what} {os.fspath(path)!s}"
+def _open_regular(path: str | os.PathLike[str], where: str) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at ``path`` and its ``fstat``; InputRefused (one line) for anything else."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
         raise InputRefused(f"cannot read {where}: {getattr(exc, 'strerror', None) or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise InputRefused(f"cannot read {where}: it is {_kind(st.st_mode)}, not a regular file")
+    return fd, st
+
+
+def open_user_file(path: str | os.PathLike[str], what: str) -> BinaryIO:
+    """The regular file at ``path`` opened for reading in binary, for a caller that streams it under its own
+    byte budget (a query log of gigabytes); a FIFO, a device or a directory is one line (InputRefused)."""
+    fd, _ = _open_regular(path, f"{what} {os.fspath(path)!s}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_user_file(path: str | os.PathLike[str], budget: InputBudget) -> bytes:
+    """The bytes of the regular file at ``path`` (symlinks followed); InputRefused with one line otherwise."""
+    where = f"{budget.what} {os.fspath(path)!s}"
+    fd, st = _open_regular(path, where)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputRefused(f"cannot read {where}: it is {_kind(st.st_mode)}, not a regular file")
         if st.st_size > budget.max_bytes:
             raise InputRefused(f"cannot read {where}: {st.st_size:,} bytes, more than the "
                                f"{budget.max_bytes:,} allowed")

@@ -23,6 +23,7 @@ Airflow connection's password, resolved by the caller) reaches git in its enviro
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import re
 import shutil
@@ -37,24 +38,28 @@ from typing import Any, Protocol
 
 import requests
 
+from promshift.adapters.files import read_user_file
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.deploy import DeployError, DeployKind, DeployResult, DeploySnapshot, DeployState
-from promshift.core.git_render import GitRenderError, add_entry, entry_names, remove_entry
-from promshift.core.git_source import GitSource
+from promshift.core.git_render import GIT_FILE, GitRenderError, add_entry, entry_names, remove_entry
+from promshift.core.git_source import GitSource, plain_http_problem
+from promshift.core.inputs import InputRefused
 from promshift.core.redact import redact_text
 from promshift.core.render import sha256_text
 
 GIT_TIMEOUT_S = 120.0
-MAX_FILE_BYTES = 1 << 20  # a config file larger than this is refused, not edited
+MAX_FILE_BYTES = GIT_FILE.max_bytes  # a config file larger than this is refused, not edited
 MAX_RESPONSE_BYTES = 1 << 20
 HTTP_TIMEOUT_S = 15.0
 GITHUB_API_VERSION = "2022-11-28"
 CHANGE_TRAILER = "Promshift-Change"
 
+log = logging.getLogger(__name__)
+
 
 def redact_url(url: str) -> str:
     """A repository URL without any user:password part."""
-    return redact_text(re.sub(r"^([a-z+]+://)[^/@]*@", r"\1", url))
+    return redact_text(re.sub(r"^([a-z+]+://)[^/@]*@", r"\1", url, flags=re.IGNORECASE))
 
 
 def scrub(text: str, secret: str | None) -> str:
@@ -76,10 +81,18 @@ class Git:
     binary: str = "git"
     timeout_s: float = GIT_TIMEOUT_S
 
+    http_loopback: bool = False
+
     def env(self, home: str) -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "LANG": "C", "LC_ALL": "C",
                "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
         if self.token:
+            problem = plain_http_problem(self.url, self.http_loopback)
+            if problem:
+                raise GitError(f"not sending the token: {problem}")
+            if self.url.lower().startswith("http://"):
+                log.warning("git: the token goes over plain http to %s (http_loopback: a local lab)",
+                            redact_url(self.url))
             basic = base64.b64encode(f"x-access-token:{self.token}".encode()).decode()
             env.update({"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.extraHeader",
                         "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}"})
@@ -156,8 +169,15 @@ class GitHubPullRequests:
     kind = "github-pull-request"
 
     def __init__(self, api_url: str, repository: str, token: str | None, *,
-                 session: requests.Session | None = None) -> None:
+                 session: requests.Session | None = None, http_loopback: bool = False) -> None:
         self.api_url = api_url.rstrip("/")
+        if token:
+            problem = plain_http_problem(self.api_url, http_loopback)
+            if problem:
+                raise GitHubError(f"GitHub API: not sending the token: {problem}")
+            if self.api_url.lower().startswith("http://"):
+                log.warning("GitHub API: the token goes over plain http to %s (http_loopback: a local lab)",
+                            redact_url(self.api_url))
         self.repository = repository
         self.owner = repository.split("/")[0]
         self.token = token
@@ -246,22 +266,41 @@ class GitDeployment:
         self.backend = backend
         self.group = group
         self.run_id = run_id
-        self.git = Git(source.url, token=token)
+        self.git = Git(source.url, token=token, http_loopback=source.http_loopback)
 
     @property
     def where(self) -> str:
         return f"{redact_url(self.source.url)} {self.source.branch}:{self.source.path}"
 
-    def _read(self, repo: Path) -> tuple[bytes, str]:
-        path = repo / self.source.path
-        if path.is_symlink() or not path.is_file():
+    def _inside(self, repo: Path) -> Path:
+        """The file's path in the clone, every component checked before anything is read or written: no
+        component may be a symlink (``clusters -> /elsewhere`` would put our write outside the clone), the file
+        must be a regular one, and the resolved path must stay under the clone."""
+        root = repo.resolve()
+        path = root
+        for part in Path(self.source.path).parts:
+            path = path / part
+            if path.is_symlink():
+                raise DeployError(f"{self.where}: {path.relative_to(root)} is a symbolic link in the repository; "
+                                  "refusing to read or write through it")
+        if not path.is_file() or not path.resolve().is_relative_to(root):
             raise DeployError(f"{self.where} is not a regular file in the repository; nothing to deploy into")
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise DeployError(f"{self.where} is larger than {MAX_FILE_BYTES} bytes; refusing to edit it")
-        return path.read_bytes(), self.git.run("rev-parse", "HEAD", cwd=repo).stdout.strip()
+        return path
+
+    def _read(self, repo: Path) -> tuple[bytes, str]:
+        path = self._inside(repo)
+        try:
+            content = read_user_file(path, GIT_FILE)
+        except InputRefused as exc:
+            raise DeployError(f"{self.where}: {exc}") from None
+        return content, self.git.run("rev-parse", "HEAD", cwd=repo).stdout.strip()
 
     def _commit(self, repo: Path, content: bytes, message: str) -> str:
-        (repo / self.source.path).write_bytes(content)  # in place: git keeps the file's mode
+        path = self._inside(repo)
+        # In place (git keeps the file's mode), never through a symlink swapped in since the check.
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
         self.git.run("add", "--", self.source.path, cwd=repo)
         self.git.run("-c", f"user.name={self.source.author_name}", "-c", f"user.email={self.source.author_email}",
                      "commit", "--quiet", "--no-verify", "-m", message, cwd=repo)
@@ -358,7 +397,7 @@ class GitDeployment:
                                                        check=False).returncode == 0
                 if reverted:
                     method = "revert"
-                    content = (repo / self.source.path).read_bytes()
+                    content = self._read(repo)[0]
                     self.git.run("reset", "--quiet", "--hard", "HEAD", cwd=repo)
                 else:
                     self.git.run("reset", "--quiet", "--hard", "HEAD", cwd=repo)
@@ -428,5 +467,5 @@ def observe_git_change(observer: GitObserver, result: DeployResult, now: datetim
 def change_backend(source: GitSource, token: str | None) -> ChangeBackend:
     """The source's backend: ``github`` (a pull request) or ``direct`` (a push to the branch)."""
     if source.backend == "github":
-        return GitHubPullRequests(source.api_url, str(source.repository), token)
+        return GitHubPullRequests(source.api_url, str(source.repository), token, http_loopback=source.http_loopback)
     return DirectPush()

@@ -6,9 +6,9 @@
   A workspace that discarded nothing has no such metric: an answered ListMetrics with none is "no discards";
   a refused or failed read raises ``DiscardsUnavailable`` (a check without data never passes).
 - A sample series: CloudWatch names no series, so one series of the group that the source holds and the target
-  lacks is found with bounded queries (``count by (__name__, instance)`` on both sides, then the series of the
-  first short (metric, instance) on both). Refused samples of series the target does hold (out of order,
-  duplicates) leave none to name.
+  lacks is found with bounded instant queries (``count by (__name__, instance)`` on both sides, then the
+  series of the first short (metric, instance) on both, by ``last_over_time``). Refused samples of series the
+  target does hold (out of order, duplicates) leave none to name.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.core.warmup import missing_series_example
 
 NAMESPACE, METRIC = "AWS/Prometheus", "DiscardedSamples"
-# Series of one (metric, instance) read on each side to name a missing one.
-MAX_EXAMPLE_SERIES = 1000
 
 
 class DiscardsUnavailable(ValueError):
@@ -59,39 +58,6 @@ def workspace_discards(cloudwatch: Any, workspace_id: str, *, since: datetime, n
         if total > 0:
             out[reason] = out.get(reason, 0.0) + total
     return out
-
-
-def _with_matchers(selector: str, matchers: str) -> str:
-    """``{a="b"}`` + ``c="d"`` -> ``{a="b",c="d"}`` (the group's selectors end with ``}``)."""
-    return selector[:-1] + ("," if selector[:-1].strip().endswith(("\"", "'", "`")) else "") + matchers + "}"
-
-
-def missing_series_example(source: PrometheusClient, target: PrometheusClient, selector: str, *, at: float,
-                           lookback_s: float = 300.0) -> str:
-    """A series of the group on the source that the target lacks (``name{labels}``), or "" when none is found."""
-    if not selector.endswith("}"):
-        return ""
-    by = f"count by (__name__, instance) ({selector})"
-    try:
-        have = {(s.labels.get("__name__", ""), s.labels.get("instance", "")): s.points[-1][1]
-                for s in target.query(by, at=at).series if s.points}
-        short = [(s.labels.get("__name__", ""), s.labels.get("instance", "")) for s in source.query(by, at=at).series
-                 if s.points and have.get((s.labels.get("__name__", ""), s.labels.get("instance", "")), 0)
-                 < s.points[-1][1]]
-        if not short:
-            return ""
-        name, instance = sorted(short)[0]
-        match = _with_matchers(selector, f'__name__="{name}",instance="{instance}"')
-        params = {"match[]": match, "start": f"{at - lookback_s:.3f}", "end": f"{at:.3f}",
-                  "limit": str(MAX_EXAMPLE_SERIES)}
-        on_target = {tuple(sorted(s.items())) for s in target.api_get("/api/v1/series", params) or []}
-        for labels in source.api_get("/api/v1/series", params) or []:
-            if tuple(sorted(labels.items())) not in on_target:
-                rest = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
-                return f"{labels.get('__name__', '')}{{{rest}}}"
-    except (PrometheusError, ValueError, TypeError, AttributeError):
-        return ""
-    return ""
 
 
 def with_ingestion_health(obs: Any, *, read_discards: Any, source: PrometheusClient, target: PrometheusClient,

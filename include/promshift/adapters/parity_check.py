@@ -10,7 +10,6 @@ shard compares some hosts and returns totals a reducer merges). Memory stays bou
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -41,7 +40,7 @@ from promshift.core.golden import (
     golden_names,
     read_either_name,
 )
-from promshift.core.inputs import DASHBOARD, parse_json_bounded
+from promshift.core.inputs import DASHBOARD, InputRefused, parse_json_bounded
 from promshift.core.parity import (
     GoldenInventory,
     GoldenRow,
@@ -78,6 +77,7 @@ from promshift.core.parity import (
 )
 from promshift.core.promql import (
     Analysis,
+    PromQLBudgetError,
     PromQLError,
     Selector,
     analyse,
@@ -193,11 +193,13 @@ def count_behind(client: PrometheusClient, selector: Selector, span: tuple[float
     return sum(s.points[0][1] for s in res.series)
 
 
-def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None) -> dict[str, float]:
+def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None,
+                     problems: list[str] | None = None) -> dict[str, float]:
     """Each golden dashboard query that reads the group's metrics, by name, and how far back it reads (seconds).
 
     Queries that do not parse, or name none of the group's metrics, are left out (the parity check reports
-    them); unreadable dashboards too.
+    them); unreadable dashboards too. ``problems``, when given, gets one line per dashboard outside its input
+    budget and per query outside the PromQL budget (``core.promql.check_budget``).
     """
     policy = group.parity
     found: dict[str, float] = {}
@@ -206,8 +208,12 @@ def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None) -> dict[str, 
         files = sorted(path.glob("*.json")) if path.is_dir() else [path] if path.is_file() else []
         for file in files:
             try:
-                dashboard = json.loads(file.read_text())
-            except (OSError, ValueError):
+                dashboard = parse_json_bounded(read_user_file(file, DASHBOARD), DASHBOARD)
+            except InputRefused as exc:
+                if problems is not None:
+                    problems.append(f"group {group.name!r}: golden dashboard {file.name}: {exc}")
+                continue
+            if not isinstance(dashboard, dict):
                 continue
             for q in dashboard_queries(dashboard, name=file.name):
                 sub = substitute(q.expr, dict(policy.golden_variables), builtins=grafana_builtins(policy.step_s,
@@ -215,6 +221,10 @@ def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None) -> dict[str, 
                 try:
                     analysis = analyse(sub.expr)
                     names = metric_names(sub.expr)
+                except PromQLBudgetError as exc:
+                    if problems is not None:
+                        problems.append(f"group {group.name!r}: golden query {file.name}/{q.panel}: {exc}")
+                    continue
                 except PromQLError:
                     continue
                 if any(group.claims(n) for n in names):

@@ -14,8 +14,7 @@ from typing import Any
 import requests
 import urllib3.exceptions
 
-from promshift.core.errors import ErrorKind
-from promshift.core.redact import redact_text
+from promshift.core.errors import ErrorKind, PrometheusError
 
 log = logging.getLogger(__name__)
 
@@ -23,21 +22,6 @@ log = logging.getLogger(__name__)
 # size in Python objects (bench/answer_size: 64 MB took 888 MiB), and an Airflow worker is shared.
 DEFAULT_MAX_ANSWER_BYTES = 64 * 2**20
 _CHUNK = 256 * 2**10
-
-
-class PrometheusError(RuntimeError):
-    """A query or admin call failed: unreachable, timed out, HTTP error, API error body, or an
-    answer that is malformed or too large. ``kind`` says which; ``error_type`` is the server's
-    ``errorType`` when it sent one, else the kind's value. Its text and ``base_url`` have URL
-    credentials redacted: errors end up in logs and records."""
-
-    def __init__(self, base_url: str, message: str, *, http_status: int | None = None,
-                 error_type: str | None = None, kind: ErrorKind = ErrorKind.HTTP) -> None:
-        super().__init__(redact_text(f"{base_url}: {message}"))
-        self.base_url = redact_text(base_url)
-        self.http_status = http_status
-        self.kind = kind
-        self.error_type = error_type or (kind.value if kind != ErrorKind.HTTP else None)
 
 
 class MalformedAnswer(ValueError):
@@ -389,6 +373,9 @@ class PrometheusClient:
             body = None
         except ValueError:
             body = None
+        except RecursionError:
+            raise self._error(f"malformed answer for {what}: JSON nested too deeply", ErrorKind.MALFORMED,
+                              http_status=resp.status_code) from None
         if resp.status_code == 200 and not isinstance(body, dict):
             first = (resp.text.strip().splitlines() or [""])[0][:80]
             raise self._error(f"malformed answer for {what}: body is not a JSON object: {first!r}",

@@ -33,6 +33,7 @@ from promshift.adapters.audit_store import (
     unsupported_upsert_backend,
 )
 from promshift.adapters.settings import state_home
+from promshift.core.errors import RoutingError
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,6 @@ _ADDED_COLUMNS = ("source_conn", "target_conn")
 def legacy_manifest_path() -> Path:
     """Where the JSON routing manifest used to live (read only by ``import_manifest``)."""
     return state_home() / "routing.json"
-
-
-class RoutingError(RuntimeError):
-    """The routing state cannot be read or written (database unreachable, table missing, corrupt file)."""
 
 
 def _route_of(row: Any) -> dict[str, Any]:

@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 from promshift.adapters.blobs import Blobs, LocalBlobs
-from promshift.core.deploy import DeployError, DeploySnapshot
-
-
-def snapshot_key(group: str, run_id: str, suffix: str) -> str:
-    """``<group>/<run>.<suffix>`` with anything but ``[A-Za-z0-9_.-]`` replaced: one name per group and run."""
-    safe_run = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
-    safe_group = re.sub(r"[^A-Za-z0-9_.-]", "_", group)
-    return f"{safe_group}/{safe_run}.{suffix}"
+from promshift.core.deploy import DeployError, DeploySnapshot, snapshot_key
 
 
 class BlobSnapshotStore:

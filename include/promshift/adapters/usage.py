@@ -11,6 +11,7 @@ evaluations or ``httpRequest`` for API calls (checked against Debian's Prometheu
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import logging
@@ -23,8 +24,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from promshift.adapters.files import open_user_file, read_user_file
+from promshift.core.inputs import CONFIG, DASHBOARD, RULES, InputRefused, parse_json_bounded, parse_yaml_bounded
 from promshift.core.plan import LabelReads, MetricStats, Reader, UsageCollector, metric_stats
 from promshift.core.promql import grafana_builtins
+from promshift.core.redact import redact, redact_text
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,9 @@ MAX_QUERY_LOG_LINES = 20_000_000
 MAX_LINE_BYTES = 1 * 2**20
 MAX_DASHBOARD_BYTES = 20 * 2**20
 MAX_RULE_FILE_BYTES = 20 * 2**20
+# The input budgets (core.inputs) at these sizes: regular files only, depth, alias expansion, UTF-8, time.
+DASHBOARD_FILE = dataclasses.replace(DASHBOARD, max_bytes=MAX_DASHBOARD_BYTES)
+RULE_FILE = dataclasses.replace(RULES, max_bytes=MAX_RULE_FILE_BYTES)
 
 
 @dataclass
@@ -91,8 +98,11 @@ def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNot
     """
     path = Path(path) if isinstance(path, str) else path  # or an ObjectStoragePath (s3://...)
     summary = QueryLogSummary(str(path))
-    try:
-        handle = path.open("rb")
+    try:  # a local file must be a regular one (a FIFO would hang the plan, /dev/zero never end)
+        handle = open_user_file(path, "query log") if isinstance(path, Path) else path.open("rb")
+    except InputRefused as exc:
+        notes.missing.append(str(exc))
+        return summary
     except OSError as exc:
         notes.missing.append(f"query log {path}: cannot read: {exc.strerror or exc}")
         return summary
@@ -114,7 +124,8 @@ def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNot
         budget -= len(raw)
         summary.lines += 1
         if len(raw) > MAX_LINE_BYTES:
-            _bad(summary, f"line {summary.lines}: {len(raw):,} bytes, over {MAX_LINE_BYTES:,}")
+            size = f"{len(raw):,} bytes" if raw.endswith(b"\n") else f"more than {len(raw):,} bytes"
+            _bad(summary, f"line {summary.lines}: {size}, over {MAX_LINE_BYTES:,}; skipped")
             return True
         entry = _fast_entry(raw, strings, minutes, rules) if raw.endswith(b"}\n") else None
         if entry is None:
@@ -135,7 +146,8 @@ def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNot
                 return
         if usage.usage_of(expr) is None:
             usage.unparsable_reads += 1
-            _bad(summary, f"line {summary.lines}: query does not parse: {expr[:80]!r}")
+            _bad(summary, f"line {summary.lines}: query does not parse ({usage.unparsable.get(expr, '')[:120]}): "
+                          f"{expr[:80]!r}")
             return
         key = (expr, id(reader))  # readers are shared objects: no dataclass hash per line
         a = acc.get(key)
@@ -192,16 +204,23 @@ def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNot
     with handle:
         pending = b""
         going = True
+        skipping = False  # inside a line longer than a line may be: its rest is dropped up to its newline
         while going:
             chunk = handle.read(_CHUNK)
             if not chunk:
                 break
+            if skipping:
+                newline = chunk.find(b"\n")
+                budget -= len(chunk) if newline < 0 else newline + 1
+                if newline < 0:
+                    continue
+                chunk, skipping = chunk[newline + 1:], False
             data = pending + chunk
             cut = data.rfind(b"\n") + 1
             if cut == 0 and len(data) > MAX_LINE_BYTES:
-                going = one(data)  # one line longer than a line may be: refused as such
-                pending = b""
-                break
+                going = one(data)  # one line longer than a line may be: noted, skipped; the next lines are read
+                pending, skipping = b"", True
+                continue
             pending = data[cut:]
             going = block(data[:cut])
         if going and pending:
@@ -292,7 +311,7 @@ def _slow_entry(raw: bytes) -> tuple[str, float | None, float, Reader | None] | 
         expr = params["query"]
         if not isinstance(expr, str):
             raise TypeError
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested too deeply
         return None
     group = entry.get("ruleGroup")
     reader = Reader("rule", f"{group.get('file', '?')} / {group.get('name', '?')}") if isinstance(group, dict) else None
@@ -324,17 +343,17 @@ def read_dashboard_files(patterns: Sequence[str], usage: UsageCollector, notes: 
     read = 0
     for path in paths:
         try:
-            if path.stat().st_size > MAX_DASHBOARD_BYTES:
-                notes.missing.append(f"dashboard {path}: over {MAX_DASHBOARD_BYTES:,} bytes, not read")
-                continue
-            model = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            notes.missing.append(f"dashboard {path}: cannot read: {str(exc).splitlines()[0][:120]}")
+            model = parse_json_bounded(read_user_file(path, DASHBOARD_FILE), DASHBOARD_FILE)
+        except InputRefused as exc:
+            notes.missing.append(f"dashboard {path}: cannot read: {str(exc).splitlines()[0][:200]}")
             continue
         if isinstance(model, dict) and isinstance(model.get("dashboard"), dict):
             model = model["dashboard"]  # the API's envelope, as exported
         if not isinstance(model, dict):
             notes.missing.append(f"dashboard {path}: not a dashboard (a JSON object)")
+            continue
+        if not isinstance(model.get("panels", []), list) or not isinstance(model.get("rows", []), list):
+            notes.missing.append(f"dashboard {path}: 'panels' and 'rows' must be lists; not read")
             continue
         notes.caveats.extend(usage.add_dashboard(model, path.name, builtins=grafana_builtins(step_s, range_s)))
         read += 1
@@ -348,6 +367,9 @@ def read_grafana(client: Any, usage: UsageCollector, notes: ReadNotes, *, step_s
         hits = client.search("", limit=limit)
     except Exception as exc:  # noqa: BLE001 - any failure of an outside system is one note
         notes.missing.append(f"grafana: cannot list dashboards: {str(exc).splitlines()[0][:160]}")
+        return 0
+    if not isinstance(hits, list):
+        notes.missing.append(f"grafana: the dashboard search answered {type(hits).__name__}, not a list")
         return 0
     read = 0
     for hit in hits:
@@ -369,7 +391,11 @@ def read_grafana(client: Any, usage: UsageCollector, notes: ReadNotes, *, step_s
 
 def _add_rule_groups(groups: Any, usage: UsageCollector, notes: ReadNotes, where: str) -> int:
     count = 0
-    for group in groups if isinstance(groups, list) else []:
+    if not isinstance(groups, list):
+        notes.missing.append(f"rules {where}: no list of rule groups ('groups' is {type(groups).__name__}); "
+                             "not read")
+        return 0
+    for group in groups:
         if not isinstance(group, dict):
             continue
         gname = f"{group.get('file', where)} / {group.get('name', '?')}"
@@ -393,47 +419,52 @@ def read_rules_api(client: Any, usage: UsageCollector, notes: ReadNotes) -> int:
     except Exception as exc:  # noqa: BLE001
         notes.missing.append(f"source /api/v1/rules: {str(exc).splitlines()[0][:160]}")
         return 0
-    return _add_rule_groups((data or {}).get("groups"), usage, notes, "api")
+    if not isinstance(data, dict):
+        notes.missing.append(f"source /api/v1/rules: 'data' is {type(data).__name__}, not an object; not read")
+        return 0
+    return _add_rule_groups(data.get("groups"), usage, notes, "api")
 
 
 def read_rule_files(paths: Sequence[str], usage: UsageCollector, notes: ReadNotes) -> int:
     """Rules from Prometheus rule files (YAML ``groups:``); the number read."""
-    import yaml
-
     count = 0
     for pattern in paths:
         found = sorted(glob.glob(pattern)) or [pattern]
         for name in found:
             path = Path(name)
             try:
-                if path.stat().st_size > MAX_RULE_FILE_BYTES:
-                    notes.missing.append(f"rule file {path}: over {MAX_RULE_FILE_BYTES:,} bytes, not read")
-                    continue
-                doc = yaml.safe_load(path.read_text())
-            except (OSError, yaml.YAMLError) as exc:
-                notes.missing.append(f"rule file {path}: cannot read: {str(exc).splitlines()[0][:120]}")
+                doc = parse_yaml_bounded(read_user_file(path, RULE_FILE), RULE_FILE)
+            except InputRefused as exc:
+                notes.missing.append(f"rule file {path}: cannot read: {str(exc).splitlines()[0][:200]}")
                 continue
             groups = doc.get("groups") if isinstance(doc, dict) else None
             for g in groups if isinstance(groups, list) else []:
                 if isinstance(g, dict):
                     g.setdefault("file", path.name)
-            count += _add_rule_groups(groups, usage, notes, path.name)
+            count += _add_rule_groups(groups, usage, notes, f"file {path}")
     return count
 
 
 def scrape_intervals(config_text: str) -> tuple[dict[str, float], float]:
     """Per job its scrape interval in seconds, and the global one, from a Prometheus config."""
-    import yaml
-
     from promshift.core.durations import parse_duration
 
-    doc = yaml.safe_load(config_text) or {}
+    doc = parse_yaml_bounded(config_text, CONFIG) or {}
+    if not isinstance(doc, dict):
+        raise InputRefused(f"the config is a {type(doc).__name__}, not a mapping")
     glob_ = doc.get("global") or {}
+    if not isinstance(glob_, dict):
+        raise InputRefused(f"'global' is a {type(glob_).__name__}, not a mapping")
     default = parse_duration(str(glob_.get("scrape_interval", "1m")))
+    jobs = doc.get("scrape_configs") or []
+    if not isinstance(jobs, list):
+        raise InputRefused(f"'scrape_configs' is a {type(jobs).__name__}, not a list")
     out: dict[str, float] = {}
-    for job in doc.get("scrape_configs") or []:
+    for job in jobs:
         if isinstance(job, dict) and job.get("job_name"):
-            out[str(job["job_name"])] = parse_duration(str(job.get("scrape_interval") or f"{default}s"))
+            # A job without its own interval scrapes at the global one (as the global value, not re-parsed).
+            own = job.get("scrape_interval")
+            out[str(job["job_name"])] = parse_duration(str(own)) if own else default
     return out, default
 
 
@@ -451,7 +482,10 @@ def read_inventory(client: Any, reads: LabelReads, notes: ReadNotes, *, now: flo
     started = clock()
     tsdb: dict[str, Any] | None = None
     try:
-        tsdb = client.api_get("/api/v1/status/tsdb")
+        answer = client.api_get("/api/v1/status/tsdb")
+        if answer is not None and not isinstance(answer, dict):
+            raise ValueError(f"'data' is {type(answer).__name__}, not an object")
+        tsdb = answer
     except Exception as exc:  # noqa: BLE001
         notes.missing.append(f"source /api/v1/status/tsdb: {str(exc).splitlines()[0][:160]} (head totals and "
                              "the top-10 cross-check are missing; series counts come from /api/v1/series)")
@@ -465,7 +499,8 @@ def read_inventory(client: Any, reads: LabelReads, notes: ReadNotes, *, now: flo
     try:
         intervals, default = scrape_intervals(client.config_text())
     except Exception as exc:  # noqa: BLE001
-        notes.caveats.append(f"source config: {str(exc).splitlines()[0][:160]}; scrape interval taken as 30s")
+        # Every job's samples per second, so every cost, rests on the intervals: without them the plan is partial.
+        notes.missing.append(f"source config: {str(exc).splitlines()[0][:200]}; scrape interval taken as 30s")
     start, end = now - window_s, now
     names = client.label_values("__name__", '{__name__=~".+"}', start=start, end=end)
     metrics: dict[str, MetricStats] = {}
@@ -479,6 +514,9 @@ def read_inventory(client: Any, reads: LabelReads, notes: ReadNotes, *, now: flo
                                                       "end": f"{end:.3f}"})
         except Exception as exc:  # noqa: BLE001
             notes.missing.append(f"series of {name}: {str(exc).splitlines()[0][:160]}")
+            continue
+        if series is not None and not isinstance(series, list):
+            notes.missing.append(f"series of {name}: 'data' is {type(series).__name__}, not a list")
             continue
         series = [s for s in series or [] if isinstance(s, dict)]
         labels = set().union(*series) if series else set()
@@ -553,10 +591,15 @@ PLAN_FILES = ("metric_groups.draft.yaml", "plan.md", "plan.json", "plan-cost.png
 
 def plan_files(plan: Mapping[str, Any], *, caveats: Sequence[str], diff: Sequence[str] | None, source: str,
                host_label: str, scrape_interval_s: float) -> dict[str, bytes]:
-    """The plan's four outputs as bytes (``PLAN_FILES``), for a folder or an object store."""
+    """The plan's four outputs as bytes (``PLAN_FILES``), for a folder or an object store.
+
+    Redacted on entry (``core.redact``): the source URL may carry ``user:password@``, and the plan's notes quote
+    servers' error texts; no secret reaches a file that is uploaded as a report."""
     from promshift.adapters.charts import plan_cost_chart_png
     from promshift.core.plan_render import catalog_draft, plan_markdown
 
+    plan, caveats, source = redact(dict(plan)), redact(list(caveats)), redact_text(source)
+    diff = None if diff is None else redact(list(diff))
     body = {**plan, "caveats": list(caveats), "diff": None if diff is None else list(diff)}
     return {
         "metric_groups.draft.yaml": catalog_draft(plan, host_label=host_label,

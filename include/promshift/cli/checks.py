@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from promshift.core.durations import format_duration, parse_duration
+from promshift.core.redact import redact_text
 from promshift.core.verdicts import Verdict
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,6 @@ def _client(role: str, url: str, auth: Any = None) -> Any:
 def run_check(args: argparse.Namespace, *, now: float | None = None) -> tuple[int, dict[str, Any], str]:
     """Run ``check parity|latency``: (exit code, JSON result, the human-readable report)."""
     from promshift.adapters.prometheus import PrometheusError
-    from promshift.core.redact import redact_text
     from promshift.core.report import latency_noise_lines, latency_table, parity_log_table
 
     now = time.time() if now is None else now
@@ -257,10 +257,10 @@ def _bake_window_problems(catalog: Any, catalog_dir: Path) -> list[str]:
     from promshift.core.bake import bake_window_problem
     from promshift.core.golden import MIN_POINTS
 
-    found = []
+    found: list[str] = []
     for group in catalog.groups:
         problem = bake_window_problem(group.bake, step_s=group.parity.step_s,
-                                      lookbacks=golden_lookbacks(group, catalog_dir), min_points=MIN_POINTS)
+                                      lookbacks=golden_lookbacks(group, catalog_dir, found), min_points=MIN_POINTS)
         if problem:
             found.append(f"group {group.name!r}: {problem}")
     return found
@@ -335,17 +335,20 @@ def wave_summary(groups: Any) -> list[str]:
     return lines
 
 
-def render_diff(config_text: str, *, group: Any, target_url: str, config_name: str) -> str:
+def render_diff(config_text: str, *, group: Any, target_url: str, config_name: str,
+                edited: list[str] | None = None) -> str:
     """The unified diff a dual-write deploy of ``group`` makes to ``config_text`` ('' when none).
 
     The same two calls as the deploy (``remote_write_entry`` then ``add_remote_write``), so
-    the diff is what it would write.
+    the diff is what it would write; ``edited``, when given, gets the edited text.
     """
     from promshift.core.render import add_remote_write, remote_write_entry
 
     entry = remote_write_entry(group_name=group.name, name_regex=group.name_regex(), url=target_url,
                                drop_labels=group.drop_labels, replicas=group.replicas)
     new_text = add_remote_write(config_text, entry)
+    if edited is not None:
+        edited.append(new_text)
     return "".join(difflib.unified_diff(config_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
                                         fromfile=f"{config_name} (now)",
                                         tofile=f"{config_name} (after dual-writing {group.name})"))
@@ -365,15 +368,47 @@ def _render(args: argparse.Namespace) -> int:
     except InputRefused as exc:
         raise InputError(str(exc)) from None
     target_url = args.target_url or PLACEHOLDER_REMOTE_WRITE_URL
+    edited: list[str] = []
     try:
-        diff = render_diff(text, group=group, target_url=target_url, config_name=str(path))
+        diff = render_diff(text, group=group, target_url=target_url, config_name=str(path), edited=edited)
     except RenderError as exc:  # one line: the placeholder notice would only hide it
         print(f"promshift render: the deploy would refuse {path}: {exc}", file=sys.stderr)
+        return 1
+    refused = _promtool_refusal(edited[0], path, args.promtool)
+    if refused:
+        print(f"promshift render: the deploy would refuse {path}: {refused}", file=sys.stderr)
         return 1
     if not args.target_url:
         print(f"promshift render: no --target-url; the diff shows the placeholder {target_url}", file=sys.stderr)
     print(diff.rstrip("\n") if diff else f"no change: {path} already dual-writes {group.name} this way")
     return 0
+
+
+def _promtool_refusal(config_text: str, path: Path, promtool: str) -> str | None:
+    """What ``promtool check config`` says against the edited config, as the file deploy checks it first (one
+    line), or None when it passes. Run beside the file (relative rule files resolve), the copy removed after."""
+    import shutil
+
+    from promshift.adapters.deploy import promtool_on
+
+    if shutil.which(promtool) is None:
+        print(f"promshift render: {promtool!r} not found: the edited config was not checked by promtool",
+              file=sys.stderr)
+        return None
+    try:
+        proc, tmp = promtool_on(config_text.encode("utf-8"), "config", promtool=promtool, prefix=".promshift-render-",
+                                folder=path.resolve().parent)
+    except OSError as exc:  # a folder we may not write in: check in the system's temporary folder
+        try:
+            proc, tmp = promtool_on(config_text.encode("utf-8"), "config", promtool=promtool, prefix="promshift-")
+        except OSError:
+            print(f"promshift render: promtool could not run: {exc.strerror or exc}", file=sys.stderr)
+            return None
+    if proc.returncode == 0:
+        return None
+    said = [line.strip() for line in (proc.stdout + proc.stderr).replace(tmp, str(path)).splitlines()
+            if line.strip() and not line.startswith("Checking ")]
+    return "promtool check config: " + " ".join(said)[:300]
 
 
 def _guarded(handler: Any) -> Any:
@@ -382,11 +417,11 @@ def _guarded(handler: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             return int(handler(args))
-        except InputError as exc:
-            print(f"promshift: {exc}", file=sys.stderr)
+        except InputError as exc:  # redacted: a bad URL given on the command line may carry a password
+            print(f"promshift: {redact_text(str(exc))}", file=sys.stderr)
             return EX_USAGE
         except BackendUnavailable as exc:
-            print(f"promshift: {exc}", file=sys.stderr)
+            print(f"promshift: {redact_text(str(exc))}", file=sys.stderr)
             return EX_UNAVAILABLE
 
     return run
@@ -431,4 +466,6 @@ def add_check_commands(subparsers: Any) -> None:
     render.add_argument("--catalog", help="catalog file (default: $PROMSHIFT_CATALOG or catalog/metric_groups.yaml)")
     render.add_argument("--profile", default=None)
     render.add_argument("--target-url", help="the target's remote-write URL (default: a visible placeholder)")
+    render.add_argument("--promtool", default="promtool",
+                        help="promtool that checks the edited config, as the deploy does (default: promtool on PATH)")
     render.set_defaults(handler=_guarded(_render))

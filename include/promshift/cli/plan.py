@@ -11,7 +11,7 @@ stderr and in plan.md), 64 bad input, 69 the source is unreachable.
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import os
 import sys
 import time
@@ -20,33 +20,74 @@ from typing import Any
 
 from promshift.cli.checks import EX_UNAVAILABLE, BackendUnavailable, InputError, _guarded
 from promshift.core.durations import parse_duration
+from promshift.core.inputs import InputBudget, InputRefused, MiB, parse_json_bounded
+from promshift.core.redact import redact
 
 EX_PARTIAL = 2
+# No period, window or retention a plan reads is longer (Prometheus keeps weeks; AMP at most 1,095 days).
+MAX_DURATION_S = 10 * 365 * 86_400.0
+# An earlier plan.json: a large fleet's plan is a few MB.
+PREVIOUS_PLAN = InputBudget("--previous", max_bytes=64 * MiB, max_depth=32)
+# Where a plan is never written: the kernel's and devices' pseudo file systems.
+_PSEUDO_FS = ("/proc", "/sys", "/dev")
 
 
 def _duration(text: str, what: str) -> float:
     try:
         value = parse_duration(text)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise InputError(f"{what} {text!r}: not a duration such as 7d or 1h") from None
     if value <= 0:
         raise InputError(f"{what} {text!r}: must be more than 0")
+    if value > MAX_DURATION_S:
+        raise InputError(f"{what} {text!r}: longer than 10y")
     return value
 
 
 def _prices(path: str | None) -> Any:
-    import yaml
-
+    from promshift.adapters.files import read_user_file
     from promshift.adapters.settings import amp_prices_path
     from promshift.core.cost import AmpPrices, CostConfigError
+    from promshift.core.inputs import SETTINGS, parse_yaml_bounded
 
     p = Path(path) if path else amp_prices_path()
+    budget = dataclasses.replace(SETTINGS, what="AMP prices")
     try:
-        return AmpPrices.from_mapping(yaml.safe_load(p.read_text()) or {})
-    except OSError as exc:
-        raise InputError(f"cannot read AMP prices {p}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, CostConfigError) as exc:
+        doc = parse_yaml_bounded(read_user_file(p, budget), budget) or {}
+        if not isinstance(doc, dict):
+            raise CostConfigError(f"a {type(doc).__name__}, not a mapping")
+        return AmpPrices.from_mapping(doc)
+    except InputRefused as exc:
+        raise InputError(" ".join(str(exc).split())[:300]) from None
+    except CostConfigError as exc:
         raise InputError(f"AMP prices {p}: {' '.join(str(exc).split())[:200]}") from None
+
+
+def _previous(path: str) -> dict[str, Any]:
+    from promshift.adapters.files import read_user_file
+
+    try:
+        previous = parse_json_bounded(read_user_file(path, PREVIOUS_PLAN), PREVIOUS_PLAN)
+    except InputRefused as exc:
+        raise InputError(f"--previous {path}: cannot read a plan from it: {' '.join(str(exc).split())[:300]}") from None
+    if not isinstance(previous, dict) or not isinstance(previous.get("groups"), list):
+        raise InputError(f"--previous {path}: cannot read a plan from it: not a plan.json")
+    return previous
+
+
+def _out_folder(text: str) -> Path:
+    """``--out`` as a folder the plan may be written to: refused (one line) before anything is read."""
+    out = Path(text)
+    resolved = out.resolve()
+    pseudo = next((p for p in _PSEUDO_FS if resolved == Path(p) or Path(p) in resolved.parents), None)
+    if pseudo is not None:
+        raise InputError(f"--out {text}: {resolved} is under {pseudo}, not a folder for files")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {text}: exists and is not a folder")
+    parent = next((p for p in (resolved, *resolved.parents) if p.exists()), Path("/"))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {text}: {parent} is not writable")
+    return out
 
 
 def write_outputs(out: Path, plan: dict[str, Any], *, caveats: list[str], diff: list[str] | None, source: str,
@@ -57,17 +98,22 @@ def write_outputs(out: Path, plan: dict[str, Any], *, caveats: list[str], diff: 
 
     files = plan_files(plan, caveats=caveats, diff=diff, source=source, host_label=host_label,
                        scrape_interval_s=scrape_interval_s)
-    out.mkdir(parents=True, exist_ok=True)
     written = {}
-    for name, data in files.items():
-        path = out / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        written[name] = path
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            path = out / name
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            written[name] = path
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write the plan: {exc.strerror or exc}") from None
     # The same check as `promshift catalog check`: a draft it refuses is a bug here, said, not hidden.
-    check = check_catalog_file(written["metric_groups.draft.yaml"])
-    if check.problems:
+    # A plan without groups (nothing could be read) has an empty draft, which the check refuses: the plan's own
+    # lines already say why, so that refusal is not repeated.
+    check = check_catalog_file(written["metric_groups.draft.yaml"]) if plan.get("groups") else None
+    if check is not None and check.problems:
         print(f"promshift plan: the catalog draft has {len(check.problems)} problem(s); first: {check.problems[0]}",
               file=sys.stderr)
     return written
@@ -84,16 +130,9 @@ def _plan(args: argparse.Namespace) -> int:
     deadline = _duration(args.deadline, "--deadline")
     if args.max_group_metrics < 1:
         raise InputError(f"--max-group-metrics {args.max_group_metrics}: must be at least 1")
+    out = _out_folder(args.out)
     prices = _prices(args.prices)
-    previous = None
-    if args.previous:
-        try:
-            previous = json.loads(Path(args.previous).read_text())
-            if not isinstance(previous, dict) or "groups" not in previous:
-                raise ValueError("not a plan.json")
-        except (OSError, ValueError) as exc:
-            raise InputError(f"--previous {args.previous}: cannot read a plan from it: "
-                             f"{getattr(exc, 'strerror', None) or exc}") from None
+    previous = _previous(args.previous) if args.previous else None
     grafana = None
     if args.grafana_url:
         from promshift.adapters.grafana import GrafanaClient
@@ -116,9 +155,10 @@ def _plan(args: argparse.Namespace) -> int:
         outcome = build_plan(client, inputs, prices=prices, now=time.time())
     except PrometheusError as exc:
         raise BackendUnavailable(f"source {args.source}: {exc}") from None
-    plan = outcome.plan.to_dict()
+    plan = redact(outcome.plan.to_dict())  # its notes quote servers' errors: redacted before anything shows them
+    outcome.caveats[:] = redact(outcome.caveats)
     diff = diff_plans(previous, plan) if previous is not None else None
-    written = write_outputs(Path(args.out), plan, caveats=outcome.caveats, diff=diff, source=args.source,
+    written = write_outputs(out, plan, caveats=outcome.caveats, diff=diff, source=args.source,
                             host_label=args.host_label, scrape_interval_s=outcome.default_interval_s)
     for line in plan["not_read"]:
         print(f"promshift plan: not read: {line}", file=sys.stderr)

@@ -9,13 +9,42 @@ user answer a request whose assignee list is empty.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 TEAM_PREFIX = "team:"
 TEAM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def teams_json(raw: str, *, source: str, max_bytes: int = 1 << 20, max_depth: int = 8) -> Any:
+    """A teams document (``{"team": ["user", ...]}``) from JSON, within a budget: size, nesting, and no key given
+    twice (JSON parsers keep the last, silently dropping a team's first list). One-line ApproversError."""
+    from promshift.core.inputs import json_depth
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, members in pairs:
+            if name in out:
+                raise ApproversError(f"{source}: team {name[:80]!r} is given twice")
+            out[name] = members
+        return out
+
+    if len(raw) > max_bytes:
+        raise ApproversError(f"{source} is {len(raw):,} characters, more than {max_bytes:,}")
+    try:
+        value = json.loads(raw, object_pairs_hook=unique)
+    except ApproversError:
+        raise
+    except RecursionError:
+        raise ApproversError(f"{source}: nested deeper than {max_depth} levels") from None
+    except ValueError as exc:
+        raise ApproversError(f"{source} is not JSON: {' '.join(str(exc).split())[:200]}") from None
+    if json_depth(value) > max_depth:
+        raise ApproversError(f"{source}: nested deeper than {max_depth} levels")
+    return value
 
 
 class ApproversError(ValueError):

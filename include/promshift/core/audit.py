@@ -23,6 +23,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Protocol
 
+from promshift.core.redact import redact
+
 GENESIS_HASH = "0" * 64
 SHA256_V1 = "sha256-v1"
 HMAC_SHA256_V2 = "hmac-sha256-v2"
@@ -125,6 +127,8 @@ class AuditAnchor(Protocol):
 
     def latest(self) -> AnchorPoint | None: ...
 
+    # Optional: ``heads()``, every anchored head (or the newest ones) oldest first, for ``verify`` to check each.
+
 
 def new_event(
     *,
@@ -155,7 +159,7 @@ def new_event(
         stage_to=stage_to,
         actor=actor,
         at=at,
-        evidence=canonical_json(dict(evidence)),
+        evidence=canonical_json(redact(dict(evidence))),  # redacted on entry: no secret is ever hashed in
         prev_hash=prev.hash if prev else GENESIS_HASH,
         scheme=scheme,
     )
@@ -321,6 +325,18 @@ class ChainVerifier:
                 v._recent[v._head.seq] = v._head.head
         return v
 
+
+    def anchored_heads_problems(self, heads: Iterable[AnchorPoint]) -> list[str]:
+        """Each anchored head (``watch``ed before feeding) against the chain fed: the event at its ``seq`` must
+        have its hash. The latest alone is not enough: a table emptied and written again past the old latest
+        would pass, while every earlier head still holds the old chain. One line per kind of mismatch."""
+        fed = self._head.seq if self._head is not None else 0
+        replaced = [h.seq for h in heads if h.seq <= fed and self._watched.get(h.seq) != h.head]
+        if not replaced:
+            return []
+        shown_ = ", ".join(str(seq) for seq in replaced[:5]) + (" ..." if len(replaced) > 5 else "")
+        return [f"{len(replaced)} anchored head(s) (seq {shown_}) do not match the chain's events at those seqs: "
+                "the chain was replaced"]
 
     def check(self, *, anchored: bool = False, anchor: AnchorPoint | None = None,
               allow_unanchored_tail: bool = False) -> ChainCheck:

@@ -12,13 +12,21 @@ and dry runs: they hold state in memory and refuse what a real deployer refuses.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
-from promshift.core.render import sha256_text
+from promshift.core.render import remote_write_entry, sha256_text
+
+
+def snapshot_key(group: str, run_id: str, suffix: str) -> str:
+    """``<group>/<run>.<suffix>`` with anything but ``[A-Za-z0-9_.-]`` replaced: one name per group and run."""
+    safe_run = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
+    safe_group = re.sub(r"[^A-Za-z0-9_.-]", "_", group)
+    return f"{safe_group}/{safe_run}.{suffix}"
 
 
 class DeployKind(StrEnum):
@@ -45,7 +53,14 @@ class DeployState(StrEnum):
 
 
 class DeployError(RuntimeError):
-    """A deploy, verify or restore could not be done; the message is one line and names why."""
+    """A deploy, verify or restore could not be done; the message is one line and names why.
+
+    ``details``: what the audit records besides the reason (a file deploy's config and snapshot hashes), never
+    a credential."""
+
+    def __init__(self, message: str = "", *, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = dict(details or {})
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,11 @@ class ConfigDeployer(Protocol):
     - ``verify(result, now)`` observes once more and returns the updated result (it never writes,
       so a trigger may call it again and again);
     - ``restore(snapshot, now)`` puts the snapshot back (or removes what the deploy created).
+
+    What a deployer adds to the audit rides in its results' ``details["record"]`` (``steps.deploy.DeployStep``
+    records it). A deployer may also offer ``confirm_live()`` (a retried deploy re-checks what it recorded),
+    ``withdraw(now, expect_sha256=)`` (remove only the group's own entry: a lost snapshot, a full rollback by
+    hand) and ``rolled_back_found(sha256)`` (what a repeated rollback finds live); the file path does.
     """
 
     kind: str
@@ -231,3 +251,24 @@ class InMemoryConfigDeployer:
         self.live = snapshot.content if snapshot.existed else None
         return DeployResult(self.kind, "restore", DeployState.WAITING).observed("RESTORED", now,
                                                                                  state=DeployState.DONE)
+
+
+def group_entry(group: Any, url: str, sigv4: Mapping[str, str] | None) -> dict[str, Any]:
+    """A group's own remote_write entry (keep-filter, dropped labels, the target's URL and sigv4): what every
+    entry deployer (file, Kubernetes, git) adds."""
+    return remote_write_entry(group_name=group.name, name_regex=group.name_regex(), drop_labels=group.drop_labels,
+                              url=url, sigv4=sigv4, replicas=getattr(group, "replicas", None))
+
+
+def group_entry_record(group: Any, url: str, sigv4: Mapping[str, str] | None) -> dict[str, Any]:
+    """What ``dual_write_deployed`` says of the entry besides its name and the config's hashes."""
+    entry = group_entry(group, url, sigv4)
+    record: dict[str, Any] = {"keep_regex": group.name_regex(), "url": url}
+    if "sigv4" in entry:
+        record["sigv4"] = entry["sigv4"]
+    if group.drop_labels:
+        record["drop_labels"] = list(group.drop_labels)
+    replicas = getattr(group, "replicas", None)
+    if replicas is not None and replicas.enabled:  # AMP's dedup labels on the entry (core.ha)
+        record["replicas"] = {"replica_label": replicas.replica_label, "cluster_label": replicas.cluster_label}
+    return record

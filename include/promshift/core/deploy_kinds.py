@@ -53,7 +53,6 @@ class Deploy:
     source_queue: bool  # the source's own remote-write queue carries the group: warm-up and bake watch its lag
     own_writer: bool  # the target has a writer of its own (a managed collector): parity compares two scrapers,
     #                   and the source may stop scraping the group (decommission)
-    via_deployer: bool  # a core.deploy.ConfigDeployer drives it (steps.deploy.DeployStep); else the file edit
     live_status: str  # the DeployResult status that means live
     waits_for_scraper: bool  # deploy and restore wait on the scraper's status (else on the loaded config)
     writer_interval_s: float | None  # the writer's own scrape interval (None: the source's)
@@ -63,13 +62,13 @@ class Deploy:
 
 
 DEPLOYS: dict[str, Deploy] = {
-    REMOTE_WRITE: Deploy(REMOTE_WRITE, source_queue=True, own_writer=False, via_deployer=False, live_status="LIVE",
+    REMOTE_WRITE: Deploy(REMOTE_WRITE, source_queue=True, own_writer=False, live_status="LIVE",
                          waits_for_scraper=False, writer_interval_s=None),
-    SCRAPER: Deploy(SCRAPER, source_queue=False, own_writer=True, via_deployer=True, live_status=ACTIVE,
+    SCRAPER: Deploy(SCRAPER, source_queue=False, own_writer=True, live_status=ACTIVE,
                     waits_for_scraper=True, writer_interval_s=SCRAPER_INTERVAL_S),
-    **{kind: Deploy(kind, source_queue=True, own_writer=False, via_deployer=True, live_status="LIVE",
+    **{kind: Deploy(kind, source_queue=True, own_writer=False, live_status="LIVE",
                     waits_for_scraper=False, writer_interval_s=None, config_by_api=True) for kind in K8S_KINDS},
-    GIT: Deploy(GIT, source_queue=True, own_writer=False, via_deployer=True, live_status="LIVE",
+    GIT: Deploy(GIT, source_queue=True, own_writer=False, live_status="LIVE",
                 waits_for_scraper=False, writer_interval_s=None, config_by_api=True, change_request=True),
 }
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from promshift.core.redact import redact_text
+
 
 class ErrorKind(StrEnum):
     """Why a backend gave no usable answer.
@@ -21,3 +23,27 @@ class ErrorKind(StrEnum):
     QUERY_TOO_EXPENSIVE = "HTTP 422"
     THROTTLED = "throttled"
     PARTIAL = "partial data"
+
+
+class PrometheusError(RuntimeError):
+    """A query or admin call failed: unreachable, timed out, HTTP error, API error body, or an
+    answer that is malformed or too large. ``kind`` says which; ``error_type`` is the server's
+    ``errorType`` when it sent one, else the kind's value. Its text and ``base_url`` have URL
+    credentials redacted: errors end up in logs and records. (Raised by ``adapters.prometheus``; here so the
+    steps, which see the client only as ``core.ports.PrometheusProbe``, can catch it.)"""
+
+    def __init__(self, base_url: str, message: str, *, http_status: int | None = None,
+                 error_type: str | None = None, kind: ErrorKind = ErrorKind.HTTP) -> None:
+        super().__init__(redact_text(f"{base_url}: {message}"))
+        self.base_url = redact_text(base_url)
+        self.http_status = http_status
+        self.kind = kind
+        self.error_type = error_type or (kind.value if kind != ErrorKind.HTTP else None)
+
+
+class RoutingError(RuntimeError):
+    """The routing state cannot be read or written (database unreachable, table missing, corrupt file)."""
+
+
+class AlertmanagerError(RuntimeError):
+    """The Alertmanager could not be read; one line. (Raised by ``adapters.alertmanager``.)"""

@@ -38,6 +38,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from promshift.core.inputs import InputBudget, InputRefused, check_size, check_yaml_events, decode_utf8
 from promshift.core.render import RenderError, add_remote_write, remote_write_names, remove_remote_write
 
 HELM_VALUES, PROMETHEUS_YML, MANIFEST = "helm-values", "prometheus-yml", "manifest"
@@ -50,6 +51,9 @@ ADDED = "# added by promshift"
 _DATA_MAPS = frozenset({"headers", "proxy_connect_header", "proxyConnectHeader"})
 
 Text = TypeVar("Text", str, bytes)
+# A file in the team's repository: the deployer refuses more than 1 MiB (adapters.git_deploy.MAX_FILE_BYTES).
+GIT_FILE = InputBudget("git file", max_bytes=1 << 20)
+_EVENTS = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
 
 
 class GitRenderError(RenderError):
@@ -96,12 +100,17 @@ def _check_shape(shape: str) -> None:
 
 
 def _decode(text: str | bytes) -> str:
-    if isinstance(text, str):
-        return text
+    """The file as text, within its input budget (size, depth, alias expansion, scalar length) before any loader
+    builds a value from it: a 600-byte alias bomb in Helm values costs one pass over its events, not minutes."""
     try:
-        return text.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise GitRenderError(f"the file is not UTF-8: {exc}") from None
+        check_size(text, GIT_FILE)
+        doc = text if isinstance(text, str) else decode_utf8(text, GIT_FILE.what)
+        check_yaml_events(yaml.parse(doc, Loader=_EVENTS), GIT_FILE)
+    except InputRefused as exc:
+        raise GitRenderError(str(exc)) from None
+    except yaml.YAMLError as exc:
+        raise GitRenderError(f"the file is not valid YAML: {_one_line(exc)}") from None
+    return doc
 
 
 def _one_line(exc: Exception) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import promql_parser
 
+from promshift.core.catalog.regex import prometheus_fullmatch
 from promshift.core.cost import MONTH_S, AmpPrices, project_monthly_cost
 from promshift.core.promql import PromQLError, Selector, _is_scalar, analyse, parse, substitute
 
@@ -442,10 +443,11 @@ def _nameless_matches(sel: Selector, metric: MetricStats) -> bool:
             targets = list(metric.jobs) or [""]
         else:
             continue
-        try:
-            hit = any(re.fullmatch(value, t) for t in targets) if op in ("=~", "!~") else value in targets
-        except re.error:
-            hit = True
+        if op in ("=~", "!~"):  # RE2, as Prometheus: a pattern from a query log must not backtrack for hours
+            found = [prometheus_fullmatch(value, t) for t in targets]
+            hit = None in found or any(found)
+        else:
+            hit = value in targets
         if (op in ("=", "=~")) != hit:
             return False
     return True

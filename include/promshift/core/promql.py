@@ -118,12 +118,90 @@ class Analysis:
         return tuple(r for r in self.reads if r.anchor != "t")
 
 
+# --------------------------------------------------------------------------- the budget before the parser
+#
+# The Rust parser's memory and time grow with the square of the syntax tree's depth (4,000 nested
+# parentheses: 290 MB; 4,000 `+` terms, left-nested: 630 MB; 10,000: an abort at 2.8 GB), and the walks
+# below recurse once per level. Every expression is measured first, in one linear pass over its text:
+# its length, how deeply its brackets nest and how many operators it has (a chain of binary operators
+# nests as deep as it is long). At these limits the parser takes milliseconds and a few MB; no
+# dashboard, rule or golden query we have seen comes near them.
+MAX_QUERY_CHARS = 65_536
+MAX_NESTING = 64
+MAX_OPERATORS = 256
+_OPERATOR_WORDS = frozenset({"and", "or", "unless", "atan2"})
+# One step of the scan: a quote or comment start (handled by hand), a bracket, an operator, a word.
+_SCAN = re.compile(r"""["'`#]|[(\[{]|[)\]}]|[-+*/%^]|[=!<>]=|[<>]|[A-Za-z_][A-Za-z0-9_:]*""")
+
+
+class PromQLBudgetError(PromQLError):
+    """An expression over the size budget: refused before the parser sees it."""
+
+
+def _string_end(expr: str, start: int) -> int:
+    """The index after the string literal opened at ``start``; -1 when it is never closed."""
+    quote = expr[start]
+    index = start + 1
+    while True:
+        index = expr.find(quote, index)
+        if index < 0:
+            return -1
+        if quote != "`":
+            backslashes = 0
+            while expr[index - 1 - backslashes] == "\\":
+                backslashes += 1
+            if backslashes % 2:
+                index += 1
+                continue
+        return index + 1
+
+
+def check_budget(expr: str) -> None:
+    """Refuse ``expr`` (PromQLBudgetError, one line) when it is longer, nests deeper or has more operators than
+    the parser is given; linear in its length, without recursion."""
+    if not isinstance(expr, str):
+        raise PromQLBudgetError(f"a query must be text, not {type(expr).__name__}")
+    if len(expr) > MAX_QUERY_CHARS:
+        raise PromQLBudgetError(f"query of {len(expr):,} characters (at most {MAX_QUERY_CHARS:,})")
+    depth = deepest = operators = 0
+    index, end = 0, len(expr)
+    while index < end:
+        match = _SCAN.search(expr, index)
+        if match is None:
+            break
+        token = match.group()
+        index = match.end()
+        first = token[0]
+        if first in "\"'`":
+            index = _string_end(expr, match.start())
+            if index < 0:  # never closed: the parser says so, in its words
+                break
+        elif first == "#":
+            newline = expr.find("\n", index)
+            index = end if newline < 0 else newline
+        elif first in "([{":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise PromQLBudgetError(f"query nests deeper than {MAX_NESTING} brackets")
+            deepest = max(deepest, depth)
+        elif first in ")]}":
+            depth = max(0, depth - 1)
+        elif first.isalpha() or first == "_":
+            if token.lower() in _OPERATOR_WORDS:
+                operators += 1
+        else:
+            operators += 1
+        if operators > MAX_OPERATORS:
+            raise PromQLBudgetError(f"query has more than {MAX_OPERATORS} operators")
+
+
 def parse(expr: str) -> Any:
-    """The parser's AST; a clear PromQLError when the expression does not parse.
+    """The parser's AST; a clear PromQLError when the expression does not parse or is over the budget.
 
     Backtick strings are raw in PromQL (`n\\d` is a regex), but promql_parser 0.12.0 reads
     escapes in them: they are handed to it as the equivalent double-quoted strings.
     """
+    check_budget(expr)
     if "`" in expr:
         expr = "".join(promql_string(tok[1:-1]) if tok.startswith("`") else tok for tok in _TOKEN.findall(expr))
     try:
@@ -243,6 +321,32 @@ def _answers_without_series(node: Any) -> bool:
     return False
 
 
+def labels_relied_on(expr: str) -> frozenset[str]:
+    """The labels ``expr`` selects on (matchers), groups by (``by``) or matches on (``on``, ``group_left/right``):
+    a label dropped from the series changes what such a query answers. Labels only named in ``without`` or
+    ``ignoring`` are not counted (dropping them changes nothing there). PromQLError when it does not parse."""
+    found: set[str] = set()
+    stack = [parse(expr)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, promql_parser.MatrixSelector):
+            node = node.vector_selector
+        if isinstance(node, promql_parser.VectorSelector):
+            found.update(m.name for m in node.matchers.matchers if m.name != "__name__")
+        elif isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            if node.modifier.type == promql_parser.AggModifierType.By:
+                found.update(node.modifier.labels)
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            matching = node.modifier.matching
+            if matching is not None and matching.type == promql_parser.LabelModifierType.Include:
+                found.update(matching.labels)
+            found.update(node.modifier.group_labels or ())
+        if isinstance(node, promql_parser.SubqueryExpr):
+            stack.append(node.expr)
+        stack.extend(_children(node))
+    return frozenset(found)
+
+
 def lookback_s(expr: str) -> float | None:
     """The longest look-back of ``expr`` in seconds (range selectors, subqueries, offsets), None for none.
 
@@ -338,6 +442,8 @@ def metric_names(expr: str) -> list[str]:
     """
     try:
         return [s.name for s in analyse(expr).selectors if s.name]
+    except PromQLBudgetError:
+        return []  # over the budget: not read at all, not even by the fallback
     except PromQLError:
         return re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", re.sub(r'"(?:[^"\\]|\\.)*"', "", expr))
 

@@ -69,6 +69,9 @@ class QueryBudget:
             return value
 
         wait = data.get("max_wait", "60s")
+        if not isinstance(wait, str) or (wait != "0" and wait.replace(".", "", 1).isdigit()):
+            raise QueryBudgetError(f"{where}.max_wait must be a duration with its unit (such as '30s'), got "
+                                   f"{wait!r}")
         try:
             wait_s = float(parse_duration(str(wait)))
         except ValueError as exc:

@@ -25,6 +25,7 @@ written with every ambiguous scalar quoted, so YAML 1.1 and 1.2 read the same va
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -35,6 +36,7 @@ from ruamel.yaml.error import YAMLError
 
 from promshift.core import render
 from promshift.core.catalog.regex import _compile_re2
+from promshift.core.durations import parse_duration
 from promshift.core.parity import LabelSet, Points, SampleComparison
 from promshift.core.promql import _TOKEN, PromQLError, analyse, metric_names, promql_string
 from promshift.core.render import RenderError
@@ -175,6 +177,20 @@ def rule_file_patterns(config: str | bytes) -> tuple[str, ...]:
     return tuple(patterns)
 
 
+# A recording rule's name is a metric name (Prometheus: model.IsValidMetricName).
+_RECORD_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def _is_duration(value: Any) -> bool:
+    """A Prometheus duration with its unit (``1m``, ``30s``); Prometheus refuses a bare number for an interval."""
+    if not isinstance(value, str) or not value or value.replace(".", "", 1).isdigit():
+        return False
+    try:
+        return parse_duration(value) > 0
+    except ValueError:
+        return False
+
+
 def parse_rule_file(path: str, data: str | bytes) -> RuleFile:
     """Read one Prometheus rule file (``groups: [{name, interval?, rules: [{record|alert, expr, ...}]}]``)."""
     loaded = _load(_text(data, path), path)
@@ -195,6 +211,10 @@ def parse_rule_file(path: str, data: str | bytes) -> RuleFile:
         items = group.get("rules") or []
         if not isinstance(items, list):
             raise RulesError(f"{path}: group {name!r}: `rules` must be a list")
+        interval = group.get("interval")
+        if interval is not None and not _is_duration(interval):
+            raise RulesError(f"{path}: group {name!r}: interval {str(interval)[:40]!r} is not a duration such as 1m "
+                             "(Prometheus refuses the file)")
         groups.append(RuleGroup(path, name, {k: v for k, v in group.items() if k != "rules"}, len(items)))
         for ri, item in enumerate(items):
             if not isinstance(item, dict) or not isinstance(item.get("expr"), str | int | float):
@@ -202,6 +222,10 @@ def parse_rule_file(path: str, data: str | bytes) -> RuleFile:
             kind = RuleKind.RECORD if "record" in item else RuleKind.ALERT if "alert" in item else None
             if kind is None or ("record" in item and "alert" in item):
                 raise RulesError(f"{path}: group {name!r}, rule {ri + 1}: needs exactly one of `record` or `alert`")
+            if kind is RuleKind.RECORD and not (isinstance(item["record"], str)
+                                                and _RECORD_NAME.fullmatch(item["record"])):
+                raise RulesError(f"{path}: group {name!r}, rule {ri + 1}: record {str(item['record'])[:80]!r} is not a "
+                                 "valid metric name (Prometheus refuses the file)")
             expr = str(item["expr"])
             try:
                 analyse(expr)

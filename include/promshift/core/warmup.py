@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from promshift.core.errors import PrometheusError
 from promshift.core.ingest_limits import describe_discards
+from promshift.core.render import remote_write_name
+
+if TYPE_CHECKING:
+    from promshift.core.ports import PrometheusProbe
 
 
 @dataclass(frozen=True)
@@ -114,3 +119,52 @@ def parse_remote_write_lag(metrics_text: str, remote_name: str) -> tuple[float |
     if highest is None or sent is None or sent <= 0:
         return None, failed
     return max(0.0, highest - sent), failed
+
+
+def observe_warmup(*, group_name: str, selector: str, source: PrometheusProbe, target: PrometheusProbe,
+                   elapsed_s: float) -> WarmupObservation:
+    """Poll both sides once: series counts of the group and the group's remote-write queue lag."""
+    count = f"count({selector})"
+    src = source.scalar(count) or 0.0
+    tgt = target.scalar(count) or 0.0
+    lag, failed = parse_remote_write_lag(source.metrics_text(), remote_write_name(group_name))
+    return WarmupObservation(elapsed_s=elapsed_s, source_series=int(src), target_series=int(tgt),
+                             lag_s=lag, failed_samples=failed)
+
+
+# Series of one (metric, instance) read on each side to name a missing one.
+MAX_EXAMPLE_SERIES = 1000
+
+
+def _with_matchers(selector: str, matchers: str) -> str:
+    """``{a="b"}`` + ``c="d"`` -> ``{a="b",c="d"}`` (the group's selectors end with ``}``)."""
+    return selector[:-1] + ("," if selector[:-1].strip().endswith(("\"", "'", "`")) else "") + matchers + "}"
+
+
+def missing_series_example(source: PrometheusProbe, target: PrometheusProbe, selector: str, *, at: float,
+                           lookback_s: float = 300.0) -> str:
+    """A series of the group on the source that the target lacks (``name{labels}``), or "" when none is found."""
+    if not selector.endswith("}"):
+        return ""
+    by = f"count by (__name__, instance) ({selector})"
+    try:
+        have = {(s.labels.get("__name__", ""), s.labels.get("instance", "")): s.points[-1][1]
+                for s in target.query(by, at=at).series if s.points}
+        short = [(s.labels.get("__name__", ""), s.labels.get("instance", "")) for s in source.query(by, at=at).series
+                 if s.points and have.get((s.labels.get("__name__", ""), s.labels.get("instance", "")), 0)
+                 < s.points[-1][1]]
+        if not short:
+            return ""
+        name, instance = sorted(short)[0]
+        match = _with_matchers(selector, f'__name__="{name}",instance="{instance}"')
+        # The series of that metric and instance on each side, by an instant query (AMP's QueryMetrics: no other
+        # permission than the checks' own), at most MAX_EXAMPLE_SERIES of them.
+        expr = f"topk({MAX_EXAMPLE_SERIES}, last_over_time({match}[{int(lookback_s)}s]))"
+        on_target = {tuple(sorted(s.labels.items())) for s in target.query(expr, at=at).series}
+        for found in source.query(expr, at=at).series:
+            if tuple(sorted(found.labels.items())) not in on_target:  # last_over_time dropped __name__ on both
+                rest = ", ".join(f'{k}="{v}"' for k, v in sorted(found.labels.items()) if k != "__name__")
+                return f"{name}{{{rest}}}"
+    except (PrometheusError, ValueError, TypeError, AttributeError):
+        return ""
+    return ""

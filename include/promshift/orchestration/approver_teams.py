@@ -16,10 +16,9 @@ list their users to a task.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from promshift.core.approvers import ApproversError, MappingTeams, TeamDirectory, parse_teams
+from promshift.core.approvers import ApproversError, MappingTeams, TeamDirectory, parse_teams, teams_json
 
 TEAMS_VARIABLE = "promshift_teams"
 SIMPLE_AUTH_MANAGER = "SimpleAuthManager"
@@ -95,9 +94,6 @@ def team_directory() -> TeamDirectory | None:
     raw = Variable.get(TEAMS_VARIABLE, default=None)
     if raw is None:
         return None
-    try:
-        value = json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError as exc:
-        raise ApproversError(f"{source} is not JSON: {exc}") from None
+    value = teams_json(raw, source=source) if isinstance(raw, str) else raw
     return MappingTeams(parse_teams(value, source=source), source=source,
                         known_users=simple_auth_manager_users(conf))

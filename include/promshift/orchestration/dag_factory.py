@@ -14,34 +14,41 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Asset, AssetAlias, AssetAny, BaseOperator, Param, TriggerRule
+from airflow.sdk import DAG, AssetAlias, AssetAny, BaseOperator, Param, TriggerRule
 from airflow.sdk.definitions._internal.types import NOTSET
 from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
 
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, MetricGroup, migration_dag_id
+from promshift.orchestration.approval_operators import DecommissionApprovalOperator, MigrationApprovalOperator
+from promshift.orchestration.assets import (  # noqa: F401 - the group assets' names, as the DAG files import them
+    BAKED_ALIAS,
+    CUT_OVER_ALIAS,
+    baked_asset,
+    cut_over_asset,
+)
 from promshift.orchestration.deadlines import migration_deadline
-from promshift.orchestration.operators import (
+from promshift.orchestration.lifecycle_operators import (
     BakeCheckOperator,
     BakeWatchListOperator,
-    CompleteRunOperator,
-    CutoverOperator,
-    DecommissionApprovalOperator,
     DecommissionOperator,
     DecommissionPrepareOperator,
-    DeployDualWriteOperator,
     FullRollbackOperator,
+    RecommissionOperator,
+    WavesReadyOperator,
+)
+from promshift.orchestration.migration_operators import (
+    CompleteRunOperator,
+    CutoverOperator,
+    DeployDualWriteOperator,
     GateOperator,
     LatencyOperator,
-    MigrationApprovalOperator,
     ParityOperator,
     ParityPlanOperator,
     ParitySamplesOperator,
-    RecommissionOperator,
     RollbackOperator,
     SnapshotConfigOperator,
     ValidateGroupOperator,
     WarmupOperator,
-    WavesReadyOperator,
 )
 
 if TYPE_CHECKING:
@@ -143,39 +150,6 @@ def _migration_doc(target: str, groups: Sequence[MetricGroup]) -> str:
         "the migration board lists its runs here.\n\n"
         f"Groups: {_listed(groups)}."
     )
-
-
-class _HashedOnceAsset(Asset):
-    """An ``Asset`` that computes its hash once; equal to, and serialized as, the plain ``Asset`` it is.
-
-    Airflow hashes a DAG for every task on either side of every edge it adds (each XComArg input adds one), and
-    a DAG's hash hashes each asset of its schedule, which ``Asset.__hash__`` does through ``attrs.asdict`` and
-    JSON every time: a tenth of the parse at 1,000 groups. Its fields are never changed after it is made."""
-
-    __slots__ = ("_hash",)
-
-    def __hash__(self) -> int:
-        try:
-            return self._hash  # type: ignore[no-any-return]
-        except AttributeError:
-            object.__setattr__(self, "_hash", super().__hash__())
-            return self._hash  # type: ignore[no-any-return]
-
-
-def cut_over_asset(group_name: str) -> Asset:
-    """Emitted when the group is cut over (through the ``cutover`` task's alias, ``CUT_OVER_ALIAS``); the waves
-    DAG is scheduled on those of groups that others depend on, and anyone's DAG may be."""
-    return _HashedOnceAsset(f"promshift://group/{group_name}/cut_over")
-
-
-def baked_asset(group_name: str) -> Asset:
-    """Emitted when the group's bake finished clean (the bake watch's ``bake_check``, through ``BAKED_ALIAS``)."""
-    return Asset(f"promshift://group/{group_name}/baked")
-
-
-# A shared task emits each group's own asset through an alias: which asset is known only when the task runs.
-CUT_OVER_ALIAS = "promshift-cut-over"
-BAKED_ALIAS = "promshift-baked"
 
 
 # (schema, default) pairs of form fields whose default jsonschema has accepted, as JSON: the check is pure.

@@ -151,7 +151,7 @@ def report_overdue(*, catalog_path: str, profile: str | None, context: Mapping[s
     from promshift.core.events import EventKind
     from promshift.core.text import shown
     from promshift.orchestration.notify import tell_owners
-    from promshift.orchestration.operators import audit_store
+    from promshift.orchestration.wiring import audit_store
     from promshift.steps.migration import record_event, steps_of
 
     now = now or datetime.now(UTC)

@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
 
-from promshift.board import URL_PREFIX
+from promshift.core.urls import URL_PREFIX
 
 
 def report_link(base_url: str, group: str, run_id: str, file: str = "report.md") -> str:

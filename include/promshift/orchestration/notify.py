@@ -284,7 +284,7 @@ def send(policy: NotifyPolicy, notice: notices.Notice, context: Mapping[str, Any
 
 
 def _audit(step: Any, context: Mapping[str, Any]) -> Any:
-    from promshift.orchestration.operators import audit_store
+    from promshift.orchestration.wiring import audit_store
 
     publish = getattr(step, "_publish_audit_head", None)
     return audit_store(on_head=(lambda head: publish(context, head)) if publish else None)

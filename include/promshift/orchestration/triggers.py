@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.core.warmup import assess_warmup
-from promshift.steps.migration import observe_warmup
+from promshift.core.warmup import assess_warmup, observe_warmup
 
 
 class WarmupTrigger(BaseTrigger):
@@ -71,9 +70,14 @@ class WarmupTrigger(BaseTrigger):
 
     def _observe(self) -> dict[str, Any]:
         source, target = self.clients()
+        from promshift.adapters.ingest_health import with_ingestion_health
+
+        now = datetime.now(UTC)
         obs = observe_warmup(group_name=self.group_name, selector=self.selector, source=source, target=target,
-                             elapsed_s=time.time() - self.started_at, read_discards=self._read_discards,
-                             now=datetime.now(UTC))
+                             elapsed_s=time.time() - self.started_at)
+        # The target's refusals: the writer's failed samples, and an AMP workspace's DiscardedSamples.
+        obs = with_ingestion_health(obs, read_discards=self._read_discards, source=source, target=target,
+                                    selector=self.selector, since=now - timedelta(seconds=obs.elapsed_s), now=now)
         status = assess_warmup(obs, min_duration_s=self.min_duration_s, timeout_s=self.timeout_s,
                                max_lag_s=self.max_lag_s)
         return {"state": status.state, "reason": status.reason, "observation": obs.to_dict()}
@@ -222,7 +226,8 @@ class GitChangeTrigger(LoadedConfigTrigger):
         pulls = None
         if source.backend == "github":
             token = connection_secret(source.conn_id) if source.conn_id else None
-            pulls = GitHubPullRequests(source.api_url, str(source.repository), token)
+            pulls = GitHubPullRequests(source.api_url, str(source.repository), token,
+                                       http_loopback=source.http_loopback)
         return GitObserver(hook.prometheus_client(), pulls)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -15,34 +15,48 @@ the deployer, the snapshot store and the quota pre-flight as arguments, so tests
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from promshift.core.deploy import ConfigDeployer, DeployError, DeployResult, SnapshotStore
-from promshift.core.deploy_kinds import Deploy, deploy_of
+from promshift.core.deploy import ConfigDeployer, DeployError, DeployKind, DeployResult, DeploySnapshot, SnapshotStore
+from promshift.core.deploy_kinds import REMOTE_WRITE, Deploy, deploy_of
+from promshift.core.errors import RoutingError
 from promshift.core.events import EventKind
 from promshift.core.quota import QuotaExceeded
 from promshift.core.redact import redact
 from promshift.core.stages import TRANSITIONS, Stage
 from promshift.steps.migration import GroupMigration, steps_of
+from promshift.steps.tenants import set_tenant_limit
+
+log = logging.getLogger(__name__)
 
 # (group_series, now) -> the audit's deploy.quota, or QuotaExceeded with nothing deployed.
 QuotaCheck = Callable[[int, datetime], dict[str, Any]]
 
 
 def take_snapshot(deployer: ConfigDeployer, store: SnapshotStore, *, group: str, run_id: str) -> dict[str, Any]:
-    """Keep what is live now; the answer is JSON-safe (an XCom) and names the stored snapshot."""
+    """Keep what is live now; the answer is JSON-safe (an XCom) and names the stored snapshot. A deployer's own
+    ``meta["record"]`` (the file path's config path, size, mode and owner) is recorded with it, and the stored
+    snapshot's reference also as ``snapshot_path`` there."""
     snapshot = deployer.snapshot()
-    return {"kind": snapshot.kind, "snapshot_ref": store.put(group, run_id, snapshot), "ref": snapshot.ref,
-            "sha256": snapshot.sha256, "existed": snapshot.existed}
+    ref = store.put(group, run_id, snapshot)
+    info = {"kind": snapshot.kind, "snapshot_ref": ref, "ref": snapshot.ref, "sha256": snapshot.sha256,
+            "existed": snapshot.existed}
+    if "record" in snapshot.meta:
+        info.update(snapshot_path=ref, **snapshot.meta["record"])
+    return info
 
 
 def start_deploy(deployer: ConfigDeployer, store: SnapshotStore, snapshot_info: Mapping[str, Any], *,
-                 now: datetime, quota: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+                 now: datetime, quota: Callable[[], dict[str, Any]] | None = None,
+                 snapshot: DeploySnapshot | None = None) -> dict[str, Any]:
     """Quota pre-flight (raises ``QuotaExceeded`` with nothing deployed), then the deploy; JSON-safe answer."""
     quota_evidence = quota() if quota is not None else None
-    snapshot = store.get(str(snapshot_info["snapshot_ref"]))
+    if snapshot is None:
+        snapshot = store.get(str(snapshot_info["snapshot_ref"]))
     result = deployer.deploy(snapshot, now)
     return {"deploy": result.to_dict(), "quota": quota_evidence}
 
@@ -68,26 +82,25 @@ def restore(deployer: ConfigDeployer, store: SnapshotStore, snapshot_info: Mappi
     return deployer.restore(store.get(str(snapshot_info["snapshot_ref"])), now)
 
 
-class DeployStepFailed(RuntimeError):
+class DeployStepFailed(DeployError):
     """A deploy step ended without the group deployed (recorded in the audit first); one line."""
 
 
-def quota_preflight(m: Any, check: QuotaCheck, *, deploy_kind: str, now: datetime) -> dict[str, Any]:
-    """The quota pre-flight of every deploy path (a deployer's, the source file's): the group's series on the source
-    against ``check``; ``quota_reserved`` when it fits (its series now count on the workspace for the other groups'
-    pre-flights), else ``quota_refused`` and DeployStepFailed with nothing deployed."""
+def quota_preflight(m: Any, check: QuotaCheck, *, now: datetime) -> dict[str, Any]:
+    """The quota pre-flight of every deploy path: the group's series on the source against ``check``;
+    ``quota_reserved`` when it fits (its series now count on the workspace for the other groups' pre-flights).
+    ``QuotaExceeded`` (nothing deployed) when it does not: the caller records ``quota_refused``."""
     series = int(m.backends.source.scalar(f"count({m.group.selector()})") or 0)
-    try:
-        evidence = check(series, now)
-    except QuotaExceeded as exc:
-        m.record(EventKind.QUOTA_REFUSED, now, {"reason": str(exc), "deploy": {
-            "kind": deploy_kind, "status_history": [], "quota": exc.evidence}})
-        raise DeployStepFailed(str(exc)) from None
+    evidence = check(series, now)
     m.record(EventKind.QUOTA_RESERVED, now, {
         **{key: evidence[key] for key in ("workspace_id", "group_series", "workspace_series",
                                           "pending_series", "pending_groups", "share") if key in evidence},
         "connections": {"source": m.group.source, "target": m.group.target}})
     return evidence
+
+
+class SnapshotLost(DeployError):
+    """A recorded snapshot is missing, unreadable or no longer matches its hash."""
 
 
 def active_since(result: Mapping[str, Any], deploy: Deploy) -> float:
@@ -102,23 +115,53 @@ def active_since(result: Mapping[str, Any], deploy: Deploy) -> float:
 class DeployStep:
     """snapshot -> quota pre-flight -> deploy -> (trigger) -> finish; restore -> (trigger) -> finish_rollback.
 
-    Over any ConfigDeployer: the managed collector's (live once ACTIVE) and the Kubernetes ones
-    (``k8s-configmap``, ``k8s-cr``: live once the source's loaded config shows the entry, LIVE).
+    The one driver of every deploy kind, over any ConfigDeployer: the source's config file (``file``, live at
+    once), the managed collector's scraper (live once ACTIVE), the Kubernetes objects (``k8s-configmap``,
+    ``k8s-cr``) and the team's repository (``git``), live once the source's loaded config shows the entry. What
+    a deployer adds to the audit rides in its results' ``details["record"]``; every rollback records the same
+    shape (``performed``, ``method``, ``reason``, ``deploy``, ``restored_identical``, and the deployer's own).
     """
 
     def __init__(self, migration: GroupMigration, deployer: ConfigDeployer, store: SnapshotStore, *,
-                 quota: QuotaCheck | None) -> None:
+                 quota: QuotaCheck | None = None) -> None:
         self.migration = migration
         self.deployer = deployer
         self.store = store
         self.quota = quota
-        self.deploy = deploy_of(str(deployer.kind))
+        kind = str(deployer.kind)
+        self.deploy = deploy_of(REMOTE_WRITE if kind == DeployKind.FILE.value else kind)
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
         m = self.migration
         info = take_snapshot(self.deployer, self.store, group=m.group.name, run_id=m.run_id)
         m.record(EventKind.SNAPSHOT_TAKEN, now, info)
         return info
+
+    def load(self, snapshot_info: Mapping[str, Any]) -> DeploySnapshot:
+        """The stored snapshot, checked against the hash recorded when it was taken (``SnapshotLost``)."""
+        ref = str(snapshot_info.get("snapshot_ref") or snapshot_info.get("snapshot_path"))
+        try:
+            snapshot = self.store.get(ref)
+        except DeployError as exc:
+            raise SnapshotLost(str(exc)) from None
+        with_record = getattr(self.store, "with_record", None)  # the file path: its path, mode and owner
+        if with_record is not None:
+            snapshot = with_record(snapshot, snapshot_info)
+        if snapshot.sha256 != snapshot_info["sha256"]:
+            raise SnapshotLost(f"snapshot {ref} does not match its recorded hash "
+                               f"({snapshot.sha256[:12]} != {str(snapshot_info['sha256'])[:12]})")
+        return snapshot
+
+    def recorded_deploy(self) -> dict[str, Any] | None:
+        """This run's ``dual_write_deployed`` when it is the group's latest move (a retry after it was recorded),
+        re-confirmed live when the deployer can (the file path reloads once if need be)."""
+        done = self.migration.recorded(EventKind.DUAL_WRITE_DEPLOYED, Stage.DUAL_WRITING)
+        if done is None:
+            return None
+        confirm = getattr(self.deployer, "confirm_live", None)
+        if confirm is not None:
+            confirm()
+        return redact(done.evidence_data)
 
     def start(self, snapshot_info: Mapping[str, Any], now: datetime) -> dict[str, Any]:
         """Quota pre-flight, then the deploy; ``{"deploy": <WAITING or final result>, "quota"}`` for the trigger."""
@@ -128,21 +171,31 @@ class DeployStep:
             check = self.quota
 
             def quota() -> dict[str, Any]:
-                return quota_preflight(m, check, deploy_kind=self.deployer.kind, now=now)
+                return quota_preflight(m, check, now=now)
         try:
-            return start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota)
+            tenant = set_tenant_limit(m)  # before the deploy: a refused tenant leaves nothing deployed
+            started = start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota,
+                                   snapshot=self.load(snapshot_info))
+            return {**started, "tenant": tenant} if tenant else started
+        except QuotaExceeded as exc:
+            m.record(EventKind.QUOTA_REFUSED, now, {"reason": str(exc), "deploy": {
+                "kind": self.deployer.kind, "status_history": [], "quota": exc.evidence}})
+            raise DeployStepFailed(str(exc)) from None
         except DeployError as exc:
-            m.record(EventKind.DEPLOY_FAILED, now, {"reason": str(exc), "deploy": {
+            m.record(EventKind.DEPLOY_FAILED, now, {"reason": str(exc), **exc.details, "deploy": {
                 "kind": self.deployer.kind, "status_history": [], "reason": str(exc)}})
             raise DeployStepFailed(str(exc)) from None
 
-    def finish(self, event: Mapping[str, Any], quota: Mapping[str, Any] | None, now: datetime) -> dict[str, Any]:
+    def finish(self, event: Mapping[str, Any], quota: Mapping[str, Any] | None, now: datetime,
+               snapshot_info: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The trigger's event: DUAL_WRITING with the evidence when done; else ``deploy_failed`` and raise.
 
-        A retry after this run recorded ``dual_write_deployed`` returns that record (no second event)."""
-        done = self.migration.recorded("dual_write_deployed", Stage.DUAL_WRITING)
+        A retry after this run recorded ``dual_write_deployed`` returns that record (no second event). Nothing
+        stays deployed without its event: when recording fails and the event is not known to be in the log, the
+        snapshot (``snapshot_info``) goes back before the error is raised."""
+        done = self.recorded_deploy()
         if done is not None:
-            return redact(done.evidence_data)
+            return done
         evidence = deploy_evidence(event["result"], quota)
         if event.get("status") != "done":
             reason = str(event.get("reason") or evidence["reason"] or event.get("status"))
@@ -153,42 +206,107 @@ class DeployStep:
         out = {"deploy": evidence, "dual_write_since": active_since(result, self.deploy)}
         out.update({"scraper_id": details.get("scraper_id")} if self.deploy.own_writer else
                    {"remote_write": details.get("remote_write")})
-        self.migration.record(EventKind.DUAL_WRITE_DEPLOYED, now, out, to=Stage.DUAL_WRITING)
+        out.update(details.get("record") or {})
+        try:
+            self.migration.record(EventKind.DUAL_WRITE_DEPLOYED, now, out, to=Stage.DUAL_WRITING)
+        except Exception:
+            if snapshot_info is not None:
+                self._undeploy_unrecorded(snapshot_info, now)
+            raise
         return redact(out)
 
-    def restore(self, snapshot_info: Mapping[str, Any], *, reason: str, now: datetime) -> DeployResult:
-        """Start putting the snapshot back; a failure is recorded as ``rollback_failed`` and raised."""
+    def _undeploy_unrecorded(self, snapshot_info: Mapping[str, Any], now: datetime) -> None:
+        m = self.migration
         try:
-            return restore(self.deployer, self.store, snapshot_info, now=now)
-        except DeployError as exc:
-            self.migration.record(EventKind.ROLLBACK_FAILED, now, {"performed": False, "reason": reason,
-                                                           "error": str(exc)})
-            raise DeployStepFailed(f"rollback: {exc}") from None
+            if m.recorded(EventKind.DUAL_WRITE_DEPLOYED, Stage.DUAL_WRITING) is not None:
+                return
+        except Exception as exc:  # noqa: BLE001 - the audit database is what failed: it cannot say
+            log.warning("cannot tell whether dual_write_deployed was recorded (%s); assuming it was not", exc)
+        log.error("the dual_write_deployed audit event was not recorded; restoring the %s snapshot", self.deploy.kind)
+        self.deployer.restore(self.load(snapshot_info), now)
+
+    def restore(self, snapshot_info: Mapping[str, Any], *, reason: str, now: datetime) -> DeployResult:
+        """Start putting the snapshot back; a failure is recorded as ``rollback_failed`` and raised.
+
+        A snapshot that is lost (missing, or no longer its recorded hash) is not restored: the group's own entry
+        is withdrawn by name instead, where the deployer can (``method: removed_entry``, ``snapshot_error``)."""
+        evidence: dict[str, Any] = {"performed": True, "method": f"{self.deploy.kind}_restore", "reason": reason,
+                                    "config_sha256": snapshot_info.get("sha256")}
+        try:
+            try:
+                snapshot: DeploySnapshot | None = self.load(snapshot_info)
+            except SnapshotLost as exc:
+                withdraw = getattr(self.deployer, "withdraw", None)
+                if withdraw is None:
+                    raise
+                log.warning("%s; removing the group's own entry by name instead", exc)
+                evidence.update(method="removed_entry", snapshot_error=str(exc))
+                snapshot = None
+            if snapshot is None:
+                result = withdraw(now, expect_sha256=snapshot_info.get("sha256"))
+                record = {**(result.details.get("record") or {}), "snapshot_error": evidence["snapshot_error"]}
+                return replace(result, details={**result.details, "record": record})
+            return self.deployer.restore(snapshot, now)
+        except Exception as exc:
+            self.migration.record(EventKind.ROLLBACK_FAILED, now, {
+                **evidence, "performed": False, "restored_identical": False,
+                "error": f"{type(exc).__name__}: {exc}"})
+            if isinstance(exc, DeployError):
+                raise DeployStepFailed(f"rollback: {exc}") from exc
+            raise
 
     def finish_rollback(self, event: Mapping[str, Any], snapshot_info: Mapping[str, Any], *, reason: str,
-                        now: datetime) -> dict[str, Any]:
+                        now: datetime, extra: Mapping[str, Any] | None = None,
+                        method: str | None = None) -> dict[str, Any]:
         """Record ``rolled_back`` (or ``rollback_failed``) from the restore's final result; reads go back to source.
 
-        ``restored_identical``: what is live now (read again) is the snapshot (the same blob, or no scraper).
-        A retry after this run recorded ``rolled_back`` reports what is live now and records nothing."""
+        ``restored_identical``: what is live now (read again) is the snapshot (the same blob, or no scraper; the
+        file's bytes with our entry gone from the loaded config). A retry after this run recorded ``rolled_back``
+        reports what is live now and records nothing. An unreadable routing store is recorded with the rollback,
+        then raised."""
         m = self.migration
         mine = steps_of(m.audit.events(group=m.group.name, run_id=m.run_id))
         if mine and mine[-1].kind == EventKind.ROLLED_BACK and event.get("status") == "done":
-            found = {"restored_identical": self._live_is(snapshot_info), "read_from": m.routing.read_from(m.group.name)}
-            return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})
-        evidence: dict[str, Any] = {"performed": True, "method": f"{self.deploy.kind}_restore", "reason": reason,
-                                    "deploy": deploy_evidence(event["result"], None)}
+            found = self._found(snapshot_info)
+            if found is not None:
+                return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})
+        result = event["result"]
+        record = dict((result.get("details") or {}).get("record") or {})
+        evidence: dict[str, Any] = {"performed": True, "method": method or f"{self.deploy.kind}_restore",
+                                    "reason": reason, "deploy": deploy_evidence(result, None), **record,
+                                    **(extra or {})}
         if event.get("status") != "done":
             m.record(EventKind.ROLLBACK_FAILED, now, {**evidence, "performed": False,
-                                              "error": str(event.get("reason") or event.get("status"))})
+                                                      "error": str(event.get("reason") or event.get("status"))})
             raise DeployStepFailed(f"{self.deploy.kind} restore {event.get('status')}: {event.get('reason')}")
-        if m.routing.read_from(m.group.name) != "source":
-            m.routing.route(m.group.name, read_from="source", url=m.backends.source.base_url, at=now,
-                            run_id=m.run_id, pair=m.group.pair)
-        evidence["restored_identical"] = self._live_is(snapshot_info)
+        routing_error = None
+        try:
+            if m.routing.read_from(m.group.name) != "source":
+                m.routing.route(m.group.name, read_from="source", url=m.backends.source.base_url, at=now,
+                                run_id=m.run_id, pair=m.group.pair)
+        except RoutingError as exc:
+            routing_error = exc
+            evidence["routing_error"] = str(exc)
+        if "restored_identical" not in record:
+            evidence["restored_identical"] = self._live_is(snapshot_info)
         to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[m.stage()] else None
         m.record(EventKind.ROLLED_BACK, now, evidence, to=to)
+        if routing_error is not None:
+            raise routing_error
         return redact(evidence)
+
+    def _found(self, snapshot_info: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What a repeated rollback finds live, with where reads go; None when it is no longer rolled back."""
+        m = self.migration
+        try:
+            read_from = m.routing.read_from(m.group.name)
+        except RoutingError:
+            return None
+        found_by = getattr(self.deployer, "rolled_back_found", None)
+        if found_by is not None:
+            found = found_by(str(snapshot_info["sha256"]))
+            return None if found is None or read_from != "source" else {**found, "read_from": read_from}
+        return {"restored_identical": self._live_is(snapshot_info), "read_from": read_from}
 
     def _live_is(self, snapshot_info: Mapping[str, Any]) -> bool:
         """What is live now (read again) is the snapshot: the same blob, or no scraper when there was none."""

@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from promshift.adapters.prometheus import PrometheusError
 from promshift.core.bake import (
     BakeObservation,
     DeliveryObservation,
@@ -31,7 +30,9 @@ from promshift.core.bake import (
     observe_delivery,
     observe_rules,
 )
+from promshift.core.deploy import snapshot_key
 from promshift.core.deploy_kinds import DEPLOYS, REMOTE_WRITE, Deploy
+from promshift.core.errors import AlertmanagerError, PrometheusError
 from promshift.core.events import EventKind
 from promshift.core.promql import newest_sample_expr
 from promshift.core.render import RenderError, remote_write_name, remote_write_names
@@ -148,9 +149,8 @@ class GroupLifecycle:
         attempt("moved_rules", lambda: moved_rules(self.migration))
         moved = values.get("moved_rules")
         if moved is not None:  # only a group whose rules are on the target has a rules measurement
-            from promshift.adapters.rules_deploy import loaded_rules
-
-            attempt("rules", lambda: observe_rules(moved[0], loaded_rules(b.target), now=at,
+            probes = self.migration.probes
+            attempt("rules", lambda: observe_rules(moved[0], probes.loaded_rules(b.target), now=at,
                                                    loaded_at=moved[1].timestamp()))
             alerts = [r.name for r in moved[0] if r.kind == "alert"]
             if alerts:
@@ -161,7 +161,7 @@ class GroupLifecycle:
         discarded = values.get("discards")
         example = ""
         if failed or (discarded and any(n > 0 for n in discarded.values())):
-            from promshift.adapters.ingest_health import missing_series_example
+            from promshift.core.warmup import missing_series_example
 
             example = missing_series_example(b.source, b.target, selector, at=at)
         return BakeObservation(
@@ -175,11 +175,8 @@ class GroupLifecycle:
 
     def _delivery(self, alerts: Sequence[str], at: float) -> DeliveryObservation:
         """The moved alerts firing on the target, and what its Alertmanager holds for each."""
-        from promshift.adapters.alertmanager import AlertmanagerError
-        from promshift.adapters.rules_deploy import firing_alerts
-
         b = self.migration.backends
-        firing = [(name, since) for name, since in firing_alerts(b.target) if name in alerts]
+        firing = [(name, since) for name, since in self.migration.probes.firing_alerts(b.target) if name in alerts]
         held = None
         if b.target_alerts is not None:
             try:
@@ -190,7 +187,6 @@ class GroupLifecycle:
         return observe_delivery(alerts, firing, held, now=at)
 
     def _short_parity(self, window_start: float, now: float) -> tuple[Verdict, str]:
-        from promshift.adapters.parity_check import ParityCheck, golden_lookbacks
         from promshift.core.bake import bake_window_problem
         from promshift.core.deploy_kinds import group_for_deploy
         from promshift.core.golden import MIN_POINTS
@@ -198,13 +194,15 @@ class GroupLifecycle:
         # A golden query that looks back further than the bake window never fits: say so (ERROR), rather than
         # INCONCLUSIVE at every check, for ever.
         never = bake_window_problem(self.group.bake, step_s=self.group.parity.step_s,
-                                    lookbacks=golden_lookbacks(self.group, self.migration.catalog_dir),
+                                    lookbacks=self.migration.probes.golden_lookbacks(self.group,
+                                                                                     self.migration.catalog_dir),
                                     min_points=MIN_POINTS)
         if never:
             return Verdict.ERROR, never
         b = self.migration.backends
-        result = ParityCheck(group_for_deploy(self.group, self.deploy), b.source, b.target,
-                             catalog_dir=self.migration.catalog_dir).run(dual_write_since=window_start, now=now)
+        result = self.migration.probes.parity(group_for_deploy(self.group, self.deploy), b.source, b.target,
+                                              catalog_dir=self.migration.catalog_dir).run(
+            dual_write_since=window_start, now=now)
         bad = [f"{m.name}: {m.reason}" for m in result.not_passed()]
         return result.verdict, "; ".join(bad[:3]) or f"{result.points_compared} points compared"
 
@@ -332,7 +330,6 @@ class Decommission:
                 "source_samples_appended_per_s": appended}
 
     def decommission(self, now: datetime, *, approval: Mapping[str, Any]) -> dict[str, Any]:
-        from promshift.adapters.snapshot_store import snapshot_key
         from promshift.core.render import remote_write_names, sha256_bytes
         from promshift.core.scrape_drop import add_scrape_drop, drop_is_loaded, drop_rule
 
@@ -349,7 +346,7 @@ class Decommission:
             m.record(EventKind.DECOMMISSION_REFUSED, now, {"reason": why, "measured": freed})
             raise DecommissionRefused(why)
         rule = drop_rule(m.group.name_regex())
-        deployer = m.deployer
+        deployer = m.source_file
         snap = deployer.snapshot()
         ref = m.snapshot_blobs.put(snapshot_key(m.group.name, m.run_id, "decommission.yml"), snap.data,
                                    mode=(snap.mode if snap.mode is not None else 0o600) & 0o644)
@@ -411,7 +408,7 @@ class Decommission:
             raise DecommissionRefused(f"group {m.group.name!r} is {m.stage().value}, not decommissioned")
         done = [e for e in m.audit.events(group=m.group.name) if e.kind == EventKind.DECOMMISSIONED][-1]
         rule, jobs = done.evidence_data["rule"], done.evidence_data["jobs"]
-        deployer = m.deployer
+        deployer = m.source_file
         snap = deployer.snapshot()
         new_data = snap.data
         for job in jobs:
@@ -437,15 +434,30 @@ FULL_ROLLBACK_FROM = frozenset({Stage.CUT_OVER, Stage.BAKING, Stage.BAKED, Stage
                                 Stage.RECOMMISSIONED})
 
 
+def deployed_snapshot(migration: GroupMigration) -> dict[str, Any] | None:
+    """The snapshot the group's live dual-write was deployed from: the ``snapshot_taken`` of the run that recorded
+    the group's latest ``dual_write_deployed`` (None when none is recorded)."""
+    events = migration.audit.events(group=migration.group.name)
+    deployed = [e for e in events if e.kind == EventKind.DUAL_WRITE_DEPLOYED]
+    if not deployed:
+        return None
+    taken = [e for e in events if e.kind == EventKind.SNAPSHOT_TAKEN and e.run_id == deployed[-1].run_id]
+    return dict(taken[-1].evidence_data) if taken else None
+
+
 def full_rollback(migration: GroupMigration, now: datetime, *, reason: str,
                   read_restorers: Sequence[ReadRestorer] = DEFAULT_READ_RESTORERS) -> dict[str, Any]:
     """Take a cut-over group all the way back (``rolled_back``): reads to the source (every restorer), then its
-    own remote_write entry removed by name, promtool-checked, reloaded and verified gone.
+    own dual-write undone through the deploy driver (``steps.deploy.DeployStep``), for every deploy kind.
 
-    By name, not by restoring the run's snapshot: other groups may have added their own entries since, and
-    a snapshot from before them would remove theirs too. Idempotent: an entry already gone is not redeployed.
+    The file path removes its entry by name (``withdraw``), promtool-checked, reloaded and verified gone: other
+    groups may have added their own entries since, and a snapshot from before them would remove theirs too.
+    Every other kind restores the snapshot its deploy was made from (``deployed_snapshot``): each of those
+    deployers removes only the group's own entry when the object changed since (the scraper: deletes it).
+    A restore that must be followed returns ``{"waiting": <DeployResult dict>, "snapshot", "extra"}`` for a
+    trigger; ``finish_full_rollback`` records it. Idempotent: an entry already gone is not redeployed.
     """
-    from promshift.core.render import remote_write_names, remove_remote_write, sha256_bytes
+    from promshift.steps.deploy import final_event
 
     stage = migration.stage()
     if stage not in FULL_ROLLBACK_FROM:
@@ -454,16 +466,27 @@ def full_rollback(migration: GroupMigration, now: datetime, *, reason: str,
     restored: dict[str, Any] = {}
     for name, restorer in read_restorers:
         restored[name] = dict(restorer(migration, reason=reason, now=now))
-    entry = remote_write_name(migration.group.name)
-    deployer = migration.deployer
-    snap = deployer.snapshot()
-    new_data = remove_remote_write(snap.data, entry)
-    live = set(remote_write_names(migration.backends.source.config_text()))
-    if new_data != snap.data or entry in live:
-        deployer.deploy(new_data, snapshot=snap, expect_remote_writes=live - {entry}, expect_absent={entry})
-    evidence = {"performed": True, "method": "removed_entry", "reason": reason, "remote_write": entry,
-                "config_before_sha256": snap.sha256, "config_after_sha256": sha256_bytes(new_data),
-                "remote_write_still_live": entry in remote_write_names(migration.backends.source.config_text()),
-                "restored": restored, "from_stage": stage.value}
-    migration.record(EventKind.ROLLED_BACK, now, evidence, to=Stage.ROLLED_BACK)
-    return evidence
+    step = migration.deploy_step
+    info = deployed_snapshot(migration)
+    extra = {"remote_write": remote_write_name(migration.group.name), "restored": restored,
+             "from_stage": stage.value}
+    withdraw = getattr(step.deployer, "withdraw", None)
+    if withdraw is not None:
+        result = withdraw(now, expect_sha256=(info or {}).get("sha256"))
+    elif info is None:
+        raise DecommissionRefused(f"group {migration.group.name!r}: no snapshot of its deploy is recorded; roll "
+                                  f"its {step.deploy.kind} back by hand")
+    else:
+        result = step.restore(info, reason=reason, now=now)
+    if not result.state.final:
+        return {"waiting": result.to_dict(), "snapshot": info, "extra": extra}
+    return finish_full_rollback(migration, final_event(result), info, reason=reason, now=now, extra=extra)
+
+
+def finish_full_rollback(migration: GroupMigration, event: Mapping[str, Any], info: Mapping[str, Any] | None, *,
+                         reason: str, now: datetime, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Record the full rollback (``rolled_back``, the same shape as a run's rollback, with what was restored and
+    the stage it started from) from the restore's final event; reads are already on the source."""
+    snapshot = dict(info) if info else {"sha256": None, "existed": True}
+    return migration.deploy_step.finish_rollback(event, snapshot, reason=reason, now=now, extra=extra,
+)

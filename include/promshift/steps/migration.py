@@ -7,19 +7,14 @@ something records an audit event with its evidence.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from promshift.adapters.audit_store import AuditStore
-from promshift.adapters.blobs import Blobs, LocalBlobs
-from promshift.adapters.deploy import ConfigSnapshot, DeployError, FileConfigDeployer, FileDeployOutcome
-from promshift.adapters.prometheus import PrometheusClient, PrometheusError
-from promshift.adapters.routing import RoutingError, RoutingStore
-from promshift.adapters.snapshot_store import snapshot_key
 from promshift.core.audit import AuditEvent
 from promshift.core.catalog import MetricGroup
 from promshift.core.cost import (
@@ -29,7 +24,9 @@ from promshift.core.cost import (
     estimate_range_samples,
     project_monthly_cost,
 )
+from promshift.core.deploy import ConfigDeployer, DeployError, SnapshotStore, group_entry, group_entry_record
 from promshift.core.durations import parse_duration
+from promshift.core.errors import PrometheusError
 from promshift.core.events import (
     APPROVAL_REFUSALS,
     GATE_DECIDED,
@@ -44,21 +41,16 @@ from promshift.core.gate import GateAction, GateEvidence, GateVerdict
 from promshift.core.inputs import CONFIG, parse_yaml_bounded
 from promshift.core.latency import LatencyResult, ProbeRun, choose_step
 from promshift.core.parity import ParityResult
+from promshift.core.ports import AuditLog, Blobs, Probes, PrometheusProbe, Routing
 from promshift.core.promql import widest_range_s
 from promshift.core.redact import redact, redact_text
 from promshift.core.render import (
-    RenderError,
-    add_remote_write,
-    remote_write_entry,
-    remote_write_name,
-    remote_write_names,
-    remove_remote_write,
     sha256_bytes,
 )
 from promshift.core.run_params import RunParams
-from promshift.core.stages import CUT_OVER_OR_LATER, DUAL_WRITE_ON, STARTABLE, TRANSITIONS, Stage, transition
+from promshift.core.stages import CUT_OVER_OR_LATER, DUAL_WRITE_ON, STARTABLE, Stage, transition
 from promshift.core.verdicts import Verdict
-from promshift.core.warmup import WarmupObservation, parse_remote_write_lag
+from promshift.core.warmup import observe_warmup  # noqa: F401 - where the tests and the bench look for it
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +83,7 @@ def holding_runs(events: Sequence[AuditEvent], *, before_seq: int | None = None)
     return sorted(claims.values(), key=lambda e: e.seq)
 
 
-class SnapshotError(RuntimeError):
+class SnapshotError(DeployError):
     """A recorded snapshot file is missing, unreadable or no longer matches its hash."""
 
 
@@ -99,8 +91,8 @@ class SnapshotError(RuntimeError):
 class Backends:
     """Where the group's data lives: the self-hosted source and the AMP(-like) target."""
 
-    source: PrometheusClient
-    target: PrometheusClient
+    source: PrometheusProbe
+    target: PrometheusProbe
     source_config_path: str
     target_remote_write_url: str
     promtool: str = "promtool"
@@ -119,8 +111,8 @@ class Backends:
     # ``adapters.ingest_health``); None: the target publishes none (a self-hosted Prometheus).
     target_discards: Callable[[datetime, datetime], Mapping[str, float]] | None = None
     # A source that runs as replicas (the group's ``replicas.sources``): (replica, its Prometheus) in catalog order;
-    # parity compares the target with the one its dedup kept (``adapters.parity_ha``). None: the one source.
-    replica_sources: Callable[[], Sequence[tuple[str, PrometheusClient]]] | None = None
+    # parity compares the target with the one its dedup kept (``Probes.ha_parity``). None: the one source.
+    replica_sources: Callable[[], Sequence[tuple[str, PrometheusProbe]]] | None = None
     # The target workspace's configuration (``core.tenants.WorkspaceConfigurationPort``): where a group's tenant
     # limit is set. None: the target has none (a self-hosted Prometheus), and a group with a tenant is refused.
     workspace_configuration: Any = None
@@ -131,50 +123,72 @@ class Backends:
         return None if self.target.ready() else f"{self.target.base_url} is unreachable or not ready"
 
 
-def observe_warmup(*, group_name: str, selector: str, source: PrometheusClient, target: PrometheusClient,
-                   elapsed_s: float, read_discards: Callable[[datetime, datetime], Any] | None = None,
-                   now: datetime | None = None) -> WarmupObservation:
-    """Poll both sides once: series counts of the group, the group's remote-write queue lag and failed samples,
-    and (``read_discards``: an AMP target) the workspace's discarded samples since the dual-write began."""
-    from promshift.adapters.ingest_health import with_ingestion_health
-
-    count = f"count({selector})"
-    src = source.scalar(count) or 0.0
-    tgt = target.scalar(count) or 0.0
-    lag, failed = parse_remote_write_lag(source.metrics_text(), remote_write_name(group_name))
-    obs = WarmupObservation(elapsed_s=elapsed_s, source_series=int(src), target_series=int(tgt),
-                            lag_s=lag, failed_samples=failed)
-    if now is None:
-        return obs
-    return with_ingestion_health(obs, read_discards=read_discards, source=source, target=target, selector=selector,
-                                 since=now - timedelta(seconds=elapsed_s), now=now)
-
-
 class GroupMigration:
     """One DAG run's work on one metric group."""
 
-    def __init__(self, group: MetricGroup, backends: Backends, *, audit: AuditStore, routing: RoutingStore,
-                 snapshots_dir: str | Path, run_id: str, actor: str = "promshift",
-                 catalog_dir: Path | None = None, snapshot_blobs: Blobs | None = None,
-                 run_params: RunParams | None = None) -> None:
+    def __init__(self, group: MetricGroup, backends: Backends, *, audit: AuditLog, routing: Routing, run_id: str,
+                 actor: str = "promshift", catalog_dir: Path | None = None, snapshot_blobs: Blobs | None = None,
+                 run_params: RunParams | None = None,
+                 deployer: ConfigDeployer | Callable[[], ConfigDeployer] | None = None,
+                 snapshots: SnapshotStore | None = None, quota: Any = None, probes: Probes | None = None,
+                 source_file: Callable[[], Any] | None = None) -> None:
+        """Every outside system comes in through a port (``core.ports``), wired by ``orchestration.compose`` (for a
+        task, ``orchestration.wiring``): ``deployer``, the group's ConfigDeployer (or what builds it when first
+        needed: one switch on the kind, in the wiring); ``snapshots``, where its snapshots go; ``quota``, the
+        workspace's pre-flight; ``snapshot_blobs``, where the decommission keeps its snapshot; ``probes``, the
+        measurements; ``source_file``, what builds the source's config file deployer (the decommission's drop)."""
         self.group = group
         # What the trigger form asked for (dry run, change ticket, warm-up override, reason).
         self.run_params = run_params or RunParams()
         self.backends = backends
         self.audit = audit
         self.routing = routing
-        self.snapshots_dir = Path(snapshots_dir)
-        # Where snapshots go: an object store every worker reads (operators), else ``snapshots_dir``.
-        self.snapshot_blobs: Blobs = snapshot_blobs or LocalBlobs(self.snapshots_dir)
+        # Where snapshots go: an object store every worker reads.
+        self._snapshot_blobs = snapshot_blobs
         self.run_id = run_id
         self.actor = actor
         self.catalog_dir = catalog_dir
+        self._deployer = deployer
+        self._snapshots = snapshots
+        self._quota = quota
+        self._probes = probes
+        self._source_file = source_file
 
     # -- helpers -------------------------------------------------------------------------
+    def _port(self, value: Any, name: str) -> Any:
+        if value is None:
+            raise RuntimeError(f"no {name} is wired into this run (orchestration.compose wires every port)")
+        return value
+
     @property
-    def deployer(self) -> FileConfigDeployer:
-        return FileConfigDeployer(self.backends.source_config_path, self.backends.source,
-                                  promtool=self.backends.promtool)
+    def snapshot_blobs(self) -> Blobs:
+        return self._port(self._snapshot_blobs, "snapshot blob store")  # type: ignore[no-any-return]
+
+    @property
+    def probes(self) -> Probes:
+        return self._port(self._probes, "probes")  # type: ignore[no-any-return]
+
+    @property
+    def source_file(self) -> Any:
+        """The source's config file and the server that loads it: what the decommission's scrape drop edits."""
+        return self._port(self._source_file, "source config file")()
+
+    @functools.cached_property
+    def deploy_step(self) -> Any:
+        """The one deploy driver (``steps.deploy.DeployStep``) over this run's deployer and snapshot store."""
+        from promshift.steps.deploy import DeployStep
+
+        deployer = self._port(self._deployer, "deployer")
+        store = self._port(self._snapshots, "snapshot store")
+        if callable(deployer) and not isinstance(deployer, ConfigDeployer):
+            deployer = deployer()
+        return DeployStep(self, deployer, store, quota=self._quota)
+
+    def entry(self) -> dict[str, Any]:
+        return group_entry(self.group, self.backends.target_remote_write_url, self.backends.target_sigv4)
+
+    def entry_record(self) -> dict[str, Any]:
+        return group_entry_record(self.group, self.backends.target_remote_write_url, self.backends.target_sigv4)
 
     def stage(self) -> Stage:
         return self.audit.stage_of(self.group.name)
@@ -325,136 +339,43 @@ class GroupMigration:
                                         run_params=self.run_params.to_dict())
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
-        """Keep the source config's exact bytes so any later failure can restore them.
+        """Keep what the deploy will change (the source config's exact bytes, the scraper, the object) for rollback
+        (``DeployStep.snapshot``)."""
+        return self.deploy_step.snapshot(now)
 
-        The snapshot file gets the source's mode or stricter (never wider than 0644, and never
-        executable): it holds the same credentials as the config.
-        """
-        snap = self.deployer.snapshot()
-        ref = self.snapshot_blobs.put(snapshot_key(self.group.name, self.run_id, "yml"), snap.data,
-                                      mode=(snap.mode if snap.mode is not None else 0o600) & 0o644)
-        info = {"snapshot_path": ref, "config_path": snap.path, "sha256": snap.sha256,
-                "bytes": len(snap.data), "mode": f"{snap.mode:04o}" if snap.mode is not None else None,
-                "uid": snap.uid, "gid": snap.gid}
-        self.record(EventKind.SNAPSHOT_TAKEN, now, info)
-        return info
+    def _load_snapshot(self, info: Mapping[str, Any]) -> Any:
+        """The stored snapshot, checked against the hash recorded when it was taken (``SnapshotError``)."""
+        from promshift.steps.deploy import SnapshotLost
 
-    def _load_snapshot(self, info: Mapping[str, Any]) -> ConfigSnapshot:
-        """The snapshot's bytes, checked against the hash recorded when it was taken."""
-        path = str(info["snapshot_path"])
         try:
-            data = self.snapshot_blobs.get(path)
-        except OSError as exc:
-            raise SnapshotError(f"snapshot {path} cannot be read: {exc.strerror or exc}") from None
-        if sha256_bytes(data) != info["sha256"]:
-            raise SnapshotError(f"snapshot {path} does not match its recorded hash "
-                                f"({sha256_bytes(data)[:12]} != {str(info['sha256'])[:12]})")
-        mode = info.get("mode")
-        return ConfigSnapshot.of(info["config_path"], data, mode=int(mode, 8) if mode else None,
-                                 uid=info.get("uid"), gid=info.get("gid"))
+            snapshot = self.deploy_step.load(info)
+        except SnapshotLost as exc:
+            raise SnapshotError(str(exc)) from None
+        return _Loaded(snapshot.content.encode("utf-8"), snapshot.sha256)
 
     def deploy_dual_write(self, snapshot_info: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-        """Add the group's own remote_write entry with a keep-filter; verify it is live.
+        """Deploy the group's dual-write (``DeployStep.start``): the evidence once it is live at once (the file
+        path), else ``{"waiting": <DeployResult dict>, "quota"}`` for a trigger to follow (``finish_deploy``).
 
-        Idempotent for a retry of this run: when the ``dual_write_deployed`` event is already
-        recorded, the entry is re-verified live and the recorded evidence returned; when the
-        config file already holds exactly this deploy's bytes (the edit happened, its event
-        did not), it is verified live (reloaded if need be) and recorded once, not redeployed.
+        Idempotent for a retry of this run: a recorded ``dual_write_deployed`` is re-confirmed live and returned.
         """
-        snap = self._load_snapshot(snapshot_info)
-        tenant = self.set_tenant_limit()  # before any edit: a refused tenant leaves nothing deployed
-        entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
-                                   drop_labels=self.group.drop_labels, replicas=self.group.replicas,
-                                   url=self.backends.target_remote_write_url, sigv4=self.backends.target_sigv4)
-        new_data = add_remote_write(snap.data, entry)
-        done = self.recorded(EventKind.DUAL_WRITE_DEPLOYED, Stage.DUAL_WRITING)
+        from promshift.core.deploy import DeployResult
+        from promshift.steps.deploy import final_event
+
+        step = self.deploy_step
+        done = step.recorded_deploy()
         if done is not None:
-            self._verify_live(entry["name"])
-            return redact(done.evidence_data)
-        deployer = self.deployer
-        resumed = deployer.real_path.read_bytes() == new_data != snap.data
-        if resumed:
-            log.warning("%s already holds remote_write %s from an earlier attempt of this run; verifying it",
-                        deployer.config_path, entry["name"])
-            result = FileDeployOutcome(before_sha256=snap.sha256, after_sha256=sha256_bytes(new_data),
-                                  live_remote_writes=self._verify_live(entry["name"]))
-        else:
-            try:
-                result = deployer.deploy(new_data, snapshot=snap, expect_remote_writes={entry["name"]})
-            except DeployError as exc:
-                # Not deployed (the deployer put the snapshot back): say so in the audit, with the reason.
-                self.record(EventKind.DEPLOY_FAILED, now, {
-                    "reason": redact_text(str(exc)), "remote_write": entry["name"],
-                    "config_sha256": sha256_bytes(deployer.real_path.read_bytes()), "snapshot_sha256": snap.sha256})
-                raise
-        evidence = {"remote_write": entry["name"], "keep_regex": self.group.name_regex(),
-                    "url": self.backends.target_remote_write_url, "config_before_sha256": result.before_sha256,
-                    "config_after_sha256": result.after_sha256,
-                    "live_remote_writes": list(result.live_remote_writes),
-                    "dual_write_since": now.timestamp()}
-        if "sigv4" in entry:
-            evidence["sigv4"] = entry["sigv4"]
-        if self.group.drop_labels:
-            evidence["drop_labels"] = list(self.group.drop_labels)
-        if tenant:
-            evidence["tenant"] = tenant
-        if self.group.replicas.enabled:
-            evidence["replicas"] = {"replica_label": self.group.replicas.replica_label,
-                                    "cluster_label": self.group.replicas.cluster_label}
-        if resumed:
-            evidence["resumed"] = "the config already held this entry from an earlier attempt; verified live"
-        try:
-            self.record(EventKind.DUAL_WRITE_DEPLOYED, now, evidence, to=Stage.DUAL_WRITING)
-        except Exception:
-            # Nothing stays deployed without its audit event: unless the event is known to be in the log
-            # (committed, then the connection dropped), the snapshot goes back before the error is raised.
-            self._undeploy_unrecorded(deployer, snap, entry["name"])
-            raise
-        return redact(evidence)
+            return done
+        out = step.start(snapshot_info, now)
+        result = DeployResult.from_dict(out["deploy"])
+        if not result.state.final:
+            return {"waiting": out["deploy"], "quota": out["quota"]}
+        return step.finish(final_event(result), out["quota"], now, snapshot_info=snapshot_info)
 
-    def _undeploy_unrecorded(self, deployer: FileConfigDeployer, snap: ConfigSnapshot, name: str) -> None:
-        try:
-            if self.recorded(EventKind.DUAL_WRITE_DEPLOYED, Stage.DUAL_WRITING) is not None:
-                return
-        except Exception as exc:  # noqa: BLE001 - the audit database is what failed: it cannot say
-            log.warning("cannot tell whether dual_write_deployed was recorded (%s); assuming it was not", exc)
-        log.error("the dual_write_deployed audit event was not recorded; restoring %s without remote_write %s",
-                  deployer.config_path, name)
-        deployer.restore(snap)
-
-    def _verify_live(self, name: str) -> tuple[str, ...]:
-        """The source's loaded remote_write names, which must include ``name``; reloads once if it is missing
-        (an attempt that wrote the file may have died before the reload)."""
-        client = self.backends.source
-        live = remote_write_names(client.config_text())
-        if name not in live:
-            client.reload()
-            live = remote_write_names(client.config_text())
-        if name not in live:
-            raise DeployError(f"remote_write {name} is in {self.backends.source_config_path} but not in the "
-                              f"loaded config of {redact_text(client.base_url)}")
-        return tuple(live)
-
-    def set_tenant_limit(self) -> dict[str, Any]:
-        """The group's tenant (``tenant:``) pre-flighted and set in the workspace's ``limitsPerLabelSet``
-        (``steps.tenants``); ``{}`` without one. Raises DeployError when refused, or when the target has no
-        workspace configuration to hold it (fail closed: the limit the catalog asks for is never skipped)."""
-        from promshift.steps.tenants import TenantRefused, apply_tenant
-
-        if not self.group.tenant.enabled:
-            return {}
-        if self.backends.workspace_configuration is None:
-            raise DeployError(f"group {self.group.name} declares a tenant, but its target has no workspace "
-                              "configuration to hold the label-set limit (an AMP target has)")
-
-        def count(client: PrometheusClient) -> Callable[[str], float]:
-            return lambda selector: float(client.scalar(f"count({selector})") or 0.0)
-
-        try:
-            return apply_tenant(self.group, self.backends.workspace_configuration,
-                                source_count=count(self.backends.source), target_count=count(self.backends.target))
-        except TenantRefused as exc:
-            raise DeployError(str(exc)) from None
+    def finish_deploy(self, event: Mapping[str, Any], quota: Mapping[str, Any] | None, now: datetime,
+                      snapshot_info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A followed deploy's final event (``DeployStep.finish``)."""
+        return self.deploy_step.finish(event, quota, now, snapshot_info=snapshot_info)
 
     def start_warmup(self, now: datetime) -> None:
         policy = self.group.warmup
@@ -470,25 +391,21 @@ class GroupMigration:
         self.record(WARMUP_ENDED.get(str(event.get("status")), EventKind.WARMUP_ERROR), now, dict(event))
 
     def parity(self, *, dual_write_since: float, now: datetime) -> ParityResult:
-        """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck)."""
-        from promshift.adapters.parity_check import ParityCheck
-
+        """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck); a source
+        declared as replicas: the target against the replica its dedup kept (``core.ha``)."""
         if self.group.replicas.enabled and self.backends.replica_sources is not None:
-            from promshift.adapters.parity_ha import HaParityCheck
-
-            return HaParityCheck(self.group, self.backends.replica_sources(), self.backends.target,
-                                 catalog_dir=self.catalog_dir).run(dual_write_since=dual_write_since,
-                                                                   now=now.timestamp())
-        return ParityCheck(self.group, self.backends.source, self.backends.target,
-                           catalog_dir=self.catalog_dir).run(
+            return self.probes.ha_parity(self.group, self.backends.replica_sources(), self.backends.target,
+                                         catalog_dir=self.catalog_dir).run(
+                dual_write_since=dual_write_since, now=now.timestamp())
+        return self.probes.parity(self.group, self.backends.source, self.backends.target,
+                                  catalog_dir=self.catalog_dir).run(
             dual_write_since=dual_write_since, now=now.timestamp())
 
     def latency(self, now: datetime, *, dual_write_since: float | None = None) -> LatencyResult:
         """Each window's golden queries on both backends (see LatencyProbe), plus the cost projection."""
-        from promshift.adapters.latency_probe import LatencyProbe
-
-        probe = LatencyProbe(self.backends.source, self.backends.target, self.group.latency,
-                             min_step_s=self.group.parity.step_s, target_retention=self.backends.target_retention)
+        probe = self.probes.latency(self.backends.source, self.backends.target, self.group.latency,
+                                    min_step_s=self.group.parity.step_s,
+                                    target_retention=self.backends.target_retention)
         queries = list(self.group.latency.queries) or [f"count({self.group.selector()})"]
         result = probe.run(now=now.timestamp(), queries=queries, dual_write_since=dual_write_since,
                            history_selector=self.group.selector(), group=self.group)
@@ -505,8 +422,6 @@ class GroupMigration:
         Samples per query are the target's own count (``stats=all``) for the longest window
         measured; without it they are estimated from series x window / scrape interval.
         """
-        from promshift.adapters.settings import amp_prices
-
         policy = self.group.latency
         series = int(self.backends.source.scalar(f"count({self.group.selector()})") or 0)
         scrape_s = scrape_interval_s(self.backends.source.config_text())
@@ -528,7 +443,7 @@ class GroupMigration:
         projection = project_monthly_cost(
             active_series=series, scrape_interval_s=scrape_s, retention_days=policy.retention_s / 86_400,
             queries=costs, dashboard_refresh_s=policy.dashboard_refresh_s,
-            dashboard_viewers=policy.dashboard_viewers, prices=amp_prices())
+            dashboard_viewers=policy.dashboard_viewers, prices=self.probes.amp_prices())
         return CostEvidence(projection, active_series=series, scrape_interval_s=scrape_s, window=longest.name,
                             dashboard_refresh_s=policy.dashboard_refresh_s, dashboard_viewers=policy.dashboard_viewers)
 
@@ -639,114 +554,39 @@ class GroupMigration:
         return "a step failed before the gate; see that task's log"
 
     def rollback(self, snapshot_info: Mapping[str, Any] | None, *, reason: str, now: datetime) -> dict[str, Any]:
-        """Restore the snapshot byte for byte, reload, verify, route reads back to the source.
+        """Put the snapshot back through the deploy driver (``DeployStep.restore``), then route reads to the source.
 
-        When the snapshot file is lost or no longer matches its hash, the group's own entry is
-        removed by name instead (``method: removed_entry``): that edit is the exact inverse of
-        the deploy, so the file is identical when its hash equals the one recorded at the
-        snapshot. Either way the live config is checked and the audit says what was done; a
-        failure is recorded as ``rollback_failed`` before it is raised, and an unreadable routing
-        store is recorded with the rollback, then raised.
+        Without a snapshot nothing was deployed (``rollback_not_needed``). A restore that is final at once (the
+        file path) is recorded here (``rolled_back``); one that must be followed returns
+        ``{"waiting": <DeployResult dict>}`` for a trigger, and ``finish_rollback`` records it.
         """
-        mine = steps_of(self.audit.events(group=self.group.name, run_id=self.run_id))
-        last_kind = mine[-1].kind if mine else None
+        from promshift.steps.deploy import final_event
+
         if not snapshot_info:
-            if last_kind == EventKind.ROLLBACK_NOT_NEEDED:  # a retry: already recorded
+            mine = steps_of(self.audit.events(group=self.group.name, run_id=self.run_id))
+            if mine and mine[-1].kind == EventKind.ROLLBACK_NOT_NEEDED:  # a retry: already recorded
                 return redact(mine[-1].evidence_data)
             evidence = {"performed": False, "restored_identical": None, "reason": reason,
                         "detail": "no snapshot was taken, so nothing was deployed"}
             self.record(EventKind.ROLLBACK_NOT_NEEDED, now, evidence)
             return evidence
-        name = remote_write_name(self.group.name)
-        if last_kind == EventKind.ROLLED_BACK and (found := self._still_rolled_back(snapshot_info)) is not None:
-            # A retry after this run's rollback was recorded: report what is there now, record nothing.
-            return redact({**mine[-1].evidence_data, "already_rolled_back": True, "found": found})
-        evidence: dict[str, Any] = {"performed": True, "method": "snapshot", "reason": reason,
-                                    "config_sha256": snapshot_info["sha256"]}
-        try:
-            try:
-                snap: ConfigSnapshot | None = self._load_snapshot(snapshot_info)
-            except SnapshotError as exc:
-                log.warning("%s; removing remote_write %s by name instead", exc, name)
-                snap = None
-                evidence.update(method="removed_entry", snapshot_error=str(exc))
-            if snap is not None and (kept := self._changes_since(snap, name)) is not None:
-                # Another writer's change since the snapshot (another group's entry, deployed after ours):
-                # writing the snapshot back would drop it. Remove only ours; the file is the snapshot plus theirs.
-                log.warning("%s changed since the snapshot beyond remote_write %s; removing only that entry",
-                            self.deployer.config_path, name)
-                evidence.update(method="removed_entry", kept_changes_since_snapshot=kept)
-                self._remove_own_entry(snapshot_info)
-                identical = False
-            else:
-                identical = self.deployer.restore(snap) if snap else self._remove_own_entry(snapshot_info)
-        except Exception as exc:
-            self.record(EventKind.ROLLBACK_FAILED, now, {**evidence, "performed": False, "restored_identical": False,
-                                                 "error": f"{type(exc).__name__}: {exc}"})
-            raise
-        try:
-            still_live: bool | None = name in remote_write_names(self.backends.source.config_text())
-        except (PrometheusError, RenderError, KeyError, TypeError, ValueError) as exc:
-            still_live = None
-            evidence["live_config_error"] = f"{type(exc).__name__}: {exc}"
-        routing_error = None
-        try:
-            if self.routing.read_from(self.group.name) != "source":
-                self.routing.route(self.group.name, read_from="source", url=self.backends.source.base_url,
-                                   at=now, run_id=self.run_id, pair=self.group.pair)
-        except RoutingError as exc:
-            routing_error = exc
-            evidence["routing_error"] = str(exc)
-        evidence.update(restored_identical=identical and still_live is False, remote_write_still_live=still_live)
-        if "kept_changes_since_snapshot" in evidence:
-            # Not the snapshot's bytes, by design (another writer's change is kept); safe when our entry is gone
-            # from both the file and the loaded config.
-            evidence["own_entry_removed"] = (still_live is False
-                                             and name not in remote_write_names(self.deployer.real_path.read_bytes()))
-        stage = self.stage()
-        to = Stage.ROLLED_BACK if Stage.ROLLED_BACK in TRANSITIONS[stage] else None
-        self.record(EventKind.ROLLED_BACK, now, evidence, to=to)
-        if routing_error is not None:
-            raise routing_error
-        return redact(evidence)
+        result = self.deploy_step.restore(snapshot_info, reason=reason, now=now)
+        if not result.state.final:
+            return {"waiting": result.to_dict()}
+        return self.deploy_step.finish_rollback(final_event(result), snapshot_info, reason=reason, now=now)
 
-    def _changes_since(self, snap: ConfigSnapshot, name: str) -> list[str] | None:
-        """None when the file is the snapshot, with or without our entry (restoring the snapshot undoes only
-        us); else the remote_write names added since the snapshot other than ours (possibly none: a hand edit)."""
-        current = self.deployer.real_path.read_bytes()
-        if current == snap.data or remove_remote_write(current, name) == snap.data:
-            return None
-        before = set(remote_write_names(snap.data))
-        return [n for n in remote_write_names(current) if n != name and n not in before]
+    def finish_rollback(self, event: Mapping[str, Any], snapshot_info: Mapping[str, Any], *, reason: str,
+                        now: datetime) -> dict[str, Any]:
+        """A followed restore's final event (``DeployStep.finish_rollback``)."""
+        return self.deploy_step.finish_rollback(event, snapshot_info, reason=reason, now=now)
 
-    def _still_rolled_back(self, snapshot_info: Mapping[str, Any]) -> dict[str, Any] | None:
-        """What a repeated rollback finds when the group's entry is gone from both the file and the loaded
-        config and reads go to the source; None when any of that is no longer so (roll back again)."""
-        name = remote_write_name(self.group.name)
-        try:
-            data = self.deployer.real_path.read_bytes()
-            in_file = name in remote_write_names(data)
-            live = name in remote_write_names(self.backends.source.config_text())
-            read_from = self.routing.read_from(self.group.name)
-        except (OSError, PrometheusError, RenderError, RoutingError, KeyError, TypeError, ValueError):
-            return None
-        if in_file or live or read_from != "source":
-            return None
-        return {"config_sha256": sha256_bytes(data), "identical_to_snapshot": sha256_bytes(data) == snapshot_info[
-            "sha256"], "remote_write_live": False, "read_from": read_from}
 
-    def _remove_own_entry(self, snapshot_info: Mapping[str, Any]) -> bool:
-        """Remove the group's remote_write entry by name (deployed and verified); True when the
-        file's bytes then hash to the snapshot's recorded sha256."""
-        name = remote_write_name(self.group.name)
-        deployer = self.deployer
-        current = deployer.snapshot()
-        new_data = remove_remote_write(current.data, name)
-        if new_data != current.data:
-            deployer.deploy(new_data, snapshot=current, expect_remote_writes=set(), expect_absent={name})
-        else:
-            deployer.client.reload()  # the file may be right and the server not: load it
-        return sha256_bytes(deployer.real_path.read_bytes()) == snapshot_info["sha256"]
+@dataclass(frozen=True)
+class _Loaded:
+    """A stored snapshot's bytes and hash, as read back."""
+
+    data: bytes
+    sha256: str
 
 
 def one_line(exc: BaseException) -> str:
@@ -755,7 +595,7 @@ def one_line(exc: BaseException) -> str:
     return " ".join(text.splitlines()[0].split()) if text else exc.__class__.__name__
 
 
-def record_validation_failed(audit: AuditStore, *, group_name: str, run_id: str, exc: BaseException, now: datetime,
+def record_validation_failed(audit: AuditLog, *, group_name: str, run_id: str, exc: BaseException, now: datetime,
                              source_config_path: str | None = None, actor: str = "promshift",
                              run_params: Mapping[str, Any] | None = None) -> str:
     """Append a ``validation_failed`` event: the one-line reason, whether a retry may pass, and the source
@@ -780,7 +620,7 @@ def record_validation_failed(audit: AuditStore, *, group_name: str, run_id: str,
     return reason
 
 
-def record_event(audit: AuditStore, *, group_name: str, run_id: str, kind: EventKind, evidence: Mapping[str, Any],
+def record_event(audit: AuditLog, *, group_name: str, run_id: str, kind: EventKind, evidence: Mapping[str, Any],
                  now: datetime, actor: str = "promshift") -> AuditEvent:
     """Append a stage-less event (no transition), redacted and JSON-safe, as ``record_validation_failed`` does."""
     return audit.append(group=group_name, run_id=run_id, kind=kind, actor=actor, at=now,

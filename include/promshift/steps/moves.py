@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from promshift.adapters.blobs import Blobs
-from promshift.adapters.snapshot_store import snapshot_key
 from promshift.core.audit import AuditEvent
+from promshift.core.deploy import snapshot_key
 from promshift.core.events import MOVE_FAILED, EventKind
+from promshift.core.ports import Blobs
 from promshift.core.rules import RuleKind
 from promshift.steps.migration import GroupMigration
 
@@ -109,13 +109,12 @@ class RulesStep:
         return evidence
 
     def _load(self, event: AuditEvent) -> Any:
-        from promshift.adapters.rules_deploy import RulesSnapshot
         from promshift.steps.migration import SnapshotError
 
         data = self.blobs.get(str(event.evidence_data["ref"]))
         if _sha256(data) != event.evidence_data.get("sha256"):
             raise SnapshotError(f"rules snapshot {event.evidence_data['ref']} does not match its recorded sha256")
-        return RulesSnapshot.from_dict(json.loads(data))
+        return self.migration.probes.rules_snapshot(json.loads(data))
 
     def this_run(self) -> tuple[Any, Any]:
         """This run's rules snapshot (from the store, hash-checked) and its plan."""

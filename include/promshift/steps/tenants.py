@@ -7,10 +7,12 @@ so a retried task reaches the same end.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from promshift.core.catalog import MetricGroup
+from promshift.core.deploy import DeployError
 from promshift.core.tenants import (
     WorkspaceConfigurationPort,
     current_limit,
@@ -19,6 +21,32 @@ from promshift.core.tenants import (
     merged_limits,
     tenant_preflight,
 )
+
+
+def set_tenant_limit(m: Any) -> dict[str, Any]:
+    """The migration's group's tenant (``tenant:``) pre-flighted and set (``apply_tenant``); ``{}`` without one.
+    Raises ``DeployError`` when refused, or when the target has no workspace configuration to hold it (fail
+    closed: a limit the catalog asks for is never skipped)."""
+    if not m.group.tenant.enabled:
+        return {}
+    workspace = m.backends.workspace_configuration
+    if workspace is None:
+        raise DeployError(f"group {m.group.name} declares a tenant, but its target has no workspace configuration "
+                          "to hold the label-set limit (an AMP target has)")
+
+    def count(client: Any) -> Callable[[str], float]:
+        return lambda selector: float(client.scalar(f"count({selector})") or 0.0)
+
+    try:
+        evidence = apply_tenant(m.group, workspace, source_count=count(m.backends.source),
+                                target_count=count(m.backends.target))
+    except TenantRefused as exc:
+        raise DeployError(str(exc), details={"tenant": exc.numbers}) from None
+    log.info("tenant %s: %s", m.group.name, evidence)
+    return evidence
+
+
+log = logging.getLogger(__name__)
 
 
 class TenantRefused(RuntimeError):

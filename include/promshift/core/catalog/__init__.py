@@ -75,6 +75,7 @@ from promshift.core.catalog.model import (
 )
 from promshift.core.catalog.regex import _compile_re2, _re2_error
 from promshift.core.catalog.rules import _check_dependencies, _check_overlaps, _check_pairings
+from promshift.core.redact import redact_text
 
 __all__ = [
     "CATALOG_ERRORS_DAG_ID",
@@ -141,6 +142,14 @@ class CatalogCheck:
     # False when nothing could be read as a catalog (no file, not UTF-8, not YAML, not a mapping):
     # then ``problems`` is one line saying why.
     readable: bool = True
+
+    def __post_init__(self) -> None:
+        # Redacted on entry: a problem quotes the bad value, and a webhook URL typed where a connection id
+        # belongs would otherwise reach the catalog_errors DAG's docs, the log and the terminal.
+        for name in ("problems", "catalog_problems"):
+            object.__setattr__(self, name, tuple(redact_text(p) for p in getattr(self, name)))
+        object.__setattr__(self, "group_problems", tuple((redact_text(label), tuple(redact_text(p) for p in ps))
+                                                         for label, ps in self.group_problems))
 
     @property
     def ok(self) -> bool:
@@ -269,6 +278,10 @@ def check_catalog(
         if number not in in_use:  # no group to file them under: the catalog's own
             for line in wave.problems:
                 problems.add(wave.where, None, line)
+            if drafts:  # settings for a wave nobody is in: most likely a typo in a group's wave, which then
+                # runs with the defaults instead
+                in_use_shown = ", ".join(str(n) for n in sorted(in_use, key=str)[:10])
+                problems.add(wave.where, None, f"no group is in wave {number} (groups' waves: {in_use_shown})")
     _check_dependencies(drafts, problems)
     pairs = {draft.index: groups[draft.index].pair for draft in drafts}
     duplicates = _check_pairings(drafts, groups, problems)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from promshift.core.approvers import team_name_problem
+from promshift.core.approvers import TEAM_PREFIX, team_name_problem
 from promshift.core.catalog.model import (
     _CONN_ID_RE,
     _GROUP_NAME_RE,
@@ -138,6 +138,8 @@ def _user_id(value: Any) -> str:
 def _approver(value: Any) -> str:
     """A user id, or ``team:<name>``: a team resolved to its members when the approval is asked."""
     text = _user_id(value)
+    if text[:len(TEAM_PREFIX)].lower() == TEAM_PREFIX and not text.startswith(TEAM_PREFIX):
+        _fail(f"{_show(text)}: write the team prefix in lower case ({TEAM_PREFIX!r}); as written it is a user id")
     problem = team_name_problem(text)
     if problem:
         _fail(problem)

@@ -13,6 +13,7 @@ from promshift.core.catalog.fields import _clip, _show
 from promshift.core.catalog.model import MetricGroup
 from promshift.core.catalog.regex import _compile_re2, _compile_re2_uncached
 from promshift.core.durations import format_duration
+from promshift.core.promql import PromQLError, labels_relied_on
 
 if TYPE_CHECKING:
     from promshift.core.catalog.layers import _Draft, _Problems
@@ -64,6 +65,19 @@ def _group_rules(group: MetricGroup) -> list[tuple[str, str]]:
             issues.append((field, f"must be at most {format_duration(MAX_WARMUP_S)}, got {format_duration(seconds)}: "
                                   "the run would dual-write and wait that long before any check (a longer "
                                   "comparison belongs in bake)"))
+    for index, query in enumerate(group.latency.queries):
+        try:
+            read = labels_relied_on(query)
+        except PromQLError:
+            continue  # reported where the query is checked
+        dropped = sorted(read & (set(group.drop_labels) - {group.host_label}))  # the host label: refused already
+        if dropped:
+            issues.append(("drop_labels", f"drops {', '.join(map(repr, dropped))}, which latency.queries[{index}] "
+                                          "selects, groups or matches on: on the target it would answer something "
+                                          "else (or nothing)"))
+    if group.source == group.target:
+        issues.append(("target", f"is the group's own source ({group.source!r}): the migration would write the "
+                                 "metrics back into where they come from"))
     if group.metric_regex is not None and not group.allow_match_all:
         matched = _self_monitoring_matches(group.metric_regex)
         if matched:
@@ -204,6 +218,46 @@ def _check_pairings(drafts: list[_Draft], groups: dict[int, MetricGroup], proble
     return duplicates
 
 
+_MAX_EXAMPLES = 8
+
+
+def regex_examples(pattern: str, limit: int = _MAX_EXAMPLES) -> list[str]:
+    """A few of the shortest names ``pattern`` matches whole (each alternative's, repeats at their minimum),
+    for telling overlapping regexes apart; [] for a pattern this cannot read (it is checked elsewhere)."""
+    import re._parser as parser  # the standard library's regex parser: RE2's syntax for names is a subset
+
+    def walk(items: Any) -> list[str]:
+        out = [""]
+        for op, arg in items:
+            name = str(op)
+            if name == "LITERAL":
+                parts = [chr(arg)]
+            elif name == "ANY":
+                parts = ["a"]
+            elif name == "IN":
+                parts = [next((chr(a) if str(o) == "LITERAL" else chr(a[0])) for o, a in arg
+                              if str(o) in ("LITERAL", "RANGE"))]
+            elif name in ("MAX_REPEAT", "MIN_REPEAT"):
+                low, _, sub = arg
+                inner = walk(sub)
+                parts = ["".join([one] * max(low, 0)) for one in inner]
+            elif name == "SUBPATTERN":
+                parts = walk(arg[-1])
+            elif name == "BRANCH":
+                parts = [x for branch in arg[1] for x in walk(branch)]
+            elif name == "AT":
+                parts = [""]
+            else:
+                raise ValueError(name)
+            out = list(dict.fromkeys(a + b for a in out for b in parts))[:limit]
+        return out
+
+    try:
+        return [name for name in walk(parser.parse(pattern)) if name][:limit]
+    except Exception:  # noqa: BLE001 - a pattern outside the simple subset gives no example
+        return []
+
+
 def _check_overlaps(drafts: list[_Draft], known_metrics: frozenset[str], problems: _Problems, *,
                     pairs: dict[int, tuple[str, str]] | None = None,
                     skip: Collection[tuple[int, int]] = ()) -> None:
@@ -219,7 +273,11 @@ def _check_overlaps(drafts: list[_Draft], known_metrics: frozenset[str], problem
     """
     pairs = pairs or {}
     explicit = {metric for draft in drafts for metric in draft.layer.top.get("metrics", ())}
-    universe = sorted(explicit | known_metrics)
+    # And names each regex itself matches (``node_cpu_.*`` gives ``node_cpu_``): two regexes over names no list
+    # knows (``node_.*`` and ``node_cpu_.*``) overlap when one's example matches the other.
+    examples = {name for draft in drafts if isinstance(draft.layer.top.get("metric_regex"), str)
+                for name in regex_examples(draft.layer.top["metric_regex"])}
+    universe = sorted(explicit | known_metrics | examples)
     claimants: dict[str, list[tuple[int, str]]] = {}
     regex_positions: list[int] = []
     for position, draft in enumerate(drafts):

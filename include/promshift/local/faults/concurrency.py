@@ -123,13 +123,14 @@ def fault_audit_unreachable(env: FaultEnv) -> FaultResult:
                 proxy.cut()  # the file is written, reloaded and verified live; the audit database goes away
                 return outcome
 
-        class Migration(GroupMigration):
-            @property
-            def deployer(self) -> FileConfigDeployer:
-                return CutAfterWrite(self.backends.source_config_path, self.backends.source,
-                                     promtool=self.backends.promtool)
+        from promshift.adapters.file_deployment import FileDeployment
+        from promshift.core.deploy import group_entry, group_entry_record
 
-        m = env.migration(audit, "manual__fault-9", cls=Migration)
+        b, g = env.backends(), small_group()
+        m = env.migration(audit, "manual__fault-9", group=g, backends=b, deployer=FileDeployment(
+            CutAfterWrite(b.source_config_path, b.source, promtool=b.promtool),
+            group_entry(g, b.target_remote_write_url, b.target_sigv4),
+            record=group_entry_record(g, b.target_remote_write_url, b.target_sigv4), keep_others=True))
         m.validate(now())
         snap = m.snapshot(now())
         try:

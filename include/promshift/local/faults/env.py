@@ -44,6 +44,7 @@ from promshift.core.durations import parse_duration
 from promshift.core.render import remote_write_name, remote_write_names, sha256_bytes
 from promshift.core.sample_loss import sample_loss
 from promshift.local.stack.local import PROMETHEUS_BIN, SCRAPE_JOB, LocalStack
+from promshift.orchestration.compose import compose_migration
 from promshift.steps.migration import Backends, GroupMigration, observe_warmup
 
 CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
@@ -176,10 +177,12 @@ class FaultEnv:
         return AuditStore(url, anchor=anchor) if anchor is not None else AuditStore(url)
 
     def migration(self, audit: AuditStore, run_id: str, *, group: MetricGroup | None = None,
-                  backends: Backends | None = None, cls: type[GroupMigration] = GroupMigration) -> GroupMigration:
-        return cls(group or small_group(), backends or self.backends(), audit=audit,
-                   routing=RoutingStore(audit.url, engine=audit.engine), snapshots_dir=self.work / "snapshots",
-                   run_id=run_id, catalog_dir=CATALOG.parent)
+                  backends: Backends | None = None, cls: type[GroupMigration] = GroupMigration,
+                  **ports: Any) -> GroupMigration:
+        return compose_migration(group or small_group(), backends or self.backends(), audit=audit,
+                                 routing=RoutingStore(audit.url, engine=audit.engine),
+                                 snapshots_dir=self.work / "snapshots", run_id=run_id, catalog_dir=CATALOG.parent,
+                                 cls=cls, **ports)
 
     # the stack's processes
     def stop(self, name: str) -> None:

@@ -32,7 +32,8 @@ from promshift.local.faults.env import (
     rollback,
     small_group,
 )
-from promshift.steps.migration import Backends, GroupMigration
+from promshift.orchestration.compose import compose_migration
+from promshift.steps.migration import Backends
 
 # -- 5, 6: the worker SIGKILLed at a side effect ---------------------------------------------------------------
 
@@ -57,8 +58,8 @@ def child_main(argv: list[str]) -> None:
                         target=PrometheusClient(stack.target_url, timeout_s=30),
                         source_config_path=spec["config_path"], target_remote_write_url=spec["remote_write_url"])
     audit = AuditStore(spec["audit_url"])
-    m = GroupMigration(small_group(), backends, audit=audit, routing=RoutingStore(audit.url, engine=audit.engine),
-                       snapshots_dir=spec["snapshots_dir"], run_id=spec["run_id"], catalog_dir=CATALOG.parent)
+    m = compose_migration(small_group(), backends, audit=audit, routing=RoutingStore(audit.url, engine=audit.engine),
+                          snapshots_dir=spec["snapshots_dir"], run_id=spec["run_id"], catalog_dir=CATALOG.parent)
     if step == "deploy":
         m.deploy_dual_write(spec["snapshot"], now())
     else:

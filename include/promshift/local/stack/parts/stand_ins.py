@@ -116,7 +116,7 @@ class StandInsPart(PrometheusPart):
                                  "branch": address["branch"], "backend": backend, "timeout_s": timeout_s}
         if backend == "github":
             extra.update(github={"repository": address["repository"], "api_url": address["url"]},
-                         conn_id="promshift_git")
+                         conn_id="promshift_git", http_loopback=True)  # the contract server: plain http on 127.0.0.1
         return extra
 
     def _stand_in_components(self) -> dict[str, Component]:

@@ -1,0 +1,102 @@
+"""The ports the steps see: what they need of the audit log, the routing state, the blob store, a Prometheus
+(source or target) and the measurements they order. Protocols only; ``adapters/`` implements them and
+``orchestration.wiring`` (or a test) hands them in. ``steps/`` imports nothing from ``adapters/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from promshift.core.audit import AuditEvent
+from promshift.core.stages import Stage
+
+
+@runtime_checkable
+class AuditLog(Protocol):
+    """The hash-chained audit log (``adapters.audit_store.AuditStore``)."""
+
+    url: str
+
+    def stage_of(self, group: str) -> Stage: ...
+
+    def events(self, *, group: str | None = None, run_id: str | None = None) -> list[AuditEvent]: ...
+
+    def append(self, *, group: str, run_id: str, kind: str, actor: str, at: datetime, evidence: Mapping[str, Any],
+               stage_from: Any, stage_to: Any) -> AuditEvent: ...
+
+
+@runtime_checkable
+class Routing(Protocol):
+    """Where each group's reads go (``adapters.routing.RoutingStore``)."""
+
+    where: str
+
+    def route(self, group: str, *, read_from: str, url: str, at: datetime, run_id: str,
+              pair: tuple[str, str] | None = None) -> dict[str, Any]: ...
+
+    def read_from(self, group: str) -> str: ...
+
+    def get(self, group: str) -> dict[str, Any] | None: ...
+
+
+@runtime_checkable
+class Blobs(Protocol):
+    """Bytes under a key, readable by every worker (``adapters.blobs``, ``orchestration.object_blobs``)."""
+
+    def put(self, key: str, data: bytes, *, mode: int = 0o600) -> str:
+        """Store ``data`` under ``key`` (``group/run.yml``); return the reference ``get`` reads."""
+
+    def get(self, ref: str) -> bytes:
+        """The bytes ``put`` stored (OSError if they cannot be read)."""
+
+
+@runtime_checkable
+class PrometheusProbe(Protocol):
+    """A Prometheus-compatible server as the steps ask it (``adapters.prometheus.PrometheusClient``); a failed
+    call raises ``core.errors.PrometheusError``."""
+
+    base_url: str
+
+    def ready(self) -> bool: ...
+
+    def scalar(self, expr: str, at: float | None = None) -> float | None: ...
+
+    def query(self, expr: str, at: float | None = None) -> Any: ...
+
+    def config_text(self) -> str: ...
+
+    def metrics_text(self) -> str: ...
+
+    def reload(self, timeout_s: float | None = None) -> None: ...
+
+
+@runtime_checkable
+class Probes(Protocol):
+    """The measurements the steps order over two servers (``adapters.probes.AdapterProbes``): parity, latency
+    and cost, the rules and alerts a target holds."""
+
+    def parity(self, group: Any, source: PrometheusProbe, target: PrometheusProbe, *,
+               catalog_dir: Path | None) -> Any:
+        """A parity check with ``run(dual_write_since=, now=) -> core.parity.ParityResult``."""
+
+    def ha_parity(self, group: Any, sources: Sequence[tuple[str, PrometheusProbe]], target: PrometheusProbe, *,
+                  catalog_dir: Path | None) -> Any:
+        """Parity against the replica the target kept (``core.ha.elect``): ``run(...) -> ParityResult``."""
+
+    def golden_lookbacks(self, group: Any, catalog_dir: Path | None) -> Sequence[float]: ...
+
+    def latency(self, source: PrometheusProbe, target: PrometheusProbe, policy: Any, *, min_step_s: float,
+                target_retention: Any) -> Any:
+        """A latency probe with ``run(now=, queries=, ...) -> core.latency.LatencyResult``."""
+
+    def amp_prices(self) -> Any: ...
+
+    def loaded_rules(self, client: PrometheusProbe) -> Any: ...
+
+    def firing_alerts(self, client: PrometheusProbe) -> Any: ...
+
+    def rules_snapshot(self, data: Mapping[str, Any]) -> Any:
+        """A stored rules snapshot read back (``RulesSnapshot.from_dict``)."""
