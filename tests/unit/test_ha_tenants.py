@@ -87,20 +87,20 @@ def test_elect_keeps_the_replica_the_target_matches_and_records_it() -> None:
     got = elect({"source-0": result(Verdict.FAILED, 40, "11 of 17 points differ"),
                  "source-1": result(Verdict.SUCCESSFUL)})
     assert got.verdict == Verdict.SUCCESSFUL and elected_replica(got) == "source-1"
-    note = got.measurements[0]
+    note = next(m for m in got.measurements if m.name == REPLICAS_MEASUREMENT)
     assert note.name == REPLICAS_MEASUREMENT and note.numbers["replicas"] == {"source-0": "FAILED",
                                                                               "source-1": "SUCCESSFUL"}
     both = elect({"source-0": result(Verdict.SUCCESSFUL), "source-1": result(Verdict.SUCCESSFUL)})
     assert both.verdict == Verdict.SUCCESSFUL and elected_replica(both) is None  # they agree: not told apart
-    assert both.measurements[0].numbers["matching"] == ["source-0", "source-1"]
-    assert "cannot be told apart" in both.measurements[0].reason
+    assert both.measurements[-1].numbers["matching"] == ["source-0", "source-1"]
+    assert "cannot be told apart" in both.measurements[-1].reason
 
 
 def test_a_target_matching_no_replica_fails_naming_each() -> None:
     got = elect({"source-0": result(Verdict.FAILED, 40, "points differ"),
                  "source-1": result(Verdict.FAILED, 3, "points differ")})
     assert got.verdict == Verdict.FAILED and elected_replica(got) is None
-    note = got.measurements[0]
+    note = next(m for m in got.measurements if m.name == REPLICAS_MEASUREMENT)
     assert "matches none of the replicas source-0, source-1" in note.reason and note.numbers["closest"] == "source-1"
     with pytest.raises(ValueError):
         elect({})

@@ -101,7 +101,8 @@ def elect(results: Mapping[str, ParityResult], *, doubled: Measurement | None = 
         note = Measurement(REPLICAS_MEASUREMENT, chosen.verdict,
                            f"the target matches none of the replicas {', '.join(results)}: " + "; ".join(reasons),
                            numbers={"elected": None, "closest": elected, "replicas": verdicts})
-    measurements = [note, *chosen.measurements] + ([doubled] if doubled is not None else [])
+    # after the comparison's own layers: a reader of the first coverage measurement still finds the counts
+    measurements = [*chosen.measurements, note] + ([doubled] if doubled is not None else [])
     verdict = worst([chosen.verdict, note.verdict] + ([doubled.verdict] if doubled is not None else []))
     return replace(chosen, verdict=verdict, measurements=tuple(measurements))
 
