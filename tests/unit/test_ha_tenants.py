@@ -138,6 +138,10 @@ def test_the_catalog_reads_replicas_and_tenant_and_names_bad_values() -> None:
     text = "\n".join(bad.value.problems)
     for field in ("replicas.replica_label", "replicas.sources.a", "tenant.label_set.bad-label", "tenant.max_series"):
         assert field in text, text
+    with pytest.raises(CatalogError) as half:
+        parse_catalog(catalog({"replicas": {"sources": {"source-0": "prom_a"}}, "tenant": {"max_series": 5}}))
+    assert any("'replicas.sources': needs replicas.replica_label" in p for p in half.value.problems), half.value
+    assert any("'tenant.max_series': needs tenant.label_set" in p for p in half.value.problems), half.value
 
 
 TEAM = TenantPolicy((("team", "ml"),), 100)
