@@ -12,6 +12,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from promshift.adapters.parity_check import ParityCheck
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
@@ -31,6 +32,8 @@ class HaParityCheck:
     sources: Sequence[tuple[str, PrometheusClient]]
     target: PrometheusClient
     catalog_dir: Path | None = None
+    # The target's per-query limits, as ``ParityCheck`` takes them (every replica's comparison plans against them).
+    limits: Any = None
 
     def doubled(self, at: float) -> Measurement | None:
         """The coverage failure when the target holds series of more than one replica at ``at`` (else None)."""
@@ -52,7 +55,8 @@ class HaParityCheck:
             doubled = Measurement(REPLICAS_MEASUREMENT, Verdict.ERROR, f"the target's series per replica: {exc}")
         results = {}
         for replica, client in self.sources:
-            results[replica] = ParityCheck(self.group, client, self.target, catalog_dir=self.catalog_dir).run(
+            results[replica] = ParityCheck(self.group, client, self.target, catalog_dir=self.catalog_dir,
+                                           limits=self.limits).run(
                 dual_write_since=dual_write_since, now=now)
             log.info("parity %s against replica %s: %s", self.group.name, replica, results[replica].verdict.value)
         return elect(results, doubled=doubled)
