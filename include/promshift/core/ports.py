@@ -83,6 +83,10 @@ class Probes(Protocol):
         """A parity check with ``run(dual_write_since=, now=) -> core.parity.ParityResult``; ``limits``: the
         target's per-query limits (a callable answering ``core.query_limits.QueryLimits``)."""
 
+    def ha_parity(self, group: Any, sources: Sequence[tuple[str, PrometheusProbe]], target: PrometheusProbe, *,
+                  catalog_dir: Path | None, limits: Any = None) -> Any:
+        """Parity against the replica the target kept (``core.ha.elect``): ``run(...) -> ParityResult``."""
+
     def golden_lookbacks(self, group: Any, catalog_dir: Path | None) -> Sequence[float]: ...
 
     def latency(self, source: PrometheusProbe, target: PrometheusProbe, policy: Any, *, min_step_s: float,

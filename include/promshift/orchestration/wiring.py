@@ -256,6 +256,18 @@ class GroupWiring:
     # whose control plane refuses us (bad credentials, a deleted workspace) must not block it.
     needs_target = True
 
+    def _replica_sources(self) -> list[tuple[str, Any]]:
+        """(replica, its Prometheus client) for a source declared as replicas (``replicas.sources``)."""
+        from promshift.orchestration.hooks import PrometheusHook
+
+        clients = []
+        for replica, conn_id in self.group.replicas.sources:
+            hook = backend_hook(conn_id)
+            if not isinstance(hook, PrometheusHook):
+                raise AirflowFailException(f"replica {replica!r}: connection {conn_id!r} must be a prometheus one")
+            clients.append((replica, hook.prometheus_client()))
+        return clients
+
     def backends(self) -> Any:
         """Both backends from their connections; an AMP problem fails the task with its one-line reason."""
         from promshift.adapters.amp import AmpError
@@ -298,6 +310,9 @@ class GroupWiring:
                 target_identity=target.identity(),
                 target_alerts=target.alert_reader,
                 target_discards=getattr(target, "discards_reader", None),
+                replica_sources=self._replica_sources if self.group.replicas.sources else None,
+                workspace_configuration=(target.workspace_configuration() if self.group.tenant.enabled
+                                         and hasattr(target, "workspace_configuration") else None),
             )
         except AmpError as exc:
             if exc.retryable:
@@ -411,7 +426,7 @@ class GroupWiring:
             raise ValueError(f"connection {self.source_conn_id!r} names no Kubernetes source")
         backends = self.backends()
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
-                                   drop_labels=self.group.drop_labels,
+                                   drop_labels=self.group.drop_labels, replicas=self.group.replicas,
                                    url=backends.target_remote_write_url, sigv4=backends.target_sigv4)
         return kubernetes_deployer(source.kind, kubernetes_hook(source), namespace=source.namespace,
                                    name=source.name, entry=entry, prometheus=self.source_hook.prometheus_client(),
@@ -429,7 +444,7 @@ class GroupWiring:
         token = connection_secret(source.conn_id) if source.conn_id else None
         backends = self.backends()
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
-                                   drop_labels=self.group.drop_labels,
+                                   drop_labels=self.group.drop_labels, replicas=self.group.replicas,
                                    url=backends.target_remote_write_url, sigv4=backends.target_sigv4)
         return GitDeployment(source, entry=entry, prometheus=self.source_hook.prometheus_client(),
                              backend=change_backend(source, token), group=self.group.name,
