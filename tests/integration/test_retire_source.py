@@ -10,14 +10,22 @@ saved server bytes, and the undo puts back the config bytes and command line byt
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
 
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.source_retire import HttpSampleTimes, HttpSourceObserver
+from promshift.core.catalog.model import MetricGroup
+from promshift.core.events import EventKind
 from promshift.core.retire import allowed_gap_s, longest_gap, refused_sections
+from promshift.core.stages import Stage
 from promshift.local.stack.prometheus import PROMETHEUS_BIN, PrometheusProcess, prometheus_argv
 from promshift.local.stack.source_mode import LabSourceModeSwitch, PopenControl, probe_mode
+from promshift.steps.retire import RetireRefused, RetireSource
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not Path(PROMETHEUS_BIN).exists(), reason="Prometheus is not installed")]
@@ -194,3 +202,57 @@ def test_an_agent_that_fails_to_start_puts_the_server_back(lab, monkeypatch) -> 
     with pytest.raises(Exception, match="did not start as an agent"):
         switch.to_agent()
     assert probe_mode(switch.url) == "server" and config.read_bytes() == before_bytes
+
+
+class _Audit:
+    """The audit log's reads and appends (the store itself is tested elsewhere): stages by group."""
+
+    def __init__(self, stages: dict[str, Stage]) -> None:
+        self.stages, self.appended = stages, []
+        self.url = "memory://"
+
+    def stage_of(self, group: str) -> Stage:
+        return self.stages.get(group, Stage.PLANNED)
+
+    def events(self, *, group: str | None = None, run_id: str | None = None) -> list:
+        baked = [SimpleNamespace(kind=EventKind.BAKED, at=datetime.now(UTC) - timedelta(seconds=30), group=g)
+                 for g, s in self.stages.items() if s == Stage.BAKED]
+        return [e for e in [*baked, *self.appended] if group is None or e.group == group]
+
+    def append(self, **event) -> None:  # noqa: ANN003
+        self.appended.append(SimpleNamespace(**event))
+
+
+def test_the_retire_step_refuses_until_baked_and_accepted_then_proves_and_undoes(lab) -> None:  # noqa: ANN001
+    switch, control, target, config = lab
+    before_bytes, before_argv = config.read_bytes(), control.argv()
+    groups = [MetricGroup(name=name, metrics=(metric,)) for name, metric in GROUPS.items()]
+    audit = _Audit({"build": Stage.BAKED, "process": Stage.BAKING})
+    step = RetireSource(conn_id="promshift_source", groups=groups, audit=audit, switch=switch,
+                        source=HttpSourceObserver(PrometheusClient(switch.url), query_log=None),
+                        target=HttpSampleTimes(PrometheusClient(target.url)), run_id="r1",
+                        scrape_interval_s=SCRAPE_S)
+    with pytest.raises(RetireRefused, match=r"not every group of promshift_source has baked: process \(baking\)"):
+        step.prepare(datetime.now(UTC))
+    audit.stages["process"] = Stage.BAKED
+    prepared = step.prepare(datetime.now(UTC))
+    names = prepared["names"]
+    # the source's own rule, and every metric it stores that neither group carries (the fleet's are Prometheus's
+    # own here, which never count), are what retiring ends
+    assert "rule:retire-test/job:up:sum" in names
+    assert prepared["usage_before"]["rss_mb"] > 0
+    with pytest.raises(RetireRefused, match="not accepted by name: rule:retire-test/job:up:sum"):
+        step.retire(datetime.now(UTC), accepted="metric:nothing-like-it")
+    assert probe_mode(switch.url) == "server"
+    proof = step.retire(datetime.now(UTC), accepted=",".join(names), settle_s=30)
+    assert proof["mode"] == "agent" and proof["target_receiving"] and not proof["source_storing"]
+    assert proof["query_status"] == 422 and proof["usage_after"]["rss_mb"] > 0
+    assert proof["usage_after"]["cpu_seconds"] is not None
+    assert step.retire(datetime.now(UTC), accepted="")["change"]["changed"] is False  # a retry: nothing restarts
+    undo = step.unretire(datetime.now(UTC), reason="test", settle_s=30)
+    assert undo["byte_identical"] and undo["target_receiving"] and undo["source_storing"]
+    assert config.read_bytes() == before_bytes and control.argv() == before_argv
+    kinds = [e.kind for e in audit.appended]
+    assert kinds == [EventKind.SOURCE_RETIRE_REFUSED, EventKind.SOURCE_RETIRE_PREPARED,
+                     EventKind.SOURCE_RETIRE_REFUSED, EventKind.SOURCE_RETIRE_APPROVED, EventKind.SOURCE_RETIRED,
+                     EventKind.SOURCE_RETIRED, EventKind.SOURCE_UNRETIRED]
