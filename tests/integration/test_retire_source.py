@@ -18,13 +18,13 @@ import pytest
 import requests
 
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.source_mode import FileSourceModeSwitch, PopenControl, probe_mode
 from promshift.adapters.source_retire import HttpSampleTimes, HttpSourceObserver
 from promshift.core.catalog.model import MetricGroup
 from promshift.core.events import EventKind
 from promshift.core.retire import allowed_gap_s, longest_gap, refused_sections
 from promshift.core.stages import Stage
 from promshift.local.stack.prometheus import PROMETHEUS_BIN, PrometheusProcess, prometheus_argv
-from promshift.local.stack.source_mode import LabSourceModeSwitch, PopenControl, probe_mode
 from promshift.steps.retire import RetireRefused, RetireSource
 
 pytestmark = [pytest.mark.integration,
@@ -125,7 +125,7 @@ def lab(tmp_path: Path, free_ports):  # noqa: ANN001, ANN201
                            "--storage.tsdb.retention.time=15d", "--rules.alert.resend-delay=5s")
     control = PopenControl(argv, url=url, log_path=tmp_path / "source.log")
     control.start()
-    switch = LabSourceModeSwitch(url=url, config_path=config, control=control,
+    switch = FileSourceModeSwitch(url=url, config_path=config, control=control,
                                  agent_path=tmp_path / "source" / "agent")
     try:
         for metric in GROUPS.values():
@@ -198,7 +198,7 @@ def test_an_agent_that_fails_to_start_puts_the_server_back(lab, monkeypatch) -> 
     switch, control, _target, config = lab
     before_bytes = config.read_bytes()
     # an edit that leaves a section the agent refuses: the real agent exits, the switch restores the server
-    monkeypatch.setattr("promshift.local.stack.source_mode.agent_config", lambda data: data)
+    monkeypatch.setattr("promshift.adapters.source_mode.agent_config", lambda data: data)
     with pytest.raises(Exception, match="did not start as an agent"):
         switch.to_agent()
     assert probe_mode(switch.url) == "server" and config.read_bytes() == before_bytes
@@ -256,3 +256,24 @@ def test_the_retire_step_refuses_until_baked_and_accepted_then_proves_and_undoes
     assert kinds == [EventKind.SOURCE_RETIRE_REFUSED, EventKind.SOURCE_RETIRE_PREPARED,
                      EventKind.SOURCE_RETIRE_REFUSED, EventKind.SOURCE_RETIRE_APPROVED, EventKind.SOURCE_RETIRED,
                      EventKind.SOURCE_RETIRED, EventKind.SOURCE_UNRETIRED]
+
+
+def test_the_local_stack_source_becomes_an_agent_stays_one_across_up_and_comes_back(stack_config_factory) -> None:  # noqa: ANN001
+    from promshift.local.stack.local import LocalStack
+
+    stack = LocalStack(stack_config_factory(nodes=2))
+    try:
+        stack.up(timeout=90)
+        switch = stack.source_mode_switch()
+        before_bytes, before_argv = stack.source_config_path.read_bytes(), switch.control.argv()
+        assert switch.to_agent().changed and probe_mode(stack.source_url) == "agent"
+        assert b"rule_files" not in stack.source_config_path.read_bytes().replace(b"`rule_files:`", b"")
+        agent_argv_now = switch.control.argv()
+        plan = stack._plan(stack._components()["source"])  # the stack keeps the agent: its flags file says so
+        assert plan[0] == "reuse" and switch.control.argv() == agent_argv_now
+        undo = switch.restore()
+        assert undo.byte_identical and stack.source_config_path.read_bytes() == before_bytes
+        assert switch.control.argv() == before_argv and probe_mode(stack.source_url) == "server"
+        assert stack._plan(stack._components()["source"])[0] == "reuse"
+    finally:
+        stack.down()

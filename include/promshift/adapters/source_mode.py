@@ -1,10 +1,16 @@
-"""The lab's source mode switch: the source Prometheus restarted as an agent (forwarder only), and back.
+"""A source Prometheus on the file path switched to agent mode (forwarder only) and back, by restarting it.
 
-LAB ONLY. The lab owns the source's process, so it switches the mode by restarting it with an agent's
-command line (``core.retire.agent_argv``) over the config's agent subset (``core.retire.agent_config``). On a
-real host promshift has no process control on the file path: the same change is an edit of the service's
-flags (Debian: ``ARGS=`` in ``/etc/default/prometheus``; systemd: a drop-in's ``ExecStart=``) and a
-``systemctl restart prometheus`` by the host's owner (docs/lifecycle.md, "Retire the source").
+``FileSourceModeSwitch`` is the switch (``core.ports.SourceModeSwitch``) over a ``ProcessControl``: the
+source's running command line and a restart with another one. It restarts the source with an agent's
+command line (``core.retire.agent_argv``) over the config's agent subset (``core.retire.agent_config``).
+
+Which process control exists is the catch: promshift runs on Airflow workers, not on the source's host.
+``PidFileControl`` (a process on this host, by its pid file) is the LAB's: its workers run beside the
+source. A real file-path source has no process control from promshift: the same change is an edit of the
+service's flags (Debian: ``ARGS=`` in ``/etc/default/prometheus``; systemd: a drop-in's ``ExecStart=``) and a
+``systemctl restart prometheus`` by the host's owner (docs/lifecycle.md, "Retire the source"); the DAG then
+finds the source already an agent (the mode is read first) and proves it. ``PopenControl`` is a process this
+process started (tests, benchmarks).
 
 Every switch is crash-safe: it reads the current mode first (``/-/ready`` says "Prometheus Agent" or
 "Prometheus Server"), saves the server's config bytes, file mode and command line once (beside the config,
@@ -78,7 +84,7 @@ def probe_mode(url: str, *, http: requests.Session | None = None, timeout_s: flo
     return "agent" if "Agent" in text else "server" if "Server" in text else "down"
 
 
-class LabSourceModeSwitch:
+class FileSourceModeSwitch:
     """``mode``/``to_agent``/``restore`` on a source whose process the lab controls."""
 
     def __init__(self, *, url: str, config_path: Path, control: ProcessControl, agent_path: Path,
@@ -210,3 +216,84 @@ class PopenControl:
         self.stop()
         self._argv = tuple(argv)
         self.start()
+
+
+def _cmdline(pid: int) -> tuple[str, ...]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ()
+    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+class PidFileControl:
+    """LAB ONLY: a Prometheus on this host, known by its pid file. ``restart`` writes the new command line to
+    ``flags_file`` (the lab's ``/etc/default/prometheus``: the stack starts the source with it from then on),
+    stops the process (SIGTERM: it flushes its remote-write queues; SIGKILL after 60 s), starts the new command
+    line in its own session (output appended to ``log_path``), writes the pid file and waits for ``/-/ready``.
+    Refuses a pid whose command line does not name ``config_path`` (a recycled pid is never signalled)."""
+
+    def __init__(self, *, pid_file: Path, flags_file: Path, config_path: Path, url: str, log_path: Path,
+                 cwd: Path | None = None, ready_s: float = 180.0) -> None:
+        self.pid_file, self.flags_file, self.config_path = Path(pid_file), Path(flags_file), Path(config_path)
+        self.url, self.log_path, self.cwd, self.ready_s = url, Path(log_path), cwd, ready_s
+
+    def _pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if f"--config.file={self.config_path}" in _cmdline(pid) else None
+
+    def argv(self) -> tuple[str, ...]:
+        pid = self._pid()
+        if pid is None:
+            raise SourceModeError(f"no running source names {self.config_path} (pid file {self.pid_file})")
+        return _cmdline(pid)
+
+    def restart(self, argv: Sequence[str]) -> None:
+        import signal
+        import subprocess
+
+        tmp = self.flags_file.with_name(self.flags_file.name + ".tmp")
+        tmp.write_text(json.dumps(list(argv)))
+        os.replace(tmp, self.flags_file)
+        pid = self._pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while _cmdline(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _cmdline(pid):
+                os.kill(pid, signal.SIGKILL)
+                while _cmdline(pid):
+                    time.sleep(0.05)
+        with self.log_path.open("ab") as log:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=self.cwd, start_new_session=True)
+        self.pid_file.write_text(f"{proc.pid}\n")
+        deadline = time.monotonic() + self.ready_s
+        while probe_mode(self.url, timeout_s=1.0) == "down":
+            if proc.poll() is not None:
+                raise SourceModeError(f"the source exited at start: {self.log_path.read_text(errors='replace')[-300:]}")
+            if time.monotonic() > deadline:
+                raise SourceModeError(f"the source was not ready after {self.ready_s:.0f}s")
+            time.sleep(0.1)
+
+
+def mode_switch_from_extra(url: str, extra: Any) -> FileSourceModeSwitch:
+    """The switch a source connection's ``extra.mode_switch`` names (LAB ONLY: a pid file on the worker's host);
+    ValueError (one line) for anything else. Without it a file-path source has no process control: the caller
+    refuses, naming the by-hand flags edit."""
+    if not isinstance(extra, dict):
+        raise ValueError("extra.mode_switch must be a mapping")
+    need = ("pid_file", "flags_file", "config_path", "agent_path", "log_path")
+    missing = [k for k in need if not isinstance(extra.get(k), str) or not extra.get(k)]
+    if missing:
+        raise ValueError(f"extra.mode_switch lacks {', '.join(missing)}")
+    config = Path(extra["config_path"])
+    control = PidFileControl(pid_file=Path(extra["pid_file"]), flags_file=Path(extra["flags_file"]),
+                             config_path=config, url=url, log_path=Path(extra["log_path"]),
+                             cwd=Path(extra["cwd"]) if extra.get("cwd") else None)
+    return FileSourceModeSwitch(url=url, config_path=config, control=control, agent_path=Path(extra["agent_path"]),
+                                major_version=int(extra.get("major_version", 2)))
