@@ -60,7 +60,7 @@ class RetireSource:
     audit: AuditLog
     switch: SourceModeSwitch
     source: SourceObserver
-    target: SampleTimes
+    target: SampleTimes | Mapping[str, SampleTimes]  # one target, or each group's (by group name)
     run_id: str
     scrape_interval_s: float
     clock: Callable[[], float] = field(default=time.time)
@@ -147,6 +147,9 @@ class RetireSource:
             raise RetireFailed(f"{self.conn_id} is an agent but the proof failed: {proof['lines']}")
         return proof
 
+    def _target(self, group: str) -> SampleTimes:
+        return self.target[group] if isinstance(self.target, Mapping) else self.target
+
     def _refuse(self, now: datetime, why: str, **evidence: Any) -> RetireRefused:
         self.record(EventKind.SOURCE_RETIRE_REFUSED, now, {"reason": why, **evidence})
         return RetireRefused(why)
@@ -161,7 +164,8 @@ class RetireSource:
         while True:
             now = self.clock()
             window = now - since + 1.0
-            gaps = {g.name: longest_gap(self.target.sample_times(g.selector(), window), since=since, until=now)
+            gaps = {g.name: longest_gap(self._target(g.name).sample_times(g.selector(), window),
+                                        since=since, until=now)
                     for g in self.groups}
             fresh = all(v is not None and v <= allowed for v in gaps.values())
             if (fresh and now - began >= 2 * self.scrape_interval_s) or now > deadline:
