@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+from promshift.core.inputs import CONFIG, InputRefused, parse_yaml_bounded
 
 AGENT_REFUSED_SECTIONS = ("rule_files", "alerting", "remote_read")
 SERVER_ONLY_FLAG_PREFIXES = ("--storage.tsdb.", "--rules.", "--alertmanager.", "--query.")
@@ -58,9 +58,9 @@ def agent_config(data: bytes, refused: Sequence[str] = AGENT_REFUSED_SECTIONS) -
     """The config with every top-level section agent mode refuses removed; every other byte kept. Raises
     ``RetireError`` when the config is not a YAML mapping or the edit would change anything else."""
     try:
-        before = yaml.safe_load(data)
-    except yaml.YAMLError as exc:
-        raise RetireError(f"the source config is not YAML: {str(exc).splitlines()[0]}") from None
+        before = parse_yaml_bounded(data, CONFIG)  # the source config's size, depth and alias budgets
+    except InputRefused as exc:
+        raise RetireError(f"the source config is not YAML we can edit: {exc}") from None
     if not isinstance(before, dict):
         raise RetireError("the source config is not a YAML mapping")
     wanted = {k.encode() for k in refused}
@@ -78,7 +78,10 @@ def agent_config(data: bytes, refused: Sequence[str] = AGENT_REFUSED_SECTIONS) -
         else:
             out.append(block)
     edited = b"".join(out)
-    after = yaml.safe_load(edited)
+    try:
+        after = parse_yaml_bounded(edited, CONFIG)
+    except InputRefused:
+        after = None
     expected = {k: v for k, v in before.items() if k not in refused}
     if after != expected:  # a flow-style or anchored layout this line-wise edit cannot cut cleanly
         raise RetireError("the source config's refused sections cannot be cut out without touching the rest; "
@@ -88,7 +91,7 @@ def agent_config(data: bytes, refused: Sequence[str] = AGENT_REFUSED_SECTIONS) -
 
 def refused_sections(data: bytes, refused: Sequence[str] = AGENT_REFUSED_SECTIONS) -> list[str]:
     """Which of the refused sections the config has (non-empty)."""
-    doc = yaml.safe_load(data) or {}
+    doc = parse_yaml_bounded(data, CONFIG) or {}
     return [k for k in refused if isinstance(doc, dict) and doc.get(k)]
 
 
