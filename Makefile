@@ -81,9 +81,10 @@ stack-down: $(STAMP)
 stack-status: $(STAMP)
 	$(PY) -m promshift.local stack status
 
-# Re-pin after editing requirements*.in.
+# Re-pin after editing requirements*.in, under Airflow's constraints (constraints/ says where that file came from).
+AIRFLOW_CONSTRAINTS ?= constraints/airflow-3.3.2-python3.11.txt
 requirements:
-	uv pip compile -q requirements.in -o requirements.txt --python-version 3.11
+	uv pip compile -q requirements.in -o requirements.txt --python-version 3.11 -c $(AIRFLOW_CONSTRAINTS)
 	uv pip compile -q requirements-dev.in -o requirements-dev.txt --python-version 3.11
 
 clean: stack-down

@@ -236,6 +236,11 @@ def child_promshift(spec: dict[str, Any]) -> dict[str, Any]:
     if "catalog_dir" in {f.name for f in dataclasses.fields(ParityCheck)}:
         # The catalog's relative dashboard path resolves against the catalog's folder (as the operators do).
         extra["catalog_dir"] = default_catalog_path().parent
+    if spec.get("limits"):
+        # The target's per-query limits, as parity reads them from the workspace (bench/parity_limits).
+        from promshift.core.query_limits import QueryLimits
+
+        extra["limits"] = QueryLimits.from_dict(spec["limits"])
     group = dataclasses.replace(group, parity=policy)
     src, tgt, untimed = _child_clients(spec)
     rss_before_mb = vm_hwm_mb()

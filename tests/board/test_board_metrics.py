@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
@@ -67,6 +68,30 @@ def test_a_scoped_user_sees_only_its_groups_and_anonymous_nothing(client_as) -> 
     app = client_as("viewer-victor", "viewer").app
     app.dependency_overrides.pop(get_user)
     assert TestClient(app).get("/metrics").status_code == 401
+
+
+TOKEN = "scrape-token-" + "0123456789abcdef" * 2
+
+
+def test_a_scraper_reads_every_group_with_the_static_token_only(client_as, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No Airflow login and no daily JWT: the Secret's token opens /scrape/metrics, and nothing else."""
+    app = client_as("viewer-victor", "viewer").app
+    app.dependency_overrides.pop(get_user)
+    anonymous = TestClient(app)
+    assert anonymous.get("/scrape/metrics").status_code == 404  # no token configured: no route
+    monkeypatch.setenv("PROMSHIFT_METRICS_TOKEN", TOKEN)
+    found = anonymous.get("/scrape/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert found.status_code == 200
+    assert 'group="gpu-memory"' in found.text and 'group="gpu-utilization"' in found.text
+    for wrong in ("", "Bearer ", f"Bearer {TOKEN}x", f"Basic {TOKEN}", f"Bearer {TOKEN[:-1]}"):
+        assert anonymous.get("/scrape/metrics", headers={"Authorization": wrong}).status_code == 401, wrong
+    # the token is scoped to that route: the board and its API still want an Airflow login
+    for path in ("/metrics", "/api/groups", "/"):
+        refused = anonymous.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert refused.status_code in (401, 403) and 'group="' not in refused.text, path  # not a valid Airflow JWT
+    monkeypatch.setenv("PROMSHIFT_METRICS_TOKEN", "short")
+    with pytest.raises(ValueError, match="needs at least 32"):
+        anonymous.get("/scrape/metrics", headers={"Authorization": "Bearer short"})
 
 
 def test_a_failed_rollback_shows_until_a_later_rollback_succeeds() -> None:

@@ -327,7 +327,10 @@ def test_every_migration_dag_has_the_trigger_form(dagbag, multi) -> None:  # typ
         for dag_id, dag in _migration_dags(bag).items():
             target = dag_id.removeprefix("promshift__migrate__")
             params = {name: dag.params.get_param(name) for name in dag.params}
-            assert set(params) == {"group", "dry_run", "change_ticket", "warmup_override", "reason"}, dag_id
+            assert set(params) == {"group", "dry_run", "change_ticket", "warmup_override", "reason",
+                                   "accept_short_history"}, dag_id
+            assert params["accept_short_history"].value is False
+            assert params["accept_short_history"].schema["type"] == "boolean"
             # The group: one of this target's groups, in catalog order; Airflow refuses any other at trigger time.
             schema = params["group"].schema
             assert schema["type"] == "string", dag_id
@@ -477,21 +480,23 @@ def test_every_task_of_every_dag_has_an_execution_timeout_with_a_stated_reason(d
         assert lines[at - 1].strip().startswith("#") and len(lines[at - 1].strip()) > 20, kind
 
 
-def test_every_latency_probe_runs_in_its_target_workspaces_pool(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
-    from promshift.orchestration.dag_factory import latency_pool
+def test_every_latency_probe_is_bounded_per_target_workspace_without_setup(dagbag, multi) -> None:  # type: ignore[no-untyped-def]
+    """One migration DAG per target workspace, and its latency task runs one instance at a time across all the
+    DAG's runs: the bound per workspace needs no pool (nothing to create; nothing waits for one that is missing)."""
+    from promshift.orchestration.dag_factory import LATENCY_PROBES_PER_WORKSPACE
 
-    pools = set()
+    targets = set()
     for bag in (dagbag, multi):
         for dag_id, dag in _migration_dags(bag).items():
             target = dag_id.removeprefix("promshift__migrate__")
             latency = dag.get_task("latency")
             assert latency.target_conn_id == latency.dag_target == target, dag_id
-            assert latency.pool == latency_pool(target) == f"promshift_latency__{target}", dag_id
-            pools.add(latency.pool)
-            # Only the probe is bounded: the other steps keep Airflow's default pool.
-            assert {t.pool for t in dag.tasks if t.task_id != "latency" and not hasattr(t, "partial_kwargs")} == {
-                "default_pool"}
-    assert pools == {f"promshift_latency__{t}" for t in set(TARGETS.values())}
+            assert latency.max_active_tis_per_dag == LATENCY_PROBES_PER_WORKSPACE == 1, dag_id
+            targets.add(target)
+            # Only the probe is bounded, and no task asks for a pool someone must create.
+            assert {t.pool for t in dag.tasks if not hasattr(t, "partial_kwargs")} == {"default_pool"}
+            assert [t.task_id for t in dag.tasks if getattr(t, "max_active_tis_per_dag", None)] == ["latency"]
+    assert targets == set(TARGETS.values())  # one DAG, so one bound, per workspace
 
 
 def test_the_retire_dag_asks_between_prepare_and_the_switch_and_the_source_is_chosen_in_its_form(dagbag) -> None:  # noqa: ANN001

@@ -122,5 +122,5 @@ def test_the_role_is_assumed_as_the_amazon_provider_does(monkeypatch: pytest.Mon
     frozen = hook.credentials.get_frozen_credentials()
     assert frozen.access_key != ACCESS_KEY and frozen.token  # temporary credentials from STS
     assert type(hook.credentials).__name__ == "RefreshableCredentials"  # renewed before they expire
-    assert hook.sigv4 == {"region": REGION, "role_arn": ROLE}
+    assert hook.sigv4 == {"region": REGION}  # the control-plane role stays promshift's; the writer signs as itself
     assert hook.prometheus_client().auth.credentials is hook.credentials

@@ -67,7 +67,10 @@ def context() -> dict[str, Any]:
     """What the tasks read from a run's context; ``outlet_events`` is Airflow's own (the cut-over emits through it)."""
     from airflow.sdk.execution_time.context import OutletEventAccessors
 
-    return {"run_id": RUN_ID, "ti": FakeTI(), "dag_run": None, "params": {}, "outlet_events": OutletEventAccessors()}
+    # The cut-over comes seconds into dual-write: the run accepts short history, or the history horizon would
+    # hold the alert (for: 1m) and the dashboard (15 min) back (tests/integration/test_horizon_local.py).
+    return {"run_id": RUN_ID, "ti": FakeTI(), "dag_run": None, "params": {"accept_short_history": True},
+            "outlet_events": OutletEventAccessors()}
 
 
 def files(stack: LocalStack) -> dict[str, bytes | None]:

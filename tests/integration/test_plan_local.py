@@ -81,9 +81,11 @@ class NoTsdb(ThreadingHTTPServer):
 def test_plan_on_the_local_stack(stack: LocalStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan"
     code = main(["plan", "--source", stack.source_url, "--query-log", str(stack.source_query_log_path),
-                 "--dashboards", str(DASHBOARDS), "--period", "1h", "--out", str(out)])
+                 "--dashboards", str(DASHBOARDS), "--period", "1h", "--out", str(out), "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
+    assert json.loads(captured.out) == json.loads((out / "plan.json").read_text())  # --json: the plan, only it
+    assert "wrote " in captured.err
     assert sorted(p.name for p in out.iterdir()) == ["metric_groups.draft.yaml", "plan-cost.png", "plan.json",
                                                       "plan.md"]
     assert (out / "plan-cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -110,6 +112,20 @@ def test_plan_on_the_local_stack(stack: LocalStack, tmp_path: Path, capsys: pyte
             assert label not in g["labeldrop"]
     assert dropped_somewhere
     assert "read by" in " ".join(v for g in plan["groups"] for v in g["unsafe_drops"].values())
+    # The read load's fleet view reads DCGM_FI_DEV_MEM_COPY_UTIL per node only: recorded per node (sum and count),
+    # one series of each per node instead of one per GPU; the per-GPU panels block their metrics, named.
+    aggs = {a["metric"]: a for a in plan["aggregations"]}
+    copy = aggs["DCGM_FI_DEV_MEM_COPY_UTIL"]
+    assert copy["recommended"] and copy["level"] == ["Hostname"], copy
+    assert [r["record"] for r in copy["rules"]] == ["Hostname:DCGM_FI_DEV_MEM_COPY_UTIL:sum",
+                                                   "Hostname:DCGM_FI_DEV_MEM_COPY_UTIL:count"]
+    hosts = requests.get(f"{stack.source_url}/api/v1/query", timeout=30,
+                         params={"query": "count(count by (Hostname) (DCGM_FI_DEV_MEM_COPY_UTIL))"}).json()
+    assert copy["series_after"] == 2 * int(hosts["data"]["result"][0]["value"][1]) < copy["series_before"]
+    temp = aggs["DCGM_FI_DEV_GPU_TEMP"]
+    assert not temp["recommended"] and temp["blocked_by"][0]["reader"].startswith(("dashboard:", "query_log:"))
+    assert plan["bill"]["saved_by_aggregation_usd"] > 0 and plan["prices_date"]
+    assert "Hostname:DCGM_FI_DEV_MEM_COPY_UTIL:sum" in (out / "plan.md").read_text()
 
     # Re-running with the first plan as --previous says what changed (here: at most costs and counts).
     again = main(["plan", "--source", stack.source_url, "--query-log", str(stack.source_query_log_path),

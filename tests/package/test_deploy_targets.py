@@ -114,27 +114,71 @@ def test_the_values_run_our_image_with_a_triggerer() -> None:
     assert f"ENV PROMSHIFT_CATALOG={env['PROMSHIFT_CATALOG']}" in dockerfile
 
 
+def test_every_store_comes_from_one_secret_into_every_component() -> None:
+    """Issue 37: the chart's ``secret:`` reaches every Airflow container it makes (API server, scheduler, DAG
+    processor, Celery workers, triggerer, KubernetesExecutor pods); each store promshift's own production check
+    asks for is there, from the one Secret deploy/helm/promshift-settings.yaml defines, with s3:// stores."""
+    from promshift.adapters.settings import production_problems, require_production_settings
+
+    v = values()
+    env = {e["name"]: e["value"] for e in v["env"]}
+    assert env["PROMSHIFT_ENV"] == "production"
+    assert "ENV PROMSHIFT_ENV=production" in (REPO / "Dockerfile").read_text()
+    secret = yaml.safe_load((REPO / "deploy" / "helm" / "promshift-settings.yaml").read_text())
+    assert (secret["apiVersion"], secret["kind"]) == ("v1", "Secret")
+    assert {s["secretName"] for s in v["secret"]} == {secret["metadata"]["name"]}
+    from_secret = {s["envName"]: secret["stringData"][s["secretKey"]] for s in v["secret"]}
+    assert len(from_secret) == len(v["secret"]) == len(secret["stringData"])
+    assert production_problems({"PROMSHIFT_ENV": "production"}) != []  # the check can fail
+    require_production_settings("helm values", {**env, **from_secret})  # nothing missing, nothing on a disk
+    assert from_secret["PROMSHIFT_SNAPSHOTS_URL"].startswith("s3://")
+    assert from_secret["PROMSHIFT_REPORTS_URL"].startswith("s3://")
+    assert from_secret["PROMSHIFT_AUDIT_ANCHOR_URL"].startswith("s3://")
+    # no component shadows them with an env of its own (the chart appends a component's env after the common one)
+    for component in (v["workers"], v["triggerer"], v["apiServer"], v.get("scheduler", {}), v.get("dagProcessor", {})):
+        names = {e.get("name") for e in component.get("env", [])}
+        names |= {e.get("envName") for e in component.get("secret", [])}
+        assert not names & (set(from_secret) | {"PROMSHIFT_ENV"})
+    assert not {e["name"] for e in v["env"]} & set(from_secret)  # a store is never a plain value
+
+
 def test_the_service_accounts_assume_the_airflow_role_of_deploy_iam() -> None:
     check_service_accounts(values())
 
 
+# Every service account the values create: (where in the values, the IAM role of deploy/iam/features.yaml it assumes,
+# the placeholder its trust policies name it by). The API server is read only: a role of its own.
+SERVICE_ACCOUNTS = {"worker": (("workers", "celery"), "airflow", "WorkerServiceAccount"),
+                    "worker pod": (("workers", "kubernetes"), "airflow", "WorkerPodServiceAccount"),
+                    "triggerer": (("triggerer",), "airflow", "TriggererServiceAccount"),
+                    "api server": (("apiServer",), "api-server", "ApiServerServiceAccount")}
+
+
 def check_service_accounts(v: dict[str, Any]) -> None:
     features = yaml.safe_load((IAM / "features.yaml").read_text())
-    policy = features["roles"]["airflow"]["policy"]
-    assert (IAM / policy).is_file()
-    accounts = {"worker": v["workers"]["celery"]["serviceAccount"],
-                "worker pod": v["workers"]["kubernetes"]["serviceAccount"],
-                "triggerer": v["triggerer"]["serviceAccount"], "api server": v["apiServer"]["serviceAccount"]}
-    for who, account in accounts.items():
+    accounts = {}
+    for who, (where, role, placeholder) in SERVICE_ACCOUNTS.items():
+        node = v
+        for key in where:
+            node = node[key]
+        account = accounts[who] = node["serviceAccount"]
+        policy = features["roles"][role]["policy"]
+        assert (IAM / policy).is_file()
         arn = account["annotations"].get(IRSA, "")
         assert re.fullmatch(r"arn:aws:iam::\$\{Account\}:role/[\w+=,.@-]+", arn), (who, arn)
         assert arn.rsplit("/", 1)[1] == Path(policy).stem, f"{who} assumes {arn}, not the role of {policy}"
         assert account["create"] is True and account["name"], who
-    # the trust policy names the three service accounts by placeholder; values.yaml says which fills which
-    trust = (IAM / "trust-irsa.json").read_text()
-    for placeholder in ("WorkerServiceAccount", "TriggererServiceAccount", "ApiServerServiceAccount"):
-        assert f"${{{placeholder}}}" in trust and f"${{{placeholder}}}" in VALUES.read_text(), placeholder
+        # every trust policy of its role names it (IRSA and Pod Identity), and values.yaml says which fills which
+        for trust in features["roles"][role]["trust"]:
+            assert f"${{{placeholder}}}" in (IAM / trust).read_text(), (who, trust)
+        assert f"${{{placeholder}}}" in VALUES.read_text(), placeholder
     assert len({a["name"] for a in accounts.values()}) == len(accounts)
+    # and no role trusts a service account of another's: the API server cannot act as a worker
+    for role, spec in features["roles"].items():
+        for trust in spec["trust"]:
+            named = set(re.findall(r"\$\{(\w+ServiceAccount)\}", (IAM / trust).read_text()))
+            own = {p for (_, r, p) in SERVICE_ACCOUNTS.values() if r == role}
+            assert named <= (own if role != "source-writer" else {"WriterServiceAccount"}), trust
 
 
 def test_what_the_schema_lets_through_our_own_checks_catch(validator: jsonschema.protocols.Validator) -> None:
@@ -209,8 +253,12 @@ def test_mwaa_requirements_install_the_wheel_under_our_constraints() -> None:
 
 
 def test_the_astro_project_installs_promtool_and_the_wheel() -> None:
-    assert (ASTRO / "packages.txt").read_text().split() == ["prometheus"]  # as the repository's Dockerfile
+    assert (ASTRO / "packages.txt").read_text().split() == []  # no Debian promtool: the fleet's, as the Dockerfile
     dockerfile = (ASTRO / "Dockerfile").read_text()
+    ours = re.search(r"^ARG PROMETHEUS_VERSION=(\S+)$", (REPO / "Dockerfile").read_text(), re.M)
+    assert ours and f"ARG PROMETHEUS_VERSION={ours.group(1)}" in dockerfile
+    assert "FROM prom/prometheus:v${PROMETHEUS_VERSION} AS promtool" in dockerfile
+    assert "COPY --from=promtool /bin/promtool /usr/local/bin/promtool" in dockerfile
     (base,) = re.findall(r"^FROM (\S+)$", dockerfile, re.M)
     assert re.fullmatch(r"astrocrpublic\.azurecr\.io/runtime:3\.3-\d+-python-3\.11", base), base
     assert "pip install --no-cache-dir --no-deps /usr/local/airflow/dist/promshift-*.whl" in dockerfile
@@ -231,14 +279,12 @@ def test_airflow_settings_hold_what_the_code_reads() -> None:
     from promshift.adapters.amp import amp_target_from_extra
     from promshift.adapters.settings import load_catalog
     from promshift.orchestration.approver_teams import TEAMS_VARIABLE
-    from promshift.orchestration.dag_factory import latency_pool
 
     settings = yaml.safe_load((ASTRO / "airflow_settings.yaml").read_text())["airflow"]
     conns = {c["conn_id"]: c for c in settings["connections"]}
     assert set(conns) == code_conn_ids()
     targets = {g.target for g in load_catalog(REPO / "catalog" / "metric_groups.yaml").groups}
-    assert {p["pool_name"] for p in settings["pools"]} == {latency_pool(t) for t in targets}
-    assert all(p["pool_slot"] >= 1 for p in settings["pools"])
+    assert "pools" not in settings  # the latency bound needs none (max_active_tis_per_dag)
     variables = {v["variable_name"]: v["variable_value"] for v in settings["variables"]}
     assert set(variables) == {TEAMS_VARIABLE}
     teams = json.loads(variables[TEAMS_VARIABLE])
@@ -251,19 +297,18 @@ def test_airflow_settings_hold_what_the_code_reads() -> None:
     assert conns["promshift_audit"]["conn_extra"]["url"].startswith("postgresql+psycopg://")
 
 
-def test_every_variable_and_pool_name_in_the_code_is_known() -> None:
-    """A new ``Variable.get("...")`` or pool prefix in production code must show up in airflow_settings.yaml."""
+def test_every_variable_name_in_the_code_is_known_and_no_pool_is_asked_for() -> None:
+    """A new ``Variable.get("...")`` in production code must show up in airflow_settings.yaml; no task may ask for a
+    pool someone must create (a missing pool leaves the task waiting in silence)."""
     text = "\n".join(p.read_text() for p in (REPO / "include" / "promshift").rglob("*.py")
                      if "local" not in p.relative_to(REPO / "include" / "promshift").parts)
     settings = (ASTRO / "airflow_settings.yaml").read_text()
     literal_gets = re.findall(r"Variable\.get\(\s*[\"']([\w.-]+)[\"']", text)
     variable_consts = re.findall(r"^\w*VARIABLE\w* = [\"']([\w.-]+)[\"']", text, re.M)
-    pool_prefixes = re.findall(r"^\w*POOL\w*PREFIX = [\"']([\w.-]+)[\"']", text, re.M)
-    assert variable_consts and pool_prefixes, "the scan found nothing: it would prove nothing"
+    assert variable_consts, "the scan found nothing: it would prove nothing"
     for name in literal_gets + variable_consts:
         assert f"variable_name: {name}" in settings, name
-    for prefix in pool_prefixes:
-        assert f"pool_name: {prefix}" in settings, prefix
+    assert not re.findall(r"\bpool\s*=", text), "a task asks for a pool: create it in code or bound it otherwise"
 
 
 # --- MWAA: supported versions and the startup script --------------------------------------------------------------

@@ -15,6 +15,7 @@ import email
 import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -195,12 +196,16 @@ def test_the_wheel_declares_pyprojects_dependencies_and_entry_points(wheel: Path
         dist_info = next(n.split("/")[0] for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         meta = email.message_from_string(zf.read(f"{dist_info}/METADATA").decode())
         entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
+        licence = zf.read(f"{dist_info}/licenses/LICENSE").decode()
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     declared = {str(Requirement(r)) for r in project["dependencies"]}
     requires = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
     assert {str(r) for r in requires if r.marker is None} == declared
     assert set(meta.get_all("Provides-Extra") or []) == set(project["optional-dependencies"])
     assert "promshift = promshift.cli:main" in entry_points
+    # released as Apache-2.0 with its license text, its README as the description, its version
+    assert meta["License-Expression"] == "Apache-2.0" and meta["Version"] == project["version"]
+    assert "Apache License" in licence and "# promshift" in meta.get_payload()
     assert "provider_info = promshift.orchestration.provider_info:get_provider_info" in entry_points
 
 
@@ -266,13 +271,13 @@ def test_the_lab_is_not_importable(venv: Path, tmp_path: Path) -> None:
 
 
 def test_the_dockerfile_installs_this_wheel(stages: list[Stage]) -> None:
-    builder, image = stages[0], stages[-1]
-    assert len(stages) == 2 and builder.name
+    builder, promtool, image = stages[0], stages[1], stages[-1]
+    assert len(stages) == 3 and builder.name
     # same Airflow and Python as the pins and the venv this test proves the Python layer in
     tag = f"apache/airflow:{pinned('apache-airflow')}-python{sys.version_info.major}.{sys.version_info.minor}"
     assert builder.base == image.base == tag
     # the builder copies what the wheel fixture builds from, and builds it the same way
-    assert sorted(copy_sources(builder)) == ["include", "pyproject.toml", "requirements.txt"]
+    assert sorted(copy_sources(builder)) == ["LICENSE", "README.md", "include", "pyproject.toml", "requirements.txt"]
     build = " ".join(builder.args("RUN"))
     assert "pip wheel" in build and "--no-deps" in build and "--no-build-isolation" in build
     assert "^setuptools==" in build and pinned("setuptools")  # setuptools at requirements.txt's pin
@@ -288,21 +293,22 @@ def test_the_dockerfile_installs_this_wheel(stages: list[Stage]) -> None:
     assert any("--no-deps" in a and fnmatch.fnmatch(f"{wheel_dir}/promshift-0.1.0-py3-none-any.whl",
                                                     a.split()[-1]) for a in installs), installs
     assert not any(" -e " in a or "--editable" in a for a in installs)
-    # no lab, no stand-in servers; the one Debian package is what provides promtool
+    # no lab, no stand-in servers, no Debian package: promtool is the official image's, of the fleet's version
     everything = " ".join(a for s in stages for _, a in s.steps)
     assert not [w for w in LAB_WORDS if w in everything]
-    apt = [a for a in image.args("RUN") if "apt-get install" in a]
-    assert len(apt) == 1
-    packages = [w for w in apt[0].split("apt-get install", 1)[1].split("&&")[0].split() if not w.startswith("-")]
-    assert packages == ["prometheus"]
-    assert "WITH_PROMTOOL=1" in image.args("ARG")
+    assert not [a for a in image.args("RUN") if "apt-get" in a]
+    assert (promtool.base, promtool.name, promtool.steps) == ("prom/prometheus:v${PROMETHEUS_VERSION}", "promtool", [])
+    assert re.search(r"^ARG PROMETHEUS_VERSION=\d+\.\d+\.\d+$", (REPO / "Dockerfile").read_text(), re.M)
+    assert f"--from={promtool.name} /bin/promtool /usr/local/bin/promtool" in image.args("COPY")
 
 
-@pytest.mark.parametrize("case", ["lab copy", "editable", "other requirements"])
+@pytest.mark.parametrize("case", ["lab copy", "debian promtool", "editable", "other requirements"])
 def test_the_dockerfile_check_can_fail(case: str) -> None:
     text = (REPO / "Dockerfile").read_text()
     if case == "lab copy":
         text += "\nCOPY include /opt/promshift/include\n"
+    elif case == "debian promtool":
+        text = text.replace("FROM prom/prometheus:v${PROMETHEUS_VERSION} AS promtool", "FROM debian:12 AS promtool")
     elif case == "editable":
         text = text.replace("--no-deps /opt/promshift/dist/promshift-*.whl", "--no-deps -e /opt/promshift")
     else:

@@ -35,6 +35,8 @@ STORED_VALUES = [
     "decommission_approval_refused_evidence_changed", "decommission_refused", "decommission_failed",
     "decommissioned", "recommissioned", "approval_refused_evidence_unverified", "quota_reserved", "run_overdue",
     "warmup_failed",
+    "queue_swap_added", "queue_swap_done", "queue_swap_undone", "queue_cap_refused", "horizon_waiting",
+    "horizon_switched",
 ]
 # Modules whose constants share words with event kinds in another vocabulary: the owners' notices.
 _OTHER_VOCABULARIES = {PACKAGE / "core" / "notify.py"}

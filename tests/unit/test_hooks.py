@@ -56,7 +56,14 @@ def test_amp_hook_reads_its_connection_as_an_aws_one(monkeypatch: pytest.MonkeyP
     assert (config.aws_access_key_id, config.aws_secret_access_key) == ("AKIDTEST", SECRET)
     # The role itself is assumed through STS when a session is made (tests/integration/test_amp_moto.py).
     assert hook.client_type == "amp"
-    assert hook.sigv4 == {"region": "eu-west-1", "role_arn": "arn:aws:iam::123456789012:role/promshift"}
+    # promshift's role is never the writer's: the sigv4 block signs with the writer's own identity
+    assert hook.sigv4 == {"region": "eu-west-1"}
+
+
+def test_the_writer_role_is_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = "arn:aws:iam::123456789012:role/promshift-source-writer"
+    amp_conn(monkeypatch, role_arn="arn:aws:iam::123456789012:role/promshift", writer_role_arn=writer)
+    assert AmpHook().sigv4 == {"region": "eu-west-1", "role_arn": writer}
 
 
 def test_amp_urls_come_from_the_workspace(monkeypatch: pytest.MonkeyPatch) -> None:

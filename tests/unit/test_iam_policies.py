@@ -44,8 +44,10 @@ EXAMPLE_VALUES = {
     "ReportsBucket": "promshift-reports", "ReportsPrefix": "reports/", "AnchorBucket": "promshift-anchor",
     "AnchorPrefix": "anchor/", "TopicName": "promshift-oncall", "WorkspaceRoleName": "promshift-amp",
     "OidcProvider": "oidc.eks.us-west-2.amazonaws.com/id/EXAMPLED539D4633E53DE1B71EXAMPLE",
-    "Namespace": "airflow", "WorkerServiceAccount": "airflow-worker",
+    "Namespace": "airflow", "WorkerServiceAccount": "airflow-worker", "WorkerPodServiceAccount": "airflow-worker-pod",
     "TriggererServiceAccount": "airflow-triggerer", "ApiServerServiceAccount": "airflow-api-server",
+    "WriterNamespace": "monitoring", "WriterServiceAccount": "prometheus-server",
+    "WriterIdentityRoleName": "prometheus-server-irsa",
     "SesIdentity": "example.com",
     "IdentityStoreAccount": "777788889999", "IdentityStoreId": "d-9067642ac7",
 }
@@ -99,6 +101,7 @@ SOURCE_ONLY_PATHS = {
     "/api/v1/status/runtimeinfo": "a self-hosted server's retention (AMP's is read from the catalog)",
     "/api/v1/admin/tsdb/delete_series": "a self-hosted server's admin API",
     "/api/v1/status/tsdb": "the plan's inventory of the source (AMP has no status API)",
+    "/api/v1/status/buildinfo": "the source Prometheus's version, for validate's promtool check (AMP has none)",
 }
 # Paths a module sends only to the source, whatever the workspace would need for them.
 SOURCE_ONLY_IN = {
@@ -115,10 +118,18 @@ PROVIDER_CALLS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
      ("s3:PutObject", "s3:GetObject", "s3:ListBucket")),
     ("orchestration/amp_hook.py", "role_arn", "airflow", ("sts:AssumeRole",)),
 )
-# What the deployment files make Airflow call with the same role (repository path, marker, role, actions).
+# What the deployment files make Airflow call, for each component's role (repository path, marker, role, actions).
 DEPLOY_CALLS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("deploy/helm/values.yaml", "SecretsManagerBackend", "airflow", ("secretsmanager:GetSecretValue",)),
+    ("deploy/helm/values.yaml", "SecretsManagerBackend", "api-server", ("secretsmanager:GetSecretValue",)),
 )
+# What the board, on the API server, reads: the reports it serves (ObjectStoragePath reads) and the anchor's reads
+# (the anchor module's calls that only read; ``ANCHOR_MODULE`` below).
+BOARD_CALLS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("board/app.py", "read_published", "api-server", ("s3:GetObject", "s3:ListBucket")),
+)
+ANCHOR_MODULE = "adapters/audit_anchor.py"
+READ_VERBS = ("Get", "List", "Describe")
 # Actions AWS performs on our behalf during CreateScraper (aws:CalledVia aps), never called by our code.
 ON_OUR_BEHALF = {"eks:DescribeCluster", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups",
                  "iam:CreateServiceLinkedRole"}
@@ -198,7 +209,7 @@ def production_modules() -> list[tuple[str, ast.Module, str]]:
 
 def aws_calls(modules: list[tuple[str, ast.Module, str]]) -> tuple[dict[str, set[str]], list[str]]:
     """(role -> actions the code needs, problems): every client call, paginator and waiter, HTTP path, provider."""
-    needed: dict[str, set[str]] = {"airflow": set(), "source-writer": set()}
+    needed: dict[str, set[str]] = {"airflow": set(), "api-server": set(), "source-writer": set()}
     problems: list[str] = []
     every_op = {name for ops in boto_operations().values() for name in ops}
     for rel, tree, _text in modules:
@@ -227,6 +238,8 @@ def aws_calls(modules: list[tuple[str, ast.Module, str]]) -> tuple[dict[str, set
                 actions |= {action for (svc, op, kw), action in ACTION_OF_KEYWORD.items()
                             if svc == service and op == operation and kw in keywords}
                 needed["airflow"] |= actions
+                if rel == ANCHOR_MODULE:  # the board verifies the chain against the anchor: its reads only
+                    needed["api-server"] |= {a for a in actions if a.split(":")[1].startswith(READ_VERBS)}
             if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                     and node.value.startswith(("/api/v1/", "/api/v2/")):
                 path = node.value
@@ -245,7 +258,7 @@ def aws_calls(modules: list[tuple[str, ast.Module, str]]) -> tuple[dict[str, set
             needed[role] |= set(actions)
         else:
             problems.append(f"{rel} no longer uses {marker}: update DEPLOY_CALLS")
-    for rel, marker, role, actions in PROVIDER_CALLS:
+    for rel, marker, role, actions in PROVIDER_CALLS + BOARD_CALLS:
         if marker in texts.get(rel, ""):
             needed[role] |= set(actions)
         else:
@@ -290,7 +303,8 @@ def test_the_linter_finds_nothing_in_the_permission_policies():
 def test_the_linter_finds_nothing_in_the_trust_policies():
     parliament = _parliament()
     trusts = sorted({t for role in features()["roles"].values() for t in role["trust"]})
-    assert trusts == ["trust-irsa.json", "trust-pod-identity.json"]
+    assert trusts == sorted(p.name for p in IAM.glob("trust-*.json"))  # every trust document belongs to a role
+    assert len(trusts) == 7
     for name in trusts:
         findings = parliament.analyze_policy_string(filled((IAM / name).read_text())).findings
         left = [(f.issue, f.detail) for f in findings
@@ -306,6 +320,79 @@ def test_the_linter_finds_nothing_in_the_trust_policies():
     assert pods["Principal"] == {"Service": "pods.eks.amazonaws.com"}
     assert set(pods["Action"]) == {"sts:AssumeRole", "sts:TagSession"}
     assert "aws:RequestTag/kubernetes-service-account" in pods["Condition"]["StringEquals"]
+
+
+def service_accounts_trusted(name: str) -> set[str]:
+    """The service accounts (namespace:name) an IRSA or Pod Identity trust document names."""
+    found: set[str] = set()
+    for st in statements(document(name)):
+        condition = st.get("Condition", {}).get("StringEquals", {})
+        for key, value in condition.items():
+            if key.endswith(":sub"):
+                found |= {v.removeprefix("system:serviceaccount:") for v in as_list(value)}
+            elif key == "aws:RequestTag/kubernetes-service-account":
+                ns = condition["aws:RequestTag/kubernetes-namespace"]
+                found |= {f"{ns}:{v}" for v in as_list(value)}
+    return found
+
+
+def test_each_identity_is_trusted_by_its_own_service_accounts_only():
+    """The control plane: the Celery workers, the KubernetesExecutor's pods, the triggerer; the API server alone
+    assumes the read-only role; the source Prometheus alone the writer's (by IRSA or Pod Identity)."""
+    ex = EXAMPLE_VALUES
+    control = {f"airflow:{ex[k]}" for k in ("WorkerServiceAccount", "WorkerPodServiceAccount",
+                                            "TriggererServiceAccount")}
+    expected = {"airflow": control, "api-server": {f"airflow:{ex['ApiServerServiceAccount']}"},
+                "source-writer": {f"{ex['WriterNamespace']}:{ex['WriterServiceAccount']}"}}
+    for role, spec in features()["roles"].items():
+        for trust in spec["trust"]:
+            if trust != "trust-source-writer-assumed.json":
+                assert service_accounts_trusted(trust) == expected[role], (role, trust)
+
+
+def test_the_writer_is_assumed_by_its_own_identity_never_by_itself():
+    """With the connection's writer_role_arn, the writer's own (IRSA) role assumes the writer role; a role named as
+    its own principal is the self-assume trap (aws-ia/terraform-aws-eks-blueprints-addons#266), and promshift's
+    control-plane role never appears."""
+    (st,) = statements(document("trust-source-writer-assumed.json"))
+    assert st["Action"] == "sts:AssumeRole"
+    principal = st["Principal"]["AWS"]
+    assert principal == f"arn:aws:iam::{EXAMPLE_VALUES['Account']}:role/{EXAMPLE_VALUES['WriterIdentityRoleName']}"
+    writer_role = Path(features()["roles"]["source-writer"]["policy"]).stem
+    assert not principal.endswith((f"role/{writer_role}", "role/promshift-airflow"))
+    assert "#266" in (IAM / "features.yaml").read_text()
+
+
+def test_the_api_server_role_only_reads():
+    needed, _ = aws_calls(production_modules())
+    allowed = {action for st in statements(role_policy("api-server")) for action in as_list(st["Action"])}
+    assert allowed == needed["api-server"] == {
+        "s3:GetObject", "s3:ListBucket", "s3:GetObjectVersion", "s3:ListBucketVersions",
+        "secretsmanager:GetSecretValue"}
+    assert all(a.split(":")[1].startswith(READ_VERBS) for a in allowed)
+    assert uncovered({"api-server": needed["api-server"]}) == []
+    # the control plane's writes are not the API server's
+    assert not allows(role_policy("api-server"), "s3:PutObject") and not allows(role_policy("api-server"),
+                                                                                  "aps:CreateScraper")
+
+
+def test_scraper_actions_hold_only_for_scrapers_promshift_tagged():
+    """promshift tags a scraper managed-by=promshift when it creates it (adapters/amp_scraper.py); describe, update
+    and delete on scrapers are allowed on that tag alone, and the create and its tagging only with it."""
+    source = (PACKAGE / "adapters" / "amp_scraper.py").read_text()
+    tag = re.search(r'tags=\{"managed-by": "([^"]+)"', source)
+    assert tag, "amp_scraper.py no longer tags what it creates"
+    policy = role_policy("airflow")
+    scraper_arn = f"arn:aws:aps:{EXAMPLE_VALUES['Region']}:{EXAMPLE_VALUES['Account']}:scraper/*"
+    for st in statements(policy):
+        actions = set(as_list(st["Action"]))
+        if scraper_arn in as_list(st["Resource"]) and actions & {"aps:DescribeScraper", "aps:UpdateScraper",
+                                                                   "aps:DeleteScraper"}:
+            assert st["Condition"]["StringEquals"] == {"aws:ResourceTag/managed-by": tag.group(1)}, st["Sid"]
+        if actions & {"aps:CreateScraper", "aps:TagResource"}:
+            assert st["Condition"]["StringEquals"]["aws:RequestTag/managed-by"] == tag.group(1), st["Sid"]
+    sids = {st["Sid"] for st in statements(policy)}
+    assert {"AmpScrapersManagedByPromshift", "AmpScraperTagOnCreate"} <= sids
 
 
 def test_the_linter_would_catch_a_bad_document():

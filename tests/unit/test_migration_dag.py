@@ -350,15 +350,17 @@ def test_one_dag_per_target_with_its_groups_in_the_form(tmp_path: Path) -> None:
     dag = migration_dag(path)
     assert dag.dag_id == "promshift__migrate__promshift_target"
     assert dag.params.get_param("group").schema["enum"] == ["gpu-utilization", "gpu-power-thermal", "gpu-clocks"]
-    assert set(dag.params) == {"group", "dry_run", "change_ticket", "warmup_override", "reason"}
+    assert set(dag.params) == {"group", "dry_run", "change_ticket", "warmup_override", "reason",
+                               "accept_short_history"}
     # Runs of different groups side by side (validate's audit claim holds each group to one run).
     assert dag.max_active_runs == 16
-    assert dag.get_task("latency").pool == "promshift_latency__promshift_target"
+    # One latency probe at a time on this workspace, across all the DAG's runs, with no pool to create.
+    assert (dag.get_task("latency").max_active_tis_per_dag, dag.get_task("latency").pool) == (1, "default_pool")
     assert {t.dag_target for t in dag.tasks if hasattr(t, "dag_target")} == {TARGET}
     other = migration_dag(path, "amp_b")
     assert (other.dag_id, other.params.get_param("group").schema["enum"]) == ("promshift__migrate__amp_b",
                                                                              ["gpu-memory"])
-    assert other.get_task("latency").pool == "promshift_latency__amp_b"
+    assert other.get_task("latency").max_active_tis_per_dag == 1
     with pytest.raises(ValueError, match="for groups of target 'promshift_target' only"):
         build_migration_dag(groups, target=TARGET, catalog_path=path, profile=PROFILE)
     many = [dataclasses.replace(groups[0], name=f"g-{i}") for i in range(20)]

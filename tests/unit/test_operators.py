@@ -918,7 +918,7 @@ def test_a_dry_run_moves_no_stage_deploys_routes_and_tells_nothing(
     ctx = make_context(params=DRY)
 
     validated = task(dag, "validate").execute(ctx)
-    assert validated["run_params"] == {**DRY, "warmup_override_s": None}
+    assert validated["run_params"] == {**DRY, "warmup_override_s": None, "accept_short_history": False}
     assert validated["dry_run"] is True
     # What would refuse a real run is said, not enforced: a dry run changes nothing.
     assert validated["would_refuse"][0].startswith("group 'gpu-memory' is dual_writing")
@@ -949,8 +949,9 @@ def test_a_dry_run_moves_no_stage_deploys_routes_and_tells_nothing(
     assert not (env / "home" / "snapshots").exists()
     assert RoutingStore(audit.url).get(GROUP) is None
     assert not any(e.kind == EventKind.NOTIFIED for e in events)
-    # Read-only: readiness and instant queries, never a reload or a write.
-    assert {asked.split(" ")[1] for asked in live.asked} == {"/-/ready", "/api/v1/query"}
+    # Read-only: readiness, the source's version (validate's promtool check) and instant queries, never a reload or
+    # a write.
+    assert {asked.split(" ")[1] for asked in live.asked} == {"/-/ready", "/api/v1/status/buildinfo", "/api/v1/query"}
 
 
 def test_a_dry_run_without_dual_write_has_no_parity_data_and_never_passes(

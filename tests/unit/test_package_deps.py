@@ -108,15 +108,32 @@ def test_every_range_holds_its_pin() -> None:
 
 
 def test_airflow_is_the_3_3_line() -> None:
-    (airflow,) = [r for r in runtime() if r.name == "apache-airflow"]
+    (airflow,) = [r for r in extras()["airflow"] if r.name == "apache-airflow"]
     assert airflow.specifier.contains("3.3.2") and not airflow.specifier.contains("3.4.0")
     assert not airflow.specifier.contains("3.2.9")
 
 
 def test_production_imports_are_declared() -> None:
+    """In the base or an extra: the base is the command line (no Airflow), Airflow's side is the ``airflow`` extra
+    (tests/package/test_install_lines.py runs the command line with the base alone)."""
     modules = third_party_imports(PRODUCTION)
     assert {"yaml", "re2", "airflow.providers.cncf.kubernetes.hooks.kubernetes"} <= modules
-    assert undeclared(modules, runtime()) == []
+    assert undeclared(modules, runtime() + [r for reqs in extras().values() for r in reqs]) == []
+
+
+def test_the_base_needs_no_airflow() -> None:
+    base = {canonicalize_name(r.name) for r in runtime()}
+    assert not {n for n in base if n.startswith("apache-airflow")} and not base & {"fastapi", "kubernetes"}
+    airflow = {canonicalize_name(r.name): r for r in extras()["airflow"]}
+    assert "s3fs" in airflow["apache-airflow-providers-amazon"].extras
+    assert undeclared({"airflow.sdk", "fastapi"}, runtime()) == ["airflow.sdk", "fastapi"]
+
+
+def test_the_base_repeats_no_ceiling_of_airflow() -> None:
+    """promshift's own ranges only: a package Airflow brings and bounds is named without a range of ours."""
+    for req in extras()["airflow"]:
+        if not canonicalize_name(req.name).startswith("apache-airflow"):
+            assert not req.specifier, req
 
 
 def test_deployment_choices_are_extras_not_dependencies() -> None:

@@ -25,7 +25,7 @@ CREDENTIAL_ERRORS = frozenset({"UnrecognizedClientException", "InvalidSignatureE
                                "MissingAuthenticationToken"})
 RETRYABLE_ERRORS = frozenset({"ThrottlingException", "InternalServerException", "ServiceUnavailableException"})
 # Extra keys an ``amp`` connection may carry besides the amazon provider's own (region_name, role_arn, ...).
-AMP_EXTRA_KEYS = ("workspace_id", "workspace_alias", "remote_write_url", "scraper", "quota")
+AMP_EXTRA_KEYS = ("workspace_id", "workspace_alias", "writer_role_arn", "remote_write_url", "scraper", "quota")
 
 
 class AmpError(RuntimeError):
@@ -45,6 +45,9 @@ class AmpTarget:
     workspace_id: str | None = None
     workspace_alias: str | None = None
     role_arn: str | None = None
+    # The role the source Prometheus's sigv4 block assumes to write (never ``role_arn``, promshift's own); None:
+    # the writer signs with its own identity (its IRSA role), which the docs recommend (docs/aws-setup.md).
+    writer_role_arn: str | None = None
     remote_write_url: str | None = None
     timeout_s: float = 60.0
 
@@ -110,7 +113,16 @@ def amp_target_from_extra(extra: Any, *, conn_id: str = "promshift_target") -> A
     if role_arn is not None and not _ROLE_ARN.fullmatch(role_arn):
         raise AmpError(f"connection {conn_id!r}: extra.role_arn {_short(role_arn)} is not an IAM role ARN "
                        "(arn:aws:iam::123456789012:role/NAME)")
+    writer = str(extra["writer_role_arn"]).strip() if extra.get("writer_role_arn") else None
+    if writer is not None and not _ROLE_ARN.fullmatch(writer):
+        raise AmpError(f"connection {conn_id!r}: extra.writer_role_arn {_short(writer)} is not an IAM role ARN "
+                       "(arn:aws:iam::123456789012:role/NAME)")
+    if writer is not None and writer == role_arn:
+        raise AmpError(f"connection {conn_id!r}: extra.writer_role_arn is the connection's own role_arn: the source "
+                       "Prometheus would write with promshift's control-plane rights; name a writer role holding "
+                       "aps:RemoteWrite only (deploy/iam/source-writer.json), or leave it out")
     return AmpTarget(region=region, workspace_id=ws_id, workspace_alias=alias, role_arn=role_arn,
+                     writer_role_arn=writer,
                      remote_write_url=str(extra["remote_write_url"]) if extra.get("remote_write_url") else None,
                      timeout_s=_timeout(extra.get("timeout_s"), conn_id))
 

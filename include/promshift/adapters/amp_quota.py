@@ -42,6 +42,7 @@ from typing import Any
 
 from promshift.adapters.amp import CREDENTIAL_ERRORS
 from promshift.core.ingest_limits import ADAPTIVE_WINDOW_S, WorkspaceLimits, adaptive_capacity
+from promshift.core.query_limits import QueryLimits
 from promshift.core.quota import (
     DEFAULT_MAX_SHARE,
     NOTHING_PENDING,
@@ -285,3 +286,55 @@ class QuotaPreflight:
         if not assessment.ok:
             raise QuotaExceeded(assessment, evidence)
         return {**assessment.to_dict(), **evidence}
+
+
+# The workspace's per-query limits ("AMP_quotas": the query limits; "AMP-troubleshooting": a query over them is
+# answered 422). Found by these names in Service Quotas' ``aps`` listing when it lists them; a limit it does not
+# list comes from the connection's ``extra.query_limits``, else the documented default below. A configured value
+# wins: it is the operator's word (e.g. the query-samples-processed error threshold they set on the workspace).
+QUERY_LIMIT_QUOTAS = {
+    "max_samples": "Query samples per query",
+    "max_series": "Query series fetched per query",
+    "max_chunks": "Query chunks fetched per query",
+    "max_range_s": "Query time range",
+}
+# AMP's documented defaults (user guide ``AMP_quotas``; DESIGN.md's "facts for the field conditions"): 50M
+# samples per query (Prometheus' engine default, which AMP keeps), 20M chunks per query, 32 days of time range,
+# a query past about a minute answered 422.
+AMP_QUERY_DEFAULTS: dict[str, float] = {"max_samples": 50_000_000, "max_chunks": 20_000_000,
+                                        "max_range_s": 32 * 86_400.0, "timeout_s": 60.0}
+
+
+def read_query_limits(client: Any, *, configured: Mapping[str, Any] | None = None,
+                      defaults: Mapping[str, float] = AMP_QUERY_DEFAULTS,
+                      names: Mapping[str, str] = QUERY_LIMIT_QUOTAS) -> QueryLimits:
+    """The workspace's per-query limits: configured, else Service Quotas (by name), else AMP's defaults; each
+    with where it came from. An unreadable listing leaves the configured and default values (a refusal for size
+    is still split and asked again, so a limit read too high costs a retry, never a verdict)."""
+    configured = dict(configured or {})
+    unknown = set(configured) - {"max_samples", "max_series", "max_chunks", "max_range_s", "timeout_s"}
+    if unknown:
+        raise ValueError(f"query_limits: unknown keys {sorted(unknown)}")
+    listed: dict[str, float] = {}
+    why = "service quotas"
+    if client is not None:
+        try:
+            wanted = {name: key for key, name in names.items()}
+            for page in client.get_paginator("list_service_quotas").paginate(ServiceCode=SERVICE_CODE):
+                for raw in page.get("Quotas") or []:
+                    if raw.get("QuotaName") in wanted:
+                        listed[wanted[raw["QuotaName"]]] = float(raw["Value"])
+        except Exception as exc:
+            why = f"AMP default (Service Quotas unreadable: {_code_of(exc)})"
+            log.info("query limits: %s", why)
+    values: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for key in ("max_samples", "max_series", "max_chunks", "max_range_s", "timeout_s"):
+        for origin, found in (("configuration", configured), ("service quotas", listed), ("AMP default", defaults)):
+            if found.get(key) is not None:
+                values[key], source[key] = float(found[key]), origin if origin != "AMP default" else (
+                    why if why != "service quotas" else origin)
+                break
+    ints = {k: int(values[k]) if k in values else None for k in ("max_samples", "max_series", "max_chunks")}
+    return QueryLimits(**ints, max_range_s=values.get("max_range_s"), timeout_s=values.get("timeout_s"),
+                       source=source)

@@ -36,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from promshift.adapters.settings import audit_key, state_home
+from promshift.adapters.settings import ProductionSettingsMissing, audit_key, is_production, state_home
 from promshift.core.audit import (
     SHA256_V1,
     AnchorPoint,
@@ -216,10 +216,13 @@ def short_error(exc: BaseException) -> str:
 
 
 def default_audit_url() -> str:
-    """``PROMSHIFT_AUDIT_URL``, else SQLite under ``PROMSHIFT_HOME`` (default ``./.state``)."""
+    """``PROMSHIFT_AUDIT_URL``, else SQLite under ``PROMSHIFT_HOME`` (default ``./.state``), never in production."""
     url = os.environ.get("PROMSHIFT_AUDIT_URL")
     if url:
         return url
+    if is_production():
+        raise ProductionSettingsMissing("PROMSHIFT_ENV=production: no audit database (PROMSHIFT_AUDIT_URL); "
+                                        "no SQLite default")
     return f"sqlite:///{state_home() / 'audit.db'}"
 
 

@@ -36,6 +36,7 @@ from promshift.adapters.deploy import write_atomically
 from promshift.adapters.files import read_user_file
 from promshift.adapters.snapshot_store import snapshot_key
 from promshift.core.catalog import MetricGroup
+from promshift.core.horizon import Horizon
 from promshift.core.inputs import DASHBOARD, InputRefused
 from promshift.core.read_path import (
     DashboardPlan,
@@ -98,9 +99,22 @@ class DashboardFilesSwitch:
                     found.setdefault(os.path.abspath(p), p)
         return [found[k] for k in sorted(found)]
 
-    def _plan(self, path: Path, text: str) -> DashboardPlan:
+    def _plan(self, path: Path, text: str, horizon: Horizon | None = None) -> DashboardPlan:
         return plan_dashboard(text, self.group, source=self.source, target=self.target, variables=self.variables,
-                              default_is_source=self.default_is_source, name=str(path))
+                              default_is_source=self.default_is_source, name=str(path), horizon=horizon)
+
+    def _on_the_way(self, f: Mapping[str, Any], data: bytes | None) -> bool:
+        """Whether ``data`` is the snapshot's file, its switched result, or partway (a horizon held panels back):
+        the rest of the plan applied to it gives exactly the switched result."""
+        if data is None:
+            return False
+        if sha256_bytes(data) in (f["sha256_before"], f["sha256_after"]):
+            return True
+        try:
+            text = data.decode("utf-8")
+            return sha256_bytes(self._plan(Path(f["path"]), text).apply(text).encode("utf-8")) == f["sha256_after"]
+        except (UnicodeDecodeError, ReadPathError, ValueError):
+            return False
 
     @staticmethod
     def _read(path: Path) -> tuple[bytes, str]:
@@ -206,13 +220,15 @@ class DashboardFilesSwitch:
 
     # -- switch and restore ------------------------------------------------------------------------
 
-    def switch(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
-        """Edit every snapshotted file; evidence per file (``switched`` / ``already``) with both hashes."""
+    def switch(self, snapshot: Mapping[str, Any], horizon: Horizon | None = None) -> dict[str, Any]:
+        """Edit every snapshotted file; evidence per file (``switched`` / ``already`` / ``partly``) with both hashes.
+
+        With ``horizon`` a panel that reads further back than the target holds stays on the source (listed
+        under ``waiting`` with its ready time); switching again later moves it, and the file ends as the
+        snapshot's switched result all the same."""
         files = self._load(snapshot)
         current = {f["path"]: self._current(f) for f in files}
-        changed = [f["path"] for f in files
-                   if current[f["path"]] is None
-                   or sha256_bytes(current[f["path"]]) not in (f["sha256_before"], f["sha256_after"])]
+        changed = [f["path"] for f in files if not self._on_the_way(f, current[f["path"]])]
         if changed:
             raise ReadPathError(f"{len(changed)} dashboard file(s) changed or vanished since the snapshot "
                                 f"({', '.join(changed)}); nothing switched: take a new snapshot")
@@ -226,12 +242,17 @@ class DashboardFilesSwitch:
                 out.append({**entry, "action": "already"})
                 continue
             text = data.decode("utf-8")
-            new = self._plan(Path(f["path"]), text).apply(text).encode("utf-8")
-            if sha256_bytes(new) != f["sha256_after"]:
+            plan = self._plan(Path(f["path"]), text, horizon)
+            new = plan.apply(text).encode("utf-8")
+            waiting = [{"path": x["path"], "title": x["title"], "reason": x["reason"], "horizon": x["horizon"]}
+                       for x in plan.to_dict()["waiting"]]
+            if not self._on_the_way(f, new) or (not waiting and sha256_bytes(new) != f["sha256_after"]):
                 raise ReadPathError(f"{f['path']}: the switch no longer gives the snapshotted result; nothing "
                                     "written to it")
-            self._write(f, new)
-            out.append({**entry, "action": "switched"})
+            if new != data:
+                self._write(f, new)
+            out.append({**entry, "action": "partly" if waiting else "switched", "waiting": waiting,
+                        "sha256_now": sha256_bytes(new)})
         return {"mode": "files", "group": self.group.name, "from": self.source.to_dict(), "to": self.target.to_dict(),
                 "snapshot": snapshot.get("ref"), "files": out}
 
@@ -245,7 +266,7 @@ class DashboardFilesSwitch:
             now = sha256_bytes(data) if data is not None else None
             if now == f["sha256_before"]:
                 out.append({**entry, "action": "unchanged"})
-            elif now == f["sha256_after"]:
+            elif self._on_the_way(f, data):  # switched, or partly (panels still waiting for the horizon)
                 self._write(f, f["content"].encode("utf-8"))
                 out.append({**entry, "action": "restored"})
             else:

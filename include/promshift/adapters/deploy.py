@@ -38,7 +38,7 @@ RESTORE_RELOAD_TIMEOUT_S = 300.0
 # One exception for every deployer (core.deploy): a deploy, verify or restore not done, in one line;
 # for this file: the new config was not deployed and the source runs its previous config.
 __all__ = ["ConfigSnapshot", "DeployError", "FileConfigDeployer", "FileDeployOutcome", "promtool_on",
-           "restored_mode", "write_atomically", "write_keeping", "write_restoring"]
+           "promtool_version", "restored_mode", "write_atomically", "write_keeping", "write_restoring"]
 
 # POSIX ACLs live in these extended attributes; a write-then-rename makes a new inode, so they are copied
 # from the file being replaced (an admin's ACL stays as it is now).
@@ -269,3 +269,19 @@ class FileConfigDeployer:
             return False
         have = stat.S_IMODE(real.stat().st_mode)
         return snapshot.mode is None or have & ~snapshot.mode == 0
+
+
+def promtool_version(promtool: str = "promtool", *, timeout_s: float = 20.0) -> str:
+    """What ``promtool --version`` prints (its first line); DeployError when it cannot be run."""
+    exe = shutil.which(promtool)
+    if exe is None:
+        raise DeployError(f"{promtool!r} not found; the image copies it from the fleet's Prometheus "
+                          "(docs/deployment.md#promtool)")
+    try:
+        proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DeployError(f"{promtool!r} --version did not run: {exc}") from None
+    text = (proc.stdout or proc.stderr).strip()
+    if proc.returncode != 0 or not text:
+        raise DeployError(f"{promtool!r} --version failed (exit {proc.returncode})")
+    return text.splitlines()[0]

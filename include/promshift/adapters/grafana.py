@@ -43,6 +43,7 @@ from typing import Any
 import requests
 
 from promshift.core.catalog import MetricGroup
+from promshift.core.horizon import Horizon
 from promshift.core.read_path import (
     DashboardPlan,
     DatasourceRef,
@@ -187,11 +188,11 @@ class GrafanaReadPathSwitch:
             return list(self.uids)
         return list(dict.fromkeys(str(h["uid"]) for h in self.client.search(self.query or "") if h.get("uid")))
 
-    def _plan(self, got: Mapping[str, Any]) -> DashboardPlan:
+    def _plan(self, got: Mapping[str, Any], horizon: Horizon | None = None) -> DashboardPlan:
         dashboard = got["dashboard"]
         return plan_dashboard(json.dumps(dashboard, indent=2, ensure_ascii=False), self.group, source=self.source,
                               target=self.target, variables=self.variables, default_is_source=self.default_is_source,
-                              name=str(dashboard.get("uid") or ""))
+                              name=str(dashboard.get("uid") or ""), horizon=horizon)
 
     def _head(self) -> dict[str, Any]:
         return {"mode": "api", "group": self.group.name, "grafana": self.client.base_url,
@@ -245,8 +246,12 @@ class GrafanaReadPathSwitch:
     def _message(self, snapshot: Mapping[str, Any]) -> str:
         return f"read path of {self.group.name} to datasource {self.target.uid} [{snapshot['marker']}]"
 
-    def switch(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
-        """Save each snapshotted dashboard with its group panels on the target; a stale version is re-read."""
+    def switch(self, snapshot: Mapping[str, Any], horizon: Horizon | None = None) -> dict[str, Any]:
+        """Save each snapshotted dashboard with its group panels on the target; a stale version is re-read.
+
+        With ``horizon``, panels reading further back than the target holds wait (``waiting``, with their
+        ready time); a later switch saves them, each save marked with this run, so a restore goes back to the
+        version before the first."""
         if snapshot.get("kind") != KIND:
             raise ReadPathError(f"not a Grafana API snapshot (kind {snapshot.get('kind')!r})")
         out = []
@@ -256,11 +261,13 @@ class GrafanaReadPathSwitch:
             for _attempt in range(SAVE_ATTEMPTS):
                 got = self.client.get_dashboard(uid)
                 version = got["meta"].get("version")
-                p = self._plan(got)
+                p = self._plan(got, horizon)
                 record = {"uid": uid, "title": p.title, "snapshot_version": entry["version"],
                           "sha256_before": canonical_sha256(got["dashboard"]),
                           "panels": [{"path": x["path"], "title": x["title"], "edits": x["edits"]}
-                                     for x in p.to_dict()["switched"]]}
+                                     for x in p.to_dict()["switched"]],
+                          "waiting": [{"path": x["path"], "title": x["title"], "reason": x["reason"],
+                                       "horizon": x["horizon"]} for x in p.to_dict()["waiting"]]}
                 if not p.changes:
                     out.append({**record, "action": "already", "version": version, "stale_versions": stale})
                     break
@@ -305,7 +312,9 @@ class GrafanaReadPathSwitch:
                 out.append({"uid": uid, "action": "not switched", "version": current})
                 continue
             mine = max(ours, key=lambda v: int(v["version"]))
-            parent = int(mine.get("parentVersion") or int(mine["version"]) - 1)
+            # A horizon may have switched in several saves: back to the version before the first of them.
+            first = min(ours, key=lambda v: int(v["version"]))
+            parent = int(first.get("parentVersion") or int(first["version"]) - 1)
             record = {"uid": uid, "switched_version": mine["version"], "restore_to": parent, "version_before": current}
             if current == mine["version"]:
                 try:

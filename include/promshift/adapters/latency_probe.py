@@ -38,6 +38,7 @@ from promshift.core.latency import (
 )
 from promshift.core.promql import PromQLError, analyse
 from promshift.core.query_budget import QueryBudgetExhausted
+from promshift.core.query_limits import QueryLimits, size_refusal
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,26 @@ def classify_error(exc: PrometheusError, timeout_s: float) -> tuple[ErrorKind, s
     """How a run failed, and a short reason that starts with the kind's name."""
     if exc.kind == ErrorKind.TIMEOUT:
         return ErrorKind.TIMEOUT, f"timeout: no whole answer within {timeout_s:g}s"
+    refusal = size_refusal(exc.http_status, str(exc)) if exc.kind == ErrorKind.HTTP else None
+    if refusal is not None and refusal != "timeout":
+        # The workspace refused the query for its size (samples, series, chunks, time range): a refusal, not a
+        # slow answer, and named as one.
+        return (ErrorKind.QUERY_TOO_EXPENSIVE,
+                f"refused by the workspace ({refusal} limit): HTTP {exc.http_status}: {exc}")
     if exc.kind == ErrorKind.HTTP and exc.http_status == 422:
         return ErrorKind.QUERY_TOO_EXPENSIVE, f"HTTP 422: query timed out or too many samples: {exc}"
     if exc.kind == ErrorKind.HTTP and exc.http_status in THROTTLED:
         return ErrorKind.THROTTLED, f"throttled: HTTP {exc.http_status} after retries"
     return exc.kind, f"{exc.kind.value}: {exc}"
+
+
+def range_refusal(window_s: float, limits: QueryLimits | None) -> str | None:
+    """Why the workspace would refuse every query over the window (its query time range), or None."""
+    if limits is None or limits.max_range_s is None or window_s <= limits.max_range_s:
+        return None
+    origin = (limits.source or {}).get("max_range_s", "limits")
+    return (f"refused by the workspace's limits: a {format_duration(window_s)} window is past its query time range "
+            f"of {format_duration(limits.max_range_s)} ({origin}); not probed")
 
 
 def samples_processed(stats: dict[str, Any]) -> float | None:
@@ -86,6 +102,9 @@ class LatencyProbe:
     sleep: Callable[[float], None] = time.sleep
     # The target's control plane, when it has one (AMP: DescribeWorkspaceConfiguration): (seconds, origin).
     target_retention: Callable[[], tuple[float | None, str]] | None = None
+    # The target's per-query limits (``core.query_limits``; AMP: Service Quotas / configuration), asked once per
+    # run: a window past the workspace's query time range is not probed (the workspace would refuse every run).
+    target_limits: Callable[[], QueryLimits] | None = None
 
     def timed(self, client: PrometheusClient, backend: str, window: str, query: str, start: float, end: float,
               step: float, *, round_: int = 0, pair: int | None = None) -> ProbeRun:
@@ -217,6 +236,7 @@ class LatencyProbe:
         policy = self.policy
         deadline = self.clock() + policy.deadline_s
         retention = self.retentions()
+        limits = self.target_limits() if self.target_limits is not None else None
         sides = (("source", self.source), ("target", self.target))
         plans: list[_WindowPlan] = []
         for window in policy.windows:
@@ -225,7 +245,7 @@ class LatencyProbe:
             if window.seconds < step:
                 skip = f"window {window.name} is shorter than the step ({step:g}s): nothing to measure"
             else:
-                skip = retention_problem(window.seconds, retention)
+                skip = retention_problem(window.seconds, retention) or range_refusal(window.seconds, limits)
             plans.append(_WindowPlan(window, step, end - window.seconds, end, skip))
 
         def measure(unit: tuple[int, str, int]) -> tuple[list[ProbeRun], bool]:

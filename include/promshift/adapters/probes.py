@@ -12,20 +12,22 @@ from typing import Any
 class AdapterProbes:
     """``core.ports.Probes`` over the adapters (each imported when first used)."""
 
-    def parity(self, group: Any, source: Any, target: Any, *, catalog_dir: Path | None) -> Any:
+    def parity(self, group: Any, source: Any, target: Any, *, catalog_dir: Path | None, limits: Any = None) -> Any:
         from promshift.adapters.parity_check import ParityCheck
 
-        return ParityCheck(group, source, target, catalog_dir=catalog_dir)
+        return ParityCheck(group, source, target, catalog_dir=catalog_dir, limits=limits)
 
     def golden_lookbacks(self, group: Any, catalog_dir: Path | None) -> Any:
         from promshift.adapters.parity_check import golden_lookbacks
 
         return golden_lookbacks(group, catalog_dir)
 
-    def latency(self, source: Any, target: Any, policy: Any, *, min_step_s: float, target_retention: Any) -> Any:
+    def latency(self, source: Any, target: Any, policy: Any, *, min_step_s: float, target_retention: Any,
+                target_limits: Any = None) -> Any:
         from promshift.adapters.latency_probe import LatencyProbe
 
-        return LatencyProbe(source, target, policy, min_step_s=min_step_s, target_retention=target_retention)
+        return LatencyProbe(source, target, policy, min_step_s=min_step_s, target_retention=target_retention,
+                            target_limits=target_limits)
 
     def amp_prices(self) -> Any:
         from promshift.adapters.settings import amp_prices

@@ -452,6 +452,16 @@ class PrometheusClient:
                               http_status=200)
         return data["yaml"]
 
+    def build_info(self) -> dict[str, Any]:
+        """``/api/v1/status/buildinfo`` (``version`` among others); AMP does not serve it."""
+        body = self._success_body(self._request("GET", "/api/v1/status/buildinfo", timeout_s=10),
+                                  "status/buildinfo")
+        data = body.get("data") or {}
+        if not isinstance(data, dict) or not isinstance(data.get("version"), str):
+            raise self._error(f"malformed answer for status/buildinfo: {_describe(data)}", ErrorKind.MALFORMED,
+                              http_status=200)
+        return data
+
     def runtime_info(self) -> dict[str, Any]:
         """``/api/v1/status/runtimeinfo`` (``storageRetention`` among others); AMP does not serve it."""
         body = self._success_body(self._request("GET", "/api/v1/status/runtimeinfo"), "status/runtimeinfo")

@@ -32,6 +32,77 @@ AUDIT_KEY_FILE_NAME = "audit.key"
 log = logging.getLogger(__name__)
 
 
+ENV_VAR = "PROMSHIFT_ENV"
+LAB, PRODUCTION = "lab", "production"
+
+
+class ProductionSettingsMissing(ValueError):
+    """Production (``PROMSHIFT_ENV=production``) without a store it must name: one line naming every one missing."""
+
+
+def environment(environ: Mapping[str, str] | None = None) -> str:
+    """``PROMSHIFT_ENV``: ``lab`` (the default: lab defaults under ``PROMSHIFT_HOME``) or ``production``.
+
+    The one rule (docs/deployment.md#production-fails-closed): under ``production`` (the image's Dockerfile sets it)
+    every store is named, never defaulted: the audit database (not SQLite), its key, its anchor, snapshots and
+    reports (not ``file://``). Any other value is refused, so a typo never means "lab".
+    """
+    env = os.environ if environ is None else environ
+    value = (env.get(ENV_VAR) or LAB).strip()
+    if value not in (LAB, PRODUCTION):
+        raise ProductionSettingsMissing(f"{ENV_VAR}={value[:40]!r} is neither {LAB!r} nor {PRODUCTION!r}")
+    return value
+
+
+def is_production(environ: Mapping[str, str] | None = None) -> bool:
+    return environment(environ) == PRODUCTION
+
+
+def production_problems(environ: Mapping[str, str] | None = None, *, audit_url: str | None = None,
+                        audit_key_given: bool = False) -> list[str]:
+    """What production lacks: each missing or one-disk store, one short phrase each (empty: all named).
+
+    ``audit_url``/``audit_key_given``: what the caller found besides the environment (the Airflow shell reads the
+    ``promshift_audit`` connection's ``extra.url`` and password)."""
+    env = os.environ if environ is None else environ
+    problems = []
+    url = audit_url or env.get("PROMSHIFT_AUDIT_URL")
+    if not url:
+        problems.append("no audit database (PROMSHIFT_AUDIT_URL or connection promshift_audit's extra.url)")
+    elif url.split(":", 1)[0].split("+", 1)[0].strip().lower() == "sqlite":
+        problems.append("the audit database is SQLite, one worker's disk (name PostgreSQL)")
+    if not (audit_key_given or env.get("PROMSHIFT_AUDIT_KEY") or env.get("PROMSHIFT_AUDIT_KEY_FILE")):
+        problems.append("no audit key (PROMSHIFT_AUDIT_KEY, PROMSHIFT_AUDIT_KEY_FILE or promshift_audit's password)")
+    if not env.get("PROMSHIFT_AUDIT_ANCHOR_URL"):
+        problems.append("no audit anchor (PROMSHIFT_AUDIT_ANCHOR_URL)")
+    for var, what in (("PROMSHIFT_SNAPSHOTS_URL", "snapshot"), ("PROMSHIFT_REPORTS_URL", "report")):
+        value = env.get(var)
+        if not value:
+            problems.append(f"no {what} store ({var})")
+        elif value.lower().startswith("file:") or "://" not in value:
+            problems.append(f"the {what} store {var} is a local path, one worker's disk (name s3://)")
+    return problems
+
+
+def require_production_settings(where: str, environ: Mapping[str, str] | None = None, *,
+                                 audit_url: str | None = None, audit_key_given: bool = False) -> None:
+    """Under ``PROMSHIFT_ENV=production``, refuse in one line if any store is missing; in the lab, nothing."""
+    if not is_production(environ):
+        return
+    problems = production_problems(environ, audit_url=audit_url, audit_key_given=audit_key_given)
+    if problems:
+        raise ProductionSettingsMissing(f"{where}: {ENV_VAR}={PRODUCTION} refuses to start: {'; '.join(problems)}")
+
+
+def _named_in_production(var: str, what: str) -> str:
+    value = os.environ.get(var)
+    if value:
+        return value
+    if is_production():
+        raise ProductionSettingsMissing(f"{ENV_VAR}={PRODUCTION}: no {what} ({var}); no lab default")
+    return ""
+
+
 def state_home() -> Path:
     """``PROMSHIFT_HOME`` (default ``./.state``): stack, default audit DB (with the routing table), snapshots."""
     return Path(os.environ.get("PROMSHIFT_HOME", ".state")).resolve()
@@ -51,6 +122,8 @@ def audit_key(environ: Mapping[str, str] | None = None) -> bytes | None:
         return check_key(text.strip().encode())
     if path:
         return read_audit_key_file(Path(path))
+    if is_production(env):
+        return None  # never the lab's key file under PROMSHIFT_HOME
     local = Path(env.get("PROMSHIFT_HOME", ".state")).resolve() / AUDIT_KEY_FILE_NAME
     return read_audit_key_file(local) if local.is_file() else None
 
@@ -86,6 +159,27 @@ def local_audit_key_env(home: Path) -> dict[str, str]:
     return {"PROMSHIFT_AUDIT_KEY_FILE": str(path)}
 
 
+def metrics_token(environ: Mapping[str, str] | None = None) -> bytes | None:
+    """The static token a scraper reads ``/promshift/scrape/metrics`` with: ``PROMSHIFT_METRICS_TOKEN`` (from a
+    Secret) or ``PROMSHIFT_METRICS_TOKEN_FILE``; None when neither is set (the route then answers 404). At least 32
+    characters: a shorter one is refused in one line rather than guessed."""
+    env = os.environ if environ is None else environ
+    text, path = env.get("PROMSHIFT_METRICS_TOKEN"), env.get("PROMSHIFT_METRICS_TOKEN_FILE")
+    if text and path:
+        raise ValueError("set PROMSHIFT_METRICS_TOKEN or PROMSHIFT_METRICS_TOKEN_FILE, not both")
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"cannot read PROMSHIFT_METRICS_TOKEN_FILE {path}: {exc.strerror}") from None
+    if not text:
+        return None
+    token = text.strip().encode("utf-8")
+    if len(token) < 32:
+        raise ValueError(f"the metrics token is {len(token)} characters; it needs at least 32 (openssl rand -hex 32)")
+    return token
+
+
 def audit_anchor_url() -> str | None:
     """``PROMSHIFT_AUDIT_ANCHOR_URL``: where chain heads are anchored (SQLAlchemy URL or ``s3://bucket/prefix``)."""
     return os.environ.get("PROMSHIFT_AUDIT_ANCHOR_URL") or None
@@ -110,13 +204,13 @@ def snapshots_dir() -> Path:
 def snapshots_url() -> str:
     """Where snapshots go, for ``ObjectStoragePath``: ``PROMSHIFT_SNAPSHOTS_URL`` (``s3://bucket/prefix`` in
     production, so the worker that rolls back reads what another worker snapshotted), else ``snapshots_dir()``."""
-    return os.environ.get("PROMSHIFT_SNAPSHOTS_URL") or f"file://{snapshots_dir()}"
+    return _named_in_production("PROMSHIFT_SNAPSHOTS_URL", "snapshot store") or f"file://{snapshots_dir()}"
 
 
 def reports_url() -> str:
     """Where runs publish their reports, for ``ObjectStoragePath``: ``PROMSHIFT_REPORTS_URL`` (``s3://bucket/prefix``
     in production, where every worker and the board's API server read the same objects), else a local directory."""
-    return os.environ.get("PROMSHIFT_REPORTS_URL") or f"file://{state_home() / 'reports'}"
+    return _named_in_production("PROMSHIFT_REPORTS_URL", "report store") or f"file://{state_home() / 'reports'}"
 
 
 def default_catalog_path() -> Path:

@@ -86,6 +86,22 @@ class QueryLogSummary:
         return dict(self.__dict__)
 
 
+def query_log_paths(patterns: Sequence[str], notes: ReadNotes) -> list[str | Any]:
+    """The query-log files: each ``--query-log`` a file, a glob (rotation: ``query.log*``) or an object-store path;
+    each file once, in name order within a glob. A glob matching nothing is one note (the plan is partial)."""
+    out: list[str | Any] = []
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not glob.has_magic(pattern):
+            out.append(pattern)
+            continue
+        found = sorted(glob.glob(pattern))
+        if not found:
+            notes.missing.append(f"query log {pattern}: no file matches")
+        out.extend(found)
+    seen: set[str] = set()
+    return [p for p in out if not (str(p) in seen or seen.add(str(p)))]
+
+
 def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNotes, *, since: float | None = None,
                    until: float | None = None, max_bytes: int = MAX_QUERY_LOG_BYTES,
                    max_lines: int = MAX_QUERY_LOG_LINES) -> QueryLogSummary:
@@ -477,8 +493,11 @@ class Inventory:
 
 def read_inventory(client: Any, reads: LabelReads, notes: ReadNotes, *, now: float, window_s: float = 3600.0,
                    protected: Iterable[str] = (), deadline_s: float = 600.0,
-                   clock: Callable[[], float] = time.monotonic) -> Inventory:
-    """Per metric: series, labels, type, samples/s and the drop check, one metric's series at a time."""
+                   clock: Callable[[], float] = time.monotonic, shapes: Any = None) -> Inventory:
+    """Per metric: series, labels, type, samples/s and the drop check, one metric's series at a time.
+
+    ``shapes`` (``core.aggregation.ShapeIndex``): how the reads aggregate each metric; the series of the level
+    they allow are counted while the metric's series are at hand."""
     started = clock()
     tsdb: dict[str, Any] | None = None
     try:
@@ -521,9 +540,10 @@ def read_inventory(client: Any, reads: LabelReads, notes: ReadNotes, *, now: flo
         series = [s for s in series or [] if isinstance(s, dict)]
         labels = set().union(*series) if series else set()
         types = {e.get("type", "unknown") for e in metadata.get(name, [])}
+        type_ = "/".join(sorted(types)) or "unknown"
         metrics[name] = metric_stats(name, series, candidates=reads.candidates(name, labels, protected),
-                                     type_="/".join(sorted(types)) or "unknown", scrape_interval_s=intervals,
-                                     default_interval_s=default)
+                                     type_=type_, scrape_interval_s=intervals, default_interval_s=default,
+                                     level=shapes.level(name, labels, type_) if shapes is not None else None)
         del series
     if tsdb:
         top = {e.get("name"): e.get("value") for e in tsdb.get("seriesCountByMetricName") or [] if isinstance(e, dict)}
@@ -544,7 +564,8 @@ class PlanInputs:
     rule_files: Sequence[str] = ()
     grafana: Any = None  # a GrafanaClient
     rules_api: bool = True
-    period_s: float = 7 * 86_400.0
+    period_s: float = 30 * 86_400.0  # a month: month-end and weekly reports are reads too
+    collectors: int = 0  # managed collectors (AMP scrapers) that would scrape instead of a Prometheus
     series_window_s: float = 3600.0
     protected_labels: Sequence[str] = ()
     max_group_metrics: int = 12
@@ -563,10 +584,12 @@ class PlanOutcome:
 def build_plan(client: Any, inputs: PlanInputs, *, prices: Any, now: float) -> PlanOutcome:
     """Read usage first (so each metric's drop candidates are known), then the inventory, then recommend."""
     from promshift.core.plan import label_reads, recommend
+    from promshift.core.plan_aggregation import aggregate_plan, shape_index
 
     usage = UsageCollector()
     notes = ReadNotes()
-    logs = [read_query_log(p, usage, notes, since=now - inputs.period_s, until=now) for p in inputs.query_logs]
+    logs = [read_query_log(p, usage, notes, since=now - inputs.period_s, until=now)
+            for p in query_log_paths(inputs.query_logs, notes)]
     if not inputs.query_logs:
         notes.missing.append("query log: none given (--query-log); ad-hoc reads are not counted")
     if inputs.dashboards:
@@ -577,12 +600,15 @@ def build_plan(client: Any, inputs: PlanInputs, *, prices: Any, now: float) -> P
         read_rules_api(client, usage, notes)
     if inputs.rule_files:
         read_rule_files(inputs.rule_files, usage, notes)
+    index = shape_index(usage)
     inventory = read_inventory(client, label_reads(usage), notes, now=now, window_s=inputs.series_window_s,
-                               protected=inputs.protected_labels, deadline_s=inputs.deadline_s)
+                               protected=inputs.protected_labels, deadline_s=inputs.deadline_s, shapes=index)
     plan = recommend(inventory.metrics, usage, prices=prices, retention_days=inputs.retention_days,
                      period_s=inputs.period_s, now=now, protected_labels=inputs.protected_labels,
                      max_group_metrics=inputs.max_group_metrics, not_read=notes.missing,
                      default_interval_s=inventory.default_interval_s)
+    plan = aggregate_plan(plan, inventory.metrics, usage, prices=prices, retention_days=inputs.retention_days,
+                          index=index, collectors=inputs.collectors)
     return PlanOutcome(plan, notes.caveats, logs, inventory.default_interval_s)
 
 

@@ -8,6 +8,8 @@ overview lists only groups whose DAG the caller may read.
 
 from __future__ import annotations
 
+import hmac
+import logging
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -21,7 +23,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from promshift.adapters.audit_store import AuditStore, ChainWatch
-from promshift.adapters.settings import default_catalog_path, default_profile, load_catalog
+from promshift.adapters.settings import (
+    ProductionSettingsMissing,
+    default_catalog_path,
+    default_profile,
+    load_catalog,
+    metrics_token,
+    require_production_settings,
+)
 from promshift.board import URL_PREFIX, evidence, pages
 from promshift.board.metrics import CONTENT_TYPE, FOLDED_KINDS, exposition
 from promshift.core.audit import ChainCheck
@@ -29,6 +38,7 @@ from promshift.core.catalog import Catalog, MetricGroup
 from promshift.core.memory import cyclic_gc_paused
 from promshift.core.stages import Stage, stage_from_moves
 
+log = logging.getLogger(__name__)
 _chart_lock = threading.Lock()  # pyplot keeps global state; one chart at a time
 # How long the overview waits for the first whole chain verification of a process (then it shows "being verified"
 # and the next request has the answer); a group's page waits for it.
@@ -130,8 +140,28 @@ def readable_group(name: str, request: Request, user: GetUserDep) -> MetricGroup
 ReadableGroup = Annotated[MetricGroup, Depends(readable_group)]
 
 
+def refusing_app(line: str) -> FastAPI:
+    """A board that serves nothing: every path is 503 with ``line`` (why it refused to start)."""
+    app = FastAPI(title="promshift migration board (refused)", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.api_route("/{path:path}", methods=["GET", "HEAD", "POST"])
+    def refused(path: str) -> Response:
+        return Response(line + "\n", status_code=503, media_type="text/plain; charset=utf-8")
+
+    return app
+
+
 def create_app(source: BoardSource | None = None) -> FastAPI:
-    """The board's FastAPI app; ``source`` defaults to the environment's catalog and audit store."""
+    """The board's FastAPI app; ``source`` defaults to the environment's catalog and audit store.
+
+    Under ``PROMSHIFT_ENV=production`` a store missing from the environment refuses the board as it starts: one
+    line in the API server's log, and every route answers 503 with that line; nothing is opened or created."""
+    if source is None:
+        try:
+            require_production_settings("the migration board")
+        except ProductionSettingsMissing as exc:
+            log.error("%s", exc)
+            return refusing_app(str(exc))
     board = source or BoardSource()
     app = FastAPI(title="promshift migration board", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.board = board
@@ -194,11 +224,26 @@ def create_app(source: BoardSource | None = None) -> FastAPI:
     def metrics(request: Request, user: GetUserDep) -> Response:
         """promshift's own metrics (board/metrics.py) for the groups the caller may read, for Prometheus."""
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
-        groups = [(g.name, g.wave) for g in board.catalog().groups if g.dag_id in readable]
+        return exposed([(g.name, g.wave) for g in board.catalog().groups if g.dag_id in readable])
+
+    def exposed(groups: list[tuple[str, int]]) -> Response:
         # Only the kinds the exposition folds (and stage moves): not a year of bake checks; totals by SQL.
         count, last = board.audit.totals()
         return Response(exposition(groups, board.audit.events_of_kinds(FOLDED_KINDS), totals=(count, last)),
                         media_type=CONTENT_TYPE)
+
+    @app.get("/scrape/metrics")
+    def scrape_metrics(request: Request) -> Response:
+        """The same metrics for every group, for a scraper holding the static token (``PROMSHIFT_METRICS_TOKEN``,
+        from a Secret): no Airflow login, no JWT that expires daily. The token opens this one read-only route
+        and nothing else; without a token configured the route does not exist (404)."""
+        token = metrics_token()
+        if token is None:
+            raise HTTPException(404, "no metrics token is configured (PROMSHIFT_METRICS_TOKEN)")
+        scheme, _, sent = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(sent.strip().encode("utf-8"), token):
+            raise HTTPException(401, "a bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+        return exposed([(g.name, g.wave) for g in board.catalog().groups])
 
     @app.get("/", response_class=HTMLResponse)
     def overview_page(request: Request, user: GetUserDep) -> HTMLResponse:

@@ -18,6 +18,7 @@ from promshift.core.audit import AuditEvent, ChainCheck
 from promshift.core.catalog import MetricGroup
 from promshift.core.events import APPROVAL_ANSWERS, GATE_DECIDED, EventKind
 from promshift.core.gate import GateEvidence
+from promshift.core.horizon import waiting_list
 from promshift.core.move_evidence import DeployEvidence
 from promshift.core.render import RenderError, remote_write_entry
 from promshift.core.report import build_report
@@ -288,6 +289,7 @@ def group_detail(group: MetricGroup, events: Sequence[AuditEvent], state: GroupS
             "approval": reports[-1]["approval"] if reports else None,
             "rollback": reports[-1]["rollback"] if reports else None,
         },
+        "horizon_waiting": waiting_list(events),
         "config_diff": config_diff(group.name, deployed["deploy"]) if deployed else None,
         "config_diff_run_id": deployed["run_id"] if deployed else None,
         "dag_runs": [{"run_id": r["run_id"], "started_at": r["started_at"], "ended_at": r["ended_at"],

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from promshift import __version__
 from promshift.cli.checks import EX_USAGE
 
 
@@ -28,6 +29,7 @@ def build_parser(*more: Callable[[Commands], None], prog: str = "promshift") -> 
     """The production commands, plus ``more`` (the lab passes its ``stack`` commands)."""
     parser = _Parser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"promshift {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for add in more:
         add(commands)

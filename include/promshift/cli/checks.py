@@ -335,23 +335,42 @@ def wave_summary(groups: Any) -> list[str]:
     return lines
 
 
-def render_diff(config_text: str, *, group: Any, target_url: str, config_name: str,
-                edited: list[str] | None = None) -> str:
-    """The unified diff a dual-write deploy of ``group`` makes to ``config_text`` ('' when none).
+# An AMP workspace's remote-write URL: its region signs the writes (the deploy's sigv4 block).
+_AMP_HOST = re.compile(r"^https://aps-workspaces\.([a-z0-9-]+|REGION)\.amazonaws\.com/")
 
-    The same two calls as the deploy (``remote_write_entry`` then ``add_remote_write``), so
-    the diff is what it would write; ``edited``, when given, gets the edited text.
-    """
+
+def rendered_config(config_text: str, *, group: Any, target_url: str, sigv4: dict[str, str] | None) -> str:
+    """The config a dual-write deploy of ``group`` writes: the same two calls as the deploy (``remote_write_entry``
+    with the AMP target's ``sigv4`` block and queue settings, then ``add_remote_write``)."""
     from promshift.core.render import add_remote_write, remote_write_entry
 
     entry = remote_write_entry(group_name=group.name, name_regex=group.name_regex(), url=target_url,
-                               drop_labels=group.drop_labels)
-    new_text = add_remote_write(config_text, entry)
+                               drop_labels=group.drop_labels, sigv4=sigv4)
+    return add_remote_write(config_text, entry)
+
+
+def render_diff(config_text: str, *, group: Any, target_url: str, config_name: str,
+                sigv4: dict[str, str] | None = None, edited: list[str] | None = None) -> str:
+    """The unified diff a dual-write deploy of ``group`` makes to ``config_text`` ('' when none); ``edited``, when
+    given, gets the edited text."""
+    new_text = rendered_config(config_text, group=group, target_url=target_url, sigv4=sigv4)
     if edited is not None:
         edited.append(new_text)
     return "".join(difflib.unified_diff(config_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
                                         fromfile=f"{config_name} (now)",
                                         tofile=f"{config_name} (after dual-writing {group.name})"))
+
+
+def render_sigv4(target_url: str, region: str | None, writer_role_arn: str | None) -> dict[str, str] | None:
+    """The ``sigv4`` block the deploy writes for this target: an AMP URL (or ``--target-region``) signs with its
+    region, and ``--writer-role-arn`` (the amp connection's ``writer_role_arn``) adds the role; else none."""
+    found = _AMP_HOST.match(target_url)
+    region = region or (found.group(1) if found else None)
+    if region is None:
+        if writer_role_arn:
+            raise InputError("--writer-role-arn needs an AMP target: --target-region, or an AMP --target-url")
+        return None
+    return {"region": region, **({"role_arn": writer_role_arn} if writer_role_arn else {})}
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -368,9 +387,11 @@ def _render(args: argparse.Namespace) -> int:
     except InputRefused as exc:
         raise InputError(str(exc)) from None
     target_url = args.target_url or PLACEHOLDER_REMOTE_WRITE_URL
+    sigv4 = render_sigv4(target_url, args.target_region, args.writer_role_arn)
     edited: list[str] = []
     try:
-        diff = render_diff(text, group=group, target_url=target_url, config_name=str(path), edited=edited)
+        diff = render_diff(text, group=group, target_url=target_url, config_name=str(path), sigv4=sigv4,
+                           edited=edited)
     except RenderError as exc:  # one line: the placeholder notice would only hide it
         print(f"promshift render: the deploy would refuse {path}: {exc}", file=sys.stderr)
         return 1
@@ -379,7 +400,12 @@ def _render(args: argparse.Namespace) -> int:
         print(f"promshift render: the deploy would refuse {path}: {refused}", file=sys.stderr)
         return 1
     if not args.target_url:
-        print(f"promshift render: no --target-url; the diff shows the placeholder {target_url}", file=sys.stderr)
+        print(f"promshift render: no --target-url; the output shows the placeholder {target_url}", file=sys.stderr)
+    if args.output == "config":  # exactly the bytes the deploy writes
+        sys.stdout.flush()
+        sys.stdout.buffer.write(edited[0].encode("utf-8"))
+        sys.stdout.buffer.flush()
+        return 0
     print(diff.rstrip("\n") if diff else f"no change: {path} already dual-writes {group.name} this way")
     return 0
 
@@ -466,6 +492,13 @@ def add_check_commands(subparsers: Any) -> None:
     render.add_argument("--catalog", help="catalog file (default: $PROMSHIFT_CATALOG or catalog/metric_groups.yaml)")
     render.add_argument("--profile", default=None)
     render.add_argument("--target-url", help="the target's remote-write URL (default: a visible placeholder)")
+    render.add_argument("--target-region", metavar="REGION", type=_region,
+                        help="an AMP target's region: the entry's sigv4 block and AMP's queue settings (default: the "
+                             "region of an AMP --target-url)")
+    render.add_argument("--writer-role-arn", metavar="ARN",
+                        help="the amp connection's writer_role_arn: the role the source assumes to write")
+    render.add_argument("--output", choices=("diff", "config"), default="diff",
+                        help="diff (default), or config: the whole file exactly as the deploy writes it")
     render.add_argument("--promtool", default="promtool",
                         help="promtool that checks the edited config, as the deploy does (default: promtool on PATH)")
     render.set_defaults(handler=_guarded(_render))

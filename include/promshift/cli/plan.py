@@ -4,6 +4,9 @@ Reads the source (series, metadata, TSDB status, rules), its query log and dashb
 four files to ``--out``: ``metric_groups.draft.yaml`` (passes ``promshift catalog check``),
 ``plan.md``, ``plan.json`` and ``plan-cost.png``. It changes nothing on the source.
 
+With ``--json`` the machine-readable plan (``plan.json``'s body) is printed on stdout and the summary goes
+to stderr; the files are written all the same.
+
 Exit codes: 0 a complete plan, 2 a partial plan (each thing it could not read is one line on
 stderr and in plan.md), 64 bad input, 69 the source is unreachable.
 """
@@ -130,6 +133,8 @@ def _plan(args: argparse.Namespace) -> int:
     deadline = _duration(args.deadline, "--deadline")
     if args.max_group_metrics < 1:
         raise InputError(f"--max-group-metrics {args.max_group_metrics}: must be at least 1")
+    if not 0 <= args.collectors <= 10_000:
+        raise InputError(f"--collectors {args.collectors}: must be 0 to 10000")
     out = _out_folder(args.out)
     prices = _prices(args.prices)
     previous = _previous(args.previous) if args.previous else None
@@ -150,7 +155,8 @@ def _plan(args: argparse.Namespace) -> int:
     inputs = PlanInputs(query_logs=args.query_log, dashboards=args.dashboards, rule_files=args.rule_file,
                         grafana=grafana, rules_api=not args.no_rules_api, period_s=period, series_window_s=window,
                         protected_labels=[*(args.keep_label or ["job"]), args.host_label],
-                        max_group_metrics=args.max_group_metrics, retention_days=retention, deadline_s=deadline)
+                        max_group_metrics=args.max_group_metrics, retention_days=retention, deadline_s=deadline,
+                        collectors=args.collectors)
     try:
         outcome = build_plan(client, inputs, prices=prices, now=time.time())
     except PrometheusError as exc:
@@ -164,9 +170,13 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"promshift plan: not read: {line}", file=sys.stderr)
     for line in outcome.caveats:
         print(f"promshift plan: {line}", file=sys.stderr)
-    print(summary_text(plan, diff))
+    # With --json, stdout carries the plan only (plan.json's body); the words go to stderr.
+    words = sys.stderr if args.json else sys.stdout
+    print(summary_text(plan, diff), file=words)
     for path in written.values():
-        print(f"wrote {path}")
+        print(f"wrote {path}", file=words)
+    if args.json:
+        sys.stdout.write(written["plan.json"].read_text())
     return EX_PARTIAL if plan["partial"] else 0
 
 
@@ -179,6 +189,11 @@ def summary_text(plan: dict[str, Any], diff: list[str] | None = None) -> str:
         lines.append(f"  wave {g['wave']}: {g['name']}: {len(g['metrics'])} metrics, {g['series']:,} series, "
                      f"{g['reads']:,} reads, labeldrop [{', '.join(g['labeldrop'])}], "
                      f"${g['cost_before']['total_usd']:,.2f} -> ${g['cost_after']['total_usd']:,.2f}/month")
+    recorded = [a for a in plan.get("aggregations", ()) if a["recommended"]]
+    if recorded:
+        saved = plan.get("bill", {}).get("saved_by_aggregation_usd", 0.0)
+        names = ", ".join(a["metric"] for a in recorded[:5]) + (" ..." if len(recorded) > 5 else "")
+        lines.append(f"  aggregate before shipping: {len(recorded)} metrics ({names}), ${saved:,.2f}/month saved")
     if plan["unread_metrics"]:
         shown = plan["unread_metrics"][:8]
         lines.append(f"  left behind (nobody read them): {', '.join(shown)}"
@@ -193,14 +208,19 @@ def add_plan_command(subparsers: Any) -> None:
                               description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("--source", required=True, help="the self-hosted Prometheus base URL")
     p.add_argument("--query-log", action="append", default=[], metavar="FILE",
-                   help="Prometheus query log (query_log_file, JSON lines); repeatable")
+                   help="Prometheus query log (query_log_file, JSON lines), or a glob of rotated ones "
+                        "('query.log*'); repeatable")
     p.add_argument("--dashboards", action="append", default=[], metavar="GLOB",
                    help="Grafana dashboard JSON files or folders; repeatable")
     p.add_argument("--grafana-url", help="read every dashboard from this Grafana's API")
     p.add_argument("--grafana-token-env", default="GRAFANA_TOKEN", help="env var holding its API token")
     p.add_argument("--rule-file", action="append", default=[], metavar="GLOB", help="rule files; repeatable")
     p.add_argument("--no-rules-api", action="store_true", help="do not read the source's /api/v1/rules")
-    p.add_argument("--period", default="7d", help="usage period: query-log lines this recent count (default 7d)")
+    p.add_argument("--period", default="30d", help="usage period: query-log lines this recent count (default 30d)")
+    p.add_argument("--collectors", type=int, default=0,
+                   help="managed collectors (AMP scrapers) that would scrape instead of a Prometheus: their fee is "
+                        "in the bill (default 0: the source remote-writes)")
+    p.add_argument("--json", action="store_true", help="print the machine-readable plan on stdout")
     p.add_argument("--series-window", default="1h", help="series seen this recently make the inventory")
     p.add_argument("--retention", default="150d", help="AMP retention for the storage cost (default 150d)")
     p.add_argument("--host-label", default="Hostname", help="never dropped: parity samples hosts by it")

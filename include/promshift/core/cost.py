@@ -1,12 +1,13 @@
 """Monthly AMP cost projection for one metric group, from measured or estimated query samples.
 
-Amazon Managed Service for Prometheus bills three usage dimensions, and this module
-mirrors exactly those three (plus nothing else: no free tier, no volume tiers):
+Amazon Managed Service for Prometheus bills three usage dimensions for a workspace, and a
+fourth for its managed collector (the AMP scraper), when one scrapes instead of a Prometheus:
 
 - **Ingestion** — metric samples ingested, priced *per 10 million samples*
   (``AmpPrices.ingest_per_10m_samples``). AMP's price per 10M falls in tiers as the
-  monthly volume grows; a single rate here is the first-tier (most expensive) price
-  unless the caller passes a blended one.
+  monthly volume grows: with ``ingest_tiers`` given (``[(up_to_samples, per_10m), ...,
+  (None, per_10m)]``, cumulative per month) the volume is priced tier by tier, else at the
+  single rate.
 - **Storage** — compressed samples and metadata kept, priced *per GB-month*
   (``AmpPrices.storage_per_gb_month``). The size of a stored sample is configuration
   too (``AmpPrices.bytes_per_sample``); series metadata is not modelled.
@@ -14,6 +15,12 @@ mirrors exactly those three (plus nothing else: no free tier, no volume tiers):
   (``AmpPrices.query_per_billion_samples``). AMP bills the same number Prometheus
   reports as ``data.stats.samples.totalQueryableSamples`` when a query is sent with
   ``stats=all`` (AMP's user guide: "the information to use for billing").
+
+- **Collector** — a managed collector's hours (``collector_per_hour``) and the samples it
+  collects (``collector_per_10m_samples``).
+- **Free tier** — per account and month, samples ingested, query samples processed and GB
+  stored that are not billed (``free_*``); applied once, to a whole workspace's month
+  (:func:`monthly_bill`), never to one group's share.
 
 Prices are configuration, never constants here: they differ per region and change
 over time. A month is 730 hours (8,760 h / 12, the convention of AWS' pricing
@@ -41,6 +48,8 @@ __all__ = [
     "QueryCost",
     "QueryCostLine",
     "estimate_range_samples",
+    "ingest_usd",
+    "monthly_bill",
     "estimate_samples",
     "project_monthly_cost",
     "samples_from_stats",
@@ -104,12 +113,29 @@ class AmpPrices:
     ``storage_per_gb_month``: USD per GB stored for a month.
     ``query_per_billion_samples``: USD per billion query samples processed (QSP).
     ``bytes_per_sample``: average stored size of one sample, in bytes (> 0).
+
+    Optional (the price table's other lines): ``ingest_tiers`` (``(up_to_samples, per_10m)``
+    ascending, the last ``(None, per_10m)``), the free tier's ``free_ingest_samples``,
+    ``free_query_samples`` and ``free_storage_gb``, the managed collector's
+    ``collector_per_hour`` and ``collector_per_10m_samples``, and ``prices_date`` (when the table
+    was last checked against AWS' page: the plan prints it).
     """
 
     ingest_per_10m_samples: float
     storage_per_gb_month: float
     query_per_billion_samples: float
     bytes_per_sample: float
+    ingest_tiers: tuple[tuple[float | None, float], ...] = ()
+    free_ingest_samples: float = 0.0
+    free_query_samples: float = 0.0
+    free_storage_gb: float = 0.0
+    collector_per_hour: float = 0.0
+    collector_per_10m_samples: float = 0.0
+    prices_date: str = ""
+
+    OPTIONAL = ("ingest_tiers", "free_tier", "collector_per_hour", "collector_per_10m_samples", "prices_date")
+    FREE_TIER_KEYS = {"ingest_samples": "free_ingest_samples", "query_samples": "free_query_samples",
+                      "storage_gb": "free_storage_gb"}
 
     def __post_init__(self) -> None:
         _raise_if("AMP prices", (
@@ -117,6 +143,11 @@ class AmpPrices:
             _number_problem("storage_per_gb_month", self.storage_per_gb_month),
             _number_problem("query_per_billion_samples", self.query_per_billion_samples),
             _number_problem("bytes_per_sample", self.bytes_per_sample, positive=True),
+            *(_number_problem(name, getattr(self, name)) for name in (
+                "free_ingest_samples", "free_query_samples", "free_storage_gb", "collector_per_hour",
+                "collector_per_10m_samples")),
+            *_tier_problems(self.ingest_tiers),
+            None if isinstance(self.prices_date, str) else f"'prices_date' must be text, got {self.prices_date!r}",
         ))
 
     @classmethod
@@ -130,17 +161,110 @@ class AmpPrices:
         """
         if not isinstance(d, Mapping):
             raise CostConfigError("AMP prices", [f"expected a mapping of prices, got {type(d).__name__}"])
-        names = [f.name for f in fields(cls)]
+        names = [f.name for f in fields(cls)][:4]
+        known = [*names, *cls.OPTIONAL]
         problems: list[str | None] = [f"missing key {name!r}" for name in names if name not in d]
-        problems += [f"unknown key {key!r} (expected one of {', '.join(names)})"
-                     for key in d if key not in names]
+        problems += [f"unknown key {key!r} (expected one of {', '.join(known)})"
+                     for key in d if key not in known]
         problems += [_number_problem(name, d[name], positive=name == "bytes_per_sample")
                      for name in names if name in d]
+        extra: dict[str, Any] = {}
+        tiers = d.get("ingest_tiers", [])
+        if not isinstance(tiers, list) or not all(isinstance(t, Mapping) for t in tiers):
+            problems.append("'ingest_tiers' must be a list of {up_to: samples, per_10m_samples: USD} "
+                            "(the last without up_to)")
+        else:
+            for i, t in enumerate(tiers):
+                unknown = set(t) - {"up_to", "per_10m_samples"}
+                if unknown or "per_10m_samples" not in t:
+                    problems.append(f"ingest_tiers[{i}]: keys up_to and per_10m_samples only, per_10m_samples "
+                                    "required")
+            if not any(p for p in problems if p and p.startswith("ingest_tiers")):
+                extra["ingest_tiers"] = tuple((t.get("up_to"), t["per_10m_samples"]) for t in tiers)
+                problems += _tier_problems(extra["ingest_tiers"])
+        free = d.get("free_tier", {})
+        if not isinstance(free, Mapping) or set(free) - set(cls.FREE_TIER_KEYS):
+            problems.append(f"'free_tier' must be a mapping of {', '.join(cls.FREE_TIER_KEYS)}")
+        else:
+            for key, value in free.items():
+                problems.append(_number_problem(f"free_tier.{key}", value))
+                extra[cls.FREE_TIER_KEYS[key]] = value
+        for name in ("collector_per_hour", "collector_per_10m_samples"):
+            if name in d:
+                problems.append(_number_problem(name, d[name]))
+                extra[name] = d[name]
+        if "prices_date" in d:
+            date = d["prices_date"]
+            extra["prices_date"] = date.isoformat() if hasattr(date, "isoformat") else date
         _raise_if("AMP prices", problems)
-        return cls(**{name: float(d[name]) for name in names})
+        return cls(**{name: float(d[name]) for name in names}, **extra)
 
-    def to_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["ingest_tiers"] = [{"up_to": up, "per_10m_samples": price} for up, price in self.ingest_tiers]
+        return out
+
+
+def _tier_problems(tiers: Any) -> list[str | None]:
+    if not tiers:
+        return []
+    problems: list[str | None] = []
+    previous = 0.0
+    for i, tier in enumerate(tiers):
+        up, price = tier
+        problems.append(_number_problem(f"ingest_tiers[{i}].per_10m_samples", price))
+        last = i == len(tiers) - 1
+        if up is None:
+            if not last:
+                problems.append(f"ingest_tiers[{i}]: only the last tier may leave up_to out")
+            continue
+        problem = _number_problem(f"ingest_tiers[{i}].up_to", up, positive=True)
+        if problem is None and up <= previous:
+            problem = f"ingest_tiers[{i}].up_to must grow: {up!r} after {previous!r}"
+        problems.append(problem)
+        if problem is None:
+            previous = float(up)
+    if tiers[-1][0] is not None:
+        problems.append("ingest_tiers: the last tier has no up_to (it prices the rest)")
+    return problems
+
+
+def ingest_usd(samples: float, prices: AmpPrices, *, already: float = 0.0) -> float:
+    """USD for ``samples`` ingested in a month, tier by tier when the table has tiers; ``already``: samples of the
+    same month before these (they fill the cheaper tiers' bottoms first)."""
+    if not prices.ingest_tiers:
+        return samples / SAMPLES_PER_INGEST_UNIT * prices.ingest_per_10m_samples
+    usd, low, start, end = 0.0, 0.0, already, already + samples
+    for up, price in prices.ingest_tiers:
+        high = math.inf if up is None else float(up)
+        part = max(0.0, min(end, high) - max(start, low))
+        usd += part / SAMPLES_PER_INGEST_UNIT * price
+        low = high
+    return usd
+
+
+def monthly_bill(*, ingest_samples: float, storage_gb: float, query_samples: float, prices: AmpPrices,
+                 collectors: int = 0, collected_samples: float | None = None, free_tier: bool = True) -> dict[str, Any]:
+    """A workspace's month: tiered ingestion, storage, queries and managed collectors, the free tier taken off once.
+
+    ``collected_samples`` defaults to ``ingest_samples`` (a collector sends what it scrapes); with ``collectors``
+    0 (a Prometheus remote-writes) there is no collector line.
+    """
+    free_i = prices.free_ingest_samples if free_tier else 0.0
+    free_q = prices.free_query_samples if free_tier else 0.0
+    free_s = prices.free_storage_gb if free_tier else 0.0
+    billed_i = max(0.0, ingest_samples - free_i)
+    ingest = ingest_usd(billed_i, prices)
+    storage = max(0.0, storage_gb - free_s) * prices.storage_per_gb_month
+    query = max(0.0, query_samples - free_q) / SAMPLES_PER_QUERY_UNIT * prices.query_per_billion_samples
+    collected = ingest_samples if collected_samples is None else collected_samples
+    hours = collectors * MONTH_S / 3600.0
+    collector = (hours * prices.collector_per_hour
+                 + (collected / SAMPLES_PER_INGEST_UNIT * prices.collector_per_10m_samples if collectors else 0.0))
+    return {"ingest_samples": round(ingest_samples), "ingest_usd": round(ingest, 4), "storage_gb": round(storage_gb, 4),
+            "storage_usd": round(storage, 4), "query_samples": round(query_samples), "query_usd": round(query, 4),
+            "collectors": collectors, "collector_hours": hours, "collector_usd": round(collector, 4),
+            "free_tier": free_tier, "total_usd": round(ingest + storage + query + collector, 4)}
 
 
 @dataclass(frozen=True)
@@ -341,7 +465,8 @@ def project_monthly_cost(*, active_series: int, scrape_interval_s: float, retent
                          prices: AmpPrices) -> CostProjection:
     """Project one metric group's monthly AMP bill at steady state.
 
-    - Ingestion: ``active_series x MONTH_S / scrape_interval_s`` samples, priced per 10M.
+    - Ingestion: ``active_series x MONTH_S / scrape_interval_s`` samples, priced per 10M (tier by tier
+      when the table has tiers, as if the group were the workspace's only volume; no free tier here).
     - Storage: the retention window full of samples, ``active_series x retention_days x
       86,400 / scrape_interval_s x bytes_per_sample`` bytes, priced per GB-month. (The
       first months cost less while the workspace fills up to its retention.)
@@ -362,7 +487,7 @@ def project_monthly_cost(*, active_series: int, scrape_interval_s: float, retent
           for i, q in enumerate(queries)),
     ))
     ingest_samples = active_series * MONTH_S / scrape_interval_s
-    ingest_usd = ingest_samples / SAMPLES_PER_INGEST_UNIT * prices.ingest_per_10m_samples
+    ingest_cost = ingest_usd(ingest_samples, prices)
     stored_samples = active_series * retention_days * 86_400.0 / scrape_interval_s
     storage_gb = stored_samples * prices.bytes_per_sample / BYTES_PER_GB
     storage_usd = storage_gb * prices.storage_per_gb_month
@@ -381,7 +506,7 @@ def project_monthly_cost(*, active_series: int, scrape_interval_s: float, retent
     )
     return CostProjection(
         ingestion_samples_per_month=ingest_samples,
-        ingestion_usd=ingest_usd,
+        ingestion_usd=ingest_cost,
         storage_gb=storage_gb,
         storage_usd=storage_usd,
         query_samples_per_month=sum(line.samples_per_month for line in lines),

@@ -133,6 +133,9 @@ class KubernetesSource:
     cluster_context: str | None = None
     in_cluster: bool | None = None
     timeout_s: float = 300.0
+    # ``prometheus_rules``: ["namespace/name", ...], the PrometheusRule objects the source's rules live in
+    # (``extra.rules`` then moves them from there: adapters/k8s_rules.py)
+    prometheus_rules: tuple[tuple[str, str], ...] = ()
 
 
 def kubernetes_source_of(extra: Mapping[str, Any], *, conn_id: str = "promshift_source") -> KubernetesSource | None:
@@ -166,10 +169,15 @@ def kubernetes_source_of(extra: Mapping[str, Any], *, conn_id: str = "promshift_
     in_cluster = raw.get("in_cluster")
     if in_cluster is not None and not isinstance(in_cluster, bool):
         raise ValueError(f"connection {conn_id!r}: extra.kubernetes.in_cluster must be true or false")
+    rules = raw.get("prometheus_rules") or []
+    named = [str(item).partition("/") for item in rules] if isinstance(rules, list) else [("", "", "")]
+    if any(not _DNS_LABEL.match(ns) or not sep or not _DNS_SUBDOMAIN.match(rule) for ns, sep, rule in named):
+        raise ValueError(f"connection {conn_id!r}: extra.kubernetes.prometheus_rules must list \"namespace/name\" of "
+                         "PrometheusRule objects")
     return KubernetesSource(kind=kind, namespace=namespace, name=name, key=str(raw.get("key") or "prometheus.yml"),
                             conn_id=raw.get("conn_id") or None, config_file=raw.get("config_file") or None,
                             cluster_context=raw.get("cluster_context") or None, in_cluster=in_cluster,
-                            timeout_s=timeout_s)
+                            timeout_s=timeout_s, prometheus_rules=tuple((ns, rule) for ns, _, rule in named))
 
 
 def group_for_deploy(group: MetricGroup, deploy: Deploy) -> MetricGroup:

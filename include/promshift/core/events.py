@@ -100,6 +100,14 @@ class EventKind(StrEnum):
     # The warm-up saw the target refuse samples while the group warmed up (the writer's failed samples, the
     # workspace's DiscardedSamples by reason): FAILED, naming the reason (``core.warmup``).
     WARMUP_FAILED = "warmup_failed"
+    # Bounded write queues (``steps.queues``): how the group's series are written changed, not where it stands.
+    QUEUE_SWAP_ADDED = "queue_swap_added"  # a merged entry added beside the entries it replaces (overlap begins)
+    QUEUE_SWAP_DONE = "queue_swap_done"  # the merged entry proven, the entries it replaces removed
+    QUEUE_SWAP_UNDONE = "queue_swap_undone"  # the proof failed: the add taken back (byte for byte when possible)
+    QUEUE_CAP_REFUSED = "queue_cap_refused"  # a new dual-write refused: the source is at its queue cap
+    # The history horizon (``core.horizon``): what waits until the target's history covers its reads.
+    HORIZON_WAITING = "horizon_waiting"  # panels or rules held back at the cut-over, each with its ready time
+    HORIZON_SWITCHED = "horizon_switched"  # held-back panels or rules switched once the target covered them
 
 
 # The warm-up's end, by the trigger's status (``ready``, ``timeout``, ``error``, ``failed``).
@@ -119,7 +127,9 @@ MOVE_FAILED = {"rules": EventKind.RULES_MOVE_FAILED, "read_path": EventKind.READ
 RESTORE_FAILED = {"rules": EventKind.RULES_RESTORE_FAILED, "read_path": EventKind.READ_PATH_RESTORE_FAILED}
 # Steps that resume from "this run's last event" look past these (a notice, the report a step publishes, the
 # deadline's overdue mark, recorded by the triggerer while a step may still be running).
-SIDE_EVENTS = frozenset({EventKind.NOTIFIED, EventKind.REPORT_PUBLISHED, EventKind.RUN_OVERDUE})
+SIDE_EVENTS = frozenset({EventKind.NOTIFIED, EventKind.REPORT_PUBLISHED, EventKind.RUN_OVERDUE,
+                         EventKind.QUEUE_SWAP_ADDED, EventKind.QUEUE_SWAP_DONE, EventKind.QUEUE_SWAP_UNDONE,
+                         EventKind.HORIZON_WAITING, EventKind.HORIZON_SWITCHED})
 # A run holds its group from its ``validated`` event until one of these (its end: refused at validate, rolled
 # back, nothing to roll back, or complete). ``rollback_failed`` keeps holding it: nobody verified the source.
 RELEASES_GROUP = frozenset({EventKind.VALIDATION_FAILED, EventKind.ROLLED_BACK, EventKind.ROLLBACK_NOT_NEEDED,

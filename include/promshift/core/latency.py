@@ -336,7 +336,8 @@ class WindowLatency:
 
 
 # How a backend failed, as the table says it ("source timed out").
-_FAILURE_PHRASES = {ErrorKind.TIMEOUT: "timed out", ErrorKind.QUERY_TOO_EXPENSIVE: "timed out (HTTP 422)",
+_FAILURE_PHRASES = {ErrorKind.TIMEOUT: "timed out",
+                    ErrorKind.QUERY_TOO_EXPENSIVE: "refused the query (HTTP 422: too large or too slow)",
                     ErrorKind.THROTTLED: "throttled", ErrorKind.UNREACHABLE: "unreachable",
                     ErrorKind.PARTIAL: "returned partial data", ErrorKind.MALFORMED: "answered malformed data",
                     ErrorKind.TOO_LARGE: "answered too much data"}

@@ -183,9 +183,9 @@ def run_overdue(*, group: str, run_id: str, stage: str, running_for: str, deadli
                  f"{running_for} ago and has not ended: the group is at stage {stage}, and the run's last recorded "
                  f"step is {last}. That is past its deadline of {deadline_after}, longer than its warm-up and its "
                  "approval could both have waited plus the steps' own work, so a task is stuck (a worker hung in a "
-                 "call, a deferred task its triggerer lost, a task queued behind others in the latency pool or "
-                 "for a worker slot). Nothing was stopped: look at the run's running task, and fail it to roll the "
-                 "group back if it cannot finish.")
+                 "call, a deferred task its triggerer lost, a latency probe waiting behind its workspace's other "
+                 "probes, or a task waiting for a worker slot). Nothing was stopped: look at the run's running "
+                 "task, and fail it to roll the group back if it cannot finish.")
     return _build(RUN_OVERDUE, group, run_id, f"run overdue: still going {running_for} after it was queued", facts,
                   [("The DAG run", run_url)], paragraph)
 

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import promql_parser
 
+from promshift.core.aggregation import level_series
 from promshift.core.catalog.regex import prometheus_fullmatch
 from promshift.core.cost import MONTH_S, AmpPrices, project_monthly_cost
 from promshift.core.promql import PromQLError, Selector, _is_scalar, analyse, parse, substitute
@@ -174,6 +175,8 @@ class UsageCollector:
     exprs: dict[str, ExprUsage | None] = field(default_factory=dict)
     reads: dict[tuple[str, Reader], _Reads] = field(default_factory=dict)
     legend_labels: dict[tuple[str, Reader], frozenset[str]] = field(default_factory=dict)
+    # dashboard variables without a value, per read: they stood for any value (core/aggregation.py blocks on them)
+    unknown_variables: dict[tuple[str, Reader], frozenset[str]] = field(default_factory=dict)
     unparsable: dict[str, str] = field(default_factory=dict)
     unparsable_reads: int = 0
 
@@ -187,7 +190,7 @@ class UsageCollector:
         return self.exprs[expr]
 
     def add(self, expr: str, reader: Reader, *, count: int = 1, seen: float | None = None,
-            points: float | None = None, legend: str = "") -> bool:
+            points: float | None = None, legend: str = "", unknown: Iterable[str] = ()) -> bool:
         """Record a read; False when the expression does not parse. ``points`` defaults to ``count``."""
         if self.usage_of(expr) is None:
             self.unparsable_reads += count
@@ -200,6 +203,8 @@ class UsageCollector:
         r.points += count if points is None else points
         if seen is not None and (r.last_seen is None or seen > r.last_seen):
             r.last_seen = seen
+        if unknown:
+            self.unknown_variables[key] = self.unknown_variables.get(key, frozenset()) | frozenset(unknown)
         if legend:
             labels = frozenset(_LEGEND_LABEL.findall(legend))
             if labels:
@@ -225,7 +230,7 @@ class UsageCollector:
                 unknown_seen.update(sub.unknown)
                 text = substitute(text, {v: ".*" for v in sub.unknown}).expr
             legend = target.get("legendFormat") if isinstance(target.get("legendFormat"), str) else ""
-            if not self.add(text, Reader("dashboard", f"{name} / {title}"), legend=legend):
+            if not self.add(text, Reader("dashboard", f"{name} / {title}"), legend=legend, unknown=sub.unknown):
                 notes.append(f"dashboard {name}: panel {title!r}: query does not parse: "
                              f"{self.unparsable.get(text, '')[:120]}")
         if unknown_seen:
@@ -394,6 +399,8 @@ class MetricStats:
     type: str = "unknown"
     samples_per_s: float = 0.0
     basis: DropBasis | None = None
+    level: tuple[str, ...] | None = None  # the aggregation level its reads allow (core/aggregation.py)
+    level_series: int = 0  # the series recorded at that level
 
     def share(self, label: str) -> float:
         return self.labels.get(label, 0) / self.series if self.series else 0.0
@@ -406,10 +413,11 @@ class MetricStats:
 
 def metric_stats(name: str, series: Sequence[Mapping[str, str]], *, candidates: Iterable[str] = (),
                  type_: str = "unknown", scrape_interval_s: Mapping[str, float] | None = None,
-                 default_interval_s: float = 30.0) -> MetricStats:
+                 default_interval_s: float = 30.0, level: Sequence[str] | None = None) -> MetricStats:
     """Stats of one metric from its series, with the drop basis for ``candidates`` (labels nobody read).
 
-    Samples per second: each series once per its job's scrape interval.
+    Samples per second: each series once per its job's scrape interval. ``level``: the labels an aggregation
+    would keep (``core/aggregation.py``): its series are counted while the series are at hand.
     """
     present: set[str] = set().union(*series) if series else set()
     basis = DropBasis(name, series, candidates, present=present)
@@ -421,7 +429,9 @@ def metric_stats(name: str, series: Sequence[Mapping[str, str]], *, candidates: 
     intervals = scrape_interval_s or {}
     rate = sum(n / (intervals.get(job) or default_interval_s) for job, n in jobs.items())
     return MetricStats(name=name, series=len(series), labels=dict(sorted(distinct.items())),
-                       jobs=tuple(sorted(j for j in jobs if j)), type=type_, samples_per_s=rate, basis=basis)
+                       jobs=tuple(sorted(j for j in jobs if j)), type=type_, samples_per_s=rate, basis=basis,
+                       level=None if level is None else tuple(level),
+                       level_series=0 if level is None else level_series(series, level))
 
 
 # --------------------------------------------------------------------------- resolution of reads
@@ -533,6 +543,12 @@ class Plan:
     not_read: tuple[str, ...]  # what the plan could not read: the plan is partial when any
     period_s: float
     generated_at: float
+    # The aggregation pass (core/plan_aggregation.py): per read metric a recommendation or its blockers, per group
+    # the recorded metrics and the group's cost with them, the workspace's bill (tiers, free tier, collectors).
+    aggregations: tuple[Mapping[str, Any], ...] = ()
+    group_aggregations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    bill: Mapping[str, Any] = field(default_factory=dict)
+    prices_date: str = ""
 
     @property
     def partial(self) -> bool:
@@ -541,7 +557,12 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"version": 1, "generated_at": self.generated_at, "period_s": self.period_s,
                 "partial": self.partial, "not_read": list(self.not_read),
-                "groups": [g.to_dict() for g in self.groups], "unread_metrics": list(self.unread_metrics),
+                "groups": [{**g.to_dict(), **self.group_aggregations.get(g.name, {"aggregations": [],
+                                                                                  "cost_aggregated": g.cost_after})}
+                           for g in self.groups],
+                "unread_metrics": list(self.unread_metrics),
+                "aggregations": [dict(a) for a in self.aggregations], "bill": dict(self.bill),
+                "prices_date": self.prices_date,
                 "never_read_labels": {k: list(v) for k, v in sorted(self.never_read_labels.items())},
                 "metrics": {k: dict(v) for k, v in sorted(self.metrics.items())},
                 "totals": {"before_usd": round(sum(g.cost_before["total_usd"] for g in self.groups), 4),

@@ -29,6 +29,7 @@ def plan_markdown(plan: Mapping[str, Any], *, notes: Sequence[str] = (), diff: S
            f"Generated {when} from usage over {format_duration(plan['period_s'])}."
            f" Totals per month on AMP: {_usd(plan['totals']['before_usd'])} moving every metric of the families, "
            f"{_usd(plan['totals']['after_usd'])} moving only what was read.", ""]
+    out += _bill(plan)
     if plan["not_read"]:
         out += ["## PARTIAL: what this plan could not read", ""]
         out += [f"- {_cell(line)}" for line in plan["not_read"]] + [""]
@@ -63,6 +64,7 @@ def plan_markdown(plan: Mapping[str, Any], *, notes: Sequence[str] = (), diff: S
         if g["left_behind"]:
             out.append(f"Left behind (nobody read them): {', '.join(g['left_behind'])}")
             out.append("")
+    out += _aggregations(plan)
     metrics = plan["metrics"]
     unread = plan["unread_metrics"]
     out += ["## Metrics nobody read in the period (left behind)", ""]
@@ -79,6 +81,70 @@ def plan_markdown(plan: Mapping[str, Any], *, notes: Sequence[str] = (), diff: S
             top = "; ".join(f"{r['reader']} ×{r['count']:,}" for r in row["readers"][:3])
             out.append(f"| {name} | {row['type']} | {row['series']:,} | {_cell(top)} |")
     return "\n".join(out) + "\n"
+
+
+def _bill(plan: Mapping[str, Any]) -> list[str]:
+    """The workspace's month, three ways, with the price table's date."""
+    bill = plan.get("bill") or {}
+    if not bill:
+        return []
+    date = plan.get("prices_date") or "not given (add prices_date to the price table)"
+    out = ["## The month on AMP (the whole workspace)", "",
+           f"Prices: the price table dated {date}; ingestion priced tier by tier, the free tier taken off once.", "",
+           "| moving | series | samples/s | ingest | storage | queries | collectors | total |",
+           "|---|---|---|---|---|---|---|---|"]
+    names = {"all": "every metric of the groups", "read": "what was read", "aggregated": "what was read, aggregated"}
+    for key, label in names.items():
+        b = bill.get(key)
+        if b:
+            out.append(f"| {label} | {b['series']:,} | {b['samples_per_s']:,.1f} | {_usd(b['ingest_usd'])} | "
+                       f"{_usd(b['storage_usd'])} | {_usd(b['query_usd'])} | {_usd(b['collector_usd'])} | "
+                       f"{_usd(b['total_usd'])} |")
+    out += ["", f"Aggregating before shipping saves {_usd(bill.get('saved_by_aggregation_usd', 0.0))} a month. "
+            f"Scraped by one managed collector instead of a Prometheus, add "
+            f"{_usd(bill.get('one_managed_collector_usd', 0.0))} a month.", ""]
+    return out
+
+
+def _aggregations(plan: Mapping[str, Any]) -> list[str]:
+    """Recording rules recommended per metric (before/after, saving), then the metrics whose reads block one."""
+    aggs = plan.get("aggregations") or []
+    if not aggs:
+        return []
+    done = [a for a in aggs if a["recommended"]]
+    out = ["## Aggregate before shipping (recording rules on the source)", "",
+           "Every read of these metrics aggregates the same labels away with one family: a recording rule on the "
+           "source ships the aggregate instead of every raw series (the raw metric stays on the source).", ""]
+    if done:
+        out += ["| metric | group | level | rules | series before → after | samples/s before → after | "
+                "saved per month |", "|---|---|---|---|---|---|---|"]
+        for a in done:
+            out.append(f"| {a['metric']} | {a['group']} | {', '.join(a['level']) or '(fleet)'} | "
+                       f"{', '.join('`' + r['record'] + '`' for r in a['rules'])} | "
+                       f"{a['series_before']:,} → {a['series_after']:,} | "
+                       f"{a['samples_per_s_before']:,.1f} → {a['samples_per_s_after']:,.1f} | {_usd(a['saved_usd'])} |")
+        out.append("")
+        for a in done:
+            out += [f"### {a['metric']}", "", "```yaml", f"- name: promshift-aggregate-{a['group']}",
+                    f"  interval: {format_duration(a['evaluation_interval_s'])}", "  rules:"]
+            for r in a["rules"]:
+                out += [f"    - record: {r['record']}", f"      expr: {json.dumps(r['expr'])}"]
+            out += ["```", "", "| read | reads today | reads the recorded series |", "|---|---|---|"]
+            out += [f"| {_cell(w['reader'])} | `{_cell(w['read'])}` | `{_cell(w['rewritten'])}` |"
+                    for w in a["reads"][:20]]
+            out.append("")
+    else:
+        out += ["No metric can be aggregated: each has a read that needs its raw series (below).", ""]
+    blocked = [a for a in aggs if not a["recommended"]]
+    if blocked:
+        out += ["### Not aggregated: the read that needs the raw series", "",
+                "| metric | blocked by | why |", "|---|---|---|"]
+        for a in blocked:
+            b = a["blocked_by"][0] if a["blocked_by"] else {"reader": "-", "why": "-"}
+            more = f" (and {len(a['blocked_by']) - 1} more)" if len(a["blocked_by"]) > 1 else ""
+            out.append(f"| {a['metric']} | {_cell(b['reader'])}{more} | {_cell(b['why'])} |")
+        out.append("")
+    return out
 
 
 def catalog_draft(plan: Mapping[str, Any], *, host_label: str, scrape_interval_s: float) -> str:
@@ -116,6 +182,10 @@ def catalog_draft(plan: Mapping[str, Any], *, host_label: str, scrape_interval_s
         if g["left_behind"]:
             lines.append(f"    # left behind, nobody read them: {', '.join(g['left_behind'][:20])}"
                          + (" ..." if len(g["left_behind"]) > 20 else ""))
+        recorded = [a for a in plan.get("aggregations", ()) if a["recommended"] and a["group"] == g["name"]]
+        if recorded:
+            lines.append("    # aggregate before shipping (plan.md has the rules and each read's rewrite):")
+            lines += [f"    #   {a['metric']} -> {', '.join(r['record'] for r in a['rules'])}" for a in recorded]
         lines.append("    metrics:")
         lines += [f"      - {q(m)}" for m in g["metrics"]]
         lines += ["    latency:", "      queries:"]

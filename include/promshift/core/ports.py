@@ -79,13 +79,14 @@ class Probes(Protocol):
     and cost, the rules and alerts a target holds."""
 
     def parity(self, group: Any, source: PrometheusProbe, target: PrometheusProbe, *,
-               catalog_dir: Path | None) -> Any:
-        """A parity check with ``run(dual_write_since=, now=) -> core.parity.ParityResult``."""
+               catalog_dir: Path | None, limits: Any = None) -> Any:
+        """A parity check with ``run(dual_write_since=, now=) -> core.parity.ParityResult``; ``limits``: the
+        target's per-query limits (a callable answering ``core.query_limits.QueryLimits``)."""
 
     def golden_lookbacks(self, group: Any, catalog_dir: Path | None) -> Sequence[float]: ...
 
     def latency(self, source: PrometheusProbe, target: PrometheusProbe, policy: Any, *, min_step_s: float,
-                target_retention: Any) -> Any:
+                target_retention: Any, target_limits: Any = None) -> Any:
         """A latency probe with ``run(now=, queries=, ...) -> core.latency.LatencyResult``."""
 
     def amp_prices(self) -> Any: ...

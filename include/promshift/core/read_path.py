@@ -53,12 +53,14 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Protocol
 
 from promshift.core.catalog import MetricGroup
+from promshift.core.horizon import Horizon, panel_reach, split_by_horizon
 from promshift.core.promql import PromQLError, analyse, grafana_builtins, metric_names, substitute
 
 SWITCH = "switch"
 ALREADY = "already"
 MIXED = "mixed"
 UNPARSED = "unparsed"
+WAITING = "waiting"  # would switch, but the target's history does not cover how far back it reads yet
 
 MIXED_DATASOURCE = "-- Mixed --"
 _VARIABLE_REF = re.compile(r"^\$(\w+)$|^\$\{(\w+)(?::[^}]*)?\}$|^\[\[(\w+)(?::\w+)?\]\]$")
@@ -381,10 +383,11 @@ class PanelPlan:
     targets: tuple[TargetRead, ...]
     edits: tuple[Edit, ...] = ()
     reason: str = ""
+    horizon: Mapping[str, Any] | None = None  # with a horizon: its reach and, when it waits, its ready time
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": _path_text(self.path), "id": self.id, "title": self.title, "state": self.state,
-                "reason": self.reason,
+                "reason": self.reason, "horizon": None if self.horizon is None else dict(self.horizon),
                 "targets": [{"refId": t.ref_id, "reads": t.state, "metrics": list(t.metrics)} for t in self.targets],
                 "edits": [e.to_dict() for e in self.edits]}
 
@@ -452,6 +455,7 @@ class DashboardPlan:
                 "already": [p.to_dict() for p in self.by_state(ALREADY)],
                 "mixed": [p.to_dict() for p in self.by_state(MIXED)],
                 "unparsed": [p.to_dict() for p in self.by_state(UNPARSED)],
+                "waiting": [p.to_dict() for p in self.by_state(WAITING)],
                 "edits": len(self.edits), "variables_reading_group": list(self.variables_reading_group),
                 "library_panels": list(self.library_panels)}
 
@@ -522,11 +526,13 @@ def _variables_reading(root: Node, group: MetricGroup, values: Mapping[str, str]
 
 def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, target: DatasourceRef,
                    variables: Mapping[str, str] | None = None, default_is_source: bool = True,
-                   name: str = "") -> DashboardPlan:
+                   name: str = "", horizon: Horizon | None = None) -> DashboardPlan:
     """Plan the read-path switch of one dashboard's text for ``group`` (see the module's decisions).
 
     ``variables`` are template values (the catalog's ``golden_variables``); they only help parse
-    expressions. ``name`` labels the plan (a file name, a dashboard uid).
+    expressions. ``name`` labels the plan (a file name, a dashboard uid). With ``horizon`` (the group's
+    dual-write start and now, ``core.horizon``), a panel that would switch but reads further back than the
+    target holds is ``waiting`` instead: no edit now, its ready time in ``horizon``.
     """
     if source.names() & target.names():
         raise ReadPathError("the source and the target datasource are the same")
@@ -605,7 +611,24 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
             if kind == _SOURCE and node is not None:
                 edits.append(Edit((*path, "targets", i, "datasource"), node.py(), new_value, node.start, node.end,
                                   new_text))
-        if edits:
+        if edits and horizon is not None:
+            time_node = root.get("time")
+            reach = panel_reach(panel.py(), [r_expr for r_expr in _group_exprs(targets, reads)],
+                                dashboard_time=time_node.py() if time_node is not None else None,
+                                name=f"{name or 'dashboard'} / {common['title'] or _path_text(path)}",
+                                scrape_interval_s=horizon.scrape_interval_s, now=horizon.now, variables=values)
+            split = split_by_horizon([reach], dual_write_since=horizon.dual_write_since, now=horizon.now,
+                                     accept_short_history=horizon.accept_short_history)
+            if split.waiting:
+                wait = split.waiting[0]
+                when = wait.ready_at.isoformat() if wait.ready_at else "unknown (accept short history to switch)"
+                plans.append(PanelPlan(**common, state=WAITING, edits=tuple(edits), horizon=wait.to_dict(),
+                                       reason=f"reads {'; '.join(reach.parts)}; the target holds "
+                                              f"{wait.held_s:.0f}s; ready at {when}"))
+                continue
+            info = {**reach.to_dict(), "accepted_short": bool(split.accepted_short)}
+            plans.append(PanelPlan(**common, state=SWITCH, edits=tuple(edits), horizon=info))
+        elif edits:
             plans.append(PanelPlan(**common, state=SWITCH, edits=tuple(edits)))
         else:
             plans.append(PanelPlan(**common, state=ALREADY, reason="already reads the target datasource"))
@@ -617,6 +640,20 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
                          variables_reading_group=_variables_reading(root, group, values),
                          library_panels=tuple(library), source_references=source_references,
                          datasources_named=tuple(named))
+
+
+def _group_exprs(targets: Node, reads: Sequence[TargetRead]) -> list[str]:
+    """The expressions of a panel's targets that read through the source or the target (what it shows)."""
+    wanted = {r.ref_id for r in reads}
+    out = []
+    for i, t in enumerate(targets.elements()):
+        if t.kind != "object":
+            continue
+        ref, expr = t.get("refId"), t.get("expr")
+        ref_id = str(ref.value) if ref is not None else str(i)
+        if ref_id in wanted and expr is not None and isinstance(expr.value, str):
+            out.append(expr.value)
+    return out
 
 
 def _note_name(value: Any, named: dict[str, None]) -> None:

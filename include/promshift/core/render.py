@@ -34,11 +34,12 @@ newlines has already turned CRLF into LF. Bytes must be UTF-8 (a BOM is kept as 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import threading
 import unicodedata
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -123,14 +124,151 @@ def remote_write_entry(
     if drop_labels:
         # Label names ([a-zA-Z_][a-zA-Z0-9_]*) need no escaping in a regex.
         entry["write_relabel_configs"].append({"regex": "|".join(drop_labels), "action": "labeldrop"})
+    entry.update(_write_settings(queue_config, sigv4))
+    return entry
+
+
+def _write_settings(queue_config: Mapping[str, Any] | None, sigv4: Mapping[str, str] | None) -> dict[str, Any]:
+    """An entry's ``sigv4`` and ``queue_config`` keys (a signed target gets AMP's queue settings by default)."""
+    settings: dict[str, Any] = {}
     if sigv4 is not None:
         if not sigv4.get("region"):
             raise RenderError("a sigv4 remote_write needs a region")
-        entry["sigv4"] = {k: str(sigv4[k]) for k in ("region", "role_arn") if sigv4.get(k)}
+        settings["sigv4"] = {k: str(sigv4[k]) for k in ("region", "role_arn") if sigv4.get(k)}
         queue_config = queue_config or AMP_QUEUE_CONFIG
     if queue_config:
-        entry["queue_config"] = dict(queue_config)
+        settings["queue_config"] = dict(queue_config)
+    return settings
+
+
+# -- merged entries (bounded write queues) --------------------------------------------------------
+#
+# Every remote_write entry keeps its own queue tailing the WAL (prometheus/prometheus#13174), so groups
+# that have cut over share one entry per (source, target). A merged entry never changes either: a new
+# member set is a new entry (its name carries a digest of its members and URL), added beside the old
+# ones and proven before they go (``steps.queues``). Its relabel rules name every member:
+#
+#   1. per member: ``replace`` ``__tmp_promshift_group`` with the member's name when ``__name__``
+#      matches the member's keep regex (the member's own keep filter, unchanged);
+#   2. ``keep`` what got a member (the union of the keep filters);
+#   3. per declared drop of a member: ``replace`` the label with "" when the member claimed the series
+#      (Prometheus deletes a label replaced by an empty value: the member's labeldrop, for its series only);
+#   4. ``labeldrop`` the marker, so the target sees exactly the series the per-group entries sent.
+#
+# Relabelling runs once per series when a queue reads it from the WAL (not per sample), so the rules
+# cost what the per-group entries' filters cost together, in one queue instead of one each.
+
+MERGED_PREFIX = f"{ENTRY_PREFIX}-merged-"  # "promshift--merged-": no group's entry (group names start with a letter)
+MEMBER_LABEL = "__tmp_promshift_group"
+_MEMBER_NAME = re.compile(r"[a-z][a-z0-9-]*")  # the catalog's group names: literal as a regex, as a label value
+
+
+@dataclass(frozen=True)
+class QueueMember:
+    """One group's share of a promshift entry: its keep regex on ``__name__`` and its declared label drops."""
+
+    group: str
+    name_regex: str
+    drop_labels: tuple[str, ...] = ()
+
+
+def is_merged_name(name: str) -> bool:
+    """Whether ``name`` is a merged entry's (``promshift--merged-...``)."""
+    return name.startswith(MERGED_PREFIX)
+
+
+def is_promshift_name(name: str) -> bool:
+    """Whether promshift owns the ``remote_write`` entry called ``name`` (a group's or a merged one)."""
+    return name.startswith(ENTRY_PREFIX)
+
+
+def merged_entry_name(url: str, members: Iterable[str]) -> str:
+    """The merged entry's name: a digest of its URL and member set (a new member set is a new entry)."""
+    digest = hashlib.sha256(json.dumps([url, sorted(set(members))]).encode()).hexdigest()[:12]
+    return f"{MERGED_PREFIX}{digest}"
+
+
+def merged_remote_write_entry(
+    *,
+    members: Iterable[QueueMember],
+    url: str,
+    queue_config: Mapping[str, Any] | None = None,
+    sigv4: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The one entry that writes every member's series to ``url``, as each member's own entry did.
+
+    Members are written in name order, so the same member set always renders the same entry
+    (a retried swap adds nothing twice). ``queue_config``/``sigv4`` as in ``remote_write_entry``.
+    """
+    by_name: dict[str, QueueMember] = {}
+    for member in members:
+        if member.group in by_name and by_name[member.group] != member:
+            raise RenderError(f"group {member.group!r} appears twice with different filters")
+        by_name[member.group] = member
+    if not all(_MEMBER_NAME.fullmatch(name) for name in by_name):
+        raise RenderError("a merged entry's groups must be catalog group names ([a-z][a-z0-9-]*)")
+    if not by_name:
+        raise RenderError("a merged remote_write entry needs at least one group")
+    ordered = [by_name[name] for name in sorted(by_name)]
+    rules: list[dict[str, Any]] = [
+        {"source_labels": ["__name__"], "regex": m.name_regex, "target_label": MEMBER_LABEL,
+         "replacement": m.group, "action": "replace"} for m in ordered]
+    rules.append({"source_labels": [MEMBER_LABEL], "regex": ".+", "action": "keep"})
+    for m in ordered:
+        for label in m.drop_labels:
+            rules.append({"source_labels": [MEMBER_LABEL], "regex": m.group, "target_label": label,
+                          "replacement": "", "action": "replace"})
+    rules.append({"regex": MEMBER_LABEL, "action": "labeldrop"})
+    entry: dict[str, Any] = {"name": merged_entry_name(url, by_name), "url": url, "write_relabel_configs": rules}
+    entry.update(_write_settings(queue_config, sigv4))  # the members' own signing and queue: only relabelling differs
     return entry
+
+
+def queue_members(entry: Mapping[str, Any]) -> tuple[QueueMember, ...]:
+    """The groups a promshift entry writes, read back from the entry itself (a group's or a merged one).
+
+    Only the shapes ``remote_write_entry`` and ``merged_remote_write_entry`` write are read; any other
+    (an entry edited by hand) is refused, so a merge never guesses what a filter meant.
+    """
+    name = str(entry.get("name", ""))
+    rules = entry.get("write_relabel_configs")
+    if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+        raise RenderError(f"remote_write entry {name!r} has no write_relabel_configs list")
+    if not is_merged_name(name):
+        group = name[len(ENTRY_PREFIX):]
+        keep = rules[0] if rules else {}
+        drops: tuple[str, ...] = ()
+        if len(rules) == 2 and rules[1].get("action") == "labeldrop" and set(rules[1]) == {"regex", "action"}:
+            drops = tuple(str(rules[1]["regex"]).split("|"))
+        elif len(rules) != 1:
+            raise RenderError(f"remote_write entry {name!r} is not the shape promshift writes; merge it by hand")
+        if keep != {"source_labels": ["__name__"], "regex": keep.get("regex"), "action": "keep"} or not group:
+            raise RenderError(f"remote_write entry {name!r} is not the shape promshift writes; merge it by hand")
+        return (QueueMember(group, str(keep["regex"]), drops),)
+    regex: dict[str, str] = {}
+    drops_of: dict[str, list[str]] = {}
+    for rule in rules:
+        if rule.get("target_label") == MEMBER_LABEL and rule.get("action") == "replace":
+            regex[str(rule["replacement"])] = str(rule["regex"])
+        elif rule.get("action") == "replace" and rule.get("source_labels") == [MEMBER_LABEL]:
+            group = rule.get("regex") if rule.get("regex") in regex else None
+            if group is None:
+                raise RenderError(f"merged entry {name!r} drops a label for an unknown group; merge it by hand")
+            drops_of.setdefault(group, []).append(str(rule["target_label"]))
+    members = tuple(QueueMember(g, regex[g], tuple(drops_of.get(g, ()))) for g in sorted(regex))
+    if not members or merged_remote_write_entry(members=members, url=str(entry.get("url")),
+                                                queue_config=entry.get("queue_config"),
+                                                sigv4=entry.get("sigv4")) != dict(entry):
+        raise RenderError(f"merged entry {name!r} is not the shape promshift writes; merge it by hand")
+    return members
+
+
+def remote_write_entries(config: str | bytes) -> list[dict[str, Any]]:
+    """Every ``remote_write`` entry of a config as loaded (YAML 1.2), in order; a non-mapping item is refused."""
+    entries = _entries(_load(config))
+    if not all(isinstance(e, dict) for e in entries):
+        raise RenderError(f"every {KEY} item must be a mapping")
+    return entries
 
 
 def check_remote_write_url(url: Any) -> None:

@@ -13,6 +13,9 @@
   keeps the catalog's. At least one scrape interval, at most the catalog's ``warmup.timeout`` stretched by
   the same amount (the timeout keeps its margin over the duration).
 - ``reason``: why the run was started (free text, kept in the audit).
+- ``accept_short_history`` (default false): switch every panel and move every rule at the cut-over even when
+  the target's history (from the dual-write on) is shorter than what it reads (``core.horizon``); recorded
+  with the run's parameters and shown to the approver. Left false, those wait until the target covers them.
 
 Free text (``change_ticket``, ``reason``) with a control, bidirectional-override or line-separator character
 is refused naming the character (``core.text``): U+202E would make it read backwards on the board and in mails.
@@ -47,6 +50,7 @@ class RunParams:
     warmup_override: str = ""
     warmup_override_s: float | None = None
     reason: str = ""
+    accept_short_history: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +84,11 @@ def parse_run_params(params: Mapping[str, Any] | None, *, scrape_interval_s: flo
         dry_run = False
     if not isinstance(dry_run, bool):
         raise RunParamsError(f"param 'dry_run' must be true or false, got {dry_run!r:.40}")
+    short = params.get("accept_short_history", False)
+    if short is None:
+        short = False
+    if not isinstance(short, bool):
+        raise RunParamsError(f"param 'accept_short_history' must be true or false, got {short!r:.40}")
     override = _text(params, "warmup_override", 64)
     seconds = None
     if override:
@@ -97,4 +106,4 @@ def parse_run_params(params: Mapping[str, Any] | None, *, scrape_interval_s: flo
                                  f"{format_duration(MAX_WARMUP_OVERRIDE_S)}, got {override!r}")
     return RunParams(dry_run=dry_run, change_ticket=_text(params, "change_ticket", MAX_TICKET_CHARS),
                      warmup_override=override, warmup_override_s=seconds,
-                     reason=_text(params, "reason", MAX_REASON_CHARS))
+                     reason=_text(params, "reason", MAX_REASON_CHARS), accept_short_history=short)

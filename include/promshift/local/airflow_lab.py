@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -215,7 +215,6 @@ class LocalAirflow:
                 log.info("starting airflow standalone on %s (log %s)", self.base_url, self.log_path("standalone"))
                 self._spawn("standalone", [self._airflow_bin, "standalone"])
             self._wait_healthy(deadline, timeout_s)
-            self.ensure_latency_pool()
             self.set_variable(TEAMS_VARIABLE, json.dumps(DEMO_TEAMS))
         except BaseException:
             self.stop(term_wait_s=15.0)  # what did start must not outlive a failed start
@@ -410,28 +409,6 @@ class LocalAirflow:
             self.api(user, "PATCH", f"/variables/{key}", json=body)
         log.info("variable %s set in Airflow's database", key)
 
-    def ensure_latency_pool(self, *, user: str = TRIGGER_USER, target_conn_ids: Sequence[str] = ()) -> None:
-        """The pool bounding concurrent latency probes on each target (``PROMSHIFT_LATENCY_POOL_SLOTS``, default
-        1; the default target's, and each of ``target_conn_ids``): Airflow would never schedule a latency task
-        whose pool does not exist. In production: ``airflow pools set`` (docs/lifecycle.md)."""
-        from promshift.orchestration.dag_factory import DEFAULT_LATENCY_POOL_SLOTS, latency_pool
-        from promshift.orchestration.operators import TARGET_CONN
-
-        slots = int(os.environ.get("PROMSHIFT_LATENCY_POOL_SLOTS") or DEFAULT_LATENCY_POOL_SLOTS)
-        for conn_id in dict.fromkeys((TARGET_CONN, *target_conn_ids)):
-            name = latency_pool(conn_id)
-            body = {"name": name, "slots": slots, "description": "promshift latency probes on one target workspace"}
-            try:
-                found = self.api(user, "GET", f"/pools/{name}")
-            except RuntimeError:
-                self.api(user, "POST", "/pools", json=body)
-            else:
-                if found.get("slots") != slots:  # Airflow's PoolPatchBody names the pool ("pool") as well
-                    self.api(user, "PATCH", f"/pools/{name}", params={"update_mask": ["slots", "description"]},
-                             json={"pool": name, "slots": slots, "description": body["description"],
-                                   "include_deferred": bool(found.get("include_deferred"))})
-            log.info("pool %s: %d slot(s)", name, slots)
-
     def connection_exists(self, conn_id: str, *, user: str = TRIGGER_USER) -> bool:
         listed = self.api(user, "GET", "/connections", params={"connection_id_pattern": conn_id, "limit": 100})
         return any(c["connection_id"] == conn_id for c in listed["connections"])
@@ -461,8 +438,13 @@ class LocalAirflow:
     def trigger_group(self, group: MetricGroup, *, user: str = TRIGGER_USER,
                       conf: dict[str, Any] | None = None) -> str:
         """Start ``group``'s migration: a run of its target's migration DAG (``group.dag_id``) with the group
-        chosen in the form (``conf``: the form's other fields, e.g. ``dry_run``, ``reason``)."""
-        return self.trigger(group.dag_id, user=user, conf={**(conf or {}), "group": group.name})
+        chosen in the form (``conf``: the form's other fields, e.g. ``dry_run``, ``reason``).
+
+        The lab's runs accept short history unless ``conf`` says otherwise: a demo cuts over minutes into its
+        dual-write, and its dashboard (15 min) and alert (``for: 1m``) would otherwise wait for the target's
+        history (``core.horizon``; tests/integration/test_horizon_local.py shows the wait)."""
+        return self.trigger(group.dag_id, user=user,
+                            conf={"accept_short_history": True, **(conf or {}), "group": group.name})
 
     def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
         """Every run of ``dag_id`` Airflow has (run id, run type, state, conf...), oldest first."""

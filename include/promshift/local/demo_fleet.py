@@ -132,7 +132,6 @@ def run_waves(session: DemoSession, *, report_root: Path, timeout_s: float = WAV
     dependencies have cut over; each approved through the REST API; a report per group."""
     stack, airflow = session.stack, session.airflow
     session.set_connections(fleet_connections(stack))
-    airflow.ensure_latency_pool(target_conn_ids=[TARGET_B])  # the second workspace's probes have their own pool
     config_of = {SOURCE_A: stack.source_config_path, SOURCE_B: stack.source_b_config_path}
     groups = {name: session.group(name) for name in FLEET_PLAN}
     for name, group in groups.items():  # the session's catalog says what the plan says

@@ -47,6 +47,7 @@ class AmpHook(AwsBaseHook):
         kwargs["client_type"] = "amp"
         super().__init__(aws_conn_id=aws_conn_id, **kwargs)
         self._timeout_s = timeout_s
+        self._query_limits: Any = None
 
     @cached_property
     def conn_config(self) -> AwsConnectionWrapper:
@@ -109,10 +110,12 @@ class AmpHook(AwsBaseHook):
 
     @property
     def sigv4(self) -> dict[str, str]:
-        """The remote_write ``sigv4:`` block: the workspace's region, and the role when one is assumed."""
+        """The remote_write ``sigv4:`` block: the workspace's region, and ``writer_role_arn`` when the writer assumes
+        one. Never the connection's ``role_arn``: that is promshift's control-plane role (CreateScraper, rule
+        namespaces, Secrets Manager reads), which the source Prometheus must not hold (docs/aws-setup.md)."""
         block = {"region": self.target.region}
-        if self.target.role_arn:
-            block["role_arn"] = self.target.role_arn
+        if self.target.writer_role_arn:
+            block["role_arn"] = self.target.writer_role_arn
         return block
 
     @property
@@ -214,6 +217,17 @@ class AmpHook(AwsBaseHook):
     @cached_property
     def _cloudwatch(self) -> Any:
         return self.service_client("cloudwatch")
+
+    def query_limits(self) -> Any:
+        """The workspace's per-query limits (``adapters.amp_quota.read_query_limits``): ``extra.query_limits``,
+        else Service Quotas, else AMP's documented defaults. Read once per hook (one task); the parity plan
+        carries them to its shards."""
+        if self._query_limits is None:
+            from promshift.adapters.amp_quota import read_query_limits
+
+            self._query_limits = read_query_limits(self.service_client("service-quotas"),
+                                                   configured=self.conn_config.extra_config.get("query_limits"))
+        return self._query_limits
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:

@@ -76,7 +76,7 @@ EXECUTION_TIMEOUTS: dict[str, timedelta] = {
     # Reduces the shards' results (no backend calls) and records the verdict.
     "parity": timedelta(minutes=15),
     # Every window's queries × repeats, each at most the policy's timeout_s (60 s by default), run one probe at a
-    # time per workspace (the latency pool): queued time in the pool does not count.
+    # time per workspace (LATENCY_PROBES_PER_WORKSPACE): time waiting for the other probe does not count.
     "latency": timedelta(minutes=60),
     # Pure computation over the two verdicts and one audit write.
     "gate": timedelta(minutes=5),
@@ -117,19 +117,11 @@ def _limit(task_id: str) -> timedelta:
     return EXECUTION_TIMEOUTS[task_id]
 
 
-# Latency probes of groups that share a target workspace would skew each other's p95 and share its query quota:
-# each group's ``latency`` task runs in the pool of its target connection, which holds at most that many at once.
-LATENCY_POOL_PREFIX = "promshift_latency__"
-DEFAULT_LATENCY_POOL_SLOTS = 1
-
-
-def latency_pool(target_conn_id: str) -> str:
-    """The pool bounding concurrent latency probes against the workspace of connection ``target_conn_id``.
-
-    The DAG file creates nothing (parsing touches no database): create it once per target connection,
-    ``airflow pools set promshift_latency__<conn id> 1 "promshift latency probes"`` (more slots: more probes at
-    once). Airflow does not schedule a task whose pool does not exist."""
-    return f"{LATENCY_POOL_PREFIX}{target_conn_id}"
+# Latency probes of groups that share a target workspace would skew each other's p95 and share its query quota. A
+# migration DAG serves exactly one target workspace (connection), so its ``latency`` task takes at most this many
+# task instances at once across all the DAG's runs (``max_active_tis_per_dag``): the bound needs no setup (no pool
+# to create; a missing pool used to leave runs waiting at ``latency`` in silence).
+LATENCY_PROBES_PER_WORKSPACE = 1
 
 
 def _listed(groups: Sequence[MetricGroup], limit: int = 20) -> str:
@@ -143,7 +135,7 @@ def _migration_doc(target: str, groups: Sequence[MetricGroup]) -> str:
     return (
         f"# Migrate metric groups to the AMP workspace of connection `{target}`\n\n"
         "Choose the group in the form. validate → snapshot → deploy dual-write → warm-up (deferred) → parity "
-        "(plan → mapped shards → reduce) → latency (pool `" + latency_pool(target) + "`) → gate → on-call "
+        "(plan → mapped shards → reduce) → latency (one probe at a time on this workspace) → gate → on-call "
         "approval → cutover → done. Any failure, failed gate or rejection → rollback (restores the snapshot byte "
         "for byte).\n\n"
         "The form: `group`, `dry_run` (read only: nothing deployed, cut over or rolled back; the stage never "
@@ -243,6 +235,12 @@ def run_params_schema() -> dict[str, Param]:
                                                    "run (at least one scrape interval); empty keeps the catalog's."),
         "reason": _form_field("", type="string", maxLength=MAX_REASON_CHARS, title="Reason",
                               description="Why this run was started (kept in the audit)."),
+        "accept_short_history": _form_field(False, type="boolean", title="Accept short history",
+                                            description="Switch every panel and move every rule at the cut-over "
+                                                        "even when they read further back than the target holds "
+                                                        "(from the dual-write on); kept in the audit and shown to "
+                                                        "the approver. Off: those wait until the target covers "
+                                                        "them."),
     }
 
 
@@ -312,7 +310,7 @@ def build_migration_dag(groups: Sequence[MetricGroup], *, target: str, catalog_p
     if not groups or any(g.target != target for g in groups):
         raise ValueError(f"a migration DAG is built for groups of target {target!r} only")
     # The group (and so its source connection) is the form's: each task takes it when it renders (choose_group),
-    # and refuses a group the catalog now sends to another workspace (its pool and connection are this DAG's).
+    # and refuses a group the catalog now sends to another workspace (its latency bound, connection: this DAG's).
     common = dict(group_name=None, catalog_path=str(catalog_path), profile=profile, target_conn_id=target,
                   dag_target=target)
     with promshift_dag(
@@ -345,7 +343,7 @@ def build_migration_dag(groups: Sequence[MetricGroup], *, target: str, catalog_p
                                 trigger_rule=TriggerRule.NONE_FAILED,
                                 plan=parity_plan.output["plan"], shards=parity_samples.output, **common)
         latency = LatencyOperator(task_id="latency", execution_timeout=_limit("latency"), deployed=deploy.output,
-                                  pool=latency_pool(target), **common)
+                                  max_active_tis_per_dag=LATENCY_PROBES_PER_WORKSPACE, **common)
         gate = GateOperator(task_id="gate", execution_timeout=_limit("gate"), retries=0, parity=parity.output,
                             latency=latency.output, **common)
         approval = MigrationApprovalOperator(

@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 # snapshot, deploy_dual_write, warm_up's worker part, parity_plan, parity_samples, parity, latency, gate, approval's
 # worker part, cutover, done: ``dag_factory.EXECUTION_TIMEOUTS``) add up to 3 h 35 min, and the two waits' triggers
 # run 5 min past their timeouts; a healthy run's steps take minutes. A run past this is stuck beyond both waits
-# (a task hung, a trigger lost), or queued behind other groups' probes in its target's latency pool (one slot by
-# default; the notice says which stage and step it is at). Raising a backstop means raising this.
+# (a task hung, a trigger lost), or waiting behind other groups' probes on its target workspace (one at a time:
+# LATENCY_PROBES_PER_WORKSPACE; the notice says which stage and step it is at). Raising a backstop means raising this.
 OVERDUE_MARGIN = timedelta(hours=4)
 
 

@@ -97,6 +97,14 @@ class PrometheusHook(BaseHook):
     def retention_lookup(self) -> Callable[[], tuple[float | None, str]] | None:
         return None  # the server reports it (status/runtimeinfo); the catalog is the fallback
 
+    def query_limits(self) -> Any:
+        """A self-hosted backend's per-query limits: ``extra.query_limits`` (e.g. ``{max_samples: ...}``), else
+        none known (a refusal for size is still split and asked again)."""
+        from promshift.core.query_limits import QueryLimits
+
+        configured = dict(self.extra.get("query_limits") or {})
+        return QueryLimits.from_dict({**configured, "source": dict.fromkeys(configured, "configuration")})
+
     def identity(self) -> dict[str, Any]:
         """What the audit records about this backend (never credentials)."""
         return {"kind": "prometheus", "url": self.base_url}

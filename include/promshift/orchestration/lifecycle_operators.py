@@ -41,7 +41,8 @@ class BakeCheckOperator(GroupStepOperator):
         from promshift.steps.lifecycle import DEFAULT_READ_RESTORERS
 
         lifecycle = GroupLifecycle(migration, deploy=self.deploy,
-                                   read_restorers=[*DEFAULT_READ_RESTORERS, *self.moved_restorers(migration)])
+                                   read_restorers=[*DEFAULT_READ_RESTORERS, *self.moved_restorers(migration)],
+                                   horizon_moves=self.horizon_moves())
         try:
             out = lifecycle.bake_check(_now())
         except RestoreReadsFailed as exc:

@@ -21,7 +21,7 @@ from promshift.orchestration.operators import (
     given,
     publish_report,
 )
-from promshift.orchestration.wiring import audit_store
+from promshift.orchestration.wiring import audit_store, require_production_settings
 
 
 class ValidateGroupOperator(GroupStepOperator):
@@ -36,9 +36,11 @@ class ValidateGroupOperator(GroupStepOperator):
         from promshift.core.run_params import RunParamsError
         from promshift.steps.migration import GroupNotStartable
 
+        require_production_settings(f"validate {self.task_id}")  # before the audit store is even opened
         try:
             self.run_params(context, strict=True)
             self.check_pair()
+            self.check_promtool()
         except (RunParamsError, ValueError) as exc:
             self._record_failure(context, exc)
             raise AirflowFailException(str(exc)) from None
@@ -51,6 +53,32 @@ class ValidateGroupOperator(GroupStepOperator):
             return migration.validate(_now())  # records its own validation_failed or start_refused
         except GroupNotStartable as exc:
             raise AirflowSkipException(str(exc)) from exc
+
+    def check_promtool(self) -> None:
+        """When this source's config or rules are checked with promtool (a config file, or ``extra.rules``): refuse
+        (ValueError, one line) a promtool older than the source Prometheus (``core.promtool``). A source that does
+        not answer is left to ``validate``'s own readiness check."""
+        from promshift.adapters.deploy import promtool_version
+        from promshift.adapters.prometheus import PrometheusError
+        from promshift.core.deploy import DeployError
+        from promshift.core.promtool import promtool_problem
+        from promshift.orchestration.hooks import PrometheusHook
+
+        source = self.source_hook
+        if not isinstance(source, PrometheusHook) or not (source.extra.get("config_path") or source.extra.get("rules")):
+            return
+        promtool = str(source.extra.get("promtool", "promtool"))
+        try:
+            version = str(source.prometheus_client().build_info()["version"])
+        except PrometheusError as exc:
+            self.log.warning("source version unknown (%s); promtool's version not compared", exc)
+            return
+        try:
+            problem = promtool_problem(version, promtool_version(promtool), promtool=promtool)
+        except DeployError as exc:
+            raise ValueError(str(exc)) from None
+        if problem:
+            raise ValueError(problem)
 
     def _record_failure(self, context: Any, exc: Exception) -> None:
         from promshift.orchestration.hooks import PrometheusHook
@@ -219,7 +247,8 @@ class _ParityStep(GroupStepOperator):
         group = group_for_deploy(self.group, self.deploy)  # independent_scraper on the scraper path
         return ParityCheck(group, self.source_hook.prometheus_client(stats=True),
                            self.gated(self.target_hook.prometheus_client(stats=True), context),
-                           catalog_dir=Path(self.catalog_path).parent)
+                           catalog_dir=Path(self.catalog_path).parent,
+                           limits=getattr(self.target_hook, "query_limits", None))
 
 
 class ParityPlanOperator(_ParityStep):
@@ -383,21 +412,26 @@ class CutoverOperator(GroupStepOperator):
         from promshift.steps.moves import record_move_failure
 
         migration = self.migration(context)
+        # What the target can answer in full moves now; the rest waits for its history (core.horizon).
+        horizon = self.horizon(migration, context, _now())
         # The rules first (the source drops them, the target loads them), then the dashboards, then routing;
         # each is audited and done once per run, so a retry resumes where the first attempt stopped.
         rules = self.rules_step(migration)
         if rules is not None:
             try:
-                moved = rules.handoff(_now())
+                moved = rules.handoff(_now(), horizon)
             except Exception as exc:
                 record_move_failure(migration, "rules", "handoff", exc, _now())
                 raise
-            self.log.info("rules moved: %s (%s recording, %s alerting)", moved["rules"], moved["records"],
-                          moved["alerts"])
+            if "waiting" in moved:
+                self.log.info("rules wait for the target's history (first ready at %s)", moved.get("next_ready_at"))
+            else:
+                self.log.info("rules moved: %s (%s recording, %s alerting)", moved["rules"], moved["records"],
+                              moved["alerts"])
         read_path = self.read_path_step(migration)
         if read_path is not None:
             try:
-                switched = read_path.switch(_now())
+                switched = read_path.switch(_now(), horizon)
             except Exception as exc:
                 record_move_failure(migration, "read_path", "switch", exc, _now())
                 raise

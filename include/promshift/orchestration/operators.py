@@ -30,7 +30,7 @@ from promshift.orchestration.wiring import (  # noqa: F401 - the shell's names, 
 Output = Any  # XComArg | the value
 
 # The trigger form of a group's DAG (``core.run_params``; the schema is in ``dag_factory.run_params_schema``).
-RUN_PARAMS = ("dry_run", "change_ticket", "warmup_override", "reason")
+RUN_PARAMS = ("dry_run", "change_ticket", "warmup_override", "reason", "accept_short_history")
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ def plan_params() -> dict[str, Param]:
                                 title="Query logs", description="the query_log_file(s): file:// or s3:// URLs"),
         "dashboards": Param([], type="array", items={"type": "string", "maxLength": 2000}, maxItems=50,
                             title="Dashboards", description="dashboard JSON files or folders on the workers"),
-        "period": Param("7d", type="string", pattern="^[0-9]+(ms|s|m|h|d|w|y)([0-9]+(ms|s|m|h|d|w|y))*$",
+        "period": Param("30d", type="string", pattern="^[0-9]+(ms|s|m|h|d|w|y)([0-9]+(ms|s|m|h|d|w|y))*$",
                         title="Usage period", description="query-log lines this recent count"),
         "series_window": Param("1h", type="string", pattern="^[0-9]+(ms|s|m|h|d|w|y)([0-9]+(ms|s|m|h|d|w|y))*$",
                                title="Series window", description="series seen this recently make the inventory"),

@@ -45,7 +45,10 @@ AMP_FIELDS: dict[str, Any] = {
                      "description": "ws-...; or give the alias instead"},
     "workspace_alias": {"label": "Workspace alias", "schema": {"type": ["string", "null"]}},
     "role_arn": {"label": "Role to assume", "schema": {"type": ["string", "null"]},
-                 "description": "Assumed as the amazon provider assumes roles (optional)"},
+                 "description": "promshift's own role, assumed as the amazon provider assumes roles (optional)"},
+    "writer_role_arn": {"label": "Writer role (sigv4)", "schema": {"type": ["string", "null"]},
+                        "description": "The role the source Prometheus assumes to write (aps:RemoteWrite only); "
+                                       "empty: it writes with its own IRSA role (recommended)"},
 }
 
 

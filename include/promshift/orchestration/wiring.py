@@ -98,9 +98,41 @@ def audit_url() -> str:
         if not isinstance(url, str) or not url:
             raise AirflowFailException(f"connection {AUDIT_CONN!r}: extra.url must be a SQLAlchemy URL string")
         return masked(url, f"connection {AUDIT_CONN!r} extra.url")
-    url = default_audit_url()
+    from promshift.adapters.settings import ProductionSettingsMissing
+
+    try:
+        url = default_audit_url()  # refuses under PROMSHIFT_ENV=production
+    except ProductionSettingsMissing as exc:
+        raise AirflowFailException(f"{exc}; or connection {AUDIT_CONN!r}'s extra.url") from None
     log.info("audit database (default, SQLite under PROMSHIFT_HOME): %s", redacted(url))
     return url
+
+
+def require_production_settings(where: str) -> None:
+    """Under ``PROMSHIFT_ENV=production``, fail the task in one line unless every store is named (the audit
+    database, key and anchor, snapshots, reports), before anything is opened or created; in the lab, nothing."""
+    import os
+
+    from promshift.adapters import settings
+
+    try:
+        if not settings.is_production():
+            return
+        url = os.environ.get("PROMSHIFT_AUDIT_URL") or _connection_audit_url()
+        settings.require_production_settings(where, audit_url=url, audit_key_given=audit_key() is not None)
+    except settings.ProductionSettingsMissing as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def _connection_audit_url() -> str | None:
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        url = BaseHook.get_connection(AUDIT_CONN).extra_dejson.get("url")
+    except AirflowNotFoundException:
+        return None
+    return url if isinstance(url, str) and url else None
 
 
 def audit_store(on_head: Any = None) -> Any:
@@ -262,6 +294,7 @@ class GroupWiring:
                 target_sigv4=target.sigv4,
                 target_ready=target.readiness_problem,
                 target_retention=target.retention_lookup,
+                target_limits=getattr(target, "query_limits", None),
                 target_identity=target.identity(),
                 target_alerts=target.alert_reader,
                 target_discards=getattr(target, "discards_reader", None),
@@ -466,9 +499,11 @@ class GroupWiring:
         if not isinstance(source, PrometheusHook) or not source.extra.get("rules"):
             return None
         promtool = str(source.extra.get("promtool", "promtool"))
+        source_rules = self._prometheus_rule_source(source, promtool)  # rules in PrometheusRule objects
         config_path = source.extra.get("config_path")
-        if not config_path:
-            raise AirflowFailException(f"connection {self.source_conn_id!r}: extra.rules needs extra.config_path")
+        if not config_path and source_rules is None:
+            raise AirflowFailException(f"connection {self.source_conn_id!r}: extra.rules needs extra.config_path "
+                                       "(or extra.kubernetes.prometheus_rules)")
         target = self.target_hook
         if isinstance(target, AmpHook):
             rules_target: Any = target.rules_namespace(self.group.name)
@@ -479,9 +514,21 @@ class GroupWiring:
                                            f"{self.target_conn_id!r} needs extra.config_path")
             rules_target = PrometheusRulesTarget(target_config, target.prometheus_client(), group_name=self.group.name,
                                                  rules_dir=target.extra.get("rules_dir"), promtool=promtool)
-        move = RulesMove.for_group(SourceRules(config_path, source.prometheus_client(), promtool=promtool),
-                                   rules_target, self.group)
+        source_rules = source_rules or SourceRules(config_path, source.prometheus_client(), promtool=promtool)
+        move = RulesMove.for_group(source_rules, rules_target, self.group)
         return RulesStep(migration, move, ObjectStorageBlobs(snapshots_url()))
+
+    def _prometheus_rule_source(self, source: Any, promtool: str) -> Any:
+        """``adapters.k8s_rules.PrometheusRuleSource`` over ``extra.kubernetes.prometheus_rules``, else None."""
+        from promshift.adapters.k8s_rules import PrometheusRuleSource
+        from promshift.core.deploy_kinds import kubernetes_source_of
+        from promshift.orchestration.hooks import kubernetes_hook
+
+        k8s = kubernetes_source_of(source.extra, conn_id=self.source_conn_id)
+        if k8s is None or not k8s.prometheus_rules:
+            return None
+        return PrometheusRuleSource(kubernetes_hook(k8s), k8s.prometheus_rules, source.prometheus_client(),
+                                    promtool=promtool, timeout_s=k8s.timeout_s)
 
     def read_path_step(self, migration: Any) -> Any:
         """The group's dashboards switch (``moves.ReadPathStep``) when connection ``grafana_default`` exists
@@ -513,6 +560,30 @@ class GroupWiring:
         source = self.source_hook
         if isinstance(source, PrometheusHook) and source.extra.get("rules"):
             out.append(("rules", restorer(self.rules_step)))
+        return out
+
+    def horizon(self, migration: Any, context: Any, now: datetime) -> Any:
+        """The group's history horizon at ``now`` (``core.horizon.Horizon``): when its dual-write began and whether
+        this run accepts short history; None when it is not dual-writing (nothing to hold back)."""
+        from promshift.core.horizon import Horizon, dual_write_since
+
+        since = dual_write_since(migration.audit.events(group=self.group_name))
+        if since is None:
+            return None
+        return Horizon(since, now, accept_short_history=self.run_params(context).accept_short_history,
+                       scrape_interval_s=self.group.scrape_interval_s)
+
+    def horizon_moves(self) -> list[Any]:
+        """The bake watch's movers of what the horizon held back (dashboards, then rules), for what is configured;
+        each builds its move only when something waits (``GroupLifecycle.move_when_ready``)."""
+        from promshift.orchestration.hooks import PrometheusHook
+
+        out: list[Any] = []
+        if self._grafana_read_path() is not None:
+            out.append(lambda m, horizon, now: self.read_path_step(m).switch_when_ready(m, horizon, now))
+        source = self.source_hook
+        if isinstance(source, PrometheusHook) and source.extra.get("rules"):
+            out.append(lambda m, horizon, now: self.rules_step(m).handoff_when_ready(m, horizon, now))
         return out
 
     @staticmethod

@@ -34,7 +34,9 @@ from promshift.core.deploy import snapshot_key
 from promshift.core.deploy_kinds import DEPLOYS, REMOTE_WRITE, Deploy
 from promshift.core.errors import AlertmanagerError, PrometheusError
 from promshift.core.events import EventKind
+from promshift.core.horizon import Horizon, decommission_short_by, dual_write_since, held_back, waiting_list
 from promshift.core.promql import newest_sample_expr
+from promshift.core.queues import carrying_entry
 from promshift.core.render import RenderError, remote_write_name, remote_write_names
 from promshift.core.stages import BAKE_WATCHED, Stage
 from promshift.core.verdicts import Verdict
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 DECOMMISSIONABLE = frozenset({Stage.BAKED, Stage.RECOMMISSIONED})
 
 ReadRestorer = tuple[str, Callable[..., Mapping[str, Any]]]
+HorizonMove = Callable[[GroupMigration, Horizon, datetime], Any]
 # A moved rule's label in a rules_moved event recorded before it listed ``moved_rules`` (``core.rules.Rule.label``).
 _RULE_LABEL = re.compile(r"^(record|alert) (\S+) \(.*: group (['\"])(.*)\3, rule \d+\)$")
 
@@ -105,10 +108,14 @@ class GroupLifecycle:
 
     def __init__(self, migration: GroupMigration, *, deploy: Deploy = DEPLOYS[REMOTE_WRITE],
                  read_restorers: Sequence[ReadRestorer] = DEFAULT_READ_RESTORERS,
-                 parity_check: Callable[[float, float], tuple[Verdict, str]] | None = None) -> None:
+                 parity_check: Callable[[float, float], tuple[Verdict, str]] | None = None,
+                 horizon_moves: Sequence[HorizonMove] = ()) -> None:
         self.migration = migration
         self.deploy = deploy
         self.read_restorers = tuple(read_restorers)
+        # What the history horizon held back at the cut-over, moved by a clean check once its time has come
+        # (``moves.ReadPathStep.switch_when_ready``, ``moves.RulesStep.handoff_when_ready``).
+        self.horizon_moves = tuple(horizon_moves)
         # (window start, now) -> (verdict, reason); default: ParityCheck over the short window.
         self._parity = parity_check or self._short_parity
 
@@ -136,9 +143,17 @@ class GroupLifecycle:
         queue = self.deploy.source_queue
         name = remote_write_name(self.group.name)
         if queue:
-            attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(), name))
+            # Once merged (bounded write queues) the group is written by the merged entry, not its own.
+            carrier: dict[str, str | None] = {}
+
+            def carrying() -> str | None:
+                if "name" not in carrier:
+                    carrier["name"] = carrying_entry(b.source.config_text(), self.group.name)
+                return carrier["name"]
+
+            attempt("lag", lambda: parse_remote_write_lag(b.source.metrics_text(), carrying() or name))
             # Still deployed? A sync from git (or a helm upgrade) that dropped our entry says so here.
-            attempt("entry", lambda: name in remote_write_names(b.source.config_text()))
+            attempt("entry", lambda: carrying() is not None)
         since = self.migration.existing_dual_write_since()
         window_start = at - self.group.parity.skip_recent_s - self.group.bake.parity_window_s
         if since is not None:
@@ -233,6 +248,7 @@ class GroupLifecycle:
             restored = self.restore_reads(reason=f"bake check {result.verdict.value}: {result.reason()}", now=now)
             return {"outcome": "rolled_back_reads", "check": evidence, "reason": restored["reason"],
                     "restored": restored}
+        moved = self.move_when_ready(now)
         checks = self.checks_since_bake_started()
         if baked(checks, policy, now=now.timestamp()):
             streak = clean_streak_start(checks, interval_s=policy.interval_s)
@@ -240,7 +256,17 @@ class GroupLifecycle:
                                   "last_check": evidence}, to=Stage.BAKED)
             return {"outcome": "baked", "check": evidence, "clean_since": streak}
         return {"outcome": "baking", "check": evidence, "checks": len(checks),
-                "clean_since": clean_streak_start(checks, interval_s=policy.interval_s)}
+                "clean_since": clean_streak_start(checks, interval_s=policy.interval_s), "horizon_moves": moved}
+
+    def move_when_ready(self, now: datetime) -> list[Any]:
+        """Switch what the history horizon held back whose ready time has passed (each mover records it)."""
+        m = self.migration
+        events = m.audit.events(group=self.group.name)
+        since = dual_write_since(events)
+        if since is None or not held_back(events) or not self.horizon_moves:
+            return []
+        horizon = Horizon(since, now, scrape_interval_s=self.group.scrape_interval_s)
+        return [move(m, horizon, now) for move in self.horizon_moves]
 
     def checks_since_bake_started(self) -> list[tuple[float, Verdict]]:
         """(time, verdict) of every bake check since the group last entered ``baking``, oldest first."""
@@ -291,10 +317,13 @@ class Decommission:
 
     def __init__(self, migration: GroupMigration, *, deploy: Deploy, verify_s: float | None = None,
                  poll_s: float = 5.0, sleep: Callable[[float], None] | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, accept_history_loss: bool = False) -> None:
         import time
 
         self.migration = migration
+        # The decommission form's own acceptance: drop the group although something still reads further back
+        # than the target holds (the loss is measured and shown to the approver, ``measure``).
+        self.accept_history_loss = accept_history_loss
         self.deploy = deploy
         group = migration.group
         # Two scrapes for the staleness markers, plus the collector's lag.
@@ -313,6 +342,12 @@ class Decommission:
             return (f"group {m.group.name!r} reaches the target through the source's remote_write: the source is "
                     "the target's only writer, so dropping the group at scrape would stop the target's copy too; "
                     "decommission needs an independent writer (the managed collector, deploy 'scraper')")
+        waiting = waiting_list(m.audit.events(group=m.group.name))
+        if waiting and not self.accept_history_loss:
+            first = waiting[0]
+            return (f"group {m.group.name!r} still has {len(waiting)} panel(s) or rule(s) reading further back than "
+                    f"the target holds (first: {first['kind']} {first['name']!r}, ready at "
+                    f"{first['ready_at'] or 'unknown'}); decommission waits until then, or accept the history loss")
         return None
 
     def measure(self, now: datetime) -> dict[str, Any]:
@@ -329,8 +364,19 @@ class Decommission:
                 "samples_per_s": total / interval if interval else None,
                 "source_samples_appended_per_s": appended}
 
+    def history_loss(self, now: datetime) -> dict[str, Any]:
+        """What dropping the group now would lose, for the approver: every panel and rule still reading further
+        back than the target holds, and by how much the target falls short of the longest (None: unknown)."""
+        events = self.migration.audit.events(group=self.migration.group.name)
+        waiting = waiting_list(events)
+        since = dual_write_since(events)
+        reaches = [w["reach_s"] for w in waiting]
+        short = None if since is None or None in reaches else decommission_short_by(
+            max(reaches, default=0.0), dual_write_since=since, now=now)
+        return {"waiting": waiting, "short_by_s": short, "accepted": self.accept_history_loss}
+
     def decommission(self, now: datetime, *, approval: Mapping[str, Any]) -> dict[str, Any]:
-        from promshift.core.render import remote_write_names, sha256_bytes
+        from promshift.core.render import sha256_bytes
         from promshift.core.scrape_drop import add_scrape_drop, drop_is_loaded, drop_rule
 
         m = self.migration
@@ -400,7 +446,7 @@ class Decommission:
     def recommission(self, now: datetime, *, reason: str) -> dict[str, Any]:
         """Undo the decommission: remove the drop (the source scrapes and stores the group again); reads stay
         on the target. The source never stored the group's samples between the decommission and now."""
-        from promshift.core.render import remote_write_names, sha256_bytes
+        from promshift.core.render import sha256_bytes
         from promshift.core.scrape_drop import remove_scrape_drop
 
         m = self.migration

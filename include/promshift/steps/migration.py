@@ -102,6 +102,8 @@ class Backends:
     target_ready: Callable[[], str | None] | None = None
     # (seconds, origin) of the target's retention from its control plane; None: ask the server, then the catalog.
     target_retention: Callable[[], tuple[float | None, str]] | None = None
+    # The target's per-query limits (``core.query_limits``), read when parity or latency first needs them.
+    target_limits: Callable[[], Any] | None = None
     # What the audit records about the target ({kind: amp, workspace_id, region}); never credentials.
     target_identity: Mapping[str, Any] = field(default_factory=dict)
     # The target's Alertmanager: alertname -> the alerts it holds active for it (``adapters.alertmanager``);
@@ -387,14 +389,15 @@ class GroupMigration:
     def parity(self, *, dual_write_since: float, now: datetime) -> ParityResult:
         """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck)."""
         return self.probes.parity(self.group, self.backends.source, self.backends.target,
-                                  catalog_dir=self.catalog_dir).run(
+                                  catalog_dir=self.catalog_dir, limits=self.backends.target_limits).run(
             dual_write_since=dual_write_since, now=now.timestamp())
 
     def latency(self, now: datetime, *, dual_write_since: float | None = None) -> LatencyResult:
         """Each window's golden queries on both backends (see LatencyProbe), plus the cost projection."""
         probe = self.probes.latency(self.backends.source, self.backends.target, self.group.latency,
                                     min_step_s=self.group.parity.step_s,
-                                    target_retention=self.backends.target_retention)
+                                    target_retention=self.backends.target_retention,
+                                    target_limits=self.backends.target_limits)
         queries = list(self.group.latency.queries) or [f"count({self.group.selector()})"]
         result = probe.run(now=now.timestamp(), queries=queries, dual_write_since=dual_write_since,
                            history_selector=self.group.selector(), group=self.group)

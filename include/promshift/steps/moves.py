@@ -27,6 +27,7 @@ from typing import Any
 from promshift.core.audit import AuditEvent
 from promshift.core.deploy import snapshot_key
 from promshift.core.events import MOVE_FAILED, EventKind
+from promshift.core.horizon import Horizon, held_back, rule_reach, split_by_horizon
 from promshift.core.ports import Blobs
 from promshift.core.rules import RuleKind
 from promshift.steps.migration import GroupMigration
@@ -132,20 +133,63 @@ class RulesStep:
         self.migration.record(EventKind.RULES_RECORDS_ADDED, now, evidence)
         return evidence
 
-    def handoff(self, now: datetime) -> dict[str, Any]:
-        """The source drops the group's rules, the target loads them all (``RulesMove.handoff``); once per run."""
+    def handoff(self, now: datetime, horizon: Horizon | None = None) -> dict[str, Any]:
+        """The source drops the group's rules, the target loads them all (``RulesMove.handoff``); once per run.
+
+        With ``horizon``, the rules move together only once the target holds every one's reach (its ranges and
+        its ``for``): until then they all stay on the source, where the data is (a recording rule feeds alerts
+        of the same group), and ``horizon_waiting`` names each with its ready time; the bake watch hands them
+        off later (``handoff_when_ready``)."""
         done = _this_run(self.migration, EventKind.RULES_MOVED)
         if done is not None:
             return dict(done.evidence_data)
         snap, plan = self.this_run()
+        return self._handoff(self.migration, snap, plan, now, horizon)
+
+    def _handoff(self, migration: GroupMigration, snap: Any, plan: Any, now: datetime,
+                 horizon: Horizon | None, *, record_wait: bool = True) -> dict[str, Any]:
+        if horizon is not None and not plan.empty:
+            split = split_by_horizon([rule_reach(r.expr, for_=r.body.get("for"), name=r.label, now=horizon.now)
+                                      for r in plan.selection.rules], dual_write_since=horizon.dual_write_since,
+                                     now=horizon.now, accept_short_history=horizon.accept_short_history)
+            if split.waiting:
+                evidence = {"what": "rules", "moved": False, "horizon": horizon.to_dict(),
+                            "waiting": [w.to_dict() for w in split.waiting],
+                            "ready": [r.to_dict() for r in split.ready],
+                            "next_ready_at": None if split.next_ready() is None else split.next_ready().isoformat()}
+                if record_wait:  # the bake watch's later looks change nothing: recorded once, at the cut-over
+                    migration.record(EventKind.HORIZON_WAITING, now, evidence)
+                return evidence
         out = self.move.handoff(plan, snap, now)
         evidence = {"moved": not plan.empty, **self._selection_counts(plan), "gap_s": out.get("gap_s"),
                     # what the bake watch looks for on the target (``lifecycle.moved_rules``)
                     "moved_rules": [{"kind": r.kind.value, "name": r.name, "group": r.group}
                                     for r in plan.selection.rules],
-                    "source": out.get("source"), "target": out.get("target")}
-        self.migration.record(EventKind.RULES_MOVED, now, evidence)
+                    "source": out.get("source"), "target": out.get("target"),
+                    "horizon": None if horizon is None else horizon.to_dict()}
+        migration.record(EventKind.RULES_MOVED, now, evidence)
         return evidence
+
+    def waiting(self, migration: GroupMigration | None = None) -> AuditEvent | None:
+        """The group's rules still held back by the horizon: its latest ``horizon_waiting`` for rules, unless
+        they moved or were restored since (then None)."""
+        m = migration or self.migration
+        return held_back(m.audit.events(group=m.group.name)).get("rules")
+
+    def handoff_when_ready(self, migration: GroupMigration, horizon: Horizon, now: datetime) -> dict[str, Any] | None:
+        """The bake watch's turn: hand off rules the horizon held back, once the target holds their reach."""
+        held = self.waiting(migration)
+        if held is None:
+            return None
+        event = _pending_snapshot(migration, EventKind.RULES_SNAPSHOT, EventKind.RULES_RESTORED)
+        if event is None:
+            return None
+        snap = self._load(event)
+        out = self._handoff(migration, snap, self.move.plan(snap), now, horizon, record_wait=False)
+        if out.get("moved"):
+            migration.record(EventKind.HORIZON_SWITCHED, now, {"what": "rules", "moved": out.get("moved_rules"),
+                                                               "horizon": horizon.to_dict()})
+        return out
 
     def restore(self, migration: GroupMigration | None = None, *, reason: str, now: datetime) -> dict[str, Any]:
         """Both sides back to the group's latest rules snapshot (target first); a no-op when already restored."""
@@ -176,20 +220,64 @@ class ReadPathStep:
         self.migration.record(EventKind.READ_PATH_SNAPSHOT, now, evidence)
         return evidence
 
-    def switch(self, now: datetime) -> dict[str, Any]:
-        """The snapshotted dashboards' group panels to the target datasource; once per run."""
+    def switch(self, now: datetime, horizon: Horizon | None = None) -> dict[str, Any]:
+        """The snapshotted dashboards' group panels to the target datasource; once per run.
+
+        With ``horizon``, panels reading further back than the target holds wait (``horizon_waiting`` names
+        each with its ready time); the bake watch switches them later (``switch_when_ready``)."""
         done = _this_run(self.migration, EventKind.READ_PATH_SWITCHED)
         if done is not None:
             return dict(done.evidence_data)
         event = _this_run(self.migration, EventKind.READ_PATH_SNAPSHOT)
         if event is None:
             raise RuntimeError("this run took no dashboard snapshot (the snapshot step records one)")
-        out = self.switch_.switch(event.evidence_data["snapshot"])
-        boards = out.get("files") if "files" in out else out.get("dashboards") or []
+        out = self._switch(event, horizon)
+        boards = _boards(out)
         evidence = {"switched": True, "kind": self.switch_.kind, "dashboards": len(boards),
                     "panels": sum(len(b.get("panels") or []) for b in boards), "result": out}
         self.migration.record(EventKind.READ_PATH_SWITCHED, now, evidence)
+        self._record_waiting(self.migration, out, horizon, now)
         return evidence
+
+    def _switch(self, event: AuditEvent, horizon: Horizon | None) -> dict[str, Any]:
+        snapshot = event.evidence_data["snapshot"]
+        return self.switch_.switch(snapshot, horizon) if horizon is not None else self.switch_.switch(snapshot)
+
+    @staticmethod
+    def _record_waiting(migration: GroupMigration, out: Mapping[str, Any], horizon: Horizon | None,
+                        now: datetime) -> list[dict[str, Any]]:
+        waiting = [w for b in _boards(out) for w in b.get("waiting") or ()]
+        if waiting and horizon is not None:
+            times = [w["horizon"]["ready_at"] for w in waiting if (w.get("horizon") or {}).get("ready_at")]
+            migration.record(EventKind.HORIZON_WAITING, now, {
+                "what": "read_path", "horizon": horizon.to_dict(), "waiting": waiting,
+                "next_ready_at": min(times) if times else None})
+        return waiting
+
+    def waiting(self, migration: GroupMigration | None = None) -> AuditEvent | None:
+        """The group's panels still held back by the horizon (its latest ``horizon_waiting`` for dashboards),
+        unless a switch since left none waiting or the dashboards were restored."""
+        m = migration or self.migration
+        return held_back(m.audit.events(group=m.group.name)).get("read_path")
+
+    def switch_when_ready(self, migration: GroupMigration, horizon: Horizon, now: datetime) -> dict[str, Any] | None:
+        """The bake watch's turn: switch the panels the horizon held back whose ready time has passed."""
+        if self.waiting(migration) is None:
+            return None
+        event = _pending_snapshot(migration, EventKind.READ_PATH_SNAPSHOT, EventKind.READ_PATH_RESTORED)
+        if event is None:
+            return None
+        out = self._switch(event, horizon)
+        still = [w for b in _boards(out) for w in b.get("waiting") or ()]
+        before = {(w["path"], w["title"]) for w in self.waiting(migration).evidence_data.get("waiting") or ()}
+        switched = sorted(before - {(w["path"], w["title"]) for w in still})
+        evidence = {"what": "read_path", "switched": [{"path": p, "title": t} for p, t in switched],
+                    "horizon": horizon.to_dict(), "result": out}
+        if switched:
+            migration.record(EventKind.HORIZON_SWITCHED, now, evidence)
+        if still and switched:
+            self._record_waiting(migration, out, horizon, now)
+        return {**evidence, "waiting": still}
 
     def restore(self, migration: GroupMigration | None = None, *, reason: str, now: datetime) -> dict[str, Any]:
         m = migration or self.migration
@@ -200,6 +288,10 @@ class ReadPathStep:
         evidence = {"changed": True, "reason": reason, "snapshot_run_id": event.run_id, "result": out}
         m.record(EventKind.READ_PATH_RESTORED, now, evidence)
         return evidence
+
+
+def _boards(out: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(out.get("files") if "files" in out else out.get("dashboards") or [])
 
 
 def read_restorers(rules: RulesStep | None, read_path: ReadPathStep | None

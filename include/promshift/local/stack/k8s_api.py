@@ -5,6 +5,8 @@ tested against this small ``ThreadingHTTPServer`` on 127.0.0.1. It serves only w
 
 - ``GET|PUT|PATCH /api/v1/namespaces/{ns}/configmaps/{name}``
 - ``GET|PUT|PATCH /apis/monitoring.coreos.com/v1/namespaces/{ns}/prometheuses/{name}``
+- ``GET|PUT|PATCH /apis/monitoring.coreos.com/v1/namespaces/{ns}/prometheusrules/{name}`` (rules moved from a
+  ``PrometheusRule``: ``adapters.k8s_rules``; its ``spec.groups`` checked by ``RULE_GROUP``/``RULE`` below)
 
 and answers the way the real API server does for them:
 
@@ -75,14 +77,20 @@ log = logging.getLogger(__name__)
 
 CONFIGMAPS = "configmaps"
 PROMETHEUSES = "prometheuses"
+PROMETHEUSRULES = "prometheusrules"
 CR_GROUP = "monitoring.coreos.com"
 _PATHS = {
     CONFIGMAPS: re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps/([^/]+)$"),
     PROMETHEUSES: re.compile(r"^/apis/monitoring\.coreos\.com/v1/namespaces/([^/]+)/prometheuses/([^/]+)$"),
+    PROMETHEUSRULES: re.compile(r"^/apis/monitoring\.coreos\.com/v1/namespaces/([^/]+)/prometheusrules/([^/]+)$"),
 }
-_API_VERSION = {CONFIGMAPS: "v1", PROMETHEUSES: f"{CR_GROUP}/v1"}
-_KIND = {CONFIGMAPS: "ConfigMap", PROMETHEUSES: "Prometheus"}
-_QUALIFIED = {CONFIGMAPS: "configmaps", PROMETHEUSES: f"prometheuses.{CR_GROUP}"}
+_API_VERSION = {CONFIGMAPS: "v1", PROMETHEUSES: f"{CR_GROUP}/v1", PROMETHEUSRULES: f"{CR_GROUP}/v1"}
+_KIND = {CONFIGMAPS: "ConfigMap", PROMETHEUSES: "Prometheus", PROMETHEUSRULES: "PrometheusRule"}
+_QUALIFIED = {CONFIGMAPS: "configmaps", PROMETHEUSES: f"prometheuses.{CR_GROUP}",
+              PROMETHEUSRULES: f"prometheusrules.{CR_GROUP}"}
+# prometheus-operator's RuleGroup and Rule (monitoring.coreos.com/v1 PrometheusRuleSpec; api-reference).
+RULE_GROUP = frozenset({"name", "labels", "interval", "query_offset", "rules", "partial_response_strategy", "limit"})
+RULE = frozenset({"record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations"})
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 # A ConfigMap's data, binaryData and metadata together must fit in 1 MiB (k8s validation: MaxSecretSize).
@@ -257,21 +265,29 @@ def _check_fields(value: Any, allowed: frozenset[str], path: str) -> None:
             raise _unknown(f"{path}.", key)
 
 
-def validate_prometheus(obj: Mapping[str, Any], ns: str, name: str) -> None:
-    """A ``Prometheus`` CR: metadata by ``V1ObjectMeta``, ``spec.remoteWrite`` by prometheus-operator's field names."""
+def _custom_resource_spec(kind: str, obj: Mapping[str, Any], ns: str, name: str,
+                          top: tuple[str, ...]) -> dict[str, Any] | None:
+    """A custom resource's envelope checked (its top-level keys ``top``, metadata by ``V1ObjectMeta``); its spec,
+    or None when it has none."""
     if not isinstance(obj, dict):
-        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal body into a Prometheus (not an object)")
+        raise ApiRefusal(400, "BadRequest", f"json: cannot unmarshal body into a {_KIND[kind]} (not an object)")
     for key in obj:
-        if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
+        if key not in top:
             raise _unknown("", key)
     check_model(obj.get("metadata"), "V1ObjectMeta", "metadata.")
-    _check_metadata(PROMETHEUSES, obj, ns, name)
+    _check_metadata(kind, obj, ns, name)
     deserialize(obj.get("metadata") or {}, "V1ObjectMeta")
     spec = obj.get("spec")
+    if spec is not None and not isinstance(spec, dict):
+        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal spec of type object")
+    return spec
+
+
+def validate_prometheus(obj: Mapping[str, Any], ns: str, name: str) -> None:
+    """A ``Prometheus`` CR: metadata by ``V1ObjectMeta``, ``spec.remoteWrite`` by prometheus-operator's field names."""
+    spec = _custom_resource_spec(PROMETHEUSES, obj, ns, name, ("apiVersion", "kind", "metadata", "spec", "status"))
     if spec is None:
         return
-    if not isinstance(spec, dict):
-        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal spec of type object")
     entries = spec.get("remoteWrite")
     if entries is None:
         return
@@ -306,8 +322,41 @@ def validate_prometheus(obj: Mapping[str, Any], ns: str, name: str) -> None:
         raise ApiRefusal(422, "Invalid", f'Prometheus.{CR_GROUP} "{name}" is invalid: ' + "; ".join(problems))
 
 
+def validate_prometheusrule(obj: Mapping[str, Any], ns: str, name: str) -> None:
+    """A ``PrometheusRule``: metadata by ``V1ObjectMeta``, ``spec.groups`` by prometheus-operator's field names and
+    its CRD's checks (a group needs a unique name; a rule exactly one of record/alert, and an expr)."""
+    spec = _custom_resource_spec(PROMETHEUSRULES, obj, ns, name, ("apiVersion", "kind", "metadata", "spec"))
+    if spec is None:
+        return
+    _check_fields(spec, frozenset({"groups"}), "spec")
+    groups = spec.get("groups") or []
+    if not isinstance(groups, list):
+        raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal spec.groups of type array")
+    problems, names = [], set()
+    for i, group in enumerate(groups):
+        where = f"spec.groups[{i}]"
+        _check_fields(group, RULE_GROUP, where)
+        if not isinstance(group.get("name"), str) or not group["name"]:
+            problems.append(f"{where}.name: Required value")
+        elif group["name"] in names:
+            problems.append(f"{where}.name: Duplicate value: {group['name']!r}")
+        names.add(str(group.get("name")))
+        rules = group.get("rules") or []
+        if not isinstance(rules, list):
+            raise ApiRefusal(400, "BadRequest", f"json: cannot unmarshal {where}.rules of type array")
+        for j, rule in enumerate(rules):
+            at = f"{where}.rules[{j}]"
+            _check_fields(rule, RULE, at)
+            if ("record" in rule) == ("alert" in rule):
+                problems.append(f"{at}: Invalid value: exactly one of record or alert")
+            if not isinstance(rule.get("expr"), str | int) or rule.get("expr") == "":
+                problems.append(f"{at}.expr: Required value")
+    if problems:
+        raise ApiRefusal(422, "Invalid", f'PrometheusRule.{CR_GROUP} "{name}" is invalid: ' + "; ".join(problems))
+
+
 VALIDATORS: Mapping[str, Callable[[Mapping[str, Any], str, str], None]] = {
-    CONFIGMAPS: validate_configmap, PROMETHEUSES: validate_prometheus}
+    CONFIGMAPS: validate_configmap, PROMETHEUSES: validate_prometheus, PROMETHEUSRULES: validate_prometheusrule}
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -583,6 +632,22 @@ class OperatorStandIn(_FileApplier):
     def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> None:
         if (kind, ns, name) == self.target:
             self.want(self.render(obj))
+
+
+class RuleFilesStandIn(_FileApplier):
+    """prometheus-operator for ``PrometheusRule`` ``ns/name``: its ``spec`` as the rule file ``<ns>-<name>.yaml`` in the
+    folder the source's ``rule_files`` reads (the operator's own files are ``<ns>-<name>-<uid>.yaml``), then
+    ``/-/reload``."""
+
+    def __init__(self, server: K8sApiServer, *, namespace: str, name: str, rules_dir: str | os.PathLike[str],
+                 prometheus_url: str, delay_s: float = 0.5) -> None:
+        super().__init__(Path(rules_dir) / f"{namespace}-{name}.yaml", prometheus_url, delay_s)
+        self.target = (PROMETHEUSRULES, namespace, name)
+        server.watchers.append(self)
+
+    def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> None:
+        if (kind, ns, name) == self.target:
+            self.want(yaml.safe_dump(obj.get("spec") or {"groups": []}, sort_keys=False))
 
 
 # -- the local stack's component: ``python -m promshift.local.stack.k8s_api`` --------------------------------------

@@ -27,6 +27,10 @@ ADHOC = (
     "topk(5, DCGM_FI_DEV_POWER_USAGE)",
     'max by (Hostname, gpu) (DCGM_FI_DEV_XID_ERRORS)',
     "count by (modelName) (DCGM_FI_DEV_GPU_UTIL)",
+    # The fleet view, per node and fleet-wide: every read of this metric aggregates its GPUs away, so the plan
+    # recommends recording it per node before shipping (core/aggregation.py).
+    "avg by (Hostname) (DCGM_FI_DEV_MEM_COPY_UTIL)",
+    "avg(DCGM_FI_DEV_MEM_COPY_UTIL)",
 )
 
 

@@ -1,0 +1,32 @@
+"""The swap proof's reads (``core.queues.QueueProbe``) over the source's and the target's HTTP APIs; read only.
+
+``source_series``: the group's series on the source now; ``target_fresh``: its series on the target with a
+sample newer than a time (the merged entry's start); ``queue_sent``: the merged queue's sent samples from the
+source's own ``/metrics``. ``target_matchers`` narrows the target's selectors (``,cluster="a"`` when several
+sources write one workspace: their external labels tell them apart).
+"""
+
+from __future__ import annotations
+
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.core.queues import fresh_series_query, queue_sent_samples, series_query
+from promshift.core.render import QueueMember
+
+
+class PrometheusQueueProbe:
+    """A ``QueueProbe`` over two Prometheus-compatible clients (the target may be an AMP workspace)."""
+
+    def __init__(self, source: PrometheusClient, target: PrometheusClient, *, target_matchers: str = "") -> None:
+        self.source = source
+        self.target = target
+        self.target_matchers = target_matchers
+
+    def source_series(self, member: QueueMember) -> int:
+        return int(self.source.scalar(series_query(member)) or 0)
+
+    def target_fresh(self, member: QueueMember, since: float) -> int:
+        return int(self.target.scalar(fresh_series_query(member, since=since,
+                                                         extra_matchers=self.target_matchers)) or 0)
+
+    def queue_sent(self, name: str) -> float | None:
+        return queue_sent_samples(self.source.metrics_text(), name)

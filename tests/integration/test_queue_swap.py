@@ -1,0 +1,172 @@
+"""Bounded write queues on real servers: three cut-over groups merged into one entry with no gap, one leaves it.
+
+A 2-node lab stack (Debian's Prometheus 2.42 as the source, a second one receiving remote writes as the
+target, 1 s scrapes). Every gap is counted on the target: the samples it holds of each metric over the whole
+window against the source's own count.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from promshift.adapters.deploy import FileConfigDeployer
+from promshift.adapters.file_edits import FileEditDeployment
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.queue_probe import PrometheusQueueProbe
+from promshift.core.queues import plan_merge, promshift_queues, with_added
+from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names
+from promshift.local.stack.local import LocalStack, StackConfig
+from promshift.steps.queues import QueueSwap, SwapFailed
+from tests.integration.conftest import eventually
+
+pytestmark = pytest.mark.integration
+
+GROUPS = {"gpu-util": ("DCGM_FI_DEV_GPU_UTIL",), "fb": ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"),
+          "power": ("DCGM_FI_DEV_POWER_USAGE",)}
+DROPS = {"fb": ("modelName",)}
+BATCH_DEADLINE_S = 5  # Prometheus' remote_write queue_config.batch_send_deadline default
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, free_ports: Callable[[int], list[int]]) -> Iterator[LocalStack]:
+    fleet, source, target = free_ports(3)
+    s = LocalStack(StackConfig(home=tmp_path_factory.mktemp("queues"), nodes=2, fleet_port=fleet, source_port=source,
+                               target_port=target, scrape_interval="1s"))
+    try:
+        s.up(timeout=90)
+        yield s
+    finally:
+        s.down()
+
+
+def clients(stack: LocalStack) -> tuple[PrometheusClient, PrometheusClient]:
+    return PrometheusClient(stack.source_url), PrometheusClient(stack.target_url)
+
+
+def deploy_groups(stack: LocalStack, deployer: FileConfigDeployer, groups: list[str]) -> float:
+    snap = deployer.snapshot()
+    data = snap.data
+    for g in groups:
+        data = add_remote_write(data, remote_write_entry(group_name=g, name_regex="|".join(GROUPS[g]),
+                                                         url=stack.target_remote_write_url,
+                                                         drop_labels=DROPS.get(g, ())))
+    deployer.deploy(data, snapshot=snap, expect_remote_writes={f"promshift-{g}" for g in groups})
+    return time.time()
+
+
+def samples(client: PrometheusClient, metric: str, start: float, end: float) -> int:
+    return int(client.scalar(f"sum(count_over_time({metric}[{int(end - start)}s]))", at=end) or 0)
+
+
+def assert_no_gap(source: PrometheusClient, target: PrometheusClient, groups: list[str], start: float,
+                  end: float) -> dict[str, int]:
+    counted = {}
+    for g in groups:
+        for metric in GROUPS[g]:
+            held, got = samples(source, metric, start, end), samples(target, metric, start, end)
+            assert held > 0, f"no samples of {metric} on the source: the check has no data"
+            assert got == held, f"{metric}: target holds {got} samples of the source's {held} over the swap"
+            counted[metric] = got
+    return counted
+
+
+def swap_step(stack: LocalStack, deployer: FileConfigDeployer, events: list[tuple[Any, ...]],
+              *, target_matchers: str = "", deadline_s: float = 60.0) -> QueueSwap:
+    source, target = clients(stack)
+    return QueueSwap(deployer_for=lambda change: FileEditDeployment(deployer, change),
+                     probe=PrometheusQueueProbe(source, target, target_matchers=target_matchers),
+                     record=lambda kind, now, evidence: events.append((kind, dict(evidence))),
+                     proof_deadline_s=deadline_s, poll_s=1.0)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def test_three_groups_merge_into_one_entry_with_no_gap_then_one_leaves(stack: LocalStack) -> None:
+    source, target = clients(stack)
+    deployer = FileConfigDeployer(stack.source_config_path, source)
+    original = stack.source_config_path.read_bytes()
+    joined = deploy_groups(stack, deployer, list(GROUPS))
+    start = joined + 3  # a new entry starts at its reload (no WAL history): count from wholly after it
+    eventually(lambda: all(int(target.scalar(f"count({m})") or 0) == int(source.scalar(f"count({m})") or 0) > 0
+                           for g in GROUPS for m in GROUPS[g]), 60, "the per-group entries never delivered")
+    events: list[tuple[Any, ...]] = []
+    swaps = swap_step(stack, deployer, events)
+    swap = swaps.plan_merge(url=stack.target_remote_write_url, cut_over=list(GROUPS))
+    assert swap is not None and len(swap.remove) == 3
+    outcome = swaps.run(swap, clock=now, wait=time.sleep)
+    assert outcome.state == "done"
+    live = remote_write_names(source.config_text())
+    assert [n for n in live if n.startswith("promshift-")] == [swap.added_name]
+    assert [q.groups() for q in promshift_queues(stack.source_config_path.read_bytes())] == [tuple(sorted(GROUPS))]
+    assert [e[0].value for e in events] == ["queue_swap_added", "queue_swap_done"]
+    assert set(events[1][1]["proof"]["per_group"]) == set(GROUPS)
+    # A queue sends a partial batch after batch_send_deadline (5 s): count up to a time every sample has reached.
+    time.sleep(BATCH_DEADLINE_S + 4)
+    end = time.time() - BATCH_DEADLINE_S - 2
+    assert_no_gap(source, target, list(GROUPS), start, end)
+    # The fb group's own drop still applies, to its series only.
+    fresh = f"[{int(time.time() - end) + 3}s]"
+    assert int(target.scalar(f'count(last_over_time(DCGM_FI_DEV_FB_USED{{modelName!=""}}{fresh}))') or 0) == 0
+    assert int(target.scalar(f'count(last_over_time(DCGM_FI_DEV_GPU_UTIL{{modelName!=""}}{fresh}))') or 0) > 0
+
+    # fb rolls back: it leaves the merged entry by one more swap; the others go on without a gap.
+    leave = swaps.plan_leave(group="fb")
+    assert leave is not None
+    left_at = time.time()
+    swaps.run(leave, clock=now, wait=time.sleep)
+    assert [q.groups() for q in promshift_queues(stack.source_config_path.read_bytes())] == [("gpu-util", "power")]
+    assert events[-1][1]["swap"]["leaving"] == "fb"
+    time.sleep(BATCH_DEADLINE_S + 4)
+    end = time.time() - BATCH_DEADLINE_S - 2
+    assert end > left_at
+    assert_no_gap(source, target, ["gpu-util", "power"], start, end)
+    assert eventually(lambda: int(target.scalar("count(count_over_time(DCGM_FI_DEV_FB_USED[3s]))") or 0) == 0,
+                      20, "fb still written after leaving")
+    # The last members leave too: the source config is its original bytes again.
+    for group in ("gpu-util", "power"):
+        last = swaps.plan_leave(group=group)
+        assert last is not None
+        swaps.run(last, clock=now, wait=time.sleep)
+    assert stack.source_config_path.read_bytes() == original
+
+
+def test_a_swap_never_proven_is_undone_byte_for_byte(stack: LocalStack) -> None:
+    source, _ = clients(stack)
+    deployer = FileConfigDeployer(stack.source_config_path, source)
+    deploy_groups(stack, deployer, ["gpu-util", "power"])
+    before = stack.source_config_path.read_bytes()
+    events: list[tuple[Any, ...]] = []
+    # A target selector nothing matches: the proof cannot pass, so nothing is removed and the add is undone.
+    swaps = swap_step(stack, deployer, events, target_matchers=',nowhere="x"', deadline_s=5)
+    swap = swaps.plan_merge(url=stack.target_remote_write_url, cut_over=["gpu-util", "power"])
+    assert swap is not None
+    with pytest.raises(SwapFailed, match="not proven in 5s"):
+        swaps.run(swap, clock=now, wait=time.sleep)
+    assert stack.source_config_path.read_bytes() == before
+    assert swap.added_name not in remote_write_names(source.config_text())
+    assert events[-1][0].value == "queue_swap_undone" and events[-1][1]["restored_identical"] is True
+
+
+def test_promtool_accepts_a_source_with_a_merged_entry(stack: LocalStack, tmp_path: Path) -> None:
+    config = stack.source_config_path.read_bytes()
+    for g in GROUPS:
+        if f"promshift-{g}" not in remote_write_names(config):
+            config = add_remote_write(config, remote_write_entry(group_name=g, name_regex="|".join(GROUPS[g]),
+                                                                 url=stack.target_remote_write_url,
+                                                                 drop_labels=DROPS.get(g, ())))
+    swap = plan_merge(config, url=stack.target_remote_write_url, cut_over=list(GROUPS))
+    assert swap is not None
+    path = tmp_path / "prometheus.yml"
+    path.write_bytes(with_added(config, swap))
+    done = subprocess.run(["promtool", "check", "config", "--syntax-only", str(path)], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
