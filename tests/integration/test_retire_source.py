@@ -229,7 +229,7 @@ def test_the_retire_step_refuses_until_baked_and_accepted_then_proves_and_undoes
     groups = [MetricGroup(name=name, metrics=(metric,)) for name, metric in GROUPS.items()]
     audit = _Audit({"build": Stage.BAKED, "process": Stage.BAKING})
     step = RetireSource(conn_id="promshift_source", groups=groups, audit=audit, switch=switch,
-                        source=HttpSourceObserver(PrometheusClient(switch.url), query_log=None),
+                        source=HttpSourceObserver(PrometheusClient(switch.url), query_log=None, cpu_window_s=2.0),
                         target=HttpSampleTimes(PrometheusClient(target.url)), run_id="r1",
                         scrape_interval_s=SCRAPE_S)
     with pytest.raises(RetireRefused, match=r"not every group of promshift_source has baked: process \(baking\)"):
@@ -247,7 +247,8 @@ def test_the_retire_step_refuses_until_baked_and_accepted_then_proves_and_undoes
     proof = step.retire(datetime.now(UTC), accepted=",".join(names), settle_s=30)
     assert proof["mode"] == "agent" and proof["target_receiving"] and not proof["source_storing"]
     assert proof["query_status"] == 422 and proof["usage_after"]["rss_mb"] > 0
-    assert proof["usage_after"]["cpu_seconds"] is not None
+    assert proof["usage_after"]["cpu_share"] is not None and prepared["usage_before"]["cpu_share"] is not None
+    print("retire usage before/after:", prepared["usage_before"], proof["usage_after"])
     assert step.retire(datetime.now(UTC), accepted="")["change"]["changed"] is False  # a retry: nothing restarts
     undo = step.unretire(datetime.now(UTC), reason="test", settle_s=30)
     assert undo["byte_identical"] and undo["target_receiving"] and undo["source_storing"]

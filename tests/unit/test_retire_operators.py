@@ -14,7 +14,7 @@ from promshift.orchestration.retire_operators import RetireApprovalOperator
 
 PREPARED = {"source": "promshift_source", "groups": ["a", "b"], "names": ["rule:g/r", "metric:x"],
             "ends": {"rules": ["g/r"], "reads": [], "unowned_metrics": ["x"]},
-            "usage_before": {"rss_mb": 300.0, "cpu_seconds": 12.0}}
+            "usage_before": {"rss_mb": 300.0, "cpu_share": 0.02}}
 
 
 class _Step:

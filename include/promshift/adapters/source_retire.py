@@ -5,8 +5,8 @@ sample times (``core.ports.SampleTimes``), over ``PrometheusClient`` (its size a
 - reads: its query log (``adapters.usage.read_query_log``, with the log's own budgets): the metrics of every
   API query in the window (rule evaluations are the rules above);
 - stored metrics: ``/api/v1/label/__name__/values`` over the last hour;
-- usage: its own ``process_resident_memory_bytes`` and ``process_cpu_seconds_total`` from ``/metrics``
-  (the same on a server and on an agent);
+- usage: its own ``process_resident_memory_bytes`` and the rate of ``process_cpu_seconds_total`` over a short
+  window, from ``/metrics`` (the same on a server and on an agent);
 - the answer to ``up``: 200 on a server, 422 "unavailable with Prometheus Agent" on an agent.
 """
 
@@ -23,8 +23,8 @@ _METRIC_LINE = re.compile(r"^(process_resident_memory_bytes|process_cpu_seconds_
 
 
 class HttpSourceObserver:
-    def __init__(self, client: PrometheusClient, *, query_log: str | Path | None) -> None:
-        self.client, self.query_log = client, query_log
+    def __init__(self, client: PrometheusClient, *, query_log: str | Path | None, cpu_window_s: float = 10.0) -> None:
+        self.client, self.query_log, self.cpu_window_s = client, query_log, cpu_window_s
 
     def rules(self) -> list[str]:
         data = self.client.api_get("/api/v1/rules") or {}
@@ -55,10 +55,21 @@ class HttpSourceObserver:
         return self.client.label_values("__name__", '{__name__=~".+"}', start=now - 3600, end=now)
 
     def usage(self) -> dict[str, float | None]:
-        found = {name: float(value) for name, value in _METRIC_LINE.findall(self.client.metrics_text())}
-        rss = found.get("process_resident_memory_bytes")
-        return {"rss_mb": None if rss is None else round(rss / 2**20, 1),
-                "cpu_seconds": found.get("process_cpu_seconds_total")}
+        """Resident memory (MB) now and the share of a core it used over ``cpu_window_s`` (two reads of its own
+        ``process_cpu_seconds_total``: a restarted process's counter starts again, so only a rate compares)."""
+        import time
+
+        first, t0 = self._process_metrics(), time.monotonic()
+        time.sleep(self.cpu_window_s)
+        second, t1 = self._process_metrics(), time.monotonic()
+        rss = second.get("process_resident_memory_bytes")
+        a, b = first.get("process_cpu_seconds_total"), second.get("process_cpu_seconds_total")
+        share = None if a is None or b is None or b < a else round((b - a) / (t1 - t0), 4)
+        return {"rss_mb": None if rss is None else round(rss / 2**20, 1), "cpu_seconds": b, "cpu_share": share,
+                "cpu_window_s": self.cpu_window_s}
+
+    def _process_metrics(self) -> dict[str, float]:
+        return {name: float(value) for name, value in _METRIC_LINE.findall(self.client.metrics_text())}
 
     def query_answer(self) -> tuple[int, str]:
         answer = self.client._request("GET", "/api/v1/query", params={"query": "up"}, timeout_s=10,

@@ -83,7 +83,7 @@ class RetireApprovalOperator(_RetireTask, ApprovalOperator):
         self.body = (f"**{prepared.get('source')}** carries {len(prepared.get('groups') or [])} group(s), every one "
                      f"baked: {', '.join(prepared.get('groups') or [])}.\n\nRetiring makes it an agent: it stops "
                      f"storing, answering queries and evaluating rules. Its usage now: {before.get('rss_mb')} MB "
-                     f"resident, {before.get('cpu_seconds')} CPU seconds.\n\nWhat retiring ends "
+                     f"resident, {before.get('cpu_share')} of a core.\n\nWhat retiring ends "
                      f"({len(names)}; each blocks unless named in **accept**):\n\n"
                      + ("\n".join(f"- `{n}`" for n in names[:200]) or "- nothing")
                      + f"\n\nevidence sha256 `{evidence_sha256(prepared)}`")
@@ -93,18 +93,10 @@ class RetireApprovalOperator(_RetireTask, ApprovalOperator):
     def assign(self, context: Any) -> None:
         """Every approver of the source's groups (a team's members as they are now), less the run's trigger user;
         one line when nobody is left (Airflow would let anyone answer a request assigned to nobody)."""
-        from promshift.core.approvers import ApproversError, resolve, team_of
-        from promshift.orchestration.approver_teams import team_directory
+        from promshift.orchestration.approval_operators import assign_approvers
 
         step = self.retire_source(context)
-        entries = sorted({a for g in step.groups for a in g.approvers})
-        triggered_by = getattr(context.get("dag_run"), "triggering_user_name", None)
-        try:
-            directory = team_directory() if any(team_of(a) for a in entries) else None
-            asked = resolve(entries, directory, group=step.group, exclude=[triggered_by])
-        except ApproversError as exc:
-            raise AirflowFailException(str(exc)) from None
-        self.assigned_users = [{"id": a.id, "name": a.name} for a in asked]
+        assign_approvers(self, context, sorted({a for g in step.groups for a in g.approvers}), group=step.group)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         from promshift.core.events import EventKind
