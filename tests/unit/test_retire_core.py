@@ -77,13 +77,13 @@ def test_agent_argv_drops_server_only_flags_and_adds_the_switch_for_the_version(
 
 
 def test_every_thing_retiring_ends_blocks_until_accepted_by_its_exact_name() -> None:
-    ends = RetireEnds(rules=("g/r",), reads=("m",), unowned_metrics=("x",))
-    assert ends.names() == ["rule:g/r", "read:m", "metric:x"]
+    ends = RetireEnds(rules=("g/r",), reads=("m",), unowned_metrics=("x",), history=("gpu/panel:7d",))
+    assert ends.names() == ["rule:g/r", "read:m", "metric:x", "history:gpu/panel:7d"]
     blocked = retire_decision(ends, parse_acceptances("rule:g/r, metric:X\n"))
-    assert not blocked.ok and blocked.blocking == ("read:m", "metric:x")
+    assert not blocked.ok and blocked.blocking == ("read:m", "metric:x", "history:gpu/panel:7d")
     assert blocked.unknown_acceptances == ("metric:X",)
     assert "read:m" in blocked.line()
-    assert retire_decision(ends, parse_acceptances(["rule:g/r", "read:m", "metric:x"])).ok
+    assert retire_decision(ends, parse_acceptances(["rule:g/r", "read:m", "metric:x", "history:gpu/panel:7d"])).ok
     assert retire_decision(RetireEnds(), ()).ok
 
 

@@ -121,13 +121,17 @@ class RetireEnds:
     rules: tuple[str, ...] = ()  # "group/rule" still evaluated on the source
     reads: tuple[str, ...] = ()  # metric names still read on the source (its query log, over the bake)
     unowned_metrics: tuple[str, ...] = ()  # metrics the source stores that no group carries
+    # "<group>/<panel|rule>:<name>" still reading further back than the target holds (the history horizon):
+    # the source's history is the only copy of that reach, and an agent keeps none
+    history: tuple[str, ...] = ()
 
     def names(self) -> list[str]:
         return [*(f"rule:{r}" for r in self.rules), *(f"read:{m}" for m in self.reads),
-                *(f"metric:{m}" for m in self.unowned_metrics)]
+                *(f"metric:{m}" for m in self.unowned_metrics), *(f"history:{h}" for h in self.history)]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rules": list(self.rules), "reads": list(self.reads), "unowned_metrics": list(self.unowned_metrics)}
+        return {"rules": list(self.rules), "reads": list(self.reads), "unowned_metrics": list(self.unowned_metrics),
+                "history": list(self.history)}
 
 
 @dataclass(frozen=True)

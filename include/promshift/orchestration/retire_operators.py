@@ -68,7 +68,7 @@ class RetireApprovalOperator(_RetireTask, ApprovalOperator):
         params["comment"] = Param("", type="string", description="Why (kept in the audit)", source="task")
         params["accept"] = Param("", type="string", maxLength=20000, source="task",
                                  description="Names of what retiring ends that you accept, comma-separated "
-                                             "(rule:…, read:…, metric:…); anything not named blocks it")
+                                             "(rule:…, read:…, metric:…, history:…); anything not named blocks it")
         super().__init__(params=params, **kwargs)
         self.catalog_path, self.profile, self.prepared = catalog_path, profile, prepared
 
@@ -123,7 +123,8 @@ class RetireApprovalOperator(_RetireTask, ApprovalOperator):
             raise AirflowFailException(why)
         ends = prepared.get("ends") or {}
         decision = retire_decision(RetireEnds(tuple(ends.get("rules") or ()), tuple(ends.get("reads") or ()),
-                                              tuple(ends.get("unowned_metrics") or ())), accepted)
+                                              tuple(ends.get("unowned_metrics") or ()),
+                                              tuple(ends.get("history") or ())), accepted)
         if not decision.ok:
             step.record(EventKind.SOURCE_RETIRE_REFUSED, _now(), {"reason": decision.line(), **answer})
             raise AirflowFailException(decision.line())

@@ -6,7 +6,8 @@ source has no stage); every step reads the current state first, so a retry after
 
 1. ``prepare``: refused (one line naming them) unless every group of the source has baked; then what retiring
    ends, by name (rules still evaluated, metrics still read in the query log since the last bake ended, metrics
-   no group carries) and the source's CPU and memory now. Shown to the approver.
+   no group carries, panels and rules the history horizon still holds back) and the source's CPU and memory
+   now. Shown to the approver.
 2. ``retire``: refused unless every name of what it ends is accepted by name (the form's field, checked here
    on resume, not only when asked); the switch; the proof: a query per group on the target (no gap beyond
    ``core.retire.allowed_gap_s`` across the restart), the source answering 422, its usage after.
@@ -22,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from promshift.core.events import EventKind
+from promshift.core.horizon import waiting_list
 from promshift.core.ports import AuditLog, SampleTimes, SourceModeSwitch, SourceObserver
 from promshift.core.retire import (
     RetireEnds,
@@ -90,11 +92,14 @@ class RetireSource:
         since = self.last_baked_at() or now.timestamp()
         reads, notes = self.source.reads(since, now.timestamp())
         owned = list(self.groups)
+        history = tuple(f"{g.name}/{w['kind']}:{w['name']}" for g in self.groups
+                        for w in waiting_list(self.audit.events(group=g.name)))
         ends = RetireEnds(
             rules=tuple(sorted(self.source.rules())),
             reads=tuple(sorted(set(reads))),
             unowned_metrics=unowned_metrics(self.source.stored_metrics(),
-                                            lambda name: any(g.claims(name) for g in owned)))
+                                            lambda name: any(g.claims(name) for g in owned)),
+            history=history)
         return ends, {"reads_since": since, "reads_until": now.timestamp(), "notes": notes[:20]}
 
     def prepare(self, now: datetime) -> dict[str, Any]:
