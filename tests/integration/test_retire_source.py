@@ -194,6 +194,17 @@ def test_a_crash_after_the_edit_resumes_from_the_saved_server_bytes(lab) -> None
     assert undo.byte_identical and config.read_bytes() == before_bytes and control.argv() == before_argv
 
 
+def test_a_crash_with_the_source_down_is_undone_from_the_snapshot(lab) -> None:  # noqa: ANN001
+    switch, control, _target, config = lab
+    before_bytes, before_argv = config.read_bytes(), control.argv()
+    switch.to_agent()
+    control.stop()  # the worker died between stopping the agent and starting anything: nothing runs
+    assert probe_mode(switch.url) == "down"
+    undo = switch.restore()
+    assert undo.byte_identical and config.read_bytes() == before_bytes and control.argv() == before_argv
+    assert probe_mode(switch.url) == "server"
+
+
 def test_an_agent_that_fails_to_start_puts_the_server_back(lab, monkeypatch) -> None:  # noqa: ANN001
     switch, control, _target, config = lab
     before_bytes = config.read_bytes()

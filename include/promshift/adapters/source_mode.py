@@ -120,9 +120,16 @@ class FileSourceModeSwitch:
         os.replace(tmp, self.snapshot_path)
         return snap
 
+    def _argv_now(self) -> tuple[str, ...]:
+        """The running command line; () when no process runs (a crash between stop and start)."""
+        try:
+            return tuple(self.control.argv())
+        except SourceModeError:
+            return ()
+
     def to_agent(self) -> ModeChange:
         current = self.mode()
-        argv_now = tuple(self.control.argv())
+        argv_now = self._argv_now()
         sha_now = _sha(self.config_path.read_bytes())
         if current == "agent":
             self._log("the source is already an agent: nothing to switch")
@@ -154,7 +161,7 @@ class FileSourceModeSwitch:
 
     def restore(self) -> ModeChange:
         snap = self.snapshot()
-        argv_now = tuple(self.control.argv())
+        argv_now = self._argv_now()
         sha_now = _sha(self.config_path.read_bytes())
         if snap is None:
             if self.mode() == "server":
