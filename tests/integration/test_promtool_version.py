@@ -87,7 +87,7 @@ def test_this_machines_promtool_and_prometheus_are_debians_2_42(tmp_path: Path, 
 
 def test_validate_refuses_a_promtool_older_than_the_source(env: Path, newer_source: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.unit.test_operators import make_context
+    from tests.unit.orchestration.test_operators import make_context
 
     source_at(monkeypatch, newer_source, env)
     with pytest.raises(AirflowFailException) as excinfo:

@@ -1,5 +1,5 @@
 """``promshift render`` end to end with the real promtool: the edited config is checked as the file deploy checks
-it, so a config promtool refuses exits 1 with its one line (moved here from tests/unit/test_checks_cli.py: the
+it, so a config promtool refuses exits 1 with its one line (moved here from tests/unit/cli/test_checks_cli.py: the
 unit tier starts no process)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from promshift.core.render import remote_write_name
-from tests.unit.test_checks_cli import CATALOG, SOURCE_CONFIG, run
+from tests.unit.cli.test_checks_cli import CATALOG, SOURCE_CONFIG, run
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")]

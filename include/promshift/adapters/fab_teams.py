@@ -8,7 +8,7 @@ id HITL assigns a request to and records as ``responded_by``; its name is the us
 and are left out.
 
 The six ``ab_*`` tables are read with SQLAlchemy Core (their names and columns as FAB's models declare them,
-checked against the FAB provider's own models in tests/unit/test_fab_teams.py), so a worker needs no FAB or
+checked against the FAB provider's own models in tests/unit/adapters/test_fab_teams.py), so a worker needs no FAB or
 Flask installed: only a read-only login to the database that holds them (the metadata database by default),
 named by an Airflow connection (``orchestration/approver_teams.py``).
 """

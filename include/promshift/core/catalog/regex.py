@@ -47,7 +47,7 @@ def prometheus_fullmatch(pattern: str, text: str) -> bool | None:
 # Prometheus compiles relabel regexes with Go's regexp, anchored as ``^(?:<regex>)$``. We compile
 # with C++ RE2 (google-re2), which accepts a few things Go refuses. Each difference below was
 # checked on this machine against Debian's promtool 2.42 (Go's regexp/syntax), see
-# tests/unit/test_catalog_bad_inputs.py::test_go_regexp_differences_match_promtool:
+# tests/unit/core/test_catalog_bad_inputs.py::test_go_regexp_differences_match_promtool:
 # - ``\C`` (any byte): C++ RE2 accepts it, Go's package doc excludes it ("RE2 syntax, except \C").
 # - ``(?<name>re)``: C++ RE2 accepts it; Go only since 1.22 (golang/go#58458), so Prometheus
 #   builds from before 2024 (Debian's 2.42) reject it. ``(?P<name>re)`` works everywhere.
