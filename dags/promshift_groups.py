@@ -32,11 +32,14 @@ from promshift.orchestration.dag_factory import (
     DECOMMISSION_DAG_ID,
     FULL_ROLLBACK_DAG_ID,
     RECOMMISSION_DAG_ID,
+    RETIRE_DAG_ID,
+    UNRETIRE_DAG_ID,
     WAVES_DAG_ID,
     build_bake_watch_dag,
     build_by_hand_dags,
     build_catalog_errors_dag,
     build_migration_dag,
+    build_retire_dags,
     build_waves_dag,
     migration_targets,
 )
@@ -89,6 +92,13 @@ with cyclic_gc_paused():
                 globals()[_dag.dag_id] = _dag
         except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad by-hand DAG
             _problems.append(f"the by-hand DAGs: Airflow refused them: {_one_line(_exc)}")
+    # Retire a whole source (and undo it), the source chosen in the form.
+    if _check.catalog.groups and any(map(_wanted, (RETIRE_DAG_ID, UNRETIRE_DAG_ID))):
+        try:
+            for _dag in build_retire_dags(_check.catalog.groups, catalog_path=CATALOG_PATH, profile=PROFILE):
+                globals()[_dag.dag_id] = _dag
+        except Exception as _exc:  # noqa: BLE001 - the migration DAGs must survive a bad by-hand DAG
+            _problems.append(f"the retire DAGs: Airflow refused them: {_one_line(_exc)}")
     # The waves and the bake watch, each over every good group.
     for _dag_id, _build, _label in ((WAVES_DAG_ID, build_waves_dag, "the waves DAG"),
                                     (BAKE_WATCH_DAG_ID, build_bake_watch_dag, "the bake watch")):

@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 MIGRATION_CHAIN = ["validate", "snapshot", "deploy_dual_write", "warm_up", "parity_plan", "parity_samples", "parity",
                    "latency", "gate", "approval", "cutover", "done"]
 BY_HAND = {"promshift__decommission", "promshift__recommission", "promshift__rollback"}
-FIXED = BY_HAND | {"promshift__bake_watch", "promshift__plan", "promshift__waves"}
+# promshift__retire and promshift__unretire: a whole source, chosen in the form (docs/lifecycle.md)
+RETIRE = {"promshift__retire", "promshift__unretire"}
+FIXED = BY_HAND | RETIRE | {"promshift__bake_watch", "promshift__plan", "promshift__waves"}
 # The multi-target catalog below: each group's target connection.
 TARGETS = {"gpu-utilization": "promshift_target", "gpu-memory": "amp_c", "gpu-power-thermal": "amp_b",
            "gpu-clocks": "amp_b"}
@@ -497,3 +499,13 @@ def test_every_latency_probe_is_bounded_per_target_workspace_without_setup(dagba
     assert targets == set(TARGETS.values())  # one DAG, so one bound, per workspace
 
 
+def test_the_retire_dag_asks_between_prepare_and_the_switch_and_the_source_is_chosen_in_its_form(dagbag) -> None:  # noqa: ANN001
+    retire = dagbag.dags["promshift__retire"]
+    assert set(retire.task_ids) == {"prepare", "approval", "retire"}
+    assert retire.get_task("approval").upstream_task_ids == {"prepare"}
+    assert retire.get_task("retire").upstream_task_ids == {"approval"}
+    assert retire.params.get_param("source").schema["enum"] == ["promshift_source"]
+    approval = retire.get_task("approval")
+    assert "accept" in approval.params and approval.params.get_param("accept").source == "task"
+    unretire = dagbag.dags["promshift__unretire"]
+    assert set(unretire.task_ids) == {"unretire"} and "reason" in unretire.params

@@ -73,9 +73,9 @@ def running_amp_stack(stack_config_factory: Callable[..., StackConfig],
     StackConfig fields (``clusters=2``: the second cluster and a second workspace over target-b).
     """
     aws_port, moto_port, frontdoor_port, relay_port = find_free_ports(4)
-    config = stack_config_factory(nodes=2, scrape_interval="1s", target_kind="amp", aws_port=aws_port,
-                                  moto_port=moto_port, frontdoor_port=frontdoor_port, relay_port=relay_port,
-                                  **overrides)
+    config = stack_config_factory(**{"nodes": 2, "scrape_interval": "1s", "target_kind": "amp", "aws_port": aws_port,
+                                     "moto_port": moto_port, "frontdoor_port": frontdoor_port,
+                                     "relay_port": relay_port, **overrides})
     with pytest.MonkeyPatch.context() as patch:
         for name in AWS_ENV:
             patch.delenv(name, raising=False)

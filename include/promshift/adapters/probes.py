@@ -17,6 +17,11 @@ class AdapterProbes:
 
         return ParityCheck(group, source, target, catalog_dir=catalog_dir, limits=limits)
 
+    def ha_parity(self, group: Any, sources: Any, target: Any, *, catalog_dir: Path | None, limits: Any = None) -> Any:
+        from promshift.adapters.parity_ha import HaParityCheck
+
+        return HaParityCheck(group, list(sources), target, catalog_dir=catalog_dir, limits=limits)
+
     def golden_lookbacks(self, group: Any, catalog_dir: Path | None) -> Any:
         from promshift.adapters.parity_check import golden_lookbacks
 

@@ -345,7 +345,7 @@ def rendered_config(config_text: str, *, group: Any, target_url: str, sigv4: dic
     from promshift.core.render import add_remote_write, remote_write_entry
 
     entry = remote_write_entry(group_name=group.name, name_regex=group.name_regex(), url=target_url,
-                               drop_labels=group.drop_labels, sigv4=sigv4)
+                               drop_labels=group.drop_labels, replicas=group.replicas, sigv4=sigv4)
     return add_remote_write(config_text, entry)
 
 

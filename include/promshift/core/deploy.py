@@ -257,7 +257,7 @@ def group_entry(group: Any, url: str, sigv4: Mapping[str, str] | None) -> dict[s
     """A group's own remote_write entry (keep-filter, dropped labels, the target's URL and sigv4): what every
     entry deployer (file, Kubernetes, git) adds."""
     return remote_write_entry(group_name=group.name, name_regex=group.name_regex(), drop_labels=group.drop_labels,
-                              url=url, sigv4=sigv4)
+                              url=url, sigv4=sigv4, replicas=getattr(group, "replicas", None))
 
 
 def group_entry_record(group: Any, url: str, sigv4: Mapping[str, str] | None) -> dict[str, Any]:
@@ -268,4 +268,7 @@ def group_entry_record(group: Any, url: str, sigv4: Mapping[str, str] | None) ->
         record["sigv4"] = entry["sigv4"]
     if group.drop_labels:
         record["drop_labels"] = list(group.drop_labels)
+    replicas = getattr(group, "replicas", None)
+    if replicas is not None and replicas.enabled:  # AMP's dedup labels on the entry (core.ha)
+        record["replicas"] = {"replica_label": replicas.replica_label, "cluster_label": replicas.cluster_label}
     return record

@@ -100,6 +100,14 @@ class EventKind(StrEnum):
     # The history horizon (``core.horizon``): what waits until the target's history covers its reads.
     HORIZON_WAITING = "horizon_waiting"  # panels or rules held back at the cut-over, each with its ready time
     HORIZON_SWITCHED = "horizon_switched"  # held-back panels or rules switched once the target covered them
+    # Retiring a whole source (``steps.retire``; group ``source:<conn>``, never a stage move).
+    SOURCE_RETIRE_REFUSED = "source_retire_refused"  # a group not baked, or what retiring ends not accepted
+    SOURCE_RETIRE_PREPARED = "source_retire_prepared"  # what retiring ends, the usage before (shown to approve)
+    SOURCE_RETIRE_APPROVED = "source_retire_approved"  # approved, with the names accepted
+    SOURCE_RETIRED = "source_retired"  # the source is an agent: the proof (target, 422, usage before/after)
+    SOURCE_RETIRE_FAILED = "source_retire_failed"  # the switch failed (the server was put back) or the proof did
+    SOURCE_UNRETIRED = "source_unretired"  # the server restored byte for byte, the target without a gap
+    SOURCE_UNRETIRE_FAILED = "source_unretire_failed"  # the restore failed or was not byte-identical
 
 
 # The warm-up's end, by the trigger's status (``ready``, ``timeout``, ``error``, ``failed``).

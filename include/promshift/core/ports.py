@@ -83,6 +83,10 @@ class Probes(Protocol):
         """A parity check with ``run(dual_write_since=, now=) -> core.parity.ParityResult``; ``limits``: the
         target's per-query limits (a callable answering ``core.query_limits.QueryLimits``)."""
 
+    def ha_parity(self, group: Any, sources: Sequence[tuple[str, PrometheusProbe]], target: PrometheusProbe, *,
+                  catalog_dir: Path | None, limits: Any = None) -> Any:
+        """Parity against the replica the target kept (``core.ha.elect``): ``run(...) -> ParityResult``."""
+
     def golden_lookbacks(self, group: Any, catalog_dir: Path | None) -> Sequence[float]: ...
 
     def latency(self, source: PrometheusProbe, target: PrometheusProbe, policy: Any, *, min_step_s: float,
@@ -97,3 +101,46 @@ class Probes(Protocol):
 
     def rules_snapshot(self, data: Mapping[str, Any]) -> Any:
         """A stored rules snapshot read back (``RulesSnapshot.from_dict``)."""
+
+
+@runtime_checkable
+class SourceModeSwitch(Protocol):
+    """Turns a source Prometheus into an agent (forwarder only) and back: the lab restarts its process
+    (``local.stack.source_mode``), the k8s-cr path applies a ``PrometheusAgent`` resource. Each call reads
+    the current mode first, so a retry after a crash reaches the same end."""
+
+    def mode(self) -> str:
+        """``agent``, ``server`` or ``down``."""
+
+    def to_agent(self) -> Any:
+        """The change (``as_dict()``, ``changed``); a no-op on an agent."""
+
+    def restore(self) -> Any:
+        """The server put back from what ``to_agent`` saved (``as_dict()``, ``byte_identical``)."""
+
+
+@runtime_checkable
+class SourceObserver(Protocol):
+    """What a source still does, read before it is retired and measured around it."""
+
+    def rules(self) -> list[str]:
+        """``group/rule`` of every rule it evaluates (``/api/v1/rules``; an agent evaluates none)."""
+
+    def reads(self, since: float, until: float) -> tuple[list[str], list[str]]:
+        """Metric names its query log shows read by API queries in [since, until], and notes on what was not read."""
+
+    def stored_metrics(self) -> list[str]:
+        """Every metric name it stores (``/api/v1/label/__name__/values``)."""
+
+    def usage(self) -> dict[str, float | None]:
+        """Its own ``process_resident_memory_bytes`` (MB) and ``process_cpu_seconds_total`` now."""
+
+    def query_answer(self) -> tuple[int, str]:
+        """Status and the first words of its answer to an instant query (422 on an agent)."""
+
+
+@runtime_checkable
+class SampleTimes(Protocol):
+    """Sample timestamps of an expression's series over the last ``window_s`` seconds (the target)."""
+
+    def sample_times(self, expr: str, window_s: float) -> list[float]: ...

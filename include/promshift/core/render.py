@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from promshift.core.catalog import ReplicaPolicy
+from promshift.core.ha import dedup_relabel
 from promshift.core.inputs import clip
 from promshift.core.memory import cyclic_gc_paused
 from promshift.core.redact import redact_text
@@ -102,8 +104,12 @@ def remote_write_entry(
     queue_config: Mapping[str, Any] | None = None,
     sigv4: Mapping[str, str] | None = None,
     drop_labels: tuple[str, ...] = (),
+    replicas: ReplicaPolicy | None = None,
 ) -> dict[str, Any]:
     """The remote_write entry that dual-writes exactly the group's metrics to ``url``.
+
+    ``replicas`` (a source declared as an HA pair) add AMP's dedup labels after them (``core.ha.dedup_relabel``:
+    the replica label becomes ``__replica__``, the cluster label ``cluster``), so the workspace keeps one replica.
 
     ``drop_labels`` (the group's declared drops) add one ``labeldrop`` after the keep filter,
     its regex the names' exact alternation; none, no rule (the entry is as before).
@@ -122,6 +128,8 @@ def remote_write_entry(
     if drop_labels:
         # Label names ([a-zA-Z_][a-zA-Z0-9_]*) need no escaping in a regex.
         entry["write_relabel_configs"].append({"regex": "|".join(drop_labels), "action": "labeldrop"})
+    if replicas is not None:
+        entry["write_relabel_configs"].extend(dedup_relabel(replicas))
     entry.update(_write_settings(queue_config, sigv4))
     return entry
 

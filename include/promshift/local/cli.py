@@ -48,6 +48,9 @@ def add_stack_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
                          "second target, as a second workspace (ports PROMSHIFT_{FLEET,SOURCE,TARGET}_B_PORT or free); "
                          "with --target amp the second target backs a second AMP workspace behind the same front "
                          "door, with its own signing relay (PROMSHIFT_RELAY_B_PORT or free)")
+    up.add_argument("--replicas", type=int, choices=(1, 2), default=1,
+                    help="2: the source runs as an HA pair: a second Prometheus (source-1, port "
+                         "PROMSHIFT_SOURCE_1_PORT or free) scrapes the same fleet with prometheus_replica=source-1")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     up.set_defaults(handler=stack_up)
 
@@ -144,7 +147,8 @@ def stack_up(args: argparse.Namespace) -> int:
     stack = LocalStack(StackConfig.from_env(nodes=getattr(args, "nodes", None), target_kind=target_kind,
                                             kubernetes=bool(getattr(args, "k8s", False)),
                                             git=bool(getattr(args, "git", False)),
-                                            clusters=getattr(args, "clusters", None)))
+                                            clusters=getattr(args, "clusters", None),
+                                            replicas=getattr(args, "replicas", None)))
     try:
         if getattr(args, "fresh", False):
             stack.reset()

@@ -202,6 +202,12 @@ class AmpHook(AwsBaseHook):
             max_share=float(max_share or settings.get("max_share") or DEFAULT_MAX_SHARE),
             quota_codes=dict(settings.get("codes") or {}), check_capacity=True)
 
+    def workspace_configuration(self) -> Any:
+        """The workspace's ``limitsPerLabelSet`` (``core.tenants.WorkspaceConfigurationPort``) over this hook."""
+        from promshift.adapters.amp_tenants import AmpWorkspaceConfiguration
+
+        return AmpWorkspaceConfiguration(self.conn, self.target, self.workspace.workspace_id)
+
     @property
     def discards_reader(self) -> Callable[[datetime, datetime], dict[str, float]]:
         """``(since, now) -> {reason: samples}``: what the workspace discarded (CloudWatch ``DiscardedSamples``)."""

@@ -25,6 +25,23 @@ from promshift.orchestration.operators import (
 )
 
 
+def assign_approvers(op: ApprovalOperator, context: Any, entries: Sequence[str], *, group: str) -> list[str]:
+    """Resolve ``entries`` now (a team's members as they are now), without the run's trigger user, and assign
+    ``op``'s request to them; their ids. Fails with one line when nobody is left to ask: Airflow would let any
+    user answer a request assigned to nobody."""
+    from promshift.core.approvers import ApproversError, resolve
+    from promshift.orchestration.approver_teams import team_directory
+
+    triggered_by = getattr(context.get("dag_run"), "triggering_user_name", None)
+    try:
+        directory = team_directory() if any(team_of(a) for a in entries) else None
+        asked = resolve(entries, directory, group=group, exclude=[triggered_by])
+    except ApproversError as exc:
+        raise AirflowFailException(str(exc)) from None
+    op.assigned_users = [{"id": a.id, "name": a.name} for a in asked]
+    return [a.id for a in asked]
+
+
 class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
     """On-call approval showing the evidence; enforces four eyes; Reject fails (and so rolls back).
 
@@ -77,18 +94,8 @@ class MigrationApprovalOperator(_GroupStep, ApprovalOperator):
         """Resolve the approvers now (a team's members as they are now), without the run's trigger user, and
         assign the request to them; their ids. Fails with one line when nobody is left to ask: Airflow would let
         any user answer a request assigned to nobody."""
-        from promshift.core.approvers import ApproversError, resolve
-        from promshift.orchestration.approver_teams import team_directory
-
-        triggered_by = getattr(context.get("dag_run"), "triggering_user_name", None)
         entries = self.approver_entries if self.approver_entries is not None else list(self.group.approvers)
-        try:
-            directory = team_directory() if any(team_of(a) for a in entries) else None
-            asked = resolve(entries, directory, group=self.group_name, exclude=[triggered_by])
-        except ApproversError as exc:
-            raise AirflowFailException(str(exc)) from None
-        self.assigned_users = [{"id": a.id, "name": a.name} for a in asked]
-        return [a.id for a in asked]
+        return assign_approvers(self, context, entries, group=self.group_name)
 
     def evidence(self) -> dict[str, Any]:
         """What the approver decides on: the gate's whole evidence (verdict, parity, latency with cost), its XCom."""

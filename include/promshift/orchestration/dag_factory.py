@@ -96,7 +96,8 @@ EXECUTION_TIMEOUTS: dict[str, timedelta] = {
     "ready": timedelta(minutes=10),
     # Asks Airflow to start one group's migration run (one API call).
     "start": timedelta(minutes=5),
-    # Measures what the drop frees (series per job) and gathers the bake evidence.
+    # Measures what the drop frees (series per job) and gathers the bake evidence; for a retire, reads the source's
+    # rules, query log and metric names (what retiring ends) and its usage.
     "prepare": timedelta(minutes=15),
     # The drop, promtool check, reload, and up to verify_s (2 scrape intervals + bake.max_lag) for both proofs.
     "decommission": timedelta(hours=2),
@@ -104,6 +105,10 @@ EXECUTION_TIMEOUTS: dict[str, timedelta] = {
     "recommission": timedelta(minutes=30),
     # Fails with the catalog's problems: no IO.
     "catalog_problems": timedelta(minutes=5),
+    # The source's switch to agent mode (a restart), then up to a minute of proof on the target.
+    "retire": timedelta(minutes=20),
+    # The server restored (a restart), then the same proof.
+    "unretire": timedelta(minutes=20),
 }
 
 
@@ -526,6 +531,63 @@ def build_by_hand_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Pat
     ) as rollback:
         FullRollbackOperator(task_id="rollback", execution_timeout=_limit("rollback"), **common)
     return decommission, recommission, rollback
+
+
+# --------------------------------------------------------------------------- retire a whole source
+
+
+RETIRE_DAG_ID = "promshift__retire"
+UNRETIRE_DAG_ID = "promshift__unretire"
+
+
+def build_retire_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Path, profile: str | None = None
+                      ) -> tuple[DAG, DAG]:
+    """``promshift__retire`` (prepare -> approval -> retire) and ``promshift__unretire``: a whole source, chosen
+    in the form among the catalog's source connections."""
+    from promshift.orchestration.retire_operators import (
+        RetireApprovalOperator,
+        RetireOperator,
+        RetirePrepareOperator,
+        UnretireOperator,
+    )
+    from promshift.orchestration.wiring import SOURCE_PARAM
+
+    sources = sorted({g.source for g in groups})
+    common = dict(catalog_path=str(catalog_path), profile=profile)
+    source = Param(type="string", enum=sources, title="Source connection",
+                   description="The source Prometheus to retire (every group reading from it must have baked).")
+    with promshift_dag(
+        RETIRE_DAG_ID, description="Retire a source Prometheus: an agent that only forwards (after every bake)",
+        doc_md=("# Retire a source\n\nChoose the source connection in the form. Refused unless every group of it "
+                "has baked. Shows what retiring ends (rules it evaluates, metrics still read in its query log "
+                "since the last bake, metrics no group carries), each blocking unless the approver names it in "
+                "`accept`; then the source becomes a Prometheus agent (forwarder only) and the run proves the "
+                "target still receives every group without a gap, the source answers queries with 422, and its "
+                f"memory and CPU before/after. Undo with `{UNRETIRE_DAG_ID}`. docs/lifecycle.md.\n\n"
+                f"Sources: {', '.join(sources)}."),
+        schedule=None, tags=["retire"], params={SOURCE_PARAM: source},
+    ) as retire:
+        prepare = RetirePrepareOperator(task_id="prepare", execution_timeout=_limit("prepare"), retries=0,
+                                        **common)
+        longest = max((g.approval_timeout_s for g in groups), default=3600.0)
+        approval = RetireApprovalOperator(task_id="approval", execution_timeout=_limit("approval"),
+                                          prepared=prepare.output, response_timeout=timedelta(seconds=longest),
+                                          retries=0, **common)
+        step = RetireOperator(task_id="retire", execution_timeout=_limit("retire"), approval=approval.output,
+                              retries=1, retry_delay=timedelta(seconds=10), **common)
+        prepare >> approval >> step
+    with promshift_dag(
+        UNRETIRE_DAG_ID, description="Undo a retirement: the source a server again, byte for byte",
+        doc_md=("# Unretire a source\n\nChoose the source connection in the form. Restores the server's config "
+                "bytes and command line saved before the switch, proves them byte-identical and the target "
+                "without a gap."),
+        schedule=None, tags=["retire"],
+        params={SOURCE_PARAM: source, "reason": Param("", type="string", maxLength=1000, title="Reason",
+                                                      description="Why the source is a server again (audited).")},
+    ) as unretire:
+        UnretireOperator(task_id="unretire", execution_timeout=_limit("unretire"), retries=1,
+                         retry_delay=timedelta(seconds=10), **common)
+    return retire, unretire
 
 
 # --------------------------------------------------------------------------- catalog errors

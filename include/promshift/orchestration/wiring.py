@@ -256,6 +256,18 @@ class GroupWiring:
     # whose control plane refuses us (bad credentials, a deleted workspace) must not block it.
     needs_target = True
 
+    def _replica_sources(self) -> list[tuple[str, Any]]:
+        """(replica, its Prometheus client) for a source declared as replicas (``replicas.sources``)."""
+        from promshift.orchestration.hooks import PrometheusHook
+
+        clients = []
+        for replica, conn_id in self.group.replicas.sources:
+            hook = backend_hook(conn_id)
+            if not isinstance(hook, PrometheusHook):
+                raise AirflowFailException(f"replica {replica!r}: connection {conn_id!r} must be a prometheus one")
+            clients.append((replica, hook.prometheus_client()))
+        return clients
+
     def backends(self) -> Any:
         """Both backends from their connections; an AMP problem fails the task with its one-line reason."""
         from promshift.adapters.amp import AmpError
@@ -298,6 +310,9 @@ class GroupWiring:
                 target_identity=target.identity(),
                 target_alerts=target.alert_reader,
                 target_discards=getattr(target, "discards_reader", None),
+                replica_sources=self._replica_sources if self.group.replicas.sources else None,
+                workspace_configuration=(target.workspace_configuration() if self.group.tenant.enabled
+                                         and hasattr(target, "workspace_configuration") else None),
             )
         except AmpError as exc:
             if exc.retryable:
@@ -411,7 +426,7 @@ class GroupWiring:
             raise ValueError(f"connection {self.source_conn_id!r} names no Kubernetes source")
         backends = self.backends()
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
-                                   drop_labels=self.group.drop_labels,
+                                   drop_labels=self.group.drop_labels, replicas=self.group.replicas,
                                    url=backends.target_remote_write_url, sigv4=backends.target_sigv4)
         return kubernetes_deployer(source.kind, kubernetes_hook(source), namespace=source.namespace,
                                    name=source.name, entry=entry, prometheus=self.source_hook.prometheus_client(),
@@ -429,7 +444,7 @@ class GroupWiring:
         token = connection_secret(source.conn_id) if source.conn_id else None
         backends = self.backends()
         entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
-                                   drop_labels=self.group.drop_labels,
+                                   drop_labels=self.group.drop_labels, replicas=self.group.replicas,
                                    url=backends.target_remote_write_url, sigv4=backends.target_sigv4)
         return GitDeployment(source, entry=entry, prometheus=self.source_hook.prometheus_client(),
                              backend=change_backend(source, token), group=self.group.name,
@@ -627,3 +642,67 @@ class GroupWiring:
         """A second witness of the chain's head, in Airflow's own metadata: the task log and XCom ``audit_head``."""
         self.log.info("audit head: seq %s hash %s", head.seq, head.head)
         context["ti"].xcom_push(key="audit_head", value=head.to_dict())
+
+
+# The trigger form field naming the source a retire DAG acts on (a connection id every group of it shares).
+SOURCE_PARAM = "source"
+
+
+def retire_source(conn_id: str, *, catalog_path: str, profile: str | None, run_id: str) -> Any:
+    """``steps.retire.RetireSource`` for the source connection ``conn_id``: its catalog groups, the audit store,
+    its mode switch, what it still does (its query log: ``extra.query_log``) and each group's target.
+
+    The switch: a file-path source needs ``extra.mode_switch`` (LAB ONLY: a pid file on the worker's host).
+    Without one it fails closed with one line naming the by-hand flags edit: the next run finds the source an
+    agent and proves it."""
+    from promshift.adapters.prometheus import PrometheusClient
+    from promshift.adapters.settings import load_catalog
+    from promshift.adapters.source_mode import mode_switch_from_extra
+    from promshift.adapters.source_retire import HttpSampleTimes, HttpSourceObserver
+    from promshift.core.durations import parse_duration
+    from promshift.steps.retire import RetireSource
+
+    catalog = load_catalog(catalog_path, profile=profile)
+    groups = [g for g in catalog.groups if g.source == conn_id]
+    hook = backend_hook(conn_id)
+    extra = hook.extra if isinstance(hook.extra, dict) else {}
+    source_client = PrometheusClient(hook.base_url, timeout_s=30)
+    switch: Any
+    if extra.get("deploy") in ("k8s-cr", "git"):  # not built yet: a PrometheusAgent / the Helm values' agentMode
+        raise AirflowFailException(f"connection {conn_id!r}: retiring a {extra['deploy']} source is not built yet "
+                                   "(docs/lifecycle.md, \"Retire the source\")")
+    if "mode_switch" in extra:
+        try:
+            switch = mode_switch_from_extra(hook.base_url, extra["mode_switch"])
+        except ValueError as exc:
+            raise AirflowFailException(f"connection {conn_id!r}: {exc}") from None
+    else:
+        switch = _NoProcessControl(conn_id, hook.base_url)
+    targets = {g.name: HttpSampleTimes(backend_hook(g.target).get_conn()) for g in groups}
+    interval = max([g.scrape_interval_s for g in groups] or [30.0])
+    if isinstance(extra.get("scrape_interval"), str):
+        interval = parse_duration(extra["scrape_interval"])
+    return RetireSource(conn_id=conn_id, groups=groups, audit=audit_store(), switch=switch,
+                        source=HttpSourceObserver(source_client, query_log=extra.get("query_log")),
+                        target=targets, run_id=run_id, scrape_interval_s=interval)
+
+
+class _NoProcessControl:
+    """A file-path source promshift cannot restart: reads its mode, refuses to change it (one line)."""
+
+    def __init__(self, conn_id: str, url: str) -> None:
+        self.conn_id, self.url = conn_id, url
+
+    def mode(self) -> str:
+        from promshift.adapters.source_mode import probe_mode
+
+        return probe_mode(self.url)
+
+    def to_agent(self) -> Any:
+        raise AirflowFailException(
+            f"{self.conn_id}: promshift has no process control on a file-path source; switch it by hand (its "
+            "service's flags: --enable-feature=agent on 2.x, --agent on 3.x, --storage.agent.path; the config's "
+            "rule_files/alerting/remote_read removed; docs/lifecycle.md), then run this DAG again to prove it")
+
+    def restore(self) -> Any:
+        raise AirflowFailException(f"{self.conn_id}: restore its server flags and config by hand (docs/lifecycle.md)")

@@ -29,6 +29,7 @@ from promshift.core.quota import QuotaExceeded
 from promshift.core.redact import redact
 from promshift.core.stages import TRANSITIONS, Stage
 from promshift.steps.migration import GroupMigration, steps_of
+from promshift.steps.tenants import set_tenant_limit
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +173,10 @@ class DeployStep:
             def quota() -> dict[str, Any]:
                 return quota_preflight(m, check, now=now)
         try:
-            return start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota,
-                                snapshot=self.load(snapshot_info))
+            tenant = set_tenant_limit(m)  # before the deploy: a refused tenant leaves nothing deployed
+            started = start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota,
+                                   snapshot=self.load(snapshot_info))
+            return {**started, "tenant": tenant} if tenant else started
         except QuotaExceeded as exc:
             m.record(EventKind.QUOTA_REFUSED, now, {"reason": str(exc), "deploy": {
                 "kind": self.deployer.kind, "status_history": [], "quota": exc.evidence}})

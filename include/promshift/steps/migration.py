@@ -112,6 +112,12 @@ class Backends:
     # The target's discarded samples by reason: (since, now) -> {reason: n} (an AMP workspace's DiscardedSamples,
     # ``adapters.ingest_health``); None: the target publishes none (a self-hosted Prometheus).
     target_discards: Callable[[datetime, datetime], Mapping[str, float]] | None = None
+    # A source that runs as replicas (the group's ``replicas.sources``): (replica, its Prometheus) in catalog order;
+    # parity compares the target with the one its dedup kept (``Probes.ha_parity``). None: the one source.
+    replica_sources: Callable[[], Sequence[tuple[str, PrometheusProbe]]] | None = None
+    # The target workspace's configuration (``core.tenants.WorkspaceConfigurationPort``): where a group's tenant
+    # limit is set. None: the target has none (a self-hosted Prometheus), and a group with a tenant is refused.
+    workspace_configuration: Any = None
 
     def target_problem(self) -> str | None:
         if self.target_ready is not None:
@@ -400,7 +406,12 @@ class GroupMigration:
         self.record(WARMUP_ENDED.get(str(event.get("status")), EventKind.WARMUP_ERROR), now, dict(event))
 
     def parity(self, *, dual_write_since: float, now: datetime) -> ParityResult:
-        """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck)."""
+        """Coverage, label parity and raw samples of a deterministic host sample (see ParityCheck); a source
+        declared as replicas: the target against the replica its dedup kept (``core.ha``)."""
+        if self.group.replicas.enabled and self.backends.replica_sources is not None:
+            return self.probes.ha_parity(self.group, self.backends.replica_sources(), self.backends.target,
+                                         catalog_dir=self.catalog_dir, limits=self.backends.target_limits).run(
+                dual_write_since=dual_write_since, now=now.timestamp())
         return self.probes.parity(self.group, self.backends.source, self.backends.target,
                                   catalog_dir=self.catalog_dir, limits=self.backends.target_limits).run(
             dual_write_since=dual_write_since, now=now.timestamp())

@@ -206,7 +206,8 @@ def test_profile_may_only_override_policy_sections() -> None:
     doc = base_doc()
     doc["profiles"]["demo"]["owners"] = ["someone"]
     assert problems_of(doc) == (
-        "profile 'demo': field 'owners': unknown field (known: bake, latency, notify, parity, warmup)",
+        "profile 'demo': field 'owners': unknown field (known: bake, latency, notify, parity, replicas, tenant, "
+        "warmup)",
     )
 
 
@@ -325,7 +326,7 @@ def test_group_entry_must_be_a_mapping() -> None:
         (
             lambda d: d["defaults"].update(rollout={}),
             "defaults: field 'rollout': unknown field (known: approval_timeout, bake, host_label, latency, notify, "
-            "parity, paused_waves, scrape_interval, source, target, warmup)",
+            "parity, paused_waves, replicas, scrape_interval, source, target, tenant, warmup)",
         ),
         (
             lambda d: d["defaults"]["warmup"].update(length="10m"),

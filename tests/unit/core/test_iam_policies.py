@@ -62,6 +62,7 @@ AWS_MODULES: dict[str, tuple[str, ...]] = {
     "adapters/amp_scraper.py": ("amp",),
     "adapters/rules_deploy.py": ("amp",),
     "adapters/amp_quota.py": ("service-quotas", "cloudwatch"),
+    "adapters/amp_tenants.py": ("amp",),
     "adapters/ingest_health.py": ("cloudwatch",),
     "adapters/audit_anchor.py": ("s3",),
     "adapters/identity_store_teams.py": ("identitystore",),

@@ -46,7 +46,8 @@ def test_every_name_callers_used_is_still_there() -> None:
 def test_each_component_is_built_by_one_family(tmp_path: Path) -> None:
     stack = LocalStack(StackConfig(home=tmp_path, target_kind="amp", clusters=2))
     built = [stack._alerting_components(), stack._fleet_components(), stack._prometheus_components(),
-             stack._amp_components("ws-1", "fp", "ws-2"), stack._stand_in_components(), stack._cluster_b_components()]
+             stack._amp_components("ws-1", "fp", "ws-2"), stack._stand_in_components(), stack._cluster_b_components(),
+                 stack._replica_components()]
     names = [name for family in built for name in family]
     assert sorted(names) == sorted(ALL_COMPONENTS)  # none twice, none missing
     assert sorted(stack._components(workspace_id="ws-1", fingerprint="fp", workspace_b_id="ws-2")) == sorted(names)
@@ -87,4 +88,4 @@ def test_only_the_local_aws_and_the_sources_get_the_credential_pair(tmp_path: Pa
     stack._aws_child_env = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE"}
     components = stack._components(workspace_id="ws-1", workspace_b_id="ws-2")
     given = sorted(name for name, c in components.items() if stack._child_env(c))
-    assert given == sorted(["aws", "frontdoor", "relay", "relay-b", "source", "source-b"])
+    assert given == sorted(["aws", "frontdoor", "relay", "relay-b", "source", "source-1", "source-b"])

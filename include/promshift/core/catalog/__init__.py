@@ -68,6 +68,8 @@ from promshift.core.catalog.model import (
     NotifyPolicy,
     ParityMode,
     ParityPolicy,
+    ReplicaPolicy,
+    TenantPolicy,
     WarmupPolicy,
     migration_dag_id,
 )
@@ -102,6 +104,8 @@ __all__ = [
     "LatencyWindow",
     "MetricGroup",
     "NotifyPolicy",
+    "ReplicaPolicy",
+    "TenantPolicy",
     "ParityMode",
     "ParityPolicy",
     "WarmupPolicy",

@@ -25,6 +25,8 @@ from promshift.core.catalog.model import (
     LatencyWindow,
     NotifyPolicy,
     ParityPolicy,
+    ReplicaPolicy,
+    TenantPolicy,
     WarmupPolicy,
 )
 from promshift.core.catalog.regex import _go_regexp_problem, _re2_error
@@ -281,6 +283,24 @@ def _template_values(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def _pairs(what: str, *, key: Converter, value: Converter) -> Converter:
+    """``{key: value}`` (a label set; replica -> connection id) to pairs in file order, each side checked."""
+    def convert(raw: Any) -> tuple[tuple[str, str], ...]:
+        if not isinstance(raw, dict):
+            _fail(f"must be a mapping of {what}, got {_type_name(raw)}")
+        pairs = []
+        issues: list[tuple[str, str]] = []
+        for name, text in raw.items():
+            try:
+                pairs.append((key(name), value(text)))
+            except _Invalid as exc:
+                issues.extend((f".{name}", reason) for _, reason in exc.issues)
+        if issues:
+            raise _Invalid(*issues)
+        return tuple(pairs)
+    return convert
+
+
 def _metric_regex(value: Any) -> str:
     text = _string()(value)
     error = _re2_error(text)
@@ -534,6 +554,26 @@ _SECTIONS: dict[str, tuple[type, dict[str, _Field]]] = {
             "max_lag": _Field("max_lag_s", _duration(positive=True)),
             "series_tolerance": _Field("series_tolerance", _number(minimum=0, maximum=1)),
             "parity_window": _Field("parity_window_s", _duration(positive=True)),
+        },
+    ),
+    # The source runs as replicas (an HA pair): AMP's dedup labels on every write path (core.ha).
+    "replicas": (
+        ReplicaPolicy,
+        {
+            "replica_label": _Field("replica_label", _pattern_string(_LABEL_NAME_RE, "label name")),
+            "cluster_label": _Field("cluster_label", _pattern_string(_LABEL_NAME_RE, "label name")),
+            "sources": _Field("sources", _pairs(
+                "replica -> connection id", key=_string(),
+                value=_pattern_string(_CONN_ID_RE, "connection id", max_length=CONN_ID_MAX_LENGTH))),
+        },
+    ),
+    # The group's tenant: limitsPerLabelSet in the workspace configuration (core.quota.tenant_preflight).
+    "tenant": (
+        TenantPolicy,
+        {
+            "label_set": _Field("label_set", _pairs(
+                "label -> value", key=_pattern_string(_LABEL_NAME_RE, "label name"), value=_string())),
+            "max_series": _Field("max_series", _integer(minimum=0)),
         },
     ),
     "notify": (

@@ -204,6 +204,14 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
         issues.append(("bake.interval", f"must be <= bake.period ({format_duration(bake.period_s)}), "
                                         f"got {format_duration(bake.interval_s)}: the bake would never be checked"))
 
+    # HA pairs and tenants: half a declaration would be silently off.
+    if group.replicas.sources and not group.replicas.replica_label:
+        issues.append(("replicas.sources", "needs replicas.replica_label (the external label naming each replica)"))
+    if group.replicas.replica_label and group.replicas.replica_label == group.replicas.cluster_label:
+        issues.append(("replicas.cluster_label", "must differ from replicas.replica_label"))
+    if group.tenant.max_series and not group.tenant.label_set:
+        issues.append(("tenant.max_series", "needs tenant.label_set (the labels the limit counts)"))
+
     renamed = {source for source, _ in group.parity.rename_labels}
     for label in group.parity.ignore_labels:
         if label in renamed:

@@ -215,6 +215,43 @@ class NotifyPolicy:
 
 
 @dataclass(frozen=True)
+class ReplicaPolicy:
+    """The group's source runs as an HA pair (or more replicas) that all write the group (``replicas:``).
+
+    ``replica_label`` is the source's external label naming its replica (prometheus-operator's
+    ``prometheus_replica``); empty: one replica, nothing to de-duplicate. ``cluster_label`` names the pair's
+    cluster. Every write path then carries AMP's dedup labels (``cluster`` + ``__replica__``, ``core.ha``), so
+    the workspace keeps one replica's samples per cluster. ``sources`` maps each replica (its label value) to
+    the Airflow connection of that replica's Prometheus: parity compares the target with the replica the
+    target's dedup kept (``core.ha.elect``).
+    """
+
+    replica_label: str = ""
+    cluster_label: str = "cluster"
+    sources: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.replica_label)
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    """The group's tenant in the workspace (``tenant:``): its label set and the active series it may hold.
+
+    The migration sets ``limitsPerLabelSet`` (UpdateWorkspaceConfiguration) for ``label_set`` to
+    ``max_series``, so a cardinality spike of this group is throttled alone. Empty label set: no tenant.
+    """
+
+    label_set: tuple[tuple[str, str], ...] = ()
+    max_series: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.label_set)
+
+
+@dataclass(frozen=True)
 class MetricGroup:
     """A set of metric names that migrates, is verified and is cut over as one unit.
 
@@ -247,6 +284,8 @@ class MetricGroup:
     latency: LatencyPolicy = LatencyPolicy()
     notify: NotifyPolicy = NotifyPolicy()
     bake: BakePolicy = BakePolicy()
+    replicas: ReplicaPolicy = ReplicaPolicy()
+    tenant: TenantPolicy = TenantPolicy()
     # Waves the catalog holds back (``defaults.paused_waves``): a group in one does not start.
     paused_waves: tuple[int, ...] = ()
     # The Airflow connections of the group's source Prometheus (its cluster) and target (its workspace):

@@ -42,6 +42,7 @@ from promshift.local.stack.parts.airflow import AirflowPart
 from promshift.local.stack.parts.amp import AmpPart
 from promshift.local.stack.parts.fleet import FleetPart
 from promshift.local.stack.parts.prometheus import SOURCE_RULES
+from promshift.local.stack.parts.replicas import ReplicasPart
 from promshift.local.stack.parts.stand_ins import StandInsPart
 from promshift.local.stack.prometheus import PROMETHEUS_BIN, PROMTOOL_BIN
 from promshift.local.stack.spec import (
@@ -82,6 +83,7 @@ from promshift.local.stack.spec import (
     RELAY_B,
     SCRAPE_JOB,
     SOURCE,
+    SOURCE_1,
     SOURCE_B,
     SOURCE_RETENTION,
     TARGET,
@@ -101,14 +103,14 @@ __all__ = [
     "EXTERNAL_LABELS_B", "FLEET", "FLEET_B", "FRONTDOOR", "GIT", "GRAFANA", "K8S", "K8S_NAME", "K8S_NAMESPACE",
     "LOCAL_ONCALL_RECEIVER", "LOCAL_SCRAPER_SOURCE", "LOG_TAIL_LINES", "MAIL", "MOTO", "PROMETHEUS_BIN",
     "PROMSHIFT_JOB", "PROMSHIFT_METRICS_PATH", "PROMTOOL_BIN", "RELAY", "RELAY_B", "SCRAPE_JOB", "SOURCE",
-    "SOURCE_B", "SOURCE_RETENTION", "SOURCE_RULES", "TARGET", "TARGET_B", "TARGET_KINDS", "VMAGENT_BIN",
+    "SOURCE_1", "SOURCE_B", "SOURCE_RETENTION", "SOURCE_RULES", "TARGET", "TARGET_B", "TARGET_KINDS", "VMAGENT_BIN",
     "LocalStack", "StackConfig", "StackError", "find_free_ports",
 ]
 
 logger = logging.getLogger(__name__)
 
 
-class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
+class LocalStack(FleetPart, AmpPart, StandInsPart, ReplicasPart, AirflowPart):
     """Start, reuse, inspect and stop the local stack: the composition of its component families (``parts``)."""
 
     def _components(self, *, workspace_id: str | None = None, fingerprint: str = "",
@@ -119,6 +121,7 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
                                                workspace_b_id or self.workspace_b_id))
         components.update(self._stand_in_components())
         components.update(self._cluster_b_components())
+        components.update(self._replica_components())
         return components
 
     def _names(self) -> tuple[str, ...]:
@@ -134,7 +137,8 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
             cluster_b += (RELAY_B,)
         am = (ALERTMANAGER,) if self.alertmanager_installed or self.pid_path(ALERTMANAGER).exists() else ()
         git = (GIT,) if self.config.git or self.pid_path(GIT).exists() else ()
-        return COMPONENTS + am + amp + k8s + git + cluster_b
+        replicas = (SOURCE_1,) if self.config.replicas == 2 or self.pid_path(SOURCE_1).exists() else ()
+        return COMPONENTS + am + amp + k8s + git + cluster_b + replicas
 
     # -- public operations ---------------------------------------------------------------
 
@@ -151,6 +155,8 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
         deadline = time.monotonic() + timeout
         with self._locked():
             fingerprint = ""
+            if self.config.replicas == 2:
+                self._choose_replica_port()
             if amp:
                 credentials = self.aws_credentials()
                 fingerprint = credentials.fingerprint()
@@ -162,7 +168,8 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
             target_edited = self._write_configs()
             # A plain `up` neither starts nor checks the local AWS (a running one is left alone).
             names = COMPONENTS + ((ALERTMANAGER,) if alerting else ()) + (AMP_COMPONENTS if amp else ()) \
-                + ((K8S,) if self.config.kubernetes else ()) + ((GIT,) if self.config.git else ())
+                + ((K8S,) if self.config.kubernetes else ()) + ((GIT,) if self.config.git else ()) \
+                + ((SOURCE_1,) if self.config.replicas == 2 else ())
             plans = {name: self._plan(components[name]) for name in names}
             # Check every port before starting anything, so a conflict leaves nothing half-started.
             for name, (action, _pid) in plans.items():
@@ -185,9 +192,10 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
             if target_edited and plans[TARGET][0] == "reuse":
                 self._reload_target()
             if not amp:
-                for name in (TARGET, SOURCE):
+                sources = (SOURCE, SOURCE_1) if self.config.replicas == 2 else (SOURCE,)
+                for name in (TARGET, *sources):
                     self._apply(components[name], plans[name])
-                self._wait_healthy([components[TARGET], components[SOURCE]], deadline)
+                self._wait_healthy([components[name] for name in (TARGET, *sources)], deadline)
                 self._start_stand_ins(components, plans, deadline)
                 if self.config.clusters == 2:
                     components = self._start_cluster_b(deadline)
@@ -195,15 +203,19 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
             else:
                 components, workspace_id, workspace_b_id, pair_changed = self._start_amp(
                     components, plans, fingerprint, deadline)
-                action, pid = plans[SOURCE]
-                if action == "reuse" and pair_changed:
-                    action = "restart"  # started without this pair in its environment (see _child_env)
-                self._apply(components[SOURCE], (action, pid))
-                self._wait_healthy([components[SOURCE]], deadline)
+                sources = (SOURCE, SOURCE_1) if self.config.replicas == 2 else (SOURCE,)
+                for name in sources:
+                    action, pid = plans[name]
+                    if action == "reuse" and pair_changed:
+                        action = "restart"  # started without this pair in its environment (see _child_env)
+                    self._apply(components[name], (action, pid))
+                self._wait_healthy([components[name] for name in sources], deadline)
                 self._start_stand_ins(components, plans, deadline)
                 self._write_state(components, workspace_id=workspace_id, fingerprint=fingerprint,
                                   workspace_b_id=workspace_b_id)
             self._wait_scraped(deadline)
+            if self.config.replicas == 2:
+                self._wait_scraped(deadline, url=self.source_1_url)
             if self.config.clusters == 2:
                 self._wait_scraped(deadline, url=self.source_b_url, expected=self.fleet_b.nodes)
         return self.status()
@@ -242,7 +254,7 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
         with self._locked():
             self._down(30.0)
             for directory in (SOURCE, TARGET, RELAY, "amp", MAIL, K8S, GRAFANA, ALERTMANAGER, GIT,
-                              *CLUSTER_B_COMPONENTS, RELAY_B):
+                              *CLUSTER_B_COMPONENTS, RELAY_B, SOURCE_1):
                 shutil.rmtree(self.home / directory, ignore_errors=True)
             for name in ALL_COMPONENTS:
                 self.log_path(name).unlink(missing_ok=True)
@@ -262,7 +274,7 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
         }
         # The operator stand-in first (it rewrites and reloads the source); then the source: it may be flushing
         # remote-write queues into the relay or the target; then the relay, which may be flushing into the front door.
-        for first in (K8S, SOURCE, SOURCE_B, RELAY, RELAY_B):
+        for first in (K8S, SOURCE, SOURCE_1, SOURCE_B, RELAY, RELAY_B):
             if first in running:
                 self._stop({first: running.pop(first)}, timeout)
         self._stop(running, timeout)
@@ -280,6 +292,8 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
         self._copy_dashboards()
         if self.config.clusters == 2:
             self._write_cluster_b_configs()
+        if self.config.replicas == 2:
+            self._write_replica_config()
         return edited_target
 
     def _write_state(self, components: dict[str, Component], *, workspace_id: str | None = None,
@@ -304,6 +318,8 @@ class LocalStack(FleetPart, AmpPart, StandInsPart, AirflowPart):
                 "source": {"url": self.source_b_url, "config": str(self.source_b_config_path)},
                 "target": {"url": self.target_b_url, "remote_write_url": self.target_b_remote_write_url},
                 "fleet": {"nodes": self.fleet_b.nodes, "seed": self.fleet_b.seed}}
+        if cfg.replicas == 2:
+            state["replicas"] = self._replica_state()
         self._record_amp_state(state, workspace_id=workspace_id, fingerprint=fingerprint,
                                workspace_b_id=workspace_b_id)
         tmp = self.state_path.with_name(".stack.json.tmp")

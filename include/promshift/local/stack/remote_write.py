@@ -148,7 +148,7 @@ class LocalRemoteWrite:
         present = self.name in _entries(snapshot.data)
         if not present:
             entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
-                                       drop_labels=self.group.drop_labels,
+                                       drop_labels=self.group.drop_labels, replicas=self.group.replicas,
                                        url=self.stack.target_remote_write_url)
             self._deploy(add_remote_write(snapshot.data, entry), snapshot)
         elif self.name not in _entries(self.source.config_text()):
@@ -177,7 +177,7 @@ class LocalRemoteWrite:
         else:
             changed = True
             entry = remote_write_entry(group_name=self.group.name, name_regex=self.group.name_regex(),
-                                       drop_labels=self.group.drop_labels,
+                                       drop_labels=self.group.drop_labels, replicas=self.group.replicas,
                                        url=self.stack.target_remote_write_url)
             entry["write_relabel_configs"] = [*entry["write_relabel_configs"], *rules]
             self._deploy(add_remote_write(snapshot.data, entry), snapshot)

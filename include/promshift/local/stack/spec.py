@@ -50,7 +50,12 @@ EXTERNAL_LABELS_B = {"cluster": "local-gpu-fleet-b", "prometheus_replica": "sour
 RELAY_B = "relay-b"
 AMP_WORKSPACE_ALIAS_B = "promshift-local-b"
 # Every component ``down`` and ``reset`` look after, whichever started them.
-ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S, ALERTMANAGER, GIT) + CLUSTER_B_COMPONENTS + (RELAY_B,)
+# The source's second replica (``replicas=2``, ``stack up --replicas 2``): another Prometheus scraping the same fleet,
+# its external labels the source's but ``prometheus_replica: source-1`` (an HA pair, ``parts.replicas``). Its port:
+# PROMSHIFT_SOURCE_1_PORT, else a free one chosen at `up` (recorded in stack.json).
+SOURCE_1 = "source-1"
+REPLICA_LABEL = "prometheus_replica"
+ALL_COMPONENTS = COMPONENTS + AMP_COMPONENTS + (K8S, ALERTMANAGER, GIT) + CLUSTER_B_COMPONENTS + (RELAY_B, SOURCE_1)
 TARGET_KINDS = ("prometheus", "amp")
 AMP_WORKSPACE_ALIAS = "promshift-local"
 # What stack.json records about the local AWS (never a secret; the fingerprint is a digest).
@@ -132,6 +137,9 @@ class StackConfig:
     target_b_port: int = 0
     # clusters=2 with target_kind="amp": the second workspace's signing relay.
     relay_b_port: int = 0
+    # 2: the source runs as an HA pair (SOURCE_1 beside it); 0 port: a free one.
+    replicas: int = 1
+    source_1_port: int = 0
 
     def __post_init__(self) -> None:
         # Prometheus runs with cwd=home but reads absolute paths from its config: resolve once here.
@@ -142,6 +150,8 @@ class StackConfig:
             raise ValueError(f"nodes must be >= 1, got {self.nodes}")
         if self.clusters not in (1, 2):
             raise ValueError(f"clusters must be 1 or 2, got {self.clusters}")
+        if self.replicas not in (1, 2):
+            raise ValueError(f"replicas must be 1 or 2, got {self.replicas}")
         if self.target_kind not in TARGET_KINDS:
             raise ValueError(f"target kind must be one of {', '.join(TARGET_KINDS)}, got {self.target_kind!r}")
         ports = (self.fleet_port, self.source_port, self.target_port)
@@ -181,6 +191,7 @@ class StackConfig:
             "source_b_port": _env_int("PROMSHIFT_SOURCE_B_PORT", cls.source_b_port),
             "target_b_port": _env_int("PROMSHIFT_TARGET_B_PORT", cls.target_b_port),
             "relay_b_port": _env_int("PROMSHIFT_RELAY_B_PORT", cls.relay_b_port),
+            "source_1_port": _env_int("PROMSHIFT_SOURCE_1_PORT", cls.source_1_port),
             "region": os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})

@@ -48,6 +48,7 @@ from promshift.local.stack.spec import (
     RELAY,
     RELAY_B,
     SOURCE,
+    SOURCE_1,
     SOURCE_B,
     TARGET,
     TARGET_B,
@@ -385,7 +386,7 @@ class AmpPart(ClusterBPart, AlertingPart):
             )
 
     def _child_env(self, component: Component) -> dict[str, str]:
-        if component.name in (AWS, FRONTDOOR, RELAY, SOURCE, RELAY_B, SOURCE_B):
+        if component.name in (AWS, FRONTDOOR, RELAY, SOURCE, RELAY_B, SOURCE_B, SOURCE_1):
             # The source gets the pair too, as a Prometheus on EKS gets one from its role: Debian's 2.42
             # refuses to load a `sigv4:` remote_write entry without credentials (it never signs with them).
             return dict(self._aws_child_env)

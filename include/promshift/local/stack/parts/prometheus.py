@@ -7,6 +7,7 @@ rule files, the ``alerting:`` section) keep every other byte.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -84,6 +85,41 @@ class PrometheusPart(StackProcesses):
         return self.home / SOURCE / "query.log"
 
     @property
+    def source_flags_path(self) -> Path:
+        """The source's command line when it was switched (the lab's ``/etc/default/prometheus``: JSON, written by
+        ``adapters.source_mode.PidFileControl`` when the retire DAG makes the source an agent, and back)."""
+        return self.home / SOURCE / "flags.json"
+
+    @property
+    def source_agent_path(self) -> Path:
+        """The source's WAL while it is an agent (``--storage.agent.path``)."""
+        return self.home / SOURCE / "agent"
+
+    def source_mode_extra(self) -> dict[str, str]:
+        """The source connection's ``extra.mode_switch`` (LAB ONLY: the worker runs beside the source, so it may
+        restart it by its pid file; ``adapters.source_mode.PidFileControl``)."""
+        return {"pid_file": str(self.pid_path(SOURCE)), "flags_file": str(self.source_flags_path),
+                "config_path": str(self.source_config_path), "agent_path": str(self.source_agent_path),
+                "log_path": str(self.log_path(SOURCE)), "cwd": str(self.home)}
+
+    def source_mode_switch(self) -> Any:
+        """The retire DAG's switch on this stack's source (``adapters.source_mode``)."""
+        from promshift.adapters.source_mode import mode_switch_from_extra
+
+        return mode_switch_from_extra(self.source_url, self.source_mode_extra())
+
+    def _source_argv(self, default: tuple[str, ...]) -> tuple[str, ...]:
+        try:
+            flags = json.loads(self.source_flags_path.read_text())
+        except (OSError, ValueError):
+            return default
+        if not (isinstance(flags, list) and flags and all(isinstance(f, str) for f in flags)
+                and f"--config.file={self.source_config_path}" in flags):
+            logger.warning("%s is not the source's command line; starting it with the default", self.source_flags_path)
+            return default
+        return tuple(flags)
+
+    @property
     def target_config_path(self) -> Path:
         """The target Prometheus config (no scrape jobs)."""
         return self.home / TARGET / "prometheus.yml"
@@ -148,10 +184,11 @@ class PrometheusPart(StackProcesses):
             SOURCE: Component(
                 SOURCE,
                 cfg.source_port,
-                source_argv,
+                self._source_argv(source_argv),  # the retire DAG's agent command line while it is one
                 self.source_url,
                 f"{self.source_url}/-/ready",
-                f"--storage.tsdb.path={source_data}",
+                # in both modes (an agent has no --storage.tsdb.path)
+                f"--config.file={self.source_config_path}",
                 "PROMSHIFT_SOURCE_PORT",
             ),
         }
