@@ -373,6 +373,7 @@ def code_state() -> dict[str, Any]:
         return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, check=False).stdout.strip()
 
     files = ["include/promshift/adapters/parity_check.py", "include/promshift/core/parity.py",
+             *(f"include/promshift/core/parity_{m}.py" for m in ("labels", "window", "noise", "samples", "golden")),
              "include/promshift/adapters/prometheus.py", "catalog/metric_groups.yaml"]
     dirty = git("status", "--porcelain", "--", *files).splitlines()
     return {"head": git("rev-parse", "--short", "HEAD"), "uncommitted": [d.split(None, 1)[-1] for d in dirty],
