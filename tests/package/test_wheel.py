@@ -233,7 +233,7 @@ def test_the_dagbag_imports_every_dag_file(probe: dict[str, Any]) -> None:
     # One migration DAG per target connection (the group chosen in its form), not one per group.
     migrations = {f"promshift__migrate__{g.target}" for g in groups}
     assert {g.dag_id for g in groups} == migrations
-    by_hand = {f"promshift__{action}" for action in ("decommission", "recommission", "rollback")}
+    by_hand = {f"promshift__{action}" for action in ("decommission", "recommission", "rollback", "retire", "unretire")}
     assert probe["dagbag"]["import_errors"] == {}
     assert set(probe["dagbag"]["dag_ids"]) == migrations | by_hand | {"promshift__bake_watch", "promshift__plan",
                                                                      "promshift__waves"}
