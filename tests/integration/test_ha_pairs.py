@@ -36,7 +36,8 @@ from promshift.local.stack.local import LocalStack, StackConfig
 from tests.integration.conftest import eventually, running_amp_stack
 from tests.integration.test_amp_strict import workspace_client, write
 
-pytestmark = pytest.mark.integration
+# slow: run by make e2e (.ci/run), which keeps make test inside its 15-minute budget
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,8 @@ from promshift.orchestration.compose import compose_migration
 from promshift.steps.migration import Backends
 from promshift.steps.moves import ReadPathStep, RulesStep
 
-pytestmark = pytest.mark.integration
+# slow: run by make e2e (.ci/run), which keeps make test inside its 15-minute budget
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 GROUP = "gpu-memory"
 RULES = """\

@@ -31,7 +31,8 @@ from promshift.local.stack.local import EXTERNAL_LABELS, SCRAPE_JOB, find_free_p
 from promshift.local.stack.prometheus import PROMTOOL_BIN, PrometheusProcess
 from promshift.local.stack.samples_limit import SamplesLimitProxy
 
-pytestmark = pytest.mark.integration
+# slow: run by make e2e (.ci/run), which keeps make test inside its 15-minute budget
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MAX_SAMPLES = 8000
 STEP = 30

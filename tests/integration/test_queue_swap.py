@@ -26,7 +26,8 @@ from promshift.local.stack.local import LocalStack, StackConfig
 from promshift.steps.queues import QueueSwap, SwapFailed
 from tests.integration.conftest import eventually
 
-pytestmark = pytest.mark.integration
+# slow: run by make e2e (.ci/run), which keeps make test inside its 15-minute budget
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 GROUPS = {"gpu-util": ("DCGM_FI_DEV_GPU_UTIL",), "fb": ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"),
           "power": ("DCGM_FI_DEV_POWER_USAGE",)}

@@ -27,7 +27,8 @@ from promshift.core.stages import Stage
 from promshift.local.stack.prometheus import PROMETHEUS_BIN, PrometheusProcess, prometheus_argv
 from promshift.steps.retire import RetireRefused, RetireSource
 
-pytestmark = [pytest.mark.integration,
+# slow: run by make e2e (.ci/run), which keeps make test inside its 15-minute budget
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not Path(PROMETHEUS_BIN).exists(), reason="Prometheus is not installed")]
 
 SCRAPE_S = 1.0
