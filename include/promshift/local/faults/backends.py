@@ -182,7 +182,7 @@ def fault_reload_rejected(env: FaultEnv) -> FaultResult:
                           "refuses ('DCGM_FI_DEV_FB_(USED') slipped past the check; the running source refused the "
                           "reload (HTTP 500) and kept its previous config",
                     audit=audit, must_have=("deploy_failed", "rolled_back"),
-                    extra_ok=error.startswith("DeployError") and "dual_write_deployed" not in
+                    extra_ok=error.startswith(("DeployError", "DeployStepFailed")) and "dual_write_deployed" not in
                     [e.kind for e in audit.events()])
 
 
