@@ -16,6 +16,7 @@ from promshift.orchestration.operators import (
     _now,
     emit_group_asset,
     given,
+    run_rollback,
 )
 from promshift.orchestration.wiring import GROUP_PARAM
 
@@ -213,20 +214,9 @@ class FullRollbackOperator(GroupStepOperator):
         return str((context.get("params") or {}).get("reason") or "") or "full rollback by hand"
 
     def _rolled_back(self, context: Any, reason: str, rollback: Any) -> dict[str, Any]:
-        from promshift.steps.deploy import DeployStepFailed
         from promshift.steps.lifecycle import DecommissionRefused
 
-        try:
-            return rollback()
-        except DecommissionRefused as exc:
-            raise AirflowFailException(str(exc)) from None
-        except DeployStepFailed as exc:
-            failure = AirflowFailException(str(exc))
-            self.tell_owners(context, "rollback_failed", reason=reason, error=failure)
-            raise failure from None
-        except Exception as exc:
-            self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
-            raise
+        return run_rollback(self, context, reason, rollback, refusals=(DecommissionRefused,))
 
     def _told(self, context: Any, reason: str, result: dict[str, Any]) -> dict[str, Any]:
         self.tell_owners(context, "rolled_back", reason=reason, result=result)

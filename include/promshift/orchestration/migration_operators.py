@@ -20,6 +20,7 @@ from promshift.orchestration.operators import (
     emit_group_asset,
     given,
     publish_report,
+    run_rollback,
 )
 from promshift.orchestration.wiring import audit_store, require_production_settings
 
@@ -473,19 +474,7 @@ class RollbackOperator(GroupStepOperator):
         return self._finish(context, result, reason, moved_errors)
 
     def _rolled_back(self, context: Any, rollback: Any, reason: str) -> dict[str, Any]:
-        """Run the rollback; a failure tells the owners (a deploy refusal fails the task, anything else is
-        retried)."""
-        from promshift.steps.deploy import DeployStepFailed
-
-        try:
-            return rollback()
-        except DeployStepFailed as exc:
-            failure = AirflowFailException(str(exc))
-            self.tell_owners(context, "rollback_failed", reason=reason, error=failure)
-            raise failure from None
-        except Exception as exc:
-            self.tell_owners(context, "rollback_failed", reason=reason, error=exc)
-            raise
+        return run_rollback(self, context, reason, rollback)
 
     def _finish(self, context: Any, result: dict[str, Any], reason: str, moved_errors: Sequence[str]
                 ) -> dict[str, Any]:

@@ -84,6 +84,25 @@ def publish_report(step: _GroupStep, context: Any, migration: Any) -> dict[str, 
     context["ti"].xcom_push(key="report", value=record)
     return record
 
+def run_rollback(step: Any, context: Any, reason: str, rollback: Any,
+                 refusals: tuple[type[Exception], ...] = ()) -> dict[str, Any]:
+    """Run a rollback for every DAG family: a refusal (``refusals``) fails the task as it is; a deploy refusal
+    tells the owners and fails the task; anything else tells the owners and is raised again (Airflow retries)."""
+    from promshift.steps.deploy import DeployStepFailed
+
+    try:
+        return rollback()
+    except refusals as exc:
+        raise AirflowFailException(str(exc)) from None
+    except DeployStepFailed as exc:
+        failure = AirflowFailException(str(exc))
+        step.tell_owners(context, "rollback_failed", reason=reason, error=failure)
+        raise failure from None
+    except Exception as exc:
+        step.tell_owners(context, "rollback_failed", reason=reason, error=exc)
+        raise
+
+
 class GroupStepOperator(_GroupStep, BaseOperator):
     """Base for the plain (non-deferring) steps."""
 

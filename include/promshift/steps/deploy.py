@@ -130,6 +130,7 @@ class DeployStep:
         self.quota = quota
         kind = str(deployer.kind)
         self.deploy = deploy_of(REMOTE_WRITE if kind == DeployKind.FILE.value else kind)
+        self._loaded: dict[tuple[str, str], DeploySnapshot] = {}
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
         m = self.migration
@@ -138,8 +139,15 @@ class DeployStep:
         return info
 
     def load(self, snapshot_info: Mapping[str, Any]) -> DeploySnapshot:
-        """The stored snapshot, checked against the hash recorded when it was taken (``SnapshotLost``)."""
+        """The stored snapshot, checked against the hash recorded when it was taken (``SnapshotLost``).
+
+        Kept for this step once loaded: the deploy loads it before it writes, so undoing an unrecorded deploy
+        (``finish``) does not depend on the store that may be what just failed (snapshots kept in the audit
+        database, unreachable)."""
         ref = str(snapshot_info.get("snapshot_ref") or snapshot_info.get("snapshot_path"))
+        key = (ref, str(snapshot_info.get("sha256")))
+        if key in self._loaded:
+            return self._loaded[key]
         try:
             snapshot = self.store.get(ref)
         except DeployError as exc:
@@ -150,6 +158,7 @@ class DeployStep:
         if snapshot.sha256 != snapshot_info["sha256"]:
             raise SnapshotLost(f"snapshot {ref} does not match its recorded hash "
                                f"({snapshot.sha256[:12]} != {str(snapshot_info['sha256'])[:12]})")
+        self._loaded[key] = snapshot
         return snapshot
 
     def recorded_deploy(self) -> dict[str, Any] | None:
@@ -192,8 +201,13 @@ class DeployStep:
 
         A retry after this run recorded ``dual_write_deployed`` returns that record (no second event). Nothing
         stays deployed without its event: when recording fails and the event is not known to be in the log, the
-        snapshot (``snapshot_info``) goes back before the error is raised."""
-        done = self.recorded_deploy()
+        snapshot (``snapshot_info``) goes back before the error is raised (reading the log fails the same way)."""
+        try:
+            done = self.recorded_deploy()
+        except Exception:
+            if snapshot_info is not None and event.get("status") == "done":
+                self._undeploy_unrecorded(snapshot_info, now)
+            raise
         if done is not None:
             return done
         evidence = deploy_evidence(event["result"], quota)

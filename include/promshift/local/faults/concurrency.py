@@ -82,6 +82,10 @@ class TcpProxy:
 
     def cut(self) -> None:
         if self.listener is not None:
+            # shutdown first: close() alone leaves the socket listening while the accept thread is blocked in it
+            # (Linux keeps the file open until accept returns), so the port could not be bound again on resume.
+            with contextlib.suppress(OSError):
+                self.listener.shutdown(socket.SHUT_RDWR)
             self.listener.close()
             self.listener = None
         with self.lock:
