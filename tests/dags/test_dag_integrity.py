@@ -160,7 +160,7 @@ def test_task_chain_and_rollback_wiring(dagbag, multi) -> None:  # type: ignore[
         # Nobody is assigned when the DAG is built: the chosen group's approvers are, when the question is asked.
         assert approval.assigned_users == [] and approval.approver_entries is None
     dag = dagbag.dags["promshift__migrate__promshift_target"]
-    assert _chosen(dag.get_task("approval"), "gpu-utilization").group.approvers == ("oncall-alice", "oncall-bob")
+    assert _chosen(dag.get_task("approval"), "gpu-utilization").group.approvers == ("team:gpu-oncall",)
     assert _chosen(dag.get_task("approval"), "gpu-memory").group.approvers == ("team:gpu-oncall",)
 
 
