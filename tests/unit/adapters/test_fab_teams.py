@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 import requests
@@ -57,8 +57,8 @@ from promshift.adapters.fab_teams import (
 from promshift.board import URL_PREFIX
 from promshift.board.app import BoardSource, create_app
 from promshift.core.approvers import Approver, ApproversError, UnknownTeam, resolve
-from promshift.orchestration.approver_teams import api_server_url
 from promshift.core.stages import Stage
+from promshift.orchestration.approver_teams import api_server_url
 from tests.unit.core.test_approvers import ask
 from tests.unit.orchestration.test_operators import (  # noqa: F401 - fixtures
     GROUP,
@@ -207,6 +207,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+TokenBody = Annotated[dict[str, Any], Body()]
+
+
 @pytest.fixture
 def api_server(fab_db: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The API server on 127.0.0.1: FAB's token route and the board (mounted at /promshift) over ``fab_db``."""
@@ -222,7 +225,7 @@ def api_server(fab_db: dict[str, Any], tmp_path: Path, monkeypatch: pytest.Monke
     app = FastAPI()
 
     @app.post("/auth/token", status_code=201)
-    def create_token(body: dict[str, Any] = Body(...)) -> dict[str, str]:  # FAB's FABAuthManagerLogin.create_token
+    def create_token(body: TokenBody) -> dict[str, str]:  # FAB's FABAuthManagerLogin.create_token
         username, password = body.get("username"), body.get("password")
         if not username or not password:
             raise HTTPException(400, "Username and password must be provided")
@@ -257,10 +260,12 @@ def _client(base: str, user: str = SERVICE_USER, password: str = SERVICE_PASSWOR
 
 def test_the_api_server_refuses_what_fab_refuses(api_server: str, fab_db: dict[str, Any]) -> None:
     """FAB's token route: 400 without credentials, 401 wrong or inactive; the board's team route: 401 without a
-    token, 403 with a forged one (Airflow's JWT check) or without can-read-on-Users, 404 an unknown or malformed team."""
+    token, 403 with a forged one (Airflow's JWT check) or without can-read-on-Users, 404 an unknown or malformed
+    team."""
     token_url = api_server + "/auth/token"
     assert requests.post(token_url, json={"username": SERVICE_USER}, timeout=5).status_code == 400
-    assert requests.post(token_url, json={"username": SERVICE_USER, "password": "wrong"}, timeout=5).status_code == 401
+    wrong = {"username": SERVICE_USER, "password": "wrong"}
+    assert requests.post(token_url, json=wrong, timeout=5).status_code == 401
     assert requests.post(token_url, json={"username": "erin", "password": "erin-password"},
                          timeout=5).status_code == 401  # inactive
     teams_url = api_server + TEAMS_PATH + "gpu-oncall"
