@@ -1,17 +1,17 @@
 """Where ``team:<name>`` approvers are read when an approval is asked (``core.approvers``).
 
 With the FAB auth manager and the Airflow connection ``promshift_fab_api`` (the API server's URL, and a FAB user
-allowed to read users), a team is a FAB role or group, asked of the API server (``adapters/fab_teams.py``; the
-board answers it there): its members' ids are FAB's numeric user ids, as HITL knows them. A worker holds no
-database login; an API server that cannot be reached asks nobody (one line), never the database.
-With the AWS auth manager and the Airflow connection ``promshift_identity_store`` (an ``aws`` connection whose
-extra names ``identity_store_id``), a team is an IAM Identity Center group (``adapters/identity_store_teams.py``):
-its members' ids are Identity Center user ids. Otherwise the teams live in the Airflow Variable ``promshift_teams``: a JSON object ``{"gpu-oncall": ["<user id>", ...]}`` in the auth manager's ids (the simple
-auth manager: user names; FAB: numeric ids; AWS auth manager: IAM Identity Center user ids). An on-call tool
-keeps it current (``airflow variables set`` or the REST API), and a task reads it through the Task SDK like any
-Variable, so workers need no access to the auth manager's own database. With the simple auth manager the members
-are also checked against its configured users (``[core] simple_auth_manager_users``); other auth managers do not
-list their users to a task.
+allowed to read users), a team is a FAB role or group, asked of the API server (``adapters/fab_teams.py``; the board
+answers it there): its members' ids are FAB's numeric user ids, as HITL knows them. A worker holds no database
+login; an API server that cannot be reached asks nobody (one line), never the database. With the AWS auth manager
+and the Airflow connection ``promshift_identity_store`` (an ``aws`` connection whose extra names
+``identity_store_id``), a team is an IAM Identity Center group (``adapters/identity_store_teams.py``): its members'
+ids are Identity Center user ids. Otherwise the teams live in the Airflow Variable ``promshift_teams``: a JSON
+object ``{"gpu-oncall": ["<user id>", ...]}`` in the auth manager's ids (the simple auth manager: user names; FAB:
+numeric ids; AWS auth manager: IAM Identity Center user ids). An on-call tool keeps it current (``airflow variables
+set`` or the REST API), and a task reads it through the Task SDK like any Variable, so workers need no access to the
+auth manager's own database. With the simple auth manager the members are also checked against its configured users
+(``[core] simple_auth_manager_users``); other auth managers do not list their users to a task.
 """
 
 from __future__ import annotations
