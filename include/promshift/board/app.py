@@ -131,7 +131,11 @@ def airflow_run_states(dag_id: str, run_ids: Iterable[str]) -> dict[str, str]:
 def api_server_fab_teams() -> TeamDirectory | None:
     """FAB's roles and groups, read here on the API server from its own database (``FabTeams``) when FAB is the
     auth manager; else None."""
-    if type(get_auth_manager()).__name__ != "FabAuthManager":
+    try:
+        from airflow.providers.fab.auth_manager.fab_auth_manager import FabAuthManager
+    except ImportError:  # no FAB provider here: not FAB's deployment
+        return None
+    if not isinstance(get_auth_manager(), FabAuthManager):
         return None
     from airflow import settings
 

@@ -427,3 +427,16 @@ def test_an_unreachable_api_server_asks_nobody_and_never_reads_the_database(
     assert "\n" not in str(err.value) and SERVICE_PASSWORD not in str(err.value)
     assert "assigned_users" not in fab_env
     assert audit.stage_of(GROUP) != Stage.APPROVED
+
+
+def test_the_board_serves_teams_only_under_fab_from_the_api_servers_own_database(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow import settings
+
+    from promshift.board.app import api_server_fab_teams
+
+    monkeypatch.setattr(airflow_app._AuthManagerState, "instance", SimpleAuthManager())
+    assert api_server_fab_teams() is None  # the route then answers 404
+    monkeypatch.setattr(airflow_app._AuthManagerState, "instance", FabAuthManager())
+    directory = api_server_fab_teams()
+    assert isinstance(directory, FabTeams) and directory.engine is settings.engine
