@@ -131,11 +131,8 @@ def airflow_run_states(dag_id: str, run_ids: Iterable[str]) -> dict[str, str]:
 def api_server_fab_teams() -> TeamDirectory | None:
     """FAB's roles and groups, read here on the API server from its own database (``FabTeams``) when FAB is the
     auth manager; else None."""
-    try:
-        from airflow.providers.fab.auth_manager.fab_auth_manager import FabAuthManager
-    except ImportError:  # no FAB provider here: not FAB's deployment
-        return None
-    if not isinstance(get_auth_manager(), FabAuthManager):
+    # FabAuthManager or a subclass, by name: promshift does not depend on the FAB provider (a deployment chooses it)
+    if not any(c.__name__ == "FabAuthManager" for c in type(get_auth_manager()).__mro__):
         return None
     from airflow import settings
 
