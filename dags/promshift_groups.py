@@ -21,10 +21,16 @@ catalog that cannot be read at all gives that DAG alone, with a one-line reason.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from airflow.sdk import get_parsing_context
 
-from promshift.adapters.settings import check_catalog_file, default_catalog_path, default_profile
+from promshift.adapters.settings import (
+    ProductionSettingsMissing,
+    check_catalog_file,
+    default_catalog_path,
+    default_profile,
+)
 from promshift.core.catalog import CATALOG_ERRORS_DAG_ID, migration_dag_id, unreadable_catalog
 from promshift.core.memory import cyclic_gc_paused
 from promshift.orchestration.dag_factory import (
@@ -46,7 +52,11 @@ from promshift.orchestration.dag_factory import (
 
 log = logging.getLogger(__name__)
 
-CATALOG_PATH = default_catalog_path()
+try:
+    CATALOG_PATH: Path | str = default_catalog_path()
+    _UNNAMED: str | None = None
+except ProductionSettingsMissing as _exc:  # production without PROMSHIFT_CATALOG: no guess beside site-packages
+    CATALOG_PATH, _UNNAMED = "(PROMSHIFT_CATALOG is not set)", str(_exc)
 PROFILE = default_profile()
 # Set when a worker parses the file to run a task of one DAG: every other DAG of a 1,000-group catalog would be
 # built for nothing (seconds per task). None for the DAG processor, which needs them all.
@@ -66,7 +76,8 @@ def _one_line(exc: Exception) -> str:
 # full passes walk every object made so far: a quarter of the build at 1,000 groups.
 with cyclic_gc_paused():
     try:
-        _check = check_catalog_file(CATALOG_PATH, profile=PROFILE)
+        _check = (unreadable_catalog(_UNNAMED) if _UNNAMED is not None
+                  else check_catalog_file(CATALOG_PATH, profile=PROFILE))
     except Exception as _exc:  # a bug in the checker must not take every DAG down with a traceback
         _check = unreadable_catalog(f"catalog check failed: {_one_line(_exc)}")
 

@@ -160,7 +160,7 @@ def test_task_chain_and_rollback_wiring(dagbag, multi) -> None:  # type: ignore[
         # Nobody is assigned when the DAG is built: the chosen group's approvers are, when the question is asked.
         assert approval.assigned_users == [] and approval.approver_entries is None
     dag = dagbag.dags["promshift__migrate__promshift_target"]
-    assert _chosen(dag.get_task("approval"), "gpu-utilization").group.approvers == ("oncall-alice", "oncall-bob")
+    assert _chosen(dag.get_task("approval"), "gpu-utilization").group.approvers == ("team:gpu-oncall",)
     assert _chosen(dag.get_task("approval"), "gpu-memory").group.approvers == ("team:gpu-oncall",)
 
 
@@ -312,6 +312,22 @@ def test_an_unreadable_catalog_gives_one_errors_dag_with_one_line(
     expected = {"missing": "No such file or directory", "directory": "it is a directory",
                 "not-utf8": "not UTF-8 text", "yaml-syntax": "invalid YAML"}[kind]
     assert expected in listing and "Without a DAG until this is fixed: every group" in doc
+
+
+def test_production_without_promshift_catalog_gives_the_errors_dag_with_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No guess at a catalog beside site-packages: the refusal is the errors DAG's one line, not an import error."""
+    monkeypatch.delenv("PROMSHIFT_CATALOG", raising=False)
+    monkeypatch.setenv("PROMSHIFT_ENV", "production")
+    monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    from airflow.dag_processing.dagbag import DagBag
+
+    dagbag = DagBag(dag_folder=str(REPO / "dags"))
+    assert dagbag.import_errors == {}
+    assert sorted(dagbag.dag_ids) == ["promshift__catalog_errors", "promshift__plan"]
+    listing = dagbag.dags["promshift__catalog_errors"].doc_md.split("```\n")[1].rstrip("\n")
+    assert listing == ("PROMSHIFT_ENV=production: no catalog (PROMSHIFT_CATALOG is not set; the lab's default beside "
+                       "the code is not used outside the lab)")
 
 
 # --------------------------------------------------------------------------- the trigger form and the waves

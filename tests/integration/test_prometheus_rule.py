@@ -3,7 +3,9 @@
 The contract server (``local/stack/k8s_api.py``) checks every ``PrometheusRule`` body against prometheus-operator's
 field names and honours ``resourceVersion``; its rule-file stand-in writes each object's spec as the rule file a real
 Prometheus reads (as the operator and its reloader would) and reloads it, so the move's proof is the real
-``/api/v1/rules``. ``deploy/alerts`` ships its rules as a ``PrometheusRule`` that this server accepts.
+``/api/v1/rules``. ``deploy/alerts`` ships its rules as a ``PrometheusRule`` that this server accepts. The last test
+drives the migration's own rules move, chosen by the source connection's ``extra.kubernetes.prometheus_rules``, onto a
+real target Prometheus and back.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from promshift.core.deploy import DeployError
 from promshift.local.stack.k8s_api import PROMETHEUSRULES, K8sApiServer, RuleFilesStandIn
 from promshift.local.stack.local import PROMETHEUS_BIN, find_free_ports
 from promshift.local.stack.prometheus import PrometheusProcess
+from promshift.orchestration.wiring import GroupWiring
 
 pytestmark = pytest.mark.integration
 
@@ -153,3 +156,83 @@ def test_deploy_alerts_ship_as_a_prometheusrule_the_server_accepts(env: Env) -> 
     name = shipped["metadata"]["name"]
     created = env.server.create(PROMETHEUSRULES, NS, name, shipped)
     assert created["spec"] == bare
+
+
+class _Wiring(GroupWiring):
+    """The production operators' wiring, without an operator around it."""
+
+
+def test_the_migration_moves_the_groups_rules_from_a_prometheusrule_to_the_target_and_back(
+        env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The source connection's ``extra.kubernetes.prometheus_rules`` makes the migration's rules move read the
+    PrometheusRule (KubernetesHook on a kubeconfig, as production): the snapshot step, the records, the handoff
+    onto a real target Prometheus, the audit events, then the rollback to the object's spec as it was."""
+    from promshift.adapters.audit_store import AuditStore
+    from promshift.adapters.routing import RoutingStore
+    from promshift.adapters.settings import load_catalog
+    from promshift.core.events import EventKind
+    from promshift.orchestration.compose import compose_migration
+    from promshift.steps.migration import Backends
+
+    target_dir = tmp_path / "target"
+    target_dir.mkdir()
+    target_config = target_dir / "prometheus.yml"
+    target_config.write_text("# the target\nglobal: {evaluation_interval: 5s}\nscrape_configs: []\n")
+    kubeconfig = tmp_path / "kubeconfig.json"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "local",
+        "clusters": [{"name": "local", "cluster": {"server": env.server.base_url}}],
+        "users": [{"name": "promshift", "user": {"token": "local-only"}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "promshift"}}]}))
+    with PrometheusProcess("target", target_dir, port=find_free_ports(1)[0], config=target_config,
+                           data_dir=target_dir / "data", flags=("--web.enable-lifecycle",)) as target:
+        monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+            "conn_type": "prometheus", "host": env.prometheus.base_url,
+            "extra": {"rules": True, "deploy": "k8s-cr",
+                      "kubernetes": {"namespace": NS, "name": "k8s", "config_file": str(kubeconfig), "timeout_s": 60,
+                                     "prometheus_rules": [f"{NS}/{NAME}"]}}}))
+        monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+            "conn_type": "prometheus", "host": target.url, "extra": {"config_path": str(target_config)}}))
+        monkeypatch.setenv("PROMSHIFT_SNAPSHOTS_URL", f"file://{tmp_path / 'snapshots'}")
+        wiring = _Wiring()
+        wiring._init_group(group_name="gpu-memory", catalog_path=str(REPO / "catalog" / "metric_groups.yaml"),
+                           profile="demo", source_conn_id="promshift_source", target_conn_id="promshift_target")
+        group = load_catalog(REPO / "catalog" / "metric_groups.yaml", profile="demo").get("gpu-memory")
+        audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
+        try:
+            backends = Backends(source=env.prometheus, target=PrometheusClient(target.url),
+                                source_config_path="", target_remote_write_url="")
+            migration = compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url),
+                                          snapshots_dir=tmp_path / "blobs", run_id="manual__prometheusrule")
+            step = wiring.rules_step(migration)
+            assert type(step.move.source).__name__ == "PrometheusRuleSource"  # chosen by the connection's extra
+            now = datetime.now(UTC)
+            taken = step.snapshot(now)
+            assert sorted(taken["names"]) == ["GpuMemoryFull", "gpu:fb_used:sum"]
+            assert taken["files"] == [f"prometheusrule/{NS}/{NAME}"]
+            step.add_records(now)
+            moved = step.handoff(now)
+            assert moved["moved"] is True and moved["alerts"] == 1 and moved["records"] == 1
+            # The PrometheusRule lost exactly the group's rules (the operator's stand-in reloaded the source);
+            # the target loads them, in its own file.
+            after = stored(env)
+            assert after["metadata"]["labels"] == {"release": "kps"}
+            assert after["spec"] == {"groups": [
+                {"name": "gpu-memory", "interval": "30s", "rules": [{"record": "node:up:sum", "expr": "sum(up)"}]},
+                SPEC["groups"][1]]}
+            wait_loaded(env.prometheus, 2)
+            assert sorted(r.name for r in loaded_rules(env.prometheus)) == ["FleetDown", "node:up:sum"]
+            assert sorted(r.name for r in loaded_rules(PrometheusClient(target.url))) == [
+                "GpuMemoryFull", "gpu:fb_used:sum"]
+            # Rollback: the object's spec as it was, the target without the group's rules.
+            restored = step.restore(reason="test: the gate failed", now=datetime.now(UTC))
+            assert restored["changed"] is True and restored["restored_identical"] is True
+            assert stored(env)["spec"] == SPEC
+            wait_loaded(env.prometheus, 4)
+            assert loaded_rules(PrometheusClient(target.url)) == []
+            kinds = [e.kind for e in audit.events(group="gpu-memory")]
+            assert kinds == [EventKind.RULES_SNAPSHOT, EventKind.RULES_RECORDS_ADDED, EventKind.RULES_MOVED,
+                             EventKind.RULES_RESTORED]
+            assert audit.verify().ok
+        finally:
+            audit.engine.dispose()

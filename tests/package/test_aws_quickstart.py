@@ -21,9 +21,11 @@ import pytest
 import yaml
 
 from promshift.adapters.amp import amp_target_from_extra
+from promshift.adapters.fab_teams import FabApiTeams
 from promshift.adapters.settings import load_catalog, require_production_settings
 from promshift.core.deploy_kinds import kubernetes_source_of
 from promshift.core.run_params import parse_run_params
+from promshift.orchestration.approver_teams import api_server_url
 
 pytestmark = pytest.mark.integration
 
@@ -152,8 +154,51 @@ def test_the_connections_handed_to_secrets_manager_pass_promshifts_checks() -> N
     assert isinstance(source, dict) and source["conn_type"] == "prometheus"
     k8s = kubernetes_source_of(source["extra"])
     assert k8s is not None and (k8s.kind, k8s.namespace, k8s.name) == ("k8s-cr", "monitoring", "k8s")
-    teams = secrets["airflow/variables/promshift_teams"]
-    assert isinstance(teams, dict) and all(len(members) >= 2 for members in teams.values())
+    # Under the values' FAB auth manager the teams come from the API server, through this connection: no Variable of
+    # user names (FAB's ids are numbers) and no database login.
+    assert "airflow/variables/promshift_teams" not in secrets
+    fab = secrets["airflow/connections/promshift_fab_api"]
+    assert isinstance(fab, dict) and fab["conn_type"] == "http"
+    base = api_server_url(fab["conn_type"], fab["host"], fab.get("port"), fab.get("schema"))
+    assert base == "http://airflow-api-server.$Namespace.svc:8080" and fab["password"] == "$FabTeamsPassword"
+    FabApiTeams(base, username=fab["login"], password=fab["password"], source="quickstart")  # accepted as given
+
+
+def airflow_commands() -> list[list[str]]:
+    """The ``airflow ...`` commands the page runs in the API server's container."""
+    found = []
+    for line in commands():
+        words = shlex.split(line)
+        if words[:1] == ["kubectl"] and "--" in words and words[words.index("--") + 1:][:1] == ["airflow"]:
+            found.append(words[words.index("--") + 2:])
+    return found
+
+
+def test_the_fab_commands_parse_with_airflows_own_cli_and_create_the_catalogs_teams() -> None:
+    """Each ``airflow roles|users ...`` line is parsed by Airflow's CLI with the FAB auth manager (the values' own),
+    so a wrong flag fails here; the roles created are every team the shipped catalog names, and the login the
+    connection uses gets a role with can_read on Users (what the board's team route asks)."""
+    from promshift.core.approvers import team_of
+
+    fab = [argv for argv in airflow_commands() if argv[0] in ("roles", "users")]
+    assert len(fab) >= 4
+    code = ("import json, sys; from airflow.cli import cli_parser; p = cli_parser.get_parser(); "
+            "[p.parse_args(a) for a in json.loads(sys.argv[1])]; print('parsed', len(json.loads(sys.argv[1])))")
+    env = {**os.environ, "AIRFLOW__CORE__AUTH_MANAGER":
+           "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"}
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(fab)], capture_output=True, text=True, env=env,
+                          timeout=180)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == f"parsed {len(fab)}", done.stderr[-2000:]
+    created = {role for argv in fab if argv[:2] == ["roles", "create"] for role in argv[2:]}
+    catalog = load_catalog(REPO / "catalog" / "metric_groups.yaml")
+    teams = {team_of(a) for g in catalog.groups for a in g.approvers}
+    assert None not in teams and teams <= created  # the shipped catalog names only teams, each one created here
+    [perms] = [argv for argv in fab if argv[:2] == ["roles", "add-perms"]]
+    assert perms[perms.index("--resource") + 1] == "Users" and perms[perms.index("--action") + 1] == "can_read"
+    [login] = [argv for argv in fab if argv[:2] == ["users", "create"]]
+    fab_conn = secret_strings()["airflow/connections/promshift_fab_api"]
+    assert isinstance(fab_conn, dict) and login[login.index("--username") + 1] == fab_conn["login"]
+    assert login[login.index("--role") + 1] == perms[2]
 
 
 def test_the_first_dry_run_is_a_run_of_the_targets_migration_dag() -> None:

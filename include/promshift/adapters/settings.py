@@ -75,6 +75,8 @@ def production_problems(environ: Mapping[str, str] | None = None, *, audit_url: 
         problems.append("no audit key (PROMSHIFT_AUDIT_KEY, PROMSHIFT_AUDIT_KEY_FILE or promshift_audit's password)")
     if not env.get("PROMSHIFT_AUDIT_ANCHOR_URL"):
         problems.append("no audit anchor (PROMSHIFT_AUDIT_ANCHOR_URL)")
+    if not env.get(CATALOG_VAR):
+        problems.append(f"no catalog ({CATALOG_VAR})")
     for var, what in (("PROMSHIFT_SNAPSHOTS_URL", "snapshot"), ("PROMSHIFT_REPORTS_URL", "report")):
         value = env.get(var)
         if not value:
@@ -213,8 +215,22 @@ def reports_url() -> str:
     return _named_in_production("PROMSHIFT_REPORTS_URL", "report store") or f"file://{state_home() / 'reports'}"
 
 
-def default_catalog_path() -> Path:
-    return Path(os.environ.get("PROMSHIFT_CATALOG", REPO_ROOT / "catalog" / "metric_groups.yaml"))
+CATALOG_VAR = "PROMSHIFT_CATALOG"
+LAB_CATALOG = REPO_ROOT / "catalog" / "metric_groups.yaml"
+
+
+def default_catalog_path(environ: Mapping[str, str] | None = None) -> Path:
+    """``PROMSHIFT_CATALOG``; without it the repo's ``catalog/metric_groups.yaml`` in the lab only. Under
+    ``PROMSHIFT_ENV=production`` an unset variable is a one-line ``ProductionSettingsMissing``: an installed package's
+    "repo" is site-packages' parent, never the reviewed catalog."""
+    env = os.environ if environ is None else environ
+    given = env.get(CATALOG_VAR)
+    if given:
+        return Path(given)
+    if is_production(env):
+        raise ProductionSettingsMissing(f"{ENV_VAR}={PRODUCTION}: no catalog ({CATALOG_VAR} is not set; the lab's "
+                                        "default beside the code is not used outside the lab)")
+    return LAB_CATALOG
 
 
 def default_profile() -> str | None:

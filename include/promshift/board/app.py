@@ -33,6 +33,7 @@ from promshift.adapters.settings import (
 )
 from promshift.board import URL_PREFIX, evidence, pages
 from promshift.board.metrics import CONTENT_TYPE, FOLDED_KINDS, exposition
+from promshift.core.approvers import TEAM_NAME_RE, ApproversError, TeamDirectory, UnknownTeam
 from promshift.core.audit import ChainCheck
 from promshift.core.catalog import Catalog, MetricGroup
 from promshift.core.memory import cyclic_gc_paused
@@ -53,9 +54,11 @@ class BoardSource:
 
     def __init__(self, *, catalog_path: Path | None = None, audit_url: str | None = None,
                  profile: str | None = None,
-                 run_states: Callable[[str, Iterable[str]], dict[str, str]] | None = None) -> None:
+                 run_states: Callable[[str, Iterable[str]], dict[str, str]] | None = None,
+                 teams: Callable[[], TeamDirectory | None] | None = None) -> None:
         self.catalog_path = catalog_path or default_catalog_path()
         self.run_states = run_states or airflow_run_states
+        self.teams = teams or api_server_fab_teams
         self.profile = profile if profile is not None else default_profile()
         self.audit_url = audit_url
         self._audit: AuditStore | None = None
@@ -123,6 +126,19 @@ def airflow_run_states(dag_id: str, run_ids: Iterable[str]) -> dict[str, str]:
         rows = session.execute(select(DagRun.run_id, DagRun.state).where(DagRun.dag_id == dag_id,
                                                                           DagRun.run_id.in_(ids)))
         return {run_id: str(state) for run_id, state in rows}
+
+
+def api_server_fab_teams() -> TeamDirectory | None:
+    """FAB's roles and groups, read here on the API server from its own database (``FabTeams``) when FAB is the
+    auth manager; else None."""
+    # FabAuthManager or a subclass, by name: promshift does not depend on the FAB provider (a deployment chooses it)
+    if not any(c.__name__ == "FabAuthManager" for c in type(get_auth_manager()).__mro__):
+        return None
+    from airflow import settings
+
+    from promshift.adapters.fab_teams import FabTeams
+
+    return FabTeams(settings.engine, source="FAB's users on the API server")
 
 
 def readable_group(name: str, request: Request, user: GetUserDep) -> MetricGroup:
@@ -219,6 +235,27 @@ def create_app(source: BoardSource | None = None) -> FastAPI:
     def api_group(request: Request, group: ReadableGroup) -> dict[str, Any]:
         """One group: audit timeline with chain status, last report pieces, config diff, DAG runs."""
         return detail(request, group)
+
+    @app.get("/api/teams/{team}")
+    def team_members(team: str, user: GetUserDep) -> dict[str, Any]:
+        """A FAB team's members by FAB id (``adapters/fab_teams.py``), for a worker's approval: workers hold no
+        database login, so the API server answers. The caller needs what FAB's ``GET /auth/fab/v1/users`` needs
+        (can read on Users): 401 anonymous, 403 without it, 404 an unknown team or no FAB here, 503 unreadable."""
+        from promshift.adapters.fab_teams import team_answer
+
+        if not get_auth_manager().is_authorized_custom_view(method="GET", resource_name="Users", user=user):
+            raise HTTPException(403, "reading a team's members needs the permission can read on Users")
+        if not TEAM_NAME_RE.fullmatch(team):
+            raise HTTPException(404, f"team name {team[:80]!r} must match {TEAM_NAME_RE.pattern}")
+        directory = board.teams()
+        if directory is None:
+            raise HTTPException(404, "teams are served here only under the FAB auth manager")
+        try:
+            return team_answer(team, directory.members(team))
+        except UnknownTeam as exc:
+            raise HTTPException(404, str(exc)) from None
+        except ApproversError as exc:
+            raise HTTPException(503, str(exc)) from None
 
     @app.get("/metrics")
     def metrics(request: Request, user: GetUserDep) -> Response:

@@ -101,11 +101,24 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def catalog_path_of(given: str | None) -> Path:
+    """The catalog file: ``given``, else ``PROMSHIFT_CATALOG``, else the lab's default in the lab only; under
+    ``PROMSHIFT_ENV=production`` an unnamed catalog is a one-line InputError."""
+    from promshift.adapters.settings import ProductionSettingsMissing, default_catalog_path
+
+    if given:
+        return Path(given)
+    try:
+        return default_catalog_path()
+    except ProductionSettingsMissing as exc:
+        raise InputError(f"{exc}; pass the catalog file or set PROMSHIFT_CATALOG") from None
+
+
 def _load_catalog(path: str | None, profile: str | None) -> tuple[Any, Path]:
     """The catalog and its path; an unreadable or invalid one is an InputError."""
-    from promshift.adapters.settings import check_catalog_file, default_catalog_path, default_profile
+    from promshift.adapters.settings import check_catalog_file, default_profile
 
-    catalog_path = Path(path) if path else default_catalog_path()
+    catalog_path = catalog_path_of(path)
     result = check_catalog_file(catalog_path, profile=profile or default_profile())
     if not result.readable and result.problems[0].startswith("cannot read catalog"):
         raise InputError(result.problems[0])
@@ -266,10 +279,20 @@ def _bake_window_problems(catalog: Any, catalog_dir: Path) -> list[str]:
     return found
 
 
-def _catalog_check(args: argparse.Namespace) -> int:
-    from promshift.adapters.settings import check_catalog_file, default_catalog_path, default_profile
+def catalog_check_json(path: Path, profile: str | None, problems: list[str], catalog: Any,
+                       known: list[str] | None) -> dict[str, Any]:
+    """``catalog check --json``: the verdict, every problem (one line each), and the good groups' placement."""
+    return {"catalog": str(path), "ok": not problems, "profile": profile,
+            "problems": [" ".join(p.split()) for p in problems],
+            "connections_checked": known is not None,
+            "groups": [{"name": g.name, "wave": g.wave, "source": g.source, "target": g.target, "dag_id": g.dag_id}
+                       for g in catalog.groups]}
 
-    path = Path(args.file) if args.file else default_catalog_path()
+
+def _catalog_check(args: argparse.Namespace) -> int:
+    from promshift.adapters.settings import check_catalog_file, default_profile
+
+    path = catalog_path_of(args.file)
     profile = args.profile or default_profile()
     known = None
     if args.connections is not None:
@@ -278,6 +301,9 @@ def _catalog_check(args: argparse.Namespace) -> int:
     if not result.readable:
         raise InputError(_unreadable_message(path, result.problems[0]))
     problems = [*result.problems, *_bake_window_problems(result.catalog, path.parent)]
+    if args.json:
+        print(json.dumps(catalog_check_json(path, profile, problems, result.catalog, known), indent=2))
+        return 1 if problems else 0
     if problems:
         count = len(problems)
         print(f"{path}: {count} problem{'s' if count != 1 else ''}")
@@ -484,6 +510,9 @@ def add_check_commands(subparsers: Any) -> None:
     cat_check.add_argument("--connections", action="append", metavar="ID[,ID...]",
                            help="the Airflow connection ids that exist; a group's source/target naming another "
                                 "is a problem (repeatable)")
+    cat_check.add_argument("--json", action="store_true",
+                           help="print the result as JSON on stdout (ok, problems, groups); exit codes unchanged, "
+                                "an unreadable catalog stays one line on stderr")
     cat_check.set_defaults(handler=_guarded(_catalog_check))
 
     render = subparsers.add_parser("render", help="print the diff a dual-write deploy would make to a source config")

@@ -51,6 +51,10 @@ class ApproversError(ValueError):
     """Nobody can be asked, or a team cannot be read: one line naming the team or the group."""
 
 
+class UnknownTeam(ApproversError):
+    """The directory was read and has no such team (the API server answers it 404, not 503)."""
+
+
 @dataclass(frozen=True)
 class Approver:
     """One user as the auth manager identifies it (``id``) and shows it (``name``)."""
@@ -121,7 +125,7 @@ class MappingTeams:
     def members(self, team: str) -> list[Approver]:
         if team not in self.teams:
             known = ", ".join(sorted(self.teams)) or "none"
-            raise ApproversError(f"team {team!r} is not in {self.source} (teams there: {known})")
+            raise UnknownTeam(f"team {team!r} is not in {self.source} (teams there: {known})")
         if self.known is not None:
             strangers = [m for m in self.teams[team] if m not in self.known]
             if strangers:

@@ -1,17 +1,17 @@
 """Where ``team:<name>`` approvers are read when an approval is asked (``core.approvers``).
 
-With the FAB auth manager and the Airflow connection ``promshift_fab_users`` (a read-only login to the database
-holding FAB's ``ab_*`` tables), a team is a FAB role or group, read there (``adapters/fab_teams.py``): its
-members' ids are FAB's numeric user ids, as HITL knows them. With the AWS auth manager and the Airflow connection
-``promshift_identity_store`` (an ``aws`` connection whose extra names ``identity_store_id``), a team is an IAM
-Identity Center group (``adapters/identity_store_teams.py``): its members' ids are Identity Center user ids.
-Otherwise the teams live in the Airflow Variable
-``promshift_teams``: a JSON object ``{"gpu-oncall": ["<user id>", ...]}`` in the auth manager's ids (the simple
-auth manager: user names; FAB: numeric ids; AWS auth manager: IAM Identity Center user ids). An on-call tool
-keeps it current (``airflow variables set`` or the REST API), and a task reads it through the Task SDK like any
-Variable, so workers need no access to the auth manager's own database. With the simple auth manager the members
-are also checked against its configured users (``[core] simple_auth_manager_users``); other auth managers do not
-list their users to a task.
+With the FAB auth manager and the Airflow connection ``promshift_fab_api`` (the API server's URL, and a FAB user
+allowed to read users), a team is a FAB role or group, asked of the API server (``adapters/fab_teams.py``; the board
+answers it there): its members' ids are FAB's numeric user ids, as HITL knows them. A worker holds no database
+login; an API server that cannot be reached asks nobody (one line), never the database. With the AWS auth manager
+and the Airflow connection ``promshift_identity_store`` (an ``aws`` connection whose extra names
+``identity_store_id``), a team is an IAM Identity Center group (``adapters/identity_store_teams.py``): its members'
+ids are Identity Center user ids. Otherwise the teams live in the Airflow Variable ``promshift_teams``: a JSON
+object ``{"gpu-oncall": ["<user id>", ...]}`` in the auth manager's ids (the simple auth manager: user names; FAB:
+numeric ids; AWS auth manager: IAM Identity Center user ids). An on-call tool keeps it current (``airflow variables
+set`` or the REST API), and a task reads it through the Task SDK like any Variable, so workers need no access to the
+auth manager's own database. With the simple auth manager the members are also checked against its configured users
+(``[core] simple_auth_manager_users``); other auth managers do not list their users to a task.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from promshift.core.approvers import ApproversError, MappingTeams, TeamDirectory
 TEAMS_VARIABLE = "promshift_teams"
 SIMPLE_AUTH_MANAGER = "SimpleAuthManager"
 FAB_AUTH_MANAGER = "FabAuthManager"
-FAB_USERS_CONN_ID = "promshift_fab_users"
+FAB_API_CONN_ID = "promshift_fab_api"
 AWS_AUTH_MANAGER = "AwsAuthManager"
 IDENTITY_STORE_CONN_ID = "promshift_identity_store"
 
@@ -36,23 +36,35 @@ def simple_auth_manager_users(conf: Any) -> list[str] | None:
     return [entry.split(":", 1)[0].strip() for entry in users.split(",") if entry.strip()]
 
 
+def api_server_url(conn_type: str | None, host: str | None, port: int | None, schema: str | None) -> str:
+    """The base URL an ``http`` connection names: ``host`` as a whole URL, or scheme (``schema``, default http),
+    host and port."""
+    host = (host or "").strip().rstrip("/")
+    if "://" in host:
+        return host
+    if not host:
+        raise ApproversError(f"connection {FAB_API_CONN_ID} names no host (the API server's URL)")
+    scheme = schema if schema in ("http", "https") else ("https" if conn_type == "https" else "http")
+    return f"{scheme}://{host}" + (f":{port}" if port else "")
+
+
 def fab_team_directory(conf: Any) -> TeamDirectory | None:
-    """FAB's roles and groups (``FabTeams``) when the FAB auth manager is configured and the connection
-    ``promshift_fab_users`` exists; else None."""
+    """FAB's roles and groups, asked of the API server (``FabApiTeams``), when the FAB auth manager is configured
+    and the connection ``promshift_fab_api`` exists; else None."""
     if not str(conf.get("core", "auth_manager", fallback="")).endswith(FAB_AUTH_MANAGER):
         return None
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    from promshift.adapters.fab_teams import FabTeams, fab_database_url, fab_engine
+    from promshift.adapters.fab_teams import FabApiTeams
 
     try:
-        conn = BaseHook.get_connection(FAB_USERS_CONN_ID)
+        conn = BaseHook.get_connection(FAB_API_CONN_ID)
     except AirflowNotFoundException:
         return None
-    fields = {name: getattr(conn, name, None) for name in ("conn_type", "host", "port", "login", "password", "schema")}
-    return FabTeams(fab_engine(fab_database_url(fields)),
-                    source=f"FAB's user database (connection {FAB_USERS_CONN_ID})")
+    base = api_server_url(conn.conn_type, conn.host, conn.port, conn.schema)
+    return FabApiTeams(base, username=conn.login or "", password=conn.password or "",
+                       source=f"the API server's FAB teams (connection {FAB_API_CONN_ID})")
 
 
 def identity_store_team_directory(conf: Any) -> TeamDirectory | None:

@@ -152,6 +152,52 @@ def test_catalog_check_of_a_missing_file_is_bad_input(tmp_path: Path, capsys: py
     assert (code, out) == (64, "") and "cannot read catalog" in err
 
 
+def test_catalog_check_json_is_the_verdict_on_stdout_and_errors_stay_one_line_on_stderr(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    code, out, err = run(["catalog", "check", str(CATALOG), "--json"], capsys)
+    found = json.loads(out)
+    assert (code, err) == (0, "") and found["ok"] is True and found["problems"] == []
+    assert found["catalog"] == str(CATALOG) and found["connections_checked"] is False
+    assert [g["name"] for g in found["groups"]] == ["gpu-utilization", "gpu-memory", "gpu-power-thermal", "gpu-clocks"]
+    assert found["groups"][0] == {"name": "gpu-utilization", "wave": 1, "source": "promshift_source",
+                                  "target": "promshift_target", "dag_id": "promshift__migrate__promshift_target"}
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text(CATALOG.read_text().replace("sample_hosts: 40", "sample_hosts: 0"))
+    code, out, err = run(["catalog", "check", str(bad), "--json", "--connections", "promshift_source"], capsys)
+    found = json.loads(out)
+    assert (code, err) == (1, "") and found["ok"] is False and found["connections_checked"] is True
+    assert any("parity.sample_hosts" in p for p in found["problems"])
+    assert any("unknown connection 'promshift_target'" in p for p in found["problems"])
+    assert all("\n" not in p for p in found["problems"])
+    code, out, err = run(["catalog", "check", str(tmp_path / "nope.yaml"), "--json"], capsys)
+    assert (code, out) == (64, "") and err.count("\n") == 1 and "cannot read catalog" in err
+
+
+def test_without_promshift_catalog_production_refuses_in_one_line_and_the_lab_uses_its_default(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from promshift.adapters.settings import LAB_CATALOG, ProductionSettingsMissing, default_catalog_path
+
+    monkeypatch.delenv("PROMSHIFT_CATALOG", raising=False)
+    monkeypatch.setenv("PROMSHIFT_ENV", "production")
+    for argv in (["catalog", "check"], ["catalog", "check", "--json"],
+                 ["render", "gpu-memory", "--config", str(tmp_path / "prometheus.yml")]):
+        code, out, err = run(argv, capsys)
+        assert (code, out) == (64, ""), argv
+        assert err.count("\n") == 1 and "PROMSHIFT_ENV=production: no catalog (PROMSHIFT_CATALOG is not set" in err
+    with pytest.raises(ProductionSettingsMissing, match="no catalog"):
+        default_catalog_path()
+    monkeypatch.setenv("PROMSHIFT_CATALOG", str(CATALOG))
+    assert default_catalog_path() == CATALOG
+    assert run(["catalog", "check"], capsys)[0] == 0  # named: production reads it
+    monkeypatch.delenv("PROMSHIFT_CATALOG")
+    monkeypatch.setenv("PROMSHIFT_ENV", "lab")
+    assert default_catalog_path() == LAB_CATALOG == CATALOG
+    code, out, _ = run(["catalog", "check"], capsys)
+    assert code == 0 and out.startswith(f"{CATALOG}: OK")
+
+
 # -- render ------------------------------------------------------------------------------------------
 
 

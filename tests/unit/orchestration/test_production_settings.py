@@ -24,12 +24,14 @@ from promshift.local.group_dag import build_group_dag
 from tests.unit.orchestration.test_operators import CATALOG, GROUP, PROFILE, make_context
 
 STORES = ("PROMSHIFT_AUDIT_URL", "PROMSHIFT_AUDIT_KEY", "PROMSHIFT_AUDIT_KEY_FILE", "PROMSHIFT_AUDIT_ANCHOR_URL",
-          "PROMSHIFT_SNAPSHOTS_URL", "PROMSHIFT_REPORTS_URL", "PROMSHIFT_HOME", "AIRFLOW_CONN_PROMSHIFT_AUDIT")
+          "PROMSHIFT_SNAPSHOTS_URL", "PROMSHIFT_REPORTS_URL", "PROMSHIFT_HOME", "AIRFLOW_CONN_PROMSHIFT_AUDIT",
+          "PROMSHIFT_CATALOG")
 NAMED = {"PROMSHIFT_AUDIT_URL": "postgresql+psycopg://promshift@db.internal:5432/promshift",
          "PROMSHIFT_AUDIT_KEY": "k" * 32,
          "PROMSHIFT_AUDIT_ANCHOR_URL": "s3://promshift-anchors/audit",
          "PROMSHIFT_SNAPSHOTS_URL": "s3://promshift-state/snapshots",
-         "PROMSHIFT_REPORTS_URL": "s3://promshift-state/reports"}
+         "PROMSHIFT_REPORTS_URL": "s3://promshift-state/reports",
+         "PROMSHIFT_CATALOG": "/opt/airflow/catalog/metric_groups.yaml"}
 
 
 @pytest.fixture
@@ -58,6 +60,7 @@ def test_the_board_refuses_at_start_in_one_line_and_creates_no_file(production: 
         assert line.count("\n") == 1 and line.startswith("the migration board: PROMSHIFT_ENV=production refuses")
         assert "no audit database (PROMSHIFT_AUDIT_URL" in line and "no audit anchor" in line
         assert "no snapshot store" in line and "no report store" in line and "no audit key" in line
+        assert "no catalog (PROMSHIFT_CATALOG)" in line  # never the lab's default beside site-packages
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [line.strip()]
     assert tree(production) == []  # no .state, no audit.db
 
@@ -106,6 +109,7 @@ def test_the_lab_key_file_is_never_read_in_production(production: Path, monkeypa
     ("PROMSHIFT_REPORTS_URL", "/var/promshift/reports", "report store PROMSHIFT_REPORTS_URL is a local path"),
     ("PROMSHIFT_AUDIT_ANCHOR_URL", "", "no audit anchor"),
     ("PROMSHIFT_AUDIT_KEY", "", "no audit key"),
+    ("PROMSHIFT_CATALOG", "", "no catalog (PROMSHIFT_CATALOG)"),
 ])
 def test_each_store_is_checked(var: str, value: str, problem: str) -> None:
     env = {**NAMED, "PROMSHIFT_ENV": "production", var: value}
@@ -124,7 +128,7 @@ def test_all_named_passes_and_the_connection_counts() -> None:
 def test_the_connection_satisfies_a_worker(production: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from promshift.orchestration.wiring import require_production_settings as worker_check
 
-    for var in ("PROMSHIFT_AUDIT_ANCHOR_URL", "PROMSHIFT_SNAPSHOTS_URL", "PROMSHIFT_REPORTS_URL"):
+    for var in ("PROMSHIFT_AUDIT_ANCHOR_URL", "PROMSHIFT_SNAPSHOTS_URL", "PROMSHIFT_REPORTS_URL", "PROMSHIFT_CATALOG"):
         monkeypatch.setenv(var, NAMED[var])
     monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_AUDIT", json.dumps(
         {"conn_type": "generic", "password": "k" * 32, "extra": {"url": NAMED["PROMSHIFT_AUDIT_URL"]}}))
