@@ -27,6 +27,7 @@ from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import MetricGroup
 from promshift.core.ha import REPLICAS_MEASUREMENT, ReplicaPlan, doubled_replicas, judge_replicas, plan_election
 from promshift.core.parity import ParityPlan, ParityResult
+from promshift.core.query_budget import QueryBudgetExhausted
 from promshift.core.query_limits import QueryLimits
 from promshift.core.verdicts import Measurement, Verdict
 
@@ -93,6 +94,9 @@ class HaParityCheck:
             doubled = self.doubled(now - self.group.parity.skip_recent_s)
         except PrometheusError as exc:
             doubled = Measurement(REPLICAS_MEASUREMENT, Verdict.ERROR, f"the target's series per replica: {exc}")
+        except QueryBudgetExhausted as exc:  # never a pass, never an error: the plans below meet it too
+            doubled = Measurement(REPLICAS_MEASUREMENT, Verdict.INCONCLUSIVE,
+                                  f"the target's series per replica not counted: {exc}")
         plans = {replica: self.check(replica).plan(dual_write_since=dual_write_since, now=now)
                  for replica in self.replicas}
         policy = self.group.parity

@@ -179,3 +179,22 @@ def test_a_plan_without_an_election_reduces_against_the_first_replica_and_never_
         check.check("source-9")
     with pytest.raises(ValueError, match="no replica to compare the target with"):
         HaParityCheck(group(), [], PrometheusClient("http://127.0.0.1:0"))
+
+
+def test_a_spent_query_budget_ends_the_ha_plan_inconclusive_never_failed_or_passed() -> None:
+    from promshift.core.query_budget import QueryBudgetExhausted
+
+    def spent() -> None:
+        raise QueryBudgetExhausted("query budget of workspace 'ws' spent: 5 of 5 queries per check run used")
+
+    clients = [PrometheusClient("http://127.0.0.1:0") for _ in range(3)]
+    for client in clients:
+        client.before_query = spent
+    check = HaParityCheck(group(), [("source-0", clients[0]), ("source-1", clients[1])], clients[2])
+    the_plan = check.plan(dual_write_since=T - 3600, now=T)
+    assert the_plan.window is None and the_plan.shards == ()
+    doubled = the_plan.replicas["doubled"]
+    assert doubled["verdict"] == "INCONCLUSIVE" and "5 of 5 queries per check run used" in doubled["reason"]
+    result = check.reduce(json.loads(json.dumps(the_plan.to_dict())), [])
+    assert result.verdict == Verdict.INCONCLUSIVE
+    assert {m.verdict for m in result.measurements} == {Verdict.INCONCLUSIVE}
