@@ -114,12 +114,7 @@ class Election:
 
     matching: tuple[str, ...]  # the replicas the target matches (SUCCESSFUL), the nearest first
     chosen: str                # the one compared: the first matching, else the closest
-    note: Measurement
-
-    @property
-    def elected(self) -> str | None:
-        """The replica the target's dedup kept, when exactly one matches."""
-        return self.matching[0] if len(self.matching) == 1 else None
+    note: Measurement  # ``numbers.elected``: the replica the target's dedup kept, when exactly one matches
 
 
 def choose(outcomes: Mapping[str, Outcome], among: Sequence[str] | None = None) -> Election:
