@@ -25,11 +25,19 @@ def fed(dag: Any, task_id: str, **inputs: Any) -> Any:
     class, group wiring and approvers, in a DAG of the same id. In the DAG the inputs are XComArgs, which Airflow
     resolves to these values when it renders the task; an input left out is None (that upstream returned nothing)."""
     from airflow.sdk import DAG
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
 
     from promshift.orchestration.approval_operators import MigrationApprovalOperator
     from promshift.orchestration.operators import _GroupStep
 
     op = dag.get_task(task_id)
+    if isinstance(op, MappedOperator):  # one mapped instance (``inputs``: its expanded argument), its group chosen
+        chosen = next(t for t in dag.tasks if isinstance(t, _GroupStep) and t.group_name)
+        wiring = {"catalog_path": chosen.catalog_path, "profile": chosen.profile, "group_name": chosen.group_name,
+                  "source_conn_id": chosen.source_conn_id, "target_conn_id": chosen.target_conn_id,
+                  "dag_target": chosen.dag_target}
+        with DAG(dag.dag_id, schedule=None):
+            return op.operator_class(task_id=task_id, **wiring, **inputs)
     wiring: dict[str, Any] = {"catalog_path": op.catalog_path, "profile": op.profile}  # bake watch list, waves
     if isinstance(op, _GroupStep):
         wiring |= {"group_name": op.group_name, "source_conn_id": op.source_conn_id,

@@ -6,11 +6,18 @@ one replica's samples per cluster (each series once, no replica label stored), p
 the replica it kept and is SUCCESSFUL, also after the kept replica stops writing and the workspace fails over to
 the other one. Written without the dedup labels, the target holds both replicas' series and parity is FAILED on
 coverage naming the replicas.
+
+Each verdict is reached twice over the same data: in one process (``HaParityCheck.run``, the migration's
+``parity()``) and through the DAG's three parity operators (``parity_plan -> parity_samples[n] -> parity``, executed
+as Airflow would, their XComs through JSON) with the group declared as replicas in a catalog file and each replica
+behind its own Airflow connection: the plan elects the replica the target kept, the shards compare with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,15 +31,17 @@ from promshift.adapters.amp import AmpTarget
 from promshift.adapters.amp_tenants import AmpWorkspaceConfiguration
 from promshift.adapters.parity_ha import HaParityCheck
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.adapters.settings import load_catalog
+from promshift.adapters.settings import REPO_ROOT, load_catalog
 from promshift.core.catalog import MetricGroup, ReplicaPolicy, TenantPolicy
 from promshift.core.ha import REPLICAS_MEASUREMENT, elected_replica
 from promshift.core.ingest_limits import HA_FAILOVER_S, LABEL_SET_LIMIT
 from promshift.core.render import remote_write_entry
 from promshift.core.tenants import merged_limits, tenant_entry
 from promshift.core.verdicts import Verdict
+from promshift.local.group_dag import build_group_dag
 from promshift.local.stack.amp_ingest import Series
 from promshift.local.stack.local import LocalStack, StackConfig
+from tests.fakes import FakeTI, fed
 from tests.integration.conftest import eventually, running_amp_stack
 from tests.integration.test_amp_strict import workspace_client, write
 
@@ -45,6 +54,76 @@ def stack(stack_config_factory: Callable[..., StackConfig]) -> Iterator[LocalSta
     # 2 s scrapes: the fleet's values change every second, so replicas on their own phases hold different samples
     with running_amp_stack(stack_config_factory, replicas=2, scrape_interval="2s") as amp:
         yield amp
+
+
+# The Airflow connection of each replica's Prometheus (the catalog's replicas.sources), the source's first.
+REPLICA_CONNS = ("promshift_source", "promshift_source_1")
+PROFILE = "ha"
+# The demo profile's, with a short parity window over the lab's 2 s scrapes and two mapped shards (two nodes).
+HA_PARITY = {"skip_recent": "3s", "step": "5s", "golden_dashboards": [], "hosts_per_shard": 1}
+
+
+@pytest.fixture(scope="module")
+def catalog(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The shipped catalog with profile ``ha``: the demo's, every group's source declared as the stack's replicas
+    (each behind its Airflow connection, set here with the workspace's and the local AWS's pair)."""
+    folder = tmp_path_factory.mktemp("ha") / "catalog"
+    shipped = REPO_ROOT / "catalog" / "metric_groups.yaml"
+    shutil.copytree(shipped.parent, folder)
+    data = yaml.safe_load(shipped.read_text())
+    demo = data["profiles"]["demo"]
+    replicas = dict(zip(stack.source_urls(), REPLICA_CONNS, strict=True))
+    data["profiles"][PROFILE] = {**demo, "parity": {**demo["parity"], **HA_PARITY}, "replicas": {
+        "replica_label": "prometheus_replica", "cluster_label": "cluster", "sources": replicas}}
+    path = folder / shipped.name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    home = folder.parent / "home"
+    home.mkdir()
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in stack.aws_env().items():
+            env.setenv(name, value)
+        env.setenv("PROMSHIFT_HOME", str(home))
+        env.setenv("PROMSHIFT_AUDIT_URL", f"sqlite:///{home / 'audit.db'}")
+        for replica, conn_id in replicas.items():
+            env.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({
+                "conn_type": "prometheus", "host": stack.source_urls()[replica],
+                "extra": {"config_path": str(stack.source_config_paths()[replica])}}))
+        env.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({"conn_type": "amp",
+                                                                "extra": stack.amp_connection_extra()}))
+        yield path
+
+
+def dag_parity(catalog: Path, name: str, since: float) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """The DAG's parity chain for group ``name`` since ``since``: (the plan's XCom, each shard's, the verdict's)."""
+    dag = build_group_dag(load_catalog(catalog, profile=PROFILE).get(name), catalog_path=catalog, profile=PROFILE)
+
+    def context() -> dict[str, Any]:
+        return {"run_id": "manual__ha", "ti": FakeTI(), "dag_run": None, "params": {}}
+
+    plan_context = context()
+    shards = fed(dag, "parity_plan", deployed={"dual_write_since": since}).execute(plan_context)
+    plan = json.loads(json.dumps(plan_context["ti"].pushed["plan"]))
+    outs = [json.loads(json.dumps(fed(dag, "parity_samples", shard=json.loads(json.dumps(shard))).execute(context())))
+            for shard in shards]
+    result = fed(dag, "parity", plan=plan, shards=outs).execute(context())
+    note = next(m for m in result["measurements"] if m["name"] == REPLICAS_MEASUREMENT)
+    print(f"DAG parity {result['verdict']}: {plan['replicas']['reason']} | {note['reason']}")
+    return plan, outs, result
+
+
+def passes_on_the_dag_path(catalog: Path, name: str, since: float, kept: str) -> None:
+    """The DAG's chain is SUCCESSFUL against the replica the workspace kept: its plan elected it (or could not
+    tell the replicas apart and compared both), every shard compared it first or beside the other."""
+    plan, outs, result = dag_parity(catalog, name, since)
+    assert result["verdict"] == Verdict.SUCCESSFUL.value, [m["reason"] for m in result["measurements"]
+                                                           if m["verdict"] != "SUCCESSFUL"]
+    election = plan["replicas"]
+    assert kept in election["compared"] and election["elected"] in (kept, None)
+    assert len(outs) == 2 and all(out["replica"] == election["compared"][0] for out in outs)  # two hosts, two shards
+    assert all(out["points_compared"] > 0 for out in outs)
+    note = next(m for m in result["measurements"] if m["name"] == REPLICAS_MEASUREMENT)
+    assert note["numbers"]["replicas"][kept] == Verdict.SUCCESSFUL.value
+    assert note["numbers"]["elected"] in (kept, None)
 
 
 def http() -> requests.Session:
@@ -93,7 +172,7 @@ def ha_parity(stack: LocalStack, group: MetricGroup, since: float) -> Any:
 
 
 def test_an_ha_pair_with_dedup_labels_is_held_once_and_passes_parity_whichever_replica_is_kept(
-        stack: LocalStack) -> None:
+        stack: LocalStack, catalog: Path) -> None:
     group = replicated(stack, "gpu-utilization")
     target = workspace_client(stack)
     undo = [write_from(stack, replica, group, dedup=True) for replica in stack.source_urls()]
@@ -115,6 +194,7 @@ def test_an_ha_pair_with_dedup_labels_is_held_once_and_passes_parity_whichever_r
         # the kept replica matches (the other may too, when both scraped the same second)
         assert note.numbers["replicas"][kept] == Verdict.SUCCESSFUL.value
         assert elected_replica(result) in (kept, None)  # None: both replicas agree over the window
+        passes_on_the_dag_path(catalog, group.name, started, kept)
 
         # the kept replica stops writing: after the HA timeout the workspace takes the other one
         other = next(r for r in stack.source_urls() if r != kept)
@@ -126,13 +206,15 @@ def test_an_ha_pair_with_dedup_labels_is_held_once_and_passes_parity_whichever_r
         after, note_after = ha_parity(stack, group, took_over)
         assert after.verdict == Verdict.SUCCESSFUL, [m.reason for m in after.not_passed()]
         assert note_after.numbers["replicas"][other] == Verdict.SUCCESSFUL.value
+        passes_on_the_dag_path(catalog, group.name, took_over, other)  # the other replica kept: the other case
         assert target.scalar(f"count({group.selector()})") == expected
     finally:
         for one in undo:
             one()
 
 
-def test_an_ha_pair_written_without_dedup_labels_fails_on_coverage_naming_the_replicas(stack: LocalStack) -> None:
+def test_an_ha_pair_written_without_dedup_labels_fails_on_coverage_naming_the_replicas(
+        stack: LocalStack, catalog: Path) -> None:
     group = replicated(stack, "gpu-clocks")
     target = workspace_client(stack)
     undo = [write_from(stack, replica, group, dedup=False) for replica in stack.source_urls()]
@@ -142,13 +224,22 @@ def test_an_ha_pair_written_without_dedup_labels_fails_on_coverage_naming_the_re
         assert expected
         eventually(lambda: target.scalar(f"count({group.selector()})") == 2 * expected, timeout=60,
                    message="both replicas' series never landed in the workspace")
-        time.sleep(15)
+        time.sleep(30)  # a window of several steps (settled 10 s, older than skip_recent): every layer compares
         result, _ = ha_parity(stack, group, started)
         assert result.verdict == Verdict.FAILED
         doubled = [m for m in result.not_passed() if m.name == REPLICAS_MEASUREMENT and "doubled" in m.reason]
         assert doubled, [m.reason for m in result.not_passed()]
         assert "source-0" in doubled[-1].reason and "source-1" in doubled[-1].reason
         assert doubled[-1].numbers["replicas"] == {"source-0": expected, "source-1": expected}
+        # the DAG's chain: the plan measured the doubled target once, the reduce fails on it naming both replicas
+        plan, _, dag_result = dag_parity(catalog, group.name, started)
+        assert dag_result["verdict"] == Verdict.FAILED.value and plan["window"] is not None
+        assert plan["replicas"]["doubled"]["verdict"] == Verdict.FAILED.value
+        doubled_on_dag = [m for m in dag_result["measurements"] if m["name"] == REPLICAS_MEASUREMENT
+                          and "series count doubled" in m["reason"]]
+        assert doubled_on_dag and doubled_on_dag[0]["verdict"] == Verdict.FAILED.value
+        assert "source-0, source-1" in doubled_on_dag[0]["reason"]
+        assert doubled_on_dag[0]["numbers"]["replicas"] == {"source-0": expected, "source-1": expected}
     finally:
         for one in undo:
             one()

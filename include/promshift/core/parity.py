@@ -405,12 +405,17 @@ class ParityPlan:
     hosts_total: int = 0
     cost: Mapping[str, float] = field(default_factory=dict)
     golden: GoldenInventory | None = None
+    # A source declared as replicas: the replica the shards compare with and why (``core.ha.ReplicaPlan``'s form).
+    replicas: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"window": self.window.to_dict() if self.window else None,
-                "measurements": [m.to_dict() for m in self.measurements], "shards": [dict(s) for s in self.shards],
-                "hosts_total": self.hosts_total, "cost": json_safe(dict(self.cost)),
-                "golden": self.golden.to_dict() if self.golden else None}
+        out = {"window": self.window.to_dict() if self.window else None,
+               "measurements": [m.to_dict() for m in self.measurements], "shards": [dict(s) for s in self.shards],
+               "hosts_total": self.hosts_total, "cost": json_safe(dict(self.cost)),
+               "golden": self.golden.to_dict() if self.golden else None}
+        if self.replicas is not None:
+            out["replicas"] = json_safe(dict(self.replicas))
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ParityPlan:
@@ -418,4 +423,4 @@ class ParityPlan:
                    tuple(Measurement.from_dict(m) for m in d.get("measurements") or ()),
                    tuple(d.get("shards") or ()), int(d.get("hosts_total") or 0),
                    {k: number_from_json(v) for k, v in (d.get("cost") or {}).items()},
-                   GoldenInventory.from_dict(d.get("golden")))
+                   GoldenInventory.from_dict(d.get("golden")), d.get("replicas"))

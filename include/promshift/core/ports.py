@@ -85,7 +85,8 @@ class Probes(Protocol):
 
     def ha_parity(self, group: Any, sources: Sequence[tuple[str, PrometheusProbe]], target: PrometheusProbe, *,
                   catalog_dir: Path | None, limits: Any = None) -> Any:
-        """Parity against the replica the target kept (``core.ha.elect``): ``run(...) -> ParityResult``."""
+        """Parity against the replica the target kept (``core.ha``): ``run(...) -> ParityResult``, and the same
+        ``plan`` / ``compare_shard`` / ``reduce`` as ``parity`` (the DAG's mapped parity tasks)."""
 
     def golden_lookbacks(self, group: Any, catalog_dir: Path | None) -> Sequence[float]: ...
 

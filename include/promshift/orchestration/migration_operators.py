@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -218,20 +217,13 @@ class WarmupOperator(GroupStepOperator):
 
 
 class _ParityStep(GroupStepOperator):
-    def parity_check(self, context: Any = None) -> Any:
-        from promshift.adapters.parity_check import ParityCheck
-        from promshift.core.deploy_kinds import group_for_deploy
-
-        # stats=all on every parity query: the result reports the backends' own query time.
-        group = group_for_deploy(self.group, self.deploy)  # independent_scraper on the scraper path
-        return ParityCheck(group, self.source_hook.prometheus_client(stats=True),
-                           self.gated(self.target_hook.prometheus_client(stats=True), context),
-                           catalog_dir=Path(self.catalog_path).parent,
-                           limits=getattr(self.target_hook, "query_limits", None))
+    """A step of the DAG's parity chain, over the check ``parity_check`` builds (``orchestration.wiring``): against
+    the group's source, or the replica the target kept when the source runs as replicas (``adapters.parity_ha``)."""
 
 
 class ParityPlanOperator(_ParityStep):
-    """Coverage and label layers, and the host shards the mapped sample tasks will compare.
+    """Coverage and label layers, and the host shards the mapped sample tasks will compare; for a source declared
+    as replicas, the replica the target kept and why (the plan's ``replicas``: its shards compare with it).
 
     ``deployed``: the deploy task's output (the parity window starts at the dual-write's start).
     """
@@ -257,6 +249,8 @@ class ParityPlanOperator(_ParityStep):
                                         now=_now().timestamp())
         for m in plan.measurements:
             self.log.info("parity %s: %s %s", m.name, m.verdict.value, m.reason)
+        if plan.replicas:
+            self.log.info("parity replicas: %s", plan.replicas["reason"])
         self.log.info("%s shard(s) of %s hosts for the samples layer", len(plan.shards), plan.hosts_total)
         context["ti"].xcom_push(key="plan", value=plan.to_dict())
         return [dict(shard) for shard in plan.shards]
@@ -298,14 +292,16 @@ class ParityOperator(_ParityStep):
 
         plan = given(self, "plan")
         shards = [s for s in given(self, "shards") or [] if s]
-        result = self.parity_check().reduce(plan, shards, extra=self._rules_layer(context, plan))
+        check = self.parity_check()
+        result = check.reduce(plan, shards, extra=self._rules_layer(context, plan, check))
         self.log.info("parity %s\n%s", result.verdict.value, parity_log_table(result))
         return result.to_dict()
 
 
-    def _rules_layer(self, context: Any, plan: dict[str, Any] | None) -> list[Any]:
+    def _rules_layer(self, context: Any, plan: dict[str, Any] | None, check: Any) -> list[Any]:
         """The rules layer when the group's rules move with it: each moved rule's expression on both sides over
-        the parity window (``rules_parity``); no window (a dry run without dual-write): none, as for samples."""
+        the parity window (``rules_parity``), the source being the one the plan compared with (``parity_source``);
+        no window (a dry run without dual-write): none, as for samples."""
         from promshift.adapters.rules_deploy import rules_parity
         from promshift.core.deploy_kinds import group_for_deploy
         from promshift.core.parity import noise_allowance
@@ -321,7 +317,7 @@ class ParityOperator(_ParityStep):
             rules_plan = self.effects(context).rules_plan(step)  # a dry run's: read now, kept nowhere
             # The samples layer's policy and noise allowance: the deploy path's mode (independent on the scraper).
             policy = group_for_deploy(self.group, self.deploy).parity
-            return rules_parity(self.source_hook.prometheus_client(), self.target_hook.prometheus_client(),
+            return rules_parity(self.parity_source(check, plan), self.target_hook.prometheus_client(),
                                 rules_plan.selection, start=float(window["start"]), end=float(window["end"]),
                                 step=float(window["step"]), abs_tol=policy.abs_tolerance,
                                 rel_tol=policy.rel_tolerance, ignore_labels=policy.ignore_labels,

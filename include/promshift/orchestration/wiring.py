@@ -256,7 +256,7 @@ class GroupWiring:
     # whose control plane refuses us (bad credentials, a deleted workspace) must not block it.
     needs_target = True
 
-    def _replica_sources(self) -> list[tuple[str, Any]]:
+    def _replica_sources(self, *, stats: bool = False) -> list[tuple[str, Any]]:
         """(replica, its Prometheus client) for a source declared as replicas (``replicas.sources``)."""
         from promshift.orchestration.hooks import PrometheusHook
 
@@ -265,8 +265,32 @@ class GroupWiring:
             hook = backend_hook(conn_id)
             if not isinstance(hook, PrometheusHook):
                 raise AirflowFailException(f"replica {replica!r}: connection {conn_id!r} must be a prometheus one")
-            clients.append((replica, hook.prometheus_client()))
+            clients.append((replica, hook.prometheus_client(stats=stats)))
         return clients
+
+    def parity_check(self, context: Any = None) -> Any:
+        """The DAG's parity check (``plan`` / ``compare_shard`` / ``reduce``), the same choice as the migration's
+        ``parity()``: a group whose source runs as replicas (``replicas.sources``) against the replica the target
+        kept (``adapters.parity_ha``), any other against the group's source. Every query asks the backends for
+        their query time (stats=all); the target behind the workspace's query budget (``gated``); the deploy
+        path's mode (independent_scraper on the scraper path)."""
+        from promshift.adapters.probes import AdapterProbes
+        from promshift.core.deploy_kinds import group_for_deploy
+
+        group = group_for_deploy(self.group, self.deploy)
+        target = self.gated(self.target_hook.prometheus_client(stats=True), context)
+        catalog_dir, limits = Path(self.catalog_path).parent, getattr(self.target_hook, "query_limits", None)
+        if group.replicas.enabled and group.replicas.sources:
+            return AdapterProbes().ha_parity(group, self._replica_sources(stats=True), target,
+                                             catalog_dir=catalog_dir, limits=limits)
+        return AdapterProbes().parity(group, self.source_hook.prometheus_client(stats=True), target,
+                                      catalog_dir=catalog_dir, limits=limits)
+
+    def parity_source(self, check: Any, plan: Any) -> Any:
+        """The source a parity plan compared with, for the layers measured beside it (the rules layer): the replica
+        it elected, for a source declared as replicas; else the group's source."""
+        source_for = getattr(check, "source_for", None)
+        return source_for(plan) if source_for is not None else self.source_hook.prometheus_client()
 
     def backends(self) -> Any:
         """Both backends from their connections; an AMP problem fails the task with its one-line reason."""
