@@ -289,6 +289,9 @@ def _aggregation_issues(group: MetricGroup) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
     regex = None if group.metric_regex is None else _compile_re2(group.metric_regex)
     listed = frozenset(group.metrics)
+    if group.aggregations and group.parity.mode != "dual_write":
+        issues.append(("aggregations", f"need parity.mode 'dual_write' (the source records the aggregate and writes "
+                                       f"it), got {group.parity.mode!r}"))
     for index, a in enumerate(group.aggregations):
         at = f"aggregations[{index}].metric"
         if a.metric not in listed:

@@ -1,0 +1,135 @@
+"""Proof by parity (issue 40 item 3): each original read on the source against its rewrite on the target.
+
+A real pair: the source scrapes a 2-node fleet every second and evaluates the group's recording rules every
+second; its remote write ships the group's keep filter, which (with ``aggregations``) keeps the recorded series
+and not the raw metric. One recording is planted wrong (``* 1.001``): the golden layer must FAIL that read, by
+name, and pass the reads whose recordings are right, a counter's rate included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from promshift.adapters.parity_check import ParityCheck
+from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.settings import load_catalog
+from promshift.core.catalog import Aggregate, MetricGroup
+from promshift.core.verdicts import Verdict
+from promshift.local.stack.fleet import FleetServer, FleetSpec, file_sd_groups
+from promshift.local.stack.local import find_free_ports
+from promshift.local.stack.prometheus import PrometheusProcess
+
+pytestmark = pytest.mark.integration
+
+AGGREGATES = (Aggregate("DCGM_FI_DEV_GPU_TEMP", ("Hostname",), ("max",)),
+              Aggregate("DCGM_FI_DEV_POWER_USAGE", ("Hostname",), ("sum", "count")),
+              Aggregate("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", ("Hostname",), ("sum",), rate_s=10.0))
+# The recording of the power sum is planted wrong on the source, so the target receives it wrong.
+WRONG = "Hostname:DCGM_FI_DEV_POWER_USAGE:sum"
+PANELS = {
+    "node_temp": "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)",
+    "fleet_hot": "max(DCGM_FI_DEV_GPU_TEMP) > 0",
+    "node_power": "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)",
+    "power_count": "count(DCGM_FI_DEV_POWER_USAGE)",
+    "energy": "sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[10s]))",
+    "per_gpu": "DCGM_FI_DEV_GPU_TEMP",
+    "memory_temp": "max by (Hostname) (DCGM_FI_DEV_MEMORY_TEMP)",  # shipped raw: compared as before
+}
+
+
+def _group() -> MetricGroup:
+    group = load_catalog(profile="demo").get("gpu-power-thermal")
+    return dataclasses.replace(group, aggregations=AGGREGATES, scrape_interval_s=1.0)
+
+
+def _rules() -> str:
+    rules = []
+    for a in AGGREGATES:
+        for record, expr in a.rules():
+            rules.append({"record": record, "expr": f"{expr} * 1.001" if record == WRONG else expr})
+    return json.dumps({"groups": [{"name": "promshift-aggregate-gpu-power-thermal", "interval": "1s",
+                                   "rules": rules}]})
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusClient, PrometheusClient, float]]:
+    tmp = tmp_path_factory.mktemp("aggregation-parity")
+    fleet = FleetSpec(nodes=2)
+    server = FleetServer(fleet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp / "sd.json").write_text(json.dumps(file_sd_groups(fleet, server.port)))
+    (tmp / "aggregate.yml").write_text(_rules())
+    procs: list[PrometheusProcess] = []
+
+    def start(name: str, config: str, *flags: str) -> PrometheusClient:
+        (port,) = find_free_ports(1)
+        proc = PrometheusProcess(name, tmp, port=port, config=config, flags=flags)
+        procs.append(proc)
+        proc.wait_ready(40)
+        return PrometheusClient(proc.url, timeout_s=10)
+
+    try:
+        target = start("target", "global: {scrape_interval: 1m}\n", "--web.enable-remote-write-receiver")
+        keep = _group().name_regex()
+        source = start("source", (
+            f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n"
+            f"rule_files: ['{tmp / 'aggregate.yml'}']\n"
+            f"scrape_configs:\n- job_name: dcgm\n  file_sd_configs: [{{files: ['{tmp / 'sd.json'}']}}]\n"
+            f"remote_write:\n- url: {target.base_url}/api/v1/write\n  queue_config: {{batch_send_deadline: 500ms}}\n"
+            f"  write_relabel_configs: [{{source_labels: [__name__], regex: '{keep}', action: keep}}]\n"))
+        since = time.time()
+        deadline = since + 40
+        while (target.scalar("count(Hostname:DCGM_FI_DEV_GPU_TEMP:max)") or 0) < 2:
+            assert time.time() < deadline, "the target never received the recorded series"
+            time.sleep(0.5)
+        time.sleep(max(0.0, since + 30 - time.time()))
+        yield source, target, since
+    finally:
+        for proc in reversed(procs):
+            proc.stop(20)
+        server.shutdown()
+
+
+def test_each_original_read_matches_its_rewrite_and_a_wrong_recording_fails_by_name(
+        pair: tuple[PrometheusClient, PrometheusClient, float], tmp_path: Path) -> None:
+    source, target, since = pair
+    # The keep filter shipped the recorded series only: the raw aggregated metric stayed on the source.
+    assert (source.scalar("count(DCGM_FI_DEV_GPU_TEMP)") or 0) == 16
+    assert (target.scalar("count(DCGM_FI_DEV_GPU_TEMP)") or 0) == 0
+    assert target.scalar("count(Hostname:DCGM_FI_DEV_GPU_TEMP:max)") == 2  # 8x fewer series than per GPU
+    assert target.scalar("count(DCGM_FI_DEV_MEMORY_TEMP)") == 16  # not aggregated: shipped raw
+
+    dashboard = {"panels": [{"title": title, "targets": [{"refId": "A", "expr": expr}]}
+                            for title, expr in PANELS.items()]}
+    (tmp_path / "fleet.json").write_text(json.dumps(dashboard))
+    group = _group()
+    policy = dataclasses.replace(group.parity, golden_dashboards=(str(tmp_path),), step_s=1.0, skip_recent_s=3.0)
+    check = ParityCheck(dataclasses.replace(group, parity=policy), source, target)
+    window = check.window(dual_write_since=since, now=time.time())
+    assert window is not None
+    measurements, inventory = check.golden(*window)
+    json.dumps([m.to_dict() for m in measurements] + [inventory.to_dict()], allow_nan=False)
+    by = {m.name.removeprefix("golden[").removesuffix("]"): m for m in measurements}
+    for panel in ("node_temp", "fleet_hot", "power_count", "energy", "memory_temp"):
+        assert by[panel].verdict == Verdict.SUCCESSFUL, (panel, by[panel].reason, by[panel].numbers)
+    # Each compared read asked the source the original and the target its rewrite.
+    assert by["node_temp"].queries[1].startswith("max by (Hostname) (Hostname:DCGM_FI_DEV_GPU_TEMP:max)")
+    assert by["node_temp"].numbers["points_compared"] >= 20 and not by["node_temp"].numbers["offenders"]
+    assert "Hostname:DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION:rate10s" in by["energy"].queries[1]
+    # The wrong recording: FAILED, the read named (its measurement), the series and the values shown.
+    bad = by["node_power"]
+    assert bad.name == "golden[node_power]"  # the panel: the read named
+    assert bad.verdict == Verdict.FAILED, bad.reason
+    assert "the rewritten read on the target differs from the original read on the source" in bad.reason
+    assert 'Hostname="gpu-node-000' in bad.reason and bad.numbers["offenders"]
+    # A per-GPU read cannot read the recorded series: the target cannot answer it as the source does.
+    assert by["per_gpu"].verdict == Verdict.FAILED
+    assert "ships aggregated (aggregations), and cannot be rewritten" in by["per_gpu"].reason
+    assert {row.panel: row.disposition for row in inventory.queries}["per_gpu"] == "compared"
