@@ -36,6 +36,7 @@ metric's series; the plan prices before and after.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +52,9 @@ __all__ = [
     "ReadShape",
     "RecordingRule",
     "decide",
+    "AGGREGATE_RULE_PREFIX",
     "aggregation_of",
+    "aggregation_rules_document",
     "level_series",
     "read_shapes",
     "recording_rules",
@@ -359,6 +362,26 @@ def recording_rules(metric: str, level: Sequence[str], operations: Sequence[str]
     function = "rate" if rate_s > 0 else ""
     return tuple((rule_name(level, metric, _operation(op, function, rate_s)),
                   f"{op} {_by(level)}({_inner(metric, function, rate_s)})") for op in operations)
+
+
+# The rule group (and rule file stem) promshift owns on the source for a group's aggregations.
+AGGREGATE_RULE_PREFIX = "promshift-aggregate-"
+
+
+def aggregation_rules_document(group_name: str, aggregates: Sequence[Any], interval_s: float) -> str:
+    """The source's rule file for a group's ``aggregations`` (``core.catalog.Aggregate``): one rule group
+    ``promshift-aggregate-<group>`` evaluated every ``interval_s`` (the group's scrape interval, so each recorded
+    sample is one scrape's aggregate), every rule of every aggregate in catalog order. Strings are JSON-quoted
+    (valid YAML 1.1 and 1.2 double-quoted scalars)."""
+    lines = ["# Written by promshift: the recording rules of the group's aggregations (catalog `aggregations`).",
+             "# Removed by a rollback; do not edit.", "groups:",
+             f"  - name: {json.dumps(AGGREGATE_RULE_PREFIX + group_name)}",
+             f"    interval: {format_duration(interval_s)}", "    rules:"]
+    for aggregate in aggregates:
+        for record, expr in recording_rules(aggregate.metric, aggregate.level, aggregate.operations,
+                                            aggregate.rate_s):
+            lines += [f"      - record: {json.dumps(record)}", f"        expr: {json.dumps(expr)}"]
+    return "\n".join(lines) + "\n"
 
 
 def aggregation_of(aggregate: Any) -> Aggregation:
