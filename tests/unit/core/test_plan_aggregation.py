@@ -256,3 +256,21 @@ def test_a_whole_read_is_rewritten_byte_for_byte_around_its_aggregations() -> No
     for unserved in ("max(T) without ()", "min(T)", 'max(T{gpu="1"})', "T > 85"):
         with pytest.raises(PromQLError):
             rewrite_expression(unserved, a, LABELS)
+
+
+def test_a_group_counts_what_it_will_ship_before_its_recording_rules_exist() -> None:
+    from promshift.core.catalog import Aggregate, MetricGroup
+
+    plain = MetricGroup(name="g", metrics=("A", "B"))
+    assert plain.shipped_series_query() == f"count({plain.selector()})"
+    group = MetricGroup(name="g", metrics=("A", "B", "C"), metric_regex="D_.*",
+                        aggregations=(Aggregate("A", ("job", "Hostname"), ("sum", "count")),
+                                      Aggregate("C", (), ("max",))))
+    assert group.shipped_series_query() == (
+        '(count({__name__=~"B|D_.*"}) or vector(0)) + (count(count by (Hostname, job) (A)) * 2 or vector(0)) + '
+        "(count(count (C)) * 1 or vector(0))")
+    from promshift.core.promql import parse
+
+    parse(group.shipped_series_query())  # Prometheus' parser takes it
+    assert group.name_regex() == r"B|Hostname_job\:A\:sum|Hostname_job\:A\:count|\:C\:max|D_.*"
+    assert group.claims(":C:max") and not group.claims("A") and group.reads("A") and group.reads("D_x")

@@ -377,6 +377,22 @@ class MetricGroup:
         """Tell whether the keep rule for this group would keep ``metric_name``."""
         return _compile_re2(self.name_regex()).fullmatch(metric_name) is not None
 
+    def shipped_series_query(self) -> str:
+        """PromQL counting on the source the series the group's keep filter will ship, before anything is deployed:
+        its metrics shipped raw, plus per aggregation one series per value of its level and operation (counted
+        from the raw metric: the recorded series do not exist until dual-write deploys their rules)."""
+        if not self.aggregations:
+            return f"count({self.selector()})"
+        aggregated = {a.metric for a in self.aggregations}
+        raw = [re2.escape(metric) for metric in self.metrics if metric not in aggregated]
+        if self.metric_regex is not None:
+            raw.append(self.metric_regex)
+        parts = [f"count({{__name__=~{promql_string('|'.join(raw))}}})"] if raw else []
+        for a in self.aggregations:
+            by = f"by ({', '.join(a.level)}) " if a.level else ""
+            parts.append(f"count(count {by}({a.metric})) * {len(a.operations)}")
+        return " + ".join(f"({part} or vector(0))" for part in parts)
+
     def aggregate_of(self, metric_name: str) -> Aggregate | None:
         """The group's aggregation of ``metric_name`` (its raw series stay on the source), or None."""
         return next((a for a in self.aggregations if a.metric == metric_name), None)
