@@ -133,3 +133,23 @@ def test_each_original_read_matches_its_rewrite_and_a_wrong_recording_fails_by_n
     assert by["per_gpu"].verdict == Verdict.FAILED
     assert "ships aggregated (aggregations), and cannot be rewritten" in by["per_gpu"].reason
     assert {row.panel: row.disposition for row in inventory.queries}["per_gpu"] == "compared"
+
+
+def test_every_parity_layer_on_an_aggregated_group_passes_when_its_reads_do(
+        pair: tuple[PrometheusClient, PrometheusClient, float], tmp_path: Path) -> None:
+    """The whole gate (coverage, aggregates, labels, samples, golden) over the group's shipped series: the
+    recorded ones and the raw metric it does not aggregate; the golden reads are the ones whose recordings are
+    right."""
+    source, target, since = pair
+    panels = {k: PANELS[k] for k in ("node_temp", "fleet_hot", "energy", "memory_temp")}
+    dashboard = {"panels": [{"title": title, "targets": [{"refId": "A", "expr": expr}]}
+                            for title, expr in panels.items()]}
+    (tmp_path / "fleet.json").write_text(json.dumps(dashboard))
+    group = _group()
+    policy = dataclasses.replace(group.parity, golden_dashboards=(str(tmp_path),), step_s=1.0, skip_recent_s=3.0)
+    result = ParityCheck(dataclasses.replace(group, parity=policy), source, target).run(
+        dual_write_since=since, now=time.time())
+    bad = [(m.name, m.verdict.value, m.reason) for m in result.measurements if m.verdict != Verdict.SUCCESSFUL]
+    assert result.verdict == Verdict.SUCCESSFUL, bad
+    golden = [m for m in result.measurements if m.name.startswith("golden[")]
+    assert len(golden) == len(panels)
