@@ -132,10 +132,12 @@ def golden_comparison(name: str, expr: str, source: Mapping[LabelSet, Points], t
 # window opened, its last before it closed) before the comparison says it cannot tell.
 REWRITE_MISSING_SHARE = 0.1
 # A scrape that lands while the rule evaluates is read by one side and not the other: that point's value lies
-# between the original's then and one evaluation earlier. Up to this share of points is that timing (SUCCESSFUL);
-# more than REWRITE_BETWEEN_FAILED of them is a recording consistently off (FAILED); in between, INCONCLUSIVE.
+# between the original's then and one evaluation earlier. Up to REWRITE_BETWEEN_NOISE of the points is that timing
+# (SUCCESSFUL). A recording that is wrong is wrong nearly everywhere: more than REWRITE_DIFFER_FAILED of the points
+# differing (in between or outside) FAILS; fewer differences than that, but more than timing explains (or any
+# point outside), are noise the comparison cannot call: INCONCLUSIVE.
 REWRITE_BETWEEN_NOISE = 0.1
-REWRITE_BETWEEN_FAILED = 0.5
+REWRITE_DIFFER_FAILED = 0.5
 
 
 def rewrite_comparison(name: str, expr: str, rewritten: str, source: Mapping[LabelSet, Points],
@@ -147,9 +149,9 @@ def rewrite_comparison(name: str, expr: str, rewritten: str, source: Mapping[Lab
     at the rule group's phase), so at each instant the recorded series holds the rule's evaluation of that instant:
     the original's value then. A scrape that was appended just after the rule evaluated is seen by the original
     and not by the rule: the target's value is then the original's one evaluation earlier (a gauge), or lies
-    between the two (a rate, extrapolated to its window's edges). A target point outside that is a wrong
-    recording: FAILED, naming the series and instant; so is a majority of in-between points (see
-    ``REWRITE_BETWEEN_*``). A series one side lacks: FAILED. Nothing behind the read, or too few common points:
+    between the two (a rate, extrapolated to its window's edges). A wrong recording differs at most points: FAILED,
+    naming the series, instant and values; fewer differences than that but more than timing explains: INCONCLUSIVE
+    (``REWRITE_*``). A series one side lacks: FAILED. Nothing behind the read, or too few common points:
     INCONCLUSIVE.
     """
     queries = (expr, rewritten)
@@ -166,7 +168,7 @@ def rewrite_comparison(name: str, expr: str, rewritten: str, source: Mapping[Lab
         return Measurement(name, Verdict.FAILED, f"the rewritten read on the target {'lacks' if missing else 'adds'} "
                            f"{len(missing or extra)} series of the original read on the source (e.g. {shown})",
                            queries, {**numbers, "missing_series": len(missing), "extra_series": len(extra)})
-    compared = lagged = lacking = total = between = 0
+    compared = lagged = lacking = total = between = outside = 0
     offenders: list[dict[str, Any]] = []
     for labels, points in source.items():
         by_t = {round(t, 3): v for t, v in points}
@@ -187,27 +189,28 @@ def rewrite_comparison(name: str, expr: str, rewritten: str, source: Mapping[Lab
                     min(now, before) - abs_tol <= v <= max(now, before) + abs_tol):
                 between += 1  # a scrape that landed as the rule evaluated: read by one side and not the other
                 continue
+            outside += 1
             if len(offenders) < 5:
                 offenders.append({"series": format_labels(labels), "at": json_number(t), "target": json_number(v),
                                   "source": None if now is None else json_number(now),
                                   "source_one_step_earlier": None if before is None else json_number(before)})
     numbers.update(points_compared=compared, points_one_evaluation_behind=lagged, points_between=between,
-                   source_points=total, target_lacks_points=lacking, offenders=offenders)
-    if not offenders and between > REWRITE_BETWEEN_FAILED * compared:
+                   points_outside=outside, source_points=total, target_lacks_points=lacking, offenders=offenders)
+    differ = between + outside
+    if differ > REWRITE_DIFFER_FAILED * compared:
+        first = ""
+        if offenders:
+            o = offenders[0]
+            first = (f": {o['series']} at {o['at']}: target {o['target']}, source {o['source']} (one evaluation "
+                     f"earlier {o['source_one_step_earlier']})")
         return Measurement(name, Verdict.FAILED, f"the rewritten read on the target differs from the original read "
-                           f"on the source at {between} of {compared} points (each between the original's value "
-                           f"then and one evaluation earlier): a recording that is consistently off", queries, numbers)
-    if not offenders and between > REWRITE_BETWEEN_NOISE * compared:
-        return Measurement(name, Verdict.INCONCLUSIVE, f"the rewritten read differs from the original at {between} "
-                           f"of {compared} points, each between the original's value then and one evaluation "
-                           "earlier: too many to call it scrape timing, too few to call the recording wrong", queries,
+                           f"on the source at {differ} of {compared} points{first}: the recording is wrong", queries,
                            numbers)
-    if offenders:
-        o = offenders[0]
-        return Measurement(name, Verdict.FAILED, f"the rewritten read on the target differs from the original read "
-                           f"on the source: {o['series']} at {o['at']}: target {o['target']}, source {o['source']} "
-                           f"(one evaluation earlier {o['source_one_step_earlier']}); "
-                           f"{len(offenders)}+ of {compared} points differ", queries, numbers)
+    if outside or between > REWRITE_BETWEEN_NOISE * compared:
+        return Measurement(name, Verdict.INCONCLUSIVE, f"the rewritten read differs from the original at {differ} of "
+                           f"{compared} points ({outside} outside the original's value then and one evaluation "
+                           "earlier): more than scrape timing explains, too few to call the recording wrong", queries,
+                           numbers)
     if not compared or lacking > REWRITE_MISSING_SHARE * total:
         return Measurement(name, Verdict.INCONCLUSIVE, f"the rewritten read answers at {compared} of the original's "
                            f"{total} points: too few to tell", queries, numbers)

@@ -41,7 +41,14 @@ def test_a_recording_planted_wrong_fails_naming_the_read_the_series_and_the_inst
     m = _compare({NODE: _series(VALUES)}, {NODE: _series([v + 1 for v in VALUES])})
     assert m.verdict == Verdict.FAILED
     assert m.name == "golden[fleet.json/Node temp]"
-    assert '{Hostname="n1"} at 1000.0: target 61.0, source 60.0' in m.reason
+    assert '{Hostname="n1"} at 1000.0: target 61.0, source 60.0' in m.reason and "the recording is wrong" in m.reason
+
+
+def test_one_point_off_is_noise_the_comparison_cannot_call_never_failed() -> None:
+    target = _series(VALUES)
+    target[6] = (target[6][0], 99.0)  # outside the original's value then and one evaluation earlier
+    m = _compare({NODE: _series(VALUES)}, {NODE: target})
+    assert m.verdict == Verdict.INCONCLUSIVE and m.numbers["points_outside"] == 1
 
 
 def test_values_between_the_two_evaluations_are_timing_when_rare_and_a_wrong_recording_when_most() -> None:
@@ -53,7 +60,7 @@ def test_values_between_the_two_evaluations_are_timing_when_rare_and_a_wrong_rec
     assert _compare({NODE: _series(rising)}, {NODE: some}).verdict == Verdict.INCONCLUSIVE
     most = [(t, v - 5 if i else v) for i, (t, v) in enumerate(_series(rising))]
     m = _compare({NODE: _series(rising)}, {NODE: most})
-    assert m.verdict == Verdict.FAILED and "consistently off" in m.reason
+    assert m.verdict == Verdict.FAILED and "the recording is wrong" in m.reason
 
 
 def test_a_series_the_rewrite_lacks_fails_and_no_data_behind_is_inconclusive() -> None:
