@@ -30,7 +30,8 @@ pytestmark = pytest.mark.integration
 
 AGGREGATES = (Aggregate("DCGM_FI_DEV_GPU_TEMP", ("Hostname",), ("max",)),
               Aggregate("DCGM_FI_DEV_POWER_USAGE", ("Hostname",), ("sum", "count")),
-              Aggregate("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", ("Hostname",), ("sum",), rate_s=10.0))
+              # Fleet-wide: the recorded series has no host label at all.
+              Aggregate("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", (), ("sum",), rate_s=10.0))
 # The recording of the power sum is planted wrong on the source, so the target receives it wrong.
 WRONG = "Hostname:DCGM_FI_DEV_POWER_USAGE:sum"
 PANELS = {
@@ -38,7 +39,7 @@ PANELS = {
     "fleet_hot": "max(DCGM_FI_DEV_GPU_TEMP) > 0",
     "node_power": "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)",
     "power_count": "count(DCGM_FI_DEV_POWER_USAGE)",
-    "energy": "sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[10s]))",
+    "energy": "sum(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[10s])) * 3600",
     "per_gpu": "DCGM_FI_DEV_GPU_TEMP",
     "memory_temp": "max by (Hostname) (DCGM_FI_DEV_MEMORY_TEMP)",  # shipped raw: compared as before
 }
@@ -122,7 +123,7 @@ def test_each_original_read_matches_its_rewrite_and_a_wrong_recording_fails_by_n
     # Each compared read asked the source the original and the target its rewrite.
     assert by["node_temp"].queries[1].startswith("max by (Hostname) (Hostname:DCGM_FI_DEV_GPU_TEMP:max)")
     assert by["node_temp"].numbers["points_compared"] >= 20 and not by["node_temp"].numbers["offenders"]
-    assert "Hostname:DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION:rate10s" in by["energy"].queries[1]
+    assert ":DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION:rate10s" in by["energy"].queries[1]
     # The wrong recording: FAILED, the read named (its measurement), the series and the values shown.
     bad = by["node_power"]
     assert bad.name == "golden[node_power]"  # the panel: the read named
