@@ -154,3 +154,46 @@ def test_every_parity_layer_on_an_aggregated_group_passes_when_its_reads_do(
     assert result.verdict == Verdict.SUCCESSFUL, bad
     golden = [m for m in result.measurements if m.name.startswith("golden[")]
     assert len(golden) == len(panels)
+
+
+def test_a_moved_rule_over_an_aggregated_metric_goes_rewritten_and_parity_compares_it_so(
+        pair: tuple[PrometheusClient, PrometheusClient, float], tmp_path: Path) -> None:
+    """The group's rules move at cut-over: one that reads an aggregated metric's raw series is rewritten to the
+    recorded series for the target, compared original-on-source against rewritten-on-target; the group's own
+    aggregation rules never move; a rule that needs the raw series refuses the move, named."""
+    from promshift.adapters.rules_deploy import PrometheusRulesTarget, RulesMove, SourceRules, rules_parity
+    from promshift.core.deploy import DeployError
+
+    source, target, since = pair
+    group = _group()
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "promshift-aggregate-gpu-power-thermal.yml").write_text(_rules())
+    team = ("groups:\n- name: gpu\n  rules:\n"
+            "  - alert: NodeHot\n    expr: max by (Hostname) (DCGM_FI_DEV_GPU_TEMP) > 0\n    for: 1m\n"
+            "  - record: node:memory_temp:max\n    expr: max by (Hostname) (DCGM_FI_DEV_MEMORY_TEMP)\n")
+    (tmp_path / "team.yml").write_text(team)
+    (tmp_path / "prometheus.yml").write_text(
+        "rule_files: [team.yml, rules/promshift-aggregate-gpu-power-thermal.yml]\n")
+    (tmp_path / "target.yml").write_text("global: {}\n")
+    move = RulesMove.for_group(SourceRules(tmp_path / "prometheus.yml", source),
+                               PrometheusRulesTarget(tmp_path / "target.yml", target, group_name=group.name), group)
+    snapshot = move.snapshot()
+    plan = move.plan(snapshot)
+    assert [r.name for r in plan.selection.rules] == ["NodeHot", "node:memory_temp:max"]
+    assert "max by (Hostname) (Hostname:DCGM_FI_DEV_GPU_TEMP:max) > 0" in plan.document
+    assert "DCGM_FI_DEV_GPU_TEMP)" not in plan.document
+    # The source keeps evaluating the original until the handoff removes it; the target gets the rewrite.
+    assert list(plan.edits) == [str(tmp_path / "team.yml")]
+
+    measurements = rules_parity(source, target, plan.selection, start=since + 5, end=time.time() - 3, step=1.0,
+                                abs_tol=1e-9, rel_tol=1e-9, aggregates=group.aggregations, recording_step=1.0)
+    by = {m.name: m for m in measurements}
+    hot = next(m for name, m in by.items() if "NodeHot" in name)
+    assert hot.verdict == Verdict.SUCCESSFUL, hot.reason
+    assert hot.queries[1] == "max by (Hostname) (Hostname:DCGM_FI_DEV_GPU_TEMP:max) > 0"
+    assert measurements[0].verdict == Verdict.SUCCESSFUL, [(m.name, m.reason) for m in measurements]
+
+    (tmp_path / "team.yml").write_text(team + "  - alert: GpuZeroHot\n    expr: DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"} > 90\n")
+    with pytest.raises(DeployError, match=r"alert GpuZeroHot .* reads the raw series of a metric the group ships "
+                                          r"aggregated and cannot move to the target"):
+        move.plan(move.snapshot())
