@@ -773,7 +773,7 @@ def _rewritten_rule_parity(source: PrometheusClient, target: PrometheusClient, r
         what = "the alert is quiet on both sides" if rule.kind is RuleKind.ALERT else "no data on either side"
         return Measurement(name, Verdict.INCONCLUSIVE, f"{what}: nothing to compare", (expr, target_expr))
     return rewrite_comparison(name, expr, target_expr, source_series, target_series, behind=behind, step=step,
-                              abs_tol=abs_tol, rel_tol=rel_tol)
+                              abs_tol=abs_tol, rel_tol=rel_tol, phase=newest)
 
 
 def rewritten_for_target(selection: Selection, aggregates: Sequence[Any]) -> Selection:

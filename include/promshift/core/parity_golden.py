@@ -142,7 +142,7 @@ REWRITE_DIFFER_FAILED = 0.5
 
 def rewrite_comparison(name: str, expr: str, rewritten: str, source: Mapping[LabelSet, Points],
                        target: Mapping[LabelSet, Points], *, behind: tuple[float, float], step: float,
-                       abs_tol: float, rel_tol: float) -> Measurement:
+                       abs_tol: float, rel_tol: float, phase: float | None = None) -> Measurement:
     """An original read on the source against its rewrite over the recorded series on the target (issue 40).
 
     Both are asked on the grid of the recording rule's own evaluations (every ``step``, the group's scrape interval,
@@ -153,8 +153,19 @@ def rewrite_comparison(name: str, expr: str, rewritten: str, source: Mapping[Lab
     naming the series, instant and values; fewer differences than that but more than timing explains: INCONCLUSIVE
     (``REWRITE_*``). A series one side lacks: FAILED. Nothing behind the read, or too few common points:
     INCONCLUSIVE.
+
+    ``phase`` (an instant of the recording's evaluations, e.g. its newest sample's timestamp): a target that answers
+    on its own grid (a backend that aligns range queries to the step) is read at each point as the evaluation it
+    holds, the latest at or before it, and compared with the source there.
     """
     queries = (expr, rewritten)
+
+    def evaluation(t: float) -> float:
+        if phase is None:
+            return round(t, 3)
+        back = (t - phase) % step
+        return round(t - (0.0 if step - back < 1e-3 else back), 3)
+
     numbers: dict[str, Any] = {"rewritten": rewritten, "behind_source": behind[0], "behind_target": behind[1]}
     if not behind[0]:
         return Measurement(name, Verdict.INCONCLUSIVE, "no data behind this read: its recorded series select nothing "
@@ -173,10 +184,11 @@ def rewrite_comparison(name: str, expr: str, rewritten: str, source: Mapping[Lab
     for labels, points in source.items():
         by_t = {round(t, 3): v for t, v in points}
         total += len(points)
-        there = {round(t, 3) for t, _ in target[labels]}
+        there = {evaluation(t) for t, _ in target[labels]}
         lacking += sum(1 for t, _ in points if round(t, 3) not in there)
         for t, v in target[labels]:
-            now, before = by_t.get(round(t, 3)), by_t.get(round(t - step, 3))
+            at = evaluation(t)
+            now, before = by_t.get(at), by_t.get(round(at - step, 3))
             if now is None and before is None:
                 continue
             compared += 1

@@ -70,3 +70,21 @@ def test_a_series_the_rewrite_lacks_fails_and_no_data_behind_is_inconclusive() -
     assert m.verdict == Verdict.INCONCLUSIVE and "recording rules deployed" in m.reason
     m = _compare({NODE: _series(VALUES)}, {NODE: _series(VALUES[:3])})
     assert m.verdict == Verdict.INCONCLUSIVE and "too few to tell" in m.reason
+
+
+def test_a_target_that_aligns_its_grid_to_the_step_is_read_as_the_evaluation_each_point_holds() -> None:
+    """A backend that answers range queries on its own step-aligned grid (points 7 s after each evaluation here):
+    each of its points holds the recording's latest evaluation, compared with the source's original there."""
+    shifted = [(t + 7.0, v) for t, v in _series(VALUES)]
+    m = rewrite_comparison("golden[x]", "max by (Hostname) (T)", "max by (Hostname) (Hostname:T:max)",
+                           {NODE: _series(VALUES)}, {NODE: shifted}, behind=(1, 1), step=STEP, abs_tol=1e-9,
+                           rel_tol=1e-9, phase=1000.0 + 5 * STEP)
+    assert m.verdict == Verdict.SUCCESSFUL and m.numbers["points_compared"] == len(VALUES), m.reason
+    # Without the phase those points match no instant of the source's.
+    unphased = rewrite_comparison("golden[x]", "e", "r", {NODE: _series(VALUES)}, {NODE: shifted}, behind=(1, 1),
+                                  step=STEP, abs_tol=1e-9, rel_tol=1e-9)
+    assert unphased.verdict == Verdict.INCONCLUSIVE
+    wrong = [(t, v + 1) for t, v in shifted]
+    m = rewrite_comparison("golden[x]", "e", "r", {NODE: _series(VALUES)}, {NODE: wrong}, behind=(1, 1), step=STEP,
+                           abs_tol=1e-9, rel_tol=1e-9, phase=1000.0)
+    assert m.verdict == Verdict.FAILED

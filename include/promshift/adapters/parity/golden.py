@@ -203,15 +203,12 @@ class GoldenLayer(ParityLayer):
                            f"(aggregations), and cannot be rewritten to the recorded series: {exc}", (expr,),
                            {"aggregated": metrics})
 
-    def _recording_phase(self, expr: str, low: float, high: float, step: float) -> float:
-        """The first instant at or after ``low`` on the grid of the recording rules' evaluations (their newest
-        sample's timestamp on the target, every ``step`` before it); past ``high`` when the target has none."""
+    def _recording_phase(self, expr: str, at: float) -> float | None:
+        """An instant of the recording rules' evaluations: their newest sample's timestamp on the target at ``at``
+        (None when it has none)."""
         names = sorted({r for n in metric_names(expr) if (a := self.group.aggregate_of(n)) for r in a.recorded})
         # One recorded metric is enough (one rule group, one phase); timestamp() drops the name, so not several.
-        newest = self.target.scalar(f"max(timestamp({{__name__={promql_string(names[0])}}}))", at=high)
-        if newest is None:
-            return high + step
-        return low + (newest - low) % step
+        return self.target.scalar(f"max(timestamp({{__name__={promql_string(names[0])}}}))", at=at)
 
     @property
     def _group_matcher(self) -> tuple[str, str, str]:
@@ -257,12 +254,14 @@ class GoldenLayer(ParityLayer):
         sized = self.ctx.sizer()
         edges = self.ctx.edges(fit.start, fit.end)  # independent_scraper: read past the window to see its gaps
         low, high = edges["grid"][:2] if edges else (fit.start, fit.end)
+        phase = None
         if aggregated:  # on the recording's own evaluation instants: there each side holds the same evaluation
             try:
-                low = self._recording_phase(fit.expr, low, high, step)
+                phase = self._recording_phase(fit.expr, high)
             except PrometheusError as exc:
                 return Measurement(name, Verdict.ERROR, f"reading the recorded series' evaluation instants: {exc}",
                                    (asked, asked_target))
+            low = high + step if phase is None else low + (phase - low) % step
             if low > high:
                 return Measurement(name, Verdict.INCONCLUSIVE, "the target holds no evaluation of the recorded "
                                    "series this read needs in its window", (asked, asked_target))
@@ -306,7 +305,8 @@ class GoldenLayer(ParityLayer):
                                             rel_tol=max(self.policy.rel_tolerance, 1e-9))
         if aggregated:  # the original read on the source against its rewrite on the target
             m = rewrite_comparison(name, asked, asked_target, source.series or {}, target.series or {},
-                                   behind=behind, step=step, abs_tol=self.policy.abs_tolerance, rel_tol=rel_tol)
+                                   behind=behind, step=step, abs_tol=self.policy.abs_tolerance, rel_tol=rel_tol,
+                                   phase=phase)
             return with_sizing(m, sized)
         m = golden_comparison(name, queries, source.series or {}, target.series or {}, behind=behind,
                               abs_tol=self.policy.abs_tolerance, rel_tol=rel_tol,
