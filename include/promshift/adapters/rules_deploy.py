@@ -39,6 +39,7 @@ Alertmanagers.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import glob
 import json
@@ -57,14 +58,15 @@ from promshift.adapters.deploy import FileConfigDeployer, promtool_on, write_kee
 from promshift.adapters.files import read_user_file
 from promshift.adapters.parity_check import each_side
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.core.aggregation import AGGREGATE_RULE_PREFIX, rewrite_group_read
 from promshift.core.alert_routes import AlertRoutesError, alert_route_problem, parse_definition
 from promshift.core.bake import parse_rfc3339
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import DeployError, DeployResult, DeploySnapshot, DeployState
 from promshift.core.errors import ErrorKind
 from promshift.core.inputs import CONFIG, RULES, InputBudget, InputRefused
-from promshift.core.parity import normalize_labels
-from promshift.core.promql import PromQLError, lookback_s, rename_labels_in
+from promshift.core.parity import normalize_labels, rewrite_comparison
+from promshift.core.promql import PromQLError, lookback_s, metric_names, promql_string, rename_labels_in
 from promshift.core.redact import redact_text
 from promshift.core.render import sha256_bytes
 from promshift.core.rules import (
@@ -230,11 +232,13 @@ class SourceRules:
         return self.config_path.parent
 
     def rule_files(self) -> list[Path]:
-        """Every file the config's ``rule_files`` globs match (relative to the config's folder), sorted."""
+        """Every file the config's ``rule_files`` globs match (relative to the config's folder), sorted; never a
+        group's aggregation rules (``promshift-aggregate-<group>.yml``, deployed with its dual-write: they stay)."""
         found: list[Path] = []
         for pattern in rule_file_patterns(_read(self.config_path, CONFIG)):
             full = pattern if os.path.isabs(pattern) else str(self.config_dir / pattern)
-            found += [Path(p) for p in sorted(glob.glob(full)) if Path(p).is_file()]
+            found += [Path(p) for p in sorted(glob.glob(full))
+                      if Path(p).is_file() and not Path(p).name.startswith(AGGREGATE_RULE_PREFIX)]
         return list(dict.fromkeys(found))
 
     def loaded(self) -> list[LoadedRule]:
@@ -635,13 +639,16 @@ class RulesMove:
 
     def __init__(self, source: SourceRules, target: PrometheusRulesTarget | AmpRulesNamespace, *, group_name: str,
                  claims: Callable[[str], bool], candidates: Sequence[str] = (),
-                 on_step: Callable[[str], None] | None = None) -> None:
+                 on_step: Callable[[str], None] | None = None, aggregates: Sequence[Any] = ()) -> None:
         self.source = source
         self.target = target
         self.group_name = group_name
         self.claims = claims
         self.candidates = tuple(candidates)
         self.on_step = on_step or (lambda _step: None)
+        # The group's aggregations (``core.catalog.Aggregate``): a moved rule that reads one of their raw metrics
+        # goes to the target rewritten to read the recorded series.
+        self.aggregates = tuple(aggregates)
 
     @classmethod
     def for_group(cls, source: SourceRules, target: PrometheusRulesTarget | AmpRulesNamespace, group: MetricGroup,
@@ -656,8 +663,8 @@ class RulesMove:
             except PrometheusError as exc:
                 log.warning("cannot list the group's metric names on the source (%s); selectors without a "
                             "metric name are matched against the catalog's names only", exc)
-        return cls(source, target, group_name=group.name, claims=group.claims,
-                   candidates=tuple(dict.fromkeys(names)), on_step=on_step)
+        return cls(source, target, group_name=group.name, claims=group.reads,
+                   candidates=tuple(dict.fromkeys(names)), on_step=on_step, aggregates=group.aggregations)
 
     def snapshot(self) -> RulesSnapshot:
         """Both sides now: the source's rule files holding the group's rules, the target's current rules."""
@@ -668,9 +675,10 @@ class RulesMove:
         ``promtool check rules`` each. Nothing is written; any refusal raises DeployError here."""
         selection = self.source.selection_of(snapshot.source, self.claims, self.candidates)
         header = f"rules of metric group {self.group_name}, moved by promshift (do not edit: rollback restores)"
+        moved = rewritten_for_target(selection, self.aggregates)
         try:
-            document = rules_document(selection, header=header)
-            records = rules_document(selection.only(RuleKind.RECORD), header=header)
+            document = rules_document(moved, header=header)
+            records = rules_document(moved.only(RuleKind.RECORD), header=header)
         except RulesError as exc:
             raise DeployError(str(exc)) from None
         checks: dict[str, str] = {}
@@ -737,12 +745,62 @@ class RulesMove:
                 and bool(target.details.get("restored_identical"))}
 
 
+def _rewritten_rule_parity(source: PrometheusClient, target: PrometheusClient, rule: Rule, expr: str,
+                           target_expr: str, aggregates: Sequence[Any], *, start: float, end: float, step: float,
+                           abs_tol: float, rel_tol: float, norm: Mapping[str, Any]) -> Measurement:
+    """A rule over an aggregated metric: as written on the source, rewritten on the target, on the recording's
+    own evaluation instants (phased to its newest sample on the target)."""
+    name = rule_parity_name(rule)
+    recorded = next((r for a in aggregates if a.metric in metric_names(expr) for r in a.recorded), None)
+    try:
+        newest = target.scalar(f"max(timestamp({{__name__={promql_string(recorded)}}}))", at=end) if recorded \
+            else None
+        if newest is None:
+            return Measurement(name, Verdict.INCONCLUSIVE, "the target holds no evaluation of the recorded series "
+                               "this rule reads", (expr, target_expr))
+        first = start + (newest - start) % step
+        src, tgt = each_side(lambda: source.query_range(expr, start=first, end=end, step=step),
+                             lambda: target.query_range(target_expr, start=first, end=end, step=step))
+    except PrometheusError as exc:
+        return Measurement(name, Verdict.ERROR, f"query failed: {exc}", (expr, target_expr))
+    if src.warnings or tgt.warnings:
+        return Measurement(name, Verdict.INCONCLUSIVE, "backend warnings (partial data): "
+                           + "; ".join([*src.warnings, *tgt.warnings]), (expr, target_expr))
+    source_series = {normalize_labels(x.labels, **norm): x.points for x in src.series}
+    target_series = {normalize_labels(x.labels, **norm): x.points for x in tgt.series}
+    behind = (float(len(source_series)), float(len(target_series)))
+    if not source_series and not target_series:
+        what = "the alert is quiet on both sides" if rule.kind is RuleKind.ALERT else "no data on either side"
+        return Measurement(name, Verdict.INCONCLUSIVE, f"{what}: nothing to compare", (expr, target_expr))
+    return rewrite_comparison(name, expr, target_expr, source_series, target_series, behind=behind, step=step,
+                              abs_tol=abs_tol, rel_tol=rel_tol, phase=newest)
+
+
+def rewritten_for_target(selection: Selection, aggregates: Sequence[Any]) -> Selection:
+    """The selection as the target evaluates it: each rule that reads the raw series of an aggregated metric reads
+    its recorded series instead (``core.aggregation.rewrite_group_read``; its body's ``expr`` replaced, its key
+    kept). DeployError naming the rule when one cannot be: it needs the raw series, which stay on the source."""
+    if not aggregates:
+        return selection
+    rules = []
+    for rule in selection.rules:
+        try:
+            expr = rewrite_group_read(rule.expr, aggregates)
+        except PromQLError as exc:
+            raise DeployError(f"{rule.label} reads the raw series of a metric the group ships aggregated and cannot "
+                              f"move to the target: {str(exc).splitlines()[0][:200]}") from None
+        rules.append(rule if expr == rule.expr else dataclasses.replace(rule, expr=expr,
+                                                                       body={**rule.body, "expr": expr}))
+    return dataclasses.replace(selection, rules=tuple(rules))
+
+
 # --------------------------------------------------------------------------- parity
 
 
 def rules_parity(source: PrometheusClient, target: PrometheusClient, selection: Selection, *, start: float,
                  end: float, step: float, abs_tol: float, rel_tol: float, ignore_labels: Sequence[str] = (),
-                 rename_labels: Sequence[tuple[str, str]] = (), noise_k: float = 0.0) -> list[Measurement]:
+                 rename_labels: Sequence[tuple[str, str]] = (), noise_k: float = 0.0,
+                 aggregates: Sequence[Any] = (), recording_step: float = 0.0) -> list[Measurement]:
     """Each moved rule's expression evaluated on both backends over [start, end], then the layer's line.
 
     ``noise_k``: the jitter allowance of two independent scrapers (``core.parity.INDEPENDENT_NOISE_K`` on the
@@ -751,6 +809,10 @@ def rules_parity(source: PrometheusClient, target: PrometheusClient, selection: 
     Run before the move (during dual-write): reads of moved recording rules are inlined
     (``core.rules.inline_recording_rules``), since the target records nothing yet. Each rule is
     evaluated from ``start`` + its look-back, so every sample it reads lies in the window.
+
+    ``aggregates`` (the group's aggregations): a rule that reads one of their raw metrics is asked as written of
+    the source and rewritten over the recorded series of the target (as it moves), on the recording's evaluation
+    grid (``recording_step``, the group's scrape interval), compared by ``core.parity.rewrite_comparison``.
     """
     records = {r.name: r for r in selection.records}
     rename = dict(rename_labels)
@@ -761,10 +823,16 @@ def rules_parity(source: PrometheusClient, target: PrometheusClient, selection: 
         try:
             expr = inline_recording_rules(rule.expr, records)
             back = lookback_s(expr) or 0.0
-            target_expr = rename_labels_in(expr, to_target)
+            rewritten = rewrite_group_read(expr, aggregates) if aggregates else expr
+            target_expr = rename_labels_in(rewritten, to_target)
         except PromQLError as exc:
             out.append(Measurement(name, Verdict.INCONCLUSIVE, f"not comparable before the move: {exc}",
                                    (rule.expr,)))
+            continue
+        if rewritten != expr:
+            out.append(_rewritten_rule_parity(source, target, rule, expr, target_expr, aggregates, start=start + back,
+                                              end=end, step=recording_step or step, abs_tol=abs_tol,
+                                              rel_tol=rel_tol, norm={"ignore": ignore_labels, "rename": rename}))
             continue
         first = step * -(-(start + back) // step)
         if first > end:

@@ -36,6 +36,7 @@ metric's series; the plan prices before and after.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,9 +52,14 @@ __all__ = [
     "ReadShape",
     "RecordingRule",
     "decide",
+    "AGGREGATE_RULE_PREFIX",
+    "aggregation_of",
+    "aggregation_rules_document",
     "level_series",
     "read_shapes",
+    "recording_rules",
     "rewrite_expression",
+    "rewrite_group_read",
     "rewrite_read",
     "rule_name",
 ]
@@ -215,6 +221,7 @@ class Aggregation:
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "recommended": self.recommended, "family": self.family,
                 "level": list(self.level), "function": self.function, "window_s": self.window_s,
+                "operations": [r.expr.split(" ", 1)[0] for r in self.rules],
                 "rules": [r.to_dict() for r in self.rules], "blocked_by": [b.to_dict() for b in self.blockers],
                 "rewrites": [{"reader": r, "original": o, "rewritten": w} for r, o, w in self.rewrites],
                 "reads": [{"reader": r, "read": o, "rewritten": w} for r, o, w in self.reads]}
@@ -345,6 +352,69 @@ def rewrite_expression(expr: str, agg: Aggregation, labels: Iterable[str]) -> st
     left = [s for s in read_shapes(out) if s.metric == agg.metric]
     if left:
         raise PromQLError(f"cannot rewrite every read of {agg.metric} in {expr[:120]!r}")
+    return out
+
+
+def recording_rules(metric: str, level: Sequence[str], operations: Sequence[str],
+                    rate_s: float = 0.0) -> tuple[tuple[str, str], ...]:
+    """(record, expr) for each recorded operation of ``metric`` at ``level`` (rate over ``rate_s`` when > 0):
+    the rules :func:`decide` recommends, from a catalog's ``aggregations`` entry."""
+    function = "rate" if rate_s > 0 else ""
+    return tuple((rule_name(level, metric, _operation(op, function, rate_s)),
+                  f"{op} {_by(level)}({_inner(metric, function, rate_s)})") for op in operations)
+
+
+# The rule group (and rule file stem) promshift owns on the source for a group's aggregations.
+AGGREGATE_RULE_PREFIX = "promshift-aggregate-"
+
+
+def aggregation_rules_document(group_name: str, aggregates: Sequence[Any], interval_s: float) -> str:
+    """The source's rule file for a group's ``aggregations`` (``core.catalog.Aggregate``): one rule group
+    ``promshift-aggregate-<group>`` evaluated every ``interval_s`` (the group's scrape interval, so each recorded
+    sample is one scrape's aggregate), every rule of every aggregate in catalog order. Strings are JSON-quoted
+    (valid YAML 1.1 and 1.2 double-quoted scalars)."""
+    lines = ["# Written by promshift: the recording rules of the group's aggregations (catalog `aggregations`).",
+             "# Removed by a rollback; do not edit.", "groups:",
+             f"  - name: {json.dumps(AGGREGATE_RULE_PREFIX + group_name)}",
+             f"    interval: {format_duration(interval_s)}", "    rules:"]
+    for aggregate in aggregates:
+        for record, expr in recording_rules(aggregate.metric, aggregate.level, aggregate.operations,
+                                            aggregate.rate_s):
+            lines += [f"      - record: {json.dumps(record)}", f"        expr: {json.dumps(expr)}"]
+    return "\n".join(lines) + "\n"
+
+
+def aggregation_of(aggregate: Any) -> Aggregation:
+    """The :class:`Aggregation` of a catalog ``aggregations`` entry (``core.catalog.Aggregate``)."""
+    function = "rate" if aggregate.rate_s > 0 else ""
+    rules = tuple(RecordingRule(r, e) for r, e in recording_rules(aggregate.metric, aggregate.level,
+                                                                   aggregate.operations, aggregate.rate_s))
+    return Aggregation(aggregate.metric, family=aggregate.family, level=aggregate.level, function=function,
+                       window_s=aggregate.rate_s, rules=rules)
+
+
+def rewrite_group_read(expr: str, aggregates: Sequence[Any]) -> str:
+    """``expr`` with every read of an aggregated metric (``core.catalog.Aggregate``s) pointed at its recorded
+    series, every other byte as written; ``expr`` itself when it reads none. PromQLError naming why when a read
+    needs the raw series, or reads with ``without`` (the catalog does not carry the metric's labels), or uses
+    an operation the recording does not hold (an ``avg`` read needs ``sum`` and ``count`` recorded)."""
+    shapes = read_shapes(expr)
+    out = expr
+    for aggregate in aggregates:
+        mine = [s for s in shapes if s.metric == aggregate.metric]
+        if not mine:
+            continue
+        for s in mine:
+            if s.blocked:
+                raise PromQLError(f"needs the raw series of {aggregate.metric}: {s.blocked}")
+            if s.without is not None:
+                raise PromQLError(f"reads {aggregate.metric} with without(): rewrite it with by() to read the "
+                                  "recorded series")
+            need = set(_ops_needed([s.op]))
+            if not need <= set(aggregate.operations):
+                raise PromQLError(f"reads {aggregate.metric} with {s.op}(), which needs "
+                                  f"{', '.join(sorted(need - set(aggregate.operations)))} recorded")
+        out = rewrite_expression(out, aggregation_of(aggregate), aggregate.level)
     return out
 
 

@@ -25,6 +25,7 @@ from promshift.core.parity_golden import (
     GoldenSide,
     golden_comparison,
     golden_failure,
+    rewrite_comparison,
 )
 from promshift.core.parity_labels import (
     KIND_DEFAULT,
@@ -108,6 +109,7 @@ __all__ = [
     "engine_tolerance",
     "format_labels",
     "golden_comparison",
+    "rewrite_comparison",
     "golden_failure",
     "hosts_per_label",
     "independent_aggregate_measurement",

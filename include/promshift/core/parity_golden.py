@@ -10,6 +10,7 @@ from typing import Any
 from promshift.core.errors import ErrorKind
 from promshift.core.evidence import json_number
 from promshift.core.parity_labels import LabelSet, Points, format_labels
+from promshift.core.parity_noise import values_equal
 from promshift.core.parity_samples import SampleComparison
 from promshift.core.verdicts import Measurement, Verdict
 
@@ -125,6 +126,109 @@ def golden_comparison(name: str, expr: str, source: Mapping[LabelSet, Points], t
     if m.verdict == Verdict.SUCCESSFUL:
         reason += f"; {behind[0]:.0f} source and {behind[1]:.0f} target series behind it"
     return Measurement(name, m.verdict, reason, queries, numbers_out)
+
+
+# At most this share of the source's points may lack a point on the target (the rule's first evaluation after the
+# window opened, its last before it closed) before the comparison says it cannot tell.
+REWRITE_MISSING_SHARE = 0.1
+# A scrape that lands while the rule evaluates is read by one side and not the other: that point's value lies
+# between the original's then and one evaluation earlier. Up to REWRITE_BETWEEN_NOISE of the points is that timing
+# (SUCCESSFUL). A recording that is wrong is wrong nearly everywhere: more than REWRITE_DIFFER_FAILED of the points
+# differing (in between or outside) FAILS; fewer differences than that, but more than timing explains (or any
+# point outside), are noise the comparison cannot call: INCONCLUSIVE.
+REWRITE_BETWEEN_NOISE = 0.1
+REWRITE_DIFFER_FAILED = 0.5
+
+
+def rewrite_comparison(name: str, expr: str, rewritten: str, source: Mapping[LabelSet, Points],
+                       target: Mapping[LabelSet, Points], *, behind: tuple[float, float], step: float,
+                       abs_tol: float, rel_tol: float, phase: float | None = None) -> Measurement:
+    """An original read on the source against its rewrite over the recorded series on the target (issue 40).
+
+    Both are asked on the grid of the recording rule's own evaluations (every ``step``, the group's scrape interval,
+    at the rule group's phase), so at each instant the recorded series holds the rule's evaluation of that instant:
+    the original's value then. A scrape that was appended just after the rule evaluated is seen by the original
+    and not by the rule: the target's value is then the original's one evaluation earlier (a gauge), or lies
+    between the two (a rate, extrapolated to its window's edges). A wrong recording differs at most points: FAILED,
+    naming the series, instant and values; fewer differences than that but more than timing explains: INCONCLUSIVE
+    (``REWRITE_*``). A series one side lacks: FAILED. Nothing behind the read, or too few common points:
+    INCONCLUSIVE.
+
+    ``phase`` (an instant of the recording's evaluations, e.g. its newest sample's timestamp): a target that answers
+    on its own grid (a backend that aligns range queries to the step) is read at each point as the evaluation it
+    holds, the latest at or before it, and compared with the source there.
+    """
+    queries = (expr, rewritten)
+
+    def evaluation(t: float) -> float:
+        if phase is None:
+            return round(t, 3)
+        back = (t - phase) % step
+        return round(t - (0.0 if step - back < 1e-3 else back), 3)
+
+    numbers: dict[str, Any] = {"rewritten": rewritten, "behind_source": behind[0], "behind_target": behind[1]}
+    if not behind[0]:
+        return Measurement(name, Verdict.INCONCLUSIVE, "no data behind this read: its recorded series select nothing "
+                           "on the source in its window (are the recording rules deployed?)", queries, numbers)
+    if not source and not target:
+        return Measurement(name, Verdict.INCONCLUSIVE, "matches nothing on either side", queries, numbers)
+    missing = [k for k in source if k not in target]
+    extra = [k for k in target if k not in source]
+    if missing or extra:
+        shown = format_labels((missing or extra)[0])
+        return Measurement(name, Verdict.FAILED, f"the rewritten read on the target {'lacks' if missing else 'adds'} "
+                           f"{len(missing or extra)} series of the original read on the source (e.g. {shown})",
+                           queries, {**numbers, "missing_series": len(missing), "extra_series": len(extra)})
+    compared = lagged = lacking = total = between = outside = 0
+    offenders: list[dict[str, Any]] = []
+    for labels, points in source.items():
+        by_t = {round(t, 3): v for t, v in points}
+        total += len(points)
+        there = {evaluation(t) for t, _ in target[labels]}
+        lacking += sum(1 for t, _ in points if round(t, 3) not in there)
+        for t, v in target[labels]:
+            at = evaluation(t)
+            now, before = by_t.get(at), by_t.get(round(at - step, 3))
+            if now is None and before is None:
+                continue
+            compared += 1
+            if now is not None and values_equal(v, now, abs_tol=abs_tol, rel_tol=rel_tol):
+                continue
+            if before is not None and values_equal(v, before, abs_tol=abs_tol, rel_tol=rel_tol):
+                lagged += 1
+                continue
+            if now is not None and before is not None and (
+                    min(now, before) - abs_tol <= v <= max(now, before) + abs_tol):
+                between += 1  # a scrape that landed as the rule evaluated: read by one side and not the other
+                continue
+            outside += 1
+            if len(offenders) < 5:
+                offenders.append({"series": format_labels(labels), "at": json_number(t), "target": json_number(v),
+                                  "source": None if now is None else json_number(now),
+                                  "source_one_step_earlier": None if before is None else json_number(before)})
+    numbers.update(points_compared=compared, points_one_evaluation_behind=lagged, points_between=between,
+                   points_outside=outside, source_points=total, target_lacks_points=lacking, offenders=offenders)
+    differ = between + outside
+    if differ > REWRITE_DIFFER_FAILED * compared:
+        first = ""
+        if offenders:
+            o = offenders[0]
+            first = (f": {o['series']} at {o['at']}: target {o['target']}, source {o['source']} (one evaluation "
+                     f"earlier {o['source_one_step_earlier']})")
+        return Measurement(name, Verdict.FAILED, f"the rewritten read on the target differs from the original read "
+                           f"on the source at {differ} of {compared} points{first}: the recording is wrong", queries,
+                           numbers)
+    if outside or between > REWRITE_BETWEEN_NOISE * compared:
+        return Measurement(name, Verdict.INCONCLUSIVE, f"the rewritten read differs from the original at {differ} of "
+                           f"{compared} points ({outside} outside the original's value then and one evaluation "
+                           "earlier): more than scrape timing explains, too few to call the recording wrong", queries,
+                           numbers)
+    if not compared or lacking > REWRITE_MISSING_SHARE * total:
+        return Measurement(name, Verdict.INCONCLUSIVE, f"the rewritten read answers at {compared} of the original's "
+                           f"{total} points: too few to tell", queries, numbers)
+    return Measurement(name, Verdict.SUCCESSFUL, f"the rewritten read on the target matches the original read on "
+                       f"the source at {compared} points of {len(source)} series ({lagged} one rule evaluation "
+                       f"behind); {behind[0]:.0f} source and {behind[1]:.0f} target series behind it", queries, numbers)
 
 
 def _without_name(series: Mapping[LabelSet, Points]) -> dict[LabelSet, Points]:

@@ -10,7 +10,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from promshift.core.aggregation import rewrite_group_read
+from promshift.core.catalog import Aggregate
 from promshift.core.durations import format_duration
+from promshift.core.promql import PromQLError
 
 
 def _usd(x: float) -> str:
@@ -147,6 +150,20 @@ def _aggregations(plan: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _golden_over(queries: Sequence[str], aggregates: Sequence[Aggregate]) -> list[str]:
+    """The golden queries as the target answers them: each read of an aggregated metric over its recorded
+    series (a query that cannot be is left out; none left: a count of the first recorded series)."""
+    if not aggregates:
+        return list(queries)
+    out = []
+    for expr in queries:
+        try:
+            out.append(rewrite_group_read(expr, aggregates))
+        except PromQLError:
+            continue
+    return list(dict.fromkeys(out)) or [f"count({aggregates[0].recorded[0]})"]
+
+
 def catalog_draft(plan: Mapping[str, Any], *, host_label: str, scrape_interval_s: float) -> str:
     """A catalog with one group per recommended group, in wave order, for a human to finish.
 
@@ -183,13 +200,20 @@ def catalog_draft(plan: Mapping[str, Any], *, host_label: str, scrape_interval_s
             lines.append(f"    # left behind, nobody read them: {', '.join(g['left_behind'][:20])}"
                          + (" ..." if len(g["left_behind"]) > 20 else ""))
         recorded = [a for a in plan.get("aggregations", ()) if a["recommended"] and a["group"] == g["name"]]
+        aggregates = [Aggregate(a["metric"], tuple(a["level"]), tuple(a["operations"]), float(a["window_s"]))
+                      for a in recorded]
         if recorded:
-            lines.append("    # aggregate before shipping (plan.md has the rules and each read's rewrite):")
-            lines += [f"    #   {a['metric']} -> {', '.join(r['record'] for r in a['rules'])}" for a in recorded]
+            lines.append("    # aggregate before shipping: recording rules on the source, the recorded series shipped "
+                         "(plan.md has each read's rewrite):")
+            lines.append("    aggregations:")
+            for a, agg in zip(recorded, aggregates, strict=True):
+                rate = f", rate: {format_duration(agg.rate_s)}" if agg.rate_s else ""
+                lines.append(f"      - {{metric: {q(a['metric'])}, by: [{', '.join(q(x) for x in agg.by)}], "
+                             f"operations: [{', '.join(agg.operations)}]{rate}}}  # -> {', '.join(agg.recorded)}")
         lines.append("    metrics:")
         lines += [f"      - {q(m)}" for m in g["metrics"]]
         lines += ["    latency:", "      queries:"]
-        lines += [f"        - {q(e)}" for e in g["golden_queries"]]
+        lines += [f"        - {q(e)}" for e in _golden_over(g["golden_queries"], aggregates)]
         lines.append("")
         previous = g["name"]
     if not plan["groups"]:

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Protocol
 
+from promshift.core.aggregation import rewrite_group_read
 from promshift.core.catalog import MetricGroup
 from promshift.core.horizon import Horizon, panel_reach, split_by_horizon
 from promshift.core.promql import PromQLError, analyse, grafana_builtins, metric_names, substitute
@@ -328,7 +329,7 @@ def target_reads(expr: str, group: MetricGroup, variables: Mapping[str, str] | N
     try:
         selectors = analyse(text).selectors
     except PromQLError as exc:
-        named = tuple(dict.fromkeys(n for n in metric_names(text) if group.claims(n)))
+        named = tuple(dict.fromkeys(n for n in metric_names(text) if group.reads(n)))
         if named:
             return TargetRead(ref_id, UNPARSED, named, str(exc).splitlines()[0][:200])
         return TargetRead(ref_id, "other", (), "does not parse and names none of the group's metrics")
@@ -339,7 +340,7 @@ def target_reads(expr: str, group: MetricGroup, variables: Mapping[str, str] | N
     others: list[str] = []
     for sel in selectors:
         if sel.name is not None:
-            (mine if group.claims(sel.name) else others).append(sel.name)
+            (mine if group.reads(sel.name) else others).append(sel.name)
         elif any(label == "__name__" and op == "=~" and value == own for label, op, value in sel.matchers):
             mine.append(sel.promql())
         else:
@@ -518,7 +519,7 @@ def _variables_reading(root: Node, group: MetricGroup, values: Mapping[str, str]
         inner = re.sub(r"^\s*(?:label_values|query_result|metrics)\((.*)\)\s*$", r"\1", text, flags=re.S)
         inner = re.sub(r",\s*\w+\s*$", "", inner)
         names = metric_names(substitute(inner, values, builtins=grafana_builtins(60.0, 3600.0)).expr)
-        if any(group.claims(n) for n in names):
+        if any(group.reads(n) for n in names):
             name = var.get("name")
             out.append(str(name.value) if name is not None else "?")
     return tuple(out)
@@ -596,6 +597,12 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
                             for r in reads if r.state not in ("group", "none"))
             plans.append(PanelPlan(**common, state=state, reason=why))
             continue
+        try:
+            rewrites = _aggregation_rewrites(group, path, target_kinds, reads)
+        except PromQLError as exc:
+            plans.append(PanelPlan(**common, state=MIXED, reason=f"reads the raw series of a metric the group ships "
+                                   f"aggregated (they stay on the source): {exc}"))
+            continue
         edits: list[Edit] = []
         inherits = any(kind == _INHERIT for _, _, kind, _ in target_kinds)
         if panel_kind == _SOURCE and (inherits or panel_ds_node is not None):
@@ -611,6 +618,7 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
             if kind == _SOURCE and node is not None:
                 edits.append(Edit((*path, "targets", i, "datasource"), node.py(), new_value, node.start, node.end,
                                   new_text))
+        edits += rewrites
         if edits and horizon is not None:
             time_node = root.get("time")
             reach = panel_reach(panel.py(), [r_expr for r_expr in _group_exprs(targets, reads)],
@@ -640,6 +648,31 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
                          variables_reading_group=_variables_reading(root, group, values),
                          library_panels=tuple(library), source_references=source_references,
                          datasources_named=tuple(named))
+
+
+def _aggregation_rewrites(group: MetricGroup, path: tuple[str | int, ...],
+                          target_kinds: Sequence[tuple[int, Node, str, Node | None]],
+                          reads: Sequence[TargetRead]) -> list[Edit]:
+    """Each target expression that reads a metric the group ships aggregated, pointed at its recorded series (the
+    expression's own text, every other byte kept: ``core.aggregation.rewrite_group_read``); PromQLError naming
+    the target when one cannot be (it needs the raw series, or a Grafana variable stands where the parser cannot
+    read it)."""
+    if not group.aggregations:
+        return []
+    edits = []
+    for (i, t, _, _), read in zip(target_kinds, reads, strict=True):
+        if not any(group.aggregate_of(m) for m in read.metrics):
+            continue
+        node = t.get("expr")
+        assert node is not None and isinstance(node.value, str)
+        try:
+            new = rewrite_group_read(node.value, group.aggregations)
+        except PromQLError as exc:
+            raise PromQLError(f"{read.ref_id}: {str(exc).splitlines()[0][:200]}") from None
+        if new != node.value:
+            edits.append(Edit((*path, "targets", i, "expr"), node.value, new, node.start, node.end,
+                              json.dumps(new, ensure_ascii=False)))
+    return edits
 
 
 def _group_exprs(targets: Node, reads: Sequence[TargetRead]) -> list[str]:

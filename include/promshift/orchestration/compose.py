@@ -22,7 +22,21 @@ def file_deployer(group: Any, backends: Any) -> Any:
     return FileDeployment(source_file(backends), group_entry(group, backends.target_remote_write_url,
                                                              backends.target_sigv4),
                           record=group_entry_record(group, backends.target_remote_write_url, backends.target_sigv4),
-                          keep_others=True)
+                          keep_others=True, rules=aggregation_rule_file(group, backends.source_config_path))
+
+
+def aggregation_rule_file(group: Any, config_path: Any) -> Any:
+    """The group's aggregations' recording rules as its own rule file beside the source's config (None without
+    ``aggregations``): deployed and rolled back with its ``remote_write`` entry."""
+    from promshift.adapters.file_deployment import SourceRuleFile
+    from promshift.core.aggregation import AGGREGATE_RULE_PREFIX, aggregation_rules_document
+
+    aggregates = tuple(getattr(group, "aggregations", ()) or ())
+    if not aggregates:
+        return None
+    return SourceRuleFile.beside(config_path, group=AGGREGATE_RULE_PREFIX + group.name,
+                                 document=aggregation_rules_document(group.name, aggregates, group.scrape_interval_s),
+                                 records=tuple(r for a in aggregates for r in a.recorded))
 
 
 def source_file(backends: Any) -> Any:

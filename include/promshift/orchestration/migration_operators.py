@@ -321,7 +321,8 @@ class ParityOperator(_ParityStep):
                                 rules_plan.selection, start=float(window["start"]), end=float(window["end"]),
                                 step=float(window["step"]), abs_tol=policy.abs_tolerance,
                                 rel_tol=policy.rel_tolerance, ignore_labels=policy.ignore_labels,
-                                rename_labels=policy.rename_labels, noise_k=noise_allowance(policy.mode))
+                                rename_labels=policy.rename_labels, noise_k=noise_allowance(policy.mode),
+                                aggregates=self.group.aggregations, recording_step=self.group.scrape_interval_s)
         except Exception as exc:  # noqa: BLE001 - a layer that could not be measured is ERROR, never a pass
             return [Measurement("rules", Verdict.ERROR, f"rules not compared: {type(exc).__name__}: {one_line(exc)}")]
 

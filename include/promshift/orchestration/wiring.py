@@ -379,6 +379,10 @@ class GroupWiring:
         from promshift.core.deploy import DeployError
 
         try:
+            if self.group.aggregations and (self.deploy.own_writer or self.deploy.change_request
+                                            or self.deploy.config_by_api):
+                raise ValueError(f"group {self.group.name!r} ships aggregations, whose recording rules only the "
+                                 f"source's config file path deploys (remote_write), not {self.deploy.kind}")
             if self.deploy.own_writer:  # the managed collector: the target's own writer is the deployed thing
                 interval_s = self.deploy.writer_interval_s or self.group.scrape_interval_s
                 return self.target_hook.scraper_deployer(self.group.name, self.group.name_regex(),

@@ -90,7 +90,7 @@ def quota_preflight(m: Any, check: QuotaCheck, *, now: datetime) -> dict[str, An
     """The quota pre-flight of every deploy path: the group's series on the source against ``check``;
     ``quota_reserved`` when it fits (its series now count on the workspace for the other groups' pre-flights).
     ``QuotaExceeded`` (nothing deployed) when it does not: the caller records ``quota_refused``."""
-    series = int(m.backends.source.scalar(f"count({m.group.selector()})") or 0)
+    series = int(m.backends.source.scalar(m.group.shipped_series_query()) or 0)
     evidence = check(series, now)
     m.record(EventKind.QUOTA_RESERVED, now, {
         **{key: evidence[key] for key in ("workspace_id", "group_series", "workspace_series",

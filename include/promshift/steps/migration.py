@@ -333,7 +333,8 @@ class GroupMigration:
             problems.append(f"source config {self.backends.source_config_path} does not exist")
         if problems:
             raise RuntimeError(redact_text("; ".join(problems)))
-        series = self.backends.source.scalar(f"count({self.group.selector()})") or 0
+        # What the keep filter will ship (with aggregations: their level's series, recorded only once deployed).
+        series = self.backends.source.scalar(self.group.shipped_series_query()) or 0
         evidence = {"stage": stage.value, "selector": self.group.selector(), "source_series": int(series),
                     "source": self.backends.source.base_url, "target": self.backends.target.base_url,
                     # The group's (source, target) connections: with the group, the key of its route and quota.

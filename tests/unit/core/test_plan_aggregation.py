@@ -11,6 +11,7 @@ import yaml
 
 from promshift.adapters.usage import ReadNotes, query_log_paths, read_query_log
 from promshift.core.aggregation import decide, read_shapes
+from promshift.core.catalog import check_catalog
 from promshift.core.cost import AmpPrices, CostConfigError, ingest_usd, monthly_bill
 from promshift.core.plan import Reader, UsageCollector, label_reads, metric_stats, recommend
 from promshift.core.plan_aggregation import aggregate_plan, shape_index
@@ -159,7 +160,18 @@ def test_every_fleet_read_aggregates_per_node_so_the_target_gets_8x_fewer_series
     assert "| rule: gpu / NodeHot | `max by (Hostname) (DCGM_FI_DEV_GPU_TEMP) > 85` | " \
            "`max by (Hostname) (Hostname:DCGM_FI_DEV_GPU_TEMP:max) > 85` |" in md
     draft = catalog_draft(plan, host_label="Hostname", scrape_interval_s=15)
-    assert "DCGM_FI_DEV_GPU_TEMP -> Hostname:DCGM_FI_DEV_GPU_TEMP:max" in draft
+    assert "# -> Hostname:DCGM_FI_DEV_GPU_TEMP:max" in draft
+    # The draft carries each aggregation as a catalog field, and passes the catalog's own check.
+    check = check_catalog(draft)
+    assert check.ok, check.problems
+    shipped = {a.metric: a for g in check.catalog.groups for a in g.aggregations}
+    assert shipped["DCGM_FI_DEV_GPU_UTIL"].operations == ("sum", "count")
+    assert shipped["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].rate_s == 300
+    assert shipped["DCGM_FI_DEV_GPU_TEMP"].recorded == ("Hostname:DCGM_FI_DEV_GPU_TEMP:max",)
+    owner = next(g for g in check.catalog.groups if g.aggregate_of("DCGM_FI_DEV_GPU_TEMP"))
+    # The keep filter ships the recorded series, not the raw metric; the golden queries read what is shipped.
+    assert owner.claims("Hostname:DCGM_FI_DEV_GPU_TEMP:max") and not owner.claims("DCGM_FI_DEV_GPU_TEMP")
+    assert owner.reads("DCGM_FI_DEV_GPU_TEMP")
 
 
 def test_one_dashboard_reading_the_metric_per_gpu_blocks_it_and_the_plan_names_that_read() -> None:
@@ -244,3 +256,21 @@ def test_a_whole_read_is_rewritten_byte_for_byte_around_its_aggregations() -> No
     for unserved in ("max(T) without ()", "min(T)", 'max(T{gpu="1"})', "T > 85"):
         with pytest.raises(PromQLError):
             rewrite_expression(unserved, a, LABELS)
+
+
+def test_a_group_counts_what_it_will_ship_before_its_recording_rules_exist() -> None:
+    from promshift.core.catalog import Aggregate, MetricGroup
+
+    plain = MetricGroup(name="g", metrics=("A", "B"))
+    assert plain.shipped_series_query() == f"count({plain.selector()})"
+    group = MetricGroup(name="g", metrics=("A", "B", "C"), metric_regex="D_.*",
+                        aggregations=(Aggregate("A", ("job", "Hostname"), ("sum", "count")),
+                                      Aggregate("C", (), ("max",))))
+    assert group.shipped_series_query() == (
+        '(count({__name__=~"B|D_.*"}) or vector(0)) + (count(count by (Hostname, job) (A)) * 2 or vector(0)) + '
+        "(count(count (C)) * 1 or vector(0))")
+    from promshift.core.promql import parse
+
+    parse(group.shipped_series_query())  # Prometheus' parser takes it
+    assert group.name_regex() == r"B|Hostname_job\:A\:sum|Hostname_job\:A\:count|\:C\:max|D_.*"
+    assert group.claims(":C:max") and not group.claims("A") and group.reads("A") and group.reads("D_x")

@@ -12,7 +12,7 @@ import pytest
 
 from promshift.adapters.blobs import LocalBlobs
 from promshift.adapters.dashboard_files import DashboardFilesSwitch, sha256_bytes
-from promshift.core.catalog import MetricGroup
+from promshift.core.catalog import Aggregate, MetricGroup
 from promshift.core.read_path import (
     ALREADY,
     MIXED,
@@ -368,3 +368,64 @@ def test_a_tampered_snapshot_is_refused(folder: Path, tmp_path: Path) -> None:
     blob.write_bytes(blob.read_bytes().replace(b"GPU Utilization", b"GPU Busy"))
     with pytest.raises(ReadPathError, match="does not match its recorded sha256"):
         sw.restore(snap)
+
+
+# --------------------------------------------------------------------------- aggregations (issue 40)
+
+AGG = MetricGroup(name="gpu-power-thermal",
+                  metrics=("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"),
+                  aggregations=(Aggregate("DCGM_FI_DEV_GPU_TEMP", ("Hostname",), ("max",)),
+                                Aggregate("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", ("Hostname",), ("sum",),
+                                          rate_s=300.0)))
+AGG_DASHBOARD = (
+    '{\r\n  "title": "Fleet",\r\n  "panels": [\r\n'
+    '    {"id": 1, "title": "Hottest GPU per node", "datasource": "prom-src",\r\n'
+    '     "targets": [{"refId": "A", "expr": "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP{Hostname=~\\"$node\\"})  > 0"}]},'
+    '\r\n    {"id": 2, "title": "Energy", "datasource": "prom-src",\r\n'
+    '     "targets": [{"refId": "A", "expr": "sum(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])) * 3600"}]},\r\n'
+    '    {"id": 3, "title": "Power", "datasource": "prom-src",\r\n'
+    '     "targets": [{"refId": "A", "expr": "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)"}]},\r\n'
+    '    {"id": 4, "title": "Per GPU", "datasource": "prom-src",\r\n'
+    '     "targets": [{"refId": "A", "expr": "DCGM_FI_DEV_GPU_TEMP{gpu=\\"0\\"}"}]}\r\n  ]\r\n}\r\n')
+
+
+def test_at_cut_over_each_read_of_an_aggregated_metric_is_rewritten_to_its_recorded_series() -> None:
+    p = plan(AGG_DASHBOARD, AGG)
+    by = {panel.title: panel for panel in p.panels}
+    assert by["Hottest GPU per node"].state == SWITCH and by["Energy"].state == SWITCH
+    assert by["Power"].state == SWITCH  # shipped raw: only its datasource changes
+    # The per-GPU read needs the raw series, which stay on the source: the panel is left there, and says why.
+    assert by["Per GPU"].state == MIXED and "needs the raw series of DCGM_FI_DEV_GPU_TEMP" in by["Per GPU"].reason
+    text = p.apply(AGG_DASHBOARD)
+    model = json.loads(text)
+    exprs = {panel["title"]: panel["targets"][0]["expr"] for panel in model["panels"]}
+    assert exprs["Hottest GPU per node"] == (
+        'max by (Hostname) (Hostname:DCGM_FI_DEV_GPU_TEMP:max{Hostname=~"$node"})  > 0')
+    assert exprs["Energy"] == "sum (Hostname:DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION:rate5m) * 3600"
+    assert exprs["Power"] == "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)"
+    assert exprs["Per GPU"] == 'DCGM_FI_DEV_GPU_TEMP{gpu="0"}' and model["panels"][3]["datasource"] == "prom-src"
+    # Only the edited values changed: CRLF, spacing and every other byte as they were.
+    expected = AGG_DASHBOARD
+    for panel in (1, 2, 3):
+        expected = expected.replace(f'{{"id": {panel}, "title": "{model["panels"][panel - 1]["title"]}", '
+                                    '"datasource": "prom-src"', f'{{"id": {panel}, "title": '
+                                    f'"{model["panels"][panel - 1]["title"]}", "datasource": {json.dumps(AMP_REF)}')
+    for old_panel, new_panel in zip(json.loads(AGG_DASHBOARD)["panels"], model["panels"], strict=True):
+        expected = expected.replace(json.dumps(old_panel["targets"][0]["expr"]),
+                                    json.dumps(new_panel["targets"][0]["expr"]))
+    assert text == expected
+    # A second planning of the switched text has nothing left to do (a retry is a no-op).
+    again = plan(text, AGG)
+    assert not again.changes and {pp.state for pp in again.panels} == {ALREADY, MIXED}
+
+
+def test_a_rewritten_dashboard_goes_back_byte_for_byte_on_rollback(tmp_path: Path) -> None:
+    d = tmp_path / "dash"
+    d.mkdir()
+    (d / "fleet.json").write_bytes(AGG_DASHBOARD.encode())
+    sw = files_switch(d, tmp_path, AGG)
+    snap = sw.snapshot("run-1")
+    sw.switch(snap)
+    assert "Hostname:DCGM_FI_DEV_GPU_TEMP:max" in (d / "fleet.json").read_text()
+    sw.restore(snap)
+    assert (d / "fleet.json").read_bytes() == AGG_DASHBOARD.encode()

@@ -20,6 +20,7 @@ from promshift.adapters.parity.common import (
 )
 from promshift.adapters.parity.sized import RefusedForSize
 from promshift.adapters.prometheus import PrometheusClient, PrometheusError
+from promshift.core.aggregation import rewrite_group_read
 from promshift.core.catalog import MetricGroup
 from promshift.core.golden import (
     COMPARED,
@@ -43,6 +44,7 @@ from promshift.core.parity import (
     golden_comparison,
     golden_failure,
     normalize_labels,
+    rewrite_comparison,
     undeclared_rename_note,
     without_dropped,
 )
@@ -54,6 +56,7 @@ from promshift.core.promql import (
     functions_used,
     grafana_builtins,
     metric_names,
+    promql_string,
     restrict_nameless,
     substitute,
 )
@@ -94,7 +97,7 @@ def golden_lookbacks(group: MetricGroup, catalog_dir: Path | None,
                     continue
                 except PromQLError:
                     continue
-                if any(group.claims(n) for n in names):
+                if any(group.reads(n) for n in names):
                     found[f"{file.name}/{q.panel}"] = analysis.lookback_s
     return found
 
@@ -163,14 +166,20 @@ class GoldenLayer(ParityLayer):
         hint = ", ".join(f"parity.golden_variables.{v}" for v in sub.unknown)
         try:
             analysis = analyse(sub.expr)
+            aggregated = any(self.group.aggregate_of(n) for n in metric_names(sub.expr))
         except PromQLError as exc:
-            if not any(self.group.claims(n) for n in metric_names(sub.expr)):
+            if not any(self.group.reads(n) for n in metric_names(sub.expr)):
                 return NOT_THIS_GROUP, "names none of this group's metrics", None
             if sub.unknown:
                 return (f"{NEEDS_VARIABLE} {needs}", f"set {hint}",
                         Measurement(name, Verdict.INCONCLUSIVE, f"needs variable {needs} (set {hint})", (sub.expr,)))
             return (UNSUPPORTED, str(exc),
                     Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (sub.expr,)))
+        if aggregated:  # the target holds the recorded series: its selectors are the rewritten read's
+            try:
+                analysis = analyse(rewrite_group_read(sub.expr, self.group.aggregations))
+            except PromQLError as exc:
+                return COMPARED, Verdict.FAILED.value, self._not_rewritable(name, sub.expr, exc)
         try:
             group_selectors, restrict, others = group_selectors_of(self.group, self.source, analysis, start, end,
                                                                    names)
@@ -182,17 +191,38 @@ class GoldenLayer(ParityLayer):
         if sub.unknown:
             return (f"{NEEDS_VARIABLE} {needs}", f"set {hint}",
                     Measurement(name, Verdict.INCONCLUSIVE, f"needs variable {needs} (set {hint})", (sub.expr,)))
-        m = self._golden_one(name, q.expr, group_selectors, start, end, restrict=restrict, others=others)
+        m = self._golden_one(name, q.expr, group_selectors, start, end, restrict=restrict, others=others,
+                             aggregated=aggregated)
         return COMPARED, m.verdict.value, m
+
+    def _not_rewritable(self, name: str, expr: str, exc: PromQLError) -> Measurement:
+        """A read of a metric the group ships aggregated that cannot read the recorded series: the target, which
+        holds only those, cannot answer it as the source does."""
+        metrics = sorted({n for n in metric_names(expr) if self.group.aggregate_of(n)})
+        return Measurement(name, Verdict.FAILED, f"reads {', '.join(metrics)}, which the group ships aggregated "
+                           f"(aggregations), and cannot be rewritten to the recorded series: {exc}", (expr,),
+                           {"aggregated": metrics})
+
+    def _recording_phase(self, expr: str, at: float) -> float | None:
+        """An instant of the recording rules' evaluations: their newest sample's timestamp on the target at ``at``
+        (None when it has none)."""
+        names = sorted({r for n in metric_names(expr) if (a := self.group.aggregate_of(n)) for r in a.recorded})
+        # One recorded metric is enough (one rule group, one phase); timestamp() drops the name, so not several.
+        return self.target.scalar(f"max(timestamp({{__name__={promql_string(names[0])}}}))", at=at)
 
     @property
     def _group_matcher(self) -> tuple[str, str, str]:
         return group_matcher(self.group)
 
     def _golden_one(self, name: str, raw: str, group_selectors: Sequence[Selector], start: float, end: float, *,
-                    restrict: frozenset[Selector] = frozenset(), others: Sequence[Selector] = ()) -> Measurement:
-        """One golden query over its own window: what both backends did, the data behind it, the answers."""
-        step = self.policy.step_s
+                    restrict: frozenset[Selector] = frozenset(), others: Sequence[Selector] = (),
+                    aggregated: bool = False) -> Measurement:
+        """One golden query over its own window: what both backends did, the data behind it, the answers.
+
+        ``aggregated``: the query reads a metric the group ships aggregated; the source answers it as written, the
+        target its rewrite over the recorded series, on a grid of the recording's interval (the group's scrape
+        interval), compared by ``rewrite_comparison``."""
+        step = self.group.scrape_interval_s if aggregated else self.policy.step_s
         values = dict(self.policy.golden_variables)
         try:
             fit = fit_window(raw, values, earliest=start, latest=end, step=step)
@@ -210,15 +240,31 @@ class GoldenLayer(ParityLayer):
         # name, normalised to one (the dashboard's), and the same query is asked of both.
         renames = tuple(self.policy.rename_labels)
         try:
-            expr = (restrict_nameless(fit.expr, group_matcher(self.group), restrict.__contains__) if restrict
-                    else fit.expr)
-            asked = read_either_name(expr, renames) if renames else expr
+            rewritten = rewrite_group_read(fit.expr, self.group.aggregations) if aggregated else fit.expr
+        except PromQLError as exc:
+            return self._not_rewritable(name, fit.expr, exc)
+        try:
+            asked, asked_target = (
+                read_either_name(e, renames) if renames else e
+                for e in ((restrict_nameless(e, group_matcher(self.group), restrict.__contains__) if restrict else e)
+                          for e in (fit.expr, rewritten)))
         except PromQLError as exc:
             return Measurement(name, Verdict.INCONCLUSIVE, f"unsupported: {exc}", (fit.expr,))
         queries = asked
         sized = self.ctx.sizer()
         edges = self.ctx.edges(fit.start, fit.end)  # independent_scraper: read past the window to see its gaps
         low, high = edges["grid"][:2] if edges else (fit.start, fit.end)
+        phase = None
+        if aggregated:  # on the recording's own evaluation instants: there each side holds the same evaluation
+            try:
+                phase = self._recording_phase(fit.expr, high)
+            except PrometheusError as exc:
+                return Measurement(name, Verdict.ERROR, f"reading the recorded series' evaluation instants: {exc}",
+                                   (asked, asked_target))
+            low = high + step if phase is None else low + (phase - low) % step
+            if low > high:
+                return Measurement(name, Verdict.INCONCLUSIVE, "the target holds no evaluation of the recorded "
+                                   "series this read needs in its window", (asked, asked_target))
 
         def answer(client: PrometheusClient, asked: str) -> GoldenSide:
             try:
@@ -235,7 +281,7 @@ class GoldenLayer(ParityLayer):
             return GoldenSide(series=series, warnings=warnings)
 
         try:
-            source, target = each_side(lambda: answer(self.source, asked), lambda: answer(self.target, asked))
+            source, target = each_side(lambda: answer(self.source, asked), lambda: answer(self.target, asked_target))
         except RefusedForSize as exc:
             return refused_for_size(name, exc, (queries,))
         failed = golden_failure(name, queries, source, target)
@@ -257,6 +303,11 @@ class GoldenLayer(ParityLayer):
         # A pair declared as different engines: the query's function family may round differently (said so).
         rel_tol, widened = engine_tolerance(functions_used(fit.expr), engines=self.policy.engines,
                                             rel_tol=max(self.policy.rel_tolerance, 1e-9))
+        if aggregated:  # the original read on the source against its rewrite on the target
+            m = rewrite_comparison(name, asked, asked_target, source.series or {}, target.series or {},
+                                   behind=behind, step=step, abs_tol=self.policy.abs_tolerance, rel_tol=rel_tol,
+                                   phase=phase)
+            return with_sizing(m, sized)
         m = golden_comparison(name, queries, source.series or {}, target.series or {}, behind=behind,
                               abs_tol=self.policy.abs_tolerance, rel_tol=rel_tol,
                               answers_without_series=fit.analysis.answers_without_series, noise_k=self.ctx.noise_k,

@@ -15,11 +15,14 @@ from promshift.core.catalog.model import (
     _GROUP_NAME_RE,
     _LABEL_NAME_RE,
     _METRIC_NAME_RE,
+    AGGREGATION_FAMILY,
+    AGGREGATION_OPERATIONS,
     CONN_ID_MAX_LENGTH,
     NOTIFY_CHANNELS,
     PARITY_ENGINES,
     PARITY_MODES,
     PROBE_ENCODINGS,
+    Aggregate,
     BakePolicy,
     LatencyPolicy,
     LatencyWindow,
@@ -444,6 +447,59 @@ def _sns_topic_arn(value: Any) -> str:
     return text
 
 
+_AGGREGATE_KEYS = ("metric", "by", "operations", "rate")
+
+
+def _aggregations(value: Any) -> tuple[Aggregate, ...]:
+    """``[{metric, by: [labels], operations: [sum, count], rate?: 5m}, ...]``: one entry per aggregated metric."""
+    if not isinstance(value, list):
+        _fail(f"must be a list, got {_type_name(value)}")
+    issues: list[tuple[str, str]] = []
+    out: list[Aggregate] = []
+    seen: dict[str, int] = {}
+    label = _unique_list(_pattern_string(_LABEL_NAME_RE, "label name"), what="label", non_empty=False)
+    operations = _unique_list(_choice(AGGREGATION_OPERATIONS), what="operation", non_empty=True)
+    for index, raw in enumerate(value):
+        at = f"[{index}]"
+        if not isinstance(raw, dict):
+            issues.append((at, f"must be a mapping with 'metric', 'by' and 'operations', got {_type_name(raw)}"))
+            continue
+        entry: dict[str, Any] = {}
+        for key in raw:
+            if key not in _AGGREGATE_KEYS:
+                issues.append((f"{at}.{key}", _unknown_field_reason(key, _AGGREGATE_KEYS)))
+        for key, attr, convert in (("metric", "metric", _pattern_string(_METRIC_NAME_RE, "metric name")),
+                                   ("by", "by", label), ("operations", "operations", operations),
+                                   ("rate", "rate_s", _duration(positive=True))):
+            if key not in raw:
+                if key in ("metric", "operations"):
+                    issues.append((f"{at}.{key}", "is required"))
+                continue
+            try:
+                entry[attr] = convert(raw[key])
+            except _Invalid as exc:
+                issues.extend((f"{at}.{key}{suffix}", reason) for suffix, reason in exc.issues)
+        if "metric" not in entry or "operations" not in entry:
+            continue
+        families = sorted({AGGREGATION_FAMILY[op] for op in entry["operations"]})
+        if len(families) > 1:
+            issues.append((f"{at}.operations", f"mixes the families {', '.join(families)}: a read re-aggregates "
+                                               "one (sum and count, or min, or max)"))
+            continue
+        if "__name__" in entry.get("by", ()):
+            issues.append((f"{at}.by", "must not name __name__"))
+            continue
+        if entry["metric"] in seen:
+            issues.append((f"{at}.metric",
+                           f"duplicate aggregation of {entry['metric']!r} (also [{seen[entry['metric']]}])"))
+            continue
+        seen[entry["metric"]] = index
+        out.append(Aggregate(**entry))
+    if issues:
+        raise _Invalid(*issues)
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- layout tables
 
 
@@ -481,6 +537,8 @@ _GROUP_FIELDS: dict[str, _Field] = {
         _unique_list(_pattern_string(_LABEL_NAME_RE, "label name"), what="label", non_empty=False),
     ),
     "approval_timeout": _Field("approval_timeout_s", _duration(positive=True)),
+    # Metrics shipped as recording rules' aggregates (issue 40): checked against metrics/metric_regex in layers.py.
+    "aggregations": _Field("aggregations", _aggregations),
     # The Airflow connection ids of the group's source Prometheus and its target (AMP workspace).
     "source": _Field("source", _pattern_string(_CONN_ID_RE, "connection id", max_length=CONN_ID_MAX_LENGTH)),
     "target": _Field("target", _pattern_string(_CONN_ID_RE, "connection id", max_length=CONN_ID_MAX_LENGTH)),

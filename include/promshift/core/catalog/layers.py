@@ -227,6 +227,8 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
         elif label in renamed_any:
             issues.append(("drop_labels", f"label {label!r} is both dropped and renamed (parity.rename_labels)"))
 
+    issues.extend(_aggregation_issues(group))
+
     latency = group.latency
     if not latency.windows and not given("latency.windows"):
         issues.append(("latency.windows", "is required (set it in defaults or in the group)"))
@@ -244,14 +246,21 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
             issues.append(("latency.queries", "is required: list the group's golden PromQL queries"))
     elif group.metrics or group.metric_regex is not None:
         # group.claims(name), without building and compiling the group's keep regex each time.
-        explicit = frozenset(group.metrics)
+        aggregated = {a.metric for a in group.aggregations}
+        explicit = frozenset(group.metrics) - aggregated | {r for a in group.aggregations for r in a.recorded}
         regex = None if group.metric_regex is None else _compile_re2(group.metric_regex)
 
         def claims(name: str) -> bool:
             return name in explicit or (regex is not None and regex.fullmatch(name) is not None)
 
         for index, query in enumerate(latency.queries):
-            if not any(claims(name) for name in _query_metric_names(query)):
+            raw = [name for name in _query_metric_names(query) if name in aggregated]
+            if raw:
+                recorded = ", ".join(a.recorded[0] if len(a.recorded) == 1 else ", ".join(a.recorded)
+                                     for a in group.aggregations if a.metric == raw[0])
+                issues.append((f"latency.queries[{index}]", f"reads {raw[0]}, which the group ships aggregated "
+                               f"(aggregations): query its recorded series ({recorded})"))
+            elif not any(claims(name) for name in _query_metric_names(query)):
                 issues.append(
                     (
                         f"latency.queries[{index}]",
@@ -272,6 +281,28 @@ def _assemble(layers: tuple[_Layer, ...]) -> tuple[MetricGroup, list[tuple[str, 
                                          "'smtp', 'ses', 'sns' or 'slack' ('none' keeps notifications off)"))
     issues.extend(_group_rules(group))
     return group, issues
+
+
+def _aggregation_issues(group: MetricGroup) -> list[tuple[str, str]]:
+    """Each aggregated metric is one of the group's listed metrics, no ``metric_regex`` ships it raw, and its
+    recorded names are metric names of their own."""
+    issues: list[tuple[str, str]] = []
+    regex = None if group.metric_regex is None else _compile_re2(group.metric_regex)
+    listed = frozenset(group.metrics)
+    if group.aggregations and group.parity.mode != "dual_write":
+        issues.append(("aggregations", f"need parity.mode 'dual_write' (the source records the aggregate and writes "
+                                       f"it), got {group.parity.mode!r}"))
+    for index, a in enumerate(group.aggregations):
+        at = f"aggregations[{index}].metric"
+        if a.metric not in listed:
+            issues.append((at, f"{a.metric!r} is not in the group's metrics: list it there"))
+        elif regex is not None and regex.fullmatch(a.metric) is not None:
+            issues.append((at, f"{a.metric!r} is also matched by metric_regex, which would ship its raw series: "
+                               "list the group's metrics explicitly"))
+        for record in a.recorded:
+            if record in listed or (regex is not None and regex.fullmatch(record) is not None):
+                issues.append((at, f"its recorded series {record!r} is already one of the group's metrics"))
+    return issues
 
 
 def _group_label(raw: Any, index: int) -> str:

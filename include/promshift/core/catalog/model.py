@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import re2
 
@@ -251,6 +251,52 @@ class TenantPolicy:
         return bool(self.label_set)
 
 
+# Recorded operations a group's aggregation may name, by family: what a read re-aggregates (core.aggregation).
+AGGREGATION_OPERATIONS: tuple[str, ...] = ("sum", "count", "min", "max")
+AGGREGATION_FAMILY = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One metric the group ships aggregated (``aggregations:``, issue 40): recording rules on the source.
+
+    ``operations`` of ``metric`` by ``by`` (read through ``rate`` over ``rate_s`` for a counter, raw for a gauge)
+    are recorded on the source under Prometheus' ``level:metric:operations`` names (``core.aggregation``); the
+    group's keep filter ships those and not the raw metric, which stays on the source. At read cut-over every
+    read of the metric is rewritten to read the recorded series; parity compares each original read on the source
+    with its rewritten read on the target.
+    """
+
+    metric: str
+    by: tuple[str, ...] = ()
+    operations: tuple[str, ...] = ("sum",)
+    rate_s: float = 0.0
+
+    @property
+    def level(self) -> tuple[str, ...]:
+        return tuple(sorted(self.by))
+
+    @property
+    def family(self) -> str:
+        return AGGREGATION_FAMILY[self.operations[0]] if self.operations else ""
+
+    def rules(self) -> tuple[tuple[str, str], ...]:
+        """(record, expr) of each recording rule, in ``operations`` order."""
+        from promshift.core.aggregation import recording_rules
+
+        return recording_rules(self.metric, self.level, self.operations, self.rate_s)
+
+    @property
+    def recorded(self) -> tuple[str, ...]:
+        return tuple(record for record, _ in self.rules())
+
+    def aggregation(self) -> Any:
+        """The ``core.aggregation.Aggregation`` the reads are rewritten with."""
+        from promshift.core.aggregation import aggregation_of
+
+        return aggregation_of(self)
+
+
 @dataclass(frozen=True)
 class MetricGroup:
     """A set of metric names that migrates, is verified and is cut over as one unit.
@@ -286,6 +332,8 @@ class MetricGroup:
     bake: BakePolicy = BakePolicy()
     replicas: ReplicaPolicy = ReplicaPolicy()
     tenant: TenantPolicy = TenantPolicy()
+    # Metrics shipped as recording rules' aggregates (each listed in ``metrics``): the raw metric stays behind.
+    aggregations: tuple[Aggregate, ...] = ()
     # Waves the catalog holds back (``defaults.paused_waves``): a group in one does not start.
     paused_waves: tuple[int, ...] = ()
     # The Airflow connections of the group's source Prometheus (its cluster) and target (its workspace):
@@ -305,12 +353,15 @@ class MetricGroup:
     def name_regex(self) -> str:
         """Return the RE2 regex for ``__name__`` in a ``write_relabel_configs`` keep rule.
 
-        Explicit names (escaped) and ``metric_regex`` form one alternation.
+        Explicit names (escaped) and ``metric_regex`` form one alternation. A metric of ``aggregations`` is
+        shipped as its recorded series instead (the catalog refuses one ``metric_regex`` matches).
         No ``^...$``: Prometheus anchors relabel regexes itself. The regex
         comes last so an inline flag such as ``(?i)`` in it cannot reach the
         explicit names.
         """
-        alternatives = [re2.escape(metric) for metric in self.metrics]
+        aggregated = {a.metric for a in self.aggregations}
+        alternatives = [re2.escape(metric) for metric in self.metrics if metric not in aggregated]
+        alternatives += [re2.escape(record) for a in self.aggregations for record in a.recorded]
         if self.metric_regex is not None:
             alternatives.append(self.metric_regex)
         return "|".join(alternatives)
@@ -325,6 +376,30 @@ class MetricGroup:
     def claims(self, metric_name: str) -> bool:
         """Tell whether the keep rule for this group would keep ``metric_name``."""
         return _compile_re2(self.name_regex()).fullmatch(metric_name) is not None
+
+    def shipped_series_query(self) -> str:
+        """PromQL counting on the source the series the group's keep filter will ship, before anything is deployed:
+        its metrics shipped raw, plus per aggregation one series per value of its level and operation (counted
+        from the raw metric: the recorded series do not exist until dual-write deploys their rules)."""
+        if not self.aggregations:
+            return f"count({self.selector()})"
+        aggregated = {a.metric for a in self.aggregations}
+        raw = [re2.escape(metric) for metric in self.metrics if metric not in aggregated]
+        if self.metric_regex is not None:
+            raw.append(self.metric_regex)
+        parts = [f"count({{__name__=~{promql_string('|'.join(raw))}}})"] if raw else []
+        for a in self.aggregations:
+            by = f"by ({', '.join(a.level)}) " if a.level else ""
+            parts.append(f"count(count {by}({a.metric})) * {len(a.operations)}")
+        return " + ".join(f"({part} or vector(0))" for part in parts)
+
+    def aggregate_of(self, metric_name: str) -> Aggregate | None:
+        """The group's aggregation of ``metric_name`` (its raw series stay on the source), or None."""
+        return next((a for a in self.aggregations if a.metric == metric_name), None)
+
+    def reads(self, metric_name: str) -> bool:
+        """Whether a read of ``metric_name`` is this group's: a metric it ships, or one it ships aggregated."""
+        return self.claims(metric_name) or self.aggregate_of(metric_name) is not None
 
     @property
     def dag_id(self) -> str:
