@@ -17,7 +17,9 @@ latency SUCCESSFUL and were put on gpu-memory when gpu-utilization's latency was
 judged by the samples a query read (``stats=all``), and that query reads every GPU_UTIL series, so gpu-utilization's
 latency is a real timing too; the wave-2 groups start only after gpu-utilization cut over. A group migrates once per
 session. AMP bad-credentials: Airflow's AWS secret is its environment's, and the scenario is that it is wrong.
-k8s-cr also has the operator stand-in own the source config. Celery: another executor.
+k8s-cr also has the operator stand-in own the source config. Celery: another executor. plan-aggregate
+(test_plan_aggregate_demo_e2e.py): its group exists only once the plan has read the stack's read load, and Airflow's
+trigger form lists the catalog's groups when it parses the DAG, so the catalog must hold it before Airflow starts.
 tests/board/test_board_airflow.py has its own Airflow with users and a history of its own. git (test_git_demo_e2e.py): a
 session of its own (a stack with the git component, whose reconciler owns the source config) for happy and drift,
 one after the other.

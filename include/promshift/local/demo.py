@@ -559,8 +559,10 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
                        budget_from=budget_from)
 
 
-def scenario_connections(session: DemoSession, scenario: str, deploy: str) -> dict[str, dict[str, Any] | None]:
-    """The Airflow connections a scenario runs with (``None``: the connection must not exist)."""
+def scenario_connections(session: DemoSession, scenario: str, deploy: str,
+                         read_path: bool = False) -> dict[str, dict[str, Any] | None]:
+    """The Airflow connections a scenario runs with (``None``: the connection must not exist). ``read_path``: the
+    dashboard switch is on (``grafana_default`` over the stack's dashboards) without moving the group's rules."""
     stack, lifecycle = session.stack, scenario in LIFECYCLE_SCENARIOS
     source_conn = source_connection(stack, deploy)
     if lifecycle:  # the group's rules move with it; its dashboard is re-pointed (file mode)
@@ -568,14 +570,15 @@ def scenario_connections(session: DemoSession, scenario: str, deploy: str) -> di
     if deploy == GIT:  # the token of the stack's GitHub API contract server, as a connection's password
         return {"promshift_source": source_conn, "promshift_target": target_connection(stack, deploy),
                 "promshift_git": {"conn_type": "generic", "password": stack.git_token()},
-                "grafana_default": grafana_connection(stack.dashboards_dir) if lifecycle else None}
+                "grafana_default": grafana_connection(stack.dashboards_dir) if lifecycle or read_path else None}
     return {"promshift_source": source_conn, "promshift_target": target_connection(stack, deploy),
-            # Its existence turns the read-path switch on: the lifecycle scenarios' only.
-            "grafana_default": grafana_connection(stack.dashboards_dir) if lifecycle else None}
+            # Its existence turns the read-path switch on: the lifecycle scenarios' and the aggregation demo's.
+            "grafana_default": grafana_connection(stack.dashboards_dir) if lifecycle or read_path else None}
 
 
 def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report_root: Path,
-                 deploy: str = REMOTE_WRITE, timeout_s: float | None = None) -> Path:
+                 deploy: str = REMOTE_WRITE, timeout_s: float | None = None, read_path: bool = False,
+                 report_extra: Callable[[DemoSession], dict[str, Any]] | None = None) -> Path:
     """Run one scenario on ``group_name`` in a running session: point Airflow's connections at the stack (for
     ``deploy``), trigger the group's migration (its target's DAG, the group chosen in the form), plant the
     scenario's fault, answer the approval through the REST API as an on-call engineer, follow the run (and for
@@ -584,7 +587,9 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
 
     A group migrates once per session: scenarios of one session take different groups (their audit events,
     config entries and reports are told apart by group). The first scenario's wall time counts from the
-    session's start, as ``make demo``'s always did."""
+    session's start, as ``make demo``'s always did. ``read_path``: the dashboard switch is on for this run
+    (``scenario_connections``); ``report_extra``: more top-level blocks of the report, read from the running
+    session right after the run (the aggregation demo's target series counts)."""
     check_scenario(scenario, group_name=group_name, target_kind=session.target_kind, deploy=deploy)
     if (scenario == "bad-credentials") != session.bad_credentials:
         raise ValueError("scenario 'bad-credentials' needs a session of its own started with bad_credentials=True "
@@ -604,7 +609,7 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     group = session.group(group_name)
     # The SigV4 counters are the stack's since it started: a later scenario reports its own share only.
     baseline = None if first else sigv4_counters(stack)
-    session.set_connections(scenario_connections(session, scenario, deploy))
+    session.set_connections(scenario_connections(session, scenario, deploy, read_path=read_path))
     keep_scraped(stack, airflow, now=time.time())  # a new token when the one in use is about to expire
     if deploy == SCRAPER:
         # The demo's short timings, as for its latency windows: the local collector scrapes at the source's
@@ -683,6 +688,8 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     if repository_before is not None:
         extra["config_repository"] = config_repository_report(stack, repository_before)
     extra["self_metrics"] = self_metrics_report(stack)
+    if report_extra is not None:
+        extra.update(report_extra(session))
     sha_after = config_sha256(stack.source_config_path)
     source_config = {"path": str(stack.source_config_path), "sha256_before": sha_before, "sha256_after": sha_after,
                      "identical": sha_before == sha_after}
@@ -790,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="promshift-demo", description=__doc__)
     parser.add_argument("--group", default=None,
                         help=f"default {DEFAULT_GROUP} ({LIFECYCLE_GROUP} for {', '.join(LIFECYCLE_SCENARIOS)})")
-    parser.add_argument("--scenario", choices=(*SCENARIOS, "plan", "fleet"), default="happy",
+    parser.add_argument("--scenario", choices=(*SCENARIOS, "plan", "plan-aggregate", "fleet"), default="happy",
                         help=f"{', '.join(AMP_ONLY_SCENARIOS)}: --target amp only; {', '.join(LIFECYCLE_SCENARIOS)}: "
                              "--target amp --deploy scraper (their defaults)")
     parser.add_argument("--target", choices=TARGET_KINDS, default=None,
@@ -822,6 +829,17 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         print(run_plan_demo(nodes=args.nodes, report_root=args.report_root, airflow_port=args.airflow_port))
+        return 0
+    if args.scenario == "plan-aggregate":  # the plan's aggregation migrated through Airflow (demo_plan_aggregate)
+        if args.group or args.target not in (None, "prometheus") or args.deploy not in (None, REMOTE_WRITE) \
+                or args.history is not None or args.executor != "local":
+            parser.error("--scenario plan-aggregate migrates the plan's own group onto the local Prometheus target "
+                         "with remote_write and the local executor, without history")
+        from promshift.local.demo_plan_aggregate import run_aggregate_demo
+
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        print(run_aggregate_demo(nodes=args.nodes, report_root=args.report_root, airflow_port=args.airflow_port))
         return 0
     if args.scenario == "fleet":  # two clusters onto two workspaces, three groups in two waves (demo_fleet)
         if args.group or args.deploy not in (None, REMOTE_WRITE) or args.history is not None \
