@@ -130,7 +130,9 @@ class DeployStep:
         self.quota = quota
         kind = str(deployer.kind)
         self.deploy = deploy_of(REMOTE_WRITE if kind == DeployKind.FILE.value else kind)
-        self._loaded: dict[tuple[str, str], DeploySnapshot] = {}
+        # The snapshot this step's deploy was made from, loaded before it wrote: undoing an unrecorded deploy
+        # (``finish``) must not depend on the store that may be what just failed (the audit database's blobs).
+        self._deployed_from: DeploySnapshot | None = None
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
         m = self.migration
@@ -139,15 +141,8 @@ class DeployStep:
         return info
 
     def load(self, snapshot_info: Mapping[str, Any]) -> DeploySnapshot:
-        """The stored snapshot, checked against the hash recorded when it was taken (``SnapshotLost``).
-
-        Kept for this step once loaded: the deploy loads it before it writes, so undoing an unrecorded deploy
-        (``finish``) does not depend on the store that may be what just failed (snapshots kept in the audit
-        database, unreachable)."""
+        """The stored snapshot, checked against the hash recorded when it was taken (``SnapshotLost``)."""
         ref = str(snapshot_info.get("snapshot_ref") or snapshot_info.get("snapshot_path"))
-        key = (ref, str(snapshot_info.get("sha256")))
-        if key in self._loaded:
-            return self._loaded[key]
         try:
             snapshot = self.store.get(ref)
         except DeployError as exc:
@@ -158,7 +153,6 @@ class DeployStep:
         if snapshot.sha256 != snapshot_info["sha256"]:
             raise SnapshotLost(f"snapshot {ref} does not match its recorded hash "
                                f"({snapshot.sha256[:12]} != {str(snapshot_info['sha256'])[:12]})")
-        self._loaded[key] = snapshot
         return snapshot
 
     def recorded_deploy(self) -> dict[str, Any] | None:
@@ -183,8 +177,9 @@ class DeployStep:
                 return quota_preflight(m, check, now=now)
         try:
             tenant = set_tenant_limit(m)  # before the deploy: a refused tenant leaves nothing deployed
+            self._deployed_from = self.load(snapshot_info)
             started = start_deploy(self.deployer, self.store, snapshot_info, now=now, quota=quota,
-                                   snapshot=self.load(snapshot_info))
+                                   snapshot=self._deployed_from)
             return {**started, "tenant": tenant} if tenant else started
         except QuotaExceeded as exc:
             m.record(EventKind.QUOTA_REFUSED, now, {"reason": str(exc), "deploy": {
@@ -237,7 +232,9 @@ class DeployStep:
         except Exception as exc:  # noqa: BLE001 - the audit database is what failed: it cannot say
             log.warning("cannot tell whether dual_write_deployed was recorded (%s); assuming it was not", exc)
         log.error("the dual_write_deployed audit event was not recorded; restoring the %s snapshot", self.deploy.kind)
-        self.deployer.restore(self.load(snapshot_info), now)
+        held = self._deployed_from
+        snapshot = held if held is not None and held.sha256 == snapshot_info.get("sha256") else self.load(snapshot_info)
+        self.deployer.restore(snapshot, now)
 
     def restore(self, snapshot_info: Mapping[str, Any], *, reason: str, now: datetime) -> DeployResult:
         """Start putting the snapshot back; a failure is recorded as ``rollback_failed`` and raised.
