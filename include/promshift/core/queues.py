@@ -48,9 +48,15 @@ from promshift.core.render import (
     remote_write_names,
     remove_remote_write,
 )
+from promshift.core.stages import CUT_OVER_OR_LATER, Stage
 from promshift.core.verdicts import Verdict
 
 NAME_COPY = "promshift_metric_name"
+
+# Groups whose own entries a merge takes over: cut over (reads on the target) and still scraped by the source. A
+# decommissioned group's series are dropped at scrape, so a swap could never prove it carries them (no data never
+# passes): its own entry stays until it is recommissioned.
+MERGEABLE_STAGES: frozenset[Stage] = CUT_OVER_OR_LATER - {Stage.DECOMMISSIONED}
 
 
 class QueueCapError(ValueError):

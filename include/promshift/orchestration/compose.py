@@ -38,14 +38,14 @@ def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] |
     """The source's queue cap and swap (``steps.queues.QueueCap``) for a deploy path that adds a source queue.
 
     ``cap``: what reads the cap (default: the catalog's ``max_queues``); the loaded names from the source's
-    ``/api/v1/status/config``; a group has cut over when the audit's stage says so; the swap (``file_path``)
-    edits the source's config file through ``adapters.file_edits`` and proves on the target, narrowed to the
-    source's external labels (several sources may write one workspace)."""
+    ``/api/v1/status/config``; a group's entry may be merged when its audit stage is in ``MERGEABLE_STAGES``;
+    the swap (``file_path``) edits the source's config file through ``adapters.file_edits`` and proves on the
+    target, narrowed to the source's external labels (several sources may write one workspace)."""
     import time
     from datetime import UTC, datetime
 
+    from promshift.core.queues import MERGEABLE_STAGES
     from promshift.core.render import remote_write_names
-    from promshift.core.stages import CUT_OVER_OR_LATER
     from promshift.steps.queues import QueueCap
 
     def swap_ports() -> tuple[Any, Any]:
@@ -65,7 +65,7 @@ def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] |
 
     return QueueCap(cap=cap or (lambda: int(group.max_queues)), url=backends.target_remote_write_url,
                     loaded_names=lambda: remote_write_names(backends.source.config_text()),
-                    has_cut_over=lambda name: audit.stage_of(name) in CUT_OVER_OR_LATER,
+                    has_cut_over=lambda name: audit.stage_of(name) in MERGEABLE_STAGES,
                     swap_ports=swap_ports if file_path else None, clock=lambda: datetime.now(UTC), wait=time.sleep,
                     proof_deadline_s=proof_deadline_s, poll_s=poll_s)
 

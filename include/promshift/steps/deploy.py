@@ -30,7 +30,7 @@ from promshift.core.quota import QuotaExceeded
 from promshift.core.redact import redact
 from promshift.core.stages import TRANSITIONS, Stage
 from promshift.steps.migration import GroupMigration, steps_of
-from promshift.steps.queues import QueueCap
+from promshift.steps.queues import QueueCap, SwapFailed
 from promshift.steps.tenants import set_tenant_limit
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,8 @@ class DeployStep:
             return self.queues.preflight(group=m.group.name, record=m.record, now=now, merge=merge)
         except QueueCapError as exc:
             raise DeployStepFailed(str(exc)) from None
+        except SwapFailed as exc:  # the merge that would make room was not proven: undone (queue_swap_undone)
+            raise DeployStepFailed(f"no room under the source's queue cap: {exc}") from None
 
     def load(self, snapshot_info: Mapping[str, Any]) -> DeploySnapshot:
         """The stored snapshot, checked against the hash recorded when it was taken (``SnapshotLost``)."""

@@ -388,3 +388,22 @@ def test_the_file_path_merges_first_then_a_merged_group_rolls_back_out_of_the_me
     again = m_b.rollback(info_b, reason="bake failed", now=clock())
     assert again["already_rolled_back"] is True and again["left_merged_entry"]["leaving"] == "b"
     assert kinds(audit, "b").count("queue_swap_done") == 1
+
+
+def test_a_merge_that_cannot_be_proven_refuses_the_deploy_and_leaves_the_config_as_it_was(
+        tmp_path: Any, audit: Any) -> None:
+    from promshift.core.queues import MERGEABLE_STAGES
+    from promshift.core.stages import Stage
+    from promshift.steps.deploy import DeployStepFailed
+
+    assert Stage.DECOMMISSIONED not in MERGEABLE_STAGES and Stage.BAKED in MERGEABLE_STAGES
+    source, clock = FakeSource(config_with("a", "b", "c", "d")), Clock()
+    before = source.data
+    queues = cap_of(names=lambda: remote_write_names(source.data), cut_over=lambda g: g in "abc", source=source,
+                    probe=FakeProbe({g: 3 for g in "abcde"}, fresh_after=10**6), clock=clock)
+    deployer = GroupDeployer(source, "e")
+    m = group_run(tmp_path, audit, "e", deployer, queues)
+    with pytest.raises(DeployStepFailed, match=r"^no room under the source's queue cap: merged entry .* not proven"):
+        m.snapshot(clock())
+    assert source.data == before and deployer.calls == []
+    assert kinds(audit, "e") == ["queue_swap_added", "queue_swap_undone"]
