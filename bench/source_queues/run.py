@@ -21,7 +21,13 @@ Runs, each a fresh source (same settle and measure windows):
   time the cap is reached the entries present (taken as cut over) are merged into a new merged entry by a
   swap (add, prove with ``core.queues.swap_proof`` on real answers, remove); at rest the source carries the
   merged entry and at most ``cap`` - 1 group entries. RSS and CPU are measured ``--settle`` seconds after
-  the last swap (a fresh run: after its start), so both have had the same time to return freed memory.
+  the last swap (a fresh run: after its start), so both have had the same time to return freed memory;
+- ``single_entry_same_uptime`` (beside each bounded run): a twin source with the one entry keeping
+  everything, started with the bounded source and sampled in the same window, so the pair has the same
+  uptime (a source's RSS still grows minutes after its start, and 42 swaps take about 20 minutes).
+
+Every sample also reads the server's Go heap (``go_memstats_heap_inuse_bytes``, ``heap_alloc``, ``heap_idle``,
+``heap_released``, ``next_gc``) and the RSS split (``RssAnon``, ``RssFile``), the same way for every run.
 
 ``samples_lost`` is counted on the target: for every group of every bounded run, the samples the source
 holds between the group's first full scrape after its entry was loaded and the end of the run, minus
@@ -92,19 +98,60 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def measure(proc: PrometheusProcess, seconds: float) -> dict[str, float]:
-    """RSS (median and peak, sampled every 2 s) and CPU (share of one core) over ``seconds``."""
-    assert proc.pid is not None
-    rss: list[float] = []
-    t0, c0 = time.monotonic(), cpu_ticks(proc.pid)
+# The Go runtime's own account of the heap, read from the server's /metrics beside its RSS (every run alike):
+# in use (live objects and their spans) against what the runtime holds and has not returned to the OS.
+GO_MEMSTATS = ("go_memstats_heap_inuse_bytes", "go_memstats_heap_alloc_bytes", "go_memstats_heap_idle_bytes",
+               "go_memstats_heap_released_bytes", "go_memstats_next_gc_bytes", "go_memstats_sys_bytes")
+
+
+def go_memstats(client: PrometheusClient) -> dict[str, float]:
+    """The server's ``go_memstats_*`` gauges in MB (one read of its ``/metrics``)."""
+    found: dict[str, float] = {}
+    for line in client.metrics_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name in GO_MEMSTATS:
+            found[name.removeprefix("go_memstats_").removesuffix("_bytes") + "_mb"] = float(value) / 2**20
+    return found
+
+
+def rss_split_mb(pid: int) -> dict[str, float]:
+    """RssAnon (the heap, stacks) and RssFile (the binary, mmapped TSDB chunks) from ``/proc/<pid>/status``, MB."""
+    found: dict[str, float] = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                found[key] = int(value.split()[0]) / 1024
+    except OSError:
+        pass
+    return found
+
+
+def measure(sources: Sequence[Source], seconds: float) -> list[dict[str, Any]]:
+    """For each source, sampled together every 2 s over the same ``seconds``: RSS (median and peak), its anon/file
+    split and the Go heap's memstats (medians), CPU (share of one core)."""
+    pids = [s.proc.pid for s in sources]
+    assert all(pid is not None for pid in pids)
+    rss: list[list[float]] = [[] for _ in sources]
+    stats: list[dict[str, list[float]]] = [{} for _ in sources]
+    t0, c0 = time.monotonic(), [cpu_ticks(pid) for pid in pids]  # type: ignore[arg-type]
     while time.monotonic() - t0 < seconds:
-        value = proc.rss_mb()
-        if value is not None:
-            rss.append(value)
+        for i, source in enumerate(sources):
+            value = source.proc.rss_mb()
+            if value is not None:
+                rss[i].append(value)
+            for key, mb in {**go_memstats(source.client), **rss_split_mb(pids[i])}.items():  # type: ignore[arg-type]
+                stats[i].setdefault(key, []).append(mb)
         time.sleep(2.0)
-    cpu = (cpu_ticks(proc.pid) - c0) / CLK_TCK / (time.monotonic() - t0)
-    return {"rss_mb": round(statistics.median(rss), 1), "rss_peak_mb": round(max(rss), 1), "cpu": round(cpu, 4),
-            "rss_every_10s_mb": rss[::5]}
+    elapsed = time.monotonic() - t0
+    out = []
+    for i, source in enumerate(sources):
+        cpu = (cpu_ticks(pids[i]) - c0[i]) / CLK_TCK / elapsed  # type: ignore[arg-type]
+        out.append({"rss_mb": round(statistics.median(rss[i]), 1), "rss_peak_mb": round(max(rss[i]), 1),
+                    "cpu": round(cpu, 4), "uptime_s": round(time.monotonic() - source.started_at),
+                    "rss_every_10s_mb": rss[i][::5],
+                    "memory_mb": {key: round(statistics.median(v), 1) for key, v in stats[i].items()}})
+    return out
 
 
 class Source:
@@ -120,6 +167,7 @@ class Source:
 
     def start(self) -> Source:
         self.proc.config_path.write_bytes(self.config)
+        self.started_at = time.monotonic()
         self.proc.start().wait_ready()
         return self
 
@@ -229,22 +277,31 @@ def main() -> int:
         url = f"{receiver_proc.url}/api/v1/write"
         bounded_sources: list[tuple[Source, list[QueueMember], dict[str, float]]] = []
         try:
+            def with_entries(source: Source, members: list[QueueMember]) -> Source:
+                config = source.config
+                for m in members:
+                    config = add_remote_write(config, group_entry(m, url))
+                source.config = config
+                return source
+
             def run(name: str, members: list[QueueMember], bounded: bool) -> dict[str, Any]:
                 source = Source(tmp, name, args.scrape, sd)
                 swaps: list[dict[str, Any]] = []
                 if not bounded:
-                    config = source.config
-                    for m in members:
-                        config = add_remote_write(config, group_entry(m, url))
-                    source.config = config
-                    source.start()
+                    with_entries(source, members).start()
                     time.sleep(args.settle)
+                    numbers = measure([source], args.measure)[0]
                 else:
+                    # Its twin: one entry keeping everything, started with it and measured in the same window (the
+                    # same uptime: a source's RSS still grows minutes after its start, and the swaps take minutes).
+                    twin = with_entries(Source(tmp, f"{name}_single", args.scrape, sd), groups_of(names, 1)).start()
                     source.start()
                     swaps, joined = bounded_run(source, members, url, args.cap, receiver, args.scrape)
                     bounded_sources.append((source, members, joined))
                     time.sleep(args.settle)  # measured as long after its last change as a fresh run after its start
-                numbers = measure(source.proc, args.measure)
+                    numbers, twin_numbers = measure([source, twin], args.measure)
+                    twin.proc.stop()
+                    numbers["single_entry_same_uptime"] = twin_numbers
                 entries = len(promshift_queues(source.config))
                 if not bounded:
                     source.proc.stop()
@@ -295,7 +352,19 @@ def main() -> int:
                               ("entries", "entries"))},
         **({"swaps": [runs[f"bounded_{n}"]["swaps"] for n in ns],
             "samples_lost": sum(runs[f"bounded_{n}"]["samples_lost"] for n in ns),
-            "bounded_over_single_rss_at_max": round(runs[f"bounded_{ns[-1]}"]["rss_mb"] / single, 3)}
+            "bounded_over_single_rss_at_max": round(runs[f"bounded_{ns[-1]}"]["rss_mb"] / single, 3),
+            "bounded_uptime_s": [runs[f"bounded_{n}"]["uptime_s"] for n in ns],
+            "single_entry_same_uptime_rss_mb": [runs[f"bounded_{n}"]["single_entry_same_uptime"]["rss_mb"]
+                                                for n in ns],
+            "single_entry_same_uptime_cpu": [runs[f"bounded_{n}"]["single_entry_same_uptime"]["cpu"] for n in ns],
+            "bounded_over_same_uptime_single_rss_at_max": round(
+                runs[f"bounded_{ns[-1]}"]["rss_mb"] / runs[f"bounded_{ns[-1]}"]["single_entry_same_uptime"]["rss_mb"],
+                3),
+            **{f"{key}_at_max_mb": {
+                "bounded": runs[f"bounded_{ns[-1]}"]["memory_mb"].get(key),
+                "single_entry": runs["single_entry"]["memory_mb"].get(key),
+                "single_entry_same_uptime": runs[f"bounded_{ns[-1]}"]["single_entry_same_uptime"]["memory_mb"].get(key)}
+               for key in ("heap_inuse_mb", "heap_alloc_mb", "RssAnon", "RssFile")}}
            if f"bounded_{ns[-1]}" in runs else {}),
         **({"per_group_over_single_rss_at_max": round(runs[f"per_group_{ns[-1]}"]["rss_mb"] / single, 3)}
            if f"per_group_{ns[-1]}" in runs else {}),

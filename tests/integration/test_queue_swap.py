@@ -16,13 +16,19 @@ from typing import Any
 
 import pytest
 
-from promshift.adapters.deploy import FileConfigDeployer
+from promshift.adapters.audit_store import AuditStore
+from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
 from promshift.adapters.file_edits import FileEditDeployment
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.queue_probe import PrometheusQueueProbe
+from promshift.adapters.routing import RoutingStore
+from promshift.core.catalog import MetricGroup
 from promshift.core.queues import plan_merge, promshift_queues, with_added
-from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names
+from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names, remove_remote_write
+from promshift.core.stages import Stage
 from promshift.local.stack.local import LocalStack, StackConfig
+from promshift.orchestration.compose import compose_migration, queue_cap
+from promshift.steps.migration import Backends
 from promshift.steps.queues import QueueSwap, SwapFailed
 from tests.integration.conftest import eventually
 
@@ -171,3 +177,89 @@ def test_promtool_accepts_a_source_with_a_merged_entry(stack: LocalStack, tmp_pa
     done = subprocess.run(["promtool", "check", "config", "--syntax-only", str(path)], capture_output=True,
                           text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def strip_promshift(data: bytes) -> bytes:
+    """The config without any promshift entry: what every swap and rollback must leave byte for byte."""
+    for name in remote_write_names(data):
+        if name.startswith("promshift-"):
+            data = remove_remote_write(data, name)
+    return data
+
+
+def test_the_deploy_step_merges_three_cut_over_groups_then_one_rolls_back_out_of_the_merged_entry(
+        stack: LocalStack, tmp_path: Path) -> None:
+    """The production path: a fourth group's snapshot step finds the source at its cap (3) and merges the three
+    cut-over groups first (add, prove on the target, remove), with no gap; then fb's rollback leaves the merged
+    entry by one more swap before its own restore, audited, and the rest of the file is byte for byte the same."""
+    path = stack.source_config_path
+    source, target = clients(stack)
+    deployer = FileConfigDeployer(path, source)
+    if strip_promshift(path.read_bytes()) != path.read_bytes():  # what earlier tests here left
+        deployer.restore(ConfigSnapshot.of(path, strip_promshift(path.read_bytes())))
+    original = path.read_bytes()
+    audit = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
+    backends = Backends(source=PrometheusClient(stack.source_url, timeout_s=30),
+                        target=PrometheusClient(stack.target_url, timeout_s=30),
+                        source_config_path=str(path), target_remote_write_url=stack.target_remote_write_url)
+    metrics = {**GROUPS, "clocks": ("DCGM_FI_DEV_SM_CLOCK",)}
+
+    def migration(name: str) -> Any:
+        group = MetricGroup(name=name, metrics=metrics[name], drop_labels=DROPS.get(name, ()), owners=("o",),
+                            approvers=("p",), max_queues=3)
+        return compose_migration(group, backends, audit=audit, routing=RoutingStore(audit.url),
+                                 run_id=f"manual__{name}", snapshots_dir=tmp_path / "snapshots",
+                                 queues=queue_cap(group, backends, audit=audit, proof_deadline_s=60, poll_s=1.0))
+
+    def deploy(name: str) -> tuple[Any, dict[str, Any]]:
+        m = migration(name)
+        info = m.snapshot(now())
+        m.deploy_dual_write(info, now())
+        return m, info
+
+    try:
+        runs = {g: deploy(g) for g in GROUPS}
+        start = time.time() + 3
+        eventually(lambda: all(int(target.scalar(f"count({m})") or 0) == int(source.scalar(f"count({m})") or 0) > 0
+                               for g in GROUPS for m in GROUPS[g]), 60, "the per-group entries never delivered")
+        for m, _ in runs.values():  # cut over (the stages the bake watch reads; reads stay where they are)
+            for kind, stage in (("warmup_started", Stage.WARMING), ("gate_passed", Stage.VERIFIED),
+                                ("approved", Stage.APPROVED), ("cut_over", Stage.CUT_OVER)):
+                m.record(kind, now(), {}, to=stage)
+
+        merged_at = time.monotonic()
+        clocks, clocks_info = deploy("clocks")  # at the cap: the three are merged first
+        merge_s = time.monotonic() - merged_at
+        assert [q.groups() for q in promshift_queues(path.read_bytes())] == [("fb", "gpu-util", "power"), ("clocks",)]
+        assert [e.kind for e in audit.events(group="clocks")] == [
+            "queue_swap_added", "queue_swap_done", "snapshot_taken", "dual_write_deployed"]
+        assert clocks_info["queues"]["merged_first"]["remove"] == [f"promshift-{g}" for g in GROUPS]
+        assert strip_promshift(path.read_bytes()) == original
+        time.sleep(BATCH_DEADLINE_S + 4)
+        assert_no_gap(source, target, list(GROUPS), start, time.time() - BATCH_DEADLINE_S - 2)
+
+        # fb's bake failed: its rollback leaves the merged entry first, then restores its own (gone) entry.
+        m_fb, info_fb = runs["fb"]
+        left_at, t0 = time.time(), time.monotonic()
+        rolled = m_fb.rollback(info_fb, reason="bake failed", now=now())
+        leave_s = time.monotonic() - t0
+        assert [q.groups() for q in promshift_queues(path.read_bytes())] == [("clocks",), ("gpu-util", "power")]
+        assert rolled["left_merged_entry"]["leaving"] == "fb" and rolled["performed"] is True
+        assert [e.kind for e in audit.events(group="fb")][-3:] == ["queue_swap_added", "queue_swap_done", "rolled_back"]
+        assert audit.stage_of("fb") is Stage.ROLLED_BACK
+        assert strip_promshift(path.read_bytes()) == original  # byte for byte on the rest of the file
+        time.sleep(BATCH_DEADLINE_S + 4)
+        end = time.time() - BATCH_DEADLINE_S - 2
+        assert end > left_at
+        assert_no_gap(source, target, ["gpu-util", "power"], start, end)
+        eventually(lambda: int(target.scalar("count(count_over_time(DCGM_FI_DEV_FB_USED[3s]))") or 0) == 0,
+                   20, "fb still written after its rollback")
+        # Retried: the recorded rollback comes back, no second swap.
+        again = m_fb.rollback(info_fb, reason="bake failed", now=now())
+        assert again["already_rolled_back"] is True
+        assert [e.kind for e in audit.events(group="fb")].count("queue_swap_done") == 1
+        print(f"merge through the snapshot step {merge_s:.1f}s, leave through the rollback {leave_s:.1f}s")
+    finally:
+        if path.read_bytes() != original:
+            deployer.restore(ConfigSnapshot.of(path, original))
+        audit.engine.dispose()

@@ -3,10 +3,12 @@
 ``source_series``: the group's series on the source now; ``target_fresh``: its series on the target with a
 sample newer than a time (the merged entry's start); ``queue_sent``: the merged queue's sent samples from the
 source's own ``/metrics``. ``target_matchers`` narrows the target's selectors (``,cluster="a"`` when several
-sources write one workspace: their external labels tell them apart).
+sources write one workspace: their external labels tell them apart); a callable is read on first use.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.core.queues import fresh_series_query, queue_sent_samples, series_query
@@ -16,10 +18,18 @@ from promshift.core.render import QueueMember
 class PrometheusQueueProbe:
     """A ``QueueProbe`` over two Prometheus-compatible clients (the target may be an AMP workspace)."""
 
-    def __init__(self, source: PrometheusClient, target: PrometheusClient, *, target_matchers: str = "") -> None:
+    def __init__(self, source: PrometheusClient, target: PrometheusClient, *,
+                 target_matchers: str | Callable[[], str] = "") -> None:
         self.source = source
         self.target = target
-        self.target_matchers = target_matchers
+        self._matchers = target_matchers
+
+    @property
+    def target_matchers(self) -> str:
+        """The matchers, worked out on first use when given as a callable (a swap that never runs reads nothing)."""
+        if callable(self._matchers):
+            self._matchers = self._matchers()
+        return self._matchers
 
     def source_series(self, member: QueueMember) -> int:
         return int(self.source.scalar(series_query(member)) or 0)

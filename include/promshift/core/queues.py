@@ -29,6 +29,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+# The catalog holds the cap's default and bound (render imports the catalog); re-exported here.
+from promshift.core.catalog.model import DEFAULT_QUEUE_CAP as DEFAULT_QUEUE_CAP
+from promshift.core.catalog.model import MAX_QUEUE_CAP as MAX_QUEUE_CAP
 from promshift.core.promql import promql_string
 from promshift.core.render import (
     ENTRY_PREFIX,
@@ -42,13 +45,18 @@ from promshift.core.render import (
     queue_members,
     remote_write_entries,
     remote_write_name,
+    remote_write_names,
     remove_remote_write,
 )
+from promshift.core.stages import CUT_OVER_OR_LATER, Stage
 from promshift.core.verdicts import Verdict
 
-DEFAULT_QUEUE_CAP = 4
-MAX_QUEUE_CAP = 64
-NAME_COPY = "promshift_metric_name"  # past this a cap no longer bounds anything worth bounding
+NAME_COPY = "promshift_metric_name"
+
+# Groups whose own entries a merge takes over: cut over (reads on the target) and still scraped by the source. A
+# decommissioned group's series are dropped at scrape, so a swap could never prove it carries them (no data never
+# passes): its own entry stays until it is recommissioned.
+MERGEABLE_STAGES: frozenset[Stage] = CUT_OVER_OR_LATER - {Stage.DECOMMISSIONED}
 
 
 class QueueCapError(ValueError):
@@ -60,6 +68,15 @@ def check_queue_cap(value: Any, what: str = "max_queues") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_QUEUE_CAP:
         raise ValueError(f"{what} must be an integer from 1 to {MAX_QUEUE_CAP}, got {value!r}")
     return value
+
+
+def queue_cap_of(connection_value: Any, catalog_cap: int, *, conn_id: str) -> int:
+    """The cap of one source: its connection's ``extra.max_queues`` when set, else the catalog's
+    ``defaults.max_queues`` (itself DEFAULT_QUEUE_CAP unless set). A bad connection value is a ValueError in one
+    line, never a fallback to the default: a production setting fails closed."""
+    if connection_value is None:
+        return check_queue_cap(catalog_cap, "defaults.max_queues")
+    return check_queue_cap(connection_value, f"connection {conn_id!r} extra.max_queues")
 
 
 @dataclass(frozen=True)
@@ -264,18 +281,46 @@ def admit_dual_write(config: str | bytes, *, group: str, url: str, cap: int,
     A retried deploy (its entry is there already) is allowed. Past the cap, merging the cut-over
     groups' entries makes room if it frees at least one; otherwise the refusal is one line with the count.
     """
-    queues = promshift_queues(config)
-    count = len(queues)
-    if remote_write_name(group) in {q.name for q in queues} or count + 1 <= cap:
+    ours = [n for n in remote_write_names(config) if is_promshift_name(n)]  # by name: under the cap nothing is parsed
+    count = len(ours)
+    if remote_write_name(group) in ours or count + 1 <= cap:
         return Admission(True, count, cap, None, f"{count} of {cap} promshift queues in use")
-    swap = plan_merge(config, url=url, cut_over=cut_over)
+    swap = plan_merge(config, url=url, cut_over=cut_over)  # RenderError: an entry promshift cannot read back
     after = count - len(swap.remove) + (swap.add is not None) if swap else count
     if swap is not None and after + 1 <= cap:
         return Admission(True, count, cap, swap,
                          f"{count} of {cap} promshift queues in use: merging {len(swap.remove)} into one first")
-    return Admission(False, count, cap, None,
-                     f"source already carries {count} promshift remote_write queues (cap {cap}) and none can be "
-                     f"merged (no group among them has cut over); cut one over or raise the cap before {group!r}")
+    return Admission(False, count, cap, None, cap_refusal(count, cap, group))
+
+
+def cap_refusal(count: int, cap: int, group: str, why: str = "no group among them has cut over") -> str:
+    """The pre-flight's refusal, one line with the count."""
+    return (f"source already carries {count} promshift remote_write queues (cap {cap}) and none can be merged "
+            f"({why}); cut one over or raise the cap before {group!r}")
+
+
+def own_entry_groups(names: Iterable[str]) -> list[str]:
+    """The groups that write through an entry of their own, from ``remote_write`` names (merged ones left out)."""
+    return [n[len(ENTRY_PREFIX):] for n in names if is_promshift_name(n) and not is_merged_name(n)]
+
+
+def admit_loaded(names: Iterable[str], *, group: str, cap: int, cut_over: Iterable[str] = (),
+                 can_merge: bool = False) -> Admission:
+    """The cap's check on the remote_write names a source has loaded (every deploy path: the file, the Kubernetes
+    objects and the git repository all end in a server's loaded config). Never merges: past the cap it is refused,
+    naming why nothing is merged here (``can_merge``: the path has a swap, which its snapshot step runs first)."""
+    ours = [n for n in names if is_promshift_name(n)]
+    count = len(ours)
+    if remote_write_name(group) in ours or count + 1 <= cap:
+        return Admission(True, count, cap, None, f"{count} of {cap} promshift queues in use")
+    waiting = sorted(set(cut_over) & set(own_entry_groups(ours)))
+    if not waiting:
+        why = "no group among them has cut over"
+    elif can_merge:
+        why = f"another deploy took the room since this run merged; {len(waiting)} cut over: run again to merge them"
+    else:
+        why = f"{len(waiting)} of them cut over, but a merge swap is built on the file path only"
+    return Admission(False, count, cap, None, cap_refusal(count, cap, group, why))
 
 
 def check_admission(admission: Admission) -> None:

@@ -9,6 +9,7 @@ default a folder, ``snapshots_dir``), the file itself for the decommission's scr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,43 @@ def source_file(backends: Any) -> Any:
     from promshift.adapters.deploy import FileConfigDeployer
 
     return FileConfigDeployer(backends.source_config_path, backends.source, promtool=backends.promtool)
+
+
+def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] | None = None,
+              file_path: bool = True, proof_deadline_s: float = 300.0, poll_s: float = 5.0) -> Any:
+    """The source's queue cap and swap (``steps.queues.QueueCap``) for a deploy path that adds a source queue.
+
+    ``cap``: what reads the cap (default: the catalog's ``max_queues``); the loaded names from the source's
+    ``/api/v1/status/config``; a group's entry may be merged when its audit stage is in ``MERGEABLE_STAGES``;
+    the swap (``file_path``) edits the source's config file through ``adapters.file_edits`` and proves on the
+    target, narrowed to the source's external labels (several sources may write one workspace)."""
+    import time
+    from datetime import UTC, datetime
+
+    from promshift.core.queues import MERGEABLE_STAGES
+    from promshift.core.render import remote_write_names
+    from promshift.steps.queues import QueueCap
+
+    def swap_ports() -> tuple[Any, Any]:
+        from promshift.adapters.amp_quota import external_labels
+        from promshift.adapters.file_edits import FileEditDeployment
+        from promshift.adapters.queue_probe import PrometheusQueueProbe
+        from promshift.core.promql import promql_string
+
+        def matchers() -> str:  # read when a swap first proves, never under the cap
+            labels = external_labels(backends.source.config_text())
+            labels.pop(group.replicas.replica_label, None)  # an HA pair's replica label is deduplicated away
+            return "".join(f",{k}={promql_string(v)}" for k, v in sorted(labels.items()))
+
+        file = source_file(backends)
+        return ((lambda change: FileEditDeployment(file, change)),
+                PrometheusQueueProbe(backends.source, backends.target, target_matchers=matchers))
+
+    return QueueCap(cap=cap or (lambda: int(group.max_queues)), url=backends.target_remote_write_url,
+                    loaded_names=lambda: remote_write_names(backends.source.config_text()),
+                    has_cut_over=lambda name: audit.stage_of(name) in MERGEABLE_STAGES,
+                    swap_ports=swap_ports if file_path else None, clock=lambda: datetime.now(UTC), wait=time.sleep,
+                    proof_deadline_s=proof_deadline_s, poll_s=poll_s)
 
 
 def compose_migration(group: Any, backends: Any, *, audit: Any, routing: Any, run_id: str,

@@ -538,7 +538,29 @@ class GroupWiring:
                                  run_params=self.run_params(context),
                                  # Built when a step first deploys or restores (a validate builds none).
                                  deployer=lambda: self.deployer(context, backends),
-                                 snapshots=self.snapshot_store(), quota=self.quota_check(audit))
+                                 snapshots=self.snapshot_store(), quota=self.quota_check(audit),
+                                 queues=self.queue_cap(backends, audit))
+
+    def queue_cap(self, backends: Any, audit: Any) -> Any:
+        """The source's queue cap and swap (``compose.queue_cap``) on a path that adds a source queue, else None.
+
+        The cap: the source connection's ``extra.max_queues``, else the catalog's ``defaults.max_queues``; read when
+        the deploy's pre-flight needs it, and a bad value refuses that deploy in one line (fails closed) without
+        blocking a rollback. The merge swap runs on the file path only (the Kubernetes and git paths refuse past
+        the cap)."""
+        from promshift.core.queues import queue_cap_of
+        from promshift.orchestration.compose import queue_cap
+        from promshift.orchestration.hooks import PrometheusHook
+
+        if not self.deploy.source_queue:
+            return None
+        source = self.source_hook
+        extra = source.extra if isinstance(source, PrometheusHook) else {}
+
+        def cap() -> int:
+            return queue_cap_of((extra or {}).get("max_queues"), self.group.max_queues, conn_id=self.source_conn_id)
+
+        return queue_cap(self.group, backends, audit=audit, cap=cap, file_path=not self.deploy.config_by_api)
 
     def rules_step(self, migration: Any) -> Any:
         """The group's rules move (``moves.RulesStep``) when the source connection's ``extra.rules`` is true,

@@ -25,10 +25,12 @@ from promshift.core.deploy import ConfigDeployer, DeployError, DeployKind, Deplo
 from promshift.core.deploy_kinds import REMOTE_WRITE, Deploy, deploy_of
 from promshift.core.errors import RoutingError
 from promshift.core.events import EventKind
+from promshift.core.queues import QueueCapError
 from promshift.core.quota import QuotaExceeded
 from promshift.core.redact import redact
 from promshift.core.stages import TRANSITIONS, Stage
 from promshift.steps.migration import GroupMigration, steps_of
+from promshift.steps.queues import QueueCap, SwapFailed
 from promshift.steps.tenants import set_tenant_limit
 
 log = logging.getLogger(__name__)
@@ -123,11 +125,12 @@ class DeployStep:
     """
 
     def __init__(self, migration: GroupMigration, deployer: ConfigDeployer, store: SnapshotStore, *,
-                 quota: QuotaCheck | None = None) -> None:
+                 quota: QuotaCheck | None = None, queues: QueueCap | None = None) -> None:
         self.migration = migration
         self.deployer = deployer
         self.store = store
         self.quota = quota
+        self.queues = queues
         kind = str(deployer.kind)
         self.deploy = deploy_of(REMOTE_WRITE if kind == DeployKind.FILE.value else kind)
         # The snapshot this step's deploy was made from, loaded before it wrote: undoing an unrecorded deploy
@@ -135,10 +138,29 @@ class DeployStep:
         self._deployed_from: DeploySnapshot | None = None
 
     def snapshot(self, now: datetime) -> dict[str, Any]:
+        """The queue cap's pre-flight first (a merge swap where it makes room; refused in one line, nothing
+        deployed and no snapshot, when it cannot), then the snapshot of what the deploy will change."""
         m = self.migration
+        queues = self.queue_preflight(now, merge=True)
         info = take_snapshot(self.deployer, self.store, group=m.group.name, run_id=m.run_id)
+        if queues is not None:
+            info["queues"] = queues
         m.record(EventKind.SNAPSHOT_TAKEN, now, info)
         return info
+
+    def queue_preflight(self, now: datetime, *, merge: bool) -> dict[str, Any] | None:
+        """Room under the source's queue cap for this group's own entry (``steps.queues.QueueCap``), on every path
+        that adds a source queue; ``DeployStepFailed`` in one line with the count when there is none (recorded as
+        ``queue_cap_refused``). None: this path adds no queue (the managed collector), or no cap is wired."""
+        if self.queues is None or not self.deploy.source_queue:
+            return None
+        m = self.migration
+        try:
+            return self.queues.preflight(group=m.group.name, record=m.record, now=now, merge=merge)
+        except QueueCapError as exc:
+            raise DeployStepFailed(str(exc)) from None
+        except SwapFailed as exc:  # the merge that would make room was not proven: undone (queue_swap_undone)
+            raise DeployStepFailed(f"no room under the source's queue cap: {exc}") from None
 
     def load(self, snapshot_info: Mapping[str, Any]) -> DeploySnapshot:
         """The stored snapshot, checked against the hash recorded when it was taken (``SnapshotLost``)."""
@@ -175,6 +197,8 @@ class DeployStep:
 
             def quota() -> dict[str, Any]:
                 return quota_preflight(m, check, now=now)
+        # Before anything else is set: another group may have taken the room since the snapshot step.
+        self.queue_preflight(now, merge=False)
         try:
             tenant = set_tenant_limit(m)  # before the deploy: a refused tenant leaves nothing deployed
             self._deployed_from = self.load(snapshot_info)
@@ -244,6 +268,7 @@ class DeployStep:
         evidence: dict[str, Any] = {"performed": True, "method": f"{self.deploy.kind}_restore", "reason": reason,
                                     "config_sha256": snapshot_info.get("sha256")}
         try:
+            left = self.leave_merged()
             try:
                 snapshot: DeploySnapshot | None = self.load(snapshot_info)
             except SnapshotLost as exc:
@@ -256,8 +281,12 @@ class DeployStep:
             if snapshot is None:
                 result = withdraw(now, expect_sha256=snapshot_info.get("sha256"))
                 record = {**(result.details.get("record") or {}), "snapshot_error": evidence["snapshot_error"]}
-                return replace(result, details={**result.details, "record": record})
-            return self.deployer.restore(snapshot, now)
+                return replace(result, details={**result.details, "record": {**record, **left}})
+            result = self.deployer.restore(snapshot, now)
+            if left:
+                record = {**(result.details.get("record") or {}), **left}
+                result = replace(result, details={**result.details, "record": record})
+            return result
         except Exception as exc:
             self.migration.record(EventKind.ROLLBACK_FAILED, now, {
                 **evidence, "performed": False, "restored_identical": False,
@@ -265,6 +294,16 @@ class DeployStep:
             if isinstance(exc, DeployError):
                 raise DeployStepFailed(f"rollback: {exc}") from exc
             raise
+
+    def leave_merged(self) -> dict[str, Any]:
+        """A group merged into a shared entry leaves it first, by one more swap (``QueueCap.leave``: add the merged
+        entry without it, prove it carries the others, remove the old one; audited as ``queue_swap_added`` and
+        ``queue_swap_done``); what the rollback records of it, {} when the group was not merged. A retry after a
+        crash resumes the swap from what the config holds."""
+        if self.queues is None or not self.deploy.source_queue:
+            return {}
+        outcome = self.queues.leave(group=self.migration.group.name, record=self.migration.record)
+        return {} if outcome is None else {"left_merged_entry": outcome.to_dict()["swap"]}
 
     def finish_rollback(self, event: Mapping[str, Any], snapshot_info: Mapping[str, Any], *, reason: str,
                         now: datetime, extra: Mapping[str, Any] | None = None,

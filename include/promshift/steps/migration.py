@@ -133,12 +133,14 @@ class GroupMigration:
                  run_params: RunParams | None = None,
                  deployer: ConfigDeployer | Callable[[], ConfigDeployer] | None = None,
                  snapshots: SnapshotStore | None = None, quota: Any = None, probes: Probes | None = None,
-                 source_file: Callable[[], Any] | None = None) -> None:
+                 source_file: Callable[[], Any] | None = None, queues: Any = None) -> None:
         """Every outside system comes in through a port (``core.ports``), wired by ``orchestration.compose`` (for a
         task, ``orchestration.wiring``): ``deployer``, the group's ConfigDeployer (or what builds it when first
         needed: one switch on the kind, in the wiring); ``snapshots``, where its snapshots go; ``quota``, the
         workspace's pre-flight; ``snapshot_blobs``, where the decommission keeps its snapshot; ``probes``, the
-        measurements; ``source_file``, what builds the source's config file deployer (the decommission's drop)."""
+        measurements; ``source_file``, what builds the source's config file deployer (the decommission's drop);
+        ``queues``, the source's queue cap and swap (``steps.queues.QueueCap``: the deploy's pre-flight, the
+        rollback's leave of a merged entry)."""
         self.group = group
         # What the trigger form asked for (dry run, change ticket, warm-up override, reason).
         self.run_params = run_params or RunParams()
@@ -155,6 +157,7 @@ class GroupMigration:
         self._quota = quota
         self._probes = probes
         self._source_file = source_file
+        self._queues = queues
 
     # -- helpers -------------------------------------------------------------------------
     def _port(self, value: Any, name: str) -> Any:
@@ -184,7 +187,7 @@ class GroupMigration:
         store = self._port(self._snapshots, "snapshot store")
         if callable(deployer) and not isinstance(deployer, ConfigDeployer):
             deployer = deployer()
-        return DeployStep(self, deployer, store, quota=self._quota)
+        return DeployStep(self, deployer, store, quota=self._quota, queues=self._queues)
 
     def entry(self) -> dict[str, Any]:
         return group_entry(self.group, self.backends.target_remote_write_url, self.backends.target_sigv4)
@@ -567,7 +570,7 @@ class GroupMigration:
                 return (f"approval {data['decision']} by {data['by']}"
                         + (f": {data['comment']}" if data.get("comment") else ""))
             # The deploy path's own refusal (AWS's reason).
-            if ev.kind in (EventKind.DEPLOY_FAILED, EventKind.QUOTA_REFUSED):
+            if ev.kind in (EventKind.DEPLOY_FAILED, EventKind.QUOTA_REFUSED, EventKind.QUEUE_CAP_REFUSED):
                 return f"{ev.kind.replace('_', ' ')}: {data.get('reason')}"
             if ev.kind in (EventKind.WARMUP_TIMEOUT, EventKind.WARMUP_ERROR, EventKind.WARMUP_FAILED):
                 return f"warm-up {data.get('status')}: {data.get('reason')}"

@@ -15,7 +15,7 @@ not where it stands.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,6 +30,8 @@ from promshift.core.queues import (
     Swap,
     SwapProof,
     admit_dual_write,
+    admit_loaded,
+    own_entry_groups,
     plan_leave,
     plan_merge,
     promshift_queues,
@@ -38,7 +40,7 @@ from promshift.core.queues import (
     swap_proof,
     undo_added,
 )
-from promshift.core.render import sha256_bytes
+from promshift.core.render import RenderError, remote_write_names, sha256_bytes
 from promshift.core.verdicts import Verdict
 
 log = logging.getLogger(__name__)
@@ -193,3 +195,76 @@ class QueueSwap:
         """A rollback's first move for a merged group: out of the merged entry by one more swap (None: not merged)."""
         swap = self.plan_leave(group=group)
         return None if swap is None else self.run(swap, clock=clock, wait=wait)
+
+
+# -- the cap's pre-flight and the rollback's leave, for the deploy step (``steps.deploy.DeployStep``) -------------
+
+
+@dataclass(frozen=True)
+class QueueCap:
+    """What a deploy path that adds a source queue knows of the source's queues (wired by the composition root).
+
+    ``cap()``: the source's cap (read when a pre-flight needs it, so a bad setting refuses the deploy and never
+    blocks a rollback); ``loaded_names()``: the ``remote_write`` names the source has loaded (every path);
+    ``has_cut_over(group)``: whether the group has cut over (the audit's stage); ``swap_ports()``: the path's
+    swap (a ``ConfigDeployer`` per change and the probe), None where no swap is built (only the file path has
+    one); ``clock``/``wait``: a swap's time.
+    """
+
+    cap: Callable[[], int]
+    url: str
+    loaded_names: Callable[[], Sequence[str]]
+    has_cut_over: Callable[[str], bool]
+    swap_ports: Callable[[], tuple[Callable[[ConfigChange], ConfigDeployer], QueueProbe]] | None
+    clock: Callable[[], datetime]
+    wait: Callable[[float], None]
+    proof_deadline_s: float = 300.0
+    poll_s: float = 5.0
+
+    def swaps(self, record: Record) -> QueueSwap | None:
+        if self.swap_ports is None:
+            return None
+        deployer_for, probe = self.swap_ports()
+        return QueueSwap(deployer_for=deployer_for, probe=probe, record=record,
+                         proof_deadline_s=self.proof_deadline_s, poll_s=self.poll_s)
+
+    def _cap(self, group: str, record: Record, now: datetime) -> int:
+        try:
+            return self.cap()
+        except ValueError as exc:  # fails closed: a bad setting refuses the deploy, never falls back
+            record(EventKind.QUEUE_CAP_REFUSED, now, {"group": group, "reason": str(exc)})
+            raise QueueCapError(str(exc)) from None
+
+    def preflight(self, *, group: str, record: Record, now: datetime, merge: bool) -> dict[str, Any]:
+        """Room under the cap for ``group``'s own entry, or ``QueueCapError`` (recorded as ``queue_cap_refused``,
+        nothing deployed). ``merge``: where the path has a swap, merge the cut-over groups first when that makes room
+        (the snapshot step, before its snapshot); otherwise count the loaded config only (the deploy, right before
+        it deploys: another group may have taken the room since)."""
+        cap = self._cap(group, record, now)
+        swaps = self.swaps(record) if merge else None
+        if swaps is not None:
+            cut_over = [g for g in own_entry_groups(remote_write_names(swaps.live())) if self.has_cut_over(g)]
+            try:
+                admission = swaps.admit(group=group, url=self.url, cap=cap, cut_over=cut_over, clock=self.clock,
+                                        wait=self.wait)
+            except RenderError as exc:  # an entry the merge cannot read back (a hand edit, an HA pair's dedup)
+                reason = f"the source is at its cap of {cap} promshift queues and the merge cannot run: {exc}"
+                record(EventKind.QUEUE_CAP_REFUSED, now, {"group": group, "cap": cap, "reason": reason})
+                raise QueueCapError(reason) from None
+        else:
+            names = list(self.loaded_names())
+            cut_over = [g for g in own_entry_groups(names) if self.has_cut_over(g)]
+            admission = admit_loaded(names, group=group, cap=cap, cut_over=cut_over,
+                                     can_merge=self.swap_ports is not None)
+            if not admission.allowed:
+                record(EventKind.QUEUE_CAP_REFUSED, now, {"group": group, "count": admission.count, "cap": cap,
+                                                          "reason": admission.reason})
+                raise QueueCapError(admission.reason)
+        return {"count": admission.count, "cap": cap, "reason": admission.reason,
+                "merged_first": None if admission.merge_first is None else admission.merge_first.to_dict()}
+
+    def leave(self, *, group: str, record: Record) -> SwapOutcome | None:
+        """A rollback's first move on a path with a swap: ``group`` out of its merged entry (None: not merged, or
+        no swap on this path, where nothing is ever merged)."""
+        swaps = self.swaps(record)
+        return None if swaps is None else swaps.leave(group=group, clock=self.clock, wait=self.wait)

@@ -325,8 +325,8 @@ def test_group_entry_must_be_a_mapping() -> None:
         ),
         (
             lambda d: d["defaults"].update(rollout={}),
-            "defaults: field 'rollout': unknown field (known: approval_timeout, bake, host_label, latency, notify, "
-            "parity, paused_waves, replicas, scrape_interval, source, target, tenant, warmup)",
+            "defaults: field 'rollout': unknown field (known: approval_timeout, bake, host_label, latency, "
+            "max_queues, notify, parity, paused_waves, replicas, scrape_interval, source, target, tenant, warmup)",
         ),
         (
             lambda d: d["defaults"]["warmup"].update(length="10m"),
@@ -1201,3 +1201,21 @@ def test_regex_examples_are_names_the_regex_matches() -> None:
     assert regex_examples("DCGM_FI_DEV_(SM|MEM)_CLOCK") == ["DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK"]
     assert regex_examples("a[0-9]+b") == ["a0b"]
     assert regex_examples("(?<") == []  # unreadable here: no example, and the regex check reports it
+
+
+# --------------------------------------------------------------------------- the source's queue cap
+
+
+def test_max_queues_is_a_defaults_setting_checked_at_catalog_check() -> None:
+    from promshift.core.queues import DEFAULT_QUEUE_CAP
+
+    doc = base_doc()
+    assert all(g.max_queues == DEFAULT_QUEUE_CAP == 4 for g in parse(doc).groups)
+    doc["defaults"]["max_queues"] = 6
+    assert {g.max_queues for g in parse(doc).groups} == {6}
+    for bad, why in ((0, "must be >= 1, got 0"), (65, "must be <= 64, got 65"), ("4", "must be an integer, got '4'")):
+        doc["defaults"]["max_queues"] = bad
+        assert problems_of(doc) == (f"defaults: field 'max_queues': {why}",)
+    doc = base_doc()
+    group(doc, "gpu-memory")["max_queues"] = 2  # one source's cap: not a group's to set
+    assert any("field 'max_queues': unknown field" in line for line in problems_of(doc))

@@ -261,3 +261,39 @@ def test_the_carrying_entry_is_found_in_the_config_a_server_reports_too() -> Non
     text = yaml.safe_dump(loaded)
     assert carrying_entry(text, "b") == swap.added_name
     assert carrying_entry(text, "z") is None
+
+
+def test_the_cap_on_loaded_names_counts_promshift_entries_only_and_never_merges() -> None:
+    from promshift.core.queues import admit_loaded, own_entry_groups
+
+    names = ["other", "promshift-a", "promshift-b", "promshift--merged-0123456789ab", "promshift-c"]
+    assert own_entry_groups(names) == ["a", "b", "c"]
+    assert admit_loaded(names[:3], group="e", cap=4).allowed
+    assert admit_loaded(names, group="c", cap=4).allowed  # a retry: its own entry is there
+    refused = admit_loaded(names, group="e", cap=4, cut_over=["a", "zz"])
+    assert not refused.allowed and refused.count == 4 and refused.merge_first is None
+    assert refused.reason == ("source already carries 4 promshift remote_write queues (cap 4) and none can be merged "
+                              "(1 of them cut over, but a merge swap is built on the file path only); cut one over "
+                              "or raise the cap before 'e'")
+    assert "no group among them has cut over" in admit_loaded(names, group="e", cap=4).reason
+    assert "run again to merge them" in admit_loaded(names, group="e", cap=4, cut_over=["a"], can_merge=True).reason
+
+
+def test_under_the_cap_nothing_is_parsed_so_an_entry_promshift_cannot_merge_blocks_nobody() -> None:
+    odd = add_remote_write(BASE, {"name": "promshift-ha", "url": URL, "write_relabel_configs": [
+        {"source_labels": ["__name__"], "regex": "X", "action": "keep"},
+        {"source_labels": ["prometheus_replica"], "target_label": "__replica__", "action": "replace"}]})
+    assert admit_dual_write(odd, group="e", url=URL, cap=4, cut_over=["ha"]).allowed
+    with pytest.raises(RenderError, match="not the shape promshift writes"):
+        admit_dual_write(with_groups("a", "b", "c", base=odd), group="e", url=URL, cap=4, cut_over=["a", "b"])
+
+
+def test_the_cap_comes_from_the_connection_else_the_catalog_and_a_bad_one_fails_closed() -> None:
+    from promshift.core.queues import queue_cap_of
+
+    assert queue_cap_of(None, 4, conn_id="src") == 4
+    assert queue_cap_of(None, 7, conn_id="src") == 7
+    assert queue_cap_of(12, 4, conn_id="src") == 12
+    for bad in ("12", 0, 65, True, 3.0):
+        with pytest.raises(ValueError, match=r"connection 'src' extra.max_queues must be an integer from 1 to 64"):
+            queue_cap_of(bad, 4, conn_id="src")

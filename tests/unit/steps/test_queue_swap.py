@@ -188,3 +188,222 @@ def test_the_pre_flight_merges_first_or_refuses_with_the_count() -> None:
     assert swaps.leave(group="d", clock=clock, wait=clock.wait) is None  # not merged: nothing to leave
     assert swaps.leave(group="b", clock=clock, wait=clock.wait) is not None
     assert [q.groups() for q in promshift_queues(source.data)] == [("d",), ("a", "c")]
+
+
+# -- the deploy step: the cap's pre-flight on every path, and a merged group's rollback ---------------------------
+
+
+class GroupDeployer:
+    """A group's own entry in ``FakeSource``'s config, as the file path's deployer adds it and takes it back (its
+    restore keeps what others changed since the snapshot and removes only its entry, as ``keep_others`` does)."""
+
+    kind = "file"
+
+    def __init__(self, source: FakeSource, group: str) -> None:
+        self.source = source
+        self.entry = remote_write_entry(group_name=group, name_regex=f"M_{group}", url=URL)
+        self.calls: list[str] = []
+
+    def snapshot(self) -> DeploySnapshot:
+        self.calls.append("snapshot")
+        return DeploySnapshot("file", "cfg", self.source.data.decode(), {"existed": True})
+
+    def deploy(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
+        self.calls.append("deploy")
+        if self.source.data.decode() != snapshot.content:
+            raise DeployError("changed since the snapshot was taken; refusing to deploy")
+        self.source.data = add_remote_write(self.source.data, self.entry)
+        return DeployResult("file", "deploy", DeployState.WAITING).observed("LIVE", now, state=DeployState.DONE,
+                                                                            remote_write=self.entry["name"])
+
+    def verify(self, result: DeployResult, now: datetime) -> DeployResult:
+        return result
+
+    def restore(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
+        from promshift.core.render import remove_remote_write
+
+        self.calls.append("restore")
+        self.source.data = remove_remote_write(self.source.data, str(self.entry["name"]))
+        identical = self.source.data.decode() == snapshot.content
+        return DeployResult("file", "restore", DeployState.WAITING).observed(
+            "RESTORED", now, state=DeployState.DONE, record={"restored_identical": identical})
+
+
+def group_run(tmp_path: Any, audit: Any, name: str, deployer: Any, queues: Any, store: Any = None) -> Any:
+    from promshift.adapters.prometheus import PrometheusClient
+    from promshift.adapters.routing import RoutingStore
+    from promshift.core.catalog import MetricGroup
+    from promshift.core.deploy import InMemorySnapshotStore
+    from promshift.orchestration.compose import compose_migration
+    from promshift.steps.migration import Backends
+
+    # Nothing listens here: these steps read the source only through the fakes.
+    backends = Backends(source=PrometheusClient("http://127.0.0.1:9"), target=PrometheusClient("http://127.0.0.1:9"),
+                        source_config_path=str(tmp_path / "prometheus.yml"), target_remote_write_url=URL)
+    return compose_migration(MetricGroup(name=name, metrics=(f"M_{name}",), owners=("o",), approvers=("p",)),
+                             backends, audit=audit, routing=RoutingStore(audit.url), run_id=f"manual__{name}",
+                             snapshot_blobs=object(), deployer=deployer, snapshots=store or InMemorySnapshotStore(),
+                             queues=queues)
+
+
+@pytest.fixture
+def audit(tmp_path: Any) -> Any:
+    from promshift.adapters.audit_store import AuditStore
+
+    store = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
+    yield store
+    store.engine.dispose()
+
+
+def cap_of(*, cap: Any = lambda: 4, names: Any = lambda: [], cut_over: Any = lambda g: False,
+           source: FakeSource | None = None, probe: FakeProbe | None = None, clock: Clock | None = None) -> Any:
+    from promshift.steps.queues import QueueCap
+
+    clock = clock or Clock()
+    ports = None if source is None else (lambda: (source.deployer_for, probe))
+    return QueueCap(cap=cap, url=URL, loaded_names=names, has_cut_over=cut_over, swap_ports=ports, clock=clock,
+                    wait=clock.wait, proof_deadline_s=60.0, poll_s=5.0)
+
+
+def kinds(audit: Any, group: str) -> list[str]:
+    return [e.kind for e in audit.events(group=group)]
+
+
+@pytest.mark.parametrize("kind", ["k8s-cr", "k8s-configmap", "git"])
+def test_past_the_cap_a_dual_write_is_refused_in_one_line_before_anything_is_deployed(
+        tmp_path: Any, audit: Any, kind: str) -> None:
+    from promshift.core.deploy import InMemoryConfigDeployer
+    from promshift.steps.deploy import DeployStepFailed
+
+    loaded = ["other", "promshift-a", "promshift-b", "promshift-c", "promshift--merged-0123456789ab"]
+    deployer = InMemoryConfigDeployer("cfg", "cfg+e", kind=kind)
+    m = group_run(tmp_path, audit, "e", deployer, cap_of(names=lambda: loaded))
+    with pytest.raises(DeployStepFailed) as refused:
+        m.snapshot(T0)
+    line = str(refused.value)
+    assert "\n" not in line and "carries 4 promshift remote_write queues (cap 4)" in line and "'e'" in line
+    assert "no group among them has cut over" in line
+    assert deployer.calls == [] and deployer.live == "cfg"  # no snapshot, nothing deployed
+    assert kinds(audit, "e") == ["queue_cap_refused"]
+    assert audit.events(group="e")[0].evidence_data["count"] == 4
+
+    # Cut-over groups on a path without a swap: still refused, saying why nothing is merged.
+    m = group_run(tmp_path, audit, "e", deployer, cap_of(names=lambda: loaded, cut_over=lambda g: g in "ab"))
+    with pytest.raises(DeployStepFailed, match="2 of them cut over, but a merge swap is built on the file path only"):
+        m.snapshot(T0)
+    # A cap of 5 (the connection's extra.max_queues) makes room: snapshot, then deploy.
+    m = group_run(tmp_path, audit, "e", deployer, cap_of(cap=lambda: 5, names=lambda: loaded))
+    info = m.snapshot(T0)
+    assert info["queues"]["count"] == 4 and info["queues"]["cap"] == 5
+    m.deploy_step.start(info, T0)
+    assert deployer.calls == ["snapshot", "deploy"] and deployer.live == "cfg+e"
+
+
+def test_room_taken_between_snapshot_and_deploy_is_refused_before_the_deploy(tmp_path: Any, audit: Any) -> None:
+    from promshift.core.deploy import InMemoryConfigDeployer
+    from promshift.steps.deploy import DeployStepFailed
+
+    loaded = ["promshift-a", "promshift-b", "promshift-c"]
+    deployer = InMemoryConfigDeployer("cfg", "cfg+e", kind="k8s-cr")
+    m = group_run(tmp_path, audit, "e", deployer, cap_of(names=lambda: list(loaded)))
+    info = m.snapshot(T0)
+    loaded.append("promshift-d")  # another group's deploy took the last slot meanwhile
+    with pytest.raises(DeployStepFailed, match=r"carries 4 promshift remote_write queues \(cap 4\)"):
+        m.deploy_step.start(info, T0)
+    assert deployer.calls == ["snapshot"] and deployer.live == "cfg"
+    assert kinds(audit, "e")[-1] == "queue_cap_refused"
+
+
+def test_a_bad_cap_fails_closed_and_never_blocks_a_rollback(tmp_path: Any, audit: Any) -> None:
+    from promshift.core.deploy import InMemoryConfigDeployer
+    from promshift.core.queues import queue_cap_of
+    from promshift.steps.deploy import DeployStepFailed
+
+    deployer = InMemoryConfigDeployer("cfg", "cfg+e", kind="k8s-cr")
+    bad = cap_of(cap=lambda: queue_cap_of("8", 4, conn_id="promshift_source"))
+    m = group_run(tmp_path, audit, "e", deployer, bad)
+    with pytest.raises(DeployStepFailed, match=r"connection 'promshift_source' extra.max_queues must be an integer"):
+        m.snapshot(T0)
+    assert deployer.calls == [] and kinds(audit, "e") == ["queue_cap_refused"]
+    # The rollback reads no cap: a group deployed before the setting went bad still rolls back.
+    good = group_run(tmp_path, audit, "f", InMemoryConfigDeployer("cfg", "cfg+f", kind="k8s-cr"), cap_of())
+    info = good.snapshot(T0)
+    good.deploy_dual_write(info, T0)
+    rolled = group_run(tmp_path, audit, "f", good.deploy_step.deployer, bad,
+                       store=good.deploy_step.store).rollback(info, reason="test", now=T0)
+    assert rolled["performed"] is True and kinds(audit, "f")[-1] == "rolled_back"
+
+
+def test_the_managed_collector_adds_no_source_queue_so_no_cap_applies(tmp_path: Any, audit: Any) -> None:
+    from promshift.core.deploy import InMemoryConfigDeployer
+
+    full = ["promshift-a", "promshift-b", "promshift-c", "promshift-d"]
+    deployer = InMemoryConfigDeployer(None, "scraper", kind="scraper")
+    m = group_run(tmp_path, audit, "e", deployer, cap_of(names=lambda: full))
+    assert "queues" not in m.snapshot(T0)
+
+
+def test_the_file_path_merges_first_then_a_merged_group_rolls_back_out_of_the_merged_entry(
+        tmp_path: Any, audit: Any) -> None:
+    from promshift.core.stages import CUT_OVER_OR_LATER
+
+    source, clock = FakeSource(BASE), Clock()
+    probe = FakeProbe({g: 3 for g in "abcde"})
+    cut_over = {"a", "b", "c"}
+
+    def run(group: str) -> tuple[Any, dict[str, Any]]:
+        queues = cap_of(names=lambda: remote_write_names(source.data), cut_over=lambda g: g in cut_over,
+                        source=source, probe=probe, clock=clock)
+        m = group_run(tmp_path, audit, group, GroupDeployer(source, group), queues)
+        info = m.snapshot(clock())
+        m.deploy_dual_write(info, clock())
+        return m, info
+
+    runs = {g: run(g) for g in "abcd"}  # four queues: the cap
+    assert [q.name for q in promshift_queues(source.data)] == [f"promshift-{g}" for g in "abcd"]
+    _, info_e = run("e")  # a, b and c have cut over: merged first, then e's snapshot and deploy
+    assert [q.groups() for q in promshift_queues(source.data)] == [("d",), ("a", "b", "c"), ("e",)]
+    assert info_e["queues"]["merged_first"]["remove"] == ["promshift-a", "promshift-b", "promshift-c"]
+    assert kinds(audit, "e") == ["queue_swap_added", "queue_swap_done", "snapshot_taken", "dual_write_deployed"]
+    assert all(audit.stage_of(g).value not in CUT_OVER_OR_LATER for g in "e")
+
+    # b rolls back: out of the merged entry by one more swap first, then its own restore.
+    m_b, info_b = runs["b"]
+    before = source.data
+    rolled = m_b.rollback(info_b, reason="bake failed", now=clock())
+    assert [q.groups() for q in promshift_queues(source.data)] == [("d",), ("e",), ("a", "c")]
+    assert rolled["left_merged_entry"]["leaving"] == "b" and rolled["performed"] is True
+    assert kinds(audit, "b")[-3:] == ["queue_swap_added", "queue_swap_done", "rolled_back"]
+    # Byte for byte on the rest: only the merged entry's lines changed.
+    from promshift.core.render import remove_remote_write
+
+    def rest(data: bytes) -> bytes:
+        for name in remote_write_names(data):
+            if name.startswith("promshift-"):
+                data = remove_remote_write(data, name)
+        return data
+
+    assert rest(source.data) == rest(before) == BASE
+    # Retried (the task ran again): nothing more to leave, no second swap; the first rollback's record comes back.
+    again = m_b.rollback(info_b, reason="bake failed", now=clock())
+    assert again["already_rolled_back"] is True and again["left_merged_entry"]["leaving"] == "b"
+    assert kinds(audit, "b").count("queue_swap_done") == 1
+
+
+def test_a_merge_that_cannot_be_proven_refuses_the_deploy_and_leaves_the_config_as_it_was(
+        tmp_path: Any, audit: Any) -> None:
+    from promshift.core.queues import MERGEABLE_STAGES
+    from promshift.core.stages import Stage
+    from promshift.steps.deploy import DeployStepFailed
+
+    assert Stage.DECOMMISSIONED not in MERGEABLE_STAGES and Stage.BAKED in MERGEABLE_STAGES
+    source, clock = FakeSource(config_with("a", "b", "c", "d")), Clock()
+    before = source.data
+    queues = cap_of(names=lambda: remote_write_names(source.data), cut_over=lambda g: g in "abc", source=source,
+                    probe=FakeProbe({g: 3 for g in "abcde"}, fresh_after=10**6), clock=clock)
+    deployer = GroupDeployer(source, "e")
+    m = group_run(tmp_path, audit, "e", deployer, queues)
+    with pytest.raises(DeployStepFailed, match=r"^no room under the source's queue cap: merged entry .* not proven"):
+        m.snapshot(clock())
+    assert source.data == before and deployer.calls == []
+    assert kinds(audit, "e") == ["queue_swap_added", "queue_swap_undone"]

@@ -18,6 +18,7 @@ from promshift.core.catalog.model import (
     AGGREGATION_FAMILY,
     AGGREGATION_OPERATIONS,
     CONN_ID_MAX_LENGTH,
+    MAX_QUEUE_CAP,
     NOTIFY_CHANNELS,
     PARITY_ENGINES,
     PARITY_MODES,
@@ -656,6 +657,8 @@ _WAVE_FIELDS = ("source", "target")
 _DEFAULTS_ONLY_FIELDS: dict[str, _Field] = {
     # Waves held back: a group in a paused wave does not start (its validate step refuses, audited).
     "paused_waves": _Field("paused_waves", _unique_list(_integer(minimum=1), what="wave", non_empty=False)),
+    # The promshift remote_write queues a source carries at most (core.queues; a connection may override it).
+    "max_queues": _Field("max_queues", _integer(minimum=1, maximum=MAX_QUEUE_CAP)),
 }
 _TOP_LEVEL_KEYS = ("version", "defaults", "waves", "profiles", "groups")
 

@@ -297,6 +297,11 @@ class Aggregate:
         return aggregation_of(self)
 
 
+# Bounded write queues (``core.queues``): the default cap, and the most a catalog or connection may set.
+DEFAULT_QUEUE_CAP = 4
+MAX_QUEUE_CAP = 64
+
+
 @dataclass(frozen=True)
 class MetricGroup:
     """A set of metric names that migrates, is verified and is cut over as one unit.
@@ -336,6 +341,9 @@ class MetricGroup:
     aggregations: tuple[Aggregate, ...] = ()
     # Waves the catalog holds back (``defaults.paused_waves``): a group in one does not start.
     paused_waves: tuple[int, ...] = ()
+    # The promshift remote_write queues a source carries at most (``defaults.max_queues``; a source connection's
+    # ``extra.max_queues`` overrides it for that source): ``core.queues``.
+    max_queues: int = DEFAULT_QUEUE_CAP
     # The Airflow connections of the group's source Prometheus (its cluster) and target (its workspace):
     # from the group, else its wave (``waves:``), else ``defaults:``, else promshift_source/promshift_target.
     source: str = DEFAULT_SOURCE_CONN
