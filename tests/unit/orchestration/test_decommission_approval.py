@@ -64,7 +64,9 @@ def seed(audit: AuditStore, prepared: dict[str, Any]) -> None:
 
 
 def answer(accept: Any, choice: str = "Approve") -> dict[str, Any]:
-    params = {"comment": "bake reviewed"} if accept is None else {"comment": "bake reviewed", ACCEPT_HISTORY_LOSS: accept}
+    params: dict[str, Any] = {"comment": "bake reviewed"}
+    if accept is not None:
+        params[ACCEPT_HISTORY_LOSS] = accept
     return {"chosen_options": [choice], "params_input": params, "responded_at": datetime.now(UTC),
             "responded_by_user": {"id": APPROVER, "name": APPROVER}, "timedout": False}
 
