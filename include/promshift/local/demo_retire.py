@@ -109,10 +109,17 @@ def wait_deployed(airflow: Any, dag_id: str, run_id: str, *, timeout_s: float, p
 
 
 def target_samples_after(client: PrometheusClient, selector: str, after: float, *, window_s: int = 120
-                         ) -> list[float]:
-    """The sample times of ``selector`` on the target newer than ``after`` (every series)."""
+                         ) -> list[int]:
+    """For each series of ``selector`` on the target, how many of its samples are newer than ``after``."""
     result = client.query(f"{selector}[{window_s}s]")
-    return sorted(t for series in result.series for t, _ in series.points if t > after)
+    return [sum(1 for t, _ in series.points if t > after) for series in result.series]
+
+
+def receiving_summary(counts: Sequence[int]) -> dict[str, int]:
+    """A group's series on the target: how many, how many have ``SCRAPES_AFTER`` samples newer than the switch,
+    and the most any one has."""
+    return {"series": len(counts), "series_with_scrapes_after": sum(1 for n in counts if n >= SCRAPES_AFTER),
+            "most_after": max(counts, default=0)}
 
 
 def source_query_status(url: str) -> tuple[int, str]:
@@ -167,15 +174,21 @@ def follow_approval(airflow: Any, dag_id: str, run_id: str, *, timeout_s: float,
 
 
 def measure_receiving(client: PrometheusClient, groups: Sequence[MetricGroup], after: float, *, scrape_s: float,
-                      timeout_s: float = 120.0) -> dict[str, int]:
-    """Each group's count of samples on the target newer than ``after``, polled until every group has
-    ``SCRAPES_AFTER`` scrapes' worth per series (one series suffices: its times) or the time is up."""
+                      timeout_s: float = 120.0) -> dict[str, dict[str, int]]:
+    """Each group's series on the target and their samples newer than ``after`` (``receiving_summary``), polled
+    until every series of every group has ``SCRAPES_AFTER`` of them (two scrapes of the same series after the
+    switch: the agent forwards it) or the time is up."""
     deadline = time.time() + max(timeout_s, 6 * scrape_s)
     while True:
-        counts = {g.name: len(set(target_samples_after(client, g.selector(), after))) for g in groups}
-        if all(n >= SCRAPES_AFTER for n in counts.values()) or time.time() > deadline:
-            return counts
+        seen = {g.name: receiving_summary(target_samples_after(client, g.selector(), after)) for g in groups}
+        if all(is_receiving(v) for v in seen.values()) or time.time() > deadline:
+            return seen
         time.sleep(max(1.0, scrape_s / 2))
+
+
+def is_receiving(summary: Mapping[str, int]) -> bool:
+    """A group is received when it has series on the target and every one has two samples after the switch."""
+    return summary["series"] > 0 and summary["series_with_scrapes_after"] == summary["series"]
 
 
 def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: float = MIGRATE_TIMEOUT_S) -> Path:
@@ -247,8 +260,9 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
     scrape_s = max(g.scrape_interval_s for g in groups)
     received = measure_receiving(PrometheusClient(stack.target_url), groups, agent_since, scrape_s=scrape_s)
     still_agent = probe_mode(stack.source_url) == "agent"
-    receiving = mode_after == "agent" and still_agent and all(n >= SCRAPES_AFTER for n in received.values())
-    log.info("after the retire: source %s, answers a query with %s; target samples per group since the switch: %s",
+    receiving = mode_after == "agent" and still_agent and all(is_receiving(v) for v in received.values())
+    log.info("after the retire: source %s, answers a query with %s; each group's series on the target with two "
+             "samples newer than a moment it was an agent: %s",
              mode_after, status_after, received)
 
     unretire_run = airflow.trigger(UNRETIRE_DAG_ID, conf={SOURCE_PARAM: SOURCE_CONN, "reason": "demo: undo"})
@@ -275,7 +289,7 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
             "before": {"mode": mode_before, "query_status": status_before, "config_sha256": _sha(config_before),
                        "argv": list(argv_before)},
             "retired": {"mode": mode_after, "query_status": status_after, "query_answer": answer_after,
-                        "target_samples_since_agent": received, "agent_since": agent_since,
+                        "target_since_agent": received, "agent_since": agent_since,
                         "agent_throughout": still_agent},
             "undone": {"mode": mode_undone, "query_status": status_undone, "config_sha256": _sha(config_undone),
                        "argv_identical": argv_undone == argv_before,
@@ -307,8 +321,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
              "Groups: " + ", ".join(f"{n} {s}" for n, s in report["groups"].items()), "",
              f"- mode after the retire: **{r['mode']}** (its /-/ready)",
              f"- source storing: **{r['source_storing']}** (a query answered {m['retired']['query_status']})",
-             f"- target receiving every group: **{r['target_receiving']}** (samples newer than a "
-             f"moment it was already an agent: {m['retired']['target_samples_since_agent']})",
+             f"- target receiving every group: **{r['target_receiving']}** (per group, its series and "
+             f"those with two samples newer than a moment it was an agent: {m['retired']['target_since_agent']})",
              f"- undo byte-identical: **{r['undo_byte_identical']}** (config sha256 {m['before']['config_sha256']} "
              f"-> {m['undone']['config_sha256']}, command line identical {m['undone']['argv_identical']})",
              f"- source usage before/after: {usage_b.get('rss_mb')} MB / {usage_a.get('rss_mb')} MB resident, "

@@ -103,9 +103,18 @@ def test_the_report_says_what_was_measured() -> None:
               "retire": {"mode": "agent", "target_receiving": True, "source_storing": False,
                          "undo_byte_identical": True},
               "measured": {"before": {"config_sha256": "aa"},
-                           "retired": {"query_status": 422, "target_samples_since_agent": {"util": 3}},
+                           "retired": {"query_status": 422, "target_since_agent": {"util": {"series": 2}}},
                            "undone": {"config_sha256": "aa", "argv_identical": True}},
               "proof": {"usage_before": {"rss_mb": 200.0}, "usage_after": {"rss_mb": 90.0}, "gaps_s": {"util": 5.0}}}
     text = report_markdown(report)
     assert "mode after the retire: **agent**" in text and "a query answered 422" in text
     assert "200.0 MB / 90.0 MB" in text and "rule:a/b" in text
+
+
+def test_a_group_is_received_only_when_every_series_has_two_samples_after_the_switch() -> None:
+    from promshift.local.demo_retire import is_receiving, receiving_summary
+
+    assert receiving_summary([3, 2, 5]) == {"series": 3, "series_with_scrapes_after": 3, "most_after": 5}
+    assert is_receiving(receiving_summary([3, 2, 5]))
+    assert not is_receiving(receiving_summary([3, 1, 5]))  # one series stopped at the switch
+    assert not is_receiving(receiving_summary([]))  # no data never passes
