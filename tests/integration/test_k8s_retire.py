@@ -195,3 +195,33 @@ def test_a_crash_between_the_agent_and_the_delete_resumes_and_a_foreign_agent_is
     with pytest.raises(Exception, match="not made from this Prometheus resource"):
         lab.switch.to_agent()
     assert _get(lab, PROMETHEUSES) is not None  # nothing deleted
+
+
+def test_the_stacks_k8s_component_retires_its_source_through_the_connection_the_demo_gives(
+        stack_config_factory: Any) -> None:
+    """The stack's ``k8s`` component (``python -m promshift.local.stack.k8s_api --mode-switch``) over its source:
+    the switch built as the retire DAG's wiring builds it, from the source connection's ``extra.kubernetes``."""
+    from promshift.core.deploy_kinds import K8S_CR, kubernetes_source_of
+    from promshift.core.retire import PROMETHEUS_ONLY_SPEC
+    from promshift.local.stack.local import LocalStack
+    from promshift.orchestration.hooks import kubernetes_hook
+
+    stack = LocalStack(stack_config_factory(nodes=2, kubernetes=True))
+    try:
+        stack.up(timeout=120)
+        before_cr, before_argv = stack.prometheus_cr(), stack.source_mode_switch().control.argv()
+        server_only = sorted(k for k in before_cr["spec"] if k in PROMETHEUS_ONLY_SPEC)
+        assert {"ruleSelector", "evaluationInterval"} <= set(server_only)  # the source's rule_files, its globals
+        source = kubernetes_source_of({"deploy": K8S_CR, "kubernetes": stack.kubernetes_source_extra(timeout_s=90)})
+        assert source is not None
+        switch = K8sSourceModeSwitch(kubernetes_hook(source), namespace=source.namespace, name=source.name,
+                                     url=stack.source_url, timeout_s=source.timeout_s)
+        assert switch.to_agent().changed and probe_mode(stack.source_url) == "agent"
+        assert switch.dropped == server_only
+        assert "--enable-feature=agent" in stack.source_mode_switch().control.argv()
+        undo = switch.restore()
+        assert undo.byte_identical is True and probe_mode(stack.source_url) == "server"
+        assert canonical(user_content(stack.prometheus_cr())) == canonical(user_content(before_cr))
+        assert stack.source_mode_switch().control.argv() == before_argv
+    finally:
+        stack.down()
