@@ -848,19 +848,22 @@ def main(argv: list[str] | None = None) -> int:
                        target_kind=fleet_target)
         return 0
     if args.scenario == "retire":  # every group of the local source baked, the source an agent, and back
-        if args.group or args.deploy not in (None, REMOTE_WRITE) or args.history is not None \
+        if args.group or args.deploy not in (None, REMOTE_WRITE, K8S_CR) or args.history is not None \
                 or args.executor != "local":
-            parser.error("--scenario retire migrates every group of the local source itself, with remote_write, "
-                         "the local executor, without history")
-        retire_target = args.target or "prometheus"
+            parser.error("--scenario retire migrates every group of the local source itself, with remote_write "
+                         "(or k8s-cr with --target amp), the local executor, without history")
+        retire_target = args.target or ("amp" if args.deploy == K8S_CR else "prometheus")
+        if args.deploy == K8S_CR and retire_target != "amp":
+            parser.error(f"--deploy {K8S_CR} needs --target amp")
         if retire_target == "amp" and (problem := local_amp_credentials_problem()):
             parser.error(problem)
         from promshift.local.demo_retire import run_retire
 
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        session = start_session(nodes=args.nodes, airflow_port=args.airflow_port, target_kind=retire_target)
-        print(run_retire(session, report_root=args.report_root))
+        session = start_session(nodes=args.nodes, airflow_port=args.airflow_port, target_kind=retire_target,
+                                kubernetes=args.deploy == K8S_CR)
+        print(run_retire(session, report_root=args.report_root, deploy=args.deploy or REMOTE_WRITE))
         return 0
     if args.scenario in LIFECYCLE_SCENARIOS:
         try:

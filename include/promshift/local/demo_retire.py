@@ -38,7 +38,7 @@ import requests
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.source_mode import probe_mode
 from promshift.core.catalog import MetricGroup
-from promshift.core.deploy_kinds import REMOTE_WRITE
+from promshift.core.deploy_kinds import K8S_CR, REMOTE_WRITE
 from promshift.core.events import EventKind
 from promshift.core.stages import CUT_OVER_OR_LATER, Stage
 from promshift.local.airflow_lab import APPROVER_USERS
@@ -53,6 +53,7 @@ from promshift.local.demo import (
 from promshift.local.demo_fleet import follow_runs
 from promshift.local.demo_lifecycle import BAKE_WATCH_DAG_ID
 from promshift.local.stack.local import LocalStack
+from promshift.local.stack.spec import K8S_NAME, K8S_NAMESPACE
 from promshift.orchestration.dag_factory import RETIRE_DAG_ID, UNRETIRE_DAG_ID, WAVES_DAG_ID
 from promshift.orchestration.wiring import SOURCE_PARAM
 from promshift.steps.retire import BAKED_STAGES, source_group
@@ -71,12 +72,14 @@ DEPLOY_WAIT_S = 600.0
 SCRAPES_AFTER = 2
 
 
-def retire_connections(stack: LocalStack) -> dict[str, dict[str, Any] | None]:
+def retire_connections(stack: LocalStack, deploy: str = REMOTE_WRITE) -> dict[str, dict[str, Any] | None]:
     """The scenario's connections: the source on the file path with the lab's process control (``mode_switch``,
-    LAB ONLY) and its query log (what retiring ends reads it), the target's ``remote_write`` connection; no
-    ``grafana_default`` (the scenario switches no dashboard)."""
-    source = source_connection(stack, REMOTE_WRITE)
-    source["extra"]["mode_switch"] = stack.source_mode_extra()
+    LAB ONLY), or for ``k8s-cr`` its ``Prometheus`` resource (the operator stand-in switches the process); its
+    query log (what retiring ends reads it); the target's ``remote_write`` connection; no ``grafana_default``
+    (the scenario switches no dashboard)."""
+    source = source_connection(stack, deploy)
+    if deploy == REMOTE_WRITE:
+        source["extra"]["mode_switch"] = stack.source_mode_extra()
     source["extra"]["query_log"] = str(stack.source_query_log_path)
     source["extra"]["scrape_interval"] = stack.config.scrape_interval
     return {SOURCE_CONN: source, "promshift_target": target_connection(stack, REMOTE_WRITE), "grafana_default": None}
@@ -191,9 +194,36 @@ def is_receiving(summary: Mapping[str, int]) -> bool:
     return summary["series"] > 0 and summary["series_with_scrapes_after"] == summary["series"]
 
 
-def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: float = MIGRATE_TIMEOUT_S) -> Path:
+def resource_state(stack: LocalStack) -> dict[str, Any]:
+    """k8s-cr: which of the two resources the contract server holds now, and the ``Prometheus`` one as its owner
+    wrote it (None when it is gone)."""
+    from kubernetes.client import ApiClient, Configuration, CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+
+    from promshift.core.retire import user_content
+
+    custom = CustomObjectsApi(ApiClient(Configuration(host=stack.kubernetes_url)))
+    found: dict[str, Any] = {}
+    for kind, version in (("prometheuses", "v1"), ("prometheusagents", "v1alpha1")):
+        try:
+            found[kind] = user_content(custom.get_namespaced_custom_object(
+                "monitoring.coreos.com", version, K8S_NAMESPACE, kind, K8S_NAME))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            found[kind] = None
+    return found
+
+
+def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: float = MIGRATE_TIMEOUT_S,
+               deploy: str = REMOTE_WRITE) -> Path:
     """The scenario in a running session (alone, or after others: groups already cut over are not migrated
-    again); returns the report directory."""
+    again); returns the report directory. ``deploy="k8s-cr"`` (a session with the k8s component): the groups'
+    entries go into the ``Prometheus`` resource and the retire turns it into a ``PrometheusAgent``."""
+    if deploy not in (REMOTE_WRITE, K8S_CR):
+        raise ValueError(f"the retire scenario runs on {REMOTE_WRITE} or {K8S_CR}, not {deploy!r}")
+    if deploy == K8S_CR and not session.config.kubernetes:
+        raise ValueError(f"deploy {K8S_CR!r} needs a session started with kubernetes=True")
     started = time.time()
     first = session.scenarios_run == 0
     session.scenarios_run += 1
@@ -202,7 +232,7 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
     groups = [g for g in catalog if g.source == SOURCE_CONN]
     if not groups:
         raise ValueError(f"no group of the session's catalog reads from {SOURCE_CONN}")
-    session.set_connections(retire_connections(stack))
+    session.set_connections(retire_connections(stack, deploy))
     stages = {g.name: audit.stage_of(g.name) for g in groups}
     by_hand, by_waves = start_order(groups, stages)
     log.info("retire: %d group(s) on %s; migrating %s by hand%s", len(groups), SOURCE_CONN,
@@ -231,8 +261,9 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
     baked = wait_baked(audit, [g.name for g in groups], timeout_s=longest_bake + BAKE_SLACK_S)
     log.info("every group of %s baked: %s", SOURCE_CONN, baked)
 
-    switch = stack.source_mode_switch()
+    switch = stack.source_mode_switch()  # read only here: the demo's own view of the process (pid file)
     config_before, argv_before = stack.source_config_path.read_bytes(), tuple(switch.control.argv())
+    resources_before = resource_state(stack) if deploy == K8S_CR else None
     mode_before, (status_before, _) = probe_mode(stack.source_url), source_query_status(stack.source_url)
     log.info("source before: %s, answers a query with %s, config sha256 %s", mode_before, status_before,
              _sha(config_before))
@@ -260,6 +291,7 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
     scrape_s = max(g.scrape_interval_s for g in groups)
     received = measure_receiving(PrometheusClient(stack.target_url), groups, agent_since, scrape_s=scrape_s)
     still_agent = probe_mode(stack.source_url) == "agent"
+    resources_retired = resource_state(stack) if deploy == K8S_CR else None
     receiving = mode_after == "agent" and still_agent and all(is_receiving(v) for v in received.values())
     log.info("after the retire: source %s, answers a query with %s; each group's series on the target with two "
              "samples newer than a moment it was an agent: %s",
@@ -270,6 +302,13 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
     config_undone, argv_undone = stack.source_config_path.read_bytes(), tuple(switch.control.argv())
     mode_undone, (status_undone, _) = probe_mode(stack.source_url), source_query_status(stack.source_url)
     identical = config_undone == config_before and argv_undone == argv_before
+    resources_undone = resource_state(stack) if deploy == K8S_CR else None
+    if resources_before is not None:  # and the Prometheus resource as its owner wrote it, the agent gone
+        from promshift.core.retire import canonical
+
+        before_cr, after_cr = resources_before["prometheuses"], (resources_undone or {}).get("prometheuses")
+        identical = identical and after_cr is not None and canonical(after_cr) == canonical(before_cr) \
+            and (resources_undone or {}).get("prometheusagents") is None
     log.info("after the undo: source %s, answers a query with %s; config and command line identical: %s",
              mode_undone, status_undone, identical)
 
@@ -295,6 +334,14 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
                        "argv_identical": argv_undone == argv_before,
                        "config_identical": config_undone == config_before},
         },
+        "deploy": deploy,
+        "resources": None if resources_before is None else {
+            "before": _kinds(resources_before), "retired": _kinds(resources_retired),
+            "undone": _kinds(resources_undone),
+            "agent_spec_fields": sorted(((resources_retired or {}).get("prometheusagents") or {}).get("spec") or {}),
+            "prometheus_identical": bool(resources_undone and resources_undone["prometheuses"] is not None
+                                         and canonical_equal(resources_before["prometheuses"],
+                                                             resources_undone["prometheuses"]))},
         "accepted": accepted,
         "proof": _proof(retired), "undo_proof": _proof(unretired),
         "runs": {"retire": {"dag_id": RETIRE_DAG_ID, "run_id": retire_run, "state": retire_state},
@@ -304,7 +351,8 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
         "wall_time_s": round(time.time() - (session.started if first else started), 1),
     }
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = (report_root / f"{stamp}-{SOURCE_CONN}-{RETIRE_SCENARIO}").resolve()
+    kind = "" if deploy == REMOTE_WRITE else f"-{deploy}"
+    out_dir = (report_root / f"{stamp}-{SOURCE_CONN}{kind}-{RETIRE_SCENARIO}").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     (out_dir / "report.md").write_text(report_markdown(report))
@@ -331,6 +379,17 @@ def report_markdown(report: Mapping[str, Any]) -> str:
              f"- accepted by name ({len(report['accepted'])}): {', '.join(report['accepted']) or 'nothing'}",
              f"- audit chain OK: {report['audit']['chain_ok']}", ""]
     return "\n".join(lines)
+
+
+def _kinds(found: Mapping[str, Any] | None) -> list[str]:
+    """Which of the two resources exist."""
+    return sorted(kind for kind, obj in (found or {}).items() if obj is not None)
+
+
+def canonical_equal(a: Any, b: Any) -> bool:
+    from promshift.core.retire import canonical
+
+    return canonical(a) == canonical(b)
 
 
 def _catalog_groups(session: DemoSession) -> list[MetricGroup]:

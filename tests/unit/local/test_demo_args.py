@@ -165,3 +165,9 @@ def test_retire_takes_no_group_deploy_history_or_celery(capsys: pytest.CaptureFi
         with pytest.raises(SystemExit):
             main(["--scenario", "retire", *argv])
         assert "--scenario retire migrates every group of the local source itself" in capsys.readouterr().err
+
+
+def test_retire_on_k8s_cr_needs_the_amp_target(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--scenario", "retire", "--deploy", "k8s-cr", "--target", "prometheus"])
+    assert "--deploy k8s-cr needs --target amp" in capsys.readouterr().err

@@ -97,6 +97,14 @@ def test_the_source_connection_carries_the_labs_process_control_and_query_log() 
     assert conns["grafana_default"] is None and "deploy" not in conns["promshift_target"]["extra"]
 
 
+def test_on_k8s_cr_the_source_connection_names_the_resource_and_no_process_control() -> None:
+    stack = LocalStack(StackConfig(home=Path("/nonexistent-promshift-home"), kubernetes=True))
+    stack.kubernetes_address = lambda: {"url": "http://127.0.0.1:1"}  # type: ignore[method-assign]
+    extra = retire_connections(stack, "k8s-cr")["promshift_source"]["extra"]
+    assert extra["deploy"] == "k8s-cr" and extra["kubernetes"]["name"] == "k8s" and "mode_switch" not in extra
+    assert extra["query_log"] == str(stack.source_query_log_path)
+
+
 def test_the_report_says_what_was_measured() -> None:
     report = {"source": {"connection": "promshift_source", "url": "http://127.0.0.1:9"},
               "groups": {"util": "baked"}, "accepted": ["rule:a/b"], "audit": {"chain_ok": True},
