@@ -225,3 +225,16 @@ def test_the_stacks_k8s_component_retires_its_source_through_the_connection_the_
         assert stack.source_mode_switch().control.argv() == before_argv
     finally:
         stack.down()
+
+
+def test_an_agent_that_never_comes_up_is_deleted_again_and_the_server_runs_on(lab: Lab, monkeypatch: Any) -> None:
+    from promshift.adapters.source_mode import SourceModeError
+
+    # the operator renders a config the agent refuses (rule_files kept): the real agent exits at start
+    monkeypatch.setattr("promshift.local.stack.k8s_api.agent_config", lambda data: data)
+    lab.switch.timeout_s = 15
+    with pytest.raises(SourceModeError, match="the PrometheusAgent was deleted again, the Prometheus resource kept"):
+        lab.switch.to_agent()
+    assert _get(lab, PROMETHEUSAGENTS) is None and _get(lab, PROMETHEUSES) is not None
+    _wait(lambda: probe_mode(lab.switch.url) == "server")  # the stand-in renders the server again
+    assert lab.operator.restarts == ["agent", "server"]

@@ -101,6 +101,7 @@ class K8sSourceModeSwitch:
                               sha, sha)
         saved = user_content(prometheus)
         body, self.dropped = agent_resource(prometheus)
+        created = agent is None
         if agent is None:
             self._log(f"creating PrometheusAgent {self.where} (left out, server-only: {', '.join(self.dropped)})")
             agent = self._call(f"creating PrometheusAgent {self.where}",
@@ -109,7 +110,15 @@ class K8sSourceModeSwitch:
         elif saved_prometheus(agent) != saved:  # not ours, or made from another Prometheus spec than this one
             raise SourceModeError(f"a PrometheusAgent {self.where} exists that was not made from this Prometheus "
                                   "resource; not replacing it")
-        self._wait_mode("agent")
+        try:
+            self._wait_mode("agent")
+        except SourceModeError as exc:  # the agent never came up: take it away; the Prometheus resource stays
+            if created:
+                self._call(f"deleting PrometheusAgent {self.where}",
+                           lambda: self.custom.delete_namespaced_custom_object(
+                               CR_GROUP, AGENT_VERSION, self.namespace, AGENT_PLURAL, self.name), missing_ok=True)
+            raise SourceModeError(f"{exc}; the PrometheusAgent was deleted again, the Prometheus resource "
+                                  "kept") from None
         self._log(f"deleting Prometheus {self.where}: the PrometheusAgent runs the source")
         self._call(f"deleting Prometheus {self.where}", lambda: self.custom.delete_namespaced_custom_object(
             CR_GROUP, CR_VERSION, self.namespace, CR_PLURAL, self.name), missing_ok=True)

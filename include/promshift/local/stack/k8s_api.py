@@ -750,6 +750,7 @@ class OperatorStandIn(_FileApplier):
         argv = tuple(control.argv()) if control is not None else ()
         self.server_argv = argv if argv and not is_agent_argv(argv) else ()
         self.restarts: list[str] = []  # the modes the source was restarted in (or is being), in order
+        self.prometheus: dict[str, Any] | None = None  # the Prometheus resource as last stored (None: deleted)
         super().__init__(config_path, prometheus_url, delay_s)
         server.watchers.append(self)
 
@@ -760,12 +761,15 @@ class OperatorStandIn(_FileApplier):
         return text
 
     def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any] | None) -> None:
-        if obj is None:
-            return  # a deletion: the other resource's write has rendered (or will render) what runs
         if (kind, ns, name) == self.target:
-            self.want(("server", self.render(obj)))
+            self.prometheus = obj
+            if obj is not None:  # a deletion: the agent's write has rendered (or will render) what runs
+                self.want(("server", self.render(obj)))
         elif (kind, ns, name) == self.agent_target and self.control is not None:
-            self.want(("agent", agent_config(self.render(obj).encode()).decode()))
+            if obj is not None:
+                self.want(("agent", agent_config(self.render(obj).encode()).decode()))
+            elif self.prometheus is not None:  # the agent's pods go; the server's, never removed, run on
+                self.want(("server", self.render(self.prometheus)))
 
     def _apply(self, wanted: Any) -> None:
         mode, text = wanted if isinstance(wanted, tuple) else ("server", wanted)
