@@ -691,7 +691,8 @@ def retire_source(conn_id: str, *, catalog_path: str, profile: str | None, run_i
             raise AirflowFailException(f"connection {conn_id!r}: {exc}") from None
     else:
         switch = _NoProcessControl(conn_id, hook.base_url)
-    targets = {g.name: HttpSampleTimes(backend_hook(g.target).get_conn()) for g in groups}
+    # a PrometheusClient for either kind of target (an AmpHook's get_conn is its boto3 service, not a client)
+    targets = {g.name: HttpSampleTimes(backend_hook(g.target).prometheus_client()) for g in groups}
     interval = max([g.scrape_interval_s for g in groups] or [30.0])
     if isinstance(extra.get("scrape_interval"), str):
         interval = parse_duration(extra["scrape_interval"])

@@ -44,3 +44,29 @@ def test_a_git_source_is_refused_in_one_line_and_a_bad_k8s_extra_too(env: Path, 
     _source(monkeypatch, {"deploy": "k8s-cr", "kubernetes": {"namespace": "Not_A_Label", "name": "k8s"}})
     with pytest.raises(AirflowFailException, match="namespace must be a DNS label"):
         retire_source("promshift_source", catalog_path=str(CATALOG), profile=PROFILE, run_id="r1")
+
+
+def test_each_target_is_read_through_its_hooks_prometheus_client(env: Path,  # noqa: F811
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AmpHook's ``get_conn`` is its boto3 service, which has no ``query`` (measured: the retire proof failed on
+    an AMP target with "'PrometheusService' object has no attribute 'query'"); both hooks give a client."""
+    import promshift.orchestration.wiring as wiring
+    from promshift.orchestration.wiring import retire_source
+
+    real = wiring.backend_hook
+    client = object()
+
+    class AmpLike:
+        def get_conn(self) -> Any:
+            return object()
+
+        def prometheus_client(self) -> Any:
+            return client
+
+    monkeypatch.setattr(wiring, "backend_hook", lambda conn_id: AmpLike() if conn_id == "promshift_target"
+                        else real(conn_id))
+    _source(monkeypatch, {"mode_switch": {"pid_file": "/nonexistent/pid", "flags_file": "/nonexistent/flags",
+                                          "config_path": "/nonexistent/prometheus.yml", "agent_path": "/nonexistent/a",
+                                          "log_path": "/nonexistent/log"}})
+    step = retire_source("promshift_source", catalog_path=str(CATALOG), profile=PROFILE, run_id="r1")
+    assert step.target and all(t.client is client for t in step.target.values())
