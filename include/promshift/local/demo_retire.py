@@ -377,6 +377,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
              f"{usage_b.get('cpu_share')} / {usage_a.get('cpu_share')} of a core",
              f"- longest gap per group on the target across the switch (DAG's proof): {proof.get('gaps_s')}",
              f"- accepted by name ({len(report['accepted'])}): {', '.join(report['accepted']) or 'nothing'}",
+             f"- DAG runs: {RETIRE_DAG_ID} {report['runs']['retire']['state']}, {UNRETIRE_DAG_ID} "
+             f"{report['runs']['unretire']['state']}",
              f"- audit chain OK: {report['audit']['chain_ok']}", ""]
     return "\n".join(lines)
 

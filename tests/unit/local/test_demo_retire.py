@@ -113,10 +113,12 @@ def test_the_report_says_what_was_measured() -> None:
               "measured": {"before": {"config_sha256": "aa"},
                            "retired": {"query_status": 422, "target_since_agent": {"util": {"series": 2}}},
                            "undone": {"config_sha256": "aa", "argv_identical": True}},
-              "proof": {"usage_before": {"rss_mb": 200.0}, "usage_after": {"rss_mb": 90.0}, "gaps_s": {"util": 5.0}}}
+              "proof": {"usage_before": {"rss_mb": 200.0}, "usage_after": {"rss_mb": 90.0}, "gaps_s": {"util": 5.0}},
+              "runs": {"retire": {"state": "success"}, "unretire": {"state": "failed"}}}
     text = report_markdown(report)
     assert "mode after the retire: **agent**" in text and "a query answered 422" in text
     assert "200.0 MB / 90.0 MB" in text and "rule:a/b" in text
+    assert "promshift__retire success, promshift__unretire failed" in text
 
 
 def test_a_group_is_received_only_when_every_series_has_two_samples_after_the_switch() -> None:
