@@ -457,7 +457,9 @@ def test_one_decommission_recommission_and_rollback_dag_for_every_group(dagbag) 
     approval = decommission.get_task("approval")
     assert type(approval).__name__ == "DecommissionApprovalOperator"
     assert approval.assigned_users == []  # the chosen group's approvers, resolved when the question is asked
-    assert set(approval.serialized_params) == {"comment"}  # the form's group is not the approver's to change
+    # the approver's own fields: the form's group is not the approver's to change; the history loss is theirs to accept
+    assert set(approval.serialized_params) == {"comment", "accept_history_loss"}
+    assert approval.params.get_param("accept_history_loss").value is False
     recommission = dagbag.dags["promshift__recommission"]
     assert [t.task_id for t in recommission.tasks] == ["recommission"]
     assert set(recommission.params) == {"group", "reason"}

@@ -16,7 +16,9 @@ latency SUCCESSFUL and were put on gpu-memory when gpu-utilization's latency was
 ``count(DCGM_FI_DEV_GPU_UTIL == 0)`` answers no series on the simulated fleet, no GPU being idle). Latency is now
 judged by the samples a query read (``stats=all``), and that query reads every GPU_UTIL series, so gpu-utilization's
 latency is a real timing too; the wave-2 groups start only after gpu-utilization cut over. A group migrates once per
-session. AMP bad-credentials: Airflow's AWS secret is its environment's, and the scenario is that it is wrong.
+session. The retire scenario (``make demo SCENARIO=retire``) joins lifecycle's session after it: it migrates the
+source's other groups itself (gpu-memory, decommissioned, counts as baked). AMP bad-credentials:
+Airflow's AWS secret is its environment's, and the scenario is that it is wrong.
 k8s-cr also has the operator stand-in own the source config. Celery: another executor. plan-aggregate
 (test_plan_aggregate_demo_e2e.py): its group exists only once the plan has read the stack's read load, and Airflow's
 trigger form lists the catalog's groups when it parses the DAG, so the catalog must hold it before Airflow starts.

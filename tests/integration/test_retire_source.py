@@ -271,7 +271,9 @@ def test_the_retire_step_refuses_until_baked_and_accepted_then_proves_and_undoes
                      EventKind.SOURCE_RETIRED, EventKind.SOURCE_UNRETIRED]
 
 
-def test_the_local_stack_source_becomes_an_agent_stays_one_across_up_and_comes_back(stack_config_factory) -> None:  # noqa: ANN001
+def test_the_local_stack_source_becomes_an_agent_stays_one_across_up_and_comes_back(stack_config_factory,  # noqa: ANN001
+                                                                                   monkeypatch) -> None:  # noqa: ANN001
+    from promshift.adapters.source_mode import _environ
     from promshift.local.stack.local import LocalStack
 
     stack = LocalStack(stack_config_factory(nodes=2))
@@ -279,7 +281,13 @@ def test_the_local_stack_source_becomes_an_agent_stays_one_across_up_and_comes_b
         stack.up(timeout=90)
         switch = stack.source_mode_switch()
         before_bytes, before_argv = stack.source_config_path.read_bytes(), switch.control.argv()
+        server_env = _environ(switch.control._pid())
+        # the caller's environment is not the source's (a worker without the source's AWS credentials): the agent
+        # gets the server's, as a service restart keeps the unit's
+        monkeypatch.setenv("PROMSHIFT_RETIRE_CALLER_ONLY", "1")
         assert switch.to_agent().changed and probe_mode(stack.source_url) == "agent"
+        agent_env = _environ(switch.control._pid())
+        assert server_env and agent_env == server_env and "PROMSHIFT_RETIRE_CALLER_ONLY" not in agent_env
         assert b"rule_files" not in stack.source_config_path.read_bytes().replace(b"`rule_files:`", b"")
         agent_argv_now = switch.control.argv()
         plan = stack._plan(stack._components()["source"])  # the stack keeps the agent: its flags file says so

@@ -225,6 +225,20 @@ class PopenControl:
         self.start()
 
 
+def _environ(pid: int) -> dict[str, str]:
+    """A running process's environment (``/proc/<pid>/environ``); empty when it cannot be read."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for part in raw.split(b"\0"):
+        key, sep, value = part.decode(errors="replace").partition("=")
+        if sep and key:
+            out[key] = value
+    return out
+
+
 def _cmdline(pid: int) -> tuple[str, ...]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -237,7 +251,8 @@ class PidFileControl:
     """LAB ONLY: a Prometheus on this host, known by its pid file. ``restart`` writes the new command line to
     ``flags_file`` (the lab's ``/etc/default/prometheus``: the stack starts the source with it from then on),
     stops the process (SIGTERM: it flushes its remote-write queues; SIGKILL after 60 s), starts the new command
-    line in its own session (output appended to ``log_path``), writes the pid file and waits for ``/-/ready``.
+    line with the old process's environment (a service restart keeps the unit's) in its own session (output
+    appended to ``log_path``), writes the pid file and waits for ``/-/ready``.
     Refuses a pid whose command line does not name ``config_path`` (a recycled pid is never signalled)."""
 
     def __init__(self, *, pid_file: Path, flags_file: Path, config_path: Path, url: str, log_path: Path,
@@ -266,6 +281,10 @@ class PidFileControl:
         tmp.write_text(json.dumps(list(argv)))
         os.replace(tmp, self.flags_file)
         pid = self._pid()
+        # The new process gets the old one's environment, as a service restart keeps the unit's (a sigv4
+        # remote_write needs the AWS credentials the source was started with, which the caller may not have);
+        # never written anywhere. With no process running, the caller's.
+        env = _environ(pid) if pid is not None else None
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 60
@@ -277,7 +296,7 @@ class PidFileControl:
                     time.sleep(0.05)
         with self.log_path.open("ab") as log:
             proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=self.cwd, start_new_session=True)
+                                    cwd=self.cwd, start_new_session=True, env=env or None)
         self.pid_file.write_text(f"{proc.pid}\n")
         deadline = time.monotonic() + self.ready_s
         while probe_mode(self.url, timeout_s=1.0) == "down":

@@ -17,8 +17,9 @@ evidence an approver sees before the source stops storing and evaluating.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +110,79 @@ def agent_argv(argv: Sequence[str], agent_path: str, *, major_version: int = 2) 
 
 def is_agent_argv(argv: Sequence[str]) -> bool:
     return AGENT_FLAG in argv or AGENT_FEATURE_FLAG in argv
+
+
+# --------------------------------------------------------------------------- the k8s-cr path: a PrometheusAgent
+
+# prometheus-operator: the ``Prometheus`` resource (monitoring.coreos.com/v1) and the ``PrometheusAgent`` resource
+# (monitoring.coreos.com/v1alpha1) share ``CommonPrometheusFields`` (scrape selectors, remoteWrite, externalLabels,
+# replicas, shards, storage, resources ...); these ``PrometheusSpec`` fields are the server's alone (rules,
+# alerting, storage retention, queries, remote read, Thanos): a PrometheusAgent's schema has none of them, so the
+# API server refuses a PrometheusAgent that carries one (strict field validation) or drops it (the default).
+PROMETHEUS_ONLY_SPEC = frozenset({
+    "baseImage", "tag", "sha", "retention", "retentionSize", "shardRetentionPolicy", "disableCompaction", "rules",
+    "prometheusRulesExcludedFromEnforce", "ruleSelector", "ruleNamespaceSelector", "query", "alerting",
+    "additionalAlertRelabelConfigs", "additionalAlertManagerConfigs", "remoteRead", "thanos", "queryLogFile",
+    "allowOverlappingBlocks", "exemplars", "evaluationInterval", "ruleQueryOffset", "enableAdminAPI"})
+# Set by the API server, never by a client: left out of the saved resource and of the byte comparison.
+SERVER_SET_METADATA = ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields", "selfLink",
+                       "deletionTimestamp", "deletionGracePeriodSeconds")
+# The PrometheusAgent carries the Prometheus resource it replaces (what the undo creates again), in this annotation.
+SAVED_PROMETHEUS_ANNOTATION = "promshift.io/retired-prometheus"
+# Kubernetes refuses an object whose annotations total more than 256 KiB (TotalAnnotationSizeLimitB).
+ANNOTATIONS_MAX_BYTES = 256 * 1024
+AGENT_API_VERSION, AGENT_KIND = "monitoring.coreos.com/v1alpha1", "PrometheusAgent"
+
+
+def user_content(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A resource as its owner wrote it: without ``status`` and the metadata the API server sets."""
+    out = {k: v for k, v in obj.items() if k != "status"}
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in SERVER_SET_METADATA}
+    out["metadata"] = meta
+    return out
+
+
+def canonical(obj: Mapping[str, Any]) -> bytes:
+    """The bytes two resources are compared by (JSON, sorted keys, no spaces)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def agent_resource(prometheus: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The ``PrometheusAgent`` that replaces a ``Prometheus`` resource (its owner's content, ``user_content``):
+    same name, namespace, labels and every spec field an agent has; the server-only fields dropped (returned by
+    name); the Prometheus resource itself saved in an annotation, for the undo. RetireError when the saved
+    resource would not fit the API's annotation budget."""
+    saved = user_content(prometheus)
+    meta = saved.get("metadata") or {}
+    if not meta.get("name"):
+        raise RetireError("the Prometheus resource has no metadata.name")
+    spec = dict(saved.get("spec") or {})
+    dropped = sorted(k for k in spec if k in PROMETHEUS_ONLY_SPEC)
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != SAVED_PROMETHEUS_ANNOTATION}
+    # in its own key order (not ``canonical``'s sorted one): the undo creates it again as written
+    annotations[SAVED_PROMETHEUS_ANNOTATION] = json.dumps(saved, separators=(",", ":"), ensure_ascii=False)
+    if sum(len(k) + len(str(v).encode()) for k, v in annotations.items()) > ANNOTATIONS_MAX_BYTES:
+        raise RetireError(f"the Prometheus resource is too large to keep in an annotation of its PrometheusAgent "
+                          f"(over {ANNOTATIONS_MAX_BYTES} bytes); save it elsewhere and convert it by hand")
+    agent_meta: dict[str, Any] = {"name": meta["name"], "annotations": annotations}
+    if meta.get("namespace"):
+        agent_meta["namespace"] = meta["namespace"]
+    if meta.get("labels"):
+        agent_meta["labels"] = dict(meta["labels"])
+    return ({"apiVersion": AGENT_API_VERSION, "kind": AGENT_KIND, "metadata": agent_meta,
+             "spec": {k: v for k, v in spec.items() if k not in PROMETHEUS_ONLY_SPEC}}, dropped)
+
+
+def saved_prometheus(agent: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``Prometheus`` resource a PrometheusAgent made by ``agent_resource`` replaced, or None."""
+    text = ((agent.get("metadata") or {}).get("annotations") or {}).get(SAVED_PROMETHEUS_ANNOTATION)
+    if not isinstance(text, str):
+        return None
+    try:
+        saved = json.loads(text)
+    except ValueError:
+        return None
+    return saved if isinstance(saved, dict) and saved.get("kind") == "Prometheus" else None
 
 
 # --------------------------------------------------------------------------- what retiring ends

@@ -438,13 +438,14 @@ class LocalAirflow:
     def trigger_group(self, group: MetricGroup, *, user: str = TRIGGER_USER,
                       conf: dict[str, Any] | None = None) -> str:
         """Start ``group``'s migration: a run of its target's migration DAG (``group.dag_id``) with the group
-        chosen in the form (``conf``: the form's other fields, e.g. ``dry_run``, ``reason``).
+        chosen in the form (``conf``: the form's other fields, e.g. ``dry_run``, ``reason``,
+        ``accept_short_history``).
 
-        The lab's runs accept short history unless ``conf`` says otherwise: a demo cuts over minutes into its
-        dual-write, and its dashboard (15 min) and alert (``for: 1m``) would otherwise wait for the target's
-        history (``core.horizon``; tests/integration/test_horizon_local.py shows the wait)."""
-        return self.trigger(group.dag_id, user=user,
-                            conf={"accept_short_history": True, **(conf or {}), "group": group.name})
+        As in production, a run accepts short history only when ``conf`` says so (the form's default is false):
+        a scenario that switches a dashboard or moves a rule minutes into its dual-write passes
+        ``accept_short_history: true`` itself (the lifecycle scenarios), or its panels and rules wait for the
+        target's history (``core.horizon``; tests/integration/test_horizon_local.py shows the wait)."""
+        return self.trigger(group.dag_id, user=user, conf={**(conf or {}), "group": group.name})
 
     def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
         """Every run of ``dag_id`` Airflow has (run id, run type, state, conf...), oldest first."""
@@ -474,11 +475,14 @@ class LocalAirflow:
         return str(self.api(TRIGGER_USER, "GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
 
     def answer_approval(self, dag_id: str, run_id: str, task_id: str, *, user: str, choice: str,
-                        comment: str) -> dict[str, Any]:
+                        comment: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer a human-in-the-loop request as ``user``: ``choice``, the ``comment`` and the form's other fields
+        (``params``, e.g. ``accept``)."""
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails"
         detail = self.api(user, "GET", path)
         log.info("approval request shown to %s: %s", user, detail.get("subject"))
-        return self.api(user, "PATCH", path, json={"chosen_options": [choice], "params_input": {"comment": comment}})
+        return self.api(user, "PATCH", path, json={"chosen_options": [choice],
+                                                    "params_input": {**(params or {}), "comment": comment}})
 
     def follow(self, dag_id: str, run_id: str, *, timeout_s: float,
                on_state: Callable[[dict[str, str]], None] | None = None) -> str:

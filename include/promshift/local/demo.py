@@ -386,6 +386,14 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
                         deploy=deploy, timeout_s=timeout_s)
 
 
+def scenario_trigger_conf(scenario: str) -> dict[str, Any]:
+    """The migration form's fields a scenario sets beyond the group. Only the lifecycle scenarios switch a
+    dashboard (its default range is 15 min) and move an alert (``for: 1m``) minutes into dual-write: they accept
+    short history explicitly, as an operator would in the form (recorded, shown to the approver). Every other
+    scenario keeps the form's default (false)."""
+    return {"accept_short_history": True} if scenario in LIFECYCLE_SCENARIOS else {}
+
+
 def check_scenario(scenario: str, *, group_name: str, target_kind: str, deploy: str) -> None:
     """Refuse a scenario, target and deploy that do not go together (ValueError), before anything is reset."""
     if scenario not in SCENARIOS:
@@ -628,7 +636,8 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
         log.info("fleet fault: %s GPUs report a full framebuffer (%s fires)", ALERT_FAULT_GPUS, MOVED_ALERT)
     try:
         airflow.wait_for_dag(group.dag_id)
-        run_id = airflow.trigger_group(group)  # its target's migration DAG, the group chosen in the form
+        # its target's migration DAG, the group chosen in the form (and the scenario's other form fields)
+        run_id = airflow.trigger_group(group, conf=scenario_trigger_conf(scenario))
         approver = APPROVER_USERS[0]
         answers = 0
         awaiting_polls = 0
@@ -797,7 +806,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="promshift-demo", description=__doc__)
     parser.add_argument("--group", default=None,
                         help=f"default {DEFAULT_GROUP} ({LIFECYCLE_GROUP} for {', '.join(LIFECYCLE_SCENARIOS)})")
-    parser.add_argument("--scenario", choices=(*SCENARIOS, "plan", "plan-aggregate", "fleet"), default="happy",
+    parser.add_argument("--scenario", choices=(*SCENARIOS, "plan", "plan-aggregate", "fleet", "retire"),
+                        default="happy",
                         help=f"{', '.join(AMP_ONLY_SCENARIOS)}: --target amp only; {', '.join(LIFECYCLE_SCENARIOS)}: "
                              "--target amp --deploy scraper (their defaults)")
     parser.add_argument("--target", choices=TARGET_KINDS, default=None,
@@ -855,6 +865,24 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         run_fleet_demo(nodes=args.nodes, airflow_port=args.airflow_port, report_root=args.report_root,
                        target_kind=fleet_target)
+        return 0
+    if args.scenario == "retire":  # every group of the local source baked, the source an agent, and back
+        if args.group or args.deploy not in (None, REMOTE_WRITE, K8S_CR) or args.history is not None \
+                or args.executor != "local":
+            parser.error("--scenario retire migrates every group of the local source itself, with remote_write "
+                         "(or k8s-cr with --target amp), the local executor, without history")
+        retire_target = args.target or ("amp" if args.deploy == K8S_CR else "prometheus")
+        if args.deploy == K8S_CR and retire_target != "amp":
+            parser.error(f"--deploy {K8S_CR} needs --target amp")
+        if retire_target == "amp" and (problem := local_amp_credentials_problem()):
+            parser.error(problem)
+        from promshift.local.demo_retire import run_retire
+
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        session = start_session(nodes=args.nodes, airflow_port=args.airflow_port, target_kind=retire_target,
+                                kubernetes=args.deploy == K8S_CR)
+        print(run_retire(session, report_root=args.report_root, deploy=args.deploy or REMOTE_WRITE))
         return 0
     if args.scenario in LIFECYCLE_SCENARIOS:
         try:

@@ -206,9 +206,21 @@ class DecommissionApprovalOperator(MigrationApprovalOperator):
     template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "prepared")
 
     def __init__(self, *, prepared: Output = None, **kwargs: Any) -> None:
-        """``prepared``: the prepare task's output (what the drop frees, the bake evidence)."""
-        super().__init__(**kwargs)
+        """``prepared``: the prepare task's output (what the drop frees, the bake evidence, the history loss)."""
+        from airflow.sdk.definitions.param import ParamsDict
+
+        params = ParamsDict(kwargs.pop("params", None) or {})
+        params[ACCEPT_HISTORY_LOSS] = Param(
+            False, type="boolean", source="task", title="Accept history loss",
+            description="Decommission although panels or rules still read further back than the target holds "
+                        "(listed above): the source's history of the group, the only copy of that reach, is lost. "
+                        "Recorded in the audit.")
+        super().__init__(params=params, **kwargs)
         self.prepared = prepared
+        self._form: dict[str, Any] = {}
+
+    def _answer(self, migration: Any, **answer: Any) -> None:
+        migration.record_approval(prefix=self.approval_prefix, form=self._form, **answer)
 
     def evidence(self) -> dict[str, Any]:
         return {"prepare": given(self, "prepared") or {}}
@@ -231,5 +243,43 @@ class DecommissionApprovalOperator(MigrationApprovalOperator):
                      f"{freed.get('series')} series ({freed.get('series_by_job')}), "
                      f"{freed.get('samples_per_s')} samples/s freed. The target (written by the managed collector) "
                      f"becomes the only copy; undoing it leaves a gap in the source's history.\n\n"
+                     f"{history_loss_text(prepare.get('history_loss') or {})}\n\n"
                      f"evidence sha256 `{digest}`")
         return ApprovalOperator.execute(self, context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        """As the cut-over's, with the form's ``accept_history_loss`` recorded in the approval event; an approval
+        of a drop that loses history without accepting it is refused (recorded as ``decommission_refused``)."""
+        from promshift.core.events import EventKind
+
+        loss = (given(self, "prepared") or {}).get("history_loss") or {}
+        accepted = (event.get("params_input") or {}).get(ACCEPT_HISTORY_LOSS) is True
+        waiting = list(loss.get("waiting") or [])
+        self._form = {ACCEPT_HISTORY_LOSS: accepted, "history_loss_shown": len(waiting)}
+        result = super().execute_complete(context, event)
+        if waiting and not accepted:
+            why = (f"the drop would lose history {len(waiting)} panel(s) or rule(s) still read (first: "
+                   f"{waiting[0].get('kind')} {waiting[0].get('name')!r}) and the approver did not accept it "
+                   f"({ACCEPT_HISTORY_LOSS})")
+            self.migration(context).record(EventKind.DECOMMISSION_REFUSED, _now(),
+                                           {"reason": why, "approval": result, "history_loss": loss})
+            raise AirflowFailException(why)
+        return {**result, ACCEPT_HISTORY_LOSS: accepted}
+
+
+ACCEPT_HISTORY_LOSS = "accept_history_loss"
+
+
+def history_loss_text(loss: dict[str, Any]) -> str:
+    """The approval body's history-loss paragraph: every panel and rule still reading further back than the target
+    holds (with when it is ready), and by how much the target falls short; or that nothing does."""
+    waiting = list(loss.get("waiting") or [])
+    if not waiting:
+        return "**History:** nothing reads further back than the target holds; no history is lost."
+    short = loss.get("short_by_s")
+    lines = [f"- {w.get('kind')} `{w.get('name')}` reads {w.get('reach_s')}s back, ready at "
+             f"{w.get('ready_at') or 'unknown'}" for w in waiting[:50]]
+    return (f"**History loss:** {len(waiting)} panel(s) or rule(s) still read further back than the target holds"
+            f"{f' (the target is {short:.0f}s short of the longest)' if isinstance(short, (int, float)) else ''}; "
+            f"the source's copy of that reach goes with the drop:\n\n" + "\n".join(lines)
+            + f"\n\nTick **{ACCEPT_HISTORY_LOSS}** to decommission anyway; otherwise an approval is refused.")

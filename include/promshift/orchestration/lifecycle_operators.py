@@ -104,15 +104,17 @@ class WavesReadyOperator(_EveryGroupTask):
 # --------------------------------------------------------------------------- decommission (second approval)
 
 
-def _decommission(step: GroupStepOperator, context: Any) -> Any:
+def _decommission(step: GroupStepOperator, context: Any, *, accept_history_loss: bool = False) -> Any:
     from promshift.steps.lifecycle import Decommission
 
-    return Decommission(step.migration(context), deploy=step.deploy)
+    return Decommission(step.migration(context), deploy=step.deploy, accept_history_loss=accept_history_loss)
 
 
 class DecommissionPrepareOperator(GroupStepOperator):
     """Refuse what may not be decommissioned (recorded); else measure what the drop frees and gather the bake
-    evidence the second approver is shown."""
+    evidence the second approver is shown, with the history the drop would lose (panels and rules still reading
+    further back than the target holds): the approver accepts that in the form (``accept_history_loss``) or the
+    decommission is refused."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         from promshift.core.events import EventKind
@@ -120,7 +122,7 @@ class DecommissionPrepareOperator(GroupStepOperator):
         self.choose_group(context)
         d = _decommission(self, context)
         m = d.migration
-        why = d.refusal()
+        why = d.refusal(history=False)
         if why is not None:
             m.record(EventKind.DECOMMISSION_REFUSED, _now(), {"reason": why, "stage": m.stage().value})
             raise AirflowFailException(why)
@@ -129,7 +131,8 @@ class DecommissionPrepareOperator(GroupStepOperator):
         summary = {"at": baked[-1].at.isoformat() if baked else None, "checks": bake.get("checks"),
                    "clean_since": bake.get("clean_since"), "period_s": bake.get("period_s"),
                    "last_check": (bake.get("last_check") or {}).get("reason")}
-        return {"freed": d.measure(_now()), "bake": summary}
+        now = _now()
+        return {"freed": d.measure(now), "bake": summary, "history_loss": d.history_loss(now)}
 
 class DecommissionOperator(GroupStepOperator):
     """Drop the group at scrape on the source, verified live; undone by itself if the target would not survive.
@@ -148,8 +151,11 @@ class DecommissionOperator(GroupStepOperator):
 
         self.choose_group(context)
         approval = given(self, "approval") or {}
+        # The approver's own acceptance, from the form (a boolean; anything else is no acceptance); the step checks
+        # the history loss again now, so a panel that started waiting after the answer still refuses.
+        accepted = approval.get("accept_history_loss") is True
         try:
-            return _decommission(self, context).decommission(_now(), approval=approval)
+            return _decommission(self, context, accept_history_loss=accepted).decommission(_now(), approval=approval)
         except (DecommissionRefused, DecommissionFailed) as exc:
             raise AirflowFailException(str(exc)) from None
 

@@ -718,17 +718,31 @@ def retire_source(conn_id: str, *, catalog_path: str, profile: str | None, run_i
     extra = hook.extra if isinstance(hook.extra, dict) else {}
     source_client = PrometheusClient(hook.base_url, timeout_s=30)
     switch: Any
-    if extra.get("deploy") in ("k8s-cr", "git"):  # not built yet: a PrometheusAgent / the Helm values' agentMode
-        raise AirflowFailException(f"connection {conn_id!r}: retiring a {extra['deploy']} source is not built yet "
+    if extra.get("deploy") == "git":  # not built yet: the Helm values' agentMode through a pull request
+        raise AirflowFailException(f"connection {conn_id!r}: retiring a git source is not built yet "
                                    "(docs/lifecycle.md, \"Retire the source\")")
-    if "mode_switch" in extra:
+    if extra.get("deploy") == "k8s-cr":  # the Prometheus resource becomes a PrometheusAgent (and back)
+        from promshift.adapters.k8s_source_mode import K8sSourceModeSwitch
+        from promshift.core.deploy_kinds import kubernetes_source_of
+        from promshift.orchestration.hooks import kubernetes_hook
+
+        try:
+            k8s = kubernetes_source_of(extra, conn_id=conn_id)
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
+        if k8s is None:  # deploy k8s-cr always names one; kept for the type
+            raise AirflowFailException(f"connection {conn_id!r}: extra.kubernetes names no Prometheus resource")
+        switch = K8sSourceModeSwitch(kubernetes_hook(k8s), namespace=k8s.namespace, name=k8s.name,
+                                     url=hook.base_url, timeout_s=k8s.timeout_s)
+    elif "mode_switch" in extra:
         try:
             switch = mode_switch_from_extra(hook.base_url, extra["mode_switch"])
         except ValueError as exc:
             raise AirflowFailException(f"connection {conn_id!r}: {exc}") from None
     else:
         switch = _NoProcessControl(conn_id, hook.base_url)
-    targets = {g.name: HttpSampleTimes(backend_hook(g.target).get_conn()) for g in groups}
+    # a PrometheusClient for either kind of target (an AmpHook's get_conn is its boto3 service, not a client)
+    targets = {g.name: HttpSampleTimes(backend_hook(g.target).prometheus_client()) for g in groups}
     interval = max([g.scrape_interval_s for g in groups] or [30.0])
     if isinstance(extra.get("scrape_interval"), str):
         interval = parse_duration(extra["scrape_interval"])

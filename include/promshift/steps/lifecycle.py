@@ -332,7 +332,10 @@ class Decommission:
         self.sleep = sleep or time.sleep
         self.clock = clock or time.time
 
-    def refusal(self) -> str | None:
+    def refusal(self, *, history: bool = True) -> str | None:
+        """Why the drop may not go ahead (one line), or None. ``history=False``: only what no approver can accept
+        (the stage, the only writer); the history loss is then shown to the approver (``history_loss``), whose
+        form's ``accept_history_loss`` decides it, and the decommission task checks it again."""
         m = self.migration
         stage = m.stage()
         if stage not in DECOMMISSIONABLE:
@@ -343,7 +346,7 @@ class Decommission:
                     "the target's only writer, so dropping the group at scrape would stop the target's copy too; "
                     "decommission needs an independent writer (the managed collector, deploy 'scraper')")
         waiting = waiting_list(m.audit.events(group=m.group.name))
-        if waiting and not self.accept_history_loss:
+        if history and waiting and not self.accept_history_loss:
             first = waiting[0]
             return (f"group {m.group.name!r} still has {len(waiting)} panel(s) or rule(s) reading further back than "
                     f"the target holds (first: {first['kind']} {first['name']!r}, ready at "
@@ -386,6 +389,7 @@ class Decommission:
                                                           "approval": dict(approval)})
             raise DecommissionRefused(why)
         freed = self.measure(now)
+        loss = self.history_loss(now)  # recorded with the outcome: what the approver accepted, if anything
         jobs = sorted(job for job in freed["series_by_job"] if job)
         if not jobs:
             why = f"the source has no series of {m.group.name!r} in any scrape job: nothing to decommission"
@@ -405,7 +409,8 @@ class Decommission:
         evidence: dict[str, Any] = {
             "jobs": jobs, "rule": rule, "freed": freed, "snapshot_path": ref, "config_before_sha256": snap.sha256,
             "config_after_sha256": sha256_bytes(new_data), "approval": dict(approval),
-            "loaded": all(drop_is_loaded(loaded, job, rule) for job in jobs), "dual_write": "managed collector"}
+            "loaded": all(drop_is_loaded(loaded, job, rule) for job in jobs), "dual_write": "managed collector",
+            "history_loss": loss}
         stopped, flowing = self._verify(after=now.timestamp())
         evidence.update(source_stopped=stopped, target_still_receiving=flowing,
                         source_series_after=self._source_series())

@@ -515,7 +515,7 @@ class GroupMigration:
     def record_approval(self, *, decision: str, by: str, comment: str, now: datetime,
                         hitl: Mapping[str, Any] | None = None, evidence_sha256: str | None = None,
                         current_sha256: str | None = None, recorded_sha256: str | None = None,
-                        prefix: str = "") -> None:
+                        prefix: str = "", form: Mapping[str, Any] | None = None) -> None:
         """``hitl`` names Airflow's HITL record the answer came from, so the two can be compared.
 
         ``prefix`` names another approval than the cut-over's (``decommission_``): its events are
@@ -525,8 +525,9 @@ class GroupMigration:
         the evidence's hash when the answer arrived, recorded when it differs (a refused approval);
         ``recorded_sha256`` the hash of the gate evidence the audit log holds for this run, recorded when it
         differs from the one shown (a refused approval: the approver was not shown the audited evidence).
+        ``form``: the approver's other form fields (the decommission's ``accept_history_loss``), recorded as given.
         """
-        evidence: dict[str, Any] = {"decision": decision, "by": by, "comment": comment}
+        evidence: dict[str, Any] = {**dict(form or {}), "decision": decision, "by": by, "comment": comment}
         if hitl is not None:
             evidence["hitl"] = dict(hitl)
         if evidence_sha256 is not None:

@@ -74,6 +74,9 @@ def test_decommission_waits_for_the_longest_read_or_its_own_acceptance(tmp_path:
                      stage_from=audit.stage_of(GROUP), stage_to=to)
     refusal = Decommission(m, deploy=deploy_of("scraper")).refusal()
     assert refusal is not None and "ready at " + DAY in refusal and "'day'" in refusal
+    # the prepare task asks only what no approver can accept: the loss goes to the approver's form instead
+    assert Decommission(m, deploy=deploy_of("scraper")).refusal(history=False) is None
+    assert Decommission(m, deploy=deploy_of("remote_write")).refusal(history=False) is not None
     accepting = Decommission(m, deploy=deploy_of("scraper"), accept_history_loss=True)
     assert accepting.refusal() is None
     loss = accepting.history_loss(T0 + timedelta(hours=2))

@@ -98,3 +98,56 @@ def test_a_gap_counts_the_window_edges_and_no_data_never_passes() -> None:
     assert longest_gap([1.0, 3.0, 9.0], since=0, until=10) == 6.0
     assert longest_gap([1.0, 2.0], since=0, until=30) == 28.0  # the series stopped: the gap runs to the end
     assert allowed_gap_s(5) == 20.0 and allowed_gap_s(60) < 300
+
+
+# -- the k8s-cr path: a PrometheusAgent for a Prometheus resource ------------------------------------------------
+
+PROMETHEUS = {
+    "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+    "metadata": {"name": "k8s", "namespace": "monitoring", "labels": {"prometheus": "k8s"},
+                 "annotations": {"owner": "fleet"}, "resourceVersion": "117", "uid": "u-1",
+                 "creationTimestamp": "2026-12-01T00:00:00Z", "generation": 4},
+    "spec": {"replicas": 2, "retention": "15d", "ruleSelector": {}, "evaluationInterval": "30s",
+             "alerting": {"alertmanagers": [{"namespace": "monitoring", "name": "am", "port": "web"}]},
+             "serviceMonitorSelector": {"matchLabels": {"team": "gpu"}}, "externalLabels": {"cluster": "a"},
+             "remoteWrite": [{"url": "http://127.0.0.1:9/w", "name": "promshift-gpu"}]},
+    "status": {"availableReplicas": 2},
+}
+
+
+def test_the_agent_keeps_every_field_an_agent_has_and_saves_the_server_as_its_owner_wrote_it() -> None:
+    from promshift.core.retire import (
+        SAVED_PROMETHEUS_ANNOTATION,
+        agent_resource,
+        canonical,
+        saved_prometheus,
+        user_content,
+    )
+
+    agent, dropped = agent_resource(PROMETHEUS)
+    assert dropped == ["alerting", "evaluationInterval", "retention", "ruleSelector"]
+    assert (agent["apiVersion"], agent["kind"]) == ("monitoring.coreos.com/v1alpha1", "PrometheusAgent")
+    assert agent["spec"] == {"replicas": 2, "serviceMonitorSelector": {"matchLabels": {"team": "gpu"}},
+                             "externalLabels": {"cluster": "a"}, "remoteWrite": PROMETHEUS["spec"]["remoteWrite"]}
+    assert agent["metadata"]["labels"] == {"prometheus": "k8s"} and agent["metadata"]["annotations"]["owner"] == "fleet"
+    assert "resourceVersion" not in agent["metadata"] and "status" not in agent
+    saved = saved_prometheus(agent)
+    assert saved == user_content(PROMETHEUS) and "status" not in saved
+    assert set(saved["metadata"]) == {"name", "namespace", "labels", "annotations"}
+    assert canonical(saved) == canonical(user_content({**PROMETHEUS, "metadata": {
+        **PROMETHEUS["metadata"], "resourceVersion": "999", "uid": "u-2"}}))  # what the API sets never counts
+    assert SAVED_PROMETHEUS_ANNOTATION not in saved["metadata"]["annotations"]
+    again, _ = agent_resource(saved)  # idempotent: an agent made from the saved resource carries the same save
+    assert again == agent
+
+
+def test_a_resource_too_large_for_an_annotation_or_without_a_name_is_refused() -> None:
+    from promshift.core.retire import RetireError, agent_resource, saved_prometheus
+
+    huge = {**PROMETHEUS, "spec": {**PROMETHEUS["spec"], "externalLabels": {f"k{i}": "v" * 100 for i in range(3000)}}}
+    with pytest.raises(RetireError, match="too large to keep in an annotation"):
+        agent_resource(huge)
+    with pytest.raises(RetireError, match="no metadata.name"):
+        agent_resource({**PROMETHEUS, "metadata": {}})
+    assert saved_prometheus({"metadata": {"annotations": {"promshift.io/retired-prometheus": "{not json"}}}) is None
+    assert saved_prometheus({"metadata": {}}) is None

@@ -139,3 +139,35 @@ def test_git_puts_the_repository_on_the_source_connection_and_the_token_in_a_con
     assert "token" not in json.dumps(source)
     with pytest.raises(ValueError, match="the git and k8s components both render onto the source's config"):
         StackConfig(home=Path("/nonexistent-promshift-home"), git=True, kubernetes=True)
+
+
+def test_the_lab_accepts_short_history_only_where_a_scenario_says_so() -> None:
+    from promshift.core.catalog import MetricGroup
+    from promshift.local.airflow_lab import LocalAirflow
+    from promshift.local.demo import SCENARIOS, scenario_trigger_conf
+
+    sent: list[tuple[str, dict]] = []
+    airflow = LocalAirflow(home=Path("/nonexistent-airflow-home"), port=1, extra_env={})
+    airflow.trigger = lambda dag_id, *, user, conf: sent.append((dag_id, conf)) or "run"  # type: ignore[method-assign]
+    group = MetricGroup(name="gpu-memory", metrics=("DCGM_FI_DEV_FB_USED",))
+    airflow.trigger_group(group)
+    airflow.trigger_group(group, conf={"accept_short_history": True, "group": "not-this-one"})
+    # by default the form's own default (false) applies; the group is always the one asked for
+    assert [conf for _dag, conf in sent] == [{"group": "gpu-memory"},
+                                            {"accept_short_history": True, "group": "gpu-memory"}]
+    # only the scenarios that switch a dashboard and move rules minutes into dual-write pass it
+    assert {s for s in SCENARIOS if scenario_trigger_conf(s).get("accept_short_history")} == {"lifecycle", "bake-fail"}
+    assert all(scenario_trigger_conf(s) == {} for s in SCENARIOS if s not in ("lifecycle", "bake-fail"))
+
+
+def test_retire_takes_no_group_deploy_history_or_celery(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--group", "gpu-memory"], ["--deploy", "scraper"], ["--history", "1h"], ["--executor", "celery"]):
+        with pytest.raises(SystemExit):
+            main(["--scenario", "retire", *argv])
+        assert "--scenario retire migrates every group of the local source itself" in capsys.readouterr().err
+
+
+def test_retire_on_k8s_cr_needs_the_amp_target(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--scenario", "retire", "--deploy", "k8s-cr", "--target", "prometheus"])
+    assert "--deploy k8s-cr needs --target amp" in capsys.readouterr().err

@@ -375,3 +375,54 @@ def test_an_immutable_configmap_refuses_our_deploy_and_keeps_its_data(server: K8
                                           r"when `immutable` is set; nothing deployed$"):
         deployer.deploy(deployer.snapshot(), T0)
     assert server.get(CONFIGMAPS, "monitoring", "prom") == before
+
+
+# -- retire: PrometheusAgent, create and delete (what the real API refuses) ----------------------------------------
+
+AGENT_PATH = ("monitoring.coreos.com", "v1alpha1", "monitoring", "prometheusagents")
+
+
+def agent_body(**spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "monitoring.coreos.com/v1alpha1", "kind": "PrometheusAgent",
+            "metadata": {"name": "k8s", "namespace": "monitoring"}, "spec": {"remoteWrite": [RW], **spec}}
+
+
+@pytest.mark.parametrize("field", ["ruleSelector", "alerting", "retention", "evaluationInterval", "remoteRead",
+                                   "thanos", "query"])
+def test_a_prometheus_agent_with_a_server_only_field_is_refused_as_unknown(server: K8sApiServer, field: str) -> None:
+    custom = CustomObjectsApi(api(server))
+    with pytest.raises(ApiException) as exc:
+        custom.create_namespaced_custom_object(*AGENT_PATH, agent_body(**{field: {}}))
+    assert exc.value.status == 400 and f'unknown field \\"spec.{field}\\"' in exc.value.body
+    with pytest.raises(ApiException) as missing:  # nothing was stored
+        custom.get_namespaced_custom_object(*AGENT_PATH[:3], "prometheusagents", "k8s")
+    assert missing.value.status == 404
+
+
+def test_creates_and_deletes_answer_as_the_api_does(server: K8sApiServer) -> None:
+    custom = CustomObjectsApi(api(server))
+    seen: list[tuple[str, bool]] = []
+    server.watchers.append(lambda kind, ns, name, obj: seen.append((kind, obj is None)))
+    created = custom.create_namespaced_custom_object(*AGENT_PATH, agent_body(mode="StatefulSet",
+                                                                            replicas=1))
+    assert created["metadata"]["uid"] and created["metadata"]["creationTimestamp"]
+    assert created["metadata"]["resourceVersion"]
+    for body, status, text in (
+            (agent_body(), 409, 'prometheusagents.monitoring.coreos.com \\"k8s\\" already exists'),
+            ({**agent_body(), "metadata": {"namespace": "monitoring"}}, 422, "name or generateName is required"),
+            (agent_body(mode="Deployment"), 422, "spec.mode: Unsupported value"),
+            ({**agent_body(), "metadata": {"name": "other", "resourceVersion": "7"}}, 500,
+             "resourceVersion should not be set on objects to be created"),
+            ({**agent_body(), "metadata": {"name": "other", "namespace": "elsewhere"}}, 400,
+             "does not match the namespace")):
+        with pytest.raises(ApiException) as exc:
+            custom.create_namespaced_custom_object(*AGENT_PATH, body)
+        assert exc.value.status == status and text in exc.value.body, (status, exc.value.body)
+    custom.delete_namespaced_custom_object("monitoring.coreos.com", "v1", "monitoring", "prometheuses", "k8s")
+    with pytest.raises(ApiException) as gone:
+        custom.delete_namespaced_custom_object("monitoring.coreos.com", "v1", "monitoring", "prometheuses", "k8s")
+    assert gone.value.status == 404
+    with pytest.raises(ApiException) as not_allowed:  # only the two the retire switch uses may be deleted
+        CoreV1Api(api(server)).delete_namespaced_config_map("prom", "monitoring")
+    assert not_allowed.value.status == 405
+    assert seen == [("prometheusagents", False), ("prometheuses", True)]

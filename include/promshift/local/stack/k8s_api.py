@@ -7,6 +7,11 @@ tested against this small ``ThreadingHTTPServer`` on 127.0.0.1. It serves only w
 - ``GET|PUT|PATCH /apis/monitoring.coreos.com/v1/namespaces/{ns}/prometheuses/{name}``
 - ``GET|PUT|PATCH /apis/monitoring.coreos.com/v1/namespaces/{ns}/prometheusrules/{name}`` (rules moved from a
   ``PrometheusRule``: ``adapters.k8s_rules``; its ``spec.groups`` checked by ``RULE_GROUP``/``RULE`` below)
+- ``GET|PUT|PATCH|DELETE /apis/monitoring.coreos.com/v1alpha1/namespaces/{ns}/prometheusagents/{name}`` and
+  ``DELETE`` of a ``Prometheus``, ``POST`` to either's collection (retiring the source:
+  ``adapters.k8s_source_mode``): a ``PrometheusAgent``'s spec may not carry a field only a ``Prometheus`` has
+  (``core.retire.PROMETHEUS_ONLY_SPEC``: strict decoding refuses it as an unknown field); ``mode`` is
+  ``StatefulSet`` or ``DaemonSet``; its ``remoteWrite`` is checked as a ``Prometheus``'s
 
 and answers the way the real API server does for them:
 
@@ -21,10 +26,13 @@ and answers the way the real API server does for them:
 - an unknown field is refused with 400 ``BadRequest`` ("strict decoding error: unknown field"), as
   the real server does with ``fieldValidation=Strict`` (stricter than its default ``Warn``, so a typo in
   our own bodies fails a test instead of being dropped silently); a bad value gets 422 ``Invalid``;
-  a missing object 404 ``NotFound``; a stale ``metadata.resourceVersion`` (PUT body or merge patch)
-  409 ``Conflict``; a patch type other than a merge patch 415 (only merge patches are served, and a
-  strategic merge patch is refused on the custom resource, as the real server refuses it on CRs);
-  every answer that is not 200 is a ``Status`` object;
+  a missing object 404 ``NotFound``; a create of an existing one 409 ``AlreadyExists``, of one with a
+  ``resourceVersion`` 500 ("resourceVersion should not be set on objects to be created", the storage layer's
+  error), of one without ``metadata.name`` 422; a create sets ``uid`` and ``creationTimestamp``; a stale
+  ``metadata.resourceVersion`` (PUT body or merge patch) 409 ``Conflict``; a patch type other than a merge
+  patch 415 (only merge patches are served, and a strategic merge patch is refused on the custom resource, as
+  the real server refuses it on CRs);
+  every answer that is not 200 (201 for a create) is a ``Status`` object;
 - every write bumps the object's ``resourceVersion`` (one counter for the server, as etcd's revision).
 
 Behind it, stand-ins for what would act on the objects in a cluster, each writing the local source
@@ -34,7 +42,12 @@ deployer really has to wait for the reload):
 - ``ConfigReloader``: the config-reloader sidecar; writes a ConfigMap's ``data[key]`` to the file;
 - ``OperatorStandIn``: prometheus-operator, kept simple: the file is a fixed base config (what the
   operator would generate from the rest of the spec) with each ``spec.remoteWrite`` entry added in order,
-  in Prometheus-config spelling (``writeRelabelConfigs`` -> ``write_relabel_configs``, ...).
+  in Prometheus-config spelling (``writeRelabelConfigs`` -> ``write_relabel_configs``, ...). Given the source's
+  process control (``--mode-switch``, LAB ONLY: the stack's pid file), a ``PrometheusAgent`` of the same name is
+  rendered as the operator renders an agent: the same config without ``rule_files``, ``alerting`` and
+  ``remote_read`` (``core.retire.agent_config``), and the source restarted with ``--enable-feature=agent``
+  (``core.retire.agent_argv``), as the operator replaces the server's pods with the agent's; a ``Prometheus``
+  written again restarts it as the server it was. A deletion renders nothing (the other resource's write did).
 
 Tests may change stored objects directly (``edit``), or just before a write is served
 (``before_write``), to play another writer.
@@ -61,6 +74,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -70,7 +84,9 @@ import yaml
 from kubernetes.client import ApiClient
 
 from promshift.adapters.k8s_deploy import config_remote_write_entry, cr_remote_write_entry
+from promshift.adapters.source_mode import probe_mode
 from promshift.core.render import add_remote_write, remove_remote_write
+from promshift.core.retire import PROMETHEUS_ONLY_SPEC, agent_argv, agent_config, is_agent_argv
 from promshift.local.stack.contract_http import ContractHandler, ContractServer
 
 log = logging.getLogger(__name__)
@@ -78,16 +94,28 @@ log = logging.getLogger(__name__)
 CONFIGMAPS = "configmaps"
 PROMETHEUSES = "prometheuses"
 PROMETHEUSRULES = "prometheusrules"
+PROMETHEUSAGENTS = "prometheusagents"
 CR_GROUP = "monitoring.coreos.com"
 _PATHS = {
     CONFIGMAPS: re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps/([^/]+)$"),
     PROMETHEUSES: re.compile(r"^/apis/monitoring\.coreos\.com/v1/namespaces/([^/]+)/prometheuses/([^/]+)$"),
     PROMETHEUSRULES: re.compile(r"^/apis/monitoring\.coreos\.com/v1/namespaces/([^/]+)/prometheusrules/([^/]+)$"),
+    PROMETHEUSAGENTS: re.compile(
+        r"^/apis/monitoring\.coreos\.com/v1alpha1/namespaces/([^/]+)/prometheusagents/([^/]+)$"),
 }
-_API_VERSION = {CONFIGMAPS: "v1", PROMETHEUSES: f"{CR_GROUP}/v1", PROMETHEUSRULES: f"{CR_GROUP}/v1"}
-_KIND = {CONFIGMAPS: "ConfigMap", PROMETHEUSES: "Prometheus", PROMETHEUSRULES: "PrometheusRule"}
+# Where a create is POSTed (the collection), and which kinds take a DELETE: the retire switch's only.
+_COLLECTIONS = {
+    PROMETHEUSES: re.compile(r"^/apis/monitoring\.coreos\.com/v1/namespaces/([^/]+)/prometheuses$"),
+    PROMETHEUSAGENTS: re.compile(r"^/apis/monitoring\.coreos\.com/v1alpha1/namespaces/([^/]+)/prometheusagents$"),
+}
+_API_VERSION = {CONFIGMAPS: "v1", PROMETHEUSES: f"{CR_GROUP}/v1", PROMETHEUSRULES: f"{CR_GROUP}/v1",
+                PROMETHEUSAGENTS: f"{CR_GROUP}/v1alpha1"}
+_KIND = {CONFIGMAPS: "ConfigMap", PROMETHEUSES: "Prometheus", PROMETHEUSRULES: "PrometheusRule",
+         PROMETHEUSAGENTS: "PrometheusAgent"}
 _QUALIFIED = {CONFIGMAPS: "configmaps", PROMETHEUSES: f"prometheuses.{CR_GROUP}",
-              PROMETHEUSRULES: f"prometheusrules.{CR_GROUP}"}
+              PROMETHEUSRULES: f"prometheusrules.{CR_GROUP}", PROMETHEUSAGENTS: f"prometheusagents.{CR_GROUP}"}
+# PrometheusAgentSpec's ``mode`` (prometheus-operator v0.80+; StatefulSet when unset).
+AGENT_MODES = ("StatefulSet", "DaemonSet")
 # prometheus-operator's RuleGroup and Rule (monitoring.coreos.com/v1 PrometheusRuleSpec; api-reference).
 RULE_GROUP = frozenset({"name", "labels", "interval", "query_offset", "rules", "partial_response_strategy", "limit"})
 RULE = frozenset({"record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations"})
@@ -288,6 +316,28 @@ def validate_prometheus(obj: Mapping[str, Any], ns: str, name: str) -> None:
     spec = _custom_resource_spec(PROMETHEUSES, obj, ns, name, ("apiVersion", "kind", "metadata", "spec", "status"))
     if spec is None:
         return
+    _check_remote_write(spec, name, "Prometheus")
+
+
+def validate_prometheus_agent(obj: Mapping[str, Any], ns: str, name: str) -> None:
+    """A ``PrometheusAgent`` CR: as a ``Prometheus``, and its spec has none of the server's own fields (rules,
+    alerting, retention, queries, remote read, Thanos: an agent's CRD schema has no such field, so strict decoding
+    refuses it as unknown); ``mode`` is one of ``AGENT_MODES``."""
+    spec = _custom_resource_spec(PROMETHEUSAGENTS, obj, ns, name,
+                                 ("apiVersion", "kind", "metadata", "spec", "status"))
+    if spec is None:
+        return
+    for key in spec:
+        if key in PROMETHEUS_ONLY_SPEC:
+            raise _unknown("spec.", key)
+    if spec.get("mode") not in (None, *AGENT_MODES):
+        raise ApiRefusal(422, "Invalid", f'PrometheusAgent.{CR_GROUP} "{name}" is invalid: spec.mode: Unsupported '
+                                         f"value: {spec.get('mode')!r}: supported values: "
+                                         + ", ".join(f'"{m}"' for m in AGENT_MODES))
+    _check_remote_write(spec, name, "PrometheusAgent")
+
+
+def _check_remote_write(spec: Mapping[str, Any], name: str, kind: str) -> None:
     entries = spec.get("remoteWrite")
     if entries is None:
         return
@@ -319,7 +369,7 @@ def validate_prometheus(obj: Mapping[str, Any], ns: str, name: str) -> None:
                 and not isinstance(entry["sigv4"]["region"], str):
             problems.append(f"{where}.sigv4.region: Invalid value: must be a string")
     if problems:
-        raise ApiRefusal(422, "Invalid", f'Prometheus.{CR_GROUP} "{name}" is invalid: ' + "; ".join(problems))
+        raise ApiRefusal(422, "Invalid", f'{kind}.{CR_GROUP} "{name}" is invalid: ' + "; ".join(problems))
 
 
 def validate_prometheusrule(obj: Mapping[str, Any], ns: str, name: str) -> None:
@@ -356,7 +406,8 @@ def validate_prometheusrule(obj: Mapping[str, Any], ns: str, name: str) -> None:
 
 
 VALIDATORS: Mapping[str, Callable[[Mapping[str, Any], str, str], None]] = {
-    CONFIGMAPS: validate_configmap, PROMETHEUSES: validate_prometheus, PROMETHEUSRULES: validate_prometheusrule}
+    CONFIGMAPS: validate_configmap, PROMETHEUSES: validate_prometheus, PROMETHEUSRULES: validate_prometheusrule,
+    PROMETHEUSAGENTS: validate_prometheus_agent}
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -415,7 +466,8 @@ class K8sApiServer(ContractServer):
         self._objects[(kind, ns, name)] = obj
         return copy.deepcopy(obj)
 
-    def _notify(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> None:
+    def _notify(self, kind: str, ns: str, name: str, obj: dict[str, Any] | None) -> None:
+        """Each watcher gets the object as stored, or None when it was deleted."""
         for watcher in self.watchers:
             try:
                 watcher(kind, ns, name, copy.deepcopy(obj))
@@ -447,6 +499,39 @@ class K8sApiServer(ContractServer):
             stored = self._store(kind, ns, name, obj)
         self._notify(kind, ns, name, stored)
         return stored
+
+    def post(self, kind: str, ns: str, body: Any) -> dict[str, Any]:
+        """POST to the collection: create; 409 when it exists, 500 with a ``resourceVersion`` (the storage layer
+        refuses it), 422 without a name. The server sets ``uid`` and ``creationTimestamp``."""
+        if not isinstance(body, dict):
+            raise ApiRefusal(400, "BadRequest", "json: cannot unmarshal body into an object")
+        meta = body.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ApiRefusal(422, "Invalid", f"{_KIND[kind]}.{CR_GROUP} \"\" is invalid: metadata.name: Required "
+                                             "value: name or generateName is required")
+        VALIDATORS[kind](body, ns, name)
+        with self._lock:
+            if (kind, ns, name) in self._objects:
+                raise ApiRefusal(409, "AlreadyExists", f'{_QUALIFIED[kind]} "{name}" already exists')
+            if meta.get("resourceVersion"):
+                raise ApiRefusal(500, "InternalError", "resourceVersion should not be set on objects to be created")
+            obj = copy.deepcopy(body)
+            obj["metadata"]["uid"] = str(uuid.uuid4())
+            obj["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            stored = self._store(kind, ns, name, obj)
+        self._notify(kind, ns, name, stored)
+        return stored
+
+    def delete(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        """DELETE: gone at once (no finalizers here); 404 when missing; the ``Status`` the API answers."""
+        with self._lock:
+            if self._objects.pop((kind, ns, name), None) is None:
+                raise ApiRefusal(404, "NotFound", f'{_QUALIFIED[kind]} "{name}" not found')
+            self._revision += 1
+        self._notify(kind, ns, name, None)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {"name": name, "group": CR_GROUP, "kind": kind}}
 
     def _conflict(self, kind: str, name: str) -> ApiRefusal:
         return ApiRefusal(409, "Conflict", f'Operation cannot be fulfilled on {_QUALIFIED[kind]} "{name}": the object '
@@ -499,21 +584,29 @@ class K8sApiServer(ContractServer):
 
         class Handler(ContractHandler):
             contract = server
-            methods: ClassVar[tuple[str, ...]] = ("GET", "PUT", "PATCH")
+            methods: ClassVar[tuple[str, ...]] = ("GET", "PUT", "PATCH", "POST", "DELETE")
 
             def _serve(self) -> None:
                 path = self.route_path()
                 raw = self.read_body()
+                if self.command == "POST":
+                    self._create(path, raw)
+                    return
                 match = next(((kind, m) for kind, pattern in _PATHS.items() if (m := pattern.match(path))), None)
-                if match is None:
-                    self.answer(404, status_object(404, "NotFound", "the server could not find the requested "
-                                                                     "resource"))
+                if match is None or (self.command == "DELETE" and match[0] not in _COLLECTIONS):
+                    self.answer(404 if match is None else 405, status_object(
+                        404 if match is None else 405, "NotFound" if match is None else "MethodNotAllowed",
+                        "the server could not find the requested resource" if match is None
+                        else "the server does not allow this method on the requested resource"))
                     return
                 kind, m = match
                 ns, name = m.group(1), m.group(2)
                 try:
                     if self.command == "GET":
                         self.answer(200, server.get(kind, ns, name))
+                        return
+                    if self.command == "DELETE":
+                        self.answer(200, server.delete(kind, ns, name))
                         return
                     try:
                         body = json.loads(raw or b"null")
@@ -529,7 +622,28 @@ class K8sApiServer(ContractServer):
                     self.answer(refusal.code, status_object(refusal.code, refusal.reason, refusal.message,
                                                              name=name, kind=kind))
 
-            do_GET = do_PUT = do_PATCH = _serve  # noqa: N815 - http.server's names
+            def _create(self, path: str, raw: bytes) -> None:
+                match = next(((kind, m) for kind, pattern in _COLLECTIONS.items() if (m := pattern.match(path))),
+                             None)
+                if match is None:
+                    self.answer(405, status_object(405, "MethodNotAllowed", "the server does not allow this method "
+                                                                             "on the requested resource"))
+                    return
+                kind, m = match
+                try:
+                    try:
+                        body = json.loads(raw or b"null")
+                    except ValueError as exc:
+                        raise ApiRefusal(400, "BadRequest", f"invalid JSON body: {exc}") from None
+                    if isinstance(body, dict) and isinstance(body.get("metadata"), dict) \
+                            and body["metadata"].get("namespace") not in (None, m.group(1)):
+                        raise ApiRefusal(400, "BadRequest", "the namespace of the provided object does not match "
+                                                            "the namespace sent on the request")
+                    self.answer(201, server.post(kind, m.group(1), body))
+                except ApiRefusal as refusal:
+                    self.answer(refusal.code, status_object(refusal.code, refusal.reason, refusal.message, kind=kind))
+
+            do_GET = do_PUT = do_PATCH = do_POST = do_DELETE = _serve  # noqa: N815 - http.server's names
 
         return Handler
 
@@ -561,15 +675,20 @@ class _FileApplier:
         self.applied: list[str] = []  # texts written, in order
         self.errors: list[str] = []
         self._cond = threading.Condition()
-        self._pending: str | None = None
+        self._pending: Any = None
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
         self._thread.start()
 
-    def want(self, text: str) -> None:
+    def want(self, text: Any) -> None:
         with self._cond:
             self._pending = text
             self._cond.notify()
+
+    def _apply(self, text: Any) -> None:
+        """Write what is wanted and reload (a subclass may restart instead)."""
+        _write_file(self.config_path, text)
+        _reload(self.prometheus_url)
 
     def _run(self) -> None:
         while True:
@@ -584,9 +703,8 @@ class _FileApplier:
             if text is None:
                 continue
             try:
-                _write_file(self.config_path, text)
-                _reload(self.prometheus_url)
-                self.applied.append(text)
+                self._apply(text)
+                self.applied.append(text[1] if isinstance(text, tuple) else text)
             except Exception as exc:  # a rejected config: Prometheus keeps running its previous one
                 self.errors.append(f"{type(exc).__name__}: {exc}")
                 log.warning("reload after a Kubernetes write failed: %s", exc)
@@ -608,19 +726,32 @@ class ConfigReloader(_FileApplier):
         self.key = key
         server.watchers.append(self)
 
-    def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> None:
-        if (kind, ns, name) == self.target and isinstance((obj.get("data") or {}).get(self.key), str):
+    def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any] | None) -> None:
+        if obj is not None and (kind, ns, name) == self.target \
+                and isinstance((obj.get("data") or {}).get(self.key), str):
             self.want(obj["data"][self.key])
 
 
 class OperatorStandIn(_FileApplier):
-    """prometheus-operator, kept simple: a fixed base config plus ``spec.remoteWrite`` as ``remote_write`` entries."""
+    """prometheus-operator, kept simple: a fixed base config plus ``spec.remoteWrite`` as ``remote_write`` entries;
+    with ``control`` (the source's process, LAB ONLY) a ``PrometheusAgent`` of the same name too: the agent's subset
+    of that config, and the source restarted in agent mode (and back to its server command line for a
+    ``Prometheus``)."""
 
     def __init__(self, server: K8sApiServer, *, namespace: str, name: str, base_config: str,
-                 config_path: str | os.PathLike[str], prometheus_url: str, delay_s: float = 0.5) -> None:
-        super().__init__(config_path, prometheus_url, delay_s)
+                 config_path: str | os.PathLike[str], prometheus_url: str, delay_s: float = 0.5,
+                 control: Any = None, agent_path: str | os.PathLike[str] | None = None) -> None:
         self.target = (PROMETHEUSES, namespace, name)
+        self.agent_target = (PROMETHEUSAGENTS, namespace, name)
         self.base_config = base_config
+        self.control, self.agent_path = control, agent_path
+        # The server's command line, as the operator would derive it from the Prometheus resource: the one the
+        # source runs with when the stand-in starts (a source that is an agent then has none: see ``_apply``).
+        argv = tuple(control.argv()) if control is not None else ()
+        self.server_argv = argv if argv and not is_agent_argv(argv) else ()
+        self.restarts: list[str] = []  # the modes the source was restarted in (or is being), in order
+        self.prometheus: dict[str, Any] | None = None  # the Prometheus resource as last stored (None: deleted)
+        super().__init__(config_path, prometheus_url, delay_s)
         server.watchers.append(self)
 
     def render(self, obj: Mapping[str, Any]) -> str:
@@ -629,9 +760,35 @@ class OperatorStandIn(_FileApplier):
             text = add_remote_write(text, config_remote_write_entry(entry))
         return text
 
-    def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> None:
+    def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any] | None) -> None:
         if (kind, ns, name) == self.target:
-            self.want(self.render(obj))
+            self.prometheus = obj
+            if obj is not None:  # a deletion: the agent's write has rendered (or will render) what runs
+                self.want(("server", self.render(obj)))
+        elif (kind, ns, name) == self.agent_target and self.control is not None:
+            if obj is not None:
+                self.want(("agent", agent_config(self.render(obj).encode()).decode()))
+            elif self.prometheus is not None:  # the agent's pods go; the server's, never removed, run on
+                self.want(("server", self.render(self.prometheus)))
+
+    def _apply(self, wanted: Any) -> None:
+        mode, text = wanted if isinstance(wanted, tuple) else ("server", wanted)
+        running = probe_mode(self.prometheus_url)
+        _write_file(self.config_path, text)
+        if self.control is None or running == mode:
+            _reload(self.prometheus_url)
+            return
+        if mode == "agent":
+            if not self.server_argv:
+                raise RuntimeError("the source's server command line is unknown; cannot derive the agent's")
+            argv = agent_argv(self.server_argv, str(self.agent_path))
+        else:
+            if not self.server_argv:
+                raise RuntimeError("the stand-in started with the source already an agent: its server command "
+                                   "line is unknown (restart the stack's k8s component with the source a server)")
+            argv = self.server_argv
+        self.restarts.append(mode)  # before the restart: it returns once the new process is ready
+        self.control.restart(argv)
 
 
 class RuleFilesStandIn(_FileApplier):
@@ -645,8 +802,8 @@ class RuleFilesStandIn(_FileApplier):
         self.target = (PROMETHEUSRULES, namespace, name)
         server.watchers.append(self)
 
-    def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any]) -> None:
-        if (kind, ns, name) == self.target:
+    def __call__(self, kind: str, ns: str, name: str, obj: dict[str, Any] | None) -> None:
+        if obj is not None and (kind, ns, name) == self.target:
             self.want(yaml.safe_dump(obj.get("spec") or {"groups": []}, sort_keys=False))
 
 
@@ -678,12 +835,36 @@ def split_source_config(text: str) -> tuple[str, list[dict[str, Any]]]:
     return base, specs
 
 
-def prometheus_resource(namespace: str, name: str, remote_write: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ``Prometheus`` resource the component starts with (no ``spec.remoteWrite`` when there is none)."""
+def server_spec(base_config: str) -> dict[str, Any]:
+    """The ``Prometheus`` spec fields that say in the operator's words what the base config says of the server's own
+    work: ``evaluationInterval`` (its ``global.evaluation_interval``), ``ruleSelector`` (it has ``rule_files``),
+    ``alerting`` (it has ``alerting``). The stand-in renders the base config as it is; these make the resource the
+    operator would have rendered it from, and are what a ``PrometheusAgent`` may not carry."""
+    loaded = yaml.safe_load(base_config) or {}
+    spec: dict[str, Any] = {}
+    if not isinstance(loaded, dict):
+        return spec
+    interval = (loaded.get("global") or {}).get("evaluation_interval")
+    if isinstance(interval, str):
+        spec["evaluationInterval"] = interval
+    if loaded.get("rule_files"):
+        spec["ruleSelector"] = {"matchLabels": {"prometheus": "k8s"}}
+    if loaded.get("alerting"):
+        spec["alerting"] = {"alertmanagers": [{"namespace": "monitoring", "name": "alertmanager-main", "port": "web"}]}
+    return spec
+
+
+def prometheus_resource(namespace: str, name: str, remote_write: list[dict[str, Any]],
+                        spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``Prometheus`` resource the component starts with: ``spec`` (``server_spec``) and ``spec.remoteWrite``
+    (none when there is none)."""
+    body = dict(spec or {})
+    if remote_write:
+        body["remoteWrite"] = remote_write
     return {"apiVersion": _API_VERSION[PROMETHEUSES], "kind": _KIND[PROMETHEUSES],
             "metadata": {"name": name, "namespace": namespace,
                          "labels": {"app.kubernetes.io/managed-by": "promshift-local-stack"}},
-            "spec": {"remoteWrite": remote_write} if remote_write else {}}
+            "spec": body}
 
 
 def kubeconfig(server_url: str, namespace: str) -> dict[str, Any]:
@@ -724,6 +905,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     parser.add_argument("--name", default=DEFAULT_NAME, help="the Prometheus resource's name")
     parser.add_argument("--delay", type=float, default=0.5, help="seconds before the operator applies a change")
+    parser.add_argument("--mode-switch", default=None, metavar="JSON",
+                        help="LAB ONLY: the source's process control (the stack's source_mode_extra), so a "
+                             "PrometheusAgent restarts the source as an agent")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state_dir = args.state_dir.resolve()
@@ -743,11 +927,18 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
+    control, agent_path = None, None
+    if args.mode_switch:
+        from promshift.adapters.source_mode import mode_switch_from_extra
+
+        switch = mode_switch_from_extra(args.prometheus, json.loads(args.mode_switch))
+        control, agent_path = switch.control, switch.agent_path
     operator = OperatorStandIn(server, namespace=args.namespace, name=args.name, base_config=base,
-                               config_path=args.config, prometheus_url=args.prometheus, delay_s=args.delay)
+                               config_path=args.config, prometheus_url=args.prometheus, delay_s=args.delay,
+                               control=control, agent_path=agent_path)
     try:
         server.create(PROMETHEUSES, args.namespace, args.name,
-                      prometheus_resource(args.namespace, args.name, remote_write))
+                      prometheus_resource(args.namespace, args.name, remote_write, server_spec(base)))
         # Ready once the operator has rendered the resource onto the source and the source reloaded it.
         deadline = time.monotonic() + 60
         while not operator.applied and not operator.errors and time.monotonic() < deadline and not stop.is_set():

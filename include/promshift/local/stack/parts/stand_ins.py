@@ -123,7 +123,9 @@ class StandInsPart(PrometheusPart):
         cfg = self.config
         k8s_argv = (sys.executable, "-m", "promshift.local.stack.k8s_api", "--state-dir", str(self.kubernetes_dir),
                     "--port", str(cfg.k8s_port), "--config", str(self.source_config_path),
-                    "--prometheus", self.source_url, "--namespace", K8S_NAMESPACE, "--name", K8S_NAME)
+                    "--prometheus", self.source_url, "--namespace", K8S_NAMESPACE, "--name", K8S_NAME,
+                    # the operator stand-in restarts the source as an agent for a PrometheusAgent (retire)
+                    "--mode-switch", json.dumps(self.source_mode_extra(), sort_keys=True))
         git_argv = (sys.executable, "-m", "promshift.local.stack.reconciler", "--state-dir", str(self.git_dir),
                     "--port", str(cfg.github_port), "--config", str(self.source_config_path),
                     "--prometheus", self.source_url, "--interval", str(cfg.reconciler_interval_s))
