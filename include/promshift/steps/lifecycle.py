@@ -37,6 +37,7 @@ from promshift.core.events import EventKind
 from promshift.core.horizon import Horizon, decommission_short_by, dual_write_since, held_back, waiting_list
 from promshift.core.promql import newest_sample_expr
 from promshift.core.queues import carrying_entry
+from promshift.core.redact import redact
 from promshift.core.render import RenderError, remote_write_name, remote_write_names
 from promshift.core.stages import BAKE_WATCHED, Stage
 from promshift.core.verdicts import Verdict
@@ -519,6 +520,9 @@ def full_rollback(migration: GroupMigration, now: datetime, *, reason: str,
     """
     from promshift.steps.deploy import final_event
 
+    done = migration.recorded(EventKind.ROLLED_BACK, Stage.ROLLED_BACK)
+    if done is not None:  # a retry of this run after its rollback was recorded (e.g. the task lost its state)
+        return redact({**done.evidence_data, "already_rolled_back": True})
     stage = migration.stage()
     if stage not in FULL_ROLLBACK_FROM:
         raise DecommissionRefused(f"group {migration.group.name!r} is {stage.value}; a full rollback by hand starts "

@@ -213,9 +213,16 @@ def test_a_full_rollback_by_hand_removes_only_the_groups_own_entry_and_routes_re
         assert result["remote_write_still_live"] is False and result["from_stage"] == "rolled_back_reads"
         assert routing.read_from(GROUP) == "source"
         assert audit.stage_of(GROUP) == Stage.ROLLED_BACK
-        # A group that is rolled back already is refused, nothing touched.
+        # A retry of this run (Airflow retried the task after its rollback was recorded) finds the record and
+        # touches nothing; another run on a group that is rolled back already is refused, nothing touched.
+        before, events = config.read_bytes(), len(audit.events(group=GROUP))
+        again = full_rollback(m, datetime.now(UTC), reason="retry")
+        assert again["already_rolled_back"] is True and again["from_stage"] == "rolled_back_reads"
+        other_run = compose_migration(group, Backends(client, client, str(config), ""), audit=audit, routing=routing,
+                                      snapshots_dir=tmp_path / "snapshots", run_id="manual__rollback-2")
         with pytest.raises(DecommissionRefused, match="is rolled_back; a full rollback by hand starts only from"):
-            full_rollback(m, datetime.now(UTC), reason="again")
+            full_rollback(other_run, datetime.now(UTC), reason="again")
+        assert config.read_bytes() == before and len(audit.events(group=GROUP)) == events
     finally:
         fake.server.shutdown()
         fake.server.server_close()
