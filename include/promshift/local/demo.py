@@ -386,12 +386,13 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
                         deploy=deploy, timeout_s=timeout_s)
 
 
-def scenario_trigger_conf(scenario: str) -> dict[str, Any]:
-    """The migration form's fields a scenario sets beyond the group. Only the lifecycle scenarios switch a
-    dashboard (its default range is 15 min) and move an alert (``for: 1m``) minutes into dual-write: they accept
-    short history explicitly, as an operator would in the form (recorded, shown to the approver). Every other
-    scenario keeps the form's default (false)."""
-    return {"accept_short_history": True} if scenario in LIFECYCLE_SCENARIOS else {}
+def scenario_trigger_conf(scenario: str, *, read_path: bool = False) -> dict[str, Any]:
+    """The migration form's fields a scenario sets beyond the group. Only the lifecycle scenarios and a run with the
+    dashboard switch on (``read_path``: plan-aggregate's fleet dashboard) switch a dashboard (default ranges of 15
+    min to an hour) and move an alert (``for: 1m``) minutes into dual-write: they accept short history explicitly,
+    as an operator would in the form (recorded, shown to the approver). Every other scenario keeps the form's
+    default (false)."""
+    return {"accept_short_history": True} if scenario in LIFECYCLE_SCENARIOS or read_path else {}
 
 
 def check_scenario(scenario: str, *, group_name: str, target_kind: str, deploy: str) -> None:
@@ -637,7 +638,7 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     try:
         airflow.wait_for_dag(group.dag_id)
         # its target's migration DAG, the group chosen in the form (and the scenario's other form fields)
-        run_id = airflow.trigger_group(group, conf=scenario_trigger_conf(scenario))
+        run_id = airflow.trigger_group(group, conf=scenario_trigger_conf(scenario, read_path=read_path))
         approver = APPROVER_USERS[0]
         answers = 0
         awaiting_polls = 0

@@ -158,6 +158,8 @@ def test_the_lab_accepts_short_history_only_where_a_scenario_says_so() -> None:
     # only the scenarios that switch a dashboard and move rules minutes into dual-write pass it
     assert {s for s in SCENARIOS if scenario_trigger_conf(s).get("accept_short_history")} == {"lifecycle", "bake-fail"}
     assert all(scenario_trigger_conf(s) == {} for s in SCENARIOS if s not in ("lifecycle", "bake-fail"))
+    # A run with the dashboard switch on (plan-aggregate's fleet dashboard, minutes into dual-write) accepts it too.
+    assert scenario_trigger_conf("happy", read_path=True) == {"accept_short_history": True}
 
 
 def test_retire_takes_no_group_deploy_history_or_celery(capsys: pytest.CaptureFixture[str]) -> None:
