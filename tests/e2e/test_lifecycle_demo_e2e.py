@@ -7,12 +7,7 @@ record shows the shared mechanics: the cut_over asset emitted through the cutove
 ``bake_check`` mapped over ``watched``'s groups (each map index named by its group) emitting ``baked`` through
 its alias.
 
-Then, in the same session (its Airflow and stack: no second start-up), ``make demo SCENARIO=retire``'s scenario
-(``local.demo_retire.run_retire``): the source's other groups migrate on ``remote_write`` and bake, the source
-becomes a Prometheus agent, the target keeps receiving, the source stops storing, and the undo restores its
-config and command line byte for byte; each measured by the scenario itself on the running processes.
-
-Session: an Airflow of its own (``start_session``, as ``make demo``); tests/e2e/conftest.py says why.
+Session: an Airflow of its own (``run_demo``, as ``make demo``); tests/e2e/conftest.py says why.
 """
 
 from __future__ import annotations
@@ -26,9 +21,8 @@ import yaml
 from promshift.adapters.audit_store import AuditStore
 from promshift.core.catalog import migration_dag_id
 from promshift.local.airflow_lab import LocalAirflow
-from promshift.local.demo import run_scenario, start_session
+from promshift.local.demo import run_demo
 from promshift.local.demo_lifecycle import BAKE_WATCH_DAG_ID, TARGET_DATASOURCE
-from promshift.local.demo_retire import run_retire
 from promshift.local.stack.local import LocalStack, StackConfig
 from tests.e2e.conftest import free_port, stop_stack
 
@@ -56,14 +50,13 @@ def datasource_uids(dashboard: Path) -> set[str]:
     return found
 
 
-def test_lifecycle_moves_rules_and_reads_bakes_and_decommissions_then_the_source_retires(
-        small_stack_env: Path) -> None:
+def test_lifecycle_moves_rules_and_reads_bakes_and_decommissions(small_stack_env: Path) -> None:
     stack = LocalStack(StackConfig.from_env(target_kind="amp"))
     port = free_port()
     try:
-        session = start_session(nodes=12, airflow_port=port, target_kind="amp")
-        out = run_scenario(session, group_name="gpu-memory", scenario="lifecycle",
-                           report_root=small_stack_env / "reports", deploy="scraper", timeout_s=RUN_TIMEOUT_S)
+        out = run_demo(group_name="gpu-memory", scenario="lifecycle", nodes=12, airflow_port=port,
+                       report_root=small_stack_env / "reports", target_kind="amp", deploy="scraper",
+                       timeout_s=RUN_TIMEOUT_S)
         # Airflow's own record of the bake watch's runs and the assets emitted, read before it stops.
         airflow = LocalAirflow(home=small_stack_env / "state" / "airflow", port=port, extra_env={})
         airflow.load_passwords()
@@ -76,23 +69,8 @@ def test_lifecycle_moves_rules_and_reads_bakes_and_decommissions_then_the_source
         source_rules = yaml.safe_load(stack.source_rules_path.read_text())
         dashboards = sorted(stack.dashboards_dir.glob("*.json"))
         source_config = stack.source_config_path.read_text()
-        # make demo SCENARIO=retire's scenario, joined to this session (gpu-memory is decommissioned already)
-        retire_out = run_retire(session, report_root=small_stack_env / "reports")
     finally:
         stop_stack()
-    retired = json.loads((retire_out / "report.json").read_text())
-    # measured by the scenario on the running processes, not taken from the DAG's own proof
-    assert retired["retire"] == {"mode": "agent", "target_receiving": True, "source_storing": False,
-                                 "undo_byte_identical": True}, retired["measured"]
-    assert retired["measured"]["retired"]["query_status"] == 422
-    assert retired["measured"]["undone"]["mode"] == "server" and retired["measured"]["undone"]["query_status"] == 200
-    assert set(retired["groups"]) == {"gpu-utilization", "gpu-memory", "gpu-power-thermal", "gpu-clocks"}
-    assert retired["groups"]["gpu-memory"] == "decommissioned"
-    assert all(stage == "baked" for name, stage in retired["groups"].items() if name != "gpu-memory"), retired
-    assert set(retired["migrated"]) == {"gpu-utilization"}  # by hand; the other two by promshift__waves
-    assert retired["runs"]["retire"]["state"] == retired["runs"]["unretire"]["state"] == "success"
-    assert retired["proof"]["target_receiving"] is True and retired["proof"]["query_status"] == 422
-    assert retired["undo_proof"]["byte_identical"] is True and retired["audit"]["chain_ok"] is True
     report = json.loads((out / "report.json").read_text())
     assert report["final_stage"] == "decommissioned", report["summary"]
     # The migration ran in its target's shared DAG; its cutover task emitted the group's cut_over through the alias.
