@@ -456,7 +456,7 @@ class RollbackOperator(GroupStepOperator):
             return recorded
         snap = given(self, "snapshot")
         moved_errors = self._restore_moved(context, migration, reason)
-        result = self._rolled_back(context, lambda: migration.rollback(snap, reason=reason, now=_now()), reason)
+        result = run_rollback(self, context, reason, lambda: migration.rollback(snap, reason=reason, now=_now()))
         if "waiting" in result:  # the restore must be followed: defer until it is live (or failed)
             self.defer(trigger=self.deploy_trigger(result["waiting"]), method_name="execute_complete",
                        kwargs={"reason": reason, "moved_errors": list(moved_errors)},
@@ -466,12 +466,9 @@ class RollbackOperator(GroupStepOperator):
     def execute_complete(self, context: Any, event: dict[str, Any], reason: str = "",
                          moved_errors: Sequence[str] = ()) -> dict[str, Any]:
         migration = self.migration(context)
-        result = self._rolled_back(context, lambda: migration.finish_rollback(
-            event, given(self, "snapshot"), reason=reason, now=_now()), reason)
+        result = run_rollback(self, context, reason, lambda: migration.finish_rollback(
+            event, given(self, "snapshot"), reason=reason, now=_now()))
         return self._finish(context, result, reason, moved_errors)
-
-    def _rolled_back(self, context: Any, rollback: Any, reason: str) -> dict[str, Any]:
-        return run_rollback(self, context, reason, rollback)
 
     def _finish(self, context: Any, result: dict[str, Any], reason: str, moved_errors: Sequence[str]
                 ) -> dict[str, Any]:

@@ -84,6 +84,7 @@ def publish_report(step: _GroupStep, context: Any, migration: Any) -> dict[str, 
     context["ti"].xcom_push(key="report", value=record)
     return record
 
+
 def run_rollback(step: Any, context: Any, reason: str, rollback: Any,
                  refusals: tuple[type[Exception], ...] = ()) -> dict[str, Any]:
     """Run a rollback for every DAG family: a refusal (``refusals``) fails the task as it is; a deploy refusal
