@@ -29,8 +29,8 @@ from typing import Any
 from urllib.parse import quote
 
 import requests
-from sqlalchemy import Boolean, Column, Integer, MetaData, String, Table, select, union
-from sqlalchemy.engine import Engine
+from sqlalchemy import Boolean, Column, Integer, MetaData, String, Table, select, text, union
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from promshift.core.approvers import TEAM_NAME_RE, Approver, ApproversError, UnknownTeam
@@ -38,6 +38,8 @@ from promshift.core.approvers import TEAM_NAME_RE, Approver, ApproversError, Unk
 # A team is an on-call rotation; a role held by hundreds (FAB's "Viewer") is not one, and HITL's request lists
 # every assignee.
 MAX_TEAM_MEMBERS = 100
+# The API server's reads of FAB's tables: a locked or huge table answers within this, or the team is unreadable.
+STATEMENT_TIMEOUT_S = 5.0
 # The worker's call to the API server: connect and read budgets, and the answer's size.
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 20.0
@@ -60,13 +62,15 @@ class FabTeams:
     """``TeamDirectory`` over FAB's tables (on the API server): a team is a FAB role (held directly or through a
     group), else a group."""
 
-    def __init__(self, engine: Engine, *, source: str) -> None:
+    def __init__(self, engine: Engine, *, source: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:
         self.engine = engine
         self.source = source
+        self.statement_timeout_s = statement_timeout_s
 
     def members(self, team: str) -> list[Approver]:
         try:
-            with self.engine.connect() as db:
+            with self.engine.connect() as db, db.begin():
+                budgeted(db, self.statement_timeout_s)
                 role_id = db.scalar(select(AB_ROLE.c.id).where(AB_ROLE.c.name == team))
                 if role_id is not None:
                     ids = union(
@@ -91,6 +95,16 @@ class FabTeams:
             raise ApproversError(f"team {team!r}: the FAB {what} {team!r} in {self.source} has more than "
                                  f"{MAX_TEAM_MEMBERS} active users; a team is an on-call rotation")
         return [Approver(str(user_id), str(username)) for user_id, username in rows]
+
+
+def budgeted(db: Connection, timeout_s: float) -> None:
+    """Bound every statement of ``db``'s open transaction to ``timeout_s`` on PostgreSQL (a transaction-local
+    ``statement_timeout``: the pooled connection goes back to Airflow as it was). Not bounded here: MySQL (its
+    ``max_execution_time`` is per session, not per transaction; not tested on this machine) and SQLite (a
+    single-machine lab; it waits at most its busy timeout)."""
+    if db.dialect.name == "postgresql":
+        db.execute(text("SELECT set_config('statement_timeout', :ms, true)"),
+                   {"ms": str(max(1, int(timeout_s * 1000)))})
 
 
 class FabApiTeams:

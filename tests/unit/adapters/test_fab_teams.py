@@ -187,6 +187,29 @@ def test_an_unknown_team_an_unreadable_database_and_a_huge_role_fail_in_one_line
         _teams(fab_db).members("Viewer")
 
 
+# The statement budget is PostgreSQL's (fab_teams.budgeted); SQLite waits its busy timeout.
+@pytest.mark.parametrize("fab_conn", ["postgresql"], indirect=True)
+def test_a_locked_fab_table_fails_the_team_within_its_budget_and_leaves_the_pooled_connection_as_it_was(
+        fab_db: dict[str, Any]) -> None:
+    engine = create_engine(fab_db["conn"], pool_size=1, max_overflow=0)
+    teams = FabTeams(engine, source="FAB's user database", statement_timeout_s=0.5)
+    assert [a.name for a in teams.members("gpu-oncall")] == ["alice", "bob", TRIGGERED_BY]
+    locker = create_engine(fab_db["conn"])
+    with locker.connect() as other:
+        other.execute(text("LOCK TABLE ab_user IN ACCESS EXCLUSIVE MODE"))  # held until this block's rollback
+        started = time.monotonic()
+        with pytest.raises(ApproversError, match="could not be read: canceling statement due to statement timeout"):
+            teams.members("gpu-oncall")
+        assert time.monotonic() - started < 3.0
+        other.rollback()
+    locker.dispose()
+    # The budget was the transaction's: the pool's one connection (Airflow's, on an API server) has none left.
+    with engine.connect() as db:
+        assert db.scalar(text("SHOW statement_timeout")) == "0"
+    assert len(teams.members("gpu-oncall")) == 3
+    engine.dispose()
+
+
 class FabLikeAuthManager(SimpleAuthManager):
     """Airflow's simple auth manager with FAB's rule for custom views: ``can read on Users`` is a FAB role's
     (here: holding ``USERS_READER`` in the FAB database)."""
