@@ -47,3 +47,15 @@ def fed(dag: Any, task_id: str, **inputs: Any) -> Any:
         wiring["approvers"] = None if op.approver_entries is None else list(op.approver_entries)
     with DAG(dag.dag_id, schedule=None):
         return type(op)(task_id=task_id, outlets=list(op.outlets), **wiring, **inputs)
+
+
+def as_promshift_sent(form: dict[str, str]) -> dict[str, str]:
+    """A fake server's view of a query form: promshift marks every query it sends as its own
+    (``core.promql.mark_own_read``: a trailing PromQL comment a real server ignores); the fake checks the mark and
+    answers the query without it, as Prometheus evaluates it."""
+    from promshift.core.promql import OWN_READ_COMMENT, is_own_read
+
+    if "query" in form:
+        assert is_own_read(form["query"]), f"a query promshift sent without its own-read mark: {form['query']!r}"
+        form = {**form, "query": form["query"][:-len(OWN_READ_COMMENT) - 1]}
+    return form

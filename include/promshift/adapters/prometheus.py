@@ -15,6 +15,7 @@ import requests
 import urllib3.exceptions
 
 from promshift.core.errors import ErrorKind, PrometheusError
+from promshift.core.promql import mark_own_read
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +342,7 @@ class PrometheusClient:
 
     def query(self, expr: str, *, at: float | None = None, stats: bool = False,
               timeout_s: float | None = None, max_bytes: int | None = None) -> QueryResult:
-        params: dict[str, Any] = {"query": expr}
+        params: dict[str, Any] = {"query": mark_own_read(expr)}
         if at is not None:
             params["time"] = f"{at:.3f}"
         if stats or self.always_stats:
@@ -351,7 +352,7 @@ class PrometheusClient:
     def query_range(self, expr: str, *, start: float, end: float, step: float, stats: bool = False,
                     timeout_s: float | None = None, accept_encoding: str | None = None,
                     max_bytes: int | None = None) -> QueryResult:
-        params: dict[str, Any] = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+        params: dict[str, Any] = {"query": mark_own_read(expr), "start": f"{start:.3f}", "end": f"{end:.3f}",
                                   "step": f"{step:g}"}
         if stats or self.always_stats:
             params["stats"] = "all"

@@ -27,7 +27,7 @@ from typing import Any
 from promshift.adapters.files import open_user_file, read_user_file
 from promshift.core.inputs import CONFIG, DASHBOARD, RULES, InputRefused, parse_json_bounded, parse_yaml_bounded
 from promshift.core.plan import LabelReads, MetricStats, Reader, UsageCollector, metric_stats
-from promshift.core.promql import grafana_builtins
+from promshift.core.promql import grafana_builtins, is_own_read
 from promshift.core.redact import redact, redact_text
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class QueryLogSummary:
     bad: int = 0
     first_bad: str = ""
     outside_period: int = 0
+    own_reads: int = 0  # promshift's own queries (core.promql.is_own_read): left out
     truncated: bool = False
     first_ts: float | None = None
     last_ts: float | None = None
@@ -160,6 +161,9 @@ def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNot
             if (since is not None and seen < since) or (until is not None and seen > until):
                 summary.outside_period += 1
                 return
+        if is_own_read(expr):
+            summary.own_reads += 1
+            return
         if usage.usage_of(expr) is None:
             usage.unparsable_reads += 1
             _bad(summary, f"line {summary.lines}: query does not parse ({usage.unparsable.get(expr, '')[:120]}): "
@@ -255,7 +259,10 @@ def read_query_log(path: str | Path | Any, usage: UsageCollector, notes: ReadNot
     if summary.bad:
         notes.caveats.append(f"query log {path}: {summary.bad:,} of {summary.lines:,} lines not used; first: "
                              f"{summary.first_bad}")
-    if summary.lines and not summary.read and not summary.outside_period:
+    if summary.own_reads:
+        notes.caveats.append(f"query log {path}: {summary.own_reads:,} of promshift's own reads (its parity, latency "
+                             "and bake queries) left out")
+    if summary.lines and not summary.read and not summary.outside_period and not summary.own_reads:
         notes.missing.append(f"query log {path}: no usable line")
     return summary
 

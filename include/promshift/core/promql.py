@@ -127,6 +127,21 @@ class Analysis:
 # nests as deep as it is long). At these limits the parser takes milliseconds and a few MB; no
 # dashboard, rule or golden query we have seen comes near them.
 MAX_QUERY_CHARS = 65_536
+
+# promshift's own reads (parity, latency, bake, retire proofs) end in this PromQL comment line: the server ignores it,
+# its query log keeps it, so reading a query log (the plan's usage, what retiring a source ends) leaves them out.
+OWN_READ_COMMENT = "# promshift"
+
+
+def mark_own_read(expr: str) -> str:
+    """``expr`` as promshift sends it: the same query, with its own-read comment line."""
+    return f"{expr}\n{OWN_READ_COMMENT}"
+
+
+def is_own_read(query: str) -> bool:
+    """A query promshift sent itself (``mark_own_read``)."""
+    return query.endswith("\n" + OWN_READ_COMMENT)
+
 MAX_NESTING = 64
 MAX_OPERATORS = 256
 _OPERATOR_WORDS = frozenset({"and", "or", "unless", "atan2"})

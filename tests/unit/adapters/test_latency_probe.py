@@ -20,6 +20,7 @@ from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.catalog import LatencyPolicy, LatencyWindow
 from promshift.core.errors import ErrorKind
 from promshift.core.verdicts import Verdict
+from tests.fakes import as_promshift_sent
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ class ScriptedPrometheus:
                     self.reply(404, {"status": "error", "errorType": "not_found", "error": self.path})
 
             def do_POST(self) -> None:  # noqa: N802 (http.server API)
-                form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
+                form = as_promshift_sent(dict(urllib.parse.parse_qsl(
+                    self.rfile.read(int(self.headers["Content-Length"])).decode())))
                 if self.path == "/ws/api/v1/query" and form["query"].startswith("count(last_over_time("):
                     # How many series a query's selector reads over its window (the evidence behind it).
                     outer.behind.append(form)

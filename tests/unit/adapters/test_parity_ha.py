@@ -21,6 +21,7 @@ from promshift.core.catalog import MetricGroup, ReplicaPolicy
 from promshift.core.ha import REPLICAS_MEASUREMENT, elected_replica, plan_election
 from promshift.core.parity import ParityPlan, ParityWindow
 from promshift.core.verdicts import Measurement, Verdict
+from tests.fakes import as_promshift_sent
 
 T = 1_767_225_600.0
 WINDOW = ParityWindow(T, T + 60.0, 5.0, 5.0)
@@ -38,7 +39,8 @@ class SeriesPrometheus:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server API)
-                form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
+                form = as_promshift_sent(dict(urllib.parse.parse_qsl(
+                    self.rfile.read(int(self.headers["Content-Length"])).decode())))
                 outer.queries.append((self.path, form["query"]))
                 if self.path == "/api/v1/query_range":
                     start, end, step = (float(form[k]) for k in ("start", "end", "step"))

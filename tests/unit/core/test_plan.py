@@ -24,6 +24,7 @@ from promshift.core.plan import (
     recommend,
 )
 from promshift.core.plan_render import catalog_draft, plan_markdown
+from promshift.core.promql import is_own_read, mark_own_read
 
 PRICES = AmpPrices(ingest_per_10m_samples=0.90, storage_per_gb_month=0.03, query_per_billion_samples=0.10,
                    bytes_per_sample=1.0)
@@ -258,6 +259,35 @@ def test_query_log_attributes_rules_and_api_queries(tmp_path: Path) -> None:
     assert u.reads[("up", Reader("query_log", "ad-hoc and dashboard API queries"))].count == 3
     assert ("rate(a[5m])", Reader("rule", "r.yml / g")) in u.reads
     assert u.reads[("b", Reader("query_log", "ad-hoc and dashboard API queries"))].points == 61
+
+
+@pytest.mark.parametrize("prometheus_shape", [True, False], ids=["fast-path", "line-by-line"])
+def test_promshifts_own_reads_are_left_out_of_a_query_log_and_counted(tmp_path: Path, prometheus_shape: bool) -> None:
+    """promshift's parity, latency and bake queries (``mark_own_read``) are not the fleet's reads: neither the plan
+    nor what retiring a source ends counts them; the note says how many were left out."""
+    def line(query: str) -> str:
+        ts = "2026-12-05T01:00:00.000Z"
+        entry = {"httpRequest": {"clientIP": "127.0.0.1", "method": "POST", "path": "/api/v1/query"},
+                 "params": {"end": ts, "query": query, "start": ts, "step": 0}, "ts": ts}
+        return (json.dumps(entry, sort_keys=True, separators=(",", ":")) if prometheus_shape
+                else json.dumps(entry)) + "\n"
+
+    own = mark_own_read("sum(rate(DCGM_FI_DEV_GPU_UTIL[5m]))")
+    log = tmp_path / "q.log"
+    log.write_text(line(own) * 4 + line("DCGM_FI_DEV_FB_USED") + line(own))
+    u, notes = UsageCollector(), ReadNotes()
+    s = read_query_log(log, u, notes)
+    assert (s.lines, s.read, s.own_reads, s.bad) == (6, 1, 5, 0)
+    assert [expr for expr, _ in u.reads] == ["DCGM_FI_DEV_FB_USED"]
+    assert notes.caveats == [f"query log {log}: 5 of promshift's own reads (its parity, latency and bake queries) "
+                             "left out"] and not notes.missing
+    # only promshift's own: nothing read, but the log was usable (no "no usable line")
+    only = tmp_path / "own.log"
+    only.write_text(line(own))
+    notes = ReadNotes()
+    assert read_query_log(only, UsageCollector(), notes).own_reads == 1 and not notes.missing
+    # the mark is a trailing comment line: the same query without it, or with it mid-query, is the fleet's
+    assert is_own_read(own) and not is_own_read("sum(x)") and not is_own_read(f"{own}\n+ 1")
 
 
 def test_empty_truncated_and_unparsable_query_logs_each_say_so(tmp_path: Path) -> None:
