@@ -157,17 +157,17 @@ class Reconciler:
         text = render(self.base, self.shape, content)
         mode = wanted_mode(self.shape, content)
         restart: tuple[str, ...] = ()
-        if mode == "agent" or (self.control is not None and probe_mode(self.prometheus_url) == "agent"):
-            if self.control is None:
-                raise RuntimeError(f"{self.path} at {tip[:12]} says prometheus.agentMode, but this stand-in has no "
-                                   "process control (--mode-switch) to run an agent; not synced")
+        if mode == "agent" and self.control is None:
+            raise RuntimeError(f"{self.path} at {tip[:12]} says prometheus.agentMode, but this stand-in has no "
+                               "process control (--mode-switch) to run an agent; not synced")
+        if mode == "agent":
+            text = agent_config(text.encode()).decode()
+        # with process control the source runs what the values say: an agent's pods, or the server's (again)
+        if self.control is not None and probe_mode(self.prometheus_url) != mode:
             if not self.server_argv:
                 raise RuntimeError("the source's server command line is unknown (the stand-in started with the source "
                                    "an agent); restart the stack's git component with the source a server")
-            if mode == "agent":
-                text = agent_config(text.encode()).decode()
-            if probe_mode(self.prometheus_url) != mode:
-                restart = agent_argv(self.server_argv, str(self.agent_path)) if mode == "agent" else self.server_argv
+            restart = agent_argv(self.server_argv, str(self.agent_path)) if mode == "agent" else self.server_argv
         changed = not self.config_path.exists() or self.config_path.read_text() != text
         if changed:
             tmp = self.config_path.with_name(f".{self.config_path.name}.sync")
