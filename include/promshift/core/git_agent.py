@@ -103,6 +103,9 @@ def _switch(text: str) -> tuple[MappingNode | None, tuple[Node, Node] | None, tu
     root = _root(text)
     parent = _parent(text, root)
     found = _get(parent[1], KEY) if parent is not None and isinstance(parent[1], MappingNode) else None
+    if parent is not None and isinstance(parent[1], MappingNode) and sum(
+            isinstance(k, ScalarNode) and k.value == KEY for k, _v in parent[1].value) > 1:
+        raise GitRenderError(f"{WHERE} is set twice (YAML loaders disagree on which one wins); set it by hand")
     if found is not None:
         key, value = found
         _plain_value(text, key, value, WHERE)
