@@ -249,3 +249,33 @@ def test_values_it_cannot_edit_safely_are_refused_a_team_edit_is_kept_and_an_age
     assert _tip_file(lab.repo) == edited and probe_mode(lab.url) == "server"
     assert _log(lab.repo)[0].startswith('promshift|Revert "promshift: retire source')
     assert lab.reconciler.restarts[-1] == "server" and lab.reconciler.errors  # the agent's failed start, logged
+
+
+@pytest.mark.slow
+def test_the_stacks_git_component_retires_its_source_through_the_connection_the_demo_gives(
+        stack_config_factory: Any) -> None:
+    """The stack's ``git`` component (``python -m promshift.local.stack.reconciler --mode-switch``) over its source:
+    the switch built from the source connection's ``extra.git`` as the retire DAG's wiring builds it."""
+    from promshift.adapters.git_deploy import change_backend
+    from promshift.core.git_source import git_source_of
+    from promshift.local.stack.local import LocalStack
+
+    stack = LocalStack(stack_config_factory(nodes=2, git=True, reconciler_interval_s=0.5))
+    try:
+        stack.up(timeout=120)
+        argv_before, config_before = stack.source_mode_switch().control.argv(), stack.source_config_path.read_bytes()
+        source = git_source_of({"deploy": "git", "git": stack.git_source_extra(backend="github", timeout_s=90)})
+        token = stack.git_token()
+        switch = GitSourceModeSwitch(source, backend=change_backend(source, token), url=stack.source_url,
+                                     conn_id="promshift_source", run_id="manual__stack", token=token, poll_s=0.5)
+        values_before = _tip_file(Path(source.url))
+        assert switch.to_agent().changed and probe_mode(stack.source_url) == "agent"
+        assert "--enable-feature=agent" in stack.source_mode_switch().control.argv()
+        assert _query_status(stack.source_url)[0] == 422
+        undo = switch.restore()
+        assert undo.byte_identical is True and probe_mode(stack.source_url) == "server"
+        assert _tip_file(Path(source.url)) == values_before
+        assert stack.source_mode_switch().control.argv() == argv_before
+        assert stack.source_config_path.read_bytes() == config_before
+    finally:
+        stack.down()
