@@ -162,8 +162,11 @@ class Reconciler:
                                "process control (--mode-switch) to run an agent; not synced")
         if mode == "agent":
             text = agent_config(text.encode()).decode()
-        # with process control the source runs what the values say: an agent's pods, or the server's (again)
-        if self.control is not None and probe_mode(self.prometheus_url) != mode:
+        # With process control the source runs what the values say: an agent's pods, or the server's (again). A
+        # source that is down is restarted only once this stand-in has restarted it before (an agent that failed to
+        # start); otherwise its owner (the stack) is restarting it.
+        running = probe_mode(self.prometheus_url) if self.control is not None else mode
+        if running != mode and (running != "down" or self.restarts):
             if not self.server_argv:
                 raise RuntimeError("the source's server command line is unknown (the stand-in started with the source "
                                    "an agent); restart the stack's git component with the source a server")
