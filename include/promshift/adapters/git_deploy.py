@@ -252,20 +252,12 @@ class GitHubPullRequests:
 # -- the deployer ----------------------------------------------------------------------------------------
 
 
-class GitDeployment:
-    """A ConfigDeployer writing the group's entry into the team's config repository (module docstring)."""
+class RepoFile:
+    """The source's file in a fresh clone of the team's config repository: checked, read and committed (the git
+    deploy's and the git retire switch's, ``adapters.git_source_mode``)."""
 
-    kind = DeployKind.GIT.value
-
-    def __init__(self, source: GitSource, *, entry: Mapping[str, Any], prometheus: PrometheusClient,
-                 backend: ChangeBackend, group: str, run_id: str, token: str | None = None) -> None:
+    def __init__(self, source: GitSource, *, token: str | None = None) -> None:
         self.source = source
-        self.entry = dict(entry)
-        self.name = str(entry["name"])
-        self.prometheus = prometheus
-        self.backend = backend
-        self.group = group
-        self.run_id = run_id
         self.git = Git(source.url, token=token, http_loopback=source.http_loopback)
 
     @property
@@ -305,6 +297,22 @@ class GitDeployment:
         self.git.run("-c", f"user.name={self.source.author_name}", "-c", f"user.email={self.source.author_email}",
                      "commit", "--quiet", "--no-verify", "-m", message, cwd=repo)
         return self.git.run("rev-parse", "HEAD", cwd=repo).stdout.strip()
+
+
+class GitDeployment(RepoFile):
+    """A ConfigDeployer writing the group's entry into the team's config repository (module docstring)."""
+
+    kind = DeployKind.GIT.value
+
+    def __init__(self, source: GitSource, *, entry: Mapping[str, Any], prometheus: PrometheusClient,
+                 backend: ChangeBackend, group: str, run_id: str, token: str | None = None) -> None:
+        super().__init__(source, token=token)
+        self.entry = dict(entry)
+        self.name = str(entry["name"])
+        self.prometheus = prometheus
+        self.backend = backend
+        self.group = group
+        self.run_id = run_id
 
     def _trailer(self, action: str) -> str:
         return f"{CHANGE_TRAILER}: {action} {self.group} {self.run_id}"

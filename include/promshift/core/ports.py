@@ -107,7 +107,8 @@ class Probes(Protocol):
 @runtime_checkable
 class SourceModeSwitch(Protocol):
     """Turns a source Prometheus into an agent (forwarder only) and back: the lab restarts its process
-    (``local.stack.source_mode``), the k8s-cr path applies a ``PrometheusAgent`` resource. Each call reads
+    (``local.stack.source_mode``), the k8s-cr path applies a ``PrometheusAgent`` resource, the git path commits
+    kube-prometheus-stack's ``prometheus.agentMode``. Each call reads
     the current mode first, so a retry after a crash reaches the same end."""
 
     def mode(self) -> str:

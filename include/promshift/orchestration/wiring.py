@@ -702,7 +702,10 @@ def retire_source(conn_id: str, *, catalog_path: str, profile: str | None, run_i
     """``steps.retire.RetireSource`` for the source connection ``conn_id``: its catalog groups, the audit store,
     its mode switch, what it still does (its query log: ``extra.query_log``) and each group's target.
 
-    The switch: a file-path source needs ``extra.mode_switch`` (LAB ONLY: a pid file on the worker's host).
+    The switch by the connection's deploy kind: ``git`` commits the Helm values' ``prometheus.agentMode``
+    (``adapters.git_source_mode``), ``k8s-cr`` replaces the ``Prometheus`` resource with a ``PrometheusAgent``
+    (``adapters.k8s_source_mode``); a file-path source needs ``extra.mode_switch`` (LAB ONLY: a pid file on the
+    worker's host).
     Without one it fails closed with one line naming the by-hand flags edit: the next run finds the source an
     agent and proves it."""
     from promshift.adapters.prometheus import PrometheusClient
@@ -718,10 +721,22 @@ def retire_source(conn_id: str, *, catalog_path: str, profile: str | None, run_i
     extra = hook.extra if isinstance(hook.extra, dict) else {}
     source_client = PrometheusClient(hook.base_url, timeout_s=30)
     switch: Any
-    if extra.get("deploy") == "git":  # not built yet: the Helm values' agentMode through a pull request
-        raise AirflowFailException(f"connection {conn_id!r}: retiring a git source is not built yet "
-                                   "(docs/lifecycle.md, \"Retire the source\")")
-    if extra.get("deploy") == "k8s-cr":  # the Prometheus resource becomes a PrometheusAgent (and back)
+    if extra.get("deploy") == "git":  # the Helm values' prometheus.agentMode, through the deploy's change backend
+        from promshift.adapters.git_deploy import change_backend
+        from promshift.adapters.git_source_mode import GitSourceModeSwitch
+        from promshift.adapters.source_mode import SourceModeError
+        from promshift.core.deploy import DeployError
+        from promshift.core.git_source import git_source_of
+        from promshift.orchestration.hooks import connection_secret
+
+        try:
+            git = git_source_of(extra, conn_id=conn_id)
+            token = connection_secret(git.conn_id) if git.conn_id else None
+            switch = GitSourceModeSwitch(git, backend=change_backend(git, token), url=hook.base_url, conn_id=conn_id,
+                                         run_id=run_id, token=token)
+        except (ValueError, SourceModeError, DeployError) as exc:
+            raise AirflowFailException(f"connection {conn_id!r}: {exc}") from None
+    elif extra.get("deploy") == "k8s-cr":  # the Prometheus resource becomes a PrometheusAgent (and back)
         from promshift.adapters.k8s_source_mode import K8sSourceModeSwitch
         from promshift.core.deploy_kinds import kubernetes_source_of
         from promshift.orchestration.hooks import kubernetes_hook

@@ -1,5 +1,6 @@
 """``wiring.retire_source``: which switch a source connection gets (the file path's lab process control, the k8s-cr
-path's PrometheusAgent conversion, or a refusal), built from the connection alone (nothing is called)."""
+path's PrometheusAgent conversion, the git path's agentMode commit, or a refusal), built from the connection alone
+(nothing is called)."""
 
 from __future__ import annotations
 
@@ -34,12 +35,38 @@ def test_a_k8s_cr_source_gets_the_prometheus_agent_switch(env: Path, monkeypatch
     assert {g.name for g in step.groups} == {"gpu-utilization", "gpu-memory", "gpu-power-thermal", "gpu-clocks"}
 
 
-def test_a_git_source_is_refused_in_one_line_and_a_bad_k8s_extra_too(env: Path,  # noqa: F811
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_git_source_gets_the_agent_mode_commit_switch(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from promshift.adapters.git_deploy import DirectPush, GitHubPullRequests
+    from promshift.adapters.git_source_mode import GitSourceModeSwitch
+    from promshift.orchestration.wiring import retire_source
+
+    _source(monkeypatch, {"deploy": "git", "git": {"url": "/srv/config.git", "path": "values.yaml",
+                                                   "shape": "helm-values", "timeout_s": 77}})
+    step = retire_source("promshift_source", catalog_path=str(CATALOG), profile=PROFILE, run_id="r1")
+    assert isinstance(step.switch, GitSourceModeSwitch) and isinstance(step.switch.backend, DirectPush)
+    assert (step.switch.url, step.switch.timeout_s, step.switch.run_id) == ("http://127.0.0.1:1", 77, "r1")
+    assert step.switch.heads["retire"] == "promshift/source-promshift_source/agent-mode"
+    # the pull-request backend, its token from the connection extra.git.conn_id names (never from the extra)
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_GIT", json.dumps({"conn_type": "generic", "password": "tok-123"}))
+    _source(monkeypatch, {"deploy": "git", "git": {"url": "https://git.example/platform/values.git",
+                                                   "path": "values.yaml", "shape": "helm-values", "backend": "github",
+                                                   "github": {"repository": "platform/values"},
+                                                   "conn_id": "promshift_git"}})
+    step = retire_source("promshift_source", catalog_path=str(CATALOG), profile=PROFILE, run_id="r1")
+    assert isinstance(step.switch.backend, GitHubPullRequests) and step.switch.git.token == "tok-123"
+
+
+def test_a_git_source_without_the_switch_and_a_bad_k8s_extra_are_refused_in_one_line(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     from promshift.orchestration.wiring import retire_source
 
     _source(monkeypatch, {"deploy": "git", "git": {"url": "/nowhere.git", "path": "values.yaml"}})
-    with pytest.raises(AirflowFailException, match="retiring a git source is not built yet"):
+    with pytest.raises(AirflowFailException, match="extra.git.shape must be one of"):
+        retire_source("promshift_source", catalog_path=str(CATALOG), profile=PROFILE, run_id="r1")
+    # a plain prometheus.yml in git has no agent switch: only kube-prometheus-stack values have one
+    _source(monkeypatch, {"deploy": "git", "git": {"url": "/srv/c.git", "path": "prometheus.yml",
+                                                   "shape": "prometheus-yml"}})
+    with pytest.raises(AirflowFailException, match="needs kube-prometheus-stack values"):
         retire_source("promshift_source", catalog_path=str(CATALOG), profile=PROFILE, run_id="r1")
     _source(monkeypatch, {"deploy": "k8s-cr", "kubernetes": {"namespace": "Not_A_Label", "name": "k8s"}})
     with pytest.raises(AirflowFailException, match="namespace must be a DNS label"):

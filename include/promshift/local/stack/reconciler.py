@@ -11,7 +11,14 @@
   moved, it renders the file's entries (``core.git_render.entries_of``, any shape) onto the base config,
   writes the source Prometheus's config file (only when the text changes) and ``POST /-/reload`` s it. It
   renders exactly what the branch says, so a commit that drops our entry (someone's revert, a sync from
-  another source of truth) drops it from the live config, as a real sync does;
+  another source of truth) drops it from the live config, as a real sync does. Given the source's process
+  control (``--mode-switch``, LAB ONLY: the stack's pid file), values whose ``prometheus.agentMode`` is true by the
+  chart's own test (Go template truth: ``{{- if .Values.prometheus.agentMode }}``, so the string ``"false"`` is an
+  agent too) are rendered as kube-prometheus-stack renders them: a ``PrometheusAgent``, i.e. the same config
+  without ``rule_files``, ``alerting`` and ``remote_read`` (``core.retire.agent_config``) and the source restarted
+  with ``--enable-feature=agent`` (``core.retire.agent_argv``), as the operator replaces the server's pods; values
+  without it restart the source as the server it was. Without process control such values are refused (a sync
+  error, retried), never rendered as a server;
 - ``github_api.GitHubContractServer`` over the same bare repository (``platform/gpu-monitoring``), with a
   token made at first start (``token``, mode 0600) and ``--merge-after`` seconds as the reviewer stand-in.
 
@@ -37,8 +44,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from promshift.adapters.source_mode import probe_mode
 from promshift.core.git_render import HELM_VALUES, add_entry, config_entry, entries_of
 from promshift.core.render import add_remote_write
+from promshift.core.retire import agent_argv, agent_config, is_agent_argv
 from promshift.local.stack.github_api import GitHubContractServer
 
 log = logging.getLogger(__name__)
@@ -98,15 +109,36 @@ def render(base: str, shape: str, content: str) -> str:
     return text
 
 
+def wanted_mode(shape: str, content: str) -> str:
+    """``agent`` when kube-prometheus-stack would render a ``PrometheusAgent`` from these values, else ``server``.
+
+    The chart tests ``{{- if .Values.prometheus.agentMode }}``: Go template truth of what Helm loaded (YAML 1.1-ish:
+    ``no``/``off`` are false), so any non-empty string, ``"false"`` included, is an agent; Python's truth of the
+    YAML 1.1 value is the same test. Only the values shape has the switch."""
+    if shape != HELM_VALUES:
+        return "server"
+    values = yaml.safe_load(content) or {}
+    prometheus = values.get("prometheus") if isinstance(values, dict) else None
+    return "agent" if isinstance(prometheus, dict) and bool(prometheus.get("agentMode")) else "server"
+
+
 class Reconciler:
-    """Pulls ``branch`` of the bare repository on an interval and renders ``path`` onto the source's config."""
+    """Pulls ``branch`` of the bare repository on an interval and renders ``path`` onto the source's config; with
+    ``control`` (the source's process, LAB ONLY) an agent too, when the values say ``prometheus.agentMode``."""
 
     def __init__(self, repo: Path, *, base: str, config_path: Path, prometheus_url: str, interval_s: float,
                  path: str = VALUES_PATH, shape: str = HELM_VALUES, branch: str = BRANCH,
-                 record: Path | None = None) -> None:
+                 record: Path | None = None, control: Any = None, agent_path: str | os.PathLike[str] | None = None
+                 ) -> None:
         self.repo, self.base, self.config_path = repo, base, config_path
         self.prometheus_url, self.interval_s = prometheus_url.rstrip("/"), interval_s
         self.path, self.shape, self.branch, self.record = path, shape, branch, record
+        self.control, self.agent_path = control, agent_path
+        # The server's command line, as the operator would derive it from the Prometheus resource: the one the
+        # source runs with when the stand-in starts (a source that is an agent then has none).
+        argv = tuple(control.argv()) if control is not None else ()
+        self.server_argv = argv if argv and not is_agent_argv(argv) else ()
+        self.restarts: list[str] = []  # the modes the source was restarted in, in order
         self.synced: str | None = None
         self.syncs: list[dict[str, Any]] = []
         self.errors: list[str] = []
@@ -123,17 +155,39 @@ class Reconciler:
         seen = time.time()
         content = git("--git-dir", str(self.repo), "show", f"{tip}:{self.path}")
         text = render(self.base, self.shape, content)
+        mode = wanted_mode(self.shape, content)
+        restart: tuple[str, ...] = ()
+        if mode == "agent" and self.control is None:
+            raise RuntimeError(f"{self.path} at {tip[:12]} says prometheus.agentMode, but this stand-in has no "
+                               "process control (--mode-switch) to run an agent; not synced")
+        if mode == "agent":
+            text = agent_config(text.encode()).decode()
+        # With process control the source runs what the values say: an agent's pods, or the server's (again). A
+        # source that is down is restarted only once this stand-in has restarted it before (an agent that failed to
+        # start); otherwise its owner (the stack) is restarting it.
+        running = probe_mode(self.prometheus_url) if self.control is not None else mode
+        if running != mode and (running != "down" or self.restarts):
+            if not self.server_argv:
+                raise RuntimeError("the source's server command line is unknown (the stand-in started with the source "
+                                   "an agent); restart the stack's git component with the source a server")
+            restart = agent_argv(self.server_argv, str(self.agent_path)) if mode == "agent" else self.server_argv
         changed = not self.config_path.exists() or self.config_path.read_text() != text
         if changed:
             tmp = self.config_path.with_name(f".{self.config_path.name}.sync")
             tmp.write_text(text)
             os.chmod(tmp, self.config_path.stat().st_mode & 0o777 if self.config_path.exists() else 0o644)
             os.replace(tmp, self.config_path)
+        if restart:  # the operator replaces the pods: a PrometheusAgent's, or the Prometheus's again
+            self.restarts.append(mode)
+            log.info("reconciler: %s says %s: restarting the source", self.path, mode)
+            self.control.restart(restart)
+        elif changed:
             request = urllib.request.Request(f"{self.prometheus_url}/-/reload", method="POST", data=b"")
             with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310 - the local source
                 resp.read()
         self.synced = tip
-        self.syncs.append({"commit": tip, "seen_at": seen, "reloaded_at": time.time(), "changed": changed})
+        self.syncs.append({"commit": tip, "seen_at": seen, "reloaded_at": time.time(), "changed": changed,
+                           "mode": mode, "restarted": bool(restart)})
         if self.record is not None:
             self.record.write_text(json.dumps(self.syncs[-50:], indent=1))
         log.info("reconciler: synced %s (%s)", tip[:12], "config changed, reloaded" if changed else "no change")
@@ -169,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, required=True, help="the source Prometheus's config file")
     parser.add_argument("--prometheus", required=True, help="the source Prometheus's URL (POST /-/reload)")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between pulls (Argo CD: 180 by default)")
+    parser.add_argument("--mode-switch", default=None, metavar="JSON",
+                        help="LAB ONLY: the source's process control (the stack's source_mode_extra), so values with "
+                             "prometheus.agentMode restart the source as an agent")
     parser.add_argument("--merge-after", type=float, default=3.0,
                         help="the reviewer stand-in merges an open pull request this many seconds old")
     args = parser.parse_args(argv)
@@ -182,8 +239,15 @@ def main(argv: list[str] | None = None) -> int:
             handle.write(secrets.token_urlsafe(24))
     server = GitHubContractServer(repo, repository=REPOSITORY, token=token_path.read_text().strip(),
                                   port=args.port, merge_after_s=args.merge_after).start()
+    control, agent_path = None, None
+    if args.mode_switch:
+        from promshift.adapters.source_mode import mode_switch_from_extra
+
+        switch = mode_switch_from_extra(args.prometheus, json.loads(args.mode_switch))
+        control, agent_path = switch.control, switch.agent_path
     reconciler = Reconciler(repo, base=base, config_path=args.config, prometheus_url=args.prometheus,
-                            interval_s=args.interval, record=state_dir / SYNC_FILE)
+                            interval_s=args.interval, record=state_dir / SYNC_FILE, control=control,
+                            agent_path=agent_path)
     reconciler.sync_once()
     reconciler.start()
     host, port = server.base_url.rsplit(":", 1)

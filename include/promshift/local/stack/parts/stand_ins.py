@@ -128,7 +128,9 @@ class StandInsPart(PrometheusPart):
                     "--mode-switch", json.dumps(self.source_mode_extra(), sort_keys=True))
         git_argv = (sys.executable, "-m", "promshift.local.stack.reconciler", "--state-dir", str(self.git_dir),
                     "--port", str(cfg.github_port), "--config", str(self.source_config_path),
-                    "--prometheus", self.source_url, "--interval", str(cfg.reconciler_interval_s))
+                    "--prometheus", self.source_url, "--interval", str(cfg.reconciler_interval_s),
+                    # the sync stand-in restarts the source as an agent for prometheus.agentMode (retire)
+                    "--mode-switch", json.dumps(self.source_mode_extra(), sort_keys=True))
         return {
             K8S: Component(K8S, cfg.k8s_port, k8s_argv, self.kubernetes_url, self.prometheus_cr_url,
                            f"promshift.local.stack.k8s_api --state-dir {self.kubernetes_dir}",
