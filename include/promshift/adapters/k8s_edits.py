@@ -9,7 +9,8 @@ the change to the view and writes what it makes of the list (``resource_edit``: 
 other item untouched); a 409 is our own earlier write when the object already holds that list (a retried
 phase), else another writer's change, refused in one line with nothing written. ``restore`` writes the
 snapshot's list back as it was (the spec byte for byte, again under the lock, re-read on a 409); when someone
-else edited the list since, only what the change did is taken back. ``verify`` waits (WAITING, then TIMEOUT at
+else edited the list since, only what the change added is taken out (refused when the swap's removal ran since:
+that is a leave swap's work). ``verify`` waits (WAITING, then TIMEOUT at
 the deadline) until the loaded config lists the change's ``live`` entries and none of its ``gone`` ones.
 """
 
@@ -32,7 +33,7 @@ from promshift.adapters.prometheus import PrometheusClient, PrometheusError
 from promshift.core.deploy import DeployError, DeployResult, DeploySnapshot, DeployState
 from promshift.core.queues import ConfigChange
 from promshift.core.redact import redact_text
-from promshift.core.render import RenderError, remote_write_names, sha256_text
+from promshift.core.render import RenderError, is_promshift_name, remote_write_names, sha256_text
 from promshift.core.resource_queues import remote_write_view, resource_edit
 
 
@@ -120,6 +121,9 @@ class PrometheusCREditDeployment(PrometheusCRDeployment):
             if live == ours or undone == before:  # nothing but the change (or its undo) between them
                 target = before
             else:  # someone else's edit since: take out only what the change added, by name
+                if self._lost_since(before, live):
+                    raise DeployError(f"{self.where}: promshift entries of the snapshot are gone since (the swap went "
+                                      "on past its add); undo it with a leave swap, nothing written")
                 added = {str(e.get("name")) for e in ours or () if isinstance(e, dict)} - {
                     str(e.get("name")) for e in before or () if isinstance(e, dict)}
                 rest = [e for e in live or () if not (isinstance(e, dict) and str(e.get("name")) in added)]
@@ -137,6 +141,13 @@ class PrometheusCREditDeployment(PrometheusCRDeployment):
                              "spec.remoteWrite written back; waiting for the operator's reload" if identical else
                              f"{self.where} was edited by someone else; only {self.change.describe} taken back",
                              restored_identical=identical, resource_version=version)
+
+    @staticmethod
+    def _lost_since(before: list[Any] | None, live: list[Any] | None) -> bool:
+        """Whether a promshift entry of ``before`` is no longer in ``live`` (a swap's removal ran since)."""
+        names = {str(e.get("name")) for e in live or () if isinstance(e, dict)}
+        return any(isinstance(e, dict) and is_promshift_name(str(e.get("name") or "")) and str(e.get("name")) not in
+                   names for e in before or ())
 
     def verify(self, result: DeployResult, now: datetime) -> DeployResult:
         """One look at the loaded config: the change's ``live`` entries there and its ``gone`` ones not (a swap's

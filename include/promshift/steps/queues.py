@@ -216,8 +216,8 @@ class QueueCap:
     ``cap()``: the source's cap (read when a pre-flight needs it, so a bad setting refuses the deploy and never
     blocks a rollback); ``loaded_names()``: the ``remote_write`` names the source has loaded (every path);
     ``has_cut_over(group)``: whether the group has cut over (the audit's stage); ``swap_ports()``: the path's
-    swap (a ``ConfigDeployer`` per change and the probe), None where no swap is built (only the file path has
-    one); ``clock``/``wait``: a swap's time.
+    swap (a ``ConfigDeployer`` per change and the probe), None where no swap is built (the file path and the
+    ``Prometheus`` resource have one); ``clock``/``wait``: a swap's time.
     """
 
     cap: Callable[[], int]
