@@ -319,7 +319,8 @@ def admit_loaded(names: Iterable[str], *, group: str, cap: int, cut_over: Iterab
     elif can_merge:
         why = f"another deploy took the room since this run merged; {len(waiting)} cut over: run again to merge them"
     else:
-        why = f"{len(waiting)} of them cut over, but a merge swap is built on the file path only"
+        why = (f"{len(waiting)} of them cut over, but a merge swap is built on the file path and the Prometheus "
+               "resource only")
     return Admission(False, count, cap, None, cap_refusal(count, cap, group, why))
 
 

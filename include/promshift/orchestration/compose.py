@@ -48,13 +48,16 @@ def source_file(backends: Any) -> Any:
 
 
 def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] | None = None,
-              file_path: bool = True, proof_deadline_s: float = 300.0, poll_s: float = 5.0) -> Any:
+              file_path: bool = True, edits: Callable[[Any], Any] | None = None, proof_deadline_s: float = 300.0,
+              poll_s: float = 5.0) -> Any:
     """The source's queue cap and swap (``steps.queues.QueueCap``) for a deploy path that adds a source queue.
 
     ``cap``: what reads the cap (default: the catalog's ``max_queues``); the loaded names from the source's
     ``/api/v1/status/config``; a group's entry may be merged when its audit stage is in ``MERGEABLE_STAGES``;
-    the swap (``file_path``) edits the source's config file through ``adapters.file_edits`` and proves on the
-    target, narrowed to the source's external labels (several sources may write one workspace)."""
+    the swap edits the source's config file through ``adapters.file_edits`` (``file_path``) or, given ``edits``
+    (a ``ConfigDeployer`` per ``core.queues.ConfigChange``: the ``Prometheus`` resource's,
+    ``adapters.k8s_edits``), through that; either way it proves on the target, narrowed to the source's external
+    labels (several sources may write one workspace). Neither: no swap (past the cap, refused)."""
     import time
     from datetime import UTC, datetime
 
@@ -73,14 +76,18 @@ def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] |
             labels.pop(group.replicas.replica_label, None)  # an HA pair's replica label is deduplicated away
             return "".join(f",{k}={promql_string(v)}" for k, v in sorted(labels.items()))
 
-        file = source_file(backends)
-        return ((lambda change: FileEditDeployment(file, change)),
-                PrometheusQueueProbe(backends.source, backends.target, target_matchers=matchers))
+        if edits is not None:
+            deployer_for = edits
+        else:
+            file = source_file(backends)
+            deployer_for = lambda change: FileEditDeployment(file, change)  # noqa: E731
+        return deployer_for, PrometheusQueueProbe(backends.source, backends.target, target_matchers=matchers)
 
     return QueueCap(cap=cap or (lambda: int(group.max_queues)), url=backends.target_remote_write_url,
                     loaded_names=lambda: remote_write_names(backends.source.config_text()),
                     has_cut_over=lambda name: audit.stage_of(name) in MERGEABLE_STAGES,
-                    swap_ports=swap_ports if file_path else None, clock=lambda: datetime.now(UTC), wait=time.sleep,
+                    swap_ports=swap_ports if file_path or edits is not None else None,
+                    clock=lambda: datetime.now(UTC), wait=time.sleep,
                     proof_deadline_s=proof_deadline_s, poll_s=poll_s)
 
 

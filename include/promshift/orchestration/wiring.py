@@ -546,8 +546,9 @@ class GroupWiring:
 
         The cap: the source connection's ``extra.max_queues``, else the catalog's ``defaults.max_queues``; read when
         the deploy's pre-flight needs it, and a bad value refuses that deploy in one line (fails closed) without
-        blocking a rollback. The merge swap runs on the file path only (the Kubernetes and git paths refuse past
-        the cap)."""
+        blocking a rollback. The merge swap runs on the file path and on the ``Prometheus`` resource (k8s-cr: each
+        edit through the Kubernetes API, ``adapters.k8s_edits``); the ConfigMap and git paths refuse past the cap."""
+        from promshift.core.deploy_kinds import K8S_CR
         from promshift.core.queues import queue_cap_of
         from promshift.orchestration.compose import queue_cap
         from promshift.orchestration.hooks import PrometheusHook
@@ -560,7 +561,25 @@ class GroupWiring:
         def cap() -> int:
             return queue_cap_of((extra or {}).get("max_queues"), self.group.max_queues, conn_id=self.source_conn_id)
 
-        return queue_cap(self.group, backends, audit=audit, cap=cap, file_path=not self.deploy.config_by_api)
+        return queue_cap(self.group, backends, audit=audit, cap=cap, file_path=not self.deploy.config_by_api,
+                         edits=self._resource_edits() if self.deploy.kind == K8S_CR else None)
+
+    def _resource_edits(self) -> Any:
+        """A queue swap's edits of the source's ``Prometheus`` resource: a ``ConfigDeployer`` per change
+        (``adapters.k8s_edits``), through the cncf-kubernetes ``KubernetesHook``, built when a swap first runs."""
+        from promshift.adapters.k8s_edits import PrometheusCREditDeployment
+        from promshift.core.deploy_kinds import kubernetes_source_of
+        from promshift.orchestration.hooks import kubernetes_hook
+
+        def edit(change: Any) -> Any:
+            source = kubernetes_source_of(self.source_hook.extra, conn_id=self.source_conn_id)
+            if source is None:
+                raise ValueError(f"connection {self.source_conn_id!r} names no Kubernetes source")
+            return PrometheusCREditDeployment(kubernetes_hook(source), namespace=source.namespace, name=source.name,
+                                              change=change, prometheus=self.source_hook.prometheus_client(),
+                                              timeout_s=source.timeout_s)
+
+        return edit
 
     def rules_step(self, migration: Any) -> Any:
         """The group's rules move (``moves.RulesStep``) when the source connection's ``extra.rules`` is true,

@@ -99,13 +99,18 @@ class QueueSwap:
         after = change.apply(before)
         if after == before:
             return snapshot, before, None  # a retried phase: the change is live already
-        result = deployer.deploy(snapshot, now)
-        while result.state is DeployState.WAITING and wait is not None:
-            wait(self.poll_s)
-            result = deployer.verify(result, now)
+        result = self._settled(deployer, deployer.deploy(snapshot, now), now, wait)
         if result.state is not DeployState.DONE:
             raise DeployError(f"{change.describe}: {result.state.value}: {result.reason}")
         return snapshot, before, result
+
+    def _settled(self, deployer: ConfigDeployer, result: DeployResult, now: datetime,
+                 wait: Callable[[float], None] | None) -> DeployResult:
+        """``result`` followed until it is final (a deployer that waits for a reload: the Kubernetes resource)."""
+        while result.state is DeployState.WAITING and wait is not None:
+            wait(self.poll_s)
+            result = deployer.verify(result, now)
+        return result
 
     def add(self, swap: Swap, now: datetime, wait: Callable[[float], None] | None = None) -> DeploySnapshot:
         """Add the swap's new entry beside the live ones (the overlap begins); the snapshot before it is returned."""
@@ -138,8 +143,10 @@ class QueueSwap:
                 "config_after_sha256": sha256_bytes(remove.apply(before)), "deploy": result.to_dict(),
                 "queues_after": [q.name for q in promshift_queues(remove.apply(before))]})
 
-    def undo(self, swap: Swap, snapshot: DeploySnapshot, now: datetime, *, reason: str) -> bool:
-        """Take the swap's add back (its proof failed); True when the config is the snapshot byte for byte."""
+    def undo(self, swap: Swap, snapshot: DeploySnapshot, now: datetime, *, reason: str,
+             wait: Callable[[float], None] | None = None) -> bool:
+        """Take the swap's add back (its proof failed); True when the config is the snapshot byte for byte (on the
+        Kubernetes resource: its ``spec.remoteWrite`` as it was, once the operator's reload shows the add gone)."""
         if swap.add is None:
             return True
         take_back = ConfigChange(f"undo {swap.added_name}", lambda data: undo_added(data, swap),
@@ -149,10 +156,11 @@ class QueueSwap:
             identical = current == snapshot.content.encode("utf-8")
         elif take_back.apply(current) == snapshot.content.encode("utf-8"):
             # Nothing else changed since the add: the deployer writes the snapshot's own bytes back.
-            identical = deployer.restore(snapshot, now).state is DeployState.DONE
+            restored = self._settled(deployer, deployer.restore(snapshot, now), now, wait)
+            identical = restored.state is DeployState.DONE and restored.details.get("restored_identical") is not False
         else:
             # Someone else edited the config during the overlap: take out exactly our entry's lines.
-            deployer.deploy(current_snap, now)
+            self._settled(deployer, deployer.deploy(current_snap, now), now, wait)
             identical = False
         self.record(EventKind.QUEUE_SWAP_UNDONE, now, {"swap": swap.to_dict(), "reason": reason,
                                                        "restored_identical": identical,
@@ -168,7 +176,8 @@ class QueueSwap:
         proof = self.prove(swap, since=since)
         while proof.verdict is not Verdict.SUCCESSFUL:
             if (clock() - started).total_seconds() >= self.proof_deadline_s:
-                self.undo(swap, snapshot, clock(), reason=f"not proven in {self.proof_deadline_s:.0f}s: {proof.reason}")
+                self.undo(swap, snapshot, clock(), reason=f"not proven in {self.proof_deadline_s:.0f}s: {proof.reason}",
+                          wait=wait)
                 raise SwapFailed(f"merged entry {swap.added_name} not proven in {self.proof_deadline_s:.0f}s "
                                  f"({proof.reason}); the add was undone")
             log.info("swap %s: %s", swap.added_name, proof.reason)
@@ -207,8 +216,8 @@ class QueueCap:
     ``cap()``: the source's cap (read when a pre-flight needs it, so a bad setting refuses the deploy and never
     blocks a rollback); ``loaded_names()``: the ``remote_write`` names the source has loaded (every path);
     ``has_cut_over(group)``: whether the group has cut over (the audit's stage); ``swap_ports()``: the path's
-    swap (a ``ConfigDeployer`` per change and the probe), None where no swap is built (only the file path has
-    one); ``clock``/``wait``: a swap's time.
+    swap (a ``ConfigDeployer`` per change and the probe), None where no swap is built (the file path and the
+    ``Prometheus`` resource have one); ``clock``/``wait``: a swap's time.
     """
 
     cap: Callable[[], int]

@@ -273,8 +273,8 @@ def test_the_cap_on_loaded_names_counts_promshift_entries_only_and_never_merges(
     refused = admit_loaded(names, group="e", cap=4, cut_over=["a", "zz"])
     assert not refused.allowed and refused.count == 4 and refused.merge_first is None
     assert refused.reason == ("source already carries 4 promshift remote_write queues (cap 4) and none can be merged "
-                              "(1 of them cut over, but a merge swap is built on the file path only); cut one over "
-                              "or raise the cap before 'e'")
+                              "(1 of them cut over, but a merge swap is built on the file path and the Prometheus "
+                              "resource only); cut one over or raise the cap before 'e'")
     assert "no group among them has cut over" in admit_loaded(names, group="e", cap=4).reason
     assert "run again to merge them" in admit_loaded(names, group="e", cap=4, cut_over=["a"], can_merge=True).reason
 

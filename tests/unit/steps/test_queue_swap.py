@@ -134,6 +134,61 @@ def test_a_proof_that_never_passes_undoes_the_add_byte_for_byte() -> None:
     assert events[-1][0] is EventKind.QUEUE_SWAP_UNDONE and events[-1][1]["restored_identical"] is True
 
 
+class ReloadingSource(FakeSource):
+    """A deployer that waits for a reload, as the Kubernetes resource's does: deploy and restore are WAITING until
+    ``verify`` has been called ``polls`` times; the restore says whether the snapshot came back as it was."""
+
+    def __init__(self, data: bytes, polls: int = 2) -> None:
+        super().__init__(data)
+        self.polls = polls
+        self.verified = 0
+
+    def deployer_for(self, change: ConfigChange) -> Any:
+        inner, source = super().deployer_for(change), self
+
+        class Deployer:
+            kind = "k8s-cr"
+
+            def snapshot(self) -> DeploySnapshot:
+                return inner.snapshot()
+
+            def deploy(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
+                return inner.deploy(snapshot, now).observed("CR_UPDATED", now, state=DeployState.WAITING)
+
+            def verify(self, result: DeployResult, now: datetime) -> DeployResult:
+                source.verified += 1
+                done = source.verified % source.polls == 0
+                return result.observed("LIVE" if done else "WAITING_FOR_RELOAD", now,
+                                       state=DeployState.DONE if done else DeployState.WAITING)
+
+            def restore(self, snapshot: DeploySnapshot, now: datetime) -> DeployResult:
+                inner.restore(snapshot, now)
+                return DeployResult("k8s-cr", "restore", DeployState.WAITING).observed(
+                    "CR_RESTORED", now, state=DeployState.WAITING, restored_identical=True)
+
+        return Deployer()
+
+
+def test_a_swap_on_a_deployer_that_waits_for_its_reload_follows_each_edit_and_its_undo() -> None:
+    """Each edit and the undo are followed until the reload shows them (the k8s-cr path): a WAITING restore is not
+    reported as restored until it is DONE."""
+    before = config_with("a", "b")
+    source, events, clock = ReloadingSource(before), [], Clock()
+    swaps = step(source, FakeProbe({"a": 10, "b": 3}, sending=False), events, deadline_s=30)
+    swap = swaps.plan_merge(url=URL, cut_over=["a", "b"])
+    assert swap is not None
+    with pytest.raises(SwapFailed, match="not proven in 30s"):
+        swaps.run(swap, clock=clock, wait=clock.wait)
+    assert source.data == before and source.verified == 4  # the add's reload, then the undo's
+    assert events[-1][0] is EventKind.QUEUE_SWAP_UNDONE and events[-1][1]["restored_identical"] is True
+
+    source, events = ReloadingSource(before), []
+    swaps = step(source, FakeProbe({"a": 10, "b": 3}), events)
+    outcome = swaps.run(swaps.plan_merge(url=URL, cut_over=["a", "b"]), clock=clock, wait=clock.wait)  # type: ignore[arg-type]
+    assert outcome.state == "done" and [q.groups() for q in promshift_queues(source.data)] == [("a", "b")]
+    assert source.verified == 4  # add and removal, each followed to its reload
+
+
 def test_a_swap_retried_after_a_crash_mid_overlap_resumes_without_writing_twice() -> None:
     source, events, clock = FakeSource(config_with("a", "b")), [], Clock()
     swaps = step(source, FakeProbe({"a": 1, "b": 1}), events)
@@ -289,7 +344,8 @@ def test_past_the_cap_a_dual_write_is_refused_in_one_line_before_anything_is_dep
 
     # Cut-over groups on a path without a swap: still refused, saying why nothing is merged.
     m = group_run(tmp_path, audit, "e", deployer, cap_of(names=lambda: loaded, cut_over=lambda g: g in "ab"))
-    with pytest.raises(DeployStepFailed, match="2 of them cut over, but a merge swap is built on the file path only"):
+    with pytest.raises(DeployStepFailed,
+                       match="2 of them cut over, but a merge swap is built on the file path and the Prometheus"):
         m.snapshot(T0)
     # A cap of 5 (the connection's extra.max_queues) makes room: snapshot, then deploy.
     m = group_run(tmp_path, audit, "e", deployer, cap_of(cap=lambda: 5, names=lambda: loaded))

@@ -1,0 +1,60 @@
+"""``GroupWiring.queue_cap``: which deploy path gets a merge swap (the file path and the ``Prometheus`` resource) and
+which refuses past the cap (the ConfigMap), built from the connections alone (nothing is called)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from promshift.core.queues import ConfigChange
+from promshift.local.stack.k8s_api import kubeconfig
+from promshift.orchestration.wiring import GroupWiring
+from promshift.steps.migration import Backends
+from tests.unit.orchestration.test_operators import CATALOG, PROFILE, env  # noqa: F401  (audit DB, connections)
+
+
+class Wiring(GroupWiring):
+    def __init__(self) -> None:
+        self._init_group(group_name="gpu-memory", catalog_path=str(CATALOG), profile=PROFILE,
+                         source_conn_id="promshift_source", target_conn_id="promshift_target")
+
+
+def backends() -> Backends:
+    from promshift.adapters.prometheus import PrometheusClient
+
+    client = PrometheusClient("http://127.0.0.1:1")
+    return Backends(source=client, target=client, source_config_path="",
+                    target_remote_write_url="http://127.0.0.1:1/api/v1/write")
+
+
+def _source(monkeypatch: pytest.MonkeyPatch, env: Path, kind: str) -> None:  # noqa: F811
+    config = env / "kubeconfig.json"
+    config.write_text(json.dumps(kubeconfig("http://127.0.0.1:1", "monitoring")))
+    monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_SOURCE", json.dumps({
+        "conn_type": "prometheus", "host": "http://127.0.0.1:1",
+        "extra": {"deploy": kind, "max_queues": 3, "kubernetes": {"namespace": "monitoring", "name": "k8s",
+                                                                  "config_file": str(config), "timeout_s": 42}}}))
+
+
+def test_a_k8s_cr_source_gets_a_swap_whose_edits_go_through_its_prometheus_resource(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from promshift.adapters.k8s_edits import PrometheusCREditDeployment
+
+    _source(monkeypatch, env, "k8s-cr")
+    queues: Any = Wiring().queue_cap(backends(), audit=None)
+    assert queues.cap() == 3 and queues.swap_ports is not None
+    deployer_for, _probe = queues.swap_ports()
+    change = ConfigChange("add promshift--merged-x (merge)", lambda data: data)
+    deployer = deployer_for(change)
+    assert isinstance(deployer, PrometheusCREditDeployment)
+    assert (deployer.namespace, deployer.name, deployer.timeout_s, deployer.change) == ("monitoring", "k8s", 42, change)
+
+
+def test_a_configmap_source_has_no_swap_and_is_refused_past_the_cap(env: Path,  # noqa: F811
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    _source(monkeypatch, env, "k8s-configmap")
+    queues: Any = Wiring().queue_cap(backends(), audit=None)
+    assert queues.cap() == 3 and queues.swap_ports is None
