@@ -11,7 +11,7 @@ holds only ``Viewer``; ``promshift-svc`` and ``promshift-svc2`` hold ``promshift
 workers' login. ``FabApiTeams`` logs in with FAB's ``POST /auth/token`` and reads the board's
 ``/promshift/api/teams/<team>`` with FAB's JWT.
 
-About 75 s on this machine (two cores shared), most of it Airflow's start-ups: ``slow``, run by make e2e.
+77-111 s on this machine (two cores shared), most of it Airflow's start-ups: ``slow``, run by make e2e.
 """
 
 from __future__ import annotations
