@@ -4,14 +4,15 @@ promshift's plugin (``plugins/``, the board under ``/promshift``) mounted as in 
 
 Set up only through FAB itself: ``airflow db migrate`` (Airflow's and FAB's tables), ``airflow users create`` (the
 admin), then FAB's own REST API as that admin (``/auth/fab/v1/roles``, ``/auth/fab/v1/users``). FAB's CLI and REST
-API cannot deactivate a user (FAB's UI sets ``ab_user.active``): that one change is written to FAB's table.
+API can neither deactivate a user nor make a group (FAB's UI does both): those are written to FAB's tables, as
+migrated by ``airflow db migrate``.
 
-Users: alice and sre-carol (the trigger user) hold the role ``gpu-oncall``, erin holds it but is inactive; dave
-holds only ``Viewer``; ``promshift-svc`` and ``promshift-svc2`` hold ``promshift-reader`` (can read on Users), the
-workers' login. ``FabApiTeams`` logs in with FAB's ``POST /auth/token`` and reads the board's
-``/promshift/api/teams/<team>`` with FAB's JWT.
+Users: alice and sre-carol (the trigger user) hold the role ``gpu-oncall``, bob holds it through the group
+``night-shift``, erin holds it but is inactive; dave holds only ``Viewer``; ``promshift-svc`` and ``promshift-svc2``
+hold ``promshift-reader`` (can read on Users), the workers' login. ``FabApiTeams`` logs in with FAB's
+``POST /auth/token`` and reads the board's ``/promshift/api/teams/<team>`` with FAB's JWT.
 
-77-111 s on this machine (two cores shared), most of it Airflow's start-ups: ``slow``, run by make e2e.
+77-128 s on this machine (two cores shared), most of it Airflow's start-ups: ``slow``, run by make e2e.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ READER_ROLE = "promshift-reader"
 # name: (roles, active)
 USERS = {"alice": (["gpu-oncall"], True), TRIGGERED_BY: (["gpu-oncall", "Viewer"], True),
          "dave": (["Viewer"], True), "erin": (["gpu-oncall"], False),
-         SERVICE_USER: ([READER_ROLE], True), "promshift-svc2": ([READER_ROLE], True)}
+         SERVICE_USER: ([READER_ROLE], True), "promshift-svc2": ([READER_ROLE], True), "bob": (["Public"], True)}
 START_TIMEOUT_S = 240
 FAB_CACHE_TTL_S = 2
 
@@ -76,6 +77,16 @@ class FabServer:
         """What FAB's UI does to deactivate a user (its CLI and REST API cannot)."""
         with sqlite3.connect(self.db_path) as db:
             assert db.execute("UPDATE ab_user SET active = 0 WHERE username = ?", (name,)).rowcount == 1
+
+    def add_group(self, name: str, *, role: str, members: list[str]) -> None:
+        """What FAB's UI does to make a group holding ``role`` (its CLI and REST API cannot)."""
+        with sqlite3.connect(self.db_path) as db:
+            group_id = db.execute("INSERT INTO ab_group (name, label) VALUES (?, ?)", (name, name)).lastrowid
+            db.execute("INSERT INTO ab_group_role (group_id, role_id) SELECT ?, id FROM ab_role WHERE name = ?",
+                       (group_id, role))
+            for member in members:
+                db.execute("INSERT INTO ab_user_group (user_id, group_id) SELECT id, ? FROM ab_user "
+                           "WHERE username = ?", (group_id, member))
 
 
 def _tail(path: Path) -> str:
@@ -174,6 +185,7 @@ def fab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FabServer]:
         for name, (_roles, active) in USERS.items():
             if not active:
                 server.deactivate(name)
+        server.add_group("night-shift", role="gpu-oncall", members=["bob"])
         yield server
     finally:
         _stop(leader)
@@ -200,12 +212,16 @@ def test_the_api_server_listens_on_127_0_0_1_only(fab_server: FabServer) -> None
 def test_a_worker_reads_a_fab_role_by_fabs_ids_through_fabs_real_token_route(fab_server: FabServer) -> None:
     ids = fab_server.ids()
     members = _client(fab_server).members("gpu-oncall")
-    # FAB's numeric ids (what HITL assigns and records), erin left out (inactive), dave outside the role.
-    assert members == [Approver(ids["alice"], "alice"), Approver(ids[TRIGGERED_BY], TRIGGERED_BY)]
+    # FAB's numeric ids (what HITL assigns and records), bob through his group, erin left out (inactive), dave
+    # outside the role.
+    assert members == [Approver(ids["alice"], "alice"), Approver(ids[TRIGGERED_BY], TRIGGERED_BY),
+                       Approver(ids["bob"], "bob")]
     assert all(m.id.isdigit() for m in members)
     assert {ids["erin"], ids["dave"]}.isdisjoint(m.id for m in members)
     # FAB's built-in roles are teams too; an unknown name is neither a role nor a group.
     assert [m.name for m in _client(fab_server).members("Viewer")] == [TRIGGERED_BY, "dave"]
+    # A group's name is a team too (no role has it).
+    assert _client(fab_server).members("night-shift") == [Approver(ids["bob"], "bob")]
     with pytest.raises(UnknownTeam, match="'gpu-nights' is neither a role nor a group"):
         _client(fab_server).members("gpu-nights")
 
@@ -246,7 +262,7 @@ def test_a_service_user_deactivated_after_its_login_is_refused_within_fabs_cache
     """FAB reads a token's user again once its ``[fab] cache_ttl`` has passed: the JWT a worker holds stops working
     then (not at once) when FAB deactivates its user, in one line without the permission hint."""
     client = _client(fab_server, "promshift-svc2", password("promshift-svc2"))
-    assert len(client.members("gpu-oncall")) == 2
+    assert len(client.members("gpu-oncall")) == 3
     fab_server.deactivate("promshift-svc2")
     deadline = time.monotonic() + FAB_CACHE_TTL_S + 10
     while True:
@@ -264,7 +280,8 @@ def test_a_service_user_deactivated_after_its_login_is_refused_within_fabs_cache
 def test_the_approval_asks_the_real_fab_role_without_the_trigger_user(
         fab_server: FabServer, dag: Any, audit: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker's approval, configured as in a FAB deployment (the auth manager and the connection
-    ``promshift_fab_api``): HITL is asked alice by FAB's id; sre-carol triggered the run and is left out."""
+    ``promshift_fab_api``): HITL is asked alice and bob by FAB's ids; sre-carol triggered the run and is left
+    out."""
     from airflow.providers.standard.operators import hitl
 
     monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", FAB_AUTH_MANAGER)
@@ -276,4 +293,5 @@ def test_the_approval_asks_the_real_fab_role_without_the_trigger_user(
     approval, ctx = ask(dag, audit, ["team:gpu-oncall"])
     with pytest.raises(TaskAwaitingInput):
         approval.execute(ctx)
-    assert captured["assigned_users"] == [{"id": fab_server.ids()["alice"], "name": "alice"}]
+    ids = fab_server.ids()
+    assert captured["assigned_users"] == [{"id": ids["alice"], "name": "alice"}, {"id": ids["bob"], "name": "bob"}]
