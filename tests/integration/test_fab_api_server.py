@@ -5,14 +5,16 @@ promshift's plugin (``plugins/``, the board under ``/promshift``) mounted as in 
 Set up only through FAB itself: ``airflow db migrate`` (Airflow's and FAB's tables), ``airflow users create`` (the
 admin), then FAB's own REST API as that admin (``/auth/fab/v1/roles``, ``/auth/fab/v1/users``). FAB's CLI and REST
 API can neither deactivate a user nor make a group (FAB's UI does both): those are written to FAB's tables, as
-migrated by ``airflow db migrate``.
+migrated by ``airflow db migrate``. The metadata database is PostgreSQL, as in a deployment (a throwaway database
+on the machine's PostgreSQL): the board's reads of FAB's tables run on Airflow's own engine under their budget.
 
 Users: alice and sre-carol (the trigger user) hold the role ``gpu-oncall``, bob holds it through the group
 ``night-shift``, erin holds it but is inactive; dave holds only ``Viewer``; ``promshift-svc`` and ``promshift-svc2``
 hold ``promshift-reader`` (can read on Users), the workers' login. ``FabApiTeams`` logs in with FAB's
 ``POST /auth/token`` and reads the board's ``/promshift/api/teams/<team>`` with FAB's JWT.
 
-77-128 s on this machine (two cores shared), most of it Airflow's start-ups: ``slow``, run by make e2e.
+About 3 min on this machine (two cores shared by a load of 12; 60 s of CPU), most of it Airflow's start-ups
+(``db migrate``, ``users create``, ``api-server``, about 40 s each here): ``slow``, run by make e2e.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +34,13 @@ from typing import Any
 import psutil
 import pytest
 import requests
+from airflow.providers.fab.auth_manager.models import Group, Role, User
 from airflow.sdk.exceptions import TaskAwaitingInput
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.orm import Session
 
 from promshift.adapters.audit_store import AuditStore
-from promshift.adapters.fab_teams import TEAMS_PATH, TOKEN_PATH, FabApiTeams
+from promshift.adapters.fab_teams import STATEMENT_TIMEOUT_S, TEAMS_PATH, TOKEN_PATH, FabApiTeams
 from promshift.core.approvers import Approver, ApproversError, UnknownTeam
 from promshift.local.stack.local import find_free_ports
 from tests.unit.core.test_approvers import ask
@@ -54,6 +59,7 @@ USERS = {"alice": (["gpu-oncall"], True), TRIGGERED_BY: (["gpu-oncall", "Viewer"
          "dave": (["Viewer"], True), "erin": (["gpu-oncall"], False),
          SERVICE_USER: ([READER_ROLE], True), "promshift-svc2": ([READER_ROLE], True), "bob": (["Public"], True)}
 START_TIMEOUT_S = 240
+PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"  # the machine's PostgreSQL, trust on 127.0.0.1
 FAB_CACHE_TTL_S = 2
 
 
@@ -64,29 +70,40 @@ def password(name: str) -> str:
 @dataclass
 class FabServer:
     base_url: str
-    db_path: Path
+    db_url: str
     leader: subprocess.Popen[bytes]
     setup_s: float
+    phases: dict[str, float]
+
+    def _write(self, sql: str, **params: Any) -> Any:
+        engine = create_engine(self.db_url)
+        try:
+            with engine.begin() as db:
+                return db.execute(text(sql), params)
+        finally:
+            engine.dispose()
 
     def ids(self) -> dict[str, str]:
         """FAB's user ids (``ab_user.id``, what ``User.get_id()`` gives HITL), by username."""
-        with sqlite3.connect(self.db_path) as db:
-            return {name: str(uid) for uid, name in db.execute("SELECT id, username FROM ab_user")}
+        return {name: str(uid) for uid, name in self._write("SELECT id, username FROM ab_user").all()}
 
     def deactivate(self, name: str) -> None:
         """What FAB's UI does to deactivate a user (its CLI and REST API cannot)."""
-        with sqlite3.connect(self.db_path) as db:
-            assert db.execute("UPDATE ab_user SET active = 0 WHERE username = ?", (name,)).rowcount == 1
+        assert self._write("UPDATE ab_user SET active = false WHERE username = :name", name=name).rowcount == 1
 
     def add_group(self, name: str, *, role: str, members: list[str]) -> None:
-        """What FAB's UI does to make a group holding ``role`` (its CLI and REST API cannot)."""
-        with sqlite3.connect(self.db_path) as db:
-            group_id = db.execute("INSERT INTO ab_group (name, label) VALUES (?, ?)", (name, name)).lastrowid
-            db.execute("INSERT INTO ab_group_role (group_id, role_id) SELECT ?, id FROM ab_role WHERE name = ?",
-                       (group_id, role))
-            for member in members:
-                db.execute("INSERT INTO ab_user_group (user_id, group_id) SELECT id, ? FROM ab_user "
-                           "WHERE username = ?", (group_id, member))
+        """What FAB's UI does to make a group holding ``role`` (its CLI and REST API cannot): through FAB's models."""
+        engine = create_engine(self.db_url)
+        try:
+            with Session(engine) as db:
+                group = Group(name=name, label=name)
+                group.roles = [db.scalars(select(Role).where(Role.name == role)).unique().one()]
+                group.users = list(db.scalars(select(User).where(User.username.in_(members))).unique())
+                assert len(group.users) == len(members)
+                db.add(group)
+                db.commit()
+        finally:
+            engine.dispose()
 
 
 def _tail(path: Path) -> str:
@@ -121,11 +138,28 @@ def _airflow(args: list[str], env: dict[str, str], log: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def fab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FabServer]:
+def airflow_db() -> Iterator[str]:
+    """A throwaway PostgreSQL database on the machine's PostgreSQL (as a deployment's metadata database)."""
+    name = f"promshift_fab_api_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {name}"))
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        pytest.fail(f"local PostgreSQL at {PG_ADMIN_URL} is required for this test: {exc}")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def fab_server(tmp_path_factory: pytest.TempPathFactory, airflow_db: str) -> Iterator[FabServer]:
     """``airflow api-server`` under the FAB auth manager with promshift's plugin, its users made through FAB."""
     started = time.monotonic()
     home = tmp_path_factory.mktemp("fab-airflow")
-    db_path = home / "airflow.db"
     port, worker_log_port, trigger_log_port = find_free_ports(3)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PROMSHIFT_"))}
     env.update({
@@ -136,7 +170,9 @@ def fab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FabServer]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__FERNET_KEY": "",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{db_path}",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_db,
+        # Airflow derives asyncpg from postgresql://; psycopg (v3) serves the async engine too.
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": airflow_db.replace("+psycopg:", "+psycopg_async:"),
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__WORKERS": "1",
@@ -151,9 +187,12 @@ def fab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FabServer]:
         "PROMSHIFT_AUDIT_KEY": "test-only-audit-key-0123456789abcdef",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     })
+    phases = {}
     _airflow(["db", "migrate"], env, home / "migrate.log")
+    phases["db migrate"] = time.monotonic() - started
     _airflow(["users", "create", "--username", ADMIN, "--password", ADMIN_PASSWORD, "--role", "Admin",
               "--firstname", "a", "--lastname", "admin", "--email", "admin@example.com"], env, home / "users.log")
+    phases["users create"] = time.monotonic() - started - sum(phases.values())
     log = home / "api-server.log"
     with log.open("ab") as out:
         leader = subprocess.Popen([AIRFLOW, "api-server"], env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -170,6 +209,7 @@ def fab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FabServer]:
             except requests.RequestException:
                 pass
             time.sleep(0.5)
+        phases["api-server start"] = time.monotonic() - started - sum(phases.values())
         admin = _login(base, ADMIN, ADMIN_PASSWORD)
         for role, actions in (("gpu-oncall", []),
                               (READER_ROLE, [{"action": {"name": "can_read"}, "resource": {"name": "Users"}}])):
@@ -181,7 +221,7 @@ def fab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FabServer]:
                 "username": name, "email": f"{name}@example.com", "first_name": name, "last_name": "test",
                 "password": password(name), "roles": [{"name": r} for r in roles]})
             assert made.status_code == 200, made.text
-        server = FabServer(base, db_path, leader, setup_s=time.monotonic() - started)
+        server = FabServer(base, airflow_db, leader, setup_s=time.monotonic() - started, phases=phases)
         for name, (_roles, active) in USERS.items():
             if not active:
                 server.deactivate(name)
@@ -206,7 +246,8 @@ def test_the_api_server_listens_on_127_0_0_1_only(fab_server: FabServer) -> None
     listening = [c.laddr for p in [leader, *leader.children(recursive=True)]
                  for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
-    print(f"real FAB API server ready in {fab_server.setup_s:.1f} s")
+    print(f"real FAB API server ready in {fab_server.setup_s:.1f} s:",
+          ", ".join(f"{name} {took:.1f} s" for name, took in fab_server.phases.items()))
 
 
 def test_a_worker_reads_a_fab_role_by_fabs_ids_through_fabs_real_token_route(fab_server: FabServer) -> None:
@@ -224,6 +265,32 @@ def test_a_worker_reads_a_fab_role_by_fabs_ids_through_fabs_real_token_route(fab
     assert _client(fab_server).members("night-shift") == [Approver(ids["bob"], "bob")]
     with pytest.raises(UnknownTeam, match="'gpu-nights' is neither a role nor a group"):
         _client(fab_server).members("gpu-nights")
+
+
+def test_a_locked_fab_table_fails_the_team_within_the_api_servers_budget(fab_server: FabServer) -> None:
+    """The board's read runs on Airflow's own engine under a 5 s statement budget: a table held by another
+    transaction answers 503 in one line, and Airflow's pooled connection is left without the budget."""
+    client = _client(fab_server)
+    assert len(client.members("gpu-oncall")) == 3
+    engine = create_engine(fab_server.db_url)
+    try:
+        with engine.connect() as other:
+            # A group's members are read for every role team; FAB's own login and JWT check do not read this table.
+            other.execute(text("LOCK TABLE ab_user_group IN ACCESS EXCLUSIVE MODE"))
+            started = time.monotonic()
+            with pytest.raises(ApproversError) as err:
+                client.members("gpu-oncall")
+            took = time.monotonic() - started
+            other.rollback()
+    finally:
+        engine.dispose()
+    assert str(err.value) == (
+        "team 'gpu-oncall': the API server's FAB teams answered HTTP 503: team 'gpu-oncall': FAB's users on the API "
+        "server could not be read: canceling statement due to statement timeout")
+    assert STATEMENT_TIMEOUT_S <= took < STATEMENT_TIMEOUT_S + 10, took
+    assert len(client.members("gpu-oncall")) == 3
+    health = requests.get(fab_server.base_url + "/api/v2/monitor/health", timeout=30).json()
+    assert health["metadatabase"]["status"] == "healthy"
 
 
 def test_the_board_asks_the_permission_fabs_own_users_api_asks(fab_server: FabServer) -> None:
