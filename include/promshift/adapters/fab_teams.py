@@ -175,8 +175,12 @@ class FabApiTeams:
         if status == 404 and detail:
             raise UnknownTeam(f"team {team!r}: {detail}")
         if status in (401, 403):
+            # The board names the permission it asks; Airflow refuses the token itself before the board runs (403
+            # "Invalid JWT token": its FAB user deactivated since the login, FAB noticing within [fab] cache_ttl; a
+            # revoked token; 401 "Token Expired").
+            need = "" if "can read on Users" in detail else "; the token from its login was refused"
             raise ApproversError(f"team {team!r}: the API server refused FAB user {self._username!r} (HTTP {status}"
-                                 f"{': ' + detail if detail else ''}); it needs the permission can read on Users")
+                                 f"{': ' + detail if detail else ''}){need}")
         if status != 200:
             raise ApproversError(f"team {team!r}: {self.source} answered HTTP {status}"
                                  f"{': ' + detail if detail else ''}")

@@ -11,7 +11,8 @@ asked users answer.
 The API server here is a real HTTP server on 127.0.0.1 (uvicorn in a thread): the board's own app under
 ``/promshift`` (its ``/api/teams/<team>`` route, Airflow's JWT resolution) and, as FAB's ``POST /auth/token``
 does, a token route that refuses a body without username and password (400) and wrong or inactive credentials
-(401), checking FAB's password hash.
+(401), checking FAB's password hash. The real thing (``airflow api-server`` with the FAB provider's auth manager
+and promshift's plugin) is tests/integration/test_fab_api_server.py, slow; this stand-in refuses what it refuses.
 """
 
 from __future__ import annotations
@@ -212,9 +213,18 @@ def test_a_locked_fab_table_fails_the_team_within_its_budget_and_leaves_the_pool
 
 class FabLikeAuthManager(SimpleAuthManager):
     """Airflow's simple auth manager with FAB's rule for custom views: ``can read on Users`` is a FAB role's
-    (here: holding ``USERS_READER`` in the FAB database)."""
+    (here: holding ``USERS_READER`` in the FAB database); and, as FAB's ``deserialize_user`` (without its
+    ``[fab] cache_ttl``), a token whose user is no longer active is refused (Airflow's 403 "Invalid JWT token").
+    tests/integration/test_fab_api_server.py checks the real FabAuthManager does both."""
 
     engine: Engine
+
+    def deserialize_user(self, token: dict[str, Any]) -> SimpleAuthManagerUser:
+        with Session(self.engine) as db:
+            found = db.scalars(select(User).where(User.username == token["sub"])).first()
+            if found is None or not found.active:
+                raise ValueError(f"User with id {token['sub']} is not active")
+        return super().deserialize_user(token)
 
     def is_authorized_custom_view(self, *, method: Any, resource_name: str, user: Any) -> bool:
         if (method, resource_name) != ("GET", "Users"):
@@ -307,6 +317,14 @@ def test_the_api_server_refuses_what_fab_refuses(api_server: str, fab_db: dict[s
         "team": "gpu-oncall", "members": [{"id": users[n].get_id(), "name": n} for n in ("alice", "bob", TRIGGERED_BY)]}
     assert requests.get(api_server + TEAMS_PATH + "gpu-nights", headers=auth, timeout=5).status_code == 404
     assert requests.get(api_server + TEAMS_PATH + "gpu%20oncall", headers=auth, timeout=5).status_code == 404
+    # The service user deactivated after its login: its token is refused before the route runs.
+    engine = create_engine(fab_db["conn"])
+    with Session(engine) as db:
+        db.query(User).filter_by(username=SERVICE_USER).update({"active": False})
+        db.commit()
+    engine.dispose()
+    gone = requests.get(teams_url, headers=auth, timeout=5)
+    assert gone.status_code == 403 and gone.json()["detail"] == "Invalid JWT token"
 
 
 def test_a_worker_reads_a_team_through_the_api_server_in_fabs_ids(api_server: str, fab_db: dict[str, Any]) -> None:
