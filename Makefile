@@ -66,7 +66,7 @@ test: prometheus $(STAMP)
 # The other end-to-end scenarios (AMP, bad credentials, k8s-cr, Celery, lifecycle), the board in a browser, and
 # the fault matrix; .ci/run runs it after make test.
 e2e: prometheus chromium $(STAMP)
-	$(PYTEST) -n 2 --dist loadfile -m "(e2e and not spine) or slow" tests
+	$(PYTEST) -n 2 --dist loadfile --no-loadscope-reorder -m "(e2e and not spine) or slow" tests
 
 # The unit tier alone: no process, no promtool, no server (about a minute).
 unit: $(STAMP)
