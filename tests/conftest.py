@@ -47,7 +47,7 @@ UNIT_RULE = "the unit tier starts no process (move this test to tests/integratio
 # two tests to go. xdist's default order, by number of tests, ran the longest modules last: the spine (two tests)
 # near the end of make test's tier; in make e2e the one-test modules (k8s-cr, lifecycle, plan-aggregate), and the
 # worker that had taken k8s-cr took lifecycle too while the other ran out of modules (simulated with these
-# numbers: 2,058 s against 1,774 s longest first; docs/testing.md). The numbers only order the modules: the
+# numbers: 2,058 s against 1,774 s longest first; bench/e2e_order/run.py). The numbers only order the modules: the
 # listed ones run first, longest first, then the others by number of tests, most first, as xdist's default
 # (tests/unit/test_e2e_order.py checks that tests/e2e's are listed). Only with --no-loadscope-reorder.
 MODULE_SECONDS = {
