@@ -18,6 +18,7 @@ import multiprocessing.process
 import os
 import subprocess
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,67 @@ TIER_OF_FOLDER = {"integration": "integration", "package": "integration", "e2e":
 UNIT_RULE = "the unit tier starts no process (move this test to tests/integration or mark it integration)"
 
 
+# The two-worker tiers' modules, longest first: a module's seconds on a loaded 2-core run (its Airflow's start
+# included). make test's second tier and make e2e run `--dist loadfile --no-loadscope-reorder`, so pytest-xdist
+# hands modules to its two workers in collection order, and each worker takes its next module while it still has
+# two tests to go. xdist's default order, by number of tests, ran the longest modules last: the spine (two tests)
+# near the end of make test's tier; in make e2e the one-test modules (k8s-cr, lifecycle, plan-aggregate), and the
+# worker that had taken k8s-cr took lifecycle too while the other ran out of modules (simulated with these
+# numbers: 2,058 s against 1,774 s longest first; bench/e2e_order/run.py). The numbers only order the modules: the
+# listed ones run first, longest first, then the others by number of tests, most first, as xdist's default
+# (tests/unit/test_e2e_order.py checks that tests/e2e's are listed). Only with --no-loadscope-reorder.
+MODULE_SECONDS = {
+    "e2e/test_k8s_cr_demo_e2e.py": 615,
+    "e2e/test_lifecycle_demo_e2e.py": 530,
+    "e2e/test_fleet_demo_e2e.py": 440,
+    "e2e/test_git_demo_e2e.py": 406,
+    "e2e/test_amp_demo_e2e.py": 326,
+    "e2e/test_celery_demo_e2e.py": 280,
+    "e2e/test_plan_aggregate_demo_e2e.py": 250,
+    "integration/test_faults.py": 185,
+    "integration/test_ha_pairs.py": 150,
+    "board/test_board_airflow.py": 122,
+    "integration/test_retire_source.py": 94,
+    "integration/test_queue_swap.py": 82,
+    "integration/test_horizon_local.py": 8,
+    "integration/test_parity_query_limits.py": 6,
+    # make test's spine: 667 s alone on 2 cores at load 12 (2026-12-06), where plan-aggregate took 531 s against
+    # its 250-282 s in make e2e runs: about half in CI.
+    "e2e/test_demo_e2e.py": 330,
+}
+
+
+def module_of(item: pytest.Item) -> str:
+    """The item's module, relative to tests/ (``e2e/test_amp_demo_e2e.py``)."""
+    return Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = Path(str(item.path)).resolve().relative_to(TESTS).parts[0]
         if (tier := TIER_OF_FOLDER.get(folder)) and not item.get_closest_marker(tier):
             item.add_marker(tier)
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """Listed modules first, longest first; then the others, most tests first. Stable: a module's tests stay
+    together and in their order, and modules that tie keep theirs."""
+    modules = [module_of(item) for item in items]
+    tests = Counter(modules)
+    order = {id(item): (-MODULE_SECONDS.get(m, 0), -tests[m]) for item, m in zip(items, modules, strict=True)}
+    items.sort(key=lambda item: order[id(item)])
+
+
+class LongestFirst:
+    @pytest.hookimpl(trylast=True)  # after -m/-k deselected: the number of tests is of the tests that will run
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        longest_first(items)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Only where xdist is told to keep the order (the two-worker tiers): a plain run keeps pytest's own order.
+    if config.getoption("loadscopereorder", default=True) is False:
+        config.pluginmanager.register(LongestFirst(), "promshift-longest-first")
 
 
 def is_unit(item: pytest.Item) -> bool:
