@@ -61,7 +61,10 @@ MODULE_SECONDS = {
     "integration/test_faults.py": 185,
     "integration/test_ha_pairs.py": 150,
     "board/test_board_airflow.py": 122,
+    "integration/test_fab_api_server.py": 185,  # 2026-12-06 at load 12: an Airflow api-server with FAB's auth manager
     "integration/test_retire_source.py": 94,
+    "integration/test_k8s_queue_swap.py": 75,
+    "integration/test_git_retire.py": 69,
     "integration/test_queue_swap.py": 82,
     "integration/test_horizon_local.py": 8,
     "integration/test_parity_query_limits.py": 6,
