@@ -28,7 +28,7 @@ from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.k8s_deploy import CR_GROUP, CR_PLURAL, CR_VERSION, MERGE_PATCH, PrometheusCRDeployment
 from promshift.adapters.k8s_edits import PrometheusCREditDeployment
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.adapters.queue_probe import PrometheusQueueProbe
+from promshift.adapters.queue_probe import PrometheusQueueProbe, target_out_of_order_window
 from promshift.adapters.routing import RoutingStore
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy import ConfigDeployer, DeployResult, InMemorySnapshotStore
@@ -172,6 +172,10 @@ def test_the_deploy_step_merges_three_cut_over_groups_in_the_resource_then_one_r
         assert [e.kind for e in audit.events(group="clocks")] == [
             "queue_swap_added", "queue_swap_done", "snapshot_taken", "dual_write_deployed"]
         assert clocks_info["queues"]["merged_first"]["remove"] == [f"promshift-{g}" for g in GROUPS]
+        added = audit.events(group="clocks")[0].evidence_data
+        assert added["target_out_of_order"] == {  # read from the target's loaded config when the swap started
+            "window_s": 3600.0, "origin": f"storage.tsdb.out_of_order_time_window of {stack.target_url}",
+            "needed_s": 60.0}
         done = audit.events(group="clocks")[1].evidence_data
         assert set(done["proof"]["per_group"]) == set(GROUPS) and done["deploy"]["kind"] == "k8s-cr"
         time.sleep(BATCH_DEADLINE_S + 4)  # a queue sends a partial batch after batch_send_deadline
@@ -215,6 +219,7 @@ def test_a_swap_never_proven_is_undone_with_the_resources_spec_as_it_was(
     swaps = QueueSwap(deployer_for=edits(api, source),
                       probe=PrometheusQueueProbe(source, target, target_matchers=',nowhere="x"'),
                       record=lambda kind, at, evidence: events.append((kind, dict(evidence))),
+                      out_of_order_window=lambda: target_out_of_order_window(target), scrape_interval_s=1.0,
                       proof_deadline_s=5, poll_s=1.0)
     groups = [q.groups()[0] for q in promshift_queues(swaps.live()) if not q.merged]
     assert groups, "the test before left no group's own entry to merge"

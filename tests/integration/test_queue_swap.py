@@ -1,8 +1,9 @@
 """Bounded write queues on real servers: three cut-over groups merged into one entry with no gap, one leaves it.
 
 A 2-node lab stack (Debian's Prometheus 2.42 as the source, a second one receiving remote writes as the
-target, 1 s scrapes). Every gap is counted on the target: the samples it holds of each metric over the whole
-window against the source's own count.
+target with an out-of-order window, 1 s scrapes). Every gap is counted on the target: the samples it holds of
+each metric over the whole window against the source's own count. A target without the window (the source
+itself, a plain 2.42) refuses a merge before any edit.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
+import yaml
 
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.deploy import ConfigSnapshot, FileConfigDeployer
 from promshift.adapters.file_edits import FileEditDeployment
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.adapters.queue_probe import PrometheusQueueProbe
+from promshift.adapters.queue_probe import PrometheusQueueProbe, target_out_of_order_window
 from promshift.adapters.routing import RoutingStore
 from promshift.core.catalog import MetricGroup
-from promshift.core.queues import plan_merge, promshift_queues, with_added
+from promshift.core.queues import QueueCapError, plan_merge, promshift_queues, with_added
 from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names, remove_remote_write
 from promshift.core.stages import Stage
 from promshift.local.stack.local import LocalStack, StackConfig
@@ -48,6 +51,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory, free_ports: Callable[[int], 
                                target_port=target, scrape_interval="1s"))
     try:
         s.up(timeout=90)
+        # The target ingests out of order within a window, as AMP does (60 s by default): the swap's overlap sends
+        # each sample twice, and a plain Prometheus receiver refuses a whole batch holding an older duplicate (HTTP
+        # 400), so a merged queue's batch straddling the removal would lose its newer samples (measured: 48 of 464).
+        # Without it the swap is not started (test_a_target_without_an_out_of_order_window_refuses_the_merge...).
+        config = yaml.safe_load(s.target_config_path.read_text())
+        config["storage"] = {"tsdb": {"out_of_order_time_window": "1h"}}
+        s.target_config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        requests.post(f"{s.target_url}/-/reload", timeout=30).raise_for_status()
         yield s
     finally:
         s.down()
@@ -90,6 +101,7 @@ def swap_step(stack: LocalStack, deployer: FileConfigDeployer, events: list[tupl
     return QueueSwap(deployer_for=lambda change: FileEditDeployment(deployer, change),
                      probe=PrometheusQueueProbe(source, target, target_matchers=target_matchers),
                      record=lambda kind, now, evidence: events.append((kind, dict(evidence))),
+                     out_of_order_window=lambda: target_out_of_order_window(target), scrape_interval_s=1.0,
                      proof_deadline_s=deadline_s, poll_s=1.0)
 
 
@@ -115,6 +127,10 @@ def test_three_groups_merge_into_one_entry_with_no_gap_then_one_leaves(stack: Lo
     assert [n for n in live if n.startswith("promshift-")] == [swap.added_name]
     assert [q.groups() for q in promshift_queues(stack.source_config_path.read_bytes())] == [tuple(sorted(GROUPS))]
     assert [e[0].value for e in events] == ["queue_swap_added", "queue_swap_done"]
+    # The window the overlap relied on, read from the target's loaded config (Prometheus 2.42's status/config).
+    assert events[0][1]["target_out_of_order"] == {
+        "window_s": 3600.0, "origin": f"storage.tsdb.out_of_order_time_window of {stack.target_url}",
+        "needed_s": 30.0}
     assert set(events[1][1]["proof"]["per_group"]) == set(GROUPS)
     # A queue sends a partial batch after batch_send_deadline (5 s): count up to a time every sample has reached.
     time.sleep(BATCH_DEADLINE_S + 4)
@@ -179,6 +195,49 @@ def test_promtool_accepts_a_source_with_a_merged_entry(stack: LocalStack, tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+class CutOver:
+    """The audit as the merge reads it: every group has cut over."""
+
+    def stage_of(self, name: str) -> Stage:
+        return Stage.CUT_OVER
+
+
+def test_a_target_without_an_out_of_order_window_refuses_the_merge_before_any_edit(stack: LocalStack) -> None:
+    """The source is a plain Prometheus 2.42 (no storage.tsdb.out_of_order_time_window): as a merge's target it
+    would refuse the overlap's older duplicates, so a deploy past the cap is refused in one line and the source
+    config is not touched (no swap event)."""
+    path = stack.source_config_path
+    source, _ = clients(stack)
+    deployer = FileConfigDeployer(path, source)
+    if strip_promshift(path.read_bytes()) != path.read_bytes():  # what earlier tests here left
+        deployer.restore(ConfigSnapshot.of(path, strip_promshift(path.read_bytes())))
+    original = path.read_bytes()
+    try:
+        deploy_groups(stack, deployer, list(GROUPS))
+        at_cap = path.read_bytes()
+        assert target_out_of_order_window(source) == (0.0, f"storage.tsdb.out_of_order_time_window of "
+                                                            f"{stack.source_url}")
+        backends = Backends(source=source, target=source, source_config_path=str(path),
+                            target_remote_write_url=stack.target_remote_write_url)
+        group = MetricGroup(name="clocks", metrics=("DCGM_FI_DEV_SM_CLOCK",), owners=("o",), approvers=("p",),
+                            max_queues=3, scrape_interval_s=1.0)
+        events: list[tuple[Any, ...]] = []
+        queues = queue_cap(group, backends, audit=CutOver(), proof_deadline_s=60, poll_s=1.0)
+        with pytest.raises(QueueCapError) as refused:
+            queues.preflight(group="clocks", record=lambda kind, at, evidence: events.append((kind, evidence)),
+                             now=now(), merge=True)
+        line = str(refused.value)
+        assert "\n" not in line and "carries 3 promshift remote_write queues (cap 3)" in line
+        assert "the target accepts no out-of-order samples" in line and "at least 30s" in line
+        assert path.read_bytes() == at_cap
+        assert [n for n in remote_write_names(source.config_text()) if n.startswith("promshift-")] == [
+            f"promshift-{g}" for g in GROUPS]
+        assert [e[0].value for e in events] == ["queue_cap_refused"]
+    finally:
+        if path.read_bytes() != original:
+            deployer.restore(ConfigSnapshot.of(path, original))
+
+
 def strip_promshift(data: bytes) -> bytes:
     """The config without any promshift entry: what every swap and rollback must leave byte for byte."""
     for name in remote_write_names(data):
@@ -234,6 +293,7 @@ def test_the_deploy_step_merges_three_cut_over_groups_then_one_rolls_back_out_of
         assert [e.kind for e in audit.events(group="clocks")] == [
             "queue_swap_added", "queue_swap_done", "snapshot_taken", "dual_write_deployed"]
         assert clocks_info["queues"]["merged_first"]["remove"] == [f"promshift-{g}" for g in GROUPS]
+        assert audit.events(group="clocks")[0].evidence_data["target_out_of_order"]["window_s"] == 3600.0
         assert strip_promshift(path.read_bytes()) == original
         time.sleep(BATCH_DEADLINE_S + 4)
         assert_no_gap(source, target, list(GROUPS), start, time.time() - BATCH_DEADLINE_S - 2)

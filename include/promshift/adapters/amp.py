@@ -292,3 +292,28 @@ def workspace_retention(client: Any, target: AmpTarget, workspace_id: str) -> tu
     if seconds is None:
         return None, "unavailable (the workspace configuration has no retentionPeriodInDays)"
     return seconds, f"from the workspace configuration ({seconds / 86_400:g} days)"
+
+
+# "All workspaces have a default out-of-order time window of 60 seconds. Setting this value to 0 disables the
+# feature" (the AMP user guide, "Configure your workspace"): an answer without the field has that default.
+AMP_DEFAULT_OUT_OF_ORDER_WINDOW_S = 60.0
+
+
+def workspace_out_of_order_window(client: Any, target: AmpTarget, workspace_id: str) -> tuple[float | None, str]:
+    """``(seconds, origin)``: the workspace's ``outOfOrderTimeWindowInSeconds`` from
+    ``DescribeWorkspaceConfiguration`` (AMP's documented default, 60 s, when the answer has none). ``(None, why)``
+    when the call fails: the window may have been set to 0, so a swap is refused (fail closed), never assumed."""
+    try:
+        answer = client.describe_workspace_configuration(workspaceId=workspace_id)
+    except Exception as exc:
+        why = str(aws_error_message(exc, action="DescribeWorkspaceConfiguration", target=target,
+                                    workspace=workspace_id))
+        log.info("AMP out-of-order window unavailable: %s", why)
+        return None, f"unavailable: {why}"
+    value = (answer.get("workspaceConfiguration") or {}).get("outOfOrderTimeWindowInSeconds")
+    if value is None:
+        return AMP_DEFAULT_OUT_OF_ORDER_WINDOW_S, ("AMP's documented default: the workspace configuration names no "
+                                                   "outOfOrderTimeWindowInSeconds")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None, f"unavailable: outOfOrderTimeWindowInSeconds is {_short(value)}, not a number"
+    return float(value), f"outOfOrderTimeWindowInSeconds of AMP workspace {workspace_id}"

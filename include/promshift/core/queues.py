@@ -10,8 +10,12 @@ nothing:
 1. **add** the new merged entry beside the live ones (a new entry never restarts live queues);
 2. **prove** it carries every series of every group it takes over (``swap_proof``: a count per group on the
    target against the source, and the merged queue's own sent-samples counter on the source);
-3. **remove** the entries it replaces (during the overlap the target receives identical duplicates, which
-   Prometheus and AMP accept).
+3. **remove** the entries it replaces.
+
+During the overlap the target receives every sample twice, and a duplicate older than its series' newest sample
+is out of order: a Prometheus receiver without an out-of-order window refuses the whole remote-write batch that
+holds one (HTTP 400, never retried), newer samples included. So a swap that adds an entry starts only when the
+target's out-of-order window covers the overlap (``overlap_refusal``); otherwise nothing is edited.
 
 A live entry is never edited: a new member set is a new entry (its name is a digest of its members). A
 group that rolls back after merging *leaves* the merged entry by one more swap (a merged entry of the
@@ -32,6 +36,8 @@ from typing import Any, Protocol, runtime_checkable
 # The catalog holds the cap's default and bound (render imports the catalog); re-exported here.
 from promshift.core.catalog.model import DEFAULT_QUEUE_CAP as DEFAULT_QUEUE_CAP
 from promshift.core.catalog.model import MAX_QUEUE_CAP as MAX_QUEUE_CAP
+from promshift.core.durations import parse_duration
+from promshift.core.inputs import CONFIG, parse_yaml_bounded
 from promshift.core.promql import promql_string
 from promshift.core.render import (
     ENTRY_PREFIX,
@@ -403,6 +409,67 @@ def queue_sent_samples(metrics_text: str, name: str) -> float | None:
             except (IndexError, ValueError):
                 return None
     return None
+
+
+# -- the overlap's guard: the target must take the overlap's older duplicates --------------------------------
+
+# How far behind the target's newest sample an overlap's duplicate can arrive: the lag between the two queues
+# tailing the same WAL (a partial batch waits batch_send_deadline, 5 s by default; a retried one backs off up to
+# max_backoff, 5 s) plus the time a scrape's samples take to reach the WAL after their timestamp (the scrape's
+# duration, at most its timeout, itself at most one interval). The window must cover one interval for the scrape
+# and one for the queues' lag: 2 scrape intervals, and never under 30 s (several batch deadlines and retries on
+# fast scrapes). AMP's default window (60 s) covers groups scraped every 30 s or faster.
+MIN_OVERLAP_WINDOW_S = 30.0
+
+# The target's out-of-order window, read when a swap is about to start: (seconds, where it came from); seconds None
+# when it cannot be known (a swap is then refused: fail closed).
+OutOfOrderWindow = Callable[[], tuple[float | None, str]]
+
+
+class OverlapRefused(QueueCapError):
+    """A swap with an overlap was not started: the target would refuse its older duplicates (nothing edited)."""
+
+
+def overlap_window_needed(scrape_interval_s: float) -> float:
+    """The out-of-order window a swap's overlap needs on the target (see ``MIN_OVERLAP_WINDOW_S``)."""
+    return max(MIN_OVERLAP_WINDOW_S, 2.0 * float(scrape_interval_s))
+
+
+def overlap_refusal(window_s: float | None, *, scrape_interval_s: float, origin: str = "") -> str | None:
+    """Why a swap's overlap may not start on a target whose out-of-order window is ``window_s`` (None: unknown),
+    in one line; None when the window covers it. Unknown, 0 (no out-of-order ingestion) or shorter than
+    ``overlap_window_needed`` refuses: the overlap sends every sample twice, and a target refusing an older
+    duplicate refuses its whole batch, newer samples included."""
+    needed = overlap_window_needed(scrape_interval_s)
+    where = f" ({origin})" if origin else ""
+    fix = (f"give it an out-of-order window of at least {needed:g}s (Prometheus: "
+           "storage.tsdb.out_of_order_time_window; AMP: the workspace's outOfOrderTimeWindowInSeconds)")
+    if window_s is None:
+        return (f"the target's out-of-order window is unknown{where}, and a merge swap's overlap sends every sample "
+                f"twice: {fix}")
+    if not window_s > 0:
+        return (f"the target accepts no out-of-order samples{where}, and a merge swap's overlap sends every sample "
+                f"twice (a target refuses a whole batch holding an older duplicate): {fix}")
+    if not window_s >= needed:
+        return (f"the target's out-of-order window of {window_s:g}s{where} is shorter than the {needed:g}s a merge "
+                f"swap's overlap needs (2 scrape intervals of {scrape_interval_s:g}s, at least "
+                f"{MIN_OVERLAP_WINDOW_S:g}s): {fix}")
+    return None
+
+
+def out_of_order_window_of(config_text: str) -> float:
+    """A Prometheus config's ``storage.tsdb.out_of_order_time_window`` in seconds (absent: 0, no out-of-order
+    ingestion), as ``/api/v1/status/config`` reports it; read within the config's input budget. A value that is not
+    a duration is a one-line ValueError."""
+    document = parse_yaml_bounded(config_text, CONFIG)
+    if document is None:
+        return 0.0
+    if not isinstance(document, dict):
+        raise ValueError("the target's config is not a YAML mapping")
+    storage = document.get("storage") or {}
+    tsdb = storage.get("tsdb") if isinstance(storage, dict) else None
+    value = tsdb.get("out_of_order_time_window") if isinstance(tsdb, dict) else None
+    return 0.0 if value is None else parse_duration(value)
 
 
 # -- the ports a swap needs (the shell implements them) ---------------------------------------------------

@@ -19,6 +19,7 @@ from promshift.adapters.amp import (
     amp_target_from_extra,
     check_amp_extra,
     describe_workspace,
+    workspace_out_of_order_window,
     workspace_problem,
     workspace_retention,
 )
@@ -125,6 +126,11 @@ class AmpHook(AwsBaseHook):
     def retention(self) -> tuple[float | None, str]:
         """``(seconds, origin)`` from DescribeWorkspaceConfiguration, ``(None, why)`` when unavailable."""
         return workspace_retention(self.conn, self.target, self.workspace.workspace_id)
+
+    def out_of_order_window(self) -> tuple[float | None, str]:
+        """``(seconds, origin)``: the workspace's out-of-order window (DescribeWorkspaceConfiguration), ``(None, why)``
+        when unavailable (a queue swap is then refused)."""
+        return workspace_out_of_order_window(self.conn, self.target, self.workspace.workspace_id)
 
     def identity(self) -> dict[str, Any]:
         """What the audit records about the target: kind, workspace and region, never credentials."""

@@ -48,8 +48,9 @@ def source_file(backends: Any) -> Any:
 
 
 def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] | None = None,
-              file_path: bool = True, edits: Callable[[Any], Any] | None = None, proof_deadline_s: float = 300.0,
-              poll_s: float = 5.0) -> Any:
+              file_path: bool = True, edits: Callable[[Any], Any] | None = None,
+              out_of_order_window: Callable[[], tuple[float | None, str]] | None = None,
+              proof_deadline_s: float = 300.0, poll_s: float = 5.0) -> Any:
     """The source's queue cap and swap (``steps.queues.QueueCap``) for a deploy path that adds a source queue.
 
     ``cap``: what reads the cap (default: the catalog's ``max_queues``); the loaded names from the source's
@@ -57,10 +58,14 @@ def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] |
     the swap edits the source's config file through ``adapters.file_edits`` (``file_path``) or, given ``edits``
     (a ``ConfigDeployer`` per ``core.queues.ConfigChange``: the ``Prometheus`` resource's,
     ``adapters.k8s_edits``), through that; either way it proves on the target, narrowed to the source's external
-    labels (several sources may write one workspace). Neither: no swap (past the cap, refused)."""
+    labels (several sources may write one workspace). Neither: no swap (past the cap, refused). A swap starts only
+    when the target's out-of-order window covers its overlap at the group's scrape interval: ``out_of_order_window``
+    reads it (an AMP workspace's configuration: ``AmpHook.out_of_order_window``), by default from the config the
+    target has loaded (``adapters.queue_probe.target_out_of_order_window``)."""
     import time
     from datetime import UTC, datetime
 
+    from promshift.adapters.queue_probe import target_out_of_order_window
     from promshift.core.queues import MERGEABLE_STAGES
     from promshift.core.render import remote_write_names
     from promshift.steps.queues import QueueCap
@@ -88,6 +93,8 @@ def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] |
                     has_cut_over=lambda name: audit.stage_of(name) in MERGEABLE_STAGES,
                     swap_ports=swap_ports if file_path or edits is not None else None,
                     clock=lambda: datetime.now(UTC), wait=time.sleep,
+                    out_of_order_window=out_of_order_window or (lambda: target_out_of_order_window(backends.target)),
+                    scrape_interval_s=float(group.scrape_interval_s),
                     proof_deadline_s=proof_deadline_s, poll_s=poll_s)
 
 

@@ -97,6 +97,13 @@ class PrometheusHook(BaseHook):
     def retention_lookup(self) -> Callable[[], tuple[float | None, str]] | None:
         return None  # the server reports it (status/runtimeinfo); the catalog is the fallback
 
+    def out_of_order_window(self) -> tuple[float | None, str]:
+        """``(seconds, origin)``: the server's ``storage.tsdb.out_of_order_time_window`` from the config it has
+        loaded, ``(None, why)`` when unreadable (a queue swap onto it is then refused)."""
+        from promshift.adapters.queue_probe import target_out_of_order_window
+
+        return target_out_of_order_window(self.get_conn())
+
     def query_limits(self) -> Any:
         """A self-hosted backend's per-query limits: ``extra.query_limits`` (e.g. ``{max_samples: ...}``), else
         none known (a refusal for size is still split and asked again)."""

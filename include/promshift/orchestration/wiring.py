@@ -547,7 +547,9 @@ class GroupWiring:
         The cap: the source connection's ``extra.max_queues``, else the catalog's ``defaults.max_queues``; read when
         the deploy's pre-flight needs it, and a bad value refuses that deploy in one line (fails closed) without
         blocking a rollback. The merge swap runs on the file path and on the ``Prometheus`` resource (k8s-cr: each
-        edit through the Kubernetes API, ``adapters.k8s_edits``); the ConfigMap and git paths refuse past the cap."""
+        edit through the Kubernetes API, ``adapters.k8s_edits``); the ConfigMap and git paths refuse past the cap. A
+        swap starts only when the target's out-of-order window (its hook's ``out_of_order_window``: an AMP
+        workspace's configuration, a Prometheus's loaded config) covers the overlap; else the deploy is refused."""
         from promshift.core.deploy_kinds import K8S_CR
         from promshift.core.queues import queue_cap_of
         from promshift.orchestration.compose import queue_cap
@@ -562,7 +564,8 @@ class GroupWiring:
             return queue_cap_of((extra or {}).get("max_queues"), self.group.max_queues, conn_id=self.source_conn_id)
 
         return queue_cap(self.group, backends, audit=audit, cap=cap, file_path=not self.deploy.config_by_api,
-                         edits=self._resource_edits() if self.deploy.kind == K8S_CR else None)
+                         edits=self._resource_edits() if self.deploy.kind == K8S_CR else None,
+                         out_of_order_window=lambda: self.target_hook.out_of_order_window())
 
     def _resource_edits(self) -> Any:
         """A queue swap's edits of the source's ``Prometheus`` resource: a ``ConfigDeployer`` per change

@@ -6,7 +6,12 @@ target, read only) and an audit sink. Each phase reads the live config first, so
 crash resumes where the swap stood (``core.queues.swap_phase``) and reaches the same end; a proof that does
 not pass by its deadline undoes the add, and the config is the snapshot again byte for byte.
 
-Audit: ``queue_swap_added`` (the overlap begins: the swap, the snapshot's and the new config's sha256),
+A swap that adds an entry starts only when the target's out-of-order window (``out_of_order_window``, read
+right before the add) covers the overlap, whose every sample reaches the target twice
+(``core.queues.overlap_refusal``); otherwise ``OverlapRefused`` in one line and nothing is edited.
+
+Audit: ``queue_swap_added`` (the overlap begins: the swap, the snapshot's and the new config's sha256, the target's
+out-of-order window it relied on),
 ``queue_swap_done`` (the proof, per group, and the entries removed), ``queue_swap_undone`` (why, and whether
 the restored config is the snapshot byte for byte). No stage moves: a swap changes how a group is written,
 not where it stands.
@@ -25,12 +30,17 @@ from promshift.core.events import EventKind
 from promshift.core.queues import (
     Admission,
     ConfigChange,
+    OutOfOrderWindow,
+    OverlapRefused,
     QueueCapError,
     QueueProbe,
     Swap,
     SwapProof,
     admit_dual_write,
     admit_loaded,
+    cap_refusal,
+    overlap_refusal,
+    overlap_window_needed,
     own_entry_groups,
     plan_leave,
     plan_merge,
@@ -66,13 +76,19 @@ class SwapOutcome:
 
 
 class QueueSwap:
-    """Runs swaps on one source; ``record`` appends to the audit under the run that asked for the swap."""
+    """Runs swaps on one source; ``record`` appends to the audit under the run that asked for the swap.
+
+    ``out_of_order_window``: the target's out-of-order window (seconds, origin); ``scrape_interval_s``: the groups'
+    scrape interval, which sets the window a swap's overlap needs."""
 
     def __init__(self, *, deployer_for: Callable[[ConfigChange], ConfigDeployer], probe: QueueProbe,
-                 record: Record, proof_deadline_s: float = 300.0, poll_s: float = 5.0) -> None:
+                 record: Record, out_of_order_window: OutOfOrderWindow, scrape_interval_s: float,
+                 proof_deadline_s: float = 300.0, poll_s: float = 5.0) -> None:
         self.deployer_for = deployer_for
         self.probe = probe
         self.record = record
+        self.out_of_order_window = out_of_order_window
+        self.scrape_interval_s = scrape_interval_s
         self.proof_deadline_s = proof_deadline_s
         self.poll_s = poll_s
 
@@ -112,13 +128,28 @@ class QueueSwap:
             result = deployer.verify(result, now)
         return result
 
-    def add(self, swap: Swap, now: datetime, wait: Callable[[float], None] | None = None) -> DeploySnapshot:
-        """Add the swap's new entry beside the live ones (the overlap begins); the snapshot before it is returned."""
+    def overlap_guard(self, swap: Swap) -> dict[str, Any] | None:
+        """The target's out-of-order window this swap relies on (what the audit records), or ``OverlapRefused`` in
+        one line when it does not cover the overlap. None: the swap sends nothing twice (the last member leaves:
+        nothing is added)."""
+        if swap.add is None:
+            return None
+        window_s, origin = self.out_of_order_window()
+        refusal = overlap_refusal(window_s, scrape_interval_s=self.scrape_interval_s, origin=origin)
+        if refusal is not None:
+            raise OverlapRefused(refusal)
+        return {"window_s": window_s, "origin": origin, "needed_s": overlap_window_needed(self.scrape_interval_s)}
+
+    def add(self, swap: Swap, now: datetime, wait: Callable[[float], None] | None = None, *,
+            out_of_order: Mapping[str, Any] | None = None) -> DeploySnapshot:
+        """Add the swap's new entry beside the live ones (the overlap begins); the snapshot before it is returned.
+        ``out_of_order``: the target's window the overlap relies on (``overlap_guard``), recorded with the add."""
         add, _ = swap_changes(swap)
         snapshot, before, result = self._deploy(add, now, wait)
         if result is not None:
             self.record(EventKind.QUEUE_SWAP_ADDED, now, {
-                "swap": swap.to_dict(), "snapshot_sha256": sha256_bytes(before),
+                "swap": swap.to_dict(), "target_out_of_order": None if out_of_order is None else dict(out_of_order),
+                "snapshot_sha256": sha256_bytes(before),
                 "config_after_sha256": sha256_bytes(add.apply(before)), "deploy": result.to_dict(),
                 "queues_after": [q.name for q in promshift_queues(add.apply(before))]})
         return snapshot
@@ -169,9 +200,13 @@ class QueueSwap:
 
     # -- the whole swap ------------------------------------------------------------------------
     def run(self, swap: Swap, *, clock: Callable[[], datetime], wait: Callable[[float], None]) -> SwapOutcome:
-        """Add, prove until SUCCESSFUL or ``proof_deadline_s``, then remove; undo the add on a failed proof."""
+        """Add, prove until SUCCESSFUL or ``proof_deadline_s``, then remove; undo the add on a failed proof.
+
+        Not started (``OverlapRefused``, nothing edited) when the target's out-of-order window does not cover the
+        overlap; a swap found mid-overlap (a crash after its add) is finished, which ends the overlap soonest."""
         started = clock()
-        snapshot = self.add(swap, started, wait)
+        guard = self.overlap_guard(swap) if swap_phase(self.live(), swap) == "start" else None
+        snapshot = self.add(swap, started, wait, out_of_order=guard)
         since = started.timestamp()
         proof = self.prove(swap, since=since)
         while proof.verdict is not Verdict.SUCCESSFUL:
@@ -197,13 +232,26 @@ class QueueSwap:
                                                                "cap": cap, "reason": admission.reason})
             raise QueueCapError(admission.reason)
         if admission.merge_first is not None:
-            self.run(admission.merge_first, clock=clock, wait=wait)
+            try:
+                self.run(admission.merge_first, clock=clock, wait=wait)
+            except OverlapRefused as exc:  # nothing edited: refused like a path without a swap
+                reason = cap_refusal(admission.count, cap, group, f"the merge cannot run: {exc}")
+                self.record(EventKind.QUEUE_CAP_REFUSED, clock(), {"group": group, "count": admission.count,
+                                                                   "cap": cap, "reason": reason})
+                raise QueueCapError(reason) from None
         return admission
 
     def leave(self, *, group: str, clock: Callable[[], datetime], wait: Callable[[float], None]) -> SwapOutcome | None:
-        """A rollback's first move for a merged group: out of the merged entry by one more swap (None: not merged)."""
+        """A rollback's first move for a merged group: out of the merged entry by one more swap (None: not merged).
+        ``OverlapRefused`` (nothing edited) when the others' new merged entry would overlap on a target that refuses
+        older samples."""
         swap = self.plan_leave(group=group)
-        return None if swap is None else self.run(swap, clock=clock, wait=wait)
+        if swap is None:
+            return None
+        try:
+            return self.run(swap, clock=clock, wait=wait)
+        except OverlapRefused as exc:
+            raise OverlapRefused(f"{group!r} cannot leave merged entry {swap.remove[0]}: {exc}") from None
 
 
 # -- the cap's pre-flight and the rollback's leave, for the deploy step (``steps.deploy.DeployStep``) -------------
@@ -214,7 +262,9 @@ class QueueCap:
     """What a deploy path that adds a source queue knows of the source's queues (wired by the composition root).
 
     ``cap()``: the source's cap (read when a pre-flight needs it, so a bad setting refuses the deploy and never
-    blocks a rollback); ``loaded_names()``: the ``remote_write`` names the source has loaded (every path);
+    blocks a rollback); ``out_of_order_window()``: the target's out-of-order window, read right before a swap
+    starts (``QueueSwap.overlap_guard``), and ``scrape_interval_s`` what sets the window it must cover;
+    ``loaded_names()``: the ``remote_write`` names the source has loaded (every path);
     ``has_cut_over(group)``: whether the group has cut over (the audit's stage); ``swap_ports()``: the path's
     swap (a ``ConfigDeployer`` per change and the probe), None where no swap is built (the file path and the
     ``Prometheus`` resource have one); ``clock``/``wait``: a swap's time.
@@ -227,6 +277,8 @@ class QueueCap:
     swap_ports: Callable[[], tuple[Callable[[ConfigChange], ConfigDeployer], QueueProbe]] | None
     clock: Callable[[], datetime]
     wait: Callable[[float], None]
+    out_of_order_window: OutOfOrderWindow
+    scrape_interval_s: float
     proof_deadline_s: float = 300.0
     poll_s: float = 5.0
 
@@ -235,6 +287,7 @@ class QueueCap:
             return None
         deployer_for, probe = self.swap_ports()
         return QueueSwap(deployer_for=deployer_for, probe=probe, record=record,
+                         out_of_order_window=self.out_of_order_window, scrape_interval_s=self.scrape_interval_s,
                          proof_deadline_s=self.proof_deadline_s, poll_s=self.poll_s)
 
     def _cap(self, group: str, record: Record, now: datetime) -> int:

@@ -219,3 +219,35 @@ def test_retention_unavailable_is_a_reason_not_an_error() -> None:
                        "<!doctype html>)")
         assert workspace_retention(c, BY_ID, WS) == (
             None, "unavailable (the workspace configuration has no retentionPeriodInDays)")
+
+
+def test_the_out_of_order_window_comes_from_the_workspace_configuration_or_its_documented_default() -> None:
+    from promshift.adapters.amp import workspace_out_of_order_window
+
+    c = client()
+    with Stubber(c) as stub:
+        stub.add_response("describe_workspace_configuration", {"workspaceConfiguration": {
+            "status": {"statusCode": "ACTIVE"}, "outOfOrderTimeWindowInSeconds": 300}}, {"workspaceId": WS})
+        stub.add_response("describe_workspace_configuration", {"workspaceConfiguration": {
+            "status": {"statusCode": "ACTIVE"}, "outOfOrderTimeWindowInSeconds": 0}}, {"workspaceId": WS})
+        stub.add_response("describe_workspace_configuration", {"workspaceConfiguration": {
+            "status": {"statusCode": "ACTIVE"}, "retentionPeriodInDays": 150}}, {"workspaceId": WS})
+        assert workspace_out_of_order_window(c, BY_ID, WS) == (
+            300.0, f"outOfOrderTimeWindowInSeconds of AMP workspace {WS}")
+        assert workspace_out_of_order_window(c, BY_ID, WS)[0] == 0.0  # set to 0: disabled, a swap is refused
+        # Not named: "All workspaces have a default out-of-order time window of 60 seconds" (the AMP user guide).
+        assert workspace_out_of_order_window(c, BY_ID, WS) == (
+            60.0, "AMP's documented default: the workspace configuration names no outOfOrderTimeWindowInSeconds")
+
+
+def test_an_unavailable_out_of_order_window_is_unknown_never_a_default() -> None:
+    from promshift.adapters.amp import workspace_out_of_order_window
+
+    c = client()
+    with Stubber(c) as stub:
+        stub.add_client_error("describe_workspace_configuration", service_error_code="AccessDeniedException",
+                              service_message="User is not authorized", http_status_code=403)
+        value, why = workspace_out_of_order_window(c, BY_ID, WS)
+    assert value is None
+    assert why == (f"unavailable: DescribeWorkspaceConfiguration on AMP workspace {WS} in us-east-1: access denied "
+                   "(AccessDeniedException); the credentials need aps:DescribeWorkspaceConfiguration")

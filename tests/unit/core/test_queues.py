@@ -297,3 +297,43 @@ def test_the_cap_comes_from_the_connection_else_the_catalog_and_a_bad_one_fails_
     for bad in ("12", 0, 65, True, 3.0):
         with pytest.raises(ValueError, match=r"connection 'src' extra.max_queues must be an integer from 1 to 64"):
             queue_cap_of(bad, 4, conn_id="src")
+
+
+# -- the overlap's guard ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("window", "scrape", "refused"), [
+    (None, 15, "is unknown"), (0, 15, "accepts no out-of-order samples"), (-5, 15, "accepts no out-of-order"),
+    (float("nan"), 15, "accepts no out-of-order"), (29, 1, "shorter than the 30s"), (30, 1, None),
+    (59, 30, "shorter than the 60s"), (60, 30, None), (60, 60, "shorter than the 120s"), (600, 60, None),
+    (float("inf"), 300, None)])
+def test_an_overlap_needs_an_out_of_order_window_of_two_scrapes_and_at_least_30s(
+        window: float | None, scrape: float, refused: str | None) -> None:
+    from promshift.core.queues import overlap_refusal, overlap_window_needed
+
+    line = overlap_refusal(window, scrape_interval_s=scrape, origin="from somewhere")
+    if refused is None:
+        assert line is None
+        return
+    assert line is not None and refused in line and "\n" not in line and "(from somewhere)" in line
+    assert f"at least {overlap_window_needed(scrape):g}s" in line
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("global:\n  scrape_interval: 15s\n", 0.0), ("", 0.0), ("storage:\n  exemplars:\n    max_exemplars: 5\n", 0.0),
+    ("storage:\n  tsdb:\n    out_of_order_time_window: 1h\n", 3600.0),
+    ("storage:\n  tsdb:\n    out_of_order_time_window: 0s\n", 0.0),
+    ("storage:\n  tsdb:\n    out_of_order_time_window: 1m30s\n", 90.0)])
+def test_a_prometheus_configs_out_of_order_window(text: str, seconds: float) -> None:
+    from promshift.core.queues import out_of_order_window_of
+
+    assert out_of_order_window_of(text) == seconds
+
+
+def test_a_malformed_out_of_order_window_is_a_one_line_error() -> None:
+    from promshift.core.queues import out_of_order_window_of
+
+    with pytest.raises(ValueError, match="invalid duration"):
+        out_of_order_window_of("storage:\n  tsdb:\n    out_of_order_time_window: soon\n")
+    with pytest.raises(ValueError, match="not a YAML mapping"):
+        out_of_order_window_of("- a\n")

@@ -58,3 +58,24 @@ def test_a_configmap_source_has_no_swap_and_is_refused_past_the_cap(env: Path,  
     _source(monkeypatch, env, "k8s-configmap")
     queues: Any = Wiring().queue_cap(backends(), audit=None)
     assert queues.cap() == 3 and queues.swap_ports is None
+
+
+def test_the_swaps_out_of_order_window_is_read_through_the_target_connections_hook(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Not from the migration's target client (an AMP workspace serves no status/config): the target hook's own
+    reader (a Prometheus's loaded config here; an AMP workspace's configuration through ``AmpHook``)."""
+    from tests.unit.adapters.test_out_of_order_window import FakePrometheus
+
+    _source(monkeypatch, env, "k8s-cr")
+    target = FakePrometheus()
+    try:
+        target.yaml = "storage:\n  tsdb:\n    out_of_order_time_window: 2m\n"
+        monkeypatch.setenv("AIRFLOW_CONN_PROMSHIFT_TARGET", json.dumps({
+            "conn_type": "prometheus", "host": target.url,
+            "extra": {"remote_write_url": f"{target.url}/api/v1/write"}}))
+        queues: Any = Wiring().queue_cap(backends(), audit=None)
+        assert target.asked == 0  # read when a swap is about to start, never when wired
+        assert queues.out_of_order_window() == (120.0, f"storage.tsdb.out_of_order_time_window of {target.url}")
+        assert queues.scrape_interval_s == Wiring().group.scrape_interval_s
+    finally:
+        target.close()

@@ -96,10 +96,15 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
+# What the fakes' target answers for its out-of-order window (a Prometheus with storage.tsdb.out_of_order_time_window).
+WINDOW = (3600.0, "storage.tsdb.out_of_order_time_window of the fake target")
+
+
 def step(source: FakeSource, probe: FakeProbe, events: list[tuple[EventKind, dict[str, Any]]],
-         deadline_s: float = 60.0) -> QueueSwap:
+         deadline_s: float = 60.0, window: tuple[float | None, str] = WINDOW, scrape_s: float = 15.0) -> QueueSwap:
     return QueueSwap(deployer_for=source.deployer_for, probe=probe,
                      record=lambda kind, now, evidence: events.append((kind, dict(evidence))),
+                     out_of_order_window=lambda: window, scrape_interval_s=scrape_s,
                      proof_deadline_s=deadline_s, poll_s=5.0)
 
 
@@ -311,13 +316,15 @@ def audit(tmp_path: Any) -> Any:
 
 
 def cap_of(*, cap: Any = lambda: 4, names: Any = lambda: [], cut_over: Any = lambda g: False,
-           source: FakeSource | None = None, probe: FakeProbe | None = None, clock: Clock | None = None) -> Any:
+           source: FakeSource | None = None, probe: FakeProbe | None = None, clock: Clock | None = None,
+           window: tuple[float | None, str] = WINDOW) -> Any:
     from promshift.steps.queues import QueueCap
 
     clock = clock or Clock()
     ports = None if source is None else (lambda: (source.deployer_for, probe))
     return QueueCap(cap=cap, url=URL, loaded_names=names, has_cut_over=cut_over, swap_ports=ports, clock=clock,
-                    wait=clock.wait, proof_deadline_s=60.0, poll_s=5.0)
+                    wait=clock.wait, out_of_order_window=lambda: window, scrape_interval_s=30.0,
+                    proof_deadline_s=60.0, poll_s=5.0)
 
 
 def kinds(audit: Any, group: str) -> list[str]:
@@ -463,3 +470,86 @@ def test_a_merge_that_cannot_be_proven_refuses_the_deploy_and_leaves_the_config_
         m.snapshot(clock())
     assert source.data == before and deployer.calls == []
     assert kinds(audit, "e") == ["queue_swap_added", "queue_swap_undone"]
+
+
+# -- the overlap's guard: a swap starts only on a target that takes its older duplicates ------------------------
+
+
+@pytest.mark.parametrize("window", [(None, "unavailable: connection refused"), (0.0, "absent: 0"),
+                                    (20.0, "configured"), (float("nan"), "odd")])
+def test_a_swap_is_not_started_on_a_target_without_a_wide_enough_out_of_order_window(
+        window: tuple[float | None, str]) -> None:
+    from promshift.core.queues import OverlapRefused
+
+    before = config_with("a", "b")
+    source, events, clock = FakeSource(before), [], Clock()
+    swaps = step(source, FakeProbe({"a": 1, "b": 1}), events, window=window, scrape_s=15.0)
+    swap = swaps.plan_merge(url=URL, cut_over=["a", "b"])
+    assert swap is not None
+    with pytest.raises(OverlapRefused) as refused:
+        swaps.run(swap, clock=clock, wait=clock.wait)
+    line = str(refused.value)
+    assert "\n" not in line and "out-of-order" in line and window[1] in line and "at least 30s" in line
+    assert source.data == before and source.writes == 0 and events == [] and clock.now == T0
+
+
+def test_the_swap_records_the_window_it_relied_on_and_a_last_leave_needs_none() -> None:
+    source, events, clock = FakeSource(config_with("a", "b")), [], Clock()
+    swaps = step(source, FakeProbe({"a": 1, "b": 1}), events, window=(60.0, "workspace ws-1"), scrape_s=30.0)
+    swap = swaps.plan_merge(url=URL, cut_over=["a", "b"])
+    assert swap is not None
+    swaps.run(swap, clock=clock, wait=clock.wait)
+    assert events[0][0] is EventKind.QUEUE_SWAP_ADDED
+    assert events[0][1]["target_out_of_order"] == {"window_s": 60.0, "origin": "workspace ws-1", "needed_s": 60.0}
+    # A leave that adds an entry (the others' merged entry) overlaps: guarded like a merge.
+    swaps.out_of_order_window = lambda: (0.0, "window set to 0 since")
+    from promshift.core.queues import OverlapRefused
+
+    merged = source.data
+    with pytest.raises(OverlapRefused, match=r"^'a' cannot leave merged entry promshift--merged-\w+: the target "
+                                             r"accepts no out-of-order samples \(window set to 0 since\)"):
+        swaps.leave(group="a", clock=clock, wait=clock.wait)
+    assert source.data == merged and len(events) == 2
+    # The last member's leave adds nothing, so nothing is sent twice: no window needed.
+    swaps.out_of_order_window = lambda: (60.0, "back")
+    swaps.leave(group="a", clock=clock, wait=clock.wait)
+    swaps.out_of_order_window = lambda: (None, "unavailable")
+    outcome = swaps.leave(group="b", clock=clock, wait=clock.wait)
+    assert outcome is not None and outcome.state == "done" and promshift_queues(source.data) == ()
+    assert [k.value for k, _ in events[-3:]] == ["queue_swap_added", "queue_swap_done", "queue_swap_done"]
+    assert events[-3][1]["target_out_of_order"]["origin"] == "back"  # a's leave added b's own merged entry
+
+
+def test_a_swap_found_mid_overlap_is_finished_whatever_the_window() -> None:
+    """A crash after the add: the overlap is on already; finishing the swap ends it soonest (no guard, no add)."""
+    from promshift.core.queues import with_added
+
+    source, events, clock = FakeSource(config_with("a", "b")), [], Clock()
+    swaps = step(source, FakeProbe({"a": 1, "b": 1}), events, window=(0.0, "absent: 0"))
+    swap = swaps.plan_merge(url=URL, cut_over=["a", "b"])
+    assert swap is not None
+    source.data = with_added(source.data, swap)
+    assert swaps.run(swap, clock=clock, wait=clock.wait).state == "done"
+    assert [k for k, _ in events] == [EventKind.QUEUE_SWAP_DONE]
+
+
+def test_past_the_cap_a_merge_onto_a_target_without_the_window_refuses_the_deploy_in_one_line(
+        tmp_path: Any, audit: Any) -> None:
+    from promshift.steps.deploy import DeployStepFailed
+
+    source, clock = FakeSource(config_with("a", "b", "c", "d")), Clock()
+    before = source.data
+    probe = FakeProbe({g: 3 for g in "abcde"})
+    queues = cap_of(names=lambda: remote_write_names(source.data), cut_over=lambda g: g in "abc", source=source,
+                    probe=probe, clock=clock, window=(0.0, "storage.tsdb.out_of_order_time_window absent"))
+    deployer = GroupDeployer(source, "e")
+    m = group_run(tmp_path, audit, "e", deployer, queues)
+    with pytest.raises(DeployStepFailed) as refused:
+        m.snapshot(clock())
+    line = str(refused.value)
+    assert "\n" not in line and "carries 4 promshift remote_write queues (cap 4)" in line
+    assert "the target accepts no out-of-order samples (storage.tsdb.out_of_order_time_window absent)" in line
+    assert "at least 60s" in line and "'e'" in line  # the group's scrape interval is 30 s
+    assert source.data == before and deployer.calls == [] and probe.calls == 0
+    assert kinds(audit, "e") == ["queue_cap_refused"]
+    assert audit.events(group="e")[0].evidence_data["reason"] == line
