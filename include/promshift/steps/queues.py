@@ -128,17 +128,24 @@ class QueueSwap:
             result = deployer.verify(result, now)
         return result
 
-    def overlap_guard(self, swap: Swap) -> dict[str, Any] | None:
+    def overlap_guard(self, swap: Swap, *, refuse: bool = True) -> dict[str, Any] | None:
         """The target's out-of-order window this swap relies on (what the audit records), or ``OverlapRefused`` in
         one line when it does not cover the overlap. None: the swap sends nothing twice (the last member leaves:
-        nothing is added)."""
+        nothing is added). ``refuse=False`` (a rollback's leave, which nothing may block): the shortfall is recorded
+        as the risk taken (``covered`` false, ``risk`` the refusal's line) instead."""
         if swap.add is None:
             return None
         window_s, origin = self.out_of_order_window()
         refusal = overlap_refusal(window_s, scrape_interval_s=self.scrape_interval_s, origin=origin)
-        if refusal is not None:
+        if refusal is not None and refuse:
             raise OverlapRefused(refusal)
-        return {"window_s": window_s, "origin": origin, "needed_s": overlap_window_needed(self.scrape_interval_s)}
+        guard = {"window_s": window_s, "origin": origin, "needed_s": overlap_window_needed(self.scrape_interval_s),
+                 "covered": refusal is None}
+        if refusal is not None:
+            log.warning("swap %s goes ahead for a rollback on a target that may refuse the overlap: %s",
+                        swap.added_name, refusal)
+            guard["risk"] = refusal
+        return guard
 
     def add(self, swap: Swap, now: datetime, wait: Callable[[float], None] | None = None, *,
             out_of_order: Mapping[str, Any] | None = None) -> DeploySnapshot:
@@ -199,13 +206,16 @@ class QueueSwap:
         return identical
 
     # -- the whole swap ------------------------------------------------------------------------
-    def run(self, swap: Swap, *, clock: Callable[[], datetime], wait: Callable[[float], None]) -> SwapOutcome:
+    def run(self, swap: Swap, *, clock: Callable[[], datetime], wait: Callable[[float], None],
+            refuse_overlap: bool = True) -> SwapOutcome:
         """Add, prove until SUCCESSFUL or ``proof_deadline_s``, then remove; undo the add on a failed proof.
 
         Not started (``OverlapRefused``, nothing edited) when the target's out-of-order window does not cover the
-        overlap; a swap found mid-overlap (a crash after its add) is finished, which ends the overlap soonest."""
+        overlap, unless ``refuse_overlap`` is false (a rollback's leave: the risk is recorded with the add); a swap
+        found mid-overlap (a crash after its add) is finished, which ends the overlap soonest."""
         started = clock()
-        guard = self.overlap_guard(swap) if swap_phase(self.live(), swap) == "start" else None
+        starting = swap_phase(self.live(), swap) == "start"
+        guard = self.overlap_guard(swap, refuse=refuse_overlap) if starting else None
         snapshot = self.add(swap, started, wait, out_of_order=guard)
         since = started.timestamp()
         proof = self.prove(swap, since=since)
@@ -243,15 +253,12 @@ class QueueSwap:
 
     def leave(self, *, group: str, clock: Callable[[], datetime], wait: Callable[[float], None]) -> SwapOutcome | None:
         """A rollback's first move for a merged group: out of the merged entry by one more swap (None: not merged).
-        ``OverlapRefused`` (nothing edited) when the others' new merged entry would overlap on a target that refuses
-        older samples."""
+        Never refused for the target's out-of-order window (a merge needed it, so it can only have shrunk since):
+        nothing may block a rollback; the shortfall is recorded with the add as the risk the rollback took."""
         swap = self.plan_leave(group=group)
         if swap is None:
             return None
-        try:
-            return self.run(swap, clock=clock, wait=wait)
-        except OverlapRefused as exc:
-            raise OverlapRefused(f"{group!r} cannot leave merged entry {swap.remove[0]}: {exc}") from None
+        return self.run(swap, clock=clock, wait=wait, refuse_overlap=False)
 
 
 # -- the cap's pre-flight and the rollback's leave, for the deploy step (``steps.deploy.DeployStep``) -------------
