@@ -47,6 +47,7 @@ from promshift.core.deploy_kinds import K8S_CR
 from promshift.core.events import EventKind
 from promshift.core.render import remote_write_names
 from promshift.local.demo import REPO_ROOT, DemoSession, run_scenario, scenario_connections, start_session
+from promshift.local.demo_lifecycle import ALERT_FAULT_GPUS
 from promshift.local.demo_retire import run_retire
 from promshift.local.stack.local import LocalStack, StackConfig
 from promshift.orchestration.dag_factory import FULL_ROLLBACK_DAG_ID
@@ -172,6 +173,7 @@ def test_k8s_cr_demo_moves_rules_retires_and_rolls_back_through_the_resources(
         source_rules_before = rules_on(stack.source_url)
 
         def read_happy() -> dict[str, Any]:
+            stack.set_fleet_faults(fb_full_gpus=0)
             return {"cr": stack.prometheus_cr(), "source_config": stack.source_config_path.read_text(),
                     "rule": stack.prometheus_rule(), "rule_file": stack.source_rules_path.read_text(),
                     "source_rules": rules_on(stack.source_url), "target_rules": rules_on(stack.target_url),
@@ -179,6 +181,9 @@ def test_k8s_cr_demo_moves_rules_retires_and_rolls_back_through_the_resources(
 
         # 1. happy on gpu-memory (rules moving from the PrometheusRule) and, once its entry is deployed, drift on
         # gpu-utilization: one connection set for both (drift's group has no rules: its move has nothing to move).
+        # As in SCENARIO=lifecycle, a few GPUs' framebuffer is full during the run: the moved alert fires, so its
+        # rules-parity line compares a firing alert (a quiet one on both sides is INCONCLUSIVE, the gate too).
+        stack.set_fleet_faults(fb_full_gpus=ALERT_FAULT_GPUS)
         happy = Background(lambda: run_scenario(session, group_name="gpu-memory", scenario="happy", rules=True,
                                                 report_root=amp_env / "reports", deploy=K8S_CR,
                                                 timeout_s=RUN_TIMEOUT_S), read_happy)
