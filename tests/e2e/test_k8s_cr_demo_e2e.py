@@ -55,7 +55,7 @@ from tests.e2e.conftest import free_port, stop_stack
 
 # The session's start, two overlapping runs, four more migrations (three one after the other: gpu-power-thermal
 # depends on gpu-utilization, gpu-clocks on gpu-power-thermal), a bake, the retire and its undo, and a rollback;
-# measured about 20 min alone on a quiet machine (the CHANGELOG): above the 600 s pytest-timeout of pyproject.toml.
+# measured 1,317 s alone (load average 1.4-6.4; the CHANGELOG): above the 600 s pytest-timeout of pyproject.toml.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]
 
 # Stack, Airflow start and the run, on a loaded 2-core machine (as test_amp_demo_e2e).
