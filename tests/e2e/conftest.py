@@ -16,9 +16,10 @@ latency SUCCESSFUL and were put on gpu-memory when gpu-utilization's latency was
 ``count(DCGM_FI_DEV_GPU_UTIL == 0)`` answers no series on the simulated fleet, no GPU being idle). Latency is now
 judged by the samples a query read (``stats=all``), and that query reads every GPU_UTIL series, so gpu-utilization's
 latency is a real timing too; the wave-2 groups start only after gpu-utilization cut over. A group migrates once per
-session. The retire scenario (``make demo SCENARIO=retire``) runs in no e2e session: joined to lifecycle's it took
-that test past 10 min (four more migrations and a bake) and CI past its 45-min budget; its DAGs are covered by
-tests/integration/test_retire_source.py and test_k8s_retire.py. AMP bad-credentials:
+session (a group rolled back may migrate again: the retire scenario migrates every group not cut over). The retire
+scenario (``make demo SCENARIO=retire``) runs on the k8s-cr path in the k8s-cr session (test_k8s_cr_demo_e2e.py,
+after its happy and drift runs); on the file path in no e2e session (its DAGs: tests/integration/
+test_retire_source.py). AMP bad-credentials:
 Airflow's AWS secret is its environment's, and the scenario is that it is wrong.
 k8s-cr also has the operator stand-in own the source config. Celery: another executor. plan-aggregate
 (test_plan_aggregate_demo_e2e.py): its group exists only once the plan has read the stack's read load, and Airflow's

@@ -3,7 +3,8 @@
 `up` starts it once the source answers; it serves the ``Prometheus`` resource ``monitoring/k8s`` whose
 ``spec.remoteWrite`` is the source's, with a kubeconfig that ``KubernetesHook`` can use; the CR deployer goes
 live through it on the real source Prometheus (which keeps scraping the fleet), and a restore leaves the
-source's file byte-identical; a second `up` reuses it; `down` stops it. A contract test, not a cluster.
+source's file byte-identical; the source's rules are a ``PrometheusRule`` rendered back to its rule file; a second
+`up` reuses it; `down` stops it. A contract test, not a cluster.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes.config import new_client_from_config
 
 from promshift.adapters.k8s_deploy import PrometheusCRDeployment
 from promshift.adapters.prometheus import PrometheusClient
+from promshift.adapters.rules_deploy import loaded_rules
 from promshift.core.deploy import ConfigDeployer, DeployResult, DeployState
 from promshift.core.deploy_kinds import K8S_CR, kubernetes_source_of
 from promshift.core.render import add_remote_write, remote_write_entry, remote_write_names, sha256_bytes
@@ -59,6 +62,21 @@ def test_stack_runs_the_contract_server_over_the_source_and_the_cr_deploy_goes_l
         source = kubernetes_source_of(extra)
         assert source is not None and source.config_file == str(stack.kubeconfig_path)
         assert json.loads(stack.kubeconfig_path.read_text())["clusters"][0]["cluster"]["server"] == row["url"]
+
+        # The source's rules live in PrometheusRule monitoring/gpu-rules (kube-prometheus-stack's way), selected by
+        # the resource's ruleSelector, rendered back to the source's rule file, which the source loads.
+        rule = stack.prometheus_rule()
+        selector = cr["spec"]["ruleSelector"]["matchLabels"]
+        assert rule["metadata"]["labels"]["prometheus"] == "k8s" == selector["prometheus"]
+        assert [g["name"] for g in rule["spec"]["groups"]] == ["gpu-memory", "fleet"]
+        assert yaml.safe_load(stack.source_rules_path.read_text()) == rule["spec"]
+        assert stack.source_rules_path.name == "monitoring-gpu-rules.yml"
+        names = {(r.file.rsplit("/", 1)[-1], r.name) for r in loaded_rules(PrometheusClient(stack.source_url))}
+        assert names == {("monitoring-gpu-rules.yml", n) for n in ("gpu:fb_used:ratio", "GpuMemoryNearlyFull",
+                                                                 "DcgmExporterDown")}
+        with_rules = kubernetes_source_of({**extra, "kubernetes": stack.kubernetes_source_extra(timeout_s=60,
+                                                                                             rules=True)})
+        assert with_rules is not None and with_rules.prometheus_rules == (("monitoring", "gpu-rules"),)
 
         # The CR deployer, through the kubeconfig, goes live on the real source through the operator stand-in.
         prometheus = PrometheusClient(stack.source_url, timeout_s=30)

@@ -320,17 +320,20 @@ def aws_environment(stack: LocalStack, *, bad_credentials: bool = False) -> dict
     return env
 
 
-def source_connection(stack: LocalStack, deploy: str = REMOTE_WRITE) -> dict[str, Any]:
+def source_connection(stack: LocalStack, deploy: str = REMOTE_WRITE, *, rules: bool = False) -> dict[str, Any]:
     """Airflow's source connection: the config file's path, or for ``k8s-cr`` the ``Prometheus`` resource the
-    stack's contract server holds and the kubeconfig reaching it (no file path: a worker pod could not see it)."""
+    stack's contract server holds and the kubeconfig reaching it (no file path: a worker pod could not see it).
+    ``rules``: the group's rules move with it (``extra.rules``); on ``k8s-cr`` from the ``PrometheusRule`` the
+    stack's contract server holds (``extra.kubernetes.prometheus_rules``), else from the config's ``rule_files``."""
     if deploy == K8S_CR:
         return {"conn_type": "prometheus", "host": stack.source_url,
-                "extra": {"deploy": K8S_CR, "kubernetes": stack.kubernetes_source_extra(timeout_s=K8S_TIMEOUT_S)}}
+                "extra": {"deploy": K8S_CR, **({"rules": True} if rules else {}),
+                          "kubernetes": stack.kubernetes_source_extra(timeout_s=K8S_TIMEOUT_S, rules=rules)}}
     if deploy == GIT:  # the stack's config repository, through a pull request on its GitHub API contract server
         return {"conn_type": "prometheus", "host": stack.source_url,
                 "extra": {"deploy": GIT, "git": stack.git_source_extra(timeout_s=GIT_TIMEOUT_S)}}
     return {"conn_type": "prometheus", "host": stack.source_url,
-            "extra": {"config_path": str(stack.source_config_path)}}
+            "extra": {"config_path": str(stack.source_config_path), **({"rules": True} if rules else {})}}
 
 
 def local_amp_credentials_problem() -> str | None:
@@ -386,13 +389,14 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
                         deploy=deploy, timeout_s=timeout_s)
 
 
-def scenario_trigger_conf(scenario: str, *, read_path: bool = False) -> dict[str, Any]:
+def scenario_trigger_conf(scenario: str, *, read_path: bool = False, rules: bool = False) -> dict[str, Any]:
     """The migration form's fields a scenario sets beyond the group. Only the lifecycle scenarios and a run with the
     dashboard switch on (``read_path``: plan-aggregate's fleet dashboard) switch a dashboard (default ranges of 15
     min to an hour) and move an alert (``for: 1m``) minutes into dual-write: they accept short history explicitly,
     as an operator would in the form (recorded, shown to the approver). Every other scenario keeps the form's
-    default (false)."""
-    return {"accept_short_history": True} if scenario in LIFECYCLE_SCENARIOS or read_path else {}
+    default (false). ``rules``: a run that moves the group's rules (its alert's ``for: 1m``) does as the lifecycle
+    scenarios do."""
+    return {"accept_short_history": True} if scenario in LIFECYCLE_SCENARIOS or read_path or rules else {}
 
 
 def check_scenario(scenario: str, *, group_name: str, target_kind: str, deploy: str) -> None:
@@ -569,13 +573,13 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
 
 
 def scenario_connections(session: DemoSession, scenario: str, deploy: str,
-                         read_path: bool = False) -> dict[str, dict[str, Any] | None]:
+                         read_path: bool = False, rules: bool = False) -> dict[str, dict[str, Any] | None]:
     """The Airflow connections a scenario runs with (``None``: the connection must not exist). ``read_path``: the
-    dashboard switch is on (``grafana_default`` over the stack's dashboards) without moving the group's rules."""
+    dashboard switch is on (``grafana_default`` over the stack's dashboards) without moving the group's rules;
+    ``rules``: the group's rules move with it (on ``k8s-cr`` from the stack's ``PrometheusRule``), no dashboard."""
     stack, lifecycle = session.stack, scenario in LIFECYCLE_SCENARIOS
-    source_conn = source_connection(stack, deploy)
-    if lifecycle:  # the group's rules move with it; its dashboard is re-pointed (file mode)
-        source_conn["extra"]["rules"] = True
+    # the lifecycle scenarios: the group's rules move with it; its dashboard is re-pointed (file mode)
+    source_conn = source_connection(stack, deploy, rules=lifecycle or rules)
     if deploy == GIT:  # the token of the stack's GitHub API contract server, as a connection's password
         return {"promshift_source": source_conn, "promshift_target": target_connection(stack, deploy),
                 "promshift_git": {"conn_type": "generic", "password": stack.git_token()},
@@ -587,7 +591,7 @@ def scenario_connections(session: DemoSession, scenario: str, deploy: str,
 
 def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report_root: Path,
                  deploy: str = REMOTE_WRITE, timeout_s: float | None = None, read_path: bool = False,
-                 report_extra: Callable[[DemoSession], dict[str, Any]] | None = None) -> Path:
+                 rules: bool = False, report_extra: Callable[[DemoSession], dict[str, Any]] | None = None) -> Path:
     """Run one scenario on ``group_name`` in a running session: point Airflow's connections at the stack (for
     ``deploy``), trigger the group's migration (its target's DAG, the group chosen in the form), plant the
     scenario's fault, answer the approval through the REST API as an on-call engineer, follow the run (and for
@@ -597,8 +601,9 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     A group migrates once per session: scenarios of one session take different groups (their audit events,
     config entries and reports are told apart by group). The first scenario's wall time counts from the
     session's start, as ``make demo``'s always did. ``read_path``: the dashboard switch is on for this run
-    (``scenario_connections``); ``report_extra``: more top-level blocks of the report, read from the running
-    session right after the run (the aggregation demo's target series counts)."""
+    (``scenario_connections``); ``rules``: the group's rules move with it (``scenario_connections``; the report's
+    ``source_rules`` compares the source's rule file before and after); ``report_extra``: more top-level blocks of
+    the report, read from the running session right after the run (the aggregation demo's target series counts)."""
     check_scenario(scenario, group_name=group_name, target_kind=session.target_kind, deploy=deploy)
     if (scenario == "bad-credentials") != session.bad_credentials:
         raise ValueError("scenario 'bad-credentials' needs a session of its own started with bad_credentials=True "
@@ -618,7 +623,7 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     group = session.group(group_name)
     # The SigV4 counters are the stack's since it started: a later scenario reports its own share only.
     baseline = None if first else sigv4_counters(stack)
-    session.set_connections(scenario_connections(session, scenario, deploy, read_path=read_path))
+    session.set_connections(scenario_connections(session, scenario, deploy, read_path=read_path, rules=rules))
     keep_scraped(stack, airflow, now=time.time())  # a new token when the one in use is about to expire
     if deploy == SCRAPER:
         # The demo's short timings, as for its latency windows: the local collector scrapes at the source's
@@ -638,7 +643,7 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     try:
         airflow.wait_for_dag(group.dag_id)
         # its target's migration DAG, the group chosen in the form (and the scenario's other form fields)
-        run_id = airflow.trigger_group(group, conf=scenario_trigger_conf(scenario, read_path=read_path))
+        run_id = airflow.trigger_group(group, conf=scenario_trigger_conf(scenario, read_path=read_path, rules=rules))
         approver = APPROVER_USERS[0]
         answers = 0
         awaiting_polls = 0
@@ -692,6 +697,7 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
             extra["lifecycle"] = {"scenario": scenario, "runs": {}, "bake_stage": None}
         if scenario == "lifecycle":
             stack.set_fleet_faults(fb_full_gpus=0)
+    if lifecycle or rules:
         rules_after = config_sha256(stack.source_rules_path)
         extra["source_rules"] = {"path": str(stack.source_rules_path), "sha256_before": rules_before,
                                  "sha256_after": rules_after, "identical": rules_before == rules_after}

@@ -66,9 +66,9 @@ class _Stack:
     def scraper_extra(self) -> dict[str, str]:
         raise AssertionError("k8s-cr must not ask for a managed collector")
 
-    def kubernetes_source_extra(self, timeout_s: float) -> dict[str, object]:
+    def kubernetes_source_extra(self, timeout_s: float, *, rules: bool = False) -> dict[str, object]:
         return {"namespace": "monitoring", "name": "k8s", "config_file": "/state/k8s/kubeconfig.json",
-                "timeout_s": timeout_s}
+                "timeout_s": timeout_s, **({"prometheus_rules": ["monitoring/gpu-rules"]} if rules else {})}
 
 
 def test_k8s_cr_puts_the_resource_on_the_source_connection_and_keeps_the_targets_remote_write() -> None:
@@ -88,6 +88,23 @@ def test_k8s_cr_puts_the_resource_on_the_source_connection_and_keeps_the_targets
     plain = source_connection(stack)  # type: ignore[arg-type]
     assert plain["extra"] == {"config_path": "/state/source/prometheus.yml"}
     assert kubernetes_source_of(plain["extra"]) is None
+    assert "rules" not in source["extra"] and k8s.prometheus_rules == ()
+
+
+def test_a_run_moving_rules_names_the_prometheusrule_on_k8s_cr_and_the_rule_files_else() -> None:
+    from promshift.core.deploy_kinds import kubernetes_source_of
+    from promshift.local.demo import scenario_trigger_conf, source_connection
+
+    stack = _Stack()
+    source = source_connection(stack, "k8s-cr", rules=True)  # type: ignore[arg-type]
+    k8s = kubernetes_source_of(source["extra"])
+    assert source["extra"]["rules"] is True and "config_path" not in source["extra"]
+    assert k8s is not None and k8s.prometheus_rules == (("monitoring", "gpu-rules"),)
+    plain = source_connection(stack, rules=True)  # type: ignore[arg-type]
+    assert plain["extra"] == {"config_path": "/state/source/prometheus.yml", "rules": True}
+    # a run moving rules accepts short history as the lifecycle scenarios do (its alert's for: 1m); others do not
+    assert scenario_trigger_conf("happy", rules=True) == {"accept_short_history": True}
+    assert scenario_trigger_conf("happy") == {}
 
 
 def test_the_lifecycle_scenarios_default_to_the_managed_collector_and_gpu_memory() -> None:

@@ -793,12 +793,12 @@ class OperatorStandIn(_FileApplier):
 
 class RuleFilesStandIn(_FileApplier):
     """prometheus-operator for ``PrometheusRule`` ``ns/name``: its ``spec`` as the rule file ``<ns>-<name>.yaml`` in the
-    folder the source's ``rule_files`` reads (the operator's own files are ``<ns>-<name>-<uid>.yaml``), then
-    ``/-/reload``."""
+    folder the source's ``rule_files`` reads (the operator's own files are ``<ns>-<name>-<uid>.yaml``; ``suffix``
+    ``.yml`` for a glob ``*.yml``), then ``/-/reload``."""
 
     def __init__(self, server: K8sApiServer, *, namespace: str, name: str, rules_dir: str | os.PathLike[str],
-                 prometheus_url: str, delay_s: float = 0.5) -> None:
-        super().__init__(Path(rules_dir) / f"{namespace}-{name}.yaml", prometheus_url, delay_s)
+                 prometheus_url: str, delay_s: float = 0.5, suffix: str = ".yaml") -> None:
+        super().__init__(Path(rules_dir) / f"{namespace}-{name}{suffix}", prometheus_url, delay_s)
         self.target = (PROMETHEUSRULES, namespace, name)
         server.watchers.append(self)
 
@@ -867,6 +867,14 @@ def prometheus_resource(namespace: str, name: str, remote_write: list[dict[str, 
             "spec": body}
 
 
+def prometheus_rule_resource(namespace: str, name: str, spec: Mapping[str, Any], *, prometheus: str) -> dict[str, Any]:
+    """A ``PrometheusRule`` the ``Prometheus`` resource's ``ruleSelector`` (``server_spec``) selects."""
+    return {"apiVersion": _API_VERSION[PROMETHEUSRULES], "kind": _KIND[PROMETHEUSRULES],
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"prometheus": prometheus, "app.kubernetes.io/managed-by": "promshift-local-stack"}},
+            "spec": dict(spec)}
+
+
 def kubeconfig(server_url: str, namespace: str) -> dict[str, Any]:
     """A kubeconfig naming the contract server (plain HTTP on the loopback, a fixed local token)."""
     return {"apiVersion": "v1", "kind": "Config", "current-context": "promshift-local",
@@ -905,6 +913,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     parser.add_argument("--name", default=DEFAULT_NAME, help="the Prometheus resource's name")
     parser.add_argument("--delay", type=float, default=0.5, help="seconds before the operator applies a change")
+    parser.add_argument("--rule-file", type=Path, default=None,
+                        help="a rule file of the source's rule_files taken over as PrometheusRule <namespace>/"
+                             "<--rules-name>: the object is created from the file's groups and the operator stand-in "
+                             "renders it back as that file, <namespace>-<rules-name>.yml (name the file so)")
+    parser.add_argument("--rules-name", default=None, help="the PrometheusRule's name (with --rule-file)")
     parser.add_argument("--mode-switch", default=None, metavar="JSON",
                         help="LAB ONLY: the source's process control (the stack's source_mode_extra), so a "
                              "PrometheusAgent restarts the source as an agent")
@@ -918,6 +931,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"k8s-api: cannot take over {args.config}: {exc}", flush=True)
         return 1
+    rule_spec: dict[str, Any] | None = None
+    if args.rule_file is not None:
+        if not args.rules_name or args.rule_file.name != f"{args.namespace}-{args.rules_name}.yml":
+            print(f"k8s-api: --rule-file must be named {args.namespace}-<--rules-name>.yml (the file the operator "
+                  f"renders the PrometheusRule to), got {args.rule_file.name}", flush=True)
+            return 1
+        try:
+            loaded = yaml.safe_load(args.rule_file.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            print(f"k8s-api: cannot take over {args.rule_file}: {exc}", flush=True)
+            return 1
+        rule_spec = {"groups": list(loaded.get("groups") or []) if isinstance(loaded, dict) else []}
     try:
         server = K8sApiServer(HOST, args.port)
     except OSError as exc:
@@ -936,16 +961,25 @@ def main(argv: list[str] | None = None) -> int:
     operator = OperatorStandIn(server, namespace=args.namespace, name=args.name, base_config=base,
                                config_path=args.config, prometheus_url=args.prometheus, delay_s=args.delay,
                                control=control, agent_path=agent_path)
+    # The source's rules as a PrometheusRule (kube-prometheus-stack's way), rendered back to the rule file it was.
+    rule_files = None if rule_spec is None else RuleFilesStandIn(
+        server, namespace=args.namespace, name=str(args.rules_name), rules_dir=args.rule_file.parent,
+        prometheus_url=args.prometheus, delay_s=args.delay, suffix=".yml")
     try:
         server.create(PROMETHEUSES, args.namespace, args.name,
                       prometheus_resource(args.namespace, args.name, remote_write, server_spec(base)))
-        # Ready once the operator has rendered the resource onto the source and the source reloaded it.
+        if rule_files is not None:
+            server.create(PROMETHEUSRULES, args.namespace, str(args.rules_name), prometheus_rule_resource(
+                args.namespace, str(args.rules_name), rule_spec or {"groups": []}, prometheus=args.name))
+        # Ready once the operator has rendered the resources onto the source and the source reloaded them.
         deadline = time.monotonic() + 60
-        while not operator.applied and not operator.errors and time.monotonic() < deadline and not stop.is_set():
+        appliers = [operator, *([rule_files] if rule_files is not None else [])]
+        while any(not a.applied and not a.errors for a in appliers) and time.monotonic() < deadline \
+                and not stop.is_set():
             time.sleep(0.05)
-        if not operator.applied:
+        if not all(a.applied for a in appliers):
             print(f"k8s-api: the operator stand-in could not render onto {args.config}: "
-                  f"{'; '.join(operator.errors) or 'no reload within 60s'}", flush=True)
+                  f"{'; '.join(e for a in appliers for e in a.errors) or 'no reload within 60s'}", flush=True)
             return 1
         kube_path = state_dir / KUBECONFIG_FILE
         _write_json(kube_path, kubeconfig(server.base_url, args.namespace))
@@ -959,6 +993,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         (state_dir / ADDRESS_FILE).unlink(missing_ok=True)
         operator.stop()
+        if rule_files is not None:
+            rule_files.stop()
         server.stop()
     return 0
 

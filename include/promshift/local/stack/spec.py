@@ -35,6 +35,8 @@ AMP_COMPONENTS = (MOTO, AWS, FRONTDOOR, RELAY)
 # The Kubernetes API contract server + operator stand-in (``kubernetes=True``), started after the source.
 K8S = "k8s"
 K8S_NAMESPACE, K8S_NAME = "monitoring", "k8s"
+# The k8s component's PrometheusRule: the source's rule file taken over (kube-prometheus-stack keeps rules so).
+K8S_RULES_NAME = "gpu-rules"
 # The config repository, its sync stand-in and the GitHub API contract server (``git=True``), after the source.
 GIT = "git"
 # A second cluster (``clusters=2``, ``make demo SCENARIO=fleet``): its own fleet, its own source Prometheus

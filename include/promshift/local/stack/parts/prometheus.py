@@ -22,6 +22,8 @@ from promshift.local.stack.spec import (
     AMP_RULES_DIR,
     EXTERNAL_LABELS,
     FLEET,
+    K8S_NAMESPACE,
+    K8S_RULES_NAME,
     PROMSHIFT_JOB,
     PROMSHIFT_METRICS_PATH,
     SCRAPE_JOB,
@@ -53,6 +55,18 @@ groups:
           severity: warning
         annotations:
           summary: "GPU {{ $labels.gpu }} on {{ $labels.instance }}: framebuffer above 98%"
+"""
+# With the k8s component the source's rules also hold another team's alert: it stays in the PrometheusRule (and
+# its rendered rule file) when gpu-memory's rules move, every byte of it as it was.
+K8S_OTHER_RULES = """\
+  # not gpu-memory's: stays on the source when gpu-memory's rules move
+  - name: fleet
+    rules:
+      - alert: DcgmExporterDown
+        expr: up{job="dcgm"} == 0
+        for: 5m
+        labels:
+          severity: ticket
 """
 
 
@@ -126,7 +140,12 @@ class PrometheusPart(StackProcesses):
 
     @property
     def source_rules_path(self) -> Path:
-        """The source's rule file (its config's ``rule_files``): gpu-memory's rules, which move with the group."""
+        """The source's rule file (its config's ``rule_files``): gpu-memory's rules, which move with the group. With
+        the k8s component (``kubernetes=True``) it is the file the operator stand-in renders ``PrometheusRule``
+        ``monitoring/gpu-rules`` to (``<namespace>-<name>.yml``): the rules live in that object, written first from
+        this file."""
+        if self.config.kubernetes:
+            return self.home / SOURCE / "rules" / f"{K8S_NAMESPACE}-{K8S_RULES_NAME}.yml"
         return self.home / SOURCE / "rules" / "gpu-memory.yml"
 
     @property
@@ -248,7 +267,8 @@ class PrometheusPart(StackProcesses):
         edited_target = amp and self._add_amp_rule_files(self.target_config_path)
         if not self.source_rules_path.exists():
             self.source_rules_path.parent.mkdir(parents=True, exist_ok=True)
-            self.source_rules_path.write_text(SOURCE_RULES, encoding="utf-8")
+            self.source_rules_path.write_text(SOURCE_RULES + (K8S_OTHER_RULES if self.config.kubernetes else ""),
+                                              encoding="utf-8")
         for name in (SOURCE, TARGET):
             self.data_dir(name).mkdir(parents=True, exist_ok=True)
         return edited_target

@@ -4,8 +4,10 @@
   promshift.local.stack.k8s_api``, the Kubernetes API contract server with the prometheus-operator stand-in (not
   a cluster), started once the source is up. It holds the ``Prometheus`` resource ``monitoring/k8s`` whose
   ``spec.remoteWrite`` is the source's ``remote_write`` when it starts, renders it onto the source's own
-  ``prometheus.yml`` (the base: its scrape configs stay) and reloads it. Its port is ``PROMSHIFT_K8S_PORT``, or by
-  default any free one, recorded in ``k8s/api.json``; ``k8s/kubeconfig.json`` points at it.
+  ``prometheus.yml`` (the base: its scrape configs stay) and reloads it. The source's rule file becomes
+  ``PrometheusRule`` ``monitoring/gpu-rules``, rendered back to that file (``source_rules_path``). Its port is
+  ``PROMSHIFT_K8S_PORT``, or by default any free one, recorded in ``k8s/api.json``; ``k8s/kubeconfig.json`` points
+  at it.
 - ``git`` (``git=True``; ``stack up --git``): the bare config repository, its sync stand-in and the GitHub API
   contract server (``promshift.local.stack.reconciler``), started once the source is up.
 - Grafana: a provisioned dashboard folder (the read path switch's file mode), the DCGM dashboard copied in once.
@@ -22,7 +24,17 @@ from typing import Any
 import requests
 
 from promshift.local.stack.parts.prometheus import PrometheusPart
-from promshift.local.stack.spec import GIT, GRAFANA, K8S, K8S_NAME, K8S_NAMESPACE, SOURCE, Component, StackError
+from promshift.local.stack.spec import (
+    GIT,
+    GRAFANA,
+    K8S,
+    K8S_NAME,
+    K8S_NAMESPACE,
+    K8S_RULES_NAME,
+    SOURCE,
+    Component,
+    StackError,
+)
 
 
 class StandInsPart(PrometheusPart):
@@ -78,13 +90,25 @@ class StandInsPart(PrometheusPart):
         response.raise_for_status()
         return dict(response.json())
 
-    def kubernetes_source_extra(self, timeout_s: float = 120.0) -> dict[str, Any]:
-        """The source connection's ``extra.kubernetes`` for the ``Prometheus`` resource (``extra.deploy: k8s-cr``)."""
+    def kubernetes_source_extra(self, timeout_s: float = 120.0, *, rules: bool = False) -> dict[str, Any]:
+        """The source connection's ``extra.kubernetes`` for the ``Prometheus`` resource (``extra.deploy: k8s-cr``);
+        ``rules``: and ``prometheus_rules``, the ``PrometheusRule`` the source's rules live in (a rules move reads
+        and edits it)."""
         if not self.kubernetes_address():
             raise StackError("the Kubernetes contract server is not running: "
                              "run `python -m promshift.local stack up --k8s`")
-        return {"namespace": K8S_NAMESPACE, "name": K8S_NAME, "config_file": str(self.kubeconfig_path),
-                "timeout_s": timeout_s}
+        extra: dict[str, Any] = {"namespace": K8S_NAMESPACE, "name": K8S_NAME,
+                                 "config_file": str(self.kubeconfig_path), "timeout_s": timeout_s}
+        if rules:
+            extra["prometheus_rules"] = [f"{K8S_NAMESPACE}/{K8S_RULES_NAME}"]
+        return extra
+
+    def prometheus_rule(self) -> dict[str, Any]:
+        """The ``PrometheusRule`` ``monitoring/gpu-rules`` as the contract server holds it now."""
+        response = self._http.get(f"{self.kubernetes_url}/apis/monitoring.coreos.com/v1/namespaces/{K8S_NAMESPACE}/"
+                                  f"prometheusrules/{K8S_RULES_NAME}", timeout=10)
+        response.raise_for_status()
+        return dict(response.json())
 
     @property
     def git_dir(self) -> Path:
@@ -124,6 +148,8 @@ class StandInsPart(PrometheusPart):
         k8s_argv = (sys.executable, "-m", "promshift.local.stack.k8s_api", "--state-dir", str(self.kubernetes_dir),
                     "--port", str(cfg.k8s_port), "--config", str(self.source_config_path),
                     "--prometheus", self.source_url, "--namespace", K8S_NAMESPACE, "--name", K8S_NAME,
+                    # the source's rules as PrometheusRule monitoring/gpu-rules, rendered back to that rule file
+                    "--rule-file", str(self.source_rules_path), "--rules-name", K8S_RULES_NAME,
                     # the operator stand-in restarts the source as an agent for a PrometheusAgent (retire)
                     "--mode-switch", json.dumps(self.source_mode_extra(), sort_keys=True))
         git_argv = (sys.executable, "-m", "promshift.local.stack.reconciler", "--state-dir", str(self.git_dir),
