@@ -109,7 +109,8 @@ def test_the_install_line_is_the_one_the_install_test_runs() -> None:
 
 def test_the_read_only_commands_run_and_render_shows_the_amp_blocks(walked: Path) -> None:
     out = (walked / "stdout.txt").read_text()
-    assert out.startswith("promshift 0.1.0\n")
+    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert version and out.startswith(f"promshift {version.group(1)}\n")
     assert "catalog/metric_groups.yaml: OK (" in out
     assert '+    sigv4:' in out and '+      region: "us-east-1"' in out and "+    queue_config:" in out
 

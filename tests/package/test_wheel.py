@@ -50,6 +50,11 @@ class Stage:
         return [a for i, a in self.steps if i == instruction]
 
 
+
+def _version() -> str:
+    """The package version, as pyproject.toml says."""
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
+
 def dockerfile_stages(text: str) -> list[Stage]:
     """The Dockerfile's stages: comments dropped, continuation lines joined."""
     logical: list[str] = []
@@ -290,7 +295,7 @@ def test_the_dockerfile_installs_this_wheel(stages: list[Stage]) -> None:
     from_builder = [a for a in image.args("COPY") if f"--from={builder.name}" in a]
     assert len(from_builder) == 1
     wheel_dir = from_builder[0].split()[-1].rstrip("/")
-    assert any("--no-deps" in a and fnmatch.fnmatch(f"{wheel_dir}/promshift-0.1.0-py3-none-any.whl",
+    assert any("--no-deps" in a and fnmatch.fnmatch(f"{wheel_dir}/promshift-{_version()}-py3-none-any.whl",
                                                     a.split()[-1]) for a in installs), installs
     assert not any(" -e " in a or "--editable" in a for a in installs)
     # no lab, no stand-in servers, no Debian package: promtool is the official image's, of the fleet's version
