@@ -61,7 +61,7 @@ PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider --durations=20
 UNIT_TIER := not integration and not e2e and not slow
 test: prometheus $(STAMP)
 	$(VENV)/bin/ruff check include dags plugins tests bench
-	$(PYTEST) -m "$(UNIT_TIER)" tests
+	$(PYTEST) -n 2 -m "$(UNIT_TIER)" tests
 	$(PYTEST) -n 2 --dist loadfile --no-loadscope-reorder -m "(integration and not slow) or spine" tests
 
 # The other end-to-end scenarios (AMP, bad credentials, k8s-cr, Celery, lifecycle), the board in a browser, and

@@ -34,7 +34,7 @@ def test_listed_modules_run_longest_first_then_the_others_most_tests_first_each_
 def test_the_two_worker_tiers_keep_the_collection_order_of_modules() -> None:
     """Without --no-loadscope-reorder xdist orders modules by their number of tests and the order above is lost."""
     makefile = (TESTS.parent / "Makefile").read_text()
-    commands = [line for line in makefile.splitlines() if "-n 2" in line]
-    assert len(commands) == 2, commands  # make test's second tier, make e2e
+    commands = [line for line in makefile.splitlines() if "--dist loadfile" in line]
+    assert len(commands) == 2, commands  # make test's second tier, make e2e (the unit tier: -n 2, test by test)
     for line in commands:
         assert re.search(r"--dist loadfile --no-loadscope-reorder\b", line), line

@@ -38,14 +38,15 @@ def test_the_package_the_changelog_and_the_values_name_one_version() -> None:
     assert values["defaultAirflowTag"].split("-airflow")[0] == ours
 
 
-def test_every_wheel_and_image_the_docs_name_is_this_version() -> None:
+def test_every_wheel_and_image_the_docs_and_deploy_files_name_is_this_version() -> None:
     ours = version()
     named: dict[str, set[str]] = {}
-    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+    deploy = [p for p in sorted((REPO / "deploy").rglob("*")) if p.suffix in (".md", ".txt", ".yaml", ".yml")]
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *deploy]:
         text = path.read_text()
         for found in re.findall(rf"promshift-({VERSION_RE})-py3-none-any\.whl", text) + re.findall(
                 rf"promshift:({VERSION_RE})-airflow", text):
-            named.setdefault(found, set()).add(path.name)
+            named.setdefault(found, set()).add(str(path.relative_to(REPO)))
     assert named, "the docs name no wheel or image of promshift"
     assert set(named) == {ours}, {v: sorted(f) for v, f in named.items() if v != ours}
 
