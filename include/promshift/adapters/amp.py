@@ -275,18 +275,27 @@ def active_workspace(client: Any, target: AmpTarget) -> Workspace:
     return ws
 
 
+def _workspace_configuration(client: Any, target: AmpTarget, workspace_id: str, *,
+                             what: str) -> tuple[dict[str, Any] | None, str]:
+    """``DescribeWorkspaceConfiguration``'s answer, or ``(None, why)`` (the AWS error, redacted) logged as ``what``
+    being unavailable."""
+    try:
+        return client.describe_workspace_configuration(workspaceId=workspace_id), ""
+    except Exception as exc:
+        why = str(aws_error_message(exc, action="DescribeWorkspaceConfiguration", target=target,
+                                    workspace=workspace_id))
+        log.info("AMP %s unavailable: %s", what, why)
+        return None, why
+
+
 def workspace_retention(client: Any, target: AmpTarget, workspace_id: str) -> tuple[float | None, str]:
     """``(seconds, origin)`` from ``DescribeWorkspaceConfiguration``; ``(None, why)`` when it is unavailable.
 
     Unavailable is not an error: the caller falls back to the catalog (moto 5.2.5, for one,
     answers this call with a bare 404).
     """
-    try:
-        answer = client.describe_workspace_configuration(workspaceId=workspace_id)
-    except Exception as exc:
-        why = str(aws_error_message(exc, action="DescribeWorkspaceConfiguration", target=target,
-                                    workspace=workspace_id))
-        log.info("AMP retention unavailable: %s", why)
+    answer, why = _workspace_configuration(client, target, workspace_id, what="retention")
+    if answer is None:
         return None, f"unavailable ({why})"
     seconds = retention_from_configuration(answer)
     if seconds is None:
@@ -303,12 +312,8 @@ def workspace_out_of_order_window(client: Any, target: AmpTarget, workspace_id: 
     """``(seconds, origin)``: the workspace's ``outOfOrderTimeWindowInSeconds`` from
     ``DescribeWorkspaceConfiguration`` (AMP's documented default, 60 s, when the answer has none). ``(None, why)``
     when the call fails: the window may have been set to 0, so a swap is refused (fail closed), never assumed."""
-    try:
-        answer = client.describe_workspace_configuration(workspaceId=workspace_id)
-    except Exception as exc:
-        why = str(aws_error_message(exc, action="DescribeWorkspaceConfiguration", target=target,
-                                    workspace=workspace_id))
-        log.info("AMP out-of-order window unavailable: %s", why)
+    answer, why = _workspace_configuration(client, target, workspace_id, what="out-of-order window")
+    if answer is None:
         return None, f"unavailable: {why}"
     value = (answer.get("workspaceConfiguration") or {}).get("outOfOrderTimeWindowInSeconds")
     if value is None:

@@ -279,6 +279,14 @@ class RepoFile:
             raise DeployError(f"{self.where} is not a regular file in the repository; nothing to deploy into")
         return path
 
+    def _reverted(self, repo: Path, commit: str) -> bytes | None:
+        """The file's bytes once ``commit`` is reverted (the clone left at its tip either way), or None when the
+        revert does not apply cleanly (the file changed since)."""
+        reverted = self.git.run("revert", "--no-edit", "--no-commit", commit, cwd=repo, check=False).returncode == 0
+        content = self._read(repo)[0] if reverted else None
+        self.git.run("reset", "--quiet", "--hard", "HEAD", cwd=repo)
+        return content
+
     def _read(self, repo: Path) -> tuple[bytes, str]:
         path = self._inside(repo)
         try:
@@ -401,14 +409,10 @@ class GitDeployment(RepoFile):
             else:
                 ours = self.git.run("log", "--format=%H", "-F", f"--grep={self._trailer('dual-write')}",
                                     cwd=repo).stdout.split()
-                reverted = bool(ours) and self.git.run("revert", "--no-edit", "--no-commit", ours[0], cwd=repo,
-                                                       check=False).returncode == 0
-                if reverted:
-                    method = "revert"
-                    content = self._read(repo)[0]
-                    self.git.run("reset", "--quiet", "--hard", "HEAD", cwd=repo)
+                reverted = self._reverted(repo, ours[0]) if ours else None
+                if reverted is not None:
+                    method, content = "revert", reverted
                 else:
-                    self.git.run("reset", "--quiet", "--hard", "HEAD", cwd=repo)
                     method = "remove_entry"
                     try:
                         content = remove_entry(self.source.shape, live, self.name)

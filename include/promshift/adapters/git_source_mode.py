@@ -188,12 +188,10 @@ class GitSourceModeSwitch(RepoFile):
             if ours is None:
                 raise SourceModeError(f"{self.where} says {WHERE}: true, but no commit of promshift set it for "
                                       f"{self.conn_id}: restore it by hand")
-            reverted = self.git.run("revert", "--no-edit", "--no-commit", ours, cwd=repo, check=False).returncode == 0
-            if reverted:
-                method, content = "revert", self._read(repo)[0]
-                self.git.run("reset", "--quiet", "--hard", "HEAD", cwd=repo)
+            reverted = self._reverted(repo, ours)
+            if reverted is not None:
+                method, content = "revert", reverted
             else:  # the file changed since our commit: only the key goes back
-                self.git.run("reset", "--quiet", "--hard", "HEAD", cwd=repo)
                 method = "unset_key"
                 try:
                     content = set_agent_mode(live, False)
