@@ -544,8 +544,8 @@ UNRETIRE_DAG_ID = "promshift__unretire"
 
 def build_retire_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Path, profile: str | None = None
                       ) -> tuple[DAG, DAG]:
-    """``promshift__retire`` (prepare -> approval -> retire) and ``promshift__unretire``: a whole source, chosen
-    in the form among the catalog's source connections."""
+    """``promshift__retire`` (prepare -> consolidate -> approval -> retire) and ``promshift__unretire``: a whole
+    source, chosen in the form among the catalog's source connections."""
     from promshift.orchestration.retire_operators import (
         RetireApprovalOperator,
         RetireConsolidateOperator,
