@@ -519,8 +519,10 @@ def test_every_latency_probe_is_bounded_per_target_workspace_without_setup(dagba
 
 def test_the_retire_dag_asks_between_prepare_and_the_switch_and_the_source_is_chosen_in_its_form(dagbag) -> None:  # noqa: ANN001
     retire = dagbag.dags["promshift__retire"]
-    assert set(retire.task_ids) == {"prepare", "approval", "retire"}
-    assert retire.get_task("approval").upstream_task_ids == {"prepare"}
+    assert set(retire.task_ids) == {"prepare", "consolidate", "approval", "retire"}
+    # the write queues are merged before the approval (it shows the result) and so before the switch
+    assert retire.get_task("consolidate").upstream_task_ids == {"prepare"}
+    assert retire.get_task("approval").upstream_task_ids == {"prepare", "consolidate"}
     assert retire.get_task("retire").upstream_task_ids == {"approval"}
     assert retire.params.get_param("source").schema["enum"] == ["promshift_source"]
     approval = retire.get_task("approval")

@@ -16,11 +16,16 @@ renders them onto the source (its config, its rule file). Airflow's source conne
 2. ``SCENARIO=retire`` in the same session (``run_retire(deploy="k8s-cr")``): the groups not cut over migrate
    (gpu-utilization, gpu-power-thermal and gpu-clocks by hand, side by side, each triggered once the one before has
    written its entry: this session's catalog drops their ``depends_on``, the waves being the fleet scenario's), all
-   bake, the ``Prometheus`` becomes a ``PrometheusAgent``, the target keeps receiving, the source stops storing, and
-   the undo restores it byte-identical: ``report.json``'s ``retire`` is (agent, true, false, true).
-3. ``promshift__rollback`` by hand on gpu-memory, through the one deploy driver: our entry leaves the resource (every
-   other entry and the rest of the spec as they were just before), its rules go back into the ``PrometheusRule``
-   (restored to its snapshot) and off the workspace, reads back on the source.
+   bake; before the switch the four baked groups' entries are merged into one entry of the ``Prometheus`` resource
+   by the lossless queue swap (issue 36's bounded queues: the workspace's out-of-order window, AMP's default 60 s,
+   covers the overlap), each group's samples counted on the target across it against the source's (0 lost); the
+   ``Prometheus`` becomes a ``PrometheusAgent``, the target keeps receiving, the source stops storing, and the undo
+   restores it byte-identical to the server just before the switch: ``report.json``'s ``retire`` is (agent, true,
+   false, true).
+3. ``promshift__rollback`` by hand on gpu-memory, through the one deploy driver: it first leaves the merged entry by
+   one more swap (the other three in a new merged entry, their samples counted again across it: 0 lost), then its
+   own restore (the rest of the spec as it was), its rules go back into the ``PrometheusRule`` (restored to its
+   snapshot) and off the workspace, reads back on the source.
 
 Session: an Airflow of its own (``start_session``, as ``make demo``); its catalog is the repository's with the
 ``demo`` profile's bake period shortened to 1 min (a clock) and without the two ``depends_on`` (one after the other
@@ -47,10 +52,12 @@ from promshift.adapters.routing import RoutingStore
 from promshift.adapters.rules_deploy import loaded_rules
 from promshift.core.deploy_kinds import K8S_CR
 from promshift.core.events import EventKind
-from promshift.core.render import remote_write_names
+from promshift.core.queues import promshift_queues
+from promshift.core.render import is_promshift_name, remote_write_names
+from promshift.core.resource_queues import remote_write_view
 from promshift.local.demo import REPO_ROOT, DemoSession, run_scenario, scenario_connections, start_session
 from promshift.local.demo_lifecycle import ALERT_FAULT_GPUS
-from promshift.local.demo_retire import run_retire
+from promshift.local.demo_retire import count_swap, run_retire, swap_added_at
 from promshift.local.stack.local import LocalStack, StackConfig
 from promshift.orchestration.dag_factory import FULL_ROLLBACK_DAG_ID
 from tests.e2e.conftest import free_port, stop_stack
@@ -66,6 +73,7 @@ OURS = "promshift-gpu-memory"
 MOVED = {("record", "gpu:fb_used:ratio"), ("alert", "GpuMemoryNearlyFull")}
 KEPT = ("alert", "DcgmExporterDown")
 MIGRATED_BY_RETIRE = ("gpu-utilization", "gpu-power-thermal", "gpu-clocks")
+MIGRATED_BY_RETIRE_SORTED = tuple(sorted(MIGRATED_BY_RETIRE))
 BAKE_LINE = "      period: 2m       # three clean checks a minute apart (`make demo SCENARIO=lifecycle`)\n"
 
 
@@ -122,6 +130,11 @@ def rule_names(spec: dict[str, Any]) -> set[tuple[str, str]]:
 
 def entries(cr: dict[str, Any]) -> list[dict[str, Any]]:
     return list(cr["spec"].get("remoteWrite") or [])
+
+
+def queue_groups(cr: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The groups of each promshift entry of the resource, in order (a merged entry names all its members)."""
+    return [q.groups() for q in promshift_queues(remote_write_view(entries(cr)))]
 
 
 def without(cr: dict[str, Any], name: str) -> dict[str, Any]:
@@ -219,15 +232,23 @@ def test_k8s_cr_demo_moves_rules_retires_and_rolls_back_through_the_resources(
         target_rules_pre_rollback = rules_on(stack.target_url)
         run_id = session.airflow.trigger(FULL_ROLLBACK_DAG_ID, conf={"group": "gpu-memory", "reason": "e2e: undo"})
         rollback_state = session.airflow.follow(FULL_ROLLBACK_DAG_ID, run_id, timeout_s=600)
+        rollback_ended = time.time()
         cr_after = stack.prometheus_cr()
         rule_after = stack.prometheus_rule()
         rule_file_after = stack.source_rules_path.read_text()
         source_after = stack.source_config_path.read_text()
         source_rules_after = rules_on(stack.source_url)
         target_rules_after = eventually(lambda: rules_on(stack.target_url), lambda v: not MOVED & v)
-        phases["rollback"] = time.time() - t2
         audit = AuditStore(session.audit_url)
+        # gpu-memory left the merged entry by one more swap: the other three counted on both sides across it
+        left_at = swap_added_at(audit, "gpu-memory", run_id)
+        stayed = [session.group(g) for g in MIGRATED_BY_RETIRE]
+        left_count = None if left_at is None else count_swap(
+            PrometheusClient(stack.source_url), PrometheusClient(stack.target_url), stayed, added_at=left_at,
+            done_at=rollback_ended - 10)
+        phases["rollback"] = time.time() - t2
         events = audit.events(group="gpu-memory")
+        source_events = audit.events(group="source:promshift_source")
         rolled = [e for e in events if e.run_id == run_id and e.kind == "rolled_back"]
         stage_after, read_from = audit.stage_of("gpu-memory").value, RoutingStore(audit.url).read_from("gpu-memory")
         audit.engine.dispose()
@@ -315,15 +336,37 @@ def test_k8s_cr_demo_moves_rules_retires_and_rolls_back_through_the_resources(
     # What retiring ended, accepted by name: the fleet alert still evaluated on the source (agents evaluate none).
     assert "DcgmExporterDown" in " ".join(retired["accepted"]), retired["accepted"]
     assert retired["audit"]["chain_ok"] is True
+    # Before the switch the four baked groups' entries became one merged entry of the resource, with no gap: every
+    # member's samples on the target across the swap equal the source's own count.
+    merged = r["consolidated"]
+    assert (merged["state"], merged["entries_before"], merged["entries_after"]) == ("merged", 4, 1), merged
+    assert merged["members"] == sorted(retired["groups"]) and merged["samples_lost"] == 0, merged
+    counted = retired["consolidation"]["counted"]["per_group"]
+    assert set(counted) == set(retired["groups"]), counted
+    assert all(c["target"] == c["source"] > 0 for c in counted.values()), counted
+    # the workspace's out-of-order window the swap relied on: AMP's default 60 s (the lab's control plane answers
+    # DescribeWorkspaceConfiguration as AMP does), 2 of the groups' 30 s scrapes
+    [added] = [e for e in source_events if e.kind == EventKind.QUEUE_SWAP_ADDED]
+    guard = added.evidence_data["target_out_of_order"]
+    assert (guard["window_s"], guard["needed_s"], guard["covered"]) == (60.0, 60.0, True), guard
+    assert "outOfOrderTimeWindowInSeconds" in guard["origin"], guard
+    assert [e.kind for e in source_events if e.kind.startswith("queue_swap")] == ["queue_swap_added",
+                                                                                   "queue_swap_done"]
+    # the resource as the retire left it (the server restored just as it was before the switch): the merged entry
+    assert queue_groups(cr_pre_rollback) == [tuple(sorted(retired["groups"]))]
 
     # -- 3. promshift__rollback of gpu-memory after all that ---------------------------------------------------------
     assert rollback_state == "success", rollback_state
-    # Our entry gone through the same driver; every other entry and the rest of the spec as just before the rollback.
-    assert OURS in {e["name"] for e in entries(cr_pre_rollback)}
-    assert without(cr_after, OURS) == without(cr_pre_rollback, OURS) and OURS not in {e["name"] for e in
-                                                                                       entries(cr_after)}
-    assert {e["name"] for e in entries(cr_after)} == {f"promshift-{g}" for g in MIGRATED_BY_RETIRE}
+    # gpu-memory left the merged entry first by one more swap: the other three in a new merged entry, no gap for them
+    # (their samples on the target across the leave equal the source's); then its own restore through the same
+    # driver; the rest of the spec as before the run.
+    assert queue_groups(cr_after) == [MIGRATED_BY_RETIRE_SORTED], entries(cr_after)
+    assert not {e["name"] for e in entries(cr_after)} & {e["name"] for e in entries(cr_pre_rollback)}
+    assert all(is_promshift_name(e["name"]) for e in entries(cr_after))
     assert without(cr_after, "") == {**cr_before["spec"], "remoteWrite": entries(cr_after)}
+    assert left_count is not None, "the rollback recorded no swap out of the merged entry"
+    assert left_count["lost"] == 0 and all(c["target"] == c["source"] > 0
+                                           for c in left_count["per_group"].values()), left_count
     assert OURS not in remote_write_names(source_after) and "job_name: dcgm" in source_after
     # Its rules back in the PrometheusRule as they were before the run (and evaluated by the source), off the
     # workspace.
@@ -335,6 +378,7 @@ def test_k8s_cr_demo_moves_rules_retires_and_rolls_back_through_the_resources(
     assert (stage_after, read_from) == ("rolled_back", "source")
     [event] = rolled
     evidence = event.evidence_data
+    assert evidence.get("left_merged_entry", {}).get("leaving") == "gpu-memory", evidence
     assert (evidence["performed"], evidence["from_stage"]) == (True, "baked"), evidence
     assert evidence["method"] == "k8s-cr_restore" and evidence["deploy"]["kind"] == "k8s-cr"
     # the snapshot the run took had no other group's entry: only ours went, so "identical" is honestly false now
@@ -342,6 +386,6 @@ def test_k8s_cr_demo_moves_rules_retires_and_rolls_back_through_the_resources(
     rules_restored = evidence["restored"]["rules"]
     assert rules_restored["changed"] is True and rules_restored["snapshot_run_id"] == report["run_id"], rules_restored
     assert evidence["deploy"]["status_history"][-1]["status"] in ("LIVE", "RESTORED"), evidence["deploy"]
-    # The source config rendered from it: the retire's groups' entries only.
-    assert set(remote_write_names(source_after)) == {f"promshift-{g}" for g in MIGRATED_BY_RETIRE}
+    # The source config rendered from it: the retire's groups' merged entry only.
+    assert remote_write_names(source_after) == [e["name"] for e in entries(cr_after)]
     assert remote_write_names(source_before.decode()) == []

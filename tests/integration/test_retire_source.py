@@ -24,7 +24,7 @@ from promshift.core.catalog.model import MetricGroup
 from promshift.core.events import EventKind
 from promshift.core.retire import allowed_gap_s, longest_gap, refused_sections
 from promshift.core.stages import Stage
-from promshift.local.stack.prometheus import PROMETHEUS_BIN, PrometheusProcess, prometheus_argv
+from promshift.local.stack.prometheus import PROMETHEUS_BIN, PROMTOOL_BIN, PrometheusProcess, prometheus_argv
 from promshift.steps.retire import RetireRefused, RetireSource
 
 # slow: run by make e2e (.ci/run), which keeps make test inside its 15-minute budget
@@ -81,6 +81,7 @@ groups:
 """
 
 GROUPS = {"build": "prometheus_build_info", "process": "process_resident_memory_bytes"}
+TARGET_CONFIG = "storage:\n  tsdb:\n    out_of_order_time_window: 10m\n"
 
 
 def _http() -> requests.Session:
@@ -113,7 +114,9 @@ def _wait_for(check, timeout: float = 30.0):  # noqa: ANN001, ANN202
 @pytest.fixture()
 def lab(tmp_path: Path, free_ports):  # noqa: ANN001, ANN201
     source_port, target_port = free_ports(2)
-    target = PrometheusProcess("target", tmp_path, port=target_port,
+    # The target ingests out of order within a window, as AMP does (60 s by default): the consolidation's swap
+    # sends each sample twice during its overlap and is not started on a target that would refuse the older copy.
+    target = PrometheusProcess("target", tmp_path, port=target_port, config=TARGET_CONFIG,
                                flags=["--web.enable-remote-write-receiver"])
     target.__enter__()
     config = tmp_path / "source" / "prometheus.yml"
@@ -298,3 +301,61 @@ def test_the_local_stack_source_becomes_an_agent_stays_one_across_up_and_comes_b
         assert stack._plan(stack._components()["source"])[0] == "reuse"
     finally:
         stack.down()
+
+
+def _samples(url: str, metric: str, start: float, end: float) -> int:
+    r = _http().get(f"{url}/api/v1/query", timeout=10, params={
+        "query": f'sum(count_over_time({metric}{{job="self"}}[{int(end - start)}s]))', "time": f"{end:.3f}"})
+    r.raise_for_status()
+    result = r.json()["data"]["result"]
+    return int(float(result[0]["value"][1])) if result else 0
+
+
+def test_the_retire_merges_the_groups_entries_into_one_with_no_gap_and_the_agent_forwards_through_it(
+        lab) -> None:  # noqa: ANN001
+    """The file path (``compose.queue_cap`` over the source's config file, the real reload): before the switch the two
+    baked groups' entries become one by the lossless swap, every sample of both counted on the target across it as
+    on the source; the agent forwards through that one queue; the undo gives back the server as it was right before
+    the switch (the merged entry in it: the swap is not the retire's to undo)."""
+    from promshift.core.queues import promshift_queues
+    from promshift.orchestration.compose import queue_cap
+    from promshift.steps.migration import Backends
+    from promshift.steps.retire import SourceQueues
+
+    switch, control, target, config = lab
+    source_client, target_client = PrometheusClient(switch.url), PrometheusClient(target.url)
+    groups = [MetricGroup(name=name, metrics=(metric,)) for name, metric in GROUPS.items()]
+    audit = _Audit({"build": Stage.BAKED, "process": Stage.BAKED})
+    backends = Backends(source=source_client, target=target_client, source_config_path=str(config),
+                        target_remote_write_url=f"{target.url}/api/v1/write", promtool=PROMTOOL_BIN)
+    cap = queue_cap(groups[0], backends, audit=audit, proof_deadline_s=60, poll_s=1.0)
+    step = RetireSource(conn_id="promshift_source", groups=groups, audit=audit, switch=switch,
+                        source=HttpSourceObserver(source_client, query_log=None, cpu_window_s=2.0),
+                        target=HttpSampleTimes(target_client), run_id="r1", scrape_interval_s=SCRAPE_S,
+                        queues=[SourceQueues(target="promshift_target", build=lambda: (cap, "remote_write"))])
+    began = time.time()
+    result = step.consolidate(datetime.now(UTC))
+    ended = time.time()
+    r = result["targets"]["promshift_target"]
+    assert r["state"] == "merged", r
+    assert (r["entries_before"], r["entries_after"], r["members"]) == (2, 1, ["build", "process"])
+    [merged] = promshift_queues(config.read_bytes())
+    assert merged.merged and merged.groups() == ("build", "process")
+    assert [e.evidence["swap"]["kind"] for e in audit.appended if e.kind == EventKind.QUEUE_SWAP_DONE] == ["merge"]
+    added = next(e for e in audit.appended if e.kind == EventKind.QUEUE_SWAP_ADDED).evidence
+    assert added["target_out_of_order"]["window_s"] == 600.0 and added["target_out_of_order"]["covered"] is True
+    # no gap: every sample of both groups across the swap on the target, as on the source (a partial batch waits
+    # its 1 s deadline, then a scrape)
+    start, end = began - 5, ended + 5
+    time.sleep(end + 4 - time.time())
+    for metric in GROUPS.values():
+        held, got = _samples(switch.url, metric, start, end), _samples(target.url, metric, start, end)
+        assert held > 0 and got == held, f"{metric}: the target holds {got} samples of the source's {held}"
+    consolidated_bytes, argv = config.read_bytes(), control.argv()
+
+    proof = step.retire(datetime.now(UTC), accepted=",".join(step.prepare(datetime.now(UTC))["names"]), settle_s=30)
+    assert proof["mode"] == "agent" and proof["target_receiving"] and not proof["source_storing"]
+    assert [q.groups() for q in promshift_queues(config.read_bytes())] == [("build", "process")]
+    undo = step.unretire(datetime.now(UTC), reason="test", settle_s=30)
+    assert undo["byte_identical"] and config.read_bytes() == consolidated_bytes and control.argv() == argv
+    assert step.consolidate(datetime.now(UTC))["targets"]["promshift_target"]["state"] == "already"

@@ -108,6 +108,9 @@ class EventKind(StrEnum):
     SOURCE_RETIRE_FAILED = "source_retire_failed"  # the switch failed (the server was put back) or the proof did
     SOURCE_UNRETIRED = "source_unretired"  # the server restored byte for byte, the target without a gap
     SOURCE_UNRETIRE_FAILED = "source_unretire_failed"  # the restore failed or was not byte-identical
+    # Before the switch: each target's per-group entries merged into one by the lossless swap (``queue_swap_*`` under
+    # the same source group), or kept with the one-line reason (``steps.retire.RetireSource.consolidate``).
+    SOURCE_QUEUES_CONSOLIDATED = "source_queues_consolidated"
 
 
 # The warm-up's end, by the trigger's status (``ready``, ``timeout``, ``error``, ``failed``).

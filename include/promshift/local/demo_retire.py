@@ -9,7 +9,12 @@ group the source carries has baked, the source becomes a Prometheus agent that o
    dependencies cut over (their ``depends_on`` kept, as ``SCENARIO=fleet`` does). ``promshift__bake_watch`` is
    unpaused and bakes each one (the ``demo`` profile: three clean checks a minute apart), as in
    ``SCENARIO=lifecycle``. Nothing is written to the audit log by the demo: every stage is the DAGs'.
-2. ``promshift__retire`` (the source chosen in its form); its approval shows what retiring ends. The demo's
+2. ``promshift__retire`` (the source chosen in its form). Its ``consolidate`` task first merges every baked group's
+   ``remote_write`` entry into one by the lossless queue swap (the agent then forwards through one queue); the
+   demo counts, itself, every merged group's samples on the target across the swap against the source's (0 lost)
+   before it answers. A plain Prometheus target is given an out-of-order window first
+   (``storage.tsdb.out_of_order_time_window``, as a self-hosted target needs for any swap; AMP has 60 s by
+   default). The approval shows what retiring ends and the merge. The demo's
    approver (not the trigger user) accepts exactly the names the prepare task recorded (``source_retire_prepared``
    in the audit log), as an approver who read them would; the report lists them.
 3. The demo measures, itself, on the running processes: the source's ``/-/ready`` ("Prometheus Agent"), its
@@ -19,7 +24,10 @@ group the source carries has baked, the source becomes a Prometheus agent that o
    with those it read before the retire.
 
 ``report.json``'s ``retire`` block holds ``mode``, ``target_receiving``, ``source_storing`` and
-``undo_byte_identical``, each from those measurements.
+``undo_byte_identical``, each from those measurements, and ``consolidated`` (``entries_before``, ``entries_after``
+from the source's loaded config, ``members`` and the swap's ``state`` from the audit, ``samples_lost`` counted). The
+undo is compared with the server as it was right before the switch (the merged entry in it: the swap is not the
+retire's to undo).
 """
 
 from __future__ import annotations
@@ -34,12 +42,14 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import yaml
 
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.source_mode import probe_mode
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy_kinds import K8S_CR, REMOTE_WRITE
 from promshift.core.events import EventKind
+from promshift.core.render import is_promshift_name, remote_write_names
 from promshift.core.stages import CUT_OVER_OR_LATER, Stage
 from promshift.local.airflow_lab import APPROVER_USERS
 from promshift.local.demo import (
@@ -70,6 +80,12 @@ RETIRE_TIMEOUT_S = 600.0
 DEPLOY_WAIT_S = 600.0
 # After the switch, the target must hold this many of a group's scrapes newer than it (the demo's own check).
 SCRAPES_AFTER = 2
+# The swap's window counted on both sides: from this long before its add to this long after its removal, read once
+# the target has every sample of it (a partial batch waits batch_send_deadline, 5 s by default, then a scrape).
+SWAP_MARGIN_S = 10.0
+DELIVERY_S = 12.0
+# A plain Prometheus target's out-of-order window for the swap's overlap (what ``core.queues.overlap_refusal`` asks).
+TARGET_OUT_OF_ORDER_WINDOW = "10m"
 
 
 def retire_connections(stack: LocalStack, deploy: str = REMOTE_WRITE) -> dict[str, dict[str, Any] | None]:
@@ -194,6 +210,91 @@ def is_receiving(summary: Mapping[str, int]) -> bool:
     return summary["series"] > 0 and summary["series_with_scrapes_after"] == summary["series"]
 
 
+def give_target_out_of_order_window(stack: LocalStack) -> bool:
+    """A plain Prometheus target (not the local AMP, whose workspace has AMP's default 60 s window) gets
+    ``storage.tsdb.out_of_order_time_window`` appended to its config and is reloaded: a merge swap's overlap sends
+    each sample twice, and without the window the swap is refused (nothing edited). True when the config changed."""
+    if stack.config.target_kind == "amp":
+        return False
+    text = stack.target_config_path.read_text(encoding="utf-8")
+    document = yaml.safe_load(text) or {}
+    if "storage" in document:
+        return False
+    stack.target_config_path.write_text(text + ("" if text.endswith("\n") else "\n")
+                                        + f"storage:\n  tsdb:\n    out_of_order_time_window: "
+                                          f"{TARGET_OUT_OF_ORDER_WINDOW}\n", encoding="utf-8")
+    session = requests.Session()
+    session.trust_env = False
+    session.post(f"{stack.target_url}/-/reload", timeout=30).raise_for_status()
+    log.info("the lab's target Prometheus now ingests out of order within %s (a merge swap's overlap needs it)",
+             TARGET_OUT_OF_ORDER_WINDOW)
+    return True
+
+
+def promshift_entries(config_text: str) -> list[str]:
+    """The promshift ``remote_write`` names of a loaded source config."""
+    return [n for n in remote_write_names(config_text) if is_promshift_name(n)]
+
+
+def samples_in(client: PrometheusClient, selector: str, start: float, end: float) -> int:
+    """How many samples ``client`` holds of ``selector`` in ``(start, end]``."""
+    return int(client.scalar(f"sum(count_over_time({selector}[{int(end - start)}s]))", at=end) or 0)
+
+
+def count_swap(source: PrometheusClient, target: PrometheusClient, groups: Sequence[MetricGroup], *, added_at: float,
+               done_at: float) -> dict[str, Any]:
+    """Each group's samples on the target across a swap (``SWAP_MARGIN_S`` before its add, which began at
+    ``added_at``, to as long after ``done_at``, a moment its old entries were gone) against the source's own count,
+    once the target holds them all; ``lost`` sums the shortfalls."""
+    start, end = added_at - SWAP_MARGIN_S, done_at + SWAP_MARGIN_S
+    wait = end + DELIVERY_S - time.time()
+    if wait > 0:
+        time.sleep(wait)
+    counted = {g.name: {"source": samples_in(source, g.selector(), start, end),
+                        "target": samples_in(target, g.selector(), start, end)} for g in groups}
+    lost = sum(max(0, c["source"] - c["target"]) for c in counted.values())
+    return {"window": [round(start, 3), round(end, 3)], "per_group": counted, "lost": lost}
+
+
+def swap_added_at(audit: Any, group: str, run_id: str) -> float | None:
+    """When the newest swap recorded under ``group`` in ``run_id`` began (its ``queue_swap_added``: the clock read
+    before the add was written), None when the run added none."""
+    added = [e for e in audit.events(group=group) if e.run_id == run_id and e.kind == EventKind.QUEUE_SWAP_ADDED]
+    return added[-1].at.timestamp() if added else None
+
+
+def measure_consolidation(audit: Any, run_id: str, groups: Sequence[MetricGroup], source: PrometheusClient,
+                          target: PrometheusClient, *, entries_before: Sequence[str]) -> dict[str, Any]:
+    """What the retire's ``consolidate`` task did to the source's write queues, measured before the switch: the
+    promshift entries the source has loaded before the run and now, the members and state of the consolidation (its
+    ``source_queues_consolidated`` record) and, for a swap, every member's samples counted on both sides across it
+    (``count_swap``). ``summary`` goes in the report's ``retire`` block, ``detail`` beside it."""
+    found = [e for e in audit.events(group=source_group(SOURCE_CONN))
+             if e.run_id == run_id and e.kind == EventKind.SOURCE_QUEUES_CONSOLIDATED]
+    entries_after = promshift_entries(source.config_text())
+    if not found:
+        return {"summary": {"state": "not run", "entries_before": len(entries_before),
+                            "entries_after": len(entries_after), "members": [], "samples_lost": None},
+                "detail": None}
+    record = found[-1].evidence_data
+    results = list((record.get("targets") or {}).values())
+    members = sorted(m for r in results for m in r.get("members") or [])
+    states = sorted({str(r.get("state")) for r in results})
+    counted = None
+    added_at = swap_added_at(audit, source_group(SOURCE_CONN), run_id)
+    if "merged" in states and added_at is not None:
+        counted = count_swap(source, target, [g for g in groups if g.name in members], added_at=added_at,
+                             done_at=found[-1].at.timestamp())
+    summary = {"state": ",".join(states) or "no target", "entries_before": len(entries_before),
+               "entries_after": len(entries_after), "members": members,
+               "samples_lost": None if counted is None else counted["lost"]}
+    log.info("write queues before the switch: %d promshift entries -> %d (%s); samples lost across the swap: %s",
+             len(entries_before), len(entries_after), "; ".join(record.get("lines") or []), summary["samples_lost"])
+    return {"summary": summary, "detail": {"lines": record.get("lines"), "entries_before": list(entries_before),
+                                           "entries_after": entries_after, "targets": record.get("targets"),
+                                           "counted": counted}}
+
+
 def resource_state(stack: LocalStack) -> dict[str, Any]:
     """k8s-cr: which of the two resources the contract server holds now, and the ``Prometheus`` one as its owner
     wrote it (None when it is gone)."""
@@ -262,16 +363,28 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
     log.info("every group of %s baked: %s", SOURCE_CONN, baked)
 
     switch = stack.source_mode_switch()  # read only here: the demo's own view of the process (pid file)
-    config_before, argv_before = stack.source_config_path.read_bytes(), tuple(switch.control.argv())
-    resources_before = resource_state(stack) if deploy == K8S_CR else None
-    mode_before, (status_before, _) = probe_mode(stack.source_url), source_query_status(stack.source_url)
-    log.info("source before: %s, answers a query with %s, config sha256 %s", mode_before, status_before,
-             _sha(config_before))
+    source_client, target_client = PrometheusClient(stack.source_url), PrometheusClient(stack.target_url)
+    give_target_out_of_order_window(stack)
+    entries_before = promshift_entries(source_client.config_text())
+    before: dict[str, Any] = {}
+    consolidated: dict[str, Any] = {}
+
+    def read_before() -> None:
+        """The server right before the switch (after the consolidation): what the undo must give back."""
+        before.update(config=stack.source_config_path.read_bytes(), argv=tuple(switch.control.argv()),
+                      resources=resource_state(stack) if deploy == K8S_CR else None,
+                      mode=probe_mode(stack.source_url), status=source_query_status(stack.source_url)[0])
+        log.info("source before the switch: %s, answers a query with %s, config sha256 %s", before["mode"],
+                 before["status"], _sha(before["config"]))
 
     approver = APPROVER_USERS[0]
     accepted: list[str] = []
 
     def answer() -> dict[str, Any]:
+        if not consolidated:
+            consolidated.update(measure_consolidation(audit, retire_run, groups, source_client, target_client,
+                                                      entries_before=entries_before))
+        read_before()
         accepted[:] = prepared_names(audit, SOURCE_CONN)
         log.info("retire approval: %s accepts, by name, the %d thing(s) retiring ends: %s", approver, len(accepted),
                  ", ".join(accepted[:12]) + (" …" if len(accepted) > 12 else ""))
@@ -281,6 +394,10 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
     airflow.wait_for_dag(RETIRE_DAG_ID)
     retire_run = airflow.trigger(RETIRE_DAG_ID, conf={SOURCE_PARAM: SOURCE_CONN})
     retire_state = follow_approval(airflow, RETIRE_DAG_ID, retire_run, timeout_s=RETIRE_TIMEOUT_S, answer=answer)
+    if not before:  # never asked (a task before the approval failed): the server as it is now
+        read_before()
+    config_before, argv_before, resources_before = before["config"], before["argv"], before["resources"]
+    mode_before, status_before = before["mode"], before["status"]
     retired = _last(audit, EventKind.SOURCE_RETIRED)
 
     # The demo's own measurements, on the running processes. Samples are counted from a moment the source was
@@ -323,7 +440,9 @@ def run_retire(session: DemoSession, *, report_root: Path, migrate_timeout_s: fl
             "target_receiving": receiving,
             "source_storing": status_after == 200,
             "undo_byte_identical": identical,
+            "consolidated": consolidated.get("summary"),
         },
+        "consolidation": consolidated.get("detail"),
         "measured": {
             "before": {"mode": mode_before, "query_status": status_before, "config_sha256": _sha(config_before),
                        "argv": list(argv_before)},
@@ -375,12 +494,20 @@ def report_markdown(report: Mapping[str, Any]) -> str:
              f"-> {m['undone']['config_sha256']}, command line identical {m['undone']['argv_identical']})",
              f"- source usage before/after: {usage_b.get('rss_mb')} MB / {usage_a.get('rss_mb')} MB resident, "
              f"{usage_b.get('cpu_share')} / {usage_a.get('cpu_share')} of a core",
+             f"- write queues before the switch: {_queues_line(r.get('consolidated'))}",
              f"- longest gap per group on the target across the switch (DAG's proof): {proof.get('gaps_s')}",
              f"- accepted by name ({len(report['accepted'])}): {', '.join(report['accepted']) or 'nothing'}",
              f"- DAG runs: {RETIRE_DAG_ID} {report['runs']['retire']['state']}, {UNRETIRE_DAG_ID} "
              f"{report['runs']['unretire']['state']}",
              f"- audit chain OK: {report['audit']['chain_ok']}", ""]
     return "\n".join(lines)
+
+
+def _queues_line(summary: Mapping[str, Any] | None) -> str:
+    if not summary:
+        return "not measured"
+    return (f"{summary['entries_before']} promshift entries -> {summary['entries_after']} ({summary['state']}; "
+            f"{len(summary['members'])} groups merged; samples lost across the swap: {summary['samples_lost']})")
 
 
 def _kinds(found: Mapping[str, Any] | None) -> list[str]:

@@ -105,6 +105,8 @@ EXECUTION_TIMEOUTS: dict[str, timedelta] = {
     "recommission": timedelta(minutes=30),
     # Fails with the catalog's problems: no IO.
     "catalog_problems": timedelta(minutes=5),
+    # Per target, one queue swap: two edits (each reloaded and verified) and up to its 5-minute proof deadline.
+    "consolidate": timedelta(minutes=30),
     # The source's switch to agent mode (a restart), then up to a minute of proof on the target.
     "retire": timedelta(minutes=20),
     # The server restored (a restart), then the same proof.
@@ -542,10 +544,11 @@ UNRETIRE_DAG_ID = "promshift__unretire"
 
 def build_retire_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Path, profile: str | None = None
                       ) -> tuple[DAG, DAG]:
-    """``promshift__retire`` (prepare -> approval -> retire) and ``promshift__unretire``: a whole source, chosen
-    in the form among the catalog's source connections."""
+    """``promshift__retire`` (prepare -> consolidate -> approval -> retire) and ``promshift__unretire``: a whole
+    source, chosen in the form among the catalog's source connections."""
     from promshift.orchestration.retire_operators import (
         RetireApprovalOperator,
+        RetireConsolidateOperator,
         RetireOperator,
         RetirePrepareOperator,
         UnretireOperator,
@@ -559,23 +562,28 @@ def build_retire_dags(groups: Sequence[MetricGroup], *, catalog_path: str | Path
     with promshift_dag(
         RETIRE_DAG_ID, description="Retire a source Prometheus: an agent that only forwards (after every bake)",
         doc_md=("# Retire a source\n\nChoose the source connection in the form. Refused unless every group of it "
-                "has baked. Shows what retiring ends (rules it evaluates, metrics still read in its query log "
-                "since the last bake, metrics no group carries), each blocking unless the approver names it in "
-                "`accept`; then the source becomes a Prometheus agent (forwarder only) and the run proves the "
-                "target still receives every group without a gap, the source answers queries with 422, and its "
-                f"memory and CPU before/after. Undo with `{UNRETIRE_DAG_ID}`. docs/lifecycle.md.\n\n"
+                "has baked. Merges each target's per-group write queues into one (the lossless queue swap; kept, "
+                "with the reason, where it cannot run). Shows what retiring ends (rules it evaluates, metrics "
+                "still read in its query log since the last bake, metrics no group carries), each blocking unless "
+                "the approver names it in `accept`; then the source becomes a Prometheus agent (forwarder only) "
+                "and the run proves the target still receives every group without a gap, the source answers "
+                f"queries with 422, and its memory and CPU before/after. Undo with `{UNRETIRE_DAG_ID}`. "
+                "docs/lifecycle.md.\n\n"
                 f"Sources: {', '.join(sources)}."),
         schedule=None, tags=["retire"], params={SOURCE_PARAM: source},
     ) as retire:
         prepare = RetirePrepareOperator(task_id="prepare", execution_timeout=_limit("prepare"), retries=0,
                                         **common)
         longest = max((g.approval_timeout_s for g in groups), default=3600.0)
+        consolidate = RetireConsolidateOperator(task_id="consolidate", execution_timeout=_limit("consolidate"),
+                                                prepared=prepare.output, retries=1,
+                                                retry_delay=timedelta(seconds=10), **common)
         approval = RetireApprovalOperator(task_id="approval", execution_timeout=_limit("approval"),
-                                          prepared=prepare.output, response_timeout=timedelta(seconds=longest),
-                                          retries=0, **common)
+                                          prepared=prepare.output, consolidated=consolidate.output,
+                                          response_timeout=timedelta(seconds=longest), retries=0, **common)
         step = RetireOperator(task_id="retire", execution_timeout=_limit("retire"), approval=approval.output,
                               retries=1, retry_delay=timedelta(seconds=10), **common)
-        prepare >> approval >> step
+        prepare >> consolidate >> approval >> step
     with promshift_dag(
         UNRETIRE_DAG_ID, description="Undo a retirement: the source a server again, byte for byte",
         doc_md=("# Unretire a source\n\nChoose the source connection in the form. Restores the server's config "

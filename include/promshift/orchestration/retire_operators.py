@@ -1,5 +1,6 @@
-"""The operators of ``promshift__retire`` (prepare -> approval -> retire) and ``promshift__unretire``: a whole
-source, chosen in the trigger form (``source``), over ``steps.retire.RetireSource`` (``wiring.retire_source``)."""
+"""The operators of ``promshift__retire`` (prepare -> consolidate -> approval -> retire) and ``promshift__unretire``:
+a whole source, chosen in the trigger form (``source``), over ``steps.retire.RetireSource``
+(``wiring.retire_source``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import BaseOperator, Param
 from airflow.sdk.exceptions import AirflowFailException
 
+from promshift.core.text import shown
 from promshift.orchestration.operators import Output, _now, given
 from promshift.orchestration.wiring import SOURCE_PARAM
 
@@ -51,15 +53,39 @@ class RetirePrepareOperator(_RetireTask, BaseOperator):
             raise AirflowFailException(str(exc)) from None
 
 
+class RetireConsolidateOperator(_RetireTask, BaseOperator):
+    """Before the approval and the switch: each target's per-group entries merged into one by the lossless queue swap
+    (``RetireSource.consolidate``), so the agent forwards through one queue per target; where the merge may not run
+    the entries stay and one line says why. Never fails for that: only an edit it could not undo fails it (the retry
+    resumes the swap)."""
+
+    template_fields: Sequence[str] = ("prepared",)
+    ui_color = "#fef7e0"
+
+    def __init__(self, *, catalog_path: str, profile: str | None = None, prepared: Output = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.catalog_path, self.profile, self.prepared = catalog_path, profile, prepared
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        prepared = given(self, "prepared") or {}
+        if prepared.get("already"):
+            return {"already_agent": True, "targets": {}, "lines": []}
+        result = self.retire_source(context).consolidate(_now())
+        for line in result.get("lines") or []:
+            self.log.info("write queues: %s", line)
+        return result
+
+
 class RetireApprovalOperator(_RetireTask, ApprovalOperator):
     """The approval: what retiring ends, by name, and the usage before; the approver lists the names accepted
     (``accept``), checked again when the answer resumes the task and by the retire task. The run's trigger user
     may not approve it (four eyes)."""
 
-    template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "prepared")
+    template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "prepared", "consolidated")
 
     def __init__(self, *, catalog_path: str, profile: str | None = None, prepared: Output = None,
-                 **kwargs: Any) -> None:
+                 consolidated: Output = None, **kwargs: Any) -> None:
         from airflow.sdk.definitions.param import ParamsDict
 
         kwargs.setdefault("subject", "Retire the source Prometheus (it becomes an agent that only forwards)?")
@@ -71,6 +97,7 @@ class RetireApprovalOperator(_RetireTask, ApprovalOperator):
                                              "(rule:…, read:…, metric:…, history:…); anything not named blocks it")
         super().__init__(params=params, **kwargs)
         self.catalog_path, self.profile, self.prepared = catalog_path, profile, prepared
+        self.consolidated = consolidated
 
     def execute(self, context: Any) -> Any:
         from promshift.core.evidence import evidence_sha256
@@ -86,6 +113,7 @@ class RetireApprovalOperator(_RetireTask, ApprovalOperator):
                      f"resident, {before.get('cpu_share')} of a core.\n\nWhat retiring ends "
                      f"({len(names)}; each blocks unless named in **accept**):\n\n"
                      + ("\n".join(f"- `{n}`" for n in names[:200]) or "- nothing")
+                     + queues_section(given(self, "consolidated") or {})
                      + f"\n\nevidence sha256 `{evidence_sha256(prepared)}`")
         self.assign(context)
         return super().execute(context)
@@ -129,6 +157,15 @@ class RetireApprovalOperator(_RetireTask, ApprovalOperator):
             step.record(EventKind.SOURCE_RETIRE_REFUSED, _now(), {"reason": decision.line(), **answer})
             raise AirflowFailException(decision.line())
         return answer
+
+
+def queues_section(consolidated: dict[str, Any]) -> str:
+    """The approval's lines on the write queues the agent will forward through (one per target), '' when none."""
+    lines = consolidated.get("lines") or []
+    if not lines:
+        return ""
+    return "\n\nWrite queues the agent forwards through (merged before asking):\n\n" + "\n".join(
+        f"- {shown(str(line))}" for line in lines[:20])
 
 
 class RetireOperator(_RetireTask, BaseOperator):

@@ -783,9 +783,42 @@ def retire_source(conn_id: str, *, catalog_path: str, profile: str | None, run_i
     interval = max([g.scrape_interval_s for g in groups] or [30.0])
     if isinstance(extra.get("scrape_interval"), str):
         interval = parse_duration(extra["scrape_interval"])
-    return RetireSource(conn_id=conn_id, groups=groups, audit=audit_store(), switch=switch,
+    audit = audit_store()
+    return RetireSource(conn_id=conn_id, groups=groups, audit=audit, switch=switch,
                         source=HttpSourceObserver(source_client, query_log=extra.get("query_log")),
-                        target=targets, run_id=run_id, scrape_interval_s=interval)
+                        target=targets, run_id=run_id, scrape_interval_s=interval,
+                        queues=retire_queues(groups, catalog_path=catalog_path, profile=profile, audit=audit))
+
+
+class _CatalogGroup(GroupWiring):
+    """One group's wiring outside a group's task: the retire builds each target's queue swap from one of its groups
+    (the same backends, deploy path and ``queue_cap`` as the group's own runs)."""
+
+    log = log
+
+    def __init__(self, group: Any, *, catalog_path: str, profile: str | None) -> None:
+        self._init_group(group_name=group.name, catalog_path=catalog_path, profile=profile,
+                         source_conn_id=group.source, target_conn_id=group.target)
+
+
+def retire_queues(groups: Any, *, catalog_path: str, profile: str | None, audit: Any) -> list[Any]:
+    """Each target of the retired source's groups, with what builds its queue swap (``steps.retire.SourceQueues``):
+    ``GroupWiring.queue_cap`` of the first group writing to it, built when the consolidation runs. The swap runs on
+    the file path and on the ``Prometheus`` resource; on the ConfigMap and git paths ``QueueCap.swap_ports`` is None
+    and the per-group entries stay (the consolidation says why); the managed collector adds no source queue."""
+    from promshift.steps.retire import SourceQueues
+
+    firsts: dict[str, Any] = {}
+    for group in groups:
+        firsts.setdefault(group.target, group)
+
+    def build(group: Any) -> Any:
+        def queue_cap() -> tuple[Any, str]:
+            wiring = _CatalogGroup(group, catalog_path=catalog_path, profile=profile)
+            return wiring.queue_cap(wiring.backends(), audit), wiring.deploy_kind
+        return queue_cap
+
+    return [SourceQueues(target=target, build=build(group)) for target, group in firsts.items()]
 
 
 class _NoProcessControl:

@@ -50,7 +50,14 @@ from promshift.core.queues import (
     swap_proof,
     undo_added,
 )
-from promshift.core.render import RenderError, remote_write_names, sha256_bytes
+from promshift.core.render import (
+    RenderError,
+    is_promshift_name,
+    remote_write_entries,
+    remote_write_name,
+    remote_write_names,
+    sha256_bytes,
+)
 from promshift.core.verdicts import Verdict
 
 log = logging.getLogger(__name__)
@@ -337,3 +344,67 @@ class QueueCap:
         no swap on this path, where nothing is ever merged)."""
         swaps = self.swaps(record)
         return None if swaps is None else swaps.leave(group=group, clock=self.clock, wait=self.wait)
+
+    def consolidate(self, *, groups: Sequence[str], record: Record, path: str) -> dict[str, Any]:
+        """Every ``groups`` group's own entry to this target merged into one entry by the lossless swap (add, prove,
+        remove; ``QueueSwap.run``): the retire's last edit before the source becomes an agent, which then forwards
+        through one queue per target. Audited by the swap (``queue_swap_*``) under ``record``; a retry resumes a swap
+        a crash cut short.
+
+        Never blocks the retire: where the merge may not or cannot run (no swap on ``path``, an entry it cannot read
+        back such as an HA pair's, the target's out-of-order window too short, a proof that failed and was undone)
+        the per-group entries stay and ``reason`` says why in one line (``state`` ``kept``). An edit that failed
+        mid-swap is undone (the config as before it); only a failed undo raises, and the retry resumes the swap."""
+        wanted = sorted(set(groups))
+        if self.swap_ports is None:
+            own = {remote_write_name(g) for g in wanted}
+            count = sum(1 for n in self.loaded_names() if n in own)
+            return _kept(self.url, count, f"the {path} path has no merge swap (the source config file and the "
+                                          f"Prometheus resource have one): the agent forwards through {count} "
+                                          "per-group entries")
+        swaps = self.swaps(record)
+        assert swaps is not None  # swap_ports is set
+        live = swaps.live()
+        try:
+            before = _entries_to(live, self.url)
+            swap = plan_merge(live, url=self.url, cut_over=wanted)
+        except RenderError as exc:  # an entry the merge cannot read back (a hand edit, an HA pair's dedup)
+            count = sum(1 for n in self.loaded_names() if is_promshift_name(n))
+            return _kept(self.url, count, f"the merge cannot read the entries back: {exc}")
+        if swap is None or (swap_phase(live, swap) == "start" and len(swap.remove) < 2):
+            merged = [q for q in promshift_queues(live) if q.url == self.url and q.merged]
+            return {"state": "already", "url": self.url, "entries_before": before, "entries_after": before,
+                    "members": sorted(g for q in merged for g in q.groups()),
+                    "reason": f"nothing to merge: {before} entr{'y' if before == 1 else 'ies'} to the target"}
+        _, snapshot, _ = swaps._snapshot(ConfigChange("read", lambda data: data))
+        try:
+            outcome = swaps.run(swap, clock=self.clock, wait=self.wait)
+        except OverlapRefused as exc:  # nothing edited
+            return _kept(self.url, before, str(exc))
+        except SwapFailed as exc:  # the add was undone
+            return _kept(self.url, before, str(exc), state="undone")
+        except (DeployError, RenderError, OSError) as exc:
+            phase = swap_phase(swaps.live(), swap)
+            if phase == "done":
+                raise  # the old entries are gone: the retry verifies the merged entry and finds nothing to merge
+            if phase == "added":  # never into the switch half-swapped: the add taken back (raises if it cannot be)
+                swaps.undo(swap, snapshot, self.clock(), reason=f"the swap failed: {exc}", wait=self.wait)
+            return _kept(self.url, before, f"the swap failed and was undone: {str(exc).splitlines()[0][:300]}",
+                         state="undone")
+        after = _entries_to(swaps.live(), self.url)
+        return {"state": "merged", "url": self.url, "entries_before": before, "entries_after": after,
+                "members": [m.group for m in swap.prove], "merged_entry": swap.added_name,
+                "removed": list(swap.remove), "proof": None if outcome.proof is None else outcome.proof.to_dict(),
+                "reason": f"{len(swap.remove)} entries merged into {swap.added_name}, every member proven on the "
+                          "target before the old entries went"}
+
+
+def _entries_to(config: bytes, url: str) -> int:
+    """How many promshift entries of ``config`` write to ``url`` (read by name and URL only: any shape counts)."""
+    return sum(1 for e in remote_write_entries(config)
+               if is_promshift_name(str(e.get("name", ""))) and e.get("url") == url)
+
+
+def _kept(url: str, count: int, reason: str, *, state: str = "kept") -> dict[str, Any]:
+    return {"state": state, "url": url, "entries_before": count, "entries_after": count, "members": [],
+            "reason": reason}

@@ -8,6 +8,10 @@ source has no stage); every step reads the current state first, so a retry after
    ends, by name (rules still evaluated, metrics still read in the query log since the last bake ended, metrics
    no group carries, panels and rules the history horizon still holds back) and the source's CPU and memory
    now. Shown to the approver.
+1b. ``consolidate`` (before the approval, so the approver sees it done): per target, every baked group's own
+   ``remote_write`` entry merged into one by the lossless queue swap (``steps.queues.QueueCap.consolidate``), so the
+   agent forwards through one queue per target; where it may not run, the per-group entries stay and one line
+   says why. Never blocks the retire.
 2. ``retire``: refused unless every name of what it ends is accepted by name (the form's field, checked here
    on resume, not only when asked); the switch; the proof: a query per group on the target (no gap beyond
    ``core.retire.allowed_gap_s`` across the restart), the source answering 422, its usage after.
@@ -19,12 +23,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from promshift.core.events import EventKind
 from promshift.core.horizon import waiting_list
 from promshift.core.ports import AuditLog, SampleTimes, SourceModeSwitch, SourceObserver
+from promshift.core.queues import MERGEABLE_STAGES
 from promshift.core.retire import (
     RetireEnds,
     allowed_gap_s,
@@ -34,6 +39,7 @@ from promshift.core.retire import (
     unowned_metrics,
 )
 from promshift.core.stages import Stage
+from promshift.steps.queues import QueueCap
 
 # A group is done with its source once baked (or decommissioned on top of that, or recommissioned after).
 BAKED_STAGES = frozenset({Stage.BAKED, Stage.DECOMMISSIONED, Stage.RECOMMISSIONED})
@@ -53,6 +59,15 @@ def source_group(conn_id: str) -> str:
     return f"source:{conn_id}"
 
 
+@dataclass(frozen=True)
+class SourceQueues:
+    """One target of the source, for the consolidation: its connection and what builds its queue swap (``build()``:
+    the ``QueueCap`` of the path, None where the path adds no source queue, and the path's kind for the reason)."""
+
+    target: str
+    build: Callable[[], tuple[QueueCap | None, str]]
+
+
 @dataclass
 class RetireSource:
     """One source (its connection id) and the groups of the catalog that read from it."""
@@ -67,6 +82,7 @@ class RetireSource:
     scrape_interval_s: float
     clock: Callable[[], float] = field(default=time.time)
     sleep: Callable[[float], None] = field(default=time.sleep)
+    queues: Sequence[SourceQueues] = ()  # each target's queue swap (the consolidation before the switch)
 
     @property
     def group(self) -> str:
@@ -120,6 +136,36 @@ class RetireSource:
                     "ends": ends.as_dict(), "names": ends.names(), "read": how, "usage_before": self.source.usage()}
         self.record(EventKind.SOURCE_RETIRE_PREPARED, now, prepared)
         return prepared
+
+    # ------------------------------------------------------------------ consolidate
+
+    def consolidate(self, now: datetime) -> dict[str, Any]:
+        """Per target, every mergeable group's own entry merged into one (``QueueCap.consolidate``); recorded as
+        ``source_queues_consolidated`` with a line per target. Nothing here blocks the retire: a target whose swap
+        cannot be built or may not run keeps its per-group entries, and its line says why."""
+        if self.switch.mode() == "agent":  # a retry after the switch: the agent's entries stay as they are
+            return {"already_agent": True, "targets": {}, "lines": []}
+        targets: dict[str, dict[str, Any]] = {}
+        for queues in self.queues:
+            names = [g.name for g in self.groups
+                     if g.target == queues.target and self.audit.stage_of(g.name) in MERGEABLE_STAGES]
+            try:
+                cap, path = queues.build()
+            except Exception as exc:  # noqa: BLE001 - the swap cannot be built (a target unreachable): never blocks
+                targets[queues.target] = {"state": "kept", "members": [], "entries_before": None,
+                                          "entries_after": None, "reason": f"the queue swap cannot be built: "
+                                                                           f"{str(exc).splitlines()[0][:300]}"}
+                continue
+            if cap is None:
+                targets[queues.target] = {"state": "kept", "members": [], "entries_before": 0, "entries_after": 0,
+                                          "reason": f"the {path} path adds no source queue"}
+                continue
+            targets[queues.target] = cap.consolidate(groups=names, record=self.record, path=path)
+        lines = [consolidation_line(t, r) for t, r in targets.items()]
+        ended = datetime.fromtimestamp(self.clock(), tz=UTC)  # after every swap's removal was verified
+        result = {"targets": targets, "lines": lines, "started_at": now.isoformat(), "ended_at": ended.isoformat()}
+        self.record(EventKind.SOURCE_QUEUES_CONSOLIDATED, ended, result)
+        return result
 
     # ------------------------------------------------------------------ retire
 
@@ -203,3 +249,15 @@ class RetireSource:
         if not ok:
             raise RetireFailed(f"{self.conn_id} restored, but not cleanly: {proof['lines']}")
         return proof
+
+
+def consolidation_line(target: str, result: Mapping[str, Any]) -> str:
+    """One line of what the consolidation did on one target (the approval's evidence, the report)."""
+    before, after = result.get("entries_before"), result.get("entries_after")
+    if result.get("state") == "merged":
+        members = result.get("members") or []
+        return (f"{target}: {before} promshift queues -> {after}: {len(members)} groups in one entry "
+                f"({', '.join(members[:10])}{' …' if len(members) > 10 else ''}), proven on the target")
+    if result.get("state") == "already":
+        return f"{target}: {result.get('reason')}"
+    return f"{target}: {before} per-group entries kept: {result.get('reason')}"

@@ -38,6 +38,7 @@ STORED_VALUES = [
     "queue_swap_added", "queue_swap_done", "queue_swap_undone", "queue_cap_refused", "horizon_waiting",
     "horizon_switched", "source_retire_refused", "source_retire_prepared",
     "source_retire_approved", "source_retired", "source_retire_failed", "source_unretired", "source_unretire_failed",
+    "source_queues_consolidated",
 ]
 # Modules whose constants share words with event kinds in another vocabulary: the owners' notices.
 _OTHER_VOCABULARIES = {PACKAGE / "core" / "notify.py"}

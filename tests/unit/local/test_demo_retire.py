@@ -105,20 +105,24 @@ def test_on_k8s_cr_the_source_connection_names_the_resource_and_no_process_contr
     assert extra["query_log"] == str(stack.source_query_log_path)
 
 
+_REPORT_FOR_MARKDOWN: dict = {"source": {"connection": "promshift_source", "url": "http://127.0.0.1:9"},
+    "groups": {"util": "baked"}, "accepted": ["rule:a/b"], "audit": {"chain_ok": True},
+    "retire": {"mode": "agent", "target_receiving": True, "source_storing": False,
+               "undo_byte_identical": True},
+    "measured": {"before": {"config_sha256": "aa"},
+                 "retired": {"query_status": 422, "target_since_agent": {"util": {"series": 2}}},
+                 "undone": {"config_sha256": "aa", "argv_identical": True}},
+    "proof": {"usage_before": {"rss_mb": 200.0}, "usage_after": {"rss_mb": 90.0}, "gaps_s": {"util": 5.0}},
+    "runs": {"retire": {"state": "success"}, "unretire": {"state": "failed"}}}
+
+
 def test_the_report_says_what_was_measured() -> None:
-    report = {"source": {"connection": "promshift_source", "url": "http://127.0.0.1:9"},
-              "groups": {"util": "baked"}, "accepted": ["rule:a/b"], "audit": {"chain_ok": True},
-              "retire": {"mode": "agent", "target_receiving": True, "source_storing": False,
-                         "undo_byte_identical": True},
-              "measured": {"before": {"config_sha256": "aa"},
-                           "retired": {"query_status": 422, "target_since_agent": {"util": {"series": 2}}},
-                           "undone": {"config_sha256": "aa", "argv_identical": True}},
-              "proof": {"usage_before": {"rss_mb": 200.0}, "usage_after": {"rss_mb": 90.0}, "gaps_s": {"util": 5.0}},
-              "runs": {"retire": {"state": "success"}, "unretire": {"state": "failed"}}}
+    report = _REPORT_FOR_MARKDOWN
     text = report_markdown(report)
     assert "mode after the retire: **agent**" in text and "a query answered 422" in text
     assert "200.0 MB / 90.0 MB" in text and "rule:a/b" in text
     assert "promshift__retire success, promshift__unretire failed" in text
+    assert "write queues before the switch: not measured" in text
 
 
 def test_a_group_is_received_only_when_every_series_has_two_samples_after_the_switch() -> None:
@@ -128,3 +132,54 @@ def test_a_group_is_received_only_when_every_series_has_two_samples_after_the_sw
     assert is_receiving(receiving_summary([3, 2, 5]))
     assert not is_receiving(receiving_summary([3, 1, 5]))  # one series stopped at the switch
     assert not is_receiving(receiving_summary([]))  # no data never passes
+
+
+class _Counts:
+    """A Prometheus answering ``sum(count_over_time(...))`` from a table by selector, and its loaded config."""
+
+    def __init__(self, counts: dict[str, int], config: str = "") -> None:
+        self.counts, self.config, self.asked = counts, config, []
+
+    def scalar(self, expr: str, *, at: float | None = None) -> float | None:
+        self.asked.append((expr, at))
+        return next((float(n) for sel, n in self.counts.items() if sel in expr), None)
+
+    def config_text(self) -> str:
+        return self.config
+
+
+def test_the_consolidation_is_measured_from_its_record_and_counted_on_both_sides(monkeypatch) -> None:  # noqa: ANN001
+    """The report's ``retire.consolidated``: entries from the source's loaded config before and now, members and state
+    from ``source_queues_consolidated``, and a group short of samples on the target counts as lost."""
+    from promshift.local import demo_retire
+
+    monkeypatch.setattr(demo_retire.time, "sleep", lambda s: None)
+    added = datetime(2026, 12, 6, 14, 0, tzinfo=UTC)
+    done = datetime(2026, 12, 6, 14, 0, 30, tzinfo=UTC)
+    events = [SimpleNamespace(kind=EventKind.QUEUE_SWAP_ADDED, at=added, run_id="r", evidence_data={}),
+              SimpleNamespace(kind=EventKind.QUEUE_SWAP_DONE, at=done, run_id="r", evidence_data={}),
+              SimpleNamespace(kind=EventKind.SOURCE_QUEUES_CONSOLIDATED, at=done, run_id="r", evidence_data={
+                  "targets": {"promshift_target": {"state": "merged", "members": ["memory", "util"]}},
+                  "lines": ["promshift_target: 2 promshift queues -> 1"]})]
+    audit = SimpleNamespace(events=lambda group=None: events if group == "source:promshift_source" else [])
+    merged = "remote_write:\n- name: promshift--merged-abc\n  url: http://t/w\n"
+    source = _Counts({"m_util": 120, "m_memory": 60}, merged)
+    target = _Counts({"m_util": 120, "m_memory": 57})
+    measured = demo_retire.measure_consolidation(audit, "r", GROUPS, source, target,  # type: ignore[arg-type]
+                                                 entries_before=["promshift-util", "promshift-memory"])
+    assert measured["summary"] == {"state": "merged", "entries_before": 2, "entries_after": 1,
+                                   "members": ["memory", "util"], "samples_lost": 3}
+    counted = measured["detail"]["counted"]
+    assert counted["per_group"] == {"util": {"source": 120, "target": 120}, "memory": {"source": 60, "target": 57}}
+    # the window: 10 s before the add began to 10 s after the consolidation's record, asked at its end on both sides
+    assert counted["window"] == [added.timestamp() - 10, done.timestamp() + 10]
+    assert {at for _, at in source.asked + target.asked} == {done.timestamp() + 10}
+    assert all("[50s]" in expr for expr, _ in source.asked)
+    # no consolidation recorded (a task before it failed): nothing counted, never a pass
+    none = demo_retire.measure_consolidation(SimpleNamespace(events=lambda group=None: []), "r", GROUPS, source,
+                                             target, entries_before=[])  # type: ignore[arg-type]
+    assert none["summary"]["state"] == "not run" and none["summary"]["samples_lost"] is None
+    text = report_markdown({**_REPORT_FOR_MARKDOWN, "retire": {**_REPORT_FOR_MARKDOWN["retire"],
+                                                               "consolidated": measured["summary"]}})
+    assert "write queues before the switch: 2 promshift entries -> 1 (merged; 2 groups merged; samples lost " \
+           "across the swap: 3)" in text

@@ -79,3 +79,25 @@ def test_the_swaps_out_of_order_window_is_read_through_the_target_connections_ho
         assert queues.scrape_interval_s == Wiring().group.scrape_interval_s
     finally:
         target.close()
+
+
+@pytest.mark.parametrize(("kind", "has_swap"), [("k8s-cr", True), ("k8s-configmap", False)])
+def test_the_retire_builds_one_queue_swap_per_target_from_one_of_its_groups(
+        env: Path, monkeypatch: pytest.MonkeyPatch, kind: str, has_swap: bool) -> None:  # noqa: F811
+    """``retire_queues``: every group of the source writing to one target shares that target's swap, built from the
+    first of them with the group's own wiring (the same path, cap and edits), and only when the consolidation runs."""
+    from promshift.adapters.k8s_edits import PrometheusCREditDeployment
+    from promshift.adapters.settings import load_catalog
+    from promshift.orchestration.wiring import retire_queues
+
+    _source(monkeypatch, env, kind)
+    groups = [g for g in load_catalog(str(CATALOG), profile=PROFILE).groups if g.source == "promshift_source"]
+    assert len(groups) > 1 and {g.target for g in groups} == {"promshift_target"}
+    [queues] = retire_queues(groups, catalog_path=str(CATALOG), profile=PROFILE, audit=None)
+    assert queues.target == "promshift_target"
+    cap, path = queues.build()
+    assert path == kind and cap.scrape_interval_s == groups[0].scrape_interval_s and cap.cap() == 3
+    assert (cap.swap_ports is not None) is has_swap
+    if has_swap:
+        deployer = cap.swap_ports()[0](ConfigChange("add x (merge)", lambda data: data))
+        assert isinstance(deployer, PrometheusCREditDeployment) and deployer.name == "k8s"

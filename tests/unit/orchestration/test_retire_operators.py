@@ -65,3 +65,14 @@ def test_an_approval_naming_everything_passes_the_names_on(approval) -> None:  #
     op, step = approval
     out = op.execute_complete(_context(), _answer("Approve", "oncall-bob", "metric:x,\nrule:g/r"))
     assert out["accept"] == "metric:x,rule:g/r" and out["by"] == "oncall-bob" and not step.recorded
+
+
+def test_the_approval_shows_the_write_queues_the_agent_forwards_through() -> None:
+    from promshift.orchestration.retire_operators import queues_section
+
+    assert queues_section({}) == "" and queues_section({"already_agent": True, "lines": []}) == ""
+    text = queues_section({"lines": ["promshift_target: 4 promshift queues -> 1: 4 groups in one entry (a, b, c, d), "
+                                     "proven on the target", "other: 2 per-group entries kept: a\u202ereason\nforged"]})
+    assert "merged before asking" in text and "- promshift_target: 4 promshift queues -> 1" in text
+    # a reason carries an error's text: its control and bidi characters are shown escaped, one line each
+    assert "\u202e" not in text and "a\\u202ereason\\x0aforged" in text
