@@ -236,7 +236,9 @@ def bounded_run(source: Source, members: list[QueueMember], url: str, cap: int, 
             swap = plan_merge(config, url=url, cut_over=cut_over)
             assert swap is not None
             t_add = source.write(with_added(config, swap))
-            proof = prove(source, receiver, swap, t_add, scrape_s, deadline_s=max(120.0, 8 * scrape_s))
+            # promshift's own proof deadline (steps.queues.QueueSwap's proof_deadline_s): a loaded machine slows a new
+            # queue's first sends, and an unproven swap is INCONCLUSIVE (wait), not a loss.
+            proof = prove(source, receiver, swap, t_add, scrape_s, deadline_s=max(300.0, 8 * scrape_s))
             config = with_removed(source.config, swap)
             source.write(config)
             swaps.append({"added": swap.added_name, "members": len(swap.prove), "removed": len(swap.remove), **proof})
@@ -352,10 +354,26 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="promshift-queues-") as tmp_name:
             tmp = Path(tmp_name)
             sd = write_file_sd(fleet, server.port, tmp / "fleet.json")
-            for n in ns:
+            for i, n in enumerate(ns):
                 phases[f"groups_{n}"] = phase(n, groups_of(names, n), names, args, tmp, sd)
+                if i + 1 < len(ns):  # what is measured survives a later phase's failure (marked partial)
+                    write(summary(ns[:i + 1], phases, args, len(per_gpu), names, fleet, started), args.out,
+                          partial=True)
     finally:
         server.shutdown()
+    write(summary(ns, phases, args, len(per_gpu), names, fleet, started), args.out, partial=False)
+    return 0
+
+
+def write(out: dict[str, Any], path: str, *, partial: bool) -> None:
+    out = {**out, "partial": partial}
+    Path(path).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k != "phases"}, indent=1), flush=True)
+
+
+def summary(ns: list[int], phases: dict[str, Any], args: argparse.Namespace, per_gpu: int, names: list[str],
+            fleet: FleetSpec, started: float) -> dict[str, Any]:
+    """The result's keys from the phases measured so far."""
     p = [phases[f"groups_{n}"] for n in ns]
     twins = [[ph[f"single_entry_{k}"]["rss_mb"] for k in range(args.twins)] for ph in p]
     single = [round(statistics.mean(t), 1) for t in twins]
@@ -365,9 +383,9 @@ def main() -> int:
     # Identical one-entry configurations measured together: the twins, and one entry each at 1 group (the same entry).
     identical = [t + ([ph["per_group"]["rss_mb"]] if has_per_group and n == 1 else []) for n, ph, t in
                  zip(ns, p, twins, strict=True)]
-    out = {
+    return {
         "bench": "source-queues",
-        "series": args.nodes * fleet.gpus_per_node * len(per_gpu),
+        "series": args.nodes * fleet.gpus_per_node * per_gpu,
         "metric_names": len(names),
         "groups": ns,
         "cap": args.cap,
@@ -421,11 +439,8 @@ def main() -> int:
                     "measure: " + "; ".join(f"{n}: {ph['load_1min']['at_start']}/{ph['load_1min']['after_swaps']}/"
                                            f"{ph['load_1min']['after_measure']}" for n, ph in zip(ns, p, strict=True))),
         "wall_s": round(time.time() - started),
-        "phases": phases,
+        "phases": {f"groups_{n}": phases[f"groups_{n}"] for n in ns},
     }
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in out.items() if k != "phases"}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":
