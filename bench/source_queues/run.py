@@ -78,6 +78,7 @@ from promshift.core.queues import (
     plan_merge,
     promshift_queues,
     swap_proof,
+    undo_added,
     with_added,
     with_removed,
 )
@@ -207,7 +208,8 @@ def count(client: PrometheusClient, expr: str, at: float) -> float:
 
 def prove(source: Source, receiver: PrometheusClient, swap: Any, since: float, scrape_s: float,
           deadline_s: float) -> dict[str, Any]:
-    """Measure the swap's overlap (``QueueSwap.prove``'s probe) until it passes; past the deadline the bench stops."""
+    """Measure the swap's overlap (``QueueSwap.prove``'s probe) until it passes; past the deadline the verdict is
+    FAILED (the caller undoes the add, as ``steps.queues`` does)."""
     probe = PrometheusQueueProbe(source.client, receiver, target_matchers=f',bench_run="{source.run}"')
     started = time.monotonic()
     while True:
@@ -218,7 +220,9 @@ def prove(source: Source, receiver: PrometheusClient, swap: Any, since: float, s
         if proof.verdict is Verdict.SUCCESSFUL:
             return {"verdict": proof.verdict.value, "wait_s": round(time.monotonic() - started, 1)}
         if time.monotonic() - started > deadline_s:
-            raise SystemExit(f"swap {swap.added_name} not proven after {deadline_s:.0f}s: {proof.reason}")
+            print(f"swap {swap.added_name} not proven after {deadline_s:.0f}s: {proof.reason}", flush=True)
+            return {"verdict": Verdict.FAILED.value, "wait_s": round(time.monotonic() - started, 1),
+                    "reason": proof.reason}
         time.sleep(min(2.0, scrape_s / 4))
 
 
@@ -239,9 +243,16 @@ def bounded_run(source: Source, members: list[QueueMember], url: str, cap: int, 
             # promshift's own proof deadline (steps.queues.QueueSwap's proof_deadline_s): a loaded machine slows a new
             # queue's first sends, and an unproven swap is INCONCLUSIVE (wait), not a loss.
             proof = prove(source, receiver, swap, t_add, scrape_s, deadline_s=max(300.0, 8 * scrape_s))
+            swaps.append({"added": swap.added_name, "members": len(swap.prove), "removed": len(swap.remove), **proof})
+            if proof["verdict"] != Verdict.SUCCESSFUL.value:
+                # promshift undoes the add (the group entries stay, nothing is lost) and merges at the next admission.
+                if sum(s["verdict"] != Verdict.SUCCESSFUL.value for s in swaps) > 3:
+                    raise SystemExit("more than 3 swaps failed their proof: the machine is too loaded to measure")
+                source.write(undo_added(source.config, swap))
+                config = source.config
+                continue
             config = with_removed(source.config, swap)
             source.write(config)
-            swaps.append({"added": swap.added_name, "members": len(swap.prove), "removed": len(swap.remove), **proof})
             continue
         batch, pending = pending[:room], pending[room:]
         for member in batch:
