@@ -197,7 +197,9 @@ class Source:
         self.config = config
         self.proc.config_path.write_bytes(config)
         at = time.time()
-        self.client.reload()
+        # Stopping the replaced queues flushes each (up to its 1 min flush deadline, one after another): on a loaded
+        # machine a removal's reload took over 120 s.
+        self.client.reload(timeout_s=600.0)
         return at
 
 
