@@ -6,12 +6,14 @@ bounds that: at most ``--cap`` promshift queues per source, cut-over groups merg
 (``core.render.merged_remote_write_entry``) by swaps that add the merged entry, prove it, then remove
 the entries it replaces (``core.queues``).
 
-Everything is real, on 127.0.0.1: the DCGM fleet simulator (``--nodes`` × 8 GPUs × 25 per-GPU metrics =
-40,000 series at 200 nodes), Debian's Prometheus 2.42 as the source, and a second 2.42 with
+Everything is real, on 127.0.0.1: the DCGM fleet simulator (``--nodes`` × 8 GPUs × 25 per-GPU metrics = 40,000
+series at 200 nodes), Debian's Prometheus 2.42 as the source, and a second 2.42 with
 ``--web.enable-remote-write-receiver`` as the receiver (one per phase; its sources told apart by the external
-label ``bench_run``). To have 128 groups keyed on ``__name__`` as promshift's are, the source's scrape
-renames each metric by the tens digit of its node (``DCGM_FI_DEV_GPU_UTIL_b3``): 250 names, 160 series each;
-group *i* of *N* keeps names *j* with *j* mod *N* = *i*. Every run sends the same 40,000 series.
+label ``bench_run``; an out-of-order window of ``RECEIVER_OOO_WINDOW_S``, as promshift requires of a target before
+a swap's overlap, checked with ``core.queues.overlap_refusal``). To have 128 groups keyed on ``__name__`` as
+promshift's are, the source's scrape renames each metric by the tens digit of its node
+(``DCGM_FI_DEV_GPU_UTIL_b3``): 250 names, 160 series each; group *i* of *N* keeps names *j* with *j* mod *N* =
+*i*. Every run sends the same 40,000 series.
 
 One phase per group count N, every row of it a fresh source started at the same moment, beside a fresh
 receiver of its own, and measured together in the same window (``--measure`` s, ``--settle`` s after the
@@ -75,6 +77,8 @@ from typing import Any
 from promshift.adapters.prometheus import PrometheusClient
 from promshift.adapters.queue_probe import PrometheusQueueProbe
 from promshift.core.queues import (
+    out_of_order_window_of,
+    overlap_refusal,
     plan_merge,
     promshift_queues,
     swap_proof,
@@ -91,6 +95,7 @@ from promshift.local.stack.prometheus import PrometheusProcess
 REPO = Path(__file__).resolve().parents[2]
 BANDS = 10
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+RECEIVER_OOO_WINDOW_S = 600.0
 
 
 def metric_names(fleet_metrics: Sequence[str]) -> list[str]:
@@ -289,7 +294,14 @@ def phase(n: int, members: list[QueueMember], names: list[str], args: argparse.N
     entry) run unchanged beside it; all are measured ``--settle`` s after the last swap, so every row has the
     same uptime and the same neighbours on the machine."""
     (rport,) = find_free_ports(1)
-    receiver_proc = PrometheusProcess(f"receiver_{n}", tmp, port=rport, config="global: {}\n",
+    # promshift starts a swap only on a target whose out-of-order window covers the overlap (``overlap_refusal``): a
+    # duplicate older than its series' newest sample otherwise gets the whole batch refused. The receiver meets that
+    # rule with room for a lagging new queue (a receiver without a window refused batches in a loaded run).
+    receiver_config = f"storage:\n  tsdb:\n    out_of_order_time_window: {RECEIVER_OOO_WINDOW_S:g}s\n"
+    refusal = overlap_refusal(out_of_order_window_of(receiver_config), scrape_interval_s=args.scrape)
+    if refusal:
+        raise SystemExit(refusal)
+    receiver_proc = PrometheusProcess(f"receiver_{n}", tmp, port=rport, config=receiver_config,
                                       flags=("--web.enable-remote-write-receiver",)).__enter__()
     receiver = PrometheusClient(receiver_proc.url, timeout_s=120)
     url = f"{receiver_proc.url}/api/v1/write"
