@@ -54,7 +54,8 @@ Every sample also reads the server's Go heap (``go_memstats_heap_inuse_bytes``, 
 holds between the group's first full scrape after its entry was loaded and the end of the run, minus
 the samples the receiver holds for it over the same window (0 means nothing was lost across any swap).
 
-Run: ``nice -n 10 .venv/bin/python bench/source_queues/run.py`` (about 30 minutes on 2 cores); writes
+Run: ``nice -n 10 .venv/bin/python bench/source_queues/run.py`` (about 30 minutes on 2 quiet
+cores, longer under load); writes
 ``bench/results/source-queues.json``. ``machine`` records the 1-minute load at each phase's start, after its
 swaps and after its measure (the machine is shared).
 """
