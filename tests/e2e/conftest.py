@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 
 from promshift.core.deploy_kinds import REMOTE_WRITE
-from promshift.local.demo import DemoSession, run_scenario, start_session
+from promshift.local.demo import QUICK_PROFILE, DemoSession, run_scenario, start_session
 from promshift.local.stack.local import LocalStack, StackConfig, find_free_ports
 
 # Every port the stack may listen on (the last four only with --target amp).
@@ -242,7 +242,8 @@ def fleet_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedSe
 
     tmp = tmp_path_factory.mktemp("fleet")
     with shared_session(tmp, env={}, unset=("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
-                        nodes=12, clusters=2, catalog=write_fleet_catalog, target_kind="amp") as shared:
+                        nodes=12, clusters=2, catalog=write_fleet_catalog, target_kind="amp",
+                        profile=QUICK_PROFILE) as shared:
         try:
             with captured_output() as printed:
                 outs = run_waves(shared.session, report_root=tmp / "reports")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from promshift.local.demo import main
+from promshift.local.demo import QUICK_PROFILE, main
 from promshift.local.demo_plan_aggregate import FLEET_DASHBOARD, FLEET_PANELS
 from promshift.local.stack.local import find_free_ports
 from tests.e2e.conftest import stop_stack
@@ -34,7 +34,8 @@ def test_the_plans_aggregation_migrates_and_cuts_over_with_rewritten_reads(
         small_stack_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     try:
         code = main(["--scenario", "plan-aggregate", "--nodes", str(NODES), "--airflow-port",
-                     str(find_free_ports(1)[0]), "--report-root", str(small_stack_env / "reports")])
+                     str(find_free_ports(1)[0]), "--report-root", str(small_stack_env / "reports"),
+                     "--profile", QUICK_PROFILE])
     finally:
         printed = capsys.readouterr().out
         stop_stack()
