@@ -27,6 +27,12 @@ trigger form lists the catalog's groups when it parses the DAG, so the catalog m
 tests/board/test_board_airflow.py has its own Airflow with users and a history of its own. git (test_git_demo_e2e.py): a
 session of its own (a stack with the git component, whose reconciler owns the source config) for happy and drift,
 one after the other.
+
+Profiles: the fleet, git, AMP and Celery scenarios run with ``demo-quick`` (``demo`` with a 1-minute warm-up and
+30 s/1 min latency windows: a minute less per run, each check still with data: parity's golden layer compared
+2,208 points on the git happy run). plan-aggregate keeps ``demo``: its fleet-view panels are compared at a 30 s step
+and need 3 points, which one minute of dual-write does not hold (INCONCLUSIVE, measured). k8s-cr and lifecycle keep
+``demo`` too (not tried with ``demo-quick``: their moved alert has ``for: 1m`` and must fire during dual-write).
 """
 
 from __future__ import annotations
