@@ -36,6 +36,9 @@ from tests.board.history import write_history
 from tests.board.webdriver import Browser
 
 pytestmark = pytest.mark.e2e
+# Seconds between SIGTERM and SIGKILL when the module's Airflow stops: its triggerer and API server ignored SIGTERM
+# for LocalAirflow.stop's default 30 s (as at the e2e sessions' end, tests/e2e/conftest.py STOP_WAIT_S).
+STOP_WAIT_S = 8.0
 
 VIEWER = "viewer-vic"
 NO_ROLE = "nobody-nina"
@@ -91,7 +94,7 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
         write_history(AuditStore(audit_url), catalog, start, run_ids)
         yield Board(airflow, run_ids)
     finally:
-        airflow.stop()
+        airflow.stop(term_wait_s=STOP_WAIT_S)  # its triggerer and API server ignore SIGTERM: killed after this
 
 
 def test_the_plugin_adds_a_nav_entry_and_mounts_the_board(board: Board) -> None:

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 import promshift.local.demo
-from promshift.local.demo import run_demo
+from promshift.local.demo import QUICK_PROFILE, run_demo
 from promshift.local.stack.local import LocalStack, StackConfig
 from promshift.local.stack.sigv4 import AwsCredentials
 from tests.e2e.conftest import free_port, stop_stack
@@ -90,7 +90,8 @@ def run(env: Path, scenario: str, capsys: pytest.CaptureFixture[str], caplog: py
     caplog.set_level(logging.INFO)
     try:
         out = run_demo(group_name="gpu-memory", scenario=scenario, nodes=12, airflow_port=free_port(),
-                       report_root=env / "reports", target_kind="amp", timeout_s=RUN_TIMEOUT_S)
+                       report_root=env / "reports", target_kind="amp", timeout_s=RUN_TIMEOUT_S,
+                       profile=QUICK_PROFILE)
         source_config = LocalStack(StackConfig.from_env(target_kind="amp")).source_config_path.read_text()
     finally:
         stop_stack()

@@ -23,7 +23,7 @@ from promshift.adapters.audit_anchor import anchor_for
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.settings import audit_key
 from promshift.local.celery_lab import CeleryServices
-from promshift.local.demo import run_demo, shared_store
+from promshift.local.demo import QUICK_PROFILE, run_demo, shared_store
 from promshift.local.stack.local import AIRFLOW, LocalStack, StackConfig
 from tests.e2e.conftest import free_port, stop_stack
 from tests.e2e.test_demo_e2e import proc_cmdline, proc_environ, proc_pids
@@ -63,7 +63,8 @@ def test_celery_demo_spreads_parity_shards_over_two_workers_and_cuts_over(
 def check_celery_demo(tmp: Path, home: Path, services: CeleryServices, port: int) -> None:
     try:
         out = run_demo(group_name=GROUP, scenario="happy", nodes=NODES, airflow_port=port,
-                       report_root=tmp / "reports", executor="celery", timeout_s=RUN_TIMEOUT_S)
+                       report_root=tmp / "reports", executor="celery", timeout_s=RUN_TIMEOUT_S,
+                       profile=QUICK_PROFILE)
         stack = LocalStack(StackConfig.from_env())
         pgid = int(stack.pid_path(AIRFLOW).read_text())
         running = group_members(pgid)

@@ -20,6 +20,7 @@ import pytest
 
 from promshift.core.deploy_kinds import GIT
 from promshift.core.render import remote_write_names
+from promshift.local.demo import QUICK_PROFILE
 from promshift.local.stack.local import LocalStack
 from tests.e2e.conftest import SharedSession, shared_session
 
@@ -32,7 +33,7 @@ AWS = {"AWS_ACCESS_KEY_ID": "AKIAE2EGITDEMO000001", "AWS_SECRET_ACCESS_KEY": "e2
 def git_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedSession]:
     with shared_session(tmp_path_factory.mktemp("git"), env={**AWS, "PROMSHIFT_GITHUB_PORT": "0"},
                         unset=("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION", "PROMSHIFT_K8S_PORT"),
-                        nodes=12, target_kind="amp", git=True) as shared:
+                        nodes=12, target_kind="amp", git=True, profile=QUICK_PROFILE) as shared:
         yield shared
 
 

@@ -9,6 +9,9 @@ Session: an Airflow of its own. It cannot join a shared session: the group exist
 session's own read load, and Airflow's trigger form lists the catalog's groups when it parses the DAG, so the
 catalog must hold the group before Airflow starts. Marked ``slow`` (make e2e): 282 s measured on 2 shared
 cores (6 nodes; the unit tier ran beside it), about 3 min of it the scenario itself (warm-up 2 min).
+The ``demo`` profile, not ``demo-quick``: the golden layer compares the fleet view's panels at their 30 s step and
+needs 3 points of dual-write (measured: with ``demo-quick``'s 1-minute warm-up both panels were INCONCLUSIVE,
+"too little dual-write for this query", and the run went to approval without ``verified``).
 """
 
 from __future__ import annotations

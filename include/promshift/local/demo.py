@@ -94,6 +94,8 @@ log = logging.getLogger("promshift.local.demo")
 DEMO_PROFILE = "demo"
 DEFAULT_GROUP = "gpu-utilization"
 HISTORY_PROFILE = "demo-history"  # production latency windows, for a stack given hours of history
+# `demo` with a one-minute warm-up and shorter latency windows: the end-to-end sessions' runs (--profile).
+QUICK_PROFILE = "demo-quick"
 SCENARIOS = ("happy", "drift", "bad-credentials", *LIFECYCLE_SCENARIOS)
 AMP_ONLY_SCENARIOS = ("bad-credentials",)
 DEFAULT_TIMEOUT_S = 540.0
@@ -361,7 +363,7 @@ def backfilled_metrics(group: MetricGroup) -> list[str]:
 def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, report_root: Path,
              timeout_s: float | None = None, history_s: float | None = None,
              history_interval_s: float = 300.0, target_kind: str = "prometheus",
-             deploy: str = REMOTE_WRITE, executor: str = "local") -> Path:
+             deploy: str = REMOTE_WRITE, executor: str = "local", profile: str | None = None) -> Path:
     """Run the whole job once on a fresh local stack; return the report directory.
 
     ``target_kind="amp"``: the target is the local AWS's workspace, reached through its SigV4 front door.
@@ -375,6 +377,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
 
     ``executor="celery"``: Airflow's components and two Celery workers as separate processes on the machine's
     Redis and PostgreSQL (``promshift.local.celery_lab``; refused in one line when either does not answer).
+    ``profile``: the catalog profile instead of ``demo``/``demo-history`` (``start_session``).
 
     One session (``start_session``: the stack and one Airflow) and one scenario in it (``run_scenario``); the
     end-to-end tests run several scenarios in one session. Airflow is left running with the stack.
@@ -384,7 +387,7 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
                             kubernetes=deploy == K8S_CR, git=deploy == GIT, history_s=history_s,
                             history_groups=(group_name,),
                             history_interval_s=history_interval_s, executor=executor,
-                            bad_credentials=scenario == "bad-credentials")
+                            bad_credentials=scenario == "bad-credentials", profile=profile)
     return run_scenario(session, group_name=group_name, scenario=scenario, report_root=report_root,
                         deploy=deploy, timeout_s=timeout_s)
 
@@ -471,7 +474,7 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
                   history_interval_s: float = 300.0, executor: str = "local",
                   bad_credentials: bool = False, clusters: int = 1,
                   catalog: Callable[[Path], Path] | None = None,
-                  catalog_path: Path | None = None) -> DemoSession:
+                  catalog_path: Path | None = None, profile: str | None = None) -> DemoSession:
     """Reset the local state, start the stack and one Airflow (left running: ``DemoSession.down`` stops both).
 
     With ``history_s`` the ``history_groups``' metrics get that much history on both sides first and the
@@ -479,13 +482,14 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
     (``deploy="k8s-cr"`` needs it). ``bad_credentials`` (AMP only): Airflow signs with a secret the local AWS
     does not accept (scenario ``bad-credentials``). ``clusters=2``: the stack's second cluster and target too
     (``SCENARIO=fleet``); ``catalog``: writes the session's catalog under the given PROMSHIFT_HOME (after the
-    reset) and returns its path, instead of the repository's."""
+    reset) and returns its path, instead of the repository's. ``profile``: the catalog profile, instead of
+    ``demo-history`` with history and ``demo`` without (``demo-quick``: the end-to-end sessions')."""
     started = time.time()
     config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=kubernetes, git=git,
                                   clusters=clusters)
     stack = LocalStack(config)
     write_catalog = catalog
-    profile = HISTORY_PROFILE if history_s else DEMO_PROFILE
+    profile = profile or (HISTORY_PROFILE if history_s else DEMO_PROFILE)
     catalog_path = catalog_path or REPO_ROOT / "catalog" / "metric_groups.yaml"  # the plan demo writes its own
     catalog = load_catalog(catalog_path, profile=profile)
     groups = [catalog.get(name) for name in history_groups]
@@ -839,7 +843,15 @@ def main(argv: list[str] | None = None) -> int:
                              "server (not a cluster), whose operator stand-in renders it onto the source; git: the "
                              "entry is a commit in the stack's config repository (a pull request on its GitHub API "
                              "contract server), synced onto the source by its reconciler stand-in")
+    parser.add_argument("--profile", default=None,
+                        help=f"the catalog profile (default {DEMO_PROFILE}, {HISTORY_PROFILE} with --history; "
+                             f"{QUICK_PROFILE}: a one-minute warm-up)")
     args = parser.parse_args(argv)
+    if args.profile is not None:
+        try:
+            load_catalog(REPO_ROOT / "catalog" / "metric_groups.yaml", profile=args.profile)
+        except ValueError as exc:
+            parser.error(f"--profile: {exc}")
     if args.scenario == "plan":  # no Airflow: the stack, a read load, and `promshift plan` (docs/plan.md)
         from promshift.local.demo_plan import run_plan_demo
 
@@ -856,7 +868,8 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        print(run_aggregate_demo(nodes=args.nodes, report_root=args.report_root, airflow_port=args.airflow_port))
+        print(run_aggregate_demo(nodes=args.nodes, report_root=args.report_root, airflow_port=args.airflow_port,
+                                 profile=args.profile))
         return 0
     if args.scenario == "fleet":  # two clusters onto two workspaces, three groups in two waves (demo_fleet)
         if args.group or args.deploy not in (None, REMOTE_WRITE) or args.history is not None \
@@ -871,7 +884,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         run_fleet_demo(nodes=args.nodes, airflow_port=args.airflow_port, report_root=args.report_root,
-                       target_kind=fleet_target)
+                       target_kind=fleet_target, profile=args.profile)
         return 0
     if args.scenario == "retire":  # every group of the local source baked, the source an agent, and back
         if args.group or args.deploy not in (None, REMOTE_WRITE, K8S_CR) or args.history is not None \
@@ -888,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         session = start_session(nodes=args.nodes, airflow_port=args.airflow_port, target_kind=retire_target,
-                                kubernetes=args.deploy == K8S_CR)
+                                kubernetes=args.deploy == K8S_CR, profile=args.profile)
         print(run_retire(session, report_root=args.report_root, deploy=args.deploy or REMOTE_WRITE))
         return 0
     if args.scenario in LIFECYCLE_SCENARIOS:
@@ -919,7 +932,7 @@ def main(argv: list[str] | None = None) -> int:
         out = run_demo(group_name=args.group, scenario=args.scenario, nodes=args.nodes,
                        airflow_port=args.airflow_port, report_root=args.report_root, history_s=args.history,
                        history_interval_s=args.history_interval, target_kind=args.target,
-                       deploy=args.deploy, executor=args.executor)
+                       deploy=args.deploy, executor=args.executor, profile=args.profile)
     except ServiceUnavailable as exc:  # a database of that name is not ours, or a service went away
         print(f"promshift-demo: {exc}", file=sys.stderr)
         return 2

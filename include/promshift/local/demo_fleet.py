@@ -120,11 +120,12 @@ def target_name(report: dict[str, Any]) -> str:
     return str(target.get("url"))
 
 
-def start_fleet_session(*, nodes: int, airflow_port: int, target_kind: str = "amp") -> DemoSession:
+def start_fleet_session(*, nodes: int, airflow_port: int, target_kind: str = "amp",
+                        profile: str | None = None) -> DemoSession:
     """A fresh stack with its second cluster and target (``amp``: two workspaces of the local AWS), and one
-    Airflow reading the fleet catalog."""
+    Airflow reading the fleet catalog (with ``profile``, else ``demo``)."""
     return start_session(nodes=nodes, airflow_port=airflow_port, clusters=2, catalog=write_fleet_catalog,
-                         target_kind=target_kind)
+                         target_kind=target_kind, profile=profile)
 
 
 def run_waves(session: DemoSession, *, report_root: Path, timeout_s: float = WAVE_TIMEOUT_S) -> dict[str, Path]:
@@ -254,7 +255,8 @@ def follow_runs(session: DemoSession, runs: dict[str, tuple[str, str]], *, deadl
     return finals
 
 
-def run_fleet_demo(*, nodes: int, airflow_port: int, report_root: Path, target_kind: str = "amp") -> dict[str, Path]:
+def run_fleet_demo(*, nodes: int, airflow_port: int, report_root: Path, target_kind: str = "amp",
+                   profile: str | None = None) -> dict[str, Path]:
     """``make demo SCENARIO=fleet``: the session and both waves; Airflow is left running with the stack."""
-    session = start_fleet_session(nodes=nodes, airflow_port=airflow_port, target_kind=target_kind)
+    session = start_fleet_session(nodes=nodes, airflow_port=airflow_port, target_kind=target_kind, profile=profile)
     return run_waves(session, report_root=report_root)

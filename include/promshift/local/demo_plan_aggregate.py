@@ -170,8 +170,9 @@ def saving_lines(plan: Mapping[str, Any], name: str) -> list[str]:
 
 
 def run_aggregate_demo(*, nodes: int, report_root: Path, airflow_port: int, rounds: int = 3,
-                       timeout_s: float = TIMEOUT_S) -> Path:
-    """The plan on a stack under the read load, the lab catalog of its aggregation, the run; the report dir."""
+                       timeout_s: float = TIMEOUT_S, profile: str | None = None) -> Path:
+    """The plan on a stack under the read load, the lab catalog of its aggregation, the run; the report dir.
+    ``profile``: the lab catalog's profile the run uses (its profiles are the repository catalog's; else ``demo``)."""
     from promshift.adapters.settings import check_catalog_file
     from promshift.cli import main as promshift
     from promshift.local.demo import run_scenario, start_session
@@ -206,7 +207,7 @@ def run_aggregate_demo(*, nodes: int, report_root: Path, airflow_port: int, roun
           + "\n".join(saving_lines(plan, name))
           + f"\n=== migrating {name} with aggregations "
             f"{', '.join(r for a in group.aggregations for r in a.recorded)} (catalog {catalog}) ===", flush=True)
-    session = start_session(nodes=nodes, airflow_port=airflow_port, catalog_path=catalog)
+    session = start_session(nodes=nodes, airflow_port=airflow_port, catalog_path=catalog, profile=profile)
     # The fleet view is provisioned beside the stack's DCGM dashboard: the read-path switch edits both folders' files.
     shutil.copyfile(views / FLEET_DASHBOARD, session.stack.dashboards_dir / FLEET_DASHBOARD)
     session.started = t0  # the demo's wall time counts from the plan's stack

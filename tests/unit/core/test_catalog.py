@@ -827,7 +827,7 @@ def test_dcgm_counter_list_is_read_correctly() -> None:
     assert all(re.fullmatch(r"[A-Z_]+", name) for name in KNOWN)
 
 
-@pytest.mark.parametrize("profile", [None, "demo", "demo-history"])
+@pytest.mark.parametrize("profile", [None, "demo", "demo-quick", "demo-history"])
 def test_shipped_catalog_parses(shipped_text: str, profile: str | None) -> None:
     catalog = parse_catalog(shipped_text, profile=profile, known_metrics=KNOWN)
     assert {"gpu-utilization", "gpu-memory", "gpu-power-thermal"} <= set(catalog.names())
@@ -905,12 +905,28 @@ def test_shipped_demo_profile_is_fast(shipped_text: str) -> None:
         assert metric_group.latency.deadline_s == 180
 
 
+def test_shipped_demo_quick_profile_is_demo_with_half_the_warm_up(shipped_text: str) -> None:
+    demo = parse_catalog(shipped_text, profile="demo", known_metrics=KNOWN)
+    for metric_group in parse_catalog(shipped_text, profile="demo-quick", known_metrics=KNOWN).groups:
+        same = demo.get(metric_group.name)
+        assert metric_group.warmup == dataclasses.replace(same.warmup, duration_s=60)
+        assert (metric_group.parity, metric_group.bake) == (same.parity, same.bake)
+        assert [(w.name, w.seconds, w.slo_p95_s) for w in metric_group.latency.windows] == [("30s", 30, 2),
+                                                                                           ("1m", 60, 2)]
+        # Every window fits inside the dual-write time warm-up guarantees; warm-up lasts several scrapes.
+        assert max(w.seconds for w in metric_group.latency.windows) <= metric_group.warmup.duration_s
+        assert metric_group.warmup.duration_s >= metric_group.scrape_interval_s
+        assert dataclasses.replace(metric_group.latency, windows=same.latency.windows) == same.latency
+
+
 def test_shipped_demo_history_profile_times_the_production_windows(shipped_text: str) -> None:
     demo = parse_catalog(shipped_text, profile="demo", known_metrics=KNOWN)
+    quick = parse_catalog(shipped_text, profile="demo-quick", known_metrics=KNOWN)
     production = parse_catalog(shipped_text, known_metrics=KNOWN)
     for metric_group in parse_catalog(shipped_text, profile="demo-history", known_metrics=KNOWN).groups:
-        # Warm-up and parity as in `demo`; latency over the production windows and SLOs.
-        assert metric_group.warmup == demo.get(metric_group.name).warmup
+        # Warm-up as in `demo-quick` (the windows read the backfilled history, not the dual-write time), parity as
+        # in `demo`; latency over the production windows and SLOs.
+        assert metric_group.warmup == quick.get(metric_group.name).warmup
         assert metric_group.parity == demo.get(metric_group.name).parity
         assert metric_group.latency.windows == production.get(metric_group.name).latency.windows
         assert [w.name for w in metric_group.latency.windows] == ["1h", "6h", "12h", "24h"]

@@ -32,6 +32,23 @@ def test_unknown_deploy_is_refused_by_the_parser(capsys: pytest.CaptureFixture[s
     assert "invalid choice: 'k8s-configmap'" in capsys.readouterr().err
 
 
+def test_unknown_profile_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--profile", "demo-fastest"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--profile:" in err and "unknown profile 'demo-fastest'" in err and "demo-quick" in err
+
+
+def test_run_demo_refuses_an_unknown_profile_before_touching_the_stack(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROMSHIFT_HOME", str(tmp_path / "state"))
+    with pytest.raises(ValueError, match="unknown profile 'demo-fastest'"):
+        run_demo(group_name="gpu-utilization", scenario="happy", nodes=2, airflow_port=1, report_root=tmp_path,
+                 profile="demo-fastest")
+    assert not (tmp_path / "state").exists()  # nothing was reset or started
+
+
 @pytest.mark.parametrize(("deploy", "target", "message"), [
     ("scraper", "prometheus", "deploy 'scraper' needs the AMP target"),
     ("k8s-cr", "prometheus", "deploy 'k8s-cr' needs the AMP target"),
