@@ -249,6 +249,15 @@ def lifecycle_lines(report: dict[str, Any]) -> list[str]:
                      + (f": {al['reason']}" if al.get("reason") else "")
                      + (f" ({al['instances']} instances to {', '.join(al['receivers'])})" if al.get("receivers")
                         else ""))
+    if report.get("horizon"):
+        hz = report["horizon"]
+        cut = hz.get("at_cut_over") or {}
+        waited = [f"{w['kind']} {w['name']} (ready {w['ready_at']})" for w in cut.get("waiting") or []]
+        switched = ", ".join(h["what"] for h in hz.get("switched") or []) or "nothing"
+        lines.append(f"Horizon: at cut-over ({cut.get('dual_write_age_at_cut_over_s')}s into dual-write) "
+                     f"{len(waited)} waited: {'; '.join(waited) or 'none'}; the bake watch (LAB ONLY: clock "
+                     f"{hz.get('lab_clock_ahead')} ahead) switched {switched}; still waiting "
+                     f"{len(hz.get('still_waiting') or [])}")
     if report.get("source_rules"):
         lines.append(f"Source rules: {source_config_line(report['source_rules'])}")
     return lines

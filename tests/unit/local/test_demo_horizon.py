@@ -79,3 +79,17 @@ def test_the_board_rows_are_read_from_the_rendered_page(tmp_path: Path) -> None:
     assert [r["reads_back"] for r in rows] == ["2.2 h", "24.0 h"]
     assert board_waiting_rows("<html><table id='dag-runs'><tr><td>x</td></tr></table></html>") == []
     audit.engine.dispose()
+
+
+def test_the_demo_prints_what_waited_and_that_the_lab_clock_moved_it() -> None:
+    from promshift.local.demo import lifecycle_lines
+
+    report = {"lifecycle": {}, "horizon": {
+        "lab_clock_ahead": "24h", "still_waiting": [], "switched": [{"what": "read_path"}, {"what": "rules"}],
+        "at_cut_over": {"dual_write_age_at_cut_over_s": 201.5, "waiting": [
+            {"kind": "panel", "name": DAY_PANEL, "ready_at": "2026-12-07T03:00:00+00:00"}]}}}
+    (line,) = [x for x in lifecycle_lines(report) if x.startswith("Horizon:")]
+    assert line == (f"Horizon: at cut-over (201.5s into dual-write) 1 waited: panel {DAY_PANEL} (ready "
+                    "2026-12-07T03:00:00+00:00); the bake watch (LAB ONLY: clock 24h ahead) switched read_path, "
+                    "rules; still waiting 0")
+    assert not [x for x in lifecycle_lines({"lifecycle": {}}) if x.startswith("Horizon:")]
