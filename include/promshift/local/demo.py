@@ -463,6 +463,8 @@ class DemoSession:
     started: float
     budget_from: float  # the first scenario's time budget counts from here (after any backfill)
     scenarios_run: int = 0
+    # LAB ONLY: Airflow's PROMSHIFT_LAB_BAKE_WATCH_CLOCK_AHEAD (the lifecycle demo's history horizon), None when unset
+    bake_watch_clock_ahead: str | None = None
 
     @property
     def target_kind(self) -> str:
@@ -599,7 +601,7 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
     return DemoSession(config=config, stack=stack, airflow=airflow, profile=profile, catalog_path=catalog_path,
                        audit_url=audit_url, anchor_url=anchor_url, key_env=key_env, services=services,
                        executor=executor, history_s=history_s, bad_credentials=bad_credentials, started=started,
-                       budget_from=budget_from)
+                       budget_from=budget_from, bake_watch_clock_ahead=bake_watch_clock_ahead or None)
 
 
 def scenario_connections(session: DemoSession, scenario: str, deploy: str,
@@ -667,6 +669,9 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     log.info("source config %s sha256 %s before the run", stack.source_config_path, sha_before)
     if scenario == "lifecycle":  # the group's long reads, before anything is snapshotted or compared
         plant_horizon_reads(stack.dashboards_dir, stack.source_rules_path, lambda: reload_prometheus(stack.source_url))
+        if not session.bake_watch_clock_ahead:
+            log.warning("this session's bake watch counts history by the wall clock (no bake_watch_clock_ahead): what "
+                        "waits at the cut-over waits its real time (a day); the decommission refuses till then")
     rules_before = config_sha256(stack.source_rules_path)
     fault: TargetWriteGap | None = None
     if scenario == "lifecycle":  # the moved alert fires: its delivery is checked after the handoff
@@ -717,12 +722,11 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     extra: dict[str, Any] = {}
     if lifecycle:
         if audit.stage_of(group_name) == Stage.CUT_OVER:
-            at_cut_over = None
-            if scenario == "lifecycle":
-                def at_cut_over() -> dict[str, Any]:
-                    return horizon_at_cut_over(audit, group_name, board_page=lambda: board_page(airflow, group_name),
-                                               dashboards_dir=stack.dashboards_dir,
-                                               target_rules=lambda: target_rule_names(stack))
+            # lifecycle: what the horizon held back, read (board page included) before the bake watch runs
+            at_cut_over = (lambda: horizon_at_cut_over(
+                audit, group_name, board_page=lambda: board_page(airflow, group_name),
+                dashboards_dir=stack.dashboards_dir, target_rules=lambda: target_rule_names(stack))
+            ) if scenario == "lifecycle" else None
             extra["lifecycle"] = follow_lifecycle(
                 airflow=airflow, audit=audit, group=group, scenario=scenario, amp_dir=stack.amp_dir,
                 approver=APPROVER_USERS[1], answer_after_polls=APPROVAL_AFTER_POLLS,
@@ -730,7 +734,8 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
             if "alerts" in extra["lifecycle"]:
                 extra["alerts"] = extra["lifecycle"]["alerts"]
             if "horizon" in extra["lifecycle"]:
-                extra["horizon"] = {"lab_clock_ahead": LAB_CLOCK_AHEAD, **extra["lifecycle"].pop("horizon")}
+                extra["horizon"] = {"lab_clock_ahead": session.bake_watch_clock_ahead,
+                                    **extra["lifecycle"].pop("horizon")}
         else:
             log.error("%s: the migration run ended %s, not cut_over: no bake watch or decommission", scenario,
                       audit.stage_of(group_name).value)
