@@ -44,9 +44,11 @@ def test_the_long_reads_are_planted_once_as_written(tmp_path: Path) -> None:
     assert board == HORIZON_DASHBOARD and board["time"]["from"] == "now-24h"
     reaches = {p["title"]: panel_reach(p, [t["expr"] for t in p["targets"]], dashboard_time=board["time"],
                                        name=p["title"], scrape_interval_s=30.0).reach_s for p in board["panels"]}
-    assert reaches == {SHORT_PANELS[0]: 120.0, SHORT_PANELS[1]: 150.0, DAY_PANEL: 86400.0}
+    assert reaches == {SHORT_PANELS[0]: 60.0, SHORT_PANELS[1]: 90.0, DAY_PANEL: 86400.0}
     assert panel_datasources(tmp_path / "dashboards") == {
         f"{HORIZON_DASHBOARD_FILE} / {t}": "prometheus" for t in (*SHORT_PANELS, DAY_PANEL)}
+    (tmp_path / "dashboards" / "var.json").write_text(json.dumps({"panels": [{"title": "t", "datasource": "$ds"}]}))
+    assert panel_datasources(tmp_path / "dashboards")["var.json / t"] == "$ds"  # a variable, as written
     plant_horizon_reads(tmp_path / "dashboards", rules, lambda: reloads.append(1))  # again: nothing changes
     assert reloads == [1] and rules.read_text().count(HORIZON_ALERT) == 1
 
