@@ -60,7 +60,8 @@ def is_production(environ: Mapping[str, str] | None = None) -> bool:
 
 def production_problems(environ: Mapping[str, str] | None = None, *, audit_url: str | None = None,
                         audit_key_given: bool = False) -> list[str]:
-    """What production lacks: each missing or one-disk store, one short phrase each (empty: all named).
+    """What production lacks: each missing or one-disk store, one short phrase each (empty: all named); and any
+    lab-only setting left set (``LAB_CLOCK_AHEAD_VAR``).
 
     ``audit_url``/``audit_key_given``: what the caller found besides the environment (the Airflow shell reads the
     ``promshift_audit`` connection's ``extra.url`` and password)."""
@@ -77,6 +78,8 @@ def production_problems(environ: Mapping[str, str] | None = None, *, audit_url: 
         problems.append("no audit anchor (PROMSHIFT_AUDIT_ANCHOR_URL)")
     if not env.get(CATALOG_VAR):
         problems.append(f"no catalog ({CATALOG_VAR})")
+    if (env.get(LAB_CLOCK_AHEAD_VAR) or "").strip():
+        problems.append(f"{LAB_CLOCK_AHEAD_VAR} is set: it is lab-only (unset it)")
     for var, what in (("PROMSHIFT_SNAPSHOTS_URL", "snapshot"), ("PROMSHIFT_REPORTS_URL", "report")):
         value = env.get(var)
         if not value:
@@ -235,6 +238,39 @@ def default_catalog_path(environ: Mapping[str, str] | None = None) -> Path:
 
 def default_profile() -> str | None:
     return os.environ.get("PROMSHIFT_PROFILE") or None
+
+
+# LAB ONLY: how far ahead of the wall clock the bake watch counts a group's history on the target (the history
+# horizon, ``core.horizon``), e.g. ``24h``. The lifecycle demo sets it so a panel opening on the last day, or a rule
+# reading ``[2h]``, held back at the cut-over is switched by the bake watch minutes later. The cut-over itself always
+# counts by the wall clock, so what waits there is what would wait anywhere. Never shortens a panel or a rule.
+LAB_CLOCK_AHEAD_VAR = "PROMSHIFT_LAB_BAKE_WATCH_CLOCK_AHEAD"
+MAX_LAB_CLOCK_AHEAD_S = 366 * 86400.0
+
+
+class LabOnlySetting(ValueError):
+    """A lab-only setting under ``PROMSHIFT_ENV=production``, or a bad value of one (one line)."""
+
+
+def lab_bake_watch_clock_ahead_s(environ: Mapping[str, str] | None = None) -> float:
+    """``PROMSHIFT_LAB_BAKE_WATCH_CLOCK_AHEAD`` in seconds (0 when unset); LabOnlySetting under production (fail
+    closed: no production horizon may count history the target does not hold) or for a bad duration."""
+    from promshift.core.durations import parse_duration
+
+    env = os.environ if environ is None else environ
+    text = (env.get(LAB_CLOCK_AHEAD_VAR) or "").strip()
+    if not text:
+        return 0.0
+    if is_production(env):
+        raise LabOnlySetting(f"{LAB_CLOCK_AHEAD_VAR} is lab-only (it counts history the target does not hold): "
+                             f"{ENV_VAR}={PRODUCTION} refuses it; unset it")
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise LabOnlySetting(f"{LAB_CLOCK_AHEAD_VAR}: {exc}") from None
+    if seconds > MAX_LAB_CLOCK_AHEAD_S:
+        raise LabOnlySetting(f"{LAB_CLOCK_AHEAD_VAR}={text[:40]!r} is more than a year ahead")
+    return seconds
 
 
 @lru_cache(maxsize=1)

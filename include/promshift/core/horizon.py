@@ -194,21 +194,49 @@ def rule_reach(expr: str, *, for_: Any = None, name: str, now: datetime | None =
 
 @dataclass(frozen=True)
 class Horizon:
-    """What a split needs of one group at one moment: when its dual-write began, now, and its acceptance."""
+    """What a split needs of one group at one moment: when its dual-write began, now, and its acceptance.
+
+    ``lab_clock_ahead_s`` (LAB ONLY; 0 everywhere else): the target's history is counted up to ``now`` plus this
+    much (``counted_now``), as if that much more wall time had passed since dual-write began. The lab's lifecycle
+    demo gives it to its bake watch so a day-long wait ends in minutes without shortening any panel or rule;
+    ``now`` stays the wall clock, and every record of this horizon names the advance (``to_dict``).
+    """
 
     dual_write_since: datetime
     now: datetime
     accept_short_history: bool = False
     scrape_interval_s: float = 15.0
+    lab_clock_ahead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.lab_clock_ahead_s < float("inf")):
+            raise HorizonError(f"lab_clock_ahead_s must be a finite number of seconds >= 0, got "
+                               f"{self.lab_clock_ahead_s!r}")
+
+    @property
+    def counted_now(self) -> datetime:
+        """The instant the target's history is counted to: ``now``, plus the lab's clock advance if any."""
+        return self.now + timedelta(seconds=self.lab_clock_ahead_s)
+
+    def split(self, reaches: Iterable[Reach]) -> HorizonSplit:
+        """``split_by_horizon`` of ``reaches`` at this horizon (its counted time, its acceptance)."""
+        return split_by_horizon(reaches, dual_write_since=self.dual_write_since, now=self.counted_now,
+                                accept_short_history=self.accept_short_history)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dual_write_since": self.dual_write_since.isoformat(), "now": self.now.isoformat(),
-                "accept_short_history": self.accept_short_history, "scrape_interval_s": self.scrape_interval_s}
+        out: dict[str, Any] = {"dual_write_since": self.dual_write_since.isoformat(), "now": self.now.isoformat(),
+                               "accept_short_history": self.accept_short_history,
+                               "scrape_interval_s": self.scrape_interval_s}
+        if self.lab_clock_ahead_s:  # no record of a lab advance reads as wall-clock history
+            out.update(lab_clock_ahead_s=self.lab_clock_ahead_s, counted_now=self.counted_now.isoformat(),
+                       clock=f"LAB ONLY: history counted {_hms(self.lab_clock_ahead_s)} ahead of the wall clock")
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Horizon:
         return cls(datetime.fromisoformat(str(data["dual_write_since"])), datetime.fromisoformat(str(data["now"])),
-                   bool(data.get("accept_short_history")), float(data.get("scrape_interval_s") or 15.0))
+                   bool(data.get("accept_short_history")), float(data.get("scrape_interval_s") or 15.0),
+                   float(data.get("lab_clock_ahead_s") or 0.0))
 
 
 @dataclass(frozen=True)

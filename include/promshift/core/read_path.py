@@ -54,7 +54,7 @@ from typing import Any, Protocol
 
 from promshift.core.aggregation import rewrite_group_read
 from promshift.core.catalog import MetricGroup
-from promshift.core.horizon import Horizon, panel_reach, split_by_horizon
+from promshift.core.horizon import Horizon, panel_reach
 from promshift.core.promql import PromQLError, analyse, grafana_builtins, metric_names, substitute
 
 SWITCH = "switch"
@@ -625,8 +625,7 @@ def plan_dashboard(text: str, group: MetricGroup, *, source: DatasourceRef, targ
                                 dashboard_time=time_node.py() if time_node is not None else None,
                                 name=f"{name or 'dashboard'} / {common['title'] or _path_text(path)}",
                                 scrape_interval_s=horizon.scrape_interval_s, now=horizon.now, variables=values)
-            split = split_by_horizon([reach], dual_write_since=horizon.dual_write_since, now=horizon.now,
-                                     accept_short_history=horizon.accept_short_history)
+            split = horizon.split([reach])
             if split.waiting:
                 wait = split.waiting[0]
                 when = wait.ready_at.isoformat() if wait.ready_at else "unknown (accept short history to switch)"

@@ -49,10 +49,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import requests
+
 from promshift.adapters.audit_anchor import anchor_for
 from promshift.adapters.audit_store import AuditStore
 from promshift.adapters.prometheus import PrometheusClient
-from promshift.adapters.settings import REPO_ROOT, audit_key, load_catalog, local_audit_key_env
+from promshift.adapters.settings import (
+    LAB_CLOCK_AHEAD_VAR,
+    REPO_ROOT,
+    audit_key,
+    lab_bake_watch_clock_ahead_s,
+    load_catalog,
+    local_audit_key_env,
+)
 from promshift.board import URL_PREFIX as BOARD_PREFIX
 from promshift.core.catalog import MetricGroup
 from promshift.core.cost import CostEvidence
@@ -76,12 +85,15 @@ from promshift.local.airflow_lab import APPROVER_USERS, TRIGGER_USER, LocalAirfl
 from promshift.local.celery_lab import DB_ROLES, CeleryServices, ServiceUnavailable, database_name
 from promshift.local.demo_lifecycle import (
     ALERT_FAULT_GPUS,
+    LAB_CLOCK_AHEAD,
     LIFECYCLE_GROUP,
     LIFECYCLE_SCENARIOS,
     MOVED_ALERT,
     follow_lifecycle,
     grafana_connection,
+    horizon_at_cut_over,
     lifecycle_choices,
+    plant_horizon_reads,
 )
 from promshift.local.self_scrape import keep_scraped, self_metrics_line, self_metrics_report
 from promshift.local.stack.backfill import backfill_stack, check_history, fleet_metrics
@@ -239,6 +251,15 @@ def lifecycle_lines(report: dict[str, Any]) -> list[str]:
                      + (f": {al['reason']}" if al.get("reason") else "")
                      + (f" ({al['instances']} instances to {', '.join(al['receivers'])})" if al.get("receivers")
                         else ""))
+    if report.get("horizon"):
+        hz = report["horizon"]
+        cut = hz.get("at_cut_over") or {}
+        waited = [f"{w['kind']} {w['name']} (ready {w['ready_at']})" for w in cut.get("waiting") or []]
+        switched = ", ".join(h["what"] for h in hz.get("switched") or []) or "nothing"
+        lines.append(f"Horizon: at cut-over ({cut.get('dual_write_age_at_cut_over_s')}s into dual-write) "
+                     f"{len(waited)} waited: {'; '.join(waited) or 'none'}; the bake watch (LAB ONLY: clock "
+                     f"{hz.get('lab_clock_ahead')} ahead) switched {switched}; still waiting "
+                     f"{len(hz.get('still_waiting') or [])}")
     if report.get("source_rules"):
         lines.append(f"Source rules: {source_config_line(report['source_rules'])}")
     return lines
@@ -387,19 +408,23 @@ def run_demo(*, group_name: str, scenario: str, nodes: int, airflow_port: int, r
                             kubernetes=deploy == K8S_CR, git=deploy == GIT, history_s=history_s,
                             history_groups=(group_name,),
                             history_interval_s=history_interval_s, executor=executor,
-                            bad_credentials=scenario == "bad-credentials", profile=profile)
+                            bad_credentials=scenario == "bad-credentials", profile=profile,
+                            # the lifecycle demo's bake watch counts history a day ahead (demo_lifecycle says why)
+                            bake_watch_clock_ahead=LAB_CLOCK_AHEAD if scenario == "lifecycle" else None)
     return run_scenario(session, group_name=group_name, scenario=scenario, report_root=report_root,
                         deploy=deploy, timeout_s=timeout_s)
 
 
 def scenario_trigger_conf(scenario: str, *, read_path: bool = False, rules: bool = False) -> dict[str, Any]:
-    """The migration form's fields a scenario sets beyond the group. Only the lifecycle scenarios and a run with the
-    dashboard switch on (``read_path``: plan-aggregate's fleet dashboard) switch a dashboard (default ranges of 15
-    min to an hour) and move an alert (``for: 1m``) minutes into dual-write: they accept short history explicitly,
-    as an operator would in the form (recorded, shown to the approver). Every other scenario keeps the form's
-    default (false). ``rules``: a run that moves the group's rules (its alert's ``for: 1m``) does as the lifecycle
-    scenarios do."""
-    return {"accept_short_history": True} if scenario in LIFECYCLE_SCENARIOS or read_path or rules else {}
+    """The migration form's fields a scenario sets beyond the group. ``bake-fail`` and a run with the dashboard
+    switch on (``read_path``: plan-aggregate's fleet dashboard) switch a dashboard (default ranges of 15 min to an
+    hour) and move an alert (``for: 1m``) minutes into dual-write: they accept short history explicitly, as an
+    operator would in the form (recorded, shown to the approver). ``lifecycle`` does not: it shows the history
+    horizon (what reads further back waits, and the bake watch moves it; ``demo_lifecycle``). Every other scenario
+    keeps the form's default (false). ``rules``: a run that moves the group's rules (its alert's ``for: 1m``)
+    accepts short history as ``bake-fail`` does."""
+    accepts = (scenario in LIFECYCLE_SCENARIOS and scenario != "lifecycle") or read_path or rules
+    return {"accept_short_history": True} if accepts else {}
 
 
 def check_scenario(scenario: str, *, group_name: str, target_kind: str, deploy: str) -> None:
@@ -441,6 +466,8 @@ class DemoSession:
     started: float
     budget_from: float  # the first scenario's time budget counts from here (after any backfill)
     scenarios_run: int = 0
+    # LAB ONLY: Airflow's PROMSHIFT_LAB_BAKE_WATCH_CLOCK_AHEAD (the lifecycle demo's history horizon), None when unset
+    bake_watch_clock_ahead: str | None = None
 
     @property
     def target_kind(self) -> str:
@@ -474,7 +501,8 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
                   history_interval_s: float = 300.0, executor: str = "local",
                   bad_credentials: bool = False, clusters: int = 1,
                   catalog: Callable[[Path], Path] | None = None,
-                  catalog_path: Path | None = None, profile: str | None = None) -> DemoSession:
+                  catalog_path: Path | None = None, profile: str | None = None,
+                  bake_watch_clock_ahead: str | None = None) -> DemoSession:
     """Reset the local state, start the stack and one Airflow (left running: ``DemoSession.down`` stops both).
 
     With ``history_s`` the ``history_groups``' metrics get that much history on both sides first and the
@@ -483,8 +511,13 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
     does not accept (scenario ``bad-credentials``). ``clusters=2``: the stack's second cluster and target too
     (``SCENARIO=fleet``); ``catalog``: writes the session's catalog under the given PROMSHIFT_HOME (after the
     reset) and returns its path, instead of the repository's. ``profile``: the catalog profile, instead of
-    ``demo-history`` with history and ``demo`` without (``demo-quick``: the end-to-end sessions')."""
+    ``demo-history`` with history and ``demo`` without (``demo-quick``: the end-to-end sessions').
+    ``bake_watch_clock_ahead`` (LAB ONLY, e.g. ``24h``):
+    Airflow's ``PROMSHIFT_LAB_BAKE_WATCH_CLOCK_AHEAD``, the bake watch counting the target's history that far
+    ahead of the wall clock (the lifecycle demo's history horizon; refused in one line if it is not a duration)."""
     started = time.time()
+    if bake_watch_clock_ahead is not None:  # refused before anything is reset
+        lab_bake_watch_clock_ahead_s({LAB_CLOCK_AHEAD_VAR: bake_watch_clock_ahead})
     config = StackConfig.from_env(nodes=nodes, target_kind=target_kind, kubernetes=kubernetes, git=git,
                                   clusters=clusters)
     stack = LocalStack(config)
@@ -559,6 +592,7 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
         **aws_env,
         # Notifications (approval needed, rolled back) go to the stack's SMTP sink; `make demo` prints where.
         **stack.smtp_connection_env(),
+        **({LAB_CLOCK_AHEAD_VAR: bake_watch_clock_ahead} if bake_watch_clock_ahead else {}),
     }
     if services is None:
         extra_env = {"PROMSHIFT_HOME": str(config.home), "PROMSHIFT_AUDIT_URL": audit_url, **common_env, **key_env}
@@ -573,7 +607,7 @@ def start_session(*, nodes: int, airflow_port: int, target_kind: str = "promethe
     return DemoSession(config=config, stack=stack, airflow=airflow, profile=profile, catalog_path=catalog_path,
                        audit_url=audit_url, anchor_url=anchor_url, key_env=key_env, services=services,
                        executor=executor, history_s=history_s, bad_credentials=bad_credentials, started=started,
-                       budget_from=budget_from)
+                       budget_from=budget_from, bake_watch_clock_ahead=bake_watch_clock_ahead or None)
 
 
 def scenario_connections(session: DemoSession, scenario: str, deploy: str,
@@ -639,6 +673,11 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     repository_before = config_repository(stack) if deploy == GIT else None
     sha_before = config_sha256(stack.source_config_path)
     log.info("source config %s sha256 %s before the run", stack.source_config_path, sha_before)
+    if scenario == "lifecycle":  # the group's long reads, before anything is snapshotted or compared
+        plant_horizon_reads(stack.dashboards_dir, stack.source_rules_path, lambda: reload_prometheus(stack.source_url))
+        if not session.bake_watch_clock_ahead:
+            log.warning("this session's bake watch counts history by the wall clock (no bake_watch_clock_ahead): what "
+                        "waits at the cut-over waits its real time (a day); the decommission refuses till then")
     rules_before = config_sha256(stack.source_rules_path)
     fault: TargetWriteGap | None = None
     if scenario == "lifecycle":  # the moved alert fires: its delivery is checked after the handoff
@@ -689,12 +728,20 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
     extra: dict[str, Any] = {}
     if lifecycle:
         if audit.stage_of(group_name) == Stage.CUT_OVER:
+            # lifecycle: what the horizon held back, read (board page included) before the bake watch runs
+            at_cut_over = (lambda: horizon_at_cut_over(
+                audit, group_name, board_page=lambda: board_page(airflow, group_name),
+                dashboards_dir=stack.dashboards_dir, target_rules=lambda: target_rule_names(stack))
+            ) if scenario == "lifecycle" else None
             extra["lifecycle"] = follow_lifecycle(
                 airflow=airflow, audit=audit, group=group, scenario=scenario, amp_dir=stack.amp_dir,
                 approver=APPROVER_USERS[1], answer_after_polls=APPROVAL_AFTER_POLLS,
-                alerts=workspace_alerts(stack))
+                alerts=workspace_alerts(stack), at_cut_over=at_cut_over)
             if "alerts" in extra["lifecycle"]:
                 extra["alerts"] = extra["lifecycle"]["alerts"]
+            if "horizon" in extra["lifecycle"]:
+                extra["horizon"] = {"lab_clock_ahead": session.bake_watch_clock_ahead,
+                                    **extra["lifecycle"].pop("horizon")}
         else:
             log.error("%s: the migration run ended %s, not cut_over: no bake watch or decommission", scenario,
                       audit.stage_of(group_name).value)
@@ -727,6 +774,27 @@ def run_scenario(session: DemoSession, *, group_name: str, scenario: str, report
         print(f"celery: broker {services.redis_url} (queue {services.queue}); PostgreSQL databases "
               f"{', '.join(database_name(role, airflow.port) for role in DB_ROLES)}; logs {airflow.home}/*.log")
     return out_dir
+
+
+def reload_prometheus(url: str) -> None:
+    """``POST <url>/-/reload`` (the stack's Prometheus runs with ``--web.enable-lifecycle``)."""
+    response = requests.post(f"{url}/-/reload", timeout=30)
+    response.raise_for_status()
+
+
+def board_page(airflow: LocalAirflow, group: str) -> str:
+    """The group's page on the board (the Airflow plugin), as the demo's trigger user sees it."""
+    response = requests.get(f"{airflow.base_url}{BOARD_PREFIX}/groups/{group}", timeout=60,
+                            headers={"Authorization": f"Bearer {airflow.token(TRIGGER_USER)}"})
+    response.raise_for_status()
+    return response.text
+
+
+def target_rule_names(stack: LocalStack) -> list[str]:
+    """The names of the rules the target evaluates now (its ``/api/v1/rules``)."""
+    from promshift.adapters.rules_deploy import loaded_rules
+
+    return sorted({rule.name for rule in loaded_rules(PrometheusClient(stack.target_url))})
 
 
 def config_repository(stack: LocalStack) -> dict[str, Any]:

@@ -21,6 +21,16 @@ unpaused and runs every ``bake.interval`` (1 min in the demo profile):
   and the bake watch's ``delivery`` measurement checks the workspace's Alertmanager holds it. After
   ``baked`` the demo records where it was seen delivered (``alerts`` in the report): by a bake check, or,
   when the alert fired after the last one, by the demo reading the workspace's Alertmanager itself.
+  The history horizon (issue 36): the lab gives the group a dashboard that opens on the last 24 hours
+  (``HORIZON_DASHBOARD``: two panels on their own last minute, one on the dashboard's day) and an alert reading
+  ``[2h]`` (``HORIZON_RULE``, appended to the source's rules as written), and the run accepts no short history.
+  At the cut-over, counted by the wall clock, the short panels switch; the day panel, the DCGM dashboard's panel
+  (15 min) and the rules (they move together) wait, each named with its ready time on the board, which the demo
+  reads before it unpauses the bake watch (``horizon_at_cut_over``). The session's Airflow runs with
+  ``PROMSHIFT_LAB_BAKE_WATCH_CLOCK_AHEAD=24h`` (``LAB_CLOCK_AHEAD``; lab only, refused under production): the bake
+  watch counts the target's history a day ahead of the wall clock, so its first clean check switches the day
+  panel and hands the rules off, and every record it writes says so (``lab_clock_ahead_s``). The clock is
+  shortened, never a panel or a rule. The decommission then finds nothing waiting.
 - ``bake-fail``: right after the cut-over the target stops receiving the group (the collector's process is
   stopped with SIGSTOP, as a hung collector would be); a bake check fails on freshness and the watch returns
   the reads (routing, dashboard, rules) to the source by itself. The collector is resumed at the end.
@@ -34,6 +44,7 @@ import signal
 import time
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +71,165 @@ ALERT_FAULT_GPUS = 3
 MOVED_ALERT = "GpuMemoryNearlyFull"
 # How long the demo waits, after baked, for the moved alert to be held by the workspace's Alertmanager.
 DELIVERY_WAIT_S = 240.0
+
+
+# The history horizon's lab (see the module's docstring): how far ahead the bake watch counts the target's history.
+LAB_CLOCK_AHEAD = "24h"
+HORIZON_DASHBOARD_FILE = "gpu-memory-day.json"
+DAY_PANEL = "FB used per node, last day"
+SHORT_PANELS = ("FB used now", "FB free, worst GPU now")
+HORIZON_ALERT = "GpuMemoryLeaking"
+# Appended to the source's gpu-memory rule group as written: it reads two hours (plus its for:), so it moves only
+# once the target holds that much of the group. It does not fire in the demo (its for: outlasts the demo).
+HORIZON_RULE = """\
+      # reads the last 2 hours: moves to the target only once the target holds them (the history horizon)
+      - alert: GpuMemoryLeaking
+        expr: delta(DCGM_FI_DEV_FB_USED[2h]) > 8192
+        for: 15m
+        labels:
+          severity: ticket
+        annotations:
+          summary: "GPU {{ $labels.gpu }} on {{ $labels.instance }}: framebuffer grew by 8 GiB in 2 hours"
+"""
+
+
+def _panel(pid: int, title: str, expr: str, **extra: Any) -> dict[str, Any]:
+    ds = {"type": "prometheus", "uid": SOURCE_DATASOURCE["uid"]}
+    return {"id": pid, "title": title, "type": "timeseries", "datasource": ds,
+            "gridPos": {"h": 8, "w": 8, "x": 8 * (pid - 1), "y": 0},
+            "targets": [{"refId": "A", "datasource": ds, "expr": expr}], **extra}
+
+
+# A provisioned dashboard of the group that opens on the last 24 hours; two panels on their own last minute (the
+# cut-over comes about 150 s into dual-write at the earliest: measured 153 s, the warm-up being 2 min).
+HORIZON_DASHBOARD = {
+    "uid": "gpu-memory-day", "title": "GPU memory, last day", "schemaVersion": 39,
+    "time": {"from": "now-24h", "to": "now"},
+    "panels": [
+        _panel(1, SHORT_PANELS[0], "sum(DCGM_FI_DEV_FB_USED)", timeFrom="1m"),
+        _panel(2, SHORT_PANELS[1], "min(min_over_time(DCGM_FI_DEV_FB_FREE[30s]))", timeFrom="1m"),
+        _panel(3, DAY_PANEL, "max by (Hostname) (DCGM_FI_DEV_FB_USED)"),
+    ],
+}
+
+
+def plant_horizon_reads(dashboards_dir: Path, rules_path: Path, reload_source: Callable[[], None]) -> None:
+    """The lab's long reads of the group: its day dashboard in the provisioned folder, and ``HORIZON_RULE``
+    appended to the source's gpu-memory rule group (then the source reloads). Done once: a second call finds
+    both and changes nothing."""
+    import json
+
+    import yaml
+
+    board = dashboards_dir / HORIZON_DASHBOARD_FILE
+    if not board.exists():
+        dashboards_dir.mkdir(parents=True, exist_ok=True)
+        board.write_text(json.dumps(HORIZON_DASHBOARD, indent=2) + "\n")
+    text = rules_path.read_text()
+    if f"alert: {HORIZON_ALERT}" in text:
+        return
+    groups = (yaml.safe_load(text) or {}).get("groups") or []
+    if not groups or groups[-1].get("name") != LIFECYCLE_GROUP:
+        raise RuntimeError(f"{rules_path}: the last rule group is not {LIFECYCLE_GROUP!r}; cannot append "
+                           f"{HORIZON_ALERT} to it")
+    new = text + ("" if text.endswith("\n") else "\n") + HORIZON_RULE
+    names = [r.get("alert") for r in yaml.safe_load(new)["groups"][-1]["rules"]]
+    if HORIZON_ALERT not in names:
+        raise RuntimeError(f"{rules_path}: {HORIZON_ALERT} did not land in the {LIFECYCLE_GROUP!r} group")
+    rules_path.write_text(new)
+    reload_source()
+    log.info("the group's long reads: %s (opens on the last 24h) and alert %s (reads [2h], for: 15m)",
+             dashboards_dir / HORIZON_DASHBOARD_FILE, HORIZON_ALERT)
+
+
+class _WaitingRows(HTMLParser):
+    """The rows of the board's ``horizon-waiting`` table: each cell's text, and the ``<time datetime>`` in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self._in_table = False
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table" and dict(attrs).get("id") == "horizon-waiting":
+            self._in_table = True
+        elif self._in_table and tag == "tr":
+            self.rows.append([])
+        elif self._in_table and tag == "td":
+            self._cell = []
+        elif self._cell is not None and tag == "time":
+            self._cell.append(str(dict(attrs).get("datetime") or ""))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._in_table = False
+        elif tag == "td" and self._cell is not None and self.rows:
+            self.rows[-1].append(" ".join(" ".join(self._cell).split()))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def board_waiting_rows(html: str) -> list[dict[str, str]]:
+    """The board page's "Waiting for the target's history" rows: what, name, reads back, ready at (its
+    ``<time datetime>`` first, then the shown text); empty when the page has no such table."""
+    parser = _WaitingRows()
+    parser.feed(html)
+    keys = ("kind", "name", "reads_back", "ready_at")
+    return [dict(zip(keys, row, strict=False)) for row in parser.rows if row]
+
+
+def panel_datasources(dashboards_dir: Path) -> dict[str, str]:
+    """``<file> / <panel title>`` -> the datasource uid each panel reads now (its own, else its first target's)."""
+    import json
+
+    out: dict[str, str] = {}
+    for path in sorted(dashboards_dir.glob("*.json")):
+        for panel in json.loads(path.read_text()).get("panels") or []:
+            ds = panel.get("datasource")  # an object, or a variable's name ("$datasource") as written
+            if not isinstance(ds, dict):
+                targets = [t.get("datasource") for t in panel.get("targets") or [] if isinstance(t, dict)]
+                ds = next((t for t in targets if isinstance(t, dict)), ds)
+            uid = ds.get("uid") if isinstance(ds, dict) else ds
+            out[f"{path.name} / {panel.get('title')}"] = str(uid)
+    return out
+
+
+def horizon_at_cut_over(audit: AuditStore, group: str, *, board_page: Callable[[], str], dashboards_dir: Path,
+                        target_rules: Callable[[], list[str]]) -> dict[str, Any]:
+    """What the horizon held back at the cut-over, read before the bake watch runs: the audit's waiting list, the
+    board page's rows, each panel's datasource and the rules the target evaluates."""
+    from promshift.core.horizon import dual_write_since, waiting_list
+
+    events = audit.events(group=group)
+    since = dual_write_since(events)
+    cut = [e.at for e in events if e.kind == EventKind.CUT_OVER]
+    try:
+        rows: list[dict[str, str]] | str = board_waiting_rows(board_page())
+    except Exception as exc:  # noqa: BLE001 - the demo reports what it saw
+        rows = f"the board could not be read: {type(exc).__name__}: {exc}"
+    out = {"dual_write_since": since.isoformat() if since else None,
+           "dual_write_age_at_cut_over_s": round((cut[-1] - since).total_seconds(), 1) if since and cut else None,
+           "waiting": waiting_list(events), "board_waiting": rows,
+           "panels": panel_datasources(dashboards_dir), "target_rules": target_rules()}
+    for w in out["waiting"]:
+        log.info("waiting for the target's history: %s %s, ready at %s", w["kind"], w["name"], w["ready_at"])
+    return out
+
+
+def horizon_after(audit: AuditStore, group: str) -> dict[str, Any]:
+    """What the bake watch moved when the horizon passed (its ``horizon_switched`` records) and what still waits."""
+    from promshift.core.horizon import waiting_list
+
+    events = audit.events(group=group)
+    switched = [{"what": e.evidence_data.get("what"), "at": e.at.isoformat(), "run_id": e.run_id,
+                 "switched": e.evidence_data.get("switched") or e.evidence_data.get("moved"),
+                 "horizon": e.evidence_data.get("horizon")}
+                for e in events if e.kind == EventKind.HORIZON_SWITCHED]
+    return {"switched": switched, "still_waiting": waiting_list(events)}
 
 
 def alert_delivery(audit: AuditStore, group: str, alerts: Callable[[str], list[Any]] | None, *,
@@ -162,10 +332,14 @@ def wait_for_stage(audit: AuditStore, group: str, wanted: AbstractSet[Stage], *,
 def follow_lifecycle(*, airflow: Any, audit: AuditStore, group: MetricGroup, scenario: str, amp_dir: Path,
                      approver: str, answer_after_polls: int,
                      on_decommission_state: Callable[[dict[str, str]], None] | None = None,
-                     alerts: Callable[[str], list[Any]] | None = None) -> dict[str, Any]:
+                     alerts: Callable[[str], list[Any]] | None = None,
+                     at_cut_over: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """After the migration run cut the group over: bake watch (and the fault), then the decommission.
-    Returns what the demo did: the runs it followed and the stage each ended in."""
+    ``at_cut_over``: read before the bake watch is unpaused (the horizon's waiting panels and rules, in the
+    report's ``horizon.at_cut_over``). Returns what the demo did: the runs it followed and the stage each ended in."""
     bake, out = group.bake, {"scenario": scenario, "runs": {}}
+    if at_cut_over is not None:
+        out["horizon"] = {"at_cut_over": at_cut_over()}
     fault = CollectorPause(amp_dir) if scenario == "bake-fail" else None
     try:
         if fault is not None:
@@ -185,6 +359,8 @@ def follow_lifecycle(*, airflow: Any, audit: AuditStore, group: MetricGroup, sce
         if out["bake_stage"] != Stage.BAKED.value:
             log.error("the bake failed: no decommission")
             return out
+        if at_cut_over is not None:
+            out["horizon"].update(horizon_after(audit, group.name))
         if scenario == "lifecycle":
             out["alerts"] = alert_delivery(audit, group.name, alerts)
             log.info("moved alert %s delivered: %s (%s)", MOVED_ALERT, out["alerts"]["delivered"],

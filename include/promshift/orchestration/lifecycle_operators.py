@@ -18,7 +18,7 @@ from promshift.orchestration.operators import (
     given,
     run_rollback,
 )
-from promshift.orchestration.wiring import GROUP_PARAM
+from promshift.orchestration.wiring import GROUP_PARAM, lab_bake_watch_clock_ahead_s
 
 # --------------------------------------------------------------------------- after cut-over: the bake watch
 
@@ -43,7 +43,8 @@ class BakeCheckOperator(GroupStepOperator):
 
         lifecycle = GroupLifecycle(migration, deploy=self.deploy,
                                    read_restorers=[*DEFAULT_READ_RESTORERS, *self.moved_restorers(migration)],
-                                   horizon_moves=self.horizon_moves())
+                                   horizon_moves=self.horizon_moves(),
+                                   horizon_clock_ahead_s=lab_bake_watch_clock_ahead_s())
         try:
             out = lifecycle.bake_check(_now())
         except RestoreReadsFailed as exc:

@@ -124,6 +124,22 @@ def require_production_settings(where: str) -> None:
         raise AirflowFailException(str(exc)) from None
 
 
+def lab_bake_watch_clock_ahead_s() -> float:
+    """LAB ONLY: how far ahead of the wall clock the bake watch counts a group's history (0 unless the lab's
+    ``PROMSHIFT_LAB_BAKE_WATCH_CLOCK_AHEAD`` is set); under ``PROMSHIFT_ENV=production`` a set one fails the task
+    in one line (``settings.lab_bake_watch_clock_ahead_s``). The cut-over never reads it."""
+    from promshift.adapters import settings
+
+    try:
+        ahead = settings.lab_bake_watch_clock_ahead_s()
+    except settings.LabOnlySetting as exc:
+        raise AirflowFailException(str(exc)) from None
+    if ahead:
+        log.warning("LAB ONLY: the bake watch counts the target's history %.0fs ahead of the wall clock (%s); "
+                    "every horizon record says so", ahead, settings.LAB_CLOCK_AHEAD_VAR)
+    return ahead
+
+
 def _connection_audit_url() -> str | None:
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException

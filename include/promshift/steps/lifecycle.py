@@ -110,13 +110,16 @@ class GroupLifecycle:
     def __init__(self, migration: GroupMigration, *, deploy: Deploy = DEPLOYS[REMOTE_WRITE],
                  read_restorers: Sequence[ReadRestorer] = DEFAULT_READ_RESTORERS,
                  parity_check: Callable[[float, float], tuple[Verdict, str]] | None = None,
-                 horizon_moves: Sequence[HorizonMove] = ()) -> None:
+                 horizon_moves: Sequence[HorizonMove] = (), horizon_clock_ahead_s: float = 0.0) -> None:
         self.migration = migration
         self.deploy = deploy
         self.read_restorers = tuple(read_restorers)
         # What the history horizon held back at the cut-over, moved by a clean check once its time has come
         # (``moves.ReadPathStep.switch_when_ready``, ``moves.RulesStep.handoff_when_ready``).
         self.horizon_moves = tuple(horizon_moves)
+        # LAB ONLY (0 elsewhere; ``settings.lab_bake_watch_clock_ahead_s``): the movers count the target's history
+        # this far ahead of the wall clock; recorded in every horizon record they write (``Horizon.to_dict``).
+        self.horizon_clock_ahead_s = horizon_clock_ahead_s
         # (window start, now) -> (verdict, reason); default: ParityCheck over the short window.
         self._parity = parity_check or self._short_parity
 
@@ -266,7 +269,8 @@ class GroupLifecycle:
         since = dual_write_since(events)
         if since is None or not held_back(events) or not self.horizon_moves:
             return []
-        horizon = Horizon(since, now, scrape_interval_s=self.group.scrape_interval_s)
+        horizon = Horizon(since, now, scrape_interval_s=self.group.scrape_interval_s,
+                          lab_clock_ahead_s=self.horizon_clock_ahead_s)
         return [move(m, horizon, now) for move in self.horizon_moves]
 
     def checks_since_bake_started(self) -> list[tuple[float, Verdict]]:

@@ -27,7 +27,7 @@ from typing import Any
 from promshift.core.audit import AuditEvent
 from promshift.core.deploy import snapshot_key
 from promshift.core.events import MOVE_FAILED, EventKind
-from promshift.core.horizon import Horizon, held_back, rule_reach, split_by_horizon
+from promshift.core.horizon import Horizon, held_back, rule_reach
 from promshift.core.ports import Blobs
 from promshift.core.rules import RuleKind
 from promshift.steps.migration import GroupMigration
@@ -149,9 +149,8 @@ class RulesStep:
     def _handoff(self, migration: GroupMigration, snap: Any, plan: Any, now: datetime,
                  horizon: Horizon | None, *, record_wait: bool = True) -> dict[str, Any]:
         if horizon is not None and not plan.empty:
-            split = split_by_horizon([rule_reach(r.expr, for_=r.body.get("for"), name=r.label, now=horizon.now)
-                                      for r in plan.selection.rules], dual_write_since=horizon.dual_write_since,
-                                     now=horizon.now, accept_short_history=horizon.accept_short_history)
+            split = horizon.split([rule_reach(r.expr, for_=r.body.get("for"), name=r.label, now=horizon.now)
+                                   for r in plan.selection.rules])
             if split.waiting:
                 evidence = {"what": "rules", "moved": False, "horizon": horizon.to_dict(),
                             "waiting": [w.to_dict() for w in split.waiting],

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from promshift.core.horizon import (
+    Horizon,
     HorizonError,
     Reach,
     decommission_short_by,
@@ -104,6 +105,30 @@ def test_the_split_switches_what_the_target_holds_and_names_the_rest_with_its_re
     assert [r.name for r in later.ready] == ["short", "day", "r"] and not later.waiting
     accepted = split_by_horizon([short, day], dual_write_since=since, now=NOW, accept_short_history=True)
     assert accepted.accepted_short == (day,) and not accepted.waiting
+
+
+def test_a_lab_clock_advance_counts_history_ahead_keeps_the_wall_clock_and_is_named_in_every_record() -> None:
+    since = NOW - timedelta(minutes=5)
+    day, rule = Reach("panel", "day", 24 * H, ()), Reach("rule", "r", 2 * H + 15 * 60, ())
+    wall = Horizon(since, NOW)
+    assert [w.reach.name for w in wall.split([day, rule]).waiting] == ["day", "r"]
+    # a record without an advance reads as before: no lab keys at all
+    assert set(wall.to_dict()) == {"dual_write_since", "now", "accept_short_history", "scrape_interval_s"}
+    ahead = Horizon(since, NOW, lab_clock_ahead_s=24 * H)
+    split = ahead.split([day, rule])
+    assert [r.name for r in split.ready] == ["day", "r"] and not split.waiting
+    assert ahead.counted_now == NOW + timedelta(hours=24) and ahead.now == NOW  # the wall clock is kept
+    record = ahead.to_dict()
+    assert record["now"] == NOW.isoformat() and record["lab_clock_ahead_s"] == 24 * H
+    assert record["counted_now"] == (NOW + timedelta(hours=24)).isoformat()
+    assert record["clock"] == "LAB ONLY: history counted 1d ahead of the wall clock"
+    assert Horizon.from_dict(record) == ahead and Horizon.from_dict(wall.to_dict()) == wall
+    # an advance too short for the day still leaves it waiting, its ready time the wall-clock one
+    half = Horizon(since, NOW, lab_clock_ahead_s=12 * H).split([day, rule])
+    assert [(w.reach.name, w.ready_at) for w in half.waiting] == [("day", since + timedelta(hours=24))]
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(HorizonError, match="lab_clock_ahead_s must be a finite number"):
+            Horizon(since, NOW, lab_clock_ahead_s=bad)
 
 
 def test_decommission_waits_for_the_longest_read() -> None:

@@ -64,6 +64,22 @@ def test_the_bake_watch_hands_each_mover_the_group_horizon_only_while_something_
     assert calls[0][0].dual_write_since == T0 and calls[0][0].now == now and calls[0][1] == now
 
 
+def test_the_lab_clock_advance_reaches_the_bake_watch_movers_and_their_records(tmp_path: Path,
+                                                                              audit: AuditStore) -> None:
+    seen: list[Horizon] = []
+    life = GroupLifecycle(migration(tmp_path, audit), horizon_moves=[lambda m, h, now: seen.append(h)],
+                          horizon_clock_ahead_s=86400.0)
+    history(audit)
+    now = T0 + timedelta(minutes=12)
+    life.move_when_ready(now)
+    (horizon,) = seen
+    assert horizon.now == now and horizon.lab_clock_ahead_s == 86400.0
+    assert horizon.split([]).ready == () and horizon.to_dict()["counted_now"] == (now + timedelta(days=1)).isoformat()
+    # without the setting the movers count by the wall clock (the default everywhere but the lab's demo)
+    GroupLifecycle(migration(tmp_path, audit), horizon_moves=[lambda m, h, now: seen.append(h)]).move_when_ready(now)
+    assert seen[-1].lab_clock_ahead_s == 0.0 and "lab_clock_ahead_s" not in seen[-1].to_dict()
+
+
 def test_decommission_waits_for_the_longest_read_or_its_own_acceptance(tmp_path: Path, audit: AuditStore) -> None:
     m = migration(tmp_path, audit)
     history(audit)
