@@ -30,6 +30,7 @@ from promshift.core.events import EventKind
 from promshift.core.horizon import waiting_list
 from promshift.core.ports import AuditLog, SampleTimes, SourceModeSwitch, SourceObserver
 from promshift.core.queues import MERGEABLE_STAGES
+from promshift.core.redact import redact_text
 from promshift.core.retire import (
     RetireEnds,
     allowed_gap_s,
@@ -153,8 +154,8 @@ class RetireSource:
                 cap, path = queues.build()
             except Exception as exc:  # noqa: BLE001 - the swap cannot be built (a target unreachable): never blocks
                 targets[queues.target] = {"state": "kept", "members": [], "entries_before": None,
-                                          "entries_after": None, "reason": f"the queue swap cannot be built: "
-                                                                           f"{str(exc).splitlines()[0][:300]}"}
+                                          "entries_after": None, "reason": "the queue swap cannot be built: "
+                                          + redact_text(first_line(exc))}
                 continue
             if cap is None:
                 targets[queues.target] = {"state": "kept", "members": [], "entries_before": 0, "entries_after": 0,
@@ -261,3 +262,9 @@ def consolidation_line(target: str, result: Mapping[str, Any]) -> str:
     if result.get("state") == "already":
         return f"{target}: {result.get('reason')}"
     return f"{target}: {before} per-group entries kept: {result.get('reason')}"
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line, bounded (a secret in it is redacted by the caller, on entry)."""
+    text = str(exc).splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]

@@ -115,6 +115,11 @@ def test_a_path_without_a_swap_or_an_entry_the_merge_cannot_read_keeps_the_entri
         raise RuntimeError("workspace ws-1 not found\ntraceback...")
     r = retire(FakeAudit(BAKED), broken).consolidate(T0)["targets"]["tgt"]
     assert r["state"] == "kept" and r["reason"] == "the queue swap cannot be built: workspace ws-1 not found"
+    # its text is redacted on entry: a credential in the error never reaches the record
+    def leaky() -> tuple[Any, str]:
+        raise RuntimeError("GET https://svc:hunter2@prom.internal/api/v1/status/config?token=abc123 refused")
+    r = retire(FakeAudit(BAKED), leaky).consolidate(T0)["targets"]["tgt"]
+    assert "hunter2" not in r["reason"] and "abc123" not in r["reason"] and r["reason"].endswith(" refused")
     # the managed collector adds no source queue: nothing to merge
     r = retire(FakeAudit(BAKED), lambda: (None, "scraper")).consolidate(T0)["targets"]["tgt"]
     assert r["state"] == "kept" and r["reason"] == "the scraper path adds no source queue"
