@@ -175,7 +175,7 @@ def test_the_deploy_step_merges_three_cut_over_groups_in_the_resource_then_one_r
         added = audit.events(group="clocks")[0].evidence_data
         assert added["target_out_of_order"] == {  # read from the target's loaded config when the swap started
             "window_s": 3600.0, "origin": f"storage.tsdb.out_of_order_time_window of {stack.target_url}",
-            "needed_s": 60.0, "covered": True}
+            "needed_s": 60.0, "scrape_interval_s": 30.0, "covered": True}
         done = audit.events(group="clocks")[1].evidence_data
         assert set(done["proof"]["per_group"]) == set(GROUPS) and done["deploy"]["kind"] == "k8s-cr"
         time.sleep(BATCH_DEADLINE_S + 4)  # a queue sends a partial batch after batch_send_deadline

@@ -130,7 +130,7 @@ def test_three_groups_merge_into_one_entry_with_no_gap_then_one_leaves(stack: Lo
     # The window the overlap relied on, read from the target's loaded config (Prometheus 2.42's status/config).
     assert events[0][1]["target_out_of_order"] == {
         "window_s": 3600.0, "origin": f"storage.tsdb.out_of_order_time_window of {stack.target_url}",
-        "needed_s": 30.0, "covered": True}
+        "needed_s": 30.0, "scrape_interval_s": 1.0, "covered": True}
     assert set(events[1][1]["proof"]["per_group"]) == set(GROUPS)
     # A queue sends a partial batch after batch_send_deadline (5 s): count up to a time every sample has reached.
     time.sleep(BATCH_DEADLINE_S + 4)

@@ -50,6 +50,7 @@ def source_file(backends: Any) -> Any:
 def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] | None = None,
               file_path: bool = True, edits: Callable[[Any], Any] | None = None,
               out_of_order_window: Callable[[], tuple[float | None, str]] | None = None,
+              member_interval_s: Callable[[str], float | None] | None = None,
               proof_deadline_s: float = 300.0, poll_s: float = 5.0) -> Any:
     """The source's queue cap and swap (``steps.queues.QueueCap``) for a deploy path that adds a source queue.
 
@@ -61,7 +62,8 @@ def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] |
     labels (several sources may write one workspace). Neither: no swap (past the cap, refused). A swap starts only
     when the target's out-of-order window covers its overlap at the group's scrape interval: ``out_of_order_window``
     reads it (an AMP workspace's configuration: ``AmpHook.out_of_order_window``), by default from the config the
-    target has loaded (``adapters.queue_probe.target_out_of_order_window``)."""
+    target has loaded (``adapters.queue_probe.target_out_of_order_window``); ``member_interval_s`` gives each
+    member's own scrape interval (the catalog's), so the slowest member sets the window."""
     import time
     from datetime import UTC, datetime
 
@@ -95,7 +97,7 @@ def queue_cap(group: Any, backends: Any, *, audit: Any, cap: Callable[[], int] |
                     clock=lambda: datetime.now(UTC), wait=time.sleep,
                     out_of_order_window=out_of_order_window or (lambda: target_out_of_order_window(backends.target)),
                     scrape_interval_s=float(group.scrape_interval_s),
-                    proof_deadline_s=proof_deadline_s, poll_s=poll_s)
+                    proof_deadline_s=proof_deadline_s, poll_s=poll_s, member_interval_s=member_interval_s)
 
 
 def compose_migration(group: Any, backends: Any, *, audit: Any, routing: Any, run_id: str,

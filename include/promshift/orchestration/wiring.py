@@ -581,7 +581,16 @@ class GroupWiring:
 
         return queue_cap(self.group, backends, audit=audit, cap=cap, file_path=not self.deploy.config_by_api,
                          edits=self._resource_edits() if self.deploy.kind == K8S_CR else None,
-                         out_of_order_window=lambda: self.target_hook.out_of_order_window())
+                         out_of_order_window=lambda: self.target_hook.out_of_order_window(),
+                         member_interval_s=self._catalog_interval_s)
+
+    def _catalog_interval_s(self, group_name: str) -> float | None:
+        """A catalog group's scrape interval (a swap's member), None for a name the catalog does not hold."""
+        from promshift.adapters.settings import load_catalog
+
+        groups = {g.name: g for g in load_catalog(self.catalog_path, profile=self.profile).groups}
+        member = groups.get(group_name)
+        return None if member is None else float(member.scrape_interval_s)
 
     def _resource_edits(self) -> Any:
         """A queue swap's edits of the source's ``Prometheus`` resource: a ``ConfigDeployer`` per change

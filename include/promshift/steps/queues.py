@@ -86,16 +86,19 @@ class QueueSwap:
     """Runs swaps on one source; ``record`` appends to the audit under the run that asked for the swap.
 
     ``out_of_order_window``: the target's out-of-order window (seconds, origin); ``scrape_interval_s``: the groups'
-    scrape interval, which sets the window a swap's overlap needs."""
+    scrape interval, which sets the window a swap's overlap needs; ``member_interval_s(group)``: a member's own
+    scrape interval where it differs (None: unknown), so the slowest member of a swap sets that window."""
 
     def __init__(self, *, deployer_for: Callable[[ConfigChange], ConfigDeployer], probe: QueueProbe,
                  record: Record, out_of_order_window: OutOfOrderWindow, scrape_interval_s: float,
-                 proof_deadline_s: float = 300.0, poll_s: float = 5.0) -> None:
+                 proof_deadline_s: float = 300.0, poll_s: float = 5.0,
+                 member_interval_s: Callable[[str], float | None] | None = None) -> None:
         self.deployer_for = deployer_for
         self.probe = probe
         self.record = record
         self.out_of_order_window = out_of_order_window
         self.scrape_interval_s = scrape_interval_s
+        self.member_interval_s = member_interval_s or (lambda _group: None)
         self.proof_deadline_s = proof_deadline_s
         self.poll_s = poll_s
 
@@ -142,17 +145,24 @@ class QueueSwap:
         as the risk taken (``covered`` false, ``risk`` the refusal's line) instead."""
         if swap.add is None:
             return None
+        interval_s = self.slowest_interval_s(swap)
         window_s, origin = self.out_of_order_window()
-        refusal = overlap_refusal(window_s, scrape_interval_s=self.scrape_interval_s, origin=origin)
+        refusal = overlap_refusal(window_s, scrape_interval_s=interval_s, origin=origin)
         if refusal is not None and refuse:
             raise OverlapRefused(refusal)
-        guard = {"window_s": window_s, "origin": origin, "needed_s": overlap_window_needed(self.scrape_interval_s),
-                 "covered": refusal is None}
+        guard = {"window_s": window_s, "origin": origin, "needed_s": overlap_window_needed(interval_s),
+                 "scrape_interval_s": interval_s, "covered": refusal is None}
         if refusal is not None:
             log.warning("swap %s goes ahead for a rollback on a target that may refuse the overlap: %s",
                         swap.added_name, refusal)
             guard["risk"] = refusal
         return guard
+
+    def slowest_interval_s(self, swap: Swap) -> float:
+        """The scrape interval that sets the overlap's window: the slowest of the swap's members (every series it
+        proves is sent twice during the overlap), never less than the deploying group's."""
+        known = [i for m in swap.prove if (i := self.member_interval_s(m.group)) is not None and i > 0]
+        return max([self.scrape_interval_s, *known])
 
     def add(self, swap: Swap, now: datetime, wait: Callable[[float], None] | None = None, *,
             out_of_order: Mapping[str, Any] | None = None) -> DeploySnapshot:
@@ -295,6 +305,7 @@ class QueueCap:
     scrape_interval_s: float
     proof_deadline_s: float = 300.0
     poll_s: float = 5.0
+    member_interval_s: Callable[[str], float | None] | None = None  # a member's own scrape interval (the catalog's)
 
     def swaps(self, record: Record) -> QueueSwap | None:
         if self.swap_ports is None:
@@ -302,7 +313,8 @@ class QueueCap:
         deployer_for, probe = self.swap_ports()
         return QueueSwap(deployer_for=deployer_for, probe=probe, record=record,
                          out_of_order_window=self.out_of_order_window, scrape_interval_s=self.scrape_interval_s,
-                         proof_deadline_s=self.proof_deadline_s, poll_s=self.poll_s)
+                         proof_deadline_s=self.proof_deadline_s, poll_s=self.poll_s,
+                         member_interval_s=self.member_interval_s)
 
     def _cap(self, group: str, record: Record, now: datetime) -> int:
         try:

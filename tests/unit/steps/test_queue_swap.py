@@ -501,7 +501,7 @@ def test_the_swap_records_the_window_it_relied_on_and_a_last_leave_needs_none() 
     swaps.run(swap, clock=clock, wait=clock.wait)
     assert events[0][0] is EventKind.QUEUE_SWAP_ADDED
     assert events[0][1]["target_out_of_order"] == {"window_s": 60.0, "origin": "workspace ws-1", "needed_s": 60.0,
-                                                   "covered": True}
+                                                   "scrape_interval_s": 30.0, "covered": True}
     # A leave that adds an entry (the others' merged entry) overlaps, but it is a rollback's first move and nothing
     # may block a rollback: it goes ahead and its add records the shortfall as the risk it took.
     swaps.out_of_order_window = lambda: (0.0, "window set to 0 since")
@@ -516,6 +516,32 @@ def test_the_swap_records_the_window_it_relied_on_and_a_last_leave_needs_none() 
     outcome = swaps.leave(group="b", clock=clock, wait=clock.wait)
     assert outcome is not None and outcome.state == "done" and promshift_queues(source.data) == ()
     assert [k.value for k, _ in events[-1:]] == ["queue_swap_done"] and "target_out_of_order" not in events[-1][1]
+
+
+def test_the_slowest_member_sets_the_window_the_overlap_needs() -> None:
+    """A member scraped every minute has its samples sent twice too: the window must cover 2 of its scrapes, not 2 of
+    the deploying group's (15 s), and a member the catalog does not know keeps the deploying group's."""
+    from promshift.core.queues import OverlapRefused
+
+    before = config_with("a", "b", "c")
+    intervals = {"a": 15.0, "b": 60.0, "c": None}
+    source, events, clock = FakeSource(before), [], Clock()
+    swaps = QueueSwap(deployer_for=source.deployer_for, probe=FakeProbe({"a": 1, "b": 1, "c": 1}),
+                      record=lambda kind, now, evidence: events.append((kind, dict(evidence))),
+                      out_of_order_window=lambda: (60.0, "workspace ws-1"), scrape_interval_s=15.0,
+                      proof_deadline_s=60.0, poll_s=5.0, member_interval_s=intervals.get)
+    swap = swaps.plan_merge(url=URL, cut_over=["a", "b", "c"])
+    assert swap is not None and swaps.slowest_interval_s(swap) == 60.0
+    with pytest.raises(OverlapRefused) as refused:
+        swaps.run(swap, clock=clock, wait=clock.wait)
+    assert "shorter than the 120s" in str(refused.value) and "60s" in str(refused.value)
+    assert source.data == before and source.writes == 0 and events == []
+    # without the slow member the deploying group's 15 s sets it (30 s): the swap runs and records both
+    swap = swaps.plan_merge(url=URL, cut_over=["a", "c"])
+    assert swap is not None
+    assert swaps.run(swap, clock=clock, wait=clock.wait).state == "done"
+    assert events[0][1]["target_out_of_order"] == {"window_s": 60.0, "origin": "workspace ws-1", "needed_s": 30.0,
+                                                   "scrape_interval_s": 15.0, "covered": True}
 
 
 def test_a_swap_found_mid_overlap_is_finished_whatever_the_window() -> None:
