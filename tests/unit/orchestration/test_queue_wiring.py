@@ -101,3 +101,18 @@ def test_the_retire_builds_one_queue_swap_per_target_from_one_of_its_groups(
     if has_swap:
         deployer = cap.swap_ports()[0](ConfigChange("add x (merge)", lambda data: data))
         assert isinstance(deployer, PrometheusCREditDeployment) and deployer.name == "k8s"
+
+
+def test_each_members_scrape_interval_comes_from_the_catalog(env: Path,  # noqa: F811
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overlap guard's window is set by a swap's slowest member: the wiring reads each member's from the catalog
+    (an unknown name: None, the deploying group's then counts)."""
+    from promshift.adapters.settings import load_catalog
+
+    _source(monkeypatch, env, "k8s-cr")
+    queues: Any = Wiring().queue_cap(backends(), audit=None)
+    catalog = {g.name: g.scrape_interval_s for g in load_catalog(str(CATALOG), profile=PROFILE).groups}
+    assert queues.member_interval_s is not None
+    for name, interval in catalog.items():
+        assert queues.member_interval_s(name) == float(interval)
+    assert queues.member_interval_s("not-a-group") is None
