@@ -29,6 +29,7 @@ the proof takes (documented in ``docs/lifecycle.md``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -103,7 +104,10 @@ class QueueEntry:
 
 
 def _settings(entry: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple((k, repr(entry[k])) for k in ("sigv4", "queue_config") if k in entry)
+    """An entry's signing and queue settings, canonical: the same mapping in another key order is the same settings
+    (a ``Prometheus`` resource's entries come back in whatever order each was written)."""
+    return tuple((k, json.dumps(entry[k], sort_keys=True, default=str)) for k in ("sigv4", "queue_config")
+                 if k in entry)
 
 
 def promshift_queues(config: str | bytes) -> tuple[QueueEntry, ...]:

@@ -49,6 +49,7 @@ from promshift.adapters.source_mode import probe_mode
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy_kinds import K8S_CR, REMOTE_WRITE
 from promshift.core.events import EventKind
+from promshift.core.promql import mark_own_read
 from promshift.core.render import is_promshift_name, remote_write_names
 from promshift.core.stages import CUT_OVER_OR_LATER, Stage
 from promshift.local.airflow_lab import APPROVER_USERS
@@ -146,7 +147,8 @@ def source_query_status(url: str) -> tuple[int, str]:
     session = requests.Session()
     session.trust_env = False
     try:
-        answer = session.get(f"{url}/api/v1/query", params={"query": "up"}, timeout=10)
+        # promshift's own read (marked): the retire's re-check of the query log must not count the demo's probe
+        answer = session.get(f"{url}/api/v1/query", params={"query": mark_own_read("up")}, timeout=10)
     except requests.RequestException as exc:
         return 0, f"{type(exc).__name__}: {exc}"[:200]
     return answer.status_code, answer.text[:200]

@@ -172,6 +172,29 @@ def test_members_that_sign_differently_never_share_a_queue() -> None:
         plan_merge(config, url=URL, cut_over=["a", "b"])
 
 
+def test_the_same_settings_written_in_another_key_order_share_a_queue() -> None:
+    """A ``Prometheus`` resource gives its entries back in the order each was written: the same sigv4 and
+    queue_config in another key order are the same settings (measured in the k8s-cr e2e: a group's entry came back
+    with ``queue_config``'s keys reordered and the retire's merge was refused for it)."""
+    entries = [{"name": f"promshift-{g}", "url": URL, "sigv4": sigv4, "queue_config": queue,
+                "write_relabel_configs": [{"source_labels": ["__name__"], "regex": f"M_{g.upper()}",
+                                           "action": "keep"}]}
+               for g, sigv4, queue in (("a", {"region": "us-east-1", "role_arn": "arn:aws:iam::1:role/w"},
+                                        {"capacity": 2500, "max_shards": 200}),
+                                       ("b", {"role_arn": "arn:aws:iam::1:role/w", "region": "us-east-1"},
+                                        {"max_shards": 200, "capacity": 2500}))]
+    config = BASE.replace(b"remote_write:\n- name: other-team\n  url: http://example.invalid/api/v1/write\n",
+                          b"remote_write:\n" + yaml.safe_dump(entries, sort_keys=False).encode())
+    assert [q.name for q in promshift_queues(config)] == ["promshift-a", "promshift-b"]
+    assert plan_merge(config, url=URL, cut_over=["a", "b"]) is not None
+    # a real difference still refuses
+    entries[1]["queue_config"] = {"max_shards": 50, "capacity": 2500}
+    config = BASE.replace(b"remote_write:\n- name: other-team\n  url: http://example.invalid/api/v1/write\n",
+                          b"remote_write:\n" + yaml.safe_dump(entries, sort_keys=False).encode())
+    with pytest.raises(RenderError, match="sign or queue differently"):
+        plan_merge(config, url=URL, cut_over=["a", "b"])
+
+
 def test_the_cap_admits_merges_first_or_refuses_in_one_line() -> None:
     assert DEFAULT_QUEUE_CAP == 4
     config = with_groups("a", "b", "c", "d")

@@ -183,3 +183,23 @@ def test_the_consolidation_is_measured_from_its_record_and_counted_on_both_sides
                                                                "consolidated": measured["summary"]}})
     assert "write queues before the switch: 2 promshift entries -> 1 (merged; 2 groups merged; samples lost " \
            "across the swap: 3)" in text
+
+
+def test_the_demos_probe_of_the_source_is_promshifts_own_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo asks the source ``up`` right before the switch (after the retire's prepare): unmarked, the retire's
+    re-check of the query log counted it as a fleet read (``read:up``) nobody had accepted and refused (seen in
+    make e2e's k8s-cr session). Marked, the query log reader leaves it out."""
+    import requests
+
+    from promshift.core.promql import is_own_read
+    from promshift.local.demo_retire import source_query_status
+
+    asked: list[str] = []
+
+    def get(self: requests.Session, url: str, *, params: dict[str, str], timeout: float) -> SimpleNamespace:
+        asked.append(params["query"])
+        return SimpleNamespace(status_code=422, text="agent")
+
+    monkeypatch.setattr(requests.Session, "get", get)
+    assert source_query_status("http://127.0.0.1:1") == (422, "agent")
+    assert len(asked) == 1 and is_own_read(asked[0]) and asked[0].startswith("up")
