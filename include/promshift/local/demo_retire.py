@@ -49,7 +49,7 @@ from promshift.adapters.source_mode import probe_mode
 from promshift.core.catalog import MetricGroup
 from promshift.core.deploy_kinds import K8S_CR, REMOTE_WRITE
 from promshift.core.events import EventKind
-from promshift.core.promql import mark_own_read
+from promshift.core.promql import mark_own_read, promql_string
 from promshift.core.render import is_promshift_name, remote_write_names
 from promshift.core.stages import CUT_OVER_OR_LATER, Stage
 from promshift.local.airflow_lab import APPROVER_USERS
@@ -238,9 +238,19 @@ def promshift_entries(config_text: str) -> list[str]:
     return [n for n in remote_write_names(config_text) if is_promshift_name(n)]
 
 
-def samples_in(client: PrometheusClient, selector: str, start: float, end: float) -> int:
-    """How many samples ``client`` holds of ``selector`` in ``(start, end]``."""
-    return int(client.scalar(f"sum(count_over_time({selector}[{int(end - start)}s]))", at=end) or 0)
+def group_selectors(group: MetricGroup) -> list[str]:
+    """A selector per metric name of ``group`` (its ``metrics``; a group by regex or with aggregations: its one
+    selector): ``count_over_time`` drops ``__name__``, and a group's metrics share their label sets, so one query
+    over several names is refused ("vector cannot contain metrics with the same labelset", seen in make e2e)."""
+    if group.metrics and not group.metric_regex and not group.aggregations:
+        return [f"{{__name__={promql_string(m)}}}" for m in group.metrics]
+    return [group.selector()]
+
+
+def samples_in(client: PrometheusClient, group: MetricGroup, start: float, end: float) -> int:
+    """How many samples ``client`` holds of ``group``'s series in ``(start, end]``, summed over its metric names."""
+    return sum(int(client.scalar(f"sum(count_over_time({selector}[{int(end - start)}s]))", at=end) or 0)
+               for selector in group_selectors(group))
 
 
 def count_swap(source: PrometheusClient, target: PrometheusClient, groups: Sequence[MetricGroup], *, added_at: float,
@@ -252,8 +262,8 @@ def count_swap(source: PrometheusClient, target: PrometheusClient, groups: Seque
     wait = end + DELIVERY_S - time.time()
     if wait > 0:
         time.sleep(wait)
-    counted = {g.name: {"source": samples_in(source, g.selector(), start, end),
-                        "target": samples_in(target, g.selector(), start, end)} for g in groups}
+    counted = {g.name: {"source": samples_in(source, g, start, end),
+                        "target": samples_in(target, g, start, end)} for g in groups}
     lost = sum(max(0, c["source"] - c["target"]) for c in counted.values())
     return {"window": [round(start, 3), round(end, 3)], "per_group": counted, "lost": lost}
 
