@@ -144,6 +144,11 @@ class _Counts:
         self.asked.append((expr, at))
         return next((float(n) for sel, n in self.counts.items() if sel in expr), None)
 
+    def label_values(self, label: str, match: str, *, start: float, end: float) -> list[str]:
+        """The metric names it holds that ``match`` selects (the demo counts per name)."""
+        assert label == "__name__" and start < end
+        return [name for name in self.counts if name in match]
+
     def config_text(self) -> str:
         return self.config
 
