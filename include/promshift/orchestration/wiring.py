@@ -9,6 +9,7 @@ routing stores from here; ``migration(context)`` builds the run once per task ex
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -582,15 +583,21 @@ class GroupWiring:
         return queue_cap(self.group, backends, audit=audit, cap=cap, file_path=not self.deploy.config_by_api,
                          edits=self._resource_edits() if self.deploy.kind == K8S_CR else None,
                          out_of_order_window=lambda: self.target_hook.out_of_order_window(),
-                         member_interval_s=self._catalog_interval_s)
+                         member_interval_s=self._catalog_intervals())
 
-    def _catalog_interval_s(self, group_name: str) -> float | None:
-        """A catalog group's scrape interval (a swap's member), None for a name the catalog does not hold."""
+    def _catalog_intervals(self) -> Callable[[str], float | None]:
+        """Each catalog group's scrape interval (a swap's members), None for a name the catalog does not hold; the
+        catalog is read once, when a swap's guard first asks, not once per member."""
+        from functools import cache
+
         from promshift.adapters.settings import load_catalog
 
-        groups = {g.name: g for g in load_catalog(self.catalog_path, profile=self.profile).groups}
-        member = groups.get(group_name)
-        return None if member is None else float(member.scrape_interval_s)
+        @cache
+        def intervals() -> dict[str, float]:
+            groups = load_catalog(self.catalog_path, profile=self.profile).groups
+            return {g.name: float(g.scrape_interval_s) for g in groups}
+
+        return lambda group_name: intervals().get(group_name)
 
     def _resource_edits(self) -> Any:
         """A queue swap's edits of the source's ``Prometheus`` resource: a ``ConfigDeployer`` per change
